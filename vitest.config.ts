@@ -1,0 +1,12 @@
+import { defineConfig } from "vitest/config";
+
+export default defineConfig({
+  test: {
+    include: ["test/**/*.test.ts"],
+    testTimeout: 60_000,
+    hookTimeout: 120_000,
+    // Tests spawn real Python workers with torch; two cores cannot run many at once.
+    fileParallelism: false,
+    pool: "forks",
+  },
+});
