@@ -1,0 +1,338 @@
+// Human approvals, bound to principal + tool + argument digest, single-use and expiring.
+// Persisted in SQLite (WAL) because the server and the `tpu-mcp approvals` CLI open the same
+// file at once, and a restart must not lose a pending or granted approval.
+
+import { randomBytes } from "node:crypto";
+import { PolicyError } from "./errors.js";
+import type { CostEstimate } from "./estimate.js";
+import { systemClock, type Clock } from "./clock.js";
+import { resolveDb, type SqliteDb } from "./sqlite.js";
+
+export type ApprovalStatus = "pending" | "approved" | "denied" | "used" | "expired";
+
+export interface ApprovalRecord {
+  id: string;
+  principal: string;
+  tool: string;
+  args_digest: string;
+  /** Redacted arguments, for the operator deciding. */
+  args_preview: unknown;
+  estimate: CostEstimate | null;
+  status: ApprovalStatus;
+  created_at: string;
+  /** Pending: decide before this. Approved: use before this (the TTL restarts on approval). */
+  expires_at: string;
+  decided_by: string | null;
+  decided_at: string | null;
+  reason: string | null;
+  used_at: string | null;
+}
+
+export interface CreateApprovalRequest {
+  principal: string;
+  tool: string;
+  args_digest: string;
+  args_preview: unknown;
+  estimate?: CostEstimate | null;
+  ttl_s: number;
+}
+
+export interface ApprovalStore {
+  create(req: CreateApprovalRequest): ApprovalRecord;
+  get(id: string): ApprovalRecord | undefined;
+  list(filter?: { status?: ApprovalStatus; limit?: number }): ApprovalRecord[];
+  /** A pending or approved, unexpired approval for exactly this call, so retries do not pile up requests. */
+  findOpen(principal: string, tool: string, digest: string): ApprovalRecord | undefined;
+  approve(id: string, approver: string): ApprovalRecord;
+  deny(id: string, approver: string, reason?: string): ApprovalRecord;
+  /** Throws the error consume would throw, without using the approval up. */
+  check(id: string, principal: string, tool: string, digest: string): ApprovalRecord;
+  /** Atomically marks a matching approved approval used; throws a PolicyError otherwise. */
+  consume(id: string, principal: string, tool: string, digest: string): ApprovalRecord;
+  close(): void;
+}
+
+/** 'apr_' + 128 random bits in hex: unguessable, and safe in a shell command line. */
+export function newApprovalId(): string {
+  return `apr_${randomBytes(16).toString("hex")}`;
+}
+
+interface Row {
+  id: string;
+  principal: string;
+  tool: string;
+  args_digest: string;
+  args_preview: string;
+  estimate: string | null;
+  status: "pending" | "approved" | "denied" | "used";
+  ttl_ms: number;
+  created_ms: number;
+  expires_ms: number;
+  decided_by: string | null;
+  decided_ms: number | null;
+  reason: string | null;
+  used_ms: number | null;
+}
+
+const iso = (ms: number | null): string | null => (ms === null ? null : new Date(ms).toISOString());
+
+/**
+ * The usability check shared by check() and consume(). Mismatch comes before status so an id
+ * presented for another call says nothing about that other call's state.
+ */
+export function approvalUsableError(
+  rec: ApprovalRecord | undefined,
+  id: string,
+  principal: string,
+  tool: string,
+  digest: string,
+): PolicyError | null {
+  if (!rec) {
+    return new PolicyError(
+      "approval_not_found",
+      `No approval ${id} exists. Call ${tool} again without approval_id to request one.`,
+      { approval_id: id },
+    );
+  }
+  if (rec.principal !== principal || rec.tool !== tool || rec.args_digest !== digest) {
+    const what =
+      rec.principal !== principal ? "principal" : rec.tool !== tool ? "tool" : "arguments";
+    return new PolicyError(
+      "approval_mismatch",
+      `Approval ${id} was granted for a different ${what}; it covers only the exact call it was requested for. Call again with the original arguments, or without approval_id to request a new approval.`,
+      { approval_id: id, mismatch: what },
+    );
+  }
+  switch (rec.status) {
+    case "approved":
+      return null;
+    case "pending":
+      return new PolicyError(
+        "approval_pending",
+        `Approval ${id} is still pending. Ask an operator to run \`tpu-mcp approvals approve ${id}\`, then retry.`,
+        { approval_id: id, expires_at: rec.expires_at },
+      );
+    case "denied":
+      return new PolicyError(
+        "approval_denied",
+        `Approval ${id} was denied by ${rec.decided_by}${rec.reason ? `: ${rec.reason}` : ""}. Do not retry this call unchanged.`,
+        { approval_id: id, reason: rec.reason },
+      );
+    case "used":
+      return new PolicyError(
+        "approval_used",
+        `Approval ${id} was already used; approvals are single-use. Call again without approval_id to request a new one.`,
+        { approval_id: id, used_at: rec.used_at },
+      );
+    case "expired":
+      return new PolicyError(
+        "approval_expired",
+        `Approval ${id} expired at ${rec.expires_at}. Call again without approval_id to request a new one.`,
+        { approval_id: id, expires_at: rec.expires_at },
+      );
+  }
+}
+
+export class SqliteApprovalStore implements ApprovalStore {
+  private readonly db: SqliteDb;
+  private readonly owned: boolean;
+  private readonly clock: Clock;
+
+  constructor(pathOrDb: string | SqliteDb, opts: { clock?: Clock } = {}) {
+    ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
+    this.clock = opts.clock ?? systemClock;
+    this.db.exec(`CREATE TABLE IF NOT EXISTS approvals (
+      id TEXT PRIMARY KEY,
+      principal TEXT NOT NULL,
+      tool TEXT NOT NULL,
+      args_digest TEXT NOT NULL,
+      args_preview TEXT NOT NULL,
+      estimate TEXT,
+      status TEXT NOT NULL CHECK (status IN ('pending','approved','denied','used')),
+      ttl_ms INTEGER NOT NULL,
+      created_ms INTEGER NOT NULL,
+      expires_ms INTEGER NOT NULL,
+      decided_by TEXT,
+      decided_ms INTEGER,
+      reason TEXT,
+      used_ms INTEGER
+    );
+    CREATE INDEX IF NOT EXISTS approvals_by_call ON approvals (principal, tool, args_digest);
+    CREATE INDEX IF NOT EXISTS approvals_by_time ON approvals (created_ms);`);
+  }
+
+  private toRecord(r: Row, now = this.clock()): ApprovalRecord {
+    // Expiry is computed, not stored: no sweeper is needed and the CLI sees the same truth.
+    const expired = (r.status === "pending" || r.status === "approved") && now >= r.expires_ms;
+    return {
+      id: r.id,
+      principal: r.principal,
+      tool: r.tool,
+      args_digest: r.args_digest,
+      args_preview: JSON.parse(r.args_preview),
+      estimate: r.estimate ? (JSON.parse(r.estimate) as CostEstimate) : null,
+      status: expired ? "expired" : r.status,
+      created_at: iso(r.created_ms)!,
+      expires_at: iso(r.expires_ms)!,
+      decided_by: r.decided_by,
+      decided_at: iso(r.decided_ms),
+      reason: r.reason,
+      used_at: iso(r.used_ms),
+    };
+  }
+
+  private row(id: string): Row | undefined {
+    return this.db.prepare("SELECT * FROM approvals WHERE id = ?").get(id) as Row | undefined;
+  }
+
+  create(req: CreateApprovalRequest): ApprovalRecord {
+    if (!(req.ttl_s > 0)) throw new RangeError("ttl_s must be > 0");
+    const now = this.clock();
+    const id = newApprovalId();
+    const ttl = Math.round(req.ttl_s * 1000);
+    this.db
+      .prepare(
+        `INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, status, ttl_ms, created_ms, expires_ms)
+         VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)`,
+      )
+      .run(
+        id,
+        req.principal,
+        req.tool,
+        req.args_digest,
+        JSON.stringify(req.args_preview ?? null),
+        req.estimate ? JSON.stringify(req.estimate) : null,
+        ttl,
+        now,
+        now + ttl,
+      );
+    return this.get(id)!;
+  }
+
+  get(id: string): ApprovalRecord | undefined {
+    const r = this.row(id);
+    return r ? this.toRecord(r) : undefined;
+  }
+
+  list(filter: { status?: ApprovalStatus; limit?: number } = {}): ApprovalRecord[] {
+    const limit = filter.limit ?? 100;
+    const now = this.clock();
+    const rows = this.db
+      .prepare("SELECT * FROM approvals ORDER BY created_ms DESC, id")
+      .all() as Row[];
+    const out: ApprovalRecord[] = [];
+    for (const r of rows) {
+      const rec = this.toRecord(r, now);
+      if (filter.status && rec.status !== filter.status) continue;
+      out.push(rec);
+      if (out.length >= limit) break;
+    }
+    return out;
+  }
+
+  findOpen(principal: string, tool: string, digest: string): ApprovalRecord | undefined {
+    const rows = this.db
+      .prepare(
+        `SELECT * FROM approvals WHERE principal = ? AND tool = ? AND args_digest = ?
+         AND status IN ('pending','approved') AND expires_ms > ? ORDER BY created_ms DESC`,
+      )
+      .all(principal, tool, digest, this.clock()) as Row[];
+    // Prefer one that is already approved.
+    const r = rows.find((x) => x.status === "approved") ?? rows[0];
+    return r ? this.toRecord(r) : undefined;
+  }
+
+  private decide(
+    id: string,
+    approver: string,
+    decision: "approved" | "denied",
+    reason?: string,
+  ): ApprovalRecord {
+    const tx = this.db.transaction(() => {
+      const now = this.clock();
+      const r = this.row(id);
+      if (!r) {
+        throw new PolicyError(
+          "approval_not_found",
+          `No approval ${id} exists; list them with \`tpu-mcp approvals list\`.`,
+          {
+            approval_id: id,
+          },
+        );
+      }
+      if (r.principal === approver) {
+        throw new PolicyError(
+          "approval_self_grant",
+          `${approver} requested approval ${id} and cannot decide it; another identity with approvals:grant must.`,
+          { approval_id: id },
+        );
+      }
+      const rec = this.toRecord(r, now);
+      if (rec.status === "expired") {
+        throw new PolicyError(
+          "approval_expired",
+          `Approval ${id} expired at ${rec.expires_at}; the agent must request a new one.`,
+          {
+            approval_id: id,
+          },
+        );
+      }
+      if (rec.status !== "pending") {
+        throw new PolicyError(
+          "approval_already_decided",
+          `Approval ${id} is already ${rec.status}; decisions are final.`,
+          {
+            approval_id: id,
+            status: rec.status,
+          },
+        );
+      }
+      // An approval restarts the TTL: the agent gets the full window to come back and use it.
+      const expires = decision === "approved" ? now + r.ttl_ms : r.expires_ms;
+      this.db
+        .prepare(
+          "UPDATE approvals SET status = ?, decided_by = ?, decided_ms = ?, reason = ?, expires_ms = ? WHERE id = ?",
+        )
+        .run(decision, approver, now, reason ?? null, expires, id);
+    });
+    tx.immediate();
+    return this.get(id)!;
+  }
+
+  approve(id: string, approver: string): ApprovalRecord {
+    return this.decide(id, approver, "approved");
+  }
+
+  deny(id: string, approver: string, reason?: string): ApprovalRecord {
+    return this.decide(id, approver, "denied", reason);
+  }
+
+  check(id: string, principal: string, tool: string, digest: string): ApprovalRecord {
+    const rec = this.get(id);
+    const err = approvalUsableError(rec, id, principal, tool, digest);
+    if (err) throw err;
+    return rec!;
+  }
+
+  consume(id: string, principal: string, tool: string, digest: string): ApprovalRecord {
+    // IMMEDIATE takes the write lock before reading, so two processes cannot both use it.
+    const tx = this.db.transaction(() => {
+      const now = this.clock();
+      const r = this.row(id);
+      const rec = r ? this.toRecord(r, now) : undefined;
+      const err = approvalUsableError(rec, id, principal, tool, digest);
+      if (err) throw err;
+      this.db
+        .prepare(
+          "UPDATE approvals SET status = 'used', used_ms = ? WHERE id = ? AND status = 'approved'",
+        )
+        .run(now, id);
+    });
+    tx.immediate();
+    return this.get(id)!;
+  }
+
+  close(): void {
+    if (this.owned && this.db.open) this.db.close();
+  }
+}

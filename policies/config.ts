@@ -1,0 +1,182 @@
+// The `policy` section of the server config: one zod schema, defaults such that `{}` is valid.
+// Tokens are stored as sha256 hashes only; `hashToken` is what the CLI uses to produce them.
+
+import { createHash } from "node:crypto";
+import { z } from "zod";
+import { SCOPES, TOOL_NAMES } from "./scopes.js";
+
+const ScopeSchema = z.enum(SCOPES);
+// Tool names are checked so a typo in a rule cannot silently switch an approval off.
+const ToolSchema = z.enum(TOOL_NAMES as [string, ...string[]], {
+  error: `unknown tool; known tools: ${TOOL_NAMES.join(", ")}`,
+});
+const ToolOrAnySchema = z.enum(["*", ...TOOL_NAMES] as [string, ...string[]], {
+  error: `unknown tool; use one of ${TOOL_NAMES.join(", ")} or "*"`,
+});
+const PositiveInt = z.number().int().positive();
+const NonNegative = z.number().nonnegative();
+
+export const DEFAULT_STDIO_SCOPES = [
+  "models:read",
+  "models:load",
+  "models:unload",
+  "inference:run",
+  "benchmark:run",
+  "jobs:read",
+] as const;
+
+/** Per-tool concurrency defaults; tools not named here use `default_concurrency`. */
+export const DEFAULT_TOOL_CONCURRENCY: Readonly<Record<string, number>> = {
+  run_inference: 16,
+  load_model: 1,
+  run_benchmark: 1,
+};
+
+/** Per-tool timeouts (seconds) used when the config names none for a tool. */
+export const DEFAULT_CALL_TIMEOUT_S: Readonly<Record<string, number>> = {
+  run_inference: 120,
+  load_model: 900,
+  run_benchmark: 1800,
+  check_model: 300,
+};
+
+const StdioPrincipalSchema = z.object({
+  id: z.string().min(1).default("local-user"),
+  scopes: z.array(ScopeSchema).default([...DEFAULT_STDIO_SCOPES]),
+});
+
+const TokenSchema = z.object({
+  id: z.string().min(1),
+  token_sha256: z
+    .string()
+    .regex(/^[0-9a-fA-F]{64}$/, "token_sha256 must be 64 hex characters (sha256 of the token)")
+    .transform((s) => s.toLowerCase()),
+  scopes: z.array(ScopeSchema),
+  expires_at: z.iso.datetime({ offset: true }).optional(),
+});
+
+const JwksSchema = z.object({ keys: z.array(z.record(z.string(), z.unknown())).min(1) });
+
+const JwtSchema = z
+  .object({
+    issuer: z.string().min(1),
+    audience: z.string().min(1),
+    jwks_url: z.url().optional(),
+    jwks: JwksSchema.optional(),
+    scope_claim: z.string().min(1).default("scope"),
+    clock_tolerance_s: NonNegative.default(30),
+  })
+  .refine((j) => (j.jwks_url === undefined) !== (j.jwks === undefined), {
+    message: "jwt needs exactly one of jwks_url or jwks",
+  });
+
+const LimitsSchema = z.object({
+  per_tool_concurrency: z
+    .partialRecord(ToolSchema, PositiveInt)
+    .default({})
+    .transform((r) => ({ ...DEFAULT_TOOL_CONCURRENCY, ...r }) as Record<string, number>),
+  default_concurrency: PositiveInt.default(8),
+  /** Waiting calls allowed per tool beyond the running ones; the next one is refused `busy`. */
+  queue_bound: z
+    .partialRecord(ToolSchema, z.number().int().nonnegative())
+    .default({})
+    .transform((r) => r as Record<string, number>),
+  default_queue_bound: z.number().int().nonnegative().default(16),
+  /** Tools that hold their device alone (a writer lock on the device). */
+  device_exclusive_tools: z
+    .array(ToolSchema)
+    .default(["load_model", "unload_model", "run_benchmark", "check_model"]),
+  /** Tools that share their device with each other (readers), never with an exclusive tool. */
+  device_shared_tools: z.array(ToolSchema).default(["run_inference"]),
+  device_queue_bound: z.number().int().nonnegative().default(64),
+  call_timeout_s: z
+    .partialRecord(ToolSchema, z.number().positive())
+    .default({})
+    .transform((r) => ({ ...DEFAULT_CALL_TIMEOUT_S, ...r }) as Record<string, number>),
+  default_call_timeout_s: z.number().positive().default(60),
+  rate_limit: z.object({ per_principal_per_minute: PositiveInt.default(120) }).prefault({}),
+  budget: z
+    .object({
+      device_seconds_per_window: z.number().positive().default(3600),
+      window_s: z.number().positive().default(3600),
+    })
+    .prefault({}),
+});
+
+const ApprovalRuleSchema = z.object({
+  tool: ToolOrAnySchema,
+  /** Principal ids the rule applies to; absent = any principal. */
+  principals: z.array(z.string().min(1)).optional(),
+  /** Thresholds on the estimate; the rule applies when ANY is met. Absent = always. */
+  when: z
+    .object({
+      min_weight_bytes: NonNegative.optional(),
+      min_device_seconds: NonNegative.optional(),
+      min_memory_bytes: NonNegative.optional(),
+    })
+    .optional(),
+});
+
+const ApprovalsSchema = z.object({
+  rules: z.array(ApprovalRuleSchema).default([]),
+  ttl_s: z.number().positive().default(900),
+  elicitation: z.boolean().default(true),
+  elicitation_timeout_s: z.number().positive().default(300),
+});
+
+const AuditSchema = z.object({
+  redact_args: z.array(z.string().min(1)).default(["texts", "tensors"]),
+});
+
+export const PolicyConfigSchema = z
+  .object({
+    stdio_principal: StdioPrincipalSchema.prefault({}),
+    tokens: z.array(TokenSchema).default([]),
+    jwt: JwtSchema.optional(),
+    limits: LimitsSchema.prefault({}),
+    approvals: ApprovalsSchema.prefault({}),
+    audit: AuditSchema.prefault({}),
+  })
+  .superRefine((c, ctx) => {
+    const hashes = new Set<string>();
+    c.tokens.forEach((t, i) => {
+      if (hashes.has(t.token_sha256)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["tokens", i, "token_sha256"],
+          message: "two tokens have the same hash",
+        });
+      }
+      hashes.add(t.token_sha256);
+    });
+  });
+
+export type PolicyConfigInput = z.input<typeof PolicyConfigSchema>;
+export type PolicyConfig = z.output<typeof PolicyConfigSchema>;
+export type ApprovalRule = PolicyConfig["approvals"]["rules"][number];
+export type StaticTokenConfig = PolicyConfig["tokens"][number];
+export type JwtConfig = NonNullable<PolicyConfig["jwt"]>;
+export type LimitsConfig = PolicyConfig["limits"];
+
+/** Parses a policy section (throws zod's error with paths on invalid input). */
+export function parsePolicyConfig(input: unknown): PolicyConfig {
+  return PolicyConfigSchema.parse(input ?? {});
+}
+
+export function hashToken(plain: string): string {
+  return createHash("sha256").update(plain, "utf8").digest("hex");
+}
+
+// Per-tool lookups; the records above already merge the defaults under the configured values.
+export function toolConcurrency(limits: LimitsConfig, tool: string): number {
+  return limits.per_tool_concurrency[tool] ?? limits.default_concurrency;
+}
+
+export function toolQueueBound(limits: LimitsConfig, tool: string): number {
+  return limits.queue_bound[tool] ?? limits.default_queue_bound;
+}
+
+export function toolTimeoutMs(limits: LimitsConfig, tool: string): number {
+  const s = limits.call_timeout_s[tool] ?? limits.default_call_timeout_s;
+  return Math.round(s * 1000);
+}

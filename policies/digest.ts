@@ -1,0 +1,95 @@
+// Canonical JSON and argument digests. An approval is bound to sha256(tool + canonical args), so
+// the same call must digest the same whatever the key order or number spelling, and a value that
+// JSON cannot carry faithfully (NaN, Infinity, cycles) is refused rather than silently changed.
+
+import { createHash } from "node:crypto";
+import { PolicyError } from "./errors.js";
+
+/** Arguments that steer how a call runs, not what it does; they never change the digest. */
+export const CONTROL_FIELDS: ReadonlySet<string> = new Set(["approval_id", "wait"]);
+
+export function canonicalJson(value: unknown): string {
+  return write(value, new Set(), "$");
+}
+
+function write(v: unknown, stack: Set<object>, path: string): string {
+  if (v === null) return "null";
+  switch (typeof v) {
+    case "string":
+      return JSON.stringify(v);
+    case "boolean":
+      return v ? "true" : "false";
+    case "number":
+      if (!Number.isFinite(v)) {
+        throw new PolicyError(
+          "invalid_arguments",
+          `${path} is ${v}: only finite numbers are accepted`,
+          {
+            path,
+          },
+        );
+      }
+      // -0 and 0 are the same argument; JS number formatting is otherwise canonical (shortest round-trip).
+      return Object.is(v, -0) ? "0" : String(v);
+    case "bigint":
+      return v.toString();
+    case "undefined":
+    case "function":
+    case "symbol":
+      throw new PolicyError(
+        "invalid_arguments",
+        `${path} is a ${typeof v}, which has no JSON form`,
+        {
+          path,
+        },
+      );
+  }
+  const obj = v as object;
+  if (stack.has(obj)) {
+    throw new PolicyError("invalid_arguments", `${path} refers to itself (cycle)`, { path });
+  }
+  if (obj instanceof Date) return JSON.stringify(obj.toISOString());
+  if (ArrayBuffer.isView(obj)) {
+    const bytes = Buffer.from(obj.buffer, obj.byteOffset, obj.byteLength);
+    return JSON.stringify(bytes.toString("base64"));
+  }
+  if (obj instanceof Map || obj instanceof Set) {
+    throw new PolicyError(
+      "invalid_arguments",
+      `${path} is a Map/Set; use a plain object or array`,
+      {
+        path,
+      },
+    );
+  }
+  stack.add(obj);
+  try {
+    if (Array.isArray(obj)) {
+      // As JSON.stringify does, a hole or undefined inside an array becomes null.
+      return `[${obj.map((x, i) => (x === undefined ? "null" : write(x, stack, `${path}[${i}]`))).join(",")}]`;
+    }
+    const rec = obj as Record<string, unknown>;
+    const keys = Object.keys(rec)
+      .filter((k) => rec[k] !== undefined)
+      .sort();
+    return `{${keys.map((k) => `${JSON.stringify(k)}:${write(rec[k], stack, `${path}.${k}`)}`).join(",")}}`;
+  } finally {
+    stack.delete(obj);
+  }
+}
+
+export function sha256Hex(data: string): string {
+  return createHash("sha256").update(data, "utf8").digest("hex");
+}
+
+/** The arguments without control fields (approval_id, wait). */
+export function digestableArgs(args: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(args ?? {})) if (!CONTROL_FIELDS.has(k)) out[k] = v;
+  return out;
+}
+
+export function argsDigest(tool: string, args: Record<string, unknown>): string {
+  // The NUL separator keeps "ab"+"{..}" from colliding with "a"+"b{..}".
+  return sha256Hex(`${tool}\u0000${canonicalJson(digestableArgs(args))}`);
+}

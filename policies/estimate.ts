@@ -1,0 +1,366 @@
+// Cost estimates from plain facts (no runtime import): the tools layer passes what it knows about
+// the model, the device and past benchmarks, and gets device-seconds, memory and compile time
+// back. The numbers are deliberately conservative: they drive approvals, budgets and refusals,
+// so erring high costs a prompt while erring low costs an out-of-memory crash on the device.
+
+export interface ModelFacts {
+  id: string;
+  parameters: number;
+  /** Bytes of the weight files (what a load reads from storage). */
+  weight_bytes: number;
+  /** Dtypes the catalog allows for this model; suggestions only name these. */
+  dtypes: readonly string[];
+  default_dtype?: string;
+}
+
+export interface DeviceFacts {
+  kind: string;
+  /** null when the backend cannot tell (then memory never refuses a call). */
+  memory_free_bytes: number | null;
+  memory_total_bytes: number | null;
+}
+
+export interface LatencyRecord {
+  model: string;
+  device: string;
+  batch: number;
+  seq_len: number;
+  dtype?: string;
+  mode?: string;
+  mean_latency_ms: number;
+}
+
+export interface EstimateInput {
+  tool: string;
+  args: Record<string, unknown>;
+  model?: ModelFacts;
+  device?: DeviceFacts;
+  /** Models resident on the target device, with the bytes they hold. */
+  loaded?: readonly { model: string; bytes: number }[];
+  /** Past measurements (e.g. from benchmarks), so estimates learn from what really happened. */
+  history?: readonly LatencyRecord[];
+  assumptions?: Partial<EstimateAssumptions>;
+}
+
+export interface CostEstimate {
+  device_seconds: number;
+  memory_bytes: number;
+  compile_s: number;
+  weight_bytes: number;
+  fits: boolean;
+  reason?: string;
+  suggestion?: string;
+}
+
+export interface EstimateAssumptions {
+  /** Multiplier on weight memory for allocator slack and buffers. */
+  headroom: number;
+  /** Fixed activation allowance (workspace, allocator pools). */
+  activation_base_bytes: number;
+  /** Activation bytes per token ≈ factor × sqrt(parameters) × dtype bytes (hidden size proxy). */
+  activation_per_token_factor: number;
+  /** Storage → host → device read rate for loads; low on purpose (cold caches, network disks). */
+  load_bytes_per_s: number;
+  /** Sustained matmul throughput, FLOP/s, by device kind; far below peak on purpose. */
+  flops_per_s: Record<string, number>;
+  /** Seconds to compile one graph (one shape bucket) in mode "compile", by device kind. */
+  compile_s_per_graph: Record<string, number>;
+  /** Fixed per-call overhead (dispatch, tokenisation, transfer), seconds. */
+  call_overhead_s: number;
+  default_iterations: number;
+  default_warmup: number;
+  /** Tokens per character of input text (English BPE is ~0.25; 0.5 stays on the safe side). */
+  tokens_per_char: number;
+}
+
+export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
+  headroom: 1.2,
+  activation_base_bytes: 64 * 2 ** 20,
+  activation_per_token_factor: 16,
+  load_bytes_per_s: 200e6,
+  flops_per_s: { cpu: 100e9, cuda: 5e12, tpu: 20e12, xla: 20e12 },
+  compile_s_per_graph: { cpu: 10, cuda: 20, tpu: 45, xla: 45 },
+  call_overhead_s: 0.01,
+  default_iterations: 50,
+  default_warmup: 5,
+  tokens_per_char: 0.5,
+};
+
+const DTYPE_BYTES: Record<string, number> = {
+  float64: 8,
+  float32: 4,
+  bfloat16: 2,
+  float16: 2,
+  int64: 8,
+  int32: 4,
+  int16: 2,
+  int8: 1,
+  uint8: 1,
+  bool: 1,
+};
+
+export function dtypeBytes(dtype: string): number {
+  return DTYPE_BYTES[dtype] ?? 4;
+}
+
+export function formatBytes(n: number): string {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = n;
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return i === 0 ? `${Math.round(v)} B` : `${v.toFixed(1)} ${units[i]}`;
+}
+
+function nums(v: unknown): number[] {
+  return Array.isArray(v) ? v.filter((x): x is number => typeof x === "number" && x > 0) : [];
+}
+function strs(v: unknown): string[] {
+  return Array.isArray(v) ? v.filter((x): x is string => typeof x === "string") : [];
+}
+function num(v: unknown): number | undefined {
+  return typeof v === "number" && Number.isFinite(v) && v >= 0 ? v : undefined;
+}
+function kindOf(input: EstimateInput): string {
+  const d = input.device?.kind ?? String(input.args.device ?? "cpu");
+  return d.split(":")[0] ?? "cpu";
+}
+
+/** Weights + headroom + activations for `tokens` tokens at once, in bytes. */
+export function memoryFor(
+  parameters: number,
+  dtype: string,
+  tokens: number,
+  a: EstimateAssumptions = DEFAULT_ASSUMPTIONS,
+): number {
+  const b = dtypeBytes(dtype);
+  const weights = parameters * b * a.headroom;
+  const activations =
+    a.activation_base_bytes +
+    Math.max(1, tokens) * a.activation_per_token_factor * Math.sqrt(parameters) * b;
+  return Math.ceil(weights + activations);
+}
+
+/**
+ * Per-call latency (ms) for batch × seq_len: from history when there is a record for this model
+ * and device (scaled linearly by tokens from the nearest one), else from parameters and FLOP/s.
+ */
+export function latencyMs(
+  input: EstimateInput,
+  batch: number,
+  seqLen: number,
+  dtype: string,
+  a: EstimateAssumptions,
+): number {
+  const tokens = Math.max(1, batch) * Math.max(1, seqLen);
+  const device = String(input.args.device ?? input.device?.kind ?? "cpu");
+  const kind = kindOf(input);
+  const same = (input.history ?? []).filter(
+    (h) =>
+      h.model === input.model?.id &&
+      (h.device === device || h.device.split(":")[0] === kind) &&
+      h.mean_latency_ms > 0 &&
+      (h.dtype === undefined || h.dtype === dtype),
+  );
+  if (same.length > 0) {
+    const nearest = same.reduce((best, h) => {
+      const d = Math.abs(Math.log((h.batch * Math.max(1, h.seq_len)) / tokens));
+      const bd = Math.abs(Math.log((best.batch * Math.max(1, best.seq_len)) / tokens));
+      return d < bd ? h : best;
+    });
+    const ratio = tokens / (Math.max(1, nearest.batch) * Math.max(1, nearest.seq_len));
+    // Never scale below the measured latency: small batches rarely get proportionally faster.
+    return nearest.mean_latency_ms * Math.max(1, ratio);
+  }
+  const params = input.model?.parameters ?? 0;
+  const flops = 2 * params * tokens;
+  const rate = a.flops_per_s[kind] ?? a.flops_per_s.cpu ?? 100e9;
+  // Reduced precision is not assumed faster: on CPUs it often is not.
+  return (flops / rate) * 1000 + a.call_overhead_s * 1000;
+}
+
+export function estimateCost(input: EstimateInput): CostEstimate {
+  const a: EstimateAssumptions = { ...DEFAULT_ASSUMPTIONS, ...input.assumptions };
+  const { args, model } = input;
+  const kind = kindOf(input);
+  const dtype = String(args.dtype ?? model?.default_dtype ?? "float32");
+  const params = model?.parameters ?? 0;
+  const compileGraph = a.compile_s_per_graph[kind] ?? a.compile_s_per_graph.cpu ?? 10;
+  const alreadyLoaded = (input.loaded ?? []).some((l) => l.model === model?.id);
+
+  let deviceSeconds = 0;
+  let compileS = 0;
+  let tokens = 1;
+  let weightBytes = 0;
+  let needsWeights = false;
+
+  switch (input.tool) {
+    case "load_model": {
+      weightBytes = model?.weight_bytes ?? 0;
+      needsWeights = true;
+      // Warmup shapes ({batch, seq_len}) under either name the tools layer may use.
+      const listed = Array.isArray(args.warmup_shapes) ? args.warmup_shapes : args.warmup;
+      const warmup = Array.isArray(listed) ? listed : [];
+      const shapes = warmup.length > 0 ? warmup : [{ batch: 1, seq_len: 128 }];
+      let warm = 0;
+      for (const s of shapes) {
+        const sh = (s ?? {}) as Record<string, unknown>;
+        const b = num(sh.batch) ?? 1;
+        const l = num(sh.seq_len) ?? 128;
+        tokens = Math.max(tokens, b * l);
+        warm += latencyMs(input, b, l, dtype, a) / 1000;
+      }
+      compileS = args.mode === "compile" ? compileGraph * shapes.length : 0;
+      deviceSeconds = weightBytes / a.load_bytes_per_s + compileS + warm;
+      break;
+    }
+    case "check_model": {
+      weightBytes = alreadyLoaded ? 0 : (model?.weight_bytes ?? 0);
+      needsWeights = !alreadyLoaded;
+      compileS = args.mode === "compile" ? compileGraph : 0;
+      tokens = 128;
+      deviceSeconds =
+        weightBytes / a.load_bytes_per_s + compileS + latencyMs(input, 1, 128, dtype, a) / 1000;
+      break;
+    }
+    case "run_benchmark": {
+      const batches = nums(args.batch_sizes);
+      const seqs = nums(args.seq_lens);
+      const dtypes = strs(args.dtypes);
+      const modes = strs(args.modes);
+      const bs = batches.length ? batches : [1];
+      const ls = seqs.length ? seqs : [128];
+      const ds = dtypes.length ? dtypes : [dtype];
+      const ms = modes.length ? modes : [String(args.mode ?? "eager")];
+      const iterations = num(args.iterations) ?? a.default_iterations;
+      const warmup = num(args.warmup) ?? a.default_warmup;
+      const duration = num(args.duration_s);
+      for (const d of ds) {
+        for (const m of ms) {
+          for (const b of bs) {
+            for (const l of ls) {
+              const per = latencyMs(input, b, l, d, a) / 1000;
+              const timed = duration !== undefined ? duration : iterations * per;
+              const graph = m === "compile" ? compileGraph : 0;
+              compileS += graph;
+              deviceSeconds += graph + warmup * per + timed;
+            }
+          }
+        }
+      }
+      // The fp32 reference for precision error: one eager pass per (batch, seq_len) point.
+      for (const b of bs)
+        for (const l of ls) deviceSeconds += latencyMs(input, b, l, "float32", a) / 1000;
+      tokens = Math.max(...bs) * Math.max(...ls);
+      needsWeights = !alreadyLoaded;
+      weightBytes = alreadyLoaded ? 0 : (model?.weight_bytes ?? 0);
+      break;
+    }
+    case "run_inference": {
+      const texts = Array.isArray(args.texts) ? args.texts : [];
+      const tensors = Array.isArray(args.tensors) ? args.tensors : [];
+      let items = texts.length;
+      let seq = 1;
+      if (texts.length > 0) {
+        const maxChars = Math.max(...texts.map((t) => (typeof t === "string" ? t.length : 0)));
+        seq = Math.max(1, Math.ceil(maxChars * a.tokens_per_char));
+      } else if (tensors.length > 0) {
+        const shape = nums((tensors[0] as Record<string, unknown>)?.shape);
+        items = shape[0] ?? 1;
+      }
+      items = Math.max(1, items);
+      const newTokens = num(args.max_new_tokens) ?? 0;
+      // Decoding costs one forward over the batch per new token (with a KV cache: ~1 token each).
+      deviceSeconds =
+        latencyMs(input, items, seq, dtype, a) / 1000 +
+        newTokens * (latencyMs(input, items, 1, dtype, a) / 1000);
+      tokens = items * (seq + newTokens);
+      break;
+    }
+    default:
+      // Read-only and bookkeeping tools: no device time worth counting.
+      return { device_seconds: 0, memory_bytes: 0, compile_s: 0, weight_bytes: 0, fits: true };
+  }
+
+  const memoryBytes = needsWeights
+    ? memoryFor(params, dtype, tokens, a)
+    : memoryFor(0, dtype, 0, a) +
+      Math.ceil(tokens * a.activation_per_token_factor * Math.sqrt(params) * dtypeBytes(dtype));
+  const est: CostEstimate = {
+    device_seconds: round3(deviceSeconds),
+    memory_bytes: memoryBytes,
+    compile_s: round3(compileS),
+    weight_bytes: weightBytes,
+    fits: true,
+  };
+  return withFit(est, input, dtype, tokens, needsWeights, a);
+}
+
+function round3(x: number): number {
+  return Math.round(x * 1000) / 1000;
+}
+
+function withFit(
+  est: CostEstimate,
+  input: EstimateInput,
+  dtype: string,
+  tokens: number,
+  needsWeights: boolean,
+  a: EstimateAssumptions,
+): CostEstimate {
+  const free = input.device?.memory_free_bytes;
+  if (free === null || free === undefined || est.memory_bytes <= free) return est;
+
+  const total = input.device?.memory_total_bytes ?? null;
+  const reason = `needs ${formatBytes(est.memory_bytes)}, device has ${formatBytes(free)} free`;
+  const model = input.model;
+  const options: string[] = [];
+
+  // 1. A smaller dtype the catalog allows, if that alone fits.
+  const smaller =
+    needsWeights && model
+      ? ["bfloat16", "float16"].filter(
+          (d) => model.dtypes.includes(d) && dtypeBytes(d) < dtypeBytes(dtype),
+        )
+      : [];
+  for (const d of smaller) {
+    const m = memoryFor(model!.parameters, d, tokens, a);
+    if (m <= free) {
+      options.push(`use dtype ${d} (needs ${formatBytes(m)})`);
+      break;
+    }
+  }
+  // 2. Unloading other resident models, largest first, until it fits.
+  if (options.length === 0) {
+    const others = [...(input.loaded ?? [])]
+      .filter((l) => l.model !== model?.id)
+      .sort((x, y) => y.bytes - x.bytes);
+    let gained = free;
+    const names: string[] = [];
+    for (const o of others) {
+      if (gained >= est.memory_bytes) break;
+      gained += o.bytes;
+      names.push(o.model);
+    }
+    if (names.length > 0 && gained >= est.memory_bytes) {
+      options.push(`unload ${names.join(", ")} (frees ${formatBytes(gained - free)})`);
+    } else if (smaller.length > 0 && names.length > 0) {
+      // Both together, if neither alone is enough.
+      const d = smaller[0]!;
+      const m = memoryFor(model!.parameters, d, tokens, a);
+      if (m <= gained) options.push(`use dtype ${d} and unload ${names.join(", ")}`);
+    }
+  }
+  if (options.length === 0 && input.tool !== "load_model" && input.tool !== "check_model") {
+    options.push("use smaller batch sizes or sequence lengths");
+  }
+  const suggestion =
+    options.length > 0
+      ? options.join("; or ")
+      : total !== null && est.memory_bytes > total
+        ? `the model does not fit this device at all (${formatBytes(total)} total); use a larger device`
+        : "free device memory (unload models) or use a larger device";
+  return { ...est, fits: false, reason, suggestion };
+}

@@ -1,0 +1,508 @@
+// THE gate every tool call passes. Order (cheapest and most certain refusals first):
+//   scope → memory fit → approval → rate limit → budget → concurrency slot → timeout → fn
+//   → budget charge → audit.
+// Every refusal is audited with its code; every executed call is audited with its duration.
+
+import type { ApprovalRecord, ApprovalStore } from "./approvals.js";
+import {
+  redactArgs,
+  type AuditLog,
+  type AuditOutcome,
+  type AuditRecord,
+  type PolicyLogger,
+} from "./audit.js";
+import { systemClock, type Clock } from "./clock.js";
+import { toolTimeoutMs, type ApprovalRule, type PolicyConfig } from "./config.js";
+import { argsDigest } from "./digest.js";
+import { PolicyError, isPolicyError, type PolicyErrorCode } from "./errors.js";
+import { formatBytes, type CostEstimate } from "./estimate.js";
+import type { BudgetLedger, ConcurrencyLimiter, RateLimiter, Release } from "./limits.js";
+import { hasScope, requiredScope, type Principal } from "./scopes.js";
+
+export type ElicitAnswer = "accept" | "decline" | "cancel";
+
+export interface ElicitPrompt {
+  tool: string;
+  args_preview: unknown;
+  estimate: CostEstimate | null;
+  message: string;
+}
+
+export interface GateCall {
+  principal: Principal;
+  tool: string;
+  /** Validated tool arguments, including the optional approval_id. */
+  args: Record<string, unknown>;
+  /** Target device ("tpu", "cuda:1", "cpu"); device-bound tools take its lane. */
+  device?: string;
+  estimate?: CostEstimate;
+  signal?: AbortSignal;
+  /** Present only when the client supports MCP elicitation. */
+  elicit?: (prompt: ElicitPrompt) => Promise<ElicitAnswer>;
+}
+
+export interface GateDeps {
+  config: PolicyConfig;
+  approvals: ApprovalStore;
+  audit: AuditLog;
+  limiter: ConcurrencyLimiter;
+  rateLimiter: RateLimiter;
+  budget: BudgetLedger;
+  clock?: Clock;
+  logger: PolicyLogger;
+}
+
+/** Does `rule` apply? Thresholds: ANY met is enough; with no estimate a threshold counts as met. */
+export function ruleApplies(
+  rule: ApprovalRule,
+  principalId: string,
+  tool: string,
+  estimate: CostEstimate | undefined,
+): boolean {
+  if (rule.tool !== "*" && rule.tool !== tool) return false;
+  if (rule.principals && !rule.principals.includes(principalId)) return false;
+  const w = rule.when;
+  if (!w) return true;
+  const checks: [number | undefined, keyof CostEstimate][] = [
+    [w.min_weight_bytes, "weight_bytes"],
+    [w.min_device_seconds, "device_seconds"],
+    [w.min_memory_bytes, "memory_bytes"],
+  ];
+  const set = checks.filter(([min]) => min !== undefined);
+  if (set.length === 0) return true;
+  // Without an estimate we cannot show the call is cheap, so it needs approval.
+  if (!estimate) return true;
+  return set.some(([min, key]) => (estimate[key] as number) >= (min as number));
+}
+
+export function matchApprovalRule(
+  rules: readonly ApprovalRule[],
+  principalId: string,
+  tool: string,
+  estimate: CostEstimate | undefined,
+): ApprovalRule | undefined {
+  return rules.find((r) => ruleApplies(r, principalId, tool, estimate));
+}
+
+function describeRule(rule: ApprovalRule): string {
+  const w = rule.when ?? {};
+  const parts = [
+    w.min_weight_bytes !== undefined ? `weights ≥ ${formatBytes(w.min_weight_bytes)}` : null,
+    w.min_device_seconds !== undefined ? `device time ≥ ${w.min_device_seconds} s` : null,
+    w.min_memory_bytes !== undefined ? `memory ≥ ${formatBytes(w.min_memory_bytes)}` : null,
+  ].filter(Boolean);
+  return parts.length ? `${rule.tool} when ${parts.join(" or ")}` : `every ${rule.tool} call`;
+}
+
+function describeEstimate(e: CostEstimate | undefined | null): string {
+  if (!e) return "no estimate";
+  return `~${e.device_seconds} device-seconds, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
+}
+
+const OUTCOME_FOR_CODE: Partial<Record<PolicyErrorCode, AuditOutcome>> = {
+  approval_required: "approval_requested",
+  approval_expired: "approval_expired",
+  approval_declined: "approval_denied",
+};
+
+export interface DecideApprovalDeps {
+  approvals: ApprovalStore;
+  audit: AuditLog;
+  clock?: Clock;
+}
+
+/**
+ * An operator's decision (the CLI calls this, directly or through Gate). The approver needs
+ * approvals:grant and must not be the requester; both refusals are audited.
+ */
+export function decideApproval(
+  deps: DecideApprovalDeps,
+  id: string,
+  approver: Principal,
+  decision: "approve" | "deny",
+  reason?: string,
+): ApprovalRecord {
+  const now = (deps.clock ?? systemClock)();
+  const existing = deps.approvals.get(id);
+  const base = {
+    time: new Date(now).toISOString(),
+    principal: approver.id,
+    tool: existing?.tool ?? "approvals",
+    args_digest: existing?.args_digest ?? null,
+    approval_id: id,
+    approver: approver.id,
+  };
+  try {
+    if (!hasScope(approver, "approvals:grant")) {
+      throw new PolicyError(
+        "insufficient_scope",
+        `${approver.id} lacks the approvals:grant scope needed to decide approvals.`,
+        { required_scope: "approvals:grant" },
+      );
+    }
+    const rec =
+      decision === "approve"
+        ? deps.approvals.approve(id, approver.id)
+        : deps.approvals.deny(id, approver.id, reason);
+    deps.audit.append({
+      ...base,
+      estimate: rec.estimate,
+      outcome: decision === "approve" ? "approval_granted" : "approval_denied",
+      reason:
+        reason ??
+        (decision === "approve" ? `approved for ${rec.principal}` : `denied for ${rec.principal}`),
+    });
+    return rec;
+  } catch (e) {
+    if (isPolicyError(e)) {
+      deps.audit.append({ ...base, outcome: "denied", code: e.code, reason: e.message });
+    }
+    throw e;
+  }
+}
+
+export class Gate {
+  private readonly config: PolicyConfig;
+  private readonly deps: GateDeps;
+  private readonly clock: Clock;
+  /** Estimated device-seconds of calls running now, per principal, so parallel calls cannot overshoot the budget. */
+  private readonly reserved = new Map<string, number>();
+
+  constructor(deps: GateDeps) {
+    this.deps = deps;
+    this.config = deps.config;
+    this.clock = deps.clock ?? systemClock;
+  }
+
+  decideApproval(
+    id: string,
+    approver: Principal,
+    decision: "approve" | "deny",
+    reason?: string,
+  ): ApprovalRecord {
+    return decideApproval(this.deps, id, approver, decision, reason);
+  }
+
+  /** The rule that makes this call need approval, if any (for tool descriptions and dry runs). */
+  approvalRule(
+    principal: Principal,
+    tool: string,
+    estimate?: CostEstimate,
+  ): ApprovalRule | undefined {
+    return matchApprovalRule(this.config.approvals.rules, principal.id, tool, estimate);
+  }
+
+  private audit(rec: Omit<AuditRecord, "time">): void {
+    try {
+      this.deps.audit.append({ time: new Date(this.clock()).toISOString(), ...rec });
+    } catch (e) {
+      // The decision already stands; losing its record must be loud, not fatal to the caller.
+      this.deps.logger.error({ err: String(e), audit: rec }, "audit append failed");
+    }
+  }
+
+  async run<T>(call: GateCall, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    const { principal, tool, estimate } = call;
+    const redacted = redactArgs(call.args, this.config.audit.redact_args);
+    const base = { principal: principal.id, tool, args: redacted, estimate: estimate ?? null };
+    let digest: string | null = null;
+    let approvalId: string | undefined;
+    let release: Release | undefined;
+
+    try {
+      digest = argsDigest(tool, call.args);
+      this.checkScope(principal, tool);
+      this.checkFits(estimate);
+      approvalId = await this.checkApproval(call, digest, redacted);
+      this.checkRate(principal);
+      this.checkBudget(principal, estimate);
+      release = await this.deps.limiter.acquire(tool, call.device, call.signal);
+      if (approvalId) this.deps.approvals.consume(approvalId, principal.id, tool, digest);
+    } catch (e) {
+      release?.();
+      if (isPolicyError(e)) {
+        this.audit({
+          ...base,
+          args_digest: digest,
+          outcome: OUTCOME_FOR_CODE[e.code] ?? "denied",
+          code: e.code,
+          reason: e.message,
+          approval_id: (e.details.approval_id as string | undefined) ?? approvalId,
+        });
+      }
+      throw e;
+    }
+
+    const reservedS = estimate?.device_seconds ?? 0;
+    this.reserve(principal.id, reservedS);
+    let started = this.clock();
+    let settled = false;
+    const settle = () => {
+      if (settled) return;
+      settled = true;
+      // The slot and the charge follow the real work, which may outlive a timed-out caller.
+      release!();
+      this.reserve(principal.id, -reservedS);
+      if (estimate) this.deps.budget.charge(principal.id, (this.clock() - started) / 1000, tool);
+    };
+
+    try {
+      this.deps.audit.append({
+        time: new Date(this.clock()).toISOString(),
+        ...base,
+        args_digest: digest,
+        outcome: "allowed",
+        approval_id: approvalId,
+      });
+    } catch (e) {
+      // Fail closed: a call that cannot be recorded does not run.
+      settle();
+      this.deps.logger.error(
+        { err: String(e), tool, principal: principal.id },
+        "audit append failed; call refused",
+      );
+      throw e;
+    }
+
+    const timeoutMs = toolTimeoutMs(this.config.limits, tool);
+    const ctrl = new AbortController();
+    const timer = setTimeout(
+      () =>
+        ctrl.abort(
+          new PolicyError(
+            "timeout",
+            `${tool} ran past its ${timeoutMs / 1000} s limit and was cancelled; use smaller inputs or fewer iterations.`,
+            {
+              timeout_ms: timeoutMs,
+            },
+          ),
+        ),
+      timeoutMs,
+    );
+    const onCallerAbort = () =>
+      ctrl.abort(new PolicyError("cancelled", `${tool} was cancelled by the caller.`));
+    if (call.signal?.aborted) onCallerAbort();
+    else call.signal?.addEventListener("abort", onCallerAbort, { once: true });
+
+    const aborted = new Promise<never>((_, reject) => {
+      if (ctrl.signal.aborted) reject(ctrl.signal.reason);
+      else ctrl.signal.addEventListener("abort", () => reject(ctrl.signal.reason), { once: true });
+    });
+    aborted.catch(() => {});
+
+    started = this.clock();
+    const work = ctrl.signal.aborted
+      ? Promise.reject(ctrl.signal.reason)
+      : Promise.resolve().then(() => fn(ctrl.signal));
+    work.then(settle, settle);
+
+    try {
+      const result = await Promise.race([work, aborted]);
+      this.audit({
+        ...base,
+        args_digest: digest,
+        outcome: "executed",
+        duration_ms: this.clock() - started,
+        approval_id: approvalId,
+      });
+      return result;
+    } catch (e) {
+      const code = isPolicyError(e)
+        ? e.code
+        : ((e as { code?: unknown })?.code as string | undefined);
+      this.audit({
+        ...base,
+        args_digest: digest,
+        outcome: "failed",
+        code: typeof code === "string" ? code : "internal_error",
+        reason: e instanceof Error ? e.message : String(e),
+        duration_ms: this.clock() - started,
+        approval_id: approvalId,
+      });
+      throw e;
+    } finally {
+      clearTimeout(timer);
+      call.signal?.removeEventListener("abort", onCallerAbort);
+    }
+  }
+
+  private reserve(principal: string, seconds: number): void {
+    const v = (this.reserved.get(principal) ?? 0) + seconds;
+    if (v <= 1e-9) this.reserved.delete(principal);
+    else this.reserved.set(principal, v);
+  }
+
+  private checkScope(principal: Principal, tool: string): void {
+    const scope = requiredScope(tool);
+    if (!hasScope(principal, scope)) {
+      throw new PolicyError(
+        "insufficient_scope",
+        `${tool} needs the ${scope} scope, which ${principal.id} does not have; ask for a token that grants it.`,
+        { required_scope: scope, tool },
+      );
+    }
+  }
+
+  private checkFits(estimate: CostEstimate | undefined): void {
+    if (estimate && estimate.fits === false) {
+      throw new PolicyError(
+        "insufficient_memory",
+        `Not enough device memory: ${estimate.reason ?? "the estimate does not fit"}${estimate.suggestion ? `. Try: ${estimate.suggestion}` : ""}.`,
+        { estimate, suggestion: estimate.suggestion ?? null, reason: estimate.reason ?? null },
+      );
+    }
+  }
+
+  /** Returns the approval id to consume once a slot is held, or undefined when none is needed. */
+  private async checkApproval(
+    call: GateCall,
+    digest: string,
+    redacted: unknown,
+  ): Promise<string | undefined> {
+    const { principal, tool, estimate } = call;
+    const rule = matchApprovalRule(this.config.approvals.rules, principal.id, tool, estimate);
+    if (!rule) return undefined;
+
+    // Only a consumable approval counts. `confirm: true` or any other argument never does.
+    const presented = call.args.approval_id;
+    if (typeof presented === "string" && presented.length > 0) {
+      this.deps.approvals.check(presented, principal.id, tool, digest);
+      return presented;
+    }
+
+    const cfg = this.config.approvals;
+    if (call.elicit && cfg.elicitation) {
+      const answer = await this.elicit(call, rule, redacted);
+      if (answer !== null) {
+        if (answer === "accept") {
+          this.audit({
+            principal: principal.id,
+            tool,
+            args_digest: digest,
+            args: redacted,
+            estimate: estimate ?? null,
+            outcome: "approval_granted",
+            approver: `elicitation:${principal.id}`,
+            reason: `accepted in the client (${describeRule(rule)})`,
+          });
+          return undefined;
+        }
+        throw new PolicyError(
+          "approval_declined",
+          answer === "timeout"
+            ? `No answer to the approval prompt within ${cfg.elicitation_timeout_s} s; the call was not run.`
+            : `The user ${answer === "decline" ? "declined" : "cancelled"} the approval prompt; the call was not run.`,
+          { answer },
+        );
+      }
+    }
+
+    // Out of band: reuse an open request for this exact call rather than piling up new ones.
+    const open = this.deps.approvals.findOpen(principal.id, tool, digest);
+    const rec =
+      open ??
+      this.deps.approvals.create({
+        principal: principal.id,
+        tool,
+        args_digest: digest,
+        args_preview: redacted,
+        estimate: estimate ?? null,
+        ttl_s: cfg.ttl_s,
+      });
+    const message =
+      rec.status === "approved"
+        ? `This call was already approved (approval ${rec.id}). Call ${tool} again with the same arguments and approval_id "${rec.id}" before ${rec.expires_at}.`
+        : `This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). Ask an operator to run \`tpu-mcp approvals approve ${rec.id}\`, then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
+    throw new PolicyError("approval_required", message, {
+      approval_id: rec.id,
+      status: rec.status,
+      expires_at: rec.expires_at,
+      estimate: estimate ?? null,
+      message,
+    });
+  }
+
+  /** The client's answer, "timeout", or null when the prompt could not be shown (fall back to out of band). */
+  private async elicit(
+    call: GateCall,
+    rule: ApprovalRule,
+    redacted: unknown,
+  ): Promise<ElicitAnswer | "timeout" | null> {
+    const timeoutMs = this.config.approvals.elicitation_timeout_s * 1000;
+    const message = `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let onAbort: (() => void) | undefined;
+    try {
+      return await Promise.race([
+        call.elicit!({
+          tool: call.tool,
+          args_preview: redacted,
+          estimate: call.estimate ?? null,
+          message,
+        }),
+        new Promise<"timeout">((resolve) => {
+          timer = setTimeout(() => resolve("timeout"), timeoutMs);
+        }),
+        new Promise<never>((_, reject) => {
+          onAbort = () =>
+            reject(
+              new PolicyError(
+                "cancelled",
+                `${call.tool} was cancelled while waiting for approval.`,
+              ),
+            );
+          if (call.signal?.aborted) onAbort();
+          else call.signal?.addEventListener("abort", onAbort, { once: true });
+        }),
+      ]);
+    } catch (e) {
+      if (isPolicyError(e)) throw e;
+      this.deps.logger.warn(
+        { err: String(e), tool: call.tool },
+        "elicitation failed; falling back to out-of-band approval",
+      );
+      return null;
+    } finally {
+      clearTimeout(timer);
+      if (onAbort) call.signal?.removeEventListener("abort", onAbort);
+    }
+  }
+
+  private checkRate(principal: Principal): void {
+    const d = this.deps.rateLimiter.take(principal.id);
+    if (!d.ok) {
+      throw new PolicyError(
+        "rate_limited",
+        `${principal.id} is over ${this.config.limits.rate_limit.per_principal_per_minute} calls per minute; retry in ${Math.ceil(d.retry_after_ms / 1000)} s.`,
+        { retry_after_ms: d.retry_after_ms },
+      );
+    }
+  }
+
+  private checkBudget(principal: Principal, estimate: CostEstimate | undefined): void {
+    if (!estimate) return;
+    const need = estimate.device_seconds;
+    const b = this.deps.budget.check(principal.id, need, this.reserved.get(principal.id) ?? 0);
+    if (b.ok) return;
+    const when =
+      b.retry_after_ms !== undefined
+        ? `enough frees up in ${Math.ceil(b.retry_after_ms / 1000)} s`
+        : `it can never fit (the whole budget is ${b.limit_s} s); make the call smaller`;
+    throw new PolicyError(
+      "budget_exceeded",
+      `Device-time budget exceeded: this call needs ~${need} s, ${b.remaining_s} s of ${b.limit_s} s per ${b.window_s} s window remain; ${when}.`,
+      {
+        needed_s: need,
+        remaining_s: b.remaining_s,
+        used_s: b.used_s,
+        limit_s: b.limit_s,
+        window_s: b.window_s,
+        retry_after_ms: b.retry_after_ms ?? null,
+        resets_at:
+          b.retry_after_ms !== undefined
+            ? new Date(this.clock() + b.retry_after_ms).toISOString()
+            : null,
+      },
+    );
+  }
+}

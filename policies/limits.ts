@@ -1,0 +1,422 @@
+// Concurrency, rate and budget limits. Every wait is bounded: a full queue refuses at once with
+// `busy` and a retry hint, because an agent that waits forever is worse than one told to retry.
+
+import pLimit, { type LimitFunction } from "p-limit";
+import type { LimitsConfig } from "./config.js";
+import { toolConcurrency, toolQueueBound } from "./config.js";
+import { PolicyError } from "./errors.js";
+import { resolveDb, type SqliteDb } from "./sqlite.js";
+
+import { systemClock, type Clock } from "./clock.js";
+
+export type { Clock } from "./clock.js";
+
+export type Release = () => void;
+export type DeviceMode = "exclusive" | "shared" | "none";
+
+function cancelledError(what: string): PolicyError {
+  return new PolicyError("cancelled", `The call was cancelled while waiting for ${what}.`);
+}
+
+/** Moving average of how long slots are held, for retry hints. */
+class HoldTimer {
+  private avgMs = 1000;
+  observe(ms: number): void {
+    this.avgMs = this.avgMs * 0.8 + ms * 0.2;
+  }
+  hintMs(ahead: number, parallel: number): number {
+    return Math.max(100, Math.round((this.avgMs * (ahead + 1)) / Math.max(1, parallel)));
+  }
+}
+
+class ToolSlots {
+  private readonly limit: LimitFunction;
+  private waiting = 0;
+  private readonly timer = new HoldTimer();
+  constructor(
+    readonly tool: string,
+    concurrency: number,
+    private readonly bound: number,
+    private readonly now: Clock,
+  ) {
+    this.limit = pLimit(concurrency);
+  }
+
+  stats(): { active: number; waiting: number; concurrency: number; queue_bound: number } {
+    return {
+      active: this.limit.activeCount,
+      waiting: this.waiting,
+      concurrency: this.limit.concurrency,
+      queue_bound: this.bound,
+    };
+  }
+
+  acquire(signal?: AbortSignal): Promise<Release> {
+    if (signal?.aborted) return Promise.reject(cancelledError(`a ${this.tool} slot`));
+    // Only live waiters count: a cancelled one still sits in p-limit's queue but must not make
+    // others busy.
+    if (this.limit.activeCount >= this.limit.concurrency && this.waiting >= this.bound) {
+      return Promise.reject(
+        new PolicyError(
+          "busy",
+          `${this.tool} is at its limit (${this.limit.concurrency} running, ${this.waiting} waiting); retry later.`,
+          {
+            tool: this.tool,
+            retry_after_ms: this.timer.hintMs(this.waiting, this.limit.concurrency),
+            running: this.limit.activeCount,
+            waiting: this.waiting,
+          },
+        ),
+      );
+    }
+    return new Promise<Release>((resolve, reject) => {
+      let state: "waiting" | "granted" | "aborted" = "waiting";
+      this.waiting++;
+      const onAbort = () => {
+        if (state !== "waiting") return;
+        state = "aborted";
+        this.waiting--;
+        reject(cancelledError(`a ${this.tool} slot`));
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      // The p-limit slot is held until `done` runs, i.e. until the lease is released.
+      void this.limit(
+        () =>
+          new Promise<void>((done) => {
+            signal?.removeEventListener("abort", onAbort);
+            if (state === "aborted") return done();
+            state = "granted";
+            this.waiting--;
+            const start = this.now();
+            let released = false;
+            resolve(() => {
+              if (released) return;
+              released = true;
+              this.timer.observe(this.now() - start);
+              done();
+            });
+          }),
+      );
+    });
+  }
+}
+
+interface LaneWaiter {
+  mode: "exclusive" | "shared";
+  grant: () => void;
+}
+
+/**
+ * A FIFO readers-writer lock on one device: exclusive tools (load, benchmark...) hold it alone,
+ * shared ones (inference) together. A shared call queued behind an exclusive one waits its turn,
+ * so a stream of inference calls cannot starve a load.
+ */
+class DeviceLane {
+  private readers = 0;
+  private writer = false;
+  private readonly queue: LaneWaiter[] = [];
+  private readonly timer = new HoldTimer();
+  constructor(
+    readonly device: string,
+    private readonly bound: number,
+    private readonly now: Clock,
+  ) {}
+
+  stats(): { readers: number; exclusive: boolean; waiting: number; queue_bound: number } {
+    return {
+      readers: this.readers,
+      exclusive: this.writer,
+      waiting: this.queue.length,
+      queue_bound: this.bound,
+    };
+  }
+
+  private fits(mode: "exclusive" | "shared"): boolean {
+    return mode === "shared" ? !this.writer : !this.writer && this.readers === 0;
+  }
+
+  private take(mode: "exclusive" | "shared"): Release {
+    if (mode === "shared") this.readers++;
+    else this.writer = true;
+    const start = this.now();
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      this.timer.observe(this.now() - start);
+      if (mode === "shared") this.readers--;
+      else this.writer = false;
+      this.pump();
+    };
+  }
+
+  private pump(): void {
+    while (this.queue.length > 0 && this.fits(this.queue[0]!.mode)) this.queue.shift()!.grant();
+  }
+
+  acquire(mode: "exclusive" | "shared", signal?: AbortSignal): Promise<Release> {
+    if (signal?.aborted) return Promise.reject(cancelledError(`device ${this.device}`));
+    if (this.queue.length === 0 && this.fits(mode)) return Promise.resolve(this.take(mode));
+    if (this.queue.length >= this.bound) {
+      return Promise.reject(
+        new PolicyError(
+          "busy",
+          `Device ${this.device} is busy (${this.writer ? "held exclusively" : `${this.readers} shared calls`}, ${this.queue.length} waiting); retry later.`,
+          {
+            device: this.device,
+            retry_after_ms: this.timer.hintMs(this.queue.length, 1),
+            waiting: this.queue.length,
+          },
+        ),
+      );
+    }
+    return new Promise<Release>((resolve, reject) => {
+      const waiter: LaneWaiter = {
+        mode,
+        grant: () => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve(this.take(mode));
+        },
+      };
+      const onAbort = () => {
+        const i = this.queue.indexOf(waiter);
+        if (i < 0) return;
+        this.queue.splice(i, 1);
+        // A cancelled exclusive waiter may have been the only thing holding shared ones back.
+        this.pump();
+        reject(cancelledError(`device ${this.device}`));
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.queue.push(waiter);
+    });
+  }
+}
+
+/** "tpu" and "tpu:0" are the same device lane. */
+export function deviceKey(device: string): string {
+  return device.includes(":") ? device : `${device}:0`;
+}
+
+export class ConcurrencyLimiter {
+  private readonly tools = new Map<string, ToolSlots>();
+  private readonly lanes = new Map<string, DeviceLane>();
+  private readonly exclusive: ReadonlySet<string>;
+  private readonly shared: ReadonlySet<string>;
+
+  constructor(
+    private readonly limits: LimitsConfig,
+    private readonly clock: Clock = systemClock,
+  ) {
+    this.exclusive = new Set(limits.device_exclusive_tools);
+    this.shared = new Set(limits.device_shared_tools);
+  }
+
+  deviceMode(tool: string): DeviceMode {
+    if (this.exclusive.has(tool)) return "exclusive";
+    if (this.shared.has(tool)) return "shared";
+    return "none";
+  }
+
+  private slots(tool: string): ToolSlots {
+    let s = this.tools.get(tool);
+    if (!s) {
+      s = new ToolSlots(
+        tool,
+        toolConcurrency(this.limits, tool),
+        toolQueueBound(this.limits, tool),
+        this.clock,
+      );
+      this.tools.set(tool, s);
+    }
+    return s;
+  }
+
+  private lane(device: string): DeviceLane {
+    const key = deviceKey(device);
+    let l = this.lanes.get(key);
+    if (!l) {
+      l = new DeviceLane(key, this.limits.device_queue_bound, this.clock);
+      this.lanes.set(key, l);
+    }
+    return l;
+  }
+
+  /**
+   * A tool slot, then (for device tools) the device lane — always in that order, so two callers
+   * can never hold one each and wait for the other. Rejects with busy or cancelled.
+   */
+  async acquire(tool: string, device: string | undefined, signal?: AbortSignal): Promise<Release> {
+    const releaseTool = await this.slots(tool).acquire(signal);
+    const mode = this.deviceMode(tool);
+    if (mode === "none" || !device) return releaseTool;
+    try {
+      const releaseLane = await this.lane(device).acquire(mode, signal);
+      return () => {
+        releaseLane();
+        releaseTool();
+      };
+    } catch (e) {
+      releaseTool();
+      throw e;
+    }
+  }
+
+  async run<T>(
+    tool: string,
+    device: string | undefined,
+    fn: () => Promise<T>,
+    signal?: AbortSignal,
+  ): Promise<T> {
+    const release = await this.acquire(tool, device, signal);
+    try {
+      return await fn();
+    } finally {
+      release();
+    }
+  }
+
+  /** Queue depths for get_runtime_status and metrics. */
+  stats(): {
+    tools: Record<string, ReturnType<ToolSlots["stats"]>>;
+    devices: Record<string, ReturnType<DeviceLane["stats"]>>;
+  } {
+    return {
+      tools: Object.fromEntries([...this.tools].map(([k, v]) => [k, v.stats()])),
+      devices: Object.fromEntries([...this.lanes].map(([k, v]) => [k, v.stats()])),
+    };
+  }
+}
+
+export type RateDecision = { ok: true; remaining: number } | { ok: false; retry_after_ms: number };
+
+/** Token bucket per principal: bursts up to the per-minute allowance, refilled continuously. */
+export class RateLimiter {
+  private readonly buckets = new Map<string, { tokens: number; at: number }>();
+  private readonly capacity: number;
+  private readonly perMs: number;
+
+  constructor(
+    perMinute: number,
+    private readonly clock: Clock = systemClock,
+  ) {
+    if (!(perMinute > 0)) throw new RangeError("perMinute must be > 0");
+    this.capacity = perMinute;
+    this.perMs = perMinute / 60_000;
+  }
+
+  take(principal: string, cost = 1): RateDecision {
+    const now = this.clock();
+    const b = this.buckets.get(principal) ?? { tokens: this.capacity, at: now };
+    b.tokens = Math.min(this.capacity, b.tokens + Math.max(0, now - b.at) * this.perMs);
+    b.at = now;
+    this.buckets.set(principal, b);
+    if (b.tokens >= cost) {
+      b.tokens -= cost;
+      this.prune(now);
+      return { ok: true, remaining: Math.floor(b.tokens) };
+    }
+    return { ok: false, retry_after_ms: Math.ceil((cost - b.tokens) / this.perMs) };
+  }
+
+  // JWT subjects are unbounded in number: drop buckets that have refilled (they equal a new one).
+  private prune(now: number): void {
+    if (this.buckets.size < 10_000) return;
+    for (const [k, b] of this.buckets) {
+      if (b.tokens + (now - b.at) * this.perMs >= this.capacity) this.buckets.delete(k);
+    }
+  }
+}
+
+export interface BudgetCheck {
+  ok: boolean;
+  used_s: number;
+  remaining_s: number;
+  limit_s: number;
+  window_s: number;
+  /** When enough past charges leave the window for this request to fit; absent if it never can. */
+  retry_after_ms?: number;
+}
+
+/** Device-seconds per principal over a sliding window. */
+export interface BudgetLedger {
+  check(principal: string, seconds: number, reservedSeconds?: number): BudgetCheck;
+  charge(principal: string, seconds: number, tool?: string): void;
+  close(): void;
+}
+
+/** Kept in SQLite so a restart does not hand everyone a fresh budget. */
+export class SqliteBudgetLedger implements BudgetLedger {
+  private readonly db: SqliteDb;
+  private readonly owned: boolean;
+  private readonly limitS: number;
+  private readonly windowMs: number;
+  private readonly clock: Clock;
+
+  constructor(
+    pathOrDb: string | SqliteDb,
+    opts: { device_seconds_per_window: number; window_s: number; clock?: Clock },
+  ) {
+    ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
+    this.limitS = opts.device_seconds_per_window;
+    this.windowMs = opts.window_s * 1000;
+    this.clock = opts.clock ?? systemClock;
+    this.db.exec(`CREATE TABLE IF NOT EXISTS budget_charges (
+      id INTEGER PRIMARY KEY,
+      principal TEXT NOT NULL,
+      time_ms INTEGER NOT NULL,
+      seconds REAL NOT NULL,
+      tool TEXT
+    );
+    CREATE INDEX IF NOT EXISTS budget_by_principal ON budget_charges (principal, time_ms);`);
+  }
+
+  check(principal: string, seconds: number, reservedSeconds = 0): BudgetCheck {
+    const now = this.clock();
+    const since = now - this.windowMs;
+    const rows = this.db
+      .prepare(
+        "SELECT time_ms, seconds FROM budget_charges WHERE principal = ? AND time_ms > ? ORDER BY time_ms",
+      )
+      .all(principal, since) as { time_ms: number; seconds: number }[];
+    const used = rows.reduce((s, r) => s + r.seconds, 0) + reservedSeconds;
+    const base = {
+      used_s: round3(used),
+      remaining_s: round3(Math.max(0, this.limitS - used)),
+      limit_s: this.limitS,
+      window_s: this.windowMs / 1000,
+    };
+    if (used + seconds <= this.limitS) return { ok: true, ...base };
+    if (seconds + reservedSeconds > this.limitS) return { ok: false, ...base };
+    // Walk charges oldest first until enough of them have left the window.
+    let left = used;
+    for (const r of rows) {
+      left -= r.seconds;
+      if (left + seconds <= this.limitS) {
+        return {
+          ok: false,
+          ...base,
+          retry_after_ms: Math.max(1, r.time_ms + this.windowMs - now + 1),
+        };
+      }
+    }
+    return { ok: false, ...base };
+  }
+
+  charge(principal: string, seconds: number, tool?: string): void {
+    if (!(seconds > 0)) return;
+    const now = this.clock();
+    this.db
+      .prepare("INSERT INTO budget_charges (principal, time_ms, seconds, tool) VALUES (?, ?, ?, ?)")
+      .run(principal, now, seconds, tool ?? null);
+    // Charges older than the window never count again.
+    this.db.prepare("DELETE FROM budget_charges WHERE time_ms <= ?").run(now - this.windowMs);
+  }
+
+  close(): void {
+    if (this.owned && this.db.open) this.db.close();
+  }
+}
+
+function round3(x: number): number {
+  return Math.round(x * 1000) / 1000;
+}

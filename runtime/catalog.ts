@@ -1,0 +1,77 @@
+// The server's view of the model catalog: ids, tasks, dtypes and limits, read at start-up so that
+// tools/list can answer before the worker is up. The worker re-validates the same file and owns
+// everything about weights (paths, formats, digests); see runtime/PROTOCOL.md.
+import { readFileSync } from "node:fs";
+import { z } from "zod";
+import { MODEL_DTYPES } from "./types.js";
+
+const ModelIdSchema = z
+  .string()
+  .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, "ids are 1-64 chars of a-z, 0-9, '.', '_' or '-'");
+
+export const CatalogEntrySchema = z.object({
+  id: ModelIdSchema,
+  task: z.enum(["embedding", "text-generation", "classification", "tensor"]),
+  architecture: z.string(),
+  description: z.string().default(""),
+  source: z.union([
+    z.object({ path: z.string().min(1) }).strict(),
+    z.object({ hub: z.string().min(1), revision: z.string().regex(/^[0-9a-f]{40}$/) }).strict(),
+  ]),
+  format: z.enum(["safetensors", "hf-safetensors", "pytorch"]),
+  trusted: z.boolean().default(false),
+  dtypes: z.array(z.enum(MODEL_DTYPES)).min(1),
+  default_dtype: z.enum(MODEL_DTYPES),
+  input: z.object({ shape: z.array(z.number().int().positive()), dtype: z.string() }).optional(),
+  limits: z.object({
+    max_batch: z.number().int().positive(),
+    max_seq_len: z.number().int().min(0),
+    max_new_tokens: z.number().int().min(0),
+    max_text_chars: z.number().int().min(0),
+  }),
+  batching: z
+    .object({ max_batch: z.number().int().positive(), max_wait_ms: z.number().min(0) })
+    .optional(),
+});
+
+export const CatalogSchema = z.object({
+  model_roots: z.array(z.string()).min(1),
+  models: z.array(CatalogEntrySchema).min(1),
+});
+
+export type CatalogEntry = z.infer<typeof CatalogEntrySchema>;
+export type Catalog = z.infer<typeof CatalogSchema>;
+
+export class CatalogError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "CatalogError";
+  }
+}
+
+export function parseCatalog(raw: unknown, source = "catalog"): Catalog {
+  const parsed = CatalogSchema.safeParse(raw);
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((i) => `${i.path.join(".") || "(top level)"}: ${i.message}`);
+    throw new CatalogError(`invalid ${source}:\n  - ${problems.join("\n  - ")}`);
+  }
+  const ids = new Set<string>();
+  for (const m of parsed.data.models) {
+    if (ids.has(m.id)) throw new CatalogError(`invalid ${source}: duplicate model id ${m.id}`);
+    ids.add(m.id);
+    if (!m.dtypes.includes(m.default_dtype)) {
+      throw new CatalogError(`invalid ${source}: ${m.id}.default_dtype must be one of its dtypes`);
+    }
+  }
+  return parsed.data;
+}
+
+export function readCatalog(path: string): Catalog {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(readFileSync(path, "utf8"));
+  } catch (e) {
+    throw new CatalogError(`cannot read the catalog file: ${(e as Error).message}`);
+  }
+  return parseCatalog(raw, "catalog file");
+}

@@ -1,0 +1,976 @@
+// WorkerRuntime: spawns and supervises the Python worker (runtime/worker/tpu_worker) and talks
+// to it with the framed protocol of runtime/PROTOCOL.md.
+//
+// Supervision rules, in short:
+// - ready only after `hello`; calls made before that wait (bounded by startTimeoutMs);
+// - every call has a timeout; on expiry the worker is told to cancel and its liveness probed;
+// - heartbeats: a worker that stops answering pings is SIGKILLed and restarted;
+// - a dying worker rejects every call in flight at once with `worker_died`;
+// - restarts back off exponentially and stop after maxRestartsInWindow crashes (state `failed`);
+// - models loaded in a dead worker are reported by lostModels() and NOT reloaded automatically:
+//   a model that crashed the worker would crash it again, and a silent reload could hand callers
+//   a different dtype/mode than they asked for. Calls on them get `model_not_loaded`.
+
+import { spawn as nodeSpawn, type ChildProcess, type SpawnOptions } from "node:child_process";
+import { dirname, isAbsolute, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { pino } from "pino";
+import {
+  DEFAULT_MAX_BODY_BYTES,
+  FrameDecoder,
+  encodeFrame,
+  type DecodeEvent,
+  type Frame,
+} from "./framing.js";
+import {
+  PROTOCOL_VERSION,
+  cancelMessage,
+  parseWorkerMessage,
+  pingMessage,
+  requestMessage,
+  toHello,
+  type WorkerMessage,
+} from "./messages.js";
+import {
+  RuntimeCallError,
+  type CallOptions,
+  type CallResult,
+  type Runtime,
+  type RuntimeEvents,
+  type WorkerHello,
+  type WorkerState,
+} from "./types.js";
+
+type LogFn = (obj: Record<string, unknown>, msg?: string) => void;
+
+/** The subset of a pino logger the runtime uses; a pino Logger fits as is. */
+export interface RuntimeLogger {
+  debug: LogFn;
+  info: LogFn;
+  warn: LogFn;
+  error: LogFn;
+}
+
+export type SpawnFn = (
+  command: string,
+  args: readonly string[],
+  options: SpawnOptions,
+) => ChildProcess;
+
+export interface WorkerRuntimeOptions {
+  /** Repository root: cwd of the worker, base of the default paths. Default: parent of runtime/. */
+  repoRoot?: string;
+  /** Python interpreter. Default: `.venv/bin/python` under repoRoot. */
+  pythonPath?: string;
+  /** Catalog JSON passed to the worker. Default: runtime/catalog.builtin.json. */
+  catalogPath?: string;
+  /** Device the worker serves: auto | cpu | cuda[:N] | tpu[:N] | xla[:N]. Default: auto. */
+  device?: string;
+  /** Base environment for the worker (the protocol's own variables are always added). Default: process.env. */
+  env?: NodeJS.ProcessEnv;
+  /** `eager`: createRuntime() starts the worker at once; `lazy`: the first call does. Default: lazy. */
+  startMode?: "eager" | "lazy";
+  /** Default per-call timeout; 0 or Infinity disables it. Default: 300 s. */
+  requestTimeoutMs?: number;
+  /** Time allowed from spawn to `hello` (torch import + device probe). Default: 120 s. */
+  startTimeoutMs?: number;
+  heartbeatIntervalMs?: number;
+  /** A ping unanswered this long means the worker is hung: it is SIGKILLed and restarted. */
+  heartbeatTimeoutMs?: number;
+  /** After an abort, how long to wait for the worker to confirm the cancel. Default: 2 s. */
+  cancelGraceMs?: number;
+  restartBackoffBaseMs?: number;
+  restartBackoffMaxMs?: number;
+  /** More crashes than this within restartWindowMs puts the runtime in state `failed`. */
+  maxRestartsInWindow?: number;
+  restartWindowMs?: number;
+  /** close(): time for the worker to exit after stdin ends, then after SIGTERM. */
+  closeTimeoutMs?: number;
+  killTimeoutMs?: number;
+  maxBodyBytes?: number;
+  /** Extra worker arguments (e.g. `--heartbeat-s 30`). */
+  extraArgs?: string[];
+  logger?: RuntimeLogger;
+  /** child_process.spawn or a stand-in (tests). */
+  spawn?: SpawnFn;
+}
+
+type ResolvedOptions = Required<Omit<WorkerRuntimeOptions, "env">> & { env: NodeJS.ProcessEnv };
+
+/** Applies the defaults; exported so the server and `doctor` show what will actually run. */
+export function resolveRuntimeOptions(opts: WorkerRuntimeOptions = {}): Readonly<ResolvedOptions> {
+  const repoRoot = resolve(opts.repoRoot ?? join(dirname(fileURLToPath(import.meta.url)), ".."));
+  const abs = (p: string) => (isAbsolute(p) ? p : join(repoRoot, p));
+  return Object.freeze({
+    repoRoot,
+    pythonPath: abs(opts.pythonPath ?? join(".venv", "bin", "python")),
+    catalogPath: abs(opts.catalogPath ?? join("runtime", "catalog.builtin.json")),
+    device: opts.device ?? "auto",
+    env: opts.env ?? process.env,
+    startMode: opts.startMode ?? "lazy",
+    requestTimeoutMs: opts.requestTimeoutMs ?? 300_000,
+    startTimeoutMs: opts.startTimeoutMs ?? 120_000,
+    heartbeatIntervalMs: opts.heartbeatIntervalMs ?? 5_000,
+    heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? 15_000,
+    cancelGraceMs: opts.cancelGraceMs ?? 2_000,
+    restartBackoffBaseMs: opts.restartBackoffBaseMs ?? 500,
+    restartBackoffMaxMs: opts.restartBackoffMaxMs ?? 30_000,
+    maxRestartsInWindow: opts.maxRestartsInWindow ?? 5,
+    restartWindowMs: opts.restartWindowMs ?? 60_000,
+    closeTimeoutMs: opts.closeTimeoutMs ?? 3_000,
+    killTimeoutMs: opts.killTimeoutMs ?? 2_000,
+    maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
+    extraArgs: opts.extraArgs ?? [],
+    logger: opts.logger ?? pino({ name: "tpu-mcp-runtime" }, pino.destination(2)),
+    spawn: opts.spawn ?? (nodeSpawn as SpawnFn),
+  });
+}
+
+/** What the client knows about a model loaded in the current worker. */
+export interface LoadedModel {
+  model: string;
+  device?: string;
+  dtype?: string;
+  mode?: string;
+  loadedAt: number;
+}
+
+interface WorkerProc {
+  child: ChildProcess;
+  generation: number;
+  decoder: FrameDecoder;
+  hello: WorkerHello | null;
+  helloTimer?: NodeJS.Timeout;
+  ping: { id: string; timer: NodeJS.Timeout } | null;
+  stderrPartial: string;
+  /** Last stderr lines, logged with the exit to explain a crash. */
+  stderrTail: string[];
+  gone: boolean;
+  exitWaiters: Array<() => void>;
+}
+
+interface Pending {
+  id: string;
+  op: string;
+  args: Record<string, unknown>;
+  proc: WorkerProc;
+  resolve: (r: CallResult<any>) => void;
+  reject: (e: RuntimeCallError) => void;
+  onProgress?: CallOptions["onProgress"];
+  /** The caller has its answer; the entry stays until the worker ends the request. */
+  settled: boolean;
+  cancelRequested: boolean;
+  timer?: NodeJS.Timeout;
+  graceTimer?: NodeJS.Timeout;
+  detachAbort?: () => void;
+}
+
+type Listeners = { [E in keyof RuntimeEvents]: Array<RuntimeEvents[E]> };
+
+/** Extra events beyond RuntimeEvents. */
+export interface WorkerRuntimeEvents extends RuntimeEvents {
+  /** A frame or message from the worker that broke the protocol, or a worker error without id. */
+  protocol_error: (info: {
+    id: string | null;
+    message: string;
+    source: "worker" | "client";
+  }) => void;
+}
+
+const STDERR_LINE_MAX = 64 * 1024;
+const STDERR_TAIL_LINES = 20;
+/** After `exit`, how long to let stdout drain before in-flight calls are failed. */
+const EXIT_DRAIN_MS = 150;
+
+const LEVELS: Record<string, "debug" | "info" | "warn" | "error"> = {
+  trace: "debug",
+  debug: "debug",
+  info: "info",
+  warn: "warn",
+  warning: "warn",
+  error: "error",
+  critical: "error",
+  fatal: "error",
+};
+
+export class WorkerRuntime implements Runtime {
+  readonly options: Readonly<ResolvedOptions>;
+  private readonly log: RuntimeLogger;
+  private _state: WorkerState = "stopped";
+  private _hello: WorkerHello | null = null;
+  private proc: WorkerProc | null = null;
+  private generation = 0;
+  private seq = 0;
+  private readonly pending = new Map<string, Pending>();
+  private readonly loaded = new Map<string, LoadedModel>();
+  private readonly lost = new Set<string>();
+  private crashTimes: number[] = [];
+  private restartCount = 0;
+  private restartTimer: NodeJS.Timeout | undefined;
+  private heartbeatTimer: NodeJS.Timeout | undefined;
+  private readyWaiters: Array<{
+    resolve: (h: WorkerHello) => void;
+    reject: (e: RuntimeCallError) => void;
+  }> = [];
+  private failure: RuntimeCallError | null = null;
+  private closing: Promise<void> | null = null;
+  private readonly listeners: Listeners & {
+    protocol_error: WorkerRuntimeEvents["protocol_error"][];
+  } = {
+    ready: [],
+    exit: [],
+    restart: [],
+    failed: [],
+    log: [],
+    protocol_error: [],
+  };
+  // Last resort against orphans if the Node process exits without close().
+  private readonly killOnProcessExit = () => {
+    try {
+      this.proc?.child.kill("SIGKILL");
+    } catch {
+      /* already gone */
+    }
+  };
+
+  constructor(options: WorkerRuntimeOptions = {}) {
+    this.options = resolveRuntimeOptions(options);
+    this.log = this.options.logger;
+  }
+
+  get state(): WorkerState {
+    return this._state;
+  }
+
+  get hello(): WorkerHello | null {
+    return this._hello;
+  }
+
+  /** Pid of the current worker process, if one is running. */
+  get pid(): number | null {
+    return this.proc?.child.pid ?? null;
+  }
+
+  lostModels(): string[] {
+    return [...this.lost].sort();
+  }
+
+  /** Models loaded in the current worker, as observed from successful load/unload results. */
+  loadedModels(): LoadedModel[] {
+    return [...this.loaded.values()];
+  }
+
+  restarts(): number {
+    return this.restartCount;
+  }
+
+  inFlight(): number {
+    let n = 0;
+    for (const p of this.pending.values()) if (!p.settled) n++;
+    return n;
+  }
+
+  on<E extends keyof WorkerRuntimeEvents>(event: E, fn: WorkerRuntimeEvents[E]): void {
+    (this.listeners[event] as Array<WorkerRuntimeEvents[E]>).push(fn);
+  }
+
+  off<E extends keyof WorkerRuntimeEvents>(event: E, fn: WorkerRuntimeEvents[E]): void {
+    const list = this.listeners[event] as Array<WorkerRuntimeEvents[E]>;
+    const i = list.indexOf(fn);
+    if (i >= 0) list.splice(i, 1);
+  }
+
+  /** Starts the worker (or retries after `failed`) and resolves with its hello. */
+  start(): Promise<WorkerHello> {
+    if (this.closing) return Promise.reject(closedError());
+    if (this._state === "ready" && this._hello) return Promise.resolve(this._hello);
+    if (this._state === "failed") {
+      // An explicit start() is the operator's "try again": forget the crash history.
+      this.crashTimes = [];
+      this.failure = null;
+      this._state = "stopped";
+    }
+    const waiting = this.waitForReady();
+    if (this._state === "stopped") this.spawnWorker();
+    return waiting;
+  }
+
+  ready(): Promise<WorkerHello> {
+    if (this._state === "failed" && this.failure) return Promise.reject(this.failure);
+    return this.start();
+  }
+
+  async call<T = Record<string, unknown>>(
+    op: string,
+    args: Record<string, unknown>,
+    opts: CallOptions = {},
+  ): Promise<CallResult<T>> {
+    const { signal } = opts;
+    if (signal?.aborted) throw cancelledError(op, "before it was sent");
+    let frame: Buffer[];
+    const id = `r${++this.seq}`;
+    try {
+      frame = encodeFrame(
+        requestMessage(id, op, args),
+        opts.tensors ?? [],
+        this.options.maxBodyBytes,
+      );
+    } catch (e) {
+      throw new RuntimeCallError(
+        "invalid_argument",
+        `${(e as Error).message}. Fix the tensor and retry.`,
+        false,
+        {
+          op,
+        },
+      );
+    }
+    const proc = await this.readyProc(signal, op);
+    return new Promise<CallResult<T>>((resolveCall, rejectCall) => {
+      const p: Pending = {
+        id,
+        op,
+        args,
+        proc,
+        resolve: resolveCall as (r: CallResult<any>) => void,
+        reject: rejectCall,
+        onProgress: opts.onProgress,
+        settled: false,
+        cancelRequested: false,
+      };
+      this.pending.set(id, p);
+      const timeoutMs = opts.timeoutMs ?? this.options.requestTimeoutMs;
+      if (timeoutMs > 0 && Number.isFinite(timeoutMs)) {
+        p.timer = setTimeout(() => this.onCallTimeout(p, timeoutMs), timeoutMs);
+      }
+      if (signal) {
+        const onAbort = () => this.onCallAbort(p);
+        signal.addEventListener("abort", onAbort, { once: true });
+        p.detachAbort = () => signal.removeEventListener("abort", onAbort);
+      }
+      this.write(proc, frame);
+    });
+  }
+
+  close(): Promise<void> {
+    if (this.closing) return this.closing;
+    this.closing = this.shutdown();
+    return this.closing;
+  }
+
+  // ── lifecycle ────────────────────────────────────────────────────────────────────────────
+
+  private async shutdown(): Promise<void> {
+    clearTimeout(this.restartTimer);
+    this.stopHeartbeat();
+    this.rejectWaiters(closedError());
+    const proc = this.proc;
+    if (proc && !proc.gone) {
+      // EOF on stdin is the worker's signal to finish and exit 0; then escalate.
+      try {
+        proc.child.stdin?.end();
+      } catch {
+        /* pipe already closed */
+      }
+      if (!(await waitGone(proc, this.options.closeTimeoutMs))) {
+        this.log.warn(
+          { pid: proc.child.pid },
+          "worker did not exit after stdin closed; sending SIGTERM",
+        );
+        proc.child.kill("SIGTERM");
+        if (!(await waitGone(proc, this.options.killTimeoutMs))) {
+          this.log.warn({ pid: proc.child.pid }, "worker ignored SIGTERM; sending SIGKILL");
+          proc.child.kill("SIGKILL");
+          await waitGone(proc, this.options.killTimeoutMs);
+        }
+      }
+    }
+    process.off("exit", this.killOnProcessExit);
+    this._state = "stopped";
+    this._hello = null;
+  }
+
+  private spawnWorker(): void {
+    const o = this.options;
+    const generation = ++this.generation;
+    this._state = this.restartCount > 0 || this.crashTimes.length > 0 ? "restarting" : "starting";
+    const args = ["-m", "tpu_worker", "--catalog", o.catalogPath, "--device", o.device];
+    if (o.maxBodyBytes !== DEFAULT_MAX_BODY_BYTES)
+      args.push("--max-body-bytes", String(o.maxBodyBytes));
+    args.push(...o.extraArgs);
+    const workerPath = join(o.repoRoot, "runtime", "worker");
+    const env: NodeJS.ProcessEnv = {
+      ...o.env,
+      PYTHONPATH: o.env.PYTHONPATH ? `${workerPath}:${o.env.PYTHONPATH}` : workerPath,
+      HF_HUB_OFFLINE: "1",
+      TRANSFORMERS_OFFLINE: "1",
+      PYTHONUNBUFFERED: "1",
+    };
+    let child: ChildProcess;
+    try {
+      child = o.spawn(o.pythonPath, args, {
+        cwd: o.repoRoot,
+        env,
+        stdio: ["pipe", "pipe", "pipe"],
+      });
+    } catch (e) {
+      // A synchronous spawn failure is handled like a crash so backoff and the cap apply.
+      this.log.error({ err: String(e), python: o.pythonPath }, "could not spawn the worker");
+      queueMicrotask(() => this.onGone(null, generation, null, null, e as Error));
+      return;
+    }
+    const proc: WorkerProc = {
+      child,
+      generation,
+      decoder: new FrameDecoder({ maxBodyBytes: o.maxBodyBytes }),
+      hello: null,
+      ping: null,
+      stderrPartial: "",
+      stderrTail: [],
+      gone: false,
+      exitWaiters: [],
+    };
+    this.proc = proc;
+    process.off("exit", this.killOnProcessExit);
+    process.on("exit", this.killOnProcessExit);
+    this.log.info({ pid: child.pid, device: o.device, generation }, "worker spawned");
+
+    proc.helloTimer = setTimeout(() => {
+      this.log.error(
+        { pid: child.pid, timeout_ms: o.startTimeoutMs },
+        "worker sent no hello in time (torch import or device probe hung); killing it",
+      );
+      child.kill("SIGKILL");
+    }, o.startTimeoutMs);
+
+    child.stdout?.on("data", (chunk: Buffer) => {
+      let events: DecodeEvent[];
+      try {
+        events = proc.decoder.push(chunk);
+      } catch (e) {
+        this.log.error({ err: String(e) }, "frame decoder failed");
+        return;
+      }
+      for (const ev of events) {
+        try {
+          if (ev.kind === "frame") this.onFrame(proc, ev.frame);
+          else this.onFrameError(proc, ev.error.message, ev.error.id, ev.error.fatal);
+        } catch (e) {
+          // A bug in our own handling must not take the server down with it.
+          this.log.error(
+            { err: String(e), stack: (e as Error).stack },
+            "error handling a worker frame",
+          );
+        }
+      }
+    });
+    child.stderr?.on("data", (chunk: Buffer) => this.onStderr(proc, chunk.toString("utf8")));
+    child.stdin?.on("error", (e) => this.log.debug({ err: String(e) }, "worker stdin closed"));
+    child.on("error", (e) => {
+      // `error` without a pid is a failed spawn (ENOENT, EACCES): no exit event will follow.
+      if (child.pid === undefined) this.onGone(proc, generation, null, null, e);
+      else this.log.warn({ err: String(e), pid: child.pid }, "worker process error");
+    });
+    child.on("exit", (code, signal) => {
+      // Let frames already written to stdout arrive (a result sent just before exiting),
+      // but bounded so callers learn about the death promptly.
+      let done = false;
+      const finish = () => {
+        if (done) return;
+        done = true;
+        this.onGone(proc, generation, code, signal, null);
+      };
+      if (!child.stdout || child.stdout.readableEnded || child.stdout.destroyed) finish();
+      else {
+        child.stdout.once("close", finish);
+        setTimeout(finish, EXIT_DRAIN_MS);
+      }
+    });
+  }
+
+  private onGone(
+    proc: WorkerProc | null,
+    generation: number,
+    code: number | null,
+    signal: NodeJS.Signals | null,
+    err: Error | null,
+  ): void {
+    if (proc) {
+      if (proc.gone) return;
+      proc.gone = true;
+      clearTimeout(proc.helloTimer);
+      if (proc.ping) clearTimeout(proc.ping.timer);
+      for (const w of proc.exitWaiters.splice(0)) w();
+      if (proc.stderrPartial) this.forwardStderrLine(proc, proc.stderrPartial);
+    }
+    if (generation !== this.generation) return;
+    const closing = this.closing !== null;
+    this.proc = null;
+    this._hello = null;
+    this.stopHeartbeat();
+
+    const inFlight = this.inFlight();
+    const died = closing
+      ? closedError()
+      : new RuntimeCallError(
+          "worker_died",
+          "The worker process died while this call was running. Retry the call; models that were loaded were lost and must be loaded again.",
+          true,
+          { exit_code: code, signal },
+        );
+    for (const p of [...this.pending.values()]) {
+      this.pending.delete(p.id);
+      if (!p.settled) this.settle(p, () => p.reject(died));
+      else this.clearCallTimers(p);
+    }
+    const exitInfo = {
+      code,
+      signal,
+      inFlight,
+      ...(err
+        ? { error: `spawn failed: ${(err as NodeJS.ErrnoException).code ?? err.message}` }
+        : {}),
+    };
+    const logFields = {
+      pid: proc?.child.pid,
+      code,
+      signal,
+      in_flight: inFlight,
+      err: err ? String(err) : undefined,
+      stderr_tail: proc?.stderrTail.slice(-5),
+    };
+    if (closing) this.log.info(logFields, "worker exited");
+    else this.log.error(logFields, "worker exited unexpectedly");
+    this.emit("exit", exitInfo);
+    if (closing) return;
+
+    for (const m of this.loaded.keys()) this.lost.add(m);
+    this.loaded.clear();
+
+    const now = Date.now();
+    this.crashTimes = this.crashTimes.filter((t) => now - t < this.options.restartWindowMs);
+    this.crashTimes.push(now);
+    const crashes = this.crashTimes.length;
+    if (crashes > this.options.maxRestartsInWindow) {
+      const cause = err
+        ? `the Python interpreter could not be started (${(err as NodeJS.ErrnoException).code ?? err.message})`
+        : `last exit: ${signal ? `signal ${signal}` : `code ${code}`}`;
+      const reason = `The worker crashed ${crashes} times within ${Math.round(this.options.restartWindowMs / 1000)} s and is no longer restarted (${cause}).`;
+      this.failure = new RuntimeCallError(
+        "worker_unavailable",
+        `${reason} Check the worker log, run \`tpu-mcp doctor\` to diagnose the Python environment and device, then restart the server.`,
+        false,
+        { crashes, exit_code: code, signal },
+      );
+      this._state = "failed";
+      this.log.error(
+        { crashes, window_ms: this.options.restartWindowMs },
+        "worker crash loop: giving up",
+      );
+      this.rejectWaiters(this.failure);
+      this.emit("failed", { reason });
+      return;
+    }
+    const delayMs = Math.min(
+      this.options.restartBackoffBaseMs * 2 ** (crashes - 1),
+      this.options.restartBackoffMaxMs,
+    );
+    this._state = "restarting";
+    this.restartCount++;
+    const lostModels = this.lostModels();
+    this.log.warn(
+      { attempt: crashes, delay_ms: delayMs, lost_models: lostModels },
+      "restarting worker",
+    );
+    this.emit("restart", { attempt: crashes, delayMs, lostModels });
+    this.restartTimer = setTimeout(() => {
+      this.restartTimer = undefined;
+      if (!this.closing && this._state === "restarting") this.spawnWorker();
+    }, delayMs);
+  }
+
+  private onHello(proc: WorkerProc, msg: Extract<WorkerMessage, { type: "hello" }>): void {
+    if (proc.hello) {
+      this.protocolFault(null, "worker sent a second hello; ignored", "worker");
+      return;
+    }
+    clearTimeout(proc.helloTimer);
+    if (msg.protocol !== PROTOCOL_VERSION) {
+      // Restarting cannot fix a version mismatch: fail now with the fix.
+      const reason = `worker speaks protocol ${msg.protocol}, this server speaks ${PROTOCOL_VERSION}`;
+      this.failure = new RuntimeCallError(
+        "worker_unavailable",
+        `The Python worker is incompatible (${reason}). Update the repository so runtime/ and runtime/worker/ match, or run \`tpu-mcp doctor\`.`,
+        false,
+      );
+      this._state = "failed";
+      this.crashTimes = [];
+      this.generation++; // its exit must not trigger a restart
+      this.proc = null;
+      proc.child.kill("SIGKILL");
+      this.rejectWaiters(this.failure);
+      this.emit("failed", { reason });
+      return;
+    }
+    const hello = toHello(msg);
+    proc.hello = hello;
+    this._hello = hello;
+    this._state = "ready";
+    this.log.info(
+      {
+        pid: hello.pid,
+        device: hello.device.name,
+        torch: hello.torch_version,
+        worker: hello.worker_version,
+      },
+      "worker ready",
+    );
+    this.startHeartbeat(proc);
+    const waiters = this.readyWaiters.splice(0);
+    for (const w of waiters) w.resolve(hello);
+    this.emit("ready", hello);
+  }
+
+  // ── frames and messages ──────────────────────────────────────────────────────────────────
+
+  private onFrame(proc: WorkerProc, frame: Frame): void {
+    const parsed = parseWorkerMessage(frame.header);
+    if (!parsed.ok) {
+      this.onFrameError(proc, parsed.reason, parsed.id, false);
+      return;
+    }
+    const msg = parsed.message;
+    if (msg.type === "hello") return this.onHello(proc, msg);
+    if (msg.type === "pong") {
+      if (proc.ping && proc.ping.id === msg.id) {
+        clearTimeout(proc.ping.timer);
+        proc.ping = null;
+      }
+      return;
+    }
+    if (msg.id === null) {
+      // Only `error` can carry a null id: the worker could not read one of our frames.
+      const m = msg as Extract<WorkerMessage, { type: "error" }>;
+      this.protocolFault(null, `worker reported ${m.error.code}: ${m.error.message}`, "worker");
+      return;
+    }
+    const p = this.pending.get(msg.id);
+    if (!p || p.proc !== proc) {
+      this.log.warn(
+        { id: msg.id, type: msg.type },
+        "worker message for an unknown request; ignored",
+      );
+      if (msg.type === "error") {
+        this.protocolFault(
+          msg.id,
+          `worker reported ${msg.error.code}: ${msg.error.message}`,
+          "worker",
+        );
+      }
+      return;
+    }
+    if (msg.type === "progress") {
+      if (!p.settled && p.onProgress) {
+        try {
+          p.onProgress({ progress: msg.progress, total: msg.total, message: msg.message });
+        } catch (e) {
+          this.log.warn({ err: String(e), id: p.id }, "onProgress callback threw");
+        }
+      }
+      return;
+    }
+    // result or error: the request is over in the worker.
+    this.pending.delete(p.id);
+    if (msg.type === "result") {
+      this.trackModels(p, msg.result);
+      if (p.settled) return;
+      if (p.cancelRequested)
+        return this.settle(p, () => p.reject(cancelledError(p.op, "by the caller")));
+      const result = msg.result;
+      return this.settle(p, () => p.resolve({ result, tensors: frame.tensors }));
+    }
+    const { code, message, recoverable, ...rest } = msg.error;
+    if (p.op === "unload" && code === "model_not_loaded") {
+      // Unloading a lost model is how a caller acknowledges the loss.
+      const model = p.args.model;
+      if (typeof model === "string") this.lost.delete(model);
+    }
+    if (p.settled) return;
+    this.settle(p, () =>
+      p.reject(
+        new RuntimeCallError(code, message, recoverable, {
+          op: p.op,
+          ...(rest as Record<string, unknown>),
+        }),
+      ),
+    );
+  }
+
+  private onFrameError(proc: WorkerProc, message: string, id: string | null, fatal: boolean): void {
+    this.protocolFault(id, message, "client");
+    if (id) {
+      const p = this.pending.get(id);
+      if (p && p.proc === proc) {
+        this.pending.delete(id);
+        if (!p.settled) {
+          this.settle(p, () =>
+            p.reject(
+              new RuntimeCallError(
+                "protocol_error",
+                `The worker sent an invalid answer (${message}). Retry; if it persists, report a bug.`,
+                true,
+                { op: p.op },
+              ),
+            ),
+          );
+        }
+      }
+    }
+    if (fatal && !proc.gone) {
+      // The byte stream is no longer aligned on frames; only a fresh worker can fix that.
+      this.log.error(
+        { pid: proc.child.pid },
+        "unrecoverable framing error from the worker; killing it",
+      );
+      proc.child.kill("SIGKILL");
+    }
+  }
+
+  private protocolFault(id: string | null, message: string, source: "worker" | "client"): void {
+    this.log.warn({ id, source }, `protocol error: ${message}`);
+    this.emit("protocol_error", { id, message, source });
+  }
+
+  private trackModels(p: Pending, result: Record<string, unknown>): void {
+    const model =
+      typeof result.model === "string"
+        ? result.model
+        : typeof p.args.model === "string"
+          ? p.args.model
+          : null;
+    if (!model) return;
+    if (p.op === "load") {
+      const str = (v: unknown) => (typeof v === "string" ? v : undefined);
+      this.loaded.set(model, {
+        model,
+        device: str(result.device),
+        dtype: str(result.dtype),
+        mode: str(result.mode),
+        loadedAt: Date.now(),
+      });
+      this.lost.delete(model);
+    } else if (p.op === "unload") {
+      this.loaded.delete(model);
+      this.lost.delete(model);
+    }
+  }
+
+  // ── timeouts, cancellation, heartbeats ───────────────────────────────────────────────────
+
+  private onCallTimeout(p: Pending, timeoutMs: number): void {
+    if (p.settled) return;
+    this.settle(p, () =>
+      p.reject(
+        new RuntimeCallError(
+          "timeout",
+          `${p.op} did not finish within ${timeoutMs} ms and was cancelled. Retry with a longer timeout or a smaller input.`,
+          true,
+          { op: p.op, timeout_ms: timeoutMs },
+        ),
+      ),
+    );
+    this.sendCancel(p);
+    // A timed-out call may mean a hung worker: confirm it still answers, else replace it.
+    this.probe(p.proc, `request ${p.id} (${p.op}) timed out`);
+  }
+
+  private onCallAbort(p: Pending): void {
+    if (p.settled || p.cancelRequested) return;
+    p.cancelRequested = true;
+    clearTimeout(p.timer);
+    this.sendCancel(p);
+    p.graceTimer = setTimeout(() => {
+      if (!p.settled)
+        this.settle(p, () =>
+          p.reject(cancelledError(p.op, "by the caller (the worker did not confirm in time)")),
+        );
+    }, this.options.cancelGraceMs);
+  }
+
+  private sendCancel(p: Pending): void {
+    if (!p.proc.gone) this.write(p.proc, encodeFrame(cancelMessage(p.id)));
+  }
+
+  private settle(p: Pending, fn: () => void): void {
+    if (p.settled) return;
+    p.settled = true;
+    this.clearCallTimers(p);
+    fn();
+  }
+
+  private clearCallTimers(p: Pending): void {
+    clearTimeout(p.timer);
+    clearTimeout(p.graceTimer);
+    p.detachAbort?.();
+    p.detachAbort = undefined;
+  }
+
+  private startHeartbeat(proc: WorkerProc): void {
+    this.stopHeartbeat();
+    if (!(this.options.heartbeatIntervalMs > 0)) return;
+    this.heartbeatTimer = setInterval(
+      () => this.probe(proc, "heartbeat"),
+      this.options.heartbeatIntervalMs,
+    );
+    // The child's pipes keep the event loop alive while it runs; the interval need not.
+    this.heartbeatTimer.unref();
+  }
+
+  private stopHeartbeat(): void {
+    clearInterval(this.heartbeatTimer);
+    this.heartbeatTimer = undefined;
+  }
+
+  /** Sends a ping unless one is outstanding; no pong in time → SIGKILL (then restart). */
+  private probe(proc: WorkerProc, reason: string): void {
+    if (proc.gone || proc.ping || !proc.hello) return;
+    const id = `h${++this.seq}`;
+    const timer = setTimeout(() => {
+      if (proc.gone || proc.ping?.id !== id) return;
+      this.log.error(
+        { pid: proc.child.pid, reason, timeout_ms: this.options.heartbeatTimeoutMs },
+        "worker did not answer a ping (hung); killing it",
+      );
+      proc.child.kill("SIGKILL");
+    }, this.options.heartbeatTimeoutMs);
+    proc.ping = { id, timer };
+    this.write(proc, encodeFrame(pingMessage(id)));
+  }
+
+  // ── plumbing ─────────────────────────────────────────────────────────────────────────────
+
+  private write(proc: WorkerProc, buffers: Buffer[]): void {
+    const stdin = proc.child.stdin;
+    if (!stdin || proc.gone || stdin.destroyed || stdin.writableEnded) return; // onGone fails the call
+    // Separate writes: the stream keeps references to tensor Buffers instead of copying them.
+    for (const b of buffers) stdin.write(b);
+  }
+
+  /** Waits until a worker is ready (starting it if needed), honouring the caller's signal. */
+  private async readyProc(signal: AbortSignal | undefined, op: string): Promise<WorkerProc> {
+    for (;;) {
+      if (this.closing) throw closedError();
+      if (this._state === "failed" && this.failure) throw this.failure;
+      if (this._state === "ready" && this.proc?.hello && !this.proc.gone) return this.proc;
+      const waiting = this._state === "stopped" ? this.start() : this.waitForReady();
+      if (!signal) {
+        await waiting;
+        continue;
+      }
+      await new Promise<void>((res, rej) => {
+        const onAbort = () => rej(cancelledError(op, "while waiting for the worker to start"));
+        signal.addEventListener("abort", onAbort, { once: true });
+        waiting.then(
+          () => {
+            signal.removeEventListener("abort", onAbort);
+            res();
+          },
+          (e) => {
+            signal.removeEventListener("abort", onAbort);
+            rej(e);
+          },
+        );
+      });
+    }
+  }
+
+  private waitForReady(): Promise<WorkerHello> {
+    return new Promise((resolveReady, rejectReady) => {
+      this.readyWaiters.push({ resolve: resolveReady, reject: rejectReady });
+    });
+  }
+
+  private rejectWaiters(e: RuntimeCallError): void {
+    for (const w of this.readyWaiters.splice(0)) w.reject(e);
+  }
+
+  private onStderr(proc: WorkerProc, text: string): void {
+    const lines = (proc.stderrPartial + text).split("\n");
+    proc.stderrPartial = lines.pop() ?? "";
+    if (proc.stderrPartial.length > STDERR_LINE_MAX) {
+      this.forwardStderrLine(proc, proc.stderrPartial.slice(0, STDERR_LINE_MAX) + "…");
+      proc.stderrPartial = "";
+    }
+    for (const line of lines) this.forwardStderrLine(proc, line);
+  }
+
+  private forwardStderrLine(proc: WorkerProc, raw: string): void {
+    const line = raw.trimEnd();
+    if (!line) return;
+    proc.stderrTail.push(line.length > 500 ? line.slice(0, 500) + "…" : line);
+    if (proc.stderrTail.length > STDERR_TAIL_LINES) proc.stderrTail.shift();
+    let fields: Record<string, unknown> | null = null;
+    if (line.startsWith("{")) {
+      try {
+        const v = JSON.parse(line);
+        if (v && typeof v === "object" && !Array.isArray(v)) fields = v as Record<string, unknown>;
+      } catch {
+        /* not JSON: forwarded as text below */
+      }
+    }
+    // Non-JSON stderr (tracebacks, library warnings) is unexpected from the worker: warn.
+    const { level: rawLevel, msg: rawMsg, message: rawMessage, ...rest } = fields ?? {};
+    const level = LEVELS[String(rawLevel ?? (fields ? "info" : "warn")).toLowerCase()] ?? "info";
+    const msg = String(rawMsg ?? rawMessage ?? (fields ? "" : line));
+    const entry = { ...rest, level, msg, worker_pid: proc.child.pid };
+    this.log[level]({ ...rest, worker_pid: proc.child.pid, source: "worker" }, msg);
+    this.emit("log", entry);
+  }
+
+  private emit<E extends keyof WorkerRuntimeEvents>(
+    event: E,
+    ...args: Parameters<WorkerRuntimeEvents[E]>
+  ): void {
+    for (const fn of [...(this.listeners[event] as Array<(...a: unknown[]) => void>)]) {
+      try {
+        fn(...args);
+      } catch (e) {
+        this.log.warn({ err: String(e), event }, "runtime event listener threw");
+      }
+    }
+  }
+}
+
+function waitGone(proc: WorkerProc, ms: number): Promise<boolean> {
+  if (proc.gone) return Promise.resolve(true);
+  return new Promise((res) => {
+    const t = setTimeout(() => res(proc.gone), ms);
+    proc.exitWaiters.push(() => {
+      clearTimeout(t);
+      res(true);
+    });
+  });
+}
+
+function closedError(): RuntimeCallError {
+  return new RuntimeCallError(
+    "worker_unavailable",
+    "The runtime is shut down. Restart the server to use the worker again.",
+    false,
+  );
+}
+
+function cancelledError(op: string, how: string): RuntimeCallError {
+  return new RuntimeCallError("cancelled", `${op} was cancelled ${how}.`, true, { op });
+}
+
+/** Builds a WorkerRuntime; with startMode `eager` the worker is started at once (failures surface as events and logs). */
+export function createRuntime(options: WorkerRuntimeOptions = {}): WorkerRuntime {
+  const rt = new WorkerRuntime(options);
+  if (rt.options.startMode === "eager") {
+    rt.start().catch((e: unknown) =>
+      rt.options.logger.error({ err: String(e) }, "eager worker start failed"),
+    );
+  }
+  return rt;
+}

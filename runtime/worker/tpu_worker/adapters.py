@@ -1,0 +1,489 @@
+"""Model adapters: one per architecture, all with the same small surface.
+
+An adapter owns a loaded module on one device and dtype and knows how to
+  * validate one request into a `Prepared` payload (so bad input fails alone, before batching),
+  * run a list of compatible payloads as one batch and split the results back,
+  * make synthetic inputs for (batch, seq_len) with a fixed seed (warmup, benchmark, check),
+  * report its parameter count and bytes on the device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import accel
+from .catalog import Catalog, Entry
+from .errors import WorkerError, invalid
+from .loaders import WeightsInfo, inside, load_state_dict
+from .protocol import DTYPE_NAMES
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+MIN_BUCKET = 8
+
+
+def seq_bucket(n: int, cap: int) -> int:
+    """Power-of-two padding length >= n (at least MIN_BUCKET), never above cap."""
+    b = MIN_BUCKET
+    while b < n:
+        b *= 2
+    return min(b, cap)
+
+
+@dataclass
+class Prepared:
+    """One validated request, ready to be batched with others that share its key."""
+
+    key: tuple
+    items: int
+    payload: Any
+
+
+@dataclass
+class Output:
+    result: dict
+    tensors: list[torch.Tensor]
+
+
+StopFn = Callable[[], bool]
+
+
+class Adapter:
+    architecture = ""
+
+    def __init__(self, entry: Entry, model: nn.Module, device: torch.device, dtype: str) -> None:
+        self.entry = entry
+        self.eager_model = model
+        self.model: Callable = model
+        self.device = device
+        self.dtype = dtype
+        self.torch_dtype = TORCH_DTYPES[dtype]
+        self.mode = "eager"
+
+    # -- accounting ---------------------------------------------------------------------------
+    def _unique_tensors(self) -> list[torch.Tensor]:
+        seen, out = set(), []
+        for t in [*self.eager_model.parameters(), *self.eager_model.buffers()]:
+            key = (t.data_ptr(), t.numel()) if t.device.type != "meta" else id(t)
+            if key not in seen:
+                seen.add(key)
+                out.append(t)
+        return out
+
+    def parameters(self) -> int:
+        seen, total = set(), 0
+        for p in self.eager_model.parameters():
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                total += p.numel()
+        return total
+
+    def bytes_on_device(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._unique_tensors())
+
+    # -- execution ----------------------------------------------------------------------------
+    def compile(self) -> None:
+        backend = accel.compile_backend(self.device)
+        self.model = torch.compile(self.eager_model, backend=backend, dynamic=self._dynamic())
+        self.mode = "compile"
+
+    def _dynamic(self) -> bool | None:
+        return False  # shapes are bucketed, so static graphs are reused
+
+    def prepare(self, args: dict, tensors: list[torch.Tensor]) -> Prepared:
+        raise NotImplementedError
+
+    def run_batch(self, batch: list[Prepared], should_stop: StopFn) -> list[Output]:
+        raise NotImplementedError
+
+    def example(self, batch: int, seq_len: int | None, seed: int = 0) -> Any:
+        raise NotImplementedError
+
+    def forward_example(self, inputs: Any) -> Any:
+        raise NotImplementedError
+
+    def items_per_example(self, batch: int, seq_len: int | None) -> int:
+        return batch
+
+    def default_seq_len(self) -> int | None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Text helpers
+
+
+def _safe_file(model_dir: str, name: str, catalog: Catalog, entry: Entry) -> str:
+    real = os.path.realpath(os.path.join(model_dir, name))
+    if not any(inside(real, r) for r in catalog.roots):
+        raise WorkerError("path_outside_roots", f"model {entry.id!r}: {name} points outside the model roots")
+    if not os.path.isfile(real):
+        raise WorkerError("weights_missing", f"model {entry.id!r}: {name} is missing from the model directory")
+    return real
+
+
+def _load_tokenizer(model_dir: str, catalog: Catalog, entry: Entry):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(_safe_file(model_dir, "tokenizer.json", catalog, entry))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def _check_texts(entry: Entry, args: dict) -> list[str]:
+    texts = args.get("texts")
+    lim = entry.limits
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise invalid(f"model {entry.id!r} needs args.texts: a non-empty list of strings")
+    if len(texts) > lim.max_batch:
+        raise invalid(f"{len(texts)} texts exceed this model's max_batch of {lim.max_batch}; split the request")
+    for i, t in enumerate(texts):
+        if len(t) > lim.max_text_chars:
+            raise invalid(f"texts[{i}] has {len(t)} characters; the limit is {lim.max_text_chars}")
+    return texts
+
+
+def _seq_len_arg(entry: Entry, args: dict, cap: int) -> int:
+    v = args.get("seq_len")
+    if v is None:
+        return cap
+    if not isinstance(v, int) or isinstance(v, bool) or not 2 <= v <= cap:
+        raise invalid(f"args.seq_len must be an integer in 2..{cap}")
+    return v
+
+
+def _random_ids(batch: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    low = min(1000, max(vocab - 1, 1))
+    return torch.randint(low, vocab, (batch, seq_len), generator=g)
+
+
+class SentenceEmbedder(Adapter):
+    """Transformer encoder + attention-mask mean pooling + L2 normalisation (sentence-transformers)."""
+
+    architecture = "sentence-transformer"
+
+    def __init__(self, entry, model, device, dtype, tokenizer, max_len: int, pad_id: int) -> None:
+        super().__init__(entry, model, device, dtype)
+        self.tokenizer = tokenizer
+        self.max_len = max_len
+        self.pad_id = pad_id
+        self.vocab = int(model.config.vocab_size)
+        ids = tokenizer.encode("").ids  # special tokens the post-processor wraps around text
+        self.cls_id = ids[0] if ids else None
+        self.sep_id = ids[-1] if len(ids) > 1 else None
+
+    def _encode(self, texts: list[str], limit: int) -> list[list[int]]:
+        out = []
+        for enc in self.tokenizer.encode_batch(texts):
+            ids = enc.ids
+            if len(ids) > limit:
+                # Keep the closing special token, as the HF tokenizer's truncation does.
+                ids = ids[: limit - 1] + [ids[-1]] if self.sep_id is not None else ids[:limit]
+            out.append(ids)
+        return out
+
+    def prepare(self, args, tensors) -> Prepared:
+        if tensors:
+            raise invalid(f"model {self.entry.id!r} takes texts, not tensors")
+        texts = _check_texts(self.entry, args)
+        limit = _seq_len_arg(self.entry, args, self.max_len)
+        return Prepared(("embed",), len(texts), self._encode(texts, limit))
+
+    def _pad(self, rows: list[list[int]], length: int) -> dict[str, torch.Tensor]:
+        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, : len(r)] = 1
+        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+
+    def _embed(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        hidden = self.model(**inputs).last_hidden_state
+        mask = inputs["attention_mask"].unsqueeze(-1).to(torch.float32)
+        # Pool in float32 so bf16/fp16 models lose no extra precision in the reduction.
+        summed = (hidden.to(torch.float32) * mask).sum(dim=1)
+        pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+    def run_batch(self, batch, should_stop) -> list[Output]:
+        rows = [r for p in batch for r in p.payload]
+        length = seq_bucket(max(len(r) for r in rows), self.max_len)
+        with torch.no_grad():
+            emb = self._embed(self._pad(rows, length)).to("cpu")
+        outs, pos = [], 0
+        for p in batch:
+            part = emb[pos : pos + p.items].contiguous()
+            pos += p.items
+            outs.append(Output({"task": "embedding", "shape": list(part.shape), "seq_bucket": length}, [part]))
+        return outs
+
+    def example(self, batch, seq_len, seed=0):
+        seq_len = min(seq_len or 128, self.max_len)
+        ids = _random_ids(batch, seq_len, self.vocab, seed)
+        if self.cls_id is not None:
+            ids[:, 0] = self.cls_id
+        if self.sep_id is not None:
+            ids[:, -1] = self.sep_id
+        return {"input_ids": ids.to(self.device), "attention_mask": torch.ones_like(ids).to(self.device)}
+
+    def forward_example(self, inputs):
+        return self._embed(inputs)
+
+    def default_seq_len(self):
+        return min(128, self.max_len)
+
+
+class CausalLM(Adapter):
+    """Decoder-only LM with batched greedy generation (left padding, KV cache)."""
+
+    architecture = "causal-lm"
+
+    def __init__(self, entry, model, device, dtype, tokenizer, max_len: int) -> None:
+        super().__init__(entry, model, device, dtype)
+        cfg = model.config
+        self.tokenizer = tokenizer
+        self.vocab = int(cfg.vocab_size)
+        self.n_positions = int(getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", 1024))
+        self.max_len = min(max_len, self.n_positions)
+        self.pad_id = _valid_id(cfg.pad_token_id, self.vocab, 0)
+        self.eos_id = _valid_id(cfg.eos_token_id, self.vocab, None)
+        self.bos_id = _valid_id(cfg.bos_token_id, self.vocab, self.eos_id if self.eos_id is not None else 0)
+
+    def _dynamic(self):
+        return None  # the KV cache grows every step; let dynamo mark that dimension dynamic
+
+    def prepare(self, args, tensors) -> Prepared:
+        if tensors:
+            raise invalid(f"model {self.entry.id!r} takes texts, not tensors")
+        texts = _check_texts(self.entry, args)
+        lim = self.entry.limits.max_new_tokens
+        n = args.get("max_new_tokens", min(16, lim))
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= lim:
+            raise invalid(f"args.max_new_tokens must be an integer in 1..{lim}")
+        limit = min(_seq_len_arg(self.entry, args, self.max_len), self.n_positions - n)
+        prompts = []
+        for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False):
+            ids = enc.ids[-limit:] if limit > 0 else []  # keep the end of long prompts
+            prompts.append(ids or [self.bos_id])
+        return Prepared(("generate", n), len(texts), prompts)
+
+    def generate(self, prompts: list[list[int]], max_new: int, should_stop: StopFn) -> tuple[list[list[int]], bool]:
+        """Greedy decoding; returns (new token ids per prompt, stopped_early)."""
+        b = len(prompts)
+        length = max(len(p) for p in prompts)
+        ids = torch.full((b, length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((b, length), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, length - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, length - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        finished = torch.zeros(b, dtype=torch.bool, device=self.device)
+        new: list[torch.Tensor] = []
+        stopped = False
+        with torch.no_grad():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            for step in range(max_new):
+                nxt = out.logits[:, -1, :].argmax(-1)
+                nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
+                new.append(nxt)
+                if self.eos_id is not None:
+                    finished |= nxt == self.eos_id
+                if step == max_new - 1 or bool(finished.all()):
+                    break
+                if should_stop():
+                    stopped = True
+                    break
+                mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=1)
+                pos = pos[:, -1:] + 1
+                out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
+                                 past_key_values=out.past_key_values, use_cache=True)
+        tokens = torch.stack(new, dim=1).to("cpu").tolist() if new else [[] for _ in range(b)]
+        result = []
+        for row in tokens:
+            kept = []
+            for t in row:
+                kept.append(t)
+                if t == self.eos_id:
+                    break
+            result.append(kept)
+        return result, stopped
+
+    def run_batch(self, batch, should_stop) -> list[Output]:
+        prompts = [r for p in batch for r in p.payload]
+        max_new = batch[0].key[1]
+        new, stopped = self.generate(prompts, max_new, should_stop)
+        if stopped:
+            from .errors import Cancelled
+
+            raise Cancelled()
+        outs, pos = [], 0
+        for p in batch:
+            rows = new[pos : pos + p.items]
+            pos += p.items
+            texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in rows]
+            outs.append(Output({"task": "text-generation", "texts": texts, "new_tokens": [len(r) for r in rows]}, []))
+        return outs
+
+    def example(self, batch, seq_len, seed=0):
+        seq_len = min(seq_len or 64, self.max_len)
+        return _random_ids(batch, seq_len, self.vocab, seed).to(self.device)
+
+    def forward_example(self, inputs):
+        return self.model(input_ids=inputs, use_cache=False).logits
+
+    def default_seq_len(self):
+        return min(64, self.max_len)
+
+
+def _valid_id(v: Any, vocab: int, default: int | None) -> int | None:
+    if isinstance(v, list):
+        v = v[0] if v else None
+    return v if isinstance(v, int) and 0 <= v < vocab else default
+
+
+class MnistCNN(nn.Module):
+    """conv-relu-pool x2 + linear: [N,1,28,28] -> [N,10] logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
+        self.fc = nn.Linear(32 * 7 * 7, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc(torch.flatten(x, 1))
+
+
+class TensorModel(Adapter):
+    architecture = "mnist-cnn"
+
+    def prepare(self, args, tensors) -> Prepared:
+        spec = self.entry.input
+        if args.get("texts") is not None:
+            raise invalid(f"model {self.entry.id!r} takes one input tensor, not texts")
+        if len(tensors) != 1:
+            raise invalid(f"model {self.entry.id!r} takes exactly one input tensor of shape [N, {', '.join(map(str, spec.shape))}]")
+        x = tensors[0]
+        if tuple(x.shape) == spec.shape:
+            x = x.unsqueeze(0)
+        if tuple(x.shape[1:]) != spec.shape or x.shape[0] < 1:
+            raise invalid(f"input tensor has shape {list(x.shape)}; expected [N, {', '.join(map(str, spec.shape))}]")
+        if x.shape[0] > self.entry.limits.max_batch:
+            raise invalid(f"batch of {x.shape[0]} exceeds this model's max_batch of {self.entry.limits.max_batch}")
+        if not x.is_floating_point():
+            raise invalid(f"input tensor must be floating point (got {DTYPE_NAMES.get(x.dtype, x.dtype)})")
+        if not bool(torch.isfinite(x).all()):
+            raise invalid("input tensor contains NaN or infinite values")
+        return Prepared(("tensor",), int(x.shape[0]), x)
+
+    def run_batch(self, batch, should_stop) -> list[Output]:
+        x = torch.cat([p.payload for p in batch]).to(self.device, self.torch_dtype)
+        with torch.no_grad():
+            logits = self.model(x).to("cpu", torch.float32)
+        outs, pos = [], 0
+        for p in batch:
+            part = logits[pos : pos + p.items].contiguous()
+            pos += p.items
+            if self.entry.task == "classification":
+                probs = part.softmax(-1)
+                scores, idx = probs.max(-1)
+                names = self.entry.labels
+                labels = [names[i] if names and i < len(names) else str(i) for i in idx.tolist()]
+                outs.append(Output({"task": "classification", "labels": labels, "scores": scores.tolist()}, []))
+            else:
+                outs.append(Output({"task": "tensor", "outputs": [{"name": "logits"}]}, [part]))
+        return outs
+
+    def example(self, batch, seq_len, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn((batch, *self.entry.input.shape), generator=g)
+        return x.to(self.device, self.torch_dtype)
+
+    def forward_example(self, inputs):
+        return self.model(inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Construction
+
+
+def read_config(model_dir: str, catalog: Catalog, entry: Entry) -> dict:
+    path = _safe_file(model_dir, "config.json", catalog, entry)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, json.JSONDecodeError):
+        raise WorkerError("weights_missing", f"model {entry.id!r}: config.json is unreadable") from None
+    if not isinstance(cfg, dict):
+        raise WorkerError("weights_missing", f"model {entry.id!r}: config.json is not an object")
+    if cfg.get("auto_map"):
+        # Custom code would need trust_remote_code, which this worker never enables.
+        raise WorkerError("unsafe_weights", f"model {entry.id!r} needs custom code (auto_map); that is refused")
+    return cfg
+
+
+def _hf_model(cls_name: str, model_dir: str, dtype: torch.dtype, entry: Entry):
+    import transformers
+
+    cls = getattr(transformers, cls_name)
+    try:
+        return cls.from_pretrained(
+            model_dir, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=dtype
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        from . import logs
+
+        logs.error("transformers load failed", model=entry.id, error=str(exc))
+        raise WorkerError(
+            "weights_missing", f"model {entry.id!r}: the model directory could not be loaded ({type(exc).__name__}); check config and weights"
+        ) from None
+
+
+def build_adapter(entry: Entry, catalog: Catalog, info: WeightsInfo, device: torch.device, dtype: str) -> Adapter:
+    """Creates the module on the CPU from verified files, then moves it to the device."""
+    tdtype = TORCH_DTYPES[dtype]
+    if entry.architecture == "mnist-cnn":
+        model = MnistCNN()
+        state = load_state_dict(info, entry)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise WorkerError(
+                "weights_missing",
+                f"model {entry.id!r}: weights do not match the mnist-cnn architecture "
+                f"(missing {len(missing)}, unexpected {len(unexpected)} tensors)",
+            )
+        model = model.to(device=device, dtype=tdtype).eval()
+        return TensorModel(entry, model, device, dtype)
+
+    if entry.format == "pytorch":
+        raise WorkerError("unsafe_weights", f"model {entry.id!r}: text models are loaded from safetensors only")
+    cfg = read_config(info.model_dir, catalog, entry)
+    tokenizer = _load_tokenizer(info.model_dir, catalog, entry)
+    if entry.architecture == "sentence-transformer":
+        model = _hf_model("AutoModel", info.model_dir, tdtype, entry)
+        max_len = min(entry.limits.max_seq_len, int(cfg.get("max_position_embeddings", 512)))
+        st_cfg = os.path.join(info.model_dir, "sentence_bert_config.json")
+        if os.path.isfile(st_cfg):
+            try:
+                with open(_safe_file(info.model_dir, "sentence_bert_config.json", catalog, entry), encoding="utf-8") as fh:
+                    max_len = min(max_len, int(json.load(fh).get("max_seq_length", max_len)))
+            except (OSError, ValueError, TypeError):
+                pass
+        model = model.to(device).eval()
+        pad = _valid_id(cfg.get("pad_token_id"), int(cfg.get("vocab_size", 1)), 0)
+        return SentenceEmbedder(entry, model, device, dtype, tokenizer, max_len, pad)
+    model = _hf_model("AutoModelForCausalLM", info.model_dir, tdtype, entry)
+    model = model.to(device).eval()
+    return CausalLM(entry, model, device, dtype, tokenizer, entry.limits.max_seq_len)

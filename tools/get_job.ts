@@ -1,0 +1,39 @@
+import { z } from "zod";
+import { ToolError } from "./errors.js";
+import { defineTool, type ToolEnv } from "./types.js";
+
+export const jobIdArg = z.string().regex(/^job_[0-9a-f]{24}$/, "a job id looks like job_ followed by 24 hex digits");
+
+export const JobView = z.object({
+  job_id: z.string(),
+  tool: z.string(),
+  status: z.enum(["running", "succeeded", "failed", "cancelled", "interrupted"]),
+  progress: z.number().nullable(),
+  total: z.number().nullable(),
+  message: z.string().nullable(),
+  result: z.record(z.string(), z.unknown()).nullable(),
+  error: z.object({ code: z.string(), message: z.string() }).nullable(),
+  created_at: z.string(),
+  updated_at: z.string(),
+});
+
+export const getJob = (_env: ToolEnv) =>
+  defineTool({
+    name: "get_job",
+    title: "Get a job",
+    description: "Status, progress and result of a job started with wait: false (yours only).",
+    input: z.object({ job_id: jobIdArg }).strict(),
+    output: JobView,
+    annotations: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+    async handler(args, ctx) {
+      const job = ctx.jobs.get(args.job_id, ctx.principal.id);
+      if (!job) throw new ToolError("job_not_found", `no job ${args.job_id} of yours exists`);
+      const { principal: _p, ...view } = job;
+      return view;
+    },
+    render: (o) =>
+      `job ${o.job_id} (${o.tool}): ${o.status}` +
+      (o.progress !== null ? ` ${o.progress}${o.total ? `/${o.total}` : ""}` : "") +
+      (o.message ? ` — ${o.message}` : "") +
+      (o.error ? ` — ${o.error.code}: ${o.error.message}` : ""),
+  });

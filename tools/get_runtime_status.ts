@@ -1,0 +1,79 @@
+import { z } from "zod";
+import { defineTool, type ToolEnv } from "./types.js";
+
+const Device = z
+  .object({
+    kind: z.string(),
+    name: z.string(),
+    index: z.number(),
+    count: z.number(),
+    memory_total_bytes: z.number().nullable(),
+    memory_free_bytes: z.number().nullable(),
+    backend: z.string(),
+    backend_version: z.string().nullable(),
+  })
+  .passthrough();
+
+export const getRuntimeStatus = (_env: ToolEnv) =>
+  defineTool({
+    name: "get_runtime_status",
+    title: "Runtime status",
+    description:
+      "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health.",
+    input: z.object({}).strict(),
+    output: z.object({
+      worker: z.object({
+        state: z.string(),
+        pid: z.number().nullable(),
+        restarts: z.number(),
+        in_flight: z.number(),
+        lost_models: z.array(z.string()),
+      }),
+      device: Device.nullable(),
+      devices: z.array(Device),
+      probe: z.array(z.object({ backend: z.string(), matched: z.boolean(), reason: z.string() })),
+      torch_version: z.string().nullable(),
+      backend_version: z.string().nullable(),
+      execution_mode: z.string().nullable(),
+      matmul_precision: z.string().nullable(),
+      loaded: z.array(
+        z
+          .object({
+            model: z.string(),
+            device: z.string(),
+            dtype: z.string(),
+            mode: z.string(),
+            queue_depth: z.number(),
+          })
+          .passthrough(),
+      ),
+      jobs_running: z.number(),
+    }),
+    annotations: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+    async handler(_args, ctx) {
+      const rt = ctx.runtime;
+      const { result } = await rt.call<any>("status", {}, { signal: ctx.signal });
+      return {
+        worker: {
+          state: rt.state,
+          pid: rt.hello?.pid ?? null,
+          restarts: rt.restarts(),
+          in_flight: rt.inFlight(),
+          lost_models: rt.lostModels(),
+        },
+        device: result.device ?? null,
+        devices: result.devices ?? [],
+        probe: result.probe ?? rt.hello?.probe ?? [],
+        torch_version: result.torch_version ?? null,
+        backend_version: result.backend_version ?? null,
+        execution_mode: result.execution_mode ?? null,
+        matmul_precision: result.matmul_precision ?? null,
+        loaded: result.loaded ?? [],
+        jobs_running: ctx.jobs.running(),
+      };
+    },
+    render: (o) =>
+      `worker ${o.worker.state}${o.device ? ` on ${o.device.kind} (${o.device.name})` : ""}; torch ${o.torch_version}; ` +
+      `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}]`).join(", ") || "none"}` +
+      (o.worker.lost_models.length ? `; lost in a worker restart: ${o.worker.lost_models.join(", ")}` : ""),
+  });

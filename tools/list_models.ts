@@ -1,0 +1,71 @@
+import { z } from "zod";
+import { defineTool, type ToolEnv } from "./types.js";
+
+export const ModelInfo = z.object({
+  id: z.string(),
+  task: z.string(),
+  description: z.string(),
+  format: z.string(),
+  parameters: z.number().nullable(),
+  weight_bytes: z.number().nullable(),
+  dtypes: z.array(z.string()),
+  default_dtype: z.string(),
+  devices: z.array(z.string()),
+  limits: z.object({
+    max_batch: z.number(),
+    max_seq_len: z.number(),
+    max_new_tokens: z.number(),
+    max_text_chars: z.number(),
+  }),
+  input: z.object({ shape: z.array(z.number()), dtype: z.string() }).optional(),
+  available: z.boolean(),
+  problem: z.string().nullable(),
+  loaded: z.boolean(),
+});
+
+export const listModels = (env: ToolEnv) =>
+  defineTool({
+    name: "list_models",
+    title: "List models",
+    description:
+      "The model catalog: id, task, parameters, weight bytes, format, allowed dtypes and devices, limits, and whether each is loaded.",
+    input: z.object({}).strict(),
+    output: z.object({ models: z.array(ModelInfo) }),
+    annotations: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+    async handler(_args, ctx) {
+      const [facts, status] = await Promise.all([
+        ctx.facts.all(),
+        ctx.runtime.call<any>("status", {}, { signal: ctx.signal }),
+      ]);
+      const loaded = new Set<string>((status.result.loaded ?? []).map((m: any) => m.model));
+      const devices = [...new Set<string>((status.result.devices ?? []).map((d: any) => d.kind))];
+      return {
+        models: env.catalog.models.map((m) => {
+          const f = facts.get(m.id);
+          return {
+            id: m.id,
+            task: m.task,
+            description: m.description,
+            format: m.format,
+            parameters: f?.parameters ?? null,
+            weight_bytes: f?.weight_bytes ?? null,
+            dtypes: [...m.dtypes],
+            default_dtype: m.default_dtype,
+            devices,
+            limits: { ...m.limits },
+            ...(m.input ? { input: { shape: [...m.input.shape], dtype: m.input.dtype } } : {}),
+            available: f?.available ?? false,
+            problem: f?.problem ?? (f ? null : "the worker did not describe this model"),
+            loaded: loaded.has(m.id),
+          };
+        }),
+      };
+    },
+    render: (o) =>
+      o.models
+        .map(
+          (m) =>
+            `${m.id} (${m.task}, ${m.parameters ?? "?"} params, ${m.dtypes.join("/")})${m.loaded ? " [loaded]" : ""}${m.available ? "" : ` [unavailable: ${m.problem}]`}`,
+        )
+        .join("\n"),
+  });

@@ -1,0 +1,91 @@
+import { z } from "zod";
+import { ToolError } from "./errors.js";
+import { approvalId, device, dtype, mode, modelId, wait } from "./schemas.js";
+import { estimateFor } from "./support/estimate.js";
+import { JobRef } from "./support/jobs.js";
+import { defineTool, type ToolEnv } from "./types.js";
+
+const LoadResult = z.object({
+  model: z.string(),
+  device: z.string(),
+  dtype: z.string(),
+  mode: z.string(),
+  parameters: z.number(),
+  bytes_on_device: z.number(),
+  estimated_bytes: z.number().optional(),
+  load_s: z.number(),
+  compile_s: z.number(),
+  warmup_s: z.number(),
+  matmul_precision: z.string(),
+});
+
+export const loadModel = (env: ToolEnv) => {
+  const maxBatch = Math.max(...env.catalog.models.map((m) => m.limits.max_batch));
+  const maxSeq = Math.max(1, ...env.catalog.models.map((m) => m.limits.max_seq_len));
+  return defineTool({
+    name: "load_model",
+    title: "Load a model",
+    description:
+      "Loads a catalog model onto a device with a dtype and execution mode (eager or torch.compile), optionally warming up given shapes. Reports load, compile and warmup time and bytes on device. Costly: may need a human approval (see approval_id).",
+    input: z
+      .object({
+        model: modelId(env),
+        device: device.optional(),
+        dtype: dtype.optional(),
+        mode: mode.default("eager"),
+        warmup_shapes: z
+          .array(
+            z
+              .object({
+                batch: z.number().int().min(1).max(maxBatch),
+                seq_len: z.number().int().min(1).max(maxSeq).optional(),
+              })
+              .strict(),
+          )
+          .max(8)
+          .optional(),
+        wait,
+        approval_id: approvalId,
+      })
+      .strict(),
+    output: z.union([LoadResult, JobRef]),
+    annotations: { readOnlyHint: false, destructiveHint: false, idempotentHint: false, openWorldHint: false },
+    device: (a) => a.device ?? "default",
+    estimate: (a, ctx) => estimateFor("load_model", a, ctx),
+    async handler(args, ctx) {
+      const entry = env.catalog.models.find((m) => m.id === args.model)!;
+      const dt = args.dtype ?? entry.default_dtype;
+      if (!entry.dtypes.includes(dt)) {
+        throw new ToolError(
+          "unsupported_dtype",
+          `${args.model} allows ${entry.dtypes.join(", ")}; choose one of those`,
+        );
+      }
+      for (const s of args.warmup_shapes ?? []) {
+        if (s.batch > entry.limits.max_batch || (s.seq_len ?? 0) > entry.limits.max_seq_len) {
+          throw new ToolError(
+            "invalid_argument",
+            `warmup_shapes: ${args.model} takes batch ≤ ${entry.limits.max_batch} and seq_len ≤ ${entry.limits.max_seq_len}`,
+          );
+        }
+      }
+      const workerArgs = {
+        model: args.model,
+        dtype: dt,
+        mode: args.mode,
+        ...(args.device ? { device: args.device } : {}),
+        ...(args.warmup_shapes ? { warmup_shapes: args.warmup_shapes } : {}),
+      };
+      // With wait: false the dispatcher runs this handler as a job and answers with its id.
+      const { result } = await ctx.runtime.call<z.infer<typeof LoadResult>>("load", workerArgs, {
+        signal: ctx.signal,
+        onProgress: (p) => ctx.progress(p.progress, p.total, p.message),
+      });
+      return result;
+    },
+    render: (o) =>
+      "job_id" in o
+        ? `started job ${o.job_id}; follow it with get_job`
+        : `loaded ${o.model} on ${o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s, matmul precision ${o.matmul_precision}`,
+  });
+};

@@ -1,0 +1,61 @@
+// Argument pieces shared by several tools, so that `model`, `device`, `dtype`, ... mean the same
+// thing everywhere (DESIGN.md: argument names are part of the contract).
+import { z } from "zod";
+import { MODEL_DTYPES, TENSOR_DTYPES } from "../runtime/types.js";
+import type { ToolEnv } from "./types.js";
+
+export function modelId(env: ToolEnv) {
+  const ids = env.catalog.models.map((m) => m.id) as [string, ...string[]];
+  return z.enum(ids).describe("catalog id of the model (list_models shows them)");
+}
+
+export const device = z
+  .string()
+  .regex(/^(tpu|cuda|cpu|xla)(:\d{1,2})?$/, "use tpu, cuda, xla or cpu, optionally with :index")
+  .describe("device to use, e.g. tpu, tpu:0, cuda:1 or cpu; defaults to the worker's device");
+
+export const dtype = z.enum(MODEL_DTYPES).describe("weights and compute dtype");
+export const mode = z
+  .enum(["eager", "compile"])
+  .describe("eager, or compile with torch.compile (compile time is reported apart)");
+
+export const approvalId = z
+  .string()
+  .regex(/^apr_[A-Za-z0-9_-]{8,64}$/, "an approval id looks like apr_…")
+  .describe("id of an approval an operator granted for exactly this call")
+  .optional();
+
+export const wait = z
+  .boolean()
+  .default(true)
+  .describe("false: return a job_id at once and follow it with get_job");
+
+export function tensorInput(env: ToolEnv) {
+  const max = env.limits.max_tensor_elements;
+  return z
+    .object({
+      dtype: z.enum(TENSOR_DTYPES),
+      shape: z.array(z.number().int().min(0).max(1 << 30)).min(1).max(8),
+      data: z
+        .array(z.number())
+        .max(max)
+        .optional()
+        .describe("values in C order (small inputs)"),
+      data_b64: z
+        .string()
+        .max(Math.ceil((max * 8 * 4) / 3) + 4)
+        .optional()
+        .describe("raw little-endian bytes in C order, base64 (large inputs)"),
+    })
+    .strict()
+    .refine((t) => (t.data === undefined) !== (t.data_b64 === undefined), {
+      message: "give exactly one of data or data_b64",
+    });
+}
+
+export const latency = z.object({
+  p50: z.number(),
+  p90: z.number(),
+  p99: z.number(),
+  mean: z.number(),
+});

@@ -1,0 +1,44 @@
+// Gathers the facts a cost estimate needs (catalog, weight headers via the worker, device memory,
+// loaded models, past benchmarks) and hands them to the pure estimator in policies/.
+import { estimateCost, type CostEstimate } from "../../policies/estimate.js";
+import type { ToolContext } from "../types.js";
+
+export async function estimateFor(
+  tool: string,
+  args: Record<string, any>,
+  ctx: ToolContext,
+): Promise<CostEstimate | undefined> {
+  const entry = ctx.env.catalog.models.find((m) => m.id === args.model);
+  if (!entry) return undefined;
+  const [fact, status] = await Promise.all([
+    ctx.facts.get(entry.id),
+    ctx.runtime.call<any>("status", {}, { signal: ctx.signal }).then((r) => r.result),
+  ]);
+  const dev = status.device ?? ctx.runtime.hello?.device;
+  const deviceKind = String(dev?.kind ?? "cpu");
+  const history = ctx.reports.history(entry.id, deviceKind).map((h) => ({
+    model: entry.id,
+    device: deviceKind,
+    batch: h.batch,
+    seq_len: h.seq_len ?? 0,
+    mean_latency_ms: h.latency_ms,
+  }));
+  return estimateCost({
+    tool,
+    args,
+    model: {
+      id: entry.id,
+      parameters: fact?.parameters ?? 0,
+      weight_bytes: fact?.weight_bytes ?? 0,
+      dtypes: entry.dtypes,
+      default_dtype: entry.default_dtype,
+    },
+    device: {
+      kind: deviceKind,
+      memory_free_bytes: dev?.memory_free_bytes ?? null,
+      memory_total_bytes: dev?.memory_total_bytes ?? null,
+    },
+    loaded: (status.loaded ?? []).map((m: any) => ({ model: String(m.model), bytes: Number(m.bytes_on_device ?? 0) })),
+    history,
+  });
+}

@@ -1,0 +1,47 @@
+// Facts about models that only the worker can read (parameter counts and weight sizes from the
+// safetensors headers, digests), fetched once per worker life and cached.
+import type { Runtime } from "../../runtime/types.js";
+
+export interface ModelFact {
+  id: string;
+  parameters: number | null;
+  weight_bytes: number | null;
+  weight_digest: string | null;
+  available: boolean;
+  problem: string | null;
+}
+
+export interface ModelFacts {
+  all(): Promise<Map<string, ModelFact>>;
+  get(id: string): Promise<ModelFact | undefined>;
+  invalidate(): void;
+}
+
+export class WorkerModelFacts implements ModelFacts {
+  private cache: Promise<Map<string, ModelFact>> | null = null;
+  constructor(private readonly runtime: Runtime) {
+    runtime.on("ready", () => this.invalidate());
+  }
+
+  all(): Promise<Map<string, ModelFact>> {
+    if (!this.cache) {
+      const p = this.runtime.call<{ models: ModelFact[] }>("describe", {}).then(
+        ({ result }) => new Map(result.models.map((m) => [m.id, m])),
+      );
+      // A failed describe is not cached: the next call asks again.
+      p.catch(() => {
+        if (this.cache === p) this.cache = null;
+      });
+      this.cache = p;
+    }
+    return this.cache;
+  }
+
+  async get(id: string): Promise<ModelFact | undefined> {
+    return (await this.all()).get(id);
+  }
+
+  invalidate(): void {
+    this.cache = null;
+  }
+}

@@ -1,0 +1,167 @@
+// Long work (loads, benchmarks) that outlives a client's request timeout. Jobs are persisted in
+// SQLite so a restart never loses a result and never runs a job twice: a job that was running
+// when the server stopped is marked `interrupted`, not resumed.
+import Database from "better-sqlite3";
+import { randomBytes } from "node:crypto";
+import { z } from "zod";
+
+export type JobStatus = "running" | "succeeded" | "failed" | "cancelled" | "interrupted";
+
+export interface JobRecord {
+  job_id: string;
+  tool: string;
+  principal: string;
+  status: JobStatus;
+  progress: number | null;
+  total: number | null;
+  message: string | null;
+  result: Record<string, unknown> | null;
+  error: { code: string; message: string } | null;
+  created_at: string;
+  updated_at: string;
+}
+
+type Runner = (
+  signal: AbortSignal,
+  progress: (p: number, total?: number, message?: string) => void,
+) => Promise<Record<string, unknown>>;
+
+export interface Jobs {
+  start(tool: string, principal: string, run: Runner): JobRecord;
+  get(jobId: string, principal: string): JobRecord | undefined;
+  cancel(jobId: string, principal: string): JobRecord | undefined;
+  /** Resolves when the job leaves `running` (or at once). */
+  settled(jobId: string): Promise<void>;
+  running(): number;
+  close(): void;
+}
+
+interface Row {
+  job_id: string;
+  tool: string;
+  principal: string;
+  status: JobStatus;
+  progress: number | null;
+  total: number | null;
+  message: string | null;
+  result: string | null;
+  error: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+export class SqliteJobs implements Jobs {
+  private readonly db: Database.Database;
+  private readonly live = new Map<string, { ctrl: AbortController; done: Promise<void> }>();
+  private readonly now: () => Date;
+
+  constructor(file: string, opts: { now?: () => Date; onError?: (e: unknown) => void } = {}) {
+    this.now = opts.now ?? (() => new Date());
+    this.db = new Database(file);
+    this.db.pragma("journal_mode = WAL");
+    this.db.pragma("busy_timeout = 5000");
+    this.db.exec(`CREATE TABLE IF NOT EXISTS jobs (
+      job_id TEXT PRIMARY KEY, tool TEXT NOT NULL, principal TEXT NOT NULL, status TEXT NOT NULL,
+      progress REAL, total REAL, message TEXT, result TEXT, error TEXT,
+      created_at TEXT NOT NULL, updated_at TEXT NOT NULL)`);
+    // Whatever was running belonged to a process that is gone.
+    this.db
+      .prepare(
+        `UPDATE jobs SET status = 'interrupted', updated_at = ?, error = ? WHERE status = 'running'`,
+      )
+      .run(
+        this.now().toISOString(),
+        JSON.stringify({
+          code: "worker_died",
+          message: "the server restarted before this job finished; it was not resumed, call the tool again",
+        }),
+      );
+  }
+
+  private row(jobId: string): Row | undefined {
+    return this.db.prepare(`SELECT * FROM jobs WHERE job_id = ?`).get(jobId) as Row | undefined;
+  }
+
+  private toRecord(r: Row): JobRecord {
+    return {
+      ...r,
+      result: r.result ? JSON.parse(r.result) : null,
+      error: r.error ? JSON.parse(r.error) : null,
+    };
+  }
+
+  start(tool: string, principal: string, run: Runner): JobRecord {
+    const jobId = `job_${randomBytes(12).toString("hex")}`;
+    const t = this.now().toISOString();
+    this.db
+      .prepare(
+        `INSERT INTO jobs (job_id, tool, principal, status, created_at, updated_at) VALUES (?, ?, ?, 'running', ?, ?)`,
+      )
+      .run(jobId, tool, principal, t, t);
+    const ctrl = new AbortController();
+    const setProgress = this.db.prepare(
+      `UPDATE jobs SET progress = ?, total = ?, message = ?, updated_at = ? WHERE job_id = ? AND status = 'running'`,
+    );
+    const finishStmt = this.db.prepare(
+      `UPDATE jobs SET status = ?, result = ?, error = ?, updated_at = ? WHERE job_id = ? AND status = 'running'`,
+    );
+    // After close() the database is gone; the restart path marks the job interrupted instead.
+    const finish = { run: (...a: unknown[]) => this.db.open && finishStmt.run(...a) };
+    const done = (async () => {
+      try {
+        const result = await run(ctrl.signal, (p, total, message) => {
+          if (this.db.open) setProgress.run(p, total ?? null, message ?? null, this.now().toISOString(), jobId);
+        });
+        const status: JobStatus = result && (result as any).cancelled === true ? "cancelled" : "succeeded";
+        finish.run(status, JSON.stringify(result), null, this.now().toISOString(), jobId);
+      } catch (e) {
+        const err = e as { code?: string; message?: string };
+        const status: JobStatus = ctrl.signal.aborted ? "cancelled" : "failed";
+        finish.run(
+          status,
+          null,
+          JSON.stringify({ code: err.code ?? "internal", message: err.message ?? String(e) }),
+          this.now().toISOString(),
+          jobId,
+        );
+      } finally {
+        this.live.delete(jobId);
+      }
+    })();
+    this.live.set(jobId, { ctrl, done });
+    return this.toRecord(this.row(jobId)!);
+  }
+
+  get(jobId: string, principal: string): JobRecord | undefined {
+    const r = this.row(jobId);
+    // Another principal's job is indistinguishable from a missing one.
+    return r && r.principal === principal ? this.toRecord(r) : undefined;
+  }
+
+  cancel(jobId: string, principal: string): JobRecord | undefined {
+    const r = this.row(jobId);
+    if (!r || r.principal !== principal) return undefined;
+    this.live.get(jobId)?.ctrl.abort(new Error("cancelled by cancel_job"));
+    return this.toRecord(r);
+  }
+
+  async settled(jobId: string): Promise<void> {
+    await this.live.get(jobId)?.done;
+  }
+
+  running(): number {
+    return this.live.size;
+  }
+
+  close(): void {
+    for (const { ctrl } of this.live.values()) ctrl.abort(new Error("server shutting down"));
+    this.db.close();
+  }
+}
+
+/** What a tool called with `wait: false` answers at once. */
+export const JobRef = z.object({
+  job_id: z.string(),
+  status: z.string(),
+  message: z.string(),
+});

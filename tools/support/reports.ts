@@ -1,0 +1,85 @@
+// Benchmark reports, persisted so that `baseline_id` comparisons and tpu://benchmarks/{id}
+// survive restarts, and so that cost estimates can learn from past runs.
+import Database from "better-sqlite3";
+import { randomBytes } from "node:crypto";
+
+export interface StoredReport {
+  id: string;
+  principal: string;
+  model: string;
+  device: string;
+  created_at: string;
+  report: Record<string, unknown>;
+}
+
+export interface Reports {
+  put(principal: string, model: string, device: string, report: Record<string, unknown>): StoredReport;
+  get(id: string): StoredReport | undefined;
+  list(limit?: number): StoredReport[];
+  /** Mean latency per item observed for a model on a device kind, newest reports first. */
+  history(model: string, device: string): { batch: number; seq_len: number | null; latency_ms: number }[];
+  close(): void;
+}
+
+export class SqliteReports implements Reports {
+  private readonly db: Database.Database;
+  constructor(file: string) {
+    this.db = new Database(file);
+    this.db.pragma("journal_mode = WAL");
+    this.db.pragma("busy_timeout = 5000");
+    this.db.exec(`CREATE TABLE IF NOT EXISTS benchmark_reports (
+      id TEXT PRIMARY KEY, principal TEXT NOT NULL, model TEXT NOT NULL, device TEXT NOT NULL,
+      created_at TEXT NOT NULL, report TEXT NOT NULL)`);
+  }
+
+  put(principal: string, model: string, device: string, report: Record<string, unknown>): StoredReport {
+    const stored: StoredReport = {
+      id: `bench_${randomBytes(10).toString("hex")}`,
+      principal,
+      model,
+      device,
+      created_at: new Date().toISOString(),
+      report: { ...report },
+    };
+    stored.report.report_id = stored.id;
+    this.db
+      .prepare(`INSERT INTO benchmark_reports VALUES (?, ?, ?, ?, ?, ?)`)
+      .run(stored.id, principal, model, device, stored.created_at, JSON.stringify(stored.report));
+    return stored;
+  }
+
+  get(id: string): StoredReport | undefined {
+    const r = this.db.prepare(`SELECT * FROM benchmark_reports WHERE id = ?`).get(id) as any;
+    return r ? { ...r, report: JSON.parse(r.report) } : undefined;
+  }
+
+  list(limit = 50): StoredReport[] {
+    const rows = this.db
+      .prepare(`SELECT * FROM benchmark_reports ORDER BY created_at DESC LIMIT ?`)
+      .all(limit) as any[];
+    return rows.map((r) => ({ ...r, report: JSON.parse(r.report) }));
+  }
+
+  history(model: string, device: string) {
+    const rows = this.db
+      .prepare(
+        `SELECT report FROM benchmark_reports WHERE model = ? AND device = ? ORDER BY created_at DESC LIMIT 20`,
+      )
+      .all(model, device) as { report: string }[];
+    const out: { batch: number; seq_len: number | null; latency_ms: number }[] = [];
+    for (const { report } of rows) {
+      const configs = (JSON.parse(report).configs ?? []) as any[];
+      for (const c of configs) {
+        const mean = c?.latency_ms?.mean ?? c?.latency_ms?.p50;
+        if (typeof c?.batch_size === "number" && typeof mean === "number") {
+          out.push({ batch: c.batch_size, seq_len: c.seq_len ?? null, latency_ms: mean });
+        }
+      }
+    }
+    return out;
+  }
+
+  close(): void {
+    this.db.close();
+  }
+}
