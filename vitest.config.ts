@@ -4,7 +4,7 @@ export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
     // Creates the built-in model files once (a no-op when they exist).
-    // globalSetup: ["test/globalSetup.ts"],
+    globalSetup: ["test/globalSetup.ts"],
     testTimeout: 60_000,
     hookTimeout: 120_000,
     // Tests spawn real Python workers with torch; two cores cannot run many at once.

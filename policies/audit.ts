@@ -167,14 +167,12 @@ export class SqliteAuditLog implements AuditLog {
     const rows = this.db
       .prepare("SELECT * FROM audit_log ORDER BY seq DESC LIMIT ?")
       .all(Math.max(0, Math.floor(n))) as Row[];
-    return rows
-      .reverse()
-      .map((r) => ({
-        ...(JSON.parse(r.record) as AuditRecord),
-        seq: r.seq,
-        prev_hash: r.prev_hash,
-        hash: r.hash,
-      }));
+    return rows.reverse().map((r) => ({
+      ...(JSON.parse(r.record) as AuditRecord),
+      seq: r.seq,
+      prev_hash: r.prev_hash,
+      hash: r.hash,
+    }));
   }
 
   verify(): AuditVerifyResult {

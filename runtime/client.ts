@@ -684,9 +684,11 @@ export class WorkerRuntime implements Runtime {
     if (msg.type === "result") {
       this.trackModels(p, msg.result);
       if (p.settled) return;
-      if (p.cancelRequested)
-        return this.settle(p, () => p.reject(cancelledError(p.op, "by the caller")));
       const result = msg.result;
+      // A long op that stopped early on the cancel returns its finished part (e.g. a benchmark's
+      // completed configurations, flagged cancelled: true): keep it rather than throw it away.
+      if (p.cancelRequested && (result as { cancelled?: unknown }).cancelled !== true)
+        return this.settle(p, () => p.reject(cancelledError(p.op, "by the caller")));
       return this.settle(p, () => p.resolve({ result, tensors: frame.tensors }));
     }
     const { code, message, recoverable, ...rest } = msg.error;

@@ -3,11 +3,10 @@
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
-import { SqliteApprovalStore } from "../policies/approvals.js";
-import { SqliteAuditLog } from "../policies/audit.js";
+import type { SqliteApprovalStore } from "../policies/approvals.js";
+import type { SqliteAuditLog } from "../policies/audit.js";
 import { Authenticator } from "../policies/auth.js";
-import { Gate } from "../policies/gate.js";
-import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../policies/limits.js";
+import type { Gate } from "../policies/gate.js";
 import { readCatalog, type Catalog } from "../runtime/catalog.js";
 import { WorkerRuntime } from "../runtime/client.js";
 import type { Runtime } from "../runtime/types.js";
@@ -19,6 +18,7 @@ import { SqliteReports } from "../tools/support/reports.js";
 import type { ToolDefinition, ToolEnv } from "../tools/types.js";
 import type { ServerConfig } from "./config.js";
 import { Metrics } from "./metrics.js";
+import { createPolicyServices } from "./policy.js";
 
 export interface App {
   config: ServerConfig;
@@ -37,10 +37,6 @@ export interface App {
   facts: WorkerModelFacts;
   metrics: Metrics;
   close(): Promise<void>;
-}
-
-export function policyDbPath(config: ServerConfig): string {
-  return join(config.paths.data_dir, "policy.db");
 }
 
 export function createApp(config: ServerConfig, logger: Logger, opts: { runtime?: Runtime } = {}): App {
@@ -78,20 +74,9 @@ export function createApp(config: ServerConfig, logger: Logger, opts: { runtime?
   });
   runtime.on("failed", (info) => rtLog.error(info, "worker failed; run `tpu-mcp doctor`"));
 
-  const dbPath = policyDbPath(config);
-  const approvals = new SqliteApprovalStore(dbPath);
-  const audit = new SqliteAuditLog(dbPath, { logger: logger.child({ component: "audit" }) });
-  const policy = config.policy;
-  const gate = new Gate({
-    config: policy,
-    approvals,
-    audit,
-    limiter: new ConcurrencyLimiter(policy.limits),
-    rateLimiter: new RateLimiter(policy.limits.rate_limit),
-    budget: new SqliteBudgetLedger(dbPath, policy.limits.budget),
-    logger: logger.child({ component: "gate" }),
-  });
-  const auth = new Authenticator(policy);
+  const policy = createPolicyServices(config, logger);
+  const { gate, approvals, audit } = policy;
+  const auth = new Authenticator(config.policy);
   const jobs = new SqliteJobs(join(config.paths.data_dir, "jobs.db"));
   const reports = new SqliteReports(join(config.paths.data_dir, "reports.db"));
   const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
@@ -118,8 +103,7 @@ export function createApp(config: ServerConfig, logger: Logger, opts: { runtime?
       jobs.close();
       await runtime.close();
       reports.close();
-      approvals.close?.();
-      audit.close?.();
+      policy.close();
     },
   };
 }

@@ -34,7 +34,7 @@ export const ServerConfigSchema = z
         max_sessions: z.number().int().min(1).default(256),
       })
       .strict()
-      .default({} as never),
+      .prefault({}),
     runtime: z
       .object({
         python: z.string().default(".venv/bin/python"),
@@ -49,7 +49,7 @@ export const ServerConfigSchema = z
         restart_window_s: z.number().positive().default(60),
       })
       .strict()
-      .default({} as never),
+      .prefault({}),
     inference: z
       .object({
         /** Outputs with more elements than this are summarised and linked as a resource. */
@@ -67,7 +67,7 @@ export const ServerConfigSchema = z
           .default(512 * 1024 * 1024),
       })
       .strict()
-      .default({} as never),
+      .prefault({}),
     benchmark: z
       .object({
         max_configs: z.number().int().min(1).default(64),
@@ -75,8 +75,8 @@ export const ServerConfigSchema = z
         max_duration_s: z.number().positive().default(600),
       })
       .strict()
-      .default({} as never),
-    policy: PolicyConfigSchema.default({} as never),
+      .prefault({}),
+    policy: PolicyConfigSchema.prefault({}),
   })
   .strict();
 
@@ -120,6 +120,7 @@ export function parseConfig(raw: unknown, opts: { root: string; base?: string; s
   // Defaults point inside the repository; values the user wrote are relative to their file.
   const fromRoot = (key: "catalog" | "python") =>
     (raw as any)?.runtime?.[key] !== undefined ? abs(c.runtime[key], base) : abs(c.runtime[key], opts.root);
+  // The device given on the command line overrides the file (applyOverrides put it in raw).
   const config: ServerConfig = {
     ...c,
     paths: {
@@ -132,8 +133,19 @@ export function parseConfig(raw: unknown, opts: { root: string; base?: string; s
   return deepFreeze(config);
 }
 
-export function loadConfig(file: string | undefined, root: string): ServerConfig {
-  if (!file) return parseConfig({}, { root, source: "(defaults)" });
+/** Command-line values that override the file. */
+export interface ConfigOverrides {
+  device?: string;
+}
+
+function applyOverrides(raw: unknown, o: ConfigOverrides): unknown {
+  if (!o.device) return raw;
+  const r = (raw ?? {}) as Record<string, any>;
+  return { ...r, runtime: { ...(r.runtime ?? {}), device: o.device } };
+}
+
+export function loadConfig(file: string | undefined, root: string, overrides: ConfigOverrides = {}): ServerConfig {
+  if (!file) return parseConfig(applyOverrides({}, overrides), { root, source: "(defaults)" });
   const path = resolve(file);
   let text: string;
   try {
@@ -147,5 +159,16 @@ export function loadConfig(file: string | undefined, root: string): ServerConfig
   } catch (e) {
     throw new ConfigError(file, [`not valid JSON: ${(e as Error).message}`]);
   }
-  return parseConfig(raw, { root, base: dirname(path), source: file });
+  return parseConfig(applyOverrides(raw, overrides), { root, base: dirname(path), source: file });
+}
+
+/** A copy of the config with one more static token (the one `tpu-mcp http` generates). */
+export function withToken(
+  config: ServerConfig,
+  token: ServerConfig["policy"]["tokens"][number],
+): ServerConfig {
+  return deepFreeze({
+    ...config,
+    policy: { ...config.policy, tokens: [...config.policy.tokens, token] },
+  }) as ServerConfig;
 }

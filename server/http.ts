@@ -135,13 +135,14 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         if (app.tools.some((t) => t.name === name) && !canCall(principal, name)) {
           const scope = requiredScope(name);
           app.audit.append({
+            time: new Date().toISOString(),
             principal: principal.id,
             tool: name,
-            args_digest: "",
+            args_digest: null,
             outcome: "denied",
             code: "insufficient_scope",
-            reason: `missing scope ${scope}`,
-          } as any);
+            reason: `missing scope ${scope} (HTTP 403)`,
+          });
           throw new HttpError(403, `insufficient_scope: ${name} needs the scope ${scope}`, {
             "www-authenticate": challenge(`error="insufficient_scope", scope="${scope}"`),
           });

@@ -27,9 +27,19 @@ export const SERVER_VERSION = "0.1.0";
 
 type Extra = RequestHandlerExtra<ServerRequest, ServerNotification>;
 
+/** Output objects may gain fields over time: clients must not reject a newer server's result. */
+function openObjects(node: unknown): void {
+  if (Array.isArray(node)) return node.forEach(openObjects);
+  if (!node || typeof node !== "object") return;
+  const o = node as Record<string, unknown>;
+  if (o.additionalProperties === false) delete o.additionalProperties;
+  Object.values(o).forEach(openObjects);
+}
+
 function jsonSchema(schema: z.ZodType, io: "input" | "output"): Record<string, unknown> {
   const s = z.toJSONSchema(schema, { io, unrepresentable: "any" }) as Record<string, unknown>;
   delete s.$schema;
+  if (io === "output") openObjects(s);
   // MCP wants an object schema at the top; a union of objects is still an object.
   if (s.type !== "object") return { type: "object", ...s };
   return s;

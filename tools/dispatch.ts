@@ -4,35 +4,13 @@
 // fault (the server raises that before calling here).
 import type { Logger } from "pino";
 import type { z } from "zod";
-import type { CostEstimate } from "../policies/estimate.js";
+import type { Gate, GateCall } from "../policies/gate.js";
 import { canCall } from "../policies/scopes.js";
 import { ERROR_CATALOGUE, ToolError, toToolError } from "./errors.js";
 import { JOB_TOOLS } from "./registry.js";
 import type { ToolContext, ToolDefinition, ToolPrincipal } from "./types.js";
 
-export interface ElicitPrompt {
-  tool: string;
-  args_preview: Record<string, unknown>;
-  estimate?: CostEstimate;
-  message: string;
-}
-export type Elicit = (prompt: ElicitPrompt) => Promise<"accept" | "decline" | "cancel">;
-
-/** What the dispatcher needs of the policy gate (policies/gate.ts implements it). */
-export interface GateLike {
-  run<T>(
-    call: {
-      principal: any;
-      tool: string;
-      args: Record<string, unknown>;
-      device: string;
-      estimate?: CostEstimate;
-      signal?: AbortSignal;
-      elicit?: Elicit;
-    },
-    fn: (signal: AbortSignal) => Promise<T>,
-  ): Promise<T>;
-}
+export type Elicit = NonNullable<GateCall["elicit"]>;
 
 export interface CallToolResultLike {
   [k: string]: unknown;
@@ -46,7 +24,7 @@ export interface DispatchInput {
   tool: ToolDefinition<any, any>;
   rawArgs: unknown;
   principal: ToolPrincipal;
-  gate: GateLike;
+  gate: Pick<Gate, "run">;
   /** Everything of ToolContext but signal/progress, which the dispatcher fills per call. */
   base: Omit<ToolContext, "signal" | "progress" | "principal">;
   signal: AbortSignal;
@@ -100,7 +78,16 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       });
     }
     const parsed = tool.input.safeParse(input.rawArgs ?? {});
-    if (!parsed.success) throw new ToolError("invalid_argument", zodMessage(parsed.error));
+    if (!parsed.success) {
+      const unknownModel = parsed.error.issues.find(
+        (i) => i.path.length === 1 && i.path[0] === "model" && typeof (input.rawArgs as any)?.model === "string",
+      );
+      if (unknownModel) {
+        const ids = input.base.env.catalog.models.map((m) => m.id).join(", ");
+        throw new ToolError("unknown_model", `model: not in the catalog; call list_models (ids: ${ids})`);
+      }
+      throw new ToolError("invalid_argument", zodMessage(parsed.error));
+    }
     const args = parsed.data as Record<string, any>;
     const lane = tool.device ? tool.device(args) : "none";
     const asJob = JOB_TOOLS.has(tool.name) && args.wait === false;
@@ -112,7 +99,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       progress,
     });
     const estimate = tool.estimate ? await tool.estimate(args, ctxFor(input.signal, input.progress)) : undefined;
-    const call = { principal, tool: tool.name, args, device: lane, estimate, signal: input.signal, elicit: input.elicit };
+    const call: GateCall = { principal, tool: tool.name, args, device: lane, estimate, signal: input.signal, elicit: input.elicit };
 
     let out: Record<string, unknown>;
     if (!asJob) {

@@ -87,7 +87,6 @@ export const runBenchmark = (env: ToolEnv) => {
           ...(seqLens ? { seq_lens: seqLens } : {}),
           dtypes,
           modes: args.modes,
-          scenario: args.scenario,
           ...(iterations ? { iterations } : {}),
           ...(args.duration_s ? { duration_s: args.duration_s } : {}),
           warmup: args.warmup,
@@ -110,7 +109,7 @@ export const runBenchmark = (env: ToolEnv) => {
       if ("job_id" in o) return `started job ${o.job_id}; follow it with get_job`;
       const rows = o.configs.map((c: any) => {
         const l = c.latency_ms ?? {};
-        return `  b=${c.batch_size}${c.seq_len ? ` s=${c.seq_len}` : ""} ${c.dtype} ${c.mode}: p50 ${Number(l.p50).toFixed(2)} ms, p99 ${Number(l.p99).toFixed(2)} ms, ${Number(c.throughput_items_per_s).toFixed(1)} items/s`;
+        return `  b=${c.batch}${c.seq_len ? ` s=${c.seq_len}` : ""} ${c.dtype} ${c.mode}: p50 ${Number(l.p50).toFixed(2)} ms, p99 ${Number(l.p99).toFixed(2)} ms, ${Number(c.throughput_items_per_s).toFixed(1)} items/s`;
       });
       return `benchmark ${o.report_id} of ${o.model} (${o.scenario}${o.cancelled ? ", cancelled: partial" : ""}) → ${o.resource_uri}\n${rows.join("\n")}`;
     },

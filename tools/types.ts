@@ -3,6 +3,7 @@
 import type { Logger } from "pino";
 import type { z } from "zod";
 import type { CostEstimate } from "../policies/estimate.js";
+import type { Principal } from "../policies/scopes.js";
 import type { Catalog } from "../runtime/catalog.js";
 import type { Runtime } from "../runtime/types.js";
 import type { Jobs } from "./support/jobs.js";
@@ -10,10 +11,7 @@ import type { Outputs } from "./support/outputs.js";
 import type { Reports } from "./support/reports.js";
 import type { ModelFacts } from "./support/facts.js";
 
-export interface ToolPrincipal {
-  id: string;
-  scopes: readonly string[];
-}
+export type ToolPrincipal = Principal;
 
 export interface ToolAnnotations {
   title?: string;

@@ -33,9 +33,8 @@ const longBenchmark = {
   batch_sizes: [1],
   dtypes: ["float32"],
   modes: ["eager"],
-  scenario: "latency",
+  scenario: "forward",
   duration_s: 60,
-  iterations: 1_000_000,
   warmup: 1,
 };
 
@@ -149,23 +148,43 @@ describe("worker contract (real worker, CPU)", () => {
     expect(rt.inFlight()).toBe(0);
   });
 
-  it("cancels a running benchmark when the caller's signal aborts", async () => {
+  it("cancels a running benchmark when the caller's signal aborts, keeping its partial result", async () => {
     const ac = new AbortController();
     let progressed = 0;
-    const call = rt.call("benchmark", longBenchmark, {
-      signal: ac.signal,
-      onProgress: () => {
-        progressed++;
-        ac.abort();
+    const { result } = await rt.call<{ cancelled: boolean; configs: unknown[] }>(
+      "benchmark",
+      longBenchmark,
+      {
+        signal: ac.signal,
+        onProgress: () => {
+          progressed++;
+          ac.abort();
+        },
       },
-    });
+    );
+    // The worker stopped early (well before duration_s) and flagged the result as partial.
+    expect(result.cancelled).toBe(true);
+    expect(progressed).toBeGreaterThan(0);
+    expect(rt.inFlight()).toBe(0);
+    // The worker still serves.
+    const status = await rt.call("status", {});
+    expect(status.result.device).toBeTruthy();
+    expect(rt.restarts()).toBe(0);
+  });
+
+  it("rejects an aborted call that the worker ends with an error as `cancelled`", async () => {
+    // Abort right after sending: the worker answers with error `cancelled` (the op checks its
+    // token before starting) or finishes first; either way the caller sees `cancelled`.
+    const ac = new AbortController();
+    const call = rt.call(
+      "infer",
+      { model: "mnist-cnn" },
+      { signal: ac.signal, tensors: [mnistInput(64, 3)] },
+    );
+    ac.abort();
     const err = await rejection(call);
     expect(err.code).toBe("cancelled");
-    expect(progressed).toBeGreaterThan(0);
-    // The worker stopped the benchmark and still serves.
-    const { result } = await rt.call("status", {});
-    expect(result.device).toBeTruthy();
-    expect(rt.restarts()).toBe(0);
+    expect(rt.inFlight()).toBe(0);
   });
 
   it("fails a call that exceeds its timeout with `timeout`, and the worker keeps serving", async () => {

@@ -2,12 +2,12 @@
 // where the two are not like for like (device, precision, mode, versions).
 type Config = Record<string, any>;
 
-const key = (c: Config) => `${c.batch_size}|${c.seq_len ?? "-"}|${c.dtype}|${c.mode}`;
+const key = (c: Config) => `${c.batch}|${c.seq_len ?? "-"}|${c.dtype}|${c.mode}`;
 
 export interface Comparison {
   baseline_id: string;
   ratios: {
-    batch_size: number;
+    batch: number;
     seq_len: number | null;
     dtype: string;
     mode: string;
@@ -34,7 +34,7 @@ export function compareReports(report: Config, baseline: Config, baselineId: str
       continue;
     }
     ratios.push({
-      batch_size: c.batch_size,
+      batch: c.batch,
       seq_len: c.seq_len ?? null,
       dtype: c.dtype,
       mode: c.mode,

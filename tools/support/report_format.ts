@@ -20,7 +20,7 @@ export function renderReportMarkdown(report: Any): string {
   for (const c of (report.configs ?? []) as Any[]) {
     const l = c.latency_ms ?? {};
     lines.push(
-      `| ${c.batch_size} | ${c.seq_len ?? "–"} | ${c.dtype} | ${c.mode} | ${num(l.p50)} | ${num(l.p90)} | ${num(l.p99)} | ${num(c.throughput_items_per_s, 1)} | ${num(c.compile_s, 3)} | ${c.matmul_precision ?? "–"} |`,
+      `| ${c.batch} | ${c.seq_len ?? "–"} | ${c.dtype} | ${c.mode} | ${num(l.p50)} | ${num(l.p90)} | ${num(l.p99)} | ${num(c.throughput_items_per_s, 1)} | ${num(c.compile_s, 3)} | ${c.matmul_precision ?? "–"} |`,
     );
   }
   if (report.comparison) {
@@ -29,7 +29,7 @@ export function renderReportMarkdown(report: Any): string {
     lines.push("| batch | seq | dtype | mode | p50 ratio | p99 ratio | throughput ratio |");
     lines.push("|---:|---:|---|---|---:|---:|---:|");
     for (const r of cmp.ratios as Any[]) {
-      lines.push(`| ${r.batch_size} | ${r.seq_len ?? "–"} | ${r.dtype} | ${r.mode} | ${num(r.p50_ratio, 3)} | ${num(r.p99_ratio, 3)} | ${num(r.throughput_ratio, 3)} |`);
+      lines.push(`| ${r.batch} | ${r.seq_len ?? "–"} | ${r.dtype} | ${r.mode} | ${num(r.p50_ratio, 3)} | ${num(r.p99_ratio, 3)} | ${num(r.throughput_ratio, 3)} |`);
     }
     for (const w of cmp.warnings as string[]) lines.push(`- warning: ${w}`);
   }

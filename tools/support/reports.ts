@@ -71,8 +71,8 @@ export class SqliteReports implements Reports {
       const configs = (JSON.parse(report).configs ?? []) as any[];
       for (const c of configs) {
         const mean = c?.latency_ms?.mean ?? c?.latency_ms?.p50;
-        if (typeof c?.batch_size === "number" && typeof mean === "number") {
-          out.push({ batch: c.batch_size, seq_len: c.seq_len ?? null, latency_ms: mean });
+        if (typeof c?.batch === "number" && typeof mean === "number") {
+          out.push({ batch: c.batch, seq_len: c.seq_len ?? null, latency_ms: mean });
         }
       }
     }

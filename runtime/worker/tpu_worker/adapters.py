@@ -9,6 +9,7 @@ An adapter owns a loaded module on one device and dtype and knows how to
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Callable
@@ -257,6 +258,10 @@ class CausalLM(Adapter):
         self.pad_id = _valid_id(cfg.pad_token_id, self.vocab, 0)
         self.eos_id = _valid_id(cfg.eos_token_id, self.vocab, None)
         self.bos_id = _valid_id(cfg.bos_token_id, self.vocab, self.eos_id if self.eos_id is not None else 0)
+        # transformers renamed past_key_values -> cache in 5.x; support both spellings.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def _dynamic(self):
         return None  # the KV cache grows every step; let dynamo mark that dimension dynamic
@@ -291,7 +296,7 @@ class CausalLM(Adapter):
         new: list[torch.Tensor] = []
         stopped = False
         with torch.no_grad():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **self._last_only)
             for step in range(max_new):
                 nxt = out.logits[:, -1, :].argmax(-1)
                 nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
@@ -305,8 +310,9 @@ class CausalLM(Adapter):
                     break
                 mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=1)
                 pos = pos[:, -1:] + 1
-                out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
-                                 past_key_values=out.past_key_values, use_cache=True)
+                cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+                out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
+                                 **{self._cache_kw: cache}, **self._last_only)
         tokens = torch.stack(new, dim=1).to("cpu").tolist() if new else [[] for _ in range(b)]
         result = []
         for row in tokens:
@@ -437,6 +443,7 @@ def read_config(model_dir: str, catalog: Catalog, entry: Entry) -> dict:
 def _hf_model(cls_name: str, model_dir: str, dtype: torch.dtype, entry: Entry):
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()  # tqdm bars would clutter the JSON log
     cls = getattr(transformers, cls_name)
     try:
         return cls.from_pretrained(

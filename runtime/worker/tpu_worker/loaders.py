@@ -219,7 +219,8 @@ def inspect_weights(entry: Entry, catalog: Catalog, *, max_total_bytes: int = DE
             header, nbytes = read_safetensors_header(f, max_total_bytes=max_total_bytes - total)
             count += len(header)
             total += nbytes
-            params += sum(math.prod(t["shape"]) for t in header.values())
+            # Parameters are the floating-point tensors; integer buffers (position ids) are not.
+            params += sum(math.prod(t["shape"]) for t in header.values() if t["dtype"].startswith(("F", "BF")))
         else:
             # Trusted pickle: size from the file, parameters unknown until loaded.
             nbytes = os.path.getsize(f)

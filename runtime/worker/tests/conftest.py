@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(WORKER_DIR))
+sys.path.insert(0, WORKER_DIR)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+BUILTIN_CATALOG = os.path.join(REPO, "runtime", "catalog.builtin.json")
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> str:
+    """The built-in models: the repo's .data/models when already built, else a fresh tmp build."""
+    from tpu_worker import builtin
+
+    shared = os.path.join(REPO, ".data", "models")
+    if all(builtin.is_valid(os.path.join(shared, name)) for name, _ in builtin.BUILDERS):
+        return shared
+    out = str(tmp_path_factory.mktemp("models"))
+    builtin.build_all(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def catalog_path(models_dir, tmp_path_factory) -> str:
+    """The built-in catalog with its model root pointed at `models_dir`."""
+    with open(BUILTIN_CATALOG, encoding="utf-8") as fh:
+        data = json.load(fh)
+    data["model_roots"] = [models_dir]
+    path = tmp_path_factory.mktemp("catalog") / "catalog.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def catalog(catalog_path):
+    from tpu_worker.catalog import load_catalog
+
+    return load_catalog(catalog_path)
+
+
+@pytest.fixture(scope="session")
+def cpu_probe():
+    from tpu_worker.probe import probe
+
+    return probe("cpu")
+
+
+@pytest.fixture
+def worker(catalog, cpu_probe):
+    from tpu_worker.ops import Worker
+
+    w = Worker(catalog, cpu_probe)
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="session")
+def shared_worker(catalog, cpu_probe):
+    """One worker with models loaded once for the read-only tests that need them."""
+    from tpu_worker.ops import OpContext, Worker
+
+    w = Worker(catalog, cpu_probe)
+    for m in ("all-minilm-l6-v2", "tiny-gpt2", "mnist-cnn"):
+        w.handle("load", {"model": m}, [], OpContext(f"load-{m}"))
+    yield w
+    w.close()

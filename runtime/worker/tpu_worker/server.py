@@ -1,0 +1,193 @@
+"""The main loop: one reader thread, one locked writer, ops on a thread pool.
+
+The reader never runs an op itself, so `ping` is answered and `cancel` delivered while ops run.
+Every frame leaves through `send`, which holds one lock for the whole frame.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any
+
+import torch
+
+from . import logs
+from .cancel import CancelToken
+from .errors import WorkerError, is_oom
+from .ops import OpContext, Worker
+from .protocol import Cancel, FrameReader, Ping, ProtocolError, Request, encode_frame
+
+EXIT_OK = 0
+EXIT_DESYNC = 3
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN/Infinity; report them as null rather than failing the whole reply."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+class Server:
+    def __init__(self, worker: Worker, inp: IO[bytes], out: IO[bytes], *,
+                 max_body_bytes: int, max_threads: int = 8) -> None:
+        self.worker = worker
+        self.reader = FrameReader(inp, max_body_bytes)
+        self._out = out
+        self._write_lock = threading.Lock()
+        self._tokens: dict[str, CancelToken] = {}
+        self._tokens_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="op")
+        self._stop = threading.Event()
+        self.exit_code = EXIT_OK
+        self._out_broken = False
+
+    # -- output -------------------------------------------------------------------------------
+    def send(self, header: dict, tensors: list[torch.Tensor] | None = None) -> None:
+        try:
+            chunks = encode_frame(_finite(header), tensors)
+        except (TypeError, ValueError) as exc:
+            logs.error("reply could not be encoded", error=str(exc), type=header.get("type"))
+            chunks = encode_frame({"type": "error", "id": header.get("id"), "error": WorkerError(
+                "internal", "the result could not be encoded; see the worker log").to_wire()})
+        with self._write_lock:
+            if self._out_broken:
+                return
+            try:
+                for c in chunks:
+                    self._out.write(c)
+                self._out.flush()
+            except (OSError, ValueError):
+                # The client is gone; nothing can be delivered any more.
+                self._out_broken = True
+                self.stop(EXIT_OK)
+
+    def send_error(self, msg_id: str | None, err: WorkerError) -> None:
+        self.send({"type": "error", "id": msg_id, "error": err.to_wire()})
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def stop(self, code: int = EXIT_OK) -> None:
+        if not self._stop.is_set():
+            self.exit_code = code
+            self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def serve(self) -> int:
+        """Sends hello, serves until EOF / shutdown / stop(), then cleans up; returns the exit code."""
+        self.send(self.worker.hello())
+        reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
+        reader.start()
+        while not self._stop.wait(0.5):
+            pass
+        self._shutdown()
+        return self.exit_code
+
+    def _shutdown(self) -> None:
+        with self._tokens_lock:
+            for t in self._tokens.values():
+                t.cancel()
+        self.worker.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- input --------------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                msg = self.reader.read()
+            except ProtocolError as exc:
+                logs.warn("protocol error", error=exc.message, id=exc.msg_id, fatal=exc.fatal)
+                self.send_error(exc.msg_id, WorkerError("protocol_error", exc.message, recoverable=not exc.fatal))
+                if exc.fatal:
+                    self.stop(EXIT_DESYNC)
+                    return
+                continue
+            except Exception as exc:  # noqa: BLE001 - a reader crash must still end the worker cleanly
+                logs.error("reader failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+                self.stop(EXIT_DESYNC)
+                return
+            if msg is None:
+                logs.info("stdin closed; exiting")
+                self.stop(EXIT_OK)
+                return
+            self.dispatch(msg)
+
+    def dispatch(self, msg: Request | Cancel | Ping) -> None:
+        if isinstance(msg, Ping):
+            import time
+
+            self.send({"type": "pong", "id": msg.id, "time_s": time.time()})
+        elif isinstance(msg, Cancel):
+            with self._tokens_lock:
+                token = self._tokens.get(msg.id)
+            if token is not None:
+                token.cancel()
+                logs.info("cancel requested", id=msg.id)
+            else:
+                logs.debug("cancel for a request that is not running", id=msg.id)
+        else:
+            with self._tokens_lock:
+                if msg.id in self._tokens:
+                    dup = True
+                else:
+                    dup = False
+                    token = self._tokens[msg.id] = CancelToken()
+            if dup:
+                self.send_error(msg.id, WorkerError("protocol_error", f"request id {msg.id!r} is already in flight"))
+                return
+            try:
+                self._pool.submit(self._run, msg, token)
+            except RuntimeError:  # pool shut down: we are exiting
+                self._forget(msg.id)
+
+    def _forget(self, msg_id: str) -> None:
+        with self._tokens_lock:
+            self._tokens.pop(msg_id, None)
+
+    def _progress(self, msg_id: str):
+        def report(progress: float, total: float | None = None, message: str | None = None) -> None:
+            header: dict[str, Any] = {"type": "progress", "id": msg_id, "progress": progress}
+            if total is not None:
+                header["total"] = total
+            if message:
+                header["message"] = message
+            self.send(header)
+
+        return report
+
+    def _run(self, req: Request, token: CancelToken) -> None:
+        ctx = OpContext(req.id, token, self._progress(req.id))
+        try:
+            result, tensors = self.worker.handle(req.op, req.args, req.tensors, ctx)
+        except WorkerError as exc:
+            self._forget(req.id)
+            self.send_error(req.id, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a safe error reply
+            self._forget(req.id)
+            if is_oom(exc):
+                logs.error("out of memory", op=req.op, id=req.id, error=str(exc)[:500])
+                self.send_error(req.id, WorkerError(
+                    "out_of_memory",
+                    f"{req.op} ran out of memory on {self.worker.device}; use a smaller batch or dtype, "
+                    "or unload other models"))
+            else:
+                logs.error("op failed", op=req.op, id=req.id, error=f"{type(exc).__name__}: {exc}",
+                           traceback=traceback.format_exc())
+                self.send_error(req.id, WorkerError(
+                    "internal", f"{req.op} failed with an internal error ({type(exc).__name__}); see the worker log"))
+            return
+        self._forget(req.id)
+        self.send({"type": "result", "id": req.id, "result": result}, tensors)
+        if req.op == "shutdown":
+            logs.info("shutdown requested")
+            self.stop(EXIT_OK)

@@ -1,0 +1,180 @@
+// `tpu-mcp` command line: the only place that reads argv and process.env or calls process.exit.
+import { randomBytes } from "node:crypto";
+import { existsSync, readFileSync, writeFileSync, mkdirSync, chmodSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import { hashToken } from "../policies/config.js";
+import { ConfigError, loadConfig, withToken, type ServerConfig } from "./config.js";
+import { createApp } from "./app.js";
+import { runApprovalsCommand, runAuditCommand } from "./operator.js";
+import { runDoctor } from "./doctor.js";
+import { startHttp } from "./http.js";
+import { createLogger } from "./logger.js";
+import { startStdio } from "./stdio.js";
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+
+const USAGE = `usage: tpu-mcp <command> [options]
+
+commands:
+  stdio                         serve MCP over stdin/stdout (desktop assistants)
+  http [--host H] [--port P]    serve MCP over Streamable HTTP (default 127.0.0.1:7801)
+       [--no-auth]              no bearer token (loopback only; for local experiments)
+  doctor                        versions, devices found and why, catalog and config problems
+  approvals list|show ID|approve ID|deny ID [--reason R] [--token T]
+                                decide pending approvals (operator token: --token or TPU_MCP_TOKEN)
+  audit tail [-n N] | verify    read or verify the hash-chained audit trail
+  token new | hash TOKEN        make a token and print its sha256 for the config
+
+common options:
+  --config FILE                 JSON config (see README); defaults serve the built-in CPU catalog
+  --device D                    auto, cpu, cuda[:N], tpu[:N] or xla[:N] (overrides the config)
+`;
+
+const out = (s: string) => process.stdout.write(s.endsWith("\n") ? s : s + "\n");
+const err = (s: string) => process.stderr.write(s.endsWith("\n") ? s : s + "\n");
+
+/** The token `tpu-mcp http` generates when the config names none; kept so clients keep working. */
+function localToken(config: ServerConfig): string {
+  const file = join(config.paths.data_dir, "local-token");
+  if (existsSync(file)) return readFileSync(file, "utf8").trim();
+  mkdirSync(config.paths.data_dir, { recursive: true });
+  const token = `tpu_${randomBytes(24).toString("base64url")}`;
+  writeFileSync(file, token + "\n", { mode: 0o600 });
+  chmodSync(file, 0o600);
+  return token;
+}
+
+async function main(argv: string[]): Promise<number> {
+  const [command, ...rest] = argv;
+  if (!command || command === "--help" || command === "-h" || command === "help") {
+    out(USAGE);
+    return command ? 0 : 2;
+  }
+  const { values, positionals } = parseArgs({
+    args: rest,
+    allowPositionals: true,
+    options: {
+      config: { type: "string" },
+      device: { type: "string" },
+      host: { type: "string" },
+      port: { type: "string" },
+      "no-auth": { type: "boolean" },
+      token: { type: "string" },
+      reason: { type: "string" },
+      n: { type: "string", short: "n" },
+      json: { type: "boolean" },
+    },
+  });
+
+  if (command === "token") {
+    const [sub, plain] = positionals;
+    if (sub === "new") {
+      const t = `tpu_${randomBytes(24).toString("base64url")}`;
+      out(`token:        ${t}\ntoken_sha256: ${hashToken(t)}`);
+      return 0;
+    }
+    if (sub === "hash" && plain) {
+      out(hashToken(plain));
+      return 0;
+    }
+    err("usage: tpu-mcp token new | tpu-mcp token hash TOKEN");
+    return 2;
+  }
+
+  let config: ServerConfig;
+  try {
+    config = loadConfig(values.config ?? process.env.TPU_MCP_CONFIG, ROOT, {
+      device: values.device,
+    });
+  } catch (e) {
+    if (e instanceof ConfigError) {
+      err(e.message);
+      return 2;
+    }
+    throw e;
+  }
+  const logger = createLogger(process.env.TPU_MCP_LOG_LEVEL ?? config.log_level);
+
+  switch (command) {
+    case "stdio": {
+      const app = createApp(config, logger);
+      const { closed } = await startStdio(app);
+      await closed;
+      await app.close();
+      return 0;
+    }
+    case "http": {
+      const host = values.host ?? config.http.host;
+      const port = values.port !== undefined ? Number(values.port) : config.http.port;
+      if (!Number.isInteger(port) || port < 0 || port > 65535) {
+        err(`--port must be an integer 0-65535, got ${values.port}`);
+        return 2;
+      }
+      const noAuth = values["no-auth"] === true;
+      let token: string | undefined;
+      if (!noAuth && config.policy.tokens.length === 0 && !config.policy.jwt) {
+        token = localToken(config);
+        config = withToken(config, {
+          id: config.policy.stdio_principal.id,
+          token_sha256: hashToken(token),
+          scopes: [...config.policy.stdio_principal.scopes],
+        });
+      }
+      const app = createApp(config, logger);
+      let running;
+      try {
+        running = await startHttp(app, { host, port, noAuth });
+      } catch (e) {
+        err(`cannot serve HTTP: ${(e as Error).message}`);
+        await app.close();
+        return 1;
+      }
+      err(`\ntpu-mcp is serving MCP (Streamable HTTP) at ${running.url}`);
+      if (token) {
+        err(`bearer token (generated, kept in ${join(config.paths.data_dir, "local-token")}):\n  ${token}`);
+      } else if (noAuth) {
+        err("no authentication (--no-auth): every caller is 'anonymous'");
+      } else {
+        err("bearer tokens: as configured in the policy section of the config");
+      }
+      err(
+        `connect: any MCP client with URL ${running.url} and header "Authorization: Bearer <token>"\n` +
+          `health: ${running.url.replace(/\/mcp$/, "/healthz")}  metrics: ${running.url.replace(/\/mcp$/, "/metrics")}\n` +
+          "stop with Ctrl-C\n",
+      );
+      await new Promise<void>((resolve) => {
+        process.once("SIGINT", resolve);
+        process.once("SIGTERM", resolve);
+      });
+      await running.close();
+      await app.close();
+      return 0;
+    }
+    case "doctor":
+      return runDoctor(config, { out, err, json: values.json === true });
+    case "approvals":
+      return runApprovalsCommand(config, positionals, {
+        token: values.token ?? process.env.TPU_MCP_TOKEN,
+        reason: values.reason,
+        json: values.json === true,
+        out,
+        err,
+        logger,
+      });
+    case "audit":
+      return runAuditCommand(config, positionals, { n: values.n ? Number(values.n) : 20, json: values.json === true, out, err, logger });
+    default:
+      err(`unknown command ${command}\n\n${USAGE}`);
+      return 2;
+  }
+}
+
+main(process.argv.slice(2)).then(
+  (code) => process.exit(code),
+  (e) => {
+    err(`tpu-mcp: ${(e as Error)?.message ?? e}`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,94 @@
+// `tpu-mcp doctor`: a newcomer's first aid. Starts the worker once and reports what it found:
+// versions, every device probe step and why it matched or not, the catalog as the worker sees
+// it, and what in the config needs attention.
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import pino from "pino";
+import { readCatalog } from "../runtime/catalog.js";
+import { WorkerRuntime } from "../runtime/client.js";
+import type { ServerConfig } from "./config.js";
+import { SERVER_VERSION } from "./mcp.js";
+
+interface Io {
+  out: (s: string) => void;
+  err: (s: string) => void;
+  json: boolean;
+}
+
+export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
+  const report: Record<string, unknown> = {};
+  const problems: string[] = [];
+  const ok = (s: string) => !io.json && io.out(`  ok   ${s}`);
+  const bad = (s: string) => {
+    problems.push(s);
+    if (!io.json) io.out(`  FAIL ${s}`);
+  };
+  const sdk = JSON.parse(
+    readFileSync(join(config.paths.root, "node_modules/@modelcontextprotocol/sdk/package.json"), "utf8"),
+  ).version;
+  report.versions = { tpu_mcp: SERVER_VERSION, node: process.version, mcp_sdk: sdk };
+  if (!io.json) io.out(`tpu-mcp ${SERVER_VERSION}, node ${process.version}, MCP SDK ${sdk}\n\nconfig`);
+
+  ok(`data dir ${config.paths.data_dir}`);
+  ok(`device ${config.runtime.device}, worker start ${config.runtime.start}`);
+  const p = config.policy;
+  ok(`principals: stdio '${p.stdio_principal.id}', ${p.tokens.length} static token(s)${p.jwt ? `, JWT issuer ${p.jwt.issuer}` : ""}`);
+  ok(`approval rules: ${p.approvals.rules.length}${p.approvals.rules.length ? ` (${p.approvals.rules.map((r: any) => r.tool).join(", ")})` : ""}`);
+  for (const t of p.tokens) {
+    if (t.expires_at && Date.parse(t.expires_at) < Date.now()) bad(`token of '${t.id}' expired at ${t.expires_at}`);
+  }
+
+  if (!io.json) io.out("\ncatalog");
+  let catalogOk = true;
+  try {
+    const c = readCatalog(config.paths.catalog);
+    ok(`${c.models.length} model(s): ${c.models.map((m) => m.id).join(", ")}`);
+  } catch (e) {
+    catalogOk = false;
+    bad((e as Error).message);
+  }
+  if (!existsSync(config.paths.python)) {
+    bad(`Python not found at ${config.paths.python}: run \`npm run setup\` (creates .venv with torch)`);
+    if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
+    return 1;
+  }
+
+  if (!io.json) io.out("\nworker");
+  const runtime = new WorkerRuntime({
+    repoRoot: config.paths.root,
+    pythonPath: config.paths.python,
+    catalogPath: config.paths.catalog,
+    device: config.runtime.device,
+    startMode: "lazy",
+    maxRestartsInWindow: 0,
+    logger: pino({ level: "silent" }),
+  });
+  try {
+    const hello = await runtime.ready();
+    report.worker = hello;
+    ok(`worker ${hello.worker_version}, python ${hello.python_version}, torch ${hello.torch_version}`);
+    if (!io.json) {
+      io.out("\ndevice probe (in order)");
+      for (const s of hello.probe) io.out(`  ${s.matched ? "yes " : "no  "} ${s.backend.padEnd(10)} ${s.reason}`);
+      const d = hello.device;
+      const gib = (n: number | null) => (n == null ? "?" : (n / 2 ** 30).toFixed(1));
+      io.out(`  → serving on ${d.kind} (${d.name}) ×${d.count}, memory ${gib(d.memory_free_bytes)} GiB free of ${gib(d.memory_total_bytes)} GiB`);
+    }
+    if (catalogOk) {
+      const { result } = await runtime.call<{ models: any[] }>("describe", {});
+      report.models = result.models;
+      if (!io.json) io.out("\nmodels");
+      for (const m of result.models) {
+        if (m.available) ok(`${m.id}: ${m.parameters} parameters, ${(m.weight_bytes / 2 ** 20).toFixed(1)} MiB, ${m.format}`);
+        else bad(`${m.id}: ${m.problem}`);
+      }
+    }
+  } catch (e) {
+    bad(`the worker did not start: ${(e as Error).message}`);
+  } finally {
+    await runtime.close();
+  }
+  if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
+  else io.out(problems.length ? `\n${problems.length} problem(s) found.` : "\nall good.");
+  return problems.length ? 1 : 0;
+}

@@ -1,0 +1,108 @@
+// Operator commands that work beside a running server, on the same SQLite store:
+// `tpu-mcp approvals ...` and `tpu-mcp audit ...`. The operator is identified by a token checked
+// against the same config as the server's HTTP callers.
+import type { Logger } from "pino";
+import type { ApprovalRecord } from "../policies/approvals.js";
+import { SqliteAuditLog } from "../policies/audit.js";
+import { Authenticator } from "../policies/auth.js";
+import { createPolicyServices, policyDbPath } from "./policy.js";
+import type { ServerConfig } from "./config.js";
+
+interface Io {
+  out: (s: string) => void;
+  err: (s: string) => void;
+  json: boolean;
+  logger: Logger;
+}
+
+function describe(a: ApprovalRecord): string {
+  const est = a.estimate
+    ? ` estimate: ${a.estimate.device_seconds.toFixed(1)} device-s, ${(a.estimate.memory_bytes / 2 ** 20).toFixed(0)} MiB memory, ${(a.estimate.weight_bytes / 2 ** 20).toFixed(0)} MiB weights`
+    : "";
+  return `${a.id}  ${a.status.padEnd(8)} ${a.principal} → ${a.tool}  expires ${a.expires_at}\n    args: ${JSON.stringify(a.args_preview)}\n   ${est}`;
+}
+
+export async function runApprovalsCommand(
+  config: ServerConfig,
+  positionals: string[],
+  io: Io & { token?: string; reason?: string },
+): Promise<number> {
+  const [sub, id] = positionals;
+  const policy = createPolicyServices(config, io.logger);
+  const { approvals, gate } = policy;
+  try {
+    if (sub === "list") {
+      const items = approvals.list({});
+      if (io.json) io.out(JSON.stringify(items, null, 2));
+      else io.out(items.length ? items.map(describe).join("\n") : "no approvals");
+      return 0;
+    }
+    if (sub === "show" && id) {
+      const a = approvals.get(id);
+      if (!a) {
+        io.err(`no approval ${id}`);
+        return 1;
+      }
+      io.out(io.json ? JSON.stringify(a, null, 2) : describe(a));
+      return 0;
+    }
+    if ((sub === "approve" || sub === "deny") && id) {
+      if (!io.token) {
+        io.err("an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant)");
+        return 2;
+      }
+      let approver;
+      try {
+        approver = await new Authenticator(config.policy).authenticate(io.token);
+      } catch (e) {
+        io.err(`the token was refused: ${(e as Error).message}`);
+        return 1;
+      }
+      try {
+        const rec = gate.decideApproval(id, approver, sub, io.reason);
+        io.out(io.json ? JSON.stringify(rec, null, 2) : `${sub === "approve" ? "approved" : "denied"}: ${describe(rec)}`);
+        return 0;
+      } catch (e) {
+        const err = e as { code?: string; message?: string };
+        io.err(`${err.code ?? "error"}: ${err.message}`);
+        return 1;
+      }
+    }
+    io.err("usage: tpu-mcp approvals list | show ID | approve ID | deny ID [--reason R] [--token T]");
+    return 2;
+  } finally {
+    policy.close();
+  }
+}
+
+export async function runAuditCommand(
+  config: ServerConfig,
+  positionals: string[],
+  io: Io & { n: number },
+): Promise<number> {
+  const audit = new SqliteAuditLog(policyDbPath(config), { logger: io.logger });
+  try {
+    const [sub] = positionals;
+    if (sub === "tail") {
+      const recs = audit.tail(Number.isInteger(io.n) && io.n > 0 ? io.n : 20);
+      if (io.json) io.out(JSON.stringify(recs, null, 2));
+      else
+        for (const r of recs) {
+          io.out(
+            `#${r.seq} ${r.time} ${r.principal} ${r.tool} ${r.outcome}${r.code ? ` (${r.code})` : ""}${r.duration_ms !== undefined ? ` ${r.duration_ms} ms` : ""}${r.reason ? ` — ${r.reason}` : ""}`,
+          );
+        }
+      return 0;
+    }
+    if (sub === "verify") {
+      const v = audit.verify();
+      if (io.json) io.out(JSON.stringify(v, null, 2));
+      else io.out(v.ok ? `ok: ${v.checked} record(s), chain intact` : `TAMPERED at record #${v.first_bad_seq}: ${v.reason}`);
+      return v.ok ? 0 : 1;
+    }
+    io.err("usage: tpu-mcp audit tail [-n N] | verify");
+    return 2;
+  } finally {
+    audit.close();
+  }
+}

@@ -1,0 +1,101 @@
+// A real `tpu-mcp stdio` child process, the SDK's real Client, a real worker with torch on the CPU.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connectStdio, errorOf, writeConfig } from "../helpers/server.js";
+import { badInputs, call, coreJourney } from "./scenario.js";
+
+describe("tpu-mcp stdio", () => {
+  let conn: Awaited<ReturnType<typeof connectStdio>>;
+  beforeAll(async () => {
+    conn = await connectStdio(writeConfig());
+  });
+  afterAll(async () => {
+    await conn?.close();
+  });
+
+  it("serves list → load → infer → benchmark → unload with the real MiniLM", async () => {
+    await coreJourney(conn.client);
+  });
+
+  it("refuses every bad input with its error code and keeps serving", async () => {
+    await badInputs(conn.client);
+  });
+
+  it("follows a wait:false benchmark through get_job to its result", async () => {
+    const started = await call(conn.client, "run_benchmark", {
+      model: "mnist-cnn",
+      batch_sizes: [1, 8],
+      iterations: 10,
+      warmup: 1,
+      wait: false,
+    });
+    expect(started.isError, JSON.stringify(started)).toBeFalsy();
+    const jobId = started.structuredContent.job_id;
+    expect(jobId).toMatch(/^job_/);
+    let job: any;
+    for (let i = 0; i < 600; i++) {
+      job = (await call(conn.client, "get_job", { job_id: jobId })).structuredContent;
+      if (job.status !== "running") break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(job.status).toBe("succeeded");
+    expect(job.result.configs).toHaveLength(2);
+    expect(job.result.report_id).toMatch(/^bench_/);
+  });
+
+  it("cancels a running wait:false benchmark and keeps the finished part", async () => {
+    const started = await call(conn.client, "run_benchmark", {
+      model: "all-minilm-l6-v2",
+      batch_sizes: [1, 2, 4, 8],
+      seq_lens: [32],
+      duration_s: 3,
+      warmup: 1,
+      wait: false,
+    });
+    const jobId = started.structuredContent.job_id;
+    // Let it finish at least its first configuration.
+    for (let i = 0; i < 600; i++) {
+      const j = (await call(conn.client, "get_job", { job_id: jobId })).structuredContent;
+      if ((j.progress ?? 0) >= 1 || j.status !== "running") break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const cancelled = await call(conn.client, "cancel_job", { job_id: jobId });
+    expect(cancelled.isError, JSON.stringify(cancelled)).toBeFalsy();
+    let job: any = cancelled.structuredContent;
+    for (let i = 0; i < 300 && job.status === "running"; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      job = (await call(conn.client, "get_job", { job_id: jobId })).structuredContent;
+    }
+    expect(job.status).toBe("cancelled");
+    expect(job.result?.cancelled).toBe(true);
+    expect(job.result.configs.length).toBeGreaterThanOrEqual(1);
+    expect(job.result.configs.length).toBeLessThan(4);
+    // The device is free again: a new call runs.
+    const st = await call(conn.client, "get_runtime_status", {});
+    expect(st.isError).toBeFalsy();
+    expect(st.structuredContent.jobs_running).toBe(0);
+  });
+
+  it("sends progress notifications and runs tensor models on raw bytes", async () => {
+    const progress: number[] = [];
+    const r = await conn.client.callTool(
+      { name: "run_benchmark", arguments: { model: "mnist-cnn", batch_sizes: [1, 2], iterations: 3, warmup: 0 } },
+      undefined,
+      { onprogress: (p) => progress.push(p.progress), timeout: 120_000 },
+    );
+    expect(r.isError).toBeFalsy();
+    expect(progress.length).toBeGreaterThanOrEqual(2);
+
+    await call(conn.client, "load_model", { model: "mnist-cnn" });
+    const x = new Float32Array(2 * 28 * 28).map((_, i) => (i % 7) / 7);
+    const inf = await call(conn.client, "run_inference", {
+      model: "mnist-cnn",
+      tensors: [{ dtype: "float32", shape: [2, 1, 28, 28], data_b64: Buffer.from(x.buffer).toString("base64") }],
+    });
+    expect(inf.isError, JSON.stringify(inf)).toBeFalsy();
+    expect(inf.structuredContent.outputs[0].shape).toEqual([2, 10]);
+    expect(inf.structuredContent.outputs[0].data).toHaveLength(20);
+    const again = await call(conn.client, "load_model", { model: "mnist-cnn" });
+    expect(errorOf(again)?.code).toBe("model_already_loaded");
+    await call(conn.client, "unload_model", { model: "mnist-cnn" });
+  });
+});

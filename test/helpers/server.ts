@@ -1,0 +1,108 @@
+// Starts the real `tpu-mcp` CLI (stdio or HTTP) in a child process with a config in a temp dir,
+// and connects the SDK's real Client to it.
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+
+export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
+export const CLI = join(ROOT, "bin", "tpu-mcp.js");
+
+/** Writes a config file in a fresh temp dir (its own data_dir) and returns its path. */
+export function writeConfig(extra: Record<string, unknown> = {}, dir = mkdtempSync(join(tmpdir(), "tpu-mcp-"))): string {
+  const file = join(dir, "config.json");
+  const config = {
+    data_dir: join(dir, "data"),
+    log_level: "warn",
+    runtime: { python: join(ROOT, ".venv/bin/python"), catalog: join(ROOT, "runtime/catalog.builtin.json"), device: "cpu" },
+    policy: { limits: { rate_limit: { per_principal_per_minute: 6000 } } },
+    ...extra,
+  };
+  writeFileSync(file, JSON.stringify(config, null, 2));
+  return file;
+}
+
+export async function connectStdio(configFile: string, clientOpts: ConstructorParameters<typeof Client>[1] = {}) {
+  const transport = new StdioClientTransport({
+    command: process.execPath,
+    args: [CLI, "stdio", "--config", configFile],
+    cwd: ROOT,
+    stderr: "pipe",
+  });
+  const client = new Client({ name: "tpu-mcp-test", version: "0.0.0" }, clientOpts);
+  await client.connect(transport);
+  return { client, transport, close: () => client.close() };
+}
+
+export interface HttpServerProc {
+  url: string;
+  token?: string;
+  proc: ChildProcess;
+  stderr: () => string;
+  stop(): Promise<void>;
+}
+
+export function startHttpServer(configFile: string, args: string[] = []): Promise<HttpServerProc> {
+  const proc = spawn(process.execPath, [CLI, "http", "--port", "0", "--config", configFile, ...args], {
+    cwd: ROOT,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let err = "";
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${err}`)), 60_000);
+    proc.stderr!.on("data", (d) => {
+      err += d.toString();
+      const m = /serving MCP \(Streamable HTTP\) at (\S+)/.exec(err);
+      const t = /bearer token[^\n]*:\n\s+(\S+)/.exec(err);
+      if (m && (t || !/bearer token \(generated/.test(err)) && err.includes("stop with Ctrl-C")) {
+        clearTimeout(timer);
+        resolve({
+          url: m[1],
+          token: t?.[1],
+          proc,
+          stderr: () => err,
+          stop: () =>
+            new Promise<void>((r) => {
+              if (proc.exitCode !== null) return r();
+              proc.once("exit", () => r());
+              proc.kill("SIGTERM");
+            }),
+        });
+      }
+    });
+    proc.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`server exited with ${code}:\n${err}`));
+    });
+  });
+}
+
+export async function connectHttp(url: string, token?: string, clientOpts: ConstructorParameters<typeof Client>[1] = {}) {
+  const transport = new StreamableHTTPClientTransport(new URL(url), {
+    requestInit: token ? { headers: { Authorization: `Bearer ${token}` } } : {},
+  });
+  const client = new Client({ name: "tpu-mcp-test", version: "0.0.0" }, clientOpts);
+  await client.connect(transport);
+  return { client, transport, close: () => client.close() };
+}
+
+export function errorOf(r: CallToolResult | any): { code: string; message: string; details?: any } | undefined {
+  return r?._meta?.["tpu-mcp/error"];
+}
+
+export function cosine(a: number[], b: number[]): number {
+  let d = 0;
+  let na = 0;
+  let nb = 0;
+  for (let i = 0; i < a.length; i++) {
+    d += a[i] * b[i];
+    na += a[i] * a[i];
+    nb += b[i] * b[i];
+  }
+  return d / Math.sqrt(na * nb);
+}

@@ -1,0 +1,148 @@
+import { readFileSync } from "node:fs";
+import { describe, expect, it } from "vitest";
+import {
+  hashToken,
+  parsePolicyConfig,
+  PolicyConfigSchema,
+  toolConcurrency,
+  toolQueueBound,
+  toolTimeoutMs,
+} from "../../policies/config.js";
+import {
+  AUTH_ERROR_CODES,
+  POLICY_ERROR_CODES,
+  PolicyError,
+  RECOVERABLE_POLICY_CODES,
+} from "../../policies/errors.js";
+
+describe("policy config", () => {
+  it("accepts {} and fills sensible defaults", () => {
+    const c = parsePolicyConfig({});
+    expect(c.stdio_principal).toEqual({
+      id: "local-user",
+      scopes: [
+        "models:read",
+        "models:load",
+        "models:unload",
+        "inference:run",
+        "benchmark:run",
+        "jobs:read",
+      ],
+    });
+    expect(c.tokens).toEqual([]);
+    expect(c.jwt).toBeUndefined();
+    expect(toolConcurrency(c.limits, "run_inference")).toBe(16);
+    expect(toolConcurrency(c.limits, "load_model")).toBe(1);
+    expect(toolConcurrency(c.limits, "run_benchmark")).toBe(1);
+    expect(toolConcurrency(c.limits, "list_models")).toBe(8);
+    expect(toolQueueBound(c.limits, "run_inference")).toBe(16);
+    expect(c.limits.device_exclusive_tools).toEqual([
+      "load_model",
+      "unload_model",
+      "run_benchmark",
+      "check_model",
+    ]);
+    expect(c.limits.rate_limit.per_principal_per_minute).toBe(120);
+    expect(c.limits.budget).toEqual({ device_seconds_per_window: 3600, window_s: 3600 });
+    expect(c.approvals).toEqual({
+      rules: [],
+      ttl_s: 900,
+      elicitation: true,
+      elicitation_timeout_s: 300,
+    });
+    expect(c.audit.redact_args).toEqual(["texts", "tensors"]);
+  });
+
+  it("keeps default concurrency for tools a partial record does not name", () => {
+    const c = parsePolicyConfig({
+      limits: { per_tool_concurrency: { load_model: 2 }, call_timeout_s: { get_job: 5 } },
+    });
+    expect(toolConcurrency(c.limits, "load_model")).toBe(2);
+    expect(toolConcurrency(c.limits, "run_inference")).toBe(16);
+    expect(toolTimeoutMs(c.limits, "get_job")).toBe(5000);
+    expect(toolTimeoutMs(c.limits, "run_benchmark")).toBe(1_800_000);
+  });
+
+  it("rejects a rule for an unknown tool, so a typo cannot switch an approval off", () => {
+    const r = PolicyConfigSchema.safeParse({ approvals: { rules: [{ tool: "lod_model" }] } });
+    expect(r.success).toBe(false);
+    expect(r.error!.issues[0]!.path).toEqual(["approvals", "rules", 0, "tool"]);
+  });
+
+  it("rejects plaintext tokens, unknown scopes and duplicate hashes", () => {
+    expect(
+      PolicyConfigSchema.safeParse({ tokens: [{ id: "a", token_sha256: "secret", scopes: [] }] })
+        .success,
+    ).toBe(false);
+    expect(
+      PolicyConfigSchema.safeParse({
+        tokens: [{ id: "a", token_sha256: hashToken("x"), scopes: ["root"] }],
+      }).success,
+    ).toBe(false);
+    const dup = { token_sha256: hashToken("x"), scopes: ["models:read"] };
+    expect(
+      PolicyConfigSchema.safeParse({
+        tokens: [
+          { id: "a", ...dup },
+          { id: "b", ...dup },
+        ],
+      }).success,
+    ).toBe(false);
+  });
+
+  it("needs exactly one JWKS source", () => {
+    const base = { issuer: "https://issuer", audience: "tpu-mcp" };
+    expect(PolicyConfigSchema.safeParse({ jwt: base }).success).toBe(false);
+    expect(
+      PolicyConfigSchema.safeParse({ jwt: { ...base, jwks_url: "https://issuer/jwks" } }).success,
+    ).toBe(true);
+    expect(
+      PolicyConfigSchema.safeParse({
+        jwt: { ...base, jwks_url: "https://issuer/jwks", jwks: { keys: [{ kty: "EC" }] } },
+      }).success,
+    ).toBe(false);
+  });
+
+  it("hashes tokens as sha256 hex", () => {
+    expect(hashToken("abc")).toBe(
+      "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+    );
+  });
+
+  it("parses the demo config, whose hashes match the demo tokens", () => {
+    const file = JSON.parse(
+      readFileSync(new URL("../../examples/policy.demo.json", import.meta.url), "utf8"),
+    );
+    const c = parsePolicyConfig(file.policy);
+    const byId = Object.fromEntries(c.tokens.map((t) => [t.id, t]));
+    expect(byId.agent!.token_sha256).toBe(hashToken("demo-agent-token"));
+    expect(byId.reader!.token_sha256).toBe(hashToken("demo-reader-token"));
+    expect(byId.operator!.token_sha256).toBe(hashToken("demo-operator-token"));
+    expect(byId.reader!.scopes).toEqual(["models:read"]);
+    expect(byId.operator!.scopes).toEqual(["approvals:grant"]);
+    expect(c.approvals.elicitation).toBe(false);
+  });
+});
+
+describe("error catalogue", () => {
+  it("documents every policy and auth code in one line", () => {
+    for (const [code, doc] of Object.entries({ ...POLICY_ERROR_CODES, ...AUTH_ERROR_CODES })) {
+      expect(code).toMatch(/^[a-z_]+$/);
+      expect(doc.length).toBeGreaterThan(10);
+      expect(doc).not.toContain("\n");
+    }
+    for (const code of RECOVERABLE_POLICY_CODES) expect(POLICY_ERROR_CODES).toHaveProperty(code);
+  });
+
+  it("carries code, message and details", () => {
+    const e = new PolicyError("busy", "retry later", { retry_after_ms: 5 });
+    expect(e).toBeInstanceOf(Error);
+    expect(e.toJSON()).toEqual({
+      code: "busy",
+      message: "retry later",
+      details: { retry_after_ms: 5 },
+    });
+    expect(e.recoverable).toBe(true);
+    expect(new PolicyError("approval_denied", "no").recoverable).toBe(false);
+  });
+});

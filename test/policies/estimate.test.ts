@@ -1,0 +1,197 @@
+import { describe, expect, it } from "vitest";
+import {
+  estimateCost,
+  memoryFor,
+  type DeviceFacts,
+  type ModelFacts,
+} from "../../policies/estimate.js";
+
+const GiB = 2 ** 30;
+const minilm: ModelFacts = {
+  id: "all-minilm-l6-v2",
+  parameters: 22_700_000,
+  weight_bytes: 90_900_000,
+  dtypes: ["float32", "bfloat16", "float16"],
+};
+const big: ModelFacts = {
+  id: "big-8b",
+  parameters: 8e9,
+  weight_bytes: 32e9,
+  dtypes: ["float32", "bfloat16"],
+};
+const tpu = (freeGiB: number, totalGiB = 32): DeviceFacts => ({
+  kind: "tpu",
+  memory_free_bytes: freeGiB * GiB,
+  memory_total_bytes: totalGiB * GiB,
+});
+
+describe("estimateCost", () => {
+  it("counts parameters × dtype bytes × 1.2 plus an activation allowance", () => {
+    const fp32 = memoryFor(big.parameters, "float32", 1);
+    const bf16 = memoryFor(big.parameters, "bfloat16", 1);
+    expect(fp32).toBeGreaterThan(8e9 * 4 * 1.2);
+    expect(bf16).toBeGreaterThan(8e9 * 2 * 1.2);
+    expect(bf16).toBeLessThan(fp32 / 1.9);
+  });
+
+  it("fits a small model and reports its weight bytes", () => {
+    const e = estimateCost({
+      tool: "load_model",
+      args: { model: minilm.id, device: "cpu" },
+      model: minilm,
+      device: { kind: "cpu", memory_free_bytes: 8 * GiB, memory_total_bytes: 16 * GiB },
+    });
+    expect(e.fits).toBe(true);
+    expect(e.weight_bytes).toBe(90_900_000);
+    expect(e.compile_s).toBe(0);
+    expect(e.device_seconds).toBeGreaterThan(0);
+  });
+
+  it("refuses what does not fit and suggests bfloat16 when that fits", () => {
+    const e = estimateCost({
+      tool: "load_model",
+      args: { model: big.id, device: "tpu" },
+      model: big,
+      device: tpu(30),
+    });
+    expect(e.fits).toBe(false);
+    expect(e.reason).toMatch(/^needs [\d.]+ GiB, device has 30\.0 GiB free$/);
+    expect(e.suggestion).toMatch(/use dtype bfloat16/);
+  });
+
+  it("suggests unloading named models when no smaller dtype fits", () => {
+    const e = estimateCost({
+      tool: "load_model",
+      args: { model: big.id, device: "tpu", dtype: "bfloat16" },
+      model: big,
+      device: tpu(10),
+      loaded: [
+        { model: "small", bytes: 1 * GiB },
+        { model: "large", bytes: 12 * GiB },
+      ],
+    });
+    expect(e.fits).toBe(false);
+    expect(e.suggestion).toMatch(/^unload large \(/);
+  });
+
+  it("says when a model can never fit the device", () => {
+    const e = estimateCost({
+      tool: "load_model",
+      args: { model: big.id, device: "tpu", dtype: "bfloat16" },
+      model: big,
+      device: tpu(8, 8),
+    });
+    expect(e.fits).toBe(false);
+    expect(e.suggestion).toMatch(/does not fit this device at all/);
+  });
+
+  it("treats unknown device memory as fitting", () => {
+    const e = estimateCost({
+      tool: "load_model",
+      args: {},
+      model: big,
+      device: { kind: "cpu", memory_free_bytes: null, memory_total_bytes: null },
+    });
+    expect(e.fits).toBe(true);
+  });
+
+  it("adds compile time per warmup shape in compile mode", () => {
+    const eager = estimateCost({
+      tool: "load_model",
+      args: { mode: "eager" },
+      model: minilm,
+      device: tpu(30),
+    });
+    const compiled = estimateCost({
+      tool: "load_model",
+      args: {
+        mode: "compile",
+        warmup_shapes: [
+          { batch: 1, seq_len: 128 },
+          { batch: 8, seq_len: 128 },
+        ],
+      },
+      model: minilm,
+      device: tpu(30),
+    });
+    expect(compiled.compile_s).toBe(90);
+    expect(compiled.device_seconds).toBeGreaterThan(eager.device_seconds + 89);
+  });
+
+  it("scales benchmarks with grid size and iterations", () => {
+    const one = estimateCost({
+      tool: "run_benchmark",
+      args: { batch_sizes: [8], seq_lens: [128], iterations: 10 },
+      model: minilm,
+      device: tpu(30),
+    });
+    const grid = estimateCost({
+      tool: "run_benchmark",
+      args: { batch_sizes: [8, 8], seq_lens: [128, 128], iterations: 10 },
+      model: minilm,
+      device: tpu(30),
+    });
+    const more = estimateCost({
+      tool: "run_benchmark",
+      args: { batch_sizes: [8], seq_lens: [128], iterations: 100 },
+      model: minilm,
+      device: tpu(30),
+    });
+    expect(grid.device_seconds).toBeGreaterThan(one.device_seconds * 3.5);
+    expect(more.device_seconds).toBeGreaterThan(one.device_seconds * 5);
+  });
+
+  it("uses duration_s per grid point when given", () => {
+    const e = estimateCost({
+      tool: "run_benchmark",
+      args: { batch_sizes: [1, 2], seq_lens: [16], duration_s: 30, warmup: 0 },
+      model: minilm,
+      device: tpu(30),
+    });
+    expect(e.device_seconds).toBeGreaterThanOrEqual(60);
+    expect(e.device_seconds).toBeLessThan(61);
+  });
+
+  it("learns from history: a measured latency replaces the FLOP guess", () => {
+    const args = { batch_sizes: [4], seq_lens: [64], iterations: 100, warmup: 0 };
+    const measured = estimateCost({
+      tool: "run_benchmark",
+      args,
+      model: minilm,
+      device: tpu(30),
+      loaded: [{ model: minilm.id, bytes: 1e8 }],
+      history: [{ model: minilm.id, device: "tpu:0", batch: 4, seq_len: 64, mean_latency_ms: 200 }],
+    });
+    // 100 iterations × 0.2 s, plus a small fp32 reference pass.
+    expect(measured.device_seconds).toBeGreaterThanOrEqual(20);
+    expect(measured.device_seconds).toBeLessThan(20.5);
+    expect(measured.weight_bytes).toBe(0);
+  });
+
+  it("estimates inference from the number of items and new tokens", () => {
+    const one = estimateCost({
+      tool: "run_inference",
+      args: { texts: ["hi"] },
+      model: minilm,
+      device: tpu(30),
+    });
+    const many = estimateCost({
+      tool: "run_inference",
+      args: { texts: Array(64).fill("hello there"), max_new_tokens: 16 },
+      model: minilm,
+      device: tpu(30),
+    });
+    expect(many.device_seconds).toBeGreaterThan(one.device_seconds);
+    expect(one.fits).toBe(true);
+  });
+
+  it("gives read tools a zero estimate", () => {
+    expect(estimateCost({ tool: "list_models", args: {} })).toEqual({
+      device_seconds: 0,
+      memory_bytes: 0,
+      compile_s: 0,
+      weight_bytes: 0,
+      fits: true,
+    });
+  });
+});

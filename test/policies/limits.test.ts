@@ -1,0 +1,193 @@
+import { afterAll, describe, expect, it } from "vitest";
+import { parsePolicyConfig } from "../../policies/config.js";
+import { PolicyError } from "../../policies/errors.js";
+import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../../policies/limits.js";
+import { FakeClock, flush, tempDir } from "./helpers.js";
+
+const limits = (over: Record<string, unknown> = {}) => parsePolicyConfig({ limits: over }).limits;
+
+async function codeOf(p: Promise<unknown>): Promise<string | undefined> {
+  try {
+    await p;
+    return undefined;
+  } catch (e) {
+    return (e as PolicyError).code;
+  }
+}
+
+describe("ConcurrencyLimiter", () => {
+  it("refuses the 17th waiter at once when the queue bound is 16", async () => {
+    const lim = new ConcurrencyLimiter(
+      limits({ per_tool_concurrency: { run_benchmark: 1 }, queue_bound: { run_benchmark: 16 } }),
+    );
+    const first = await lim.acquire("run_benchmark", undefined);
+    const waiters = Array.from({ length: 16 }, () => lim.acquire("run_benchmark", undefined));
+    expect(lim.stats().tools.run_benchmark).toMatchObject({ active: 1, waiting: 16 });
+    const rejected = lim.acquire("run_benchmark", undefined);
+    await expect(rejected).rejects.toMatchObject({ code: "busy" });
+    const err = (await rejected.catch((e: unknown) => e)) as PolicyError;
+    expect(err.details.retry_after_ms).toBeGreaterThan(0);
+    // Everyone queued still gets a turn, in order.
+    first();
+    for (const w of waiters) (await w)();
+    await flush(); // p-limit frees a slot one tick after release
+    expect(lim.stats().tools.run_benchmark).toMatchObject({ active: 0, waiting: 0 });
+  });
+
+  it("runs up to the per-tool concurrency at once", async () => {
+    const lim = new ConcurrencyLimiter(limits({ per_tool_concurrency: { run_inference: 3 } }));
+    const held = await Promise.all([1, 2, 3].map(() => lim.acquire("run_inference", undefined)));
+    let fourth = false;
+    const p = lim.acquire("run_inference", undefined).then((r) => ((fourth = true), r));
+    await flush();
+    expect(fourth).toBe(false);
+    held[0]!();
+    (await p)();
+    expect(fourth).toBe(true);
+    held.slice(1).forEach((r) => r());
+  });
+
+  it("lets a cancelled waiter leave the queue without taking a slot", async () => {
+    const lim = new ConcurrencyLimiter(
+      limits({ per_tool_concurrency: { load_model: 1 }, queue_bound: { load_model: 1 } }),
+    );
+    const first = await lim.acquire("load_model", undefined);
+    const ac = new AbortController();
+    const waiting = lim.acquire("load_model", undefined, ac.signal);
+    ac.abort();
+    expect(await codeOf(waiting)).toBe("cancelled");
+    // The cancelled waiter no longer counts against the bound.
+    const next = lim.acquire("load_model", undefined);
+    first();
+    (await next)();
+  });
+
+  it("shares a device among shared tools and gives exclusive tools the device alone", async () => {
+    const lim = new ConcurrencyLimiter(limits());
+    const inf1 = await lim.acquire("run_inference", "tpu");
+    const inf2 = await lim.acquire("run_inference", "tpu:0");
+    expect(lim.stats().devices["tpu:0"]).toMatchObject({ readers: 2, exclusive: false });
+
+    let loaded = false;
+    const load = lim.acquire("load_model", "tpu").then((r) => ((loaded = true), r));
+    // A shared call after a queued exclusive one waits its turn (no writer starvation).
+    let inf3Got = false;
+    const inf3 = lim.acquire("run_inference", "tpu").then((r) => ((inf3Got = true), r));
+    await flush();
+    expect(loaded).toBe(false);
+    expect(inf3Got).toBe(false);
+
+    inf1();
+    await flush();
+    expect(loaded).toBe(false);
+    inf2();
+    const releaseLoad = await load;
+    expect(lim.stats().devices["tpu:0"]).toMatchObject({ readers: 0, exclusive: true });
+    await flush();
+    expect(inf3Got).toBe(false);
+    releaseLoad();
+    (await inf3)();
+  });
+
+  it("keeps devices apart and lets read tools bypass device lanes", async () => {
+    const lim = new ConcurrencyLimiter(limits());
+    const bench = await lim.acquire("run_benchmark", "tpu:0");
+    const otherDevice = await lim.acquire("load_model", "tpu:1");
+    const status = await lim.acquire("get_runtime_status", "tpu:0");
+    expect(lim.deviceMode("get_runtime_status")).toBe("none");
+    [bench, otherDevice, status].forEach((r) => r());
+  });
+
+  it("refuses at once when the device queue is full", async () => {
+    const lim = new ConcurrencyLimiter(
+      limits({ device_queue_bound: 1, per_tool_concurrency: { check_model: 4 } }),
+    );
+    const holder = await lim.acquire("check_model", "cpu");
+    const queued = lim.acquire("check_model", "cpu");
+    await flush();
+    const refused = await lim.acquire("check_model", "cpu").catch((e: PolicyError) => e);
+    expect(refused).toBeInstanceOf(PolicyError);
+    expect((refused as PolicyError).code).toBe("busy");
+    expect((refused as PolicyError).details.device).toBe("cpu:0");
+    // The refused call gave its tool slot back.
+    expect(lim.stats().tools.check_model!.active).toBe(2);
+    holder();
+    (await queued)();
+  });
+});
+
+describe("RateLimiter", () => {
+  it("allows a burst of the per-minute allowance, then refills continuously", () => {
+    const clock = new FakeClock();
+    const rl = new RateLimiter(60, clock.now);
+    for (let i = 0; i < 60; i++) expect(rl.take("agent").ok).toBe(true);
+    const d = rl.take("agent");
+    expect(d).toEqual({ ok: false, retry_after_ms: 1000 });
+    expect(rl.take("other").ok).toBe(true);
+    clock.advance(999);
+    expect(rl.take("agent").ok).toBe(false);
+    clock.advance(1);
+    expect(rl.take("agent").ok).toBe(true);
+    clock.advance(3_600_000);
+    const full = rl.take("agent");
+    expect(full).toEqual({ ok: true, remaining: 59 });
+  });
+});
+
+describe("SqliteBudgetLedger", () => {
+  const tmp = tempDir();
+  afterAll(() => tmp.cleanup());
+
+  it("refuses when the estimate exceeds what is left, and says when budget frees up", () => {
+    const clock = new FakeClock();
+    const b = new SqliteBudgetLedger(":memory:", {
+      device_seconds_per_window: 100,
+      window_s: 60,
+      clock: clock.now,
+    });
+    expect(b.check("a", 100).ok).toBe(true);
+    b.charge("a", 30);
+    clock.advance(10_000);
+    b.charge("a", 50);
+    const c = b.check("a", 40);
+    expect(c).toMatchObject({ ok: false, used_s: 80, remaining_s: 20, limit_s: 100, window_s: 60 });
+    // The first charge (30 s) leaves the window 50 s from now; then 50 + 40 fits.
+    expect(c.retry_after_ms).toBe(50_001);
+    expect(b.check("b", 40).ok).toBe(true);
+    clock.advance(50_001);
+    expect(b.check("a", 40)).toMatchObject({ ok: true, used_s: 50 });
+    b.close();
+  });
+
+  it("counts in-flight reservations and refuses what can never fit", () => {
+    const b = new SqliteBudgetLedger(":memory:", {
+      device_seconds_per_window: 100,
+      window_s: 60,
+      clock: () => 0,
+    });
+    expect(b.check("a", 30, 80).ok).toBe(false);
+    const never = b.check("a", 101);
+    expect(never.ok).toBe(false);
+    expect(never.retry_after_ms).toBeUndefined();
+    b.close();
+  });
+
+  it("survives reopening the file", () => {
+    const clock = new FakeClock();
+    const path = tmp.file("budget.db");
+    const b1 = new SqliteBudgetLedger(path, {
+      device_seconds_per_window: 100,
+      window_s: 3600,
+      clock: clock.now,
+    });
+    b1.charge("a", 90, "run_benchmark");
+    b1.close();
+    const b2 = new SqliteBudgetLedger(path, {
+      device_seconds_per_window: 100,
+      window_s: 3600,
+      clock: clock.now,
+    });
+    expect(b2.check("a", 20)).toMatchObject({ ok: false, used_s: 90, remaining_s: 10 });
+    b2.close();
+  });
+});
