@@ -8,6 +8,11 @@ export default tseslint.config(
       // stdout is the MCP protocol channel under stdio: log through pino to stderr.
       "no-console": "error",
       "@typescript-eslint/no-explicit-any": "off",
+      // A leading underscore marks a value deliberately unused (e.g. a field dropped by destructuring).
+      "@typescript-eslint/no-unused-vars": [
+        "error",
+        { argsIgnorePattern: "^_", varsIgnorePattern: "^_", destructuredArrayIgnorePattern: "^_" },
+      ],
     },
   },
   {

@@ -326,6 +326,8 @@ export class WorkerRuntime implements Runtime {
       );
     }
     const proc = await this.readyProc(signal, op);
+    // An abort during the await above fired before our listener exists: check it again.
+    if (signal?.aborted) throw cancelledError(op, "before it was sent");
     return new Promise<CallResult<T>>((resolveCall, rejectCall) => {
       const p: Pending = {
         id,

@@ -1,5 +1,6 @@
 // Composition root: builds every long-lived service once (runtime, stores, gate, tools) from a
 // validated config. Transports (stdio, HTTP) ask it for one MCP server per session.
+import { EventEmitter } from "node:events";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
@@ -36,6 +37,8 @@ export interface App {
   reports: SqliteReports;
   facts: WorkerModelFacts;
   metrics: Metrics;
+  /** Runtime notices ("worker restarted", "worker failed") for MCP logging in every session. */
+  notices: EventEmitter<{ notice: [level: "warning" | "error", data: Record<string, unknown>] }>;
   close(): Promise<void>;
 }
 
@@ -68,11 +71,18 @@ export function createApp(config: ServerConfig, logger: Logger, opts: { runtime?
       logger: rtLog,
     });
   const metrics = new Metrics();
+  const notices: App["notices"] = new EventEmitter();
+  notices.setMaxListeners(0); // one listener per open session
   runtime.on("restart", (info) => {
     metrics.workerRestarts.inc();
-    rtLog.warn(info, "worker restarted; loaded models were lost and must be loaded again");
+    const msg = "worker restarted; loaded models were lost and must be loaded again";
+    rtLog.warn(info, msg);
+    notices.emit("notice", "warning", { message: msg, ...info });
   });
-  runtime.on("failed", (info) => rtLog.error(info, "worker failed; run `tpu-mcp doctor`"));
+  runtime.on("failed", (info) => {
+    rtLog.error(info, "worker failed; run `tpu-mcp doctor`");
+    notices.emit("notice", "error", { message: "the worker cannot be started; run `tpu-mcp doctor`", ...info });
+  });
 
   const policy = createPolicyServices(config, logger);
   const { gate, approvals, audit } = policy;
@@ -99,6 +109,7 @@ export function createApp(config: ServerConfig, logger: Logger, opts: { runtime?
     reports,
     facts,
     metrics,
+    notices,
     async close() {
       jobs.close();
       await runtime.close();

@@ -205,6 +205,14 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       }
       if (path === "/metrics") {
         app.metrics.inFlight.set(app.runtime.inFlight());
+        if (app.runtime.state === "ready") {
+          // Queue depths come from the worker; a busy or hung worker must not stall /metrics.
+          const st = await app.runtime
+            .call<any>("status", {}, { timeoutMs: 500 })
+            .then((r) => r.result)
+            .catch(() => null);
+          for (const m of st?.loaded ?? []) app.metrics.queueDepth.set({ model: m.model }, m.queue_depth ?? 0);
+        }
         const dev = app.runtime.hello?.device;
         if (dev?.memory_free_bytes != null) app.metrics.deviceMemoryFree.set({ device: dev.kind }, dev.memory_free_bytes);
         res.writeHead(200, { "content-type": app.metrics.registry.contentType });

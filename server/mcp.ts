@@ -187,6 +187,13 @@ export function createMcpServer(app: App, principal: Principal): Server {
     throw notFound();
   });
 
+  // Worker restarts and failures reach every session as MCP log messages.
+  const onNotice = (level: "warning" | "error", data: Record<string, unknown>) => {
+    server.sendLoggingMessage({ level, logger: "tpu-mcp.runtime", data }).catch(() => {});
+  };
+  app.notices.on("notice", onNotice);
+  server.onclose = () => app.notices.off("notice", onNotice);
+
   return server;
 }
 

@@ -80,7 +80,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
     const parsed = tool.input.safeParse(input.rawArgs ?? {});
     if (!parsed.success) {
       const unknownModel = parsed.error.issues.find(
-        (i) => i.path.length === 1 && i.path[0] === "model" && typeof (input.rawArgs as any)?.model === "string",
+        (i: z.core.$ZodIssue) => i.path.length === 1 && i.path[0] === "model" && typeof (input.rawArgs as any)?.model === "string",
       );
       if (unknownModel) {
         const ids = input.base.env.catalog.models.map((m) => m.id).join(", ");

@@ -172,19 +172,38 @@ describe("worker contract (real worker, CPU)", () => {
     expect(rt.restarts()).toBe(0);
   });
 
-  it("rejects an aborted call that the worker ends with an error as `cancelled`", async () => {
-    // Abort right after sending: the worker answers with error `cancelled` (the op checks its
-    // token before starting) or finishes first; either way the caller sees `cancelled`.
+  it("rejects a call aborted before it reached the worker with `cancelled`", async () => {
     const ac = new AbortController();
     const call = rt.call(
       "infer",
       { model: "mnist-cnn" },
-      { signal: ac.signal, tensors: [mnistInput(64, 3)] },
+      { signal: ac.signal, tensors: [mnistInput(1, 3)] },
     );
-    ac.abort();
+    ac.abort(); // call() is still awaiting readiness: nothing is sent
     const err = await rejection(call);
     expect(err.code).toBe("cancelled");
     expect(rt.inFlight()).toBe(0);
+  });
+
+  it("rejects an aborted load with `cancelled` and keeps its view of loaded models true", async () => {
+    const ac = new AbortController();
+    const call = rt.call("load", { model: "all-minilm-l6-v2" }, { signal: ac.signal });
+    await waitFor(() => rt.inFlight() === 1, 5_000, 1);
+    ac.abort();
+    const err = await rejection(call);
+    expect(err.code).toBe("cancelled");
+    // Whether the worker stopped the load or finished it first, the client agrees with it.
+    await waitFor(() => rt.inFlight() === 0, 10_000);
+    const { result } = await rt.call<{ loaded: Array<{ model: string }> }>("status", {});
+    expect(
+      rt
+        .loadedModels()
+        .map((m) => m.model)
+        .sort(),
+    ).toEqual(result.loaded.map((m) => m.model).sort());
+    if (rt.loadedModels().some((m) => m.model === "all-minilm-l6-v2")) {
+      await rt.call("unload", { model: "all-minilm-l6-v2" });
+    }
   });
 
   it("fails a call that exceeds its timeout with `timeout`, and the worker keeps serving", async () => {
