@@ -10,6 +10,11 @@
 // - models loaded in a dead worker are reported by lostModels() and NOT reloaded automatically:
 //   a model that crashed the worker would crash it again, and a silent reload could hand callers
 //   a different dtype/mode than they asked for. Calls on them get `model_not_loaded`.
+// - an aborted call sends `cancel` and rejects with `cancelled` when the worker ends the request
+//   (or after cancelGraceMs) — except an op that stops early and returns its finished part
+//   flagged `cancelled: true` (benchmarks): that result is resolved so partial work is kept;
+// - a worker that refuses its configuration before hello (exit 2/4: catalog, device) is not
+//   restarted: the runtime fails at once with the worker's reason.
 
 import { spawn as nodeSpawn, type ChildProcess, type SpawnOptions } from "node:child_process";
 import { dirname, isAbsolute, join, resolve } from "node:path";
@@ -147,6 +152,8 @@ interface WorkerProc {
   stderrTail: string[];
   gone: boolean;
   exitWaiters: Array<() => void>;
+  /** An error the worker sent before its hello (device probe failed): the reason it will exit. */
+  startupError: { code: string; message: string } | null;
 }
 
 interface Pending {
@@ -176,6 +183,12 @@ export interface WorkerRuntimeEvents extends RuntimeEvents {
     source: "worker" | "client";
   }) => void;
 }
+
+/** Worker exit codes (tpu_worker/__main__.py) that mean "misconfigured", not "crashed". */
+const CONFIG_EXIT_CODES = new Map<number, string>([
+  [2, "the catalog or the command line was rejected; see the worker log"],
+  [4, "the device probe found no usable device"],
+]);
 
 const STDERR_LINE_MAX = 64 * 1024;
 const STDERR_TAIL_LINES = 20;
@@ -431,6 +444,7 @@ export class WorkerRuntime implements Runtime {
       stderrTail: [],
       gone: false,
       exitWaiters: [],
+      startupError: null,
     };
     this.proc = proc;
     process.off("exit", this.killOnProcessExit);
@@ -549,6 +563,18 @@ export class WorkerRuntime implements Runtime {
     for (const m of this.loaded.keys()) this.lost.add(m);
     this.loaded.clear();
 
+    if (proc && !proc.hello && !signal && code !== null && CONFIG_EXIT_CODES.has(code)) {
+      // The worker refused its configuration (bad catalog, device not present): restarting
+      // would fail the same way, so fail now with the worker's own explanation.
+      const cause = proc.startupError
+        ? `${proc.startupError.code}: ${proc.startupError.message}`
+        : CONFIG_EXIT_CODES.get(code)!;
+      return this.fail(
+        `The worker could not start (${cause}).`,
+        `Fix the device or catalog setting and restart the server; \`tpu-mcp doctor\` shows what the worker sees.`,
+        { exit_code: code, worker_error: proc.startupError?.code },
+      );
+    }
     const now = Date.now();
     this.crashTimes = this.crashTimes.filter((t) => now - t < this.options.restartWindowMs);
     this.crashTimes.push(now);
@@ -557,21 +583,11 @@ export class WorkerRuntime implements Runtime {
       const cause = err
         ? `the Python interpreter could not be started (${(err as NodeJS.ErrnoException).code ?? err.message})`
         : `last exit: ${signal ? `signal ${signal}` : `code ${code}`}`;
-      const reason = `The worker crashed ${crashes} times within ${Math.round(this.options.restartWindowMs / 1000)} s and is no longer restarted (${cause}).`;
-      this.failure = new RuntimeCallError(
-        "worker_unavailable",
-        `${reason} Check the worker log, run \`tpu-mcp doctor\` to diagnose the Python environment and device, then restart the server.`,
-        false,
+      return this.fail(
+        `The worker crashed ${crashes} times within ${Math.round(this.options.restartWindowMs / 1000)} s and is no longer restarted (${cause}).`,
+        "Check the worker log, run `tpu-mcp doctor` to diagnose the Python environment and device, then restart the server.",
         { crashes, exit_code: code, signal },
       );
-      this._state = "failed";
-      this.log.error(
-        { crashes, window_ms: this.options.restartWindowMs },
-        "worker crash loop: giving up",
-      );
-      this.rejectWaiters(this.failure);
-      this.emit("failed", { reason });
-      return;
     }
     const delayMs = Math.min(
       this.options.restartBackoffBaseMs * 2 ** (crashes - 1),
@@ -591,6 +607,15 @@ export class WorkerRuntime implements Runtime {
     }, delayMs);
   }
 
+  /** Enters state `failed`: no more restarts; calls get worker_unavailable with `fix`. */
+  private fail(reason: string, fix: string, details: Record<string, unknown> = {}): void {
+    this.failure = new RuntimeCallError("worker_unavailable", `${reason} ${fix}`, false, details);
+    this._state = "failed";
+    this.log.error({ ...details }, `worker unavailable: ${reason}`);
+    this.rejectWaiters(this.failure);
+    this.emit("failed", { reason });
+  }
+
   private onHello(proc: WorkerProc, msg: Extract<WorkerMessage, { type: "hello" }>): void {
     if (proc.hello) {
       this.protocolFault(null, "worker sent a second hello; ignored", "worker");
@@ -599,19 +624,14 @@ export class WorkerRuntime implements Runtime {
     clearTimeout(proc.helloTimer);
     if (msg.protocol !== PROTOCOL_VERSION) {
       // Restarting cannot fix a version mismatch: fail now with the fix.
-      const reason = `worker speaks protocol ${msg.protocol}, this server speaks ${PROTOCOL_VERSION}`;
-      this.failure = new RuntimeCallError(
-        "worker_unavailable",
-        `The Python worker is incompatible (${reason}). Update the repository so runtime/ and runtime/worker/ match, or run \`tpu-mcp doctor\`.`,
-        false,
-      );
-      this._state = "failed";
-      this.crashTimes = [];
       this.generation++; // its exit must not trigger a restart
       this.proc = null;
       proc.child.kill("SIGKILL");
-      this.rejectWaiters(this.failure);
-      this.emit("failed", { reason });
+      this.fail(
+        `The Python worker is incompatible (it speaks protocol ${msg.protocol}, this server ${PROTOCOL_VERSION}).`,
+        "Update the repository so runtime/ and runtime/worker/ match, or run `tpu-mcp doctor`.",
+        { worker_protocol: msg.protocol },
+      );
       return;
     }
     const hello = toHello(msg);
@@ -651,22 +671,26 @@ export class WorkerRuntime implements Runtime {
       return;
     }
     if (msg.id === null) {
-      // Only `error` can carry a null id: the worker could not read one of our frames.
+      // Only `error` can carry a null id: the worker could not read one of our frames, or
+      // (before hello) it cannot start at all.
       const m = msg as Extract<WorkerMessage, { type: "error" }>;
+      if (!proc.hello) proc.startupError = { code: m.error.code, message: m.error.message };
       this.protocolFault(null, `worker reported ${m.error.code}: ${m.error.message}`, "worker");
       return;
     }
     const p = this.pending.get(msg.id);
     if (!p || p.proc !== proc) {
-      this.log.warn(
-        { id: msg.id, type: msg.type },
-        "worker message for an unknown request; ignored",
-      );
+      // An error for an id we never sent answers a frame we did not write (or a bug): report it.
       if (msg.type === "error") {
         this.protocolFault(
           msg.id,
           `worker reported ${msg.error.code}: ${msg.error.message}`,
           "worker",
+        );
+      } else {
+        this.log.warn(
+          { id: msg.id, type: msg.type },
+          "worker message for an unknown request; ignored",
         );
       }
       return;

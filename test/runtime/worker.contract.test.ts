@@ -336,3 +336,32 @@ describe("worker death and restart (real worker, CPU)", () => {
     expect(alive(pid)).toBe(false);
   });
 });
+
+describe("worker start-up refusals (real worker, CPU)", () => {
+  it("fails at once, without restarts, when the requested device does not exist", async () => {
+    const rt = cpuRuntime({ device: "tpu" });
+    try {
+      const err = await rejection(rt.start());
+      expect(err.code).toBe("worker_unavailable");
+      expect(err.message).toMatch(/could not start \(unsupported_device/);
+      expect(err.message).toMatch(/tpu-mcp doctor/);
+      expect(rt.state).toBe("failed");
+      expect(rt.restarts()).toBe(0);
+      expect((await rejection(rt.call("status", {}))).code).toBe("worker_unavailable");
+    } finally {
+      await rt.close();
+    }
+  });
+
+  it("fails at once when the catalog is rejected", async () => {
+    const rt = cpuRuntime({ catalogPath: "runtime/no-such-catalog.json" });
+    try {
+      const err = await rejection(rt.start());
+      expect(err.code).toBe("worker_unavailable");
+      expect(err.message).toMatch(/catalog/);
+      expect(rt.restarts()).toBe(0);
+    } finally {
+      await rt.close();
+    }
+  });
+});

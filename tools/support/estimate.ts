@@ -10,9 +10,14 @@ export async function estimateFor(
 ): Promise<CostEstimate | undefined> {
   const entry = ctx.env.catalog.models.find((m) => m.id === args.model);
   if (!entry) return undefined;
+  // Loads and benchmarks ask the worker for fresh free memory; inference, the hot path, uses
+  // what the handshake reported (its memory was accounted for when the model was loaded).
+  const fresh = tool !== "run_inference";
   const [fact, status] = await Promise.all([
     ctx.facts.get(entry.id),
-    ctx.runtime.call<any>("status", {}, { signal: ctx.signal }).then((r) => r.result),
+    fresh
+      ? ctx.runtime.call<any>("status", {}, { signal: ctx.signal }).then((r) => r.result)
+      : Promise.resolve({ device: ctx.runtime.hello?.device, loaded: [] }),
   ]);
   const dev = status.device ?? ctx.runtime.hello?.device;
   const deviceKind = String(dev?.kind ?? "cpu");

@@ -145,10 +145,13 @@ def test_worker_infer_coalesces_concurrent_callers_and_isolates_bad_input(shared
     try:
         xs = [torch.randn(1, 1, 28, 28) for _ in range(6)]
         with ThreadPoolExecutor(8) as pool:
-            futs = [pool.submit(shared_worker.handle, "infer", {"model": "mnist-cnn"}, [x], OpContext(f"c{i}"))
-                    for i, x in enumerate(xs)]
-            bad = pool.submit(shared_worker.handle, "infer", {"model": "mnist-cnn"}, [torch.randn(2, 3)],
-                              OpContext("bad"))
+            futs = [
+                pool.submit(shared_worker.handle, "infer", {"model": "mnist-cnn"}, [x], OpContext(f"c{i}"))
+                for i, x in enumerate(xs)
+            ]
+            bad = pool.submit(
+                shared_worker.handle, "infer", {"model": "mnist-cnn"}, [torch.randn(2, 3)], OpContext("bad")
+            )
             time.sleep(0.3)
             gate.set()
             results = [f.result(timeout=30) for f in futs]
@@ -156,7 +159,7 @@ def test_worker_infer_coalesces_concurrent_callers_and_isolates_bad_input(shared
                 bad.result(timeout=30)
         assert info.value.code == "invalid_argument"
         assert max(r[0]["batched_with"] for r in results) > 1
-        for (res, (logits,)), x in zip(results, xs, strict=True):
+        for (_, (logits,)), x in zip(results, xs, strict=True):
             direct = model.adapter.eager_model(x)
             assert torch.allclose(logits, direct, atol=1e-5)
     finally:

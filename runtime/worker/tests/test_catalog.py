@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from tpu_worker.catalog import CatalogError, load_catalog, parse_catalog
 from conftest import BUILTIN_CATALOG
+from tpu_worker.catalog import CatalogError, load_catalog, parse_catalog
 
 
 def builtin_data() -> dict:

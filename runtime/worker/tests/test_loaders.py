@@ -17,11 +17,19 @@ from tpu_worker.loaders import DigestCache, inspect_weights, load_state_dict, re
 def make_catalog(tmp_path, source: dict, fmt: str = "safetensors", trusted: bool = False, roots=("models",)):
     data = {
         "model_roots": list(roots),
-        "models": [{
-            "id": "m", "task": "tensor", "architecture": "mnist-cnn", "source": source, "format": fmt,
-            "trusted": trusted, "dtypes": ["float32"], "input": {"shape": [1, 28, 28], "dtype": "float32"},
-            "limits": {"max_batch": 4},
-        }],
+        "models": [
+            {
+                "id": "m",
+                "task": "tensor",
+                "architecture": "mnist-cnn",
+                "source": source,
+                "format": fmt,
+                "trusted": trusted,
+                "dtypes": ["float32"],
+                "input": {"shape": [1, 28, 28], "dtype": "float32"},
+                "limits": {"max_batch": 4},
+            }
+        ],
     }
     path = tmp_path / "catalog.json"
     path.write_text(json.dumps(data))
@@ -60,8 +68,10 @@ def write_evil_pickle(path, canary) -> None:
 
 
 def test_safetensors_file_is_inspected_from_its_header(tmp_path, root):
-    save_file({"a": torch.zeros(3, 4), "b": torch.ones(5, dtype=torch.float16), "pos": torch.arange(4)},
-              str(root / "w.safetensors"))
+    save_file(
+        {"a": torch.zeros(3, 4), "b": torch.ones(5, dtype=torch.float16), "pos": torch.arange(4)},
+        str(root / "w.safetensors"),
+    )
     cat, entry = make_catalog(tmp_path, {"path": "w.safetensors"})
     info = inspect_weights(entry, cat)
     assert info.parameters == 17  # float tensors only; integer buffers are not parameters
@@ -158,15 +168,35 @@ def _raw_safetensors(path, header: bytes, data: bytes = b"", *, declared: int | 
     [
         (b"garbage!", b"", None, "unsafe_weights"),
         (b"{}", b"", 10**12, "unsafe_weights"),  # header length larger than the file
-        (json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode(), b"\0" * 8, None,
-         "unsafe_weights"),  # bytes do not match shape
-        (json.dumps({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
-                     "b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode(), b"\0" * 8, None,
-         "unsafe_weights"),  # overlapping ranges
-        (json.dumps({"a": {"dtype": "F32", "shape": [1000], "data_offsets": [0, 4000]}}).encode(), b"\0" * 16, None,
-         "unsafe_weights"),  # claims more data than the file holds
-        (json.dumps({"a": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}}).encode(), b"\0", None,
-         "unsafe_weights"),
+        (
+            json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode(),
+            b"\0" * 8,
+            None,
+            "unsafe_weights",
+        ),  # bytes do not match shape
+        (
+            json.dumps(
+                {
+                    "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                }
+            ).encode(),
+            b"\0" * 8,
+            None,
+            "unsafe_weights",
+        ),  # overlapping ranges
+        (
+            json.dumps({"a": {"dtype": "F32", "shape": [1000], "data_offsets": [0, 4000]}}).encode(),
+            b"\0" * 16,
+            None,
+            "unsafe_weights",
+        ),  # claims more data than the file holds
+        (
+            json.dumps({"a": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}}).encode(),
+            b"\0",
+            None,
+            "unsafe_weights",
+        ),
         (json.dumps([1, 2]).encode(), b"", None, "unsafe_weights"),
     ],
 )

@@ -55,8 +55,9 @@ def test_tiny_gpt2_generates_deterministically(shared_worker):
 
 def test_tiny_gpt2_batched_generation_matches_single(shared_worker):
     single, _ = infer(shared_worker, {"model": "tiny-gpt2", "texts": ["the quick brown fox"], "max_new_tokens": 6})
-    batched, _ = infer(shared_worker, {"model": "tiny-gpt2", "texts": ["x", "the quick brown fox"],
-                                       "max_new_tokens": 6})
+    batched, _ = infer(
+        shared_worker, {"model": "tiny-gpt2", "texts": ["x", "the quick brown fox"], "max_new_tokens": 6}
+    )
     assert batched["texts"][1] == single["texts"][0]
 
 
@@ -64,5 +65,5 @@ def test_mnist_cnn_returns_ten_logits_per_item(shared_worker):
     x = torch.randn(5, 1, 28, 28)
     result, (logits,) = infer(shared_worker, {"model": "mnist-cnn"}, [x])
     assert result["outputs"] == [{"name": "logits"}] and logits.shape == (5, 10)
-    single, (one,) = infer(shared_worker, {"model": "mnist-cnn"}, [x[2]])  # [1,28,28] gets a batch dim
+    _, (one,) = infer(shared_worker, {"model": "mnist-cnn"}, [x[2]])  # [1,28,28] gets a batch dim
     assert one.shape == (1, 10) and torch.allclose(one[0], logits[2], atol=1e-5)

@@ -28,16 +28,39 @@ def test_describe_reports_headers_digests_and_availability(worker):
     assert 22_000_000 < minilm["parameters"] < 23_000_000
     assert minilm["weight_bytes"] > 80_000_000 and minilm["weight_digest"].startswith("sha256:")
     assert models["mnist-cnn"]["parameters"] == 20490
-    assert set(minilm) >= {"id", "task", "description", "format", "parameters", "weight_bytes", "weight_digest",
-                           "dtypes", "default_dtype", "limits", "available", "problem"}
+    assert set(minilm) >= {
+        "id",
+        "task",
+        "description",
+        "format",
+        "parameters",
+        "weight_bytes",
+        "weight_digest",
+        "dtypes",
+        "default_dtype",
+        "limits",
+        "available",
+        "problem",
+    }
 
 
 def test_describe_marks_missing_models_unavailable(tmp_path, cpu_probe):
     from tpu_worker.catalog import parse_catalog
 
-    data = {"model_roots": [str(tmp_path)], "models": [{
-        "id": "ghost", "task": "tensor", "architecture": "mnist-cnn", "source": {"path": "ghost.safetensors"},
-        "format": "safetensors", "input": {"shape": [1, 28, 28]}, "limits": {"max_batch": 2}}]}
+    data = {
+        "model_roots": [str(tmp_path)],
+        "models": [
+            {
+                "id": "ghost",
+                "task": "tensor",
+                "architecture": "mnist-cnn",
+                "source": {"path": "ghost.safetensors"},
+                "format": "safetensors",
+                "input": {"shape": [1, 28, 28]},
+                "limits": {"max_batch": 2},
+            }
+        ],
+    }
     w = Worker(parse_catalog(data, str(tmp_path / "c.json")), cpu_probe)
     (m,) = call(w, "describe", {})["models"]
     assert m["available"] is False and "does not exist" in m["problem"] and str(tmp_path) not in m["problem"]
@@ -65,8 +88,10 @@ def test_argument_errors_have_stable_codes(worker):
     assert error_of(worker, "load", {"model": "mnist-cnn", "dtype": "int8"}).code == "unsupported_dtype"
     assert error_of(worker, "load", {"model": "mnist-cnn", "mode": "jit"}).code == "invalid_argument"
     assert error_of(worker, "load", {"model": "mnist-cnn", "device": "cuda"}).code == "unsupported_device"
-    assert error_of(worker, "load", {"model": "mnist-cnn", "warmup_shapes": [{"batch": 10_000}]}).code == \
-        "invalid_argument"
+    assert (
+        error_of(worker, "load", {"model": "mnist-cnn", "warmup_shapes": [{"batch": 10_000}]}).code
+        == "invalid_argument"
+    )
 
 
 def test_infer_validates_inputs_against_limits(shared_worker):
@@ -74,11 +99,12 @@ def test_infer_validates_inputs_against_limits(shared_worker):
     assert error_of(w, "infer", {"model": "all-minilm-l6-v2", "texts": []}).code == "invalid_argument"
     assert error_of(w, "infer", {"model": "all-minilm-l6-v2", "texts": ["x" * 5000]}).code == "invalid_argument"
     assert error_of(w, "infer", {"model": "all-minilm-l6-v2", "texts": ["x"] * 65}).code == "invalid_argument"
-    assert error_of(w, "infer", {"model": "tiny-gpt2", "texts": ["x"], "max_new_tokens": 65}).code == \
-        "invalid_argument"
+    assert error_of(w, "infer", {"model": "tiny-gpt2", "texts": ["x"], "max_new_tokens": 65}).code == "invalid_argument"
     assert error_of(w, "infer", {"model": "mnist-cnn"}, [torch.zeros(1, 28, 27)]).code == "invalid_argument"
-    assert error_of(w, "infer", {"model": "mnist-cnn"}, [torch.full((1, 1, 28, 28), float("nan"))]).code == \
-        "invalid_argument"
+    assert (
+        error_of(w, "infer", {"model": "mnist-cnn"}, [torch.full((1, 1, 28, 28), float("nan"))]).code
+        == "invalid_argument"
+    )
 
 
 def test_load_refuses_when_memory_is_short_and_names_a_dtype_that_fits(catalog, cpu_probe):
@@ -127,8 +153,14 @@ def test_compile_mode_reports_compile_time(worker, monkeypatch):
 def test_benchmark_reports_percentiles_and_precision_error(shared_worker):
     progress = []
     ctx = OpContext("b", progress=lambda p, total=None, message=None: progress.append((p, total, message)))
-    r = shared_worker.handle("benchmark", {"model": "mnist-cnn", "batch_sizes": [1, 4], "dtypes": ["bfloat16", "float32"],
-                                           "iterations": 5, "warmup": 1}, [], ctx)[0]
+    args = {
+        "model": "mnist-cnn",
+        "batch_sizes": [1, 4],
+        "dtypes": ["bfloat16", "float32"],
+        "iterations": 5,
+        "warmup": 1,
+    }
+    r = shared_worker.handle("benchmark", args, [], ctx)[0]
     assert r["cancelled"] is False and len(r["configs"]) == 4
     assert r["manifest"]["model"] == "mnist-cnn" and r["manifest"]["weight_digest"].startswith("sha256:")
     assert [c["dtype"] for c in r["configs"]] == ["float32", "float32", "bfloat16", "bfloat16"]
@@ -143,8 +175,19 @@ def test_benchmark_reports_percentiles_and_precision_error(shared_worker):
 
 
 def test_benchmark_generate_scenario(shared_worker):
-    r = call(shared_worker, "benchmark", {"model": "tiny-gpt2", "batch_sizes": [2], "seq_lens": [8],
-                                          "scenario": "generate", "max_new_tokens": 4, "iterations": 2, "warmup": 0})
+    r = call(
+        shared_worker,
+        "benchmark",
+        {
+            "model": "tiny-gpt2",
+            "batch_sizes": [2],
+            "seq_lens": [8],
+            "scenario": "generate",
+            "max_new_tokens": 4,
+            "iterations": 2,
+            "warmup": 0,
+        },
+    )
     (c,) = r["configs"]
     assert c["error"] is None and c["tokens_per_s"] > 0
 
@@ -159,8 +202,7 @@ def test_cancelled_benchmark_returns_finished_configs(shared_worker):
             ctx.token.cancel()
 
     ctx.progress = progress
-    args = {"model": "mnist-cnn", "batch_sizes": [1, 2, 4, 8], "iterations": 100_000, "duration_s": 0.2,
-            "warmup": 0}
+    args = {"model": "mnist-cnn", "batch_sizes": [1, 2, 4, 8], "iterations": 100_000, "duration_s": 0.2, "warmup": 0}
     result = {}
     t = threading.Thread(target=lambda: result.update(shared_worker.handle("benchmark", args, [], ctx)[0]))
     t.start()

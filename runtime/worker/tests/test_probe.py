@@ -4,23 +4,24 @@ import pytest
 
 from tpu_worker.errors import WorkerError
 from tpu_worker.probe import (
-    GiB,
     BackendFacts,
     DeviceRequest,
+    GiB,
     UnsupportedDevice,
     decide,
     parse_device,
     parse_xla_memory_info,
-    tpu_hbm_from_name,
     torch_device_string,
+    tpu_hbm_from_name,
 )
 
 ABSENT = {
     "tpu": BackendFacts("tpu", importable=False, import_error="ModuleNotFoundError: No module named 'torch_tpu'"),
     "xla": BackendFacts("xla", importable=False, import_error="ModuleNotFoundError: No module named 'torch_xla'"),
     "cuda": BackendFacts("cuda", unavailable_reason="torch 2.13.0+cpu was built without CUDA"),
-    "cpu": BackendFacts("cpu", available=True, count=1, names=["Test CPU"], memory=[(64 * GiB, 32 * GiB)],
-                        version="2.13.0"),
+    "cpu": BackendFacts(
+        "cpu", available=True, count=1, names=["Test CPU"], memory=[(64 * GiB, 32 * GiB)], version="2.13.0"
+    ),
 }
 
 
@@ -47,13 +48,20 @@ def test_nothing_but_cpu_falls_through_with_real_reasons():
 
 
 def test_torchtpu_present_wins_and_later_backends_are_not_touched():
-    tpu = BackendFacts("tpu", available=True, count=4, names=["TPU v6e"] * 4, memory=[(None, None)] * 4,
-                       version="0.1")
+    tpu = BackendFacts("tpu", available=True, count=4, names=["TPU v6e"] * 4, memory=[(None, None)] * 4, version="0.1")
     g = gatherer(tpu=tpu)
     r = decide(DeviceRequest("auto"), g)
     assert g.calls == ["tpu"]
-    assert r.device == {"kind": "tpu", "name": "TPU v6e", "index": 0, "count": 4, "memory_total_bytes": 32 * GiB,
-                        "memory_free_bytes": None, "backend": "torch_tpu", "backend_version": "0.1"}
+    assert r.device == {
+        "kind": "tpu",
+        "name": "TPU v6e",
+        "index": 0,
+        "count": 4,
+        "memory_total_bytes": 32 * GiB,
+        "memory_free_bytes": None,
+        "backend": "torch_tpu",
+        "backend_version": "0.1",
+    }
     assert len(r.devices) == 4
     assert r.steps[1]["reason"].startswith("skipped")
     assert torch_device_string(r.device) == "tpu:0"
@@ -67,8 +75,9 @@ def test_torchtpu_memory_reported_by_runtime_beats_the_table():
 
 def test_torchtpu_installed_but_no_chips_falls_back_to_xla():
     tpu = BackendFacts("tpu", available=False, unavailable_reason="torch.tpu.is_available() returned False")
-    xla = BackendFacts("xla", available=True, count=8, names=["TPU (torch_xla)"] * 8,
-                       memory=[(16 * GiB, 15 * GiB)] * 8, version="2.8")
+    xla = BackendFacts(
+        "xla", available=True, count=8, names=["TPU (torch_xla)"] * 8, memory=[(16 * GiB, 15 * GiB)] * 8, version="2.8"
+    )
     r = decide(DeviceRequest("auto"), gatherer(tpu=tpu, xla=xla))
     assert r.device["kind"] == "xla" and r.device["backend"] == "torch_xla"
     assert "is_available() returned False" in r.steps[0]["reason"]
@@ -76,8 +85,14 @@ def test_torchtpu_installed_but_no_chips_falls_back_to_xla():
 
 
 def test_cuda_present_is_chosen_with_requested_index():
-    cuda = BackendFacts("cuda", available=True, count=2, names=["H100", "H100"],
-                        memory=[(80 * GiB, 70 * GiB), (80 * GiB, 60 * GiB)], version="12.8")
+    cuda = BackendFacts(
+        "cuda",
+        available=True,
+        count=2,
+        names=["H100", "H100"],
+        memory=[(80 * GiB, 70 * GiB), (80 * GiB, 60 * GiB)],
+        version="12.8",
+    )
     r = decide(DeviceRequest("auto", 1), gatherer(cuda=cuda))
     assert r.device["kind"] == "cuda" and r.device["index"] == 1 and r.device["memory_free_bytes"] == 60 * GiB
 
@@ -116,8 +131,19 @@ def test_import_error_text_is_reported_verbatim():
     assert "libtpu.so" in r.steps[0]["reason"]
 
 
-@pytest.mark.parametrize(("name", "gib"), [("TPU v4", 32), ("TPU v5 lite", 16), ("TPU v5e", 16), ("TPU v5p", 95),
-                                           ("TPU v6e", 32), ("TPU v6 lite", 32), ("TPU7x", 192), ("TPU v7", 192)])
+@pytest.mark.parametrize(
+    ("name", "gib"),
+    [
+        ("TPU v4", 32),
+        ("TPU v5 lite", 16),
+        ("TPU v5e", 16),
+        ("TPU v5p", 95),
+        ("TPU v6e", 32),
+        ("TPU v6 lite", 32),
+        ("TPU7x", 192),
+        ("TPU v7", 192),
+    ],
+)
 def test_hbm_table(name, gib):
     assert tpu_hbm_from_name(name) == gib * GiB
 
@@ -132,8 +158,10 @@ def test_xla_memory_info_both_shapes():
     assert parse_xla_memory_info(None) == (None, None)
 
 
-@pytest.mark.parametrize(("text", "kind", "index"), [("auto", "auto", None), ("cpu", "cpu", None),
-                                                     ("cuda:1", "cuda", 1), ("tpu", "tpu", None), ("xla:0", "xla", 0)])
+@pytest.mark.parametrize(
+    ("text", "kind", "index"),
+    [("auto", "auto", None), ("cpu", "cpu", None), ("cuda:1", "cuda", 1), ("tpu", "tpu", None), ("xla:0", "xla", 0)],
+)
 def test_parse_device(text, kind, index):
     assert parse_device(text) == DeviceRequest(kind, index)
 

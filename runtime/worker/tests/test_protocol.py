@@ -58,7 +58,8 @@ def test_bfloat16_bytes_are_little_endian_raw_bits():
 
 
 def test_ping_and_cancel_parse():
-    r = FrameReader(frames_bytes(encode_frame({"type": "ping", "id": "p"}), encode_frame({"type": "cancel", "id": "c"})))
+    stream = frames_bytes(encode_frame({"type": "ping", "id": "p"}), encode_frame({"type": "cancel", "id": "c"}))
+    r = FrameReader(stream)
     assert r.read() == Ping("p")
     assert r.read() == Cancel("c")
     assert r.read() is None
@@ -73,15 +74,42 @@ def test_ping_and_cancel_parse():
         (json.dumps({"type": "request", "id": "a"}).encode(), b"", "request.op"),
         (json.dumps({"type": "request", "op": "x"}).encode(), b"", "id must be"),
         (json.dumps({"type": "request", "id": "a", "op": "x", "args": []}).encode(), b"", "args must be"),
-        (json.dumps({"type": "request", "id": "a", "op": "x",
-                     "tensors": [{"dtype": "float32", "shape": [4], "offset": 8, "nbytes": 16}]}).encode(),
-         b"\0" * 16, "outside the body"),
-        (json.dumps({"type": "request", "id": "a", "op": "x",
-                     "tensors": [{"dtype": "float32", "shape": [4], "offset": 0, "nbytes": 12}]}).encode(),
-         b"\0" * 16, "needs 16"),
-        (json.dumps({"type": "request", "id": "a", "op": "x",
-                     "tensors": [{"dtype": "complex64", "shape": [1], "offset": 0, "nbytes": 8}]}).encode(),
-         b"\0" * 8, "dtype must be"),
+        (
+            json.dumps(
+                {
+                    "type": "request",
+                    "id": "a",
+                    "op": "x",
+                    "tensors": [{"dtype": "float32", "shape": [4], "offset": 8, "nbytes": 16}],
+                }
+            ).encode(),
+            b"\0" * 16,
+            "outside the body",
+        ),
+        (
+            json.dumps(
+                {
+                    "type": "request",
+                    "id": "a",
+                    "op": "x",
+                    "tensors": [{"dtype": "float32", "shape": [4], "offset": 0, "nbytes": 12}],
+                }
+            ).encode(),
+            b"\0" * 16,
+            "needs 16",
+        ),
+        (
+            json.dumps(
+                {
+                    "type": "request",
+                    "id": "a",
+                    "op": "x",
+                    "tensors": [{"dtype": "complex64", "shape": [1], "offset": 0, "nbytes": 8}],
+                }
+            ).encode(),
+            b"\0" * 8,
+            "dtype must be",
+        ),
     ],
 )
 def test_malformed_frames_raise_recoverable_protocol_errors(header, body, fragment):
@@ -96,8 +124,9 @@ def test_malformed_frames_raise_recoverable_protocol_errors(header, body, fragme
 
 def test_oversized_body_is_skipped_and_reported_with_the_id():
     header = json.dumps({"type": "request", "id": "big", "op": "infer"}).encode()
-    reader = FrameReader(frames_bytes([raw_frame(header, b"\0" * 64)], encode_frame({"type": "ping", "id": "p"})),
-                         max_body_bytes=32)
+    reader = FrameReader(
+        frames_bytes([raw_frame(header, b"\0" * 64)], encode_frame({"type": "ping", "id": "p"})), max_body_bytes=32
+    )
     with pytest.raises(ProtocolError) as info:
         reader.read()
     assert info.value.msg_id == "big" and not info.value.fatal
@@ -117,8 +146,18 @@ def test_truncated_frame_is_eof():
 
 
 def test_every_protocol_dtype_is_known():
-    assert set(DTYPES) == {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
-                           "uint8", "bool"}
+    assert set(DTYPES) == {
+        "float32",
+        "float16",
+        "bfloat16",
+        "float64",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+    }
 
 
 # -- across a real process boundary -------------------------------------------------------------
@@ -140,8 +179,12 @@ def test_worker_process_answers_malformed_frames_and_keeps_serving(catalog_path)
         h, _ = w.next()
         assert (h["id"], h["error"]["code"]) == ("t1", "protocol_error")
 
-        bad_tensor = {"type": "request", "id": "t2", "op": "infer",
-                      "tensors": [{"dtype": "float32", "shape": [8], "offset": 0, "nbytes": 32}]}
+        bad_tensor = {
+            "type": "request",
+            "id": "t2",
+            "op": "infer",
+            "tensors": [{"dtype": "float32", "shape": [8], "offset": 0, "nbytes": 32}],
+        }
         w.write(raw_frame(json.dumps(bad_tensor).encode(), b"\0" * 8))
         h, _ = w.next()
         assert (h["id"], h["error"]["code"]) == ("t2", "protocol_error")

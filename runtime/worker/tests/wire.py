@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import struct
 import subprocess
 import sys
 import threading
-import queue
 from typing import Any
 
 import torch
 
-from tpu_worker.protocol import FrameReader, encode_frame, parse_tensor_specs, decode_tensors
+from tpu_worker.protocol import FrameReader, decode_tensors, encode_frame, parse_tensor_specs
 
 WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,7 +44,10 @@ class WorkerProcess:
         full_env = {**os.environ, "PYTHONPATH": WORKER_DIR, **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tpu_worker", "--catalog", catalog, *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
         )
         self._reader = _RawReader(self.proc.stdout)
         self.messages: queue.Queue = queue.Queue()
@@ -56,7 +60,7 @@ class WorkerProcess:
         while True:
             try:
                 msg = self._reader.read_any()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.messages.put(exc)
                 return
             self.messages.put(msg)
@@ -91,10 +95,8 @@ class WorkerProcess:
                 return header, tens
 
     def close(self) -> int:
-        try:
+        with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        except OSError:
-            pass
         try:
             return self.proc.wait(timeout=30)
         finally:

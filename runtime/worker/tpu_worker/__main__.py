@@ -31,7 +31,8 @@ def _set_import_env(args: argparse.Namespace) -> None:
     if importlib.util.find_spec("torch_tpu") is not None:
         # TorchTPU reads these when the backend initialises (at `import torch` / first device use).
         cache = os.environ.get("TPU_WORKER_COMPILATION_CACHE") or os.path.join(
-            os.path.expanduser("~"), ".cache", "tpu-mcp", "torch_tpu")
+            os.path.expanduser("~"), ".cache", "tpu-mcp", "torch_tpu"
+        )
         if cache and "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT" not in os.environ:
             os.makedirs(cache, exist_ok=True)
             os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = cache
@@ -46,12 +47,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--catalog", required=True, help="catalog JSON file")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] | tpu[:N] | xla[:N]")
     p.add_argument("--max-body-bytes", type=int, default=1024**3, help="largest frame body accepted")
-    p.add_argument("--heartbeat-s", type=float, default=0.0,
-                   help="accepted for compatibility; the client drives heartbeats with ping")
+    p.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=0.0,
+        help="accepted for compatibility; the client drives heartbeats with ping",
+    )
     p.add_argument("--max-weight-bytes", type=int, default=None, help="refuse weights larger than this")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
-    p.add_argument("--tpu-eager", choices=("strict", "fused", "blocking"), default="strict",
-                   help="TorchTPU eager execution mode")
+    p.add_argument(
+        "--tpu-eager", choices=("strict", "fused", "blocking"), default="strict", help="TorchTPU eager execution mode"
+    )
     return p.parse_args(argv)
 
 

@@ -37,7 +37,8 @@ def matmul_precision(device: torch.device) -> str:
     kind = device.type
     if kind == "cuda":
         tf32 = torch.backends.cuda.matmul.allow_tf32
-        return f"{'tf32' if tf32 else 'highest'} (cuda matmul allow_tf32={tf32}, cudnn allow_tf32={torch.backends.cudnn.allow_tf32})"
+        cudnn = torch.backends.cudnn.allow_tf32
+        return f"{'tf32' if tf32 else 'highest'} (cuda matmul allow_tf32={tf32}, cudnn allow_tf32={cudnn})"
     if kind == "tpu":
         tpu = getattr(torch, "tpu", None)
         for name in ("get_precision", "current_precision", "get_matmul_precision"):

@@ -188,7 +188,7 @@ class SentenceEmbedder(Adapter):
             ids = enc.ids
             if len(ids) > limit:
                 # Keep the closing special token, as the HF tokenizer's truncation does.
-                ids = ids[: limit - 1] + [ids[-1]] if self.sep_id is not None else ids[:limit]
+                ids = [*ids[: limit - 1], ids[-1]] if self.sep_id is not None else ids[:limit]
             out.append(ids)
         return out
 
@@ -288,8 +288,8 @@ class CausalLM(Adapter):
         ids = torch.full((b, length), self.pad_id, dtype=torch.long)
         mask = torch.zeros((b, length), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, length - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, length - len(p):] = 1
+            ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, length - len(p) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
@@ -311,8 +311,14 @@ class CausalLM(Adapter):
                 mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=1)
                 pos = pos[:, -1:] + 1
                 cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-                out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
-                                 **{self._cache_kw: cache}, **self._last_only)
+                out = self.model(
+                    input_ids=nxt[:, None],
+                    attention_mask=mask,
+                    position_ids=pos,
+                    use_cache=True,
+                    **{self._cache_kw: cache},
+                    **self._last_only,
+                )
         tokens = torch.stack(new, dim=1).to("cpu").tolist() if new else [[] for _ in range(b)]
         result = []
         for row in tokens:
@@ -380,7 +386,8 @@ class TensorModel(Adapter):
         if args.get("texts") is not None:
             raise invalid(f"model {self.entry.id!r} takes one input tensor, not texts")
         if len(tensors) != 1:
-            raise invalid(f"model {self.entry.id!r} takes exactly one input tensor of shape [N, {', '.join(map(str, spec.shape))}]")
+            dims = ", ".join(map(str, spec.shape))
+            raise invalid(f"model {self.entry.id!r} takes exactly one input tensor of shape [N, {dims}]")
         x = tensors[0]
         if tuple(x.shape) == spec.shape:
             x = x.unsqueeze(0)
@@ -443,7 +450,10 @@ def read_config(model_dir: str, catalog: Catalog, entry: Entry) -> dict:
 def _hf_model(cls_name: str, model_dir: str, dtype: torch.dtype, entry: Entry):
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()  # tqdm bars would clutter the JSON log
+    # Route transformers' own logger through the JSON bridge and drop its tqdm bars.
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.enable_propagation()
     cls = getattr(transformers, cls_name)
     try:
         return cls.from_pretrained(
@@ -454,7 +464,9 @@ def _hf_model(cls_name: str, model_dir: str, dtype: torch.dtype, entry: Entry):
 
         logs.error("transformers load failed", model=entry.id, error=str(exc))
         raise WorkerError(
-            "weights_missing", f"model {entry.id!r}: the model directory could not be loaded ({type(exc).__name__}); check config and weights"
+            "weights_missing",
+            f"model {entry.id!r}: the model directory could not be loaded ({type(exc).__name__}); "
+            "check its config and weights",
         ) from None
 
 
@@ -484,7 +496,8 @@ def build_adapter(entry: Entry, catalog: Catalog, info: WeightsInfo, device: tor
         st_cfg = os.path.join(info.model_dir, "sentence_bert_config.json")
         if os.path.isfile(st_cfg):
             try:
-                with open(_safe_file(info.model_dir, "sentence_bert_config.json", catalog, entry), encoding="utf-8") as fh:
+                st_path = _safe_file(info.model_dir, "sentence_bert_config.json", catalog, entry)
+                with open(st_path, encoding="utf-8") as fh:
                     max_len = min(max_len, int(json.load(fh).get("max_seq_length", max_len)))
             except (OSError, ValueError, TypeError):
                 pass

@@ -41,8 +41,9 @@ class BatchStats:
 
 
 class Batcher:
-    def __init__(self, name: str, run_batch: RunBatch, *, max_batch: int, max_wait_ms: float,
-                 enabled: bool = True) -> None:
+    def __init__(
+        self, name: str, run_batch: RunBatch, *, max_batch: int, max_wait_ms: float, enabled: bool = True
+    ) -> None:
         self.name = name
         self._run = run_batch
         # Batching off (or zero wait) means one request per forward, for honest on/off comparisons.
@@ -145,8 +146,12 @@ class Batcher:
             outputs = self._run([p.prepared for p in live], should_stop)
         except Exception as exc:  # noqa: BLE001 - isolate below, report per request
             if len(live) > 1 and not isinstance(exc, Cancelled):
-                logs.warn("batch failed; retrying its requests one by one", model=self.name,
-                          requests=len(live), error=f"{type(exc).__name__}: {exc}")
+                logs.warn(
+                    "batch failed; retrying its requests one by one",
+                    model=self.name,
+                    requests=len(live),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
                 for p in live:
                     if p.token.cancelled:
                         p.future.set_exception(Cancelled())

@@ -73,8 +73,12 @@ def _int_list(args: dict, key: str, lo: int, hi: int, default: list) -> list:
     v = args.get(key)
     if v is None:
         return default
-    if (not isinstance(v, list) or not v or len(v) > 16
-            or not all(isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi for x in v)):
+    if (
+        not isinstance(v, list)
+        or not v
+        or len(v) > 16
+        or not all(isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi for x in v)
+    ):
         raise invalid(f"args.{key} must be a list of 1-16 integers in {lo}..{hi}")
     return list(dict.fromkeys(v))
 
@@ -121,12 +125,14 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
     if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup <= 1000:
         raise invalid("args.warmup must be an integer in 0..1000")
     iterations = args.get("iterations")
-    if iterations is not None and (not isinstance(iterations, int) or isinstance(iterations, bool)
-                                   or not 1 <= iterations <= 100_000):
+    if iterations is not None and (
+        not isinstance(iterations, int) or isinstance(iterations, bool) or not 1 <= iterations <= 100_000
+    ):
         raise invalid("args.iterations must be an integer in 1..100000")
     duration = args.get("duration_s")
-    if duration is not None and (not isinstance(duration, (int, float)) or isinstance(duration, bool)
-                                 or not 0 < duration <= 3600):
+    if duration is not None and (
+        not isinstance(duration, (int, float)) or isinstance(duration, bool) or not 0 < duration <= 3600
+    ):
         raise invalid("args.duration_s must be a number of seconds in (0, 3600]")
     if iterations is None and duration is None:
         iterations = DEFAULT_ITERATIONS
@@ -181,8 +187,15 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
                 continue
             try:
                 for b, s in group:
-                    base = {"batch": b, "seq_len": s, "dtype": dtype, "mode": mode, "scenario": scenario,
-                            "device": str(device), "warmup": warmup}
+                    base = {
+                        "batch": b,
+                        "seq_len": s,
+                        "dtype": dtype,
+                        "mode": mode,
+                        "scenario": scenario,
+                        "device": str(device),
+                        "warmup": warmup,
+                    }
                     try:
                         res = _run_config(adapter, scenario, b, s, warmup, iterations, duration, max_new, ctx.token)
                     except WorkerError as exc:
@@ -191,10 +204,26 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
                         continue
                     except Exception as exc:  # noqa: BLE001 - one bad config must not end the run
                         code = "out_of_memory" if is_oom(exc) else "internal"
-                        logs.error("benchmark config failed", model=entry.id, batch=b, seq_len=s, dtype=dtype,
-                                   mode=mode, error=f"{type(exc).__name__}: {exc}")
-                        configs.append(_failed(b, s, dtype, mode, scenario, device, WorkerError(
-                            code, f"configuration failed ({type(exc).__name__}); see the worker log")))
+                        logs.error(
+                            "benchmark config failed",
+                            model=entry.id,
+                            batch=b,
+                            seq_len=s,
+                            dtype=dtype,
+                            mode=mode,
+                            error=f"{type(exc).__name__}: {exc}",
+                        )
+                        configs.append(
+                            _failed(
+                                b,
+                                s,
+                                dtype,
+                                mode,
+                                scenario,
+                                device,
+                                WorkerError(code, f"configuration failed ({type(exc).__name__}); see the worker log"),
+                            )
+                        )
                         done += 1
                         continue
                     if res is None:
@@ -208,15 +237,30 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
                             references.setdefault(ref_key, out)
                         elif ref_key in references and references[ref_key].shape == out.shape:
                             diff = (out - references[ref_key]).abs()
-                            err = {"max_abs_error_vs_fp32": float(diff.max()),
-                                   "mean_abs_error_vs_fp32": float(diff.mean())}
+                            err = {
+                                "max_abs_error_vs_fp32": float(diff.max()),
+                                "mean_abs_error_vs_fp32": float(diff.mean()),
+                            }
                     compile_s = res["first_call_s"] if mode == "compile" else 0.0
-                    configs.append({**base, **res, **err, "compile_s": compile_s, "load_s": load_s,
-                                    "matmul_precision": accel.matmul_precision(device), "error": None})
+                    configs.append(
+                        {
+                            **base,
+                            **res,
+                            **err,
+                            "compile_s": compile_s,
+                            "load_s": load_s,
+                            "matmul_precision": accel.matmul_precision(device),
+                            "error": None,
+                        }
+                    )
                     done += 1
                     lat = res["latency_ms"]
-                    ctx.progress(done, total, f"batch={b} seq_len={s} {dtype} {mode}: p50 {lat['p50']:.3f} ms, "
-                                              f"{res['throughput_items_per_s']:.1f} items/s")
+                    ctx.progress(
+                        done,
+                        total,
+                        f"batch={b} seq_len={s} {dtype} {mode}: p50 {lat['p50']:.3f} ms, "
+                        f"{res['throughput_items_per_s']:.1f} items/s",
+                    )
             finally:
                 if temporary:
                     adapter = None
@@ -230,8 +274,17 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
 
 
 def _failed(b, s, dtype, mode, scenario, device, exc: WorkerError) -> dict:
-    return {"batch": b, "seq_len": s, "dtype": dtype, "mode": mode, "scenario": scenario, "device": str(device),
-            "latency_ms": None, "throughput_items_per_s": None, "error": exc.to_wire()}
+    return {
+        "batch": b,
+        "seq_len": s,
+        "dtype": dtype,
+        "mode": mode,
+        "scenario": scenario,
+        "device": str(device),
+        "latency_ms": None,
+        "throughput_items_per_s": None,
+        "error": exc.to_wire(),
+    }
 
 
 def _adapter_for(worker, entry, info, device, dtype, mode, ctx) -> tuple[Adapter, float | None, bool]:
@@ -246,8 +299,17 @@ def _adapter_for(worker, entry, info, device, dtype, mode, ctx) -> tuple[Adapter
     return adapter, report["load_s"], True
 
 
-def _run_config(adapter: Adapter, scenario: str, batch: int, seq_len: int | None, warmup: int,
-                iterations: int | None, duration: float | None, max_new: int, token) -> dict | None:
+def _run_config(
+    adapter: Adapter,
+    scenario: str,
+    batch: int,
+    seq_len: int | None,
+    warmup: int,
+    iterations: int | None,
+    duration: float | None,
+    max_new: int,
+    token,
+) -> dict | None:
     """Runs one configuration; returns None when cancelled."""
     device = adapter.device
     inputs = adapter.example(batch, seq_len, seed=0)
@@ -257,6 +319,7 @@ def _run_config(adapter: Adapter, scenario: str, batch: int, seq_len: int | None
         def step():
             return adapter.generate(prompts, max_new, lambda: token.cancelled)[0]
     else:
+
         def step():
             return adapter.forward_example(inputs)
 

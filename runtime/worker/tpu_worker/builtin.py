@@ -98,8 +98,16 @@ def build_tiny_gpt2(dst: str) -> None:
     with open(os.path.join(src, "config.json"), encoding="utf-8") as fh:
         vocab = int(json.load(fh)["vocab_size"])  # 30522: reuse the BERT tokenizer offline
     # BERT's [CLS]=101 / [SEP]=102 / [PAD]=0 stand in for GPT-2's BOS/EOS/PAD.
-    config = GPT2Config(vocab_size=vocab, n_layer=2, n_head=2, n_embd=64, n_positions=256,
-                        bos_token_id=101, eos_token_id=102, pad_token_id=0)
+    config = GPT2Config(
+        vocab_size=vocab,
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        n_positions=256,
+        bos_token_id=101,
+        eos_token_id=102,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     model.save_pretrained(dst, safe_serialization=True)
@@ -117,8 +125,11 @@ def build_mnist(dst: str) -> None:
     torch.manual_seed(0)
     model = MnistCNN()
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, os.path.join(dst, "model.safetensors"),
-              metadata={"architecture": "mnist-cnn", "note": "deterministic random weights (seed 0), untrained"})
+    save_file(
+        state,
+        os.path.join(dst, "model.safetensors"),
+        metadata={"architecture": "mnist-cnn", "note": "deterministic random weights (seed 0), untrained"},
+    )
 
 
 BUILDERS = (

@@ -92,8 +92,11 @@ def _need(cond: bool, where: str, what: str) -> None:
 
 def _int(obj: dict, key: str, where: str, *, minimum: int = 0, default: int | None = None) -> int:
     v = obj.get(key, default)
-    _need(isinstance(v, int) and not isinstance(v, bool) and v >= minimum, f"{where}.{key}",
-          f"expected an integer >= {minimum}")
+    _need(
+        isinstance(v, int) and not isinstance(v, bool) and v >= minimum,
+        f"{where}.{key}",
+        f"expected an integer >= {minimum}",
+    )
     return v
 
 
@@ -106,14 +109,16 @@ def _str(obj: dict, key: str, where: str, *, default: str | None = None) -> str:
 def parse_entry(raw: Any, where: str) -> Entry:
     _need(isinstance(raw, dict), where, "expected an object")
     model_id = _str(raw, "id", where)
-    _need(bool(_ID_RE.match(model_id)), f"{where}.id",
-          "use 1-64 lowercase letters, digits, '.', '_' or '-'")
+    _need(bool(_ID_RE.match(model_id)), f"{where}.id", "use 1-64 lowercase letters, digits, '.', '_' or '-'")
     where = f"models[{model_id}]"
     arch = _str(raw, "architecture", where)
     _need(arch in ARCHITECTURES, f"{where}.architecture", f"expected one of {', '.join(ARCHITECTURES)}")
     task = _str(raw, "task", where)
-    _need(task in ARCHITECTURES[arch], f"{where}.task",
-          f"architecture {arch} serves task(s) {', '.join(ARCHITECTURES[arch])}")
+    _need(
+        task in ARCHITECTURES[arch],
+        f"{where}.task",
+        f"architecture {arch} serves task(s) {', '.join(ARCHITECTURES[arch])}",
+    )
     fmt = _str(raw, "format", where)
     _need(fmt in FORMATS, f"{where}.format", f"expected one of {', '.join(FORMATS)}")
     trusted = raw.get("trusted", False)
@@ -133,9 +138,14 @@ def parse_entry(raw: Any, where: str) -> Entry:
         source = Source(hub=hub, revision=rev)
 
     dtypes = raw.get("dtypes", ["float32"])
-    _need(isinstance(dtypes, list) and dtypes and all(d in MODEL_DTYPES for d in dtypes)
-          and len(set(dtypes)) == len(dtypes), f"{where}.dtypes",
-          f"expected a non-empty list of distinct values from {', '.join(MODEL_DTYPES)}")
+    _need(
+        isinstance(dtypes, list)
+        and dtypes
+        and all(d in MODEL_DTYPES for d in dtypes)
+        and len(set(dtypes)) == len(dtypes),
+        f"{where}.dtypes",
+        f"expected a non-empty list of distinct values from {', '.join(MODEL_DTYPES)}",
+    )
     default_dtype = _str(raw, "default_dtype", where, default=dtypes[0])
     _need(default_dtype in dtypes, f"{where}.default_dtype", "must be one of the entry's dtypes")
 
@@ -148,50 +158,78 @@ def parse_entry(raw: Any, where: str) -> Entry:
         max_text_chars=_int(lim, "max_text_chars", f"{where}.limits", default=0),
     )
     if task in ("embedding", "text-generation"):
-        _need(limits.max_seq_len > 0 and limits.max_text_chars > 0, f"{where}.limits",
-              "text models need max_seq_len and max_text_chars > 0")
+        _need(
+            limits.max_seq_len > 0 and limits.max_text_chars > 0,
+            f"{where}.limits",
+            "text models need max_seq_len and max_text_chars > 0",
+        )
     if task == "text-generation":
         _need(limits.max_new_tokens > 0, f"{where}.limits.max_new_tokens", "must be > 0 for text generation")
 
     bat = raw.get("batching", {"max_batch": 1, "max_wait_ms": 0})
     _need(isinstance(bat, dict), f"{where}.batching", "expected an object")
     wait = bat.get("max_wait_ms", 0)
-    _need(isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 <= wait <= 1000,
-          f"{where}.batching.max_wait_ms", "expected a number of milliseconds in 0..1000")
+    _need(
+        isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 <= wait <= 1000,
+        f"{where}.batching.max_wait_ms",
+        "expected a number of milliseconds in 0..1000",
+    )
     batching = Batching(_int(bat, "max_batch", f"{where}.batching", minimum=1, default=1), float(wait))
-    _need(batching.max_batch <= limits.max_batch, f"{where}.batching.max_batch",
-          "must not exceed limits.max_batch")
+    _need(batching.max_batch <= limits.max_batch, f"{where}.batching.max_batch", "must not exceed limits.max_batch")
 
     spec = None
     if task in ("tensor", "classification"):
         inp = raw.get("input")
         _need(isinstance(inp, dict), f"{where}.input", 'tensor models need {"shape": [...], "dtype": ...}')
         shape = inp.get("shape")
-        _need(isinstance(shape, list) and 0 < len(shape) <= 6
-              and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape),
-              f"{where}.input.shape", "expected 1-6 positive integers (the per-item shape, no batch dim)")
+        _need(
+            isinstance(shape, list)
+            and 0 < len(shape) <= 6
+            and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape),
+            f"{where}.input.shape",
+            "expected 1-6 positive integers (the per-item shape, no batch dim)",
+        )
         dt = inp.get("dtype", "float32")
         _need(dt in INPUT_DTYPES, f"{where}.input.dtype", f"expected one of {', '.join(INPUT_DTYPES)}")
         spec = InputSpec(tuple(shape), dt)
 
     labels = raw.get("labels")
     if labels is not None:
-        _need(isinstance(labels, list) and all(isinstance(x, str) for x in labels),
-              f"{where}.labels", "expected a list of strings")
+        _need(
+            isinstance(labels, list) and all(isinstance(x, str) for x in labels),
+            f"{where}.labels",
+            "expected a list of strings",
+        )
         labels = tuple(labels)
 
     description = raw.get("description", "")
     _need(isinstance(description, str), f"{where}.description", "expected a string")
-    return Entry(model_id, task, arch, description, source, fmt, trusted, tuple(dtypes),
-                 default_dtype, limits, batching, spec, labels)
+    return Entry(
+        model_id,
+        task,
+        arch,
+        description,
+        source,
+        fmt,
+        trusted,
+        tuple(dtypes),
+        default_dtype,
+        limits,
+        batching,
+        spec,
+        labels,
+    )
 
 
 def parse_catalog(data: Any, path: str) -> Catalog:
     _need(isinstance(data, dict), "top level", "expected an object with model_roots and models")
     base = os.path.dirname(os.path.abspath(path))
     roots_raw = data.get("model_roots")
-    _need(isinstance(roots_raw, list) and roots_raw and all(isinstance(r, str) and r for r in roots_raw),
-          "model_roots", "expected a non-empty list of directory paths")
+    _need(
+        isinstance(roots_raw, list) and roots_raw and all(isinstance(r, str) and r for r in roots_raw),
+        "model_roots",
+        "expected a non-empty list of directory paths",
+    )
     # Roots are realpath'd once so every later containment check compares canonical paths.
     roots = tuple(os.path.realpath(os.path.join(base, r)) for r in roots_raw)
     models = data.get("models")

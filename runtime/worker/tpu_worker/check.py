@@ -48,7 +48,7 @@ class OpRecorder(TorchDispatchMode):
             raise
         outs = _tensor_devices(out)
         ins = _tensor_devices((args, kwargs))
-        if self.target == "cpu" or not outs and not ins:
+        if self.target == "cpu" or (not outs and not ins):
             rec[1] += 1
         elif outs and self.target not in outs and self.target in ins:
             rec[2] += 1  # inputs were on the device, results came back on the host
@@ -59,8 +59,10 @@ class OpRecorder(TorchDispatchMode):
         return out
 
     def table(self) -> list[dict]:
-        rows = [{"op": k, "count": v[0], "on_device": v[1], "fell_back": v[2], "failed": v[3]}
-                for k, v in self.stats.items()]
+        rows = [
+            {"op": k, "count": v[0], "on_device": v[1], "fell_back": v[2], "failed": v[3]}
+            for k, v in self.stats.items()
+        ]
         rows.sort(key=lambda r: (-r["failed"], -r["fell_back"], -r["count"], r["op"]))
         return rows
 
@@ -104,7 +106,7 @@ def run_check(worker, args: dict, ctx) -> dict:
         accel.synchronize(device)
         if isinstance(out, torch.Tensor):
             output_shape = list(out.shape)
-    except Exception as exc:  # noqa: BLE001 - a failing op is the finding, not a crash
+    except Exception as exc:
         if isinstance(exc, WorkerError):
             raise
         error = _safe_error(exc)

@@ -60,6 +60,4 @@ def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
     text = str(exc)
-    return isinstance(exc, RuntimeError) and (
-        "out of memory" in text.lower() or "RESOURCE_EXHAUSTED" in text
-    )
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "RESOURCE_EXHAUSTED" in text)

@@ -25,8 +25,21 @@ MAX_TENSORS = 200_000
 DEFAULT_MAX_WEIGHT_BYTES = 256 * 1024**3
 
 SAFETENSORS_DTYPES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-    "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1,
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
 }
 
 
@@ -170,19 +183,24 @@ def read_safetensors_header(path: str, *, max_total_bytes: int = DEFAULT_MAX_WEI
     if not isinstance(header, dict):
         raise WorkerError("unsafe_weights", f"{name}: header is not a JSON object")
     meta = header.pop("__metadata__", None)
-    if meta is not None and not (isinstance(meta, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in meta.items())):
+    if meta is not None and not (
+        isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items())
+    ):
         raise WorkerError("unsafe_weights", f"{name}: __metadata__ must map strings to strings")
     if len(header) > MAX_TENSORS:
         raise WorkerError("weights_too_large", f"{name}: {len(header)} tensors exceed the limit of {MAX_TENSORS}")
     data_len = size - 8 - n
     ranges = []
     for key, t in header.items():
-        if not (isinstance(t, dict) and t.get("dtype") in SAFETENSORS_DTYPES
-                and isinstance(t.get("shape"), list)
-                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])
-                and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2
-                and all(isinstance(o, int) and not isinstance(o, bool) for o in t["data_offsets"])):
+        if not (
+            isinstance(t, dict)
+            and t.get("dtype") in SAFETENSORS_DTYPES
+            and isinstance(t.get("shape"), list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])
+            and isinstance(t.get("data_offsets"), list)
+            and len(t["data_offsets"]) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in t["data_offsets"])
+        ):
             raise WorkerError("unsafe_weights", f"{name}: tensor {key[:80]!r} has a malformed header entry")
         begin, end = t["data_offsets"]
         need = math.prod(t["shape"]) * SAFETENSORS_DTYPES[t["dtype"]]

@@ -26,7 +26,7 @@ from .cancel import CancelToken
 from .catalog import Catalog, Entry
 from .errors import WorkerError, invalid
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
-from .memory import DTYPE_BYTES, estimate_bytes, refusal_message
+from .memory import estimate_bytes, refusal_message
 from .probe import ProbeResult, parse_device, read_meminfo, refresh_memory, torch_device_string
 
 ProgressFn = Callable[[float, float | None, str | None], None]
@@ -38,7 +38,7 @@ MODES = ("eager", "compile")
 class OpContext:
     id: str
     token: CancelToken = field(default_factory=CancelToken)
-    progress: ProgressFn = lambda p, total=None, message=None: None  # noqa: E731
+    progress: ProgressFn = lambda p, total=None, message=None: None
 
 
 @dataclass
@@ -149,8 +149,9 @@ class Worker:
                 return None
         return None
 
-    def check_memory(self, entry: Entry, info: WeightsInfo, dtype: str, device: torch.device,
-                     exclude: str | None = None) -> int:
+    def check_memory(
+        self, entry: Entry, info: WeightsInfo, dtype: str, device: torch.device, exclude: str | None = None
+    ) -> int:
         """Raises insufficient_memory (with advice) when the estimate exceeds free memory."""
         config = self.config_for(entry, info)
         params = info.parameters or info.weight_bytes // 4
@@ -161,17 +162,35 @@ class Worker:
             return need
         if need > free:
             alternatives = {d: estimate_bytes(params, entry, config, d) for d in entry.dtypes}
-            loaded = [(m.entry.id, m.adapter.bytes_on_device()) for k, m in self.loaded.items()
-                      if k != exclude and m.adapter.device == device]
+            loaded = [
+                (m.entry.id, m.adapter.bytes_on_device())
+                for k, m in self.loaded.items()
+                if k != exclude and m.adapter.device == device
+            ]
             raise WorkerError(
                 "insufficient_memory",
-                refusal_message(model=entry.id, dtype=dtype, need=need, free=free, device=str(device),
-                                alternatives=alternatives, loaded=loaded),
+                refusal_message(
+                    model=entry.id,
+                    dtype=dtype,
+                    need=need,
+                    free=free,
+                    device=str(device),
+                    alternatives=alternatives,
+                    loaded=loaded,
+                ),
             )
         return need
 
-    def build(self, entry: Entry, info: WeightsInfo, device: torch.device, dtype: str, mode: str,
-              warmup_shapes: list[dict], token: CancelToken) -> tuple[Adapter, dict]:
+    def build(
+        self,
+        entry: Entry,
+        info: WeightsInfo,
+        device: torch.device,
+        dtype: str,
+        mode: str,
+        warmup_shapes: list[dict],
+        token: CancelToken,
+    ) -> tuple[Adapter, dict]:
         """Creates an adapter and runs compile + warmup; returns it with timing figures."""
         t0 = time.perf_counter()
         adapter = build_adapter(entry, self.catalog, info, device, dtype)
@@ -323,11 +342,17 @@ class Worker:
             estimated = self.check_memory(entry, info, dtype, device)
             ctx.progress(0, 3, f"loading {entry.id} ({dtype}, {mode}) on {device}")
             adapter, report = self.build(entry, info, device, dtype, mode, shapes, ctx.token)
-            batcher = Batcher(entry.id, adapter.run_batch, max_batch=entry.batching.max_batch,
-                              max_wait_ms=entry.batching.max_wait_ms, enabled=batching)
+            batcher = Batcher(
+                entry.id,
+                adapter.run_batch,
+                max_batch=entry.batching.max_batch,
+                max_wait_ms=entry.batching.max_wait_ms,
+                enabled=batching,
+            )
             dev = str(device)
-            self.loaded[entry.id] = Loaded(entry, adapter, batcher, dev, dtype, mode, estimated,
-                                           _now_iso(), info, report)
+            self.loaded[entry.id] = Loaded(
+                entry, adapter, batcher, dev, dtype, mode, estimated, _now_iso(), info, report
+            )
         finally:
             self._release(entry.id)
         logs.info("model loaded", model=entry.id, device=dev, dtype=dtype, mode=mode, **report)

@@ -178,7 +178,7 @@ def gather_tpu() -> BackendFacts:
     f = BackendFacts("tpu")
     try:
         import torch
-        import torch_tpu  # noqa: F401 - registers the "tpu" device with torch
+        import torch_tpu
     except Exception as exc:  # noqa: BLE001 - any failure is a reason to report, not to crash
         f.importable, f.import_error = False, _err_text(exc)
         return f
@@ -211,7 +211,7 @@ def _call_name(mod, index: int, fallback: str) -> str:
     fn = getattr(mod, "get_device_name", None)
     if fn is None:
         return fallback
-    for call in (lambda: fn(index), lambda: fn()):
+    for call in (lambda: fn(index), fn):
         try:
             return str(call())
         except TypeError:

@@ -162,9 +162,7 @@ def encode_tensors(tensors: list[torch.Tensor]) -> tuple[list[dict], list[memory
             cpu = _byteswap(cpu)
         data = cpu.view(torch.uint8).numpy() if cpu.numel() else None
         nbytes = cpu.numel() * cpu.element_size()
-        specs.append(
-            {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "offset": pos, "nbytes": nbytes}
-        )
+        specs.append({"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "offset": pos, "nbytes": nbytes})
         if data is not None:
             chunks.append(memoryview(data).cast("B"))
         pos += nbytes
@@ -240,9 +238,7 @@ class FrameReader:
         header_len, body_len = _PREFIX.unpack(prefix)
         if header_len == 0 or header_len > MAX_HEADER_BYTES:
             # Without a trustworthy header length the stream cannot be resynchronised.
-            raise ProtocolError(
-                f"header length {header_len} is outside 1..{MAX_HEADER_BYTES}", fatal=True
-            )
+            raise ProtocolError(f"header length {header_len} is outside 1..{MAX_HEADER_BYTES}", fatal=True)
         raw_header = self._read_exact(header_len)
         if raw_header is None:
             return None
@@ -258,8 +254,7 @@ class FrameReader:
             if not self._skip(body_len):
                 return None
             raise ProtocolError(
-                f"body length {body_len} exceeds the limit of {self.max_body_bytes} bytes; "
-                "send smaller tensors",
+                f"body length {body_len} exceeds the limit of {self.max_body_bytes} bytes; send smaller tensors",
                 msg_id=msg_id,
             )
         body = self._read_into(body_len) if body_len else bytearray()

@@ -36,8 +36,9 @@ def _finite(obj: Any) -> Any:
 
 
 class Server:
-    def __init__(self, worker: Worker, inp: IO[bytes], out: IO[bytes], *,
-                 max_body_bytes: int, max_threads: int = 8) -> None:
+    def __init__(
+        self, worker: Worker, inp: IO[bytes], out: IO[bytes], *, max_body_bytes: int, max_threads: int = 8
+    ) -> None:
         self.worker = worker
         self.reader = FrameReader(inp, max_body_bytes)
         self._out = out
@@ -55,8 +56,13 @@ class Server:
             chunks = encode_frame(_finite(header), tensors)
         except (TypeError, ValueError) as exc:
             logs.error("reply could not be encoded", error=str(exc), type=header.get("type"))
-            chunks = encode_frame({"type": "error", "id": header.get("id"), "error": WorkerError(
-                "internal", "the result could not be encoded; see the worker log").to_wire()})
+            chunks = encode_frame(
+                {
+                    "type": "error",
+                    "id": header.get("id"),
+                    "error": WorkerError("internal", "the result could not be encoded; see the worker log").to_wire(),
+                }
+            )
         with self._write_lock:
             if self._out_broken:
                 return
@@ -176,15 +182,28 @@ class Server:
             self._forget(req.id)
             if is_oom(exc):
                 logs.error("out of memory", op=req.op, id=req.id, error=str(exc)[:500])
-                self.send_error(req.id, WorkerError(
-                    "out_of_memory",
-                    f"{req.op} ran out of memory on {self.worker.device}; use a smaller batch or dtype, "
-                    "or unload other models"))
+                self.send_error(
+                    req.id,
+                    WorkerError(
+                        "out_of_memory",
+                        f"{req.op} ran out of memory on {self.worker.device}; use a smaller batch or dtype, "
+                        "or unload other models",
+                    ),
+                )
             else:
-                logs.error("op failed", op=req.op, id=req.id, error=f"{type(exc).__name__}: {exc}",
-                           traceback=traceback.format_exc())
-                self.send_error(req.id, WorkerError(
-                    "internal", f"{req.op} failed with an internal error ({type(exc).__name__}); see the worker log"))
+                logs.error(
+                    "op failed",
+                    op=req.op,
+                    id=req.id,
+                    error=f"{type(exc).__name__}: {exc}",
+                    traceback=traceback.format_exc(),
+                )
+                self.send_error(
+                    req.id,
+                    WorkerError(
+                        "internal", f"{req.op} failed with an internal error ({type(exc).__name__}); see the worker log"
+                    ),
+                )
             return
         self._forget(req.id)
         self.send({"type": "result", "id": req.id, "result": result}, tensors)
