@@ -73,7 +73,7 @@ export interface WorkerRuntimeOptions {
   device?: string;
   /** Base environment for the worker (the protocol's own variables are always added). Default: process.env. */
   env?: NodeJS.ProcessEnv;
-  /** `eager`: createRuntime() starts the worker at once; `lazy`: the first call does. Default: lazy. */
+  /** `eager`: the worker starts right after construction; `lazy`: the first call starts it. Default: lazy. */
   startMode?: "eager" | "lazy";
   /** Default per-call timeout; 0 or Infinity disables it. Default: 300 s. */
   requestTimeoutMs?: number;
@@ -249,6 +249,15 @@ export class WorkerRuntime implements Runtime {
   constructor(options: WorkerRuntimeOptions = {}) {
     this.options = resolveRuntimeOptions(options);
     this.log = this.options.logger;
+    if (this.options.startMode === "eager") {
+      // Deferred so the owner can attach its event listeners first (and close() cancels it).
+      setImmediate(() => {
+        if (this._state !== "stopped" || this.closing) return;
+        this.start().catch((e: unknown) =>
+          this.log.error({ err: String(e) }, "eager worker start failed"),
+        );
+      });
+    }
   }
 
   get state(): WorkerState {
@@ -992,13 +1001,8 @@ function cancelledError(op: string, how: string): RuntimeCallError {
   return new RuntimeCallError("cancelled", `${op} was cancelled ${how}.`, true, { op });
 }
 
-/** Builds a WorkerRuntime; with startMode `eager` the worker is started at once (failures surface as events and logs). */
+/** Builds a WorkerRuntime; with startMode `eager` the worker starts right after construction
+ * (failures surface as `failed` events, logs and worker_unavailable errors on calls). */
 export function createRuntime(options: WorkerRuntimeOptions = {}): WorkerRuntime {
-  const rt = new WorkerRuntime(options);
-  if (rt.options.startMode === "eager") {
-    rt.start().catch((e: unknown) =>
-      rt.options.logger.error({ err: String(e) }, "eager worker start failed"),
-    );
-  }
-  return rt;
+  return new WorkerRuntime(options);
 }

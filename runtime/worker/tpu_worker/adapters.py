@@ -284,7 +284,9 @@ class CausalLM(Adapter):
     def generate(self, prompts: list[list[int]], max_new: int, should_stop: StopFn) -> tuple[list[list[int]], bool]:
         """Greedy decoding; returns (new token ids per prompt, stopped_early)."""
         b = len(prompts)
-        length = max(len(p) for p in prompts)
+        longest = max(len(p) for p in prompts)
+        # Bucket the prompt length (left padding) so compiled graphs are reused across requests.
+        length = max(longest, seq_bucket(longest, min(self.max_len, self.n_positions - max_new)))
         ids = torch.full((b, length), self.pad_id, dtype=torch.long)
         mask = torch.zeros((b, length), dtype=torch.long)
         for i, p in enumerate(prompts):

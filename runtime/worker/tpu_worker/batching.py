@@ -84,7 +84,7 @@ class Batcher:
             if p.future.set_running_or_notify_cancel():
                 p.future.set_exception(WorkerError("model_not_loaded", reason))
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=5)  # a running forward sees its cancelled tokens and stops
 
     # -- internals ----------------------------------------------------------------------------
     def _compatible(self, key: tuple) -> tuple[list[_Pending], int]:

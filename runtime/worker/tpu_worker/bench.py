@@ -163,6 +163,8 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
         "started_at": _now(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # What peak_memory_bytes measures: device allocations, or the whole process on the CPU.
+        "peak_memory_kind": "process_peak_rss" if device.type == "cpu" else "device_peak_allocated",
     }
     configs: list[dict] = []
     references: dict[tuple, torch.Tensor] = {}
