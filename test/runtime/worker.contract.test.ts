@@ -326,6 +326,48 @@ describe("worker death and restart (real worker, CPU)", () => {
     }
   });
 
+  it("after a call times out, kills a worker that does not answer the follow-up ping", async () => {
+    // Periodic heartbeats off: only the timeout's own liveness probe can catch the hang.
+    const rt = cpuRuntime({
+      heartbeatIntervalMs: 0,
+      heartbeatTimeoutMs: 1000,
+      restartBackoffBaseMs: 50,
+    });
+    const exits: Array<{ signal: string | null }> = [];
+    rt.on("exit", (i) => exits.push(i));
+    try {
+      await rt.start();
+      const pid = rt.pid!;
+      process.kill(pid, "SIGSTOP");
+      const err = await rejection(rt.call("status", {}, { timeoutMs: 500 }));
+      expect(err.code).toBe("timeout");
+      await waitFor(() => exits.length > 0, 20_000);
+      expect(exits[0].signal).toBe("SIGKILL");
+      expect((await rt.call("status", {})).result.device).toBeTruthy();
+      expect(rt.restarts()).toBe(1);
+    } finally {
+      await rt.close();
+    }
+  });
+
+  it("starts by itself in eager mode, waits for the first call in lazy mode, and forwards worker logs", async () => {
+    const lazy = cpuRuntime({ startMode: "lazy" });
+    const eager = cpuRuntime({ startMode: "eager" });
+    const lines: Array<{ level: string; msg: string }> = [];
+    eager.on("log", (l) => lines.push(l));
+    try {
+      await waitFor(() => eager.state === "ready", 60_000);
+      expect(lazy.state).toBe("stopped");
+      // The worker's JSON stderr lines arrive as structured log events.
+      expect(lines.some((l) => l.level === "info" && l.msg === "worker ready")).toBe(true);
+      const { result } = await lazy.call("status", {}); // starts it
+      expect(result.device).toBeTruthy();
+      expect(lazy.state).toBe("ready");
+    } finally {
+      await Promise.all([lazy.close(), eager.close()]);
+    }
+  });
+
   it("close() ends the worker process: no orphans", async () => {
     const rt = cpuRuntime();
     await rt.start();
