@@ -65,9 +65,13 @@ def test_duplicate_request_ids_in_flight_are_refused(proc):
         seen.append(h)
     assert seen[-1]["type"] == "error" and seen[-1]["error"]["code"] == "protocol_error"
     proc.send({"type": "cancel", "id": "dup"})
-    while True:
+    while True:  # cancelled before it started -> error "cancelled"; while running -> cancelled result
         h, _ = proc.next()
         if h["type"] == "result":
+            assert h["result"]["cancelled"] is True
+            break
+        if h["type"] == "error":
+            assert h["error"]["code"] == "cancelled"
             break
 
 
