@@ -81,7 +81,12 @@ export interface CallResult<T = Record<string, unknown>> {
 export interface RuntimeEvents {
   ready: (hello: WorkerHello) => void;
   /** `error` is set when the process could not be started at all (ENOENT, EACCES). */
-  exit: (info: { code: number | null; signal: string | null; inFlight: number; error?: string }) => void;
+  exit: (info: {
+    code: number | null;
+    signal: string | null;
+    inFlight: number;
+    error?: string;
+  }) => void;
   restart: (info: { attempt: number; delayMs: number; lostModels: string[] }) => void;
   failed: (info: { reason: string }) => void;
   log: (line: { level: string; msg: string; [k: string]: unknown }) => void;

@@ -2,7 +2,7 @@
 import { request } from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectHttp, startHttpServer, writeConfig, type HttpServerProc } from "../helpers/server.js";
-import { badInputs, call, coreJourney } from "./scenario.js";
+import { badInputs, coreJourney } from "./scenario.js";
 
 describe("tpu-mcp http", () => {
   let server: HttpServerProc;

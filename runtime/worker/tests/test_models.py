@@ -13,6 +13,7 @@ SENTENCES = [
     "short",
     "A considerably longer sentence, with punctuation; numbers like 42 and 3.14, and UPPER case words "
     "to make sure truncation, padding buckets and lower-casing all behave exactly as in sentence-transformers.",
+    "tokens beyond the 256-token window are truncated " * 60,  # ~480 tokens: exercises truncation
 ]
 
 

@@ -1,0 +1,181 @@
+// `npm run bench`: measures tpu-mcp against itself and against direct PyTorch, side by side in
+// one run, prints a table and writes bench/results/latest.json. Every figure that a target
+// judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
+//
+// Environment: BENCH_ONLY=overhead,concurrency,payload,coldstart,memory runs a subset;
+// BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
+import { mkdirSync, writeFileSync } from "node:fs";
+import { cpus, loadavg } from "node:os";
+import { join } from "node:path";
+import { runColdStart } from "./coldstart.js";
+import { runConcurrency } from "./concurrency.js";
+import {
+  DirectPython,
+  MODEL,
+  MODEL_NOBATCH,
+  ROOT,
+  startHttp,
+  startStdio,
+  workerPid,
+  writeBenchConfig,
+  type McpServer,
+} from "./lib/procs.js";
+import { renderTable, type SectionResult } from "./lib/report.js";
+import { runMemory } from "./memory.js";
+import { runOverhead } from "./overhead.js";
+import { runPayload } from "./payload.js";
+
+const SECTIONS = ["coldstart", "overhead", "concurrency", "payload", "memory"] as const;
+const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
+const quick = process.env.BENCH_QUICK === "1";
+const want = (name: (typeof SECTIONS)[number]) => !only || only.includes(name);
+const q = (full: number, small: number) => (quick ? small : full);
+
+interface Target {
+  name: string;
+  figure: string;
+  value: number;
+  pass: boolean;
+  threshold: string;
+}
+
+function targets(f: Record<string, number>): Target[] {
+  const t: Target[] = [];
+  const add = (name: string, key: string, ok: (v: number) => boolean, threshold: string, show = (v: number) => v.toFixed(3)) => {
+    if (f[key] === undefined) return;
+    t.push({ name, figure: `${key} = ${show(f[key])}`, value: f[key], pass: ok(f[key]), threshold });
+  };
+  add("batch-1 stdio MCP p50 vs direct", "overhead.b1.stdio_ratio_p50", (v) => v <= 1.15, "≤ 1.15×");
+  add("batch-32 stdio MCP p50 vs direct", "overhead.b32.stdio_ratio_p50", (v) => v <= 1.05, "≤ 1.05×");
+  for (const level of ["worker", "mcp-stdio"]) {
+    add(`32 callers (${level}): batching on/off throughput`, `concurrency.${level}.throughput_ratio`, (v) => v >= 1.2, "≥ 1.2×");
+    add(`32 callers (${level}): batching on/off p99`, `concurrency.${level}.p99_ratio`, (v) => v <= 1.0, "≤ 1.0× (no worse)");
+  }
+  add("pipe 16 MiB round trip", `payload.pipe.${16 << 20}.mbps`, (v) => v >= 500, "≥ 500 MB/s", (v) => `${v.toFixed(0)} MB/s`);
+  add("start → tools/list", "coldstart.tools_list_s", (v) => v <= 0.5, "≤ 0.5 s", (v) => `${v.toFixed(2)} s`);
+  for (const p of ["server", "worker"]) {
+    add(`${p} RSS growth over 10,000 calls`, `memory.${p}_rss_growth`, (v) => v <= 0.1, "≤ +10 %", (v) => `${(v * 100).toFixed(1)} %`);
+  }
+  return t;
+}
+
+async function main() {
+  const started = new Date();
+  const t0 = performance.now();
+  const { config, catalog } = writeBenchConfig();
+  const results: Record<string, SectionResult> = {};
+  const say = (msg: string) => process.stderr.write(`[bench ${((performance.now() - t0) / 1000).toFixed(0)}s] ${msg}\n`);
+
+  // Cold start first, while nothing else of ours is running.
+  if (want("coldstart")) {
+    say("cold start…");
+    results.coldstart = await runColdStart({ config, reps: q(3, 1) });
+  }
+
+  const needServers = want("overhead") || want("concurrency") || want("payload") || want("memory");
+  let stdio: McpServer | undefined;
+  let http: McpServer | undefined;
+  let direct: DirectPython | undefined;
+  try {
+    if (needServers) {
+      say("starting tpu-mcp stdio, tpu-mcp http and the direct Python baseline…");
+      [stdio, http, direct] = await Promise.all([
+        startStdio(config),
+        want("overhead") ? startHttp(config) : Promise.resolve(undefined),
+        want("overhead") ? DirectPython.start(catalog, MODEL) : Promise.resolve(undefined),
+      ]);
+      const stdioWorker = await workerPid(stdio);
+      await stdio.call("load_model", { model: MODEL });
+      if (http) await http.call("load_model", { model: MODEL });
+      if (want("concurrency")) await stdio.call("load_model", { model: MODEL_NOBATCH });
+      if (want("payload")) await stdio.call("load_model", { model: "mnist-cnn" });
+
+      if (want("overhead")) {
+        say("overhead (stdio / http / direct, interleaved)…");
+        results.overhead = await runOverhead({
+          stdio,
+          http: http!,
+          direct: direct!,
+          iterations: { 1: q(200, 30), 32: q(40, 8) },
+          warmup: q(10, 3),
+        });
+        // The HTTP server and the baseline are done: stop them so they cost nothing later.
+        await Promise.all([http!.close(), direct!.close()]);
+        http = direct = undefined;
+      }
+      if (want("concurrency")) {
+        say("concurrency (batching on / off)…");
+        results.concurrency = await runConcurrency({
+          catalog,
+          mcp: stdio,
+          callers: 32,
+          perRound: q(320, 64),
+          rounds: q(4, 2),
+        });
+      }
+      if (want("payload")) {
+        say("payload…");
+        results.payload = await runPayload({
+          catalog,
+          mcp: stdio,
+          reps: (bytes) => (quick ? 3 : bytes >= 8 << 20 ? 8 : bytes >= 512 << 10 ? 20 : 50),
+        });
+      }
+      if (want("memory")) {
+        say("memory (10,000 calls)…");
+        results.memory = await runMemory({
+          mcp: stdio,
+          workerPid: stdioWorker,
+          calls: q(10_000, 1_000),
+          callers: 16,
+          warmup: q(500, 100),
+        });
+      }
+    }
+  } finally {
+    await Promise.allSettled([stdio?.close(), http?.close(), direct?.close()]);
+  }
+
+  const rows = Object.values(results).flatMap((r) => r.rows);
+  const figures = Object.assign({}, ...Object.values(results).map((r) => r.figures)) as Record<string, number>;
+  const notes = Object.values(results).flatMap((r) => r.notes ?? []);
+  const verdicts = targets(figures);
+  const elapsed = (performance.now() - t0) / 1000;
+
+  const out: string[] = [];
+  out.push(`tpu-mcp bench — ${started.toISOString()} — ${cpus().length} CPUs, load ${loadavg().map((x) => x.toFixed(2)).join(" ")}${quick ? " — QUICK (smoke) run" : ""}`);
+  out.push("");
+  out.push(renderTable(rows));
+  out.push("");
+  out.push("targets");
+  for (const v of verdicts) out.push(`  ${v.pass ? "PASS" : "MISS"}  ${v.name} ${v.threshold}: ${v.figure}`);
+  if (notes.length) {
+    out.push("");
+    out.push("notes");
+    for (const n of notes) out.push(`  - ${n}`);
+  }
+  out.push("");
+  out.push(`total ${elapsed.toFixed(0)} s`);
+  process.stdout.write(out.join("\n") + "\n");
+
+  const dir = join(ROOT, "bench", "results");
+  mkdirSync(dir, { recursive: true });
+  const report = {
+    started_at: started.toISOString(),
+    elapsed_s: elapsed,
+    quick,
+    sections: Object.keys(results),
+    machine: { cpus: cpus().length, cpu_model: cpus()[0]?.model, loadavg_end: loadavg(), node: process.version },
+    figures,
+    targets: verdicts,
+    rows,
+    notes,
+  };
+  writeFileSync(join(dir, "latest.json"), JSON.stringify(report, null, 2) + "\n");
+  say(`wrote bench/results/latest.json`);
+}
+
+main().catch((e) => {
+  process.stderr.write(`bench failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
+  process.exitCode = 1;
+});
