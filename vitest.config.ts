@@ -3,6 +3,8 @@ import { defineConfig } from "vitest/config";
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
+    // The long hardening suites run with `npm run test:hardening` (vitest.hardening.config.ts).
+    exclude: ["**/node_modules/**", "test/hardening/**"],
     // Creates the built-in model files once (a no-op when they exist).
     globalSetup: ["test/globalSetup.ts"],
     testTimeout: 60_000,

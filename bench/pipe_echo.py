@@ -18,6 +18,18 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
 
+    # Experiment switch (not a default): BENCH_SOCK_BUF=N sets N-byte kernel buffers on the
+    # protocol channel (Node's "pipe" stdio is a Unix socketpair), to show how much of the cost
+    # is ping-pong through the default ~208 KiB socket buffer.
+    size = int(os.environ.get("BENCH_SOCK_BUF", "0"))
+    if size:
+        import socket
+
+        for fd, opt in ((0, socket.SO_RCVBUF), (proto.fileno(), socket.SO_SNDBUF)):
+            sock = socket.socket(fileno=os.dup(fd))
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+            sock.detach()
+
     import torch
 
     from tpu_worker import PROTOCOL_VERSION, __version__

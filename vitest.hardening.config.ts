@@ -1,0 +1,15 @@
+import { defineConfig } from "vitest/config";
+
+// The hardening suites (test/hardening): faults, bad input, access, load and protocol
+// conformance against real servers and workers. Long (minutes), so `npm test` leaves them out;
+// `npm run test:hardening` runs them one file at a time.
+export default defineConfig({
+  test: {
+    include: ["test/hardening/**/*.test.ts"],
+    globalSetup: ["test/globalSetup.ts"],
+    testTimeout: 300_000,
+    hookTimeout: 300_000,
+    fileParallelism: false,
+    pool: "forks",
+  },
+});
