@@ -89,7 +89,10 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       throw new ToolError("invalid_argument", zodMessage(parsed.error));
     }
     const args = parsed.data as Record<string, any>;
-    const lane = tool.device ? tool.device(args) : "none";
+    // "default" is the worker's own device: name it as explicit calls would, so both share a lane.
+    const declared = tool.device ? tool.device(args) : undefined;
+    const own = input.base.runtime.hello?.device;
+    const lane = declared === "default" && own ? `${own.kind}:${own.index}` : declared;
     const asJob = JOB_TOOLS.has(tool.name) && args.wait === false;
 
     const ctxFor = (signal: AbortSignal, progress: ToolContext["progress"]): ToolContext => ({

@@ -82,6 +82,7 @@ export async function inProcess(raw: Record<string, any>): Promise<InProcess> {
   const logger = pino({ level: "silent" });
   const app = createApp(config, logger);
   const clients: Client[] = [];
+  let closing: Promise<void> | null = null;
   return {
     app,
     async connect(principal) {
@@ -93,9 +94,12 @@ export async function inProcess(raw: Record<string, any>): Promise<InProcess> {
       clients.push(client);
       return client;
     },
-    async close() {
-      await Promise.all(clients.map((c) => c.close().catch(() => {})));
-      await app.close();
+    close() {
+      closing ??= (async () => {
+        await Promise.all(clients.map((c) => c.close().catch(() => {})));
+        await app.close();
+      })();
+      return closing;
     },
   };
 }
