@@ -87,8 +87,8 @@ async function main() {
       const stdioWorker = await workerPid(stdio);
       await stdio.call("load_model", { model: MODEL });
       if (http) await http.call("load_model", { model: MODEL });
-      if (want("concurrency")) await stdio.call("load_model", { model: MODEL_NOBATCH });
-      if (want("payload")) await stdio.call("load_model", { model: "mnist-cnn" });
+      if (want("concurrency") || want("overhead")) await stdio.call("load_model", { model: MODEL_NOBATCH });
+      if (want("payload") || want("memory")) await stdio.call("load_model", { model: "mnist-cnn" });
 
       if (want("overhead")) {
         say("overhead (stdio / http / direct, interleaved)…");
@@ -96,6 +96,7 @@ async function main() {
           stdio,
           http: http!,
           direct: direct!,
+          catalog,
           iterations: { 1: q(200, 30), 32: q(40, 8) },
           warmup: q(10, 3),
         });

@@ -52,7 +52,9 @@ export class CatalogError extends Error {
 export function parseCatalog(raw: unknown, source = "catalog"): Catalog {
   const parsed = CatalogSchema.safeParse(raw);
   if (!parsed.success) {
-    const problems = parsed.error.issues.map((i) => `${i.path.join(".") || "(top level)"}: ${i.message}`);
+    const problems = parsed.error.issues.map(
+      (i) => `${i.path.join(".") || "(top level)"}: ${i.message}`,
+    );
     throw new CatalogError(`invalid ${source}:\n  - ${problems.join("\n  - ")}`);
   }
   const ids = new Set<string>();

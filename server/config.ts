@@ -7,13 +7,18 @@ import { PolicyConfigSchema } from "../policies/config.js";
 
 const DeviceSchema = z
   .string()
-  .regex(/^(auto|cpu|cuda|tpu|xla)(:\d{1,2})?$/, "use auto, cpu, cuda, tpu or xla, optionally with :index");
+  .regex(
+    /^(auto|cpu|cuda|tpu|xla)(:\d{1,2})?$/,
+    "use auto, cpu, cuda, tpu or xla, optionally with :index",
+  );
 
 export const ServerConfigSchema = z
   .object({
     /** Where SQLite stores (approvals, audit, jobs, reports) and generated files live. */
     data_dir: z.string().default(".data"),
-    log_level: z.enum(["trace", "debug", "info", "warn", "error", "fatal", "silent"]).default("info"),
+    log_level: z
+      .enum(["trace", "debug", "info", "warn", "error", "fatal", "silent"])
+      .default("info"),
     http: z
       .object({
         host: z.string().default("127.0.0.1"),
@@ -119,13 +124,16 @@ export function parseConfig(raw: unknown, opts: { root: string; base?: string; s
   const abs = (p: string, from: string) => (isAbsolute(p) ? p : resolve(from, p));
   // Defaults point inside the repository; values the user wrote are relative to their file.
   const fromRoot = (key: "catalog" | "python") =>
-    (raw as any)?.runtime?.[key] !== undefined ? abs(c.runtime[key], base) : abs(c.runtime[key], opts.root);
+    (raw as any)?.runtime?.[key] !== undefined
+      ? abs(c.runtime[key], base)
+      : abs(c.runtime[key], opts.root);
   // The device given on the command line overrides the file (applyOverrides put it in raw).
   const config: ServerConfig = {
     ...c,
     paths: {
       root: opts.root,
-      data_dir: (raw as any)?.data_dir !== undefined ? abs(c.data_dir, base) : abs(c.data_dir, opts.root),
+      data_dir:
+        (raw as any)?.data_dir !== undefined ? abs(c.data_dir, base) : abs(c.data_dir, opts.root),
       catalog: fromRoot("catalog"),
       python: fromRoot("python"),
     },
@@ -144,14 +152,20 @@ function applyOverrides(raw: unknown, o: ConfigOverrides): unknown {
   return { ...r, runtime: { ...(r.runtime ?? {}), device: o.device } };
 }
 
-export function loadConfig(file: string | undefined, root: string, overrides: ConfigOverrides = {}): ServerConfig {
+export function loadConfig(
+  file: string | undefined,
+  root: string,
+  overrides: ConfigOverrides = {},
+): ServerConfig {
   if (!file) return parseConfig(applyOverrides({}, overrides), { root, source: "(defaults)" });
   const path = resolve(file);
   let text: string;
   try {
     text = readFileSync(path, "utf8");
   } catch (e) {
-    throw new ConfigError(file, [`cannot read the file: ${(e as NodeJS.ErrnoException).code ?? e}`]);
+    throw new ConfigError(file, [
+      `cannot read the file: ${(e as NodeJS.ErrnoException).code ?? e}`,
+    ]);
   }
   let raw: unknown;
   try {

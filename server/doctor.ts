@@ -24,18 +24,27 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
     if (!io.json) io.out(`  FAIL ${s}`);
   };
   const sdk = JSON.parse(
-    readFileSync(join(config.paths.root, "node_modules/@modelcontextprotocol/sdk/package.json"), "utf8"),
+    readFileSync(
+      join(config.paths.root, "node_modules/@modelcontextprotocol/sdk/package.json"),
+      "utf8",
+    ),
   ).version;
   report.versions = { tpu_mcp: SERVER_VERSION, node: process.version, mcp_sdk: sdk };
-  if (!io.json) io.out(`tpu-mcp ${SERVER_VERSION}, node ${process.version}, MCP SDK ${sdk}\n\nconfig`);
+  if (!io.json)
+    io.out(`tpu-mcp ${SERVER_VERSION}, node ${process.version}, MCP SDK ${sdk}\n\nconfig`);
 
   ok(`data dir ${config.paths.data_dir}`);
   ok(`device ${config.runtime.device}, worker start ${config.runtime.start}`);
   const p = config.policy;
-  ok(`principals: stdio '${p.stdio_principal.id}', ${p.tokens.length} static token(s)${p.jwt ? `, JWT issuer ${p.jwt.issuer}` : ""}`);
-  ok(`approval rules: ${p.approvals.rules.length}${p.approvals.rules.length ? ` (${p.approvals.rules.map((r: any) => r.tool).join(", ")})` : ""}`);
+  ok(
+    `principals: stdio '${p.stdio_principal.id}', ${p.tokens.length} static token(s)${p.jwt ? `, JWT issuer ${p.jwt.issuer}` : ""}`,
+  );
+  ok(
+    `approval rules: ${p.approvals.rules.length}${p.approvals.rules.length ? ` (${p.approvals.rules.map((r: any) => r.tool).join(", ")})` : ""}`,
+  );
   for (const t of p.tokens) {
-    if (t.expires_at && Date.parse(t.expires_at) < Date.now()) bad(`token of '${t.id}' expired at ${t.expires_at}`);
+    if (t.expires_at && Date.parse(t.expires_at) < Date.now())
+      bad(`token of '${t.id}' expired at ${t.expires_at}`);
   }
 
   if (!io.json) io.out("\ncatalog");
@@ -48,7 +57,9 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
     bad((e as Error).message);
   }
   if (!existsSync(config.paths.python)) {
-    bad(`Python not found at ${config.paths.python}: run \`npm run setup\` (creates .venv with torch)`);
+    bad(
+      `Python not found at ${config.paths.python}: run \`npm run setup\` (creates .venv with torch)`,
+    );
     if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
     return 1;
   }
@@ -66,20 +77,28 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
   try {
     const hello = await runtime.ready();
     report.worker = hello;
-    ok(`worker ${hello.worker_version}, python ${hello.python_version}, torch ${hello.torch_version}`);
+    ok(
+      `worker ${hello.worker_version}, python ${hello.python_version}, torch ${hello.torch_version}`,
+    );
     if (!io.json) {
       io.out("\ndevice probe (in order)");
-      for (const s of hello.probe) io.out(`  ${s.matched ? "yes " : "no  "} ${s.backend.padEnd(10)} ${s.reason}`);
+      for (const s of hello.probe)
+        io.out(`  ${s.matched ? "yes " : "no  "} ${s.backend.padEnd(10)} ${s.reason}`);
       const d = hello.device;
       const gib = (n: number | null) => (n == null ? "?" : (n / 2 ** 30).toFixed(1));
-      io.out(`  → serving on ${d.kind} (${d.name}) ×${d.count}, memory ${gib(d.memory_free_bytes)} GiB free of ${gib(d.memory_total_bytes)} GiB`);
+      io.out(
+        `  → serving on ${d.kind} (${d.name}) ×${d.count}, memory ${gib(d.memory_free_bytes)} GiB free of ${gib(d.memory_total_bytes)} GiB`,
+      );
     }
     if (catalogOk) {
       const { result } = await runtime.call<{ models: any[] }>("describe", {});
       report.models = result.models;
       if (!io.json) io.out("\nmodels");
       for (const m of result.models) {
-        if (m.available) ok(`${m.id}: ${m.parameters} parameters, ${(m.weight_bytes / 2 ** 20).toFixed(1)} MiB, ${m.format}`);
+        if (m.available)
+          ok(
+            `${m.id}: ${m.parameters} parameters, ${(m.weight_bytes / 2 ** 20).toFixed(1)} MiB, ${m.format}`,
+          );
         else bad(`${m.id}: ${m.problem}`);
       }
     }

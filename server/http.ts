@@ -2,7 +2,12 @@
 // opened it), bearer auth, Origin and Host checks, a body limit, and the operational endpoints
 // /healthz, /readyz and /metrics that answer without touching the worker.
 import { randomUUID } from "node:crypto";
-import { createServer, type IncomingMessage, type Server as HttpServer, type ServerResponse } from "node:http";
+import {
+  createServer,
+  type IncomingMessage,
+  type Server as HttpServer,
+  type ServerResponse,
+} from "node:http";
 import type { AddressInfo } from "node:net";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
@@ -48,13 +53,24 @@ class HttpError extends Error {
   }
 }
 
-function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) {
+function sendJson(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+) {
   if (res.headersSent) return;
   res.writeHead(status, { "content-type": "application/json", ...headers });
   res.end(JSON.stringify(body));
 }
 
-function jsonRpcError(res: ServerResponse, status: number, code: number, message: string, headers: Record<string, string> = {}) {
+function jsonRpcError(
+  res: ServerResponse,
+  status: number,
+  code: number,
+  message: string,
+  headers: Record<string, string> = {},
+) {
   sendJson(res, status, { jsonrpc: "2.0", error: { code, message }, id: null }, headers);
 }
 
@@ -75,11 +91,17 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   const cfg = app.config.http;
   const log = app.logger.child({ component: "http" });
   if (opts.noAuth && !isLoopbackHost(opts.host)) {
-    throw new Error(`--no-auth is only allowed on a loopback address (127.0.0.1, ::1, localhost), not ${opts.host}`);
+    throw new Error(
+      `--no-auth is only allowed on a loopback address (127.0.0.1, ::1, localhost), not ${opts.host}`,
+    );
   }
   const sessions = new Map<string, Session>();
   let baseUrl = "";
-  const anonymous: Principal = { id: "anonymous", scopes: app.config.policy.stdio_principal.scopes as any, via: "token" };
+  const anonymous: Principal = {
+    id: "anonymous",
+    scopes: app.config.policy.stdio_principal.scopes as any,
+    via: "token",
+  };
 
   const metadataUrl = () => `${baseUrl}/.well-known/oauth-protected-resource`;
   const resourceUrl = () => cfg.resource_url ?? `${baseUrl}/mcp`;
@@ -96,9 +118,14 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   );
   function checkHost(req: IncomingMessage) {
     const host = (req.headers.host ?? "").toLowerCase();
-    const name = host.startsWith("[") ? host.slice(0, host.indexOf("]") + 1) : host.replace(/:\d+$/, "");
+    const name = host.startsWith("[")
+      ? host.slice(0, host.indexOf("]") + 1)
+      : host.replace(/:\d+$/, "");
     if (!allowedHosts.has(name) && !allowedHosts.has(host)) {
-      throw new HttpError(403, "Host header not allowed (DNS rebinding protection); add it to http.allowed_hosts");
+      throw new HttpError(
+        403,
+        "Host header not allowed (DNS rebinding protection); add it to http.allowed_hosts",
+      );
     }
   }
 
@@ -122,7 +149,9 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       const err = e as { code?: string; description?: string; message?: string };
       const code = err.code ?? "invalid_token";
       const desc = (err.description ?? err.message ?? "invalid token").replace(/"/g, "'");
-      throw new HttpError(401, desc, { "www-authenticate": challenge(`error="${code}", error_description="${desc}"`) });
+      throw new HttpError(401, desc, {
+        "www-authenticate": challenge(`error="${code}", error_description="${desc}"`),
+      });
     }
   }
 
@@ -169,15 +198,23 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     if (typeof sid === "string") {
       const s = sessions.get(sid);
       // A session belongs to the principal that opened it; another token cannot ride on it.
-      if (!s || s.principalId !== principal.id) return jsonRpcError(res, 404, -32001, "Session not found");
+      if (!s || s.principalId !== principal.id)
+        return jsonRpcError(res, 404, -32001, "Session not found");
       s.lastSeen = Date.now();
       return s.transport.handleRequest(req, res, body);
     }
     if (req.method !== "POST" || !isInitializeRequest(body)) {
-      return jsonRpcError(res, 400, -32000, "Bad Request: no valid session id; start with an initialize request");
+      return jsonRpcError(
+        res,
+        400,
+        -32000,
+        "Bad Request: no valid session id; start with an initialize request",
+      );
     }
     if (sessions.size >= cfg.max_sessions) {
-      return jsonRpcError(res, 503, -32000, "too many open sessions; retry later", { "retry-after": "5" });
+      return jsonRpcError(res, 503, -32000, "too many open sessions; retry later", {
+        "retry-after": "5",
+      });
     }
     const server = createMcpServer(app, principal);
     const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
@@ -211,14 +248,19 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
             .call<any>("status", {}, { timeoutMs: 500 })
             .then((r) => r.result)
             .catch(() => null);
-          for (const m of st?.loaded ?? []) app.metrics.queueDepth.set({ model: m.model }, m.queue_depth ?? 0);
+          for (const m of st?.loaded ?? [])
+            app.metrics.queueDepth.set({ model: m.model }, m.queue_depth ?? 0);
         }
         const dev = app.runtime.hello?.device;
-        if (dev?.memory_free_bytes != null) app.metrics.deviceMemoryFree.set({ device: dev.kind }, dev.memory_free_bytes);
+        if (dev?.memory_free_bytes != null)
+          app.metrics.deviceMemoryFree.set({ device: dev.kind }, dev.memory_free_bytes);
         res.writeHead(200, { "content-type": app.metrics.registry.contentType });
         return res.end(await app.metrics.registry.metrics());
       }
-      if (path === "/.well-known/oauth-protected-resource" || path === "/.well-known/oauth-protected-resource/mcp") {
+      if (
+        path === "/.well-known/oauth-protected-resource" ||
+        path === "/.well-known/oauth-protected-resource/mcp"
+      ) {
         const jwt = app.config.policy.jwt;
         return sendJson(res, 200, {
           resource: resourceUrl(),

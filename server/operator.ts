@@ -48,7 +48,9 @@ export async function runApprovalsCommand(
     }
     if ((sub === "approve" || sub === "deny") && id) {
       if (!io.token) {
-        io.err("an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant)");
+        io.err(
+          "an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant)",
+        );
         return 2;
       }
       let approver;
@@ -60,7 +62,11 @@ export async function runApprovalsCommand(
       }
       try {
         const rec = gate.decideApproval(id, approver, sub, io.reason);
-        io.out(io.json ? JSON.stringify(rec, null, 2) : `${sub === "approve" ? "approved" : "denied"}: ${describe(rec)}`);
+        io.out(
+          io.json
+            ? JSON.stringify(rec, null, 2)
+            : `${sub === "approve" ? "approved" : "denied"}: ${describe(rec)}`,
+        );
         return 0;
       } catch (e) {
         const err = e as { code?: string; message?: string };
@@ -68,7 +74,9 @@ export async function runApprovalsCommand(
         return 1;
       }
     }
-    io.err("usage: tpu-mcp approvals list | show ID | approve ID | deny ID [--reason R] [--token T]");
+    io.err(
+      "usage: tpu-mcp approvals list | show ID | approve ID | deny ID [--reason R] [--token T]",
+    );
     return 2;
   } finally {
     policy.close();
@@ -97,7 +105,12 @@ export async function runAuditCommand(
     if (sub === "verify") {
       const v = audit.verify();
       if (io.json) io.out(JSON.stringify(v, null, 2));
-      else io.out(v.ok ? `ok: ${v.checked} record(s), chain intact` : `TAMPERED at record #${v.first_bad_seq}: ${v.reason}`);
+      else
+        io.out(
+          v.ok
+            ? `ok: ${v.checked} record(s), chain intact`
+            : `TAMPERED at record #${v.first_bad_seq}: ${v.reason}`,
+        );
       return v.ok ? 0 : 1;
     }
     io.err("usage: tpu-mcp audit tail [-n N] | verify");

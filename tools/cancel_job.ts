@@ -11,13 +11,21 @@ export const cancelJob = (_env: ToolEnv) =>
       "Cancels a running job of yours; the cancellation reaches the worker, which stops at its next step and frees the device. A benchmark keeps its finished configurations.",
     input: z.object({ job_id: jobIdArg }).strict(),
     output: JobView,
-    annotations: { readOnlyHint: false, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+    annotations: {
+      readOnlyHint: false,
+      destructiveHint: false,
+      idempotentHint: true,
+      openWorldHint: false,
+    },
     async handler(args, ctx) {
       const job = ctx.jobs.cancel(args.job_id, ctx.principal.id);
       if (!job) throw new ToolError("job_not_found", `no job ${args.job_id} of yours exists`);
       if (job.status === "running") {
         // Wait briefly so the answer shows the job's final state when the worker is quick.
-        await Promise.race([ctx.jobs.settled(args.job_id), new Promise((r) => setTimeout(r, 5000))]);
+        await Promise.race([
+          ctx.jobs.settled(args.job_id),
+          new Promise((r) => setTimeout(r, 5000)),
+        ]);
       }
       const { principal: _p, ...view } = ctx.jobs.get(args.job_id, ctx.principal.id)!;
       return view;

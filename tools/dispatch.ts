@@ -14,7 +14,10 @@ export type Elicit = NonNullable<GateCall["elicit"]>;
 
 export interface CallToolResultLike {
   [k: string]: unknown;
-  content: ({ type: "text"; text: string } | { type: "resource_link"; uri: string; name: string; mimeType?: string })[];
+  content: (
+    | { type: "text"; text: string }
+    | { type: "resource_link"; uri: string; name: string; mimeType?: string }
+  )[];
   structuredContent?: Record<string, unknown>;
   isError?: boolean;
   _meta?: Record<string, unknown>;
@@ -48,12 +51,20 @@ export function errorResult(e: ToolError): CallToolResultLike {
     content: [{ type: "text", text: `error ${e.code}: ${e.message}` }],
     isError: true,
     _meta: {
-      [ERROR_META_KEY]: { code: e.code, message: e.message, recoverable, ...(e.details ? { details: e.details } : {}) },
+      [ERROR_META_KEY]: {
+        code: e.code,
+        message: e.message,
+        recoverable,
+        ...(e.details ? { details: e.details } : {}),
+      },
     },
   };
 }
 
-function successResult(tool: ToolDefinition<any, any>, out: Record<string, unknown>): CallToolResultLike {
+function successResult(
+  tool: ToolDefinition<any, any>,
+  out: Record<string, unknown>,
+): CallToolResultLike {
   const content: CallToolResultLike["content"] = [{ type: "text", text: tool.render(out) }];
   // Resources named in the result are also linked, so clients can fetch them without parsing.
   const uris = new Set<string>();
@@ -61,7 +72,8 @@ function successResult(tool: ToolDefinition<any, any>, out: Record<string, unkno
     if (typeof v === "string" && v.startsWith("tpu://")) uris.add(v);
     return v;
   });
-  for (const uri of uris) content.push({ type: "resource_link", uri, name: uri.slice("tpu://".length) });
+  for (const uri of uris)
+    content.push({ type: "resource_link", uri, name: uri.slice("tpu://".length) });
   return { content, structuredContent: out };
 }
 
@@ -73,18 +85,27 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
     const device = "default";
     if (!canCall(principal as any, tool.name)) {
       // The gate refuses and audits it; arguments are not even parsed for a caller without scope.
-      await gate.run({ principal, tool: tool.name, args: {}, device, signal: input.signal }, async () => {
-        throw new ToolError("insufficient_scope", "not allowed");
-      });
+      await gate.run(
+        { principal, tool: tool.name, args: {}, device, signal: input.signal },
+        async () => {
+          throw new ToolError("insufficient_scope", "not allowed");
+        },
+      );
     }
     const parsed = tool.input.safeParse(input.rawArgs ?? {});
     if (!parsed.success) {
       const unknownModel = parsed.error.issues.find(
-        (i: z.core.$ZodIssue) => i.path.length === 1 && i.path[0] === "model" && typeof (input.rawArgs as any)?.model === "string",
+        (i: z.core.$ZodIssue) =>
+          i.path.length === 1 &&
+          i.path[0] === "model" &&
+          typeof (input.rawArgs as any)?.model === "string",
       );
       if (unknownModel) {
         const ids = input.base.env.catalog.models.map((m) => m.id).join(", ");
-        throw new ToolError("unknown_model", `model: not in the catalog; call list_models (ids: ${ids})`);
+        throw new ToolError(
+          "unknown_model",
+          `model: not in the catalog; call list_models (ids: ${ids})`,
+        );
       }
       throw new ToolError("invalid_argument", zodMessage(parsed.error));
     }
@@ -101,8 +122,18 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       signal,
       progress,
     });
-    const estimate = tool.estimate ? await tool.estimate(args, ctxFor(input.signal, input.progress)) : undefined;
-    const call: GateCall = { principal, tool: tool.name, args, device: lane, estimate, signal: input.signal, elicit: input.elicit };
+    const estimate = tool.estimate
+      ? await tool.estimate(args, ctxFor(input.signal, input.progress))
+      : undefined;
+    const call: GateCall = {
+      principal,
+      tool: tool.name,
+      args,
+      device: lane,
+      estimate,
+      signal: input.signal,
+      elicit: input.elicit,
+    };
 
     let out: Record<string, unknown>;
     if (!asJob) {
@@ -135,11 +166,17 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
   } catch (e) {
     const err = toToolError(e);
     outcome = err.code;
-    if (err.code === "internal") logger.error({ err: e, tool: tool.name }, "tool failed unexpectedly");
+    if (err.code === "internal")
+      logger.error({ err: e, tool: tool.name }, "tool failed unexpectedly");
     return errorResult(err);
   } finally {
     logger.info(
-      { tool: tool.name, principal: principal.id, outcome, duration_ms: Math.round(performance.now() - t0) },
+      {
+        tool: tool.name,
+        principal: principal.id,
+        outcome,
+        duration_ms: Math.round(performance.now() - t0),
+      },
       "tool call",
     );
   }

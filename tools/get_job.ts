@@ -2,7 +2,9 @@ import { z } from "zod";
 import { ToolError } from "./errors.js";
 import { defineTool, type ToolEnv } from "./types.js";
 
-export const jobIdArg = z.string().regex(/^job_[0-9a-f]{24}$/, "a job id looks like job_ followed by 24 hex digits");
+export const jobIdArg = z
+  .string()
+  .regex(/^job_[0-9a-f]{24}$/, "a job id looks like job_ followed by 24 hex digits");
 
 export const JobView = z.object({
   job_id: z.string(),
@@ -24,7 +26,12 @@ export const getJob = (_env: ToolEnv) =>
     description: "Status, progress and result of a job started with wait: false (yours only).",
     input: z.object({ job_id: jobIdArg }).strict(),
     output: JobView,
-    annotations: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+    annotations: {
+      readOnlyHint: true,
+      destructiveHint: false,
+      idempotentHint: true,
+      openWorldHint: false,
+    },
     async handler(args, ctx) {
       const job = ctx.jobs.get(args.job_id, ctx.principal.id);
       if (!job) throw new ToolError("job_not_found", `no job ${args.job_id} of yours exists`);

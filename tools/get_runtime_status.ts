@@ -49,7 +49,12 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
       ),
       jobs_running: z.number(),
     }),
-    annotations: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+    annotations: {
+      readOnlyHint: true,
+      destructiveHint: false,
+      idempotentHint: true,
+      openWorldHint: false,
+    },
     async handler(_args, ctx) {
       const rt = ctx.runtime;
       const { result } = await rt.call<any>("status", {}, { signal: ctx.signal });
@@ -75,5 +80,7 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
     render: (o) =>
       `worker ${o.worker.state}${o.device ? ` on ${o.device.kind} (${o.device.name})` : ""}; torch ${o.torch_version}; ` +
       `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}]`).join(", ") || "none"}` +
-      (o.worker.lost_models.length ? `; lost in a worker restart: ${o.worker.lost_models.join(", ")}` : ""),
+      (o.worker.lost_models.length
+        ? `; lost in a worker restart: ${o.worker.lost_models.join(", ")}`
+        : ""),
   });

@@ -31,7 +31,12 @@ export const listModels = (env: ToolEnv) =>
       "The model catalog: id, task, parameters, weight bytes, format, allowed dtypes and devices, limits, and whether each is loaded.",
     input: z.object({}).strict(),
     output: z.object({ models: z.array(ModelInfo) }),
-    annotations: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+    annotations: {
+      readOnlyHint: true,
+      destructiveHint: false,
+      idempotentHint: true,
+      openWorldHint: false,
+    },
     async handler(_args, ctx) {
       const [facts, status] = await Promise.all([
         ctx.facts.all(),

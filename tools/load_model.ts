@@ -49,7 +49,12 @@ export const loadModel = (env: ToolEnv) => {
       })
       .strict(),
     output: z.union([LoadResult, JobRef]),
-    annotations: { readOnlyHint: false, destructiveHint: false, idempotentHint: false, openWorldHint: false },
+    annotations: {
+      readOnlyHint: false,
+      destructiveHint: false,
+      idempotentHint: false,
+      openWorldHint: false,
+    },
     device: (a) => a.device ?? "default",
     estimate: (a, ctx) => estimateFor("load_model", a, ctx),
     async handler(args, ctx) {

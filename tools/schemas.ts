@@ -35,12 +35,17 @@ export function tensorInput(env: ToolEnv) {
   return z
     .object({
       dtype: z.enum(TENSOR_DTYPES),
-      shape: z.array(z.number().int().min(0).max(1 << 30)).min(1).max(8),
-      data: z
-        .array(z.number())
-        .max(max)
-        .optional()
-        .describe("values in C order (small inputs)"),
+      shape: z
+        .array(
+          z
+            .number()
+            .int()
+            .min(0)
+            .max(1 << 30),
+        )
+        .min(1)
+        .max(8),
+      data: z.array(z.number()).max(max).optional().describe("values in C order (small inputs)"),
       data_b64: z
         .string()
         .max(Math.ceil((max * 8 * 4) / 3) + 4)

@@ -6,10 +6,16 @@ export const unloadModel = (env: ToolEnv) =>
   defineTool({
     name: "unload_model",
     title: "Unload a model",
-    description: "Frees a loaded model and its device memory. Requests queued for it fail with model_not_loaded.",
+    description:
+      "Frees a loaded model and its device memory. Requests queued for it fail with model_not_loaded.",
     input: z.object({ model: modelId(env) }).strict(),
     output: z.object({ model: z.string(), freed_bytes: z.number() }),
-    annotations: { readOnlyHint: false, destructiveHint: true, idempotentHint: true, openWorldHint: false },
+    annotations: {
+      readOnlyHint: false,
+      destructiveHint: true,
+      idempotentHint: true,
+      openWorldHint: false,
+    },
     device: () => "default",
     async handler(args, ctx) {
       const { result } = await ctx.runtime.call<{ model: string; freed_bytes: number }>(

@@ -11,7 +11,10 @@ describe("approval by elicitation", () => {
   const prompts: any[] = [];
   beforeAll(async () => {
     const config = writeConfig({
-      policy: { approvals: { rules: [{ tool: "load_model" }], elicitation: true }, limits: { rate_limit: { per_principal_per_minute: 6000 } } },
+      policy: {
+        approvals: { rules: [{ tool: "load_model" }], elicitation: true },
+        limits: { rate_limit: { per_principal_per_minute: 6000 } },
+      },
     });
     conn = await connectStdio(config, { capabilities: { elicitation: { form: {} } } });
     conn.client.setRequestHandler(ElicitRequestSchema, async (req) => {

@@ -1,7 +1,12 @@
 // A real `tpu-mcp http` child process and the SDK's real Streamable HTTP client.
 import { request } from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { connectHttp, startHttpServer, writeConfig, type HttpServerProc } from "../helpers/server.js";
+import {
+  connectHttp,
+  startHttpServer,
+  writeConfig,
+  type HttpServerProc,
+} from "../helpers/server.js";
 import { badInputs, coreJourney } from "./scenario.js";
 
 describe("tpu-mcp http", () => {
@@ -39,23 +44,50 @@ describe("tpu-mcp http", () => {
   });
 
   it("rejects a missing token, a wrong token, a foreign Origin and a foreign Host", async () => {
-    const init = { jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-11-25", capabilities: {}, clientInfo: { name: "x", version: "1" } } };
+    const init = {
+      jsonrpc: "2.0",
+      id: 1,
+      method: "initialize",
+      params: {
+        protocolVersion: "2025-11-25",
+        capabilities: {},
+        clientInfo: { name: "x", version: "1" },
+      },
+    };
     const post = (headers: Record<string, string>) =>
       fetch(server.url, {
         method: "POST",
-        headers: { "content-type": "application/json", accept: "application/json, text/event-stream", ...headers },
+        headers: {
+          "content-type": "application/json",
+          accept: "application/json, text/event-stream",
+          ...headers,
+        },
         body: JSON.stringify(init),
       });
     const none = await post({});
     expect(none.status).toBe(401);
     expect(none.headers.get("www-authenticate")).toMatch(/resource_metadata=/);
     expect((await post({ authorization: "Bearer nope" })).status).toBe(401);
-    expect((await post({ authorization: `Bearer ${server.token}`, origin: "https://evil.example" })).status).toBe(403);
+    expect(
+      (await post({ authorization: `Bearer ${server.token}`, origin: "https://evil.example" }))
+        .status,
+    ).toBe(403);
     // fetch cannot forge Host; a raw request can (as a DNS-rebinding page effectively does).
     const u = new URL(server.url);
     const hostStatus = await new Promise<number>((resolve, reject) => {
       const req = request(
-        { host: u.hostname, port: u.port, path: u.pathname, method: "POST", headers: { host: "evil.example", authorization: `Bearer ${server.token}`, "content-type": "application/json", accept: "application/json, text/event-stream" } },
+        {
+          host: u.hostname,
+          port: u.port,
+          path: u.pathname,
+          method: "POST",
+          headers: {
+            host: "evil.example",
+            authorization: `Bearer ${server.token}`,
+            "content-type": "application/json",
+            accept: "application/json, text/event-stream",
+          },
+        },
         (res) => {
           res.resume();
           resolve(res.statusCode ?? 0);

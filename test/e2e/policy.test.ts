@@ -8,7 +8,15 @@ import { promisify } from "node:util";
 import Database from "better-sqlite3";
 import { SignJWT, exportJWK, generateKeyPair } from "jose";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CLI, ROOT, connectHttp, errorOf, startHttpServer, writeConfig, type HttpServerProc } from "../helpers/server.js";
+import {
+  CLI,
+  ROOT,
+  connectHttp,
+  errorOf,
+  startHttpServer,
+  writeConfig,
+  type HttpServerProc,
+} from "../helpers/server.js";
 import { call } from "./scenario.js";
 
 const run = promisify(execFile);
@@ -43,18 +51,31 @@ describe("demo policy over HTTP", () => {
     try {
       const names = (await reader.client.listTools()).tools.map((t) => t.name).sort();
       expect(names).toEqual(["check_model", "get_runtime_status", "list_models"]);
-      await expect(reader.client.callTool({ name: "load_model", arguments: { model: "tiny-gpt2" } })).rejects.toThrow(/insufficient_scope/);
+      await expect(
+        reader.client.callTool({ name: "load_model", arguments: { model: "tiny-gpt2" } }),
+      ).rejects.toThrow(/insufficient_scope/);
     } finally {
       await reader.close();
     }
     // The challenge itself, as RFC 6750 describes it.
     const init = await fetch(server.url, {
       method: "POST",
-      headers: { authorization: `Bearer ${READER}`, "content-type": "application/json", accept: "application/json, text/event-stream" },
-      body: JSON.stringify({ jsonrpc: "2.0", id: 7, method: "tools/call", params: { name: "load_model", arguments: { model: "tiny-gpt2" } } }),
+      headers: {
+        authorization: `Bearer ${READER}`,
+        "content-type": "application/json",
+        accept: "application/json, text/event-stream",
+      },
+      body: JSON.stringify({
+        jsonrpc: "2.0",
+        id: 7,
+        method: "tools/call",
+        params: { name: "load_model", arguments: { model: "tiny-gpt2" } },
+      }),
     });
     expect(init.status).toBe(403);
-    expect(init.headers.get("www-authenticate")).toMatch(/error="insufficient_scope", scope="models:load"/);
+    expect(init.headers.get("www-authenticate")).toMatch(
+      /error="insufficient_scope", scope="models:load"/,
+    );
   });
 
   it("lets agent load tiny-gpt2 at once but all-minilm-l6-v2 only after the operator approves", async () => {
@@ -83,7 +104,11 @@ describe("demo policy over HTTP", () => {
       expect(ok.code, ok.stderr).toBe(0);
 
       // Other arguments with that id: refused, and the approval is not spent by it.
-      const other = await call(agent.client, "load_model", { model: "all-minilm-l6-v2", dtype: "bfloat16", approval_id: id });
+      const other = await call(agent.client, "load_model", {
+        model: "all-minilm-l6-v2",
+        dtype: "bfloat16",
+        approval_id: id,
+      });
       expect(errorOf(other)?.code).toBe("approval_mismatch");
       // `confirm: true` is never an approval (and is not even an argument).
       const confirm = await call(agent.client, "load_model", { ...args, confirm: true });
@@ -97,10 +122,20 @@ describe("demo policy over HTTP", () => {
       expect(errorOf(reused)?.code).toBe("approval_used");
 
       // A denied approval.
-      const again = await call(agent.client, "run_benchmark", { model: "tiny-gpt2", iterations: 2 });
+      const again = await call(agent.client, "run_benchmark", {
+        model: "tiny-gpt2",
+        iterations: 2,
+      });
       const id2 = errorOf(again)!.details.approval_id;
-      expect((await cli(config, "approvals", "deny", id2, "--token", OPERATOR, "--reason", "not now")).code).toBe(0);
-      const denied = await call(agent.client, "run_benchmark", { model: "tiny-gpt2", iterations: 2, approval_id: id2 });
+      expect(
+        (await cli(config, "approvals", "deny", id2, "--token", OPERATOR, "--reason", "not now"))
+          .code,
+      ).toBe(0);
+      const denied = await call(agent.client, "run_benchmark", {
+        model: "tiny-gpt2",
+        iterations: 2,
+        approval_id: id2,
+      });
       expect(errorOf(denied)?.code).toBe("approval_denied");
     } finally {
       await agent.close();
@@ -116,8 +151,13 @@ describe("demo policy over HTTP", () => {
     expect((await cli(config, "audit", "verify")).code).toBe(0);
 
     const db = new Database(join(dir, "data", "policy.db"));
-    const row = db.prepare("SELECT seq, record FROM audit_log ORDER BY seq LIMIT 1 OFFSET 2").get() as any;
-    db.prepare("UPDATE audit_log SET record = ? WHERE seq = ?").run(row.record.replace(/"agent"|"reader"/, '"mallory"'), row.seq);
+    const row = db
+      .prepare("SELECT seq, record FROM audit_log ORDER BY seq LIMIT 1 OFFSET 2")
+      .get() as any;
+    db.prepare("UPDATE audit_log SET record = ? WHERE seq = ?").run(
+      row.record.replace(/"agent"|"reader"/, '"mallory"'),
+      row.seq,
+    );
     db.close();
     const bad = await cli(config, "audit", "verify");
     expect(bad.code).toBe(1);
@@ -145,17 +185,25 @@ describe("approvals across restarts, expiry and self-grant", () => {
   let durable: string;
   beforeAll(async () => {
     const { createHash } = await import("node:crypto");
-    policy.tokens[policy.tokens.length - 1].token_sha256 = createHash("sha256").update(selfToken).digest("hex");
+    policy.tokens[policy.tokens.length - 1].token_sha256 = createHash("sha256")
+      .update(selfToken)
+      .digest("hex");
     config = writeConfig({ policy }, dir);
     // The restart test needs an approval that outlives a slow restart on a busy machine.
-    durable = writeConfig({ policy: { ...policy, approvals: { ...policy.approvals, ttl_s: 900 } } });
+    durable = writeConfig({
+      policy: { ...policy, approvals: { ...policy.approvals, ttl_s: 900 } },
+    });
   });
 
   it("keeps a pending approval across a server restart", async () => {
     const config = durable;
     let server = await startHttpServer(config);
     let agent = await connectHttp(server.url, AGENT);
-    const r = await call(agent.client, "run_benchmark", { model: "mnist-cnn", iterations: 2, warmup: 0 });
+    const r = await call(agent.client, "run_benchmark", {
+      model: "mnist-cnn",
+      iterations: 2,
+      warmup: 0,
+    });
     const id = errorOf(r)!.details.approval_id;
     await agent.close();
     await server.stop();
@@ -164,7 +212,12 @@ describe("approvals across restarts, expiry and self-grant", () => {
     try {
       expect((await cli(config, "approvals", "approve", id, "--token", OPERATOR)).code).toBe(0);
       agent = await connectHttp(server.url, AGENT);
-      const ok = await call(agent.client, "run_benchmark", { model: "mnist-cnn", iterations: 2, warmup: 0, approval_id: id });
+      const ok = await call(agent.client, "run_benchmark", {
+        model: "mnist-cnn",
+        iterations: 2,
+        warmup: 0,
+        approval_id: id,
+      });
       expect(ok.isError, JSON.stringify(ok)).toBeFalsy();
       await agent.close();
     } finally {
@@ -176,7 +229,11 @@ describe("approvals across restarts, expiry and self-grant", () => {
     const server = await startHttpServer(config);
     try {
       const lead = await connectHttp(server.url, selfToken);
-      const r = await call(lead.client, "run_benchmark", { model: "mnist-cnn", iterations: 2, warmup: 0 });
+      const r = await call(lead.client, "run_benchmark", {
+        model: "mnist-cnn",
+        iterations: 2,
+        warmup: 0,
+      });
       const id = errorOf(r)!.details.approval_id;
       const self = await cli(config, "approvals", "approve", id, "--token", selfToken);
       expect(self.code).not.toBe(0);
@@ -184,12 +241,21 @@ describe("approvals across restarts, expiry and self-grant", () => {
       await lead.close();
 
       const agent = await connectHttp(server.url, AGENT);
-      const r2 = await call(agent.client, "run_benchmark", { model: "mnist-cnn", iterations: 3, warmup: 0 });
+      const r2 = await call(agent.client, "run_benchmark", {
+        model: "mnist-cnn",
+        iterations: 3,
+        warmup: 0,
+      });
       const id2 = errorOf(r2)!.details.approval_id;
       // ttl_s is 3 in this config; an approval granted and then left unused expires the same way
       // (covered with a fake clock in test/policies).
       await new Promise((res) => setTimeout(res, 3500));
-      const late = await call(agent.client, "run_benchmark", { model: "mnist-cnn", iterations: 3, warmup: 0, approval_id: id2 });
+      const late = await call(agent.client, "run_benchmark", {
+        model: "mnist-cnn",
+        iterations: 3,
+        warmup: 0,
+        approval_id: id2,
+      });
       expect(errorOf(late)?.code).toBe("approval_expired");
       await agent.close();
     } finally {
@@ -202,7 +268,13 @@ describe("JWT bearer tokens", () => {
   it("accepts a token for this server's audience and refuses one for another audience with 401", async () => {
     const { publicKey, privateKey } = await generateKeyPair("ES256");
     const jwk = { ...(await exportJWK(publicKey)), kid: "k1", alg: "ES256" };
-    const policy = { jwt: { issuer: "https://issuer.test", audience: "https://tpu-mcp.test/mcp", jwks: { keys: [jwk] } } };
+    const policy = {
+      jwt: {
+        issuer: "https://issuer.test",
+        audience: "https://tpu-mcp.test/mcp",
+        jwks: { keys: [jwk] },
+      },
+    };
     const server = await startHttpServer(writeConfig({ policy }));
     const sign = (aud: string) =>
       new SignJWT({ scope: "models:read" })
@@ -219,8 +291,21 @@ describe("JWT bearer tokens", () => {
       await good.close();
       const wrong = await fetch(server.url, {
         method: "POST",
-        headers: { authorization: `Bearer ${await sign("https://someone-else.test")}`, "content-type": "application/json", accept: "application/json, text/event-stream" },
-        body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-11-25", capabilities: {}, clientInfo: { name: "x", version: "1" } } }),
+        headers: {
+          authorization: `Bearer ${await sign("https://someone-else.test")}`,
+          "content-type": "application/json",
+          accept: "application/json, text/event-stream",
+        },
+        body: JSON.stringify({
+          jsonrpc: "2.0",
+          id: 1,
+          method: "initialize",
+          params: {
+            protocolVersion: "2025-11-25",
+            capabilities: {},
+            clientInfo: { name: "x", version: "1" },
+          },
+        }),
       });
       expect(wrong.status).toBe(401);
       expect(wrong.headers.get("www-authenticate")).toMatch(/invalid_token/);
@@ -234,7 +319,12 @@ describe("concurrency bound", () => {
   it("answers a 17th concurrent call over a bound of 16 with busy at once", async () => {
     const policy = {
       ...demo,
-      limits: { ...demo.limits, per_tool_concurrency: { run_inference: 16 }, queue_bound: { run_inference: 0 }, rate_limit: { per_principal_per_minute: 1000 } },
+      limits: {
+        ...demo.limits,
+        per_tool_concurrency: { run_inference: 16 },
+        queue_bound: { run_inference: 0 },
+        rate_limit: { per_principal_per_minute: 1000 },
+      },
     };
     const server = await startHttpServer(writeConfig({ policy }));
     try {
@@ -242,7 +332,9 @@ describe("concurrency bound", () => {
       expect((await call(agent.client, "load_model", { model: "tiny-gpt2" })).isError).toBeFalsy();
       const texts = Array.from({ length: 16 }, (_, i) => `prompt number ${i}`);
       const results = await Promise.all(
-        Array.from({ length: 17 }, () => call(agent.client, "run_inference", { model: "tiny-gpt2", texts, max_new_tokens: 32 })),
+        Array.from({ length: 17 }, () =>
+          call(agent.client, "run_inference", { model: "tiny-gpt2", texts, max_new_tokens: 32 }),
+        ),
       );
       const busy = results.filter((r) => errorOf(r)?.code === "busy");
       const ok = results.filter((r) => !r.isError);

@@ -10,7 +10,10 @@ export const SENTENCES = [
 ];
 
 export async function call(client: Client, name: string, args: Record<string, unknown>, opts = {}) {
-  return (await client.callTool({ name, arguments: args }, undefined, { timeout: 300_000, ...opts })) as any;
+  return (await client.callTool({ name, arguments: args }, undefined, {
+    timeout: 300_000,
+    ...opts,
+  })) as any;
 }
 
 export async function coreJourney(client: Client) {
@@ -43,7 +46,11 @@ export async function coreJourney(client: Client) {
 
   const loaded = await call(client, "load_model", { model: "all-minilm-l6-v2" });
   expect(loaded.isError, JSON.stringify(loaded)).toBeFalsy();
-  expect(loaded.structuredContent).toMatchObject({ model: "all-minilm-l6-v2", dtype: "float32", mode: "eager" });
+  expect(loaded.structuredContent).toMatchObject({
+    model: "all-minilm-l6-v2",
+    dtype: "float32",
+    mode: "eager",
+  });
   expect(loaded.structuredContent.load_s).toBeGreaterThan(0);
 
   const inf = await call(client, "run_inference", { model: "all-minilm-l6-v2", texts: SENTENCES });
@@ -99,14 +106,33 @@ export const BAD_INPUTS: [string, unknown, string][] = [
   ["run_inference", { model: "all-minilm-l6-v2", texts: [1, 2] }, "invalid_argument"],
   ["run_inference", { model: "all-minilm-l6-v2" }, "invalid_argument"],
   ["run_inference", { model: "mnist-cnn", texts: ["x"] }, "invalid_argument"],
-  ["run_inference", { model: "mnist-cnn", tensors: [{ dtype: "float32", shape: [1, 1, 28, 28], data: [1, 2] }] }, "invalid_argument"],
-  ["run_inference", { model: "mnist-cnn", tensors: [{ dtype: "float32", shape: [1, 3, 3], data: Array(9).fill(0) }] }, "invalid_argument"],
-  ["run_inference", { model: "tiny-gpt2", texts: ["hi"], max_new_tokens: 100000 }, "invalid_argument"],
+  [
+    "run_inference",
+    { model: "mnist-cnn", tensors: [{ dtype: "float32", shape: [1, 1, 28, 28], data: [1, 2] }] },
+    "invalid_argument",
+  ],
+  [
+    "run_inference",
+    {
+      model: "mnist-cnn",
+      tensors: [{ dtype: "float32", shape: [1, 3, 3], data: Array(9).fill(0) }],
+    },
+    "invalid_argument",
+  ],
+  [
+    "run_inference",
+    { model: "tiny-gpt2", texts: ["hi"], max_new_tokens: 100000 },
+    "invalid_argument",
+  ],
   ["run_inference", { model: "tiny-gpt2", texts: ["hi"], max_new_tokens: -1 }, "invalid_argument"],
   ["run_benchmark", { model: "tiny-gpt2", batch_sizes: [0] }, "invalid_argument"],
   ["run_benchmark", { model: "tiny-gpt2", batch_sizes: [1], iterations: 1e9 }, "invalid_argument"],
   ["run_benchmark", { model: "tiny-gpt2", batch_sizes: "big" }, "invalid_argument"],
-  ["run_benchmark", { model: "all-minilm-l6-v2", baseline_id: "bench_00000000000000000000" }, "invalid_argument"],
+  [
+    "run_benchmark",
+    { model: "all-minilm-l6-v2", baseline_id: "bench_00000000000000000000" },
+    "invalid_argument",
+  ],
   ["get_job", { job_id: "job_../../x" }, "invalid_argument"],
   ["get_job", { job_id: "job_000000000000000000000000" }, "job_not_found"],
   ["cancel_job", { job_id: "job_000000000000000000000000" }, "job_not_found"],
@@ -117,7 +143,10 @@ export async function badInputs(client: Client) {
   for (const [name, args, code] of BAD_INPUTS) {
     const r = await call(client, name, args as Record<string, unknown>);
     expect(r.isError, `${name} ${JSON.stringify(args).slice(0, 80)}`).toBe(true);
-    expect(errorOf(r)?.code, `${name} ${JSON.stringify(args).slice(0, 80)}: ${r.content?.[0]?.text}`).toBe(code);
+    expect(
+      errorOf(r)?.code,
+      `${name} ${JSON.stringify(args).slice(0, 80)}: ${r.content?.[0]?.text}`,
+    ).toBe(code);
     // Answers never carry paths or stack traces.
     expect(r.content[0].text).not.toMatch(/\/work\/|\/tmp\/|at .*\.ts:\d+|Traceback/);
   }

@@ -78,7 +78,10 @@ describe("tpu-mcp stdio", () => {
   it("sends progress notifications and runs tensor models on raw bytes", async () => {
     const progress: number[] = [];
     const r = await conn.client.callTool(
-      { name: "run_benchmark", arguments: { model: "mnist-cnn", batch_sizes: [1, 2], iterations: 3, warmup: 0 } },
+      {
+        name: "run_benchmark",
+        arguments: { model: "mnist-cnn", batch_sizes: [1, 2], iterations: 3, warmup: 0 },
+      },
       undefined,
       { onprogress: (p) => progress.push(p.progress), timeout: 120_000 },
     );
@@ -89,7 +92,13 @@ describe("tpu-mcp stdio", () => {
     const x = new Float32Array(2 * 28 * 28).map((_, i) => (i % 7) / 7);
     const inf = await call(conn.client, "run_inference", {
       model: "mnist-cnn",
-      tensors: [{ dtype: "float32", shape: [2, 1, 28, 28], data_b64: Buffer.from(x.buffer).toString("base64") }],
+      tensors: [
+        {
+          dtype: "float32",
+          shape: [2, 1, 28, 28],
+          data_b64: Buffer.from(x.buffer).toString("base64"),
+        },
+      ],
     });
     expect(inf.isError, JSON.stringify(inf)).toBeFalsy();
     expect(inf.structuredContent.outputs[0].shape).toEqual([2, 10]);

@@ -14,12 +14,19 @@ export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const CLI = join(ROOT, "bin", "tpu-mcp.js");
 
 /** Writes a config file in a fresh temp dir (its own data_dir) and returns its path. */
-export function writeConfig(extra: Record<string, unknown> = {}, dir = mkdtempSync(join(tmpdir(), "tpu-mcp-"))): string {
+export function writeConfig(
+  extra: Record<string, unknown> = {},
+  dir = mkdtempSync(join(tmpdir(), "tpu-mcp-")),
+): string {
   const file = join(dir, "config.json");
   const config = {
     data_dir: join(dir, "data"),
     log_level: "warn",
-    runtime: { python: join(ROOT, ".venv/bin/python"), catalog: join(ROOT, "runtime/catalog.builtin.json"), device: "cpu" },
+    runtime: {
+      python: join(ROOT, ".venv/bin/python"),
+      catalog: join(ROOT, "runtime/catalog.builtin.json"),
+      device: "cpu",
+    },
     policy: { limits: { rate_limit: { per_principal_per_minute: 6000 } } },
     ...extra,
   };
@@ -27,7 +34,10 @@ export function writeConfig(extra: Record<string, unknown> = {}, dir = mkdtempSy
   return file;
 }
 
-export async function connectStdio(configFile: string, clientOpts: ConstructorParameters<typeof Client>[1] = {}) {
+export async function connectStdio(
+  configFile: string,
+  clientOpts: ConstructorParameters<typeof Client>[1] = {},
+) {
   const transport = new StdioClientTransport({
     command: process.execPath,
     args: [CLI, "stdio", "--config", configFile],
@@ -48,10 +58,14 @@ export interface HttpServerProc {
 }
 
 export function startHttpServer(configFile: string, args: string[] = []): Promise<HttpServerProc> {
-  const proc = spawn(process.execPath, [CLI, "http", "--port", "0", "--config", configFile, ...args], {
-    cwd: ROOT,
-    stdio: ["ignore", "pipe", "pipe"],
-  });
+  const proc = spawn(
+    process.execPath,
+    [CLI, "http", "--port", "0", "--config", configFile, ...args],
+    {
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
   let err = "";
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`server did not start:\n${err}`)), 60_000);
@@ -82,7 +96,11 @@ export function startHttpServer(configFile: string, args: string[] = []): Promis
   });
 }
 
-export async function connectHttp(url: string, token?: string, clientOpts: ConstructorParameters<typeof Client>[1] = {}) {
+export async function connectHttp(
+  url: string,
+  token?: string,
+  clientOpts: ConstructorParameters<typeof Client>[1] = {},
+) {
   const transport = new StreamableHTTPClientTransport(new URL(url), {
     requestInit: token ? { headers: { Authorization: `Bearer ${token}` } } : {},
   });
@@ -91,7 +109,9 @@ export async function connectHttp(url: string, token?: string, clientOpts: Const
   return { client, transport, close: () => client.close() };
 }
 
-export function errorOf(r: CallToolResult | any): { code: string; message: string; details?: any } | undefined {
+export function errorOf(
+  r: CallToolResult | any,
+): { code: string; message: string; details?: any } | undefined {
   return r?._meta?.["tpu-mcp/error"];
 }
 

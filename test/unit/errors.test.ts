@@ -19,20 +19,32 @@ describe("error catalogue", () => {
   });
 
   it("covers every policy, runtime and worker code", () => {
-    const policy = Object.keys(POLICY_ERROR_CODES).map((c) => (c === "invalid_arguments" ? "invalid_argument" : c));
-    const worker = [...readFileSync(join(ROOT, "runtime/worker/tpu_worker/errors.py"), "utf8").matchAll(/^\s+"([a-z_]+)",$/gm)].map((m) => m[1]);
+    const policy = Object.keys(POLICY_ERROR_CODES).map((c) =>
+      c === "invalid_arguments" ? "invalid_argument" : c,
+    );
+    const worker = [
+      ...readFileSync(join(ROOT, "runtime/worker/tpu_worker/errors.py"), "utf8").matchAll(
+        /^\s+"([a-z_]+)",$/gm,
+      ),
+    ].map((m) => m[1]);
     expect(worker.length).toBeGreaterThan(10);
-    for (const code of [...policy, ...RUNTIME_ERROR_CODES, ...worker]) expect(catalogue, code).toContain(code);
+    for (const code of [...policy, ...RUNTIME_ERROR_CODES, ...worker])
+      expect(catalogue, code).toContain(code);
   });
 
   it("maps unknown failures to internal without leaking their message", () => {
-    const e = toToolError(new Error("ENOENT: /home/alice/secret/model.bin at Object.<anonymous> (x.ts:1:1)"));
+    const e = toToolError(
+      new Error("ENOENT: /home/alice/secret/model.bin at Object.<anonymous> (x.ts:1:1)"),
+    );
     expect(e.code).toBe("internal");
     expect(e.message).not.toMatch(/alice|secret/);
   });
 
   it("scrubs paths from known errors' messages", () => {
-    const e = toToolError({ code: "weights_missing", message: "no file /srv/models/x/model.safetensors\n  at load" });
+    const e = toToolError({
+      code: "weights_missing",
+      message: "no file /srv/models/x/model.safetensors\n  at load",
+    });
     expect(e).toBeInstanceOf(ToolError);
     expect(e.message).toBe("no file <path>");
     expect(scrubMessage("a /b/c d")).toBe("a <path> d");

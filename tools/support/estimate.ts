@@ -43,7 +43,10 @@ export async function estimateFor(
       memory_free_bytes: dev?.memory_free_bytes ?? null,
       memory_total_bytes: dev?.memory_total_bytes ?? null,
     },
-    loaded: (status.loaded ?? []).map((m: any) => ({ model: String(m.model), bytes: Number(m.bytes_on_device ?? 0) })),
+    loaded: (status.loaded ?? []).map((m: any) => ({
+      model: String(m.model),
+      bytes: Number(m.bytes_on_device ?? 0),
+    })),
     history,
   });
 }

@@ -73,7 +73,8 @@ export class SqliteJobs implements Jobs {
         this.now().toISOString(),
         JSON.stringify({
           code: "worker_died",
-          message: "the server restarted before this job finished; it was not resumed, call the tool again",
+          message:
+            "the server restarted before this job finished; it was not resumed, call the tool again",
         }),
       );
   }
@@ -110,9 +111,11 @@ export class SqliteJobs implements Jobs {
     const done = (async () => {
       try {
         const result = await run(ctrl.signal, (p, total, message) => {
-          if (this.db.open) setProgress.run(p, total ?? null, message ?? null, this.now().toISOString(), jobId);
+          if (this.db.open)
+            setProgress.run(p, total ?? null, message ?? null, this.now().toISOString(), jobId);
         });
-        const status: JobStatus = result && (result as any).cancelled === true ? "cancelled" : "succeeded";
+        const status: JobStatus =
+          result && (result as any).cancelled === true ? "cancelled" : "succeeded";
         finish.run(status, JSON.stringify(result), null, this.now().toISOString(), jobId);
       } catch (e) {
         const err = e as { code?: string; message?: string };

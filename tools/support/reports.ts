@@ -13,11 +13,19 @@ export interface StoredReport {
 }
 
 export interface Reports {
-  put(principal: string, model: string, device: string, report: Record<string, unknown>): StoredReport;
+  put(
+    principal: string,
+    model: string,
+    device: string,
+    report: Record<string, unknown>,
+  ): StoredReport;
   get(id: string): StoredReport | undefined;
   list(limit?: number): StoredReport[];
   /** Mean latency per item observed for a model on a device kind, newest reports first. */
-  history(model: string, device: string): { batch: number; seq_len: number | null; latency_ms: number }[];
+  history(
+    model: string,
+    device: string,
+  ): { batch: number; seq_len: number | null; latency_ms: number }[];
   close(): void;
 }
 
@@ -32,7 +40,12 @@ export class SqliteReports implements Reports {
       created_at TEXT NOT NULL, report TEXT NOT NULL)`);
   }
 
-  put(principal: string, model: string, device: string, report: Record<string, unknown>): StoredReport {
+  put(
+    principal: string,
+    model: string,
+    device: string,
+    report: Record<string, unknown>,
+  ): StoredReport {
     const stored: StoredReport = {
       id: `bench_${randomBytes(10).toString("hex")}`,
       principal,

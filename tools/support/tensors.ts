@@ -83,7 +83,10 @@ export function encodeValues(dtype: TensorDtype, values: readonly number[]): Buf
         break;
       default: {
         if (!Number.isInteger(v)) {
-          throw new ToolError("invalid_argument", `tensors: ${dtype} data must be integers (got ${v})`);
+          throw new ToolError(
+            "invalid_argument",
+            `tensors: ${dtype} data must be integers (got ${v})`,
+          );
         }
         if (dtype === "int64") buf.writeBigInt64LE(BigInt(v), i * 8);
         else if (dtype === "int32") buf.writeInt32LE(v, i * 4);
