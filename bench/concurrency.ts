@@ -39,17 +39,22 @@ async function compare(
   s: ReturnType<typeof section>,
   level: string,
   o: ConcurrencyOptions,
-  call: (model: string, texts: string[]) => Promise<void>,
+  call: (model: string, texts: string[]) => Promise<number | undefined>,
 ) {
   const pool = sentences(64, 11);
   const modes = { on: MODEL, off: MODEL_NOBATCH } as const;
   const acc = { on: { s: 0, n: 0, lat: [] as number[] }, off: { s: 0, n: 0, lat: [] as number[] } };
+  // Requests per forward as the worker reports it (`batched_with`), where the level exposes it.
+  const batched = { on: [] as number[], off: [] as number[] };
   // A short warm-up per mode so first-touch costs land in neither.
-  for (const m of ["on", "off"] as const) await round(o.callers, o.callers, (i) => call(modes[m], [pool[i % 64]]));
+  for (const m of ["on", "off"] as const) await round(o.callers, o.callers, async (i) => void (await call(modes[m], [pool[i % 64]])));
   for (let r = 0; r < o.rounds; r++) {
     const order = r % 2 ? (["off", "on"] as const) : (["on", "off"] as const);
     for (const m of order) {
-      const res = await round(o.callers, o.perRound, (i) => call(modes[m], [pool[i % 64]]));
+      const res = await round(o.callers, o.perRound, async (i) => {
+        const b = await call(modes[m], [pool[i % 64]]);
+        if (b !== undefined) batched[m].push(b);
+      });
       acc[m].s += res.seconds;
       acc[m].n += res.latencies.length;
       acc[m].lat.push(...res.latencies);
@@ -58,7 +63,10 @@ async function compare(
   const tput = { on: acc.on.n / acc.on.s, off: acc.off.n / acc.off.s };
   const lat = { on: summarize(acc.on.lat), off: summarize(acc.off.lat) };
   for (const m of ["on", "off"] as const) {
-    s.row(`${level}: batching ${m}`, fmt.rate(tput[m]), `p50 ${fmt.ms(lat[m].p50)}, p99 ${fmt.ms(lat[m].p99)}, n=${lat[m].n}`);
+    const mean = batched[m].length ? batched[m].reduce((a, b) => a + b, 0) / batched[m].length : NaN;
+    const bw = Number.isFinite(mean) ? `, requests per forward ${mean.toFixed(1)} (max ${Math.max(...batched[m])})` : "";
+    s.row(`${level}: batching ${m}`, fmt.rate(tput[m]), `p50 ${fmt.ms(lat[m].p50)}, p99 ${fmt.ms(lat[m].p99)}, n=${lat[m].n}${bw}`);
+    if (Number.isFinite(mean)) s.fig(`${level}.${m}_requests_per_forward`, mean);
     s.fig(`${level}.${m}_rps`, tput[m]);
     s.fig(`${level}.${m}_p50_ms`, lat[m].p50);
     s.fig(`${level}.${m}_p99_ms`, lat[m].p99);
@@ -87,13 +95,15 @@ export async function runConcurrency(o: ConcurrencyOptions): Promise<SectionResu
     const off = await rt.call<any>("load", { model: MODEL_NOBATCH, batching: false });
     if (off.result.batching?.enabled !== false) throw new Error("worker did not switch batching off");
     await compare(s, "worker", o, async (model, texts) => {
-      await rt.call("infer", { model, texts });
+      const r = await rt.call<{ batched_with?: number }>("infer", { model, texts });
+      return r.result.batched_with;
     });
   } finally {
     await rt.close();
   }
   await compare(s, "mcp-stdio", o, async (model, texts) => {
     await o.mcp.call("run_inference", { model, texts });
+    return undefined; // run_inference does not expose batched_with
   });
   s.note(
     `${o.callers} callers × batch 1, ${o.rounds} rounds of ${o.perRound} requests per mode, modes alternating; ` +

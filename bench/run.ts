@@ -64,6 +64,8 @@ async function main() {
   const t0 = performance.now();
   const { config, catalog } = writeBenchConfig();
   const results: Record<string, SectionResult> = {};
+  // The machine is shared: record how busy it was around each section, next to the figures.
+  const load: Record<string, number[]> = { start: loadavg() };
   const say = (msg: string) => process.stderr.write(`[bench ${((performance.now() - t0) / 1000).toFixed(0)}s] ${msg}\n`);
 
   // Cold start first, while nothing else of ours is running.
@@ -137,6 +139,7 @@ async function main() {
     await Promise.allSettled([stdio?.close(), http?.close(), direct?.close()]);
   }
 
+  load.end = loadavg();
   const rows = Object.values(results).flatMap((r) => r.rows);
   const figures = Object.assign({}, ...Object.values(results).map((r) => r.figures)) as Record<string, number>;
   const notes = Object.values(results).flatMap((r) => r.notes ?? []);
@@ -144,7 +147,11 @@ async function main() {
   const elapsed = (performance.now() - t0) / 1000;
 
   const out: string[] = [];
-  out.push(`tpu-mcp bench — ${started.toISOString()} — ${cpus().length} CPUs, load ${loadavg().map((x) => x.toFixed(2)).join(" ")}${quick ? " — QUICK (smoke) run" : ""}`);
+  const la = (x: number[]) => x.map((v) => v.toFixed(2)).join(" ");
+  out.push(
+    `tpu-mcp bench — ${started.toISOString()} — ${cpus().length} CPUs — load average ${la(load.start)} at start, ${la(load.end)} at end` +
+      (quick ? " — QUICK (smoke) run" : ""),
+  );
   out.push("");
   out.push(renderTable(rows));
   out.push("");
@@ -166,7 +173,7 @@ async function main() {
     elapsed_s: elapsed,
     quick,
     sections: Object.keys(results),
-    machine: { cpus: cpus().length, cpu_model: cpus()[0]?.model, loadavg_end: loadavg(), node: process.version },
+    machine: { cpus: cpus().length, cpu_model: cpus()[0]?.model, loadavg: load, node: process.version },
     figures,
     targets: verdicts,
     rows,

@@ -133,6 +133,10 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     const origin = req.headers.origin;
     if (origin === undefined) return; // not a browser
     if (cfg.allowed_origins.includes(origin)) return;
+    // This server's own origin on loopback (Host was checked first, so it names this server):
+    // a rebinding page would carry its own, foreign origin.
+    const host = (req.headers.host ?? "").toLowerCase();
+    if (isLoopbackHost(opts.host) && host && origin.toLowerCase() === `http://${host}`) return;
     throw new HttpError(403, "Origin not allowed; add it to http.allowed_origins");
   }
 
@@ -274,6 +278,20 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       return sendJson(res, 404, { error: "not found: the MCP endpoint is /mcp" });
     } catch (e) {
       if (e instanceof HttpError) {
+        // Refusals before a principal is known cannot be audited (anyone could flood the trail);
+        // they are logged so that probing and token guessing leave a trace.
+        if (e.status === 401 || e.status === 403) {
+          log.warn(
+            {
+              status: e.status,
+              method: req.method,
+              path,
+              remote: req.socket.remoteAddress,
+              reason: e.message,
+            },
+            "HTTP request refused",
+          );
+        }
         return jsonRpcError(res, e.status, -32000, e.message, e.headers);
       }
       log.error({ err: e }, "HTTP request failed");

@@ -18,6 +18,7 @@ import { z } from "zod";
 import type { Principal } from "../policies/scopes.js";
 import { canCall, hasScope } from "../policies/scopes.js";
 import { dispatchTool, ERROR_META_KEY, type Elicit } from "../tools/dispatch.js";
+import { renderReportSvg } from "../tools/support/report_chart.js";
 import { renderReportMarkdown } from "../tools/support/report_format.js";
 import type { ToolDefinition } from "../tools/types.js";
 import type { App } from "./app.js";
@@ -74,7 +75,12 @@ function progressSender(extra: Extra) {
     extra
       .sendNotification({
         method: "notifications/progress",
-        params: { progressToken: token, progress: value, ...(total !== undefined ? { total } : {}), ...(message ? { message } : {}) },
+        params: {
+          progressToken: token,
+          progress: value,
+          ...(total !== undefined ? { total } : {}),
+          ...(message ? { message } : {}),
+        },
       })
       .catch(() => {});
   };
@@ -82,7 +88,11 @@ function progressSender(extra: Extra) {
 
 export function createMcpServer(app: App, principal: Principal): Server {
   const server = new Server(
-    { name: SERVER_NAME, version: SERVER_VERSION, title: "tpu-mcp: PyTorch on TPU, CUDA or CPU for agents" },
+    {
+      name: SERVER_NAME,
+      version: SERVER_VERSION,
+      title: "tpu-mcp: PyTorch on TPU, CUDA or CPU for agents",
+    },
     {
       capabilities: { tools: { listChanged: false }, resources: {}, logging: {} },
       instructions:
@@ -92,6 +102,13 @@ export function createMcpServer(app: App, principal: Principal): Server {
     },
   );
   const byName = new Map(app.tools.map((t) => [t.name, t]));
+  // Messages the SDK cannot read (invalid JSON-RPC, nesting too deep to validate) are dropped by
+  // the transport without an answer; at least the operator sees them.
+  server.onerror = (err) =>
+    app.logger.warn(
+      { principal: principal.id, err: String(err).split("\n")[0].slice(0, 300) },
+      "MCP message dropped (protocol error)",
+    );
 
   server.setRequestHandler(ListToolsRequestSchema, async () => ({
     tools: app.tools.filter((t) => canCall(principal, t.name)).map(toolListing) as any,
@@ -99,7 +116,11 @@ export function createMcpServer(app: App, principal: Principal): Server {
 
   server.setRequestHandler(CallToolRequestSchema, async (req, extra) => {
     const tool = byName.get(req.params.name);
-    if (!tool) throw new McpError(ErrorCode.InvalidParams, `Unknown tool: ${String(req.params.name).slice(0, 100)}`);
+    if (!tool)
+      throw new McpError(
+        ErrorCode.InvalidParams,
+        `Unknown tool: ${String(req.params.name).slice(0, 100)}`,
+      );
     const t0 = performance.now();
     const result = await dispatchTool({
       tool,
@@ -143,7 +164,12 @@ export function createMcpServer(app: App, principal: Principal): Server {
     );
     return {
       resources: [
-        { uri: "tpu://models", name: "models", title: "Model catalog", mimeType: "application/json" },
+        {
+          uri: "tpu://models",
+          name: "models",
+          title: "Model catalog",
+          mimeType: "application/json",
+        },
         ...reports,
         ...outputs,
       ],
@@ -152,9 +178,30 @@ export function createMcpServer(app: App, principal: Principal): Server {
 
   server.setRequestHandler(ListResourceTemplatesRequestSchema, async () => ({
     resourceTemplates: [
-      { uriTemplate: "tpu://benchmarks/{id}", name: "benchmark", title: "A benchmark report (JSON)", mimeType: "application/json" },
-      { uriTemplate: "tpu://benchmarks/{id}.md", name: "benchmark-markdown", title: "A benchmark report (Markdown)", mimeType: "text/markdown" },
-      { uriTemplate: "tpu://outputs/{id}/{index}", name: "output", title: "A full inference output tensor", mimeType: "application/json" },
+      {
+        uriTemplate: "tpu://benchmarks/{id}",
+        name: "benchmark",
+        title: "A benchmark report (JSON)",
+        mimeType: "application/json",
+      },
+      {
+        uriTemplate: "tpu://benchmarks/{id}.md",
+        name: "benchmark-markdown",
+        title: "A benchmark report (Markdown)",
+        mimeType: "text/markdown",
+      },
+      {
+        uriTemplate: "tpu://benchmarks/{id}.svg",
+        name: "benchmark-chart",
+        title: "A benchmark report's latency and throughput against batch size (SVG)",
+        mimeType: "image/svg+xml",
+      },
+      {
+        uriTemplate: "tpu://outputs/{id}/{index}",
+        name: "output",
+        title: "A full inference output tensor",
+        mimeType: "application/json",
+      },
     ],
   }));
 
@@ -166,22 +213,38 @@ export function createMcpServer(app: App, principal: Principal): Server {
       const facts = await app.facts.all().catch(() => new Map());
       const models = app.catalog.models.map((m) => ({ ...m, ...(facts.get(m.id) ?? {}) }));
       // Paths stay inside the server.
-      const text = JSON.stringify({ models: models.map(({ source: _s, ...rest }) => rest) }, null, 2);
+      const text = JSON.stringify(
+        { models: models.map(({ source: _s, ...rest }) => rest) },
+        null,
+        2,
+      );
       return { contents: [{ uri, mimeType: "application/json", text }] };
     }
-    let m = /^tpu:\/\/benchmarks\/(bench_[0-9a-f]{20})(\.md)?$/.exec(uri);
+    let m = /^tpu:\/\/benchmarks\/(bench_[0-9a-f]{20})(\.md|\.svg)?$/.exec(uri);
     if (m) {
       const r = app.reports.get(m[1]);
       if (!r) throw notFound();
-      if (m[2]) return { contents: [{ uri, mimeType: "text/markdown", text: renderReportMarkdown(r.report) }] };
-      return { contents: [{ uri, mimeType: "application/json", text: JSON.stringify(r.report, null, 2) }] };
+      if (m[2] === ".svg")
+        return { contents: [{ uri, mimeType: "image/svg+xml", text: renderReportSvg(r.report) }] };
+      if (m[2])
+        return {
+          contents: [{ uri, mimeType: "text/markdown", text: renderReportMarkdown(r.report) }],
+        };
+      return {
+        contents: [{ uri, mimeType: "application/json", text: JSON.stringify(r.report, null, 2) }],
+      };
     }
     m = /^tpu:\/\/outputs\/(out_[0-9a-f]{24})\/(\d{1,2})$/.exec(uri);
     if (m) {
       const o = app.outputs.get(m[1], principal.id);
       const t = o?.tensors[Number(m[2])];
       if (!t) throw notFound();
-      const text = JSON.stringify({ dtype: t.dtype, shape: t.shape, byte_order: "little", data_b64: t.data.toString("base64") });
+      const text = JSON.stringify({
+        dtype: t.dtype,
+        shape: t.shape,
+        byte_order: "little",
+        data_b64: t.data.toString("base64"),
+      });
       return { contents: [{ uri, mimeType: "application/json", text }] };
     }
     throw notFound();
@@ -200,14 +263,18 @@ export function createMcpServer(app: App, principal: Principal): Server {
 /** Form elicitation for approvals, when the client supports it and the policy allows it. */
 function elicitFor(server: Server, app: App, extra: Extra): Elicit | undefined {
   const approvals = app.config.policy.approvals;
-  const caps = server.getClientCapabilities()?.elicitation as { form?: unknown; url?: unknown } | undefined;
+  const caps = server.getClientCapabilities()?.elicitation as
+    { form?: unknown; url?: unknown } | undefined;
   const supportsForm = !!caps && (caps.form !== undefined || caps.url === undefined);
   if (!approvals.elicitation || !supportsForm) return undefined;
   return async (prompt) => {
     const progress = progressSender(extra);
     let beats = 0;
     // Heartbeats keep the client's request timeout from firing while a human decides.
-    const timer = setInterval(() => progress(++beats, undefined, "waiting for the user's approval"), 10_000);
+    const timer = setInterval(
+      () => progress(++beats, undefined, "waiting for the user's approval"),
+      10_000,
+    );
     try {
       const res = await server.elicitInput(
         {

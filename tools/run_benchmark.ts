@@ -6,13 +6,55 @@ import { estimateFor } from "./support/estimate.js";
 import { JobRef } from "./support/jobs.js";
 import { defineTool, type ToolEnv } from "./types.js";
 
+const n = z.number().nullable().optional();
+
+/** One measured configuration, as the worker reports it (tpu_worker/bench.py; more fields pass through). */
+const Config = z
+  .object({
+    batch: z.number(),
+    seq_len: z.number().nullable().optional(),
+    dtype: z.string(),
+    mode: z.string(),
+    scenario: z.string(),
+    work: z.string().optional(),
+    iterations: n,
+    latency_ms: z
+      .object({ p50: z.number(), p90: z.number(), p99: z.number(), mean: z.number(), min: z.number(), max: z.number() })
+      .nullable(),
+    throughput_items_per_s: n,
+    throughput_basis: z.string().optional(),
+    tokens_per_s: n,
+    first_call_s: n,
+    compile_s: n,
+    graphs_compiled: n,
+    recompiles_in_window: n,
+    recompiled: z.boolean().optional(),
+    load_s: n,
+    peak_memory_bytes: n,
+    peak_memory_increase_bytes: n,
+    peak_memory_kind: z.string().optional(),
+    matmul_precision: z.string().optional(),
+    max_abs_error_vs_fp32: n,
+    max_rel_error_vs_fp32: n,
+    cosine_similarity_vs_fp32: n,
+    flops_per_item: n,
+    achieved_flops_per_s: n,
+    peak_flops_per_s: n,
+    fraction_of_peak: n,
+    error: z.object({ code: z.string(), message: z.string() }).passthrough().nullable(),
+  })
+  .passthrough();
+
 const Report = z.object({
   report_id: z.string(),
   resource_uri: z.string(),
+  markdown_uri: z.string(),
+  chart_uri: z.string(),
   model: z.string(),
-  scenario: z.string(),
+  scenario: z.enum(["single-stream", "offline"]),
+  work: z.enum(["forward", "generate"]),
   cancelled: z.boolean(),
-  configs: z.array(z.record(z.string(), z.unknown())),
+  configs: z.array(Config),
   manifest: z.record(z.string(), z.unknown()),
   comparison: z
     .object({
@@ -27,12 +69,18 @@ const Report = z.object({
 export const runBenchmark = (env: ToolEnv) => {
   const maxBatch = Math.max(...env.catalog.models.map((m) => m.limits.max_batch));
   const maxSeq = Math.max(1, ...env.catalog.models.map((m) => m.limits.max_seq_len));
+  const maxNew = Math.max(1, ...env.catalog.models.map((m) => m.limits.max_new_tokens ?? 1));
   const b = env.limits.benchmark;
   return defineTool({
     name: "run_benchmark",
     title: "Benchmark a model",
     description:
-      "Warmup plus timed runs over a grid of batch sizes × sequence lengths × dtypes × modes on a device: latency percentiles, throughput, load and compile time (warmup never counted, device synchronized before each clock read). Stored as tpu://benchmarks/{id}; baseline_id compares with an earlier report. Costly: may need approval.",
+      "Warmup plus timed runs over a grid of batch sizes × sequence lengths × dtypes × modes on a device, in an MLPerf-style scenario: " +
+      "single-stream (one query at a time; p50/p90/p99 latency per configuration) or offline (throughput at the largest requested batch that fits). " +
+      "Per configuration: latency percentiles, throughput, compile time apart from steady state and recompilations in the measured window, peak memory, " +
+      "error against a float32 CPU reference (max abs/rel, cosine), FLOPs per item and fraction of the device's peak, matmul precision in force. " +
+      "Warmup is never counted; the device is synchronized before each clock read. Stored as tpu://benchmarks/{id} (JSON), {id}.md and {id}.svg; " +
+      "baseline_id compares with an earlier report. Costly: may need approval.",
     input: z
       .object({
         model: modelId(env),
@@ -41,7 +89,15 @@ export const runBenchmark = (env: ToolEnv) => {
         seq_lens: z.array(z.number().int().min(1).max(maxSeq)).min(1).max(8).optional(),
         dtypes: z.array(dtype).min(1).max(3).optional(),
         modes: z.array(mode).min(1).max(2).default(["eager"]),
-        scenario: z.enum(["single-stream", "offline"]).default("single-stream"),
+        scenario: z
+          .enum(["single-stream", "offline"])
+          .default("single-stream")
+          .describe("single-stream: every configuration, one query at a time; offline: the largest batch that fits per series"),
+        work: z
+          .enum(["forward", "generate"])
+          .default("forward")
+          .describe("forward pass, or greedy generation of max_new_tokens (text-generation models)"),
+        max_new_tokens: z.number().int().min(1).max(maxNew).optional(),
         iterations: z.number().int().min(1).max(b.max_iterations).optional(),
         duration_s: z.number().positive().max(b.max_duration_s).optional(),
         warmup: z.number().int().min(0).max(100).default(3),
@@ -65,6 +121,12 @@ export const runBenchmark = (env: ToolEnv) => {
       if (entry.task === "tensor" && args.seq_lens) {
         throw new ToolError("invalid_argument", `seq_lens: ${args.model} is a tensor model; omit seq_lens`);
       }
+      if (args.work === "generate" && entry.task !== "text-generation") {
+        throw new ToolError("invalid_argument", `work: ${args.model} is not a text-generation model; use work "forward"`);
+      }
+      if (args.max_new_tokens && args.max_new_tokens > (entry.limits.max_new_tokens ?? 0)) {
+        throw new ToolError("invalid_argument", `max_new_tokens: ${args.model} takes at most ${entry.limits.max_new_tokens ?? 0}`);
+      }
       const seqLens = entry.task === "tensor" ? undefined : (args.seq_lens ?? [Math.min(128, entry.limits.max_seq_len)]);
       if (seqLens?.some((s) => s > entry.limits.max_seq_len)) {
         throw new ToolError("invalid_argument", `seq_lens: ${args.model} takes at most ${entry.limits.max_seq_len}`);
@@ -87,31 +149,46 @@ export const runBenchmark = (env: ToolEnv) => {
           ...(seqLens ? { seq_lens: seqLens } : {}),
           dtypes,
           modes: args.modes,
+          // The LoadGen scenario and the work type travel apart (runtime/PROTOCOL.md).
+          scenario: args.scenario,
+          work: args.work,
+          ...(args.max_new_tokens ? { max_new_tokens: args.max_new_tokens } : {}),
           ...(iterations ? { iterations } : {}),
           ...(args.duration_s ? { duration_s: args.duration_s } : {}),
           warmup: args.warmup,
         },
         { signal: ctx.signal, onProgress: (p) => ctx.progress(p.progress, p.total, p.message) },
       );
-      const deviceName = String(result.manifest?.device?.kind ?? args.device ?? "default");
+      // Stored under the device kind, which is what cost estimates look history up by.
+      const deviceKind = String(result.manifest?.device_kind ?? (args.device ?? "default").split(":")[0]);
       const body = {
         model: args.model,
         scenario: args.scenario,
+        work: args.work,
         cancelled: Boolean(result.cancelled),
         configs: result.configs ?? [],
         manifest: result.manifest ?? {},
         ...(baseline ? { comparison: compareReports(result, baseline.report, baseline.id) } : {}),
       };
-      const stored = ctx.reports.put(ctx.principal.id, args.model, deviceName, body);
-      return { report_id: stored.id, resource_uri: `tpu://benchmarks/${stored.id}`, ...body };
+      const stored = ctx.reports.put(ctx.principal.id, args.model, deviceKind, body);
+      const uri = `tpu://benchmarks/${stored.id}`;
+      return { report_id: stored.id, resource_uri: uri, markdown_uri: `${uri}.md`, chart_uri: `${uri}.svg`, ...body };
     },
     render: (o) => {
       if ("job_id" in o) return `started job ${o.job_id}; follow it with get_job`;
+      const fmt = (v: unknown, d = 2) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(d) : "–");
       const rows = o.configs.map((c: any) => {
+        const head = `  b=${c.batch}${c.seq_len ? ` s=${c.seq_len}` : ""} ${c.dtype} ${c.mode}`;
+        if (c.error) return `${head}: ${c.error.code}`;
         const l = c.latency_ms ?? {};
-        return `  b=${c.batch}${c.seq_len ? ` s=${c.seq_len}` : ""} ${c.dtype} ${c.mode}: p50 ${Number(l.p50).toFixed(2)} ms, p99 ${Number(l.p99).toFixed(2)} ms, ${Number(c.throughput_items_per_s).toFixed(1)} items/s`;
+        return (
+          `${head}: p50 ${fmt(l.p50)} ms, p99 ${fmt(l.p99)} ms, ${fmt(c.throughput_items_per_s, 1)} items/s` +
+          (c.mode === "compile" ? `, compile ${fmt(c.compile_s, 2)} s${c.recompiled ? " (RECOMPILED in window)" : ""}` : "") +
+          (c.max_abs_error_vs_fp32 != null ? `, max err ${c.max_abs_error_vs_fp32.toExponential(2)}` : "")
+        );
       });
-      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}${o.cancelled ? ", cancelled: partial" : ""}) → ${o.resource_uri}\n${rows.join("\n")}`;
+      const warn = o.comparison?.warnings.length ? `\nwarnings vs ${o.comparison.baseline_id}: ${o.comparison.warnings.join("; ")}` : "";
+      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${warn}`;
     },
   });
 };

@@ -107,4 +107,66 @@ describe("tpu-mcp stdio", () => {
     expect(errorOf(again)?.code).toBe("model_already_loaded");
     await call(conn.client, "unload_model", { model: "mnist-cnn" });
   });
+
+  it("summarises a large output and links the full tensor as a resource", async () => {
+    await call(conn.client, "load_model", { model: "all-minilm-l6-v2" });
+    const texts = Array.from({ length: 20 }, (_, i) => `sentence number ${i}`);
+    const r = await call(conn.client, "run_inference", { model: "all-minilm-l6-v2", texts });
+    expect(r.isError, JSON.stringify(r).slice(0, 500)).toBeFalsy();
+    const out = r.structuredContent.outputs[0];
+    expect(out.shape).toEqual([20, 384]);
+    expect(out.data).toBeUndefined();
+    expect(out.summary.elements).toBe(7680);
+    expect(out.resource_uri).toMatch(/^tpu:\/\/outputs\/out_[0-9a-f]{24}\/0$/);
+    expect(
+      r.content.some((c: any) => c.type === "resource_link" && c.uri === out.resource_uri),
+    ).toBe(true);
+    const res = await conn.client.readResource({ uri: out.resource_uri });
+    const body = JSON.parse((res.contents[0] as any).text);
+    const values = new Float32Array(Buffer.from(body.data_b64, "base64").buffer.slice(0));
+    expect(body.shape).toEqual([20, 384]);
+    expect(values.length).toBe(7680);
+    expect(values[0]).toBeCloseTo(out.summary.first[0], 6);
+    await call(conn.client, "unload_model", { model: "all-minilm-l6-v2" });
+  });
+
+  it("serves the catalog as tpu://models without paths", async () => {
+    const res = await conn.client.readResource({ uri: "tpu://models" });
+    const text = (res.contents[0] as any).text as string;
+    expect(JSON.parse(text).models.map((m: any) => m.id)).toContain("tiny-gpt2");
+    expect(text).not.toMatch(/source|\/work\/|\.data\//);
+  });
+
+  it("cancels a call when the client aborts it (notifications/cancelled) and frees the device", async () => {
+    const ctrl = new AbortController();
+    const pending = conn.client.callTool(
+      {
+        name: "run_benchmark",
+        arguments: {
+          model: "all-minilm-l6-v2",
+          batch_sizes: [1],
+          seq_lens: [64],
+          duration_s: 60,
+          warmup: 0,
+        },
+      },
+      undefined,
+      { signal: ctrl.signal, timeout: 120_000 },
+    );
+    await new Promise((r) => setTimeout(r, 1500));
+    ctrl.abort();
+    await expect(pending).rejects.toThrow();
+    // The cancel reached the worker: the 60 s benchmark is no longer in flight there (the only
+    // request in flight is the status call itself), and the device takes new work.
+    let inFlight = Infinity;
+    for (let i = 0; i < 100 && inFlight > 1; i++) {
+      inFlight = (await call(conn.client, "get_runtime_status", {})).structuredContent.worker
+        .in_flight;
+      if (inFlight > 1) await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(inFlight).toBe(1);
+    const ok = await call(conn.client, "load_model", { model: "mnist-cnn" });
+    expect(ok.isError, JSON.stringify(ok)).toBeFalsy();
+    await call(conn.client, "unload_model", { model: "mnist-cnn" });
+  });
 });

@@ -21,8 +21,14 @@ export { CLI, ROOT };
 export const DATA = join(ROOT, "test", "hardening", "data");
 export const PYTHON = join(ROOT, ".venv", "bin", "python");
 
-export const DEMO_POLICY = JSON.parse(readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8")).policy;
-export const TOKENS = { agent: "demo-agent-token", reader: "demo-reader-token", operator: "demo-operator-token" } as const;
+export const DEMO_POLICY = JSON.parse(
+  readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8"),
+).policy;
+export const TOKENS = {
+  agent: "demo-agent-token",
+  reader: "demo-reader-token",
+  operator: "demo-operator-token",
+} as const;
 
 export const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
@@ -64,7 +70,12 @@ export function baseConfig(dir: string, extra: Record<string, any> = {}): Record
   return {
     data_dir: join(dir, "data"),
     log_level: "warn",
-    runtime: { python: PYTHON, catalog: join(ROOT, "runtime/catalog.builtin.json"), device: "cpu", ...(runtime ?? {}) },
+    runtime: {
+      python: PYTHON,
+      catalog: join(ROOT, "runtime/catalog.builtin.json"),
+      device: "cpu",
+      ...(runtime ?? {}),
+    },
     policy: { limits: { rate_limit: { per_principal_per_minute: 100_000 } }, ...(policy ?? {}) },
     ...rest,
   };
@@ -104,19 +115,24 @@ export async function inProcess(raw: Record<string, any>): Promise<InProcess> {
   };
 }
 
-export const errorOf = (r: any): { code: string; message: string; details?: any; recoverable?: boolean } | undefined =>
+export const errorOf = (
+  r: any,
+): { code: string; message: string; details?: any; recoverable?: boolean } | undefined =>
   r?._meta?.["tpu-mcp/error"];
 
 /** Nothing that looks like a server path, a stack frame or a Python traceback. */
-export const LEAK_RE = /\/work\/|\/tmp\/|\/home\/|\/usr\/|\.venv|node_modules|\bat [\w.<>]+ \(|\.ts:\d+|\.py", line|Traceback/;
+export const LEAK_RE =
+  /\/work\/|\/tmp\/|\/home\/|\/usr\/|\.venv|node_modules|\bat [\w.<>]+ \(|\.ts:\d+|\.py", line|Traceback/;
 
 export function auditRows(dataDir: string): Array<Record<string, any>> {
   const db = new Database(join(dataDir, "policy.db"), { readonly: true, fileMustExist: true });
   try {
-    return (db.prepare("SELECT seq, record FROM audit_log ORDER BY seq").all() as any[]).map((r) => ({
-      seq: r.seq,
-      ...JSON.parse(r.record),
-    }));
+    return (db.prepare("SELECT seq, record FROM audit_log ORDER BY seq").all() as any[]).map(
+      (r) => ({
+        seq: r.seq,
+        ...JSON.parse(r.record),
+      }),
+    );
   } finally {
     db.close();
   }
@@ -134,16 +150,27 @@ export function jobRows(dataDir: string): Array<Record<string, any>> {
 const run = promisify(execFile);
 export async function cli(config: string, ...args: string[]) {
   try {
-    const r = await run(process.execPath, [CLI, ...args, "--config", config], { cwd: ROOT, timeout: 60_000 });
+    const r = await run(process.execPath, [CLI, ...args, "--config", config], {
+      cwd: ROOT,
+      timeout: 60_000,
+    });
     return { code: 0, stdout: r.stdout, stderr: r.stderr };
   } catch (e: any) {
-    return { code: e.code as number, stdout: String(e.stdout ?? ""), stderr: String(e.stderr ?? "") };
+    return {
+      code: e.code as number,
+      stdout: String(e.stdout ?? ""),
+      stderr: String(e.stderr ?? ""),
+    };
   }
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-export async function until<T>(fn: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs: number, stepMs = 100): Promise<T> {
+export async function until<T>(
+  fn: () => Promise<T | undefined | false> | T | undefined | false,
+  timeoutMs: number,
+  stepMs = 100,
+): Promise<T> {
   const t0 = Date.now();
   for (;;) {
     const v = await fn();

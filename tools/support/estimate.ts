@@ -21,11 +21,16 @@ export async function estimateFor(
   ]);
   const dev = status.device ?? ctx.runtime.hello?.device;
   const deviceKind = String(dev?.kind ?? "cpu");
+  // Tensor models have no sequence: one "token" per item on both sides of the comparison.
+  const tensor = entry.task === "tensor";
+  if (tensor && tool === "run_benchmark") args = { ...args, seq_lens: [1] };
   const history = ctx.reports.history(entry.id, deviceKind).map((h) => ({
     model: entry.id,
     device: deviceKind,
     batch: h.batch,
-    seq_len: h.seq_len ?? 0,
+    seq_len: h.seq_len ?? (tensor ? 1 : 0),
+    ...(h.dtype ? { dtype: h.dtype } : {}),
+    ...(h.mode ? { mode: h.mode } : {}),
     mean_latency_ms: h.latency_ms,
   }));
   return estimateCost({

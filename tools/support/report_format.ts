@@ -2,34 +2,73 @@
 type Any = Record<string, any>;
 
 const num = (v: unknown, digits = 2) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(digits) : "–");
+const sci = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? (v === 0 ? "0" : v.toExponential(1)) : "–");
+const mib = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? (v / 2 ** 20).toFixed(1) : "–");
+const pct = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? `${(v * 100).toFixed(2)}` : "–");
+const cos = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(6) : "–");
+
+function deviceLine(m: Any): string {
+  if (m.device && typeof m.device === "object") return `${m.device.kind ?? "?"} (${m.device.name ?? "?"})`;
+  return `${m.device ?? "?"} (${m.device_name ?? "?"}${m.device_count ? `, ${m.device_count} device(s)` : ""})`;
+}
 
 export function renderReportMarkdown(report: Any): string {
   const m: Any = report.manifest ?? {};
-  const dev: Any = m.device ?? {};
   const lines: string[] = [];
   lines.push(`# Benchmark ${report.report_id ?? ""} — ${report.model}`);
   lines.push("");
   lines.push(
-    `Scenario **${report.scenario}** on **${dev.kind ?? "?"}** (${dev.name ?? "?"}), torch ${m.torch_version ?? "?"}` +
-      (m.backend_version ? `, backend ${m.backend_version}` : "") +
+    `Scenario **${report.scenario ?? m.scenario ?? "?"}**, work **${report.work ?? m.work ?? "forward"}** on **${deviceLine(m)}**, ` +
+      `torch ${m.torch_version ?? "?"}` +
+      (m.backend_version && m.backend_version !== m.torch_version ? `, backend ${m.backend ?? ""} ${m.backend_version}` : "") +
+      (m.compile_backend ? `, compile backend ${m.compile_backend}` : "") +
       (report.cancelled ? " — **cancelled: partial results**" : ""),
   );
   lines.push("");
-  lines.push("| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms | items/s | compile s | matmul precision |");
-  lines.push("|---:|---:|---|---|---:|---:|---:|---:|---:|---|");
+  lines.push(
+    `Warmup ${m.warmup ?? "?"} (never counted), ${m.iterations ? `${m.iterations} iterations` : `${m.duration_s} s`} per configuration; ` +
+      `${m.torch_threads ?? "?"} torch threads; seed ${m.seed ?? "?"}; precision reference: ${m.precision_reference ?? "–"}; ` +
+      `peak memory: ${m.peak_memory_kind ?? "–"}.`,
+  );
+  lines.push("");
+  lines.push(
+    "| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms | mean ms | items/s | compile s | recompiled | peak MiB | +MiB | max abs err | max rel err | cosine | GFLOP/item | % of peak | matmul precision |",
+  );
+  lines.push("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|");
+  const failed: string[] = [];
   for (const c of (report.configs ?? []) as Any[]) {
+    if (c.error) {
+      failed.push(`- batch ${c.batch}${c.seq_len ? `, seq ${c.seq_len}` : ""}, ${c.dtype}, ${c.mode}: **${c.error.code}** — ${c.error.message}`);
+      continue;
+    }
     const l = c.latency_ms ?? {};
     lines.push(
-      `| ${c.batch} | ${c.seq_len ?? "–"} | ${c.dtype} | ${c.mode} | ${num(l.p50)} | ${num(l.p90)} | ${num(l.p99)} | ${num(c.throughput_items_per_s, 1)} | ${num(c.compile_s, 3)} | ${c.matmul_precision ?? "–"} |`,
+      `| ${c.batch} | ${c.seq_len ?? "–"} | ${c.dtype} | ${c.mode} | ${num(l.p50)} | ${num(l.p90)} | ${num(l.p99)} | ${num(l.mean)} | ` +
+        `${num(c.throughput_items_per_s, 1)} | ${c.mode === "compile" ? num(c.compile_s, 3) : "–"} | ${c.recompiled ? `**yes (${c.recompiles_in_window})**` : "no"} | ` +
+        `${mib(c.peak_memory_bytes)} | ${mib(c.peak_memory_increase_bytes)} | ${sci(c.max_abs_error_vs_fp32)} | ${sci(c.max_rel_error_vs_fp32)} | ` +
+        `${cos(c.cosine_similarity_vs_fp32)} | ${typeof c.flops_per_item === "number" ? (c.flops_per_item / 1e9).toFixed(3) : "–"} | ` +
+        `${pct(c.fraction_of_peak)} | ${c.matmul_precision ?? "–"} |`,
     );
   }
+  const offline = ((report.configs ?? []) as Any[]).filter((c) => Array.isArray(c.offline_skipped_batches) && c.offline_skipped_batches.length);
+  if (offline.length) {
+    lines.push("", "Offline: batches skipped because they did not fit:");
+    for (const c of offline) {
+      lines.push(`- ${c.dtype} ${c.mode}${c.seq_len ? ` seq ${c.seq_len}` : ""}: ran batch ${c.batch}; skipped ${c.offline_skipped_batches.map((s: Any) => `${s.batch} (${s.reason})`).join(", ")}`);
+    }
+  }
+  if (failed.length) lines.push("", "Failed configurations:", ...failed);
+  const peaks = [...new Set(((report.configs ?? []) as Any[]).map((c) => c.peak_flops_source).filter(Boolean))];
+  if (peaks.length) lines.push("", `Peak FLOP/s: ${peaks.join("; ")}.`);
   if (report.comparison) {
     const cmp = report.comparison as Any;
-    lines.push("", `## Compared with ${cmp.baseline_id}`, "");
-    lines.push("| batch | seq | dtype | mode | p50 ratio | p99 ratio | throughput ratio |");
-    lines.push("|---:|---:|---|---|---:|---:|---:|");
+    lines.push("", `## Compared with ${cmp.baseline_id}`, "", "Ratios are this report over the baseline (latency < 1 and throughput > 1 are better).", "");
+    lines.push("| batch | seq | dtype | mode | p50 | p90 | p99 | throughput | compile s | peak memory |");
+    lines.push("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|");
     for (const r of cmp.ratios as Any[]) {
-      lines.push(`| ${r.batch} | ${r.seq_len ?? "–"} | ${r.dtype} | ${r.mode} | ${num(r.p50_ratio, 3)} | ${num(r.p99_ratio, 3)} | ${num(r.throughput_ratio, 3)} |`);
+      lines.push(
+        `| ${r.batch} | ${r.seq_len ?? "–"} | ${r.dtype} | ${r.mode} | ${num(r.p50_ratio, 3)} | ${num(r.p90_ratio, 3)} | ${num(r.p99_ratio, 3)} | ${num(r.throughput_ratio, 3)} | ${num(r.compile_s_ratio, 3)} | ${num(r.peak_memory_ratio, 3)} |`,
+      );
     }
     for (const w of cmp.warnings as string[]) lines.push(`- warning: ${w}`);
   }

@@ -12,6 +12,14 @@ export interface StoredReport {
   report: Record<string, unknown>;
 }
 
+export interface HistoryRecord {
+  batch: number;
+  seq_len: number | null;
+  dtype?: string;
+  mode?: string;
+  latency_ms: number;
+}
+
 export interface Reports {
   put(
     principal: string,
@@ -21,11 +29,8 @@ export interface Reports {
   ): StoredReport;
   get(id: string): StoredReport | undefined;
   list(limit?: number): StoredReport[];
-  /** Mean latency per item observed for a model on a device kind, newest reports first. */
-  history(
-    model: string,
-    device: string,
-  ): { batch: number; seq_len: number | null; latency_ms: number }[];
+  /** Mean forward latency per configuration observed for a model on a device kind, newest reports first. */
+  history(model: string, device: string): HistoryRecord[];
   close(): void;
 }
 
@@ -79,13 +84,21 @@ export class SqliteReports implements Reports {
         `SELECT report FROM benchmark_reports WHERE model = ? AND device = ? ORDER BY created_at DESC LIMIT 20`,
       )
       .all(model, device) as { report: string }[];
-    const out: { batch: number; seq_len: number | null; latency_ms: number }[] = [];
+    const out: HistoryRecord[] = [];
     for (const { report } of rows) {
       const configs = (JSON.parse(report).configs ?? []) as any[];
       for (const c of configs) {
+        // Forward passes only: a generate configuration's latency covers many decoding steps.
+        if (c?.error || (c?.work ?? "forward") !== "forward") continue;
         const mean = c?.latency_ms?.mean ?? c?.latency_ms?.p50;
         if (typeof c?.batch === "number" && typeof mean === "number") {
-          out.push({ batch: c.batch, seq_len: c.seq_len ?? null, latency_ms: mean });
+          out.push({
+            batch: c.batch,
+            seq_len: c.seq_len ?? null,
+            ...(typeof c.dtype === "string" ? { dtype: c.dtype } : {}),
+            ...(typeof c.mode === "string" ? { mode: c.mode } : {}),
+            latency_ms: mean,
+          });
         }
       }
     }

@@ -1,48 +1,61 @@
-"""Benchmark engine: warmup + timed iterations over batch x seq_len x dtype x mode.
+"""Benchmark engine: warmup + timed iterations over batch x seq_len x dtype x mode, after MLPerf
+LoadGen's scenarios, with compile time, recompilations, peak memory, precision against a float32
+CPU reference and achieved FLOP/s reported for every configuration.
 
-Result shape (the `benchmark` op):
+Arguments (the `benchmark` op): model, device?, batch_sizes, seq_lens?, dtypes, modes,
+scenario ("single-stream" | "offline"), work ("forward" | "generate"), iterations?, duration_s?,
+warmup, max_new_tokens?. The old spelling scenario="forward"/"generate" still means that work in
+the single-stream scenario.
 
-    {
-      "manifest": {model, weight_digest, device, device_name, backend, backend_version,
-                   torch_version, python_version, worker_version, scenario, warmup,
-                   iterations, duration_s, execution_mode, started_at, finished_at, cpu_count,
-                   torch_threads},
-      "configs": [
-        {batch, seq_len, dtype, mode, scenario, device, iterations, warmup,
-         latency_ms: {p50, p90, p99, mean, min, max}, throughput_items_per_s,
-         tokens_per_s (generate only), first_call_s, compile_s, load_s, peak_memory_bytes,
-         matmul_precision, max_abs_error_vs_fp32, mean_abs_error_vs_fp32, error}
-      ],
-      "cancelled": bool
-    }
+Scenarios:
+  * single-stream: one query at a time, each configuration of the grid measured; latency
+    percentiles are the figures of merit, throughput is batch / mean latency.
+  * offline: for every (seq_len, dtype, mode) the largest requested batch that fits (larger ones
+    that run out of memory, or that the memory estimate says cannot fit, are skipped and named);
+    throughput is items / wall time of the whole measured window.
+Work: `forward` (one forward of a synthetic batch; prefill for causal LMs) or `generate` (greedy
+decoding of max_new_tokens after the prompt; text-generation models only).
 
-Scenarios: `forward` (one forward pass of a synthetic batch; prefill for causal LMs) and
-`generate` (causal LMs: greedy decoding of max_new_tokens after the prompt).
+Result: {manifest, configs: [...], cancelled}. Each configuration:
+  batch, seq_len, dtype, mode, scenario, work, device, warmup, iterations, measured_s,
+  latency_ms {p50, p90, p99, mean, min, max}, throughput_items_per_s, throughput_basis,
+  tokens_per_s (generate), first_call_s, compile_s, graphs_compiled, recompiles_in_window,
+  recompiled, graph_breaks, load_s, peak_memory_bytes, peak_memory_increase_bytes,
+  peak_memory_kind, matmul_precision, precision_reference, max_abs_error_vs_fp32,
+  mean_abs_error_vs_fp32, max_rel_error_vs_fp32, cosine_similarity_vs_fp32, nonfinite_outputs,
+  flops_per_item, achieved_flops_per_s, peak_flops_per_s, peak_flops_source, fraction_of_peak,
+  offline_skipped_batches (offline), error ({code, message, recoverable} or null).
 
-Timing: every clock read is preceded by a device synchronize and the output of the iteration
-is kept alive across it, so asynchronous backends (TPU, CUDA) are measured honestly. Warmup
-iterations are not counted; the first one is reported as first_call_s, and as compile_s in
-compile mode (it includes tracing and compilation for that shape).
+Timing: every clock read is preceded by a device synchronize and the iteration's output is kept
+alive across it, so asynchronous backends (TPU, CUDA) are measured honestly. Warmup is never
+counted; in compile mode one extra uncounted call compiles the shape even with warmup 0.
+compile_s is that first call's excess over the steady mean; any graph compiled inside the
+measured window is counted (dynamo's counters) and flags the configuration `recompiled`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import platform
+import re
 import time
 from typing import Any
 
 import torch
 
-from . import __version__, accel, logs
+from . import __version__, accel, flops, logs, precision
 from .adapters import Adapter
 from .errors import WorkerError, invalid, is_oom
 
-SCENARIOS = ("forward", "generate")
+SCENARIOS = ("single-stream", "offline")
+WORKS = ("forward", "generate")
 DEFAULT_ITERATIONS = 20
 MAX_CONFIGS = 64
 REFERENCE_MAX_ELEMENTS = 16_000_000
+REFERENCE_CACHE_ELEMENTS = 64_000_000
+SEED = 0
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -105,20 +118,227 @@ def _as_float_cpu(out: Any) -> torch.Tensor | None:
     return None
 
 
+def _scenario_and_work(args: dict, entry) -> tuple[str, str]:
+    scenario = args.get("scenario") or "single-stream"
+    work = args.get("work")
+    if scenario in WORKS:  # protocol v1 spelling: the scenario named the work
+        if work is not None and work != scenario:
+            raise invalid(f"args.scenario {scenario!r} contradicts args.work {work!r}")
+        work, scenario = scenario, "single-stream"
+    work = work or "forward"
+    if scenario not in SCENARIOS:
+        raise invalid(f"args.scenario must be one of {', '.join(SCENARIOS)}")
+    if work not in WORKS:
+        raise invalid(f"args.work must be one of {', '.join(WORKS)}")
+    if work == "generate" and entry.task != "text-generation":
+        raise invalid("work 'generate' needs a text-generation model")
+    return scenario, work
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak memory per configuration
+
+
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            m = re.search(rf"^{field}:\s+(\d+)\s+kB", fh.read(), re.M)
+        return int(m.group(1)) if m else None
+    except OSError:
+        return None
+
+
+class MemoryProbe:
+    """Peak memory over a window, by the best means the device offers.
+
+    cuda: torch.cuda.max_memory_allocated after reset_peak_memory_stats (tensors only).
+    tpu and other accelerators: torch.accelerator.max_memory_allocated after a reset, or else
+    memory in use from torch.accelerator.get_memory_info sampled between iterations.
+    cpu: the process's resident set. VmHWM is a process-lifetime high-water mark, so it is reset
+    to the current RSS through /proc/self/clear_refs at the start of the window; where that is
+    not allowed, VmRSS is sampled between iterations (a lower bound). The increase is the peak
+    minus the resident size at the start; on the CPU it is a lower bound too, since the allocator
+    reuses memory the process already holds.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.kind = "unavailable"
+        self.base: int | None = None
+        self.peak: int | None = None
+
+    def _acc_index(self) -> int:
+        return self.device.index or 0
+
+    def start(self) -> None:
+        d = self.device
+        self.base = self.peak = None
+        try:
+            if d.type == "cpu":
+                try:
+                    with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+                        fh.write("5")
+                    self.kind = "cpu_peak_rss"
+                except OSError:
+                    self.kind = "cpu_sampled_rss"
+                rss = _proc_status_kib("VmRSS")
+                self.base = self.peak = rss * 1024 if rss is not None else None
+            elif d.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(d)
+                self.kind = "cuda_max_memory_allocated"
+                self.base = int(torch.cuda.memory_allocated(d))
+            else:
+                try:
+                    torch.accelerator.reset_peak_memory_stats(self._acc_index())
+                    self.base = int(torch.accelerator.memory_allocated(self._acc_index()))
+                    self.kind = "accelerator_max_memory_allocated"
+                except Exception:  # noqa: BLE001 - fall back to sampling the memory in use
+                    free, total = torch.accelerator.get_memory_info(self._acc_index())
+                    self.base = self.peak = int(total - free)
+                    self.kind = "accelerator_memory_in_use_sampled"
+        except Exception:  # noqa: BLE001 - peak memory is best effort
+            self.kind = "unavailable"
+
+    def sample(self) -> None:
+        if self.kind == "cpu_sampled_rss":
+            rss = _proc_status_kib("VmRSS")
+            if rss is not None:
+                self.peak = max(self.peak or 0, rss * 1024)
+        elif self.kind == "accelerator_memory_in_use_sampled":
+            try:
+                free, total = torch.accelerator.get_memory_info(self._acc_index())
+                self.peak = max(self.peak or 0, int(total - free))
+            except Exception:  # noqa: BLE001
+                pass
+
+    def result(self) -> tuple[int | None, int | None, str]:
+        """(peak bytes, increase over the start of the window, kind)."""
+        peak = self.peak
+        try:
+            if self.kind == "cpu_peak_rss":
+                hwm = _proc_status_kib("VmHWM")
+                peak = hwm * 1024 if hwm is not None else None
+            elif self.kind == "cuda_max_memory_allocated":
+                peak = int(torch.cuda.max_memory_allocated(self.device))
+            elif self.kind == "accelerator_max_memory_allocated":
+                peak = int(torch.accelerator.max_memory_allocated(self._acc_index()))
+            else:
+                self.sample()
+                peak = self.peak
+        except Exception:  # noqa: BLE001
+            return None, None, "unavailable"
+        inc = max(0, peak - self.base) if peak is not None and self.base is not None else None
+        return peak, inc, self.kind
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile accounting
+
+
+def compile_counters() -> dict[str, int]:
+    """Graphs dynamo has compiled and graph breaks it has taken, process-wide so far."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # noqa: BLE001
+        return {"graphs": 0, "graph_breaks": 0}
+    return {
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
+
+
+def _delta(a: dict, b: dict, key: str) -> int:
+    return int(b.get(key, 0) - a.get(key, 0))
+
+
+@contextlib.contextmanager
+def _recompile_room(n_shapes: int):
+    """Lets one compiled model hold a graph per shape of the grid: past dynamo's recompile limit
+    (8 by default) it would silently fall back to eager and the figures would lie."""
+    try:
+        import torch._dynamo.config as dcfg
+
+        name = "recompile_limit" if hasattr(dcfg, "recompile_limit") else "cache_size_limit"
+        old = getattr(dcfg, name)
+        setattr(dcfg, name, max(old, n_shapes + 8))
+    except Exception:  # noqa: BLE001
+        yield
+        return
+    try:
+        yield
+    finally:
+        setattr(dcfg, name, old)
+
+
+# ---------------------------------------------------------------------------------------------
+# The float32 CPU reference (outputs for the precision error; FLOPs per item)
+
+
+class Reference:
+    def __init__(self, worker, entry, info, token) -> None:
+        self.worker, self.entry, self.info, self.token = worker, entry, info, token
+        self.adapter: Adapter | None = None
+        self.temporary = False
+        self.unavailable: str | None = None
+        self.cache: dict[tuple, tuple[torch.Tensor | None, int | None]] = {}
+        self.cached_elements = 0
+
+    def _ensure(self) -> Adapter | None:
+        if self.adapter is not None or self.unavailable is not None:
+            return self.adapter
+        cpu = torch.device("cpu")
+        m = self.worker.loaded.get(self.entry.id)
+        if m is not None and m.adapter.device.type == "cpu" and m.dtype == "float32" and m.mode == "eager":
+            self.adapter = m.adapter
+            return self.adapter
+        try:
+            self.worker.check_memory(self.entry, self.info, "float32", cpu)
+            self.adapter, _ = self.worker.build(self.entry, self.info, cpu, "float32", "eager", [], self.token)
+            self.temporary = True
+        except WorkerError as exc:
+            if exc.code == "cancelled":
+                raise
+            self.unavailable = f"unavailable ({exc.code})"
+            logs.warn("no float32 CPU reference for the benchmark", model=self.entry.id, error=exc.message)
+        return self.adapter
+
+    def get(self, batch: int, seq_len: int | None) -> tuple[torch.Tensor | None, int | None]:
+        """(reference output, FLOPs of one forward) for the inputs of (batch, seq_len)."""
+        key = (batch, seq_len)
+        if key in self.cache:
+            return self.cache[key]
+        adapter = self._ensure()
+        if adapter is None:
+            return None, None
+        inputs = adapter.example(batch, seq_len, seed=SEED)
+        with torch.no_grad():
+            out, n = flops.count_flops(lambda: adapter.forward_example(inputs))
+        ref = _as_float_cpu(out)
+        if ref is not None and ref.numel() > REFERENCE_MAX_ELEMENTS:
+            ref = None
+        if ref is None or self.cached_elements + ref.numel() <= REFERENCE_CACHE_ELEMENTS:
+            self.cache[key] = (ref, n)
+            self.cached_elements += ref.numel() if ref is not None else 0
+        return ref, n
+
+    def close(self) -> None:
+        self.cache.clear()
+        if self.temporary:
+            self.adapter = None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
 def run_benchmark(worker, args: dict, ctx) -> dict:
     entry = worker.catalog.get(args.get("model"))
     device = worker.target_device(args.get("device"))
     lim = entry.limits
-    scenario = args.get("scenario") or "forward"
-    if scenario not in SCENARIOS:
-        raise invalid(f"args.scenario must be one of {', '.join(SCENARIOS)}")
-    if scenario == "generate" and entry.task != "text-generation":
-        raise invalid("scenario 'generate' needs a text-generation model")
+    scenario, work = _scenario_and_work(args, entry)
     batch_sizes = _int_list(args, "batch_sizes", 1, lim.max_batch, [1])
     text = entry.task in ("embedding", "text-generation")
     seq_lens: list = _int_list(args, "seq_lens", 2, lim.max_seq_len, [min(64, lim.max_seq_len)]) if text else [None]
     dtypes = _str_list(args, "dtypes", entry.dtypes, [entry.default_dtype], "unsupported_dtype")
-    # fp32 first, so the other dtypes can be compared against its outputs.
     dtypes.sort(key=lambda d: d != "float32")
     modes = _str_list(args, "modes", ("eager", "compile"), ["eager"])
     warmup = args.get("warmup", 3)
@@ -137,151 +357,155 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
     if iterations is None and duration is None:
         iterations = DEFAULT_ITERATIONS
     max_new = args.get("max_new_tokens", min(16, lim.max_new_tokens or 1))
-    if scenario == "generate" and (not isinstance(max_new, int) or not 1 <= max_new <= lim.max_new_tokens):
+    if work == "generate" and (not isinstance(max_new, int) or not 1 <= max_new <= lim.max_new_tokens):
         raise invalid(f"args.max_new_tokens must be an integer in 1..{lim.max_new_tokens}")
-    total = len(batch_sizes) * len(seq_lens) * len(dtypes) * len(modes)
-    if total > MAX_CONFIGS:
-        raise invalid(f"{total} configurations exceed the limit of {MAX_CONFIGS}; narrow the grid")
+    grid = len(batch_sizes) * len(seq_lens) * len(dtypes) * len(modes)
+    if grid > MAX_CONFIGS:
+        raise invalid(f"{grid} configurations exceed the limit of {MAX_CONFIGS}; narrow the grid")
+    total = grid if scenario == "single-stream" else len(seq_lens) * len(dtypes) * len(modes)
 
     _, info = worker.entry_and_weights(entry.id)
+    on_worker_device = device == worker.device
+    dev_info = worker.device_info if on_worker_device else {"kind": "cpu", "name": "cpu", "count": 1}
+    try:
+        import transformers
+
+        transformers_version = transformers.__version__
+    except Exception:  # noqa: BLE001
+        transformers_version = None
     manifest = {
         "model": entry.id,
+        "catalog_id": entry.id,
         "weight_digest": worker.digests.digest(info.files),
         "device": str(device),
-        "device_name": worker.device_info["name"] if device == worker.device else "cpu",
-        "backend": worker.device_info["backend"] if device == worker.device else "cpu",
-        "backend_version": worker.device_info.get("backend_version") if device == worker.device else torch.__version__,
+        "device_kind": str(dev_info.get("kind") or device.type),
+        "device_name": dev_info.get("name") or str(device),
+        "device_count": dev_info.get("count"),
+        "backend": worker.device_info["backend"] if on_worker_device else "cpu",
+        "backend_version": worker.device_info.get("backend_version") if on_worker_device else torch.__version__,
         "torch_version": torch.__version__,
+        "transformers_version": transformers_version,
         "python_version": platform.python_version(),
         "worker_version": __version__,
         "scenario": scenario,
+        "work": work,
         "warmup": warmup,
         "iterations": iterations,
         "duration_s": duration,
-        "max_new_tokens": max_new if scenario == "generate" else None,
+        "max_new_tokens": max_new if work == "generate" else None,
         "execution_mode": accel.execution_mode(device),
+        "compile_backend": accel.compile_backend(device) if "compile" in modes else None,
+        "matmul_precision": accel.matmul_precision(device),
+        "seed": SEED,
+        "precision_reference": precision.REFERENCE,
         "started_at": _now(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        # What peak_memory_bytes measures: device allocations, or the whole process on the CPU.
-        "peak_memory_kind": "process_peak_rss" if device.type == "cpu" else "device_peak_allocated",
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "peak_memory_kind": None,
     }
     configs: list[dict] = []
-    references: dict[tuple, torch.Tensor] = {}
     cancelled = False
     done = 0
-    ctx.progress(0, total, f"benchmarking {entry.id}: {total} configuration(s)")
-    for dtype in dtypes:
-        for mode in modes:
-            if cancelled:
-                break
-            group = [(b, s) for b in batch_sizes for s in seq_lens]
-            try:
-                adapter, load_s, temporary = _adapter_for(worker, entry, info, device, dtype, mode, ctx)
-            except WorkerError as exc:
-                if exc.code == "cancelled":
-                    cancelled = True
+    reference = Reference(worker, entry, info, ctx.token)
+    ctx.progress(0, total, f"benchmarking {entry.id}: {total} configuration(s), {scenario}, {work}")
+    try:
+        for dtype in dtypes:
+            for mode in modes:
+                if cancelled:
                     break
-                for b, s in group:
-                    configs.append(_failed(b, s, dtype, mode, scenario, device, exc))
-                    done += 1
-                ctx.progress(done, total, f"{dtype}/{mode}: {exc.code}")
-                continue
-            try:
-                for b, s in group:
-                    base = {
-                        "batch": b,
-                        "seq_len": s,
-                        "dtype": dtype,
-                        "mode": mode,
-                        "scenario": scenario,
-                        "device": str(device),
-                        "warmup": warmup,
-                    }
-                    try:
-                        res = _run_config(adapter, scenario, b, s, warmup, iterations, duration, max_new, ctx.token)
-                    except WorkerError as exc:
-                        configs.append(_failed(b, s, dtype, mode, scenario, device, exc))
-                        done += 1
-                        continue
-                    except Exception as exc:  # noqa: BLE001 - one bad config must not end the run
-                        code = "out_of_memory" if is_oom(exc) else "internal"
-                        logs.error(
-                            "benchmark config failed",
-                            model=entry.id,
-                            batch=b,
-                            seq_len=s,
-                            dtype=dtype,
-                            mode=mode,
-                            error=f"{type(exc).__name__}: {exc}",
-                        )
-                        configs.append(
-                            _failed(
-                                b,
-                                s,
-                                dtype,
-                                mode,
-                                scenario,
-                                device,
-                                WorkerError(code, f"configuration failed ({type(exc).__name__}); see the worker log"),
-                            )
-                        )
-                        done += 1
-                        continue
-                    if res is None:
+                n_shapes = len(batch_sizes) * len(seq_lens)
+                try:
+                    adapter, load_s, temporary = _adapter_for(worker, entry, info, device, dtype, mode, ctx)
+                except WorkerError as exc:
+                    if exc.code == "cancelled":
                         cancelled = True
                         break
-                    out = res.pop("_output")
-                    ref_key = (b, s)
-                    err = {"max_abs_error_vs_fp32": None, "mean_abs_error_vs_fp32": None}
-                    if out is not None and scenario == "forward":
-                        if dtype == "float32" and out.numel() <= REFERENCE_MAX_ELEMENTS:
-                            references.setdefault(ref_key, out)
-                        elif ref_key in references and references[ref_key].shape == out.shape:
-                            diff = (out - references[ref_key]).abs()
-                            err = {
-                                "max_abs_error_vs_fp32": float(diff.max()),
-                                "mean_abs_error_vs_fp32": float(diff.mean()),
-                            }
-                    compile_s = res["first_call_s"] if mode == "compile" else 0.0
-                    configs.append(
-                        {
-                            **base,
-                            **res,
-                            **err,
-                            "compile_s": compile_s,
-                            "load_s": load_s,
-                            "matmul_precision": accel.matmul_precision(device),
-                            "error": None,
-                        }
-                    )
-                    done += 1
-                    lat = res["latency_ms"]
-                    ctx.progress(
-                        done,
-                        total,
-                        f"batch={b} seq_len={s} {dtype} {mode}: p50 {lat['p50']:.3f} ms, "
-                        f"{res['throughput_items_per_s']:.1f} items/s",
-                    )
-            finally:
-                if temporary:
-                    adapter = None
-                    from .ops import release_memory
+                    for b, s in _points(scenario, batch_sizes, seq_lens):
+                        configs.append(_failed(b, s, dtype, mode, scenario, work, device, exc))
+                        done += 1
+                    ctx.progress(done, total, f"{dtype}/{mode}: {exc.code}")
+                    continue
+                run = _Run(
+                    worker,
+                    entry,
+                    info,
+                    adapter,
+                    device,
+                    dtype,
+                    mode,
+                    scenario,
+                    work,
+                    warmup,
+                    iterations,
+                    duration,
+                    max_new,
+                    load_s,
+                    reference,
+                    ctx,
+                )
+                try:
+                    with _recompile_room(n_shapes) if mode == "compile" else contextlib.nullcontext():
+                        for s in seq_lens:
+                            if scenario == "single-stream":
+                                for b in batch_sizes:
+                                    c = run.one(b, s)
+                                    if c is None:
+                                        cancelled = True
+                                        break
+                                    configs.append(c)
+                                    done += 1
+                                    ctx.progress(done, total, _progress_line(c))
+                            else:
+                                c = run.offline(sorted(batch_sizes, reverse=True), s)
+                                if c is None:
+                                    cancelled = True
+                                else:
+                                    configs.append(c)
+                                    done += 1
+                                    ctx.progress(done, total, _progress_line(c))
+                            if cancelled:
+                                break
+                finally:
+                    if temporary:
+                        run.adapter = adapter = None
+                        from .ops import release_memory
 
-                    release_memory(device)
-        if cancelled:
-            break
+                        release_memory(device)
+            if cancelled:
+                break
+    finally:
+        reference.close()
+    manifest["peak_memory_kind"] = next((c["peak_memory_kind"] for c in configs if c.get("peak_memory_kind")), None)
+    if reference.unavailable:
+        manifest["precision_reference"] = f"{precision.REFERENCE}: {reference.unavailable}"
     manifest["finished_at"] = _now()
     return {"manifest": manifest, "configs": configs, "cancelled": cancelled}
 
 
-def _failed(b, s, dtype, mode, scenario, device, exc: WorkerError) -> dict:
+def _points(scenario, batch_sizes, seq_lens):
+    if scenario == "offline":
+        return [(max(batch_sizes), s) for s in seq_lens]
+    return [(b, s) for s in seq_lens for b in batch_sizes]
+
+
+def _progress_line(c: dict) -> str:
+    seq = f" seq_len={c['seq_len']}" if c.get("seq_len") else ""
+    head = f"batch={c['batch']}{seq} {c['dtype']} {c['mode']}"
+    if c.get("error"):
+        return f"{head}: {c['error']['code']}"
+    lat = c["latency_ms"]
+    return f"{head}: p50 {lat['p50']:.3f} ms, {c['throughput_items_per_s']:.1f} items/s"
+
+
+def _failed(b, s, dtype, mode, scenario, work, device, exc: WorkerError) -> dict:
     return {
         "batch": b,
         "seq_len": s,
         "dtype": dtype,
         "mode": mode,
         "scenario": scenario,
+        "work": work,
         "device": str(device),
         "latency_ms": None,
         "throughput_items_per_s": None,
@@ -301,9 +525,163 @@ def _adapter_for(worker, entry, info, device, dtype, mode, ctx) -> tuple[Adapter
     return adapter, report["load_s"], True
 
 
-def _run_config(
+class _Run:
+    """One (dtype, mode) of the grid on one adapter."""
+
+    def __init__(
+        self,
+        worker,
+        entry,
+        info,
+        adapter,
+        device,
+        dtype,
+        mode,
+        scenario,
+        work,
+        warmup,
+        iterations,
+        duration,
+        max_new,
+        load_s,
+        reference,
+        ctx,
+    ) -> None:
+        self.worker, self.entry, self.info, self.adapter = worker, entry, info, adapter
+        self.device, self.dtype, self.mode = device, dtype, mode
+        self.scenario, self.work = scenario, work
+        self.warmup, self.iterations, self.duration, self.max_new = warmup, iterations, duration, max_new
+        self.load_s, self.reference, self.ctx = load_s, reference, ctx
+        self.kind = str(worker.device_info.get("kind") if device == worker.device else "cpu")
+        self.name = worker.device_info.get("name") if device == worker.device else "cpu"
+        self.matmul_precision = accel.matmul_precision(device)
+
+    def base(self, b, s) -> dict:
+        return {
+            "batch": b,
+            "seq_len": s,
+            "dtype": self.dtype,
+            "mode": self.mode,
+            "scenario": self.scenario,
+            "work": self.work,
+            "device": str(self.device),
+            "warmup": self.warmup,
+        }
+
+    def _fail(self, b, s, code: str, message: str) -> dict:
+        return _failed(b, s, self.dtype, self.mode, self.scenario, self.work, self.device, WorkerError(code, message))
+
+    def one(self, b: int, s: int | None) -> dict | None:
+        """Measures one configuration; None when cancelled; a config with `error` when it failed."""
+        try:
+            res = _measure(
+                self.adapter,
+                self.scenario,
+                self.work,
+                b,
+                s,
+                self.warmup,
+                self.iterations,
+                self.duration,
+                self.max_new,
+                self.ctx.token,
+            )
+        except WorkerError as exc:
+            if exc.code == "cancelled":
+                return None
+            return _failed(b, s, self.dtype, self.mode, self.scenario, self.work, self.device, exc)
+        except Exception as exc:  # noqa: BLE001 - one bad config must not end the run
+            oom = is_oom(exc)
+            logs.error(
+                "benchmark config failed",
+                model=self.entry.id,
+                batch=b,
+                seq_len=s,
+                dtype=self.dtype,
+                mode=self.mode,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            from .ops import release_memory
+
+            release_memory(self.device)
+            if oom:
+                return self._fail(b, s, "out_of_memory", f"batch {b} ran out of memory on {self.device}")
+            return self._fail(b, s, "internal", f"configuration failed ({type(exc).__name__}); see the worker log")
+        if res is None:
+            return None
+        return self._finish(b, s, res)
+
+    def offline(self, batches_desc: list[int], s: int | None) -> dict | None:
+        """The largest batch that fits, trying the requested ones from the largest down."""
+        skipped: list[dict] = []
+        last = None
+        for b in batches_desc:
+            why = self._would_not_fit(b, s)
+            if why:
+                skipped.append({"batch": b, "reason": why})
+                continue
+            c = self.one(b, s)
+            if c is None:
+                return None
+            err = c.get("error")
+            if err and err["code"] in ("out_of_memory", "insufficient_memory"):
+                skipped.append({"batch": b, "reason": err["code"]})
+                last = c
+                continue
+            c["offline_skipped_batches"] = skipped
+            return c
+        c = last or self._fail(batches_desc[-1], s, "insufficient_memory", "no requested batch fits in memory")
+        c["offline_skipped_batches"] = skipped
+        return c
+
+    def _would_not_fit(self, b: int, s: int | None) -> str | None:
+        """Activations of the memory estimate scaled to this batch, against free memory."""
+        from .memory import activation_bytes
+
+        free = self.worker.free_memory(self.device)
+        if free is None:
+            return None
+        lim = self.entry.limits
+        scale = b / max(1, lim.max_batch)
+        if s and lim.max_seq_len:
+            scale *= s / max(1, lim.max_seq_len + lim.max_new_tokens)
+        need = activation_bytes(self.entry, self.worker.config_for(self.entry, self.info), self.dtype) * scale
+        return f"estimated {int(need)} bytes of activations, {free} free" if need > free else None
+
+    def _finish(self, b: int, s: int | None, res: dict) -> dict:
+        out = res.pop("_output")
+        ref, n_flops = self.reference.get(b, s)
+        err = precision.compare(out, ref)
+        mean_s = res["latency_ms"]["mean"] / 1000.0
+        per_item = n_flops / b if n_flops and self.work == "forward" else None
+        achieved = n_flops / mean_s if per_item and mean_s > 0 else None
+        peak, source = (
+            (None, "not counted for generate work")
+            if self.work != "forward"
+            else (flops.peak_flops(self.kind, self.name, self.dtype, self.matmul_precision))
+        )
+        compile_s = max(0.0, res["first_call_s"] - mean_s) if self.mode == "compile" else 0.0
+        return {
+            **self.base(b, s),
+            **res,
+            "compile_s": round(compile_s, 6),
+            "load_s": self.load_s,
+            "matmul_precision": self.matmul_precision,
+            "precision_reference": precision.REFERENCE if ref is not None else None,
+            **err,
+            "flops_per_item": int(per_item) if per_item else None,
+            "achieved_flops_per_s": round(achieved, 1) if achieved else None,
+            "peak_flops_per_s": peak,
+            "peak_flops_source": source,
+            "fraction_of_peak": round(achieved / peak, 6) if achieved and peak else None,
+            "error": None,
+        }
+
+
+def _measure(
     adapter: Adapter,
     scenario: str,
+    work: str,
     batch: int,
     seq_len: int | None,
     warmup: int,
@@ -314,8 +692,8 @@ def _run_config(
 ) -> dict | None:
     """Runs one configuration; returns None when cancelled."""
     device = adapter.device
-    inputs = adapter.example(batch, seq_len, seed=0)
-    if scenario == "generate":
+    inputs = adapter.example(batch, seq_len, seed=SEED)
+    if work == "generate":
         prompts = inputs.to("cpu").tolist()
 
         def step():
@@ -325,11 +703,18 @@ def _run_config(
         def step():
             return adapter.forward_example(inputs)
 
-    accel.reset_peak_memory(device)
+    mem = MemoryProbe(device)
     first_call_s = None
-    out = None
+    c0 = compile_counters()
     with torch.no_grad():
-        for i in range(warmup):
+        # In compile mode the first call compiles this shape: never counted, even with warmup 0.
+        compiling = adapter.mode == "compile"
+        calls = max(warmup, 1) if compiling else warmup
+        # Peak memory covers warmup and the window; in compile mode it starts after the compile
+        # call, so the compiler's own memory is not charged to the model.
+        if not compiling:
+            mem.start()
+        for i in range(calls):
             if token.cancelled:
                 return None
             accel.synchronize(device)
@@ -338,33 +723,65 @@ def _run_config(
             accel.synchronize(device)
             if i == 0:
                 first_call_s = time.perf_counter() - t0
+            del out
+            if i == 0 and compiling:
+                mem.start()
+            else:
+                mem.sample()
+        c1 = compile_counters()
         samples: list[float] = []
-        start = time.perf_counter()
+        accel.synchronize(device)
+        start = end = time.perf_counter()
+        out = None
         while True:
             if iterations is not None and len(samples) >= iterations:
                 break
-            if duration is not None and samples and time.perf_counter() - start >= duration:
+            if duration is not None and samples and end - start >= duration:
                 break
             if token.cancelled:
                 return None
+            out = None  # the previous output is freed before the next call, as a server would
             accel.synchronize(device)
             t0 = time.perf_counter()
             out = step()  # kept alive until after the synchronize below
             accel.synchronize(device)
-            samples.append(time.perf_counter() - t0)
+            end = time.perf_counter()
+            samples.append(end - t0)
+            mem.sample()
             if first_call_s is None:
                 first_call_s = samples[-1]
+        c2 = compile_counters()
+        peak, increase, kind = mem.result()
     lat = latency_summary(samples)
     mean_s = sum(samples) / len(samples)
+    window = end - start
+    if scenario == "offline":
+        throughput = batch * len(samples) / window if window > 0 else None
+        basis = "items / wall time of the measured window"
+    else:
+        throughput = batch / mean_s if mean_s > 0 else None
+        basis = "batch / mean latency"
+    recompiles = _delta(c1, c2, "graphs")
     res = {
         "iterations": len(samples),
+        "measured_s": round(window, 6),
         "latency_ms": lat,
-        "throughput_items_per_s": round(batch / mean_s, 4) if mean_s > 0 else None,
+        "throughput_items_per_s": round(throughput, 4) if throughput else None,
+        "throughput_basis": basis,
         "first_call_s": round(first_call_s, 6),
-        "peak_memory_bytes": accel.peak_memory_bytes(device),
-        "_output": _as_float_cpu(out) if scenario == "forward" else None,
+        "graphs_compiled": _delta(c0, c1, "graphs"),
+        "recompiles_in_window": recompiles,
+        "recompiled": recompiles > 0,
+        "graph_breaks": _delta(c0, c2, "graph_breaks"),
+        "peak_memory_bytes": peak,
+        "peak_memory_increase_bytes": increase,
+        "peak_memory_kind": kind,
     }
-    if scenario == "generate":
+    if work == "generate":
         tokens = sum(len(r) for r in out) if out else 0
         res["tokens_per_s"] = round(tokens / mean_s, 4) if mean_s > 0 else None
+        with torch.no_grad():  # outputs to compare with the reference: the prompt's forward
+            res["_output"] = _as_float_cpu(adapter.forward_example(inputs))
+    else:
+        res["_output"] = _as_float_cpu(out)
     return res

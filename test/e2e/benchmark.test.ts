@@ -1,0 +1,155 @@
+// run_benchmark and check_model end to end: the real `tpu-mcp stdio` server, the SDK's Client and
+// a real torch worker on the CPU. The figures must be internally consistent and say what they
+// measured; no assertion is about speed.
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import Database from "better-sqlite3";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { compareReports } from "../../tools/support/compare.js";
+import { connectStdio, writeConfig } from "../helpers/server.js";
+import { call } from "./scenario.js";
+
+function estimates(dataDir: string): number[] {
+  const db = new Database(join(dataDir, "policy.db"), { readonly: true });
+  try {
+    const rows = db.prepare("SELECT record FROM audit_log ORDER BY seq").all() as { record: string }[];
+    return rows
+      .map((r) => JSON.parse(r.record))
+      .filter((r) => r.tool === "run_benchmark" && r.outcome === "executed" && r.estimate)
+      .map((r) => r.estimate.device_seconds as number);
+  } finally {
+    db.close();
+  }
+}
+
+describe("run_benchmark and check_model over MCP", () => {
+  const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-bench-e2e-"));
+  let conn: Awaited<ReturnType<typeof connectStdio>>;
+  beforeAll(async () => {
+    conn = await connectStdio(writeConfig({}, dir));
+  });
+  afterAll(async () => {
+    await conn?.close();
+  });
+
+  it("learns cost estimates from the reports it stores", async () => {
+    const args = { model: "mnist-cnn", batch_sizes: [4], iterations: 5, warmup: 1 };
+    const first = await call(conn.client, "run_benchmark", args);
+    expect(first.isError, JSON.stringify(first)).toBeFalsy();
+    const mean = first.structuredContent.configs[0].latency_ms.mean as number;
+    const second = await call(conn.client, "run_benchmark", { ...args, baseline_id: first.structuredContent.report_id });
+    expect(second.isError, JSON.stringify(second)).toBeFalsy();
+    const [before, after] = estimates(join(dir, "data"));
+    // With history: (warmup + iterations + the fp32 reference pass) × the measured mean latency.
+    const expected = Math.round(((1 + 5 + 1) * mean) / 1000 * 1000) / 1000;
+    expect(after).toBeCloseTo(expected, 3);
+    expect(after).not.toBe(before);
+    // The second report compares itself with the first, like for like.
+    const cmp = second.structuredContent.comparison;
+    expect(cmp.baseline_id).toBe(first.structuredContent.report_id);
+    expect(cmp.ratios).toHaveLength(1);
+    expect(cmp.ratios[0].throughput_ratio).toBeGreaterThan(0);
+    expect(cmp.warnings).toEqual([]);
+  });
+
+  it("measures a dtype × mode grid: percentiles, precision vs fp32, compile apart, memory, FLOPs, progress", async () => {
+    const progress: string[] = [];
+    const r: any = await conn.client.callTool(
+      {
+        name: "run_benchmark",
+        arguments: { model: "mnist-cnn", batch_sizes: [1, 4], dtypes: ["float32", "bfloat16"], modes: ["eager", "compile"], iterations: 5, warmup: 1 },
+      },
+      undefined,
+      { onprogress: (p) => progress.push(String(p.message)), timeout: 300_000 },
+    );
+    expect(r.isError, JSON.stringify(r)).toBeFalsy();
+    const report = r.structuredContent;
+    expect(report).toMatchObject({ scenario: "single-stream", work: "forward", cancelled: false });
+    expect(report.configs).toHaveLength(8);
+    expect(progress.filter((m) => /^batch=/.test(m))).toHaveLength(8);
+    const m = report.manifest;
+    expect(m).toMatchObject({ device_kind: "cpu", seed: 0, compile_backend: "inductor", precision_reference: "cpu float32 eager" });
+    expect(m.weight_digest).toMatch(/^sha256:/);
+    expect(m.torch_version).toBeTruthy();
+    for (const c of report.configs) {
+      expect(c.error).toBeNull();
+      const l = c.latency_ms;
+      expect(l.p50).toBeLessThanOrEqual(l.p90);
+      expect(l.p90).toBeLessThanOrEqual(l.p99);
+      expect(c.iterations).toBe(5);
+      expect(c.flops_per_item).toBeGreaterThan(1e6);
+      expect(c.fraction_of_peak).toBeGreaterThan(0);
+      expect(c.peak_memory_bytes).toBeGreaterThan(0);
+      expect(c.peak_memory_kind).toMatch(/^cpu_/);
+      if (c.dtype === "float32") expect(c.max_abs_error_vs_fp32).toBeLessThanOrEqual(1e-6);
+      else {
+        expect(c.max_abs_error_vs_fp32).toBeGreaterThan(0);
+        expect(c.cosine_similarity_vs_fp32).toBeGreaterThan(0.99);
+      }
+      if (c.mode === "compile") {
+        expect(c.compile_s).toBeGreaterThan(0);
+        expect(c.graphs_compiled).toBeGreaterThanOrEqual(1);
+        expect(c.recompiles_in_window).toBe(0);
+        expect(c.recompiled).toBe(false);
+      } else {
+        expect(c.compile_s).toBe(0);
+      }
+    }
+
+    // A report compared with itself: every ratio is 1 and nothing to warn about.
+    const self = compareReports(report, report, report.report_id);
+    expect(self.ratios).toHaveLength(8);
+    for (const x of self.ratios) {
+      for (const k of ["p50_ratio", "p90_ratio", "p99_ratio", "mean_ratio", "throughput_ratio", "peak_memory_ratio"] as const) expect(x[k]).toBe(1);
+    }
+    expect(self.warnings).toEqual([]);
+    // Unlike for like: a different matmul precision and device are called out.
+    const other = structuredClone(report);
+    other.manifest.device_name = "TPU v5 lite";
+    other.configs.forEach((c: any) => (c.matmul_precision = "default (one-pass bf16, fp32 accumulation)"));
+    expect(compareReports(report, other, "bench_x").warnings.join("\n")).toMatch(/matmul precision differs[\s\S]*devices differ/);
+
+    // JSON, Markdown and SVG resources.
+    const json = JSON.parse(((await conn.client.readResource({ uri: report.resource_uri })).contents[0] as any).text);
+    expect(json.configs).toHaveLength(8);
+    const md = ((await conn.client.readResource({ uri: report.markdown_uri })).contents[0] as any).text as string;
+    expect(md).toContain("| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms |");
+    expect(md.split("\n").filter((l) => /^\| [14] \|/.test(l))).toHaveLength(8);
+    const svg = (await conn.client.readResource({ uri: report.chart_uri })).contents[0] as any;
+    expect(svg.mimeType).toBe("image/svg+xml");
+    expect(svg.text).toMatch(/^<svg[^>]*xmlns="http:\/\/www.w3.org\/2000\/svg"/);
+    expect((svg.text.match(/<path /g) ?? []).length).toBe(8); // 4 series × (latency, throughput)
+    expect(svg.text).toContain("bfloat16 compile");
+    const templates = await conn.client.listResourceTemplates();
+    expect(templates.resourceTemplates.map((t) => t.uriTemplate)).toContain("tpu://benchmarks/{id}.svg");
+  });
+
+  it("runs offline at the largest batch and its throughput matches batch ÷ mean latency", async () => {
+    const r = await call(conn.client, "run_benchmark", { model: "mnist-cnn", batch_sizes: [2, 16, 8], scenario: "offline", iterations: 6, warmup: 1 });
+    expect(r.isError, JSON.stringify(r)).toBeFalsy();
+    const [c, ...rest] = r.structuredContent.configs;
+    expect(rest).toHaveLength(0);
+    expect(c).toMatchObject({ batch: 16, scenario: "offline", offline_skipped_batches: [] });
+    const expected = c.batch / (c.latency_ms.mean / 1000);
+    expect(Math.abs(c.throughput_items_per_s - expected) / expected).toBeLessThan(0.1);
+  });
+
+  it("check_model lists MiniLM's matmul, layer-norm and softmax operators with counts", async () => {
+    const r = await call(conn.client, "check_model", { model: "all-minilm-l6-v2", batch: 1, seq_len: 8, attention: "math" });
+    expect(r.isError, JSON.stringify(r)).toBeFalsy();
+    const out = r.structuredContent;
+    expect(out).toMatchObject({ model: "all-minilm-l6-v2", device: "cpu", verdict: "supported", attention: "math", error: null });
+    const ops = new Map<string, any>(out.ops.map((o: any) => [o.op, o]));
+    expect(ops.get("aten::addmm")).toMatchObject({ category: "matmul", count: 37, on_device: 37, fell_back: 0, failed: 0 });
+    expect(ops.get("aten::bmm")?.count).toBe(12);
+    expect(ops.get("aten::native_layer_norm")?.count).toBe(13);
+    expect(out.ops.find((o: any) => o.category === "softmax")?.count).toBe(6);
+    expect(out.estimated_memory_bytes).toBeGreaterThan(0);
+    expect(out.measured_peak_memory_bytes).toBeGreaterThan(0);
+    expect(out.total_ops).toBe(out.ops.reduce((s: number, o: any) => s + o.count, 0));
+    // By default the fused attention kernel the CPU really dispatches is what is listed.
+    const fused = await call(conn.client, "check_model", { model: "all-minilm-l6-v2", batch: 1, seq_len: 8 });
+    expect(fused.structuredContent.categories.attention).toBe(6);
+  });
+});
