@@ -9,7 +9,7 @@ export const checkModel = (env: ToolEnv) => {
     name: "check_model",
     title: "Check model support",
     description:
-      "Preflight: one forward pass on the target device recording every ATen operator (TorchDispatchMode) with its call count, category, and how many calls ran on the device, fell back to the CPU or failed; the estimated and measured memory and a verdict (supported / partial / unsupported). attention: \"math\" forces attention through its unfused path (matmuls + softmax), as a backend without a fused kernel runs it.",
+      'Preflight: one forward pass on the target device recording every ATen operator (TorchDispatchMode) with its call count, category, and how many calls ran on the device, fell back to the CPU or failed; the estimated and measured memory and a verdict (supported / partial / unsupported). attention: "math" forces attention through its unfused path (matmuls + softmax), as a backend without a fused kernel runs it.',
     input: z
       .object({
         model: modelId(env),
@@ -20,7 +20,9 @@ export const checkModel = (env: ToolEnv) => {
         attention: z
           .enum(["default", "math"])
           .default("default")
-          .describe("default: the kernels the device really dispatches; math: scaled-dot-product attention unfused"),
+          .describe(
+            "default: the kernels the device really dispatches; math: scaled-dot-product attention unfused",
+          ),
         approval_id: approvalId,
       })
       .strict(),
@@ -59,7 +61,12 @@ export const checkModel = (env: ToolEnv) => {
         error: z.string().nullable(),
       })
       .passthrough(),
-    annotations: { readOnlyHint: true, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+    annotations: {
+      readOnlyHint: true,
+      destructiveHint: false,
+      idempotentHint: true,
+      openWorldHint: false,
+    },
     device: (a) => a.device ?? "default",
     async handler(args, ctx) {
       const { result } = await ctx.runtime.call<any>(
@@ -81,7 +88,10 @@ export const checkModel = (env: ToolEnv) => {
       `${o.ops.filter((x) => x.fell_back).length} fell back, ${o.ops.filter((x) => x.failed).length} failed` +
       `\n${o.ops
         .slice(0, 15)
-        .map((x) => `  ${x.op} [${x.category}] ×${x.count}${x.fell_back ? `, ${x.fell_back} fell back` : ""}${x.failed ? `, ${x.failed} failed` : ""}`)
+        .map(
+          (x) =>
+            `  ${x.op} [${x.category}] ×${x.count}${x.fell_back ? `, ${x.fell_back} fell back` : ""}${x.failed ? `, ${x.failed} failed` : ""}`,
+        )
         .join("\n")}${o.error ? `\nerror: ${o.error}` : ""}`,
   });
 };

@@ -19,7 +19,14 @@ const Config = z
     work: z.string().optional(),
     iterations: n,
     latency_ms: z
-      .object({ p50: z.number(), p90: z.number(), p99: z.number(), mean: z.number(), min: z.number(), max: z.number() })
+      .object({
+        p50: z.number(),
+        p90: z.number(),
+        p99: z.number(),
+        mean: z.number(),
+        min: z.number(),
+        max: z.number(),
+      })
       .nullable(),
     throughput_items_per_s: n,
     throughput_basis: z.string().optional(),
@@ -92,52 +99,96 @@ export const runBenchmark = (env: ToolEnv) => {
         scenario: z
           .enum(["single-stream", "offline"])
           .default("single-stream")
-          .describe("single-stream: every configuration, one query at a time; offline: the largest batch that fits per series"),
+          .describe(
+            "single-stream: every configuration, one query at a time; offline: the largest batch that fits per series",
+          ),
         work: z
           .enum(["forward", "generate"])
           .default("forward")
-          .describe("forward pass, or greedy generation of max_new_tokens (text-generation models)"),
+          .describe(
+            "forward pass, or greedy generation of max_new_tokens (text-generation models)",
+          ),
         max_new_tokens: z.number().int().min(1).max(maxNew).optional(),
         iterations: z.number().int().min(1).max(b.max_iterations).optional(),
         duration_s: z.number().positive().max(b.max_duration_s).optional(),
         warmup: z.number().int().min(0).max(100).default(3),
-        baseline_id: z.string().regex(/^bench_[0-9a-f]{20}$/).optional(),
+        baseline_id: z
+          .string()
+          .regex(/^bench_[0-9a-f]{20}$/)
+          .optional(),
         wait,
         approval_id: approvalId,
       })
       .strict()
-      .refine((a) => !(a.iterations && a.duration_s), { message: "give iterations or duration_s, not both" }),
+      .refine((a) => !(a.iterations && a.duration_s), {
+        message: "give iterations or duration_s, not both",
+      }),
     output: z.union([Report, JobRef]),
-    annotations: { readOnlyHint: false, destructiveHint: false, idempotentHint: false, openWorldHint: false },
+    annotations: {
+      readOnlyHint: false,
+      destructiveHint: false,
+      idempotentHint: false,
+      openWorldHint: false,
+    },
     device: (a) => a.device ?? "default",
     estimate: (a, ctx) => estimateFor("run_benchmark", a, ctx),
     async handler(args, ctx) {
       const entry = env.catalog.models.find((m) => m.id === args.model)!;
       const dtypes = args.dtypes ?? [entry.default_dtype];
       const bad = dtypes.find((d) => !entry.dtypes.includes(d));
-      if (bad) throw new ToolError("unsupported_dtype", `${args.model} allows ${entry.dtypes.join(", ")}, not ${bad}`);
+      if (bad)
+        throw new ToolError(
+          "unsupported_dtype",
+          `${args.model} allows ${entry.dtypes.join(", ")}, not ${bad}`,
+        );
       const tooBig = args.batch_sizes.find((x) => x > entry.limits.max_batch);
-      if (tooBig) throw new ToolError("invalid_argument", `batch_sizes: ${args.model} takes at most ${entry.limits.max_batch}`);
+      if (tooBig)
+        throw new ToolError(
+          "invalid_argument",
+          `batch_sizes: ${args.model} takes at most ${entry.limits.max_batch}`,
+        );
       if (entry.task === "tensor" && args.seq_lens) {
-        throw new ToolError("invalid_argument", `seq_lens: ${args.model} is a tensor model; omit seq_lens`);
+        throw new ToolError(
+          "invalid_argument",
+          `seq_lens: ${args.model} is a tensor model; omit seq_lens`,
+        );
       }
       if (args.work === "generate" && entry.task !== "text-generation") {
-        throw new ToolError("invalid_argument", `work: ${args.model} is not a text-generation model; use work "forward"`);
+        throw new ToolError(
+          "invalid_argument",
+          `work: ${args.model} is not a text-generation model; use work "forward"`,
+        );
       }
       if (args.max_new_tokens && args.max_new_tokens > (entry.limits.max_new_tokens ?? 0)) {
-        throw new ToolError("invalid_argument", `max_new_tokens: ${args.model} takes at most ${entry.limits.max_new_tokens ?? 0}`);
+        throw new ToolError(
+          "invalid_argument",
+          `max_new_tokens: ${args.model} takes at most ${entry.limits.max_new_tokens ?? 0}`,
+        );
       }
-      const seqLens = entry.task === "tensor" ? undefined : (args.seq_lens ?? [Math.min(128, entry.limits.max_seq_len)]);
+      const seqLens =
+        entry.task === "tensor"
+          ? undefined
+          : (args.seq_lens ?? [Math.min(128, entry.limits.max_seq_len)]);
       if (seqLens?.some((s) => s > entry.limits.max_seq_len)) {
-        throw new ToolError("invalid_argument", `seq_lens: ${args.model} takes at most ${entry.limits.max_seq_len}`);
+        throw new ToolError(
+          "invalid_argument",
+          `seq_lens: ${args.model} takes at most ${entry.limits.max_seq_len}`,
+        );
       }
-      const grid = args.batch_sizes.length * (seqLens?.length ?? 1) * dtypes.length * args.modes.length;
+      const grid =
+        args.batch_sizes.length * (seqLens?.length ?? 1) * dtypes.length * args.modes.length;
       if (grid > b.max_configs) {
-        throw new ToolError("invalid_argument", `the grid has ${grid} configurations; the limit is ${b.max_configs}: drop some sizes, dtypes or modes`);
+        throw new ToolError(
+          "invalid_argument",
+          `the grid has ${grid} configurations; the limit is ${b.max_configs}: drop some sizes, dtypes or modes`,
+        );
       }
       const baseline = args.baseline_id ? ctx.reports.get(args.baseline_id) : undefined;
       if (args.baseline_id && !baseline) {
-        throw new ToolError("invalid_argument", `baseline_id: no report ${args.baseline_id}; run_benchmark returns report ids`);
+        throw new ToolError(
+          "invalid_argument",
+          `baseline_id: no report ${args.baseline_id}; run_benchmark returns report ids`,
+        );
       }
       const iterations = args.iterations ?? (args.duration_s ? undefined : 20);
       const { result } = await ctx.runtime.call<any>(
@@ -160,7 +211,9 @@ export const runBenchmark = (env: ToolEnv) => {
         { signal: ctx.signal, onProgress: (p) => ctx.progress(p.progress, p.total, p.message) },
       );
       // Stored under the device kind, which is what cost estimates look history up by.
-      const deviceKind = String(result.manifest?.device_kind ?? (args.device ?? "default").split(":")[0]);
+      const deviceKind = String(
+        result.manifest?.device_kind ?? (args.device ?? "default").split(":")[0],
+      );
       const body = {
         model: args.model,
         scenario: args.scenario,
@@ -172,22 +225,35 @@ export const runBenchmark = (env: ToolEnv) => {
       };
       const stored = ctx.reports.put(ctx.principal.id, args.model, deviceKind, body);
       const uri = `tpu://benchmarks/${stored.id}`;
-      return { report_id: stored.id, resource_uri: uri, markdown_uri: `${uri}.md`, chart_uri: `${uri}.svg`, ...body };
+      return {
+        report_id: stored.id,
+        resource_uri: uri,
+        markdown_uri: `${uri}.md`,
+        chart_uri: `${uri}.svg`,
+        ...body,
+      };
     },
     render: (o) => {
       if ("job_id" in o) return `started job ${o.job_id}; follow it with get_job`;
-      const fmt = (v: unknown, d = 2) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(d) : "–");
+      const fmt = (v: unknown, d = 2) =>
+        typeof v === "number" && Number.isFinite(v) ? v.toFixed(d) : "–";
       const rows = o.configs.map((c: any) => {
         const head = `  b=${c.batch}${c.seq_len ? ` s=${c.seq_len}` : ""} ${c.dtype} ${c.mode}`;
         if (c.error) return `${head}: ${c.error.code}`;
         const l = c.latency_ms ?? {};
         return (
           `${head}: p50 ${fmt(l.p50)} ms, p99 ${fmt(l.p99)} ms, ${fmt(c.throughput_items_per_s, 1)} items/s` +
-          (c.mode === "compile" ? `, compile ${fmt(c.compile_s, 2)} s${c.recompiled ? " (RECOMPILED in window)" : ""}` : "") +
-          (c.max_abs_error_vs_fp32 != null ? `, max err ${c.max_abs_error_vs_fp32.toExponential(2)}` : "")
+          (c.mode === "compile"
+            ? `, compile ${fmt(c.compile_s, 2)} s${c.recompiled ? " (RECOMPILED in window)" : ""}`
+            : "") +
+          (c.max_abs_error_vs_fp32 != null
+            ? `, max err ${c.max_abs_error_vs_fp32.toExponential(2)}`
+            : "")
         );
       });
-      const warn = o.comparison?.warnings.length ? `\nwarnings vs ${o.comparison.baseline_id}: ${o.comparison.warnings.join("; ")}` : "";
+      const warn = o.comparison?.warnings.length
+        ? `\nwarnings vs ${o.comparison.baseline_id}: ${o.comparison.warnings.join("; ")}`
+        : "";
       return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${warn}`;
     },
   });

@@ -13,7 +13,9 @@ import { call } from "./scenario.js";
 function estimates(dataDir: string): number[] {
   const db = new Database(join(dataDir, "policy.db"), { readonly: true });
   try {
-    const rows = db.prepare("SELECT record FROM audit_log ORDER BY seq").all() as { record: string }[];
+    const rows = db.prepare("SELECT record FROM audit_log ORDER BY seq").all() as {
+      record: string;
+    }[];
     return rows
       .map((r) => JSON.parse(r.record))
       .filter((r) => r.tool === "run_benchmark" && r.outcome === "executed" && r.estimate)
@@ -38,11 +40,14 @@ describe("run_benchmark and check_model over MCP", () => {
     const first = await call(conn.client, "run_benchmark", args);
     expect(first.isError, JSON.stringify(first)).toBeFalsy();
     const mean = first.structuredContent.configs[0].latency_ms.mean as number;
-    const second = await call(conn.client, "run_benchmark", { ...args, baseline_id: first.structuredContent.report_id });
+    const second = await call(conn.client, "run_benchmark", {
+      ...args,
+      baseline_id: first.structuredContent.report_id,
+    });
     expect(second.isError, JSON.stringify(second)).toBeFalsy();
     const [before, after] = estimates(join(dir, "data"));
     // With history: (warmup + iterations + the fp32 reference pass) × the measured mean latency.
-    const expected = Math.round(((1 + 5 + 1) * mean) / 1000 * 1000) / 1000;
+    const expected = Math.round((((1 + 5 + 1) * mean) / 1000) * 1000) / 1000;
     expect(after).toBeCloseTo(expected, 3);
     expect(after).not.toBe(before);
     // The second report compares itself with the first, like for like.
@@ -58,7 +63,14 @@ describe("run_benchmark and check_model over MCP", () => {
     const r: any = await conn.client.callTool(
       {
         name: "run_benchmark",
-        arguments: { model: "mnist-cnn", batch_sizes: [1, 4], dtypes: ["float32", "bfloat16"], modes: ["eager", "compile"], iterations: 5, warmup: 1 },
+        arguments: {
+          model: "mnist-cnn",
+          batch_sizes: [1, 4],
+          dtypes: ["float32", "bfloat16"],
+          modes: ["eager", "compile"],
+          iterations: 5,
+          warmup: 1,
+        },
       },
       undefined,
       { onprogress: (p) => progress.push(String(p.message)), timeout: 300_000 },
@@ -69,7 +81,12 @@ describe("run_benchmark and check_model over MCP", () => {
     expect(report.configs).toHaveLength(8);
     expect(progress.filter((m) => /^batch=/.test(m))).toHaveLength(8);
     const m = report.manifest;
-    expect(m).toMatchObject({ device_kind: "cpu", seed: 0, compile_backend: "inductor", precision_reference: "cpu float32 eager" });
+    expect(m).toMatchObject({
+      device_kind: "cpu",
+      seed: 0,
+      compile_backend: "inductor",
+      precision_reference: "cpu float32 eager",
+    });
     expect(m.weight_digest).toMatch(/^sha256:/);
     expect(m.torch_version).toBeTruthy();
     for (const c of report.configs) {
@@ -101,19 +118,34 @@ describe("run_benchmark and check_model over MCP", () => {
     const self = compareReports(report, report, report.report_id);
     expect(self.ratios).toHaveLength(8);
     for (const x of self.ratios) {
-      for (const k of ["p50_ratio", "p90_ratio", "p99_ratio", "mean_ratio", "throughput_ratio", "peak_memory_ratio"] as const) expect(x[k]).toBe(1);
+      for (const k of [
+        "p50_ratio",
+        "p90_ratio",
+        "p99_ratio",
+        "mean_ratio",
+        "throughput_ratio",
+        "peak_memory_ratio",
+      ] as const)
+        expect(x[k]).toBe(1);
     }
     expect(self.warnings).toEqual([]);
     // Unlike for like: a different matmul precision and device are called out.
     const other = structuredClone(report);
     other.manifest.device_name = "TPU v5 lite";
-    other.configs.forEach((c: any) => (c.matmul_precision = "default (one-pass bf16, fp32 accumulation)"));
-    expect(compareReports(report, other, "bench_x").warnings.join("\n")).toMatch(/matmul precision differs[\s\S]*devices differ/);
+    other.configs.forEach(
+      (c: any) => (c.matmul_precision = "default (one-pass bf16, fp32 accumulation)"),
+    );
+    expect(compareReports(report, other, "bench_x").warnings.join("\n")).toMatch(
+      /matmul precision differs[\s\S]*devices differ/,
+    );
 
     // JSON, Markdown and SVG resources.
-    const json = JSON.parse(((await conn.client.readResource({ uri: report.resource_uri })).contents[0] as any).text);
+    const json = JSON.parse(
+      ((await conn.client.readResource({ uri: report.resource_uri })).contents[0] as any).text,
+    );
     expect(json.configs).toHaveLength(8);
-    const md = ((await conn.client.readResource({ uri: report.markdown_uri })).contents[0] as any).text as string;
+    const md = ((await conn.client.readResource({ uri: report.markdown_uri })).contents[0] as any)
+      .text as string;
     expect(md).toContain("| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms |");
     expect(md.split("\n").filter((l) => /^\| [14] \|/.test(l))).toHaveLength(8);
     const svg = (await conn.client.readResource({ uri: report.chart_uri })).contents[0] as any;
@@ -122,11 +154,19 @@ describe("run_benchmark and check_model over MCP", () => {
     expect((svg.text.match(/<path /g) ?? []).length).toBe(8); // 4 series × (latency, throughput)
     expect(svg.text).toContain("bfloat16 compile");
     const templates = await conn.client.listResourceTemplates();
-    expect(templates.resourceTemplates.map((t) => t.uriTemplate)).toContain("tpu://benchmarks/{id}.svg");
+    expect(templates.resourceTemplates.map((t) => t.uriTemplate)).toContain(
+      "tpu://benchmarks/{id}.svg",
+    );
   });
 
   it("runs offline at the largest batch and its throughput matches batch ÷ mean latency", async () => {
-    const r = await call(conn.client, "run_benchmark", { model: "mnist-cnn", batch_sizes: [2, 16, 8], scenario: "offline", iterations: 6, warmup: 1 });
+    const r = await call(conn.client, "run_benchmark", {
+      model: "mnist-cnn",
+      batch_sizes: [2, 16, 8],
+      scenario: "offline",
+      iterations: 6,
+      warmup: 1,
+    });
     expect(r.isError, JSON.stringify(r)).toBeFalsy();
     const [c, ...rest] = r.structuredContent.configs;
     expect(rest).toHaveLength(0);
@@ -136,12 +176,29 @@ describe("run_benchmark and check_model over MCP", () => {
   });
 
   it("check_model lists MiniLM's matmul, layer-norm and softmax operators with counts", async () => {
-    const r = await call(conn.client, "check_model", { model: "all-minilm-l6-v2", batch: 1, seq_len: 8, attention: "math" });
+    const r = await call(conn.client, "check_model", {
+      model: "all-minilm-l6-v2",
+      batch: 1,
+      seq_len: 8,
+      attention: "math",
+    });
     expect(r.isError, JSON.stringify(r)).toBeFalsy();
     const out = r.structuredContent;
-    expect(out).toMatchObject({ model: "all-minilm-l6-v2", device: "cpu", verdict: "supported", attention: "math", error: null });
+    expect(out).toMatchObject({
+      model: "all-minilm-l6-v2",
+      device: "cpu",
+      verdict: "supported",
+      attention: "math",
+      error: null,
+    });
     const ops = new Map<string, any>(out.ops.map((o: any) => [o.op, o]));
-    expect(ops.get("aten::addmm")).toMatchObject({ category: "matmul", count: 37, on_device: 37, fell_back: 0, failed: 0 });
+    expect(ops.get("aten::addmm")).toMatchObject({
+      category: "matmul",
+      count: 37,
+      on_device: 37,
+      fell_back: 0,
+      failed: 0,
+    });
     expect(ops.get("aten::bmm")?.count).toBe(12);
     expect(ops.get("aten::native_layer_norm")?.count).toBe(13);
     expect(out.ops.find((o: any) => o.category === "softmax")?.count).toBe(6);
@@ -149,7 +206,11 @@ describe("run_benchmark and check_model over MCP", () => {
     expect(out.measured_peak_memory_bytes).toBeGreaterThan(0);
     expect(out.total_ops).toBe(out.ops.reduce((s: number, o: any) => s + o.count, 0));
     // By default the fused attention kernel the CPU really dispatches is what is listed.
-    const fused = await call(conn.client, "check_model", { model: "all-minilm-l6-v2", batch: 1, seq_len: 8 });
+    const fused = await call(conn.client, "check_model", {
+      model: "all-minilm-l6-v2",
+      batch: 1,
+      seq_len: 8,
+    });
     expect(fused.structuredContent.categories.attention).toBe(6);
   });
 });

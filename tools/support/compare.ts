@@ -36,7 +36,9 @@ function deviceOf(m: Config): string {
 }
 
 export function compareReports(report: Config, baseline: Config, baselineId: string): Comparison {
-  const base = new Map<string, Config>((baseline.configs ?? []).filter((c: Config) => !c.error).map((c: Config) => [key(c), c]));
+  const base = new Map<string, Config>(
+    (baseline.configs ?? []).filter((c: Config) => !c.error).map((c: Config) => [key(c), c]),
+  );
   const ratios: Ratio[] = [];
   let unmatched = 0;
   const warnings: string[] = [];
@@ -65,15 +67,21 @@ export function compareReports(report: Config, baseline: Config, baselineId: str
     if (c.matmul_precision !== b.matmul_precision) {
       precisionDiffers.add(`${c.matmul_precision} vs ${b.matmul_precision}`);
     }
-    if (c.recompiled || b.recompiled) warnings.push(`${key(c)} recompiled inside the measured window in ${c.recompiled ? "this report" : "the baseline"}`);
+    if (c.recompiled || b.recompiled)
+      warnings.push(
+        `${key(c)} recompiled inside the measured window in ${c.recompiled ? "this report" : "the baseline"}`,
+      );
     if (c.peak_memory_kind && b.peak_memory_kind && c.peak_memory_kind !== b.peak_memory_kind) {
-      warnings.push(`${key(c)}: peak memory measured differently (${c.peak_memory_kind} vs ${b.peak_memory_kind})`);
+      warnings.push(
+        `${key(c)}: peak memory measured differently (${c.peak_memory_kind} vs ${b.peak_memory_kind})`,
+      );
     }
   }
   for (const p of precisionDiffers) warnings.push(`matmul precision differs: ${p}`);
   const m = report.manifest ?? {};
   const bm = baseline.manifest ?? {};
-  if (deviceOf(m) !== deviceOf(bm)) warnings.push(`devices differ: ${deviceOf(m)} vs ${deviceOf(bm)}`);
+  if (deviceOf(m) !== deviceOf(bm))
+    warnings.push(`devices differ: ${deviceOf(m)} vs ${deviceOf(bm)}`);
   const same = (field: string, label: string) => {
     if (m[field] !== undefined && bm[field] !== undefined && m[field] !== bm[field]) {
       warnings.push(`${label} differ: ${m[field]} vs ${bm[field]}`);
@@ -87,9 +95,12 @@ export function compareReports(report: Config, baseline: Config, baselineId: str
   same("backend_version", "backend versions");
   same("torch_threads", "torch thread counts");
   same("precision_reference", "precision references");
-  if (m.weight_digest && bm.weight_digest && m.weight_digest !== bm.weight_digest) warnings.push("the weights differ (digest)");
-  const modes = (r: Config) => [...new Set(((r.configs ?? []) as Config[]).map((c) => c.mode))].sort().join(",");
-  if (modes(report) !== modes(baseline)) warnings.push(`modes differ: ${modes(report)} vs ${modes(baseline)}`);
+  if (m.weight_digest && bm.weight_digest && m.weight_digest !== bm.weight_digest)
+    warnings.push("the weights differ (digest)");
+  const modes = (r: Config) =>
+    [...new Set(((r.configs ?? []) as Config[]).map((c) => c.mode))].sort().join(",");
+  if (modes(report) !== modes(baseline))
+    warnings.push(`modes differ: ${modes(report)} vs ${modes(baseline)}`);
   if (unmatched) warnings.push(`${unmatched} configuration(s) have no counterpart in the baseline`);
   return { baseline_id: baselineId, ratios, unmatched, warnings };
 }

@@ -1,14 +1,19 @@
 // Markdown rendering of a stored benchmark report, for tpu://benchmarks/{id}.md and the README.
 type Any = Record<string, any>;
 
-const num = (v: unknown, digits = 2) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(digits) : "–");
-const sci = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? (v === 0 ? "0" : v.toExponential(1)) : "–");
-const mib = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? (v / 2 ** 20).toFixed(1) : "–");
-const pct = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? `${(v * 100).toFixed(2)}` : "–");
+const num = (v: unknown, digits = 2) =>
+  typeof v === "number" && Number.isFinite(v) ? v.toFixed(digits) : "–";
+const sci = (v: unknown) =>
+  typeof v === "number" && Number.isFinite(v) ? (v === 0 ? "0" : v.toExponential(1)) : "–";
+const mib = (v: unknown) =>
+  typeof v === "number" && Number.isFinite(v) ? (v / 2 ** 20).toFixed(1) : "–";
+const pct = (v: unknown) =>
+  typeof v === "number" && Number.isFinite(v) ? `${(v * 100).toFixed(2)}` : "–";
 const cos = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(6) : "–");
 
 function deviceLine(m: Any): string {
-  if (m.device && typeof m.device === "object") return `${m.device.kind ?? "?"} (${m.device.name ?? "?"})`;
+  if (m.device && typeof m.device === "object")
+    return `${m.device.kind ?? "?"} (${m.device.name ?? "?"})`;
   return `${m.device ?? "?"} (${m.device_name ?? "?"}${m.device_count ? `, ${m.device_count} device(s)` : ""})`;
 }
 
@@ -20,7 +25,9 @@ export function renderReportMarkdown(report: Any): string {
   lines.push(
     `Scenario **${report.scenario ?? m.scenario ?? "?"}**, work **${report.work ?? m.work ?? "forward"}** on **${deviceLine(m)}**, ` +
       `torch ${m.torch_version ?? "?"}` +
-      (m.backend_version && m.backend_version !== m.torch_version ? `, backend ${m.backend ?? ""} ${m.backend_version}` : "") +
+      (m.backend_version && m.backend_version !== m.torch_version
+        ? `, backend ${m.backend ?? ""} ${m.backend_version}`
+        : "") +
       (m.compile_backend ? `, compile backend ${m.compile_backend}` : "") +
       (report.cancelled ? " — **cancelled: partial results**" : ""),
   );
@@ -34,11 +41,15 @@ export function renderReportMarkdown(report: Any): string {
   lines.push(
     "| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms | mean ms | items/s | compile s | recompiled | peak MiB | +MiB | max abs err | max rel err | cosine | GFLOP/item | % of peak | matmul precision |",
   );
-  lines.push("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|");
+  lines.push(
+    "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+  );
   const failed: string[] = [];
   for (const c of (report.configs ?? []) as Any[]) {
     if (c.error) {
-      failed.push(`- batch ${c.batch}${c.seq_len ? `, seq ${c.seq_len}` : ""}, ${c.dtype}, ${c.mode}: **${c.error.code}** — ${c.error.message}`);
+      failed.push(
+        `- batch ${c.batch}${c.seq_len ? `, seq ${c.seq_len}` : ""}, ${c.dtype}, ${c.mode}: **${c.error.code}** — ${c.error.message}`,
+      );
       continue;
     }
     const l = c.latency_ms ?? {};
@@ -50,20 +61,34 @@ export function renderReportMarkdown(report: Any): string {
         `${pct(c.fraction_of_peak)} | ${c.matmul_precision ?? "–"} |`,
     );
   }
-  const offline = ((report.configs ?? []) as Any[]).filter((c) => Array.isArray(c.offline_skipped_batches) && c.offline_skipped_batches.length);
+  const offline = ((report.configs ?? []) as Any[]).filter(
+    (c) => Array.isArray(c.offline_skipped_batches) && c.offline_skipped_batches.length,
+  );
   if (offline.length) {
     lines.push("", "Offline: batches skipped because they did not fit:");
     for (const c of offline) {
-      lines.push(`- ${c.dtype} ${c.mode}${c.seq_len ? ` seq ${c.seq_len}` : ""}: ran batch ${c.batch}; skipped ${c.offline_skipped_batches.map((s: Any) => `${s.batch} (${s.reason})`).join(", ")}`);
+      lines.push(
+        `- ${c.dtype} ${c.mode}${c.seq_len ? ` seq ${c.seq_len}` : ""}: ran batch ${c.batch}; skipped ${c.offline_skipped_batches.map((s: Any) => `${s.batch} (${s.reason})`).join(", ")}`,
+      );
     }
   }
   if (failed.length) lines.push("", "Failed configurations:", ...failed);
-  const peaks = [...new Set(((report.configs ?? []) as Any[]).map((c) => c.peak_flops_source).filter(Boolean))];
+  const peaks = [
+    ...new Set(((report.configs ?? []) as Any[]).map((c) => c.peak_flops_source).filter(Boolean)),
+  ];
   if (peaks.length) lines.push("", `Peak FLOP/s: ${peaks.join("; ")}.`);
   if (report.comparison) {
     const cmp = report.comparison as Any;
-    lines.push("", `## Compared with ${cmp.baseline_id}`, "", "Ratios are this report over the baseline (latency < 1 and throughput > 1 are better).", "");
-    lines.push("| batch | seq | dtype | mode | p50 | p90 | p99 | throughput | compile s | peak memory |");
+    lines.push(
+      "",
+      `## Compared with ${cmp.baseline_id}`,
+      "",
+      "Ratios are this report over the baseline (latency < 1 and throughput > 1 are better).",
+      "",
+    );
+    lines.push(
+      "| batch | seq | dtype | mode | p50 | p90 | p99 | throughput | compile s | peak memory |",
+    );
     lines.push("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|");
     for (const r of cmp.ratios as Any[]) {
       lines.push(
