@@ -22,7 +22,12 @@ function processStart(args: string[]): number {
 
 export async function runColdStart(o: ColdStartOptions): Promise<SectionResult> {
   const s = section("coldstart");
-  const t = { list: [] as number[], ready: [] as number[], infer: [] as number[], load: [] as number[] };
+  const t = {
+    list: [] as number[],
+    ready: [] as number[],
+    infer: [] as number[],
+    load: [] as number[],
+  };
   const base = { node: [] as number[], tsx: [] as number[] };
   for (let i = 0; i < o.reps; i++) {
     base.node.push(processStart(["-e", "0"]));
@@ -40,8 +45,17 @@ export async function runColdStart(o: ColdStartOptions): Promise<SectionResult> 
     t.infer.push((performance.now() - t0) / 1000);
     await srv.close();
   }
-  const m = { list: median(t.list), ready: median(t.ready), infer: median(t.infer), load: median(t.load) };
-  s.row("start → tools/list answered", fmt.s(m.list), `median of ${o.reps}; bare node ${fmt.s(median(base.node))}, node+tsx ${fmt.s(median(base.tsx))}`);
+  const m = {
+    list: median(t.list),
+    ready: median(t.ready),
+    infer: median(t.infer),
+    load: median(t.load),
+  };
+  s.row(
+    "start → tools/list answered",
+    fmt.s(m.list),
+    `median of ${o.reps}; bare node ${fmt.s(median(base.node))}, node+tsx ${fmt.s(median(base.tsx))}`,
+  );
   s.row("start → worker ready", fmt.s(m.ready), "get_runtime_status polled every 50 ms");
   s.row("start → first inference", fmt.s(m.infer), `includes load_model ${fmt.s(m.load)}`);
   s.fig("tools_list_s", m.list);

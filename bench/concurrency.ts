@@ -24,7 +24,11 @@ interface Round {
   latencies: number[];
 }
 
-async function round(callers: number, total: number, call: (i: number) => Promise<void>): Promise<Round> {
+async function round(
+  callers: number,
+  total: number,
+  call: (i: number) => Promise<void>,
+): Promise<Round> {
   const latencies: number[] = [];
   const t0 = performance.now();
   await withCallers(callers, total, async (i) => {
@@ -47,7 +51,8 @@ async function compare(
   // Requests per forward as the worker reports it (`batched_with`), where the level exposes it.
   const batched = { on: [] as number[], off: [] as number[] };
   // A short warm-up per mode so first-touch costs land in neither.
-  for (const m of ["on", "off"] as const) await round(o.callers, o.callers, async (i) => void (await call(modes[m], [pool[i % 64]])));
+  for (const m of ["on", "off"] as const)
+    await round(o.callers, o.callers, async (i) => void (await call(modes[m], [pool[i % 64]])));
   for (let r = 0; r < o.rounds; r++) {
     const order = r % 2 ? (["off", "on"] as const) : (["on", "off"] as const);
     for (const m of order) {
@@ -63,9 +68,17 @@ async function compare(
   const tput = { on: acc.on.n / acc.on.s, off: acc.off.n / acc.off.s };
   const lat = { on: summarize(acc.on.lat), off: summarize(acc.off.lat) };
   for (const m of ["on", "off"] as const) {
-    const mean = batched[m].length ? batched[m].reduce((a, b) => a + b, 0) / batched[m].length : NaN;
-    const bw = Number.isFinite(mean) ? `, requests per forward ${mean.toFixed(1)} (max ${Math.max(...batched[m])})` : "";
-    s.row(`${level}: batching ${m}`, fmt.rate(tput[m]), `p50 ${fmt.ms(lat[m].p50)}, p99 ${fmt.ms(lat[m].p99)}, n=${lat[m].n}${bw}`);
+    const mean = batched[m].length
+      ? batched[m].reduce((a, b) => a + b, 0) / batched[m].length
+      : NaN;
+    const bw = Number.isFinite(mean)
+      ? `, requests per forward ${mean.toFixed(1)} (max ${Math.max(...batched[m])})`
+      : "";
+    s.row(
+      `${level}: batching ${m}`,
+      fmt.rate(tput[m]),
+      `p50 ${fmt.ms(lat[m].p50)}, p99 ${fmt.ms(lat[m].p99)}, n=${lat[m].n}${bw}`,
+    );
     if (Number.isFinite(mean)) s.fig(`${level}.${m}_requests_per_forward`, mean);
     s.fig(`${level}.${m}_rps`, tput[m]);
     s.fig(`${level}.${m}_p50_ms`, lat[m].p50);
@@ -93,7 +106,8 @@ export async function runConcurrency(o: ConcurrencyOptions): Promise<SectionResu
     await rt.call("load", { model: MODEL });
     // The worker's own switch; the twin entry's catalog also says max_wait_ms 0.
     const off = await rt.call<any>("load", { model: MODEL_NOBATCH, batching: false });
-    if (off.result.batching?.enabled !== false) throw new Error("worker did not switch batching off");
+    if (off.result.batching?.enabled !== false)
+      throw new Error("worker did not switch batching off");
     await compare(s, "worker", o, async (model, texts) => {
       const r = await rt.call<{ batched_with?: number }>("infer", { model, texts });
       return r.result.batched_with;

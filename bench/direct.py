@@ -28,7 +28,6 @@ def main() -> int:
     threads = int(os.environ.get("BENCH_TORCH_THREADS", "0"))
 
     import torch
-
     from tpu_worker.adapters import build_adapter
     from tpu_worker.catalog import load_catalog
     from tpu_worker.loaders import inspect_weights
@@ -39,7 +38,7 @@ def main() -> int:
     entry = catalog.get(model_id)
     info = inspect_weights(entry, catalog)
     adapter = build_adapter(entry, catalog, info, torch.device("cpu"), entry.default_dtype)
-    never = lambda: False  # noqa: E731
+    never = lambda: False
 
     out = sys.stdout
     out.write(json.dumps({"ready": True}) + "\n")

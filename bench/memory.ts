@@ -21,11 +21,16 @@ export async function runMemory(o: MemoryOptions): Promise<SectionResult> {
   // Vary the input a little per call so nothing upstream can cache a reply.
   const image = (i: number) => Array.from({ length: 784 }, (_, k) => ((k * 31 + i) % 97) / 97);
   const call = (i: number) =>
-    o.mcp.call("run_inference", { model: "mnist-cnn", tensors: [{ dtype: "float32", shape: [1, 1, 28, 28], data: image(i) }] });
+    o.mcp.call("run_inference", {
+      model: "mnist-cnn",
+      tensors: [{ dtype: "float32", shape: [1, 1, 28, 28], data: image(i) }],
+    });
   await withCallers(o.callers, o.warmup, async (i) => void (await call(i)));
   const read = () => ({ server: rssBytes(o.mcp.pid), worker: rssBytes(o.workerPid) });
   const before = read();
-  const samples: Array<{ calls: number; server: number; worker: number }> = [{ calls: 0, ...before }];
+  const samples: Array<{ calls: number; server: number; worker: number }> = [
+    { calls: 0, ...before },
+  ];
   const every = Math.ceil(o.calls / 5);
   const t0 = performance.now();
   let done = 0;

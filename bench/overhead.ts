@@ -7,7 +7,15 @@
 //   stdio-nobatch MCP stdio on the no-batching twin of the model (no batcher wait).
 import { WorkerRuntime } from "../runtime/client.js";
 import { quietLogger } from "./concurrency.js";
-import { DirectPython, MODEL, MODEL_NOBATCH, PYTHON, ROOT, sentences, type McpServer } from "./lib/procs.js";
+import {
+  DirectPython,
+  MODEL,
+  MODEL_NOBATCH,
+  PYTHON,
+  ROOT,
+  sentences,
+  type McpServer,
+} from "./lib/procs.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, summarize } from "./lib/stats.js";
 
@@ -16,8 +24,10 @@ export interface OverheadOptions {
   http: McpServer; // MODEL loaded
   direct: DirectPython;
   catalog: string;
-  /** Timed calls per side for each batch size. */
+  /** Timed calls per side for each batch size (at most). */
   iterations: { 1: number; 32: number };
+  /** Wall-clock budget per batch size: on a busy shared machine, stop early (after 20 calls per side). */
+  budgetS: { 1: number; 32: number };
   warmup: number;
 }
 
@@ -27,39 +37,63 @@ type Side = (typeof SIDES)[number];
 export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
   const s = section("overhead");
   const pool = sentences(64, 7);
-  const rt = new WorkerRuntime({ repoRoot: ROOT, pythonPath: PYTHON, catalogPath: o.catalog, device: "cpu", logger: quietLogger });
+  const rt = new WorkerRuntime({
+    repoRoot: ROOT,
+    pythonPath: PYTHON,
+    catalogPath: o.catalog,
+    device: "cpu",
+    logger: quietLogger,
+  });
   try {
     await rt.start();
     await rt.call("load", { model: MODEL });
     for (const batch of [1, 32] as const) {
       const inputs = (i: number) =>
-        batch === 1 ? [pool[i % pool.length]] : Array.from({ length: 32 }, (_, k) => pool[(i + k) % pool.length]);
+        batch === 1
+          ? [pool[i % pool.length]]
+          : Array.from({ length: 32 }, (_, k) => pool[(i + k) % pool.length]);
       const run: Record<Side, (texts: string[]) => Promise<number>> = {
         stdio: (texts) => timed(() => o.stdio.call("run_inference", { model: MODEL, texts })),
         http: (texts) => timed(() => o.http.call("run_inference", { model: MODEL, texts })),
         runtime: (texts) => timed(() => rt.call("infer", { model: MODEL, texts })),
-        "stdio-nobatch": (texts) => timed(() => o.stdio.call("run_inference", { model: MODEL_NOBATCH, texts })),
+        "stdio-nobatch": (texts) =>
+          timed(() => o.stdio.call("run_inference", { model: MODEL_NOBATCH, texts })),
         direct: async (texts) => (await o.direct.infer(texts, 1))[0],
       };
       for (let i = 0; i < o.warmup; i++) for (const side of SIDES) await run[side](inputs(i));
-      const ms = Object.fromEntries(SIDES.map((k) => [k, [] as number[]])) as Record<Side, number[]>;
-      for (let i = 0; i < o.iterations[batch]; i++) {
+      const ms = Object.fromEntries(SIDES.map((k) => [k, [] as number[]])) as Record<
+        Side,
+        number[]
+      >;
+      const until = performance.now() + o.budgetS[batch] * 1000;
+      for (let i = 0; i < o.iterations[batch] && (i < 20 || performance.now() < until); i++) {
         // Rotate the order so no side always runs right after the same other side.
         for (let k = 0; k < SIDES.length; k++) {
           const side = SIDES[(i + k) % SIDES.length];
           ms[side].push(await run[side](inputs(i)));
         }
       }
-      const sum = Object.fromEntries(SIDES.map((k) => [k, summarize(ms[k])])) as Record<Side, ReturnType<typeof summarize>>;
+      const sum = Object.fromEntries(SIDES.map((k) => [k, summarize(ms[k])])) as Record<
+        Side,
+        ReturnType<typeof summarize>
+      >;
       for (const side of SIDES) {
-        s.row(`batch ${batch}: ${side} p50 / p99`, `${fmt.ms(sum[side].p50)} / ${fmt.ms(sum[side].p99)}`, `n=${sum[side].n}`);
+        s.row(
+          `batch ${batch}: ${side} p50 / p99`,
+          `${fmt.ms(sum[side].p50)} / ${fmt.ms(sum[side].p99)}`,
+          `n=${sum[side].n}`,
+        );
         s.fig(`b${batch}.${side}_p50_ms`, sum[side].p50);
         s.fig(`b${batch}.${side}_p99_ms`, sum[side].p99);
       }
       for (const side of SIDES.filter((x) => x !== "direct")) {
         const r50 = sum[side].p50 / sum.direct.p50;
         const r99 = sum[side].p99 / sum.direct.p99;
-        s.row(`batch ${batch}: ${side} / direct`, `${fmt.x(r50)} p50`, `${fmt.x(r99)} p99; ${sign(sum[side].p50 - sum.direct.p50)} at p50`);
+        s.row(
+          `batch ${batch}: ${side} / direct`,
+          `${fmt.x(r50)} p50`,
+          `${fmt.x(r99)} p99; ${sign(sum[side].p50 - sum.direct.p50)} at p50`,
+        );
         s.fig(`b${batch}.${side}_ratio_p50`, r50);
         s.fig(`b${batch}.${side}_ratio_p99`, r99);
       }
@@ -67,7 +101,9 @@ export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
   } finally {
     await rt.close();
   }
-  s.note("overhead sides: runtime = WorkerRuntime straight to a worker (no MCP); stdio-nobatch = MCP stdio on the twin entry with dynamic batching off (no batcher wait).");
+  s.note(
+    "overhead sides: runtime = WorkerRuntime straight to a worker (no MCP); stdio-nobatch = MCP stdio on the twin entry with dynamic batching off (no batcher wait).",
+  );
   return s.result();
 }
 

@@ -80,8 +80,16 @@ export async function runPayload(o: PayloadOptions): Promise<SectionResult> {
       );
       const rt = (2 * bytes) / MB / echoS;
       const ing = bytes / MB / ingestS;
-      s.row(`pipe round trip ${fmt.bytes(bytes)}`, fmt.mbps(rt), `${fmt.ms(echoS * 1000)} per echo (median)`);
-      s.row(`worker ingest ${fmt.bytes(bytes)}`, fmt.mbps(ing), `${fmt.ms(ingestS * 1000)} per status+tensor`);
+      s.row(
+        `pipe round trip ${fmt.bytes(bytes)}`,
+        fmt.mbps(rt),
+        `${fmt.ms(echoS * 1000)} per echo (median)`,
+      );
+      s.row(
+        `worker ingest ${fmt.bytes(bytes)}`,
+        fmt.mbps(ing),
+        `${fmt.ms(ingestS * 1000)} per status+tensor`,
+      );
       s.fig(`pipe.${bytes}.mbps`, rt);
       s.fig(`ingest.${bytes}.mbps`, ing);
     }
@@ -120,8 +128,12 @@ export async function runPayload(o: PayloadOptions): Promise<SectionResult> {
       s.fig(`mcp.${bytes}.mbps`, bytes / MB / mcp);
       s.fig(`mcp.${bytes}.ratio_vs_runtime`, mcp / direct);
     }
-    s.note("MB = 10^6 bytes. pipe MB/s counts request + reply tensor bytes; mcp MB/s counts input bytes only (outputs are N×10 logits).");
-    s.note("16 MiB through MCP is not possible with the built-in catalog: mnist-cnn limits.max_batch 256 caps the input at 784 KiB.");
+    s.note(
+      "MB = 10^6 bytes. pipe MB/s counts request + reply tensor bytes; mcp MB/s counts input bytes only (outputs are N×10 logits).",
+    );
+    s.note(
+      "16 MiB through MCP is not possible with the built-in catalog: mnist-cnn limits.max_batch 256 caps the input at 784 KiB.",
+    );
   } finally {
     await Promise.all([echo.close(), worker.close()]);
   }

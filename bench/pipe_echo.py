@@ -31,7 +31,6 @@ def main() -> int:
             sock.detach()
 
     import torch
-
     from tpu_worker import PROTOCOL_VERSION, __version__
     from tpu_worker.errors import invalid
     from tpu_worker.server import Server

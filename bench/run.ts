@@ -29,6 +29,10 @@ const SECTIONS = ["coldstart", "overhead", "concurrency", "payload", "memory"] a
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
 const want = (name: (typeof SECTIONS)[number]) => !only || only.includes(name);
+for (const name of only ?? []) {
+  if (!(SECTIONS as readonly string[]).includes(name))
+    throw new Error(`BENCH_ONLY: unknown section ${name}; use ${SECTIONS.join(", ")}`);
+}
 const q = (full: number, small: number) => (quick ? small : full);
 
 interface Target {
@@ -41,20 +45,70 @@ interface Target {
 
 function targets(f: Record<string, number>): Target[] {
   const t: Target[] = [];
-  const add = (name: string, key: string, ok: (v: number) => boolean, threshold: string, show = (v: number) => v.toFixed(3)) => {
+  const add = (
+    name: string,
+    key: string,
+    ok: (v: number) => boolean,
+    threshold: string,
+    show = (v: number) => v.toFixed(3),
+  ) => {
     if (f[key] === undefined) return;
-    t.push({ name, figure: `${key} = ${show(f[key])}`, value: f[key], pass: ok(f[key]), threshold });
+    t.push({
+      name,
+      figure: `${key} = ${show(f[key])}`,
+      value: f[key],
+      pass: ok(f[key]),
+      threshold,
+    });
   };
-  add("batch-1 stdio MCP p50 vs direct", "overhead.b1.stdio_ratio_p50", (v) => v <= 1.15, "≤ 1.15×");
-  add("batch-32 stdio MCP p50 vs direct", "overhead.b32.stdio_ratio_p50", (v) => v <= 1.05, "≤ 1.05×");
+  add(
+    "batch-1 stdio MCP p50 vs direct",
+    "overhead.b1.stdio_ratio_p50",
+    (v) => v <= 1.15,
+    "≤ 1.15×",
+  );
+  add(
+    "batch-32 stdio MCP p50 vs direct",
+    "overhead.b32.stdio_ratio_p50",
+    (v) => v <= 1.05,
+    "≤ 1.05×",
+  );
   for (const level of ["worker", "mcp-stdio"]) {
-    add(`32 callers (${level}): batching on/off throughput`, `concurrency.${level}.throughput_ratio`, (v) => v >= 1.2, "≥ 1.2×");
-    add(`32 callers (${level}): batching on/off p99`, `concurrency.${level}.p99_ratio`, (v) => v <= 1.0, "≤ 1.0× (no worse)");
+    add(
+      `32 callers (${level}): batching on/off throughput`,
+      `concurrency.${level}.throughput_ratio`,
+      (v) => v >= 1.2,
+      "≥ 1.2×",
+    );
+    add(
+      `32 callers (${level}): batching on/off p99`,
+      `concurrency.${level}.p99_ratio`,
+      (v) => v <= 1.0,
+      "≤ 1.0× (no worse)",
+    );
   }
-  add("pipe 16 MiB round trip", `payload.pipe.${16 << 20}.mbps`, (v) => v >= 500, "≥ 500 MB/s", (v) => `${v.toFixed(0)} MB/s`);
-  add("start → tools/list", "coldstart.tools_list_s", (v) => v <= 0.5, "≤ 0.5 s", (v) => `${v.toFixed(2)} s`);
+  add(
+    "pipe 16 MiB round trip",
+    `payload.pipe.${16 << 20}.mbps`,
+    (v) => v >= 500,
+    "≥ 500 MB/s",
+    (v) => `${v.toFixed(0)} MB/s`,
+  );
+  add(
+    "start → tools/list",
+    "coldstart.tools_list_s",
+    (v) => v <= 0.5,
+    "≤ 0.5 s",
+    (v) => `${v.toFixed(2)} s`,
+  );
   for (const p of ["server", "worker"]) {
-    add(`${p} RSS growth over 10,000 calls`, `memory.${p}_rss_growth`, (v) => v <= 0.1, "≤ +10 %", (v) => `${(v * 100).toFixed(1)} %`);
+    add(
+      `${p} RSS growth over 10,000 calls`,
+      `memory.${p}_rss_growth`,
+      (v) => v <= 0.1,
+      "≤ +10 %",
+      (v) => `${(v * 100).toFixed(1)} %`,
+    );
   }
   return t;
 }
@@ -66,7 +120,8 @@ async function main() {
   const results: Record<string, SectionResult> = {};
   // The machine is shared: record how busy it was around each section, next to the figures.
   const load: Record<string, number[]> = { start: loadavg() };
-  const say = (msg: string) => process.stderr.write(`[bench ${((performance.now() - t0) / 1000).toFixed(0)}s] ${msg}\n`);
+  const say = (msg: string) =>
+    process.stderr.write(`[bench ${((performance.now() - t0) / 1000).toFixed(0)}s] ${msg}\n`);
 
   // Cold start first, while nothing else of ours is running.
   if (want("coldstart")) {
@@ -89,7 +144,8 @@ async function main() {
       const stdioWorker = await workerPid(stdio);
       await stdio.call("load_model", { model: MODEL });
       if (http) await http.call("load_model", { model: MODEL });
-      if (want("concurrency") || want("overhead")) await stdio.call("load_model", { model: MODEL_NOBATCH });
+      if (want("concurrency") || want("overhead"))
+        await stdio.call("load_model", { model: MODEL_NOBATCH });
       if (want("payload") || want("memory")) await stdio.call("load_model", { model: "mnist-cnn" });
 
       if (want("overhead")) {
@@ -100,6 +156,7 @@ async function main() {
           direct: direct!,
           catalog,
           iterations: { 1: q(200, 30), 32: q(40, 8) },
+          budgetS: { 1: q(60, 15), 32: q(75, 15) },
           warmup: q(10, 3),
         });
         // The HTTP server and the baseline are done: stop them so they cost nothing later.
@@ -141,7 +198,10 @@ async function main() {
 
   load.end = loadavg();
   const rows = Object.values(results).flatMap((r) => r.rows);
-  const figures = Object.assign({}, ...Object.values(results).map((r) => r.figures)) as Record<string, number>;
+  const figures = Object.assign({}, ...Object.values(results).map((r) => r.figures)) as Record<
+    string,
+    number
+  >;
   const notes = Object.values(results).flatMap((r) => r.notes ?? []);
   const verdicts = targets(figures);
   const elapsed = (performance.now() - t0) / 1000;
@@ -156,7 +216,8 @@ async function main() {
   out.push(renderTable(rows));
   out.push("");
   out.push("targets");
-  for (const v of verdicts) out.push(`  ${v.pass ? "PASS" : "MISS"}  ${v.name} ${v.threshold}: ${v.figure}`);
+  for (const v of verdicts)
+    out.push(`  ${v.pass ? "PASS" : "MISS"}  ${v.name} ${v.threshold}: ${v.figure}`);
   if (notes.length) {
     out.push("");
     out.push("notes");
@@ -173,7 +234,12 @@ async function main() {
     elapsed_s: elapsed,
     quick,
     sections: Object.keys(results),
-    machine: { cpus: cpus().length, cpu_model: cpus()[0]?.model, loadavg: load, node: process.version },
+    machine: {
+      cpus: cpus().length,
+      cpu_model: cpus()[0]?.model,
+      loadavg: load,
+      node: process.version,
+    },
     figures,
     targets: verdicts,
     rows,
@@ -184,6 +250,8 @@ async function main() {
 }
 
 main().catch((e) => {
-  process.stderr.write(`bench failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
+  process.stderr.write(
+    `bench failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`,
+  );
   process.exitCode = 1;
 });

@@ -8,7 +8,14 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
-import { CLI, ROOT, connectHttp, errorOf, startHttpServer, writeConfig } from "../../test/helpers/server.js";
+import {
+  CLI,
+  ROOT,
+  connectHttp,
+  errorOf,
+  startHttpServer,
+  writeConfig,
+} from "../../test/helpers/server.js";
 
 export { ROOT };
 export const PYTHON = join(ROOT, ".venv", "bin", "python");
@@ -71,7 +78,12 @@ export interface McpServer {
   close(): Promise<void>;
 }
 
-function wrap(kind: McpServer["kind"], client: Client, pid: number, close: () => Promise<void>): McpServer {
+function wrap(
+  kind: McpServer["kind"],
+  client: Client,
+  pid: number,
+  close: () => Promise<void>,
+): McpServer {
   return {
     kind,
     client,
@@ -80,7 +92,9 @@ function wrap(kind: McpServer["kind"], client: Client, pid: number, close: () =>
       const r = await client.callTool({ name, arguments: args }, undefined, { timeout: 600_000 });
       if (r.isError) {
         const e = errorOf(r);
-        throw new Error(`${name} failed: ${e?.code ?? "?"}: ${e?.message ?? JSON.stringify(r.content)}`);
+        throw new Error(
+          `${name} failed: ${e?.code ?? "?"}: ${e?.message ?? JSON.stringify(r.content)}`,
+        );
       }
       return r.structuredContent;
     },
@@ -145,7 +159,10 @@ export class DirectPython {
   private constructor(proc: ChildProcess) {
     this.proc = proc;
     this.lines = createInterface({ input: proc.stdout! })[Symbol.asyncIterator]();
-    proc.stderr!.on("data", (d: Buffer) => (this.stderr = (this.stderr + d.toString()).slice(-4000)));
+    proc.stderr!.on(
+      "data",
+      (d: Buffer) => (this.stderr = (this.stderr + d.toString()).slice(-4000)),
+    );
   }
 
   static async start(catalog: string, model: string): Promise<DirectPython> {
@@ -193,7 +210,7 @@ export function sentences(n: number, seed = 1): string[] {
       " ",
     );
   let s = seed;
-  const rnd = () => ((s = (s * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+  const rnd = () => (s = (s * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
   return Array.from({ length: n }, () => {
     const len = 8 + Math.floor(rnd() * 12);
     return Array.from({ length: len }, () => words[Math.floor(rnd() * words.length)]).join(" ");

@@ -30,8 +30,13 @@ export const fmt = {
   x: (x: number) => (Number.isFinite(x) ? `${x.toFixed(3)}×` : "n/a"),
   mbps: (x: number) => (Number.isFinite(x) ? `${x.toFixed(0)} MB/s` : "n/a"),
   bytes: (x: number) =>
-    x >= 1 << 20 ? `${(x / (1 << 20)).toFixed(2)} MiB` : x >= 1024 ? `${(x / 1024).toFixed(1)} KiB` : `${x} B`,
-  pct: (x: number) => (Number.isFinite(x) ? `${x >= 0 ? "+" : ""}${(x * 100).toFixed(1)} %` : "n/a"),
+    x >= 1 << 20
+      ? `${(x / (1 << 20)).toFixed(2)} MiB`
+      : x >= 1024
+        ? `${(x / 1024).toFixed(1)} KiB`
+        : `${x} B`,
+  pct: (x: number) =>
+    Number.isFinite(x) ? `${x >= 0 ? "+" : ""}${(x * 100).toFixed(1)} %` : "n/a",
   rate: (x: number) => (Number.isFinite(x) ? `${x.toFixed(1)} req/s` : "n/a"),
 };
 

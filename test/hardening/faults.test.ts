@@ -2,7 +2,9 @@
 // under an address-space limit, crash-looping; the SQLite stores on a full or read-only disk;
 // the server itself killed with a job running and an approval pending.
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { LoggingMessageNotificationSchema } from "@modelcontextprotocol/sdk/types.js";
+import Database from "better-sqlite3";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { ERROR_CATALOGUE } from "../../tools/errors.js";
@@ -68,6 +70,10 @@ describe("worker killed with SIGKILL mid-request", () => {
       const conn = await connectStdio(writeCfg(dir));
       try {
         const c = conn.client;
+        const notices: any[] = [];
+        c.setNotificationHandler(LoggingMessageNotificationSchema, (n) => {
+          notices.push(n.params);
+        });
         expect((await call(c, "load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
         const before = (await call(c, "get_runtime_status")).structuredContent.worker;
         expect(before.pid).toBeGreaterThan(0);
@@ -105,6 +111,12 @@ describe("worker killed with SIGKILL mid-request", () => {
         expect(after.worker.lost_models).toEqual(["mnist-cnn"]);
         expect(after.loaded).toEqual([]);
         expect(alive(before.pid)).toBe(false);
+        // Every session hears about the restart as an MCP log message.
+        expect(
+          notices.some(
+            (n) => n.level === "warning" && /worker restarted/.test(JSON.stringify(n.data)),
+          ),
+        ).toBe(true);
 
         // The lost model is not silently back: inference says model_not_loaded until it is loaded.
         const x = { dtype: "float32", shape: [1, 1, 28, 28], data: Array(784).fill(0.5) };
@@ -431,8 +443,12 @@ describe("server killed with a job running and an approval pending", () => {
         expect(
           (await call(agent.client, "get_job", { job_id: jobId })).structuredContent.status,
         ).toBe("interrupted");
-        // No benchmark report was ever stored for it.
-        expect(existsSync(join(dir, "data", "reports.db"))).toBe(true);
+        // No benchmark report was ever stored for it: it was not resumed or re-run.
+        const reports = new Database(join(dir, "data", "reports.db"), { readonly: true });
+        expect(
+          (reports.prepare("SELECT COUNT(*) AS n FROM benchmark_reports").get() as any).n,
+        ).toBe(0);
+        reports.close();
 
         const ok = await cli(cfg, "approvals", "approve", approvalId, "--token", TOKENS.operator);
         expect(ok.code, ok.stderr).toBe(0);
