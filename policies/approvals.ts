@@ -87,16 +87,17 @@ export function approvalUsableError(
   tool: string,
   digest: string,
 ): PolicyError | null {
-  if (!rec) {
+  // Another principal's approval is indistinguishable from a missing one: ids are not a way to
+  // learn what others asked for.
+  if (!rec || rec.principal !== principal) {
     return new PolicyError(
       "approval_not_found",
       `No approval ${id} exists. Call ${tool} again without approval_id to request one.`,
       { approval_id: id },
     );
   }
-  if (rec.principal !== principal || rec.tool !== tool || rec.args_digest !== digest) {
-    const what =
-      rec.principal !== principal ? "principal" : rec.tool !== tool ? "tool" : "arguments";
+  if (rec.tool !== tool || rec.args_digest !== digest) {
+    const what = rec.tool !== tool ? "tool" : "arguments";
     return new PolicyError(
       "approval_mismatch",
       `Approval ${id} was granted for a different ${what}; it covers only the exact call it was requested for. Call again with the original arguments, or without approval_id to request a new approval.`,

@@ -1,4 +1,6 @@
 import { z } from "zod";
+import { toToolError } from "./errors.js";
+import type { ModelFact } from "./support/facts.js";
 import { defineTool, type ToolEnv } from "./types.js";
 
 export const ModelInfo = z.object({
@@ -38,12 +40,21 @@ export const listModels = (env: ToolEnv) =>
       openWorldHint: false,
     },
     async handler(_args, ctx) {
+      // The catalog is known without the worker: when it cannot be reached (crash loop, set-up
+      // problem), list the models anyway, unavailable, with the reason.
+      let down: string | null = null;
       const [facts, status] = await Promise.all([
-        ctx.facts.all(),
-        ctx.runtime.call<any>("status", {}, { signal: ctx.signal }),
+        ctx.facts.all().catch((e) => {
+          down = `the worker is unavailable (${toToolError(e).code}); run \`tpu-mcp doctor\``;
+          return new Map<string, ModelFact>();
+        }),
+        ctx.runtime
+          .call<any>("status", {}, { signal: ctx.signal })
+          .then((r) => r.result)
+          .catch(() => ({ loaded: [], devices: [] })),
       ]);
-      const loaded = new Set<string>((status.result.loaded ?? []).map((m: any) => m.model));
-      const devices = [...new Set<string>((status.result.devices ?? []).map((d: any) => d.kind))];
+      const loaded = new Set<string>((status.loaded ?? []).map((m: any) => m.model));
+      const devices = [...new Set<string>((status.devices ?? []).map((d: any) => d.kind))];
       return {
         models: env.catalog.models.map((m) => {
           const f = facts.get(m.id);
@@ -60,7 +71,7 @@ export const listModels = (env: ToolEnv) =>
             limits: { ...m.limits },
             ...(m.input ? { input: { shape: [...m.input.shape], dtype: m.input.dtype } } : {}),
             available: f?.available ?? false,
-            problem: f?.problem ?? (f ? null : "the worker did not describe this model"),
+            problem: f?.problem ?? (f ? null : (down ?? "the worker did not describe this model")),
             loaded: loaded.has(m.id),
           };
         }),

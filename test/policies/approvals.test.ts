@@ -65,11 +65,11 @@ describe("SqliteApprovalStore", () => {
     store.close();
   });
 
-  it("refuses another principal, tool or arguments", () => {
+  it("refuses another principal (as not found, revealing nothing), tool or arguments", () => {
     const { store, rec } = setup();
     store.approve(rec.id, "operator");
     expect(codeOf(() => store.consume(rec.id, "mallory", "load_model", digest))).toBe(
-      "approval_mismatch",
+      "approval_not_found",
     );
     expect(codeOf(() => store.consume(rec.id, "agent", "run_benchmark", digest))).toBe(
       "approval_mismatch",

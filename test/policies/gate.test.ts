@@ -284,7 +284,7 @@ describe("Gate", () => {
         fn,
       ),
     );
-    expect(otherPrincipal.code).toBe("approval_mismatch");
+    expect(otherPrincipal.code).toBe("approval_not_found");
     expect(approvals.get(id)!.status).toBe("approved");
     expect(fn).not.toHaveBeenCalled();
   });

@@ -60,4 +60,8 @@ def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
     text = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "RESOURCE_EXHAUSTED" in text)
+    lowered = text.lower()
+    # CPU allocations fail with "DefaultCPUAllocator: can't allocate memory".
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in lowered or "can't allocate memory" in lowered or "RESOURCE_EXHAUSTED" in text
+    )
