@@ -27,7 +27,8 @@ export const DEFAULT_STDIO_SCOPES = [
 
 /** Per-tool concurrency defaults; tools not named here use `default_concurrency`. */
 export const DEFAULT_TOOL_CONCURRENCY: Readonly<Record<string, number>> = {
-  run_inference: 16,
+  // As many as the built-in batchers coalesce (max_batch 32), so batching is not starved.
+  run_inference: 32,
   load_model: 1,
   run_benchmark: 1,
 };

@@ -66,6 +66,7 @@ export function createApp(
       pythonPath: config.paths.python,
       catalogPath: config.paths.catalog,
       device: config.runtime.device,
+      extraArgs: config.runtime.threads > 0 ? ["--threads", String(config.runtime.threads)] : [],
       startMode: config.runtime.start,
       requestTimeoutMs: config.runtime.request_timeout_s * 1000,
       heartbeatIntervalMs: config.runtime.heartbeat_interval_s * 1000,

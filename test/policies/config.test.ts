@@ -31,7 +31,7 @@ describe("policy config", () => {
     });
     expect(c.tokens).toEqual([]);
     expect(c.jwt).toBeUndefined();
-    expect(toolConcurrency(c.limits, "run_inference")).toBe(16);
+    expect(toolConcurrency(c.limits, "run_inference")).toBe(32);
     expect(toolConcurrency(c.limits, "load_model")).toBe(1);
     expect(toolConcurrency(c.limits, "run_benchmark")).toBe(1);
     expect(toolConcurrency(c.limits, "list_models")).toBe(8);
@@ -58,7 +58,7 @@ describe("policy config", () => {
       limits: { per_tool_concurrency: { load_model: 2 }, call_timeout_s: { get_job: 5 } },
     });
     expect(toolConcurrency(c.limits, "load_model")).toBe(2);
-    expect(toolConcurrency(c.limits, "run_inference")).toBe(16);
+    expect(toolConcurrency(c.limits, "run_inference")).toBe(32);
     expect(toolTimeoutMs(c.limits, "get_job")).toBe(5000);
     expect(toolTimeoutMs(c.limits, "run_benchmark")).toBe(1_800_000);
   });

@@ -1,7 +1,8 @@
 """Dynamic batching: one thread per loaded model coalesces concurrent infer requests.
 
 Requests wait at most `max_wait_ms` (measured from the oldest queued request) for company, up
-to `max_batch` items; only requests with the same key (e.g. the same max_new_tokens) share a
+to `max_batch` items, and only while callers are concurrent (an idle model runs a lone request at
+once; requests arriving during a forward are coalesced into the next one); only requests with the same key (e.g. the same max_new_tokens) share a
 batch. A cancelled request is dropped before its batch runs; if a batch fails, its requests are
 retried one by one so a single bad request fails alone. The batcher thread is also the only
 place a model's forward runs for `infer`, which keeps the module single-threaded.
@@ -54,6 +55,7 @@ class Batcher:
         self._queue: deque[_Pending] = deque()
         self._cond = threading.Condition()
         self._closed: str | None = None
+        self._concurrent = False
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self._thread.start()
 
@@ -107,7 +109,9 @@ class Batcher:
             if self._closed:
                 return None
             key = self._queue[0].prepared.key
-            if self.enabled:
+            # Wait for company only when callers are concurrent (the last forward served several
+            # requests, or more were already queued): a lone caller never pays max_wait.
+            if self.enabled and self._concurrent:
                 deadline = self._queue[0].enqueued + self.max_wait_s
                 while not self._closed:
                     _, items = self._compatible(key)
@@ -120,6 +124,7 @@ class Batcher:
             chosen, _ = self._compatible(key)
             for p in chosen:
                 self._queue.remove(p)
+            self._concurrent = len(chosen) > 1 or bool(self._queue)
             return chosen
 
     def _loop(self) -> None:

@@ -37,7 +37,7 @@ def _finite(obj: Any) -> Any:
 
 class Server:
     def __init__(
-        self, worker: Worker, inp: IO[bytes], out: IO[bytes], *, max_body_bytes: int, max_threads: int = 8
+        self, worker: Worker, inp: IO[bytes], out: IO[bytes], *, max_body_bytes: int, max_threads: int = 128
     ) -> None:
         self.worker = worker
         self.reader = FrameReader(inp, max_body_bytes)
@@ -45,6 +45,8 @@ class Server:
         self._write_lock = threading.Lock()
         self._tokens: dict[str, CancelToken] = {}
         self._tokens_lock = threading.Lock()
+        # Each infer holds an op thread until its batch is done, so this pool also bounds how many
+        # requests a model's batcher can ever see at once: keep it above the largest max_batch.
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="op")
         self._stop = threading.Event()
         self.exit_code = EXIT_OK
