@@ -81,4 +81,12 @@ run(py, ["-m", "tpu_worker.builtin", "--out", join(root, ".data", "models")], {
     TRANSFORMERS_OFFLINE: "1",
   },
 });
+// 4. The CLI bundle (fast start); rebuilt only when a source is newer.
+const bundle = join(root, "dist", "cli.mjs");
+const { newestSource } = await import("./sources.mjs");
+if (!existsSync(bundle) || statSync(bundle).mtimeMs < newestSource(root)) {
+  say("bundling the CLI (dist/cli.mjs)…");
+  const { buildCli } = await import("./build.mjs");
+  await buildCli({ quiet: true });
+}
 say("ready.");
