@@ -370,15 +370,44 @@ export class SqliteBudgetLedger implements BudgetLedger {
     CREATE INDEX IF NOT EXISTS budget_by_principal ON budget_charges (principal, time_ms);`);
   }
 
+  /**
+   * Per-principal charges inside the window, oldest first, with their running sum: a check is
+   * O(1) amortised however many calls the window holds (reading them all from SQLite on every
+   * call made each call slower the busier the server was). SQLite stays the record, read once
+   * per principal per process, so a restart keeps the budget.
+   */
+  private readonly windows = new Map<
+    string,
+    { t: number[]; s: number[]; head: number; sum: number }
+  >();
+  private lastPrune = 0;
+
+  private window(principal: string, since: number) {
+    let w = this.windows.get(principal);
+    if (!w) {
+      const rows = this.db
+        .prepare(
+          "SELECT time_ms, seconds FROM budget_charges WHERE principal = ? AND time_ms > ? ORDER BY time_ms",
+        )
+        .all(principal, since) as { time_ms: number; seconds: number }[];
+      w = { t: rows.map((r) => r.time_ms), s: rows.map((r) => r.seconds), head: 0, sum: 0 };
+      for (const x of w.s) w.sum += x;
+      this.windows.set(principal, w);
+    }
+    while (w.head < w.t.length && w.t[w.head] <= since) w.sum -= w.s[w.head++];
+    if (w.head > 1024 && w.head * 2 > w.t.length) {
+      w.t = w.t.slice(w.head);
+      w.s = w.s.slice(w.head);
+      w.head = 0;
+    }
+    if (w.head === w.t.length) w.sum = 0; // no float residue once the window is empty
+    return w;
+  }
+
   check(principal: string, seconds: number, reservedSeconds = 0): BudgetCheck {
     const now = this.clock();
-    const since = now - this.windowMs;
-    const rows = this.db
-      .prepare(
-        "SELECT time_ms, seconds FROM budget_charges WHERE principal = ? AND time_ms > ? ORDER BY time_ms",
-      )
-      .all(principal, since) as { time_ms: number; seconds: number }[];
-    const used = rows.reduce((s, r) => s + r.seconds, 0) + reservedSeconds;
+    const w = this.window(principal, now - this.windowMs);
+    const used = Math.max(0, w.sum) + reservedSeconds;
     const base = {
       used_s: round3(used),
       remaining_s: round3(Math.max(0, this.limitS - used)),
@@ -389,13 +418,13 @@ export class SqliteBudgetLedger implements BudgetLedger {
     if (seconds + reservedSeconds > this.limitS) return { ok: false, ...base };
     // Walk charges oldest first until enough of them have left the window.
     let left = used;
-    for (const r of rows) {
-      left -= r.seconds;
+    for (let i = w.head; i < w.t.length; i++) {
+      left -= w.s[i];
       if (left + seconds <= this.limitS) {
         return {
           ok: false,
           ...base,
-          retry_after_ms: Math.max(1, r.time_ms + this.windowMs - now + 1),
+          retry_after_ms: Math.max(1, w.t[i] + this.windowMs - now + 1),
         };
       }
     }
@@ -405,11 +434,18 @@ export class SqliteBudgetLedger implements BudgetLedger {
   charge(principal: string, seconds: number, tool?: string): void {
     if (!(seconds > 0)) return;
     const now = this.clock();
+    const w = this.window(principal, now - this.windowMs);
     this.db
       .prepare("INSERT INTO budget_charges (principal, time_ms, seconds, tool) VALUES (?, ?, ?, ?)")
       .run(principal, now, seconds, tool ?? null);
-    // Charges older than the window never count again.
-    this.db.prepare("DELETE FROM budget_charges WHERE time_ms <= ?").run(now - this.windowMs);
+    w.t.push(now);
+    w.s.push(seconds);
+    w.sum += seconds;
+    // Charges older than the window never count again; prune them now and then, not per call.
+    if (now - this.lastPrune >= 10_000) {
+      this.lastPrune = now;
+      this.db.prepare("DELETE FROM budget_charges WHERE time_ms <= ?").run(now - this.windowMs);
+    }
   }
 
   close(): void {

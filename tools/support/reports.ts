@@ -60,6 +60,7 @@ export class SqliteReports implements Reports {
       report: { ...report },
     };
     stored.report.report_id = stored.id;
+    this.historyCache.delete(`${model}\u0000${device}`);
     this.db
       .prepare(`INSERT INTO benchmark_reports VALUES (?, ?, ?, ?, ?, ?)`)
       .run(stored.id, principal, model, device, stored.created_at, JSON.stringify(stored.report));
@@ -78,7 +79,21 @@ export class SqliteReports implements Reports {
     return rows.map((r) => ({ ...r, report: JSON.parse(r.report) }));
   }
 
-  history(model: string, device: string) {
+  // Estimates read history on every costly call (and on inference, the hot path): parse the
+  // stored reports once per (model, device) and again only after a new report arrives.
+  private readonly historyCache = new Map<string, HistoryRecord[]>();
+
+  history(model: string, device: string): HistoryRecord[] {
+    const key = `${model}\u0000${device}`;
+    let h = this.historyCache.get(key);
+    if (!h) {
+      h = this.readHistory(model, device);
+      this.historyCache.set(key, h);
+    }
+    return h;
+  }
+
+  private readHistory(model: string, device: string): HistoryRecord[] {
     const rows = this.db
       .prepare(
         `SELECT report FROM benchmark_reports WHERE model = ? AND device = ? ORDER BY created_at DESC LIMIT 20`,
