@@ -1,11 +1,12 @@
 """Dynamic batching: one thread per loaded model coalesces concurrent infer requests.
 
 Requests wait at most `max_wait_ms` (measured from the oldest queued request) for company, up
-to `max_batch` items, and only while callers are concurrent (an idle model runs a lone request at
-once; requests arriving during a forward are coalesced into the next one); only requests with the same key (e.g. the same max_new_tokens) share a
-batch. A cancelled request is dropped before its batch runs; if a batch fails, its requests are
-retried one by one so a single bad request fails alone. The batcher thread is also the only
-place a model's forward runs for `infer`, which keeps the module single-threaded.
+to `max_batch` items, and only while callers are concurrent: an idle model runs a lone request
+at once, and requests arriving during a forward are coalesced into the next one. Only requests
+with the same key (e.g. the same max_new_tokens) share a batch. A cancelled request is dropped
+before its batch runs; if a batch fails, its requests are retried one by one so a single bad
+request fails alone. The batcher thread is also the only place a model's forward runs for
+`infer`, which keeps the module single-threaded.
 """
 
 from __future__ import annotations
