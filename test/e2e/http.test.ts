@@ -2,6 +2,7 @@
 import { request } from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
+  INITIALIZE,
   connectHttp,
   startHttpServer,
   writeConfig,
@@ -44,16 +45,7 @@ describe("tpu-mcp http", () => {
   });
 
   it("rejects a missing token, a wrong token, a foreign Origin and a foreign Host", async () => {
-    const init = {
-      jsonrpc: "2.0",
-      id: 1,
-      method: "initialize",
-      params: {
-        protocolVersion: "2025-11-25",
-        capabilities: {},
-        clientInfo: { name: "x", version: "1" },
-      },
-    };
+    const init = INITIALIZE;
     const post = (headers: Record<string, string>) =>
       fetch(server.url, {
         method: "POST",

@@ -10,6 +10,7 @@ import { SignJWT, exportJWK, generateKeyPair } from "jose";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   CLI,
+  INITIALIZE,
   ROOT,
   connectHttp,
   errorOf,
@@ -296,16 +297,7 @@ describe("JWT bearer tokens", () => {
           "content-type": "application/json",
           accept: "application/json, text/event-stream",
         },
-        body: JSON.stringify({
-          jsonrpc: "2.0",
-          id: 1,
-          method: "initialize",
-          params: {
-            protocolVersion: "2025-11-25",
-            capabilities: {},
-            clientInfo: { name: "x", version: "1" },
-          },
-        }),
+        body: JSON.stringify(INITIALIZE),
       });
       expect(wrong.status).toBe(401);
       expect(wrong.headers.get("www-authenticate")).toMatch(/invalid_token/);

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { writeFileSync } from "node:fs";
 import { SignJWT, exportJWK, generateKeyPair } from "jose";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { connectHttp, startHttpServer, type HttpServerProc } from "../helpers/server.js";
+import { INITIALIZE, connectHttp, startHttpServer, type HttpServerProc } from "../helpers/server.js";
 import {
   auditRows,
   baseConfig,
@@ -26,16 +26,7 @@ const AGENT2 = "hardening-agent2-token";
 const EXPIRED = "hardening-expired-token";
 const AUD = "https://tpu-mcp.hardening.test/mcp";
 const ISS = "https://issuer.hardening.test";
-const INIT = {
-  jsonrpc: "2.0",
-  id: 1,
-  method: "initialize",
-  params: {
-    protocolVersion: "2025-11-25",
-    capabilities: {},
-    clientInfo: { name: "x", version: "1" },
-  },
-};
+const INIT = INITIALIZE;
 const call = (client: any, name: string, args: Record<string, unknown> = {}) =>
   client.callTool({ name, arguments: args }, undefined, { timeout: 120_000 }) as Promise<any>;
 

@@ -8,7 +8,7 @@ import Database from "better-sqlite3";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { ERROR_CATALOGUE } from "../../tools/errors.js";
-import { connectHttp, connectStdio, startHttpServer } from "../helpers/server.js";
+import { INITIALIZE, connectHttp, connectStdio, startHttpServer } from "../helpers/server.js";
 import {
   auditRows,
   baseConfig,
@@ -355,16 +355,7 @@ describe.skipIf(!canMount)("SQLite stores on a full or read-only disk (tmpfs)", 
             roCfg,
             JSON.stringify({ ...JSON.parse(readFileSync(cfgFile, "utf8")), data_dir: ro }),
           );
-          const init = JSON.stringify({
-            jsonrpc: "2.0",
-            id: 1,
-            method: "initialize",
-            params: {
-              protocolVersion: "2025-11-25",
-              capabilities: {},
-              clientInfo: { name: "x", version: "1" },
-            },
-          });
+          const init = JSON.stringify(INITIALIZE);
           const r = spawnSync(
             process.execPath,
             [join(ROOT, "bin/tpu-mcp.js"), "stdio", "--config", roCfg],

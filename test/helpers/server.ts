@@ -109,6 +109,18 @@ export async function connectHttp(
   return { client, transport, close: () => client.close() };
 }
 
+/** A raw JSON-RPC initialize request, for tests that speak HTTP or stdio without the SDK. */
+export const INITIALIZE = {
+  jsonrpc: "2.0",
+  id: 1,
+  method: "initialize",
+  params: {
+    protocolVersion: "2025-11-25",
+    capabilities: {},
+    clientInfo: { name: "x", version: "1" },
+  },
+} as const;
+
 export function errorOf(
   r: CallToolResult | any,
 ): { code: string; message: string; details?: any } | undefined {

@@ -1,19 +1,10 @@
 // Conversions between the MCP surface (number arrays or base64 bytes) and raw tensors for the pipe.
+import { DTYPE_ITEMSIZE } from "../../runtime/framing.js";
 import type { TensorData, TensorDtype } from "../../runtime/types.js";
 import { ToolError } from "../errors.js";
 
-export const ITEMSIZE: Record<TensorDtype, number> = {
-  float32: 4,
-  float16: 2,
-  bfloat16: 2,
-  float64: 8,
-  int64: 8,
-  int32: 4,
-  int16: 2,
-  int8: 1,
-  uint8: 1,
-  bool: 1,
-};
+// One table of item sizes: the pipe's framing owns it.
+export const ITEMSIZE = DTYPE_ITEMSIZE;
 
 export function elementCount(shape: readonly number[]): number {
   return shape.reduce((n, d) => n * d, 1);
