@@ -121,7 +121,7 @@ export async function runConcurrency(o: ConcurrencyOptions): Promise<SectionResu
   });
   s.note(
     `${o.callers} callers × batch 1, ${o.rounds} rounds of ${o.perRound} requests per mode, modes alternating; ` +
-      `the MCP level is capped by the gate's run_inference concurrency (policy default 16).`,
+      `the MCP level is capped by the gate's run_inference concurrency (policy default 32).`,
   );
   return s.result();
 }

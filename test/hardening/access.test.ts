@@ -6,7 +6,12 @@ import { join } from "node:path";
 import { writeFileSync } from "node:fs";
 import { SignJWT, exportJWK, generateKeyPair } from "jose";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { INITIALIZE, connectHttp, startHttpServer, type HttpServerProc } from "../helpers/server.js";
+import {
+  INITIALIZE,
+  connectHttp,
+  startHttpServer,
+  type HttpServerProc,
+} from "../helpers/server.js";
 import {
   auditRows,
   baseConfig,

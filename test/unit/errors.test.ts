@@ -14,7 +14,7 @@ describe("error catalogue", () => {
   it("matches the README's Errors table exactly", () => {
     const readme = readFileSync(join(ROOT, "README.md"), "utf8");
     const section = readme.slice(readme.indexOf("### Errors"), readme.indexOf("## Configuration"));
-    const documented = new Set([...section.matchAll(/^\| `([a-z_]+)` \|/gm)].map((m) => m[1]));
+    const documented = new Set([...section.matchAll(/^\| `([a-z_]+)` *\|/gm)].map((m) => m[1]));
     expect([...documented].sort()).toEqual([...catalogue].sort());
   });
 
