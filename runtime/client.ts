@@ -960,7 +960,15 @@ export class WorkerRuntime implements Runtime {
       }
     }
     // Non-JSON stderr (tracebacks, library warnings) is unexpected from the worker: warn.
-    const { level: rawLevel, msg: rawMsg, message: rawMessage, ...rest } = fields ?? {};
+    // The worker's own `time` (seconds) would collide with pino's: keep it as worker_time.
+    const {
+      level: rawLevel,
+      msg: rawMsg,
+      message: rawMessage,
+      time: workerTime,
+      ...fieldsRest
+    } = fields ?? {};
+    const rest = workerTime === undefined ? fieldsRest : { ...fieldsRest, worker_time: workerTime };
     const level = LEVELS[String(rawLevel ?? (fields ? "info" : "warn")).toLowerCase()] ?? "info";
     const msg = String(rawMsg ?? rawMessage ?? (fields ? "" : line));
     const entry = { ...rest, level, msg, worker_pid: proc.child.pid };
