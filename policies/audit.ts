@@ -138,27 +138,37 @@ export class SqliteAuditLog implements AuditLog {
     );`);
   }
 
-  append(record: AuditRecord): StoredAuditRecord {
-    // Drop undefined fields so the stored JSON and the hashed canonical form agree.
-    const clean = JSON.parse(canonicalJson(record)) as AuditRecord;
-    const tx = this.db.transaction((): StoredAuditRecord => {
-      const head = this.db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1").get() as
-        { seq: number; hash: string } | undefined;
+  // Prepared once: every tool call appends at least twice, and preparing costs more than running.
+  private tx?: ((clean: AuditRecord) => StoredAuditRecord) & {
+    immediate: (clean: AuditRecord) => StoredAuditRecord;
+  };
+  private appendTx() {
+    if (this.tx) return this.tx;
+    const headStmt = this.db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1");
+    const insertStmt = this.db.prepare(
+      "INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)",
+    );
+    const headUpsert = this.db.prepare(
+      "INSERT INTO audit_head (id, seq, hash) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+    );
+    this.tx = this.db.transaction((clean: AuditRecord): StoredAuditRecord => {
+      const head = headStmt.get() as { seq: number; hash: string } | undefined;
       const seq = (head?.seq ?? 0) + 1;
       const prev = head?.hash ?? GENESIS_HASH;
       const hash = chainHash(prev, seq, clean);
-      this.db
-        .prepare("INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)")
-        .run(seq, canonicalJson(clean), prev, hash);
-      this.db
-        .prepare(
-          "INSERT INTO audit_head (id, seq, hash) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
-        )
-        .run(seq, hash);
+      insertStmt.run(seq, canonicalJson(clean), prev, hash);
+      headUpsert.run(seq, hash);
       return { ...clean, seq, prev_hash: prev, hash };
-    });
+    }) as any;
+    return this.tx!;
+  }
+
+  append(record: AuditRecord): StoredAuditRecord {
+    // Drop undefined fields so the stored JSON and the hashed canonical form agree.
+    const clean = JSON.parse(canonicalJson(record)) as AuditRecord;
+    const tx = this.appendTx();
     // IMMEDIATE: the server and the CLI may append at once; each must see the other's head.
-    const stored = tx.immediate();
+    const stored = tx.immediate(clean);
     this.logger?.info({ audit: stored }, `audit ${stored.outcome} ${stored.tool}`);
     return stored;
   }

@@ -1,6 +1,7 @@
 // Concurrency, rate and budget limits. Every wait is bounded: a full queue refuses at once with
 // `busy` and a retry hint, because an agent that waits forever is worse than one told to retry.
 
+import type { Statement } from "better-sqlite3";
 import pLimit, { type LimitFunction } from "p-limit";
 import type { LimitsConfig } from "./config.js";
 import { toolConcurrency, toolQueueBound } from "./config.js";
@@ -381,6 +382,7 @@ export class SqliteBudgetLedger implements BudgetLedger {
     { t: number[]; s: number[]; head: number; sum: number }
   >();
   private lastPrune = 0;
+  private insertCharge?: Statement<unknown[]>;
 
   private window(principal: string, since: number) {
     let w = this.windows.get(principal);
@@ -435,9 +437,10 @@ export class SqliteBudgetLedger implements BudgetLedger {
     if (!(seconds > 0)) return;
     const now = this.clock();
     const w = this.window(principal, now - this.windowMs);
-    this.db
-      .prepare("INSERT INTO budget_charges (principal, time_ms, seconds, tool) VALUES (?, ?, ?, ?)")
-      .run(principal, now, seconds, tool ?? null);
+    this.insertCharge ??= this.db.prepare(
+      "INSERT INTO budget_charges (principal, time_ms, seconds, tool) VALUES (?, ?, ?, ?)",
+    );
+    this.insertCharge.run(principal, now, seconds, tool ?? null);
     w.t.push(now);
     w.s.push(seconds);
     w.sum += seconds;
