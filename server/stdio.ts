@@ -1,14 +1,14 @@
 // stdio transport for desktop assistants: one session, the principal named in the config.
-import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 import type { Principal } from "../policies/scopes.js";
 import type { App } from "./app.js";
 import { createMcpServer } from "./mcp.js";
+import { AnsweringStdioServerTransport } from "./stdio_transport.js";
 
 export async function startStdio(app: App): Promise<{ closed: Promise<void> }> {
   const p = app.config.policy.stdio_principal;
   const principal: Principal = { id: p.id, scopes: p.scopes as any, via: "stdio" };
   const server = createMcpServer(app, principal);
-  const transport = new StdioServerTransport();
+  const transport = new AnsweringStdioServerTransport();
   const closed = new Promise<void>((resolve) => {
     transport.onclose = () => resolve();
     process.stdin.once("end", () => resolve());

@@ -486,14 +486,24 @@ describe("raw JSON-RPC garbage on stdio", () => {
           const m = await waitFor((x) => x.id === id);
           expect(m.result?.isError ?? m.error, `id ${id}`).toBeTruthy();
         }
-        // Messages the SDK cannot validate are dropped without an answer (SDK behaviour); they
-        // must at least be logged. Which ids went unanswered is reported, not asserted.
-        const answered = new Set(lines().map((l) => JSON.parse(l).id));
-        recordFigure(
-          "stdio_garbage_unanswered_ids",
-          [4, 8, 9, 12, 14].filter((id) => !answered.has(id)),
-        );
-        expect(err).toMatch(/MCP message dropped/);
+        // Every request with a readable id got an answer, even the ones no schema accepts
+        // (non-object params, a batch, a byte-order mark, nesting too deep to validate), and the
+        // lines with no readable id got id-null errors: no caller is left waiting.
+        const answered = new Map(lines().map((l) => [JSON.parse(l).id, JSON.parse(l)]));
+        for (const id of [2, 4, 8, 9, 12, 14]) {
+          expect(answered.has(id), `id ${id} answered`).toBe(true);
+        }
+        expect(answered.get(4).error.code).toBe(-32600);
+        expect(answered.get(8).error.code).toBe(-32600); // batches are not part of MCP
+        expect(answered.get(12).result).toEqual({}); // a BOM before a ping is tolerated
+        const nullIdCodes = lines()
+          .map((l) => JSON.parse(l))
+          .filter((m) => m.id === null)
+          .map((m) => m.error.code);
+        expect(nullIdCodes).toContain(-32700); // "not json at all", "{", 0xff bytes…
+        expect(nullIdCodes).toContain(-32600); // an id that is an object, "[]"…
+        recordFigure("stdio_garbage_answered", [...answered.keys()].length);
+        expect(err).toMatch(/MCP message dropped|invalid JSON-RPC message dropped/);
         expect(child.exitCode).toBeNull();
         expect(({} as any).polluted).toBeUndefined();
       } finally {
