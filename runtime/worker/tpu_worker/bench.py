@@ -41,6 +41,7 @@ import os
 import platform
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -525,36 +526,32 @@ def _adapter_for(worker, entry, info, device, dtype, mode, ctx) -> tuple[Adapter
     return adapter, report["load_s"], True
 
 
+@dataclass
 class _Run:
     """One (dtype, mode) of the grid on one adapter."""
 
-    def __init__(
-        self,
-        worker,
-        entry,
-        info,
-        adapter,
-        device,
-        dtype,
-        mode,
-        scenario,
-        work,
-        warmup,
-        iterations,
-        duration,
-        max_new,
-        load_s,
-        reference,
-        ctx,
-    ) -> None:
-        self.worker, self.entry, self.info, self.adapter = worker, entry, info, adapter
-        self.device, self.dtype, self.mode = device, dtype, mode
-        self.scenario, self.work = scenario, work
-        self.warmup, self.iterations, self.duration, self.max_new = warmup, iterations, duration, max_new
-        self.load_s, self.reference, self.ctx = load_s, reference, ctx
-        self.kind = str(worker.device_info.get("kind") if device == worker.device else "cpu")
-        self.name = worker.device_info.get("name") if device == worker.device else "cpu"
-        self.matmul_precision = accel.matmul_precision(device)
+    worker: Any
+    entry: Any
+    info: Any
+    adapter: Any
+    device: Any
+    dtype: str
+    mode: str
+    scenario: str
+    work: str
+    warmup: int
+    iterations: int | None
+    duration: float | None
+    max_new: int
+    load_s: float
+    reference: Any
+    ctx: Any
+
+    def __post_init__(self) -> None:
+        own = self.device == self.worker.device
+        self.kind = str(self.worker.device_info.get("kind") if own else "cpu")
+        self.name = self.worker.device_info.get("name") if own else "cpu"
+        self.matmul_precision = accel.matmul_precision(self.device)
 
     def base(self, b, s) -> dict:
         return {
