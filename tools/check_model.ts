@@ -1,10 +1,10 @@
 import { z } from "zod";
-import { approvalId, device, dtype, modelId } from "./schemas.js";
+import { approvalId, catalogMax, device, dtype, modelId } from "./schemas.js";
 import { defineTool, type ToolEnv } from "./types.js";
 
 export const checkModel = (env: ToolEnv) => {
-  const maxBatch = Math.max(...env.catalog.models.map((m) => m.limits.max_batch));
-  const maxSeq = Math.max(1, ...env.catalog.models.map((m) => m.limits.max_seq_len));
+  const maxBatch = catalogMax(env, "max_batch");
+  const maxSeq = catalogMax(env, "max_seq_len");
   return defineTool({
     name: "check_model",
     title: "Check model support",

@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import { approvalId, device, dtype, mode, modelId, wait } from "./schemas.js";
+import { approvalId, catalogMax, device, dtype, entryOf, mode, modelId, wait } from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
 import { JobRef } from "./support/jobs.js";
 import { defineTool, type ToolEnv } from "./types.js";
@@ -20,8 +20,8 @@ const LoadResult = z.object({
 });
 
 export const loadModel = (env: ToolEnv) => {
-  const maxBatch = Math.max(...env.catalog.models.map((m) => m.limits.max_batch));
-  const maxSeq = Math.max(1, ...env.catalog.models.map((m) => m.limits.max_seq_len));
+  const maxBatch = catalogMax(env, "max_batch");
+  const maxSeq = catalogMax(env, "max_seq_len");
   return defineTool({
     name: "load_model",
     title: "Load a model",
@@ -58,7 +58,7 @@ export const loadModel = (env: ToolEnv) => {
     device: (a) => a.device ?? "default",
     estimate: (a, ctx) => estimateFor("load_model", a, ctx),
     async handler(args, ctx) {
-      const entry = env.catalog.models.find((m) => m.id === args.model)!;
+      const entry = entryOf(env, args.model);
       const dt = args.dtype ?? entry.default_dtype;
       if (!entry.dtypes.includes(dt)) {
         throw new ToolError(

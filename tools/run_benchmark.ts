@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import { approvalId, device, dtype, mode, modelId, wait } from "./schemas.js";
+import { approvalId, catalogMax, device, dtype, entryOf, mode, modelId, wait } from "./schemas.js";
 import { compareReports } from "./support/compare.js";
 import { estimateFor } from "./support/estimate.js";
 import { JobRef } from "./support/jobs.js";
@@ -74,9 +74,9 @@ const Report = z.object({
 });
 
 export const runBenchmark = (env: ToolEnv) => {
-  const maxBatch = Math.max(...env.catalog.models.map((m) => m.limits.max_batch));
-  const maxSeq = Math.max(1, ...env.catalog.models.map((m) => m.limits.max_seq_len));
-  const maxNew = Math.max(1, ...env.catalog.models.map((m) => m.limits.max_new_tokens ?? 1));
+  const maxBatch = catalogMax(env, "max_batch");
+  const maxSeq = catalogMax(env, "max_seq_len");
+  const maxNew = catalogMax(env, "max_new_tokens");
   const b = env.limits.benchmark;
   return defineTool({
     name: "run_benchmark",
@@ -133,7 +133,7 @@ export const runBenchmark = (env: ToolEnv) => {
     device: (a) => a.device ?? "default",
     estimate: (a, ctx) => estimateFor("run_benchmark", a, ctx),
     async handler(args, ctx) {
-      const entry = env.catalog.models.find((m) => m.id === args.model)!;
+      const entry = entryOf(env, args.model);
       const dtypes = args.dtypes ?? [entry.default_dtype];
       const bad = dtypes.find((d) => !entry.dtypes.includes(d));
       if (bad)

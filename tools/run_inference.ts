@@ -1,7 +1,7 @@
 import { z } from "zod";
 import type { TensorData } from "../runtime/types.js";
 import { ToolError } from "./errors.js";
-import { approvalId, modelId, tensorInput } from "./schemas.js";
+import { approvalId, catalogMax, entryOf, modelId, tensorInput } from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
 import { decodeValues, elementCount, summarise, tensorFromArg } from "./support/tensors.js";
 import { defineTool, type ToolEnv } from "./types.js";
@@ -29,8 +29,8 @@ const OutputTensor = z.object({
 });
 
 export const runInference = (env: ToolEnv) => {
-  const maxChars = Math.max(1, ...env.catalog.models.map((m) => m.limits.max_text_chars));
-  const maxTokens = Math.max(1, ...env.catalog.models.map((m) => m.limits.max_new_tokens));
+  const maxChars = catalogMax(env, "max_text_chars");
+  const maxTokens = catalogMax(env, "max_new_tokens");
   return defineTool({
     name: "run_inference",
     title: "Run inference",
@@ -76,7 +76,7 @@ export const runInference = (env: ToolEnv) => {
     device: () => "default",
     estimate: (a, ctx) => estimateFor("run_inference", a, ctx),
     async handler(args, ctx) {
-      const entry = env.catalog.models.find((m) => m.id === args.model)!;
+      const entry = entryOf(env, args.model);
       const textTask = entry.task !== "tensor";
       if (textTask && !args.texts) {
         throw new ToolError(

@@ -2,7 +2,25 @@
 // thing everywhere (DESIGN.md: argument names are part of the contract).
 import { z } from "zod";
 import { MODEL_DTYPES, TENSOR_DTYPES } from "../runtime/types.js";
+import type { CatalogEntry } from "../runtime/catalog.js";
 import type { ToolEnv } from "./types.js";
+
+type LimitKey = "max_batch" | "max_seq_len" | "max_new_tokens" | "max_text_chars";
+
+/**
+ * The largest value of a limit across the catalog (at least 1): the schema's static bound.
+ * Each handler then checks the chosen model's own, smaller limit.
+ */
+export function catalogMax(env: ToolEnv, key: LimitKey): number {
+  return Math.max(1, ...env.catalog.models.map((m) => m.limits[key]));
+}
+
+/** The catalog entry of a model id the input schema already accepted. */
+export function entryOf(env: ToolEnv, id: string): CatalogEntry {
+  const entry = env.catalog.models.find((m) => m.id === id);
+  if (!entry) throw new Error(`model ${id} passed validation but is not in the catalog`);
+  return entry;
+}
 
 export function modelId(env: ToolEnv) {
   const ids = env.catalog.models.map((m) => m.id) as [string, ...string[]];
