@@ -246,7 +246,13 @@ export class Gate {
    * the caller's rate limit, so malformed calls cannot be sent for free. Throws rate_limited
    * instead when the caller is over its rate.
    */
-  refuse(principal: Principal, tool: string, rawArgs: unknown, code: string, message: string): void {
+  refuse(
+    principal: Principal,
+    tool: string,
+    rawArgs: unknown,
+    code: string,
+    message: string,
+  ): void {
     let digest: string | null = null;
     try {
       digest = argsDigest(tool, rawArgs as Record<string, unknown>);
@@ -257,7 +263,8 @@ export class Gate {
     try {
       this.checkRate(principal);
     } catch (e) {
-      if (isPolicyError(e)) this.audit({ ...base, outcome: "denied", code: e.code, reason: e.message });
+      if (isPolicyError(e))
+        this.audit({ ...base, outcome: "denied", code: e.code, reason: e.message });
       throw e;
     }
     this.audit({ ...base, outcome: "denied", code, reason: message.slice(0, 500) });
@@ -436,7 +443,8 @@ export class Gate {
   }
 
   private chargeMeasured(principal: string, tool: string, seconds: number): void {
-    for (const { key } of this.budgetKeys(principal, tool)) this.deps.budget.charge(key, seconds, tool);
+    for (const { key } of this.budgetKeys(principal, tool))
+      this.deps.budget.charge(key, seconds, tool);
   }
 
   /** Estimated device-seconds admitted but not yet settled, for a budget line (tests, metrics). */
@@ -607,7 +615,8 @@ export class Gate {
     for (const { key, limit } of this.budgetKeys(principal.id, tool)) {
       const b = this.deps.budget.check(key, need, this.reserved.get(key) ?? 0, limit);
       if (b.ok) continue;
-      const what = key === principal.id ? "Device-time budget" : "Device-time allowance for read-scoped tools";
+      const what =
+        key === principal.id ? "Device-time budget" : "Device-time allowance for read-scoped tools";
       const when =
         b.retry_after_ms !== undefined
           ? `enough frees up in ${Math.ceil(b.retry_after_ms / 1000)} s`

@@ -409,7 +409,12 @@ export class SqliteBudgetLedger implements BudgetLedger {
     return w;
   }
 
-  check(principal: string, seconds: number, reservedSeconds = 0, limitS = this.limitS): BudgetCheck {
+  check(
+    principal: string,
+    seconds: number,
+    reservedSeconds = 0,
+    limitS = this.limitS,
+  ): BudgetCheck {
     const now = this.clock();
     const w = this.window(principal, now - this.windowMs);
     const used = Math.max(0, w.sum) + reservedSeconds;

@@ -91,7 +91,10 @@ function parseArgs(input: DispatchInput): Record<string, any> {
   );
   if (unknownModel) {
     const ids = input.base.env.catalog.models.map((m) => m.id).join(", ");
-    throw new ToolError("unknown_model", `model: not in the catalog; call list_models (ids: ${ids})`);
+    throw new ToolError(
+      "unknown_model",
+      `model: not in the catalog; call list_models (ids: ${ids})`,
+    );
   }
   throw new ToolError("invalid_argument", zodMessage(parsed.error));
 }

@@ -174,11 +174,7 @@ export const runBenchmark = (env: ToolEnv) => {
         model: modelId(env),
         device: device.optional(),
         batch_sizes: z.array(z.number().int().min(1).max(maxBatch)).min(1).max(8).default([1]),
-        seq_lens: z
-          .array(z.number().int().min(MIN_SEQ_LEN).max(maxSeq))
-          .min(1)
-          .max(8)
-          .optional(),
+        seq_lens: z.array(z.number().int().min(MIN_SEQ_LEN).max(maxSeq)).min(1).max(8).optional(),
         dtypes: z.array(dtype).min(1).max(3).optional(),
         modes: z.array(mode).min(1).max(2).default(["eager"]),
         scenario: z

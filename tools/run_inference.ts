@@ -126,7 +126,8 @@ export const runInference = (env: ToolEnv) => {
       if (entry.input && args.tensors) {
         const want = entry.input.shape;
         args.tensors.forEach((t, i) => {
-          const ok = t.shape.length === want.length + 1 && want.every((d, k) => t.shape[k + 1] === d);
+          const ok =
+            t.shape.length === want.length + 1 && want.every((d, k) => t.shape[k + 1] === d);
           if (!ok) {
             throw new ToolError(
               "invalid_argument",
