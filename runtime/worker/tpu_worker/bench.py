@@ -70,7 +70,7 @@ class Bounds:
     max_warmup: int = 100
 
     @classmethod
-    def from_args(cls, args: dict) -> "Bounds":
+    def from_args(cls, args: dict) -> Bounds:
         given = args.get("limits")
         if given is None:
             return cls()
