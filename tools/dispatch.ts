@@ -228,7 +228,12 @@ function runAsJob(
         const job = jobs.start(tool.name, principal.id, async (jobSignal, progress) => {
           const both = AbortSignal.any([gateSignal, jobSignal]);
           try {
-            const value = await tool.handler(args, ctxFor(both, progress, deadline));
+            // Progress goes to the job, and to the caller while it still waits for the answer.
+            const report: ToolContext["progress"] = (p, total, message) => {
+              progress(p, total, message);
+              if (!handedOut) input.progress(p, total, message);
+            };
+            const value = await tool.handler(args, ctxFor(both, report, deadline));
             outcome = { ok: true, value };
             return value;
           } catch (e) {
