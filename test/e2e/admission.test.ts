@@ -29,7 +29,16 @@ const OPERATOR = "demo-operator-token";
 const SPAMMER = "spammer-token-0123456789";
 const RUNNER = "runner-token-0123456789";
 
-const ALL_RUN = ["models:read", "models:load", "models:unload", "benchmark:run", "jobs:read"];
+const CHECKER = "checker-token-0123456789";
+
+const ALL_RUN = [
+  "models:read",
+  "models:load",
+  "models:unload",
+  "inference:run",
+  "benchmark:run",
+  "jobs:read",
+];
 
 async function approve(config: string, id: string) {
   const r = await run(
@@ -56,7 +65,11 @@ describe("budgets, read allowance and checks before approval (demo policy, small
   const dataDir = join(dir, "data");
   const policy = {
     ...demo,
-    tokens: [...demo.tokens, { id: "spammer", token_sha256: hashToken(SPAMMER), scopes: ALL_RUN }],
+    tokens: [
+      ...demo.tokens,
+      { id: "spammer", token_sha256: hashToken(SPAMMER), scopes: ALL_RUN },
+      { id: "checker", token_sha256: hashToken(CHECKER), scopes: ["models:read"] },
+    ],
     limits: {
       ...demo.limits,
       rate_limit: { per_principal_per_minute: 60 },
@@ -67,7 +80,7 @@ describe("budgets, read allowance and checks before approval (demo policy, small
       rules: [
         ...demo.approvals.rules,
         // check_model is estimated, so a weight threshold can tell a small check from a large one.
-        { tool: "check_model", principals: ["agent"], when: { min_weight_bytes: 50_000_000 } },
+        { tool: "check_model", principals: ["checker"], when: { min_weight_bytes: 50_000_000 } },
       ],
     },
   };
@@ -168,7 +181,7 @@ describe("budgets, read allowance and checks before approval (demo policy, small
   }, 180_000);
 
   it("matches check_model against approval rules by its estimate", async () => {
-    const agent = await connectHttp(server.url, AGENT);
+    const agent = await connectHttp(server.url, CHECKER);
     try {
       // 90 MB of weights: the rule applies. mnist-cnn's few hundred KB: it does not.
       const big = await call(agent.client, "check_model", { model: "all-minilm-l6-v2" });
