@@ -274,7 +274,7 @@ describe("soft deadline and one deadline per call", () => {
   const dataDir = join(dir, "data");
   const policy = {
     tokens: [{ id: "runner", token_sha256: hashToken(RUNNER), scopes: ALL_RUN }],
-    limits: { soft_deadline_s: 2, rate_limit: { per_principal_per_minute: 6000 } },
+    limits: { soft_deadline_s: 4, rate_limit: { per_principal_per_minute: 6000 } },
   };
   // The runtime's default request timeout is shorter than the benchmark: only the gate's
   // deadline, handed down to the runtime, lets the benchmark finish.
@@ -303,13 +303,13 @@ describe("soft deadline and one deadline per call", () => {
     try {
       const r = await call(c.client, "run_benchmark", {
         model: "mnist-cnn",
-        duration_s: 5,
+        duration_s: 8,
         warmup: 0,
       });
       expect(r.isError, JSON.stringify(r)).toBeFalsy();
       const jobId = r.structuredContent.job_id;
       expect(jobId).toMatch(/^job_/);
-      expect(r.structuredContent.message).toMatch(/still running after 2 s/);
+      expect(r.structuredContent.message).toMatch(/still running after 4 s/);
       let job: any;
       for (;;) {
         job = (await call(c.client, "get_job", { job_id: jobId })).structuredContent;
@@ -329,10 +329,11 @@ describe("soft deadline and one deadline per call", () => {
     try {
       const r = await call(c.client, "run_benchmark", {
         model: "mnist-cnn",
-        iterations: 2,
+        iterations: 1,
         warmup: 0,
       });
       expect(r.isError, JSON.stringify(r)).toBeFalsy();
+      // Well inside the soft deadline (well under a second here): the report itself.
       expect(r.structuredContent.report_id).toMatch(/^bench_/);
     } finally {
       await c.close();
