@@ -99,10 +99,6 @@ function parseArgs(input: DispatchInput): Record<string, any> {
   throw new ToolError("invalid_argument", zodMessage(parsed.error));
 }
 
-function jobRef(jobId: string, message: string): Record<string, unknown> {
-  return { job_id: jobId, status: "running", message };
-}
-
 export async function dispatchTool(input: DispatchInput): Promise<CallToolResultLike> {
   const { tool, principal, gate, logger } = input;
   const t0 = performance.now();
@@ -183,12 +179,13 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
 }
 
 /**
- * Runs a job tool as a job once the gate admits it. With wait: false (softMs 0) the job id is the
- * answer at once; with wait: true the result is the answer if it comes within the soft deadline,
- * else the job id (the work goes on; get_job has its progress and result). Until the caller holds
- * a job id, its cancellation or disconnect cancels the work: nobody could ever collect it. The
- * job keeps the gate's slot, reservation and deadline until it ends; a refusal (approval, budget,
- * busy) still comes back to this caller at once.
+ * A job tool once the gate admits it. With wait: false (softMs 0) it becomes a job at once and
+ * the job id is the answer. With wait: true the result is the answer if it comes within the soft
+ * deadline; otherwise the running work is adopted by a new job and its id is the answer (the work
+ * goes on; get_job has its progress and then its result). Until the caller holds a job id, its
+ * cancellation or disconnect cancels the work: nobody could ever collect it. The work keeps the
+ * gate's slot, reservation and deadline until it ends, and the gate audits how it ended; a
+ * refusal (approval, budget, busy) still comes back to this caller at once.
  */
 function runAsJob(
   input: DispatchInput,
@@ -201,19 +198,12 @@ function runAsJob(
   const jobs = input.base.jobs;
   // Mirrors the caller's signal only until the caller holds a job id.
   const callerCtl = new AbortController();
-  let jobId: string | undefined;
   let handedOut = false;
   const onCallerAbort = () => {
-    if (handedOut) return;
-    callerCtl.abort(input.signal.reason);
-    if (jobId) jobs.cancel(jobId, principal.id);
+    if (!handedOut) callerCtl.abort(input.signal.reason);
   };
   if (input.signal.aborted) onCallerAbort();
   else input.signal.addEventListener("abort", onCallerAbort, { once: true });
-  const handOut = () => {
-    handedOut = true;
-    input.signal.removeEventListener("abort", onCallerAbort);
-  };
 
   return new Promise<Record<string, unknown>>((resolve, reject) => {
     let answered = false;
@@ -222,67 +212,61 @@ function runAsJob(
       answered = true;
       fn();
     };
-    let outcome: { ok: true; value: Record<string, unknown> } | { ok: false; error: unknown };
+    const handOut = (jobId: string, message: string) => {
+      handedOut = true;
+      input.signal.removeEventListener("abort", onCallerAbort);
+      answer(() => resolve({ job_id: jobId, status: "running", message }));
+    };
+
     input.gate
       .run({ ...call, signal: callerCtl.signal }, async (gateSignal, deadline) => {
-        const job = jobs.start(tool.name, principal.id, async (jobSignal, progress) => {
-          const both = AbortSignal.any([gateSignal, jobSignal]);
-          try {
-            // Progress goes to the job, and to the caller while it still waits for the answer.
-            const report: ToolContext["progress"] = (p, total, message) => {
-              progress(p, total, message);
-              if (!handedOut) input.progress(p, total, message);
-            };
-            const value = await tool.handler(args, ctxFor(both, report, deadline));
-            outcome = { ok: true, value };
-            return value;
-          } catch (e) {
-            outcome = { ok: false, error: e };
-            throw e;
-          }
-        });
-        jobId = job.job_id;
+        // cancel_job reaches the work through this controller once a job owns it.
+        const jobCtl = new AbortController();
+        let jobProgress: ToolContext["progress"] | undefined;
+        const report: ToolContext["progress"] = (p, total, message) => {
+          jobProgress?.(p, total, message);
+          if (!handedOut) input.progress(p, total, message);
+        };
+        const adopt = (work: Promise<Record<string, unknown>>) =>
+          jobs.start(tool.name, principal.id, (jobSignal, progress) => {
+            jobProgress = progress;
+            if (jobSignal.aborted) jobCtl.abort(jobSignal.reason);
+            else
+              jobSignal.addEventListener("abort", () => jobCtl.abort(jobSignal.reason), {
+                once: true,
+              });
+            return work;
+          });
+        const signal = AbortSignal.any([gateSignal, jobCtl.signal]);
+        // The handler starts on the next microtask, after a job (if any) has adopted it.
+        const work = Promise.resolve().then(() =>
+          tool.handler(args, ctxFor(signal, report, deadline)),
+        );
         if (softMs === 0) {
-          handOut();
-          answer(() =>
-            resolve(
-              jobRef(
-                job.job_id,
-                `started; follow it with get_job (job_id ${job.job_id}), stop it with cancel_job`,
-              ),
-            ),
+          const job = adopt(work);
+          handOut(
+            job.job_id,
+            `started; follow it with get_job (job_id ${job.job_id}), stop it with cancel_job`,
           );
         } else {
           const timer = setTimeout(() => {
-            handOut();
-            answer(() =>
-              resolve(
-                jobRef(
-                  job.job_id,
-                  `still running after ${softMs / 1000} s, so this call answers with a job instead of holding the request open; follow it with get_job (job_id ${job.job_id}), stop it with cancel_job`,
-                ),
-              ),
+            const job = adopt(work);
+            handOut(
+              job.job_id,
+              `still running after ${softMs / 1000} s, so this call answers with a job instead of holding the request open; follow it with get_job (job_id ${job.job_id}), stop it with cancel_job`,
             );
           }, softMs);
-          void jobs.settled(job.job_id).then(() => clearTimeout(timer));
+          work.then(
+            () => clearTimeout(timer),
+            () => clearTimeout(timer),
+          );
         }
-        await jobs.settled(job.job_id);
-        // The job's own failure is this gate call's failure too, so the audit records it.
-        const rec = jobs.get(job.job_id, principal.id);
-        if (rec?.status === "failed" && rec.error) {
-          throw Object.assign(new Error(rec.error.message), { code: rec.error.code });
-        }
-        if (rec?.status === "cancelled" && !outcome?.ok) {
-          throw new ToolError("cancelled", `${tool.name} was cancelled`);
-        }
+        // The gate audits how the work ended, whoever collects it.
+        return await work;
       })
       .then(
-        () =>
-          answer(() => {
-            if (outcome?.ok) resolve(outcome.value);
-            else reject(outcome ? outcome.error : new ToolError("cancelled", "cancelled"));
-          }),
-        (e) => answer(() => reject(outcome && !outcome.ok ? outcome.error : e)),
+        (value) => answer(() => resolve(value)),
+        (e) => answer(() => reject(e)),
       )
       .finally(() => input.signal.removeEventListener("abort", onCallerAbort));
   });
