@@ -96,10 +96,20 @@ const LimitsSchema = z.object({
     .transform((r) => ({ ...DEFAULT_CALL_TIMEOUT_S, ...r }) as Record<string, number>),
   default_call_timeout_s: z.number().positive().default(60),
   rate_limit: z.object({ per_principal_per_minute: PositiveInt.default(120) }).prefault({}),
+  /**
+   * Calls of tools that can become jobs (load_model, run_benchmark) that are still running after
+   * this many seconds answer with a job_id instead of holding the request open; 0 = never.
+   */
+  soft_deadline_s: z.number().nonnegative().default(45),
   budget: z
     .object({
       device_seconds_per_window: z.number().positive().default(3600),
       window_s: z.number().positive().default(3600),
+      /**
+       * Device-seconds per window a principal may spend through read-scoped tools (check_model),
+       * on top of being charged to its budget: a reader cannot take the device for long.
+       */
+      read_device_seconds_per_window: z.number().nonnegative().default(30),
     })
     .prefault({}),
 });

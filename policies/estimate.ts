@@ -81,7 +81,7 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   flops_per_s: { cpu: 100e9, cuda: 5e12, tpu: 20e12, xla: 20e12 },
   compile_s_per_graph: { cpu: 10, cuda: 20, tpu: 45, xla: 45 },
   call_overhead_s: 0.01,
-  default_iterations: 50,
+  default_iterations: 20,
   default_warmup: 5,
   tokens_per_char: 0.5,
 };
@@ -220,9 +220,12 @@ export function estimateCost(input: EstimateInput): CostEstimate {
       weightBytes = alreadyLoaded ? 0 : (model?.weight_bytes ?? 0);
       needsWeights = !alreadyLoaded;
       compileS = args.mode === "compile" ? compileGraph : 0;
-      tokens = 128;
+      const b = num(args.batch) ?? 1;
+      const l = num(args.seq_len) ?? 128;
+      tokens = b * l;
+      // One recorded forward pass: operator interception costs about as much again.
       deviceSeconds =
-        weightBytes / a.load_bytes_per_s + compileS + latencyMs(input, 1, 128, dtype, a) / 1000;
+        weightBytes / a.load_bytes_per_s + compileS + (2 * latencyMs(input, b, l, dtype, a)) / 1000;
       break;
     }
     case "run_benchmark": {
@@ -237,11 +240,18 @@ export function estimateCost(input: EstimateInput): CostEstimate {
       const iterations = num(args.iterations) ?? a.default_iterations;
       const warmup = num(args.warmup) ?? a.default_warmup;
       const duration = num(args.duration_s);
+      // Generation: the prompt's forward pass plus one decoding step (batch × 1 token, with a KV
+      // cache) per new token, for every iteration, warmup and reference pass alike.
+      const newTokens = args.work === "generate" ? (num(args.max_new_tokens) ?? 16) : 0;
+      const pass = (b: number, l: number, d: string) =>
+        (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a)) / 1000;
+      // Offline measures the largest batch per series only.
+      const points = args.scenario === "offline" ? [Math.max(...bs)] : bs;
       for (const d of ds) {
         for (const m of ms) {
-          for (const b of bs) {
+          for (const b of points) {
             for (const l of ls) {
-              const per = latencyMs(input, b, l, d, a) / 1000;
+              const per = pass(b, l, d);
               const timed = duration !== undefined ? duration : iterations * per;
               const graph = m === "compile" ? compileGraph : 0;
               compileS += graph;
@@ -251,9 +261,8 @@ export function estimateCost(input: EstimateInput): CostEstimate {
         }
       }
       // The fp32 reference for precision error: one eager pass per (batch, seq_len) point.
-      for (const b of bs)
-        for (const l of ls) deviceSeconds += latencyMs(input, b, l, "float32", a) / 1000;
-      tokens = Math.max(...bs) * Math.max(...ls);
+      for (const b of points) for (const l of ls) deviceSeconds += pass(b, l, "float32");
+      tokens = Math.max(...bs) * (Math.max(...ls) + newTokens);
       needsWeights = !alreadyLoaded;
       weightBytes = alreadyLoaded ? 0 : (model?.weight_bytes ?? 0);
       break;

@@ -1,6 +1,6 @@
 // THE gate every tool call passes. Order (cheapest and most certain refusals first):
-//   scope → memory fit → approval → rate limit → budget → concurrency slot → timeout → fn
-//   → budget charge → audit.
+//   scope → rate limit → estimate → memory fit → budget → approval → budget check + reserve
+//   (one synchronous step) → concurrency slot → timeout → fn → settle (measured charge) → audit.
 // Every refusal is audited with its code; every executed call is audited with its duration.
 
 import type { ApprovalRecord, ApprovalStore } from "./approvals.js";
@@ -17,7 +17,18 @@ import { argsDigest } from "./digest.js";
 import { PolicyError, isPolicyError, type PolicyErrorCode } from "./errors.js";
 import { formatBytes, type CostEstimate } from "./estimate.js";
 import type { BudgetLedger, ConcurrencyLimiter, RateLimiter, Release } from "./limits.js";
-import { hasScope, requiredScope, type Principal } from "./scopes.js";
+import { canCall, hasScope, requiredScope, type Principal, type Scope } from "./scopes.js";
+
+/** Read-scoped tools that use the device draw on a small allowance of their own as well. */
+const READ_SCOPE: Scope = "models:read";
+const READ_KEY_SUFFIX = "\u0000read";
+
+/** The deadline of one admitted call, handed down to the runtime as its request timeout. */
+export interface CallDeadline {
+  /** Epoch ms at which the gate cancels the call. */
+  at: number;
+  remainingMs(): number;
+}
 
 export type ElicitAnswer = "accept" | "decline" | "cancel";
 
@@ -36,6 +47,8 @@ export interface GateCall {
   /** Target device ("tpu", "cuda:1", "cpu"); device-bound tools take its lane. */
   device?: string;
   estimate?: CostEstimate;
+  /** Makes the estimate once the caller is admitted (scope, rate); used when `estimate` is absent. */
+  estimator?: () => Promise<CostEstimate | undefined>;
   signal?: AbortSignal;
   /** Present only when the client supports MCP elicitation. */
   elicit?: (prompt: ElicitPrompt) => Promise<ElicitAnswer>;
@@ -165,7 +178,11 @@ export class Gate {
   private readonly config: PolicyConfig;
   private readonly deps: GateDeps;
   private readonly clock: Clock;
-  /** Estimated device-seconds of calls running now, per principal, so parallel calls cannot overshoot the budget. */
+  /**
+   * Estimated device-seconds admitted but not yet settled, per budget line. Reserved at
+   * admission (before waiting for a slot), released when the call settles with its measured
+   * cost, or at once when it is refused or cancelled.
+   */
   private readonly reserved = new Map<string, number>();
 
   constructor(deps: GateDeps) {
@@ -201,28 +218,99 @@ export class Gate {
     }
   }
 
-  async run<T>(call: GateCall, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
-    const { principal, tool, estimate } = call;
+  /**
+   * The one scope enforcer: tools/list (via canCall), the HTTP 403 pre-check and every call go
+   * through it. A refusal is audited here and thrown as insufficient_scope.
+   */
+  enforceScope(principal: Principal, tool: string, via?: string): void {
+    try {
+      this.checkScope(principal, tool);
+    } catch (e) {
+      if (isPolicyError(e)) {
+        this.audit({
+          principal: principal.id,
+          tool,
+          args_digest: null,
+          outcome: "denied",
+          code: e.code,
+          reason: via ? `${e.message} (${via})` : e.message,
+        });
+      }
+      throw e;
+    }
+  }
+
+  /**
+   * A call refused before the gate could run it (invalid arguments, unknown model, a per-model
+   * bound): audited with the digest of what was sent (never the arguments) and counted against
+   * the caller's rate limit, so malformed calls cannot be sent for free. Throws rate_limited
+   * instead when the caller is over its rate.
+   */
+  refuse(
+    principal: Principal,
+    tool: string,
+    rawArgs: unknown,
+    code: string,
+    message: string,
+  ): void {
+    let digest: string | null = null;
+    try {
+      digest = argsDigest(tool, rawArgs as Record<string, unknown>);
+    } catch {
+      digest = null; // unhashable input (non-finite numbers, cycles): recorded without a digest
+    }
+    const base = { principal: principal.id, tool, args_digest: digest };
+    try {
+      this.checkRate(principal);
+    } catch (e) {
+      if (isPolicyError(e))
+        this.audit({ ...base, outcome: "denied", code: e.code, reason: e.message });
+      throw e;
+    }
+    this.audit({ ...base, outcome: "denied", code, reason: message.slice(0, 500) });
+  }
+
+  async run<T>(
+    call: GateCall,
+    fn: (signal: AbortSignal, deadline: CallDeadline) => Promise<T>,
+  ): Promise<T> {
+    const { principal, tool } = call;
+    let estimate = call.estimate;
     const redacted = redactArgs(call.args, this.config.audit.redact_args);
-    const base = { principal: principal.id, tool, args: redacted, estimate: estimate ?? null };
+    const base = () => ({
+      principal: principal.id,
+      tool,
+      args: redacted,
+      estimate: estimate ?? null,
+    });
     let digest: string | null = null;
     let approvalId: string | undefined;
     let release: Release | undefined;
+    let reservation: (() => void) | undefined;
 
     try {
       digest = argsDigest(tool, call.args);
       this.checkScope(principal, tool);
-      this.checkFits(estimate);
-      approvalId = await this.checkApproval(call, digest, redacted);
+      // Every call counts against the rate, refused or not, before anything costs work.
       this.checkRate(principal);
-      this.checkBudget(principal, estimate);
+      // Only an admitted caller makes the estimate (which may ask the worker for free memory).
+      if (!estimate && call.estimator) estimate = await call.estimator();
+      this.checkFits(estimate);
+      // A call the budget cannot take now never becomes an approval request.
+      this.checkBudget(principal, tool, estimate);
+      approvalId = await this.checkApproval({ ...call, estimate }, digest, redacted);
+      // Check and reserve in one synchronous step: calls queued behind each other cannot all
+      // pass a check made before any of them was charged.
+      this.checkBudget(principal, tool, estimate);
+      reservation = this.reserve(principal.id, tool, estimate);
       release = await this.deps.limiter.acquire(tool, call.device, call.signal);
       if (approvalId) this.deps.approvals.consume(approvalId, principal.id, tool, digest);
     } catch (e) {
       release?.();
+      reservation?.();
       if (isPolicyError(e)) {
         this.audit({
-          ...base,
+          ...base(),
           args_digest: digest,
           outcome: OUTCOME_FOR_CODE[e.code] ?? "denied",
           code: e.code,
@@ -233,8 +321,6 @@ export class Gate {
       throw e;
     }
 
-    const reservedS = estimate?.device_seconds ?? 0;
-    this.reserve(principal.id, reservedS);
     let started = this.clock();
     let settled = false;
     const settle = () => {
@@ -242,14 +328,14 @@ export class Gate {
       settled = true;
       // The slot and the charge follow the real work, which may outlive a timed-out caller.
       release!();
-      this.reserve(principal.id, -reservedS);
-      if (estimate) this.deps.budget.charge(principal.id, (this.clock() - started) / 1000, tool);
+      reservation!();
+      if (estimate) this.chargeMeasured(principal.id, tool, (this.clock() - started) / 1000);
     };
 
     try {
       this.deps.audit.append({
         time: new Date(this.clock()).toISOString(),
-        ...base,
+        ...base(),
         args_digest: digest,
         outcome: "allowed",
         approval_id: approvalId,
@@ -291,15 +377,20 @@ export class Gate {
     aborted.catch(() => {});
 
     started = this.clock();
+    // One deadline per call: what the gate enforces is what the runtime is told to wait for.
+    const deadline: CallDeadline = {
+      at: started + timeoutMs,
+      remainingMs: () => Math.max(1, started + timeoutMs - this.clock()),
+    };
     const work = ctrl.signal.aborted
       ? Promise.reject(ctrl.signal.reason)
-      : Promise.resolve().then(() => fn(ctrl.signal));
+      : Promise.resolve().then(() => fn(ctrl.signal, deadline));
     work.then(settle, settle);
 
     try {
       const result = await Promise.race([work, aborted]);
       this.audit({
-        ...base,
+        ...base(),
         args_digest: digest,
         outcome: "executed",
         duration_ms: this.clock() - started,
@@ -311,7 +402,7 @@ export class Gate {
         ? e.code
         : ((e as { code?: unknown })?.code as string | undefined);
       this.audit({
-        ...base,
+        ...base(),
         args_digest: digest,
         outcome: "failed",
         code: typeof code === "string" ? code : "internal_error",
@@ -326,15 +417,50 @@ export class Gate {
     }
   }
 
-  private reserve(principal: string, seconds: number): void {
-    const v = (this.reserved.get(principal) ?? 0) + seconds;
-    if (v <= 1e-9) this.reserved.delete(principal);
-    else this.reserved.set(principal, v);
+  /** The budget lines a call is charged to: the principal's, and for read-scoped tools its read allowance. */
+  private budgetKeys(principal: string, tool: string): { key: string; limit?: number }[] {
+    const keys: { key: string; limit?: number }[] = [{ key: principal }];
+    if (requiredScope(tool) === READ_SCOPE) {
+      keys.push({
+        key: `${principal}${READ_KEY_SUFFIX}`,
+        limit: this.config.limits.budget.read_device_seconds_per_window,
+      });
+    }
+    return keys;
+  }
+
+  /** Holds the estimate against every budget line of the call; the returned function releases it once. */
+  private reserve(principal: string, tool: string, estimate: CostEstimate | undefined): () => void {
+    const seconds = estimate?.device_seconds ?? 0;
+    const keys = this.budgetKeys(principal, tool).map((k) => k.key);
+    for (const k of keys) this.adjustReserved(k, seconds);
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      for (const k of keys) this.adjustReserved(k, -seconds);
+    };
+  }
+
+  private chargeMeasured(principal: string, tool: string, seconds: number): void {
+    for (const { key } of this.budgetKeys(principal, tool))
+      this.deps.budget.charge(key, seconds, tool);
+  }
+
+  /** Estimated device-seconds admitted but not yet settled, for a budget line (tests, metrics). */
+  reservedSeconds(principal: string): number {
+    return this.reserved.get(principal) ?? 0;
+  }
+
+  private adjustReserved(key: string, seconds: number): void {
+    const v = (this.reserved.get(key) ?? 0) + seconds;
+    if (v <= 1e-9) this.reserved.delete(key);
+    else this.reserved.set(key, v);
   }
 
   private checkScope(principal: Principal, tool: string): void {
-    const scope = requiredScope(tool);
-    if (!hasScope(principal, scope)) {
+    if (!canCall(principal, tool)) {
+      const scope = requiredScope(tool);
       throw new PolicyError(
         "insufficient_scope",
         `${tool} needs the ${scope} scope, which ${principal.id} does not have; ask for a token that grants it.`,
@@ -479,30 +605,41 @@ export class Gate {
     }
   }
 
-  private checkBudget(principal: Principal, estimate: CostEstimate | undefined): void {
+  private checkBudget(
+    principal: Principal,
+    tool: string,
+    estimate: CostEstimate | undefined,
+  ): void {
     if (!estimate) return;
     const need = estimate.device_seconds;
-    const b = this.deps.budget.check(principal.id, need, this.reserved.get(principal.id) ?? 0);
-    if (b.ok) return;
-    const when =
-      b.retry_after_ms !== undefined
-        ? `enough frees up in ${Math.ceil(b.retry_after_ms / 1000)} s`
-        : `it can never fit (the whole budget is ${b.limit_s} s); make the call smaller`;
-    throw new PolicyError(
-      "budget_exceeded",
-      `Device-time budget exceeded: this call needs ~${need} s, ${b.remaining_s} s of ${b.limit_s} s per ${b.window_s} s window remain; ${when}.`,
-      {
-        needed_s: need,
-        remaining_s: b.remaining_s,
-        used_s: b.used_s,
-        limit_s: b.limit_s,
-        window_s: b.window_s,
-        retry_after_ms: b.retry_after_ms ?? null,
-        resets_at:
-          b.retry_after_ms !== undefined
-            ? new Date(this.clock() + b.retry_after_ms).toISOString()
-            : null,
-      },
-    );
+    for (const { key, limit } of this.budgetKeys(principal.id, tool)) {
+      const b = this.deps.budget.check(key, need, this.reserved.get(key) ?? 0, limit);
+      if (b.ok) continue;
+      const what =
+        key === principal.id ? "Device-time budget" : "Device-time allowance for read-scoped tools";
+      const when =
+        b.retry_after_ms !== undefined
+          ? `enough frees up in ${Math.ceil(b.retry_after_ms / 1000)} s`
+          : b.reserved_s > 0 && need <= b.limit_s
+            ? `calls of yours already admitted hold ${b.reserved_s} s of it; retry when they finish`
+            : `it can never fit (the whole budget is ${b.limit_s} s); make the call smaller`;
+      throw new PolicyError(
+        "budget_exceeded",
+        `${what} exceeded: this call needs ~${need} s, ${b.remaining_s} s of ${b.limit_s} s per ${b.window_s} s window remain; ${when}.`,
+        {
+          needed_s: need,
+          remaining_s: b.remaining_s,
+          used_s: b.used_s,
+          reserved_s: b.reserved_s,
+          limit_s: b.limit_s,
+          window_s: b.window_s,
+          retry_after_ms: b.retry_after_ms ?? null,
+          resets_at:
+            b.retry_after_ms !== undefined
+              ? new Date(this.clock() + b.retry_after_ms).toISOString()
+              : null,
+        },
+      );
+    }
   }
 }

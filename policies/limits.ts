@@ -331,6 +331,8 @@ export class RateLimiter {
 export interface BudgetCheck {
   ok: boolean;
   used_s: number;
+  /** Estimates of admitted calls not yet settled, included in used_s. */
+  reserved_s: number;
   remaining_s: number;
   limit_s: number;
   window_s: number;
@@ -340,7 +342,8 @@ export interface BudgetCheck {
 
 /** Device-seconds per principal over a sliding window. */
 export interface BudgetLedger {
-  check(principal: string, seconds: number, reservedSeconds?: number): BudgetCheck;
+  /** `limitS` overrides the configured limit for this line (e.g. a read allowance). */
+  check(principal: string, seconds: number, reservedSeconds?: number, limitS?: number): BudgetCheck;
   charge(principal: string, seconds: number, tool?: string): void;
   close(): void;
 }
@@ -406,23 +409,29 @@ export class SqliteBudgetLedger implements BudgetLedger {
     return w;
   }
 
-  check(principal: string, seconds: number, reservedSeconds = 0): BudgetCheck {
+  check(
+    principal: string,
+    seconds: number,
+    reservedSeconds = 0,
+    limitS = this.limitS,
+  ): BudgetCheck {
     const now = this.clock();
     const w = this.window(principal, now - this.windowMs);
     const used = Math.max(0, w.sum) + reservedSeconds;
     const base = {
       used_s: round3(used),
-      remaining_s: round3(Math.max(0, this.limitS - used)),
-      limit_s: this.limitS,
+      reserved_s: round3(reservedSeconds),
+      remaining_s: round3(Math.max(0, limitS - used)),
+      limit_s: limitS,
       window_s: this.windowMs / 1000,
     };
-    if (used + seconds <= this.limitS) return { ok: true, ...base };
-    if (seconds + reservedSeconds > this.limitS) return { ok: false, ...base };
+    if (used + seconds <= limitS) return { ok: true, ...base };
+    if (seconds + reservedSeconds > limitS) return { ok: false, ...base };
     // Walk charges oldest first until enough of them have left the window.
     let left = used;
     for (let i = w.head; i < w.t.length; i++) {
       left -= w.s[i];
-      if (left + seconds <= this.limitS) {
+      if (left + seconds <= limitS) {
         return {
           ok: false,
           ...base,

@@ -54,12 +54,12 @@ export function canCall(principal: Pick<Principal, "scopes">, tool: string): boo
   return hasScope(principal, requiredScope(tool));
 }
 
-/** Tools the principal may see: the others are not listed at all. Order is kept. */
-export function visibleTools<T extends string>(
+/** Tools the principal may see (tools/list): the others are not listed at all. Order is kept. */
+export function visibleTools<T extends string | { name: string }>(
   principal: Pick<Principal, "scopes">,
   allTools: readonly T[],
 ): T[] {
-  return allTools.filter((t) => canCall(principal, t));
+  return allTools.filter((t) => canCall(principal, typeof t === "string" ? t : t.name));
 }
 
 /** Known scopes from a claim value (space-separated string or array); unknown ones are dropped. */

@@ -95,7 +95,9 @@ export function createApp(
   const policy = createPolicyServices(config, logger);
   const { gate, approvals, audit } = policy;
   const auth = new Authenticator(config.policy);
-  const jobs = new SqliteJobs(join(config.paths.data_dir, "jobs.db"));
+  const jobs = new SqliteJobs(join(config.paths.data_dir, "jobs.db"), {
+    onError: (err) => logger.error({ err }, "job failed unexpectedly"),
+  });
   const reports = new SqliteReports(join(config.paths.data_dir, "reports.db"));
   const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
   const facts = new WorkerModelFacts(runtime);

@@ -80,6 +80,7 @@ export const ServerConfigSchema = z
         max_configs: z.number().int().min(1).default(64),
         max_iterations: z.number().int().min(1).default(10_000),
         max_duration_s: z.number().positive().default(600),
+        max_warmup: z.number().int().min(0).default(100),
       })
       .strict()
       .prefault({}),

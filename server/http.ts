@@ -12,7 +12,7 @@ import type { AddressInfo } from "node:net";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
-import { canCall, requiredScope, SCOPES, type Principal } from "../policies/scopes.js";
+import { requiredScope, SCOPES, type Principal } from "../policies/scopes.js";
 import type { App } from "./app.js";
 import { createMcpServer } from "./mcp.js";
 
@@ -165,17 +165,12 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     for (const msg of msgs) {
       if (msg && typeof msg === "object" && (msg as any).method === "tools/call") {
         const name = String((msg as any).params?.name ?? "");
-        if (app.tools.some((t) => t.name === name) && !canCall(principal, name)) {
+        if (!app.tools.some((t) => t.name === name)) continue;
+        try {
+          // The gate's one scope enforcer, which audits the refusal.
+          app.gate.enforceScope(principal, name, "HTTP 403");
+        } catch {
           const scope = requiredScope(name);
-          app.audit.append({
-            time: new Date().toISOString(),
-            principal: principal.id,
-            tool: name,
-            args_digest: null,
-            outcome: "denied",
-            code: "insufficient_scope",
-            reason: `missing scope ${scope} (HTTP 403)`,
-          });
           throw new HttpError(403, `insufficient_scope: ${name} needs the scope ${scope}`, {
             "www-authenticate": challenge(`error="insufficient_scope", scope="${scope}"`),
           });

@@ -16,7 +16,7 @@ import {
 import type { RequestHandlerExtra } from "@modelcontextprotocol/sdk/shared/protocol.js";
 import { z } from "zod";
 import type { Principal } from "../policies/scopes.js";
-import { canCall, hasScope } from "../policies/scopes.js";
+import { hasScope, visibleTools } from "../policies/scopes.js";
 import { dispatchTool, ERROR_META_KEY, type Elicit } from "../tools/dispatch.js";
 import { renderReportSvg } from "../tools/support/report_chart.js";
 import { renderReportMarkdown } from "../tools/support/report_format.js";
@@ -111,7 +111,8 @@ export function createMcpServer(app: App, principal: Principal): Server {
     );
 
   server.setRequestHandler(ListToolsRequestSchema, async () => ({
-    tools: app.tools.filter((t) => canCall(principal, t.name)).map(toolListing) as any,
+    // The same enforcer as calls: a tool the principal may not call is not listed.
+    tools: visibleTools(principal, app.tools).map(toolListing) as any,
   }));
 
   server.setRequestHandler(CallToolRequestSchema, async (req, extra) => {
@@ -140,6 +141,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
       progress: progressSender(extra),
       elicit: elicitFor(server, app, extra),
       logger: app.logger,
+      softDeadlineS: app.config.policy.limits.soft_deadline_s,
     });
     const code = (result._meta?.[ERROR_META_KEY] as { code?: string } | undefined)?.code;
     app.metrics.calls.inc({ tool: tool.name, outcome: code ?? "ok" });

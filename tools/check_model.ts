@@ -1,6 +1,17 @@
 import { z } from "zod";
-import { approvalId, catalogMax, device, dtype, modelId } from "./schemas.js";
+import { ToolError } from "./errors.js";
+import { approvalId, catalogMax, device, dtype, entryOf, modelId } from "./schemas.js";
+import { estimateFor } from "./support/estimate.js";
 import { defineTool, type ToolEnv } from "./types.js";
+
+/** The shortest sequence a text model is run at (a special token plus one of text). */
+const MIN_SEQ_LEN = 2;
+
+/** The sequence length the worker checks at when none is given (check.py uses the same). */
+function defaultSeqLen(env: ToolEnv, model: string): number | undefined {
+  const entry = entryOf(env, model);
+  return entry.task === "tensor" ? undefined : Math.min(32, entry.limits.max_seq_len);
+}
 
 export const checkModel = (env: ToolEnv) => {
   const maxBatch = catalogMax(env, "max_batch");
@@ -16,7 +27,7 @@ export const checkModel = (env: ToolEnv) => {
         device: device.optional(),
         dtype: dtype.optional(),
         batch: z.number().int().min(1).max(maxBatch).default(1),
-        seq_len: z.number().int().min(1).max(maxSeq).optional(),
+        seq_len: z.number().int().min(MIN_SEQ_LEN).max(maxSeq).optional(),
         attention: z
           .enum(["default", "math"])
           .default("default")
@@ -68,6 +79,39 @@ export const checkModel = (env: ToolEnv) => {
       openWorldHint: false,
     },
     device: (a) => a.device ?? "default",
+    // It runs a forward pass and may load the weights: it holds the device, so it is estimated,
+    // charged (to the budget and the read allowance) and can be matched by approval rules.
+    estimate: (a, ctx) =>
+      estimateFor("check_model", { ...a, seq_len: a.seq_len ?? defaultSeqLen(env, a.model) }, ctx),
+    validate: (args) => {
+      const entry = entryOf(env, args.model);
+      if (args.dtype && !entry.dtypes.includes(args.dtype)) {
+        throw new ToolError(
+          "unsupported_dtype",
+          `${args.model} allows ${entry.dtypes.join(", ")}; choose one of those`,
+        );
+      }
+      if (args.batch > entry.limits.max_batch) {
+        throw new ToolError(
+          "invalid_argument",
+          `batch: ${args.model} takes at most ${entry.limits.max_batch}`,
+        );
+      }
+      if (args.seq_len !== undefined) {
+        if (entry.task === "tensor") {
+          throw new ToolError(
+            "invalid_argument",
+            `seq_len: ${args.model} is a tensor model; omit seq_len`,
+          );
+        }
+        if (args.seq_len > entry.limits.max_seq_len) {
+          throw new ToolError(
+            "invalid_argument",
+            `seq_len: ${args.model} takes at most ${entry.limits.max_seq_len}`,
+          );
+        }
+      }
+    },
     async handler(args, ctx) {
       const { result } = await ctx.runtime.call<any>(
         "check",
@@ -79,7 +123,7 @@ export const checkModel = (env: ToolEnv) => {
           ...(args.seq_len ? { seq_len: args.seq_len } : {}),
           attention: args.attention,
         },
-        { signal: ctx.signal },
+        { signal: ctx.signal, timeoutMs: ctx.deadline?.remainingMs() },
       );
       return result;
     },

@@ -23,7 +23,8 @@ export const getJob = (_env: ToolEnv) =>
   defineTool({
     name: "get_job",
     title: "Get a job",
-    description: "Status, progress and result of a job started with wait: false (yours only).",
+    description:
+      "Status, progress and result of a job (yours only): one started with wait: false, or a wait: true call that was still running at the soft deadline and answered with its job_id.",
     input: z.object({ job_id: jobIdArg }).strict(),
     output: JobView,
     annotations: {

@@ -57,7 +57,7 @@ export const loadModel = (env: ToolEnv) => {
     },
     device: (a) => a.device ?? "default",
     estimate: (a, ctx) => estimateFor("load_model", a, ctx),
-    async handler(args, ctx) {
+    validate: (args) => {
       const entry = entryOf(env, args.model);
       const dt = args.dtype ?? entry.default_dtype;
       if (!entry.dtypes.includes(dt)) {
@@ -74,6 +74,10 @@ export const loadModel = (env: ToolEnv) => {
           );
         }
       }
+    },
+    async handler(args, ctx) {
+      const entry = entryOf(env, args.model);
+      const dt = args.dtype ?? entry.default_dtype;
       const workerArgs = {
         model: args.model,
         dtype: dt,
@@ -84,6 +88,7 @@ export const loadModel = (env: ToolEnv) => {
       // With wait: false the dispatcher runs this handler as a job and answers with its id.
       const { result } = await ctx.runtime.call<z.infer<typeof LoadResult>>("load", workerArgs, {
         signal: ctx.signal,
+        timeoutMs: ctx.deadline?.remainingMs(),
         onProgress: (p) => ctx.progress(p.progress, p.total, p.message),
       });
       return result;

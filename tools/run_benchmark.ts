@@ -8,6 +8,87 @@ import { defineTool, type ToolEnv } from "./types.js";
 
 const n = z.number().nullable().optional();
 
+/** The shortest sequence a text model is benchmarked at (a special token plus one of text). */
+export const MIN_SEQ_LEN = 2;
+/** Iterations per configuration when neither iterations nor duration_s is given. */
+export const DEFAULT_ITERATIONS = 20;
+
+interface ResolvedBenchmark {
+  dtypes: string[];
+  seqLens: number[] | undefined;
+  iterations: number | undefined;
+  maxNewTokens: number | undefined;
+  grid: number;
+}
+
+/**
+ * Every check of a benchmark request against the chosen model and the server's bounds, with the
+ * defaults filled in. One function for validation (before the gate), the estimate and the
+ * handler, so what is estimated and approved is exactly what runs.
+ */
+function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenchmark {
+  const b = env.limits.benchmark;
+  const entry = entryOf(env, args.model);
+  const dtypes: string[] = args.dtypes ?? [entry.default_dtype];
+  const bad = dtypes.find((d) => !(entry.dtypes as readonly string[]).includes(d));
+  if (bad)
+    throw new ToolError(
+      "unsupported_dtype",
+      `${args.model} allows ${entry.dtypes.join(", ")}, not ${bad}`,
+    );
+  const tooBig = (args.batch_sizes as number[]).find((x) => x > entry.limits.max_batch);
+  if (tooBig)
+    throw new ToolError(
+      "invalid_argument",
+      `batch_sizes: ${args.model} takes at most ${entry.limits.max_batch}`,
+    );
+  if (entry.task === "tensor" && args.seq_lens) {
+    throw new ToolError(
+      "invalid_argument",
+      `seq_lens: ${args.model} is a tensor model; omit seq_lens`,
+    );
+  }
+  if (args.work === "generate" && entry.task !== "text-generation") {
+    throw new ToolError(
+      "invalid_argument",
+      `work: ${args.model} is not a text-generation model; use work "forward"`,
+    );
+  }
+  if (args.max_new_tokens && args.max_new_tokens > (entry.limits.max_new_tokens ?? 0)) {
+    throw new ToolError(
+      "invalid_argument",
+      `max_new_tokens: ${args.model} takes at most ${entry.limits.max_new_tokens ?? 0}`,
+    );
+  }
+  const seqLens: number[] | undefined =
+    entry.task === "tensor"
+      ? undefined
+      : (args.seq_lens ?? [Math.min(128, entry.limits.max_seq_len)]);
+  if (seqLens?.some((s) => s > entry.limits.max_seq_len)) {
+    throw new ToolError(
+      "invalid_argument",
+      `seq_lens: ${args.model} takes at most ${entry.limits.max_seq_len}`,
+    );
+  }
+  const grid = args.batch_sizes.length * (seqLens?.length ?? 1) * dtypes.length * args.modes.length;
+  if (grid > b.max_configs) {
+    throw new ToolError(
+      "invalid_argument",
+      `the grid has ${grid} configurations; the limit is ${b.max_configs}: drop some sizes, dtypes or modes`,
+    );
+  }
+  return {
+    dtypes,
+    seqLens,
+    iterations: args.iterations ?? (args.duration_s ? undefined : DEFAULT_ITERATIONS),
+    maxNewTokens:
+      args.work === "generate"
+        ? (args.max_new_tokens ?? Math.min(16, entry.limits.max_new_tokens ?? 1))
+        : undefined,
+    grid,
+  };
+}
+
 /** One measured configuration, as the worker reports it (tpu_worker/bench.py; more fields pass through). */
 const Config = z
   .object({
@@ -93,7 +174,7 @@ export const runBenchmark = (env: ToolEnv) => {
         model: modelId(env),
         device: device.optional(),
         batch_sizes: z.array(z.number().int().min(1).max(maxBatch)).min(1).max(8).default([1]),
-        seq_lens: z.array(z.number().int().min(1).max(maxSeq)).min(1).max(8).optional(),
+        seq_lens: z.array(z.number().int().min(MIN_SEQ_LEN).max(maxSeq)).min(1).max(8).optional(),
         dtypes: z.array(dtype).min(1).max(3).optional(),
         modes: z.array(mode).min(1).max(2).default(["eager"]),
         scenario: z
@@ -111,7 +192,7 @@ export const runBenchmark = (env: ToolEnv) => {
         max_new_tokens: z.number().int().min(1).max(maxNew).optional(),
         iterations: z.number().int().min(1).max(b.max_iterations).optional(),
         duration_s: z.number().positive().max(b.max_duration_s).optional(),
-        warmup: z.number().int().min(0).max(100).default(3),
+        warmup: z.number().int().min(0).max(b.max_warmup).default(3),
         baseline_id: z
           .string()
           .regex(/^bench_[0-9a-f]{20}$/)
@@ -131,84 +212,57 @@ export const runBenchmark = (env: ToolEnv) => {
       openWorldHint: false,
     },
     device: (a) => a.device ?? "default",
-    estimate: (a, ctx) => estimateFor("run_benchmark", a, ctx),
-    async handler(args, ctx) {
-      const entry = entryOf(env, args.model);
-      const dtypes = args.dtypes ?? [entry.default_dtype];
-      const bad = dtypes.find((d) => !entry.dtypes.includes(d));
-      if (bad)
-        throw new ToolError(
-          "unsupported_dtype",
-          `${args.model} allows ${entry.dtypes.join(", ")}, not ${bad}`,
-        );
-      const tooBig = args.batch_sizes.find((x) => x > entry.limits.max_batch);
-      if (tooBig)
-        throw new ToolError(
-          "invalid_argument",
-          `batch_sizes: ${args.model} takes at most ${entry.limits.max_batch}`,
-        );
-      if (entry.task === "tensor" && args.seq_lens) {
-        throw new ToolError(
-          "invalid_argument",
-          `seq_lens: ${args.model} is a tensor model; omit seq_lens`,
-        );
-      }
-      if (args.work === "generate" && entry.task !== "text-generation") {
-        throw new ToolError(
-          "invalid_argument",
-          `work: ${args.model} is not a text-generation model; use work "forward"`,
-        );
-      }
-      if (args.max_new_tokens && args.max_new_tokens > (entry.limits.max_new_tokens ?? 0)) {
-        throw new ToolError(
-          "invalid_argument",
-          `max_new_tokens: ${args.model} takes at most ${entry.limits.max_new_tokens ?? 0}`,
-        );
-      }
-      const seqLens =
-        entry.task === "tensor"
-          ? undefined
-          : (args.seq_lens ?? [Math.min(128, entry.limits.max_seq_len)]);
-      if (seqLens?.some((s) => s > entry.limits.max_seq_len)) {
-        throw new ToolError(
-          "invalid_argument",
-          `seq_lens: ${args.model} takes at most ${entry.limits.max_seq_len}`,
-        );
-      }
-      const grid =
-        args.batch_sizes.length * (seqLens?.length ?? 1) * dtypes.length * args.modes.length;
-      if (grid > b.max_configs) {
-        throw new ToolError(
-          "invalid_argument",
-          `the grid has ${grid} configurations; the limit is ${b.max_configs}: drop some sizes, dtypes or modes`,
-        );
-      }
-      const baseline = args.baseline_id ? ctx.reports.get(args.baseline_id) : undefined;
-      if (args.baseline_id && !baseline) {
+    estimate: (a, ctx) => {
+      const r = resolveBenchmark(env, a);
+      return estimateFor(
+        "run_benchmark",
+        {
+          ...a,
+          seq_lens: r.seqLens,
+          dtypes: r.dtypes,
+          iterations: r.iterations,
+          max_new_tokens: r.maxNewTokens,
+        },
+        ctx,
+      );
+    },
+    validate: (args, svc) => {
+      resolveBenchmark(env, args);
+      if (args.baseline_id && !svc.reports.get(args.baseline_id)) {
         throw new ToolError(
           "invalid_argument",
           `baseline_id: no report ${args.baseline_id}; run_benchmark returns report ids`,
         );
       }
-      const iterations = args.iterations ?? (args.duration_s ? undefined : 20);
+    },
+    async handler(args, ctx) {
+      const r = resolveBenchmark(env, args);
+      const baseline = args.baseline_id ? ctx.reports.get(args.baseline_id) : undefined;
       const { result } = await ctx.runtime.call<any>(
         "benchmark",
         {
           model: args.model,
           ...(args.device ? { device: args.device } : {}),
           batch_sizes: args.batch_sizes,
-          ...(seqLens ? { seq_lens: seqLens } : {}),
-          dtypes,
+          ...(r.seqLens ? { seq_lens: r.seqLens } : {}),
+          dtypes: r.dtypes,
           modes: args.modes,
           // The LoadGen scenario and the work type travel apart (runtime/PROTOCOL.md).
           scenario: args.scenario,
           work: args.work,
-          ...(args.max_new_tokens ? { max_new_tokens: args.max_new_tokens } : {}),
-          ...(iterations ? { iterations } : {}),
+          ...(r.maxNewTokens ? { max_new_tokens: r.maxNewTokens } : {}),
+          ...(r.iterations ? { iterations: r.iterations } : {}),
           ...(args.duration_s ? { duration_s: args.duration_s } : {}),
           warmup: args.warmup,
+          // The server's bounds travel with the request: the worker checks against these, so
+          // an operator who raises a limit in the config never meets a stricter worker.
+          limits: { ...env.limits.benchmark },
         },
-        { signal: ctx.signal, onProgress: (p) => ctx.progress(p.progress, p.total, p.message) },
+        {
+          signal: ctx.signal,
+          timeoutMs: ctx.deadline?.remainingMs(),
+          onProgress: (p) => ctx.progress(p.progress, p.total, p.message),
+        },
       );
       // Stored under the device kind, which is what cost estimates look history up by.
       const deviceKind = String(

@@ -75,7 +75,7 @@ export const runInference = (env: ToolEnv) => {
     },
     device: () => "default",
     estimate: (a, ctx) => estimateFor("run_inference", a, ctx),
-    async handler(args, ctx) {
+    validate: (args) => {
       const entry = entryOf(env, args.model);
       const textTask = entry.task !== "tensor";
       if (textTask && !args.texts) {
@@ -123,12 +123,9 @@ export const runInference = (env: ToolEnv) => {
           `max_new_tokens: ${args.model} allows at most ${entry.limits.max_new_tokens}`,
         );
       }
-      const tensors: TensorData[] = (args.tensors ?? []).map((t, i) =>
-        tensorFromArg(t, i, env.limits.max_tensor_elements),
-      );
-      if (entry.input && tensors.length) {
+      if (entry.input && args.tensors) {
         const want = entry.input.shape;
-        tensors.forEach((t, i) => {
+        args.tensors.forEach((t, i) => {
           const ok =
             t.shape.length === want.length + 1 && want.every((d, k) => t.shape[k + 1] === d);
           if (!ok) {
@@ -145,6 +142,12 @@ export const runInference = (env: ToolEnv) => {
           }
         });
       }
+    },
+    async handler(args, ctx) {
+      const entry = entryOf(env, args.model);
+      const tensors: TensorData[] = (args.tensors ?? []).map((t, i) =>
+        tensorFromArg(t, i, env.limits.max_tensor_elements),
+      );
       const t0 = performance.now();
       const { result, tensors: outs } = await ctx.runtime.call<any>(
         "infer",
@@ -153,7 +156,7 @@ export const runInference = (env: ToolEnv) => {
           ...(args.texts ? { texts: args.texts } : {}),
           ...(args.max_new_tokens ? { max_new_tokens: args.max_new_tokens } : {}),
         },
-        { tensors, signal: ctx.signal },
+        { tensors, signal: ctx.signal, timeoutMs: ctx.deadline?.remainingMs() },
       );
       const elapsed_ms = performance.now() - t0;
       const names: string[] =

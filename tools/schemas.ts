@@ -46,7 +46,9 @@ export const approvalId = z
 export const wait = z
   .boolean()
   .default(true)
-  .describe("false: return a job_id at once and follow it with get_job");
+  .describe(
+    "false: return a job_id at once and follow it with get_job; true: wait for the result, but a call still running at the server's soft deadline (45 s by default) answers with a job_id instead",
+  );
 
 export function tensorInput(env: ToolEnv) {
   const max = env.limits.max_tensor_elements;

@@ -3,6 +3,7 @@
 import type { Logger } from "pino";
 import type { z } from "zod";
 import type { CostEstimate } from "../policies/estimate.js";
+import type { CallDeadline } from "../policies/gate.js";
 import type { Principal } from "../policies/scopes.js";
 import type { Catalog } from "../runtime/catalog.js";
 import type { Runtime } from "../runtime/types.js";
@@ -25,17 +26,19 @@ export interface Limits {
   max_texts: number;
   inline_max_elements: number;
   max_tensor_elements: number;
-  benchmark: { max_configs: number; max_iterations: number; max_duration_s: number };
+  /** The one source of the benchmark bounds: schemas, handler checks and the worker read these. */
+  benchmark: {
+    max_configs: number;
+    max_iterations: number;
+    max_duration_s: number;
+    max_warmup: number;
+  };
 }
 
 /** Static things a tool's schema is built from. */
 export interface ToolEnv {
   catalog: Catalog;
   limits: Limits;
-}
-
-export interface ElicitAnswer {
-  action: "accept" | "decline" | "cancel";
 }
 
 /** Per-call context: who calls, what they may reach, and the services behind them. */
@@ -49,9 +52,14 @@ export interface ToolContext {
   env: ToolEnv;
   logger: Logger;
   signal: AbortSignal;
+  /** The gate's deadline for this call; handlers pass its remainder to runtime.call as timeoutMs. */
+  deadline?: CallDeadline;
   /** Sends a progress notification when the client asked for them; no-op otherwise. */
   progress: (progress: number, total?: number, message?: string) => void;
 }
+
+/** The long-lived services of a ToolContext, without anything per call. */
+export type ToolServices = Omit<ToolContext, "signal" | "progress" | "principal" | "deadline">;
 
 export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {
   name: string;
@@ -62,6 +70,11 @@ export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.Zod
   annotations: ToolAnnotations;
   /** The device lane the call occupies (loads and benchmarks hold it exclusively). */
   device?: (args: z.infer<I>) => string;
+  /**
+   * Every check of the arguments beyond the schema (per-model bounds, grid size, ...). Runs
+   * before the gate: nothing that can never run becomes an approval request or a job.
+   */
+  validate?: (args: z.infer<I>, services: ToolServices) => void;
   /** A cost estimate for the gate (approval rules, budgets, memory refusals). */
   estimate?: (args: z.infer<I>, ctx: ToolContext) => Promise<CostEstimate | undefined>;
   handler: (args: z.infer<I>, ctx: ToolContext) => Promise<z.infer<O>>;

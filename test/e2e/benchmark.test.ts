@@ -29,7 +29,11 @@ describe("run_benchmark and check_model over MCP", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-bench-e2e-"));
   let conn: Awaited<ReturnType<typeof connectStdio>>;
   beforeAll(async () => {
-    conn = await connectStdio(writeConfig({}, dir));
+    // These tests want each report itself, however slow the machine: no soft deadline.
+    const policy = {
+      limits: { rate_limit: { per_principal_per_minute: 6000 }, soft_deadline_s: 0 },
+    };
+    conn = await connectStdio(writeConfig({ policy }, dir));
   });
   afterAll(async () => {
     await conn?.close();

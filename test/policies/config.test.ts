@@ -43,7 +43,11 @@ describe("policy config", () => {
       "check_model",
     ]);
     expect(c.limits.rate_limit.per_principal_per_minute).toBe(120);
-    expect(c.limits.budget).toEqual({ device_seconds_per_window: 3600, window_s: 3600 });
+    expect(c.limits.budget).toEqual({
+      read_device_seconds_per_window: 30,
+      device_seconds_per_window: 3600,
+      window_s: 3600,
+    });
     expect(c.approvals).toEqual({
       rules: [],
       ttl_s: 900,

@@ -185,6 +185,63 @@ describe("estimateCost", () => {
     expect(one.fits).toBe(true);
   });
 
+  it("charges generation per new token, so a 64-token run is not estimated as one forward pass", () => {
+    const base = { batch_sizes: [1], seq_lens: [32], iterations: 10, warmup: 0 };
+    const forward = estimateCost({
+      tool: "run_benchmark",
+      args: { ...base, work: "forward" },
+      model: minilm,
+      device: tpu(30),
+    });
+    const generate = estimateCost({
+      tool: "run_benchmark",
+      args: { ...base, work: "generate", max_new_tokens: 64 },
+      model: minilm,
+      device: tpu(30),
+    });
+    // Each pass is a prompt forward plus 64 one-token steps (each at least the call overhead).
+    expect(generate.device_seconds).toBeGreaterThan(forward.device_seconds * 30);
+    const shorter = estimateCost({
+      tool: "run_benchmark",
+      args: { ...base, work: "generate", max_new_tokens: 8 },
+      model: minilm,
+      device: tpu(30),
+    });
+    expect(generate.device_seconds).toBeGreaterThan(shorter.device_seconds * 4);
+  });
+
+  it("estimates offline runs at the largest batch only, and check_model by its batch and length", () => {
+    const grid = { batch_sizes: [1, 2, 4, 8], seq_lens: [64], iterations: 10, warmup: 0 };
+    const single = estimateCost({
+      tool: "run_benchmark",
+      args: grid,
+      model: minilm,
+      device: tpu(30),
+    });
+    const offline = estimateCost({
+      tool: "run_benchmark",
+      args: { ...grid, scenario: "offline" },
+      model: minilm,
+      device: tpu(30),
+    });
+    expect(offline.device_seconds).toBeLessThan(single.device_seconds);
+    const small = estimateCost({
+      tool: "check_model",
+      args: { batch: 1, seq_len: 16 },
+      model: big,
+      device: tpu(30),
+      loaded: [{ model: big.id, bytes: 1 }],
+    });
+    const large = estimateCost({
+      tool: "check_model",
+      args: { batch: 8, seq_len: 512 },
+      model: big,
+      device: tpu(30),
+      loaded: [{ model: big.id, bytes: 1 }],
+    });
+    expect(large.device_seconds).toBeGreaterThan(small.device_seconds * 50);
+  });
+
   it("gives read tools a zero estimate", () => {
     expect(estimateCost({ tool: "list_models", args: {} })).toEqual({
       device_seconds: 0,

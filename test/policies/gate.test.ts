@@ -379,7 +379,7 @@ describe("Gate", () => {
     expect(elicit).not.toHaveBeenCalled();
   });
 
-  it("rate-limits per principal after approval checks", async () => {
+  it("rate-limits per principal, before the estimate and approval checks", async () => {
     const { gate, clock } = makeGate({ limits: { rate_limit: { per_principal_per_minute: 2 } } });
     const call: GateCall = { principal: agent, tool: "list_models", args: {} };
     await gate.run(call, async () => 1);

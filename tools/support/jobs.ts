@@ -4,6 +4,7 @@
 import Database from "better-sqlite3";
 import { randomBytes } from "node:crypto";
 import { z } from "zod";
+import { toToolError } from "../errors.js";
 
 export type JobStatus = "running" | "succeeded" | "failed" | "cancelled" | "interrupted";
 
@@ -54,9 +55,11 @@ export class SqliteJobs implements Jobs {
   private readonly db: Database.Database;
   private readonly live = new Map<string, { ctrl: AbortController; done: Promise<void> }>();
   private readonly now: () => Date;
+  private readonly onError?: (e: unknown) => void;
 
   constructor(file: string, opts: { now?: () => Date; onError?: (e: unknown) => void } = {}) {
     this.now = opts.now ?? (() => new Date());
+    this.onError = opts.onError;
     this.db = new Database(file);
     this.db.pragma("journal_mode = WAL");
     this.db.pragma("busy_timeout = 5000");
@@ -118,12 +121,17 @@ export class SqliteJobs implements Jobs {
           result && (result as any).cancelled === true ? "cancelled" : "succeeded";
         finish.run(status, JSON.stringify(result), null, this.now().toISOString(), jobId);
       } catch (e) {
-        const err = e as { code?: string; message?: string };
         const status: JobStatus = ctrl.signal.aborted ? "cancelled" : "failed";
+        // The same catalogue codes and redaction (no paths, no stack) as a tool's own answer.
+        const err =
+          status === "cancelled"
+            ? { code: "cancelled", message: "the job was cancelled" }
+            : toToolError(e);
+        if (status === "failed" && err.code === "internal") this.onError?.(e);
         finish.run(
           status,
           null,
-          JSON.stringify({ code: err.code ?? "internal", message: err.message ?? String(e) }),
+          JSON.stringify({ code: err.code, message: err.message }),
           this.now().toISOString(),
           jobId,
         );

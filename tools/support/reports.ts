@@ -101,10 +101,12 @@ export class SqliteReports implements Reports {
       .all(model, device) as { report: string }[];
     const out: HistoryRecord[] = [];
     for (const { report } of rows) {
-      const configs = (JSON.parse(report).configs ?? []) as any[];
+      const parsed = JSON.parse(report);
+      const configs = (parsed.configs ?? []) as any[];
       for (const c of configs) {
-        // Forward passes only: a generate configuration's latency covers many decoding steps.
-        if (c?.error || (c?.work ?? "forward") !== "forward") continue;
+        // Forward passes only: a generate configuration's latency covers many decoding steps
+        // (its work is on the configuration, or on the report for older ones).
+        if (c?.error || (c?.work ?? parsed.work ?? "forward") !== "forward") continue;
         const mean = c?.latency_ms?.mean ?? c?.latency_ms?.p50;
         if (typeof c?.batch === "number" && typeof mean === "number") {
           out.push({

@@ -149,3 +149,19 @@ def test_check_lists_matmul_layer_norm_and_softmax_on_the_math_attention_path(sh
         0
     ]
     assert fused["categories"].get("attention") == 6  # the fused kernel the CPU really runs
+
+
+def test_bounds_come_from_the_request_not_from_worker_constants(shared_worker):
+    """The server's config is the one source of the bounds: raising one there is honoured here."""
+    from tpu_worker.errors import WorkerError
+
+    with pytest.raises(WorkerError, match=r"0\.\.100"):
+        run(shared_worker, warmup=150)
+    r = run(shared_worker, warmup=150, iterations=1, limits={"max_warmup": 200})
+    assert r["manifest"]["warmup"] == 150
+    with pytest.raises(WorkerError, match="exceed the limit of 1"):
+        run(shared_worker, batch_sizes=[1, 2], limits={"max_configs": 1})
+    with pytest.raises(WorkerError, match=r"1\.\.3\b"):
+        run(shared_worker, iterations=4, limits={"max_iterations": 3})
+    with pytest.raises(WorkerError, match="limits must be an object"):
+        run(shared_worker, limits=[1])

@@ -202,7 +202,7 @@ def test_cancelled_benchmark_returns_finished_configs(shared_worker):
             ctx.token.cancel()
 
     ctx.progress = progress
-    args = {"model": "mnist-cnn", "batch_sizes": [1, 2, 4, 8], "iterations": 100_000, "duration_s": 0.2, "warmup": 0}
+    args = {"model": "mnist-cnn", "batch_sizes": [1, 2, 4, 8], "iterations": 10_000, "duration_s": 0.2, "warmup": 0}
     result = {}
     t = threading.Thread(target=lambda: result.update(shared_worker.handle("benchmark", args, [], ctx)[0]))
     t.start()

@@ -53,7 +53,38 @@ from .errors import WorkerError, invalid, is_oom
 SCENARIOS = ("single-stream", "offline")
 WORKS = ("forward", "generate")
 DEFAULT_ITERATIONS = 20
-MAX_CONFIGS = 64
+DEFAULT_SEQ_LEN = 128
+MIN_SEQ_LEN = 2
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The server's benchmark bounds (config `benchmark`), sent with every request in `limits`.
+
+    The defaults only serve callers that send none (the worker's own tests): the server is the
+    one source of truth, so an operator who raises a limit never meets a stricter worker."""
+
+    max_configs: int = 64
+    max_iterations: int = 10_000
+    max_duration_s: float = 600.0
+    max_warmup: int = 100
+
+    @classmethod
+    def from_args(cls, args: dict) -> Bounds:
+        given = args.get("limits")
+        if given is None:
+            return cls()
+        if not isinstance(given, dict):
+            raise invalid("args.limits must be an object of benchmark bounds")
+        out = {}
+        for name, default in cls().__dict__.items():
+            v = given.get(name, default)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise invalid(f"args.limits.{name} must be a non-negative number")
+            out[name] = v
+        return cls(**out)
+
+
 REFERENCE_MAX_ELEMENTS = 16_000_000
 REFERENCE_CACHE_ELEMENTS = 64_000_000
 SEED = 0
@@ -338,31 +369,38 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
     scenario, work = _scenario_and_work(args, entry)
     batch_sizes = _int_list(args, "batch_sizes", 1, lim.max_batch, [1])
     text = entry.task in ("embedding", "text-generation")
-    seq_lens: list = _int_list(args, "seq_lens", 2, lim.max_seq_len, [min(64, lim.max_seq_len)]) if text else [None]
+    bounds = Bounds.from_args(args)
+    seq_lens: list = (
+        _int_list(args, "seq_lens", MIN_SEQ_LEN, lim.max_seq_len, [min(DEFAULT_SEQ_LEN, lim.max_seq_len)])
+        if text
+        else [None]
+    )
     dtypes = _str_list(args, "dtypes", entry.dtypes, [entry.default_dtype], "unsupported_dtype")
     dtypes.sort(key=lambda d: d != "float32")
     modes = _str_list(args, "modes", ("eager", "compile"), ["eager"])
     warmup = args.get("warmup", 3)
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup <= 1000:
-        raise invalid("args.warmup must be an integer in 0..1000")
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup <= bounds.max_warmup:
+        raise invalid(f"args.warmup must be an integer in 0..{bounds.max_warmup}")
     iterations = args.get("iterations")
     if iterations is not None and (
-        not isinstance(iterations, int) or isinstance(iterations, bool) or not 1 <= iterations <= 100_000
+        not isinstance(iterations, int) or isinstance(iterations, bool) or not 1 <= iterations <= bounds.max_iterations
     ):
-        raise invalid("args.iterations must be an integer in 1..100000")
+        raise invalid(f"args.iterations must be an integer in 1..{bounds.max_iterations}")
     duration = args.get("duration_s")
     if duration is not None and (
-        not isinstance(duration, (int, float)) or isinstance(duration, bool) or not 0 < duration <= 3600
+        not isinstance(duration, (int, float))
+        or isinstance(duration, bool)
+        or not 0 < duration <= bounds.max_duration_s
     ):
-        raise invalid("args.duration_s must be a number of seconds in (0, 3600]")
+        raise invalid(f"args.duration_s must be a number of seconds in (0, {bounds.max_duration_s}]")
     if iterations is None and duration is None:
         iterations = DEFAULT_ITERATIONS
     max_new = args.get("max_new_tokens", min(16, lim.max_new_tokens or 1))
     if work == "generate" and (not isinstance(max_new, int) or not 1 <= max_new <= lim.max_new_tokens):
         raise invalid(f"args.max_new_tokens must be an integer in 1..{lim.max_new_tokens}")
     grid = len(batch_sizes) * len(seq_lens) * len(dtypes) * len(modes)
-    if grid > MAX_CONFIGS:
-        raise invalid(f"{grid} configurations exceed the limit of {MAX_CONFIGS}; narrow the grid")
+    if grid > bounds.max_configs:
+        raise invalid(f"{grid} configurations exceed the limit of {bounds.max_configs}; narrow the grid")
     total = grid if scenario == "single-stream" else len(seq_lens) * len(dtypes) * len(modes)
 
     _, info = worker.entry_and_weights(entry.id)

@@ -1,0 +1,244 @@
+// Issue 11: the promises the gate makes under concurrency and for refused calls. Each test here
+// fails on the gate that checked the budget before waiting for a slot and charged afterwards.
+import { afterAll, describe, expect, it } from "vitest";
+import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteAuditLog } from "../../policies/audit.js";
+import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
+import { PolicyError } from "../../policies/errors.js";
+import type { CostEstimate } from "../../policies/estimate.js";
+import { Gate, type GateCall } from "../../policies/gate.js";
+import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../../policies/limits.js";
+import type { Principal } from "../../policies/scopes.js";
+import { captureLogger, FakeClock, flush, tempDir } from "./helpers.js";
+
+const tmp = tempDir();
+afterAll(() => tmp.cleanup());
+
+const agent: Principal = {
+  id: "agent",
+  scopes: ["models:read", "models:load", "inference:run", "benchmark:run", "jobs:read"],
+  via: "token",
+};
+const other: Principal = { ...agent, id: "other" };
+const reader: Principal = { id: "reader", scopes: ["models:read"], via: "token" };
+
+const est = (device_seconds: number): CostEstimate => ({
+  device_seconds,
+  memory_bytes: 1e6,
+  compile_s: 0,
+  weight_bytes: 0,
+  fits: true,
+});
+
+function makeGate(policy: PolicyConfigInput) {
+  const config = parsePolicyConfig(policy);
+  const clock = new FakeClock();
+  const logger = captureLogger();
+  const file = tmp.file(`adm-${Math.random().toString(36).slice(2)}.db`);
+  const approvals = new SqliteApprovalStore(file, { clock: clock.now });
+  const audit = new SqliteAuditLog(file, { logger });
+  const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
+  const gate = new Gate({
+    config,
+    approvals,
+    audit,
+    limiter: new ConcurrencyLimiter(config.limits, clock.now),
+    rateLimiter: new RateLimiter(config.limits.rate_limit.per_principal_per_minute, clock.now),
+    budget,
+    clock: clock.now,
+    logger,
+  });
+  return { gate, clock, approvals, audit, budget };
+}
+
+async function settle<T>(
+  p: Promise<T>,
+): Promise<{ ok: true; v: T } | { ok: false; e: PolicyError }> {
+  try {
+    return { ok: true, v: await p };
+  } catch (e) {
+    if (e instanceof PolicyError) return { ok: false, e };
+    throw e;
+  }
+}
+
+const bench = (principal: Principal, seconds: number, over: Partial<GateCall> = {}): GateCall => ({
+  principal,
+  tool: "run_benchmark",
+  args: { model: "tiny-gpt2", n: Math.random() },
+  device: "cpu",
+  estimate: est(seconds),
+  ...over,
+});
+
+describe("budget under concurrency", () => {
+  it("admits only as many queued calls as the budget holds, and releases refused reservations", async () => {
+    const { gate, clock } = makeGate({
+      limits: { budget: { device_seconds_per_window: 3, window_s: 3600 } },
+    });
+    // Five calls arrive together; run_benchmark runs one at a time, so four wait for the slot.
+    let running = 0;
+    let ran = 0;
+    const gates: (() => void)[] = [];
+    const calls = Array.from({ length: 5 }, () =>
+      settle(
+        gate.run(bench(agent, 1), async () => {
+          running++;
+          await new Promise<void>((r) => gates.push(r));
+          clock.advance(1000); // each really took its estimated second
+          running--;
+          ran++;
+        }),
+      ),
+    );
+    await flush();
+    // Release them one by one as they get the slot.
+    for (let i = 0; i < 5; i++) {
+      await flush();
+      gates.shift()?.();
+      await flush();
+    }
+    const results = await Promise.all(calls);
+    const refused = results.filter((r) => !r.ok);
+    expect(ran).toBe(3);
+    expect(refused).toHaveLength(2);
+    for (const r of refused) expect(!r.ok && r.e.code).toBe("budget_exceeded");
+    expect(running).toBe(0);
+    expect(gate.reservedSeconds("agent")).toBe(0);
+  });
+
+  it("keeps each principal to its own budget while both run concurrently", async () => {
+    const { gate } = makeGate({
+      limits: {
+        budget: { device_seconds_per_window: 2, window_s: 3600 },
+        per_tool_concurrency: { run_benchmark: 4 },
+      },
+    });
+    let ran = 0;
+    const results = await Promise.all(
+      [agent, other, agent, other, agent, other].map((p) =>
+        settle(gate.run(bench(p, 1), async () => void ran++)),
+      ),
+    );
+    expect(ran).toBe(4); // two each
+    expect(results.filter((r) => !r.ok)).toHaveLength(2);
+  });
+
+  it("releases the reservation of a call refused while waiting (busy, cancelled)", async () => {
+    const { gate } = makeGate({
+      limits: {
+        budget: { device_seconds_per_window: 10, window_s: 3600 },
+        queue_bound: { run_benchmark: 0 },
+      },
+    });
+    let finish!: () => void;
+    const first = gate.run(bench(agent, 4), () => new Promise<void>((r) => (finish = r)));
+    await flush();
+    const busy = await settle(gate.run(bench(agent, 4), async () => undefined));
+    expect(!busy.ok && busy.e.code).toBe("busy");
+    expect(gate.reservedSeconds("agent")).toBe(4);
+    finish();
+    await first;
+    expect(gate.reservedSeconds("agent")).toBe(0);
+  });
+});
+
+describe("nothing that can never run asks for approval", () => {
+  it("refuses an estimate above the whole budget before creating an approval", async () => {
+    const { gate, approvals } = makeGate({
+      limits: { budget: { device_seconds_per_window: 5, window_s: 3600 } },
+      approvals: { rules: [{ tool: "run_benchmark" }] },
+    });
+    const r = await settle(gate.run(bench(agent, 50), async () => "ran"));
+    expect(!r.ok && r.e.code).toBe("budget_exceeded");
+    expect(!r.ok && r.e.message).toMatch(/can never fit/);
+    expect(approvals.list({ status: "pending" })).toHaveLength(0);
+  });
+
+  it("refuses a call that does not fit the budget now before creating an approval", async () => {
+    const { gate, approvals, clock } = makeGate({
+      limits: { budget: { device_seconds_per_window: 5, window_s: 3600 } },
+      approvals: { rules: [{ tool: "run_benchmark", when: { min_device_seconds: 3 } }] },
+    });
+    // Already spent 4 of 5 s (charged without approval: a call under the threshold).
+    await gate.run(bench(agent, 2), async () => clock.advance(4000));
+    const r = await settle(gate.run(bench(agent, 4), async () => "ran"));
+    expect(!r.ok && r.e.code).toBe("budget_exceeded");
+    expect(approvals.list({})).toHaveLength(0);
+  });
+});
+
+describe("admission before cost", () => {
+  it("makes the estimate only for a caller in scope and under its rate", async () => {
+    const { gate } = makeGate({ limits: { rate_limit: { per_principal_per_minute: 1 } } });
+    let estimated = 0;
+    const estimator = async () => (estimated++, est(1));
+    const call = (p: Principal): GateCall => ({
+      principal: p,
+      tool: "run_benchmark",
+      args: {},
+      device: "cpu",
+      estimator,
+    });
+    expect((await settle(gate.run(call(reader), async () => 1))).ok).toBe(false);
+    expect(estimated).toBe(0);
+    await gate.run(call(agent), async () => 1);
+    expect(estimated).toBe(1);
+    const r = await settle(gate.run(call(agent), async () => 1));
+    expect(!r.ok && r.e.code).toBe("rate_limited");
+    expect(estimated).toBe(1);
+  });
+
+  it("hands fn the deadline it enforces", async () => {
+    const { gate, clock } = makeGate({ limits: { call_timeout_s: { run_benchmark: 30 } } });
+    const seen = await gate.run(bench(agent, 1), async (_s, d) => {
+      clock.advance(10_000);
+      return d.remainingMs();
+    });
+    expect(seen).toBe(20_000);
+  });
+});
+
+describe("refused input", () => {
+  it("audits a refusal with the argument digest only and counts it against the rate", () => {
+    const { gate, audit } = makeGate({ limits: { rate_limit: { per_principal_per_minute: 3 } } });
+    const args = { model: "nope", texts: ["secret text"] };
+    gate.refuse(agent, "run_inference", args, "unknown_model", "model: not in the catalog");
+    gate.refuse(agent, "run_inference", args, "invalid_argument", "texts: bad");
+    gate.refuse(agent, "run_inference", args, "invalid_argument", "texts: bad");
+    expect(() =>
+      gate.refuse(agent, "run_inference", args, "invalid_argument", "texts: bad"),
+    ).toThrow(expect.objectContaining({ code: "rate_limited" }));
+    const rows = audit.tail(10).filter((r) => r.principal === "agent");
+    expect(rows.map((r) => r.code)).toEqual([
+      "unknown_model",
+      "invalid_argument",
+      "invalid_argument",
+      "rate_limited",
+    ]);
+    for (const r of rows) {
+      expect(r.args_digest).toMatch(/^[0-9a-f]{64}$/);
+      expect(JSON.stringify(r)).not.toContain("secret text");
+    }
+  });
+});
+
+describe("read-scoped device time", () => {
+  it("bounds what a reader's check_model calls may spend, even with budget to spare", async () => {
+    const { gate, clock } = makeGate({
+      limits: { budget: { device_seconds_per_window: 3600, read_device_seconds_per_window: 10 } },
+    });
+    const check = (): GateCall => ({
+      principal: reader,
+      tool: "check_model",
+      args: { model: "all-minilm-l6-v2", n: Math.random() },
+      device: "cpu",
+      estimate: est(4),
+    });
+    await gate.run(check(), async () => clock.advance(4000));
+    await gate.run(check(), async () => clock.advance(4000));
+    const r = await settle(gate.run(check(), async () => "ran"));
+    expect(!r.ok && r.e.code).toBe("budget_exceeded");
+    expect(!r.ok && r.e.message).toMatch(/read-scoped/);
+  });
+});

@@ -1,0 +1,70 @@
+// Jobs answer errors through the same catalogue and redaction as tool answers, and generated
+// benchmark runs never feed forward-pass latency history.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { SqliteJobs } from "../../tools/support/jobs.js";
+import { SqliteReports } from "../../tools/support/reports.js";
+
+const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-jobs-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+describe("job errors", () => {
+  it("stores a catalogue code and a scrubbed message, never a raw code or a path", async () => {
+    const logged: unknown[] = [];
+    const jobs = new SqliteJobs(join(dir, "jobs.db"), { onError: (e) => logged.push(e) });
+    try {
+      const raw = jobs.start("load_model", "p", async () => {
+        throw Object.assign(
+          new Error("ENOENT: no such file, open '/home/op/.cache/models/x.bin'"),
+          {
+            code: "ENOENT",
+          },
+        );
+      });
+      await jobs.settled(raw.job_id);
+      const rec = jobs.get(raw.job_id, "p")!;
+      expect(rec.status).toBe("failed");
+      expect(rec.error!.code).toBe("internal");
+      expect(rec.error!.message).not.toMatch(/home|ENOENT|x\.bin/);
+      expect(logged).toHaveLength(1); // the operator still sees the real error in the log
+
+      const known = jobs.start("load_model", "p", async () => {
+        throw Object.assign(new Error("weights at /srv/a/b/c.safetensors are bad"), {
+          code: "weights_missing",
+        });
+      });
+      await jobs.settled(known.job_id);
+      const k = jobs.get(known.job_id, "p")!;
+      expect(k.error!.code).toBe("weights_missing");
+      expect(k.error!.message).toBe("weights at <path> are bad");
+    } finally {
+      jobs.close();
+    }
+  });
+});
+
+describe("latency history", () => {
+  it("ignores generated runs, whether the work is on each configuration or on the report", () => {
+    const reports = new SqliteReports(join(dir, "reports.db"));
+    try {
+      const cfg = { batch: 1, seq_len: 8, dtype: "float32", mode: "eager", error: null };
+      reports.put("p", "tiny-gpt2", "cpu", {
+        work: "generate",
+        configs: [{ ...cfg, latency_ms: { mean: 900 } }],
+      });
+      reports.put("p", "tiny-gpt2", "cpu", {
+        configs: [{ ...cfg, work: "generate", latency_ms: { mean: 800 } }],
+      });
+      expect(reports.history("tiny-gpt2", "cpu")).toEqual([]);
+      reports.put("p", "tiny-gpt2", "cpu", {
+        work: "forward",
+        configs: [{ ...cfg, latency_ms: { mean: 3 } }],
+      });
+      expect(reports.history("tiny-gpt2", "cpu").map((h) => h.latency_ms)).toEqual([3]);
+    } finally {
+      reports.close();
+    }
+  });
+});
