@@ -131,6 +131,7 @@ export const runBenchmark = (env: ToolEnv) => {
       openWorldHint: false,
     },
     device: (a) => a.device ?? "default",
+    ui: { resourceUri: "ui://tpu-mcp/benchmark-view.html" },
     estimate: (a, ctx) => estimateFor("run_benchmark", a, ctx),
     async handler(args, ctx) {
       const entry = entryOf(env, args.model);
