@@ -227,13 +227,13 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     };
   }
 
-  /** Identities other than the requester that could decide (static tokens; JWTs by scope). */
-  function deciders(requester: string): string[] {
+  /** Identities other than the requester and the viewer that could decide (static tokens; JWTs by scope). */
+  function deciders(requester: string, viewer: string): string[] {
     const ids = app.config.policy.tokens
       .filter((t) => t.scopes.includes("approvals:grant") || t.scopes.includes("admin"))
       .filter((t) => !t.expires_at || Date.parse(t.expires_at) > Date.now())
       .map((t) => t.id)
-      .filter((id) => id !== requester);
+      .filter((id) => id !== requester && id !== viewer);
     if (app.config.policy.jwt) ids.push("any JWT subject with approvals:grant");
     return [...new Set(ids)];
   }
@@ -241,7 +241,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
   function approvalView(r: ApprovalRecord, me: Principal) {
     return {
       ...r,
-      deciders: deciders(r.principal),
+      deciders: deciders(r.principal, me.id),
       can_decide: r.status === "pending" && r.principal !== me.id,
     };
   }
