@@ -219,6 +219,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
 
   function describeSession(s: ConsoleSession) {
     return {
+      signed_in: true,
       principal: s.principal.id,
       scopes: s.principal.scopes,
       admin: s.principal.scopes.includes("admin"),
@@ -401,7 +402,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
         },
       });
     }
-    const type = name === "index.html" ? "text/html; charset=utf-8" : ASSETS[name];
+    const type = name === "index.html" ? "text/html; charset=utf-8" : ASSETS[name.slice(7)];
     res.writeHead(200, {
       ...SECURITY_HEADERS,
       "content-type": type,
@@ -417,13 +418,22 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
       return staticFile(res, "index.html");
     }
     const asset = /^\/console\/assets\/([a-z]+\.(?:js|css))$/.exec(path);
-    if (asset && ASSETS[asset[1]] && method === "GET") return staticFile(res, asset[1]);
+    if (asset && ASSETS[asset[1]] && method === "GET") return staticFile(res, `assets/${asset[1]}`);
     if (!path.startsWith("/console/api/"))
       throw new ConsoleError(404, "not_found", "no such console page");
     const api = path.slice("/console/api/".length);
     if (api === "session" && method === "POST") return signIn(req, res);
+    if (api === "session" && method === "GET") {
+      // Asked on every page load: "not signed in" is an answer, not an error.
+      let s: ConsoleSession | undefined;
+      try {
+        s = sessionOf(req);
+      } catch {
+        return send(res, 200, { signed_in: false });
+      }
+      return send(res, 200, describeSession(s));
+    }
     const s = sessionOf(req);
-    if (api === "session" && method === "GET") return send(res, 200, describeSession(s));
     if (api === "session" && method === "DELETE") {
       checkWrite(req, s);
       end(s);

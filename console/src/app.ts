@@ -1,7 +1,7 @@
 // The operator console (served at /console). No framework: a few DOM helpers, hash routes, and
 // fetch calls to /console/api. The CSRF token lives in this module's memory only; the session
 // itself is an HttpOnly cookie this script cannot read.
-import { drawReports, reportTable, type Report } from "./chart.js";
+import { compactJson, drawReports, reportTable, type Report } from "./chart.js";
 import "./style.css";
 
 type Json = Record<string, any>;
@@ -51,13 +51,22 @@ async function api(path: string, init: { method?: string; body?: unknown } = {})
   const data = (await res.json().catch(() => ({}))) as Json;
   if (!res.ok) {
     if (res.status === 401 && path !== "session") showSignIn("Your session ended; sign in again.");
-    throw new ApiError(res.status, data.error?.code ?? "error", data.error?.message ?? res.statusText);
+    throw new ApiError(
+      res.status,
+      data.error?.code ?? "error",
+      data.error?.message ?? res.statusText,
+    );
   }
   return data;
 }
 
-const when = (iso: string | null | undefined) =>
-  iso ? new Date(iso).toLocaleString(undefined, { hour12: false }) : "–";
+/** Local time as YYYY-MM-DD HH:MM:SS (unambiguous in every locale). */
+function when(iso: string | null | undefined): string {
+  if (!iso) return "–";
+  const d = new Date(iso);
+  const p = (n: number) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+}
 
 function countdown(iso: string): string {
   const s = Math.round((Date.parse(iso) - Date.now()) / 1000);
@@ -84,7 +93,7 @@ function estimateText(e: Json | null): string {
     `${e.device_seconds} device-s`,
     `${bytes(e.memory_bytes)} memory`,
     e.weight_bytes ? `${bytes(e.weight_bytes)} weights` : "",
-    e.compile_s ? `${e.compile_s} s compile` : "",
+    e.compile_s ? `${e.compile_s} s compile` : "no compile",
   ]
     .filter(Boolean)
     .join(" · ");
@@ -223,7 +232,11 @@ function approvalCard(a: Json, refresh: () => void): HTMLElement {
     }
   };
   const self = !a.can_decide;
-  const expires = h("span", { class: "countdown", "data-expires": a.expires_at }, countdown(a.expires_at));
+  const expires = h(
+    "span",
+    { class: "countdown", "data-expires": a.expires_at },
+    countdown(a.expires_at),
+  );
   return h(
     "article",
     { class: "card approval", "data-id": a.id, "aria-label": `approval ${a.id}` },
@@ -246,7 +259,7 @@ function approvalCard(a: Json, refresh: () => void): HTMLElement {
       h("dd", {}, h("code", {}, a.id)),
     ),
     h("p", { class: "label" }, "Exact arguments (redacted fields are summaries, as in the audit):"),
-    h("pre", { class: "args", tabindex: "0" }, JSON.stringify(a.args_preview, null, 2)),
+    h("pre", { class: "args", tabindex: "0" }, compactJson(a.args_preview)),
     self
       ? h(
           "p",
@@ -297,19 +310,29 @@ async function approvalsPage(root: HTMLElement) {
           : [status("Nothing is waiting for a decision.")]),
       );
       history.replaceChildren(
-        table(
-          ["outcome", "principal", "tool", "decided by", "reason", "requested", "decided / used"],
-          data.history.map((a: Json) => [
-            h("span", { class: `badge ${a.status}` }, a.status),
-            a.principal,
-            h("code", {}, a.tool),
-            a.decided_by ?? "–",
-            a.reason ?? "",
-            when(a.created_at),
-            when(a.used_at ?? a.decided_at),
-          ]),
-          "approval history",
-        ),
+        data.history.length === 0
+          ? status("No decisions yet.")
+          : table(
+              [
+                "outcome",
+                "principal",
+                "tool",
+                "decided by",
+                "reason",
+                "requested",
+                "decided / used",
+              ],
+              data.history.map((a: Json) => [
+                h("span", { class: `badge ${a.status}` }, a.status),
+                a.principal,
+                h("code", {}, a.tool),
+                a.decided_by ?? "–",
+                a.reason ?? "",
+                when(a.created_at),
+                when(a.used_at ?? a.decided_at),
+              ]),
+              "approval history",
+            ),
       );
     } catch (x) {
       pending.replaceChildren(status((x as Error).message, "bad"));
@@ -339,7 +362,11 @@ async function activityPage(root: HTMLElement) {
   ];
   const p = h("input", { id: "f-principal", type: "text", placeholder: "any" });
   const t = h("input", { id: "f-tool", type: "text", placeholder: "any" });
-  const o = h("select", { id: "f-outcome" }, ...outcomes.map((x) => h("option", { value: x }, x || "any")));
+  const o = h(
+    "select",
+    { id: "f-outcome" },
+    ...outcomes.map((x) => h("option", { value: x }, x || "any")),
+  );
   const result = h("div", { id: "audit" });
   const form = h(
     "form",
@@ -451,7 +478,9 @@ function objectsTable(items: Json[], label: string): HTMLElement {
   return table(
     keys,
     items.map((i) =>
-      keys.map((k) => (/bytes$/.test(k) && typeof i[k] === "number" ? bytes(i[k]) : String(i[k] ?? "–"))),
+      keys.map((k) =>
+        /bytes$/.test(k) && typeof i[k] === "number" ? bytes(i[k]) : String(i[k] ?? "–"),
+      ),
     ),
     label,
   );
@@ -476,9 +505,17 @@ async function runtimePage(root: HTMLElement) {
           "dl",
           { class: "facts" },
           h("dt", {}, "Worker"),
-          h("dd", {}, `${w.state}${w.pid ? `, pid ${w.pid}` : ""}, ${w.restarts} restart(s), ${w.in_flight} in flight`),
+          h(
+            "dd",
+            {},
+            `${w.state}${w.pid ? `, pid ${w.pid}` : ""}, ${w.restarts} restart(s), ${w.in_flight} in flight`,
+          ),
           h("dt", {}, "torch"),
-          h("dd", {}, `${s.torch_version ?? "?"} (${s.execution_mode ?? "?"}, matmul ${s.matmul_precision ?? "?"})`),
+          h(
+            "dd",
+            {},
+            `${s.torch_version ?? "?"} (${s.execution_mode ?? "?"}, matmul ${s.matmul_precision ?? "?"})`,
+          ),
           h("dt", {}, "Jobs running"),
           h("dd", {}, String(s.jobs_running)),
         ),
@@ -511,7 +548,11 @@ async function benchmarksPage(root: HTMLElement) {
   }
   const label = (r: Json) =>
     `${r.id} · ${r.model} on ${r.device} · ${r.scenario ?? ""} · ${when(r.created_at)}`;
-  const a = h("select", { id: "report-a" }, ...reports.map((r) => h("option", { value: r.id }, label(r))));
+  const a = h(
+    "select",
+    { id: "report-a" },
+    ...reports.map((r) => h("option", { value: r.id }, label(r))),
+  );
   const b = h(
     "select",
     { id: "report-b" },
@@ -532,7 +573,11 @@ async function benchmarksPage(root: HTMLElement) {
     undraw?.();
     undraw = drawReports(charts, inputs);
     details.replaceChildren(
-      h("div", { class: "scroll", tabindex: "0", role: "region", "aria-label": "report numbers" }, reportTable(inputs)),
+      h(
+        "div",
+        { class: "scroll", tabindex: "0", role: "region", "aria-label": "report numbers" },
+        reportTable(inputs),
+      ),
     );
   };
   a.addEventListener("change", () => void draw());
@@ -547,7 +592,11 @@ async function benchmarksPage(root: HTMLElement) {
       h("label", { for: "report-b" }, "Compare with"),
       b,
     ),
-    h("p", { class: "hint" }, "Hover a chart for values; p50 solid, p90 dashed, p99 dotted; the compared report is drawn thinner."),
+    h(
+      "p",
+      { class: "hint" },
+      "Hover a chart for values; p50 solid, p90 dashed, p99 dotted; the compared report is drawn thinner.",
+    ),
     charts,
     h("h2", {}, "Numbers"),
     details,
@@ -586,7 +635,9 @@ async function route() {
 window.addEventListener("hashchange", () => void route());
 window.addEventListener("DOMContentLoaded", async () => {
   try {
-    start(await api("session"));
+    const s = await api("session");
+    if (s.signed_in) start(s);
+    else showSignIn();
   } catch {
     showSignIn();
   }

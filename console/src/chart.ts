@@ -3,40 +3,12 @@
 // a second report drawn thinner for comparison. uPlot's legend shows the values under the cursor.
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
+import { seriesOf, type Point, type Report } from "./report_data.js";
 
-export type Report = Record<string, any>;
-
-export interface Point {
-  batch: number;
-  p50: number;
-  p90: number;
-  p99: number;
-  tput: number | null;
-}
+export { compactJson, seriesOf, type Report } from "./report_data.js";
 
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"];
 const DASH: Record<string, number[]> = { p50: [], p90: [6, 4], p99: [2, 3] };
-
-/** Successful configurations grouped into series named "dtype mode[ seq N]". */
-export function seriesOf(report: Report): Map<string, Point[]> {
-  const groups = new Map<string, Point[]>();
-  for (const c of (report?.configs ?? []) as Record<string, any>[]) {
-    const l = c?.latency_ms;
-    if (!c || c.error || !l || typeof l.p50 !== "number" || typeof c.batch !== "number") continue;
-    const name = `${c.dtype} ${c.mode}${c.seq_len ? ` seq ${c.seq_len}` : ""}`;
-    const pts = groups.get(name) ?? [];
-    pts.push({
-      batch: c.batch,
-      p50: l.p50,
-      p90: typeof l.p90 === "number" ? l.p90 : l.p50,
-      p99: typeof l.p99 === "number" ? l.p99 : l.p50,
-      tput: typeof c.throughput_items_per_s === "number" ? c.throughput_items_per_s : null,
-    });
-    groups.set(name, pts);
-  }
-  for (const pts of groups.values()) pts.sort((a, b) => a.batch - b.batch);
-  return groups;
-}
 
 export interface ChartInput {
   label: string;
@@ -65,7 +37,8 @@ function build(
       y: { distr: 3, log: 10 },
     },
     axes: [
-      { label: "batch size", values: (_u, ticks) => ticks.map((t) => String(t)) },
+      // Ticks at the measured batch sizes only, never at in-between values.
+      { label: "batch size", splits: () => xs, values: (_u, ticks) => ticks.map((t) => String(t)) },
       { label: unit, size: 60 },
     ],
     cursor: { points: { size: 7 } },
@@ -160,15 +133,7 @@ export function reportTable(inputs: ChartInput[]): HTMLTableElement {
   const table = document.createElement("table");
   table.className = "data";
   const head = table.createTHead().insertRow();
-  for (const h of [
-    "report",
-    "series",
-    "batch",
-    "p50 ms",
-    "p90 ms",
-    "p99 ms",
-    "items/s",
-  ]) {
+  for (const h of ["report", "series", "batch", "p50 ms", "p90 ms", "p99 ms", "items/s"]) {
     const th = document.createElement("th");
     th.textContent = h;
     head.append(th);

@@ -3,7 +3,7 @@
 // (ui/initialize → ui/notifications/initialized, then the host's tool-input / tool-result
 // notifications) and draws what the tool returned: a benchmark report, a job's state, or an
 // informational approval card. It never calls tools: approval stays with the operator.
-import { drawReports, reportTable, type Report } from "./chart.js";
+import { compactJson, drawReports, reportTable, type Report } from "./chart.js";
 import "./mcp_app.css";
 
 type Json = Record<string, any>;
@@ -62,7 +62,8 @@ function renderReport(report: Report) {
   wrap.append(reportTable([{ label: "report", report }]));
   box.append(wrap);
   const warnings: string[] = report.comparison?.warnings ?? [];
-  if (warnings.length) box.append(el("p", `vs ${report.comparison.baseline_id}: ${warnings.join("; ")}`, "warn"));
+  if (warnings.length)
+    box.append(el("p", `vs ${report.comparison.baseline_id}: ${warnings.join("; ")}`, "warn"));
 }
 
 function renderApproval(err: Json) {
@@ -75,10 +76,12 @@ function renderApproval(err: Json) {
   const e = d.estimate;
   row(
     "Estimate",
-    e ? `${e.device_seconds} device-s, ${Math.round((e.memory_bytes ?? 0) / 2 ** 20)} MiB memory` : "none",
+    e
+      ? `${e.device_seconds} device-s, ${Math.round((e.memory_bytes ?? 0) / 2 ** 20)} MiB memory`
+      : "none",
   );
   row("Expires", d.expires_at ? new Date(d.expires_at).toLocaleString() : "?");
-  const args = el("pre", JSON.stringify(d.args ?? {}, null, 2), "args");
+  const args = el("pre", compactJson(d.args ?? {}), "args");
   box.replaceChildren(
     el("h1", "Waiting for an operator's approval"),
     dl,
@@ -140,7 +143,9 @@ window.addEventListener("message", (ev) => {
   try {
     if (msg.method === "ui/notifications/tool-input") {
       const a = msg.params?.arguments ?? {};
-      root().replaceChildren(el("p", `Running ${a.model ? `a benchmark of ${a.model}` : "the tool"}…`, "meta"));
+      root().replaceChildren(
+        el("p", `Running ${a.model ? `a benchmark of ${a.model}` : "the tool"}…`, "meta"),
+      );
     } else if (msg.method === "ui/notifications/tool-result") {
       renderResult(msg.params ?? {});
     } else if (msg.method === "ui/resource-teardown" && msg.id !== undefined) {
