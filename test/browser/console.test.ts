@@ -269,15 +269,51 @@ describe("operator console in chromium", () => {
       .toBe(true);
     await page.screenshot({ path: join(SHOTS, "console-activity.png") });
 
+    const loaded = await agent.client.callTool({
+      name: "load_model",
+      arguments: { model: "mnist-cnn" },
+    });
+    expect(loaded.isError).toBeFalsy();
     await page.goto(`${base}/console/#/runtime`);
     await page.waitForSelector("#runtime dl");
     expect(await page.textContent("#runtime")).toContain("ready");
     expect(await page.textContent("#runtime")).toMatch(/Devices \(1\)/);
+    const models = page.locator("table", { hasText: "queue_depth" });
+    expect(await models.innerText()).toContain("mnist-cnn");
     await page.screenshot({ path: join(SHOTS, "console-runtime.png") });
 
     await page.goto(`${base}/console/#/jobs`);
     await page.waitForSelector("#jobs");
     expect(await page.locator("#jobs button", { hasText: "Cancel" }).count()).toBe(0); // not admin
+  });
+
+  it("lets an admin cancel anyone's running job from the Jobs page", async () => {
+    const admin = await connectHttp(server.url, ADMIN);
+    const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+    try {
+      const job = await admin.client.callTool({
+        name: "run_benchmark",
+        arguments: {
+          model: "mnist-cnn",
+          batch_sizes: [1],
+          duration_s: 120,
+          warmup: 0,
+          wait: false,
+        },
+      });
+      const jobId = (job.structuredContent as any).job_id as string;
+      expect(jobId).toMatch(/^job_/);
+      const p = await ctx.newPage();
+      await signIn(p, ADMIN);
+      await p.goto(`${base}/console/#/jobs`);
+      const row = p.locator("#jobs tr", { hasText: jobId });
+      await row.locator("button", { hasText: "Cancel" }).click();
+      await expect.poll(() => row.innerText(), { timeout: 60_000 }).toMatch(/cancelled/);
+      await p.screenshot({ path: join(SHOTS, "console-jobs.png") });
+    } finally {
+      await ctx.close();
+      await admin.close();
+    }
   });
 
   it("draws a real report's series, compares two reports, and shows values on hover", async () => {
