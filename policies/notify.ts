@@ -70,7 +70,8 @@ function estimateText(r: ApprovalRecord): string {
 }
 
 /** Slack's mrkdwn treats <, > and & specially; names and reasons come from callers. */
-const slackEscape = (s: string) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+const slackEscape = (s: string) =>
+  s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 
 export function webhookText(event: WebhookEvent, r: ApprovalRecord, consoleUrl?: string): string {
   const who = slackEscape(r.principal);

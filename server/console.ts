@@ -127,7 +127,8 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     const now = Date.now();
     for (const s of sessions.values())
       if (now - s.lastSeen > IDLE_MS || now - s.created > MAX_AGE_MS) end(s);
-    for (const [k, v] of failures) if (v.every((t) => now - t > SIGNIN_WINDOW_MS)) failures.delete(k);
+    for (const [k, v] of failures)
+      if (v.every((t) => now - t > SIGNIN_WINDOW_MS)) failures.delete(k);
   }, 60_000);
   sweep.unref();
 
@@ -293,7 +294,9 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
       "cache-control": "no-store",
       connection: "keep-alive",
     });
-    res.write(`retry: 2000\nevent: hello\ndata: ${JSON.stringify({ principal: s.principal.id })}\n\n`);
+    res.write(
+      `retry: 2000\nevent: hello\ndata: ${JSON.stringify({ principal: s.principal.id })}\n\n`,
+    );
     const off = app.approvalFeed.on((e) => {
       res.write(
         `event: approval\ndata: ${JSON.stringify({ type: e.type, record: approvalView(e.record, s.principal) })}\n\n`,
