@@ -55,6 +55,8 @@ export function createApp(
   opts: { runtime?: Runtime } = {},
 ): App {
   mkdirSync(config.paths.data_dir, { recursive: true });
+  // Before anything starts: a webhook without its secret is a configuration error.
+  const notifyTargets = readNotifyTargets(config);
   const catalog = readCatalog(config.paths.catalog);
   const env: ToolEnv = {
     catalog,
@@ -113,7 +115,7 @@ export function createApp(
   });
   const notifyLog = logger.child({ component: "notify" });
   const notifier = new ApprovalNotifier({
-    targets: readNotifyTargets(config),
+    targets: notifyTargets,
     logger: notifyLog,
     onOutcome: (outcome) => metrics.webhookDeliveries.inc({ outcome }),
     onAttemptFailed: () => metrics.webhookAttemptFailures.inc(),

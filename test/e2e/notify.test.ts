@@ -198,4 +198,24 @@ describe("approval webhooks", () => {
       await agent.close();
     }
   });
+
+  it("refuses to start when a webhook's secret file is missing or too short", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-notify-bad-"));
+    writeFileSync(join(dir, "short.secret"), "tiny\n");
+    for (const [file, msg] of [
+      ["missing.secret", /secret_file: cannot read .*missing\.secret \(ENOENT\)/],
+      ["short.secret", /shorter than 16 bytes/],
+    ] as const) {
+      const cfg = writeConfig(
+        {
+          policy: {
+            ...demo,
+            approvals: { ...demo.approvals, notify: [{ url: rx.url, secret_file: file }] },
+          },
+        },
+        dir,
+      );
+      await expect(startHttpServer(cfg)).rejects.toThrow(msg);
+    }
+  });
 });
