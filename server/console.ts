@@ -8,6 +8,7 @@
 // memory and sends as `x-csrf-token` on every state change. The token never travels in a URL and
 // never reaches storage a script can read.
 import { randomBytes, timingSafeEqual } from "node:crypto";
+import { decodeJwt } from "jose";
 import { existsSync, readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { join } from "node:path";
@@ -37,6 +38,8 @@ interface ConsoleSession {
   csrf: string;
   created: number;
   lastSeen: number;
+  /** No later than this: a JWT's own expiry, or MAX_AGE_MS after sign-in. */
+  endsAt: number;
   streams: Set<ServerResponse>;
 }
 
@@ -126,7 +129,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
   const sweep = setInterval(() => {
     const now = Date.now();
     for (const s of sessions.values())
-      if (now - s.lastSeen > IDLE_MS || now - s.created > MAX_AGE_MS) end(s);
+      if (now - s.lastSeen > IDLE_MS || now >= s.endsAt) end(s);
     for (const [k, v] of failures)
       if (v.every((t) => now - t > SIGNIN_WINDOW_MS)) failures.delete(k);
   }, 60_000);
@@ -142,7 +145,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     const sid = cookies(req)[CONSOLE_COOKIE];
     const s = sid ? sessions.get(sid) : undefined;
     const now = Date.now();
-    if (!s || now - s.lastSeen > IDLE_MS || now - s.created > MAX_AGE_MS) {
+    if (!s || now - s.lastSeen > IDLE_MS || now >= s.endsAt) {
       if (s) end(s);
       throw new ConsoleError(401, "signed_out", "sign in with an operator token");
     }
@@ -204,18 +207,27 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
         `${principal.id} lacks approvals:grant`,
       );
     }
+    // A session never outlives the JWT it was opened with (the JWT was verified just now).
+    let endsAt = now + MAX_AGE_MS;
+    if (principal.via === "jwt") {
+      const exp = decodeJwt(token).exp;
+      if (typeof exp === "number") endsAt = Math.min(endsAt, exp * 1000);
+    }
     const s: ConsoleSession = {
       id: randomBytes(32).toString("base64url"),
       principal,
       csrf: randomBytes(32).toString("base64url"),
       created: now,
       lastSeen: now,
+      endsAt,
       streams: new Set(),
     };
     sessions.set(s.id, s);
     gauge();
     log.info({ principal: principal.id, remote: addr }, "console sign-in");
-    send(res, 200, describeSession(s), { "set-cookie": cookie(s.id, MAX_AGE_MS / 1000) });
+    send(res, 200, describeSession(s), {
+      "set-cookie": cookie(s.id, Math.max(1, Math.floor((endsAt - now) / 1000))),
+    });
   }
 
   function describeSession(s: ConsoleSession) {
@@ -225,7 +237,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
       scopes: s.principal.scopes,
       admin: s.principal.scopes.includes("admin"),
       csrf: s.csrf,
-      expires_at: new Date(s.created + MAX_AGE_MS).toISOString(),
+      expires_at: new Date(s.endsAt).toISOString(),
     };
   }
 
