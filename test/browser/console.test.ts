@@ -413,6 +413,23 @@ describe("operator console in chromium", () => {
       expect(html).not.toMatch(/<script[^>]+src=|<link[^>]+href=|https?:\/\//i);
       const result = await admin.client.callTool({ name: "run_benchmark", arguments: BENCH });
       expect(result.isError).toBeFalsy();
+      // get_job for a finished benchmark links the same view and is drawn the same way.
+      expect((tools.find((t) => t.name === "get_job")?._meta as any)?.ui?.resourceUri).toBe(uri);
+      const started = await admin.client.callTool({
+        name: "run_benchmark",
+        arguments: { ...BENCH, batch_sizes: [1, 2], wait: false },
+      });
+      const jobId = (started.structuredContent as any).job_id as string;
+      let job: any;
+      await expect
+        .poll(
+          async () => {
+            job = await admin.client.callTool({ name: "get_job", arguments: { job_id: jobId } });
+            return (job.structuredContent as any).status;
+          },
+          { timeout: 90_000, interval: 500 },
+        )
+        .toBe("succeeded");
       const approval = await withUi.client.callTool({
         name: "run_benchmark",
         arguments: { ...BENCH, batch_sizes: [7] },
@@ -422,11 +439,11 @@ describe("operator console in chromium", () => {
       // A minimal host: sandboxed iframe (scripts only, opaque origin) served with the default
       // CSP; it answers ui/initialize and then sends the tool input and result.
       const hostJs = `
-        const results = ${JSON.stringify({ report: result, approval })};
+        const results = ${JSON.stringify({ report: result, job, approval })};
         for (const [name, result] of Object.entries(results)) {
           const f = document.createElement("iframe");
           f.id = name; f.setAttribute("sandbox", "allow-scripts"); f.src = "/view";
-          f.style.width = "900px"; f.style.height = name === "report" ? "900px" : "420px";
+          f.style.width = "900px"; f.style.height = name === "approval" ? "420px" : "900px";
           document.body.append(f);
           window.addEventListener("message", (e) => {
             if (e.source !== f.contentWindow) return;
@@ -456,7 +473,7 @@ describe("operator console in chromium", () => {
           headers: { "content-security-policy": APPS_DEFAULT_CSP },
         },
       });
-      const ctx = await browser.newContext({ viewport: { width: 920, height: 1360 } });
+      const ctx = await browser.newContext({ viewport: { width: 920, height: 2300 } });
       try {
         const p = await ctx.newPage();
         const violations: string[] = [];
@@ -472,13 +489,17 @@ describe("operator console in chromium", () => {
         );
         expect(await view.locator("#charts").getAttribute("data-points")).toBe("4");
         expect(await view.locator("h1").innerText()).toContain("mnist-cnn");
+        const fromJob = p.frameLocator("#job");
+        await fromJob.locator("#charts canvas").first().waitFor();
+        expect(await fromJob.locator("#charts").getAttribute("data-points")).toBe("2");
         const card = p.frameLocator("#approval");
         await card.locator("h1", { hasText: "Waiting for an operator's approval" }).waitFor();
         expect(await card.locator("dl").innerText()).toContain("run_benchmark");
         expect(await card.locator("main").innerText()).toContain("cannot approve anything");
         await expect.poll(() => p.getAttribute("#report", "data-size")).toBeTruthy();
         expect(violations).toEqual([]);
-        await p.screenshot({ path: join(SHOTS, "mcp-app.png"), fullPage: true });
+        await p.locator("#report").screenshot({ path: join(SHOTS, "mcp-app.png") });
+        await p.locator("#approval").screenshot({ path: join(SHOTS, "mcp-app-approval.png") });
       } finally {
         await ctx.close();
       }
