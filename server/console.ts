@@ -128,8 +128,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
   const gauge = () => app.metrics.consoleSessions.set(sessions.size);
   const sweep = setInterval(() => {
     const now = Date.now();
-    for (const s of sessions.values())
-      if (now - s.lastSeen > IDLE_MS || now >= s.endsAt) end(s);
+    for (const s of sessions.values()) if (now - s.lastSeen > IDLE_MS || now >= s.endsAt) end(s);
     for (const [k, v] of failures)
       if (v.every((t) => now - t > SIGNIN_WINDOW_MS)) failures.delete(k);
   }, 60_000);
