@@ -479,7 +479,7 @@ function objectsTable(items: Json[], label: string): HTMLElement {
     keys,
     items.map((i) =>
       keys.map((k) =>
-        /bytes$/.test(k) && typeof i[k] === "number" ? bytes(i[k]) : String(i[k] ?? "–"),
+        /(^|_)bytes(_|$)/.test(k) && typeof i[k] === "number" ? bytes(i[k]) : String(i[k] ?? "–"),
       ),
     ),
     label,
