@@ -3,8 +3,9 @@ import { defineConfig } from "vitest/config";
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
-    // The long hardening suites run with `npm run test:hardening` (vitest.hardening.config.ts).
-    exclude: ["**/node_modules/**", "test/hardening/**"],
+    // The long hardening suites run with `npm run test:hardening` (vitest.hardening.config.ts),
+    // the browser suite with `npm run test:browser` (vitest.browser.config.ts).
+    exclude: ["**/node_modules/**", "test/hardening/**", "test/browser/**"],
     // Creates the built-in model files once (a no-op when they exist).
     globalSetup: ["test/globalSetup.ts"],
     testTimeout: 60_000,

@@ -37,6 +37,13 @@ export interface CreateApprovalRequest {
   ttl_s: number;
 }
 
+/** What happened to an approval in this process (the console and webhooks listen). */
+export interface ApprovalEvent {
+  type: "created" | "decided" | "used";
+  record: ApprovalRecord;
+}
+export type ApprovalListener = (event: ApprovalEvent) => void;
+
 export interface ApprovalStore {
   create(req: CreateApprovalRequest): ApprovalRecord;
   get(id: string): ApprovalRecord | undefined;
@@ -49,6 +56,8 @@ export interface ApprovalStore {
   check(id: string, principal: string, tool: string, digest: string): ApprovalRecord;
   /** Atomically marks a matching approved approval used; throws a PolicyError otherwise. */
   consume(id: string, principal: string, tool: string, digest: string): ApprovalRecord;
+  /** Calls `fn` after every change this store makes; returns the unsubscribe function. */
+  subscribe?(fn: ApprovalListener): () => void;
   close(): void;
 }
 
@@ -138,6 +147,7 @@ export class SqliteApprovalStore implements ApprovalStore {
   private readonly db: SqliteDb;
   private readonly owned: boolean;
   private readonly clock: Clock;
+  private readonly listeners = new Set<ApprovalListener>();
 
   constructor(pathOrDb: string | SqliteDb, opts: { clock?: Clock } = {}) {
     ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
@@ -182,6 +192,33 @@ export class SqliteApprovalStore implements ApprovalStore {
     };
   }
 
+  subscribe(fn: ApprovalListener): () => void {
+    this.listeners.add(fn);
+    return () => this.listeners.delete(fn);
+  }
+
+  /** After the write committed; a listener's failure never undoes or fails the change. */
+  private emit(type: ApprovalEvent["type"], record: ApprovalRecord): ApprovalRecord {
+    for (const fn of this.listeners) {
+      try {
+        fn({ type, record });
+      } catch {
+        // listeners log their own failures
+      }
+    }
+    return record;
+  }
+
+  /** Changes when any approval was created, decided or used (also by another process). */
+  changeMark(): string {
+    const r = this.db
+      .prepare(
+        "SELECT COUNT(*) AS n, MAX(created_ms) AS c, MAX(decided_ms) AS d, MAX(used_ms) AS u FROM approvals",
+      )
+      .get() as { n: number; c: number | null; d: number | null; u: number | null };
+    return `${r.n}:${r.c}:${r.d}:${r.u}`;
+  }
+
   private row(id: string): Row | undefined {
     return this.db.prepare("SELECT * FROM approvals WHERE id = ?").get(id) as Row | undefined;
   }
@@ -207,7 +244,7 @@ export class SqliteApprovalStore implements ApprovalStore {
         now,
         now + ttl,
       );
-    return this.get(id)!;
+    return this.emit("created", this.get(id)!);
   }
 
   get(id: string): ApprovalRecord | undefined {
@@ -297,7 +334,7 @@ export class SqliteApprovalStore implements ApprovalStore {
         .run(decision, approver, now, reason ?? null, expires, id);
     });
     tx.immediate();
-    return this.get(id)!;
+    return this.emit("decided", this.get(id)!);
   }
 
   approve(id: string, approver: string): ApprovalRecord {
@@ -330,7 +367,7 @@ export class SqliteApprovalStore implements ApprovalStore {
         .run(now, id);
     });
     tx.immediate();
-    return this.get(id)!;
+    return this.emit("used", this.get(id)!);
   }
 
   close(): void {

@@ -128,8 +128,22 @@ const ApprovalRuleSchema = z.object({
     .optional(),
 });
 
+/** A webhook for approval events (policies/notify.ts has the wire format). */
+const NotifySchema = z
+  .object({
+    url: z.url({ protocol: /^https?$/, error: "url must be an http:// or https:// URL" }),
+    /** A file holding the HMAC secret (at least 16 bytes); relative to the config file. */
+    secret_file: z.string().min(1),
+    events: z
+      .array(z.enum(["requested", "decided"]))
+      .min(1)
+      .default(["requested", "decided"]),
+  })
+  .strict();
+
 const ApprovalsSchema = z.object({
   rules: z.array(ApprovalRuleSchema).default([]),
+  notify: z.array(NotifySchema).max(16).default([]),
   ttl_s: z.number().positive().default(900),
   elicitation: z.boolean().default(true),
   elicitation_timeout_s: z.number().positive().default(300),

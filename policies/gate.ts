@@ -541,6 +541,8 @@ export class Gate {
         : `This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). Ask an operator to run \`tpu-mcp approvals approve ${rec.id}\`, then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
     throw new PolicyError("approval_required", message, {
       approval_id: rec.id,
+      tool,
+      args: redacted,
       status: rec.status,
       expires_at: rec.expires_at,
       estimate: estimate ?? null,

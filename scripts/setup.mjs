@@ -89,4 +89,10 @@ if (!existsSync(bundle) || statSync(bundle).mtimeMs < newestSource(root)) {
   const { buildCli } = await import("./build.mjs");
   await buildCli({ quiet: true });
 }
+// 5. The operator console and the MCP App view (dist/console); rebuilt only when console/ changed.
+const { buildConsole, consoleIsStale } = await import("./build_console.mjs");
+if (consoleIsStale()) {
+  say("building the operator console (dist/console)…");
+  await buildConsole();
+}
 say("ready.");

@@ -1,13 +1,14 @@
 // Composition root: builds every long-lived service once (runtime, stores, gate, tools) from a
 // validated config. Transports (stdio, HTTP) ask it for one MCP server per session.
 import { EventEmitter } from "node:events";
-import { mkdirSync } from "node:fs";
-import { join } from "node:path";
+import { mkdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
 import type { Logger } from "pino";
 import type { SqliteApprovalStore } from "../policies/approvals.js";
 import type { SqliteAuditLog } from "../policies/audit.js";
 import { Authenticator } from "../policies/auth.js";
 import type { Gate } from "../policies/gate.js";
+import { ApprovalNotifier, type NotifyTarget } from "../policies/notify.js";
 import { readCatalog, type Catalog } from "../runtime/catalog.js";
 import { WorkerRuntime } from "../runtime/client.js";
 import type { Runtime } from "../runtime/types.js";
@@ -17,7 +18,8 @@ import { SqliteJobs } from "../tools/support/jobs.js";
 import { MemoryOutputs } from "../tools/support/outputs.js";
 import { SqliteReports } from "../tools/support/reports.js";
 import type { ToolDefinition, ToolEnv } from "../tools/types.js";
-import type { ServerConfig } from "./config.js";
+import { ApprovalFeed } from "./approval_feed.js";
+import { ConfigError, type ServerConfig } from "./config.js";
 import { Metrics } from "./metrics.js";
 import { createPolicyServices } from "./policy.js";
 
@@ -37,6 +39,11 @@ export interface App {
   reports: SqliteReports;
   facts: WorkerModelFacts;
   metrics: Metrics;
+  /** Approval events (this process and the CLI beside it), for the console and webhooks. */
+  approvalFeed: ApprovalFeed;
+  notifier: ApprovalNotifier;
+  /** Where the operator console is served, once an HTTP server runs (for webhook messages). */
+  consoleUrl?: string;
   /** Runtime notices ("worker restarted", "worker failed") for MCP logging in every session. */
   notices: EventEmitter<{ notice: [level: "warning" | "error", data: Record<string, unknown>] }>;
   close(): Promise<void>;
@@ -48,6 +55,8 @@ export function createApp(
   opts: { runtime?: Runtime } = {},
 ): App {
   mkdirSync(config.paths.data_dir, { recursive: true });
+  // Before anything starts: a webhook without its secret is a configuration error.
+  const notifyTargets = readNotifyTargets(config);
   const catalog = readCatalog(config.paths.catalog);
   const env: ToolEnv = {
     catalog,
@@ -103,7 +112,22 @@ export function createApp(
   const facts = new WorkerModelFacts(runtime);
   const tools = buildTools(env);
 
-  return {
+  const approvalFeed = new ApprovalFeed(approvals, {
+    onError: (e) => logger.warn({ err: String(e) }, "approval feed poll failed"),
+  });
+  const notifyLog = logger.child({ component: "notify" });
+  const notifier = new ApprovalNotifier({
+    targets: notifyTargets,
+    logger: notifyLog,
+    onOutcome: (outcome) => metrics.webhookDeliveries.inc({ outcome }),
+    onAttemptFailed: () => metrics.webhookAttemptFailures.inc(),
+    consoleUrl: () => app.consoleUrl,
+  });
+  const stopNotify = notifier.enabled
+    ? approvalFeed.on((e) => notifier.notify(e.type, e.record))
+    : () => {};
+
+  const app: App = {
     config,
     logger,
     catalog,
@@ -119,12 +143,39 @@ export function createApp(
     reports,
     facts,
     metrics,
+    approvalFeed,
+    notifier,
     notices,
     async close() {
+      stopNotify();
+      approvalFeed.close();
+      notifier.close();
       jobs.close();
       await runtime.close();
       reports.close();
       policy.close();
     },
   };
+  return app;
+}
+
+/** Webhook targets with their secrets read now, so a missing secret stops the start-up. */
+function readNotifyTargets(config: ServerConfig): NotifyTarget[] {
+  return config.policy.approvals.notify.map((n, i) => {
+    const file = resolve(config.paths.config_dir, n.secret_file);
+    let secret: Buffer;
+    try {
+      secret = Buffer.from(readFileSync(file, "utf8").trim(), "utf8");
+    } catch (e) {
+      throw new ConfigError("(config)", [
+        `policy.approvals.notify.${i}.secret_file: cannot read ${file} (${(e as NodeJS.ErrnoException).code ?? e})`,
+      ]);
+    }
+    if (secret.length < 16) {
+      throw new ConfigError("(config)", [
+        `policy.approvals.notify.${i}.secret_file: the secret in ${file} is shorter than 16 bytes; use \`tpu-mcp token new\` to make one`,
+      ]);
+    }
+    return { url: n.url, secret, events: n.events };
+  });
 }

@@ -90,7 +90,14 @@ export const ServerConfigSchema = z
 
 export type ServerConfig = z.infer<typeof ServerConfigSchema> & {
   /** Absolute paths derived from the file's location; filled by loadConfig. */
-  readonly paths: { root: string; data_dir: string; catalog: string; python: string };
+  readonly paths: {
+    root: string;
+    data_dir: string;
+    catalog: string;
+    python: string;
+    /** The config file's folder (the root without a file): other relative paths start here. */
+    config_dir: string;
+  };
 };
 
 export class ConfigError extends Error {
@@ -139,6 +146,7 @@ export function parseConfig(raw: unknown, opts: { root: string; base?: string; s
         (raw as any)?.data_dir !== undefined ? abs(c.data_dir, base) : abs(c.data_dir, opts.root),
       catalog: fromRoot("catalog"),
       python: fromRoot("python"),
+      config_dir: base,
     },
   };
   return deepFreeze(config);

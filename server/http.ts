@@ -14,6 +14,7 @@ import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
 import { requiredScope, SCOPES, type Principal } from "../policies/scopes.js";
 import type { App } from "./app.js";
+import { createConsoleRoutes } from "./console.js";
 import { createMcpServer } from "./mcp.js";
 
 export interface HttpOptions {
@@ -96,6 +97,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     );
   }
   const sessions = new Map<string, Session>();
+  const consoleRoutes = createConsoleRoutes(app);
   let baseUrl = "";
   const anonymous: Principal = {
     id: "anonymous",
@@ -270,6 +272,11 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         });
       }
       if (path === "/mcp") return await handleMcp(req, res);
+      if (path === "/console" || path.startsWith("/console/")) {
+        checkHost(req);
+        checkOrigin(req);
+        return await consoleRoutes.handle(req, res, path);
+      }
       return sendJson(res, 404, { error: "not found: the MCP endpoint is /mcp" });
     } catch (e) {
       if (e instanceof HttpError) {
@@ -314,6 +321,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   const port = (http.address() as AddressInfo).port;
   const hostForUrl = opts.host.includes(":") ? `[${opts.host}]` : opts.host;
   baseUrl = `http://${hostForUrl}:${port}`;
+  consoleRoutes.setBaseUrl(baseUrl);
   return {
     url: `${baseUrl}/mcp`,
     port,
@@ -321,6 +329,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     sessions: () => sessions.size,
     async close() {
       clearInterval(sweep);
+      consoleRoutes.close();
       await Promise.all([...sessions.values()].map((s) => s.transport.close().catch(() => {})));
       sessions.clear();
       await new Promise<void>((r) => {

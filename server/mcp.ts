@@ -22,6 +22,13 @@ import { renderReportSvg } from "../tools/support/report_chart.js";
 import { renderReportMarkdown } from "../tools/support/report_format.js";
 import type { ToolDefinition } from "../tools/types.js";
 import type { App } from "./app.js";
+import {
+  APPROVAL_CARD_URI,
+  UI_EXTENSION,
+  clientSupportsUi,
+  readUiResource,
+  uiResources,
+} from "./mcp_apps.js";
 
 export const SERVER_NAME = "tpu-mcp";
 export const SERVER_VERSION = "0.1.0";
@@ -94,7 +101,12 @@ export function createMcpServer(app: App, principal: Principal): Server {
       title: "tpu-mcp: PyTorch on TPU, CUDA or CPU for agents",
     },
     {
-      capabilities: { tools: { listChanged: false }, resources: {}, logging: {} },
+      capabilities: {
+        tools: { listChanged: false },
+        resources: {},
+        logging: {},
+        extensions: { [UI_EXTENSION]: {} },
+      },
       instructions:
         "Tools to inspect the accelerator runtime, load catalog models, run inference and benchmarks. " +
         "Start with get_runtime_status and list_models. Costly calls may answer approval_required: ask a human operator " +
@@ -110,10 +122,17 @@ export function createMcpServer(app: App, principal: Principal): Server {
       "MCP message dropped (protocol error)",
     );
 
-  server.setRequestHandler(ListToolsRequestSchema, async () => ({
-    // The same enforcer as calls: a tool the principal may not call is not listed.
-    tools: visibleTools(principal, app.tools).map(toolListing) as any,
-  }));
+  const ui = () => clientSupportsUi(server.getClientCapabilities() as any);
+
+  server.setRequestHandler(ListToolsRequestSchema, async () => {
+    const withUi = ui();
+    return {
+      // The same enforcer as calls: a tool the principal may not call is not listed.
+      tools: visibleTools(principal, app.tools).map((t) =>
+        withUi && t.ui ? { ...toolListing(t), _meta: { ui: { ...t.ui } } } : toolListing(t),
+      ) as any,
+    };
+  });
 
   server.setRequestHandler(CallToolRequestSchema, async (req, extra) => {
     const tool = byName.get(req.params.name);
@@ -146,11 +165,15 @@ export function createMcpServer(app: App, principal: Principal): Server {
     const code = (result._meta?.[ERROR_META_KEY] as { code?: string } | undefined)?.code;
     app.metrics.calls.inc({ tool: tool.name, outcome: code ?? "ok" });
     app.metrics.latency.observe({ tool: tool.name }, (performance.now() - t0) / 1000);
+    // A host with MCP Apps may show the pending approval as a card; approving stays out of band.
+    if (code === "approval_required" && ui())
+      result._meta = { ...result._meta, ui: { resourceUri: APPROVAL_CARD_URI } };
     return result as any;
   });
 
   server.setRequestHandler(ListResourcesRequestSchema, async () => {
-    if (!hasScope(principal, "models:read")) return { resources: [] };
+    const views = ui() ? uiResources() : [];
+    if (!hasScope(principal, "models:read")) return { resources: views };
     const reports = app.reports.list(20).map((r) => ({
       uri: `tpu://benchmarks/${r.id}`,
       name: `benchmark ${r.id}`,
@@ -174,6 +197,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
         },
         ...reports,
         ...outputs,
+        ...views,
       ],
     };
   });
@@ -210,6 +234,12 @@ export function createMcpServer(app: App, principal: Principal): Server {
   server.setRequestHandler(ReadResourceRequestSchema, async (req) => {
     const uri = req.params.uri;
     const notFound = () => new McpError(-32002, `Resource not found: ${uri.slice(0, 200)}`);
+    // The views hold no data (results reach them from the host), so any session may read them.
+    if (uri.startsWith("ui://")) {
+      const view = readUiResource(app.config.paths.root, uri);
+      if (!view) throw notFound();
+      return view as any;
+    }
     if (!hasScope(principal, "models:read") && !uri.startsWith("tpu://outputs/")) throw notFound();
     if (uri === "tpu://models") {
       const facts = await app.facts.all().catch(() => new Map());

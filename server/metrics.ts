@@ -44,4 +44,20 @@ export class Metrics {
     help: "Open Streamable HTTP sessions.",
     registers: [this.registry],
   });
+  readonly webhookDeliveries = new Counter({
+    name: "tpu_mcp_webhook_deliveries_total",
+    help: "Approval webhook notifications by final outcome (delivered, or failed after all retries).",
+    labelNames: ["outcome"] as const,
+    registers: [this.registry],
+  });
+  readonly webhookAttemptFailures = new Counter({
+    name: "tpu_mcp_webhook_attempt_failures_total",
+    help: "Single webhook POST attempts that failed (timeouts, network errors, non-2xx answers).",
+    registers: [this.registry],
+  });
+  readonly consoleSessions = new Gauge({
+    name: "tpu_mcp_console_sessions",
+    help: "Signed-in operator console sessions.",
+    registers: [this.registry],
+  });
 }

@@ -33,6 +33,8 @@ export const getJob = (_env: ToolEnv) =>
       idempotentHint: true,
       openWorldHint: false,
     },
+    // A finished benchmark job is drawn like run_benchmark's result; other jobs show their state.
+    ui: { resourceUri: "ui://tpu-mcp/benchmark-view.html" },
     async handler(args, ctx) {
       const job = ctx.jobs.get(args.job_id, ctx.principal.id);
       if (!job) throw new ToolError("job_not_found", `no job ${args.job_id} of yours exists`);

@@ -212,6 +212,7 @@ export const runBenchmark = (env: ToolEnv) => {
       openWorldHint: false,
     },
     device: (a) => a.device ?? "default",
+    ui: { resourceUri: "ui://tpu-mcp/benchmark-view.html" },
     estimate: (a, ctx) => {
       const r = resolveBenchmark(env, a);
       return estimateFor(

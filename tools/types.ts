@@ -78,6 +78,8 @@ export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.Zod
   /** A cost estimate for the gate (approval rules, budgets, memory refusals). */
   estimate?: (args: z.infer<I>, ctx: ToolContext) => Promise<CostEstimate | undefined>;
   handler: (args: z.infer<I>, ctx: ToolContext) => Promise<z.infer<O>>;
+  /** An MCP App view (a ui:// resource) that renders this tool's results, for clients with the extension. */
+  ui?: { resourceUri: string };
   /** A short human rendering of the structured result. */
   render: (out: z.infer<O>) => string;
 }

@@ -50,11 +50,26 @@ describe("policy config", () => {
     });
     expect(c.approvals).toEqual({
       rules: [],
+      notify: [],
       ttl_s: 900,
       elicitation: true,
       elicitation_timeout_s: 300,
     });
     expect(c.audit.redact_args).toEqual(["texts", "tensors"]);
+  });
+
+  it("checks approval webhooks: an http(s) URL, a secret file, known events", () => {
+    const c = parsePolicyConfig({
+      approvals: { notify: [{ url: "https://hooks.example.com/x", secret_file: "s" }] },
+    });
+    expect(c.approvals.notify).toEqual([
+      { url: "https://hooks.example.com/x", secret_file: "s", events: ["requested", "decided"] },
+    ]);
+    const bad = (n: unknown) => () => parsePolicyConfig({ approvals: { notify: [n] } });
+    expect(bad({ url: "ftp://x/y", secret_file: "s" })).toThrow(/http:\/\/ or https:\/\//);
+    expect(bad({ url: "https://x/y" })).toThrow(/secret_file/);
+    expect(bad({ url: "https://x/y", secret_file: "s", events: ["used"] })).toThrow(/events/);
+    expect(bad({ url: "https://x/y", secret_file: "s", secret: "inline" })).toThrow();
   });
 
   it("keeps default concurrency for tools a partial record does not name", () => {

@@ -156,6 +156,22 @@ export class SqliteJobs implements Jobs {
     return this.toRecord(r);
   }
 
+  /** Every principal's jobs, newest first: for the operator console, never for a tool. */
+  listAll(limit = 100): JobRecord[] {
+    const rows = this.db
+      .prepare(`SELECT * FROM jobs ORDER BY created_at DESC, job_id LIMIT ?`)
+      .all(limit) as Row[];
+    return rows.map((r) => this.toRecord(r));
+  }
+
+  /** An operator's cancel (console, admin scope): any principal's running job. */
+  cancelAny(jobId: string): JobRecord | undefined {
+    const r = this.row(jobId);
+    if (!r) return undefined;
+    this.live.get(jobId)?.ctrl.abort(new Error("cancelled by an operator"));
+    return this.toRecord(r);
+  }
+
   async settled(jobId: string): Promise<void> {
     await this.live.get(jobId)?.done;
   }

@@ -1,0 +1,107 @@
+// One stream of approval events for the console (SSE) and the webhooks. Changes made in this
+// process arrive at once through the store's hook; changes made beside it (the `tpu-mcp
+// approvals` CLI on the same SQLite file) and expiries are found by a cheap poll. Each
+// (approval, status) pair is announced once, whichever path sees it first.
+import type { ApprovalRecord, ApprovalStatus, SqliteApprovalStore } from "../policies/approvals.js";
+
+export type FeedEventType = "created" | "decided" | "used" | "expired";
+export interface FeedEvent {
+  type: FeedEventType;
+  record: ApprovalRecord;
+}
+export type FeedListener = (e: FeedEvent) => void;
+
+const TYPE_FOR_STATUS: Record<ApprovalStatus, FeedEventType> = {
+  pending: "created",
+  approved: "decided",
+  denied: "decided",
+  used: "used",
+  expired: "expired",
+};
+
+export class ApprovalFeed {
+  private readonly seen = new Map<string, ApprovalStatus>();
+  private readonly listeners = new Set<FeedListener>();
+  private readonly unsubscribe: () => void;
+  private timer: ReturnType<typeof setInterval> | undefined;
+  private mark = "";
+  private nextExpiry = Infinity;
+
+  constructor(
+    private readonly store: SqliteApprovalStore,
+    private readonly opts: { pollMs?: number; onError?: (e: unknown) => void } = {},
+  ) {
+    this.snapshot(false);
+    this.unsubscribe = store.subscribe((e) => this.observe(e.record));
+  }
+
+  /** Starts polling while anyone listens. Returns the unsubscribe function. */
+  on(fn: FeedListener): () => void {
+    this.listeners.add(fn);
+    if (!this.timer) {
+      this.timer = setInterval(() => this.poll(), this.opts.pollMs ?? 1000);
+      this.timer.unref();
+    }
+    return () => {
+      this.listeners.delete(fn);
+      if (this.listeners.size === 0 && this.timer) {
+        clearInterval(this.timer);
+        this.timer = undefined;
+      }
+    };
+  }
+
+  close(): void {
+    this.unsubscribe();
+    this.listeners.clear();
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+  }
+
+  /** Re-reads the store when something changed or an open approval's expiry passed. */
+  poll(): void {
+    try {
+      const mark = this.store.changeMark();
+      if (mark === this.mark && Date.now() < this.nextExpiry) return;
+      this.snapshot(true);
+    } catch (e) {
+      this.opts.onError?.(e);
+    }
+  }
+
+  private snapshot(announce: boolean): void {
+    this.mark = this.store.changeMark();
+    let next = Infinity;
+    // Oldest first, so a burst is announced in the order it happened.
+    for (const r of this.store.list({ limit: 500 }).reverse()) {
+      if (announce) this.observe(r);
+      else this.seen.set(r.id, r.status);
+      if (r.status === "pending" || r.status === "approved")
+        next = Math.min(next, Date.parse(r.expires_at));
+    }
+    this.nextExpiry = next;
+  }
+
+  private observe(r: ApprovalRecord): void {
+    const before = this.seen.get(r.id);
+    if (before === r.status) return;
+    this.seen.set(r.id, r.status);
+    // Steps missed between two polls are still announced, in order.
+    const types: FeedEventType[] = [];
+    if (before === undefined) types.push("created");
+    if ((before === undefined || before === "pending") && r.decided_by) types.push("decided");
+    const last = TYPE_FOR_STATUS[r.status];
+    if (!types.includes(last)) types.push(last);
+    if (r.status === "pending" || r.status === "approved")
+      this.nextExpiry = Math.min(this.nextExpiry, Date.parse(r.expires_at));
+    for (const type of types) {
+      for (const fn of this.listeners) {
+        try {
+          fn({ type, record: r });
+        } catch (e) {
+          this.opts.onError?.(e);
+        }
+      }
+    }
+  }
+}

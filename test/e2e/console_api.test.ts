@@ -1,0 +1,134 @@
+// The console's HTTP surface without a browser: headers, assets, session lifetime (a JWT caps
+// it), sign-out, sign-in throttling, and refusals without a session. The clicking is in
+// test/browser/console.test.ts.
+import { SignJWT, exportJWK, generateKeyPair } from "jose";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ROOT, startHttpServer, writeConfig, type HttpServerProc } from "../helpers/server.js";
+
+const demo = JSON.parse(readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8")).policy;
+
+describe("console HTTP surface", () => {
+  let server: HttpServerProc;
+  let base: string;
+  let sign: (scope: string, exp: string) => Promise<string>;
+
+  beforeAll(async () => {
+    const { publicKey, privateKey } = await generateKeyPair("ES256");
+    const jwk = { ...(await exportJWK(publicKey)), kid: "k1", alg: "ES256" };
+    sign = (scope, exp) =>
+      new SignJWT({ scope })
+        .setProtectedHeader({ alg: "ES256", kid: "k1" })
+        .setIssuer("https://issuer.test")
+        .setAudience("https://tpu-mcp.test/mcp")
+        .setSubject("carol")
+        .setIssuedAt()
+        .setExpirationTime(exp)
+        .sign(privateKey);
+    const policy = {
+      ...demo,
+      jwt: {
+        issuer: "https://issuer.test",
+        audience: "https://tpu-mcp.test/mcp",
+        jwks: { keys: [jwk] },
+      },
+    };
+    server = await startHttpServer(
+      writeConfig({ policy, runtime: { device: "cpu", start: "lazy" } }),
+    );
+    base = server.url.replace(/\/mcp$/, "");
+  });
+  afterAll(async () => {
+    await server?.stop();
+  });
+
+  const signIn = (token: string, headers: Record<string, string> = {}) =>
+    fetch(`${base}/console/api/session`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify({ token }),
+    });
+  const cookieOf = (r: Response) => (r.headers.get("set-cookie") ?? "").split(";")[0];
+
+  it("serves the page and assets with a strict CSP and no inline script", async () => {
+    const page = await fetch(`${base}/console/`);
+    expect(page.status).toBe(200);
+    const csp = page.headers.get("content-security-policy")!;
+    expect(csp).toContain("script-src 'self';");
+    expect(csp).not.toContain("unsafe-inline");
+    expect(csp).toContain("frame-ancestors 'none'");
+    const html = await page.text();
+    expect(html).not.toMatch(/<script>|<script [^>]*>\s*[^<\s]|<style|style=/);
+    const js = await fetch(`${base}/console/assets/app.js`);
+    expect(js.headers.get("content-type")).toMatch(/^text\/javascript/);
+    expect(js.headers.get("x-content-type-options")).toBe("nosniff");
+    expect((await fetch(`${base}/console/assets/../../mcp`)).status).not.toBe(200);
+    expect((await fetch(`${base}/console/assets/other.js`)).status).toBe(404);
+  });
+
+  it("answers every API call without a session with 401, and says signed_in: false on GET session", async () => {
+    for (const path of ["approvals", "events", "audit", "jobs", "runtime", "benchmarks"]) {
+      const r = await fetch(`${base}/console/api/${path}`);
+      expect(r.status, path).toBe(401);
+    }
+    expect(await (await fetch(`${base}/console/api/session`)).json()).toEqual({ signed_in: false });
+    const forged = await fetch(`${base}/console/api/approvals`, {
+      headers: { cookie: "tpu_console=forged" },
+    });
+    expect(forged.status).toBe(401);
+  });
+
+  it("caps a session at its JWT's expiry, refuses a JWT without approvals:grant, and signs out", async () => {
+    const reader = await signIn(await sign("models:read", "5m"));
+    expect(reader.status).toBe(403);
+    const r = await signIn(await sign("approvals:grant", "90s"));
+    expect(r.status).toBe(200);
+    const body = await r.json();
+    expect(body.principal).toBe("carol");
+    const left = Date.parse(body.expires_at) - Date.now();
+    expect(left).toBeGreaterThan(0);
+    expect(left).toBeLessThanOrEqual(90_000);
+    expect(r.headers.get("set-cookie")).toMatch(/HttpOnly; SameSite=Strict; Max-Age=(\d{1,2})\b/);
+    const cookie = cookieOf(r);
+    expect((await fetch(`${base}/console/api/approvals`, { headers: { cookie } })).status).toBe(
+      200,
+    );
+    // Sign-out needs the CSRF token too; afterwards the cookie is worthless.
+    const noCsrf = await fetch(`${base}/console/api/session`, {
+      method: "DELETE",
+      headers: { cookie },
+    });
+    expect(noCsrf.status).toBe(403);
+    const out = await fetch(`${base}/console/api/session`, {
+      method: "DELETE",
+      headers: { cookie, "x-csrf-token": body.csrf },
+    });
+    expect(out.status).toBe(200);
+    expect((await fetch(`${base}/console/api/approvals`, { headers: { cookie } })).status).toBe(
+      401,
+    );
+  });
+
+  it("refuses a foreign Origin, a cross-site fetch, form-encoded bodies, and throttles guessing", async () => {
+    const foreign = await signIn("demo-operator-token", { origin: "https://evil.example" });
+    expect(foreign.status).toBe(403);
+    const crossSite = await signIn("demo-operator-token", { "sec-fetch-site": "cross-site" });
+    expect(crossSite.status).toBe(403);
+    const form = await fetch(`${base}/console/api/session`, {
+      method: "POST",
+      headers: { "content-type": "application/x-www-form-urlencoded" },
+      body: "token=demo-operator-token",
+    });
+    expect(form.status).toBe(415);
+    const codes: number[] = [];
+    for (let i = 0; i < 11; i++) codes.push((await signIn(`wrong-${i}`)).status);
+    // At most 10 refused sign-ins a minute per address (earlier tests here spent some).
+    const first = codes.indexOf(429);
+    expect(first).toBeGreaterThan(0);
+    expect(codes.slice(0, first).every((c) => c === 401)).toBe(true);
+    expect(codes.slice(first).every((c) => c === 429)).toBe(true);
+    // The right token is throttled too while the window lasts: guessing costs the guesser.
+    expect((await signIn("demo-operator-token")).status).toBe(429);
+  });
+});
