@@ -37,6 +37,18 @@ export const ServerConfigSchema = z
         resource_url: z.string().url().optional(),
         session_idle_s: z.number().int().min(10).default(1800),
         max_sessions: z.number().int().min(1).default(256),
+        /** Open sessions per principal; over it, that principal's oldest idle session is closed. */
+        max_sessions_per_principal: z.number().int().min(1).default(32),
+        /** New sessions (`initialize`) allowed per minute, with bursts up to the same number. */
+        initialize_rate: z
+          .object({
+            per_principal_per_minute: z.number().int().min(1).default(60),
+            per_address_per_minute: z.number().int().min(1).default(120),
+          })
+          .strict()
+          .prefault({}),
+        /** /metrics needs a token with metrics:read: "auto" = unless bound to loopback. */
+        metrics_auth: z.enum(["auto", "token"]).default("auto"),
       })
       .strict()
       .prefault({}),
