@@ -101,7 +101,14 @@ export const ServerConfigSchema = z
 
 export type ServerConfig = z.infer<typeof ServerConfigSchema> & {
   /** Absolute paths derived from the file's location; filled by loadConfig. */
-  readonly paths: { root: string; data_dir: string; catalog: string; python: string };
+  readonly paths: {
+    root: string;
+    data_dir: string;
+    catalog: string;
+    python: string;
+    /** The audit chain's key file (policy.audit.key_file, else inside data_dir). */
+    audit_key: string;
+  };
 };
 
 export class ConfigError extends Error {
@@ -142,14 +149,17 @@ export function parseConfig(raw: unknown, opts: { root: string; base?: string; s
       ? abs(c.runtime[key], base)
       : abs(c.runtime[key], opts.root);
   // The device given on the command line overrides the file (applyOverrides put it in raw).
+  const data_dir =
+    (raw as any)?.data_dir !== undefined ? abs(c.data_dir, base) : abs(c.data_dir, opts.root);
+  const keyFile = c.policy.audit.key_file;
   const config: ServerConfig = {
     ...c,
     paths: {
       root: opts.root,
-      data_dir:
-        (raw as any)?.data_dir !== undefined ? abs(c.data_dir, base) : abs(c.data_dir, opts.root),
+      data_dir,
       catalog: fromRoot("catalog"),
       python: fromRoot("python"),
+      audit_key: keyFile ? abs(keyFile, base) : resolve(data_dir, "audit.key"),
     },
   };
   return deepFreeze(config);
