@@ -170,3 +170,32 @@ describe("tpu-mcp stdio", () => {
     await call(conn.client, "unload_model", { model: "mnist-cnn" });
   });
 });
+
+describe("short stdio sessions", () => {
+  it("a client that leaves during start-up ends the server quietly (nothing at error level)", async () => {
+    const { spawn } = await import("node:child_process");
+    const { CLI, INITIALIZE, ROOT } = await import("../helpers/server.js");
+    const proc = spawn(process.execPath, [CLI, "stdio", "--config", writeConfig()], {
+      cwd: ROOT,
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    let out = "";
+    let err = "";
+    proc.stdout.on("data", (d) => (out += d));
+    proc.stderr.on("data", (d) => (err += d));
+    const exited = new Promise<number | null>((r) => proc.once("exit", (code) => r(code)));
+    proc.stdin.write(JSON.stringify(INITIALIZE) + "\n");
+    // As soon as the server answers, the client goes away: the worker is still starting.
+    for (let i = 0; i < 600 && !out.includes('"result"'); i++)
+      await new Promise((r) => setTimeout(r, 50));
+    expect(out).toContain('"protocolVersion"');
+    proc.stdin.end();
+    expect(await exited).toBe(0);
+    const errors = err
+      .split("\n")
+      .filter((l) => l.startsWith("{"))
+      .map((l) => JSON.parse(l))
+      .filter((l) => l.level >= 50);
+    expect(errors).toEqual([]);
+  });
+});
