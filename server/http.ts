@@ -130,8 +130,10 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   };
   const initPerPrincipal = new RateLimiter(cfg.initialize_rate.per_principal_per_minute);
   const initPerAddress = new RateLimiter(cfg.initialize_rate.per_address_per_minute);
+  // --no-auth (loopback only) means no tokens anywhere, /metrics included.
   const metricsNeedToken =
-    cfg.metrics_auth === "token" || (cfg.metrics_auth === "auto" && !isLoopbackHost(opts.host));
+    !opts.noAuth &&
+    (cfg.metrics_auth === "token" || (cfg.metrics_auth === "auto" && !isLoopbackHost(opts.host)));
 
   const metadataUrl = () => `${baseUrl}/.well-known/oauth-protected-resource`;
   const resourceUrl = () => cfg.resource_url ?? `${baseUrl}/mcp`;
