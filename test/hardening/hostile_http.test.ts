@@ -124,6 +124,7 @@ describe("session caps and initialize limits", () => {
       const early = await connectHttp(server.url, TOKENS.reader);
       expect((await early.client.listTools()).tools.length).toBeGreaterThan(0);
       // 300 raw initializes at once, as a per-call CLI (the Inspector's) would leave them.
+      const t0 = performance.now();
       const statuses = await Promise.all(
         Array.from({ length: 300 }, () =>
           post(server.url, bearer(TOKENS.reader)).then(async (r) => {
@@ -132,16 +133,18 @@ describe("session caps and initialize limits", () => {
           }),
         ),
       );
+      // What the bucket can have let through: the burst (40) plus its refill while the flood ran.
+      const allowance = 40 + Math.ceil(((performance.now() - t0) / 60_000) * 40);
       const ok = statuses.filter((s) => s.status === 200).length;
       const limited = statuses.filter((s) => s.status === 429);
       expect(ok + limited.length).toBe(300);
-      // At most the burst allowance (40) passes; the rest are refused with a Retry-After, nearly
-      // all by the rate limit (a few may meet the cap while all six sessions are initialising).
+      // The rest are refused with a Retry-After, nearly all by the rate limit (a few may meet
+      // the cap while all six of the reader's sessions are still initialising).
       expect(ok).toBeGreaterThanOrEqual(PER_PRINCIPAL);
-      expect(ok).toBeLessThanOrEqual(45);
+      expect(ok).toBeLessThanOrEqual(allowance);
       expect(limited.every((s) => Number(s.retry) >= 1)).toBe(true);
       expect(limited.filter((s) => /initialize_rate/.test(s.text)).length).toBeGreaterThanOrEqual(
-        255,
+        300 - allowance,
       );
       // The reader never holds more than its cap; its first session was evicted (it was idle).
       expect(await openSessions(base)).toBeLessThanOrEqual(PER_PRINCIPAL);
