@@ -1,6 +1,12 @@
-// The audit trail: one record per decision, hash-chained so an edited, deleted or reordered
-// record is detectable, and mirrored as a pino line so logs shipped elsewhere anchor the chain.
+// The audit trail: one record per decision, chained with HMAC-SHA256 under a key kept outside the
+// database, so an edited, deleted, reordered or recomputed record is detectable by whoever holds
+// the key, and mirrored as a pino line so logs shipped elsewhere anchor the chain too. The first
+// keyed record ("chain_keyed") pins everything before it; a trail without it while the key
+// exists was wiped or replaced. `head()` is what an operator exports to prove later that nothing
+// was rolled back.
 
+import { createHmac } from "node:crypto";
+import { ephemeralAuditKey, type AuditKey } from "./audit_key.js";
 import { canonicalJson, sha256Hex } from "./digest.js";
 import type { CostEstimate } from "./estimate.js";
 import { resolveDb, type SqliteDb } from "./sqlite.js";
@@ -13,7 +19,9 @@ export type AuditOutcome =
   | "approval_denied"
   | "approval_expired"
   | "executed"
-  | "failed";
+  | "failed"
+  /** The first record under a key: from here on every record is HMAC'd with that key. */
+  | "chain_keyed";
 
 export interface AuditRecord {
   time: string;
@@ -29,6 +37,8 @@ export interface AuditRecord {
   duration_ms?: number;
   approval_id?: string;
   approver?: string;
+  /** On chain_keyed records: the id of the key that chains the records from here on. */
+  key_id?: string;
 }
 
 export interface StoredAuditRecord extends AuditRecord {
@@ -44,10 +54,20 @@ export interface AuditVerifyResult {
   reason: string;
 }
 
+/** The last record's position and hash: an operator stores it elsewhere (`tpu-mcp audit head`). */
+export interface AuditHead {
+  seq: number;
+  hash: string;
+  /** The time of the record at `seq` (null for an empty trail). */
+  time: string | null;
+  key_id: string | null;
+}
+
 export interface AuditLog {
   append(record: AuditRecord): StoredAuditRecord;
   tail(n: number): StoredAuditRecord[];
-  verify(): AuditVerifyResult;
+  head(): AuditHead;
+  verify(opts?: { head?: AuditHead }): AuditVerifyResult;
   close(): void;
 }
 
@@ -60,8 +80,24 @@ export interface PolicyLogger {
 
 export const GENESIS_HASH = "0".repeat(64);
 
+/** The unkeyed chain of trails written before the key existed (kept to verify them). */
 export function chainHash(prevHash: string, seq: number, record: AuditRecord): string {
   return sha256Hex(prevHash + canonicalJson({ ...record, seq }));
+}
+
+export function keyedChainHash(
+  key: Buffer,
+  prevHash: string,
+  seq: number,
+  record: AuditRecord,
+): string {
+  return createHmac("sha256", key)
+    .update(prevHash + canonicalJson({ ...record, seq }), "utf8")
+    .digest("hex");
+}
+
+function headMac(key: Buffer, seq: number, hash: string): string {
+  return createHmac("sha256", key).update(`audit-head\u0000${seq}\u0000${hash}`).digest("hex");
 }
 
 function summarise(v: unknown): unknown {
@@ -116,15 +152,33 @@ interface Row {
   hash: string;
 }
 
+export interface AuditLogOptions {
+  logger?: PolicyLogger;
+  /**
+   * The chain key (see audit_key.ts). Absent: a random key of this process only, and no
+   * chain_keyed anchor (tests and throwaway stores). null: no key available; the log can be read
+   * and an unkeyed (pre-key) trail verified, but nothing may be appended.
+   */
+  key?: AuditKey | null;
+  /** The key file was made just now: start the keyed chain (migrating an unkeyed trail). */
+  keyCreated?: boolean;
+}
+
 export class SqliteAuditLog implements AuditLog {
   private readonly db: SqliteDb;
   private readonly owned: boolean;
   private readonly logger?: PolicyLogger;
+  private readonly key: AuditKey | null;
+  /** Whether the trail must contain a chain_keyed record for the key (false for ephemeral keys). */
+  private readonly anchored: boolean;
 
-  constructor(pathOrDb: string | SqliteDb, opts: { logger?: PolicyLogger } = {}) {
+  constructor(pathOrDb: string | SqliteDb, opts: AuditLogOptions = {}) {
     ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
     this.logger = opts.logger;
-    // audit_head remembers the last seq and hash, so removing records from the end also shows.
+    this.key = opts.key === undefined ? ephemeralAuditKey() : opts.key;
+    this.anchored = opts.key !== undefined;
+    // audit_head remembers the last seq and hash (with a MAC), so removing records from the end
+    // and rewriting the head to match also shows.
     this.db.exec(`CREATE TABLE IF NOT EXISTS audit_log (
       seq INTEGER PRIMARY KEY,
       record TEXT NOT NULL,
@@ -136,37 +190,87 @@ export class SqliteAuditLog implements AuditLog {
       seq INTEGER NOT NULL,
       hash TEXT NOT NULL
     );`);
+    // Databases from before the key: the head gains its MAC column (filled on the next append).
+    const cols = this.db.prepare("PRAGMA table_info(audit_head)").all() as { name: string }[];
+    if (!cols.some((c) => c.name === "mac"))
+      this.db.exec("ALTER TABLE audit_head ADD COLUMN mac TEXT");
+    if (this.key && this.anchored) this.startChain(this.key, opts.keyCreated === true);
+  }
+
+  /** The seq of the chain_keyed record for this key, null when there is none. */
+  private keyedSince(key: AuditKey): number | null {
+    const row = this.db
+      .prepare(
+        `SELECT seq, json_extract(record, '$.key_id') AS key_id FROM audit_log
+         WHERE json_extract(record, '$.outcome') = 'chain_keyed' ORDER BY seq DESC LIMIT 1`,
+      )
+      .get() as { seq: number; key_id: string } | undefined;
+    if (!row) return null;
+    if (row.key_id !== key.id) {
+      throw new Error(
+        `the audit trail is chained with key ${row.key_id}, but ${key.path} holds key ${key.id}: restore the original key file (or archive the database and the key together to start a new trail)`,
+      );
+    }
+    return row.seq;
+  }
+
+  private startChain(key: AuditKey, created: boolean): void {
+    if (this.keyedSince(key) !== null) return;
+    const head = this.db.prepare("SELECT seq FROM audit_head WHERE id = 1").get() as
+      { seq: number } | undefined;
+    const count = head?.seq ?? 0;
+    if (!created) {
+      // The key existed before, yet the trail has no record of it: wiped, or replaced.
+      this.logger?.error(
+        { audit_key: key.id, key_created_at: key.created_at, records: count },
+        "audit trail reset: the key exists but the trail has no chain_keyed record for it; run `tpu-mcp audit verify`",
+      );
+      return;
+    }
+    this.append({
+      time: new Date().toISOString(),
+      principal: "tpu-mcp",
+      tool: "audit",
+      args_digest: null,
+      outcome: "chain_keyed",
+      key_id: key.id,
+      reason:
+        count > 0
+          ? `records 1..${count} predate the key: they are hash-chained only, and pinned by this record`
+          : "new trail",
+    });
   }
 
   // Prepared once: every tool call appends at least twice, and preparing costs more than running.
   private tx?: ((clean: AuditRecord) => StoredAuditRecord) & {
     immediate: (clean: AuditRecord) => StoredAuditRecord;
   };
-  private appendTx() {
+  private appendTx(key: AuditKey) {
     if (this.tx) return this.tx;
     const headStmt = this.db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1");
     const insertStmt = this.db.prepare(
       "INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)",
     );
     const headUpsert = this.db.prepare(
-      "INSERT INTO audit_head (id, seq, hash) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+      "INSERT INTO audit_head (id, seq, hash, mac) VALUES (1, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, mac = excluded.mac",
     );
     this.tx = this.db.transaction((clean: AuditRecord): StoredAuditRecord => {
       const head = headStmt.get() as { seq: number; hash: string } | undefined;
       const seq = (head?.seq ?? 0) + 1;
       const prev = head?.hash ?? GENESIS_HASH;
-      const hash = chainHash(prev, seq, clean);
+      const hash = keyedChainHash(key.key, prev, seq, clean);
       insertStmt.run(seq, canonicalJson(clean), prev, hash);
-      headUpsert.run(seq, hash);
+      headUpsert.run(seq, hash, headMac(key.key, seq, hash));
       return { ...clean, seq, prev_hash: prev, hash };
     }) as any;
     return this.tx!;
   }
 
   append(record: AuditRecord): StoredAuditRecord {
+    if (!this.key) throw new Error("the audit key is missing: this audit log is read-only");
     // Drop undefined fields so the stored JSON and the hashed canonical form agree.
     const clean = JSON.parse(canonicalJson(record)) as AuditRecord;
-    const tx = this.appendTx();
+    const tx = this.appendTx(this.key);
     // IMMEDIATE: the server and the CLI may append at once; each must see the other's head.
     const stored = tx.immediate(clean);
     this.logger?.info({ audit: stored }, `audit ${stored.outcome} ${stored.tool}`);
@@ -185,10 +289,29 @@ export class SqliteAuditLog implements AuditLog {
     }));
   }
 
-  verify(): AuditVerifyResult {
+  head(): AuditHead {
+    const h = this.db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1").get() as
+      { seq: number; hash: string } | undefined;
+    if (!h) return { seq: 0, hash: GENESIS_HASH, time: null, key_id: this.anchoredKeyId() };
+    const r = this.db.prepare("SELECT record FROM audit_log WHERE seq = ?").get(h.seq) as
+      { record: string } | undefined;
+    const time = r ? ((JSON.parse(r.record) as AuditRecord).time ?? null) : null;
+    return { seq: h.seq, hash: h.hash, time, key_id: this.anchoredKeyId() };
+  }
+
+  private anchoredKeyId(): string | null {
+    return this.key && this.anchored ? this.key.id : null;
+  }
+
+  verify(opts: { head?: AuditHead } = {}): AuditVerifyResult {
     let expectedSeq = 1;
     let prev = GENESIS_HASH;
     let checked = 0;
+    const key = this.key;
+    // Before the chain_keyed record, records carry the unkeyed hash; from it on, the keyed one.
+    let keyed = !this.anchored;
+    let keyedFrom: number | null = keyed ? 1 : null;
+    let foreignKey: string | null = null;
     const bad = (seq: number, reason: string): AuditVerifyResult => ({
       ok: false,
       checked,
@@ -211,15 +334,46 @@ export class SqliteAuditLog implements AuditLog {
       } catch {
         return bad(r.seq, `record ${r.seq} is not valid JSON`);
       }
-      if (chainHash(prev, r.seq, rec) !== r.hash || r.record !== canonicalJson(rec)) {
+      if (r.record !== canonicalJson(rec))
+        return bad(r.seq, `record ${r.seq} was modified (not in canonical form)`);
+      if (!keyed && rec.outcome === "chain_keyed") {
+        if (!key) foreignKey = rec.key_id ?? "?";
+        else if (rec.key_id !== key.id)
+          return bad(
+            r.seq,
+            `record ${r.seq} starts a chain under key ${rec.key_id}, but the key file holds key ${key.id}`,
+          );
+        else {
+          keyed = true;
+          keyedFrom = r.seq;
+        }
+      }
+      if (foreignKey) {
+        return bad(
+          r.seq,
+          `the trail is chained with key ${foreignKey} from record ${r.seq} on, and the key file is missing: restore it to verify`,
+        );
+      }
+      if (keyed) {
+        if (keyedChainHash(key!.key, prev, r.seq, rec) !== r.hash)
+          return bad(
+            r.seq,
+            `record ${r.seq} was modified or rewritten (its HMAC does not match: the chain was recomputed without the key)`,
+          );
+      } else if (chainHash(prev, r.seq, rec) !== r.hash) {
+        if (key && keyedChainHash(key.key, prev, r.seq, rec) === r.hash)
+          return bad(
+            r.seq,
+            `record ${r.seq} is keyed but no chain_keyed record precedes it: the start of the trail was removed`,
+          );
         return bad(r.seq, `record ${r.seq} was modified (hash does not match its content)`);
       }
       prev = r.hash;
       expectedSeq++;
       checked++;
     }
-    const head = this.db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1").get() as
-      { seq: number; hash: string } | undefined;
+    const head = this.db.prepare("SELECT seq, hash, mac FROM audit_head WHERE id = 1").get() as
+      { seq: number; hash: string; mac: string | null } | undefined;
     const lastSeq = expectedSeq - 1;
     if (head && head.seq > lastSeq) {
       return bad(lastSeq + 1, `records ${lastSeq + 1}..${head.seq} are missing from the end`);
@@ -228,10 +382,51 @@ export class SqliteAuditLog implements AuditLog {
       return bad(lastSeq, `the head (seq ${head.seq}) does not match the last record ${lastSeq}`);
     }
     if (!head && checked > 0) return bad(1, "audit head is missing");
+    if (this.anchored && key && !keyed) {
+      return bad(
+        lastSeq + 1,
+        checked === 0
+          ? `the trail is empty, but the key ${key.id} (created ${key.created_at}) exists: the trail was wiped or the database replaced`
+          : `no chain_keyed record for key ${key.id} (created ${key.created_at}): the trail was reset or rewritten without the key`,
+      );
+    }
+    if (head && keyed && key && lastSeq >= (keyedFrom ?? 1)) {
+      if (head.mac !== headMac(key.key, head.seq, head.hash))
+        return bad(
+          lastSeq,
+          `the head row was rewritten (its MAC does not match): records after ${lastSeq} were probably removed`,
+        );
+    }
+    if (opts.head) {
+      const h = opts.head;
+      if (h.key_id && key && this.anchored && h.key_id !== key.id)
+        return bad(h.seq, `the exported head names key ${h.key_id}, the key file holds ${key.id}`);
+      if (h.seq > lastSeq)
+        return bad(
+          lastSeq + 1,
+          `the exported head is record ${h.seq}, but the trail ends at ${lastSeq}: records ${lastSeq + 1}..${h.seq} were removed`,
+        );
+      if (h.seq > 0) {
+        const r = this.db.prepare("SELECT hash FROM audit_log WHERE seq = ?").get(h.seq) as
+          { hash: string } | undefined;
+        if (!r || r.hash !== h.hash)
+          return bad(
+            h.seq,
+            `record ${h.seq} differs from the exported head: the trail was rewritten since the export`,
+          );
+      }
+    }
+    const note = !key
+      ? " (not keyed: no key file, hashes only)"
+      : keyedFrom && keyedFrom > 1
+        ? ` (records 1..${keyedFrom - 1} predate the key and are pinned by record ${keyedFrom})`
+        : "";
+    const against = opts.head ? `, and include the exported head #${opts.head.seq}` : "";
     return {
       ok: true,
       checked,
-      reason: checked === 0 ? "empty log" : `${checked} records chain correctly`,
+      reason:
+        checked === 0 ? `empty log${note}` : `${checked} records chain correctly${against}${note}`,
     };
   }
 

@@ -151,6 +151,8 @@ const ApprovalsSchema = z.object({
 
 const AuditSchema = z.object({
   redact_args: z.array(z.string().min(1)).default(["texts", "tensors"]),
+  /** The chain's HMAC key file (made 0600 at first start); default `<data_dir>/audit.key`. */
+  key_file: z.string().min(1).optional(),
 });
 
 export const PolicyConfigSchema = z

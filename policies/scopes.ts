@@ -9,6 +9,7 @@ export const SCOPES = [
   "benchmark:run",
   "jobs:read",
   "approvals:grant",
+  "metrics:read",
   "admin",
 ] as const;
 export type Scope = (typeof SCOPES)[number];

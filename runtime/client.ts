@@ -253,9 +253,12 @@ export class WorkerRuntime implements Runtime {
       // Deferred so the owner can attach its event listeners first (and close() cancels it).
       setImmediate(() => {
         if (this._state !== "stopped" || this.closing) return;
-        this.start().catch((e: unknown) =>
-          this.log.error({ err: String(e) }, "eager worker start failed"),
-        );
+        this.start().catch((e: unknown) => {
+          // A client that leaves during start-up (a short stdio session) closes the runtime
+          // under the start: that is an ordinary end, not a failure.
+          if (this.closing) this.log.debug({ err: String(e) }, "eager worker start abandoned");
+          else this.log.error({ err: String(e) }, "eager worker start failed");
+        });
       });
     }
   }

@@ -24,7 +24,9 @@ commands:
   doctor                        versions, devices found and why, catalog and config problems
   approvals list|show ID|approve ID|deny ID [--reason R] [--token T]
                                 decide pending approvals (operator token: --token or TPU_MCP_TOKEN)
-  audit tail [-n N] | verify    read or verify the hash-chained audit trail
+  audit tail [-n N] | head | verify [--head FILE]
+                                read the audit trail, export its head (store it elsewhere),
+                                verify the keyed chain (and that it still holds an exported head)
   token new | hash TOKEN        make a token and print its sha256 for the config
 
 common options:
@@ -65,6 +67,7 @@ async function main(argv: string[]): Promise<number> {
       reason: { type: "string" },
       n: { type: "string", short: "n" },
       json: { type: "boolean" },
+      head: { type: "string" },
     },
   });
 
@@ -168,6 +171,7 @@ async function main(argv: string[]): Promise<number> {
     case "audit":
       return runAuditCommand(config, positionals, {
         n: values.n ? Number(values.n) : 20,
+        head: values.head,
         json: values.json === true,
         out,
         err,

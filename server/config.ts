@@ -37,6 +37,18 @@ export const ServerConfigSchema = z
         resource_url: z.string().url().optional(),
         session_idle_s: z.number().int().min(10).default(1800),
         max_sessions: z.number().int().min(1).default(256),
+        /** Open sessions per principal; over it, that principal's oldest idle session is closed. */
+        max_sessions_per_principal: z.number().int().min(1).default(32),
+        /** New sessions (`initialize`) allowed per minute, with bursts up to the same number. */
+        initialize_rate: z
+          .object({
+            per_principal_per_minute: z.number().int().min(1).default(60),
+            per_address_per_minute: z.number().int().min(1).default(120),
+          })
+          .strict()
+          .prefault({}),
+        /** /metrics needs a token with metrics:read: "auto" = unless bound to loopback. */
+        metrics_auth: z.enum(["auto", "token"]).default("auto"),
       })
       .strict()
       .prefault({}),
@@ -97,6 +109,8 @@ export type ServerConfig = z.infer<typeof ServerConfigSchema> & {
     python: string;
     /** The config file's folder (the root without a file): other relative paths start here. */
     config_dir: string;
+    /** The audit chain's key file (policy.audit.key_file, else inside data_dir). */
+    audit_key: string;
   };
 };
 
@@ -138,15 +152,18 @@ export function parseConfig(raw: unknown, opts: { root: string; base?: string; s
       ? abs(c.runtime[key], base)
       : abs(c.runtime[key], opts.root);
   // The device given on the command line overrides the file (applyOverrides put it in raw).
+  const data_dir =
+    (raw as any)?.data_dir !== undefined ? abs(c.data_dir, base) : abs(c.data_dir, opts.root);
+  const keyFile = c.policy.audit.key_file;
   const config: ServerConfig = {
     ...c,
     paths: {
       root: opts.root,
-      data_dir:
-        (raw as any)?.data_dir !== undefined ? abs(c.data_dir, base) : abs(c.data_dir, opts.root),
+      data_dir,
       catalog: fromRoot("catalog"),
       python: fromRoot("python"),
       config_dir: base,
+      audit_key: keyFile ? abs(keyFile, base) : resolve(data_dir, "audit.key"),
     },
   };
   return deepFreeze(config);

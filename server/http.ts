@@ -1,6 +1,7 @@
 // Streamable HTTP: stateful sessions (one MCP server per session, bound to the principal that
-// opened it), bearer auth, Origin and Host checks, a body limit, and the operational endpoints
-// /healthz, /readyz and /metrics that answer without touching the worker.
+// opened it), bearer auth, Origin and Host checks and CORS for every path, a body limit, session
+// caps per principal and a rate limit on `initialize`, and the operational endpoints /healthz,
+// /readyz and /metrics that answer without waiting on the worker.
 import { randomUUID } from "node:crypto";
 import {
   createServer,
@@ -12,7 +13,8 @@ import type { AddressInfo } from "node:net";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
-import { requiredScope, SCOPES, type Principal } from "../policies/scopes.js";
+import { RateLimiter } from "../policies/limits.js";
+import { hasScope, requiredScope, SCOPES, type Principal } from "../policies/scopes.js";
 import type { App } from "./app.js";
 import { createConsoleRoutes } from "./console.js";
 import { createMcpServer } from "./mcp.js";
@@ -29,6 +31,10 @@ interface Session {
   server: Server;
   principalId: string;
   lastSeen: number;
+  /** POSTs of this session still being answered; a session with none is idle (evictable). */
+  busy: number;
+  /** JSON-RPC ids of requests in progress: a second request with one of them is refused. */
+  pendingIds: Set<string | number>;
 }
 
 export interface RunningHttp {
@@ -49,10 +55,17 @@ class HttpError extends Error {
     readonly status: number,
     message: string,
     readonly headers: Record<string, string> = {},
+    readonly id: string | number | null = null,
   ) {
     super(message);
   }
 }
+
+/** Headers a browser may send (preflight) and read (responses) across origins. */
+const CORS_ALLOW_HEADERS =
+  "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID";
+const CORS_EXPOSE_HEADERS = "Mcp-Session-Id, Mcp-Protocol-Version, WWW-Authenticate, Retry-After";
+const CORS_ALLOW_METHODS = "GET, POST, DELETE, OPTIONS";
 
 function sendJson(
   res: ServerResponse,
@@ -71,8 +84,9 @@ function jsonRpcError(
   code: number,
   message: string,
   headers: Record<string, string> = {},
+  id: string | number | null = null,
 ) {
-  sendJson(res, status, { jsonrpc: "2.0", error: { code, message }, id: null }, headers);
+  sendJson(res, status, { jsonrpc: "2.0", error: { code, message }, id }, headers);
 }
 
 async function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
@@ -86,6 +100,18 @@ async function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
     chunks.push(chunk as Buffer);
   }
   return Buffer.concat(chunks);
+}
+
+/** The ids of the JSON-RPC requests (not notifications or responses) in a body. */
+function requestIds(body: unknown): (string | number)[] {
+  const msgs = Array.isArray(body) ? body : [body];
+  const ids: (string | number)[] = [];
+  for (const m of msgs) {
+    if (!m || typeof m !== "object" || typeof (m as any).method !== "string") continue;
+    const id = (m as any).id;
+    if (typeof id === "string" || (typeof id === "number" && Number.isFinite(id))) ids.push(id);
+  }
+  return ids;
 }
 
 export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHttp> {
@@ -104,6 +130,12 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     scopes: app.config.policy.stdio_principal.scopes as any,
     via: "token",
   };
+  const initPerPrincipal = new RateLimiter(cfg.initialize_rate.per_principal_per_minute);
+  const initPerAddress = new RateLimiter(cfg.initialize_rate.per_address_per_minute);
+  // --no-auth (loopback only) means no tokens anywhere, /metrics included.
+  const metricsNeedToken =
+    !opts.noAuth &&
+    (cfg.metrics_auth === "token" || (cfg.metrics_auth === "auto" && !isLoopbackHost(opts.host)));
 
   const metadataUrl = () => `${baseUrl}/.well-known/oauth-protected-resource`;
   const resourceUrl = () => cfg.resource_url ?? `${baseUrl}/mcp`;
@@ -131,14 +163,16 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     }
   }
 
-  function checkOrigin(req: IncomingMessage) {
+  /** The request's Origin when it is allowed; undefined when there is none (not a browser). */
+  function checkOrigin(req: IncomingMessage): string | undefined {
     const origin = req.headers.origin;
-    if (origin === undefined) return; // not a browser
-    if (cfg.allowed_origins.includes(origin)) return;
+    if (origin === undefined) return undefined; // not a browser
+    if (cfg.allowed_origins.includes(origin)) return origin;
     // This server's own origin on loopback (Host was checked first, so it names this server):
     // a rebinding page would carry its own, foreign origin.
     const host = (req.headers.host ?? "").toLowerCase();
-    if (isLoopbackHost(opts.host) && host && origin.toLowerCase() === `http://${host}`) return;
+    if (isLoopbackHost(opts.host) && host && origin.toLowerCase() === `http://${host}`)
+      return origin;
     throw new HttpError(403, "Origin not allowed; add it to http.allowed_origins");
   }
 
@@ -181,9 +215,79 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     }
   }
 
+  function dropSession(id: string, why: string) {
+    const s = sessions.get(id);
+    if (!s) return;
+    sessions.delete(id);
+    app.metrics.sessions.set(sessions.size);
+    log.info({ principal: s.principalId, session: id.slice(0, 8), why }, "HTTP session closed");
+    s.transport.close().catch(() => {});
+  }
+
+  /** The idle session (no request in flight) least recently used, among those given. */
+  function oldestIdle(candidates: Iterable<[string, Session]>): string | undefined {
+    let best: [string, Session] | undefined;
+    for (const e of candidates)
+      if (e[1].busy === 0 && (!best || e[1].lastSeen < best[1].lastSeen)) best = e;
+    return best?.[0];
+  }
+
+  /**
+   * Makes room for one more session of this principal, or refuses. A principal over its own cap
+   * loses its oldest idle session (clients that never send DELETE only ever evict themselves);
+   * when the server is full, the principal holding the most sessions loses its oldest idle one.
+   */
+  function admitSession(principal: Principal) {
+    const own = [...sessions].filter(([, s]) => s.principalId === principal.id);
+    if (own.length >= cfg.max_sessions_per_principal) {
+      const victim = oldestIdle(own);
+      if (!victim) {
+        throw new HttpError(
+          429,
+          `this principal already has ${own.length} open sessions, all busy (http.max_sessions_per_principal); end one with DELETE or retry later`,
+          { "retry-after": "5" },
+        );
+      }
+      dropSession(victim, "per-principal session cap: oldest idle session evicted");
+    }
+    if (sessions.size >= cfg.max_sessions) {
+      const counts = new Map<string, number>();
+      for (const s of sessions.values())
+        if (s.busy === 0) counts.set(s.principalId, (counts.get(s.principalId) ?? 0) + 1);
+      const heaviest = [...counts].sort((a, b) => b[1] - a[1])[0]?.[0];
+      const victim =
+        heaviest && oldestIdle([...sessions].filter(([, s]) => s.principalId === heaviest));
+      if (!victim) {
+        throw new HttpError(503, "too many open sessions, all busy; retry later", {
+          "retry-after": "5",
+        });
+      }
+      dropSession(victim, "server session cap: oldest idle session of the largest holder evicted");
+    }
+  }
+
+  /** `initialize` is rate-limited per principal and per client address. */
+  function limitInitialize(principal: Principal, req: IncomingMessage) {
+    const byPrincipal = initPerPrincipal.take(principal.id);
+    const byAddress = byPrincipal.ok
+      ? initPerAddress.take(req.socket.remoteAddress ?? "unknown")
+      : byPrincipal;
+    if (!byAddress.ok) {
+      const after = Math.max(1, Math.ceil(byAddress.retry_after_ms / 1000));
+      const who = byPrincipal.ok ? "this client address" : "this principal";
+      log.warn(
+        { principal: principal.id, remote: req.socket.remoteAddress, who },
+        "initialize rate-limited",
+      );
+      throw new HttpError(
+        429,
+        `too many new sessions from ${who} (http.initialize_rate); reuse the session (Mcp-Session-Id) or retry after ${after} s`,
+        { "retry-after": String(after) },
+      );
+    }
+  }
+
   async function handleMcp(req: IncomingMessage, res: ServerResponse) {
-    checkHost(req);
-    checkOrigin(req);
     const principal = await authenticate(req);
     let body: unknown;
     if (req.method === "POST") {
@@ -202,6 +306,29 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       if (!s || s.principalId !== principal.id)
         return jsonRpcError(res, 404, -32001, "Session not found");
       s.lastSeen = Date.now();
+      if (req.method !== "POST") return s.transport.handleRequest(req, res, body);
+      // The transport routes answers by id: a second request with an id still in progress would
+      // take the first one's answer and leave one caller waiting forever.
+      const ids = requestIds(body);
+      const seen = new Set<string | number>();
+      for (const id of ids) {
+        if (s.pendingIds.has(id) || seen.has(id)) {
+          throw new HttpError(
+            409,
+            `Invalid Request: id ${JSON.stringify(id).slice(0, 80)} is already used by a request in progress in this session; use a new id`,
+            {},
+            id,
+          );
+        }
+        seen.add(id);
+      }
+      for (const id of ids) s.pendingIds.add(id);
+      s.busy++;
+      res.once("close", () => {
+        s.busy--;
+        s.lastSeen = Date.now();
+        for (const id of ids) s.pendingIds.delete(id);
+      });
       return s.transport.handleRequest(req, res, body);
     }
     if (req.method !== "POST" || !isInitializeRequest(body)) {
@@ -212,72 +339,129 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         "Bad Request: no valid session id; start with an initialize request",
       );
     }
-    if (sessions.size >= cfg.max_sessions) {
-      return jsonRpcError(res, 503, -32000, "too many open sessions; retry later", {
-        "retry-after": "5",
-      });
-    }
+    limitInitialize(principal, req);
+    admitSession(principal);
+    // The session is registered before the first await, so concurrent initializes see each other.
+    const id = randomUUID();
     const server = createMcpServer(app, principal);
     const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
-      sessionIdGenerator: () => randomUUID(),
-      onsessioninitialized: (id) => {
-        sessions.set(id, { transport, server, principalId: principal.id, lastSeen: Date.now() });
-        app.metrics.sessions.set(sessions.size);
-      },
+      sessionIdGenerator: () => id,
     });
+    const session: Session = {
+      transport,
+      server,
+      principalId: principal.id,
+      lastSeen: Date.now(),
+      busy: 1,
+      pendingIds: new Set(),
+    };
+    sessions.set(id, session);
+    app.metrics.sessions.set(sessions.size);
     transport.onclose = () => {
-      if (transport.sessionId) sessions.delete(transport.sessionId);
+      if (sessions.get(id) === session) sessions.delete(id);
       app.metrics.sessions.set(sessions.size);
     };
-    await server.connect(transport);
-    await transport.handleRequest(req, res, body);
+    try {
+      await server.connect(transport);
+      await transport.handleRequest(req, res, body);
+    } finally {
+      session.busy--;
+      // The transport refused the initialize (bad headers, protocol version): no session.
+      if (transport.sessionId === undefined && sessions.get(id) === session) {
+        sessions.delete(id);
+        app.metrics.sessions.set(sessions.size);
+        transport.close().catch(() => {});
+      }
+    }
+  }
+
+  async function handleMetrics(req: IncomingMessage, res: ServerResponse) {
+    if (metricsNeedToken) {
+      const p = await authenticate(req);
+      if (!hasScope(p, "metrics:read")) {
+        throw new HttpError(403, "insufficient_scope: /metrics needs the scope metrics:read", {
+          "www-authenticate": challenge(`error="insufficient_scope", scope="metrics:read"`),
+        });
+      }
+    }
+    app.metrics.inFlight.set(app.runtime.inFlight());
+    if (app.runtime.state === "ready") {
+      // Queue depths come from the worker; a busy or hung worker must not stall /metrics.
+      const st = await app.runtime
+        .call<any>("status", {}, { timeoutMs: 500 })
+        .then((r) => r.result)
+        .catch(() => null);
+      for (const m of st?.loaded ?? [])
+        app.metrics.queueDepth.set({ model: m.model }, m.queue_depth ?? 0);
+    }
+    const dev = app.runtime.hello?.device;
+    if (dev?.memory_free_bytes != null)
+      app.metrics.deviceMemoryFree.set({ device: dev.kind }, dev.memory_free_bytes);
+    res.writeHead(200, { "content-type": app.metrics.registry.contentType });
+    res.end(await app.metrics.registry.metrics());
+  }
+
+  function handleResourceMetadata(_req: IncomingMessage, res: ServerResponse) {
+    const jwt = app.config.policy.jwt;
+    sendJson(res, 200, {
+      resource: resourceUrl(),
+      authorization_servers: jwt ? [jwt.issuer] : [],
+      scopes_supported: SCOPES,
+      bearer_methods_supported: ["header"],
+      resource_name: "tpu-mcp",
+    });
+  }
+
+  type Route = (req: IncomingMessage, res: ServerResponse) => unknown;
+  // Every path this server answers, in one table; the Host, Origin and CORS rules in `handle`
+  // apply to all of them alike.
+  const routes: Record<string, Route> = {
+    "/mcp": handleMcp,
+    "/healthz": (_req, res) => sendJson(res, 200, { status: "ok" }),
+    "/readyz": (_req, res) => {
+      const ready = app.runtime.state === "ready";
+      sendJson(res, ready ? 200 : 503, { status: ready ? "ready" : app.runtime.state });
+    },
+    "/metrics": handleMetrics,
+    "/.well-known/oauth-protected-resource": handleResourceMetadata,
+    "/.well-known/oauth-protected-resource/mcp": handleResourceMetadata,
+  };
+
+  async function handle(req: IncomingMessage, res: ServerResponse, path: string) {
+    checkHost(req);
+    const origin = checkOrigin(req);
+    // The console is same-origin only: its own routes, sessions and CSRF rules, no CORS.
+    if (path === "/console" || path.startsWith("/console/"))
+      return await consoleRoutes.handle(req, res, path);
+    if (origin !== undefined) {
+      // Allowed browser origins may read answers, errors included (401's WWW-Authenticate).
+      res.setHeader("access-control-allow-origin", origin);
+      res.setHeader("access-control-expose-headers", CORS_EXPOSE_HEADERS);
+      res.setHeader("vary", "Origin");
+    }
+    const route = Object.prototype.hasOwnProperty.call(routes, path) ? routes[path] : undefined;
+    if (req.method === "OPTIONS") {
+      // A CORS preflight carries no credentials: it is answered without authentication.
+      res.writeHead(route ? 204 : 404, {
+        allow: CORS_ALLOW_METHODS,
+        ...(origin !== undefined
+          ? {
+              "access-control-allow-methods": CORS_ALLOW_METHODS,
+              "access-control-allow-headers": CORS_ALLOW_HEADERS,
+              "access-control-max-age": "600",
+            }
+          : {}),
+      });
+      return res.end();
+    }
+    if (!route) return sendJson(res, 404, { error: "not found: the MCP endpoint is /mcp" });
+    await route(req, res);
   }
 
   const http = createServer(async (req, res) => {
     const path = (req.url ?? "/").split("?")[0];
     try {
-      if (path === "/healthz") return sendJson(res, 200, { status: "ok" });
-      if (path === "/readyz") {
-        const ready = app.runtime.state === "ready";
-        return sendJson(res, ready ? 200 : 503, { status: ready ? "ready" : app.runtime.state });
-      }
-      if (path === "/metrics") {
-        app.metrics.inFlight.set(app.runtime.inFlight());
-        if (app.runtime.state === "ready") {
-          // Queue depths come from the worker; a busy or hung worker must not stall /metrics.
-          const st = await app.runtime
-            .call<any>("status", {}, { timeoutMs: 500 })
-            .then((r) => r.result)
-            .catch(() => null);
-          for (const m of st?.loaded ?? [])
-            app.metrics.queueDepth.set({ model: m.model }, m.queue_depth ?? 0);
-        }
-        const dev = app.runtime.hello?.device;
-        if (dev?.memory_free_bytes != null)
-          app.metrics.deviceMemoryFree.set({ device: dev.kind }, dev.memory_free_bytes);
-        res.writeHead(200, { "content-type": app.metrics.registry.contentType });
-        return res.end(await app.metrics.registry.metrics());
-      }
-      if (
-        path === "/.well-known/oauth-protected-resource" ||
-        path === "/.well-known/oauth-protected-resource/mcp"
-      ) {
-        const jwt = app.config.policy.jwt;
-        return sendJson(res, 200, {
-          resource: resourceUrl(),
-          authorization_servers: jwt ? [jwt.issuer] : [],
-          scopes_supported: SCOPES,
-          bearer_methods_supported: ["header"],
-          resource_name: "tpu-mcp",
-        });
-      }
-      if (path === "/mcp") return await handleMcp(req, res);
-      if (path === "/console" || path.startsWith("/console/")) {
-        checkHost(req);
-        checkOrigin(req);
-        return await consoleRoutes.handle(req, res, path);
-      }
-      return sendJson(res, 404, { error: "not found: the MCP endpoint is /mcp" });
+      await handle(req, res, path);
     } catch (e) {
       if (e instanceof HttpError) {
         // Refusals before a principal is known cannot be audited (anyone could flood the trail);
@@ -294,7 +478,8 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
             "HTTP request refused",
           );
         }
-        return jsonRpcError(res, e.status, -32000, e.message, e.headers);
+        const code = e.status === 409 ? -32600 : -32000;
+        return jsonRpcError(res, e.status, code, e.message, e.headers, e.id);
       }
       log.error({ err: e }, "HTTP request failed");
       return jsonRpcError(res, 500, -32603, "internal error");
@@ -306,10 +491,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   const sweep = setInterval(() => {
     const cutoff = Date.now() - cfg.session_idle_s * 1000;
     for (const [id, s] of sessions) {
-      if (s.lastSeen < cutoff) {
-        sessions.delete(id);
-        s.transport.close().catch(() => {});
-      }
+      if (s.busy === 0 && s.lastSeen < cutoff) dropSession(id, "idle");
     }
   }, 30_000);
   sweep.unref();

@@ -3,7 +3,9 @@
 // against the same config as the server's HTTP callers.
 import type { Logger } from "pino";
 import type { ApprovalRecord } from "../policies/approvals.js";
-import { SqliteAuditLog } from "../policies/audit.js";
+import { readFileSync } from "node:fs";
+import { SqliteAuditLog, type AuditHead } from "../policies/audit.js";
+import { readAuditKey } from "../policies/audit_key.js";
 import { Authenticator } from "../policies/auth.js";
 import { createPolicyServices, policyDbPath } from "./policy.js";
 import type { ServerConfig } from "./config.js";
@@ -86,9 +88,23 @@ export async function runApprovalsCommand(
 export async function runAuditCommand(
   config: ServerConfig,
   positionals: string[],
-  io: Io & { n: number },
+  io: Io & { n: number; head?: string },
 ): Promise<number> {
-  const audit = new SqliteAuditLog(policyDbPath(config), { logger: io.logger });
+  let key;
+  try {
+    // Read only: a missing key is reported by verify, never made here.
+    key = readAuditKey(config.paths.audit_key);
+  } catch (e) {
+    io.err((e as Error).message);
+    return 2;
+  }
+  let audit: SqliteAuditLog;
+  try {
+    audit = new SqliteAuditLog(policyDbPath(config), { logger: io.logger, key });
+  } catch (e) {
+    io.err(`TAMPERED or misconfigured: ${(e as Error).message}`);
+    return 1;
+  }
   try {
     const [sub] = positionals;
     if (sub === "tail") {
@@ -102,20 +118,58 @@ export async function runAuditCommand(
         }
       return 0;
     }
+    if (sub === "head") {
+      // One JSON line, to keep somewhere the database's writers cannot reach.
+      io.out(JSON.stringify({ ...audit.head(), exported_at: new Date().toISOString() }));
+      return 0;
+    }
     if (sub === "verify") {
-      const v = audit.verify();
+      let head: AuditHead | undefined;
+      if (io.head !== undefined) {
+        try {
+          head = parseHead(readFileSync(io.head, "utf8"));
+        } catch (e) {
+          io.err(`--head ${io.head}: ${(e as Error).message}`);
+          return 2;
+        }
+      }
+      const v = audit.verify({ head });
       if (io.json) io.out(JSON.stringify(v, null, 2));
       else
         io.out(
           v.ok
-            ? `ok: ${v.checked} record(s), chain intact`
+            ? `ok: ${v.checked} record(s), chain intact — ${v.reason}`
             : `TAMPERED at record #${v.first_bad_seq}: ${v.reason}`,
         );
       return v.ok ? 0 : 1;
     }
-    io.err("usage: tpu-mcp audit tail [-n N] | verify");
+    io.err("usage: tpu-mcp audit tail [-n N] | head | verify [--head FILE]");
     return 2;
   } finally {
     audit.close();
   }
+}
+
+/** A head exported by `tpu-mcp audit head` (the last JSON line of the file). */
+function parseHead(text: string): AuditHead {
+  const line = text.trim().split("\n").pop() ?? "";
+  let h: Record<string, unknown>;
+  try {
+    h = JSON.parse(line);
+  } catch {
+    throw new Error("not the output of `tpu-mcp audit head` (not JSON)");
+  }
+  if (
+    !Number.isInteger(h.seq) ||
+    (h.seq as number) < 0 ||
+    typeof h.hash !== "string" ||
+    !/^[0-9a-f]{64}$/.test(h.hash)
+  )
+    throw new Error("not the output of `tpu-mcp audit head` (needs an integer seq and a hash)");
+  return {
+    seq: h.seq as number,
+    hash: h.hash,
+    time: typeof h.time === "string" ? h.time : null,
+    key_id: typeof h.key_id === "string" ? h.key_id : null,
+  };
 }

@@ -2,8 +2,10 @@
 import type { Logger } from "pino";
 import { SqliteApprovalStore } from "../policies/approvals.js";
 import { SqliteAuditLog } from "../policies/audit.js";
+import { loadOrCreateAuditKey } from "../policies/audit_key.js";
 import { Gate } from "../policies/gate.js";
 import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../policies/limits.js";
+import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { ServerConfig } from "./config.js";
 
@@ -23,7 +25,13 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
   const dbPath = policyDbPath(config);
   const policy = config.policy;
   const approvals = new SqliteApprovalStore(dbPath);
-  const audit = new SqliteAuditLog(dbPath, { logger: logger.child({ component: "audit" }) });
+  mkdirSync(config.paths.data_dir, { recursive: true });
+  const { key, created } = loadOrCreateAuditKey(config.paths.audit_key);
+  const audit = new SqliteAuditLog(dbPath, {
+    logger: logger.child({ component: "audit" }),
+    key,
+    keyCreated: created,
+  });
   const budget = new SqliteBudgetLedger(dbPath, policy.limits.budget);
   const gate = new Gate({
     config: policy,

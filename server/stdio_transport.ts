@@ -27,6 +27,8 @@ export class AnsweringStdioServerTransport implements Transport {
   private buffered = 0;
   private discarding = false;
   private started = false;
+  /** Ids of the client's requests not yet answered. */
+  private readonly pending = new Set<string | number>();
 
   constructor(
     private readonly stdin: NodeJS.ReadableStream = process.stdin,
@@ -93,6 +95,26 @@ export class AnsweringStdioServerTransport implements Transport {
       parsed = undefined; // e.g. nesting too deep for the validator's recursion
     }
     if (parsed?.success) {
+      const msg = parsed.data as { method?: unknown; id?: unknown };
+      if (
+        typeof msg.method === "string" &&
+        (typeof msg.id === "string" || typeof msg.id === "number")
+      ) {
+        // Answers are matched to requests by id: a second request with an id still in progress
+        // would leave the caller unable to tell the two answers apart.
+        if (this.pending.has(msg.id)) {
+          return this.reply(
+            msg.id,
+            INVALID_REQUEST,
+            `Invalid Request: id ${JSON.stringify(msg.id).slice(0, 80)} is already used by a request in progress; use a new id`,
+          );
+        }
+        this.pending.add(msg.id);
+      } else if (msg.method === "notifications/cancelled") {
+        // A cancelled request gets no answer: its id is free again.
+        const id = (parsed.data as { params?: { requestId?: unknown } }).params?.requestId;
+        if (typeof id === "string" || typeof id === "number") this.pending.delete(id);
+      }
       this.onmessage?.(parsed.data);
       return;
     }
@@ -129,6 +151,9 @@ export class AnsweringStdioServerTransport implements Transport {
   }
 
   send(message: JSONRPCMessage): Promise<void> {
+    const m = message as { id?: unknown; method?: unknown };
+    if (m.method === undefined && (typeof m.id === "string" || typeof m.id === "number"))
+      this.pending.delete(m.id); // an answer (result or error) to one of the client's requests
     return new Promise((resolve) => {
       if (this.stdout.write(JSON.stringify(message) + "\n")) resolve();
       else this.stdout.once("drain", () => resolve());

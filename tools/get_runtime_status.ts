@@ -5,10 +5,10 @@ const Device = z
   .object({
     kind: z.string(),
     name: z.string(),
-    index: z.number(),
-    count: z.number(),
-    memory_total_bytes: z.number().nullable(),
-    memory_free_bytes: z.number().nullable(),
+    index: z.number().int(),
+    count: z.number().int(),
+    memory_total_bytes: z.number().int().nullable(),
+    memory_free_bytes: z.number().int().nullable(),
     backend: z.string(),
     backend_version: z.string().nullable(),
   })
@@ -24,9 +24,9 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
     output: z.object({
       worker: z.object({
         state: z.string(),
-        pid: z.number().nullable(),
-        restarts: z.number(),
-        in_flight: z.number(),
+        pid: z.number().int().nullable(),
+        restarts: z.number().int(),
+        in_flight: z.number().int(),
         lost_models: z.array(z.string()),
       }),
       device: Device.nullable(),
@@ -43,11 +43,11 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
             device: z.string(),
             dtype: z.string(),
             mode: z.string(),
-            queue_depth: z.number(),
+            queue_depth: z.number().int(),
           })
           .passthrough(),
       ),
-      jobs_running: z.number(),
+      jobs_running: z.number().int(),
     }),
     annotations: {
       readOnlyHint: true,

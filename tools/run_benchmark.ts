@@ -7,6 +7,8 @@ import { JobRef } from "./support/jobs.js";
 import { defineTool, type ToolEnv } from "./types.js";
 
 const n = z.number().nullable().optional();
+/** Counts (iterations, graphs, bytes) are integers, so typed clients do not see 1.0. */
+const count = z.number().int().nullable().optional();
 
 /** The shortest sequence a text model is benchmarked at (a special token plus one of text). */
 export const MIN_SEQ_LEN = 2;
@@ -92,13 +94,13 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
 /** One measured configuration, as the worker reports it (tpu_worker/bench.py; more fields pass through). */
 const Config = z
   .object({
-    batch: z.number(),
-    seq_len: z.number().nullable().optional(),
+    batch: z.number().int(),
+    seq_len: z.number().int().nullable().optional(),
     dtype: z.string(),
     mode: z.string(),
     scenario: z.string(),
     work: z.string().optional(),
-    iterations: n,
+    iterations: count,
     latency_ms: z
       .object({
         p50: z.number(),
@@ -114,12 +116,12 @@ const Config = z
     tokens_per_s: n,
     first_call_s: n,
     compile_s: n,
-    graphs_compiled: n,
-    recompiles_in_window: n,
+    graphs_compiled: count,
+    recompiles_in_window: count,
     recompiled: z.boolean().optional(),
     load_s: n,
-    peak_memory_bytes: n,
-    peak_memory_increase_bytes: n,
+    peak_memory_bytes: count,
+    peak_memory_increase_bytes: count,
     peak_memory_kind: z.string().optional(),
     matmul_precision: z.string().optional(),
     max_abs_error_vs_fp32: n,
@@ -148,7 +150,7 @@ const Report = z.object({
     .object({
       baseline_id: z.string(),
       ratios: z.array(z.record(z.string(), z.unknown())),
-      unmatched: z.number(),
+      unmatched: z.number().int(),
       warnings: z.array(z.string()),
     })
     .optional(),

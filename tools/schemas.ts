@@ -32,6 +32,15 @@ export const device = z
   .regex(/^(tpu|cuda|cpu|xla)(:\d{1,2})?$/, "use tpu, cuda, xla or cpu, optionally with :index")
   .describe("device to use, e.g. tpu, tpu:0, cuda:1 or cpu; defaults to the worker's device");
 
+/** A UTF-16 surrogate without its partner: not a character, and not encodable as UTF-8. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/** Free text for a model: refused up front when it is not valid Unicode (a lone surrogate). */
+export const wellFormedText = z.string().refine((s) => !LONE_SURROGATE.test(s), {
+  message:
+    "contains a lone UTF-16 surrogate (not valid Unicode); send well-formed text (e.g. replace it with U+FFFD)",
+});
+
 export const dtype = z.enum(MODEL_DTYPES).describe("weights and compute dtype");
 export const mode = z
   .enum(["eager", "compile"])

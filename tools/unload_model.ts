@@ -9,7 +9,7 @@ export const unloadModel = (env: ToolEnv) =>
     description:
       "Frees a loaded model and its device memory. Requests queued for it fail with model_not_loaded.",
     input: z.object({ model: modelId(env) }).strict(),
-    output: z.object({ model: z.string(), freed_bytes: z.number() }),
+    output: z.object({ model: z.string(), freed_bytes: z.number().int() }),
     annotations: {
       readOnlyHint: false,
       destructiveHint: true,

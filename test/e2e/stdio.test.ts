@@ -170,3 +170,85 @@ describe("tpu-mcp stdio", () => {
     await call(conn.client, "unload_model", { model: "mnist-cnn" });
   });
 });
+
+describe("stdio sessions at the edges", () => {
+  it("a client that leaves during start-up ends the server quietly (nothing at error level)", async () => {
+    const { spawn } = await import("node:child_process");
+    const { CLI, INITIALIZE, ROOT } = await import("../helpers/server.js");
+    const proc = spawn(process.execPath, [CLI, "stdio", "--config", writeConfig()], {
+      cwd: ROOT,
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    let out = "";
+    let err = "";
+    proc.stdout.on("data", (d) => (out += d));
+    proc.stderr.on("data", (d) => (err += d));
+    const exited = new Promise<number | null>((r) => proc.once("exit", (code) => r(code)));
+    proc.stdin.write(JSON.stringify(INITIALIZE) + "\n");
+    // As soon as the server answers, the client goes away: the worker is still starting.
+    for (let i = 0; i < 600 && !out.includes('"result"'); i++)
+      await new Promise((r) => setTimeout(r, 50));
+    expect(out).toContain('"protocolVersion"');
+    proc.stdin.end();
+    expect(await exited).toBe(0);
+    const errors = err
+      .split("\n")
+      .filter((l) => l.startsWith("{"))
+      .map((l) => JSON.parse(l))
+      .filter((l) => l.level >= 50);
+    expect(errors).toEqual([]);
+  });
+
+  it("answers each of three concurrent requests that reuse one id: one result, two errors", async () => {
+    const { spawn } = await import("node:child_process");
+    const { CLI, INITIALIZE, ROOT } = await import("../helpers/server.js");
+    const proc = spawn(process.execPath, [CLI, "stdio", "--config", writeConfig()], {
+      cwd: ROOT,
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    let out = "";
+    proc.stdout.on("data", (d) => (out += d));
+    const exited = new Promise((r) => proc.once("exit", r));
+    const send = (m: unknown) => proc.stdin.write(JSON.stringify(m) + "\n");
+    const lines = () =>
+      out
+        .split("\n")
+        .filter((l) => l.trim())
+        .map((l) => JSON.parse(l));
+    const until = async (pred: () => boolean) => {
+      for (let i = 0; i < 1200 && !pred(); i++) await new Promise((r) => setTimeout(r, 50));
+    };
+    try {
+      send(INITIALIZE);
+      await until(() => lines().some((m) => m.id === 1));
+      send({ jsonrpc: "2.0", method: "notifications/initialized" });
+      // load_model waits for the worker to start: the first call is in progress for seconds.
+      const load = {
+        jsonrpc: "2.0",
+        id: 7,
+        method: "tools/call",
+        params: { name: "load_model", arguments: { model: "mnist-cnn" } },
+      };
+      send(load);
+      send(load);
+      send(load);
+      await until(() => lines().filter((m) => m.id === 7).length >= 3);
+      const answers = lines().filter((m) => m.id === 7);
+      expect(answers).toHaveLength(3);
+      expect(answers.filter((m) => m.result && !m.result.isError)).toHaveLength(1);
+      const dup = answers.filter((m) => m.error);
+      expect(dup).toHaveLength(2);
+      for (const d of dup) {
+        expect(d.error.code).toBe(-32600);
+        expect(d.error.message).toMatch(/already used by a request in progress/);
+      }
+      // Answered: the id may be used again.
+      send({ ...load, params: { name: "get_runtime_status", arguments: {} } });
+      await until(() => lines().filter((m) => m.id === 7).length >= 4);
+      expect(lines().filter((m) => m.id === 7)[3].result).toBeDefined();
+    } finally {
+      proc.stdin.end();
+      await exited;
+    }
+  }, 120_000);
+});

@@ -800,3 +800,63 @@ describe("model output that contains instructions", () => {
     },
   );
 });
+
+describe("texts that are not valid Unicode, and tensor batches out of range", () => {
+  it(
+    "refuses lone UTF-16 surrogates as invalid_argument (not internal), accepts real pairs, and names the batch bound",
+    T,
+    async () => {
+      const dir = tempDir();
+      const h = await inProcess(baseConfig(dir, { policy: FUZZ_POLICY }));
+      try {
+        const c = await h.connect(ADMIN);
+        for (const model of ["tiny-gpt2", "mnist-cnn"]) {
+          const r: any = await c.callTool(
+            { name: "load_model", arguments: { model, approval_id: undefined } },
+            undefined,
+            { timeout: 120_000 },
+          );
+          // FUZZ_POLICY wants an approval for every load: grant it as an operator would.
+          const id = errorOf(r)?.details?.approval_id;
+          if (id) {
+            h.app.gate.decideApproval(id, { id: "op", scopes: ["admin"], via: "token" }, "approve");
+            const again: any = await c.callTool(
+              { name: "load_model", arguments: { model, approval_id: id } },
+              undefined,
+              { timeout: 120_000 },
+            );
+            expect(again.isError, JSON.stringify(again).slice(0, 300)).toBeFalsy();
+          }
+        }
+        for (const texts of [["ab\uD800cd"], ["\uDC00"], ["fine", "ends high \uD83D"]]) {
+          const r: any = await c.callTool({
+            name: "run_inference",
+            arguments: { model: "tiny-gpt2", texts, max_new_tokens: 2 },
+          });
+          expect(errorOf(r)?.code, JSON.stringify(texts)).toBe("invalid_argument");
+          expect(errorOf(r)?.message).toMatch(/texts\.\d: contains a lone UTF-16 surrogate/);
+        }
+        const ok: any = await c.callTool({
+          name: "run_inference",
+          arguments: { model: "tiny-gpt2", texts: ["a pair 😀 is fine"], max_new_tokens: 2 },
+        });
+        expect(ok.isError, JSON.stringify(ok).slice(0, 300)).toBeFalsy();
+
+        const empty: any = await c.callTool({
+          name: "run_inference",
+          arguments: {
+            model: "mnist-cnn",
+            tensors: [{ dtype: "float32", shape: [0, 1, 28, 28], data: [] }],
+          },
+        });
+        expect(errorOf(empty)?.code).toBe("invalid_argument");
+        expect(errorOf(empty)?.message).toBe(
+          "tensors.0: mnist-cnn takes a batch (the first dimension) of 1 to 256, got 0",
+        );
+        expect(JSON.stringify(empty)).not.toMatch(/undefined/);
+      } finally {
+        await h.close();
+      }
+    },
+  );
+});

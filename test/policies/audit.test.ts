@@ -1,6 +1,15 @@
+import { chmodSync, readFileSync, statSync } from "node:fs";
 import Database from "better-sqlite3";
 import { afterAll, describe, expect, it } from "vitest";
-import { redactArgs, SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
+import {
+  chainHash,
+  GENESIS_HASH,
+  redactArgs,
+  SqliteAuditLog,
+  type AuditRecord,
+} from "../../policies/audit.js";
+import { loadOrCreateAuditKey, readAuditKey } from "../../policies/audit_key.js";
+import { canonicalJson } from "../../policies/digest.js";
 import { captureLogger, tempDir } from "./helpers.js";
 
 const tmp = tempDir();
@@ -87,21 +96,202 @@ describe("SqliteAuditLog", () => {
   });
 
   it("keeps the chain across reopening and across two handles", () => {
-    const { file, log } = filled(2);
-    const other = new SqliteAuditLog(file);
+    const { file, log, key } = keyedLog(2);
+    const other = new SqliteAuditLog(file, { key });
     other.append(rec(3, { outcome: "approval_granted", approver: "operator" }));
     log.append(rec(4));
     log.close();
     other.close();
-    const reopened = new SqliteAuditLog(file);
-    expect(reopened.verify()).toMatchObject({ ok: true, checked: 4 });
+    const reopened = new SqliteAuditLog(file, { key });
+    expect(reopened.verify()).toMatchObject({ ok: true, checked: 5 });
     expect(reopened.tail(10).map((r) => r.outcome)).toEqual([
+      "chain_keyed",
       "executed",
       "executed",
       "approval_granted",
       "executed",
     ]);
     reopened.close();
+  });
+});
+
+/** A log keyed with a real key file; records 2..n+1 follow the chain_keyed record. */
+function keyedLog(n: number) {
+  const file = tmp.file(`keyed-${Math.random().toString(36).slice(2)}.db`);
+  const keyFile = tmp.file(`keyed-${Math.random().toString(36).slice(2)}.key`);
+  const { key, created } = loadOrCreateAuditKey(keyFile);
+  const logger = captureLogger();
+  const log = new SqliteAuditLog(file, { key, keyCreated: created, logger });
+  for (let i = 1; i <= n; i++) log.append(rec(i));
+  return { file, keyFile, key, log, logger };
+}
+
+function raw(file: string, fn: (db: Database.Database) => void) {
+  const db = new Database(file);
+  try {
+    fn(db);
+  } finally {
+    db.close();
+  }
+}
+
+/** Recomputes the whole chain from seq `from` with the unkeyed hash, as a tamperer would. */
+function recomputeUnkeyed(db: Database.Database, from = 1) {
+  const rows = db.prepare("SELECT * FROM audit_log WHERE seq >= ? ORDER BY seq").all(from) as any[];
+  let prev =
+    from === 1
+      ? GENESIS_HASH
+      : (db.prepare("SELECT hash FROM audit_log WHERE seq = ?").get(from - 1) as any).hash;
+  for (const r of rows) {
+    const hash = chainHash(prev, r.seq, JSON.parse(r.record));
+    db.prepare("UPDATE audit_log SET prev_hash = ?, hash = ? WHERE seq = ?").run(prev, hash, r.seq);
+    prev = hash;
+  }
+  db.prepare("UPDATE audit_head SET seq = (SELECT max(seq) FROM audit_log), hash = ?").run(prev);
+}
+
+describe("keyed audit chain (HMAC, key outside the database)", () => {
+  it("makes a 0600 key file and starts the trail with a chain_keyed record", () => {
+    const { keyFile, key, log } = keyedLog(3);
+    expect(statSync(keyFile).mode & 0o777).toBe(0o600);
+    expect(readFileSync(keyFile, "utf8")).toContain(key.key.toString("hex"));
+    expect(log.tail(10)[0]).toMatchObject({ seq: 1, outcome: "chain_keyed", key_id: key.id });
+    expect(log.verify()).toMatchObject({ ok: true, checked: 4 });
+    expect(log.head()).toMatchObject({ seq: 4, key_id: key.id, time: rec(3).time });
+    // Reading the same key again gives the same key, not a new one.
+    expect(loadOrCreateAuditKey(keyFile)).toMatchObject({ created: false, key: { id: key.id } });
+    log.close();
+  });
+
+  it("detects records truncated from the end with the head row rewritten to match", () => {
+    const { file, log } = keyedLog(6);
+    const exported = log.head();
+    raw(file, (db) => {
+      const h3 = (db.prepare("SELECT hash FROM audit_log WHERE seq = 4").get() as any).hash;
+      db.prepare("DELETE FROM audit_log WHERE seq > 4").run();
+      db.prepare("UPDATE audit_head SET seq = 4, hash = ?").run(h3);
+    });
+    const v = log.verify();
+    expect(v).toMatchObject({ ok: false, first_bad_seq: 4 });
+    expect(v.reason).toMatch(/head row was rewritten/);
+    // The head an operator exported before also shows it, naming the missing records.
+    const w = log.verify({ head: exported });
+    expect(w.ok).toBe(false);
+    log.close();
+  });
+
+  it("detects a wiped trail (every row, the head too) against the key", () => {
+    const { file, log, key } = keyedLog(4);
+    raw(file, (db) => db.exec("DELETE FROM audit_log; DELETE FROM audit_head;"));
+    const v = log.verify();
+    expect(v.ok).toBe(false);
+    expect(v.reason).toMatch(/trail is empty, but the key .* exists/);
+    // A restart on the wiped database says so at once, and the trail stays flagged.
+    const logger = captureLogger();
+    const again = new SqliteAuditLog(file, { key, keyCreated: false, logger });
+    expect(logger.lines.some((l) => l.level === "error" && /audit trail reset/.test(l.msg!))).toBe(
+      true,
+    );
+    again.append(rec(9));
+    expect(again.verify()).toMatchObject({ ok: false });
+    again.close();
+    log.close();
+  });
+
+  it("detects an edited record whose chain was recomputed without the key", () => {
+    const { file, log } = keyedLog(5);
+    raw(file, (db) => {
+      db.prepare(
+        "UPDATE audit_log SET record = replace(record, '\"agent\"', '\"someone-else\"') WHERE seq = 3",
+      ).run();
+      recomputeUnkeyed(db, 3);
+    });
+    const v = log.verify();
+    expect(v).toMatchObject({ ok: false, first_bad_seq: 3 });
+    expect(v.reason).toMatch(/HMAC does not match/);
+    log.close();
+  });
+
+  it("detects a whole trail rewritten without the key (no chain_keyed record)", () => {
+    const { file, log } = keyedLog(3);
+    raw(file, (db) => {
+      db.prepare("DELETE FROM audit_log WHERE seq = 1").run();
+      db.prepare("UPDATE audit_log SET seq = seq - 1").run();
+      recomputeUnkeyed(db, 1);
+    });
+    const v = log.verify();
+    expect(v.ok).toBe(false);
+    expect(v.reason).toMatch(/no chain_keyed record for key/);
+    log.close();
+  });
+
+  it("migrates an unkeyed trail: its records stay verifiable and are pinned by the key", () => {
+    const file = tmp.file(`legacy-${Math.random().toString(36).slice(2)}.db`);
+    // Written as before the key existed.
+    raw(file, (db) => {
+      db.exec(`CREATE TABLE audit_log (seq INTEGER PRIMARY KEY, record TEXT NOT NULL,
+        prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
+        CREATE TABLE audit_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL,
+        hash TEXT NOT NULL);`);
+      let prev = GENESIS_HASH;
+      for (let i = 1; i <= 3; i++) {
+        const r = JSON.parse(canonicalJson(rec(i)));
+        const hash = chainHash(prev, i, r);
+        db.prepare("INSERT INTO audit_log VALUES (?, ?, ?, ?)").run(
+          i,
+          canonicalJson(r),
+          prev,
+          hash,
+        );
+        prev = hash;
+      }
+      db.prepare("INSERT INTO audit_head VALUES (1, 3, ?)").run(prev);
+    });
+    // Before the first start with a key, verify works without one (and says it is not keyed).
+    const before = new SqliteAuditLog(file, { key: null });
+    expect(before.verify()).toMatchObject({ ok: true, checked: 3 });
+    expect(before.verify().reason).toMatch(/not keyed/);
+    before.close();
+    const keyFile = tmp.file(`legacy-${Math.random().toString(36).slice(2)}.key`);
+    const { key, created } = loadOrCreateAuditKey(keyFile);
+    const log = new SqliteAuditLog(file, { key, keyCreated: created });
+    log.append(rec(4));
+    expect(log.tail(2)[0]).toMatchObject({ seq: 4, outcome: "chain_keyed" });
+    const v = log.verify();
+    expect(v).toMatchObject({ ok: true, checked: 5 });
+    expect(v.reason).toMatch(/records 1..3 predate the key and are pinned by record 4/);
+    // Rewriting a pre-key record (and its unkeyed chain) now shows at the chain_keyed record.
+    raw(file, (db) => {
+      db.prepare(
+        "UPDATE audit_log SET record = replace(record, 'agent', 'nobody') WHERE seq = 2",
+      ).run();
+      const rows = db.prepare("SELECT * FROM audit_log WHERE seq <= 3 ORDER BY seq").all() as any[];
+      let prev = GENESIS_HASH;
+      for (const r of rows) {
+        const h = chainHash(prev, r.seq, JSON.parse(r.record));
+        db.prepare("UPDATE audit_log SET prev_hash = ?, hash = ? WHERE seq = ?").run(
+          prev,
+          h,
+          r.seq,
+        );
+        prev = h;
+      }
+    });
+    expect(log.verify()).toMatchObject({ ok: false, first_bad_seq: 4 });
+    log.close();
+  });
+
+  it("refuses a different key, a missing key and a key file others can read", () => {
+    const { file, keyFile, log } = keyedLog(2);
+    log.close();
+    const other = loadOrCreateAuditKey(tmp.file(`other-${Math.random()}.key`)).key;
+    expect(() => new SqliteAuditLog(file, { key: other })).toThrow(/holds key/);
+    const keyless = new SqliteAuditLog(file, { key: null });
+    expect(keyless.verify().reason).toMatch(/key file is missing: restore it/);
+    expect(() => keyless.append(rec(9))).toThrow(/read-only/);
+    keyless.close();
+    chmodSync(keyFile, 0o644);
+    expect(() => readAuditKey(keyFile)).toThrow(/chmod 600/);
   });
 });
 
