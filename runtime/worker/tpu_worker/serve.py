@@ -113,12 +113,13 @@ class Relay:
         subject = ", ".join("=".join(x) for rdn in cert.get("subject", ()) for x in rdn)
         who = {"peer": f"{peer[0]}:{peer[1]}" if peer else "?", "client_cert": subject}
         try:
+            # Authenticate first: an unauthenticated peer learns nothing, not even that we are busy.
+            if not await self._authenticate(reader, writer, who):
+                return
             if self._busy:
                 logs.warn("refused a second control plane while one is connected", **who)
                 writer.write(error_frame("busy", "this worker already serves a control plane; retry later"))
                 await writer.drain()
-                return
-            if not await self._authenticate(reader, writer, who):
                 return
             self._busy = True
             try:
