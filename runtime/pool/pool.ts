@@ -182,6 +182,8 @@ export class WorkerPool implements Runtime {
       const holders = this.members.filter((m) => model && m.holds(model));
       return holders.length === 1 ? holders[0]!.name : undefined;
     }
+    // Several replicas: several workers, no single lane (loads are serialised per worker here).
+    if (op === "load" && typeof args.replicas === "number" && args.replicas > 1) return undefined;
     // load / bench / check without a named worker: the one placement would pick now.
     const c = this.candidates(device, op === "load" ? model : undefined);
     return c.length ? this.order(c)[0]!.name : undefined;
@@ -462,11 +464,13 @@ export class WorkerPool implements Runtime {
     args: Record<string, unknown>,
     opts: CallOptions,
   ): Promise<CallResult<T>> {
-    m.calls++;
+    // Counters are about work: the pool's own status and describe reads are not counted.
+    const counted = op !== "status" && op !== "describe";
+    if (counted) m.calls++;
     try {
       return await m.rt.call<T>(op, args, opts);
     } catch (e) {
-      m.failures++;
+      if (counted) m.failures++;
       if (e instanceof RuntimeCallError && !e.details?.worker)
         throw new RuntimeCallError(e.code, e.message, e.recoverable, {
           ...e.details,
