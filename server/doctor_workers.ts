@@ -2,7 +2,12 @@
 // (remote: reachability, TLS both ways, token) and probed (its hello: device, torch), one by one.
 import { pino } from "pino";
 import { WorkerRuntime } from "../runtime/client.js";
-import { isRemote, remoteSpawn, type RemoteRefusal, type WorkerEntry } from "../runtime/pool/index.js";
+import {
+  isRemote,
+  remoteSpawn,
+  type RemoteRefusal,
+  type WorkerEntry,
+} from "../runtime/pool/index.js";
 import type { ServerConfig } from "./config.js";
 import { baseRuntimeOptions } from "./runtime.js";
 
@@ -16,13 +21,19 @@ export async function checkWorkers(
   config: ServerConfig,
   opts: { timeoutMs?: number } = {},
 ): Promise<WorkerCheck[]> {
-  const entries = Array.isArray(config.runtime.workers) ? (config.runtime.workers as WorkerEntry[]) : [];
+  const entries = Array.isArray(config.runtime.workers)
+    ? (config.runtime.workers as WorkerEntry[])
+    : [];
   const checks: WorkerCheck[] = [];
   for (const e of entries) checks.push(await checkOne(config, e, opts.timeoutMs ?? 120_000));
   return checks;
 }
 
-async function checkOne(config: ServerConfig, e: WorkerEntry, timeoutMs: number): Promise<WorkerCheck> {
+async function checkOne(
+  config: ServerConfig,
+  e: WorkerEntry,
+  timeoutMs: number,
+): Promise<WorkerCheck> {
   const refusals: RemoteRefusal[] = [];
   const base = baseRuntimeOptions(config, pino({ level: "silent" }));
   const rt = new WorkerRuntime({
@@ -42,7 +53,10 @@ async function checkOne(config: ServerConfig, e: WorkerEntry, timeoutMs: number)
     const hello = await Promise.race([
       rt.ready(),
       new Promise<never>((_, rej) =>
-        setTimeout(() => rej(new Error(`no hello within ${timeoutMs / 1000} s`)), timeoutMs).unref(),
+        setTimeout(
+          () => rej(new Error(`no hello within ${timeoutMs / 1000} s`)),
+          timeoutMs,
+        ).unref(),
       ),
     ]);
     const d = hello.device;

@@ -1,7 +1,7 @@
 // Builds the compute side from the config: one local worker (the default, unchanged for a
 // newcomer), or a pool of workers (one per chip, explicit local and remote workers).
 import type { Logger } from "pino";
-import { WorkerRuntime, type WorkerRuntimeOptions } from "../runtime/client.js";
+import { WorkerRuntime, type SpawnFn, type WorkerRuntimeOptions } from "../runtime/client.js";
 import {
   WorkerPool,
   hostMayHaveAccelerators,
@@ -21,6 +21,8 @@ export interface RuntimeHooks {
   inventory?: InventoryFn;
   /** Stands in for the /dev look that decides the unset default (tests). */
   hostHasChips?: () => boolean;
+  /** Stands in for child_process.spawn for local workers (tests). */
+  spawn?: SpawnFn;
 }
 
 export function baseRuntimeOptions(config: ServerConfig, logger: Logger): WorkerRuntimeOptions {
@@ -53,8 +55,15 @@ export function workersMode(
   return config.runtime.device === "auto" && hostHasChips() ? "per-device" : "single";
 }
 
-export function buildRuntime(config: ServerConfig, logger: Logger, hooks: RuntimeHooks = {}): Runtime {
-  const base = baseRuntimeOptions(config, logger);
+export function buildRuntime(
+  config: ServerConfig,
+  logger: Logger,
+  hooks: RuntimeHooks = {},
+): Runtime {
+  const base = {
+    ...baseRuntimeOptions(config, logger),
+    ...(hooks.spawn ? { spawn: hooks.spawn } : {}),
+  };
   const mode = workersMode(config, hooks.hostHasChips);
   if (mode === "single") return new WorkerRuntime(base);
   const inventory =

@@ -186,15 +186,7 @@ describe("a pool of two local workers and one remote worker", () => {
   it("drains a worker from the CLI (admin token): calls go to the other replica until undrained", async () => {
     const noToken = await cli(["workers", "drain", "w1", "--config", configFile]);
     expect(noToken.code).toBe(2);
-    const d = await cli([
-      "workers",
-      "drain",
-      "w1",
-      "--config",
-      configFile,
-      "--token",
-      adminToken,
-    ]);
+    const d = await cli(["workers", "drain", "w1", "--config", configFile, "--token", adminToken]);
     expect(d.code, d.err).toBe(0);
     expect(d.out).toMatch(/w1: drained, no calls in flight/);
     const before = await workers(conn);
@@ -208,7 +200,15 @@ describe("a pool of two local workers and one remote worker", () => {
     expect(after.r0.calls).toBeGreaterThanOrEqual(before.r0.calls + 6);
     const list = await cli(["workers", "--config", configFile]);
     expect(list.out).toMatch(/w1\s+cpu\s+local\s+ready \(drained\)/);
-    const u = await cli(["workers", "undrain", "w1", "--config", configFile, "--token", adminToken]);
+    const u = await cli([
+      "workers",
+      "undrain",
+      "w1",
+      "--config",
+      configFile,
+      "--token",
+      adminToken,
+    ]);
     expect(u.code, u.err).toBe(0);
     await until("w1 undrained", async () => !(await workers(conn)).w1.draining);
   });
@@ -224,16 +224,26 @@ describe("a pool of two local workers and one remote worker", () => {
     });
     await until("w1 to serve traffic", async () => (await workers(conn)).w1.calls > w1.calls + 2);
     process.kill(w1.pid, "SIGKILL");
-    await until("w1 to be seen dead", async () => (await workers(conn)).w1.state !== "ready", 30_000);
+    await until(
+      "w1 to be seen dead",
+      async () => (await workers(conn)).w1.state !== "ready",
+      30_000,
+    );
     const atDeath = results.length;
     await until("more calls after the death", async () => results.length > atDeath + 8, 60_000);
     stop = true;
     await Promise.all(loops);
     const codes = results.map((r) => (r.isError ? errorOf(r)?.code : "ok"));
-    expect(codes.every((c) => c === "ok" || c === "worker_died"), codes.join(",")).toBe(true);
+    expect(
+      codes.every((c) => c === "ok" || c === "worker_died"),
+      codes.join(","),
+    ).toBe(true);
     // Only calls that were on w1 when it died may fail: at most the four callers' calls then.
     expect(codes.filter((c) => c === "worker_died").length).toBeLessThanOrEqual(4);
-    expect(codes.slice(atDeath + 4).every((c) => c === "ok"), codes.join(",")).toBe(true);
+    expect(
+      codes.slice(atDeath + 4).every((c) => c === "ok"),
+      codes.join(","),
+    ).toBe(true);
     for (let i = 0; i < 4; i++) {
       const r = await call(conn, "run_inference", { model: MINILM, texts: ["after the kill"] });
       expect(r.isError, JSON.stringify(r)).toBeFalsy();
@@ -260,65 +270,80 @@ describe("a pool of two local workers and one remote worker", () => {
     expect(r.isError, JSON.stringify(r)).toBeFalsy();
   });
 
-  it("a remote worker refuses a client certificate from another CA and a wrong token, and the control side audits both", { timeout: 180_000 }, async () => {
-    const dir2 = mkdtempSync(join(tmpdir(), "tpu-mcp-pool-refused-"));
-    const cfg = writeConfig(
-      {
-        runtime: {
-          python: join(ROOT, ".venv/bin/python"),
-          catalog: join(ROOT, "runtime/catalog.builtin.json"),
-          workers: [
-            {
-              name: "rogue",
-              connect: `127.0.0.1:${serve.port}`,
-              tls: { ca: certs.ca, cert: certs.rogueCert, key: certs.rogueKey },
-              token_file: certs.token,
-            },
-            {
-              name: "badtoken",
-              connect: `127.0.0.1:${serve.port}`,
-              tls: { ca: certs.ca, cert: certs.clientCert, key: certs.clientKey },
-              token_file: certs.wrongToken,
-            },
-          ],
+  it(
+    "a remote worker refuses a client certificate from another CA and a wrong token, and the control side audits both",
+    { timeout: 180_000 },
+    async () => {
+      const dir2 = mkdtempSync(join(tmpdir(), "tpu-mcp-pool-refused-"));
+      const cfg = writeConfig(
+        {
+          runtime: {
+            python: join(ROOT, ".venv/bin/python"),
+            catalog: join(ROOT, "runtime/catalog.builtin.json"),
+            workers: [
+              {
+                name: "rogue",
+                connect: `127.0.0.1:${serve.port}`,
+                tls: { ca: certs.ca, cert: certs.rogueCert, key: certs.rogueKey },
+                token_file: certs.token,
+              },
+              {
+                name: "badtoken",
+                connect: `127.0.0.1:${serve.port}`,
+                tls: { ca: certs.ca, cert: certs.clientCert, key: certs.clientKey },
+                token_file: certs.wrongToken,
+              },
+            ],
+          },
+          policy: {
+            tokens: [{ id: "ops", token_sha256: sha256(adminToken), scopes: ALL_SCOPES }],
+          },
         },
-        policy: {
-          tokens: [{ id: "ops", token_sha256: sha256(adminToken), scopes: ALL_SCOPES }],
-        },
-      },
-      dir2,
-    );
-    const s2 = await startHttpServer(cfg);
-    try {
-      const rows = await until("both refusals audited", async () => {
-        const db = new Database(join(dir2, "data", "policy.db"), { readonly: true });
-        try {
-          const recs = (
-            db.prepare("SELECT record FROM audit_log ORDER BY seq").all() as { record: string }[]
-          )
-            .map((r) => JSON.parse(r.record))
-            .filter((r) => r.tool === "worker.connect");
-          const codes = new Set(recs.map((r) => r.code));
-          return codes.has("worker_tls_refused") && codes.has("worker_token_refused")
-            ? recs
-            : undefined;
-        } catch {
-          return undefined;
-        } finally {
-          db.close();
-        }
-      }, 60_000);
-      const byCode = Object.fromEntries(rows.map((r: any) => [r.code, r]));
-      expect(byCode.worker_tls_refused.args.worker).toBe("rogue");
-      expect(byCode.worker_tls_refused.outcome).toBe("denied");
-      expect(byCode.worker_token_refused.args.worker).toBe("badtoken");
-      expect(byCode.worker_token_refused.reason).toMatch(/wrong token/);
-      // The worker's side logged both refusals too, and kept serving the real control plane.
-      expect(serve.stderr()).toMatch(/refused a client.*wrong token/);
-      const r = await call(conn, "run_inference", { model: MINILM, texts: ["still served"] });
-      expect(r.isError, JSON.stringify(r)).toBeFalsy();
-    } finally {
-      await s2.stop();
-    }
-  });
+        dir2,
+      );
+      const s2 = await startHttpServer(cfg);
+      try {
+        const rows = await until(
+          "both refusals audited",
+          async () => {
+            const db = new Database(join(dir2, "data", "policy.db"), { readonly: true });
+            try {
+              const recs = (
+                db.prepare("SELECT record FROM audit_log ORDER BY seq").all() as {
+                  record: string;
+                }[]
+              )
+                .map((r) => JSON.parse(r.record))
+                .filter((r) => r.tool === "worker.connect");
+              const codes = new Set(recs.map((r) => r.code));
+              return codes.has("worker_tls_refused") && codes.has("worker_token_refused")
+                ? recs
+                : undefined;
+            } catch {
+              return undefined;
+            } finally {
+              db.close();
+            }
+          },
+          60_000,
+        );
+        const byCode = Object.fromEntries(rows.map((r: any) => [r.code, r]));
+        expect(byCode.worker_tls_refused.args.worker).toBe("rogue");
+        expect(byCode.worker_tls_refused.outcome).toBe("denied");
+        expect(byCode.worker_token_refused.args.worker).toBe("badtoken");
+        expect(byCode.worker_token_refused.reason).toMatch(/wrong token/);
+        // The worker's side logged both refusals too, and kept serving the real control plane.
+        expect(serve.stderr()).toMatch(/refused a client.*wrong token/);
+        const r = await call(conn, "run_inference", { model: MINILM, texts: ["still served"] });
+        expect(r.isError, JSON.stringify(r)).toBeFalsy();
+      } finally {
+        await s2.stop();
+      }
+      // doctor checks every configured worker and says which trust step failed.
+      const doc = await cli(["doctor", "--config", cfg]);
+      expect(doc.code).toBe(1);
+      expect(doc.out).toMatch(/rogue: remote 127\.0\.0\.1:\d+: TLS refused/);
+      expect(doc.out).toMatch(/badtoken: remote 127\.0\.0\.1:\d+: token refused.*wrong token/);
+    },
+  );
 });

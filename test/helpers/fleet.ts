@@ -27,16 +27,33 @@ function openssl(args: string[], cwd: string): void {
 
 function keyAndCsr(cwd: string, name: string, cn: string): void {
   openssl(
-    ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", `/CN=${cn}`]
-      .concat(["-keyout", `${name}.key`, "-out", `${name}.csr`]),
+    [
+      "req",
+      "-newkey",
+      "ec",
+      "-pkeyopt",
+      "ec_paramgen_curve:P-256",
+      "-nodes",
+      "-subj",
+      `/CN=${cn}`,
+    ].concat(["-keyout", `${name}.key`, "-out", `${name}.csr`]),
     cwd,
   );
 }
 
 function selfSignedCa(cwd: string, name: string, cn: string): void {
   openssl(
-    ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2"]
-      .concat(["-subj", `/CN=${cn}`, "-keyout", `${name}.key`, "-out", `${name}.crt`]),
+    [
+      "req",
+      "-x509",
+      "-newkey",
+      "ec",
+      "-pkeyopt",
+      "ec_paramgen_curve:P-256",
+      "-nodes",
+      "-days",
+      "2",
+    ].concat(["-subj", `/CN=${cn}`, "-keyout", `${name}.key`, "-out", `${name}.crt`]),
     cwd,
   );
 }
