@@ -71,7 +71,8 @@ export async function runPool(o: PoolBenchOptions): Promise<SectionResult> {
       void (await p.call("infer", { model: MODEL, texts: [texts[i % texts.length]] }));
     const acc = { one: { s: 0, n: 0 }, two: { s: 0, n: 0 } };
     const sides = { one, two } as const;
-    for (const k of ["one", "two"] as const) await withCallers(o.callers, o.callers * 2, infer(sides[k]));
+    for (const k of ["one", "two"] as const)
+      await withCallers(o.callers, o.callers * 2, infer(sides[k]));
     for (let r = 0; r < o.rounds; r++) {
       for (const k of r % 2 ? (["two", "one"] as const) : (["one", "two"] as const)) {
         const t0 = performance.now();
@@ -81,10 +82,17 @@ export async function runPool(o: PoolBenchOptions): Promise<SectionResult> {
       }
     }
     const rps = { one: acc.one.n / acc.one.s, two: acc.two.n / acc.two.s };
-    const spread = two.workers().map((w) => `${w.name} ${w.calls}`).join(", ");
+    const spread = two
+      .workers()
+      .map((w) => `${w.name} ${w.calls}`)
+      .join(", ");
     s.row("1 worker × 1 thread", fmt.rate(rps.one), `${o.callers} callers, batch 1`);
     s.row("2 workers × 1 thread", fmt.rate(rps.two), `calls per worker: ${spread}`);
-    s.row("2 / 1 workers", `${fmt.x(rps.two / rps.one)} throughput`, "expected ≥ 1.6× on 2 idle cores");
+    s.row(
+      "2 / 1 workers",
+      `${fmt.x(rps.two / rps.one)} throughput`,
+      "expected ≥ 1.6× on 2 idle cores",
+    );
     s.fig("one_rps", rps.one);
     s.fig("two_rps", rps.two);
     s.fig("throughput_ratio", rps.two / rps.one);
