@@ -17,6 +17,7 @@
 // is no longer a candidate (not ready) so new calls go to the other replicas, restarts (local)
 // or reconnects (remote) with backoff, and reports its models lost.
 // Drain: a drained worker takes no new calls or loads; calls in flight finish.
+import { AsyncLocalStorage } from "node:async_hooks";
 import { randomInt } from "node:crypto";
 import { WorkerRuntime, type LoadedModel, type WorkerRuntimeOptions } from "../client.js";
 import {
@@ -106,6 +107,9 @@ class Member {
 }
 
 type AnyListener = (...a: any[]) => void;
+
+/** Where the calls of one tool call went (for its audit record). */
+const placementSink = new AsyncLocalStorage<string[]>();
 
 export class WorkerPool implements Runtime {
   private members: Member[] = [];
@@ -239,6 +243,10 @@ export class WorkerPool implements Runtime {
     list.push(fn as AnyListener);
     this.listeners.set(event, list);
     for (const m of this.members) this.attach(m, event, fn as AnyListener);
+  }
+
+  withPlacement<T>(sink: string[], fn: () => Promise<T>): Promise<T> {
+    return placementSink.run(sink, fn);
   }
 
   async close(): Promise<void> {
@@ -468,7 +476,11 @@ export class WorkerPool implements Runtime {
   ): Promise<CallResult<T>> {
     // Counters are about work: the pool's own status and describe reads are not counted.
     const counted = op !== "status" && op !== "describe";
-    if (counted) m.calls++;
+    if (counted) {
+      m.calls++;
+      const sink = placementSink.getStore();
+      if (sink && !sink.includes(m.name)) sink.push(m.name);
+    }
     try {
       return await m.rt.call<T>(op, args, opts);
     } catch (e) {

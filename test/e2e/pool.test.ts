@@ -62,6 +62,17 @@ function cli(args: string[]): Promise<{ code: number; out: string; err: string }
   });
 }
 
+function auditRecords(dataDir: string): any[] {
+  const db = new Database(join(dataDir, "policy.db"), { readonly: true });
+  try {
+    return (
+      db.prepare("SELECT record FROM audit_log ORDER BY seq").all() as { record: string }[]
+    ).map((r) => JSON.parse(r.record));
+  } finally {
+    db.close();
+  }
+}
+
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
 describe("a pool of two local workers and one remote worker", () => {
@@ -165,6 +176,12 @@ describe("a pool of two local workers and one remote worker", () => {
     expect(after.w1.calls).toBeGreaterThan(before.w1.calls);
     expect(after.r0.calls).toBeGreaterThan(before.r0.calls);
     expect(after.w0.calls).toBe(before.w0.calls);
+    // The audit trail names the worker each call ran on.
+    const recs = auditRecords(join(dir, "data")).filter((r) => r.outcome === "executed");
+    const inferOn = new Set(recs.filter((r) => r.tool === "run_inference").map((r) => r.worker));
+    expect([...inferOn].sort()).toEqual(["r0", "w1"]);
+    const load = recs.find((r) => r.tool === "load_model" && r.args.model === MINILM);
+    expect(load.worker.split(",").sort()).toEqual(["r0", "w1"]);
   });
 
   it("holds only the target worker's lane: inference on the replicas finishes while w0 benchmarks", async () => {
