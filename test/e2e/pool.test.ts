@@ -3,7 +3,7 @@
 // a relay the test can cut), driven by the SDK's Client. Certificates are made by the test.
 // No assertion is about speed; "does not block" is checked by order of completion.
 import { createHash, randomBytes } from "node:crypto";
-import { execFile } from "node:child_process";
+import { execFile, spawnSync } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -75,7 +75,9 @@ function auditRecords(dataDir: string): any[] {
 
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
-describe("a pool of two local workers and one remote worker", () => {
+const hasOpenssl = spawnSync("openssl", ["version"]).status === 0;
+
+describe.skipIf(!hasOpenssl)("a pool of two local workers and one remote worker", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-pool-"));
   const adminToken = `tpu_${randomBytes(18).toString("base64url")}`;
   let certs: Certs;
