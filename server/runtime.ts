@@ -73,7 +73,18 @@ export function buildRuntime(
     mode === "list"
       ? (config.runtime.workers as WorkerEntry[])
       : async () => {
-          const inv = await inventory();
+          let inv;
+          try {
+            inv = await inventory();
+          } catch (e) {
+            // Asked for explicitly: say so and stop. Chosen by default: keep today's one worker.
+            if (config.runtime.workers === "per-device") throw e;
+            logger.warn(
+              { err: String(e) },
+              "inventory failed; serving with one worker (set runtime.workers to choose)",
+            );
+            return [{ name: "w0", device: config.runtime.device }];
+          }
           const list = perDeviceEntries(inv, config.runtime.threads);
           logger.info(
             { kind: inv.kind, chips: inv.count, workers: list.map((w) => w.name) },

@@ -408,7 +408,9 @@ export class WorkerPool implements Runtime {
   private async status(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
     const ready = await this.readyMembers();
     const answers = await Promise.allSettled(
-      ready.map((m) => this.send(m, "status", args, { signal: opts.signal })),
+      ready.map((m) =>
+        this.send(m, "status", args, { signal: opts.signal, timeoutMs: opts.timeoutMs }),
+      ),
     );
     let first: Record<string, unknown> | null = null;
     const loaded: Array<Record<string, unknown>> = [];
