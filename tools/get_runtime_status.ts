@@ -19,7 +19,7 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
     name: "get_runtime_status",
     title: "Runtime status",
     description:
-      "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health.",
+      "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health; with a worker pool, every worker (device, local or remote, state, memory, models and replica placement, calls in flight).",
     input: z.object({}).strict(),
     output: z.object({
       worker: z.object({
