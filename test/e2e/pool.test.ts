@@ -289,7 +289,18 @@ describe.skipIf(!hasOpenssl)(
 
     it("reconnects a remote worker whose connection dropped; its models are reported lost", async () => {
       const before = (await workers(conn)).r0;
+      // A long call in flight on r0 when the connection drops gets worker_died.
+      const bench = call(conn, "run_benchmark", {
+        model: "mnist-cnn",
+        device: "r0",
+        duration_s: 60,
+        warmup: 1,
+      });
+      await until("the benchmark to run on r0", async () => (await workers(conn)).r0.in_flight > 0);
       relay.cut();
+      const lost = await bench;
+      expect(errorOf(lost)?.code, JSON.stringify(lost)).toBe("worker_died");
+      expect(errorOf(lost)?.details?.worker).toBe("r0");
       const ws = await until("r0 reconnected", async () => {
         const x = await workers(conn);
         return x.r0.state === "ready" && x.r0.restarts > before.restarts ? x : undefined;
