@@ -39,6 +39,8 @@ export interface AuditRecord {
   approver?: string;
   /** On chain_keyed records: the id of the key that chains the records from here on. */
   key_id?: string;
+  /** The worker(s) of a pool the call ran on (comma-separated). */
+  worker?: string;
 }
 
 export interface StoredAuditRecord extends AuditRecord {

@@ -12,6 +12,7 @@ import { runDoctor } from "./doctor.js";
 import { startHttp } from "./http.js";
 import { createLogger } from "./logger.js";
 import { startStdio } from "./stdio.js";
+import { runWorkersCommand } from "./workers.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -28,6 +29,9 @@ commands:
                                 read the audit trail, export its head (store it elsewhere),
                                 verify the keyed chain (and that it still holds an exported head)
   token new | hash TOKEN        make a token and print its sha256 for the config
+  workers [list] | drain NAME | undrain NAME [--token T]
+                                the worker pool: state, placement; drain (admin token) stops
+                                routing to a worker and waits for its calls in flight
 
 common options:
   --config FILE                 JSON config (see README); defaults serve the built-in CPU catalog
@@ -172,6 +176,14 @@ async function main(argv: string[]): Promise<number> {
       return runAuditCommand(config, positionals, {
         n: values.n ? Number(values.n) : 20,
         head: values.head,
+        json: values.json === true,
+        out,
+        err,
+        logger,
+      });
+    case "workers":
+      return runWorkersCommand(config, positionals, {
+        token: values.token ?? process.env.TPU_MCP_TOKEN,
         json: values.json === true,
         out,
         err,

@@ -40,6 +40,15 @@ export interface DispatchInput {
 
 export const ERROR_META_KEY = "tpu-mcp/error";
 
+/** The worker operation behind each device-bound tool (a pool places calls by it). */
+const WORKER_OP: Record<string, string> = {
+  load_model: "load",
+  unload_model: "unload",
+  run_inference: "infer",
+  run_benchmark: "benchmark",
+  check_model: "check",
+};
+
 function zodMessage(err: z.ZodError): string {
   return err.issues
     .slice(0, 5)
@@ -120,7 +129,14 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
     // "default" is the worker's own device: name it as explicit calls would, so both share a lane.
     const declared = tool.device ? tool.device(args) : undefined;
     const own = input.base.runtime.hello?.device;
-    const lane = declared === "default" && own ? `${own.kind}:${own.index}` : declared;
+    const rt = input.base.runtime;
+    // A pool: the lane is the worker the call will hold (none when it routes per call).
+    const lane =
+      declared !== undefined && rt.laneOf
+        ? rt.laneOf(WORKER_OP[tool.name] ?? tool.name, args)
+        : declared === "default" && own
+          ? `${own.kind}:${own.index}`
+          : declared;
 
     const ctxFor = (
       signal: AbortSignal,
@@ -134,6 +150,8 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       ...(deadline ? { deadline } : {}),
     });
     const estimate = tool.estimate;
+    // With a pool, the workers the handler's calls went to are named in the audit record.
+    const ranOn: string[] = [];
     const call: GateCall = {
       principal,
       tool: tool.name,
@@ -146,16 +164,19 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
         : {}),
       signal: input.signal,
       elicit: input.elicit,
+      ...(rt.withPlacement ? { ranOn: () => (ranOn.length ? ranOn.join(",") : undefined) } : {}),
     };
+    const placed = <T>(fn: () => Promise<T>): Promise<T> =>
+      rt.withPlacement ? rt.withPlacement(ranOn, fn) : fn();
 
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
     const isJobTool = JOB_TOOLS.has(tool.name);
     let out: Record<string, unknown>;
     if (isJobTool && (args.wait === false || softMs > 0)) {
-      out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs);
+      out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs, placed);
     } else {
       out = await gate.run(call, (signal, deadline) =>
-        tool.handler(args, ctxFor(signal, input.progress, deadline)),
+        placed(() => tool.handler(args, ctxFor(signal, input.progress, deadline))),
       );
     }
     return successResult(tool, out);
@@ -193,6 +214,8 @@ function runAsJob(
   args: Record<string, any>,
   ctxFor: (s: AbortSignal, p: ToolContext["progress"], d?: CallDeadline) => ToolContext,
   softMs: number,
+  /** Runs the handler so that a pool records the workers it used (identity without a pool). */
+  placed: <T>(fn: () => Promise<T>) => Promise<T>,
 ): Promise<Record<string, unknown>> {
   const { tool, principal } = input;
   const jobs = input.base.jobs;
@@ -240,7 +263,7 @@ function runAsJob(
         const signal = AbortSignal.any([gateSignal, jobCtl.signal]);
         // The handler starts on the next microtask, after a job (if any) has adopted it.
         const work = Promise.resolve().then(() =>
-          tool.handler(args, ctxFor(signal, report, deadline)),
+          placed(() => tool.handler(args, ctxFor(signal, report, deadline))),
         );
         if (softMs === 0) {
           const job = adopt(work);

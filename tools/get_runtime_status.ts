@@ -19,7 +19,7 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
     name: "get_runtime_status",
     title: "Runtime status",
     description:
-      "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health.",
+      "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health; with a worker pool, every worker (device, local or remote, state, memory, models and replica placement, calls in flight).",
     input: z.object({}).strict(),
     output: z.object({
       worker: z.object({
@@ -48,6 +48,28 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
           .passthrough(),
       ),
       jobs_running: z.number().int(),
+      workers: z
+        .array(
+          z.object({
+            name: z.string(),
+            device: z.string(),
+            kind: z.enum(["local", "remote"]),
+            address: z.string().nullable(),
+            state: z.string(),
+            draining: z.boolean(),
+            restarts: z.number().int(),
+            pid: z.number().int().nullable(),
+            in_flight: z.number().int(),
+            calls: z.number().int(),
+            failures: z.number().int(),
+            memory_total_bytes: z.number().int().nullable(),
+            memory_free_bytes: z.number().int().nullable(),
+            models: z.array(z.string()),
+            lost_models: z.array(z.string()),
+          }),
+        )
+        .optional()
+        .describe("with a worker pool: every worker, its state and the models it holds"),
     }),
     annotations: {
       readOnlyHint: true,
@@ -75,6 +97,7 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
         matmul_precision: result.matmul_precision ?? null,
         loaded: result.loaded ?? [],
         jobs_running: ctx.jobs.running(),
+        ...(rt.workers ? { workers: rt.workers() } : {}),
       };
     },
     render: (o) =>
@@ -82,5 +105,8 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
       `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}]`).join(", ") || "none"}` +
       (o.worker.lost_models.length
         ? `; lost in a worker restart: ${o.worker.lost_models.join(", ")}`
+        : "") +
+      (o.workers
+        ? `; workers: ${o.workers.map((w) => `${w.name} ${w.device} ${w.state}${w.draining ? " (drained)" : ""} [${w.models.join(", ") || "-"}]`).join("; ")}`
         : ""),
   });
