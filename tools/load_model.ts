@@ -18,7 +18,7 @@ const LoadResult = z.object({
   warmup_s: z.number(),
   matmul_precision: z.string(),
   placement: z
-    .array(z.object({ worker: z.string(), device: z.string(), bytes_on_device: z.number() }))
+    .array(z.object({ worker: z.string(), device: z.string(), bytes_on_device: z.number().int() }))
     .optional()
     .describe("with a worker pool: the workers holding a replica"),
 });
