@@ -113,7 +113,31 @@ export interface Runtime {
   inFlight(): number;
   on<E extends keyof RuntimeEvents>(event: E, fn: RuntimeEvents[E]): void;
   close(): Promise<void>;
+  /** Pools only: the worker a call will hold (its device lane in the gate), when its args tell. */
+  laneOf?(op: string, args: Record<string, unknown>): string | undefined;
+  /** Pools only: every worker's state, placement and counters. */
+  workers?(): WorkerStatus[];
 }
+
+/** One worker of a pool, as get_runtime_status and /metrics show it. */
+export interface WorkerStatus {
+  name: string;
+  device: string;
+  kind: "local" | "remote";
+  address: string | null;
+  state: WorkerState;
+  draining: boolean;
+  restarts: number;
+  pid: number | null;
+  in_flight: number;
+  calls: number;
+  failures: number;
+  memory_total_bytes: number | null;
+  memory_free_bytes: number | null;
+  models: string[];
+  lost_models: string[];
+}
+
 
 /** Error codes the runtime produces itself (the worker's own codes pass through unchanged). */
 export const RUNTIME_ERROR_CODES = [

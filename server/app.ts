@@ -9,7 +9,7 @@ import type { SqliteAuditLog } from "../policies/audit.js";
 import { Authenticator } from "../policies/auth.js";
 import type { Gate } from "../policies/gate.js";
 import { readCatalog, type Catalog } from "../runtime/catalog.js";
-import { WorkerRuntime } from "../runtime/client.js";
+import { memoryFor } from "../policies/estimate.js";
 import type { Runtime } from "../runtime/types.js";
 import { buildTools } from "../tools/registry.js";
 import { WorkerModelFacts } from "../tools/support/facts.js";
@@ -20,6 +20,8 @@ import type { ToolDefinition, ToolEnv } from "../tools/types.js";
 import type { ServerConfig } from "./config.js";
 import { Metrics } from "./metrics.js";
 import { createPolicyServices } from "./policy.js";
+import { buildRuntime, type RuntimeHooks } from "./runtime.js";
+import { watchWorkerControl } from "./workers.js";
 
 export interface App {
   config: ServerConfig;
@@ -45,7 +47,7 @@ export interface App {
 export function createApp(
   config: ServerConfig,
   logger: Logger,
-  opts: { runtime?: Runtime } = {},
+  opts: { runtime?: Runtime; hooks?: RuntimeHooks } = {},
 ): App {
   mkdirSync(config.paths.data_dir, { recursive: true });
   const catalog = readCatalog(config.paths.catalog);
@@ -59,21 +61,34 @@ export function createApp(
     },
   };
   const rtLog = logger.child({ component: "runtime" });
+  // Late-bound: the pool's placement needs model facts, which are read through the runtime.
+  let factsRef: WorkerModelFacts | null = null;
+  let auditRef: SqliteAuditLog | null = null;
   const runtime =
     opts.runtime ??
-    new WorkerRuntime({
-      repoRoot: config.paths.root,
-      pythonPath: config.paths.python,
-      catalogPath: config.paths.catalog,
-      device: config.runtime.device,
-      extraArgs: config.runtime.threads > 0 ? ["--threads", String(config.runtime.threads)] : [],
-      startMode: config.runtime.start,
-      requestTimeoutMs: config.runtime.request_timeout_s * 1000,
-      heartbeatIntervalMs: config.runtime.heartbeat_interval_s * 1000,
-      heartbeatTimeoutMs: config.runtime.heartbeat_timeout_s * 1000,
-      maxRestartsInWindow: config.runtime.max_restarts,
-      restartWindowMs: config.runtime.restart_window_s * 1000,
-      logger: rtLog,
+    buildRuntime(config, rtLog, {
+      async needBytes(model, dtype) {
+        const entry = catalog.models.find((m) => m.id === model);
+        const fact = await factsRef?.get(model).catch(() => undefined);
+        if (!entry || !fact?.parameters) return null;
+        return memoryFor(fact.parameters, dtype ?? entry.default_dtype, 1);
+      },
+      onRefused(r) {
+        rtLog.warn(r, "remote worker refused or unreachable");
+        // Refusals that say something about trust (certificate, token) go to the audit trail.
+        if (r.reason === "tls" || r.reason === "unauthorized")
+          auditRef?.append({
+            time: new Date().toISOString(),
+            principal: "control-plane",
+            tool: "worker.connect",
+            args_digest: null,
+            args: { worker: r.worker, address: r.address },
+            outcome: "denied",
+            code: r.reason === "tls" ? "worker_tls_refused" : "worker_token_refused",
+            reason: r.message,
+          });
+      },
+      ...opts.hooks,
     });
   const metrics = new Metrics();
   const notices: App["notices"] = new EventEmitter();
@@ -99,6 +114,10 @@ export function createApp(
   const reports = new SqliteReports(join(config.paths.data_dir, "reports.db"));
   const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
   const facts = new WorkerModelFacts(runtime);
+  factsRef = facts;
+  auditRef = audit;
+  metrics.observeWorkers(runtime);
+  const control = watchWorkerControl(config, runtime, rtLog);
   const tools = buildTools(env);
 
   return {
@@ -119,6 +138,7 @@ export function createApp(
     metrics,
     notices,
     async close() {
+      control.close();
       jobs.close();
       await runtime.close();
       reports.close();

@@ -12,6 +12,7 @@ import { runDoctor } from "./doctor.js";
 import { startHttp } from "./http.js";
 import { createLogger } from "./logger.js";
 import { startStdio } from "./stdio.js";
+import { runWorkersCommand } from "./workers.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -26,6 +27,9 @@ commands:
                                 decide pending approvals (operator token: --token or TPU_MCP_TOKEN)
   audit tail [-n N] | verify    read or verify the hash-chained audit trail
   token new | hash TOKEN        make a token and print its sha256 for the config
+  workers [list] | drain NAME | undrain NAME [--token T]
+                                the worker pool: state, placement; drain (admin token) stops
+                                routing to a worker and waits for its calls in flight
 
 common options:
   --config FILE                 JSON config (see README); defaults serve the built-in CPU catalog
@@ -168,6 +172,14 @@ async function main(argv: string[]): Promise<number> {
     case "audit":
       return runAuditCommand(config, positionals, {
         n: values.n ? Number(values.n) : 20,
+        json: values.json === true,
+        out,
+        err,
+        logger,
+      });
+    case "workers":
+      return runWorkersCommand(config, positionals, {
+        token: values.token ?? process.env.TPU_MCP_TOKEN,
         json: values.json === true,
         out,
         err,

@@ -12,6 +12,50 @@ const DeviceSchema = z
     "use auto, cpu, cuda, tpu or xla, optionally with :index",
   );
 
+const WorkerName = z
+  .string()
+  .regex(/^[A-Za-z][A-Za-z0-9_.-]{0,62}$/, "a letter, then letters, digits, _ . - (e.g. w0, vm2-tpu3)")
+  .refine((n) => !/^(auto|cpu|cuda|tpu|xla)(:\d+)?$/.test(n), "a worker name may not look like a device");
+
+const LocalWorkerSchema = z
+  .object({
+    name: WorkerName,
+    device: DeviceSchema,
+    /** torch intra-op threads for this worker; 0 keeps torch's default. */
+    threads: z.number().int().min(0).max(1024).optional(),
+    /** Memory the pool may place on this worker (workers sharing one host's RAM). */
+    memory_bytes: z.number().int().positive().optional(),
+  })
+  .strict();
+
+const RemoteWorkerSchema = z
+  .object({
+    name: WorkerName,
+    connect: z
+      .string()
+      .regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/, "use host:port, e.g. 10.0.0.5:7900"),
+    tls: z
+      .object({
+        ca: z.string().min(1),
+        cert: z.string().min(1),
+        key: z.string().min(1),
+        server_name: z.string().min(1).optional(),
+      })
+      .strict(),
+    token_file: z.string().min(1),
+  })
+  .strict();
+
+const WorkersSchema = z.union([
+  z.literal("single"),
+  z.literal("per-device"),
+  z
+    .array(z.union([RemoteWorkerSchema, LocalWorkerSchema]))
+    .min(1)
+    .max(256)
+    .refine((ws) => new Set(ws.map((w) => w.name)).size === ws.length, "worker names must be unique"),
+]);
+
 export const ServerConfigSchema = z
   .object({
     /** Where SQLite stores (approvals, audit, jobs, reports) and generated files live. */
@@ -54,6 +98,15 @@ export const ServerConfigSchema = z
         heartbeat_timeout_s: z.number().positive().default(20),
         max_restarts: z.number().int().min(0).default(5),
         restart_window_s: z.number().positive().default(60),
+        /**
+         * The pool: "single" (one local worker on `device`), "per-device" (one local worker per
+         * chip, from the worker's inventory), or a list of local and remote workers. Unset: per
+         * device on a host with several accelerator chips, else single (CPU: unchanged).
+         */
+        workers: WorkersSchema.optional(),
+        /** Calls in flight one replica takes before routing looks elsewhere; then `busy`. */
+        max_in_flight_per_replica: z.number().int().min(1).max(4096).default(16),
+        busy_retry_after_ms: z.number().int().min(1).max(60_000).default(100),
       })
       .strict()
       .prefault({}),
@@ -130,8 +183,26 @@ export function parseConfig(raw: unknown, opts: { root: string; base?: string; s
       ? abs(c.runtime[key], base)
       : abs(c.runtime[key], opts.root);
   // The device given on the command line overrides the file (applyOverrides put it in raw).
+  // Certificate and token paths of remote workers are relative to the config file too.
+  const workers = Array.isArray(c.runtime.workers)
+    ? c.runtime.workers.map((w) =>
+        "connect" in w
+          ? {
+              ...w,
+              token_file: abs(w.token_file, base),
+              tls: {
+                ...w.tls,
+                ca: abs(w.tls.ca, base),
+                cert: abs(w.tls.cert, base),
+                key: abs(w.tls.key, base),
+              },
+            }
+          : w,
+      )
+    : c.runtime.workers;
   const config: ServerConfig = {
     ...c,
+    runtime: { ...c.runtime, workers },
     paths: {
       root: opts.root,
       data_dir:

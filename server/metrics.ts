@@ -1,6 +1,7 @@
 // Prometheus metrics for /metrics. One registry per app (never the global default) so tests
 // and several servers in one process do not collide.
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { Runtime } from "../runtime/types.js";
 
 export class Metrics {
   readonly registry = new Registry();
@@ -44,4 +45,45 @@ export class Metrics {
     help: "Open Streamable HTTP sessions.",
     registers: [this.registry],
   });
+
+  /**
+   * Per-worker series for a pool, read from the pool when /metrics is scraped: in flight, up,
+   * drained (gauges) and calls, failures, restarts (counters, monotonic in the pool).
+   */
+  observeWorkers(runtime: Runtime): void {
+    if (!runtime.workers) return;
+    const workers = () => runtime.workers!();
+    const labelNames = ["worker", "device"] as const;
+    const gauge = (name: string, help: string, value: (w: WorkerRow) => number) =>
+      new Gauge({
+        name,
+        help,
+        labelNames,
+        registers: [this.registry],
+        collect() {
+          this.reset();
+          for (const w of workers()) this.set({ worker: w.name, device: w.device }, value(w));
+        },
+      });
+    const counter = (name: string, help: string, value: (w: WorkerRow) => number) =>
+      new Counter({
+        name,
+        help,
+        labelNames,
+        registers: [this.registry],
+        collect() {
+          this.reset();
+          for (const w of workers()) this.inc({ worker: w.name, device: w.device }, value(w));
+        },
+      });
+    gauge("tpu_mcp_pool_worker_in_flight", "Calls in flight on each worker of the pool.", (w) => w.in_flight);
+    gauge("tpu_mcp_pool_worker_up", "1 when the worker is ready, else 0.", (w) => (w.state === "ready" ? 1 : 0));
+    gauge("tpu_mcp_pool_worker_drained", "1 when the worker is drained.", (w) => (w.draining ? 1 : 0));
+    gauge("tpu_mcp_pool_worker_models", "Models loaded on each worker.", (w) => w.models.length);
+    counter("tpu_mcp_pool_worker_calls_total", "Calls the pool sent to each worker.", (w) => w.calls);
+    counter("tpu_mcp_pool_worker_failures_total", "Calls that failed on each worker (any error).", (w) => w.failures);
+    counter("tpu_mcp_pool_worker_restarts_total", "Restarts (local) or reconnects (remote) of each worker.", (w) => w.restarts);
+  }
 }
+
+type WorkerRow = ReturnType<NonNullable<Runtime["workers"]>>[number];

@@ -38,6 +38,15 @@ export interface DispatchInput {
 
 export const ERROR_META_KEY = "tpu-mcp/error";
 
+/** The worker operation behind each device-bound tool (a pool places calls by it). */
+const WORKER_OP: Record<string, string> = {
+  load_model: "load",
+  unload_model: "unload",
+  run_inference: "infer",
+  run_benchmark: "benchmark",
+  check_model: "check",
+};
+
 function zodMessage(err: z.ZodError): string {
   return err.issues
     .slice(0, 5)
@@ -113,7 +122,14 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
     // "default" is the worker's own device: name it as explicit calls would, so both share a lane.
     const declared = tool.device ? tool.device(args) : undefined;
     const own = input.base.runtime.hello?.device;
-    const lane = declared === "default" && own ? `${own.kind}:${own.index}` : declared;
+    const rt = input.base.runtime;
+    // A pool: the lane is the worker the call will hold (none when it routes per call).
+    const lane =
+      declared !== undefined && rt.laneOf
+        ? rt.laneOf(WORKER_OP[tool.name] ?? tool.name, args)
+        : declared === "default" && own
+          ? `${own.kind}:${own.index}`
+          : declared;
     const asJob = JOB_TOOLS.has(tool.name) && args.wait === false;
 
     const ctxFor = (signal: AbortSignal, progress: ToolContext["progress"]): ToolContext => ({

@@ -48,6 +48,28 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
           .passthrough(),
       ),
       jobs_running: z.number(),
+      workers: z
+        .array(
+          z.object({
+            name: z.string(),
+            device: z.string(),
+            kind: z.enum(["local", "remote"]),
+            address: z.string().nullable(),
+            state: z.string(),
+            draining: z.boolean(),
+            restarts: z.number(),
+            pid: z.number().nullable(),
+            in_flight: z.number(),
+            calls: z.number(),
+            failures: z.number(),
+            memory_total_bytes: z.number().nullable(),
+            memory_free_bytes: z.number().nullable(),
+            models: z.array(z.string()),
+            lost_models: z.array(z.string()),
+          }),
+        )
+        .optional()
+        .describe("with a worker pool: every worker, its state and the models it holds"),
     }),
     annotations: {
       readOnlyHint: true,
@@ -75,6 +97,7 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
         matmul_precision: result.matmul_precision ?? null,
         loaded: result.loaded ?? [],
         jobs_running: ctx.jobs.running(),
+        ...(rt.workers ? { workers: rt.workers() } : {}),
       };
     },
     render: (o) =>
@@ -82,5 +105,8 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
       `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}]`).join(", ") || "none"}` +
       (o.worker.lost_models.length
         ? `; lost in a worker restart: ${o.worker.lost_models.join(", ")}`
+        : "") +
+      (o.workers
+        ? `; workers: ${o.workers.map((w) => `${w.name} ${w.device} ${w.state}${w.draining ? " (drained)" : ""} [${w.models.join(", ") || "-"}]`).join("; ")}`
         : ""),
   });

@@ -17,6 +17,10 @@ const LoadResult = z.object({
   compile_s: z.number(),
   warmup_s: z.number(),
   matmul_precision: z.string(),
+  placement: z
+    .array(z.object({ worker: z.string(), device: z.string(), bytes_on_device: z.number() }))
+    .optional()
+    .describe("with a worker pool: the workers holding a replica"),
 });
 
 export const loadModel = (env: ToolEnv) => {
@@ -31,6 +35,13 @@ export const loadModel = (env: ToolEnv) => {
       .object({
         model: modelId(env),
         device: device.optional(),
+        replicas: z
+          .number()
+          .int()
+          .min(1)
+          .max(256)
+          .optional()
+          .describe("copies on distinct workers of the pool (default 1); calls are routed among them"),
         dtype: dtype.optional(),
         mode: mode.default("eager"),
         warmup_shapes: z
@@ -74,7 +85,14 @@ export const loadModel = (env: ToolEnv) => {
           );
         }
       }
+      if ((args.replicas ?? 1) > 1 && !ctx.runtime.workers) {
+        throw new ToolError(
+          "invalid_argument",
+          "replicas: this server runs one worker; configure runtime.workers (see the README's fleet section) for replicas",
+        );
+      }
       const workerArgs = {
+        ...(args.replicas && ctx.runtime.workers ? { replicas: args.replicas } : {}),
         model: args.model,
         dtype: dt,
         mode: args.mode,
@@ -91,6 +109,6 @@ export const loadModel = (env: ToolEnv) => {
     render: (o) =>
       "job_id" in o
         ? `started job ${o.job_id}; follow it with get_job`
-        : `loaded ${o.model} on ${o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s, matmul precision ${o.matmul_precision}`,
+        : `loaded ${o.model} on ${o.placement ? o.placement.map((p) => `${p.worker} (${p.device})`).join(", ") : o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s, matmul precision ${o.matmul_precision}`,
   });
 };

@@ -29,8 +29,13 @@ export function modelId(env: ToolEnv) {
 
 export const device = z
   .string()
-  .regex(/^(tpu|cuda|cpu|xla)(:\d{1,2})?$/, "use tpu, cuda, xla or cpu, optionally with :index")
-  .describe("device to use, e.g. tpu, tpu:0, cuda:1 or cpu; defaults to the worker's device");
+  .regex(
+    /^((tpu|cuda|cpu|xla)(:\d{1,2})?|[A-Za-z][A-Za-z0-9_.-]{0,62})$/,
+    "use tpu, cuda, xla or cpu, optionally with :index, or a worker's name (get_runtime_status lists them)",
+  )
+  .describe(
+    "device to use, e.g. tpu, tpu:0, cuda:1 or cpu, or a worker of the pool by name (w0); defaults to the worker's device",
+  );
 
 export const dtype = z.enum(MODEL_DTYPES).describe("weights and compute dtype");
 export const mode = z

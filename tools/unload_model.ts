@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { modelId } from "./schemas.js";
+import { device, modelId } from "./schemas.js";
 import { defineTool, type ToolEnv } from "./types.js";
 
 export const unloadModel = (env: ToolEnv) =>
@@ -7,23 +7,37 @@ export const unloadModel = (env: ToolEnv) =>
     name: "unload_model",
     title: "Unload a model",
     description:
-      "Frees a loaded model and its device memory. Requests queued for it fail with model_not_loaded.",
-    input: z.object({ model: modelId(env) }).strict(),
-    output: z.object({ model: z.string(), freed_bytes: z.number() }),
+      "Frees a loaded model and its device memory. Requests queued for it fail with model_not_loaded. With a worker pool it unloads every replica, or only the one on `device` (a worker name or chip).",
+    input: z
+      .object({
+        model: modelId(env),
+        device: device.optional().describe("with a worker pool: unload only the replica on this worker or chip"),
+      })
+      .strict(),
+    output: z.object({
+      model: z.string(),
+      freed_bytes: z.number(),
+      workers: z.array(z.string()).optional().describe("with a worker pool: where it was unloaded"),
+    }),
     annotations: {
       readOnlyHint: false,
       destructiveHint: true,
       idempotentHint: true,
       openWorldHint: false,
     },
-    device: () => "default",
+    device: (a) => a.device ?? "default",
     async handler(args, ctx) {
-      const { result } = await ctx.runtime.call<{ model: string; freed_bytes: number }>(
+      const { result } = await ctx.runtime.call<{
+        model: string;
+        freed_bytes: number;
+        workers?: string[];
+      }>(
         "unload",
-        { model: args.model },
+        { model: args.model, ...(args.device ? { device: args.device } : {}) },
         { signal: ctx.signal },
       );
       return result;
     },
-    render: (o) => `unloaded ${o.model}, freed ${(o.freed_bytes / 2 ** 20).toFixed(1)} MiB`,
+    render: (o) =>
+      `unloaded ${o.model}${o.workers ? ` from ${o.workers.join(", ")}` : ""}, freed ${(o.freed_bytes / 2 ** 20).toFixed(1)} MiB`,
   });

@@ -62,6 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        # The worker over TCP + mutual TLS (tpu_worker/serve.py); it imports no torch itself.
+        from .serve import main as serve_main
+
+        return serve_main(argv[1:])
     args = parse_args(argv)
     proto_out = _take_stdout()
     _set_import_env(args)
@@ -111,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     logs.info("worker ready", device=result.device["kind"], name=result.device["name"], models=len(catalog.entries))
     return server.serve()
+
+
+def console_main() -> None:
+    """`tpu-mcp-worker ...` (console script): the same as `python -m tpu_worker ...`."""
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

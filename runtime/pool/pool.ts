@@ -1,0 +1,679 @@
+// WorkerPool: several workers (local subprocesses, remote `tpu_worker serve` endpoints) behind the
+// one `Runtime` interface, so tools/ and policies/ keep their shape. Each worker is a
+// WorkerRuntime (runtime/client.ts) with its own supervision; the pool adds, per operation:
+//
+// - load: placement. `device` may name a worker (`w0`), a chip (`tpu:3`) or a kind (`cpu`);
+//   candidates are ready, undrained workers of that kind that do not hold the model yet and
+//   whose free memory holds the model (needBytes, the estimate's figure with its headroom);
+//   ordered by fewest loaded models, then fewest calls in flight. `replicas` loads on that many
+//   workers in parallel; loads on one worker are serialised.
+// - infer: routing among the replicas holding the model: power of two choices on calls in
+//   flight, each replica capped at maxInFlightPerReplica; all at cap → `busy` + retry_after_ms.
+// - unload: every replica, or the one `device` names.
+// - status: every worker's own status, plus `workers` (placement, state, in flight, memory).
+// - bench/check: the worker `device` names, else the least busy one of the right kind.
+//
+// Failover comes from the members: a dead worker rejects its calls in flight with worker_died,
+// is no longer a candidate (not ready) so new calls go to the other replicas, restarts (local)
+// or reconnects (remote) with backoff, and reports its models lost.
+// Drain: a drained worker takes no new calls or loads; calls in flight finish.
+import { randomInt } from "node:crypto";
+import { WorkerRuntime, type LoadedModel, type WorkerRuntimeOptions } from "../client.js";
+import {
+  RuntimeCallError,
+  type CallOptions,
+  type CallResult,
+  type DeviceInfo,
+  type Runtime,
+  type RuntimeEvents,
+  type WorkerHello,
+  type WorkerState,
+  type WorkerStatus,
+} from "../types.js";
+import { isRemote, type WorkerEntry } from "./entries.js";
+import { remoteSpawn, type RemoteRefusal } from "./remote.js";
+
+export interface PoolOptions {
+  /** Workers, or a function giving them (the per-device expansion runs once, at start). */
+  entries: WorkerEntry[] | (() => Promise<WorkerEntry[]>);
+  /** Options every worker shares (paths, timeouts, logger); per-entry device/threads/spawn win. */
+  base?: WorkerRuntimeOptions;
+  /** Calls in flight a replica may hold before routing looks elsewhere. Default 16. */
+  maxInFlightPerReplica?: number;
+  /** The retry hint given with `busy`. Default 100 ms. */
+  retryAfterMs?: number;
+  /** Bytes a model needs on a device (with the estimate's headroom); null when unknown. */
+  needBytes?: (model: string, dtype: string | undefined) => Promise<number | null>;
+  /** A remote worker refused us (TLS, token) or could not be reached: for the audit trail. */
+  onRefused?: (r: RemoteRefusal) => void;
+  /** Builds a member (tests substitute spawn functions here). */
+  makeRuntime?: (entry: WorkerEntry, opts: WorkerRuntimeOptions) => WorkerRuntime;
+}
+
+/** One worker of the pool. */
+class Member {
+  draining = false;
+  calls = 0;
+  failures = 0;
+  /** Loads (and unloads) on this worker run one at a time. */
+  private chain: Promise<unknown> = Promise.resolve();
+  /** Free memory from the last status call, for placement between loads. */
+  lastFree: number | null = null;
+  lastTotal: number | null = null;
+
+  constructor(
+    readonly entry: WorkerEntry,
+    readonly rt: WorkerRuntime,
+  ) {}
+
+  get name(): string {
+    return this.entry.name;
+  }
+  get remote(): boolean {
+    return isRemote(this.entry);
+  }
+  /** The device as configured (`tpu:3`, `cpu`), or what the worker reported. */
+  get device(): string {
+    const d = this.rt.hello?.device;
+    if (d) return d.kind === "cpu" ? "cpu" : `${d.kind}:${d.index}`;
+    return isRemote(this.entry) ? "remote" : this.entry.device;
+  }
+  get kind(): string | null {
+    return this.rt.hello?.device.kind ?? (isRemote(this.entry) ? null : this.entry.device.split(":")[0]!);
+  }
+  get usable(): boolean {
+    return this.rt.state === "ready" && !this.draining;
+  }
+  models(): LoadedModel[] {
+    return this.rt.loadedModels();
+  }
+  holds(model: string): boolean {
+    return this.rt.loadedModels().some((m) => m.model === model);
+  }
+  serial<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.chain.then(fn, fn);
+    this.chain = run.catch(() => undefined);
+    return run;
+  }
+  /** Bytes this worker may still take: its share (memory_bytes) minus what it holds, or the device's free memory. */
+  free(bytesHeld: number): number | null {
+    const share = isRemote(this.entry) ? undefined : this.entry.memory_bytes;
+    if (share !== undefined) return share - bytesHeld;
+    return this.lastFree ?? this.rt.hello?.device.memory_free_bytes ?? null;
+  }
+}
+
+type AnyListener = (...a: any[]) => void;
+
+export class WorkerPool implements Runtime {
+  private members: Member[] = [];
+  private readonly listeners = new Map<string, AnyListener[]>();
+  private expanding: Promise<void> | null = null;
+  private closed = false;
+  /** Bytes on device per (worker, model), from load results. */
+  private readonly held = new Map<string, number>();
+  private readonly cap: number;
+  private readonly retryAfterMs: number;
+
+  constructor(private readonly opts: PoolOptions) {
+    this.cap = opts.maxInFlightPerReplica ?? 16;
+    this.retryAfterMs = opts.retryAfterMs ?? 100;
+    if (Array.isArray(opts.entries)) for (const e of opts.entries) this.addMember(e);
+  }
+
+  // ── membership (a clean API for run-time changes, e.g. Ray placing remote workers) ───────
+
+  /** Adds a worker; it starts when the base options say eager, else on first use. */
+  add(entry: WorkerEntry): void {
+    if (this.closed) throw new Error("the pool is closed");
+    this.addMember(entry);
+  }
+
+  /** Drains a worker, waits for its calls in flight, then stops and removes it. */
+  async remove(name: string, opts: { timeoutMs?: number } = {}): Promise<void> {
+    const m = this.member(name);
+    m.draining = true;
+    const until = Date.now() + (opts.timeoutMs ?? 60_000);
+    while (m.rt.inFlight() > 0 && Date.now() < until) await sleep(50);
+    this.members = this.members.filter((x) => x !== m);
+    await m.rt.close();
+  }
+
+  drain(name: string): WorkerStatus {
+    const m = this.member(name);
+    m.draining = true;
+    return this.statusOf(m);
+  }
+
+  undrain(name: string): WorkerStatus {
+    const m = this.member(name);
+    m.draining = false;
+    return this.statusOf(m);
+  }
+
+  names(): string[] {
+    return this.members.map((m) => m.name);
+  }
+
+  workers(): WorkerStatus[] {
+    return this.members.map((m) => this.statusOf(m));
+  }
+
+  /** The worker a device string names, or undefined (a kind names no single worker). */
+  workerFor(device: string | undefined): string | undefined {
+    if (!device) return undefined;
+    const named = this.members.find((m) => m.name === device);
+    if (named) return named.name;
+    if (device.includes(":")) return this.members.find((m) => m.device === device)?.name;
+    return undefined;
+  }
+
+  /**
+   * The gate's lane key for a call: the one worker the call will use, if that can be told from
+   * its arguments, else undefined (the pool routes per call and caps each replica itself).
+   */
+  laneOf(op: string, args: Record<string, unknown>): string | undefined {
+    const device = typeof args.device === "string" ? args.device : undefined;
+    const named = this.workerFor(device);
+    if (named) return named;
+    const model = typeof args.model === "string" ? args.model : undefined;
+    if (op === "infer") return undefined;
+    if (op === "unload") {
+      const holders = this.members.filter((m) => model && m.holds(model));
+      return holders.length === 1 ? holders[0]!.name : undefined;
+    }
+    // load / bench / check without a named worker: the one placement would pick now.
+    const c = this.candidates(device, op === "load" ? model : undefined);
+    return c.length ? this.order(c)[0]!.name : undefined;
+  }
+
+  // ── Runtime ──────────────────────────────────────────────────────────────────────────────
+
+  get state(): WorkerState {
+    const states = this.members.map((m) => m.rt.state);
+    if (states.includes("ready")) return "ready";
+    if (states.includes("restarting")) return "restarting";
+    if (states.includes("starting")) return "starting";
+    if (states.length && states.every((s) => s === "failed")) return "failed";
+    return "stopped";
+  }
+
+  get hello(): WorkerHello | null {
+    return (
+      this.members.find((m) => m.rt.state === "ready")?.rt.hello ??
+      this.members.find((m) => m.rt.hello)?.rt.hello ??
+      null
+    );
+  }
+
+  async start(): Promise<WorkerHello> {
+    await this.expand();
+    return this.firstReady(this.members.map((m) => m.rt.start()));
+  }
+
+  async ready(): Promise<WorkerHello> {
+    await this.expand();
+    return this.firstReady(this.members.map((m) => m.rt.ready()));
+  }
+
+  lostModels(): string[] {
+    const lost = new Set<string>();
+    for (const m of this.members) for (const x of m.rt.lostModels()) lost.add(x);
+    return [...lost].sort();
+  }
+
+  restarts(): number {
+    return this.members.reduce((n, m) => n + m.rt.restarts(), 0);
+  }
+
+  inFlight(): number {
+    return this.members.reduce((n, m) => n + m.rt.inFlight(), 0);
+  }
+
+  on<E extends keyof RuntimeEvents>(event: E, fn: RuntimeEvents[E]): void {
+    const list = this.listeners.get(event) ?? [];
+    list.push(fn as AnyListener);
+    this.listeners.set(event, list);
+    for (const m of this.members) this.attach(m, event, fn as AnyListener);
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await Promise.allSettled(this.members.map((m) => m.rt.close()));
+  }
+
+  async call<T = Record<string, unknown>>(
+    op: string,
+    args: Record<string, unknown>,
+    opts: CallOptions = {},
+  ): Promise<CallResult<T>> {
+    await this.expand();
+    switch (op) {
+      case "load":
+        return (await this.load(args, opts)) as CallResult<T>;
+      case "unload":
+        return (await this.unload(args, opts)) as CallResult<T>;
+      case "infer":
+        return this.send<T>(this.route(String(args.model)), op, args, opts);
+      case "status":
+        return (await this.status(args, opts)) as CallResult<T>;
+      case "benchmark":
+      case "check": {
+        const device = typeof args.device === "string" ? args.device : undefined;
+        const c = this.candidates(device, undefined);
+        if (!c.length) throw this.noWorker(device);
+        const m = this.order(c)[0]!;
+        return this.send<T>(m, op, this.forWorker(m, args, device), opts);
+      }
+      default: {
+        const m = (await this.readyMembers())[0];
+        if (!m) throw this.noWorker(undefined);
+        return this.send<T>(m, op, args, opts);
+      }
+    }
+  }
+
+  // ── operations ───────────────────────────────────────────────────────────────────────────
+
+  private async load(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
+    const model = String(args.model);
+    const replicas = typeof args.replicas === "number" ? args.replicas : 1;
+    const device = typeof args.device === "string" ? args.device : undefined;
+    const { replicas: _r, ...workerArgs } = args;
+    await this.readyMembers();
+    const named = device ? this.resolve(device) : this.members;
+    if (!named.length) throw this.noWorker(device);
+    const candidates = this.candidates(device, model);
+    if (!candidates.length) {
+      const holders = named.filter((m) => m.holds(model));
+      if (holders.length)
+        throw new RuntimeCallError(
+          "model_already_loaded",
+          `${model} is already loaded on ${holders.map((m) => m.name).join(", ")}${named.length > holders.length ? "; the other workers are not ready or drained" : ""}; use it, or unload it first`,
+          false,
+          { workers: holders.map((m) => m.name) },
+        );
+      throw this.noWorker(device);
+    }
+    // Fresh free memory from every candidate (loads are rare; placement must not guess).
+    await Promise.all(candidates.map((m) => this.refreshMemory(m, opts.signal)));
+    const need = this.opts.needBytes
+      ? await this.opts.needBytes(model, typeof args.dtype === "string" ? args.dtype : undefined)
+      : null;
+    const fits = candidates.filter((m) => {
+      const free = m.free(this.heldBy(m));
+      return need === null || free === null || free >= need;
+    });
+    if (fits.length < replicas) {
+      const where = candidates
+        .map((m) => {
+          const free = m.free(this.heldBy(m));
+          return `${m.name} ${free === null ? "unknown" : formatBytes(free)} free`;
+        })
+        .join(", ");
+      if (need !== null && fits.length < candidates.length) {
+        throw new RuntimeCallError(
+          "insufficient_memory",
+          `${model} needs about ${formatBytes(need)} per replica; ${fits.length ? `it fits on ${fits.map((m) => m.name).join(", ")} (replicas: ${fits.length} at most)` : "it fits on no worker"} (${where}). Unload other models, use a smaller dtype${fits.length ? " or fewer replicas" : ""}.`,
+          false,
+          { need_bytes: need, fits: fits.map((m) => m.name) },
+        );
+      }
+      throw new RuntimeCallError(
+        "invalid_argument",
+        `replicas: ${replicas} asked, but only ${fits.length} worker(s) can take ${model} now (${where}); ask for at most ${fits.length}`,
+        false,
+        { fits: fits.map((m) => m.name) },
+      );
+    }
+    const chosen = this.order(fits).slice(0, replicas);
+    const results = await Promise.allSettled(
+      chosen.map((m) =>
+        m.serial(() => this.send(m, "load", this.forWorker(m, workerArgs, device), opts)),
+      ),
+    );
+    const ok: Array<{ m: Member; r: CallResult }> = [];
+    let firstError: unknown = null;
+    results.forEach((r, i) => {
+      if (r.status === "fulfilled") ok.push({ m: chosen[i]!, r: r.value });
+      else firstError ??= r.reason;
+    });
+    for (const { m, r } of ok) this.held.set(`${m.name}\0${model}`, num(r.result.bytes_on_device));
+    if (!ok.length) throw firstError;
+    const first = ok[0]!.r;
+    return {
+      result: {
+        ...first.result,
+        placement: ok.map(({ m, r }) => ({
+          worker: m.name,
+          device: String(r.result.device ?? m.device),
+          bytes_on_device: num(r.result.bytes_on_device),
+        })),
+        ...(firstError
+          ? {
+              replica_errors: results
+                .map((r, i) =>
+                  r.status === "rejected"
+                    ? { worker: chosen[i]!.name, error: String((r.reason as Error).message) }
+                    : null,
+                )
+                .filter(Boolean),
+            }
+          : {}),
+      },
+      tensors: first.tensors,
+    };
+  }
+
+  private async unload(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
+    const model = String(args.model);
+    const device = typeof args.device === "string" ? args.device : undefined;
+    const scope = device ? this.resolve(device) : this.members;
+    if (device && !scope.length) throw this.noWorker(device);
+    // Holders, and workers that lost it (unloading acknowledges the loss).
+    let targets = scope.filter((m) => m.holds(model) || m.rt.lostModels().includes(model));
+    if (!targets.length) targets = scope.filter((m) => m.rt.state === "ready").slice(0, 1);
+    if (!targets.length) throw this.noWorker(device);
+    const { device: _d, ...workerArgs } = args;
+    const results = await Promise.allSettled(
+      targets.map((m) => m.serial(() => this.send(m, "unload", workerArgs, opts))),
+    );
+    const ok = results.flatMap((r, i) =>
+      r.status === "fulfilled" ? [{ m: targets[i]!, r: r.value }] : [],
+    );
+    for (const t of targets) this.held.delete(`${t.name}\0${model}`);
+    if (!ok.length) throw (results[0] as PromiseRejectedResult).reason;
+    return {
+      result: {
+        model,
+        freed_bytes: ok.reduce((n, { r }) => n + num(r.result.freed_bytes), 0),
+        workers: ok.map(({ m }) => m.name),
+      },
+      tensors: [],
+    };
+  }
+
+  private async status(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
+    const ready = await this.readyMembers();
+    const answers = await Promise.allSettled(
+      ready.map((m) => this.send(m, "status", args, { signal: opts.signal })),
+    );
+    let first: Record<string, unknown> | null = null;
+    const loaded: Array<Record<string, unknown>> = [];
+    answers.forEach((a, i) => {
+      if (a.status !== "fulfilled") return;
+      const m = ready[i]!;
+      const r = a.value.result;
+      first ??= r;
+      const dev = r.device as DeviceInfo | undefined;
+      if (dev) {
+        m.lastFree = dev.memory_free_bytes;
+        m.lastTotal = dev.memory_total_bytes;
+      }
+      for (const l of (r.loaded as Array<Record<string, unknown>>) ?? [])
+        loaded.push({ ...l, worker: m.name });
+    });
+    if (!first) {
+      const e = answers.find((a) => a.status === "rejected") as PromiseRejectedResult | undefined;
+      throw e?.reason ?? this.noWorker(undefined);
+    }
+    return {
+      result: { ...(first as Record<string, unknown>), loaded, workers: this.workers() },
+      tensors: [],
+    };
+  }
+
+  /** Power of two choices among the usable replicas of `model` below their cap. */
+  private route(model: string): Member {
+    const replicas = this.members.filter((m) => m.usable && m.holds(model));
+    if (!replicas.length) {
+      const lostOn = this.members.filter((m) => m.rt.lostModels().includes(model));
+      const parked = this.members.filter((m) => m.holds(model) && !m.usable);
+      throw new RuntimeCallError(
+        "model_not_loaded",
+        parked.length
+          ? `${model} is loaded only on ${parked.map((m) => `${m.name} (${m.draining ? "drained" : m.rt.state})`).join(", ")}; retry later or load it on another worker (load_model)`
+          : lostOn.length
+            ? `${model} was lost when ${lostOn.map((m) => m.name).join(", ")} restarted; load it again (load_model)`
+            : `model ${model} is not loaded; load it first (load_model)`,
+        parked.length > 0,
+        { workers: parked.map((m) => m.name), lost_on: lostOn.map((m) => m.name) },
+      );
+    }
+    const open = replicas.filter((m) => m.rt.inFlight() < this.cap);
+    if (!open.length) {
+      throw new RuntimeCallError(
+        "busy",
+        `every replica of ${model} has ${this.cap} calls in flight; retry in ${this.retryAfterMs} ms or load more replicas`,
+        true,
+        { retry_after_ms: this.retryAfterMs, replicas: replicas.length },
+      );
+    }
+    if (open.length === 1) return open[0]!;
+    const a = open[randomInt(open.length)]!;
+    let b = open[randomInt(open.length - 1)]!;
+    if (b === a) b = open[open.length - 1]!;
+    return b.rt.inFlight() < a.rt.inFlight() ? b : a;
+  }
+
+  private async send<T = Record<string, unknown>>(
+    m: Member,
+    op: string,
+    args: Record<string, unknown>,
+    opts: CallOptions,
+  ): Promise<CallResult<T>> {
+    m.calls++;
+    try {
+      return await m.rt.call<T>(op, args, opts);
+    } catch (e) {
+      m.failures++;
+      if (e instanceof RuntimeCallError && !e.details?.worker)
+        throw new RuntimeCallError(e.code, e.message, e.recoverable, {
+          ...e.details,
+          worker: m.name,
+        });
+      throw e;
+    }
+  }
+
+  // ── helpers ──────────────────────────────────────────────────────────────────────────────
+
+  /** Workers a device string names: a worker name, a chip (`tpu:3`), a kind (`cpu`). */
+  private resolve(device: string): Member[] {
+    const named = this.members.filter((m) => m.name === device);
+    if (named.length) return named;
+    if (device === "auto") return this.members;
+    if (device.includes(":")) return this.members.filter((m) => m.device === device);
+    return this.members.filter((m) => m.kind === device);
+  }
+
+  private candidates(device: string | undefined, loadModel: string | undefined): Member[] {
+    const scope = device ? this.resolve(device) : this.members;
+    return scope.filter((m) => m.usable && !(loadModel && m.holds(loadModel)));
+  }
+
+  /** Fewest loaded models, then fewest calls in flight, then configuration order. */
+  private order(ms: Member[]): Member[] {
+    return [...ms].sort(
+      (a, b) => a.models().length - b.models().length || a.rt.inFlight() - b.rt.inFlight(),
+    );
+  }
+
+  /** The args a worker gets: a worker name as device means "your own device". */
+  private forWorker(
+    m: Member,
+    args: Record<string, unknown>,
+    device: string | undefined,
+  ): Record<string, unknown> {
+    if (device === m.name || (device && !device.includes(":") && device !== m.kind)) {
+      const { device: _d, ...rest } = args;
+      return rest;
+    }
+    return args;
+  }
+
+  private heldBy(m: Member): number {
+    let n = 0;
+    for (const x of m.models()) n += this.held.get(`${m.name}\0${x.model}`) ?? 0;
+    return n;
+  }
+
+  private async refreshMemory(m: Member, signal?: AbortSignal): Promise<void> {
+    try {
+      const { result } = await m.rt.call<{ device?: DeviceInfo }>("status", {}, { signal });
+      m.lastFree = result.device?.memory_free_bytes ?? null;
+      m.lastTotal = result.device?.memory_total_bytes ?? null;
+    } catch {
+      /* placement falls back to the handshake's figure */
+    }
+  }
+
+  private noWorker(device: string | undefined): RuntimeCallError {
+    const list = this.members
+      .map((m) => `${m.name} (${m.device}, ${m.draining ? "drained" : m.rt.state})`)
+      .join(", ");
+    if (device && !this.resolve(device).length)
+      return new RuntimeCallError(
+        "unsupported_device",
+        `no worker is named or serves "${device}"; workers: ${list || "none"}`,
+        false,
+        { device },
+      );
+    return new RuntimeCallError(
+      "worker_unavailable",
+      `no worker${device ? ` for ${device}` : ""} is ready and undrained (${list || "no workers"}); retry shortly or undrain one (tpu-mcp workers undrain NAME)`,
+      true,
+      { retry_after_ms: 1000 },
+    );
+  }
+
+  /** Members that are ready, waiting for a first one if none is (the pool may still be starting). */
+  private async readyMembers(): Promise<Member[]> {
+    const ready = () => this.members.filter((m) => m.rt.state === "ready");
+    if (!ready().length && this.members.length) {
+      await this.firstReady(this.members.map((m) => m.rt.ready())).catch(() => undefined);
+    }
+    return ready();
+  }
+
+  private firstReady(ps: Array<Promise<WorkerHello>>): Promise<WorkerHello> {
+    if (!ps.length)
+      return Promise.reject(
+        new RuntimeCallError("worker_unavailable", "the pool has no workers configured", false),
+      );
+    return Promise.any(ps).catch((e: AggregateError) => {
+      throw e.errors[0];
+    });
+  }
+
+  private expand(): Promise<void> {
+    if (Array.isArray(this.opts.entries)) return Promise.resolve();
+    this.expanding ??= this.opts.entries().then((entries) => {
+      for (const e of entries) this.addMember(e);
+    });
+    return this.expanding;
+  }
+
+  private addMember(entry: WorkerEntry): void {
+    if (this.members.some((m) => m.name === entry.name))
+      throw new Error(`a worker named ${entry.name} is already in the pool`);
+    const base = this.opts.base ?? {};
+    const opts: WorkerRuntimeOptions = isRemote(entry)
+      ? {
+          ...base,
+          spawn: remoteSpawn(entry, (r) => this.opts.onRefused?.(r)),
+          // A remote worker may be down for a while (a VM rebooting): keep reconnecting.
+          maxRestartsInWindow: Number.MAX_SAFE_INTEGER,
+          restartBackoffMaxMs: base.restartBackoffMaxMs ?? 30_000,
+          logger: base.logger && childLogger(base.logger, entry.name),
+        }
+      : {
+          ...base,
+          device: entry.device,
+          extraArgs: [
+            ...(base.extraArgs ?? []).filter((a, i, all) => a !== "--threads" && all[i - 1] !== "--threads"),
+            ...(entry.threads && entry.threads > 0 ? ["--threads", String(entry.threads)] : []),
+          ],
+          logger: base.logger && childLogger(base.logger, entry.name),
+        };
+    const rt = this.opts.makeRuntime ? this.opts.makeRuntime(entry, opts) : new WorkerRuntime(opts);
+    const m = new Member(entry, rt);
+    rt.on("exit", () => {
+      for (const x of [...this.held.keys()]) if (x.startsWith(`${m.name}\0`)) this.held.delete(x);
+    });
+    this.members.push(m);
+    for (const [event, fns] of this.listeners) for (const fn of fns) this.attach(m, event, fn);
+  }
+
+  private attach(m: Member, event: string, fn: AnyListener): void {
+    m.rt.on(event as keyof RuntimeEvents, ((...a: any[]) => {
+      const [info, ...rest] = a;
+      // Events that carry an info object name the worker they come from.
+      if (event !== "ready" && info && typeof info === "object")
+        fn({ ...info, worker: m.name }, ...rest);
+      else fn(...a);
+    }) as never);
+  }
+
+  private member(name: string): Member {
+    const m = this.members.find((x) => x.name === name);
+    if (!m)
+      throw new RuntimeCallError(
+        "invalid_argument",
+        `no worker named ${name}; workers: ${this.names().join(", ") || "none"}`,
+        false,
+      );
+    return m;
+  }
+
+  private statusOf(m: Member): WorkerStatus {
+    const dev = m.rt.hello?.device;
+    const share = isRemote(m.entry) ? undefined : m.entry.memory_bytes;
+    return {
+      name: m.name,
+      device: m.device,
+      kind: m.remote ? "remote" : "local",
+      address: isRemote(m.entry) ? m.entry.connect : null,
+      state: m.rt.state,
+      draining: m.draining,
+      restarts: m.rt.restarts(),
+      pid: m.rt.hello?.pid ?? null,
+      in_flight: m.rt.inFlight(),
+      calls: m.calls,
+      failures: m.failures,
+      memory_total_bytes: share ?? m.lastTotal ?? dev?.memory_total_bytes ?? null,
+      memory_free_bytes: m.free(this.heldBy(m)),
+      models: m.models().map((x) => x.model),
+      lost_models: m.rt.lostModels(),
+    };
+  }
+}
+
+function childLogger(
+  l: NonNullable<WorkerRuntimeOptions["logger"]>,
+  worker: string,
+): NonNullable<WorkerRuntimeOptions["logger"]> {
+  const c = (l as { child?: (b: object) => unknown }).child;
+  if (typeof c === "function") return c.call(l, { worker }) as typeof l;
+  return l;
+}
+
+function num(v: unknown): number {
+  return typeof v === "number" && Number.isFinite(v) ? v : 0;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+function formatBytes(n: number): string {
+  if (n < 0) return `-${formatBytes(-n)}`;
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = n;
+  let i = 0;
+  while (v >= 1024 && i < u.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return i === 0 ? `${Math.round(v)} B` : `${v.toFixed(1)} ${u[i]}`;
+}

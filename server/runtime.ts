@@ -1,0 +1,89 @@
+// Builds the compute side from the config: one local worker (the default, unchanged for a
+// newcomer), or a pool of workers (one per chip, explicit local and remote workers).
+import type { Logger } from "pino";
+import { WorkerRuntime, type WorkerRuntimeOptions } from "../runtime/client.js";
+import {
+  WorkerPool,
+  hostMayHaveAccelerators,
+  perDeviceEntries,
+  workerInventory,
+  type InventoryFn,
+  type RemoteRefusal,
+  type WorkerEntry,
+} from "../runtime/pool/index.js";
+import type { Runtime } from "../runtime/types.js";
+import type { ServerConfig } from "./config.js";
+
+export interface RuntimeHooks {
+  needBytes?: (model: string, dtype: string | undefined) => Promise<number | null>;
+  onRefused?: (r: RemoteRefusal) => void;
+  /** Stands in for `python -m tpu_worker inventory` (tests). */
+  inventory?: InventoryFn;
+  /** Stands in for the /dev look that decides the unset default (tests). */
+  hostHasChips?: () => boolean;
+}
+
+export function baseRuntimeOptions(config: ServerConfig, logger: Logger): WorkerRuntimeOptions {
+  const rt = config.runtime;
+  return {
+    repoRoot: config.paths.root,
+    pythonPath: config.paths.python,
+    catalogPath: config.paths.catalog,
+    device: rt.device,
+    extraArgs: rt.threads > 0 ? ["--threads", String(rt.threads)] : [],
+    startMode: rt.start,
+    requestTimeoutMs: rt.request_timeout_s * 1000,
+    heartbeatIntervalMs: rt.heartbeat_interval_s * 1000,
+    heartbeatTimeoutMs: rt.heartbeat_timeout_s * 1000,
+    maxRestartsInWindow: rt.max_restarts,
+    restartWindowMs: rt.restart_window_s * 1000,
+    logger,
+  };
+}
+
+/** Which shape the runtime takes: "single" keeps today's one WorkerRuntime. */
+export function workersMode(
+  config: ServerConfig,
+  hostHasChips: () => boolean = hostMayHaveAccelerators,
+): "single" | "per-device" | "list" {
+  const w = config.runtime.workers;
+  if (Array.isArray(w)) return "list";
+  if (w) return w;
+  // Unset: a host with several chips gets one worker per chip, unless a device was pinned.
+  return config.runtime.device === "auto" && hostHasChips() ? "per-device" : "single";
+}
+
+export function buildRuntime(config: ServerConfig, logger: Logger, hooks: RuntimeHooks = {}): Runtime {
+  const base = baseRuntimeOptions(config, logger);
+  const mode = workersMode(config, hooks.hostHasChips);
+  if (mode === "single") return new WorkerRuntime(base);
+  const inventory =
+    hooks.inventory ??
+    workerInventory({ pythonPath: config.paths.python, repoRoot: config.paths.root });
+  const entries: WorkerEntry[] | (() => Promise<WorkerEntry[]>) =
+    mode === "list"
+      ? (config.runtime.workers as WorkerEntry[])
+      : async () => {
+          const inv = await inventory();
+          const list = perDeviceEntries(inv, config.runtime.threads);
+          logger.info(
+            { kind: inv.kind, chips: inv.count, workers: list.map((w) => w.name) },
+            "per-device workers from the inventory",
+          );
+          return list;
+        };
+  const pool = new WorkerPool({
+    entries,
+    base,
+    maxInFlightPerReplica: config.runtime.max_in_flight_per_replica,
+    retryAfterMs: config.runtime.busy_retry_after_ms,
+    needBytes: hooks.needBytes,
+    onRefused: hooks.onRefused,
+  });
+  // Eager start: the expansion (inventory) and every worker begin with the server.
+  if (config.runtime.start === "eager")
+    setImmediate(() =>
+      pool.start().catch((e: unknown) => logger.error({ err: String(e) }, "pool start failed")),
+    );
+  return pool;
+}
