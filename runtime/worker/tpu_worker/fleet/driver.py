@@ -100,7 +100,7 @@ class Driver:
             raise StartError("ray_unreachable", f"cannot connect to the Ray cluster at {cfg.address}: {exc}") from exc
         nodes = ray.nodes()
         try:
-            self._layout = plc.build(cfg.placement, nodes, cfg.placement.ready_timeout_s)
+            self._layout = plc.build(cfg.placement, nodes, cfg.placement.ready_timeout_s, cfg.actor.num_cpus)
         except plc.PlacementError as exc:
             raise StartError("ray_placement_failed", str(exc)) from exc
         capacity = self._layout.capacity

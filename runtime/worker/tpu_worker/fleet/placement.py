@@ -64,7 +64,7 @@ def tpu_nodes(nodes: list[dict]) -> list[dict]:
     return sorted(alive, key=key)
 
 
-def build(placement: Placement, nodes: list[dict], timeout_s: float) -> Layout:
+def build(placement: Placement, nodes: list[dict], timeout_s: float, cpus_per_actor: float = 0.0) -> Layout:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -75,7 +75,10 @@ def build(placement: Placement, nodes: list[dict], timeout_s: float) -> Layout:
     if placement.mode == "slice":
         from ray.util.tpu import slice_placement_group
 
-        per_bundle = {"TPU": 1.0} if placement.per == "chip" else None
+        # Ray's default adds {"CPU": 1} to every bundle; reserve what our actor asks for instead.
+        per_bundle: dict[str, float] = {"CPU": cpus_per_actor}
+        if placement.per == "chip":
+            per_bundle["TPU"] = 1.0
         try:
             handle = slice_placement_group(
                 topology=placement.topology,
@@ -120,7 +123,7 @@ def build(placement: Placement, nodes: list[dict], timeout_s: float) -> Layout:
     for n in hosts:
         chips = int(n["Resources"]["TPU"])
         node_id = n["NodeID"]
-        bundles = [{"TPU": 1.0}] * chips
+        bundles = [{"TPU": 1.0, **({"CPU": cpus_per_actor} if cpus_per_actor else {})}] * chips
         pg = placement_group(
             bundles, strategy="STRICT_PACK", bundle_label_selector=[{"ray.io/node-id": node_id}] * chips
         )
