@@ -22,6 +22,7 @@ import { Metrics } from "./metrics.js";
 import { createPolicyServices } from "./policy.js";
 import { buildRuntime, type RuntimeHooks } from "./runtime.js";
 import { watchWorkerControl } from "./workers.js";
+import { watchFleetScale } from "./fleet.js";
 
 export interface App {
   config: ServerConfig;
@@ -118,6 +119,7 @@ export function createApp(
   auditRef = audit;
   metrics.observeWorkers(runtime);
   const control = watchWorkerControl(config, runtime, rtLog);
+  const fleetScale = watchFleetScale(config, runtime, rtLog);
   const tools = buildTools(env);
 
   return {
@@ -139,6 +141,7 @@ export function createApp(
     notices,
     async close() {
       control.close();
+      fleetScale.close();
       jobs.close();
       await runtime.close();
       reports.close();

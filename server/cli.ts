@@ -27,7 +27,7 @@ commands:
                                 decide pending approvals (operator token: --token or TPU_MCP_TOKEN)
   audit tail [-n N] | verify    read or verify the hash-chained audit trail
   token new | hash TOKEN        make a token and print its sha256 for the config
-  workers [list] | drain NAME | undrain NAME [--token T]
+  workers [list] | drain NAME | undrain NAME | scale N [--token T]
                                 the worker pool: state, placement; drain (admin token) stops
                                 routing to a worker and waits for its calls in flight
 

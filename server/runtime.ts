@@ -13,6 +13,7 @@ import {
 } from "../runtime/pool/index.js";
 import type { Runtime } from "../runtime/types.js";
 import type { ServerConfig } from "./config.js";
+import { attachRayFleet } from "./fleet.js";
 
 export interface RuntimeHooks {
   needBytes?: (model: string, dtype: string | undefined) => Promise<number | null>;
@@ -56,14 +57,17 @@ export function workersMode(
 export function buildRuntime(config: ServerConfig, logger: Logger, hooks: RuntimeHooks = {}): Runtime {
   const base = baseRuntimeOptions(config, logger);
   const mode = workersMode(config, hooks.hostHasChips);
-  if (mode === "single") return new WorkerRuntime(base);
+  const ray = config.runtime.ray;
+  if (mode === "single" && !ray) return new WorkerRuntime(base);
   const inventory =
     hooks.inventory ??
     workerInventory({ pythonPath: config.paths.python, repoRoot: config.paths.root });
   const entries: WorkerEntry[] | (() => Promise<WorkerEntry[]>) =
     mode === "list"
       ? (config.runtime.workers as WorkerEntry[])
-      : async () => {
+      : mode === "single" // with runtime.ray and no workers list: the Ray actors are the pool
+        ? []
+        : async () => {
           const inv = await inventory();
           const list = perDeviceEntries(inv, config.runtime.threads);
           logger.info(
@@ -80,8 +84,10 @@ export function buildRuntime(config: ServerConfig, logger: Logger, hooks: Runtim
     needBytes: hooks.needBytes,
     onRefused: hooks.onRefused,
   });
+  // Ray places more workers at run time; the fleet adds and removes them (server/fleet.ts).
+  if (ray) attachRayFleet(pool, config, logger);
   // Eager start: the expansion (inventory) and every worker begin with the server.
-  if (config.runtime.start === "eager")
+  if (config.runtime.start === "eager" && !(ray && mode === "single"))
     setImmediate(() =>
       pool.start().catch((e: unknown) => logger.error({ err: String(e) }, "pool start failed")),
     );
