@@ -50,7 +50,15 @@ export interface FleetActor {
   name: string;
   state: string;
   restarts: number;
-  endpoint: { host: string; port: number; device: string; chips: number[]; node: string } | null;
+  ray_name: string;
+  endpoint: {
+    host: string;
+    port: number;
+    device: string;
+    chips: number[];
+    node: string;
+    pid: number;
+  } | null;
 }
 
 export interface FleetStatus {

@@ -4,7 +4,8 @@ Control protocol (one JSON object per line; the driver's stdout ⇄ the control 
 
 driver → control plane
   {"type":"ready", "ray_version", "mode", "capacity": N|null, "nodes": K, "tpu_chips": C, "target": T}
-  {"type":"endpoint", "name", "host", "port", "certificate", "device", "chips", "node", "restarts"}
+  {"type":"endpoint", "name", "host", "port", "certificate", "device", "chips", "node", "pid", "serve_pid",
+   "ray_name", "restarts"}
         an actor is serving (first start or after a restart): connect to it as a remote worker
   {"type":"pending", "name", "reason"}   the actor cannot be placed yet (no free resources)
   {"type":"lost", "name", "reason", "restarts"}   the actor died; Ray is restarting it
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,6 +69,7 @@ class Driver:
         self._layout: plc.Layout | None = None
         self._spec_base: dict[str, Any] = {}
         self._stopping = False
+        self._run_id = secrets.token_hex(4)
 
     # -- start ----------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -130,7 +133,8 @@ class Driver:
         num_cpus = resources.pop("CPU", self.cfg.actor.num_cpus)
         num_gpus = resources.pop("GPU", 0)
         opts: dict[str, Any] = {
-            "name": f"{self.cfg.name_prefix}-{name}-{id(self):x}",
+            # Unique per driver run, so two control planes on one cluster never collide.
+            "name": f"{name}@{self._run_id}",
             "max_restarts": self.cfg.actor.max_restarts,
             "max_task_retries": 0,
             "max_concurrency": MAX_CONCURRENCY,
@@ -199,7 +203,7 @@ class Driver:
                 if m.state != "draining":
                     m.state = "up"
                 m.endpoint = ep
-            self.chan.emit({"type": "endpoint", **ep, "restarts": m.restarts})
+            self.chan.emit({"type": "endpoint", **ep, "ray_name": f"{m.name}@{self._run_id}", "restarts": m.restarts})
             logs.info("actor serving", name=m.name, host=ep["host"], port=ep["port"], device=ep["device"])
             try:
                 ray.get(m.handle.wait_exit.remote())
@@ -288,11 +292,12 @@ class Driver:
                 "actors": [
                     {
                         "name": m.name,
+                        "ray_name": f"{m.name}@{self._run_id}",
                         "state": m.state,
                         "restarts": m.restarts,
                         "endpoint": None
                         if m.endpoint is None
-                        else {k: m.endpoint[k] for k in ("host", "port", "device", "chips", "node")},
+                        else {k: m.endpoint[k] for k in ("host", "port", "device", "chips", "node", "pid")},
                     }
                     for m in sorted(self._members.values(), key=lambda m: m.index)
                 ],
