@@ -15,8 +15,14 @@ const DeviceSchema = z
 
 const WorkerName = z
   .string()
-  .regex(/^[A-Za-z][A-Za-z0-9_.-]{0,62}$/, "a letter, then letters, digits, _ . - (e.g. w0, vm2-tpu3)")
-  .refine((n) => !/^(auto|cpu|cuda|tpu|xla)(:\d+)?$/.test(n), "a worker name may not look like a device");
+  .regex(
+    /^[A-Za-z][A-Za-z0-9_.-]{0,62}$/,
+    "a letter, then letters, digits, _ . - (e.g. w0, vm2-tpu3)",
+  )
+  .refine(
+    (n) => !/^(auto|cpu|cuda|tpu|xla)(:\d+)?$/.test(n),
+    "a worker name may not look like a device",
+  );
 
 const LocalWorkerSchema = z
   .object({
@@ -54,7 +60,10 @@ const WorkersSchema = z.union([
     .array(z.union([RemoteWorkerSchema, LocalWorkerSchema]))
     .min(1)
     .max(256)
-    .refine((ws) => new Set(ws.map((w) => w.name)).size === ws.length, "worker names must be unique"),
+    .refine(
+      (ws) => new Set(ws.map((w) => w.name)).size === ws.length,
+      "worker names must be unique",
+    ),
 ]);
 
 export const ServerConfigSchema = z

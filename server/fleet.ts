@@ -44,7 +44,9 @@ export function attachRayFleet(
   };
   fleet
     .start()
-    .then((s) => logger.info({ mode: s.mode, capacity: s.capacity, target: s.target }, "Ray fleet ready"))
+    .then((s) =>
+      logger.info({ mode: s.mode, capacity: s.capacity, target: s.target }, "Ray fleet ready"),
+    )
     .catch((e: unknown) => logger.error({ err: String(e) }, "Ray fleet did not start"));
   return fleet;
 }
@@ -78,21 +80,28 @@ export function watchFleetScale(
     busy = true;
     try {
       const want = db.prepare("SELECT count, at FROM fleet_target WHERE id = 1").get() as
-        | { count: number; at: string }
-        | undefined;
+        { count: number; at: string } | undefined;
       if (want && (applied?.at !== want.at || applied.count !== want.count)) {
         applied = want;
         try {
           const r = await fleet.scale(want.count);
           lastError = null;
-          logger.warn({ target: r.target, added: r.added, draining: r.draining }, "Ray fleet scaled");
+          logger.warn(
+            { target: r.target, added: r.added, draining: r.draining },
+            "Ray fleet scaled",
+          );
         } catch (e) {
           lastError = `${(e as { code?: string }).code ?? "error"}: ${(e as Error).message}`;
           logger.warn({ err: lastError }, "Ray fleet scale refused");
         }
       }
       const s: FleetStatus = await fleet.actors();
-      publish.run(applied?.count ?? s.target ?? null, JSON.stringify(s), lastError, new Date().toISOString());
+      publish.run(
+        applied?.count ?? s.target ?? null,
+        JSON.stringify(s),
+        lastError,
+        new Date().toISOString(),
+      );
     } catch (e) {
       logger.debug({ err: String(e) }, "fleet status tick failed");
     } finally {
@@ -131,9 +140,10 @@ export async function requestScale(
     ).run(count, by, at);
     const until = Date.now() + (io.waitMs ?? 5 * 60_000);
     for (;;) {
-      const o = db.prepare("SELECT target, status, error, at FROM fleet_observed WHERE id = 1").get() as
-        | { target: number | null; status: string; error: string | null; at: string }
-        | undefined;
+      const o = db
+        .prepare("SELECT target, status, error, at FROM fleet_observed WHERE id = 1")
+        .get() as
+        { target: number | null; status: string; error: string | null; at: string } | undefined;
       if (o && o.at > at) {
         const s = JSON.parse(o.status) as FleetStatus;
         if (o.error && o.target === count) {

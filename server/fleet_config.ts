@@ -10,7 +10,9 @@ const TpuChips = z.union([z.literal(1), z.literal(2), z.literal(4), z.literal(8)
 export const RaySchema = z
   .object({
     /** The cluster's GCS address, host:port. */
-    address: z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/, "use host:port, e.g. 10.0.0.2:6379"),
+    address: z
+      .string()
+      .regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$/, "use host:port, e.g. 10.0.0.2:6379"),
     /** Ray's token (RAY_AUTH_MODE=token); required unless allow_insecure_local on loopback. */
     token_file: Path.optional(),
     allow_insecure_local: z.boolean().default(false),
@@ -22,7 +24,10 @@ export const RaySchema = z
         count: z.number().int().min(0).max(4096).optional(),
         resources: z.record(z.string(), z.number().min(0)).optional(),
         chips_per_host: TpuChips.optional(),
-        topology: z.string().regex(/^\d+(x\d+){1,2}$/, 'e.g. "2x4" or "4x4x4"').optional(),
+        topology: z
+          .string()
+          .regex(/^\d+(x\d+){1,2}$/, 'e.g. "2x4" or "4x4x4"')
+          .optional(),
         accelerator_version: z.string().min(2).max(16).optional(),
         num_slices: z.number().int().min(1).max(64).optional(),
         chips_per_vm: TpuChips.optional(),

@@ -54,7 +54,11 @@ export function workersMode(
   return config.runtime.device === "auto" && hostHasChips() ? "per-device" : "single";
 }
 
-export function buildRuntime(config: ServerConfig, logger: Logger, hooks: RuntimeHooks = {}): Runtime {
+export function buildRuntime(
+  config: ServerConfig,
+  logger: Logger,
+  hooks: RuntimeHooks = {},
+): Runtime {
   const base = baseRuntimeOptions(config, logger);
   const mode = workersMode(config, hooks.hostHasChips);
   const ray = config.runtime.ray;
@@ -68,14 +72,14 @@ export function buildRuntime(config: ServerConfig, logger: Logger, hooks: Runtim
       : mode === "single" // with runtime.ray and no workers list: the Ray actors are the pool
         ? []
         : async () => {
-          const inv = await inventory();
-          const list = perDeviceEntries(inv, config.runtime.threads);
-          logger.info(
-            { kind: inv.kind, chips: inv.count, workers: list.map((w) => w.name) },
-            "per-device workers from the inventory",
-          );
-          return list;
-        };
+            const inv = await inventory();
+            const list = perDeviceEntries(inv, config.runtime.threads);
+            logger.info(
+              { kind: inv.kind, chips: inv.count, workers: list.map((w) => w.name) },
+              "per-device workers from the inventory",
+            );
+            return list;
+          };
   const pool = new WorkerPool({
     entries,
     base,

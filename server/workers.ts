@@ -101,9 +101,7 @@ interface Io {
 
 function row(w: WorkerStatus, at: string): string {
   const mem =
-    w.memory_free_bytes != null
-      ? ` free ${(w.memory_free_bytes / 2 ** 20).toFixed(0)} MiB`
-      : "";
+    w.memory_free_bytes != null ? ` free ${(w.memory_free_bytes / 2 ** 20).toFixed(0)} MiB` : "";
   return (
     `${w.name.padEnd(10)} ${w.device.padEnd(8)} ${(w.address ? `remote ${w.address}` : "local").padEnd(24)} ` +
     `${w.state}${w.draining ? " (drained)" : ""}, in flight ${w.in_flight}, restarts ${w.restarts},${mem} ` +
@@ -120,10 +118,12 @@ export async function runWorkersCommand(
   mkdirSync(config.paths.data_dir, { recursive: true });
   const db = open(workersDbPath(config));
   const observed = () =>
-    (db.prepare("SELECT status, at FROM observed ORDER BY name").all() as Array<{
-      status: string;
-      at: string;
-    }>).map((r) => ({ w: JSON.parse(r.status) as WorkerStatus, at: r.at }));
+    (
+      db.prepare("SELECT status, at FROM observed ORDER BY name").all() as Array<{
+        status: string;
+        at: string;
+      }>
+    ).map((r) => ({ w: JSON.parse(r.status) as WorkerStatus, at: r.at }));
   try {
     if (sub === "list") {
       const ws = observed();
@@ -144,7 +144,9 @@ export async function runWorkersCommand(
       return 2;
     }
     if (!io.token) {
-      io.err("an admin token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with the admin scope)");
+      io.err(
+        "an admin token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with the admin scope)",
+      );
       return 2;
     }
     let principal;
@@ -164,7 +166,9 @@ export async function runWorkersCommand(
         args_digest: null,
         args: scaleTo !== undefined ? { count: scaleTo } : { worker: name },
         outcome: admin ? "executed" : "denied",
-        ...(admin ? {} : { code: "insufficient_scope", reason: "workers drain needs the admin scope" }),
+        ...(admin
+          ? {}
+          : { code: "insufficient_scope", reason: "workers drain needs the admin scope" }),
       });
       if (!admin) {
         io.err(`insufficient_scope: ${principal.id} lacks the admin scope that ${sub} needs`);

@@ -127,7 +127,10 @@ export class RayFleet {
   }
 
   async actors(): Promise<FleetStatus> {
-    const r = (await this.request("status", {})) as { capacity: number | null; actors: FleetActor[] };
+    const r = (await this.request("status", {})) as {
+      capacity: number | null;
+      actors: FleetActor[];
+    };
     this.info = { ...this.info, capacity: r.capacity, actors: r.actors };
     return this.status();
   }
@@ -189,7 +192,10 @@ export class RayFleet {
         // A refusal (no token, an open cluster, no placement): restarting cannot fix it.
         this.info = { ...this.info, state: "refused" };
         this.readyReject?.(
-          new FleetError(this.info.error?.code ?? "ray_refused", this.info.error?.message ?? "the fleet driver refused to start"),
+          new FleetError(
+            this.info.error?.code ?? "ray_refused",
+            this.info.error?.message ?? "the fleet driver refused to start",
+          ),
         );
         return;
       }
@@ -204,11 +210,14 @@ export class RayFleet {
   private request(op: string, args: Record<string, unknown>): Promise<unknown> {
     const p = this.proc;
     if (!p?.stdin || this.info.state !== "ready")
-      return Promise.reject(new FleetError("worker_unavailable", `the Ray fleet is ${this.info.state}`));
+      return Promise.reject(
+        new FleetError("worker_unavailable", `the Ray fleet is ${this.info.state}`),
+      );
     const id = String(++this.seq);
     return new Promise((resolve, reject) => {
       this.waiters.set(id, {
-        resolve: (m) => (m.ok ? resolve(m.result) : reject(new FleetError(m.error.code, m.error.message))),
+        resolve: (m) =>
+          m.ok ? resolve(m.result) : reject(new FleetError(m.error.code, m.error.message)),
         reject,
       });
       p.stdin!.write(JSON.stringify({ op, id, ...args }) + "\n");
@@ -285,7 +294,13 @@ export class RayFleet {
           this.o.pool.add(entry);
           this.ours.add(name);
           this.o.logger?.info(
-            { worker: name, address: entry.connect, device: m.device, chips: m.chips, restarts: m.restarts },
+            {
+              worker: name,
+              address: entry.connect,
+              device: m.device,
+              chips: m.chips,
+              restarts: m.restarts,
+            },
             "Ray placed a worker; added to the pool",
           );
         });
@@ -294,11 +309,17 @@ export class RayFleet {
         this.inOrder(name, async () => {
           // Stop routing to it now; its connection is gone or about to be.
           if (this.o.pool.names().includes(name)) this.o.pool.drain(name);
-          this.o.logger?.warn({ worker: name, restarts: m.restarts }, "Ray worker lost; Ray restarts it");
+          this.o.logger?.warn(
+            { worker: name, restarts: m.restarts },
+            "Ray worker lost; Ray restarts it",
+          );
         });
         break;
       case "dead":
-        this.o.logger?.error({ worker: name, reason: m.reason }, "Ray worker dead (restarts used up)");
+        this.o.logger?.error(
+          { worker: name, reason: m.reason },
+          "Ray worker dead (restarts used up)",
+        );
         this.forget(name);
         break;
       case "drain":
