@@ -32,6 +32,7 @@ def test_defaults_place_one_actor_per_chip_with_bounded_restarts():
         ({k: v for k, v in BASE.items() if k != "token_file"}, "token_file is required"),
         (with_(token_file=None, allow_insecure_local=True, address="10.0.0.2:6379"), "only allowed for a loopback"),
         (with_(placement={"mode": "count"}), "count is required in count mode"),
+        (with_(placement={"mode": "count", "count": 2}), "must ask for something in count mode"),
         (with_(placement={"mode": "count", "count": 2, "resources": {"TPU": 3}}), "must be one of (1, 2, 4, 8)"),
         (with_(placement={"mode": "per-chip", "resources": {"GPU": 1}}), "only for count mode"),
         (with_(placement={"mode": "slice", "topology": "2x4"}), "slice mode needs topology"),

@@ -184,7 +184,7 @@ def test_an_open_cluster_is_refused_unless_allowed_on_loopback(tmp_path, channel
         cfg = {
             "address": f"127.0.0.1:{port}",
             "token_file": channel["token_file"],  # any token: an open cluster takes it
-            "placement": {"mode": "count", "count": 0},
+            "placement": {"mode": "count", "count": 0, "resources": {"CPU": 1}},
             "actor": {"catalog": catalog_path, "device": "cpu"},
             "channel": {"client_ca": channel["ca"], "token_file": channel["token_file"]},
         }

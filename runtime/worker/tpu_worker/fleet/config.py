@@ -183,6 +183,12 @@ def parse(raw: Any) -> FleetConfig:
     if mode == "count":
         if count is None:
             raise ConfigError(f"{wp}.count is required in count mode")
+        num_cpus_asked = (raw.get("actor") or {}).get("num_cpus") or 0
+        if not any(v > 0 for v in resources.values()) and not num_cpus_asked:
+            raise ConfigError(
+                f'{wp}.resources must ask for something in count mode (e.g. {{"GPU": 1}} or actor.num_cpus): '
+                "an actor asking for nothing could land on any node, even a zero-resource control host"
+            )
         if "TPU" in resources and resources["TPU"] not in TPU_CHIP_OPTIONS:
             raise ConfigError(f"{wp}.resources.TPU must be one of {TPU_CHIP_OPTIONS} (what Ray accepts per actor)")
     elif resources:
