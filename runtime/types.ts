@@ -138,7 +138,6 @@ export interface WorkerStatus {
   lost_models: string[];
 }
 
-
 /** Error codes the runtime produces itself (the worker's own codes pass through unchanged). */
 export const RUNTIME_ERROR_CODES = [
   "worker_died",

@@ -76,13 +76,33 @@ export class Metrics {
           for (const w of workers()) this.inc({ worker: w.name, device: w.device }, value(w));
         },
       });
-    gauge("tpu_mcp_pool_worker_in_flight", "Calls in flight on each worker of the pool.", (w) => w.in_flight);
-    gauge("tpu_mcp_pool_worker_up", "1 when the worker is ready, else 0.", (w) => (w.state === "ready" ? 1 : 0));
-    gauge("tpu_mcp_pool_worker_drained", "1 when the worker is drained.", (w) => (w.draining ? 1 : 0));
+    gauge(
+      "tpu_mcp_pool_worker_in_flight",
+      "Calls in flight on each worker of the pool.",
+      (w) => w.in_flight,
+    );
+    gauge("tpu_mcp_pool_worker_up", "1 when the worker is ready, else 0.", (w) =>
+      w.state === "ready" ? 1 : 0,
+    );
+    gauge("tpu_mcp_pool_worker_drained", "1 when the worker is drained.", (w) =>
+      w.draining ? 1 : 0,
+    );
     gauge("tpu_mcp_pool_worker_models", "Models loaded on each worker.", (w) => w.models.length);
-    counter("tpu_mcp_pool_worker_calls_total", "Calls the pool sent to each worker.", (w) => w.calls);
-    counter("tpu_mcp_pool_worker_failures_total", "Calls that failed on each worker (any error).", (w) => w.failures);
-    counter("tpu_mcp_pool_worker_restarts_total", "Restarts (local) or reconnects (remote) of each worker.", (w) => w.restarts);
+    counter(
+      "tpu_mcp_pool_worker_calls_total",
+      "Calls the pool sent to each worker.",
+      (w) => w.calls,
+    );
+    counter(
+      "tpu_mcp_pool_worker_failures_total",
+      "Calls that failed on each worker (any error).",
+      (w) => w.failures,
+    );
+    counter(
+      "tpu_mcp_pool_worker_restarts_total",
+      "Restarts (local) or reconnects (remote) of each worker.",
+      (w) => w.restarts,
+    );
   }
 }
 

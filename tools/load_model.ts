@@ -41,7 +41,9 @@ export const loadModel = (env: ToolEnv) => {
           .min(1)
           .max(256)
           .optional()
-          .describe("copies on distinct workers of the pool (default 1); calls are routed among them"),
+          .describe(
+            "copies on distinct workers of the pool (default 1); calls are routed among them",
+          ),
         dtype: dtype.optional(),
         mode: mode.default("eager"),
         warmup_shapes: z

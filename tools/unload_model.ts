@@ -11,7 +11,9 @@ export const unloadModel = (env: ToolEnv) =>
     input: z
       .object({
         model: modelId(env),
-        device: device.optional().describe("with a worker pool: unload only the replica on this worker or chip"),
+        device: device
+          .optional()
+          .describe("with a worker pool: unload only the replica on this worker or chip"),
       })
       .strict(),
     output: z.object({

@@ -79,7 +79,9 @@ class Member {
     return isRemote(this.entry) ? "remote" : this.entry.device;
   }
   get kind(): string | null {
-    return this.rt.hello?.device.kind ?? (isRemote(this.entry) ? null : this.entry.device.split(":")[0]!);
+    return (
+      this.rt.hello?.device.kind ?? (isRemote(this.entry) ? null : this.entry.device.split(":")[0]!)
+    );
   }
   get usable(): boolean {
     return this.rt.state === "ready" && !this.draining;
@@ -591,7 +593,9 @@ export class WorkerPool implements Runtime {
           ...base,
           device: entry.device,
           extraArgs: [
-            ...(base.extraArgs ?? []).filter((a, i, all) => a !== "--threads" && all[i - 1] !== "--threads"),
+            ...(base.extraArgs ?? []).filter(
+              (a, i, all) => a !== "--threads" && all[i - 1] !== "--threads",
+            ),
             ...(entry.threads && entry.threads > 0 ? ["--threads", String(entry.threads)] : []),
           ],
           logger: base.logger && childLogger(base.logger, entry.name),
@@ -606,13 +610,16 @@ export class WorkerPool implements Runtime {
   }
 
   private attach(m: Member, event: string, fn: AnyListener): void {
-    m.rt.on(event as keyof RuntimeEvents, ((...a: any[]) => {
-      const [info, ...rest] = a;
-      // Events that carry an info object name the worker they come from.
-      if (event !== "ready" && info && typeof info === "object")
-        fn({ ...info, worker: m.name }, ...rest);
-      else fn(...a);
-    }) as never);
+    m.rt.on(
+      event as keyof RuntimeEvents,
+      ((...a: any[]) => {
+        const [info, ...rest] = a;
+        // Events that carry an info object name the worker they come from.
+        if (event !== "ready" && info && typeof info === "object")
+          fn({ ...info, worker: m.name }, ...rest);
+        else fn(...a);
+      }) as never,
+    );
   }
 
   private member(name: string): Member {
