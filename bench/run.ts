@@ -2,7 +2,7 @@
 // one run, prints a table and writes bench/results/latest.json. Every figure that a target
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
-// Environment: BENCH_ONLY=overhead,concurrency,payload,coldstart,memory runs a subset;
+// Environment: BENCH_ONLY=overhead,concurrency,payload,coldstart,memory,pool runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -24,8 +24,9 @@ import { renderTable, type SectionResult } from "./lib/report.js";
 import { runMemory } from "./memory.js";
 import { runOverhead } from "./overhead.js";
 import { runPayload } from "./payload.js";
+import { runPool } from "./pool.js";
 
-const SECTIONS = ["coldstart", "overhead", "concurrency", "payload", "memory"] as const;
+const SECTIONS = ["coldstart", "overhead", "concurrency", "payload", "memory", "pool"] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
 const want = (name: (typeof SECTIONS)[number]) => !only || only.includes(name);
@@ -110,6 +111,18 @@ function targets(f: Record<string, number>): Target[] {
       (v) => `${(v * 100).toFixed(1)} %`,
     );
   }
+  add(
+    "pool: 2 workers × 1 thread vs 1 × 1 (16 callers, batch 1)",
+    "pool.throughput_ratio",
+    (v) => v >= 1.6,
+    "≥ 1.6×",
+  );
+  add(
+    "pool: remote TLS loopback vs local pipe p50 (batch 1)",
+    "pool.remote_latency_ratio_p50",
+    (v) => v <= 1.2,
+    "≤ 1.2×",
+  );
   return t;
 }
 
@@ -194,6 +207,18 @@ async function main() {
     }
   } finally {
     await Promise.allSettled([stdio?.close(), http?.close(), direct?.close()]);
+  }
+
+  // The pool last: it runs its own workers (and a remote one), none of the servers above.
+  if (want("pool")) {
+    say("pool (2 workers vs 1, remote TLS vs local pipe)…");
+    results.pool = await runPool({
+      catalog,
+      callers: 16,
+      perRound: q(320, 64),
+      rounds: q(4, 2),
+      latencyCalls: q(100, 20),
+    });
   }
 
   load.end = loadavg();

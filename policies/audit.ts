@@ -29,6 +29,8 @@ export interface AuditRecord {
   duration_ms?: number;
   approval_id?: string;
   approver?: string;
+  /** The worker(s) of a pool the call ran on (comma-separated). */
+  worker?: string;
 }
 
 export interface StoredAuditRecord extends AuditRecord {

@@ -39,6 +39,8 @@ export interface GateCall {
   signal?: AbortSignal;
   /** Present only when the client supports MCP elicitation. */
   elicit?: (prompt: ElicitPrompt) => Promise<ElicitAnswer>;
+  /** Where the call ran (the worker of a pool), read when its outcome is audited. */
+  ranOn?: () => string | undefined;
 }
 
 export interface GateDeps {
@@ -301,6 +303,7 @@ export class Gate {
       this.audit({
         ...base,
         args_digest: digest,
+        worker: call.ranOn?.(),
         outcome: "executed",
         duration_ms: this.clock() - started,
         approval_id: approvalId,
@@ -313,6 +316,7 @@ export class Gate {
       this.audit({
         ...base,
         args_digest: digest,
+        worker: call.ranOn?.(),
         outcome: "failed",
         code: typeof code === "string" ? code : "internal_error",
         reason: e instanceof Error ? e.message : String(e),

@@ -117,6 +117,8 @@ export interface Runtime {
   laneOf?(op: string, args: Record<string, unknown>): string | undefined;
   /** Pools only: every worker's state, placement and counters. */
   workers?(): WorkerStatus[];
+  /** Pools only: runs fn, appending to `sink` the name of every worker its calls are sent to. */
+  withPlacement?<T>(sink: string[], fn: () => Promise<T>): Promise<T>;
 }
 
 /** One worker of a pool, as get_runtime_status and /metrics show it. */

@@ -6,6 +6,7 @@ import { join } from "node:path";
 import pino from "pino";
 import { readCatalog } from "../runtime/catalog.js";
 import { WorkerRuntime } from "../runtime/client.js";
+import { checkWorkers } from "./doctor_workers.js";
 import type { ServerConfig } from "./config.js";
 import { SERVER_VERSION } from "./mcp.js";
 
@@ -106,6 +107,13 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
     bad(`the worker did not start: ${(e as Error).message}`);
   } finally {
     await runtime.close();
+  }
+  if (Array.isArray(config.runtime.workers)) {
+    // The pool (runtime.workers): every worker started or connected to, and probed.
+    if (!io.json) io.out("\nworkers");
+    const checks = await checkWorkers(config);
+    report.workers = checks;
+    for (const c of checks) (c.ok ? ok : bad)(`${c.name}: ${c.detail}`);
   }
   if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
   else io.out(problems.length ? `\n${problems.length} problem(s) found.` : "\nall good.");

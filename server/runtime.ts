@@ -1,7 +1,7 @@
 // Builds the compute side from the config: one local worker (the default, unchanged for a
 // newcomer), or a pool of workers (one per chip, explicit local and remote workers).
 import type { Logger } from "pino";
-import { WorkerRuntime, type WorkerRuntimeOptions } from "../runtime/client.js";
+import { WorkerRuntime, type SpawnFn, type WorkerRuntimeOptions } from "../runtime/client.js";
 import {
   WorkerPool,
   hostMayHaveAccelerators,
@@ -22,6 +22,8 @@ export interface RuntimeHooks {
   inventory?: InventoryFn;
   /** Stands in for the /dev look that decides the unset default (tests). */
   hostHasChips?: () => boolean;
+  /** Stands in for child_process.spawn for local workers (tests). */
+  spawn?: SpawnFn;
 }
 
 export function baseRuntimeOptions(config: ServerConfig, logger: Logger): WorkerRuntimeOptions {
@@ -59,7 +61,10 @@ export function buildRuntime(
   logger: Logger,
   hooks: RuntimeHooks = {},
 ): Runtime {
-  const base = baseRuntimeOptions(config, logger);
+  const base = {
+    ...baseRuntimeOptions(config, logger),
+    ...(hooks.spawn ? { spawn: hooks.spawn } : {}),
+  };
   const mode = workersMode(config, hooks.hostHasChips);
   const ray = config.runtime.ray;
   if (mode === "single" && !ray) return new WorkerRuntime(base);
@@ -72,7 +77,18 @@ export function buildRuntime(
       : mode === "single" // with runtime.ray and no workers list: the Ray actors are the pool
         ? []
         : async () => {
-            const inv = await inventory();
+            let inv;
+            try {
+              inv = await inventory();
+            } catch (e) {
+              // Asked for explicitly: say so and stop. Chosen by default: keep today's one worker.
+              if (config.runtime.workers === "per-device") throw e;
+              logger.warn(
+                { err: String(e) },
+                "inventory failed; serving with one worker (set runtime.workers to choose)",
+              );
+              return [{ name: "w0", device: config.runtime.device }];
+            }
             const list = perDeviceEntries(inv, config.runtime.threads);
             logger.info(
               { kind: inv.kind, chips: inv.count, workers: list.map((w) => w.name) },

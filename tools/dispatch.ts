@@ -141,6 +141,8 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
     const estimate = tool.estimate
       ? await tool.estimate(args, ctxFor(input.signal, input.progress))
       : undefined;
+    // With a pool, the workers the handler's calls went to are named in the audit record.
+    const ranOn: string[] = [];
     const call: GateCall = {
       principal,
       tool: tool.name,
@@ -149,11 +151,16 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       estimate,
       signal: input.signal,
       elicit: input.elicit,
+      ...(rt.withPlacement ? { ranOn: () => (ranOn.length ? ranOn.join(",") : undefined) } : {}),
     };
+    const placed = <T>(fn: () => Promise<T>): Promise<T> =>
+      rt.withPlacement ? rt.withPlacement(ranOn, fn) : fn();
 
     let out: Record<string, unknown>;
     if (!asJob) {
-      out = await gate.run(call, (signal) => tool.handler(args, ctxFor(signal, input.progress)));
+      out = await gate.run(call, (signal) =>
+        placed(() => tool.handler(args, ctxFor(signal, input.progress))),
+      );
     } else {
       // The job is created only once the gate admits the call, and holds its slot until it ends;
       // a refusal (approval, budget, busy) still comes back to this caller at once.
@@ -162,7 +169,9 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
         gate
           .run(detached, async (gateSignal) => {
             const job = input.base.jobs.start(tool.name, principal.id, (jobSignal, progress) =>
-              tool.handler(args, ctxFor(AbortSignal.any([gateSignal, jobSignal]), progress)),
+              placed(() =>
+                tool.handler(args, ctxFor(AbortSignal.any([gateSignal, jobSignal]), progress)),
+              ),
             );
             resolve({
               job_id: job.job_id,

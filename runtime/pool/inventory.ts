@@ -2,7 +2,7 @@
 // and how many chips this host has, without claiming any of them. The pool runs it once to
 // expand `runtime.workers: "per-device"` into one local worker per chip.
 import { spawn } from "node:child_process";
-import { existsSync, readdirSync } from "node:fs";
+import { readdirSync } from "node:fs";
 import { join } from "node:path";
 import type { LocalWorkerEntry } from "./entries.js";
 
@@ -97,11 +97,17 @@ export function perDeviceEntries(inv: Inventory, threads = 0): LocalWorkerEntry[
  * TPU VMs expose /dev/accel* (or /dev/vfio), GPU hosts /dev/nvidia0….
  */
 export function hostMayHaveAccelerators(dev = "/dev"): boolean {
-  try {
-    const names = readdirSync(dev);
-    const chips = names.filter((n) => /^accel\d+$/.test(n) || /^nvidia\d+$/.test(n));
-    return chips.length > 1 || (existsSync(join(dev, "vfio")) && names.includes("vfio"));
-  } catch {
-    return false;
-  }
+  const count = (dir: string, re: RegExp) => {
+    try {
+      return readdirSync(dir).filter((n) => re.test(n)).length;
+    } catch {
+      return 0;
+    }
+  };
+  // TPU VMs: /dev/accel0… (v4) or one VFIO group per chip (/dev/vfio/0…, v5e and later).
+  return (
+    count(dev, /^accel\d+$/) > 1 ||
+    count(dev, /^nvidia\d+$/) > 1 ||
+    count(join(dev, "vfio"), /^\d+$/) > 1
+  );
 }

@@ -17,6 +17,7 @@
 // is no longer a candidate (not ready) so new calls go to the other replicas, restarts (local)
 // or reconnects (remote) with backoff, and reports its models lost.
 // Drain: a drained worker takes no new calls or loads; calls in flight finish.
+import { AsyncLocalStorage } from "node:async_hooks";
 import { randomInt } from "node:crypto";
 import { WorkerRuntime, type LoadedModel, type WorkerRuntimeOptions } from "../client.js";
 import {
@@ -107,6 +108,9 @@ class Member {
 
 type AnyListener = (...a: any[]) => void;
 
+/** Where the calls of one tool call went (for its audit record). */
+const placementSink = new AsyncLocalStorage<string[]>();
+
 export class WorkerPool implements Runtime {
   private members: Member[] = [];
   private readonly listeners = new Map<string, AnyListener[]>();
@@ -184,6 +188,8 @@ export class WorkerPool implements Runtime {
       const holders = this.members.filter((m) => model && m.holds(model));
       return holders.length === 1 ? holders[0]!.name : undefined;
     }
+    // Several replicas: several workers, no single lane (loads are serialised per worker here).
+    if (op === "load" && typeof args.replicas === "number" && args.replicas > 1) return undefined;
     // load / bench / check without a named worker: the one placement would pick now.
     const c = this.candidates(device, op === "load" ? model : undefined);
     return c.length ? this.order(c)[0]!.name : undefined;
@@ -237,6 +243,10 @@ export class WorkerPool implements Runtime {
     list.push(fn as AnyListener);
     this.listeners.set(event, list);
     for (const m of this.members) this.attach(m, event, fn as AnyListener);
+  }
+
+  withPlacement<T>(sink: string[], fn: () => Promise<T>): Promise<T> {
+    return placementSink.run(sink, fn);
   }
 
   async close(): Promise<void> {
@@ -398,7 +408,9 @@ export class WorkerPool implements Runtime {
   private async status(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
     const ready = await this.readyMembers();
     const answers = await Promise.allSettled(
-      ready.map((m) => this.send(m, "status", args, { signal: opts.signal })),
+      ready.map((m) =>
+        this.send(m, "status", args, { signal: opts.signal, timeoutMs: opts.timeoutMs }),
+      ),
     );
     let first: Record<string, unknown> | null = null;
     const loaded: Array<Record<string, unknown>> = [];
@@ -464,11 +476,17 @@ export class WorkerPool implements Runtime {
     args: Record<string, unknown>,
     opts: CallOptions,
   ): Promise<CallResult<T>> {
-    m.calls++;
+    // Counters are about work: the pool's own status and describe reads are not counted.
+    const counted = op !== "status" && op !== "describe";
+    if (counted) {
+      m.calls++;
+      const sink = placementSink.getStore();
+      if (sink && !sink.includes(m.name)) sink.push(m.name);
+    }
     try {
       return await m.rt.call<T>(op, args, opts);
     } catch (e) {
-      m.failures++;
+      if (counted) m.failures++;
       if (e instanceof RuntimeCallError && !e.details?.worker)
         throw new RuntimeCallError(e.code, e.message, e.recoverable, {
           ...e.details,

@@ -105,19 +105,19 @@ class SocketChild extends EventEmitter {
     socket.setNoDelay(true);
     socket.setKeepAlive(true, 10_000);
     let connected = false;
+    /** The worker answered our auth frame with auth_ok: from here on, bytes are frames for the client. */
+    let authed = false;
+    let answered = false;
+    let pending = Buffer.alloc(0);
     socket.once("secureConnect", () => {
       connected = true;
       this.pid = 0;
       socket.write(Buffer.concat(encodeFrame({ type: "auth", token })));
       this.stdin.pipe(socket);
-      socket.pipe(this.stdout, { end: false });
     });
-    let gotData = false;
     socket.on("error", (e: NodeJS.ErrnoException) => {
       const text = `${e.message} ${e.code ?? ""}`;
-      // With TLS 1.3 the worker checks our certificate after our side of the handshake is
-      // done, so its refusal arrives as an alert just after secureConnect, before any data.
-      if (!gotData && (FATAL_TLS.test(text) || (connected && /alert/i.test(text)))) {
+      if (!answered && FATAL_TLS.test(text)) {
         this.refuse(
           "tls",
           connected
@@ -137,21 +137,43 @@ class SocketChild extends EventEmitter {
       }
       // Otherwise `close` follows: a lost connection, i.e. a worker exit.
     });
-    // Classify the worker's pre-hello refusal (an error frame with id null), if any.
     socket.on("data", (chunk: Buffer) => {
-      if (gotData) return;
-      gotData = true;
-      if (chunk.length < 8) return;
-      const hl = chunk.readUInt32BE(0);
-      if (hl > chunk.length - 8) return;
-      try {
-        const h = JSON.parse(chunk.subarray(8, 8 + hl).toString("utf8"));
-        if (h?.type === "error" && h.id === null && /^(unauthorized|busy)$/.test(h.error?.code)) {
-          this.configError = { code: h.error.code, message: String(h.error.message) };
-        }
-      } catch {
-        /* a hello or other frame: not a refusal */
+      if (authed) {
+        this.stdout.write(chunk);
+        return;
       }
+      // The worker's answer to our auth frame: auth_ok, or an error (unauthorized, busy).
+      pending = Buffer.concat([pending, chunk]);
+      if (pending.length < 8) return;
+      const hl = pending.readUInt32BE(0);
+      const bl = pending.readUInt32BE(4);
+      if (hl > 4096 || bl !== 0) {
+        answered = true;
+        authed = true; // not our auth answer: let the client's decoder judge the stream
+        this.stdout.write(pending);
+        return;
+      }
+      if (pending.length < 8 + hl) return;
+      answered = true;
+      let h: any = null;
+      try {
+        h = JSON.parse(pending.subarray(8, 8 + hl).toString("utf8"));
+      } catch {
+        /* judged below */
+      }
+      const frame = pending.subarray(0, 8 + hl);
+      const rest = pending.subarray(8 + hl);
+      pending = Buffer.alloc(0);
+      authed = true;
+      if (h?.type === "auth_ok") {
+        if (rest.length) this.stdout.write(rest);
+        return;
+      }
+      if (h?.type === "error" && h.id === null && /^(unauthorized|busy)$/.test(h.error?.code))
+        this.configError = { code: h.error.code, message: String(h.error.message) };
+      // The error frame goes on to the client, which keeps it as the reason it could not start.
+      this.stdout.write(frame);
+      if (rest.length) this.stdout.write(rest);
     });
     socket.on("close", () => {
       if (this.exited) return;
@@ -164,8 +186,15 @@ class SocketChild extends EventEmitter {
           message: this.configError.message,
         });
         // busy is temporary: exit like a crash so the supervisor retries with backoff.
-        if (busy) return this.exit(1, null);
-        return this.exit(2, null);
+        return this.exit(busy ? 1 : 2, null);
+      }
+      if (connected && !answered) {
+        // The worker always answers an auth frame once TLS is up; closing without a word means
+        // its TLS layer refused us: our client certificate is not signed by its --client-ca.
+        return this.refuse(
+          "tls",
+          `the worker at ${this.ep.connect} closed the connection without answering: it most likely rejected our client certificate; use one signed by its --client-ca`,
+        );
       }
       this.exit(connected ? 0 : 1, null);
     });

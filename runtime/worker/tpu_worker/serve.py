@@ -7,7 +7,9 @@ What it accepts, in order:
 1. a TLS handshake whose client certificate is signed by `--client-ca` (anything else fails the
    handshake: no byte of ours is read from such a peer);
 2. exactly one first frame `{"type": "auth", "token": "..."}` with an empty body, within
-   AUTH_TIMEOUT_S, the token compared in constant time with the token file's content;
+   AUTH_TIMEOUT_S, the token compared in constant time with the token file's content; answered
+   by one frame `{"type": "auth_ok"}`, or an `error` frame (id null, code `unauthorized` or
+   `busy`) and the connection closed;
 3. then the ordinary worker protocol (runtime/PROTOCOL.md), byte for byte.
 
 Each accepted connection gets a fresh worker process (`python -m tpu_worker ...`, the pipe worker
@@ -95,6 +97,11 @@ def error_frame(code: str, message: str) -> bytes:
     return _PREFIX.pack(len(header), 0) + header
 
 
+def ok_frame() -> bytes:
+    header = b'{"type":"auth_ok"}'
+    return _PREFIX.pack(len(header), 0) + header
+
+
 class Relay:
     def __init__(self, token: str, worker_cmd: list[str]) -> None:
         self._token = token.encode()
@@ -113,13 +120,15 @@ class Relay:
         subject = ", ".join("=".join(x) for rdn in cert.get("subject", ()) for x in rdn)
         who = {"peer": f"{peer[0]}:{peer[1]}" if peer else "?", "client_cert": subject}
         try:
+            # Authenticate first: an unauthenticated peer learns nothing, not even that we are busy.
+            if not await self._authenticate(reader, writer, who):
+                return
             if self._busy:
                 logs.warn("refused a second control plane while one is connected", **who)
                 writer.write(error_frame("busy", "this worker already serves a control plane; retry later"))
                 await writer.drain()
                 return
-            if not await self._authenticate(reader, writer, who):
-                return
+            writer.write(ok_frame())
             self._busy = True
             try:
                 await self._serve(reader, writer, who)

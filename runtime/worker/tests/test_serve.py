@@ -1,0 +1,195 @@
+"""`python -m tpu_worker serve`: mutual TLS, the token in the first frame, one control plane at a
+time, and then the ordinary worker protocol from a fresh worker per connection. Certificates are
+made with openssl for the test; the server binds 127.0.0.1 with port 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tpu_worker.serve import read_token, split_listen
+
+WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFIX = struct.Struct(">II")
+TOKEN = "tok_" + "0123456789abcdef" * 2
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make certificates")
+
+
+def _openssl(*args: str, cwd: str) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _ca(d: str, name: str) -> None:
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+        "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.crt", cwd=d,
+    )  # fmt: skip
+
+
+def _leaf(d: str, name: str, ca: str, ext: str | None = None) -> None:
+    _openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={name}",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d,
+    )  # fmt: skip
+    args = ["x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial"]
+    args += ["-days", "2", "-out", f"{name}.crt"]
+    if ext:
+        args += ["-extfile", ext]
+    _openssl(*args, cwd=d)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> str:
+    d = str(tmp_path_factory.mktemp("certs"))
+    _ca(d, "ca")
+    _ca(d, "rogue-ca")
+    with open(os.path.join(d, "w.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n")
+    _leaf(d, "worker", "ca", "w.ext")
+    _leaf(d, "client", "ca")
+    _leaf(d, "rogue", "rogue-ca")
+    tok = os.path.join(d, "token")
+    with open(tok, "w") as f:
+        f.write(TOKEN + "\n")
+    os.chmod(tok, 0o600)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(certs, catalog_path):
+    env = {**os.environ, "PYTHONPATH": WORKER_DIR}
+    p = subprocess.Popen(
+        [
+            sys.executable, "-m", "tpu_worker", "serve", "--listen", "127.0.0.1:0",
+            "--tls-cert", f"{certs}/worker.crt", "--tls-key", f"{certs}/worker.key",
+            "--client-ca", f"{certs}/ca.crt", "--token-file", f"{certs}/token",
+            "--catalog", catalog_path, "--device", "cpu", "--threads", "1",
+        ],
+        env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    port = None
+    lines: list[str] = []
+    deadline = time.time() + 30
+    while time.time() < deadline and port is None:
+        line = p.stderr.readline()
+        lines.append(line)
+        m = re.search(r'"msg": "listening".*"port": (\d+)', line)
+        if m:
+            port = int(m.group(1))
+    assert port, "".join(lines)
+    yield port, p
+    p.terminate()
+    p.wait(timeout=15)
+
+
+def _connect(certs: str, port: int, client: str = "client") -> ssl.SSLSocket:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(f"{certs}/ca.crt")
+    ctx.load_cert_chain(f"{certs}/{client}.crt", f"{certs}/{client}.key")
+    raw = socket.create_connection(("127.0.0.1", port), timeout=60)
+    return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def _send(s: ssl.SSLSocket, header: dict) -> None:
+    h = json.dumps(header).encode()
+    s.sendall(PREFIX.pack(len(h), 0) + h)
+
+
+def _recv_exact(s: ssl.SSLSocket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
+
+
+def _recv(s: ssl.SSLSocket) -> dict:
+    hl, bl = PREFIX.unpack(_recv_exact(s, 8))
+    header = json.loads(_recv_exact(s, hl))
+    _recv_exact(s, bl)
+    return header
+
+
+def _closed_without_answer(s: ssl.SSLSocket) -> bool:
+    try:
+        return s.recv(1) == b""
+    except (ssl.SSLError, ConnectionError, OSError):
+        return True
+
+
+def test_a_wrong_token_is_refused_and_the_connection_closed(server, certs):
+    port, _ = server
+    with _connect(certs, port) as s:
+        _send(s, {"type": "auth", "token": TOKEN[:-1] + "X"})
+        msg = _recv(s)
+        assert msg["type"] == "error" and msg["id"] is None
+        assert msg["error"]["code"] == "unauthorized" and "wrong token" in msg["error"]["message"]
+        assert _closed_without_answer(s)
+
+
+def test_a_first_frame_that_is_not_auth_is_refused(server, certs):
+    port, _ = server
+    with _connect(certs, port) as s:
+        _send(s, {"type": "request", "id": "r1", "op": "status", "args": {}})
+        msg = _recv(s)
+        assert msg["error"]["code"] == "unauthorized"
+
+
+def test_a_client_certificate_from_another_ca_gets_no_answer(server, certs):
+    port, _ = server
+    try:
+        s = _connect(certs, port, client="rogue")
+    except (ssl.SSLError, ConnectionError):
+        return  # refused during the handshake (TLS 1.2 style)
+    with s:
+        try:
+            _send(s, {"type": "auth", "token": TOKEN})
+        except (ssl.SSLError, ConnectionError, OSError):
+            return
+        assert _closed_without_answer(s)
+
+
+def test_the_right_certificate_and_token_reach_a_fresh_worker_and_a_second_client_is_told_busy(server, certs):
+    port, _ = server
+    with _connect(certs, port) as s:
+        _send(s, {"type": "auth", "token": TOKEN})
+        assert _recv(s) == {"type": "auth_ok"}
+        hello = _recv(s)
+        assert hello["type"] == "hello" and hello["device"]["kind"] == "cpu"
+        with _connect(certs, port) as s2:
+            _send(s2, {"type": "auth", "token": TOKEN})
+            busy = _recv(s2)
+            assert busy["error"]["code"] == "busy"
+        _send(s, {"type": "ping", "id": "p1"})
+        assert _recv(s)["type"] == "pong"
+        _send(s, {"type": "request", "id": "r1", "op": "status", "args": {}})
+        assert _recv(s)["type"] == "result"
+
+
+def test_listen_needs_host_and_port():
+    assert split_listen("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert split_listen("[::1]:7900") == ("::1", 7900)
+    for bad in ("7900", ":7900", "host:", "host:99999"):
+        with pytest.raises(ValueError):
+            split_listen(bad)
+
+
+def test_a_short_token_is_rejected(tmp_path):
+    p = tmp_path / "t"
+    p.write_text("short\n")
+    p.chmod(0o600)
+    with pytest.raises(ValueError, match="at least"):
+        read_token(str(p))

@@ -1,0 +1,220 @@
+// The pool's own logic without real workers where a real one cannot be had here: the config of
+// `runtime.workers`, the per-device expansion from an inventory (a TPU host is faked at the
+// inventory and spawn level), and routing decisions over stand-in members. The real thing (real
+// workers, a real remote worker over TLS, a real MCP client) is test/e2e/pool.test.ts.
+import { spawn as nodeSpawn } from "node:child_process";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { pino } from "pino";
+import { describe, expect, it } from "vitest";
+import type { SpawnFn, WorkerRuntime } from "../../runtime/client.js";
+import {
+  WorkerPool,
+  parseInventory,
+  perDeviceEntries,
+  type WorkerEntry,
+} from "../../runtime/pool/index.js";
+import { RuntimeCallError } from "../../runtime/types.js";
+import { ConfigError, loadConfig, parseConfig } from "../../server/config.js";
+import { buildRuntime, workersMode } from "../../server/runtime.js";
+import { repoRoot } from "./helpers.js";
+
+const silent = pino({ level: "silent" });
+
+describe("runtime.workers config", () => {
+  it("accepts local and remote workers and resolves certificate paths against the config file", () => {
+    const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-workers-"));
+    const file = join(dir, "c.json");
+    writeFileSync(
+      file,
+      JSON.stringify({
+        runtime: {
+          workers: [
+            { name: "w0", device: "tpu:0" },
+            { name: "w1", device: "cpu", threads: 1, memory_bytes: 1e9 },
+            {
+              name: "vm2-tpu3",
+              connect: "10.0.0.5:7900",
+              tls: { ca: "pki/ca.crt", cert: "pki/cp.crt", key: "/abs/cp.key" },
+              token_file: "pki/token",
+            },
+          ],
+        },
+      }),
+    );
+    const c = loadConfig(file, repoRoot);
+    const remote = (c.runtime.workers as any[])[2];
+    expect(remote.tls.ca).toBe(join(dir, "pki/ca.crt"));
+    expect(remote.tls.key).toBe("/abs/cp.key");
+    expect(remote.token_file).toBe(join(dir, "pki/token"));
+  });
+
+  it("rejects duplicate names, names that read as devices, and a connect that is not host:port", () => {
+    const bad = [
+      [
+        { name: "w0", device: "cpu" },
+        { name: "w0", device: "cpu" },
+      ],
+      [{ name: "tpu:1", device: "cpu" }],
+      [{ name: "cpu", device: "cpu" }],
+      [{ name: "r", connect: "10.0.0.5", tls: { ca: "a", cert: "b", key: "c" }, token_file: "t" }],
+      [{ name: "r", connect: "h:1", tls: { ca: "a", cert: "b" }, token_file: "t" }],
+    ];
+    for (const workers of bad) {
+      expect(
+        () => parseConfig({ runtime: { workers } }, { root: repoRoot }),
+        JSON.stringify(workers),
+      ).toThrow(ConfigError);
+    }
+  });
+
+  it("keeps one worker by default on a CPU host, and goes per device on a host with chips", () => {
+    const cpu = parseConfig({}, { root: repoRoot });
+    expect(workersMode(cpu, () => false)).toBe("single");
+    expect(workersMode(cpu, () => true)).toBe("per-device");
+    const pinned = parseConfig({ runtime: { device: "tpu:0" } }, { root: repoRoot });
+    expect(workersMode(pinned, () => true)).toBe("single");
+    const listed = parseConfig(
+      { runtime: { workers: [{ name: "a", device: "cpu" }] } },
+      { root: repoRoot },
+    );
+    expect(workersMode(listed, () => false)).toBe("list");
+  });
+});
+
+describe("per-device expansion", () => {
+  it("gives one worker per chip, and one worker on a CPU or single-chip host", () => {
+    expect(
+      perDeviceEntries({ kind: "tpu", count: 8, name: "TPU v6e" }).map((w) => w.device),
+    ).toEqual(Array.from({ length: 8 }, (_, i) => `tpu:${i}`));
+    expect(perDeviceEntries({ kind: "cuda", count: 2, name: "H200" }, 4)).toEqual([
+      { name: "w0", device: "cuda:0", threads: 4 },
+      { name: "w1", device: "cuda:1", threads: 4 },
+    ]);
+    expect(perDeviceEntries({ kind: "cpu", count: 1, name: "cpu" })).toEqual([
+      { name: "w0", device: "cpu" },
+    ]);
+    expect(() => parseInventory("not json")).toThrow(/one JSON line/);
+    expect(() => parseInventory('{"kind":"gpu","count":1}')).toThrow(/unexpected/);
+  });
+
+  it("starts each chip's worker with --device tpu:i (the TPU host faked at the inventory and spawn)", async () => {
+    const spawned: string[][] = [];
+    // Each "worker" exits 4 (no such device here) at once: only the command lines matter.
+    const spawn: SpawnFn = (_cmd, args, opts) => {
+      spawned.push([...args]);
+      return nodeSpawn(process.execPath, ["-e", "process.exit(4)"], opts);
+    };
+    const config = parseConfig(
+      { runtime: { workers: "per-device", start: "lazy", threads: 1 } },
+      { root: repoRoot },
+    );
+    const pool = buildRuntime(config, silent, {
+      inventory: async () => ({ kind: "tpu", count: 4, name: "TPU v5e" }),
+      spawn,
+    }) as WorkerPool;
+    await expect(pool.start()).rejects.toThrow();
+    expect(pool.names()).toEqual(["w0", "w1", "w2", "w3"]);
+    const devices = spawned.map((a) => a[a.indexOf("--device") + 1]).sort();
+    expect(devices).toEqual(["tpu:0", "tpu:1", "tpu:2", "tpu:3"]);
+    for (const a of spawned)
+      expect(a.slice(a.indexOf("--threads"), a.indexOf("--threads") + 2)).toEqual([
+        "--threads",
+        "1",
+      ]);
+    await pool.close();
+  });
+});
+
+/** A stand-in member: ready, holding some models, with a settable number of calls in flight. */
+function fakeRuntime(models: string[]) {
+  const state = { inFlight: 0, calls: 0 };
+  const rt = {
+    state: "ready",
+    hello: { device: { kind: "cpu", index: 0, memory_free_bytes: null } },
+    loadedModels: () => models.map((model) => ({ model, loadedAt: 0 })),
+    lostModels: () => [],
+    restarts: () => 0,
+    inFlight: () => state.inFlight,
+    on: () => {},
+    close: async () => {},
+    start: async () => rt.hello,
+    ready: async () => rt.hello,
+    call: async () => {
+      state.calls++;
+      return { result: {}, tensors: [] };
+    },
+  };
+  return { rt: rt as unknown as WorkerRuntime, state };
+}
+
+function fakePool(n: number, cap: number) {
+  const fakes = Array.from({ length: n }, () => fakeRuntime(["m"]));
+  const entries: WorkerEntry[] = fakes.map((_, i) => ({ name: `w${i}`, device: "cpu" }));
+  let i = 0;
+  const pool = new WorkerPool({
+    entries,
+    maxInFlightPerReplica: cap,
+    retryAfterMs: 250,
+    makeRuntime: () => fakes[i++]!.rt,
+  });
+  return { pool, fakes };
+}
+
+describe("routing", () => {
+  it("refuses busy with retry_after_ms when every replica is at its cap, never queues", async () => {
+    const { pool, fakes } = fakePool(2, 2);
+    for (const f of fakes) f.state.inFlight = 2;
+    const e = await pool.call("infer", { model: "m" }).catch((x) => x);
+    expect(e).toBeInstanceOf(RuntimeCallError);
+    expect(e.code).toBe("busy");
+    expect(e.details.retry_after_ms).toBe(250);
+    expect(fakes.every((f) => f.state.calls === 0)).toBe(true);
+  });
+
+  it("sends to the replica below its cap, and with two choices to the shorter queue", async () => {
+    const { pool, fakes } = fakePool(2, 4);
+    fakes[0]!.state.inFlight = 4;
+    for (let k = 0; k < 10; k++) await pool.call("infer", { model: "m" });
+    expect(fakes[1]!.state.calls).toBe(10);
+    fakes[0]!.state.inFlight = 1;
+    fakes[1]!.state.inFlight = 3;
+    for (let k = 0; k < 10; k++) await pool.call("infer", { model: "m" });
+    expect(fakes[0]!.state.calls).toBe(10);
+  });
+
+  it("skips a drained replica, and says so when only drained replicas hold the model", async () => {
+    const { pool, fakes } = fakePool(2, 4);
+    pool.drain("w0");
+    for (let k = 0; k < 6; k++) await pool.call("infer", { model: "m" });
+    expect(fakes[0]!.state.calls).toBe(0);
+    pool.drain("w1");
+    const e = await pool.call("infer", { model: "m" }).catch((x) => x);
+    expect(e.code).toBe("model_not_loaded");
+    expect(e.recoverable).toBe(true);
+    expect(e.message).toMatch(/w0 \(drained\), w1 \(drained\)/);
+    pool.undrain("w0");
+    await pool.call("infer", { model: "m" });
+    expect(fakes[0]!.state.calls).toBe(1);
+    expect(() => pool.drain("nope")).toThrow(/no worker named nope; workers: w0, w1/);
+  });
+
+  it("adds and removes workers at run time", async () => {
+    const { pool } = fakePool(1, 4);
+    const extra = fakeRuntime(["m"]);
+    const p2 = new WorkerPool({ entries: [], makeRuntime: () => extra.rt });
+    p2.add({
+      name: "r9",
+      connect: "10.0.0.9:7900",
+      tls: { ca: "a", cert: "b", key: "c" },
+      token_file: "t",
+    });
+    expect(p2.names()).toEqual(["r9"]);
+    expect(() => p2.add({ name: "r9", device: "cpu" })).toThrow(/already/);
+    await p2.call("infer", { model: "m" });
+    await p2.remove("r9");
+    expect(p2.names()).toEqual([]);
+    await pool.close();
+  });
+});
