@@ -142,6 +142,15 @@ def test_slice_placement_group_places_one_actor_per_chip_of_the_slice(fleet):
     assert len({ep["node"] for ep in eps.values()}) == HOSTS
 
 
+def test_per_host_places_one_actor_holding_each_hosts_chips(fleet):
+    d = fleet(placement={"mode": "per-host"})
+    ready = d.next(("ready", "error"))
+    assert ready["type"] == "ready" and ready["capacity"] == HOSTS, ready
+    eps = collect_endpoints(d, HOSTS)
+    assert sorted(tuple(ep["chips"]) for ep in eps.values()) == [tuple(range(CHIPS_PER_HOST))] * HOSTS
+    assert len({ep["node"] for ep in eps.values()}) == HOSTS
+
+
 def test_a_driver_without_the_clusters_token_is_refused(fleet, ray_cluster):
     wrong = ray_cluster["tmp"] / "wrong-token"
     wrong.write_text("not-the-cluster-token-" + "0" * 20 + "\n")
