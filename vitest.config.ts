@@ -4,8 +4,9 @@ export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
     // The long hardening suites run with `npm run test:hardening` (vitest.hardening.config.ts),
-    // the browser suite with `npm run test:browser` (vitest.browser.config.ts).
-    exclude: ["**/node_modules/**", "test/hardening/**", "test/browser/**"],
+    // the browser suite with `npm run test:browser` (vitest.browser.config.ts); test/ray needs a
+    // loopback-only network namespace: `npm run test:ray` (vitest.ray.config.ts).
+    exclude: ["**/node_modules/**", "test/hardening/**", "test/browser/**", "test/ray/**"],
     // Creates the built-in model files once (a no-op when they exist).
     globalSetup: ["test/globalSetup.ts"],
     testTimeout: 60_000,

@@ -47,7 +47,11 @@ if (
 // 2. Python environment. torch is pinned to 2.13.0, the CPU build this machine's pip takes;
 // an unpinned torch would pull a multi-GB CUDA build.
 const reqs = [join(root, "runtime/worker/requirements.txt")];
-if (dev) reqs.push(join(root, "runtime/worker/requirements-dev.txt"));
+if (dev) {
+  reqs.push(join(root, "runtime/worker/requirements-dev.txt"));
+  // Ray (the fleet driver) is optional for users; CI runs its suite, so development installs it.
+  reqs.push(join(root, "runtime/worker/requirements-ray.txt"));
+}
 const marker = join(venv, dev ? ".tpu-mcp-setup-dev" : ".tpu-mcp-setup");
 const want = digest(reqs);
 if (!existsSync(marker) || readFileSync(marker, "utf8").trim() !== want) {

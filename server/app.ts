@@ -24,6 +24,7 @@ import { Metrics } from "./metrics.js";
 import { createPolicyServices } from "./policy.js";
 import { buildRuntime, type RuntimeHooks } from "./runtime.js";
 import { watchWorkerControl } from "./workers.js";
+import { watchFleetScale } from "./fleet.js";
 
 export interface App {
   config: ServerConfig;
@@ -129,6 +130,7 @@ export function createApp(
   auditRef = audit;
   metrics.observeWorkers(runtime);
   const control = watchWorkerControl(config, runtime, rtLog);
+  const fleetScale = watchFleetScale(config, runtime, rtLog);
   const tools = buildTools(env);
 
   const approvalFeed = new ApprovalFeed(approvals, {
@@ -170,6 +172,7 @@ export function createApp(
       approvalFeed.close();
       notifier.close();
       control.close();
+      fleetScale.close();
       jobs.close();
       await runtime.close();
       reports.close();

@@ -29,7 +29,7 @@ commands:
                                 read the audit trail, export its head (store it elsewhere),
                                 verify the keyed chain (and that it still holds an exported head)
   token new | hash TOKEN        make a token and print its sha256 for the config
-  workers [list] | drain NAME | undrain NAME [--token T]
+  workers [list] | drain NAME | undrain NAME | scale N [--token T]
                                 the worker pool: state, placement; drain (admin token) stops
                                 routing to a worker and waits for its calls in flight
 

@@ -4,6 +4,7 @@ import { readFileSync } from "node:fs";
 import { dirname, isAbsolute, resolve } from "node:path";
 import { z } from "zod";
 import { PolicyConfigSchema } from "../policies/config.js";
+import { RaySchema, resolveRayPaths } from "./fleet_config.js";
 
 const DeviceSchema = z
   .string()
@@ -125,6 +126,8 @@ export const ServerConfigSchema = z
          * device on a host with several accelerator chips, else single (CPU: unchanged).
          */
         workers: WorkersSchema.optional(),
+        /** A Ray cluster that places more workers (server/fleet_config.ts, README "Ray fleet"). */
+        ray: RaySchema.optional(),
         /** Calls in flight one replica takes before routing looks elsewhere; then `busy`. */
         max_in_flight_per_replica: z.number().int().min(1).max(4096).default(16),
         busy_retry_after_ms: z.number().int().min(1).max(60_000).default(100),
@@ -236,7 +239,7 @@ export function parseConfig(raw: unknown, opts: { root: string; base?: string; s
     : c.runtime.workers;
   const config: ServerConfig = {
     ...c,
-    runtime: { ...c.runtime, workers },
+    runtime: { ...c.runtime, workers, ray: c.runtime.ray && resolveRayPaths(c.runtime.ray, base) },
     paths: {
       root: opts.root,
       data_dir,

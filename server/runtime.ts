@@ -13,6 +13,7 @@ import {
 } from "../runtime/pool/index.js";
 import type { Runtime } from "../runtime/types.js";
 import type { ServerConfig } from "./config.js";
+import { attachRayFleet } from "./fleet.js";
 
 export interface RuntimeHooks {
   needBytes?: (model: string, dtype: string | undefined) => Promise<number | null>;
@@ -65,33 +66,36 @@ export function buildRuntime(
     ...(hooks.spawn ? { spawn: hooks.spawn } : {}),
   };
   const mode = workersMode(config, hooks.hostHasChips);
-  if (mode === "single") return new WorkerRuntime(base);
+  const ray = config.runtime.ray;
+  if (mode === "single" && !ray) return new WorkerRuntime(base);
   const inventory =
     hooks.inventory ??
     workerInventory({ pythonPath: config.paths.python, repoRoot: config.paths.root });
   const entries: WorkerEntry[] | (() => Promise<WorkerEntry[]>) =
     mode === "list"
       ? (config.runtime.workers as WorkerEntry[])
-      : async () => {
-          let inv;
-          try {
-            inv = await inventory();
-          } catch (e) {
-            // Asked for explicitly: say so and stop. Chosen by default: keep today's one worker.
-            if (config.runtime.workers === "per-device") throw e;
-            logger.warn(
-              { err: String(e) },
-              "inventory failed; serving with one worker (set runtime.workers to choose)",
+      : mode === "single" // with runtime.ray and no workers list: the Ray actors are the pool
+        ? []
+        : async () => {
+            let inv;
+            try {
+              inv = await inventory();
+            } catch (e) {
+              // Asked for explicitly: say so and stop. Chosen by default: keep today's one worker.
+              if (config.runtime.workers === "per-device") throw e;
+              logger.warn(
+                { err: String(e) },
+                "inventory failed; serving with one worker (set runtime.workers to choose)",
+              );
+              return [{ name: "w0", device: config.runtime.device }];
+            }
+            const list = perDeviceEntries(inv, config.runtime.threads);
+            logger.info(
+              { kind: inv.kind, chips: inv.count, workers: list.map((w) => w.name) },
+              "per-device workers from the inventory",
             );
-            return [{ name: "w0", device: config.runtime.device }];
-          }
-          const list = perDeviceEntries(inv, config.runtime.threads);
-          logger.info(
-            { kind: inv.kind, chips: inv.count, workers: list.map((w) => w.name) },
-            "per-device workers from the inventory",
-          );
-          return list;
-        };
+            return list;
+          };
   const pool = new WorkerPool({
     entries,
     base,
@@ -100,8 +104,10 @@ export function buildRuntime(
     needBytes: hooks.needBytes,
     onRefused: hooks.onRefused,
   });
+  // Ray places more workers at run time; the fleet adds and removes them (server/fleet.ts).
+  if (ray) attachRayFleet(pool, config, logger);
   // Eager start: the expansion (inventory) and every worker begin with the server.
-  if (config.runtime.start === "eager")
+  if (config.runtime.start === "eager" && !(ray && mode === "single"))
     setImmediate(() =>
       pool.start().catch((e: unknown) => logger.error({ err: String(e) }, "pool start failed")),
     );

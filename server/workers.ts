@@ -14,6 +14,7 @@ import { openPolicyDb, type SqliteDb } from "../policies/sqlite.js";
 import type { Runtime, WorkerStatus } from "../runtime/types.js";
 import type { ServerConfig } from "./config.js";
 import { createPolicyServices } from "./policy.js";
+import { requestScale } from "./fleet.js";
 import { join } from "node:path";
 import { mkdirSync } from "node:fs";
 
@@ -135,9 +136,10 @@ export async function runWorkersCommand(
         );
       return 0;
     }
-    if ((sub !== "drain" && sub !== "undrain") || !name) {
+    const scaleTo = sub === "scale" && /^\d{1,4}$/.test(name ?? "") ? Number(name) : undefined;
+    if ((sub !== "drain" && sub !== "undrain" && scaleTo === undefined) || !name) {
       io.err(
-        "usage: tpu-mcp workers [list] | drain NAME | undrain NAME  (--token T, an admin token)",
+        "usage: tpu-mcp workers [list] | drain NAME | undrain NAME | scale N (Ray fleet)  (--token T, an admin token)",
       );
       return 2;
     }
@@ -162,7 +164,7 @@ export async function runWorkersCommand(
         principal: principal.id,
         tool: `workers.${sub}`,
         args_digest: null,
-        args: { worker: name },
+        args: scaleTo !== undefined ? { count: scaleTo } : { worker: name },
         outcome: admin ? "executed" : "denied",
         ...(admin
           ? {}
@@ -175,6 +177,7 @@ export async function runWorkersCommand(
     } finally {
       policy.close();
     }
+    if (scaleTo !== undefined) return await requestScale(config, scaleTo, principal.id, io);
     const known = observed().map((o) => o.w.name);
     if (known.length && !known.includes(name)) {
       io.err(`no worker named ${name}; workers: ${known.join(", ")}`);

@@ -1,0 +1,337 @@
+// The Ray fleet source: supervises the Python fleet driver (`python -m tpu_worker.fleet`) like a
+// local worker and turns what it reports into pool membership. Ray places and restarts the
+// worker actors; the pool connects to each actor's `serve` as a remote worker (mutual TLS +
+// token, our framed protocol), so no request or tensor ever goes through the driver or Ray.
+//
+// Driver → us (one JSON object per line; see tpu_worker/fleet/driver.py):
+//   endpoint  → pin the actor's certificate, (re)add it to the pool as a remote worker
+//   lost      → drain it in the pool at once (its connection drops too; calls in flight on it
+//               fail worker_died), the next `endpoint` replaces it
+//   dead      → remove it from the pool
+//   drain     → pool.remove (drains, waits for calls in flight), then answer {op:"drained"}
+//   error     → fatal start-up refusal (no token, open cluster, placement failed): not retried
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import type { Logger } from "pino";
+import type { WorkerEntry } from "../pool/entries.js";
+import type { WorkerStatus } from "../types.js";
+
+/** What the fleet needs from the pool: WorkerPool has exactly these. */
+export interface FleetPool {
+  add(entry: WorkerEntry): void;
+  remove(name: string, opts?: { timeoutMs?: number }): Promise<void>;
+  drain(name: string): WorkerStatus;
+  names(): string[];
+}
+
+export interface RayFleetOptions {
+  pool: FleetPool;
+  /** The runtime.ray section as the driver reads it (paths absolute). */
+  driverConfig: Record<string, unknown>;
+  /** The control plane's client certificate and key (signed by driverConfig.channel.client_ca). */
+  client: { cert: string; key: string };
+  /** The worker channel token file (the same file the driver hands to the actors). */
+  tokenFile: string;
+  /** Where the driver config and the pinned actor certificates are written (0700). */
+  stateDir: string;
+  pythonPath: string;
+  /** PYTHONPATH root of the worker package (runtime/worker). */
+  workerDir: string;
+  logger?: Logger;
+  /** Restart back-off for a driver that exited unexpectedly. */
+  restartBackoffMs?: number;
+  drainTimeoutMs?: number;
+  env?: NodeJS.ProcessEnv;
+}
+
+export interface FleetActor {
+  name: string;
+  state: string;
+  restarts: number;
+  ray_name: string;
+  endpoint: {
+    host: string;
+    port: number;
+    device: string;
+    chips: number[];
+    node: string;
+    pid: number;
+  } | null;
+}
+
+export interface FleetStatus {
+  state: "starting" | "ready" | "refused" | "restarting" | "stopped";
+  error?: { code: string; message: string };
+  ray_version?: string;
+  mode?: string;
+  capacity?: number | null;
+  target?: number;
+  actors?: FleetActor[];
+}
+
+type Msg = Record<string, any>;
+type Waiter = { resolve: (m: Msg) => void; reject: (e: Error) => void };
+
+export class FleetError extends Error {
+  constructor(
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+export class RayFleet {
+  private proc: ChildProcess | null = null;
+  private readonly waiters = new Map<string, Waiter>();
+  private seq = 0;
+  private closed = false;
+  private info: FleetStatus = { state: "starting" };
+  private readonly listeners: Array<(m: Msg) => void> = [];
+  private readonly serial = new Map<string, Promise<void>>();
+  private readyResolve: ((s: FleetStatus) => void) | null = null;
+  private readyReject: ((e: Error) => void) | null = null;
+  readonly readyPromise: Promise<FleetStatus>;
+
+  constructor(private readonly o: RayFleetOptions) {
+    mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
+    this.readyPromise = new Promise((res, rej) => {
+      this.readyResolve = res;
+      this.readyReject = rej;
+    });
+    this.readyPromise.catch(() => undefined);
+  }
+
+  /** Every message from the driver (tests and status watchers). */
+  onMessage(fn: (m: Msg) => void): void {
+    this.listeners.push(fn);
+  }
+
+  status(): FleetStatus {
+    return { ...this.info };
+  }
+
+  start(): Promise<FleetStatus> {
+    if (!this.proc && !this.closed) this.spawnDriver();
+    return this.readyPromise;
+  }
+
+  /** Asks the driver for N actors; removals drain in the pool before Ray kills the actor. */
+  async scale(count: number): Promise<{ target: number; added: string[]; draining: string[] }> {
+    if (!Number.isInteger(count) || count < 0)
+      throw new FleetError("invalid_argument", "scale needs a non-negative integer count");
+    const r = await this.request("scale", { count });
+    return r as { target: number; added: string[]; draining: string[] };
+  }
+
+  async actors(): Promise<FleetStatus> {
+    const r = (await this.request("status", {})) as {
+      capacity: number | null;
+      actors: FleetActor[];
+    };
+    this.info = { ...this.info, capacity: r.capacity, actors: r.actors };
+    return this.status();
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    const p = this.proc;
+    if (p && p.exitCode === null && p.signalCode === null) {
+      const exited = new Promise((r) => p.once("exit", r));
+      try {
+        p.stdin?.end(JSON.stringify({ op: "stop" }) + "\n");
+      } catch {
+        /* already gone */
+      }
+      const t = setTimeout(() => p.kill("SIGKILL"), 30_000);
+      await exited;
+      clearTimeout(t);
+    }
+    this.info = { ...this.info, state: "stopped" };
+    rmSync(this.o.stateDir, { recursive: true, force: true });
+  }
+
+  // ── driver process ─────────────────────────────────────────────────────────────────────────
+
+  private spawnDriver(): void {
+    const cfgPath = join(this.o.stateDir, "driver.json");
+    writeFileSync(cfgPath, JSON.stringify(this.o.driverConfig), { mode: 0o600 });
+    const env = {
+      ...(this.o.env ?? process.env),
+      PYTHONPATH: this.o.workerDir,
+      PYTHONUNBUFFERED: "1",
+    };
+    const p = spawn(this.o.pythonPath, ["-m", "tpu_worker.fleet", "--config", cfgPath], {
+      stdio: ["pipe", "pipe", "pipe"],
+      env,
+    });
+    this.proc = p;
+    this.info = { ...this.info, state: this.info.state === "starting" ? "starting" : "restarting" };
+    createInterface({ input: p.stdout! }).on("line", (line) => {
+      let m: Msg;
+      try {
+        m = JSON.parse(line) as Msg;
+      } catch {
+        this.o.logger?.warn({ line: line.slice(0, 200) }, "fleet driver wrote a non-JSON line");
+        return;
+      }
+      this.onDriver(m);
+    });
+    createInterface({ input: p.stderr! }).on("line", (line) => {
+      this.o.logger?.info({ src: "fleet" }, line.slice(0, 2000));
+    });
+    p.on("exit", (code, signal) => {
+      this.proc = null;
+      for (const w of this.waiters.values())
+        w.reject(new FleetError("worker_unavailable", "the fleet driver exited"));
+      this.waiters.clear();
+      if (this.closed) return;
+      if (code === 2) {
+        // A refusal (no token, an open cluster, no placement): restarting cannot fix it.
+        this.info = { ...this.info, state: "refused" };
+        this.readyReject?.(
+          new FleetError(
+            this.info.error?.code ?? "ray_refused",
+            this.info.error?.message ?? "the fleet driver refused to start",
+          ),
+        );
+        return;
+      }
+      this.o.logger?.warn({ code, signal }, "fleet driver exited; restarting it");
+      this.info = { ...this.info, state: "restarting" };
+      // Its actors fate-share with it: the pool loses them until the new driver reports again.
+      for (const name of this.o.pool.names().filter((n) => this.ours.has(n))) this.forget(name);
+      setTimeout(() => !this.closed && this.spawnDriver(), this.o.restartBackoffMs ?? 2000).unref();
+    });
+  }
+
+  private request(op: string, args: Record<string, unknown>): Promise<unknown> {
+    const p = this.proc;
+    if (!p?.stdin || this.info.state !== "ready")
+      return Promise.reject(
+        new FleetError("worker_unavailable", `the Ray fleet is ${this.info.state}`),
+      );
+    const id = String(++this.seq);
+    return new Promise((resolve, reject) => {
+      this.waiters.set(id, {
+        resolve: (m) =>
+          m.ok ? resolve(m.result) : reject(new FleetError(m.error.code, m.error.message)),
+        reject,
+      });
+      p.stdin!.write(JSON.stringify({ op, id, ...args }) + "\n");
+    });
+  }
+
+  private send(msg: Msg): void {
+    try {
+      this.proc?.stdin?.write(JSON.stringify(msg) + "\n");
+    } catch {
+      /* the driver is gone; its exit handler takes over */
+    }
+  }
+
+  // ── membership ─────────────────────────────────────────────────────────────────────────────
+
+  /** Names this fleet added to the pool (never touch a configured worker of the same pool). */
+  private readonly ours = new Set<string>();
+
+  /** Runs membership changes for one name in order (an endpoint after a lost, a drain). */
+  private inOrder(name: string, fn: () => Promise<void>): void {
+    const prev = this.serial.get(name) ?? Promise.resolve();
+    const next = prev.then(fn).catch((e: unknown) => {
+      this.o.logger?.warn({ worker: name, err: String(e) }, "fleet membership change failed");
+    });
+    this.serial.set(name, next);
+  }
+
+  private forget(name: string): void {
+    this.inOrder(name, async () => {
+      if (this.o.pool.names().includes(name)) await this.o.pool.remove(name, { timeoutMs: 0 });
+      this.ours.delete(name);
+    });
+  }
+
+  private onDriver(m: Msg): void {
+    for (const fn of this.listeners) fn(m);
+    const name = typeof m.name === "string" ? m.name : "";
+    switch (m.type) {
+      case "ready":
+        this.info = {
+          state: "ready",
+          ray_version: m.ray_version,
+          mode: m.mode,
+          capacity: m.capacity,
+          target: m.target,
+        };
+        this.readyResolve?.(this.status());
+        break;
+      case "error":
+        this.info = { ...this.info, error: { code: m.code, message: m.message } };
+        this.o.logger?.error({ code: m.code }, `Ray fleet refused: ${m.message}`);
+        break;
+      case "reply": {
+        const w = this.waiters.get(String(m.id));
+        if (w) {
+          this.waiters.delete(String(m.id));
+          w.resolve(m);
+        }
+        break;
+      }
+      case "endpoint":
+        this.inOrder(name, async () => {
+          if (this.o.pool.names().includes(name)) await this.o.pool.remove(name, { timeoutMs: 0 });
+          const ca = join(this.o.stateDir, `${name}.crt`);
+          // Pin exactly the certificate this actor made for itself (its key never left its node).
+          writeFileSync(ca, String(m.certificate), { mode: 0o600 });
+          const entry: WorkerEntry = {
+            name,
+            connect: `${String(m.host).includes(":") ? `[${m.host}]` : m.host}:${m.port}`,
+            tls: { ca, cert: this.o.client.cert, key: this.o.client.key },
+            token_file: this.o.tokenFile,
+          };
+          this.o.pool.add(entry);
+          this.ours.add(name);
+          this.o.logger?.info(
+            {
+              worker: name,
+              address: entry.connect,
+              device: m.device,
+              chips: m.chips,
+              restarts: m.restarts,
+            },
+            "Ray placed a worker; added to the pool",
+          );
+        });
+        break;
+      case "lost":
+        this.inOrder(name, async () => {
+          // Stop routing to it now; its connection is gone or about to be.
+          if (this.o.pool.names().includes(name)) this.o.pool.drain(name);
+          this.o.logger?.warn(
+            { worker: name, restarts: m.restarts },
+            "Ray worker lost; Ray restarts it",
+          );
+        });
+        break;
+      case "dead":
+        this.o.logger?.error(
+          { worker: name, reason: m.reason },
+          "Ray worker dead (restarts used up)",
+        );
+        this.forget(name);
+        break;
+      case "drain":
+        this.inOrder(name, async () => {
+          if (this.o.pool.names().includes(name))
+            await this.o.pool.remove(name, { timeoutMs: this.o.drainTimeoutMs ?? 60_000 });
+          this.ours.delete(name);
+          this.send({ op: "drained", name });
+        });
+        break;
+      default:
+        break;
+    }
+  }
+}

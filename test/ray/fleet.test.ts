@@ -1,0 +1,281 @@
+// The Ray fleet end to end: a real local Ray cluster (token auth, two simulated v6e hosts with two
+// chips each, loopback only), a real `tpu-mcp stdio` server whose runtime.ray places worker
+// actors, the SDK's real Client. The workers inside run on the CPU (no TPU here).
+// Run by `npm run test:ray`, inside a network namespace that has only loopback.
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import Database from "better-sqlite3";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { CLI, ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
+import { call } from "../e2e/scenario.js";
+
+const PY = join(ROOT, ".venv/bin/python");
+const MODEL = "all-minilm-l6-v2";
+const ADMIN_TOKEN = "ray-fleet-test-admin-token-0123456789";
+
+interface Cluster {
+  address: string;
+  ray_token_file: string;
+  catalog: string;
+  ca: string;
+  cert: string;
+  key: string;
+  token_file: string;
+}
+
+function startCluster(
+  dir: string,
+): Promise<{ info: Cluster; proc: ChildProcess; log: () => string }> {
+  const proc = spawn(PY, [join(ROOT, "runtime/worker/tests_ray/cluster.py"), dir], {
+    stdio: ["pipe", "pipe", "pipe"],
+    env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
+  });
+  let log = "";
+  proc.stderr!.on("data", (d) => (log = (log + d.toString()).slice(-20_000)));
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(
+      () => reject(new Error(`the Ray cluster did not start:\n${log}`)),
+      180_000,
+    );
+    createInterface({ input: proc.stdout! }).once("line", (line) => {
+      clearTimeout(t);
+      resolve({ info: JSON.parse(line) as Cluster, proc, log: () => log });
+    });
+    proc.once("exit", (code) => reject(new Error(`cluster.py exited ${code}:\n${log}`)));
+  });
+}
+
+async function waitFor<T>(
+  what: string,
+  fn: () => Promise<T | undefined>,
+  ms = 180_000,
+): Promise<T> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v !== undefined) return v;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 300));
+  }
+}
+
+describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () => {
+  let dir: string;
+  let cluster: Awaited<ReturnType<typeof startCluster>>;
+  let conn: Awaited<ReturnType<typeof connectStdio>>;
+  let configFile: string;
+  let dataDir: string;
+  let serverLog = "";
+
+  // Before the fleet reports its first endpoint the pool has no worker, and status says so.
+  const workers = async () =>
+    ((await call(conn.client, "get_runtime_status", {})).structuredContent?.workers ??
+      []) as Array<{
+      name: string;
+      state: string;
+      draining: boolean;
+      calls: number;
+      failures: number;
+      models: string[];
+      address: string | null;
+      kind: string;
+    }>;
+  const fleetObserved = () => {
+    const db = new Database(join(dataDir, "workers.db"), { readonly: true });
+    try {
+      const row = db.prepare("SELECT status FROM fleet_observed WHERE id = 1").get() as
+        { status: string } | undefined;
+      return row
+        ? (JSON.parse(row.status) as { actors: Array<{ name: string; ray_name: string }> })
+        : undefined;
+    } finally {
+      db.close();
+    }
+  };
+  const cli = (...args: string[]) =>
+    spawnSync(process.execPath, [CLI, ...args, "--config", configFile, "--token", ADMIN_TOKEN], {
+      cwd: ROOT,
+      encoding: "utf8",
+      timeout: 240_000,
+    });
+  const infer = async (text: string) => {
+    const r = await call(conn.client, "run_inference", { model: MODEL, texts: [text] });
+    return r.isError
+      ? { ok: false as const, code: errorOf(r)?.code ?? "?" }
+      : { ok: true as const };
+  };
+
+  beforeAll(async () => {
+    dir = mkdtempSync(join(tmpdir(), "tpu-mcp-ray-"));
+    cluster = await startCluster(join(dir, "cluster"));
+    const c = cluster.info;
+    dataDir = join(dir, "data");
+    configFile = writeConfig(
+      {
+        log_level: "info",
+        runtime: {
+          python: PY,
+          catalog: join(ROOT, "runtime/catalog.builtin.json"),
+          device: "cpu",
+          ray: {
+            address: c.address,
+            token_file: c.ray_token_file,
+            placement: { mode: "per-chip", count: 2, ready_timeout_s: 60 },
+            actor: { catalog: c.catalog, device: "cpu", threads: 1, max_restarts: 3 },
+            channel: { client_ca: c.ca, token_file: c.token_file },
+            client: { cert: c.cert, key: c.key },
+            drain_timeout_s: 60,
+          },
+        },
+        policy: {
+          limits: { rate_limit: { per_principal_per_minute: 60000 } },
+          tokens: [
+            {
+              id: "ops",
+              token_sha256: createHash("sha256").update(ADMIN_TOKEN).digest("hex"),
+              scopes: ["admin"],
+            },
+          ],
+        },
+      },
+      dir,
+    );
+    conn = await connectStdio(configFile);
+    conn.transport.stderr?.on(
+      "data",
+      (d: Buffer) => (serverLog = (serverLog + d.toString()).slice(-200_000)),
+    );
+  });
+
+  afterEach((ctx) => {
+    // A failure here is hard to read without the server's own log (Ray, the driver, the pool).
+    if (ctx.task.result?.state === "fail")
+      process.stderr.write(`--- server log tail ---\n${serverLog.slice(-30_000)}\n`);
+  });
+
+  afterAll(async () => {
+    await conn?.close();
+    if (cluster) {
+      const exited = new Promise<number | null>((r) =>
+        cluster.proc.once("exit", (code) => r(code)),
+      );
+      cluster.proc.stdin!.end();
+      const code = await exited;
+      expect(code, cluster.log()).toBe(0); // cluster.py checks that no raylet/gcs_server is left
+    }
+    const ps = spawnSync("ps", ["-eo", "comm"], { encoding: "utf8" }).stdout;
+    expect(ps).not.toMatch(/raylet|gcs_server/);
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("places one actor per chip and joins each to the pool as a remote worker", async () => {
+    // Each actor's serve starts its worker (torch) when the pool connects: wait for both hellos.
+    const ws = await waitFor("two ready Ray workers in the pool", async () => {
+      const w = (await workers()).filter((x) => x.name.startsWith("ray-"));
+      return w.length === 2 && w.every((x) => x.state === "ready") ? w : undefined;
+    });
+    expect(ws.map((w) => w.name).sort()).toEqual(["ray-0", "ray-1"]);
+    for (const w of ws) {
+      expect(w.kind).toBe("remote");
+      expect(w.address).toMatch(/^127\.0\.0\.1:\d+$/);
+    }
+  });
+
+  it("serves run_inference through two replicas on Ray-placed workers, spreading load", async () => {
+    const loaded = await call(conn.client, "load_model", { model: MODEL, replicas: 2 });
+    expect(loaded.isError, JSON.stringify(loaded.content)).toBeFalsy();
+    const results = await Promise.all(
+      Array.from({ length: 4 }, async (_, k) => {
+        const out = [];
+        for (let i = 0; i < 6; i++) out.push(await infer(`caller ${k} call ${i}`));
+        return out;
+      }),
+    );
+    expect(results.flat().every((r) => r.ok)).toBe(true);
+    const ws = (await workers()).filter((w) => w.name.startsWith("ray-"));
+    for (const w of ws) {
+      expect(w.models).toContain(MODEL);
+      expect(w.calls).toBeGreaterThan(0);
+    }
+  });
+
+  it("ray.kill of one actor mid-traffic fails only calls in flight on it; Ray restarts it and it rejoins", async () => {
+    const observed = await waitFor("the fleet status", async () => fleetObserved());
+    const victim = observed.actors.find((a) => a.name === "ray-1")!;
+    expect(victim).toBeDefined();
+    let stop = false;
+    const callers = Array.from({ length: 4 }, async (_, k) => {
+      const out: Array<{ ok: boolean; code?: string }> = [];
+      while (!stop) out.push(await infer(`traffic ${k}`));
+      return out;
+    });
+    await new Promise((r) => setTimeout(r, 1500));
+    const kill = spawnSync(
+      PY,
+      [
+        "-c",
+        "import ray,sys; ray.init(address=sys.argv[1], namespace='tpu-mcp', logging_level='error'); " +
+          "ray.kill(ray.get_actor(sys.argv[2]), no_restart=False)",
+        cluster.info.address,
+        victim.ray_name,
+      ],
+      {
+        encoding: "utf8",
+        timeout: 60_000,
+        env: {
+          ...process.env,
+          RAY_AUTH_MODE: "token",
+          RAY_AUTH_TOKEN_PATH: cluster.info.ray_token_file,
+        },
+      },
+    );
+    expect(kill.status, kill.stderr).toBe(0);
+    await new Promise((r) => setTimeout(r, 3000));
+    stop = true;
+    const results = (await Promise.all(callers)).flat();
+    const failed = results.filter((r) => !r.ok);
+    // Only calls in flight on the killed worker fail (at most one per caller), and only as worker_died.
+    expect(failed.length).toBeLessThanOrEqual(4);
+    expect(failed.map((f) => f.code)).toEqual(failed.map(() => "worker_died"));
+    expect(results.filter((r) => r.ok).length).toBeGreaterThan(failed.length);
+    // Ray restarts the actor; the fleet reports its new endpoint and the pool takes it back.
+    await waitFor("ray-1 back in the pool", async () => {
+      const w = (await workers()).find((x) => x.name === "ray-1");
+      return w && w.state === "ready" && !w.draining ? w : undefined;
+    });
+    const reload = await call(conn.client, "load_model", { model: MODEL, device: "ray-1" });
+    expect(reload.isError, JSON.stringify(reload.content)).toBeFalsy();
+    expect((await infer("after the restart")).ok).toBe(true);
+  });
+
+  it("workers scale N (admin) adds actors, and removes them after draining", async () => {
+    const up = cli("workers", "scale", "3");
+    expect(up.status, up.stderr).toBe(0);
+    expect(up.stdout).toMatch(/Ray fleet at 3 worker/);
+    await waitFor("ray-2 ready in the pool", async () =>
+      (await workers()).find((w) => w.name === "ray-2" && w.state === "ready") ? true : undefined,
+    );
+    // Scale down to 1 while traffic runs: ray-2 and ray-1 drain first, so no call fails.
+    let stop = false;
+    const callers = Array.from({ length: 3 }, async (_, k) => {
+      const out: boolean[] = [];
+      while (!stop) out.push((await infer(`during scale-down ${k}`)).ok);
+      return out;
+    });
+    const down = cli("workers", "scale", "1");
+    stop = true;
+    const results = (await Promise.all(callers)).flat();
+    expect(down.status, down.stderr).toBe(0);
+    expect(results.length).toBeGreaterThan(0);
+    expect(results.every(Boolean)).toBe(true);
+    const left = (await workers()).filter((w) => w.name.startsWith("ray-")).map((w) => w.name);
+    expect(left).toEqual(["ray-0"]);
+    const over = cli("workers", "scale", "9");
+    expect(over.status).toBe(1);
+    expect(over.stderr).toMatch(/out_of_range/);
+  });
+});

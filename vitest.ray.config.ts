@@ -1,0 +1,15 @@
+import { defineConfig } from "vitest/config";
+
+// The Ray fleet end to end (test/ray): a real local Ray cluster with token auth, simulated TPU
+// hosts, a real server and MCP client. Only inside the loopback-only network namespace that
+// `npm run test:ray` (scripts/test-ray.sh) makes.
+export default defineConfig({
+  test: {
+    include: ["test/ray/**/*.test.ts"],
+    globalSetup: ["test/globalSetup.ts"],
+    testTimeout: 300_000,
+    hookTimeout: 300_000,
+    fileParallelism: false,
+    pool: "forks",
+  },
+});
