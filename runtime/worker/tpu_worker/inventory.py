@@ -62,7 +62,11 @@ def _cuda(problems: list[str]) -> dict | None:
     if smi:
         try:
             out = subprocess.run(
-                [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+                [smi, "--query-gpu=name", "--format=csv,noheader"],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=20,
             )
             first = out.stdout.strip().splitlines()
             if out.returncode == 0 and first:

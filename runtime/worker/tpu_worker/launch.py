@@ -162,7 +162,7 @@ def tcmalloc_preload(kind: str, environ: dict[str, str]) -> str | None:
     if "tcmalloc" in environ.get("LD_PRELOAD", "") or not torch_tpu_installed():
         return None
     override = environ.get("TPU_WORKER_TCMALLOC")
-    for path in ((override,) if override and override != "1" else TCMALLOC_PATHS):
+    for path in (override,) if override and override != "1" else TCMALLOC_PATHS:
         if path and os.path.exists(path):
             return path
     return None
