@@ -40,10 +40,10 @@ class _RawReader(FrameReader):
 
 
 class WorkerProcess:
-    def __init__(self, catalog: str, *extra: str, env: dict | None = None) -> None:
+    def __init__(self, catalog: str, *extra: str, env: dict | None = None, python: str | None = None) -> None:
         full_env = {**os.environ, "PYTHONPATH": WORKER_DIR, **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tpu_worker", "--catalog", catalog, *extra],
+            [python or sys.executable, "-m", "tpu_worker", "--catalog", catalog, *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

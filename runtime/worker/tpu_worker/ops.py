@@ -7,6 +7,7 @@ serialised by a per-model guard so concurrent calls cannot double-load.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gc
 import os
@@ -393,6 +394,8 @@ class Worker:
             **report,
             "matmul_precision": accel.matmul_precision(device),
             "matmul_precision_requested": precision_arg,
+            "compile_backend": accel.compile_backend(device) if mode == "compile" else None,
+            "compile_dynamic": getattr(adapter, "compile_dynamic", None) if mode == "compile" else None,
             "execution_mode": accel.execution_mode(device),
             "eager_mode": accel.eager_mode_report(device),
             "batching": batcher.describe(),
@@ -435,6 +438,53 @@ class Worker:
 
         return run_check(self, args, ctx), []
 
+    def op_selftest(self, args: dict, tensors, ctx: OpContext):
+        """The device checks that need no model (for `tpu-mcp doctor --tpu`): memory read,
+        synchronize, each float32 matmul precision set and read back (then restored), and the
+        eager mode requested against the one in force."""
+        steps: list[dict] = []
+
+        def step(name: str, fn) -> None:
+            t0 = time.perf_counter()
+            try:
+                detail, ok = fn()
+            except Exception as exc:  # noqa: BLE001 - a failed check is a result, not a crash
+                detail, ok = f"{type(exc).__name__}: {exc}"[:300], False
+            steps.append({"step": name, "ok": ok, "detail": detail, "seconds": round(time.perf_counter() - t0, 6)})
+
+        def memory():
+            d = refresh_memory(self.device_info)
+            total, free = d["memory_total_bytes"], d["memory_free_bytes"]
+            return {"total_bytes": total, "free_bytes": free}, bool(total)
+
+        def sync():
+            accel.synchronize(self.device)
+            return "device synchronized", True
+
+        step("memory", memory)
+        step("synchronize", sync)
+        before = torch.get_float32_matmul_precision()
+        for value in accel.PRECISIONS:
+
+            def precision(value=value):
+                accel.set_matmul_precision(value)
+                reported = accel.matmul_precision(self.device)
+                return {"set": value, "reported": reported}, reported.split(" ")[0] == value
+
+            step(f"matmul_precision {value}", precision)
+        with contextlib.suppress(Exception):
+            accel.set_matmul_precision(before)
+        eager = accel.eager_mode_report(self.device)
+        if eager is not None:
+            steps.append({"step": "eager_mode", "ok": bool(eager["matches"]), "detail": eager, "seconds": 0.0})
+        return {
+            "device": self.label(self.device),
+            "name": self.device_info.get("name"),
+            "execution_mode": accel.execution_mode(self.device),
+            "compile_backend": accel.compile_backend(self.device),
+            "steps": steps,
+        }, []
+
     def op_shutdown(self, args: dict, tensors, ctx: OpContext):
         return {}, []
 
@@ -443,7 +493,7 @@ class Worker:
             m.batcher.close("the worker is shutting down")
         self.loaded.clear()
 
-    OPS = ("describe", "status", "load", "unload", "infer", "benchmark", "check", "shutdown")
+    OPS = ("describe", "status", "load", "unload", "infer", "benchmark", "check", "selftest", "shutdown")
 
     def handle(self, op: str, args: dict, tensors: list[torch.Tensor], ctx: OpContext):
         if op not in self.OPS:
