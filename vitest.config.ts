@@ -4,7 +4,7 @@ export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
     // The long hardening suites run with `npm run test:hardening` (vitest.hardening.config.ts).
-    exclude: ["**/node_modules/**", "test/hardening/**"],
+    exclude: ["**/node_modules/**", "test/hardening/**", "test/tpu_sim/**"],
     // Creates the built-in model files once (a no-op when they exist).
     globalSetup: ["test/globalSetup.ts"],
     testTimeout: 60_000,

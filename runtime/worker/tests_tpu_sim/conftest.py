@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ sys.path.insert(0, WORKER_DIR)
 sys.path.insert(0, os.path.join(WORKER_DIR, "tests"))
 
 from tpu_sim import host, setup_env  # noqa: E402
+from tpu_sim.overlay import overlay_python  # noqa: E402, F401 - used by the tests
 
 BUILTIN_CATALOG = os.path.join(REPO, "runtime", "catalog.builtin.json")
 
@@ -61,30 +61,3 @@ def make_env(root: str | None, call_log: str | None = None, **extra: str) -> dic
 def sim_host(tmp_path):
     """A 4-chip TPU v6e host."""
     return host.make_host(str(tmp_path / "host"), 4, "v6e")
-
-
-def overlay_python(tpu_python: str, where: str, hide: tuple[str, ...] = (), torch_version: str | None = None) -> str:
-    """A venv that sees .venv-tpu's packages except `hide` (as if never installed), and the
-    project's torch; with `torch_version`, torch's package metadata says that version instead."""
-    tpu_site = setup_env.site_packages(tpu_python)
-    with open(os.path.join(tpu_site, "tpu_mcp_project_venv.pth"), encoding="utf-8") as fh:
-        project_site = fh.read().strip()
-    site = os.path.join(where, "site")
-    os.makedirs(site)
-    for name in os.listdir(tpu_site):
-        low = name.lower()
-        if name.endswith(".pth") or any(low == h or low.startswith((h + "-", h + ".")) for h in hide):
-            continue
-        os.symlink(os.path.join(tpu_site, name), os.path.join(site, name))
-    if torch_version:
-        meta = os.path.join(site, f"torch-{torch_version}.dist-info")
-        os.makedirs(meta)
-        with open(os.path.join(meta, "METADATA"), "w", encoding="utf-8") as fh:
-            fh.write(f"Metadata-Version: 2.1\nName: torch\nVersion: {torch_version}\n")
-    env_dir = os.path.join(where, "venv")
-    base = os.path.realpath(sys._base_executable)  # the interpreter the venvs were made from
-    subprocess.run([base, "-m", "venv", "--without-pip", env_dir], check=True)
-    py = os.path.join(env_dir, "bin", "python")
-    with open(os.path.join(setup_env.site_packages(py), "overlay.pth"), "w", encoding="utf-8") as fh:
-        fh.write(f"{site}\n{project_site}\n")
-    return py
