@@ -25,7 +25,7 @@ def _read(path):
 
 
 def start(tpu_python, catalog, *args, env):
-    return WorkerProcess(catalog, *args, env=env, python=tpu_python)
+    return WorkerProcess(catalog, *args, env=env, python=tpu_python, start_timeout=300)
 
 
 def test_auto_says_hello_on_the_tpu(tpu_python, catalog_path, sim_host, tmp_path):
