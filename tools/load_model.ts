@@ -1,6 +1,16 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import { approvalId, catalogMax, device, dtype, entryOf, mode, modelId, wait } from "./schemas.js";
+import {
+  approvalId,
+  catalogMax,
+  device,
+  dtype,
+  entryOf,
+  matmulPrecision,
+  mode,
+  modelId,
+  wait,
+} from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
 import { JobRef } from "./support/jobs.js";
 import { defineTool, type ToolEnv } from "./types.js";
@@ -17,6 +27,8 @@ const LoadResult = z.object({
   compile_s: z.number(),
   warmup_s: z.number(),
   matmul_precision: z.string(),
+  matmul_precision_requested: z.string().nullable().optional(),
+  execution_mode: z.string().optional(),
 });
 
 export const loadModel = (env: ToolEnv) => {
@@ -44,6 +56,7 @@ export const loadModel = (env: ToolEnv) => {
           )
           .max(8)
           .optional(),
+        matmul_precision: matmulPrecision.optional(),
         wait,
         approval_id: approvalId,
       })
@@ -80,6 +93,7 @@ export const loadModel = (env: ToolEnv) => {
         mode: args.mode,
         ...(args.device ? { device: args.device } : {}),
         ...(args.warmup_shapes ? { warmup_shapes: args.warmup_shapes } : {}),
+        ...(args.matmul_precision ? { matmul_precision: args.matmul_precision } : {}),
       };
       // With wait: false the dispatcher runs this handler as a job and answers with its id.
       const { result } = await ctx.runtime.call<z.infer<typeof LoadResult>>("load", workerArgs, {

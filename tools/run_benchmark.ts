@@ -1,6 +1,16 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import { approvalId, catalogMax, device, dtype, entryOf, mode, modelId, wait } from "./schemas.js";
+import {
+  approvalId,
+  catalogMax,
+  device,
+  dtype,
+  entryOf,
+  matmulPrecision,
+  mode,
+  modelId,
+  wait,
+} from "./schemas.js";
 import { compareReports } from "./support/compare.js";
 import { estimateFor } from "./support/estimate.js";
 import { JobRef } from "./support/jobs.js";
@@ -112,6 +122,7 @@ export const runBenchmark = (env: ToolEnv) => {
         iterations: z.number().int().min(1).max(b.max_iterations).optional(),
         duration_s: z.number().positive().max(b.max_duration_s).optional(),
         warmup: z.number().int().min(0).max(100).default(3),
+        matmul_precision: matmulPrecision.optional(),
         baseline_id: z
           .string()
           .regex(/^bench_[0-9a-f]{20}$/)
@@ -207,6 +218,7 @@ export const runBenchmark = (env: ToolEnv) => {
           ...(iterations ? { iterations } : {}),
           ...(args.duration_s ? { duration_s: args.duration_s } : {}),
           warmup: args.warmup,
+          ...(args.matmul_precision ? { matmul_precision: args.matmul_precision } : {}),
         },
         { signal: ctx.signal, onProgress: (p) => ctx.progress(p.progress, p.total, p.message) },
       );
