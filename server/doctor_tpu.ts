@@ -89,9 +89,19 @@ export function runInventory(
 /** A pino logger that keeps the worker's last words (stderr tail logged with its exit). */
 function captureLogger() {
   const deaths: string[] = [];
+  const opErrors: string[] = [];
   const stream = new Writable({
     write(chunk: Buffer, _enc, cb) {
       for (const line of chunk.toString("utf8").split("\n")) {
+        if (line.includes('"op failed"')) {
+          try {
+            const rec = JSON.parse(line);
+            if (rec.error) opErrors.push(String(rec.error).split("\n")[0]!.slice(0, 400));
+          } catch {
+            /* not JSON: ignore */
+          }
+          continue;
+        }
         if (!line.includes("worker exited unexpectedly")) continue;
         try {
           const rec = JSON.parse(line);
@@ -115,7 +125,7 @@ function captureLogger() {
       cb();
     },
   });
-  return { logger: pino({ level: "info" }, stream), deaths };
+  return { logger: pino({ level: "info" }, stream), deaths, opErrors };
 }
 
 async function selfTestRun(
@@ -129,7 +139,7 @@ async function selfTestRun(
   const checks: Check[] = [];
   const add = (check: string, ok: boolean | null, detail: string) =>
     checks.push({ chip: label, eager_mode: eager, check, ok, detail });
-  const { logger, deaths } = captureLogger();
+  const { logger, deaths, opErrors } = captureLogger();
   const runtime = new WorkerRuntime({
     repoRoot: config.paths.root,
     pythonPath: config.paths.python,
@@ -146,7 +156,11 @@ async function selfTestRun(
   let dead: string | null = null;
   const why = (e: unknown) => {
     const msg = (e as Error).message;
-    return deaths.length ? deaths[deaths.length - 1]! : msg;
+    if (deaths.length) return deaths[deaths.length - 1]!;
+    // An internal error's message points at the worker log: say what the log says.
+    if (/see the worker log/.test(msg) && opErrors.length)
+      return `${msg}: ${opErrors[opErrors.length - 1]}`;
+    return msg;
   };
   // Each step either passes/fails or, once the worker is gone, is recorded as not run.
   const step = async (check: string, fn: () => Promise<[boolean, string]>) => {

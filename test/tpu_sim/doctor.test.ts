@@ -104,15 +104,16 @@ describe("doctor --tpu on a simulated 2-chip TPU v6e host", () => {
           "matmul_precision highest",
         ])
           expect(by(chip, mode, check), `${chip} ${mode} ${check}`).toMatchObject({ ok: true });
-        // The simulated host cannot execute: the first model forward makes libtpu abort.
+        // The simulated host cannot execute: every model load fails where libtpu looks for the
+        // chip, and the report says so in libtpu's words (the worker survives it).
         const loads = report.checks.filter(
           (c: any) => c.chip === chip && c.eager_mode === mode && c.check.startsWith("load "),
         );
-        expect(loads[0].ok).toBe(false);
-        expect(loads[0].detail).toMatch(/the worker died \(signal SIGABRT\)/);
-        expect(
-          loads.slice(1).every((c: any) => c.ok === null && c.detail.startsWith("not run")),
-        ).toBe(true);
+        for (const l of loads) {
+          expect(l.ok, l.check).toBe(false);
+          expect(l.detail).toContain("load failed with an internal error (RuntimeError)");
+          expect(l.detail).toContain("TPU initialization failed: No jellyfish device found");
+        }
         expect(loads.length).toBe(mode === "strict" ? 6 : 3); // 3 built-in models (× compile in strict)
       }
     }
@@ -141,7 +142,9 @@ describe("doctor --tpu on a simulated 2-chip TPU v6e host", () => {
     expect(d.stdout).toContain("FAIL the device inventory failed: broken TorchTPU install:");
     expect(d.stdout).toContain("libtpu is missing");
     // The worker still starts (on the CPU) and its probe step says why TorchTPU was not used.
-    expect(d.stdout).toMatch(/no\s+torch_tpu\s+torch_tpu is installed but libtpu is missing/);
+    expect(d.stdout).toMatch(
+      /no\s+torch_tpu\s+import failed: torch_tpu is installed but libtpu is missing/,
+    );
     expect(d.stdout).toContain("→ serving on cpu");
   }, 300_000);
 });
