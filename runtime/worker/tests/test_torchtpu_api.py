@@ -198,3 +198,19 @@ def test_v7_is_two_devices_per_chip():
     peak, source = flops.peak_flops("tpu", "TPU v7", "bfloat16", "medium")
     assert peak == pytest.approx(2307e12 / 2) and "2 devices per chip" in source
     assert flops.peak_flops("tpu", "TPU v6e", "float16", "medium")[1].endswith("assumed bf16 path)")
+
+
+def test_tcmalloc_is_preloaded_only_where_torchtpu_will_load(monkeypatch, tmp_path):
+    lib = tmp_path / "libtcmalloc_minimal.so.4"
+    lib.write_bytes(b"")
+    monkeypatch.setattr(launch, "TCMALLOC_PATHS", (str(tmp_path / "absent.so"), str(lib)))
+    monkeypatch.setattr(launch, "torch_tpu_installed", lambda: True)
+    assert launch.tcmalloc_preload("tpu", {}) == str(lib)
+    assert launch.tcmalloc_preload("auto", {}) == str(lib)
+    assert launch.tcmalloc_preload("cpu", {}) is None
+    assert launch.tcmalloc_preload("tpu", {"LD_PRELOAD": "/x/libtcmalloc.so.4"}) is None  # already there
+    assert launch.tcmalloc_preload("tpu", {"TPU_WORKER_TCMALLOC": "0"}) is None
+    monkeypatch.setattr(launch, "torch_tpu_installed", lambda: False)
+    assert launch.tcmalloc_preload("tpu", {}) is None
+    monkeypatch.setattr(launch, "torch_tpu_installed", lambda: True)
+    assert launch.tcmalloc_preload("tpu", {launch.PRELOADED_ENV: str(lib)}) is None  # re-exec'd once

@@ -252,3 +252,26 @@ def test_a_broken_install_is_diagnosed_in_words(
         timeout=120,
     )
     assert p.returncode == 4 and words.encode() in p.stdout
+
+
+def _loaded_library(fragment: str) -> str:
+    with open("/proc/self/maps", encoding="utf-8") as fh:
+        for line in fh:
+            path = line.split()[-1]
+            if fragment in path and path.startswith("/"):
+                return path
+    raise LookupError(fragment)
+
+
+def test_the_worker_reexecs_itself_with_the_allocator_preloaded(tpu_python, catalog_path, sim_host):
+    # tcmalloc is not installed on CI machines: any library shows the mechanism (same pid, the
+    # library in LD_PRELOAD of the process that then says hello).
+    lib = _loaded_library("libm.so")
+    w = start(tpu_python, catalog_path, "--device", "tpu", env=make_env(sim_host, TPU_WORKER_TCMALLOC=lib))
+    try:
+        assert w.hello["pid"] == w.proc.pid and w.hello["device"]["kind"] == "tpu"
+        with open(f"/proc/{w.proc.pid}/environ", "rb") as fh:
+            env = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\0") if b"=" in kv)
+        assert env[b"LD_PRELOAD"] == lib.encode() and env[b"TPU_WORKER_TCMALLOC_PRELOADED"] == lib.encode()
+    finally:
+        assert w.close() == 0

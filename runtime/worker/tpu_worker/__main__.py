@@ -58,6 +58,7 @@ def _maybe_preload_tcmalloc(argv: list[str], device: str) -> None:
         return
     env = dict(os.environ)
     env["LD_PRELOAD"] = f"{lib} {env['LD_PRELOAD']}".strip() if env.get("LD_PRELOAD") else lib
+    env[launch.PRELOADED_ENV] = lib
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "tpu_worker", *argv], env)
 

@@ -27,6 +27,7 @@ EAGER_MODES = {
     "blocking": ({"TORCH_TPU_LAUNCH_BLOCKING": "1", "TPU_LAUNCH_BLOCKING": "1"}, "DEFER_NEVER_AND_LAUNCH_BLOCKING"),
 }
 EAGER_ENV = "TPU_WORKER_TPU_EAGER"  # the requested mode, read back by accel.eager_mode_report
+PRELOADED_ENV = "TPU_WORKER_TCMALLOC_PRELOADED"  # set on the re-exec, so it happens once
 
 # Where the worker looks for tcmalloc when TorchTPU will be loaded (Debian/Ubuntu paths).
 TCMALLOC_PATHS = (
@@ -159,7 +160,7 @@ def tcmalloc_preload(kind: str, environ: dict[str, str]) -> str | None:
     will load, tcmalloc is present and not already preloaded, and TPU_WORKER_TCMALLOC != 0."""
     if kind not in ("auto", "tpu") or environ.get("TPU_WORKER_TCMALLOC") == "0":
         return None
-    if "tcmalloc" in environ.get("LD_PRELOAD", "") or not torch_tpu_installed():
+    if environ.get(PRELOADED_ENV) or "tcmalloc" in environ.get("LD_PRELOAD", "") or not torch_tpu_installed():
         return None
     override = environ.get("TPU_WORKER_TCMALLOC")
     for path in (override,) if override and override != "1" else TCMALLOC_PATHS:
