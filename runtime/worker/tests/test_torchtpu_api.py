@@ -189,6 +189,8 @@ def test_binding_respects_the_parent():
     b = launch.bind_device("cuda", 1, {})
     assert b.env == {"CUDA_VISIBLE_DEVICES": "1", "TPU_WORKER_HOST_INDEX": "1"} and b.local == 0
     assert launch.bind_device("tpu", None, {}).env == {}
+    b = launch.bind_device("tpu", None, {"TPU_VISIBLE_DEVICES": "5"})
+    assert (b.index, b.local, b.env) == (5, 0, {})
     env = launch.bind_device("tpu", 1, {}).env
     assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "1,1,1" and env["TPU_PROCESS_PORT"] == "8477"
 

@@ -103,8 +103,14 @@ def bind_device(kind: str, index: int | None, environ: dict[str, str]) -> Bindin
     bounds) unless the parent already set them, so the chip is `tpu:0` inside the process;
     `--device cuda:N` does the same with CUDA_VISIBLE_DEVICES. Returns the variables to set."""
     var = {"tpu": "TPU_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}.get(kind)
-    if var is None or index is None:
+    if var is None:
         return Binding(kind, index, index)
+    if index is None:
+        # `--device tpu` under a parent that made exactly one chip visible: that chip, as tpu:0.
+        only = environ.get(var, "").strip()
+        if only.isdigit():
+            return Binding(kind, int(only), 0)
+        return Binding(kind, None, None)
     env: dict[str, str] = {}
     current = environ.get(var)
     if current is None or current.strip() == "":

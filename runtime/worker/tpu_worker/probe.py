@@ -435,6 +435,8 @@ GATHERERS: dict[str, Callable[[], BackendFacts]] = {
 def probe(device: str = "auto", binding=None) -> ProbeResult:
     """`binding` (launch.Binding): the chip this process was bound to before import."""
     req = parse_device(device)
+    if binding is not None and req.kind == binding.kind and req.index is None and binding.index is not None:
+        req = DeviceRequest(req.kind, binding.index)  # the one chip the parent made visible
 
     def gather(kind: str) -> BackendFacts:
         if kind == "tpu":
