@@ -216,3 +216,12 @@ def test_tcmalloc_is_preloaded_only_where_torchtpu_will_load(monkeypatch, tmp_pa
     assert launch.tcmalloc_preload("tpu", {}) is None
     monkeypatch.setattr(launch, "torch_tpu_installed", lambda: True)
     assert launch.tcmalloc_preload("tpu", {launch.PRELOADED_ENV: str(lib)}) is None  # re-exec'd once
+
+
+def test_fused_mode_outputs_are_materialised_before_the_clock(fake_tpu, monkeypatch):
+    tpu = types.SimpleNamespace(type="tpu")
+    out = {"a": torch.ones(3), "b": [torch.zeros(2, 2), torch.empty(0)]}
+    assert accel.materialize(out, tpu) == 0  # strict mode: synchronize is enough
+    fake_tpu.eager_mode = _Mode("DEFER_AND_FUSE")
+    assert accel.materialize(out, tpu) == 2
+    assert accel.materialize(out, types.SimpleNamespace(type="cpu")) == 0

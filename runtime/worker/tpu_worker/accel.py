@@ -25,6 +25,29 @@ def synchronize(device: torch.device) -> None:
         torch.accelerator.synchronize()
 
 
+def materialize(out, device: torch.device) -> int:
+    """In TorchTPU's fused (deferred) eager mode, ops are promises until a result is read, and a
+    device synchronize may not run an unmaterialised graph: before a clock read, fetch one
+    element of every output tensor to the host. Elsewhere a no-op. Returns the tensors touched."""
+    if device.type != "tpu" or tpu_eager_mode() != "DEFER_AND_FUSE":
+        return 0
+    seen = 0
+    stack = [out]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            if x.numel():
+                x.reshape(-1)[:1].to("cpu")
+                seen += 1
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif hasattr(x, "to_tuple"):  # transformers ModelOutput
+            stack.extend(x.to_tuple())
+    return seen
+
+
 def compile_backend(device: torch.device) -> str:
     override = os.environ.get("TPU_WORKER_COMPILE_BACKEND")
     if override:

@@ -726,6 +726,7 @@ def _measure(
             accel.synchronize(device)
             t0 = time.perf_counter()
             out = step()
+            accel.materialize(out, device)
             accel.synchronize(device)
             if i == 0:
                 first_call_s = time.perf_counter() - t0
@@ -751,6 +752,7 @@ def _measure(
             accel.synchronize(device)
             t0 = time.perf_counter()
             out = step()  # kept alive until after the synchronize below
+            accel.materialize(out, device)  # fused eager mode: run the deferred graph now
             accel.synchronize(device)
             end = time.perf_counter()
             samples.append(end - t0)
