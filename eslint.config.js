@@ -1,7 +1,17 @@
 import tseslint from "typescript-eslint";
 
 export default tseslint.config(
-  { ignores: ["node_modules/", ".venv/", ".data/", "coverage/", "dist/", "runtime/worker/"] },
+  {
+    ignores: [
+      "node_modules/",
+      ".venv/",
+      ".venv-tpu/",
+      ".data/",
+      "coverage/",
+      "dist/",
+      "runtime/worker/",
+    ],
+  },
   ...tseslint.configs.recommended,
   {
     rules: {

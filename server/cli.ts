@@ -9,6 +9,7 @@ import { ConfigError, loadConfig, withToken, type ServerConfig } from "./config.
 import { createApp } from "./app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
 import { runDoctor } from "./doctor.js";
+import { runTpuSelfTest } from "./doctor_tpu.js";
 import { startHttp } from "./http.js";
 import { createLogger } from "./logger.js";
 import { startStdio } from "./stdio.js";
@@ -23,6 +24,8 @@ commands:
   http [--host H] [--port P]    serve MCP over Streamable HTTP (default 127.0.0.1:7801)
        [--no-auth]              no bearer token (loopback only; for local experiments)
   doctor                        versions, devices found and why, catalog and config problems
+  doctor --tpu [--json]         TPU VM self-test: every chip × eager mode, memory, sync, precision,
+                                a forward per built-in model (eager and compile); attach to bug reports
   approvals list|show ID|approve ID|deny ID [--reason R] [--token T]
                                 decide pending approvals (operator token: --token or TPU_MCP_TOKEN)
   audit tail [-n N] | head | verify [--head FILE]
@@ -72,6 +75,7 @@ async function main(argv: string[]): Promise<number> {
       n: { type: "string", short: "n" },
       json: { type: "boolean" },
       head: { type: "string" },
+      tpu: { type: "boolean" },
     },
   });
 
@@ -162,6 +166,7 @@ async function main(argv: string[]): Promise<number> {
       return 0;
     }
     case "doctor":
+      if (values.tpu) return runTpuSelfTest(config, { out, json: values.json === true });
       return runDoctor(config, { out, err, json: values.json === true });
     case "approvals":
       return runApprovalsCommand(config, positionals, {

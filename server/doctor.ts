@@ -8,6 +8,7 @@ import { readCatalog } from "../runtime/catalog.js";
 import { WorkerRuntime } from "../runtime/client.js";
 import { checkWorkers } from "./doctor_workers.js";
 import type { ServerConfig } from "./config.js";
+import { runInventory } from "./doctor_tpu.js";
 import { SERVER_VERSION } from "./mcp.js";
 
 interface Io {
@@ -64,6 +65,21 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
     if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
     return 1;
   }
+
+  // What the pool sees (`python -m tpu_worker inventory`, which claims no chip), and a broken
+  // TorchTPU install (libtpu or pyzmq missing, torch outside its range) said in words.
+  if (!io.json) io.out("\ndevices (inventory)");
+  const inv = await runInventory(config);
+  report.inventory = inv.inventory ?? { error: inv.error };
+  if (inv.inventory) {
+    const i = inv.inventory as any;
+    ok(
+      `${i.kind} ×${i.count} (${i.name}${i.kind === "tpu" ? `, ${i.devices_per_chip} device(s) per chip` : ""})`,
+    );
+    for (const p of i.problems ?? []) if (!io.json) io.out(`  note ${p}`);
+    if (i.kind === "tpu" && !io.json)
+      io.out("  (run `tpu-mcp doctor --tpu` for the full self-test)");
+  } else bad(`the device inventory failed: ${inv.error}`);
 
   if (!io.json) io.out("\nworker");
   const runtime = new WorkerRuntime({

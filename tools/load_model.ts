@@ -1,6 +1,16 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import { approvalId, catalogMax, device, dtype, entryOf, mode, modelId, wait } from "./schemas.js";
+import {
+  approvalId,
+  catalogMax,
+  device,
+  dtype,
+  entryOf,
+  matmulPrecision,
+  mode,
+  modelId,
+  wait,
+} from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
 import { JobRef } from "./support/jobs.js";
 import { defineTool, type ToolEnv } from "./types.js";
@@ -21,6 +31,8 @@ const LoadResult = z.object({
     .array(z.object({ worker: z.string(), device: z.string(), bytes_on_device: z.number().int() }))
     .optional()
     .describe("with a worker pool: the workers holding a replica"),
+  matmul_precision_requested: z.string().nullable().optional(),
+  execution_mode: z.string().optional(),
 });
 
 export const loadModel = (env: ToolEnv) => {
@@ -57,6 +69,7 @@ export const loadModel = (env: ToolEnv) => {
           )
           .max(8)
           .optional(),
+        matmul_precision: matmulPrecision.optional(),
         wait,
         approval_id: approvalId,
       })
@@ -104,6 +117,7 @@ export const loadModel = (env: ToolEnv) => {
         mode: args.mode,
         ...(args.device ? { device: args.device } : {}),
         ...(args.warmup_shapes ? { warmup_shapes: args.warmup_shapes } : {}),
+        ...(args.matmul_precision ? { matmul_precision: args.matmul_precision } : {}),
       };
       // With wait: false the dispatcher runs this handler as a job and answers with its id.
       const { result } = await ctx.runtime.call<z.infer<typeof LoadResult>>("load", workerArgs, {

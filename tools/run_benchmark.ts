@@ -1,6 +1,16 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import { approvalId, catalogMax, device, dtype, entryOf, mode, modelId, wait } from "./schemas.js";
+import {
+  approvalId,
+  catalogMax,
+  device,
+  dtype,
+  entryOf,
+  matmulPrecision,
+  mode,
+  modelId,
+  wait,
+} from "./schemas.js";
 import { compareReports } from "./support/compare.js";
 import { estimateFor } from "./support/estimate.js";
 import { JobRef } from "./support/jobs.js";
@@ -195,6 +205,7 @@ export const runBenchmark = (env: ToolEnv) => {
         iterations: z.number().int().min(1).max(b.max_iterations).optional(),
         duration_s: z.number().positive().max(b.max_duration_s).optional(),
         warmup: z.number().int().min(0).max(b.max_warmup).default(3),
+        matmul_precision: matmulPrecision.optional(),
         baseline_id: z
           .string()
           .regex(/^bench_[0-9a-f]{20}$/)
@@ -257,6 +268,7 @@ export const runBenchmark = (env: ToolEnv) => {
           ...(r.iterations ? { iterations: r.iterations } : {}),
           ...(args.duration_s ? { duration_s: args.duration_s } : {}),
           warmup: args.warmup,
+          ...(args.matmul_precision ? { matmul_precision: args.matmul_precision } : {}),
           // The server's bounds travel with the request: the worker checks against these, so
           // an operator who raises a limit in the config never meets a stricter worker.
           limits: { ...env.limits.benchmark },

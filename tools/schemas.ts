@@ -98,3 +98,10 @@ export const latency = z.object({
   p99: z.number(),
   mean: z.number(),
 });
+
+/** float32 matmul precision for the worker's process: on TPU 1, 3 or 6 bf16 passes. */
+export const matmulPrecision = z
+  .enum(["medium", "high", "highest"])
+  .describe(
+    "float32 matmul precision, set for the whole worker (every model on it): on TPU medium/high/highest = 1/3/6 bf16 passes; on CUDA high allows TF32",
+  );

@@ -61,8 +61,11 @@ def test_torchtpu_present_wins_and_later_backends_are_not_touched():
         "memory_free_bytes": None,
         "backend": "torch_tpu",
         "backend_version": "0.1",
+        "devices_per_chip": 1,
+        "served_here": True,
     }
     assert len(r.devices) == 4
+    assert [d["served_here"] for d in r.devices] == [True, False, False, False]
     assert r.steps[1]["reason"].startswith("skipped")
     assert torch_device_string(r.device) == "tpu:0"
 
@@ -140,8 +143,8 @@ def test_import_error_text_is_reported_verbatim():
         ("TPU v5p", 95),
         ("TPU v6e", 32),
         ("TPU v6 lite", 32),
-        ("TPU7x", 192),
-        ("TPU v7", 192),
+        ("TPU7x", 96),  # v7: two devices per chip, 192 GiB per chip
+        ("TPU v7", 96),
     ],
 )
 def test_hbm_table(name, gib):

@@ -40,10 +40,12 @@ class _RawReader(FrameReader):
 
 
 class WorkerProcess:
-    def __init__(self, catalog: str, *extra: str, env: dict | None = None) -> None:
+    def __init__(
+        self, catalog: str, *extra: str, env: dict | None = None, python: str | None = None, start_timeout: float = 60
+    ) -> None:
         full_env = {**os.environ, "PYTHONPATH": WORKER_DIR, **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tpu_worker", "--catalog", catalog, *extra],
+            [python or sys.executable, "-m", "tpu_worker", "--catalog", catalog, *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -54,7 +56,7 @@ class WorkerProcess:
         self.stderr_lines: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
         threading.Thread(target=self._pump_err, daemon=True).start()
-        self.hello = self.next(timeout=60)[0]
+        self.hello = self.next(timeout=start_timeout)[0]
 
     def _pump(self) -> None:
         while True:

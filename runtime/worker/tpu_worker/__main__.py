@@ -8,10 +8,12 @@ Hugging Face read at import time, and only then import torch.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
+import re
 import signal
 import sys
+
+from . import launch
 
 
 def _take_stdout():
@@ -23,23 +25,42 @@ def _take_stdout():
     return proto
 
 
-def _set_import_env(args: argparse.Namespace) -> None:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we batch ourselves; avoid fork warnings
-    if importlib.util.find_spec("torch_tpu") is not None:
-        # TorchTPU reads these when the backend initialises (at `import torch` / first device use).
-        cache = os.environ.get("TPU_WORKER_COMPILATION_CACHE") or os.path.join(
-            os.path.expanduser("~"), ".cache", "tpu-mcp", "torch_tpu"
-        )
-        if cache and "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT" not in os.environ:
-            os.makedirs(cache, exist_ok=True)
-            os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = cache
-        if args.tpu_eager == "fused":
-            os.environ["TORCH_TPU_DEFER_AND_FUSE"] = "1"
-        elif args.tpu_eager == "blocking":
-            os.environ["TPU_LAUNCH_BLOCKING"] = "1"
+def _set_import_env(args: argparse.Namespace) -> launch.Binding:
+    """Sets, before `import torch`, what TorchTPU, CUDA and Hugging Face read at import time, and
+    binds this process to one chip when --device names an index. Returns the binding."""
+    try:
+        req = probe_request(args.device)
+    except ValueError:
+        req = ("auto", None)  # the probe refuses it with a clear message after import
+    binding = launch.bind_device(req[0], req[1], dict(os.environ))
+    env = {**launch.import_env(req[0], args.tpu_eager, dict(os.environ)), **binding.env}
+    os.environ.update(env)
+    return binding
+
+
+def probe_request(text: str) -> tuple[str, int | None]:
+    """(kind, index) from --device without importing torch (probe.parse_device re-checks it)."""
+    m = re.fullmatch(r"(auto|cpu|cuda|tpu|xla)(?::(\d+))?", (text or "").strip())
+    if not m:
+        raise ValueError(text)
+    return m.group(1), int(m.group(2)) if m.group(2) is not None and m.group(1) not in ("auto", "cpu") else None
+
+
+def _maybe_preload_tcmalloc(argv: list[str], device: str) -> None:
+    """Re-executes this worker with tcmalloc preloaded when TorchTPU will load and tcmalloc is
+    present (TorchTPU warns that host performance degrades without it). Same pid and pipes."""
+    try:
+        kind = probe_request(device)[0]
+    except ValueError:
+        return
+    lib = launch.tcmalloc_preload(kind, dict(os.environ))
+    if lib is None:
+        return
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = f"{lib} {env['LD_PRELOAD']}".strip() if env.get("LD_PRELOAD") else lib
+    env[launch.PRELOADED_ENV] = lib
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "tpu_worker", *argv], env)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,15 +83,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         # The worker over TCP + mutual TLS (tpu_worker/serve.py); it imports no torch itself.
         from .serve import main as serve_main
 
         return serve_main(argv[1:])
+    if argv[:1] == ["inventory"]:
+        from .inventory import main as inventory_main
+
+        return inventory_main(argv[1:])
     args = parse_args(argv)
+    _maybe_preload_tcmalloc(argv, args.device)
     proto_out = _take_stdout()
-    _set_import_env(args)
+    binding = _set_import_env(args)
 
     from . import logs
 
@@ -95,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         logs.error("catalog rejected", error=str(exc))
         return 2
     try:
-        result = probe(args.device)
+        result = probe(args.device, binding=binding)
     except WorkerError as exc:
         logs.error("device probe failed", error=exc.message, probe=getattr(exc, "steps", None))
         # Tell the client why before exiting, so it does not just see a dead pipe.
@@ -116,7 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     logs.info("worker ready", device=result.device["kind"], name=result.device["name"], models=len(catalog.entries))
-    return server.serve()
+    code = server.serve()
+    # TorchTPU writes its persistent compile cache asynchronously and shuts its runtime down in
+    # an atexit hook that os._exit would skip: give both a bounded chance to finish.
+    from .accel import shutdown_runtime
+
+    shutdown_runtime(worker.device)
+    return code
 
 
 def console_main() -> None:

@@ -92,7 +92,8 @@ class Adapter:
     # -- execution ----------------------------------------------------------------------------
     def compile(self) -> None:
         backend = accel.compile_backend(self.device)
-        self.model = torch.compile(self.eager_model, backend=backend, dynamic=self._dynamic())
+        self.compile_dynamic = self._dynamic()
+        self.model = torch.compile(self.eager_model, backend=backend, dynamic=self.compile_dynamic)
         self.mode = "compile"
 
     def _dynamic(self) -> bool | None:
@@ -264,7 +265,10 @@ class CausalLM(Adapter):
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def _dynamic(self):
-        return None  # the KV cache grows every step; let dynamo mark that dimension dynamic
+        # The KV cache grows every step: elsewhere let dynamo mark that dimension dynamic. TorchTPU
+        # sends dynamic graphs to its bucketing DynamicCompiler (no warm restart) and refuses
+        # dynamic=True, so on TPU the graphs stay static, one per length, like TorchTPU's default.
+        return False if self.device.type == "tpu" else None
 
     def prepare(self, args, tensors) -> Prepared:
         if tensors:

@@ -30,7 +30,9 @@ Timing: every clock read is preceded by a device synchronize and the iteration's
 alive across it, so asynchronous backends (TPU, CUDA) are measured honestly. Warmup is never
 counted; in compile mode one extra uncounted call compiles the shape even with warmup 0.
 compile_s is that first call's excess over the steady mean; any graph compiled inside the
-measured window is counted (dynamo's counters) and flags the configuration `recompiled`.
+measured window is counted (dynamo's counters) and flags the configuration `recompiled`. On
+TorchTPU, `xla_compiles_in_window` counts its own compile-cache misses in the window (eager mode
+compiles per op and shape; private API, null where absent) and flags `recompiled` as well.
 """
 
 from __future__ import annotations
@@ -402,6 +404,8 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
     if grid > bounds.max_configs:
         raise invalid(f"{grid} configurations exceed the limit of {bounds.max_configs}; narrow the grid")
     total = grid if scenario == "single-stream" else len(seq_lens) * len(dtypes) * len(modes)
+    # Process-wide, like torch.set_float32_matmul_precision itself; reported as in force below.
+    precision_requested = worker.matmul_precision_arg(args.get("matmul_precision"))
 
     _, info = worker.entry_and_weights(entry.id)
     on_worker_device = device == worker.device
@@ -416,7 +420,7 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
         "model": entry.id,
         "catalog_id": entry.id,
         "weight_digest": worker.digests.digest(info.files),
-        "device": str(device),
+        "device": worker.label(device),
         "device_kind": str(dev_info.get("kind") or device.type),
         "device_name": dev_info.get("name") or str(device),
         "device_count": dev_info.get("count"),
@@ -433,8 +437,11 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
         "duration_s": duration,
         "max_new_tokens": max_new if work == "generate" else None,
         "execution_mode": accel.execution_mode(device),
+        "eager_mode": accel.eager_mode_report(device),
         "compile_backend": accel.compile_backend(device) if "compile" in modes else None,
+        "compile_dynamic": False if "compile" in modes else None,
         "matmul_precision": accel.matmul_precision(device),
+        "matmul_precision_requested": precision_requested,
         "seed": SEED,
         "precision_reference": precision.REFERENCE,
         "started_at": _now(),
@@ -590,6 +597,7 @@ class _Run:
         self.kind = str(self.worker.device_info.get("kind") if own else "cpu")
         self.name = self.worker.device_info.get("name") if own else "cpu"
         self.matmul_precision = accel.matmul_precision(self.device)
+        self.execution_mode = accel.execution_mode(self.device)
 
     def base(self, b, s) -> dict:
         return {
@@ -702,6 +710,7 @@ class _Run:
             "compile_s": round(compile_s, 6),
             "load_s": self.load_s,
             "matmul_precision": self.matmul_precision,
+            "execution_mode": self.execution_mode,
             "precision_reference": precision.REFERENCE if ref is not None else None,
             **err,
             "flops_per_item": int(per_item) if per_item else None,
@@ -755,6 +764,7 @@ def _measure(
             accel.synchronize(device)
             t0 = time.perf_counter()
             out = step()
+            accel.materialize(out, device)
             accel.synchronize(device)
             if i == 0:
                 first_call_s = time.perf_counter() - t0
@@ -764,6 +774,7 @@ def _measure(
             else:
                 mem.sample()
         c1 = compile_counters()
+        x1 = accel.tpu_cache_misses()
         samples: list[float] = []
         accel.synchronize(device)
         start = end = time.perf_counter()
@@ -779,6 +790,7 @@ def _measure(
             accel.synchronize(device)
             t0 = time.perf_counter()
             out = step()  # kept alive until after the synchronize below
+            accel.materialize(out, device)  # fused eager mode: run the deferred graph now
             accel.synchronize(device)
             end = time.perf_counter()
             samples.append(end - t0)
@@ -786,6 +798,7 @@ def _measure(
             if first_call_s is None:
                 first_call_s = samples[-1]
         c2 = compile_counters()
+        x2 = accel.tpu_cache_misses()
         peak, increase, kind = mem.result()
     lat = latency_summary(samples)
     mean_s = sum(samples) / len(samples)
@@ -797,6 +810,8 @@ def _measure(
         throughput = batch / mean_s if mean_s > 0 else None
         basis = "batch / mean latency"
     recompiles = _delta(c1, c2, "graphs")
+    # TorchTPU compiles per op and shape in eager mode too, in a cache dynamo never sees.
+    xla_compiles = x2 - x1 if x1 is not None and x2 is not None else None
     res = {
         "iterations": len(samples),
         "measured_s": round(window, 6),
@@ -806,7 +821,8 @@ def _measure(
         "first_call_s": round(first_call_s, 6),
         "graphs_compiled": _delta(c0, c1, "graphs"),
         "recompiles_in_window": recompiles,
-        "recompiled": recompiles > 0,
+        "xla_compiles_in_window": xla_compiles,
+        "recompiled": recompiles > 0 or bool(xla_compiles),
         "graph_breaks": _delta(c0, c2, "graph_breaks"),
         "peak_memory_bytes": peak,
         "peak_memory_increase_bytes": increase,

@@ -194,6 +194,11 @@ def run_check(worker, args: dict, ctx) -> dict:
         "fallback_detection": (
             "none needed: the target is the CPU"
             if device.type == "cpu"
+            # TorchTPU's CPU fallback is off by default (an unsupported op raises: counted as
+            # failed); when enabled it runs inside the C++ kernel and returns tensors on `tpu`.
+            else "per call: an op that raises counts as failed; TorchTPU's CPU fallback (off by default) "
+            "happens inside its kernels and is not visible per call"
+            if device.type == "tpu"
             else "per call: inputs on the device and results on the host count as a fallback to the CPU"
         ),
         "error": error,

@@ -1,7 +1,8 @@
 """Work accounting: FLOPs per item (torch.utils.flop_counter), the device's peak FLOP/s, and the
 fraction of peak a configuration achieved.
 
-Peaks are dense (no sparsity) per chip, from the vendors' published figures. A float32 matmul on
+Peaks are dense (no sparsity) per chip, from the vendors' published figures, divided by the
+devices a chip exposes (TPU v7: two devices per chip, so one worker's device has half the peak). A float32 matmul on
 a TPU runs by default as one bf16 pass, so the bf16 peak applies unless a higher matmul precision
 is in force; a float32 matmul on CUDA runs at the TF32 peak when TF32 is allowed. On the CPU there
 is no published figure to trust, so the worker measures a matmul peak once per dtype per life of
@@ -19,7 +20,8 @@ import torch
 
 T = 1e12
 
-# Dense peak FLOP/s per chip by dtype. "float32" on TPU is the one-pass bf16 default.
+# Dense peak FLOP/s per chip by dtype. "float32" on TPU is the one-pass bf16 default. TPU
+# "float16" has no published figure: assumed to take the bf16 path.
 PEAKS: dict[str, dict[str, float]] = {
     "tpu v4": {"bfloat16": 275 * T, "float16": 275 * T, "float32": 275 * T},
     "tpu v5e": {"bfloat16": 197 * T, "float16": 197 * T, "float32": 197 * T},
@@ -104,13 +106,28 @@ def peak_flops(kind: str, name: str | None, dtype: str, matmul_precision: str) -
     if key is None:
         return None, f"unknown: no peak figure for {name or kind}"
     row = PEAKS[key]
+    if kind == "tpu":
+        from .probe import tpu_devices_per_chip
+
+        per_chip = tpu_devices_per_chip(name or "")
+        if per_chip > 1:
+            peak, source = _tpu_peak(row, key, dtype, matmul_precision)
+            return (peak / per_chip if peak else None), f"{source}, per device ({per_chip} devices per chip)"
+    if kind in ("tpu", "xla"):
+        return _tpu_peak(row, key, dtype, matmul_precision)
     if kind == "cuda" and dtype == "float32" and matmul_precision.startswith("tf32"):
         return row["tf32"], f"table: {key} dense tf32 (TF32 allowed)"
-    if kind in ("tpu", "xla") and dtype == "float32":
+    return row.get(dtype), f"table: {key} dense {dtype}"
+
+
+def _tpu_peak(row: dict, key: str, dtype: str, matmul_precision: str) -> tuple[float | None, str]:
+    if dtype == "float32":
         p = matmul_precision.lower()
-        if "highest" in p or "high" in p:
+        if p.startswith("highest") or p.startswith("high"):
             # HIGH is 3 bf16 passes and HIGHEST 6: the bf16 peak divided accordingly.
-            passes = 6 if "highest" in p else 3
+            passes = 6 if p.startswith("highest") else 3
             return row["bfloat16"] / passes, f"table: {key} dense bf16 / {passes} passes ({matmul_precision})"
         return row["bfloat16"], f"table: {key} dense bf16 (float32 as one bf16 pass)"
+    if dtype == "float16":
+        return row["bfloat16"], f"table: {key} dense bf16 (no published float16 figure; assumed bf16 path)"
     return row.get(dtype), f"table: {key} dense {dtype}"

@@ -7,6 +7,7 @@ serialised by a per-model guard so concurrent calls cannot double-load.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gc
 import os
@@ -27,7 +28,7 @@ from .catalog import Catalog, Entry
 from .errors import WorkerError, invalid
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
 from .memory import estimate_bytes, refusal_message
-from .probe import ProbeResult, parse_device, read_meminfo, refresh_memory, torch_device_string
+from .probe import ProbeResult, device_label, parse_device, read_meminfo, refresh_memory, torch_device_string
 
 ProgressFn = Callable[[float, float | None, str | None], None]
 FreeMemoryFn = Callable[[torch.device], int | None]
@@ -102,7 +103,27 @@ class Worker:
             "devices": self.probe.devices,
             "probe": self.probe.steps,
             "backend_version": self.device_info.get("backend_version"),
+            "execution_mode": accel.execution_mode(self.device),
+            "eager_mode": accel.eager_mode_report(self.device),
+            "matmul_precision": accel.matmul_precision(self.device),
         }
+
+    def label(self, device: torch.device) -> str:
+        """How the control plane names `device`: this worker's device by its host index (tpu:N
+        is tpu:0 inside a process bound to chip N)."""
+        return device_label(self.device_info) if device == self.device else str(device)
+
+    def matmul_precision_arg(self, value: Any) -> str | None:
+        """Validates args.matmul_precision and sets it for this process (every model here)."""
+        if value is None:
+            return None
+        if value not in accel.PRECISIONS:
+            raise invalid(
+                "args.matmul_precision must be 'medium', 'high' or 'highest' (float32 matmuls; on TPU "
+                "1, 3 or 6 bf16 passes)"
+            )
+        accel.set_matmul_precision(value)
+        return value
 
     def target_device(self, value: Any) -> torch.device:
         """The device an op asks for: this worker's device, or the CPU (always present)."""
@@ -116,10 +137,11 @@ class Worker:
         mine = self.device_info
         if req.kind in ("auto", mine["kind"]) and req.index in (None, mine["index"]):
             return self.device
+        one_chip = " (TorchTPU drives one chip per process)" if mine["kind"] == "tpu" == req.kind else ""
         raise WorkerError(
             "unsupported_device",
-            f"this worker serves {torch_device_string(mine)} ({mine['name']}); device {value!r} needs "
-            "a worker started with that --device",
+            f"this worker serves {device_label(mine)} ({mine['name']}) only{one_chip}; device {value!r} "
+            "needs the worker started with that --device",
         )
 
     def free_memory(self, device: torch.device) -> int | None:
@@ -311,6 +333,7 @@ class Worker:
             "torch_version": torch.__version__,
             "backend_version": self.device_info.get("backend_version"),
             "execution_mode": accel.execution_mode(self.device),
+            "eager_mode": accel.eager_mode_report(self.device),
             "matmul_precision": accel.matmul_precision(self.device),
             "loaded": loaded,
             "rss_bytes": accel.rss_bytes(),
@@ -330,6 +353,9 @@ class Worker:
         batching = args.get("batching", True)
         if not isinstance(batching, bool):
             raise invalid("args.batching must be true or false")
+        precision_arg = args.get("matmul_precision")
+        if precision_arg is not None and precision_arg not in accel.PRECISIONS:
+            self.matmul_precision_arg(precision_arg)  # raises the clear error
         if entry.id in self.loaded:
             m = self.loaded[entry.id]
             raise WorkerError(
@@ -340,6 +366,7 @@ class Worker:
         try:
             _, info = self.entry_and_weights(entry.id)
             estimated = self.check_memory(entry, info, dtype, device)
+            self.matmul_precision_arg(precision_arg)
             ctx.progress(0, 3, f"loading {entry.id} ({dtype}, {mode}) on {device}")
             adapter, report = self.build(entry, info, device, dtype, mode, shapes, ctx.token)
             batcher = Batcher(
@@ -349,7 +376,7 @@ class Worker:
                 max_wait_ms=entry.batching.max_wait_ms,
                 enabled=batching,
             )
-            dev = str(device)
+            dev = self.label(device)
             self.loaded[entry.id] = Loaded(
                 entry, adapter, batcher, dev, dtype, mode, estimated, _now_iso(), info, report
             )
@@ -366,6 +393,11 @@ class Worker:
             "estimated_bytes": estimated,
             **report,
             "matmul_precision": accel.matmul_precision(device),
+            "matmul_precision_requested": precision_arg,
+            "compile_backend": accel.compile_backend(device) if mode == "compile" else None,
+            "compile_dynamic": getattr(adapter, "compile_dynamic", None) if mode == "compile" else None,
+            "execution_mode": accel.execution_mode(device),
+            "eager_mode": accel.eager_mode_report(device),
             "batching": batcher.describe(),
         }, []
 
@@ -406,6 +438,53 @@ class Worker:
 
         return run_check(self, args, ctx), []
 
+    def op_selftest(self, args: dict, tensors, ctx: OpContext):
+        """The device checks that need no model (for `tpu-mcp doctor --tpu`): memory read,
+        synchronize, each float32 matmul precision set and read back (then restored), and the
+        eager mode requested against the one in force."""
+        steps: list[dict] = []
+
+        def step(name: str, fn) -> None:
+            t0 = time.perf_counter()
+            try:
+                detail, ok = fn()
+            except Exception as exc:  # noqa: BLE001 - a failed check is a result, not a crash
+                detail, ok = f"{type(exc).__name__}: {exc}"[:300], False
+            steps.append({"step": name, "ok": ok, "detail": detail, "seconds": round(time.perf_counter() - t0, 6)})
+
+        def memory():
+            d = refresh_memory(self.device_info)
+            total, free = d["memory_total_bytes"], d["memory_free_bytes"]
+            return {"total_bytes": total, "free_bytes": free}, bool(total)
+
+        def sync():
+            accel.synchronize(self.device)
+            return "device synchronized", True
+
+        step("memory", memory)
+        step("synchronize", sync)
+        before = torch.get_float32_matmul_precision()
+        for value in accel.PRECISIONS:
+
+            def precision(value=value):
+                accel.set_matmul_precision(value)
+                reported = accel.matmul_precision(self.device)
+                return {"set": value, "reported": reported}, reported.split(" ")[0] == value
+
+            step(f"matmul_precision {value}", precision)
+        with contextlib.suppress(Exception):
+            accel.set_matmul_precision(before)
+        eager = accel.eager_mode_report(self.device)
+        if eager is not None:
+            steps.append({"step": "eager_mode", "ok": bool(eager["matches"]), "detail": eager, "seconds": 0.0})
+        return {
+            "device": self.label(self.device),
+            "name": self.device_info.get("name"),
+            "execution_mode": accel.execution_mode(self.device),
+            "compile_backend": accel.compile_backend(self.device),
+            "steps": steps,
+        }, []
+
     def op_shutdown(self, args: dict, tensors, ctx: OpContext):
         return {}, []
 
@@ -414,7 +493,7 @@ class Worker:
             m.batcher.close("the worker is shutting down")
         self.loaded.clear()
 
-    OPS = ("describe", "status", "load", "unload", "infer", "benchmark", "check", "shutdown")
+    OPS = ("describe", "status", "load", "unload", "infer", "benchmark", "check", "selftest", "shutdown")
 
     def handle(self, op: str, args: dict, tensors: list[torch.Tensor], ctx: OpContext):
         if op not in self.OPS:

@@ -19,6 +19,9 @@ GiB = 1024**3
 
 # HBM per chip when the runtime does not report memory (public Cloud TPU figures).
 TPU_HBM_BYTES = {"v4": 32 * GiB, "v5e": 16 * GiB, "v5p": 95 * GiB, "v6e": 32 * GiB, "v7": 192 * GiB}
+# Devices a chip exposes to the runtime (TorchTPU hardware._DEVICES_PER_CHIP): v7 splits its two
+# TensorCores into two devices, each with half the chip's HBM and half its peak.
+TPU_DEVICES_PER_CHIP = {"v7": 2}
 
 # Device kind (what --device names) -> backend that serves it, in probe order.
 KIND_BACKEND = {"tpu": "torch_tpu", "xla": "torch_xla", "cuda": "cuda", "cpu": "cpu"}
@@ -39,6 +42,9 @@ class BackendFacts:
     # (total, free) per device; None entries mean unknown.
     memory: list[tuple[int | None, int | None]] = field(default_factory=list)
     version: str | None = None
+    # Index torch uses inside this process for the device the request names (one process per
+    # chip: tpu:N is tpu:0 once TPU_VISIBLE_DEVICES=N); None = the same as the host index.
+    local_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,25 +74,42 @@ def parse_device(text: str) -> DeviceRequest:
 
 
 def torch_device_string(device: dict) -> str:
+    """The torch device string inside this process (`local_index`, when set, is what torch sees)."""
     if device["kind"] == "cpu":
         return "cpu"
-    return f"{device['kind']}:{device['index']}"
+    local = device.get("local_index")
+    return f"{device['kind']}:{device['index'] if local is None else local}"
+
+
+def device_label(device: dict) -> str:
+    """The name the control plane uses: kind:host index (`cpu` for the CPU)."""
+    return "cpu" if device["kind"] == "cpu" else f"{device['kind']}:{device['index']}"
+
+
+def tpu_generation(name: str) -> str | None:
+    """"TPU v5 lite", "TPU v6e", "v5p"... -> a key of TPU_HBM_BYTES, or None."""
+    n = name.lower().replace("-", " ")
+    if "v5p" in n:
+        return "v5p"
+    if "v5e" in n or "v5 lite" in n or "v5lite" in n:
+        return "v5e"
+    if "v6e" in n or "v6 lite" in n or "v6" in n:
+        return "v6e"
+    if re.search(r"\bv7", n) or "7x" in n or "ironwood" in n:
+        return "v7"
+    if "v4" in n:
+        return "v4"
+    return None
+
+
+def tpu_devices_per_chip(name: str) -> int:
+    return TPU_DEVICES_PER_CHIP.get(tpu_generation(name) or "", 1)
 
 
 def tpu_hbm_from_name(name: str) -> int | None:
-    """Maps a TPU device name ("TPU v5 lite", "TPU v6e", "v5p"...) to its HBM per chip."""
-    n = name.lower().replace("-", " ")
-    if "v5p" in n:
-        return TPU_HBM_BYTES["v5p"]
-    if "v5e" in n or "v5 lite" in n or "v5lite" in n:
-        return TPU_HBM_BYTES["v5e"]
-    if "v6e" in n or "v6 lite" in n or "v6" in n:
-        return TPU_HBM_BYTES["v6e"]
-    if re.search(r"\bv7", n) or "7x" in n or "ironwood" in n:
-        return TPU_HBM_BYTES["v7"]
-    if "v4" in n:
-        return TPU_HBM_BYTES["v4"]
-    return None
+    """HBM one device can address: the chip's HBM divided by the devices it exposes (v7: 2)."""
+    gen = tpu_generation(name)
+    return TPU_HBM_BYTES[gen] // TPU_DEVICES_PER_CHIP.get(gen, 1) if gen else None
 
 
 def _device_dict(facts: BackendFacts, index: int) -> dict:
@@ -94,7 +117,7 @@ def _device_dict(facts: BackendFacts, index: int) -> dict:
     name = facts.names[index] if index < len(facts.names) else facts.kind
     if facts.kind == "tpu" and total is None:
         total = tpu_hbm_from_name(name)
-    return {
+    d = {
         "kind": facts.kind,
         "name": name,
         "index": index,
@@ -104,6 +127,9 @@ def _device_dict(facts: BackendFacts, index: int) -> dict:
         "backend": KIND_BACKEND[facts.kind],
         "backend_version": facts.version,
     }
+    if facts.kind == "tpu":
+        d["devices_per_chip"] = tpu_devices_per_chip(name)
+    return d
 
 
 def _step(kind: str, matched: bool, reason: str) -> dict:
@@ -124,7 +150,8 @@ def decide(request: DeviceRequest, gather: Callable[[str], BackendFacts]) -> Pro
     """Pure decision: which backend serves this worker, and why each step matched or not.
 
     `gather(kind)` is only called for the backends that need looking at, so forcing
-    `--device cpu` never imports TorchTPU or touches an accelerator.
+    `--device cpu` never gathers an accelerator (and __main__ keeps TorchTPU's autoload out of
+    `import torch` for cpu, cuda and xla).
     """
     steps: list[dict] = []
     chosen: tuple[BackendFacts, int] | None = None
@@ -156,7 +183,14 @@ def decide(request: DeviceRequest, gather: Callable[[str], BackendFacts]) -> Pro
         raise UnsupportedDevice("no usable device found", steps)
     facts, index = chosen
     devices = [_device_dict(facts, i) for i in range(facts.count)]
-    return ProbeResult(device=devices[index], devices=devices, steps=steps)
+    if facts.kind == "tpu":
+        # One process per chip: the others are served (or not) by their own workers.
+        for d in devices:
+            d["served_here"] = d["index"] == index
+    device = devices[index]
+    if facts.local_index is not None and facts.local_index != index:
+        device["local_index"] = facts.local_index
+    return ProbeResult(device=device, devices=devices, steps=steps)
 
 
 class UnsupportedDevice(WorkerError):
@@ -174,46 +208,79 @@ def _err_text(exc: BaseException) -> str:
     return text if len(text) < 300 else text[:297] + "..."
 
 
-def gather_tpu() -> BackendFacts:
+def gather_tpu(local_index: int | None = None, host_index: int | None = None) -> BackendFacts:
+    """TorchTPU through `torch.accelerator` (its torch.tpu.is_available/device_count/synchronize
+    are internal from torch 2.11 and raise RuntimeError when user code calls them).
+
+    `local_index`: the device this process is bound to (0 under TPU_VISIBLE_DEVICES=N), which the
+    host calls `host_index`. Only that
+    device's memory is queried: the first memory query initialises the PJRT runtime, which
+    claims the chip, and a TorchTPU process cannot drive another one.
+    """
     f = BackendFacts("tpu")
+    from .launch import dist_version, torch_tpu_install_problems, torch_tpu_installed
+
+    if not torch_tpu_installed():
+        f.importable, f.import_error = False, "ModuleNotFoundError: No module named 'torch_tpu'"
+        return f
+    problems = torch_tpu_install_problems()
+    if problems:  # importing it would abort or raise: say why instead
+        f.importable, f.import_error = False, "; ".join(problems)
+        return f
     try:
         import torch
-        import torch_tpu
+        import torch_tpu  # noqa: F401 - loads the backend when autoload was off
     except Exception as exc:  # noqa: BLE001 - any failure is a reason to report, not to crash
         f.importable, f.import_error = False, _err_text(exc)
         return f
-    f.version = getattr(torch_tpu, "__version__", None)
+    tpu_v, libtpu_v = dist_version("torch-tpu"), dist_version("libtpu")
+    f.version = f"{tpu_v or '?'} (libtpu {libtpu_v or 'missing'})"
+    try:
+        acc = torch.accelerator.current_accelerator()
+        if acc is None or acc.type != "tpu":
+            f.unavailable_reason = (
+                "TorchTPU found no TPU chip exposed through VFIO (torch.accelerator.current_accelerator() "
+                f"is {acc.type if acc is not None else None})"
+            )
+            return f
+        f.available = bool(torch.accelerator.is_available())
+        if not f.available:
+            f.unavailable_reason = "torch.accelerator.is_available() returned False (no TPU chips visible)"
+            return f
+        f.count = int(torch.accelerator.device_count())
+    except Exception as exc:  # noqa: BLE001
+        f.available, f.unavailable_reason = False, f"torch.accelerator raised {_err_text(exc)}"
+        return f
+    f.local_index = local_index
     tpu = getattr(torch, "tpu", None)
-    if tpu is None:
-        f.available, f.unavailable_reason = False, "torch_tpu imported but torch.tpu is missing"
-        return f
-    try:
-        f.available = bool(tpu.is_available())
-    except Exception as exc:  # noqa: BLE001
-        f.available, f.unavailable_reason = False, f"torch.tpu.is_available() raised {_err_text(exc)}"
-        return f
-    if not f.available:
-        f.unavailable_reason = "torch.tpu.is_available() returned False (no TPU chips visible to this process)"
-        return f
-    try:
-        count_fn = getattr(tpu, "device_count", None) or torch.accelerator.device_count
-        f.count = int(count_fn())
-    except Exception as exc:  # noqa: BLE001
-        f.available, f.unavailable_reason = False, f"device_count() raised {_err_text(exc)}"
-        return f
     for i in range(f.count):
         f.names.append(_call_name(tpu, i, "TPU"))
-        f.memory.append(_accelerator_memory(i))
+        f.memory.append((None, None))
+    served = local_index if local_index is not None else _current_index(torch)
+    slot = host_index if host_index is not None else served
+    if served is not None and slot is not None and slot < f.count:
+        f.memory[slot] = _accelerator_memory(served)
     return f
 
 
+def _current_index(torch) -> int | None:
+    try:
+        return int(torch.accelerator.current_device_index())
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _call_name(mod, index: int, fallback: str) -> str:
+    import warnings
+
     fn = getattr(mod, "get_device_name", None)
     if fn is None:
         return fallback
     for call in (lambda: fn(index), fn):
         try:
-            return str(call())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # experimental-API notice
+                return str(call())
         except TypeError:
             continue
         except Exception:  # noqa: BLE001
@@ -226,9 +293,11 @@ def _accelerator_memory(index: int) -> tuple[int | None, int | None]:
         import torch
 
         free, total = torch.accelerator.get_memory_info(index)
-        return int(total), int(free)
     except Exception:  # noqa: BLE001 - not every backend implements it
         return None, None
+    if not total:  # TorchTPU answers (0, 0) when PJRT cannot report allocator stats
+        return None, None
+    return int(total), int(free)
 
 
 def gather_xla() -> BackendFacts:
@@ -363,8 +432,42 @@ GATHERERS: dict[str, Callable[[], BackendFacts]] = {
 }
 
 
-def probe(device: str = "auto") -> ProbeResult:
-    return decide(parse_device(device), lambda kind: GATHERERS[kind]())
+def probe(device: str = "auto", binding=None) -> ProbeResult:
+    """`binding` (launch.Binding): the chip this process was bound to before import."""
+    req = parse_device(device)
+    if binding is not None and req.kind == binding.kind and req.index is None and binding.index is not None:
+        req = DeviceRequest(req.kind, binding.index)  # the one chip the parent made visible
+
+    def gather(kind: str) -> BackendFacts:
+        if kind == "tpu":
+            if binding is not None and binding.kind == "tpu":
+                return gather_tpu(binding.local, binding.index)
+            return gather_tpu()
+        f = GATHERERS[kind]()
+        if kind == "cuda" and binding is not None and binding.kind == "cuda" and binding.index is not None:
+            f = _rebase_cuda(f, binding)
+        return f
+
+    return decide(req, gather)
+
+
+def _rebase_cuda(f: BackendFacts, binding) -> BackendFacts:
+    """Under CUDA_VISIBLE_DEVICES=N the process sees one GPU as cuda:0; the host calls it cuda:N."""
+    if not f.available or f.count < 1 or binding.local is None or binding.local >= f.count:
+        return f
+    i, n = binding.local, binding.index
+    pad = max(n + 1, f.count)
+    names = [f.names[i] if k == n else f"{f.names[i]} (another worker's)" for k in range(pad)]
+    memory = [f.memory[i] if k == n else (None, None) for k in range(pad)]
+    return BackendFacts(
+        "cuda",
+        available=True,
+        count=pad,
+        names=names,
+        memory=memory,
+        version=f.version,
+        local_index=i,
+    )
 
 
 def refresh_memory(device: dict) -> dict:
@@ -377,11 +480,13 @@ def refresh_memory(device: dict) -> dict:
         try:
             import torch
 
-            free, total = (int(v) for v in torch.cuda.mem_get_info(idx))
+            local = device.get("local_index")
+            free, total = (int(v) for v in torch.cuda.mem_get_info(idx if local is None else local))
         except Exception:  # noqa: BLE001
             pass
     elif kind == "tpu":
-        t, fr = _accelerator_memory(idx)
+        local = device.get("local_index")
+        t, fr = _accelerator_memory(idx if local is None else local)
         total, free = t or total, fr
     elif kind == "xla":
         try:

@@ -1,0 +1,277 @@
+"""The worker on a simulated TPU host, started through its real entry point
+(`python -m tpu_worker`) with the real torch-tpu 0.2.0 wheel. See conftest.py and
+tpu_sim/hook/sitecustomize.py for exactly what is faked (the PCI/VFIO scan and the accelerator
+memory/synchronize calls); tensor allocation and execution are not, so nothing here runs a
+kernel on `tpu`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import WORKER_DIR, make_env, overlay_python
+from wire import WorkerProcess
+
+GiB = 1024**3
+TORCHTPU_LOADED = "Successfully renamed PrivateUse1 backend to 'tpu'"
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def start(tpu_python, catalog, *args, env):
+    return WorkerProcess(catalog, *args, env=env, python=tpu_python, start_timeout=300)
+
+
+def test_auto_says_hello_on_the_tpu(tpu_python, catalog_path, sim_host, tmp_path):
+    log = str(tmp_path / "calls.log")
+    w = start(tpu_python, catalog_path, "--device", "auto", env=make_env(sim_host, log))
+    try:
+        h = w.hello
+        d = h["device"]
+        assert h["type"] == "hello", h
+        assert (d["kind"], d["name"], d["index"], d["count"]) == ("tpu", "TPU v6e", 0, 4)
+        assert d["backend_version"] == "0.2.0 (libtpu 0.0.52)"
+        assert d["memory_total_bytes"] == 32 * GiB and d["devices_per_chip"] == 1
+        assert h["probe"][0]["matched"] and "4 device(s)" in h["probe"][0]["reason"]
+        assert h["eager_mode"] == {
+            "requested": "strict",
+            "expected": "DEFER_NEVER",
+            "in_force": "DEFER_NEVER",
+            "matches": True,
+        }
+        assert h["execution_mode"] == "eager (DEFER_NEVER)"
+        assert h["matmul_precision"].startswith("medium (TorchTPU DEFAULT: 1 bf16 pass")
+        # The probe claimed only its own chip, as tpu:0.
+        assert _read(log).split()[1:] == ["_accelerator_getMemoryInfo", "0"]
+    finally:
+        assert w.close() == 0
+
+
+def test_tpu_n_binds_the_process_to_chip_n_and_refuses_the_others(tpu_python, catalog_path, sim_host, tmp_path):
+    log = str(tmp_path / "calls.log")
+    w = start(tpu_python, catalog_path, "--device", "tpu:2", env=make_env(sim_host, log))
+    try:
+        d = w.hello["device"]
+        assert (d["kind"], d["index"], d["local_index"]) == ("tpu", 2, 0)
+        assert [x["served_here"] for x in w.hello["devices"]] == [False, False, True, False]
+        assert _read(log).split()[1:] == ["_accelerator_getMemoryInfo", "0"]  # tpu:0 inside
+        status, _ = w.call("status", id="s1")
+        assert status["type"] == "result" and status["result"]["device"]["index"] == 2
+        err, _ = w.call("load", {"model": "mnist-cnn", "device": "tpu:1"}, id="l1")
+        assert err["type"] == "error" and err["error"]["code"] == "unsupported_device"
+        msg = err["error"]["message"]
+        assert "serves tpu:2 (TPU v6e) only" in msg and "one chip per process" in msg and "'tpu:1'" in msg
+    finally:
+        assert w.close() == 0
+
+
+def test_tpu0_works(tpu_python, catalog_path, sim_host):
+    w = start(tpu_python, catalog_path, "--device", "tpu:0", env=make_env(sim_host))
+    try:
+        assert (w.hello["device"]["kind"], w.hello["device"]["index"]) == ("tpu", 0)
+        r, _ = w.call("selftest", id="t1")
+        assert r["type"] == "result", r
+        steps = {s["step"]: s for s in r["result"]["steps"]}
+        assert r["result"]["device"] == "tpu:0" and r["result"]["compile_backend"] == "tpu"
+        assert steps["memory"]["ok"] and steps["memory"]["detail"]["total_bytes"] == 32 * GiB
+        assert steps["synchronize"]["ok"]
+    finally:
+        assert w.close() == 0
+
+
+def test_an_index_beyond_the_host_is_refused_before_hello(tpu_python, catalog_path, sim_host):
+    p = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
+        [tpu_python, "-m", "tpu_worker", "--catalog", catalog_path, "--device", "tpu:7"],
+        env=make_env(sim_host),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+    )
+    assert p.returncode == 4
+    assert b"device index 7 requested but only 4 device(s) visible" in p.stdout
+
+
+@pytest.mark.parametrize(
+    ("mode", "in_force"),
+    [("strict", "DEFER_NEVER"), ("fused", "DEFER_AND_FUSE"), ("blocking", "DEFER_NEVER_AND_LAUNCH_BLOCKING")],
+)
+def test_the_eager_mode_requested_is_the_one_in_force(tpu_python, catalog_path, sim_host, mode, in_force):
+    w = start(tpu_python, catalog_path, "--device", "tpu", "--tpu-eager", mode, env=make_env(sim_host))
+    try:
+        assert w.hello["eager_mode"] == {"requested": mode, "expected": in_force, "in_force": in_force, "matches": True}
+        s, _ = w.call("status", id="s")
+        assert s["result"]["eager_mode"]["in_force"] == in_force
+    finally:
+        assert w.close() == 0
+
+
+def test_a_mismatched_eager_mode_is_visible(tpu_python, catalog_path, sim_host):
+    # What the old TPU_LAUNCH_BLOCKING looked like, made visible: the environment forces another
+    # mode than --tpu-eager asks for, and the read-back says so.
+    env = make_env(sim_host, TORCH_TPU_DEFER_AND_FUSE="1")
+    w = start(tpu_python, catalog_path, "--device", "tpu", "--tpu-eager", "strict", env=env)
+    try:
+        assert w.hello["eager_mode"]["in_force"] == "DEFER_AND_FUSE"
+        assert w.hello["eager_mode"]["matches"] is False
+    finally:
+        w.close()
+
+
+def test_the_precision_set_is_the_precision_reported(tpu_python, catalog_path, sim_host):
+    w = start(tpu_python, catalog_path, "--device", "tpu", env=make_env(sim_host))
+    try:
+        r, _ = w.call("selftest", id="p")
+        precisions = [s for s in r["result"]["steps"] if s["step"].startswith("matmul_precision")]
+        assert [(s["detail"]["set"], s["ok"]) for s in precisions] == [
+            ("medium", True),
+            ("high", True),
+            ("highest", True),
+        ]
+        assert precisions[2]["detail"]["reported"] == "highest (TorchTPU HIGHEST: 6 bf16 passes)"
+        bad, _ = w.call("load", {"model": "mnist-cnn", "matmul_precision": "max"}, id="b")
+        assert bad["error"]["code"] == "invalid_argument" and "'medium', 'high' or 'highest'" in bad["error"]["message"]
+        s, _ = w.call("status", id="s")
+        assert s["result"]["matmul_precision"].startswith("medium")  # restored after the self-test
+    finally:
+        assert w.close() == 0
+
+
+def test_compile_uses_the_tpu_backend_with_dynamic_false(tpu_python, sim_host, tmp_path):
+    """In a process on the simulated host: the worker's compile call reaches torch.compile (as
+    TorchTPU patched it) with backend "tpu" and dynamic=False, for every adapter kind."""
+    script = r"""
+import json, torch, torch_tpu._loader as L
+from tpu_worker import accel, adapters
+seen = []
+real = L._torch_compile
+L._torch_compile = lambda *a, **k: seen.append({"backend": k.get("backend"), "dynamic": k.get("dynamic")}) or a[0]
+dev = torch.device("tpu:0")
+out = {"registered": "tpu" in torch._dynamo.list_backends(), "backend": accel.compile_backend(dev), "calls": []}
+for cls in (adapters.SentenceEmbedder, adapters.CausalLM, adapters.TensorModel):
+    a = object.__new__(cls)
+    a.device, a.eager_model = dev, torch.nn.Linear(2, 2)
+    a.compile()
+    out["calls"].append({"adapter": cls.__name__, "dynamic": a.compile_dynamic})
+out["seen"] = seen
+print(json.dumps(out))
+"""
+    p = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
+        [tpu_python, "-c", script], env=make_env(sim_host), capture_output=True, text=True, timeout=180, cwd=WORKER_DIR
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["registered"] and out["backend"] == "tpu"
+    assert out["seen"] == [{"backend": "tpu", "dynamic": False}] * 3
+    assert all(c["dynamic"] is False for c in out["calls"])
+
+
+def test_cpu_with_the_wheel_installed_keeps_torchtpu_out(tpu_python, catalog_path, sim_host):
+    w = start(tpu_python, catalog_path, "--device", "cpu", env=make_env(sim_host))
+    try:
+        assert w.hello["device"]["kind"] == "cpu"
+        assert w.hello["eager_mode"] is None
+        r, _ = w.call("load", {"model": "mnist-cnn"}, id="l")
+        assert r["type"] == "result", r
+    finally:
+        assert w.close() == 0
+    assert not any(TORCHTPU_LOADED in line for line in w.stderr_lines)
+
+
+def test_without_a_chip_the_real_wheel_falls_through_to_cpu(tpu_python, catalog_path):
+    w = start(tpu_python, catalog_path, "--device", "auto", env=make_env(None))
+    try:
+        step = w.hello["probe"][0]
+        assert w.hello["device"]["kind"] == "cpu"
+        assert step["backend"] == "torch_tpu" and not step["matched"]
+        assert "no TPU chip exposed through VFIO" in step["reason"]
+    finally:
+        assert w.close() == 0
+
+
+def _inventory(python, env):
+    return subprocess.run(  # noqa: PLW1510 - the exit code is asserted
+        [python, "-m", "tpu_worker", "inventory"], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_inventory_counts_chips_without_claiming_one(tpu_python, sim_host, tmp_path):
+    log = str(tmp_path / "calls.log")
+    p = _inventory(tpu_python, make_env(sim_host, log))
+    assert p.returncode == 0, p.stderr[-1500:]
+    assert len(p.stdout.splitlines()) == 1
+    assert json.loads(p.stdout) == {"kind": "tpu", "count": 4, "name": "TPU v6e", "devices_per_chip": 1, "problems": []}
+    assert not os.path.exists(log)  # no memory query, no synchronize: no chip claimed
+
+
+def test_inventory_on_a_v7_host(tpu_python, tmp_path):
+    from tpu_sim import host
+
+    root = host.make_host(str(tmp_path / "v7"), 2, "v7")
+    p = _inventory(tpu_python, make_env(root))
+    assert json.loads(p.stdout)["name"] == "TPU v7" and json.loads(p.stdout)["devices_per_chip"] == 2
+
+
+@pytest.mark.parametrize(
+    ("hide", "torch_version", "words"),
+    [
+        (("libtpu",), None, "libtpu is missing"),
+        (("zmq", "pyzmq"), None, "pyzmq is missing"),
+        ((), "2.9.0", "torch 2.9.0 is outside torch-tpu 0.2.0's supported range"),
+    ],
+)
+def test_a_broken_install_is_diagnosed_in_words(
+    tpu_python, catalog_path, sim_host, tmp_path, hide, torch_version, words
+):
+    py = overlay_python(tpu_python, str(tmp_path / "env"), hide, torch_version)
+    env = make_env(sim_host)
+    inv = _inventory(py, env)
+    assert inv.returncode == 2 and inv.stdout == ""
+    assert inv.stderr.strip().splitlines()[-1].startswith("broken TorchTPU install: ") and words in inv.stderr
+    # auto: served on the CPU, the probe says why TorchTPU was not used.
+    w = start(py, catalog_path, "--device", "auto", env=env)
+    try:
+        assert w.hello["device"]["kind"] == "cpu"
+        assert words in w.hello["probe"][0]["reason"]
+    finally:
+        assert w.close() == 0
+    # cpu: starts (TorchTPU kept out of `import torch`).
+    w = start(py, catalog_path, "--device", "cpu", env=env)
+    assert w.hello["device"]["kind"] == "cpu" and w.close() == 0
+    # tpu: refused before hello with the reason, not a crash.
+    p = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
+        [py, "-m", "tpu_worker", "--catalog", catalog_path, "--device", "tpu"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+    )
+    assert p.returncode == 4 and words.encode() in p.stdout
+
+
+def _loaded_library(fragment: str) -> str:
+    with open("/proc/self/maps", encoding="utf-8") as fh:
+        for line in fh:
+            path = line.split()[-1]
+            if fragment in path and path.startswith("/"):
+                return path
+    raise LookupError(fragment)
+
+
+def test_the_worker_reexecs_itself_with_the_allocator_preloaded(tpu_python, catalog_path, sim_host):
+    # tcmalloc is not installed on CI machines: any library shows the mechanism (same pid, the
+    # library in LD_PRELOAD of the process that then says hello).
+    lib = _loaded_library("libm.so")
+    w = start(tpu_python, catalog_path, "--device", "tpu", env=make_env(sim_host, TPU_WORKER_TCMALLOC=lib))
+    try:
+        assert w.hello["pid"] == w.proc.pid and w.hello["device"]["kind"] == "tpu"
+        with open(f"/proc/{w.proc.pid}/environ", "rb") as fh:
+            env = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\0") if b"=" in kv)
+        assert env[b"LD_PRELOAD"] == lib.encode() and env[b"TPU_WORKER_TCMALLOC_PRELOADED"] == lib.encode()
+    finally:
+        assert w.close() == 0
