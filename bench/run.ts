@@ -9,6 +9,7 @@ import { cpus, loadavg } from "node:os";
 import { join } from "node:path";
 import { runColdStart } from "./coldstart.js";
 import { runConcurrency } from "./concurrency.js";
+import { runDecompose } from "./decompose.js";
 import {
   DirectPython,
   MODEL,
@@ -25,7 +26,14 @@ import { runMemory } from "./memory.js";
 import { runOverhead } from "./overhead.js";
 import { runPayload } from "./payload.js";
 
-const SECTIONS = ["coldstart", "overhead", "concurrency", "payload", "memory"] as const;
+const SECTIONS = [
+  "coldstart",
+  "decompose",
+  "overhead",
+  "concurrency",
+  "payload",
+  "memory",
+] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
 const want = (name: (typeof SECTIONS)[number]) => !only || only.includes(name);
@@ -127,6 +135,17 @@ async function main() {
   if (want("coldstart")) {
     say("cold start…");
     results.coldstart = await runColdStart({ config, reps: q(3, 1) });
+  }
+
+  if (want("decompose")) {
+    say("decomposition of one mnist-cnn call (traced) beside the SDK floor…");
+    results.decompose = await runDecompose({
+      config,
+      catalog,
+      model: "mnist-cnn",
+      calls: q(400, 60),
+      warmup: q(30, 10),
+    });
   }
 
   const needServers = want("overhead") || want("concurrency") || want("payload") || want("memory");

@@ -39,6 +39,8 @@ export interface GateCall {
   signal?: AbortSignal;
   /** Present only when the client supports MCP elicitation. */
   elicit?: (prompt: ElicitPrompt) => Promise<ElicitAnswer>;
+  /** Stamps for the bench's decomposition (tools/support/trace.ts); absent unless tracing. */
+  trace?: { mark(stage: string): void };
 }
 
 export interface GateDeps {
@@ -202,7 +204,8 @@ export class Gate {
   }
 
   async run<T>(call: GateCall, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
-    const { principal, tool, estimate } = call;
+    const { principal, tool, estimate, trace } = call;
+    trace?.mark("g.start");
     const redacted = redactArgs(call.args, this.config.audit.redact_args);
     const base = { principal: principal.id, tool, args: redacted, estimate: estimate ?? null };
     let digest: string | null = null;
@@ -211,12 +214,17 @@ export class Gate {
 
     try {
       digest = argsDigest(tool, call.args);
+      trace?.mark("g.digest");
       this.checkScope(principal, tool);
       this.checkFits(estimate);
       approvalId = await this.checkApproval(call, digest, redacted);
+      trace?.mark("g.approval");
       this.checkRate(principal);
+      trace?.mark("g.rate");
       this.checkBudget(principal, estimate);
+      trace?.mark("g.budget");
       release = await this.deps.limiter.acquire(tool, call.device, call.signal);
+      trace?.mark("g.slot");
       if (approvalId) this.deps.approvals.consume(approvalId, principal.id, tool, digest);
     } catch (e) {
       release?.();
@@ -254,6 +262,7 @@ export class Gate {
         outcome: "allowed",
         approval_id: approvalId,
       });
+      trace?.mark("g.audit_allowed");
     } catch (e) {
       // Fail closed: a call that cannot be recorded does not run.
       settle();
@@ -298,6 +307,7 @@ export class Gate {
 
     try {
       const result = await Promise.race([work, aborted]);
+      trace?.mark("g.work_done");
       this.audit({
         ...base,
         args_digest: digest,
@@ -305,6 +315,7 @@ export class Gate {
         duration_ms: this.clock() - started,
         approval_id: approvalId,
       });
+      trace?.mark("g.audit_executed");
       return result;
     } catch (e) {
       const code = isPolicyError(e)

@@ -154,6 +154,8 @@ interface WorkerProc {
   exitWaiters: Array<() => void>;
   /** An error the worker sent before its hello (device probe failed): the reason it will exit. */
   startupError: { code: string; message: string } | null;
+  /** When the last stdout chunk arrived (monotonic µs; 0 when no call was waiting), for traces. */
+  chunkAtUs?: number;
 }
 
 interface Pending {
@@ -164,6 +166,7 @@ interface Pending {
   resolve: (r: CallResult<any>) => void;
   reject: (e: RuntimeCallError) => void;
   onProgress?: CallOptions["onProgress"];
+  trace?: CallOptions["trace"];
   /** The caller has its answer; the entry stays until the worker ends the request. */
   settled: boolean;
   cancelRequested: boolean;
@@ -327,13 +330,15 @@ export class WorkerRuntime implements Runtime {
     args: Record<string, unknown>,
     opts: CallOptions = {},
   ): Promise<CallResult<T>> {
-    const { signal } = opts;
+    const { signal, trace } = opts;
     if (signal?.aborted) throw cancelledError(op, "before it was sent");
+    trace?.mark("rt.call");
     let frame: Buffer[];
     const id = `r${++this.seq}`;
     try {
+      const msg = requestMessage(id, op, args);
       frame = encodeFrame(
-        requestMessage(id, op, args),
+        trace ? { ...msg, trace: true } : msg,
         opts.tensors ?? [],
         this.options.maxBodyBytes,
       );
@@ -359,6 +364,7 @@ export class WorkerRuntime implements Runtime {
         resolve: resolveCall as (r: CallResult<any>) => void,
         reject: rejectCall,
         onProgress: opts.onProgress,
+        trace,
         settled: false,
         cancelRequested: false,
       };
@@ -373,6 +379,7 @@ export class WorkerRuntime implements Runtime {
         p.detachAbort = () => signal.removeEventListener("abort", onAbort);
       }
       this.write(proc, frame);
+      trace?.mark("rt.written");
     });
   }
 
@@ -469,6 +476,7 @@ export class WorkerRuntime implements Runtime {
     }, o.startTimeoutMs);
 
     child.stdout?.on("data", (chunk: Buffer) => {
+      proc.chunkAtUs = this.pending.size ? monotonicUs() : 0;
       let events: DecodeEvent[];
       try {
         events = proc.decoder.push(chunk);
@@ -716,6 +724,15 @@ export class WorkerRuntime implements Runtime {
     }
     // result or error: the request is over in the worker.
     this.pending.delete(p.id);
+    if (p.trace) {
+      const stamps = (frame.header as { trace?: unknown }).trace;
+      if (Array.isArray(stamps))
+        for (const s of stamps)
+          if (Array.isArray(s) && typeof s[0] === "string" && typeof s[1] === "number")
+            p.trace.mark(s[0], s[1]);
+      if (proc.chunkAtUs) p.trace.mark("rt.frame_arrived", proc.chunkAtUs);
+      p.trace.mark("rt.frame_decoded");
+    }
     if (msg.type === "result") {
       this.trackModels(p, msg.result);
       if (p.settled) return;
@@ -988,6 +1005,11 @@ export class WorkerRuntime implements Runtime {
       }
     }
   }
+}
+
+/** CLOCK_MONOTONIC in µs (Linux), the clock the worker's trace stamps use. */
+function monotonicUs(): number {
+  return Number(process.hrtime.bigint() / 1000n);
 }
 
 function waitGone(proc: WorkerProc, ms: number): Promise<boolean> {

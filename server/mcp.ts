@@ -19,6 +19,7 @@ import type { Principal } from "../policies/scopes.js";
 import { canCall, hasScope } from "../policies/scopes.js";
 import { dispatchTool, ERROR_META_KEY, type Elicit } from "../tools/dispatch.js";
 import { renderReportSvg } from "../tools/support/report_chart.js";
+import { TRACE_META_KEY, tracerFor } from "../tools/support/trace.js";
 import { renderReportMarkdown } from "../tools/support/report_format.js";
 import type { ToolDefinition } from "../tools/types.js";
 import type { App } from "./app.js";
@@ -122,6 +123,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
         `Unknown tool: ${String(req.params.name).slice(0, 100)}`,
       );
     const t0 = performance.now();
+    const trace = tracerFor(app.config.trace_calls, req.params._meta);
     const result = await dispatchTool({
       tool,
       rawArgs: req.params.arguments,
@@ -140,10 +142,15 @@ export function createMcpServer(app: App, principal: Principal): Server {
       progress: progressSender(extra),
       elicit: elicitFor(server, app, extra),
       logger: app.logger,
+      trace,
     });
     const code = (result._meta?.[ERROR_META_KEY] as { code?: string } | undefined)?.code;
     app.metrics.calls.inc({ tool: tool.name, outcome: code ?? "ok" });
     app.metrics.latency.observe({ tool: tool.name }, (performance.now() - t0) / 1000);
+    if (trace) {
+      trace.mark("s.handler_done");
+      result._meta = { ...result._meta, [TRACE_META_KEY]: { marks: trace.marks } };
+    }
     return result as any;
   });
 

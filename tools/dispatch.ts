@@ -34,6 +34,8 @@ export interface DispatchInput {
   progress: ToolContext["progress"];
   elicit?: Elicit;
   logger: Logger;
+  /** Stamps for the bench's decomposition; absent unless tracing (tools/support/trace.ts). */
+  trace?: ToolContext["trace"];
 }
 
 export const ERROR_META_KEY = "tpu-mcp/error";
@@ -78,7 +80,7 @@ function successResult(
 }
 
 export async function dispatchTool(input: DispatchInput): Promise<CallToolResultLike> {
-  const { tool, principal, gate, logger } = input;
+  const { tool, principal, gate, logger, trace } = input;
   const t0 = performance.now();
   let outcome = "ok";
   try {
@@ -110,6 +112,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       throw new ToolError("invalid_argument", zodMessage(parsed.error));
     }
     const args = parsed.data as Record<string, any>;
+    trace?.mark("d.parsed");
     // "default" is the worker's own device: name it as explicit calls would, so both share a lane.
     const declared = tool.device ? tool.device(args) : undefined;
     const own = input.base.runtime.hello?.device;
@@ -121,10 +124,12 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       principal,
       signal,
       progress,
+      ...(trace ? { trace } : {}),
     });
     const estimate = tool.estimate
       ? await tool.estimate(args, ctxFor(input.signal, input.progress))
       : undefined;
+    trace?.mark("d.estimated");
     const call: GateCall = {
       principal,
       tool: tool.name,
@@ -133,6 +138,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       estimate,
       signal: input.signal,
       elicit: input.elicit,
+      trace,
     };
 
     let out: Record<string, unknown>;
@@ -162,7 +168,10 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
           .catch(reject);
       });
     }
-    return successResult(tool, out);
+    trace?.mark("d.gate_done");
+    const res = successResult(tool, out);
+    trace?.mark("d.result");
+    return res;
   } catch (e) {
     const err = toToolError(e);
     outcome = err.code;

@@ -76,6 +76,7 @@ export const runInference = (env: ToolEnv) => {
     device: () => "default",
     estimate: (a, ctx) => estimateFor("run_inference", a, ctx),
     async handler(args, ctx) {
+      ctx.trace?.mark("h.start");
       const entry = entryOf(env, args.model);
       const textTask = entry.task !== "tensor";
       if (textTask && !args.texts) {
@@ -153,8 +154,9 @@ export const runInference = (env: ToolEnv) => {
           ...(args.texts ? { texts: args.texts } : {}),
           ...(args.max_new_tokens ? { max_new_tokens: args.max_new_tokens } : {}),
         },
-        { tensors, signal: ctx.signal },
+        { tensors, signal: ctx.signal, ...(ctx.trace ? { trace: ctx.trace } : {}) },
       );
+      ctx.trace?.mark("h.resumed");
       const elapsed_ms = performance.now() - t0;
       const names: string[] =
         result.task === "embedding"
@@ -168,6 +170,7 @@ export const runInference = (env: ToolEnv) => {
           return { ...base, data: decodeValues(t) };
         return { ...base, summary: summarise(t), resource_uri: `tpu://outputs/${stored!.id}/${i}` };
       });
+      ctx.trace?.mark("h.outputs");
       return {
         model: args.model,
         task: entry.task,

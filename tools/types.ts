@@ -5,7 +5,7 @@ import type { z } from "zod";
 import type { CostEstimate } from "../policies/estimate.js";
 import type { Principal } from "../policies/scopes.js";
 import type { Catalog } from "../runtime/catalog.js";
-import type { Runtime } from "../runtime/types.js";
+import type { CallTrace, Runtime } from "../runtime/types.js";
 import type { Jobs } from "./support/jobs.js";
 import type { Outputs } from "./support/outputs.js";
 import type { Reports } from "./support/reports.js";
@@ -51,6 +51,8 @@ export interface ToolContext {
   signal: AbortSignal;
   /** Sends a progress notification when the client asked for them; no-op otherwise. */
   progress: (progress: number, total?: number, message?: string) => void;
+  /** Stamps for the bench's decomposition when tracing is on for this call. */
+  trace?: CallTrace;
 }
 
 export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {

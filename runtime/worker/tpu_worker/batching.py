@@ -22,6 +22,7 @@ from . import logs
 from .adapters import Output, Prepared
 from .cancel import CancelToken
 from .errors import Cancelled, WorkerError
+from .protocol import now_us
 
 RunBatch = Callable[[list[Prepared], Callable[[], bool]], list[Output]]
 
@@ -32,6 +33,7 @@ class _Pending:
     token: CancelToken
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.monotonic)
+    trace: list | None = None
 
 
 @dataclass
@@ -68,8 +70,10 @@ class Batcher:
     def describe(self) -> dict:
         return {"enabled": self.enabled, "max_batch": self.max_batch, "max_wait_ms": self.max_wait_s * 1000}
 
-    def submit(self, prepared: Prepared, token: CancelToken) -> Future:
-        p = _Pending(prepared, token)
+    def submit(self, prepared: Prepared, token: CancelToken, trace: list | None = None) -> Future:
+        p = _Pending(prepared, token, trace=trace)
+        if trace is not None:
+            trace.append(["w.queued", now_us()])
         with self._cond:
             if self._closed:
                 raise WorkerError("model_not_loaded", self._closed)
@@ -148,6 +152,7 @@ class Batcher:
         def should_stop() -> bool:
             return all(p.token.cancelled for p in live)
 
+        _stamp(live, "w.taken")
         try:
             outputs = self._run([p.prepared for p in live], should_stop)
         except Exception as exc:  # noqa: BLE001 - isolate below, report per request
@@ -168,6 +173,7 @@ class Batcher:
                 p.future.set_exception(exc)
             return
         self._record(live)
+        _stamp(live, "w.forward_done")
         for p, out in zip(live, outputs, strict=True):
             if p.token.cancelled:
                 p.future.set_exception(Cancelled())
@@ -194,6 +200,14 @@ class Batcher:
         s.requests += len(live)
         s.items += items
         s.largest = max(s.largest, items)
+
+
+def _stamp(live: list[_Pending], stage: str) -> None:
+    t = None
+    for p in live:
+        if p.trace is not None:
+            t = t or now_us()
+            p.trace.append([stage, t])
 
 
 def wait_result(future: Future, token: CancelToken, poll_s: float = 0.05) -> Output:

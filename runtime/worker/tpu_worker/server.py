@@ -1,27 +1,39 @@
 """The main loop: one reader thread, one locked writer, ops on a thread pool.
 
-The reader never runs an op itself, so `ping` is answered and `cancel` delivered while ops run.
-Every frame leaves through `send`, which holds one lock for the whole frame.
+The reader never runs a long op itself, so `ping` is answered and `cancel` delivered while ops
+run. Every frame leaves through `send`, which holds one lock for the whole frame.
+
+`infer` on a loaded model takes a fast path with one thread hand-off instead of three: the reader
+validates the input (`prepare`, cheap) and queues it on the model's batcher, and the batcher
+thread sends the reply from the future's callback as soon as the forward is done. Every thread
+hand-off waits for the GIL, which another thread may hold for a whole switch interval (5 ms by
+default, lowered below), so each one removed is latency a lone caller no longer pays. Everything
+else (load, benchmark, an infer whose input is refused, ...) runs on the op pool as before.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import IO, Any
 
 import torch
 
 from . import logs
 from .cancel import CancelToken
-from .errors import WorkerError, is_oom
+from .errors import Cancelled, WorkerError, is_oom
 from .ops import OpContext, Worker
-from .protocol import Cancel, FrameReader, Ping, ProtocolError, Request, encode_frame
+from .protocol import Cancel, FrameReader, Ping, ProtocolError, Request, encode_frame, now_us
 
 EXIT_OK = 0
 EXIT_DESYNC = 3
+# How long a thread may hold the GIL while another waits for it. CPython's default (5 ms) is
+# longer than a whole small-model call; the reader, the batchers and the op threads all hand
+# requests to each other, so a waiting hand-off would cost up to that much per hop.
+SWITCH_INTERVAL_S = 0.0005
 
 
 def _finite(obj: Any) -> Any:
@@ -44,6 +56,8 @@ class Server:
         self._out = out
         self._write_lock = threading.Lock()
         self._tokens: dict[str, CancelToken] = {}
+        # Fast-path infers waiting in a batcher: a cancel also drops them from its queue at once.
+        self._futures: dict[str, Future] = {}
         self._tokens_lock = threading.Lock()
         # Each infer holds an op thread until its batch is done, so this pool also bounds how many
         # requests a model's batcher can ever see at once: keep it above the largest max_batch.
@@ -92,6 +106,7 @@ class Server:
 
     def serve(self) -> int:
         """Sends hello, serves until EOF / shutdown / stop(), then cleans up; returns the exit code."""
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.send(self.worker.hello())
         reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
         reader.start()
@@ -137,8 +152,11 @@ class Server:
         elif isinstance(msg, Cancel):
             with self._tokens_lock:
                 token = self._tokens.get(msg.id)
+                future = self._futures.get(msg.id)
             if token is not None:
                 token.cancel()
+                if future is not None:
+                    future.cancel()  # still queued: answered `cancelled` now (see _infer_done)
                 logs.info("cancel requested", id=msg.id)
             else:
                 logs.debug("cancel for a request that is not running", id=msg.id)
@@ -152,6 +170,8 @@ class Server:
             if dup:
                 self.send_error(msg.id, WorkerError("protocol_error", f"request id {msg.id!r} is already in flight"))
                 return
+            if msg.op == "infer" and self._fast_infer(msg, token):
+                return
             try:
                 self._pool.submit(self._run, msg, token)
             except RuntimeError:  # pool shut down: we are exiting
@@ -160,6 +180,45 @@ class Server:
     def _forget(self, msg_id: str) -> None:
         with self._tokens_lock:
             self._tokens.pop(msg_id, None)
+            self._futures.pop(msg_id, None)
+
+    # -- the infer fast path (see the module docstring) ------------------------------------------
+    def _fast_infer(self, req: Request, token: CancelToken) -> bool:
+        """Queues an infer on its model's batcher from the reader; False = take the op pool."""
+        model = req.args.get("model")
+        loaded = self.worker.loaded.get(model) if isinstance(model, str) else None
+        if loaded is None:
+            return False  # unknown or not loaded: the op path words the error
+        try:
+            prepared = loaded.adapter.prepare(req.args, req.tensors)
+        except Exception:  # noqa: BLE001 - the op path runs prepare again and reports the failure
+            return False
+        try:
+            future = loaded.batcher.submit(prepared, token, req.trace)
+        except Exception as exc:  # noqa: BLE001 - e.g. the model is being unloaded
+            self._forget(req.id)
+            self._fail(req, exc)
+            return True
+        with self._tokens_lock:
+            self._futures[req.id] = future
+        # Runs on the batcher thread when the forward is done (or here, if it already is; or on
+        # the reader when a cancel drops it from the queue).
+        future.add_done_callback(lambda f: self._infer_done(req, model, f))
+        if token.cancelled:  # a cancel that arrived between submit and registration
+            future.cancel()
+        return True
+
+    def _infer_done(self, req: Request, model: str, future: Future) -> None:
+        self._forget(req.id)
+        if future.cancelled():
+            self.send_error(req.id, Cancelled())
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._fail(req, exc)
+            return
+        out = future.result()
+        self._reply(req, {**out.result, "model": model}, out.tensors)
 
     def _progress(self, msg_id: str):
         def report(progress: float, total: float | None = None, message: str | None = None) -> None:
@@ -173,15 +232,35 @@ class Server:
         return report
 
     def _run(self, req: Request, token: CancelToken) -> None:
-        ctx = OpContext(req.id, token, self._progress(req.id))
+        if req.trace is not None:
+            req.trace.append(["w.op_thread", now_us()])
+        ctx = OpContext(req.id, token, self._progress(req.id), req.trace)
         try:
             result, tensors = self.worker.handle(req.op, req.args, req.tensors, ctx)
-        except WorkerError as exc:
-            self._forget(req.id)
-            self.send_error(req.id, exc)
-            return
         except Exception as exc:  # noqa: BLE001 - every failure becomes a safe error reply
             self._forget(req.id)
+            self._fail(req, exc)
+            return
+        self._forget(req.id)
+        self._reply(req, result, tensors)
+        if req.op == "shutdown":
+            logs.info("shutdown requested")
+            self.stop(EXIT_OK)
+
+    def _reply(self, req: Request, result: dict, tensors: list[torch.Tensor]) -> None:
+        reply: dict[str, Any] = {"type": "result", "id": req.id, "result": result}
+        if req.trace is not None:
+            req.trace.append(["w.reply", now_us()])
+            reply["trace"] = req.trace
+        self.send(reply, tensors)
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        """Answers a failed request with a safe error (no paths or tracebacks on the wire)."""
+        if isinstance(exc, WorkerError):
+            self.send_error(req.id, exc)
+        elif isinstance(exc, CancelledError):
+            self.send_error(req.id, Cancelled())
+        else:
             if is_oom(exc):
                 logs.error("out of memory", op=req.op, id=req.id, error=str(exc)[:500])
                 self.send_error(
@@ -198,7 +277,7 @@ class Server:
                     op=req.op,
                     id=req.id,
                     error=f"{type(exc).__name__}: {exc}",
-                    traceback=traceback.format_exc(),
+                    traceback="".join(traceback.format_exception(exc)),
                 )
                 self.send_error(
                     req.id,
@@ -206,9 +285,3 @@ class Server:
                         "internal", f"{req.op} failed with an internal error ({type(exc).__name__}); see the worker log"
                     ),
                 )
-            return
-        self._forget(req.id)
-        self.send({"type": "result", "id": req.id, "result": result}, tensors)
-        if req.op == "shutdown":
-            logs.info("shutdown requested")
-            self.stop(EXIT_OK)
