@@ -12,11 +12,11 @@ import threading
 
 import pytest
 import torch
-from wire import _RawReader
 
 from tpu_worker.ops import OpContext, Worker
 from tpu_worker.protocol import encode_frame
 from tpu_worker.server import Server
+from wire import _RawReader
 
 
 class Harness:
@@ -38,7 +38,7 @@ class Harness:
         while True:
             try:
                 msg = self._reader.read_any()
-            except Exception:  # noqa: BLE001 - the pipe closed at the end of the test
+            except Exception:
                 return
             self.messages.put(msg)
             if msg is None:
@@ -80,7 +80,8 @@ def held(worker):
 
 
 def _infer(h: Harness, rid: str, **extra) -> None:
-    h.send({"type": "request", "id": rid, "op": "infer", "args": {"model": "mnist-cnn"}, **extra}, [torch.rand(1, 1, 28, 28)])
+    header = {"type": "request", "id": rid, "op": "infer", "args": {"model": "mnist-cnn"}, **extra}
+    h.send(header, [torch.rand(1, 1, 28, 28)])
 
 
 def test_a_queued_infer_is_cancelled_at_once_while_the_forward_ahead_of_it_runs(held):

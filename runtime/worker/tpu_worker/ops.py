@@ -27,8 +27,8 @@ from .catalog import Catalog, Entry
 from .errors import WorkerError, invalid
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
 from .memory import estimate_bytes, refusal_message
-from .protocol import now_us
 from .probe import ProbeResult, parse_device, read_meminfo, refresh_memory, torch_device_string
+from .protocol import now_us
 
 ProgressFn = Callable[[float, float | None, str | None], None]
 FreeMemoryFn = Callable[[torch.device], int | None]

@@ -260,28 +260,27 @@ class Server:
             self.send_error(req.id, exc)
         elif isinstance(exc, CancelledError):
             self.send_error(req.id, Cancelled())
+        elif is_oom(exc):
+            logs.error("out of memory", op=req.op, id=req.id, error=str(exc)[:500])
+            self.send_error(
+                req.id,
+                WorkerError(
+                    "out_of_memory",
+                    f"{req.op} ran out of memory on {self.worker.device}; use a smaller batch or dtype, "
+                    "or unload other models",
+                ),
+            )
         else:
-            if is_oom(exc):
-                logs.error("out of memory", op=req.op, id=req.id, error=str(exc)[:500])
-                self.send_error(
-                    req.id,
-                    WorkerError(
-                        "out_of_memory",
-                        f"{req.op} ran out of memory on {self.worker.device}; use a smaller batch or dtype, "
-                        "or unload other models",
-                    ),
-                )
-            else:
-                logs.error(
-                    "op failed",
-                    op=req.op,
-                    id=req.id,
-                    error=f"{type(exc).__name__}: {exc}",
-                    traceback="".join(traceback.format_exception(exc)),
-                )
-                self.send_error(
-                    req.id,
-                    WorkerError(
-                        "internal", f"{req.op} failed with an internal error ({type(exc).__name__}); see the worker log"
-                    ),
-                )
+            logs.error(
+                "op failed",
+                op=req.op,
+                id=req.id,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback="".join(traceback.format_exception(exc)),
+            )
+            self.send_error(
+                req.id,
+                WorkerError(
+                    "internal", f"{req.op} failed with an internal error ({type(exc).__name__}); see the worker log"
+                ),
+            )
