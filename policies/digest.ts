@@ -65,8 +65,17 @@ function write(v: unknown, stack: Set<object>, path: string): string {
   stack.add(obj);
   try {
     if (Array.isArray(obj)) {
-      // As JSON.stringify does, a hole or undefined inside an array becomes null.
-      return `[${obj.map((x, i) => (x === undefined ? "null" : write(x, stack, `${path}[${i}]`))).join(",")}]`;
+      // As JSON.stringify does, a hole or undefined inside an array becomes null. Finite numbers
+      // (tensor data: most of a large call) are written inline, without building a path string
+      // per element, which cost more than the hash itself; the output is the same.
+      let out = "[";
+      for (let i = 0; i < obj.length; i++) {
+        const x: unknown = obj[i];
+        if (i > 0) out += ",";
+        if (typeof x === "number" && Number.isFinite(x)) out += Object.is(x, -0) ? "0" : String(x);
+        else out += x === undefined ? "null" : write(x, stack, `${path}[${i}]`);
+      }
+      return out + "]";
     }
     const rec = obj as Record<string, unknown>;
     const keys = Object.keys(rec)

@@ -255,7 +255,7 @@ export class Gate {
     };
 
     try {
-      this.deps.audit.append({
+      await this.auditDurable({
         time: new Date(this.clock()).toISOString(),
         ...base,
         args_digest: digest,
@@ -308,13 +308,20 @@ export class Gate {
     try {
       const result = await Promise.race([work, aborted]);
       trace?.mark("g.work_done");
-      this.audit({
+      // Committed before the caller gets its answer: no answered call lacks its record.
+      await this.auditDurable({
+        time: new Date(this.clock()).toISOString(),
         ...base,
         args_digest: digest,
         outcome: "executed",
         duration_ms: this.clock() - started,
         approval_id: approvalId,
-      });
+      }).catch((e) =>
+        this.deps.logger.error(
+          { err: String(e), tool, principal: principal.id },
+          "audit append failed",
+        ),
+      );
       trace?.mark("g.audit_executed");
       return result;
     } catch (e) {
@@ -335,6 +342,13 @@ export class Gate {
       clearTimeout(timer);
       call.signal?.removeEventListener("abort", onCallerAbort);
     }
+  }
+
+  /** Appends and waits for the commit (group commit when the store offers it). */
+  private async auditDurable(rec: AuditRecord): Promise<void> {
+    const a = this.deps.audit;
+    if (a.appendDurable) await a.appendDurable(rec);
+    else a.append(rec);
   }
 
   private reserve(principal: string, seconds: number): void {
