@@ -104,12 +104,15 @@ function wrap(
   };
 }
 
-/** Spawns `tpu-mcp stdio` and connects; the stderr tail is kept for error messages. */
-export async function startStdio(config: string): Promise<McpServer> {
+/**
+ * Spawns `tpu-mcp stdio` and connects; the stderr tail is kept for error messages. `cli` may name
+ * another checkout's bin/tpu-mcp.js (BENCH_BASELINE: the previous commit, side by side).
+ */
+export async function startStdio(config: string, cli: string = CLI): Promise<McpServer> {
   const transport = new StdioClientTransport({
     command: process.execPath,
-    args: [CLI, "stdio", "--config", config],
-    cwd: ROOT,
+    args: [cli, "stdio", "--config", config],
+    cwd: dirname(dirname(cli)),
     stderr: "pipe",
   });
   let tail = "";

@@ -7,13 +7,14 @@ run. Every frame leaves through `send`, which holds one lock for the whole frame
 validates the input (`prepare`, cheap) and queues it on the model's batcher, and the batcher
 thread sends the reply from the future's callback as soon as the forward is done. Every thread
 hand-off waits for the GIL, which another thread may hold for a whole switch interval (5 ms by
-default, lowered below), so each one removed is latency a lone caller no longer pays. Everything
+default), so each one removed is latency a lone caller no longer pays. Everything
 else (load, benchmark, an infer whose input is refused, ...) runs on the op pool as before.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 import traceback
@@ -30,10 +31,14 @@ from .protocol import Cancel, FrameReader, Ping, ProtocolError, Request, encode_
 
 EXIT_OK = 0
 EXIT_DESYNC = 3
-# How long a thread may hold the GIL while another waits for it. CPython's default (5 ms) is
-# longer than a whole small-model call; the reader, the batchers and the op threads all hand
-# requests to each other, so a waiting hand-off would cost up to that much per hop.
-SWITCH_INTERVAL_S = 0.0005
+# Measurement knobs, read once at start (runtime/PROTOCOL.md, "Environment"):
+# TPU_WORKER_FAST_INFER=0 sends every infer through the op pool (the path before the fast path,
+# for side-by-side comparisons); TPU_WORKER_SWITCH_INTERVAL_S sets sys.setswitchinterval. It is
+# left at CPython's 5 ms: with the fast path a lone call has no GIL hand-off left to wait at, and
+# a 0.5 ms interval measured no better for lone calls and no better (in noisy runs, worse) for 32
+# concurrent callers on the shared 2-core development VM.
+FAST_INFER = os.environ.get("TPU_WORKER_FAST_INFER", "1") != "0"
+SWITCH_INTERVAL_S = float(os.environ.get("TPU_WORKER_SWITCH_INTERVAL_S") or 0)
 
 
 def _finite(obj: Any) -> Any:
@@ -106,7 +111,8 @@ class Server:
 
     def serve(self) -> int:
         """Sends hello, serves until EOF / shutdown / stop(), then cleans up; returns the exit code."""
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        if SWITCH_INTERVAL_S > 0:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.send(self.worker.hello())
         reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
         reader.start()
@@ -170,7 +176,7 @@ class Server:
             if dup:
                 self.send_error(msg.id, WorkerError("protocol_error", f"request id {msg.id!r} is already in flight"))
                 return
-            if msg.op == "infer" and self._fast_infer(msg, token):
+            if msg.op == "infer" and FAST_INFER and self._fast_infer(msg, token):
                 return
             try:
                 self._pool.submit(self._run, msg, token)
