@@ -306,7 +306,16 @@ async function main() {
 
   const dir = join(ROOT, "bench", "results");
   mkdirSync(dir, { recursive: true });
+  // The command that produced these figures, so a reader can regenerate and compare them.
+  const envUsed = ["BENCH_ONLY", "BENCH_QUICK", "BENCH_BASELINE"]
+    .filter((k) => process.env[k])
+    .map((k) => `${k}=${process.env[k]}`);
+  const command = [
+    ...envUsed,
+    process.env.npm_lifecycle_event === "bench" ? "npm run bench" : "npx tsx bench/run.ts",
+  ].join(" ");
   const report = {
+    command,
     started_at: started.toISOString(),
     elapsed_s: elapsed,
     quick,
@@ -322,8 +331,12 @@ async function main() {
     rows,
     notes,
   };
-  writeFileSync(join(dir, "latest.json"), JSON.stringify(report, null, 2) + "\n");
-  say(`wrote bench/results/latest.json`);
+  const text = JSON.stringify(report, null, 2) + "\n";
+  // One file per run (kept, for comparisons) plus latest.json; both gitignored.
+  const dated = `bench-${started.toISOString().replace(/[:.]/g, "-")}.json`;
+  writeFileSync(join(dir, dated), text);
+  writeFileSync(join(dir, "latest.json"), text);
+  say(`wrote bench/results/${dated} and bench/results/latest.json (${command})`);
 }
 
 main().catch((e) => {
