@@ -19,6 +19,7 @@ import sys
 import threading
 import traceback
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import IO, Any
 
 import torch
@@ -39,6 +40,7 @@ EXIT_DESYNC = 3
 # concurrent callers on the shared 2-core development VM.
 FAST_INFER = os.environ.get("TPU_WORKER_FAST_INFER", "1") != "0"
 SWITCH_INTERVAL_S = float(os.environ.get("TPU_WORKER_SWITCH_INTERVAL_S") or 0)
+_JOIN_MAX = 256 * 1024
 
 
 def _finite(obj: Any) -> Any:
@@ -64,6 +66,7 @@ class Server:
         # Fast-path infers waiting in a batcher: a cancel also drops them from its queue at once.
         self._futures: dict[str, Future] = {}
         self._tokens_lock = threading.Lock()
+        self._outbox = threading.local()
         # Each infer holds an op thread until its batch is done, so this pool also bounds how many
         # requests a model's batcher can ever see at once: keep it above the largest max_batch.
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="op")
@@ -84,6 +87,18 @@ class Server:
                     "error": WorkerError("internal", "the result could not be encoded; see the worker log").to_wire(),
                 }
             )
+        held = getattr(self._outbox, "chunks", None)
+        if held is not None:  # inside a batch's replies: written together at its end
+            held.extend(chunks)
+            return
+        self._write(chunks)
+
+    def _write(self, chunks: list) -> None:
+        # The protocol stream is unbuffered: every write() is a syscall that wakes the client's
+        # reader. Small frames (and a batch's replies) go out as one write, large tensors as
+        # they are (joining them would copy megabytes to save a syscall).
+        if sum(len(c) for c in chunks) <= _JOIN_MAX:
+            chunks = [b"".join(chunks)]
         with self._write_lock:
             if self._out_broken:
                 return
@@ -95,6 +110,17 @@ class Server:
                 # The client is gone; nothing can be delivered any more.
                 self._out_broken = True
                 self.stop(EXIT_OK)
+
+    @contextmanager
+    def _batch_replies(self):
+        """Holds the replies sent by this thread (a batcher finishing a batch) for one write."""
+        self._outbox.chunks = []
+        try:
+            yield
+        finally:
+            chunks, self._outbox.chunks = self._outbox.chunks, None
+            if chunks:
+                self._write(chunks)
 
     def send_error(self, msg_id: str | None, err: WorkerError) -> None:
         self.send({"type": "error", "id": msg_id, "error": err.to_wire()})
@@ -199,6 +225,8 @@ class Server:
             prepared = loaded.adapter.prepare(req.args, req.tensors)
         except Exception:  # noqa: BLE001 - the op path runs prepare again and reports the failure
             return False
+        if loaded.batcher.reply_scope is None:
+            loaded.batcher.reply_scope = self._batch_replies
         try:
             future = loaded.batcher.submit(prepared, token, req.trace)
         except Exception as exc:  # noqa: BLE001 - e.g. the model is being unloaded
