@@ -154,7 +154,7 @@ interface WorkerProc {
   exitWaiters: Array<() => void>;
   /** An error the worker sent before its hello (device probe failed): the reason it will exit. */
   startupError: { code: string; message: string } | null;
-  /** When the last stdout chunk arrived (monotonic µs; 0 when no call was waiting), for traces. */
+  /** When the last stdout chunk arrived (monotonic µs), read only while a traced call waits. */
   chunkAtUs?: number;
 }
 
@@ -218,6 +218,8 @@ export class WorkerRuntime implements Runtime {
   private generation = 0;
   private seq = 0;
   private readonly pending = new Map<string, Pending>();
+  /** Traced calls in `pending`: only while there are some is a chunk's arrival time read. */
+  private tracedInFlight = 0;
   private readonly loaded = new Map<string, LoadedModel>();
   private readonly lost = new Set<string>();
   private crashTimes: number[] = [];
@@ -369,6 +371,7 @@ export class WorkerRuntime implements Runtime {
         cancelRequested: false,
       };
       this.pending.set(id, p);
+      if (trace) this.tracedInFlight++;
       const timeoutMs = opts.timeoutMs ?? this.options.requestTimeoutMs;
       if (timeoutMs > 0 && Number.isFinite(timeoutMs)) {
         p.timer = setTimeout(() => this.onCallTimeout(p, timeoutMs), timeoutMs);
@@ -476,7 +479,7 @@ export class WorkerRuntime implements Runtime {
     }, o.startTimeoutMs);
 
     child.stdout?.on("data", (chunk: Buffer) => {
-      proc.chunkAtUs = this.pending.size ? monotonicUs() : 0;
+      if (this.tracedInFlight > 0) proc.chunkAtUs = monotonicUs();
       let events: DecodeEvent[];
       try {
         events = proc.decoder.push(chunk);
@@ -552,7 +555,7 @@ export class WorkerRuntime implements Runtime {
           { exit_code: code, signal },
         );
     for (const p of [...this.pending.values()]) {
-      this.pending.delete(p.id);
+      this.forget(p);
       if (!p.settled) this.settle(p, () => p.reject(died));
       else this.clearCallTimers(p);
     }
@@ -723,7 +726,7 @@ export class WorkerRuntime implements Runtime {
       return;
     }
     // result or error: the request is over in the worker.
-    this.pending.delete(p.id);
+    this.forget(p);
     if (p.trace) {
       const stamps = (frame.header as { trace?: unknown }).trace;
       if (Array.isArray(stamps))
@@ -765,7 +768,7 @@ export class WorkerRuntime implements Runtime {
     if (id) {
       const p = this.pending.get(id);
       if (p && p.proc === proc) {
-        this.pending.delete(id);
+        this.forget(p);
         if (!p.settled) {
           this.settle(p, () =>
             p.reject(
@@ -853,6 +856,10 @@ export class WorkerRuntime implements Runtime {
 
   private sendCancel(p: Pending): void {
     if (!p.proc.gone) this.write(p.proc, encodeFrame(cancelMessage(p.id)));
+  }
+
+  private forget(p: Pending): void {
+    if (this.pending.delete(p.id) && p.trace) this.tracedInFlight--;
   }
 
   private settle(p: Pending, fn: () => void): void {
