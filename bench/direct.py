@@ -48,11 +48,22 @@ def main() -> int:
         if cmd["op"] == "info":
             reply = {"pid": os.getpid(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
         elif cmd["op"] == "infer":
-            args = {"texts": cmd["texts"]}
+            # Text models take `texts`; tensor models `shape` (float32 values from `values`,
+            # repeated to fill it, so every side gets the same input).
+            if "texts" in cmd:
+                args, tensors = {"texts": cmd["texts"]}, []
+            else:
+                shape = cmd["shape"]
+                values = torch.tensor(cmd["values"], dtype=torch.float32)
+                numel = 1
+                for d in shape:
+                    numel *= d
+                args = {}
+                tensors = [values.repeat(numel // values.numel() + 1)[:numel].reshape(shape)]
             ms = []
             for _ in range(int(cmd.get("n", 1))):
                 t0 = time.perf_counter()
-                prepared = adapter.prepare(args, [])
+                prepared = adapter.prepare(args, tensors)
                 adapter.run_batch([prepared], never)
                 ms.append((time.perf_counter() - t0) * 1000.0)
             reply = {"ms": ms}

@@ -96,6 +96,14 @@ export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
         );
         s.fig(`b${batch}.${side}_ratio_p50`, r50);
         s.fig(`b${batch}.${side}_ratio_p99`, r99);
+        s.fig(`b${batch}.${side}_added_p50_ms`, sum[side].p50 - sum.direct.p50);
+        s.fig(`b${batch}.${side}_added_p99_ms`, sum[side].p99 - sum.direct.p99);
+        if (side === "stdio" || side === "http")
+          s.row(
+            `batch ${batch}: ${side} added p50 / p99`,
+            `${fmt.ms(sum[side].p50 - sum.direct.p50)} / ${fmt.ms(sum[side].p99 - sum.direct.p99)}`,
+            "MCP minus direct",
+          );
       }
     }
   } finally {

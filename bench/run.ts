@@ -2,13 +2,15 @@
 // one run, prints a table and writes bench/results/latest.json. Every figure that a target
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
-// Environment: BENCH_ONLY=overhead,concurrency,payload,coldstart,memory,pool runs a subset;
+// Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool runs
+// a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
 import { join } from "node:path";
 import { runColdStart } from "./coldstart.js";
 import { runConcurrency } from "./concurrency.js";
+import { runDecompose } from "./decompose.js";
 import {
   DirectPython,
   MODEL,
@@ -25,8 +27,18 @@ import { runMemory } from "./memory.js";
 import { runOverhead } from "./overhead.js";
 import { runPayload } from "./payload.js";
 import { runPool } from "./pool.js";
+import { runSmall } from "./small.js";
 
-const SECTIONS = ["coldstart", "overhead", "concurrency", "payload", "memory", "pool"] as const;
+const SECTIONS = [
+  "coldstart",
+  "decompose",
+  "small",
+  "overhead",
+  "concurrency",
+  "payload",
+  "memory",
+  "pool",
+] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
 const want = (name: (typeof SECTIONS)[number]) => !only || only.includes(name);
@@ -62,17 +74,36 @@ function targets(f: Record<string, number>): Target[] {
       threshold,
     });
   };
+  const ms = (v: number) => `${v.toFixed(2)} ms`;
+  const rate = (v: number) => `${v.toFixed(0)} calls/s`;
+  add("mnist-cnn b1 stdio: added p50", "small.stdio.added_p50_ms", (v) => v <= 1.0, "≤ 1.0 ms", ms);
+  add("mnist-cnn b1 stdio: added p99", "small.stdio.added_p99_ms", (v) => v <= 3.0, "≤ 3 ms", ms);
+  add("mnist-cnn b1 HTTP: added p50", "small.http.added_p50_ms", (v) => v <= 1.5, "≤ 1.5 ms", ms);
   add(
-    "batch-1 stdio MCP p50 vs direct",
-    "overhead.b1.stdio_ratio_p50",
-    (v) => v <= 1.15,
-    "≤ 1.15×",
+    "mnist-cnn 32 callers stdio",
+    "small.stdio.calls_per_s",
+    (v) => v >= 2500,
+    "≥ 2,500 calls/s",
+    rate,
   );
   add(
-    "batch-32 stdio MCP p50 vs direct",
+    "mnist-cnn 32 callers HTTP",
+    "small.http.calls_per_s",
+    (v) => v >= 1500,
+    "≥ 1,500 calls/s",
+    rate,
+  );
+  add(
+    "MiniLM batch-1 stdio MCP p50 vs direct",
+    "overhead.b1.stdio_ratio_p50",
+    (v) => v <= 1.1,
+    "≤ 1.10×",
+  );
+  add(
+    "MiniLM batch-32 stdio MCP p50 vs direct",
     "overhead.b32.stdio_ratio_p50",
-    (v) => v <= 1.05,
-    "≤ 1.05×",
+    (v) => v <= 1.03,
+    "≤ 1.03×",
   );
   for (const level of ["worker", "mcp-stdio"]) {
     add(
@@ -142,16 +173,29 @@ async function main() {
     results.coldstart = await runColdStart({ config, reps: q(3, 1) });
   }
 
-  const needServers = want("overhead") || want("concurrency") || want("payload") || want("memory");
+  if (want("decompose")) {
+    say("decomposition of one mnist-cnn call (traced) beside the SDK floor…");
+    results.decompose = await runDecompose({
+      config,
+      catalog,
+      model: "mnist-cnn",
+      calls: q(400, 60),
+      warmup: q(30, 10),
+    });
+  }
+
+  const needServers =
+    want("small") || want("overhead") || want("concurrency") || want("payload") || want("memory");
   let stdio: McpServer | undefined;
   let http: McpServer | undefined;
   let direct: DirectPython | undefined;
+  let baseline: McpServer | undefined;
   try {
     if (needServers) {
       say("starting tpu-mcp stdio, tpu-mcp http and the direct Python baseline…");
       [stdio, http, direct] = await Promise.all([
         startStdio(config),
-        want("overhead") ? startHttp(config) : Promise.resolve(undefined),
+        want("overhead") || want("small") ? startHttp(config) : Promise.resolve(undefined),
         want("overhead") ? DirectPython.start(catalog, MODEL) : Promise.resolve(undefined),
       ]);
       const stdioWorker = await workerPid(stdio);
@@ -159,7 +203,41 @@ async function main() {
       if (http) await http.call("load_model", { model: MODEL });
       if (want("concurrency") || want("overhead"))
         await stdio.call("load_model", { model: MODEL_NOBATCH });
-      if (want("payload") || want("memory")) await stdio.call("load_model", { model: "mnist-cnn" });
+      if (want("payload") || want("memory") || want("small"))
+        await stdio.call("load_model", { model: "mnist-cnn" });
+      if (want("small")) {
+        await http!.call("load_model", { model: "mnist-cnn" });
+        // BENCH_BASELINE=<another checkout>: its stdio server as a fourth side (same config
+        // minus keys it may not know), e.g. the previous commit, so a change is measured side
+        // by side rather than against numbers from another day.
+        const base = process.env.BENCH_BASELINE;
+        if (base) {
+          const { config: baseConfig } = writeBenchConfig();
+          const c = JSON.parse(readFileSync(baseConfig, "utf8"));
+          delete c.trace_calls;
+          writeFileSync(baseConfig, JSON.stringify(c));
+          baseline = await startStdio(baseConfig, join(base, "bin", "tpu-mcp.js"));
+          await baseline.call("load_model", { model: "mnist-cnn" });
+        }
+        say(
+          "small calls: mnist-cnn batch 1 latency and 32-caller throughput, stdio / http / direct…",
+        );
+        results.small = await runSmall({
+          stdio,
+          http: http!,
+          baseline,
+          catalog,
+          model: "mnist-cnn",
+          calls: q(300, 40),
+          warmup: q(30, 5),
+          callers: 32,
+          throughputCalls: q(2000, 300),
+          rounds: q(3, 1),
+        });
+        await http!.call("unload_model", { model: "mnist-cnn" });
+        await baseline?.close();
+        baseline = undefined;
+      }
 
       if (want("overhead")) {
         say("overhead (stdio / http / direct, interleaved)…");
@@ -172,10 +250,10 @@ async function main() {
           budgetS: { 1: q(60, 15), 32: q(75, 15) },
           warmup: q(10, 3),
         });
-        // The HTTP server and the baseline are done: stop them so they cost nothing later.
-        await Promise.all([http!.close(), direct!.close()]);
-        http = direct = undefined;
       }
+      // The HTTP server and the baseline are done: stop them so they cost nothing later.
+      await Promise.all([http?.close(), direct?.close()]);
+      http = direct = undefined;
       if (want("concurrency")) {
         say("concurrency (batching on / off)…");
         results.concurrency = await runConcurrency({
@@ -206,7 +284,7 @@ async function main() {
       }
     }
   } finally {
-    await Promise.allSettled([stdio?.close(), http?.close(), direct?.close()]);
+    await Promise.allSettled([stdio?.close(), http?.close(), direct?.close(), baseline?.close()]);
   }
 
   // The pool last: it runs its own workers (and a remote one), none of the servers above.
@@ -254,7 +332,16 @@ async function main() {
 
   const dir = join(ROOT, "bench", "results");
   mkdirSync(dir, { recursive: true });
+  // The command that produced these figures, so a reader can regenerate and compare them.
+  const envUsed = ["BENCH_ONLY", "BENCH_QUICK", "BENCH_BASELINE"]
+    .filter((k) => process.env[k])
+    .map((k) => `${k}=${process.env[k]}`);
+  const command = [
+    ...envUsed,
+    process.env.npm_lifecycle_event === "bench" ? "npm run bench" : "npx tsx bench/run.ts",
+  ].join(" ");
   const report = {
+    command,
     started_at: started.toISOString(),
     elapsed_s: elapsed,
     quick,
@@ -270,8 +357,12 @@ async function main() {
     rows,
     notes,
   };
-  writeFileSync(join(dir, "latest.json"), JSON.stringify(report, null, 2) + "\n");
-  say(`wrote bench/results/latest.json`);
+  const text = JSON.stringify(report, null, 2) + "\n";
+  // One file per run (kept, for comparisons) plus latest.json; both gitignored.
+  const dated = `bench-${started.toISOString().replace(/[:.]/g, "-")}.json`;
+  writeFileSync(join(dir, dated), text);
+  writeFileSync(join(dir, "latest.json"), text);
+  say(`wrote bench/results/${dated} and bench/results/latest.json (${command})`);
 }
 
 main().catch((e) => {

@@ -67,6 +67,12 @@ export interface AuditHead {
 
 export interface AuditLog {
   append(record: AuditRecord): StoredAuditRecord;
+  /**
+   * Group commit: resolves once the record is committed, in one transaction with the other
+   * records appended in the same event-loop turn (concurrent calls share a commit). Optional;
+   * the gate falls back to `append`.
+   */
+  appendDurable?(record: AuditRecord): Promise<StoredAuditRecord>;
   tail(n: number): StoredAuditRecord[];
   head(): AuditHead;
   verify(opts?: { head?: AuditHead }): AuditVerifyResult;
@@ -277,6 +283,61 @@ export class SqliteAuditLog implements AuditLog {
     const stored = tx.immediate(clean);
     this.logger?.info({ audit: stored }, `audit ${stored.outcome} ${stored.tool}`);
     return stored;
+  }
+
+  // Group commit. A commit (BEGIN IMMEDIATE … COMMIT, one WAL write) costs several times what
+  // one more row in it costs, and every tool call appends twice, so under concurrency records
+  // queued in the same event-loop turn are chained and committed together. Each caller still
+  // gets its answer only after its own record is committed (durable against a server crash:
+  // WAL with synchronous=NORMAL), and a lone caller waits one setImmediate, not a timer.
+  private queued: Array<{
+    clean: AuditRecord;
+    resolve: (r: StoredAuditRecord) => void;
+    reject: (e: unknown) => void;
+  }> = [];
+  private flushScheduled = false;
+  private manyTx?: ((batch: AuditRecord[]) => StoredAuditRecord[]) & {
+    immediate: (batch: AuditRecord[]) => StoredAuditRecord[];
+  };
+
+  appendDurable(record: AuditRecord): Promise<StoredAuditRecord> {
+    let clean: AuditRecord;
+    try {
+      clean = JSON.parse(canonicalJson(record)) as AuditRecord;
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return new Promise((resolve, reject) => {
+      this.queued.push({ clean, resolve, reject });
+      if (!this.flushScheduled) {
+        this.flushScheduled = true;
+        setImmediate(() => this.flush());
+      }
+    });
+  }
+
+  private flush(): void {
+    this.flushScheduled = false;
+    const batch = this.queued.splice(0);
+    if (batch.length === 0) return;
+    let stored: StoredAuditRecord[];
+    try {
+      if (!this.key) throw new Error("the audit key is missing: this audit log is read-only");
+      if (!this.manyTx) {
+        const one = this.appendTx(this.key);
+        this.manyTx = this.db.transaction((records: AuditRecord[]) =>
+          records.map((r) => one(r)),
+        ) as any;
+      }
+      stored = this.manyTx!.immediate(batch.map((b) => b.clean));
+    } catch (e) {
+      for (const b of batch) b.reject(e);
+      return;
+    }
+    batch.forEach((b, i) => {
+      this.logger?.info({ audit: stored[i] }, `audit ${stored[i].outcome} ${stored[i].tool}`);
+      b.resolve(stored[i]);
+    });
   }
 
   tail(n: number): StoredAuditRecord[] {

@@ -9,10 +9,41 @@ import { PolicyError } from "./errors.js";
 export const CONTROL_FIELDS: ReadonlySet<string> = new Set(["approval_id", "wait"]);
 
 export function canonicalJson(value: unknown): string {
-  return write(value, new Set(), "$");
+  return write(value, new Set(), "$", false);
 }
 
-function write(v: unknown, stack: Set<object>, path: string): string {
+/** Below this length a number array is written as JSON text even in a digest. */
+const PACK_MIN = 16;
+const PACK_MARK = "\u0001f64:";
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+/**
+ * Number arrays of PACK_MIN or more values (tensor data), as written inside an argument digest:
+ * the SHA-256 of their float64 little-endian bytes (-0 as 0), behind a mark that canonical JSON
+ * can never contain (a raw control character). Same values → same bytes, whatever their
+ * spelling, like the JSON form; but formatting 784 doubles as shortest-round-trip text costs
+ * ~30× more than hashing their bytes, and that was the largest cost of the gate.
+ */
+function packNumbers(arr: readonly unknown[], path: string): string | null {
+  if (arr.length < PACK_MIN) return null;
+  const f = new Float64Array(arr.length);
+  for (let i = 0; i < arr.length; i++) {
+    const x = arr[i];
+    if (typeof x !== "number") return null;
+    if (!Number.isFinite(x)) {
+      throw new PolicyError(
+        "invalid_arguments",
+        `${path}[${i}] is ${x}: only finite numbers are accepted`,
+        { path: `${path}[${i}]` },
+      );
+    }
+    f[i] = x === 0 ? 0 : x;
+  }
+  if (!LITTLE_ENDIAN) throw new Error("argument digests assume a little-endian host");
+  return `${PACK_MARK}${arr.length}:${createHash("sha256").update(f).digest("hex")}`;
+}
+
+function write(v: unknown, stack: Set<object>, path: string, pack: boolean): string {
   if (v === null) return "null";
   switch (typeof v) {
     case "string":
@@ -65,14 +96,27 @@ function write(v: unknown, stack: Set<object>, path: string): string {
   stack.add(obj);
   try {
     if (Array.isArray(obj)) {
-      // As JSON.stringify does, a hole or undefined inside an array becomes null.
-      return `[${obj.map((x, i) => (x === undefined ? "null" : write(x, stack, `${path}[${i}]`))).join(",")}]`;
+      // As JSON.stringify does, a hole or undefined inside an array becomes null. Finite numbers
+      // (tensor data: most of a large call) are written inline, without building a path string
+      // per element, which cost more than the hash itself; the output is the same.
+      if (pack) {
+        const packed = packNumbers(obj, path);
+        if (packed !== null) return packed;
+      }
+      let out = "[";
+      for (let i = 0; i < obj.length; i++) {
+        const x: unknown = obj[i];
+        if (i > 0) out += ",";
+        if (typeof x === "number" && Number.isFinite(x)) out += Object.is(x, -0) ? "0" : String(x);
+        else out += x === undefined ? "null" : write(x, stack, `${path}[${i}]`, pack);
+      }
+      return out + "]";
     }
     const rec = obj as Record<string, unknown>;
     const keys = Object.keys(rec)
       .filter((k) => rec[k] !== undefined)
       .sort();
-    return `{${keys.map((k) => `${JSON.stringify(k)}:${write(rec[k], stack, `${path}.${k}`)}`).join(",")}}`;
+    return `{${keys.map((k) => `${JSON.stringify(k)}:${write(rec[k], stack, `${path}.${k}`, pack)}`).join(",")}}`;
   } finally {
     stack.delete(obj);
   }
@@ -91,5 +135,6 @@ export function digestableArgs(args: Record<string, unknown>): Record<string, un
 
 export function argsDigest(tool: string, args: Record<string, unknown>): string {
   // The NUL separator keeps "ab"+"{..}" from colliding with "a"+"b{..}".
-  return sha256Hex(`${tool}\u0000${canonicalJson(digestableArgs(args))}`);
+  // Tensor data is digested by its bytes (packNumbers), the rest as canonical JSON.
+  return sha256Hex(`${tool}\u0000${write(digestableArgs(args), new Set(), "$", true)}`);
 }

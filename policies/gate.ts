@@ -54,6 +54,8 @@ export interface GateCall {
   elicit?: (prompt: ElicitPrompt) => Promise<ElicitAnswer>;
   /** Where the call ran (the worker of a pool), read when its outcome is audited. */
   ranOn?: () => string | undefined;
+  /** Stamps for the bench's decomposition (tools/support/trace.ts); absent unless tracing. */
+  trace?: { mark(stage: string): void };
 }
 
 export interface GateDeps {
@@ -276,8 +278,9 @@ export class Gate {
     call: GateCall,
     fn: (signal: AbortSignal, deadline: CallDeadline) => Promise<T>,
   ): Promise<T> {
-    const { principal, tool } = call;
+    const { principal, tool, trace } = call;
     let estimate = call.estimate;
+    trace?.mark("g.start");
     const redacted = redactArgs(call.args, this.config.audit.redact_args);
     const base = () => ({
       principal: principal.id,
@@ -292,20 +295,26 @@ export class Gate {
 
     try {
       digest = argsDigest(tool, call.args);
+      trace?.mark("g.digest");
       this.checkScope(principal, tool);
       // Every call counts against the rate, refused or not, before anything costs work.
       this.checkRate(principal);
+      trace?.mark("g.rate");
       // Only an admitted caller makes the estimate (which may ask the worker for free memory).
       if (!estimate && call.estimator) estimate = await call.estimator();
+      trace?.mark("g.estimate");
       this.checkFits(estimate);
       // A call the budget cannot take now never becomes an approval request.
       this.checkBudget(principal, tool, estimate);
       approvalId = await this.checkApproval({ ...call, estimate }, digest, redacted);
+      trace?.mark("g.approval");
       // Check and reserve in one synchronous step: calls queued behind each other cannot all
       // pass a check made before any of them was charged.
       this.checkBudget(principal, tool, estimate);
       reservation = this.reserve(principal.id, tool, estimate);
+      trace?.mark("g.budget");
       release = await this.deps.limiter.acquire(tool, call.device, call.signal);
+      trace?.mark("g.slot");
       if (approvalId) this.deps.approvals.consume(approvalId, principal.id, tool, digest);
     } catch (e) {
       release?.();
@@ -335,13 +344,14 @@ export class Gate {
     };
 
     try {
-      this.deps.audit.append({
+      await this.auditDurable({
         time: new Date(this.clock()).toISOString(),
         ...base(),
         args_digest: digest,
         outcome: "allowed",
         approval_id: approvalId,
       });
+      trace?.mark("g.audit_allowed");
     } catch (e) {
       // Fail closed: a call that cannot be recorded does not run.
       settle();
@@ -391,14 +401,23 @@ export class Gate {
 
     try {
       const result = await Promise.race([work, aborted]);
-      this.audit({
+      trace?.mark("g.work_done");
+      // Committed before the caller gets its answer: no answered call lacks its record.
+      await this.auditDurable({
+        time: new Date(this.clock()).toISOString(),
         ...base(),
         args_digest: digest,
         worker: call.ranOn?.(),
         outcome: "executed",
         duration_ms: this.clock() - started,
         approval_id: approvalId,
-      });
+      }).catch((e) =>
+        this.deps.logger.error(
+          { err: String(e), tool, principal: principal.id },
+          "audit append failed",
+        ),
+      );
+      trace?.mark("g.audit_executed");
       return result;
     } catch (e) {
       const code = isPolicyError(e)
@@ -460,6 +479,13 @@ export class Gate {
     const v = (this.reserved.get(key) ?? 0) + seconds;
     if (v <= 1e-9) this.reserved.delete(key);
     else this.reserved.set(key, v);
+  }
+
+  /** Appends and waits for the commit (group commit when the store offers it). */
+  private async auditDurable(rec: AuditRecord): Promise<void> {
+    const a = this.deps.audit;
+    if (a.appendDurable) await a.appendDurable(rec);
+    else a.append(rec);
   }
 
   private checkScope(principal: Principal, tool: string): void {

@@ -154,6 +154,8 @@ interface WorkerProc {
   exitWaiters: Array<() => void>;
   /** An error the worker sent before its hello (device probe failed): the reason it will exit. */
   startupError: { code: string; message: string } | null;
+  /** When the last stdout chunk arrived (monotonic µs), read only while a traced call waits. */
+  chunkAtUs?: number;
 }
 
 interface Pending {
@@ -164,6 +166,7 @@ interface Pending {
   resolve: (r: CallResult<any>) => void;
   reject: (e: RuntimeCallError) => void;
   onProgress?: CallOptions["onProgress"];
+  trace?: CallOptions["trace"];
   /** The caller has its answer; the entry stays until the worker ends the request. */
   settled: boolean;
   cancelRequested: boolean;
@@ -215,6 +218,8 @@ export class WorkerRuntime implements Runtime {
   private generation = 0;
   private seq = 0;
   private readonly pending = new Map<string, Pending>();
+  /** Traced calls in `pending`: only while there are some is a chunk's arrival time read. */
+  private tracedInFlight = 0;
   private readonly loaded = new Map<string, LoadedModel>();
   private readonly lost = new Set<string>();
   private crashTimes: number[] = [];
@@ -330,13 +335,15 @@ export class WorkerRuntime implements Runtime {
     args: Record<string, unknown>,
     opts: CallOptions = {},
   ): Promise<CallResult<T>> {
-    const { signal } = opts;
+    const { signal, trace } = opts;
     if (signal?.aborted) throw cancelledError(op, "before it was sent");
+    trace?.mark("rt.call");
     let frame: Buffer[];
     const id = `r${++this.seq}`;
     try {
+      const msg = requestMessage(id, op, args);
       frame = encodeFrame(
-        requestMessage(id, op, args),
+        trace ? { ...msg, trace: true } : msg,
         opts.tensors ?? [],
         this.options.maxBodyBytes,
       );
@@ -362,10 +369,12 @@ export class WorkerRuntime implements Runtime {
         resolve: resolveCall as (r: CallResult<any>) => void,
         reject: rejectCall,
         onProgress: opts.onProgress,
+        trace,
         settled: false,
         cancelRequested: false,
       };
       this.pending.set(id, p);
+      if (trace) this.tracedInFlight++;
       const timeoutMs = opts.timeoutMs ?? this.options.requestTimeoutMs;
       if (timeoutMs > 0 && Number.isFinite(timeoutMs)) {
         p.timer = setTimeout(() => this.onCallTimeout(p, timeoutMs), timeoutMs);
@@ -376,6 +385,7 @@ export class WorkerRuntime implements Runtime {
         p.detachAbort = () => signal.removeEventListener("abort", onAbort);
       }
       this.write(proc, frame);
+      trace?.mark("rt.written");
     });
   }
 
@@ -472,6 +482,7 @@ export class WorkerRuntime implements Runtime {
     }, o.startTimeoutMs);
 
     child.stdout?.on("data", (chunk: Buffer) => {
+      if (this.tracedInFlight > 0) proc.chunkAtUs = monotonicUs();
       let events: DecodeEvent[];
       try {
         events = proc.decoder.push(chunk);
@@ -547,7 +558,7 @@ export class WorkerRuntime implements Runtime {
           { exit_code: code, signal },
         );
     for (const p of [...this.pending.values()]) {
-      this.pending.delete(p.id);
+      this.forget(p);
       if (!p.settled) this.settle(p, () => p.reject(died));
       else this.clearCallTimers(p);
     }
@@ -718,7 +729,16 @@ export class WorkerRuntime implements Runtime {
       return;
     }
     // result or error: the request is over in the worker.
-    this.pending.delete(p.id);
+    this.forget(p);
+    if (p.trace) {
+      const stamps = (frame.header as { trace?: unknown }).trace;
+      if (Array.isArray(stamps))
+        for (const s of stamps)
+          if (Array.isArray(s) && typeof s[0] === "string" && typeof s[1] === "number")
+            p.trace.mark(s[0], s[1]);
+      if (proc.chunkAtUs) p.trace.mark("rt.frame_arrived", proc.chunkAtUs);
+      p.trace.mark("rt.frame_decoded");
+    }
     if (msg.type === "result") {
       this.trackModels(p, msg.result);
       if (p.settled) return;
@@ -751,7 +771,7 @@ export class WorkerRuntime implements Runtime {
     if (id) {
       const p = this.pending.get(id);
       if (p && p.proc === proc) {
-        this.pending.delete(id);
+        this.forget(p);
         if (!p.settled) {
           this.settle(p, () =>
             p.reject(
@@ -839,6 +859,10 @@ export class WorkerRuntime implements Runtime {
 
   private sendCancel(p: Pending): void {
     if (!p.proc.gone) this.write(p.proc, encodeFrame(cancelMessage(p.id)));
+  }
+
+  private forget(p: Pending): void {
+    if (this.pending.delete(p.id) && p.trace) this.tracedInFlight--;
   }
 
   private settle(p: Pending, fn: () => void): void {
@@ -991,6 +1015,11 @@ export class WorkerRuntime implements Runtime {
       }
     }
   }
+}
+
+/** CLOCK_MONOTONIC in µs (Linux), the clock the worker's trace stamps use. */
+function monotonicUs(): number {
+  return Number(process.hrtime.bigint() / 1000n);
 }
 
 function waitGone(proc: WorkerProc, ms: number): Promise<boolean> {

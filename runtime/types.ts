@@ -64,8 +64,18 @@ export interface ProgressUpdate {
   message?: string;
 }
 
+/**
+ * Per-call timestamps for the bench's decomposition (`trace_calls` in the server config; off by
+ * default). `atUs` is CLOCK_MONOTONIC in µs, the clock the worker stamps with; omitted = now.
+ */
+export interface CallTrace {
+  mark(stage: string, atUs?: number): void;
+}
+
 export interface CallOptions {
   tensors?: TensorData[];
+  /** Stamps the client side of the call and asks the worker for its own stamps. */
+  trace?: CallTrace;
   signal?: AbortSignal;
   /** Per-call timeout; on expiry a cancel is sent, then the worker is killed if it stays silent. */
   timeoutMs?: number;

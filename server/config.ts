@@ -73,6 +73,9 @@ export const ServerConfigSchema = z
     log_level: z
       .enum(["trace", "debug", "info", "warn", "error", "fatal", "silent"])
       .default("info"),
+    /** Per-call timestamps for `npm run bench`'s decomposition, returned to callers that ask
+     * with `_meta["tpu-mcp/trace"]`. Off by default: a measurement aid, not a feature. */
+    trace_calls: z.boolean().default(false),
     http: z
       .object({
         host: z.string().default("127.0.0.1"),

@@ -19,6 +19,7 @@ import type { Principal } from "../policies/scopes.js";
 import { hasScope, visibleTools } from "../policies/scopes.js";
 import { dispatchTool, ERROR_META_KEY, type Elicit } from "../tools/dispatch.js";
 import { renderReportSvg } from "../tools/support/report_chart.js";
+import { TRACE_META_KEY, tracerFor } from "../tools/support/trace.js";
 import { renderReportMarkdown } from "../tools/support/report_format.js";
 import type { ToolDefinition } from "../tools/types.js";
 import type { App } from "./app.js";
@@ -192,6 +193,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
         `Unknown tool: ${String(req.params.name).slice(0, 100)}`,
       );
     const t0 = performance.now();
+    const trace = tracerFor(app.config.trace_calls, req.params._meta);
     const result = await dispatchTool({
       tool,
       rawArgs: req.params.arguments,
@@ -211,6 +213,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
       elicit: elicitFor(server, app, extra),
       logger: app.logger,
       softDeadlineS: app.config.policy.limits.soft_deadline_s,
+      trace,
     });
     const code = (result._meta?.[ERROR_META_KEY] as { code?: string } | undefined)?.code;
     app.metrics.calls.inc({ tool: tool.name, outcome: code ?? "ok" });
@@ -218,6 +221,10 @@ export function createMcpServer(app: App, principal: Principal): Server {
     // A host with MCP Apps may show the pending approval as a card; approving stays out of band.
     if (code === "approval_required" && ui())
       result._meta = { ...result._meta, ui: { resourceUri: APPROVAL_CARD_URI } };
+    if (trace) {
+      trace.mark("s.handler_done");
+      result._meta = { ...result._meta, [TRACE_META_KEY]: { marks: trace.marks } };
+    }
     return result as any;
   });
 

@@ -5,6 +5,7 @@
 import process from "node:process";
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import { JSONRPCMessageSchema, type JSONRPCMessage } from "@modelcontextprotocol/sdk/types.js";
+import { TRACE_META_KEY, monotonicUs } from "../tools/support/trace.js";
 
 const PARSE_ERROR = -32700;
 const INVALID_REQUEST = -32600;
@@ -29,14 +30,18 @@ export class AnsweringStdioServerTransport implements Transport {
   private started = false;
   /** Ids of the client's requests not yet answered. */
   private readonly pending = new Set<string | number>();
+  /** When the current chunk arrived (monotonic µs), kept only when tracing is on. */
+  private chunkAtUs = 0;
 
   constructor(
     private readonly stdin: NodeJS.ReadableStream = process.stdin,
     private readonly stdout: NodeJS.WritableStream = process.stdout,
     private readonly maxLineBytes = DEFAULT_MAX_LINE_BYTES,
+    private readonly opts: { trace?: boolean } = {},
   ) {}
 
   private readonly ondata = (chunk: Buffer) => {
+    if (this.opts.trace) this.chunkAtUs = monotonicUs();
     let start = 0;
     for (let nl = chunk.indexOf(10); nl !== -1; nl = chunk.indexOf(10, start)) {
       this.take(chunk.subarray(start, nl));
@@ -115,6 +120,7 @@ export class AnsweringStdioServerTransport implements Transport {
         const id = (parsed.data as { params?: { requestId?: unknown } }).params?.requestId;
         if (typeof id === "string" || typeof id === "number") this.pending.delete(id);
       }
+      if (this.opts.trace) this.stamp(parsed.data);
       this.onmessage?.(parsed.data);
       return;
     }
@@ -129,6 +135,14 @@ export class AnsweringStdioServerTransport implements Transport {
       INVALID_REQUEST,
       "Invalid Request: not a valid JSON-RPC 2.0 / MCP message (check jsonrpc, id, method and that params is an object)",
     );
+  }
+
+  /** A request that asked for a trace gets the transport's stamps in its meta (tools/support/trace.ts). */
+  private stamp(message: JSONRPCMessage): void {
+    const meta = (message as { params?: { _meta?: Record<string, unknown> } }).params?._meta;
+    const asked = meta?.[TRACE_META_KEY];
+    if (!asked || typeof asked !== "object") return;
+    Object.assign(asked, { recv_us: this.chunkAtUs, parsed_us: monotonicUs() });
   }
 
   private reply(id: Id, code: number, message: string): void {

@@ -36,6 +36,8 @@ export interface DispatchInput {
   logger: Logger;
   /** Job tools still running after this many seconds answer with a job_id (0 or absent: never). */
   softDeadlineS?: number;
+  /** Stamps for the bench's decomposition; absent unless tracing (tools/support/trace.ts). */
+  trace?: ToolContext["trace"];
 }
 
 export const ERROR_META_KEY = "tpu-mcp/error";
@@ -109,7 +111,7 @@ function parseArgs(input: DispatchInput): Record<string, any> {
 }
 
 export async function dispatchTool(input: DispatchInput): Promise<CallToolResultLike> {
-  const { tool, principal, gate, logger } = input;
+  const { tool, principal, gate, logger, trace } = input;
   const t0 = performance.now();
   let outcome = "ok";
   try {
@@ -126,6 +128,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       gate.refuse(principal, tool.name, input.rawArgs ?? {}, err.code, err.message);
       throw err;
     }
+    trace?.mark("d.parsed");
     // "default" is the worker's own device: name it as explicit calls would, so both share a lane.
     const declared = tool.device ? tool.device(args) : undefined;
     const own = input.base.runtime.hello?.device;
@@ -148,6 +151,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       signal,
       progress,
       ...(deadline ? { deadline } : {}),
+      ...(trace ? { trace } : {}),
     });
     const estimate = tool.estimate;
     // With a pool, the workers the handler's calls went to are named in the audit record.
@@ -165,6 +169,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       signal: input.signal,
       elicit: input.elicit,
       ...(rt.withPlacement ? { ranOn: () => (ranOn.length ? ranOn.join(",") : undefined) } : {}),
+      trace,
     };
     const placed = <T>(fn: () => Promise<T>): Promise<T> =>
       rt.withPlacement ? rt.withPlacement(ranOn, fn) : fn();
@@ -179,7 +184,10 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
         placed(() => tool.handler(args, ctxFor(signal, input.progress, deadline))),
       );
     }
-    return successResult(tool, out);
+    trace?.mark("d.gate_done");
+    const res = successResult(tool, out);
+    trace?.mark("d.result");
+    return res;
   } catch (e) {
     const err = toToolError(e);
     outcome = err.code;

@@ -157,6 +157,7 @@ export const runInference = (env: ToolEnv) => {
       }
     },
     async handler(args, ctx) {
+      ctx.trace?.mark("h.start");
       const entry = entryOf(env, args.model);
       const tensors: TensorData[] = (args.tensors ?? []).map((t, i) =>
         tensorFromArg(t, i, env.limits.max_tensor_elements),
@@ -169,8 +170,14 @@ export const runInference = (env: ToolEnv) => {
           ...(args.texts ? { texts: args.texts } : {}),
           ...(args.max_new_tokens ? { max_new_tokens: args.max_new_tokens } : {}),
         },
-        { tensors, signal: ctx.signal, timeoutMs: ctx.deadline?.remainingMs() },
+        {
+          tensors,
+          signal: ctx.signal,
+          timeoutMs: ctx.deadline?.remainingMs(),
+          ...(ctx.trace ? { trace: ctx.trace } : {}),
+        },
       );
+      ctx.trace?.mark("h.resumed");
       const elapsed_ms = performance.now() - t0;
       const names: string[] =
         result.task === "embedding"
@@ -184,6 +191,7 @@ export const runInference = (env: ToolEnv) => {
           return { ...base, data: decodeValues(t) };
         return { ...base, summary: summarise(t), resource_uri: `tpu://outputs/${stored!.id}/${i}` };
       });
+      ctx.trace?.mark("h.outputs");
       return {
         model: args.model,
         task: entry.task,

@@ -6,7 +6,7 @@ import type { CostEstimate } from "../policies/estimate.js";
 import type { CallDeadline } from "../policies/gate.js";
 import type { Principal } from "../policies/scopes.js";
 import type { Catalog } from "../runtime/catalog.js";
-import type { Runtime } from "../runtime/types.js";
+import type { CallTrace, Runtime } from "../runtime/types.js";
 import type { Jobs } from "./support/jobs.js";
 import type { Outputs } from "./support/outputs.js";
 import type { Reports } from "./support/reports.js";
@@ -56,6 +56,8 @@ export interface ToolContext {
   deadline?: CallDeadline;
   /** Sends a progress notification when the client asked for them; no-op otherwise. */
   progress: (progress: number, total?: number, message?: string) => void;
+  /** Stamps for the bench's decomposition when tracing is on for this call. */
+  trace?: CallTrace;
 }
 
 /** The long-lived services of a ToolContext, without anything per call. */

@@ -54,6 +54,8 @@ export function writeBenchConfig(dir = tempDir()): { config: string; catalog: st
   const config = writeConfig(
     {
       log_level: "warn",
+      // Stamps only calls that ask for them (bench/decompose.ts); the others pay nothing.
+      trace_calls: true,
       runtime: { python: PYTHON, catalog, device: "cpu" },
       policy: {
         limits: {
@@ -102,12 +104,15 @@ function wrap(
   };
 }
 
-/** Spawns `tpu-mcp stdio` and connects; the stderr tail is kept for error messages. */
-export async function startStdio(config: string): Promise<McpServer> {
+/**
+ * Spawns `tpu-mcp stdio` and connects; the stderr tail is kept for error messages. `cli` may name
+ * another checkout's bin/tpu-mcp.js (BENCH_BASELINE: the previous commit, side by side).
+ */
+export async function startStdio(config: string, cli: string = CLI): Promise<McpServer> {
   const transport = new StdioClientTransport({
     command: process.execPath,
-    args: [CLI, "stdio", "--config", config],
-    cwd: ROOT,
+    args: [cli, "stdio", "--config", config],
+    cwd: dirname(dirname(cli)),
     stderr: "pipe",
   });
   let tail = "";
@@ -192,6 +197,11 @@ export class DirectPython {
   /** Wall-clock ms of `n` back-to-back prepare+forward calls, measured inside Python. */
   async infer(texts: string[], n = 1): Promise<number[]> {
     return (await this.request({ op: "infer", texts, n })).ms;
+  }
+
+  /** The same for a tensor model: a float32 tensor of `shape` filled from `values`. */
+  async inferTensor(shape: number[], values: number[], n = 1): Promise<number[]> {
+    return (await this.request({ op: "infer", shape, values, n })).ms;
   }
 
   close(): Promise<void> {

@@ -58,4 +58,44 @@ describe("argsDigest", () => {
     expect(argsDigest("run_inference", { ...args, texts: ["b", "a"] })).not.toBe(d);
     expect(argsDigest("run_inference", { ...args, confirm: true })).not.toBe(d);
   });
+
+  describe("tensor data (number arrays of 16+ values, digested by their float64 bytes)", () => {
+    const data = Array.from({ length: 784 }, (_, i) => (i % 7) / 7);
+    const call = (d: unknown[]) => ({
+      model: "mnist-cnn",
+      tensors: [{ dtype: "float32", shape: [1, 1, 28, 28], data: d }],
+    });
+
+    it("digests the same values alike, -0 as 0, and any changed value differently", () => {
+      const d = argsDigest("run_inference", call(data));
+      expect(argsDigest("run_inference", call([...data]))).toBe(d);
+      const zeros = Array(32).fill(0);
+      const negZeros = Array(32).fill(-0);
+      expect(argsDigest("run_inference", call(negZeros))).toBe(
+        argsDigest("run_inference", call(zeros)),
+      );
+      const changed = [...data];
+      changed[500] += 1e-12;
+      expect(argsDigest("run_inference", call(changed))).not.toBe(d);
+      expect(argsDigest("run_inference", call(data.slice(1)))).not.toBe(d);
+      expect(argsDigest("run_inference", call([...data.slice(1), data[0]]))).not.toBe(d);
+    });
+
+    it("refuses a non-finite value inside a long array, naming where", () => {
+      const bad = [...data];
+      bad[300] = Number.NaN;
+      expect(() => argsDigest("run_inference", call(bad))).toThrow(/tensors\[0\]\.data\[300\]/);
+    });
+
+    it("cannot be imitated by a string argument", () => {
+      const packed = argsDigest("run_inference", { x: Array(20).fill(1) });
+      // Whatever a caller writes in a string is JSON-escaped; the mark holds a raw control character.
+      for (const s of ["\u0001f64:20:", "f64:20"])
+        expect(argsDigest("run_inference", { x: s })).not.toBe(packed);
+      // Mixed or short arrays keep their JSON form, and differ from each other.
+      expect(argsDigest("run_inference", { x: [1, "1"] })).not.toBe(
+        argsDigest("run_inference", { x: [1, 1] }),
+      );
+    });
+  });
 });

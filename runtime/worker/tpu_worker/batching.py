@@ -11,6 +11,7 @@ request fails alone. The batcher thread is also the only place a model's forward
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -22,6 +23,7 @@ from . import logs
 from .adapters import Output, Prepared
 from .cancel import CancelToken
 from .errors import Cancelled, WorkerError
+from .protocol import now_us
 
 RunBatch = Callable[[list[Prepared], Callable[[], bool]], list[Output]]
 
@@ -32,6 +34,7 @@ class _Pending:
     token: CancelToken
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.monotonic)
+    trace: list | None = None
 
 
 @dataclass
@@ -57,6 +60,9 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed: str | None = None
         self._concurrent = False
+        # Set by the server's fast path: a context around setting a batch's results, so the
+        # replies their callbacks send leave in one write instead of one per request.
+        self.reply_scope: Callable[[], contextlib.AbstractContextManager] | None = None
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self._thread.start()
 
@@ -68,8 +74,10 @@ class Batcher:
     def describe(self) -> dict:
         return {"enabled": self.enabled, "max_batch": self.max_batch, "max_wait_ms": self.max_wait_s * 1000}
 
-    def submit(self, prepared: Prepared, token: CancelToken) -> Future:
-        p = _Pending(prepared, token)
+    def submit(self, prepared: Prepared, token: CancelToken, trace: list | None = None) -> Future:
+        p = _Pending(prepared, token, trace=trace)
+        if trace is not None:
+            trace.append(["w.queued", now_us()])
         with self._cond:
             if self._closed:
                 raise WorkerError("model_not_loaded", self._closed)
@@ -148,6 +156,7 @@ class Batcher:
         def should_stop() -> bool:
             return all(p.token.cancelled for p in live)
 
+        _stamp(live, "w.taken")
         try:
             outputs = self._run([p.prepared for p in live], should_stop)
         except Exception as exc:  # noqa: BLE001 - isolate below, report per request
@@ -168,13 +177,15 @@ class Batcher:
                 p.future.set_exception(exc)
             return
         self._record(live)
-        for p, out in zip(live, outputs, strict=True):
-            if p.token.cancelled:
-                p.future.set_exception(Cancelled())
-            else:
-                out.result["batched_with"] = len(live)
-                out.result["batch_items"] = sum(q.prepared.items for q in live)
-                p.future.set_result(out)
+        _stamp(live, "w.forward_done")
+        with self.reply_scope() if self.reply_scope else contextlib.nullcontext():
+            for p, out in zip(live, outputs, strict=True):
+                if p.token.cancelled:
+                    p.future.set_exception(Cancelled())
+                else:
+                    out.result["batched_with"] = len(live)
+                    out.result["batch_items"] = sum(q.prepared.items for q in live)
+                    p.future.set_result(out)
 
     def _execute_one(self, p: _Pending) -> None:
         try:
@@ -194,6 +205,14 @@ class Batcher:
         s.requests += len(live)
         s.items += items
         s.largest = max(s.largest, items)
+
+
+def _stamp(live: list[_Pending], stage: str) -> None:
+    t = None
+    for p in live:
+        if p.trace is not None:
+            t = t or now_us()
+            p.trace.append([stage, t])
 
 
 def wait_result(future: Future, token: CancelToken, poll_s: float = 0.05) -> Output:

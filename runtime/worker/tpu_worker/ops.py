@@ -29,6 +29,7 @@ from .errors import WorkerError, invalid
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
 from .memory import estimate_bytes, refusal_message
 from .probe import ProbeResult, device_label, parse_device, read_meminfo, refresh_memory, torch_device_string
+from .protocol import now_us
 
 ProgressFn = Callable[[float, float | None, str | None], None]
 FreeMemoryFn = Callable[[torch.device], int | None]
@@ -40,6 +41,7 @@ class OpContext:
     id: str
     token: CancelToken = field(default_factory=CancelToken)
     progress: ProgressFn = lambda p, total=None, message=None: None
+    trace: list | None = None  # [stage, µs] stamps of a traced request (protocol.Request.trace)
 
 
 @dataclass
@@ -424,8 +426,10 @@ class Worker:
         if m is None:
             raise WorkerError("model_not_loaded", f"model {entry.id!r} is not loaded; load it first (load_model)")
         prepared = m.adapter.prepare(args, tensors)
-        future = m.batcher.submit(prepared, ctx.token)
+        future = m.batcher.submit(prepared, ctx.token, ctx.trace)
         out = wait_result(future, ctx.token)
+        if ctx.trace is not None:
+            ctx.trace.append(["w.woke", now_us()])
         return {**out.result, "model": entry.id}, out.tensors
 
     def op_benchmark(self, args: dict, tensors, ctx: OpContext):

@@ -10,6 +10,7 @@ import json
 import math
 import struct
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -64,6 +65,9 @@ class Request:
     op: str
     args: dict[str, Any]
     tensors: list[torch.Tensor] = field(default_factory=list)
+    # Per-request timestamps ([stage, monotonic µs]) when the client asked with `trace: true`;
+    # returned in the reply header so a bench can decompose a call (off by default: no cost).
+    trace: list | None = None
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,11 @@ Message = Request | Cancel | Ping
 # Tensor (de)serialisation
 
 
+_ITEMSIZE: dict[str, int] = {name: torch.empty((), dtype=dt).element_size() for name, dt in DTYPES.items()}
+
+
 def _itemsize(dtype: str) -> int:
-    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+    return _ITEMSIZE[dtype]
 
 
 def parse_tensor_specs(raw: Any, body_len: int) -> list[TensorSpec]:
@@ -185,6 +192,12 @@ def encode_frame(header: dict, tensors: list[torch.Tensor] | None = None) -> lis
 # Reading
 
 
+def now_us() -> int:
+    """CLOCK_MONOTONIC in µs: the same clock as Node's process.hrtime on Linux, so stamps from
+    both processes can be subtracted."""
+    return time.monotonic_ns() // 1000
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -195,6 +208,8 @@ class FrameReader:
     def __init__(self, stream: IO[bytes], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self._stream = stream
         self.max_body_bytes = max_body_bytes
+        # When the last frame's first bytes arrived (monotonic µs), for traced requests.
+        self.arrived_us = 0
 
     def _read_exact(self, n: int) -> bytes | None:
         buf = bytearray()
@@ -235,6 +250,7 @@ class FrameReader:
         prefix = self._read_exact(_PREFIX.size)
         if prefix is None:
             return None
+        self.arrived_us = now_us()
         header_len, body_len = _PREFIX.unpack(prefix)
         if header_len == 0 or header_len > MAX_HEADER_BYTES:
             # Without a trustworthy header length the stream cannot be resynchronised.
@@ -263,9 +279,12 @@ class FrameReader:
         if header is None:
             raise ProtocolError(header_problem or "bad header", msg_id=None)
         try:
-            return parse_message(header, body)
+            msg = parse_message(header, body)
         except ValueError as exc:
             raise ProtocolError(str(exc), msg_id=msg_id) from None
+        if isinstance(msg, Request) and header.get("trace") is True:
+            msg.trace = [["w.arrived", self.arrived_us], ["w.parsed", now_us()]]
+        return msg
 
 
 def _parse_header_json(raw: bytes) -> tuple[dict | None, str | None]:

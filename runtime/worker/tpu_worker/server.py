@@ -1,27 +1,46 @@
 """The main loop: one reader thread, one locked writer, ops on a thread pool.
 
-The reader never runs an op itself, so `ping` is answered and `cancel` delivered while ops run.
-Every frame leaves through `send`, which holds one lock for the whole frame.
+The reader never runs a long op itself, so `ping` is answered and `cancel` delivered while ops
+run. Every frame leaves through `send`, which holds one lock for the whole frame.
+
+`infer` on a loaded model takes a fast path with one thread hand-off instead of three: the reader
+validates the input (`prepare`, cheap) and queues it on the model's batcher, and the batcher
+thread sends the reply from the future's callback as soon as the forward is done. Every thread
+hand-off waits for the GIL, which another thread may hold for a whole switch interval (5 ms by
+default), so each one removed is latency a lone caller no longer pays. Everything
+else (load, benchmark, an infer whose input is refused, ...) runs on the op pool as before.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import IO, Any
 
 import torch
 
 from . import logs
 from .cancel import CancelToken
-from .errors import WorkerError, is_oom
+from .errors import Cancelled, WorkerError, is_oom
 from .ops import OpContext, Worker
-from .protocol import Cancel, FrameReader, Ping, ProtocolError, Request, encode_frame
+from .protocol import Cancel, FrameReader, Ping, ProtocolError, Request, encode_frame, now_us
 
 EXIT_OK = 0
 EXIT_DESYNC = 3
+# Measurement knobs, read once at start (runtime/PROTOCOL.md, "Environment"):
+# TPU_WORKER_FAST_INFER=0 sends every infer through the op pool (the path before the fast path,
+# for side-by-side comparisons); TPU_WORKER_SWITCH_INTERVAL_S sets sys.setswitchinterval. It is
+# left at CPython's 5 ms: with the fast path a lone call has no GIL hand-off left to wait at, and
+# a 0.5 ms interval measured no better for lone calls and no better (in noisy runs, worse) for 32
+# concurrent callers on the shared 2-core development VM.
+FAST_INFER = os.environ.get("TPU_WORKER_FAST_INFER", "1") != "0"
+SWITCH_INTERVAL_S = float(os.environ.get("TPU_WORKER_SWITCH_INTERVAL_S") or 0)
+_JOIN_MAX = 256 * 1024
 
 
 def _finite(obj: Any) -> Any:
@@ -44,7 +63,10 @@ class Server:
         self._out = out
         self._write_lock = threading.Lock()
         self._tokens: dict[str, CancelToken] = {}
+        # Fast-path infers waiting in a batcher: a cancel also drops them from its queue at once.
+        self._futures: dict[str, Future] = {}
         self._tokens_lock = threading.Lock()
+        self._outbox = threading.local()
         # Each infer holds an op thread until its batch is done, so this pool also bounds how many
         # requests a model's batcher can ever see at once: keep it above the largest max_batch.
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="op")
@@ -65,6 +87,18 @@ class Server:
                     "error": WorkerError("internal", "the result could not be encoded; see the worker log").to_wire(),
                 }
             )
+        held = getattr(self._outbox, "chunks", None)
+        if held is not None:  # inside a batch's replies: written together at its end
+            held.extend(chunks)
+            return
+        self._write(chunks)
+
+    def _write(self, chunks: list) -> None:
+        # The protocol stream is unbuffered: every write() is a syscall that wakes the client's
+        # reader. Small frames (and a batch's replies) go out as one write, large tensors as
+        # they are (joining them would copy megabytes to save a syscall).
+        if sum(len(c) for c in chunks) <= _JOIN_MAX:
+            chunks = [b"".join(chunks)]
         with self._write_lock:
             if self._out_broken:
                 return
@@ -76,6 +110,17 @@ class Server:
                 # The client is gone; nothing can be delivered any more.
                 self._out_broken = True
                 self.stop(EXIT_OK)
+
+    @contextmanager
+    def _batch_replies(self):
+        """Holds the replies sent by this thread (a batcher finishing a batch) for one write."""
+        self._outbox.chunks = []
+        try:
+            yield
+        finally:
+            chunks, self._outbox.chunks = self._outbox.chunks, None
+            if chunks:
+                self._write(chunks)
 
     def send_error(self, msg_id: str | None, err: WorkerError) -> None:
         self.send({"type": "error", "id": msg_id, "error": err.to_wire()})
@@ -92,6 +137,8 @@ class Server:
 
     def serve(self) -> int:
         """Sends hello, serves until EOF / shutdown / stop(), then cleans up; returns the exit code."""
+        if SWITCH_INTERVAL_S > 0:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.send(self.worker.hello())
         reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
         reader.start()
@@ -137,8 +184,11 @@ class Server:
         elif isinstance(msg, Cancel):
             with self._tokens_lock:
                 token = self._tokens.get(msg.id)
+                future = self._futures.get(msg.id)
             if token is not None:
                 token.cancel()
+                if future is not None:
+                    future.cancel()  # still queued: answered `cancelled` now (see _infer_done)
                 logs.info("cancel requested", id=msg.id)
             else:
                 logs.debug("cancel for a request that is not running", id=msg.id)
@@ -152,6 +202,8 @@ class Server:
             if dup:
                 self.send_error(msg.id, WorkerError("protocol_error", f"request id {msg.id!r} is already in flight"))
                 return
+            if msg.op == "infer" and FAST_INFER and self._fast_infer(msg, token):
+                return
             try:
                 self._pool.submit(self._run, msg, token)
             except RuntimeError:  # pool shut down: we are exiting
@@ -160,6 +212,47 @@ class Server:
     def _forget(self, msg_id: str) -> None:
         with self._tokens_lock:
             self._tokens.pop(msg_id, None)
+            self._futures.pop(msg_id, None)
+
+    # -- the infer fast path (see the module docstring) ------------------------------------------
+    def _fast_infer(self, req: Request, token: CancelToken) -> bool:
+        """Queues an infer on its model's batcher from the reader; False = take the op pool."""
+        model = req.args.get("model")
+        loaded = self.worker.loaded.get(model) if isinstance(model, str) else None
+        if loaded is None:
+            return False  # unknown or not loaded: the op path words the error
+        try:
+            prepared = loaded.adapter.prepare(req.args, req.tensors)
+        except Exception:  # noqa: BLE001 - the op path runs prepare again and reports the failure
+            return False
+        if loaded.batcher.reply_scope is None:
+            loaded.batcher.reply_scope = self._batch_replies
+        try:
+            future = loaded.batcher.submit(prepared, token, req.trace)
+        except Exception as exc:  # noqa: BLE001 - e.g. the model is being unloaded
+            self._forget(req.id)
+            self._fail(req, exc)
+            return True
+        with self._tokens_lock:
+            self._futures[req.id] = future
+        # Runs on the batcher thread when the forward is done (or here, if it already is; or on
+        # the reader when a cancel drops it from the queue).
+        future.add_done_callback(lambda f: self._infer_done(req, model, f))
+        if token.cancelled:  # a cancel that arrived between submit and registration
+            future.cancel()
+        return True
+
+    def _infer_done(self, req: Request, model: str, future: Future) -> None:
+        self._forget(req.id)
+        if future.cancelled():
+            self.send_error(req.id, Cancelled())
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._fail(req, exc)
+            return
+        out = future.result()
+        self._reply(req, {**out.result, "model": model}, out.tensors)
 
     def _progress(self, msg_id: str):
         def report(progress: float, total: float | None = None, message: str | None = None) -> None:
@@ -173,42 +266,55 @@ class Server:
         return report
 
     def _run(self, req: Request, token: CancelToken) -> None:
-        ctx = OpContext(req.id, token, self._progress(req.id))
+        if req.trace is not None:
+            req.trace.append(["w.op_thread", now_us()])
+        ctx = OpContext(req.id, token, self._progress(req.id), req.trace)
         try:
             result, tensors = self.worker.handle(req.op, req.args, req.tensors, ctx)
-        except WorkerError as exc:
-            self._forget(req.id)
-            self.send_error(req.id, exc)
-            return
         except Exception as exc:  # noqa: BLE001 - every failure becomes a safe error reply
             self._forget(req.id)
-            if is_oom(exc):
-                logs.error("out of memory", op=req.op, id=req.id, error=str(exc)[:500])
-                self.send_error(
-                    req.id,
-                    WorkerError(
-                        "out_of_memory",
-                        f"{req.op} ran out of memory on {self.worker.device}; use a smaller batch or dtype, "
-                        "or unload other models",
-                    ),
-                )
-            else:
-                logs.error(
-                    "op failed",
-                    op=req.op,
-                    id=req.id,
-                    error=f"{type(exc).__name__}: {exc}",
-                    traceback=traceback.format_exc(),
-                )
-                self.send_error(
-                    req.id,
-                    WorkerError(
-                        "internal", f"{req.op} failed with an internal error ({type(exc).__name__}); see the worker log"
-                    ),
-                )
+            self._fail(req, exc)
             return
         self._forget(req.id)
-        self.send({"type": "result", "id": req.id, "result": result}, tensors)
+        self._reply(req, result, tensors)
         if req.op == "shutdown":
             logs.info("shutdown requested")
             self.stop(EXIT_OK)
+
+    def _reply(self, req: Request, result: dict, tensors: list[torch.Tensor]) -> None:
+        reply: dict[str, Any] = {"type": "result", "id": req.id, "result": result}
+        if req.trace is not None:
+            req.trace.append(["w.reply", now_us()])
+            reply["trace"] = req.trace
+        self.send(reply, tensors)
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        """Answers a failed request with a safe error (no paths or tracebacks on the wire)."""
+        if isinstance(exc, WorkerError):
+            self.send_error(req.id, exc)
+        elif isinstance(exc, CancelledError):
+            self.send_error(req.id, Cancelled())
+        elif is_oom(exc):
+            logs.error("out of memory", op=req.op, id=req.id, error=str(exc)[:500])
+            self.send_error(
+                req.id,
+                WorkerError(
+                    "out_of_memory",
+                    f"{req.op} ran out of memory on {self.worker.device}; use a smaller batch or dtype, "
+                    "or unload other models",
+                ),
+            )
+        else:
+            logs.error(
+                "op failed",
+                op=req.op,
+                id=req.id,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback="".join(traceback.format_exception(exc)),
+            )
+            self.send_error(
+                req.id,
+                WorkerError(
+                    "internal", f"{req.op} failed with an internal error ({type(exc).__name__}); see the worker log"
+                ),
+            )
