@@ -213,7 +213,8 @@ export class SqliteApprovalStore implements ApprovalStore {
   changeMark(): string {
     const r = this.db
       .prepare(
-        "SELECT COUNT(*) AS n, MAX(created_ms) AS c, MAX(decided_ms) AS d, MAX(used_ms) AS u FROM approvals",
+        // Sums, not maxima: two decisions in the same millisecond must still change the mark.
+        "SELECT COUNT(*) AS n, SUM(created_ms) AS c, SUM(decided_ms) AS d, SUM(used_ms) AS u FROM approvals",
       )
       .get() as { n: number; c: number | null; d: number | null; u: number | null };
     return `${r.n}:${r.c}:${r.d}:${r.u}`;
@@ -256,7 +257,7 @@ export class SqliteApprovalStore implements ApprovalStore {
     const limit = filter.limit ?? 100;
     const now = this.clock();
     const rows = this.db
-      .prepare("SELECT * FROM approvals ORDER BY created_ms DESC, id")
+      .prepare("SELECT * FROM approvals ORDER BY created_ms DESC, rowid DESC")
       .all() as Row[];
     const out: ApprovalRecord[] = [];
     for (const r of rows) {
