@@ -130,11 +130,14 @@ export class Metrics {
       new Gauge({
         name,
         help,
+        // Labelled by the cluster, so an unknown value (null) is absent rather than a 0.
+        labelNames: ["cluster"] as const,
         registers: [this.registry],
         collect() {
           this.reset();
-          const v = value(fleet());
-          if (v !== null) this.set(v);
+          const f = fleet();
+          const v = value(f);
+          if (v !== null) this.set({ cluster: f.address }, v);
         },
       });
     gauge("tpu_mcp_fleet_target_actors", "Ray fleet: actors wanted.", (f) => f.target);
