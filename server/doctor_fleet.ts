@@ -5,6 +5,7 @@
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { accessSync, constants, statSync } from "node:fs";
+import { connect } from "node:net";
 import { join } from "node:path";
 import type { ServerConfig } from "./config.js";
 
@@ -39,6 +40,24 @@ function py(
       clearTimeout(t);
       resolve({ code, out: out.trim(), err: err.trim() });
     });
+  });
+}
+
+/** A TCP connect to the GCS port: Ray itself takes 40 s to give up on an address that is down. */
+function tcpReach(address: string, ms = 5000): Promise<string | null> {
+  const i = address.lastIndexOf(":");
+  const host = address.slice(0, i).replace(/^\[|\]$/g, "");
+  const port = Number(address.slice(i + 1));
+  return new Promise((resolve) => {
+    const s = connect({ host, port });
+    const done = (why: string | null) => {
+      clearTimeout(t);
+      s.destroy();
+      resolve(why);
+    };
+    const t = setTimeout(() => done(`no answer within ${ms / 1000}s`), ms);
+    s.once("connect", () => done(null));
+    s.once("error", (e: NodeJS.ErrnoException) => done(e.code ?? e.message));
   });
 }
 
@@ -94,6 +113,15 @@ export async function checkFleet(config: ServerConfig): Promise<FleetCheck[] | n
   }
   checks.push({ name: "ray", ok: true, detail: `Ray ${version.out}` });
 
+  const down = await tcpReach(ray.address);
+  if (down) {
+    checks.push({
+      name: "cluster",
+      ok: false,
+      detail: `cannot reach the Ray cluster's GCS at ${ray.address} (${down}): is the head running, and its port open to this host?`,
+    });
+    return checks;
+  }
   // Does the cluster check tokens? The driver's own probe, with a token no cluster holds.
   const probeEnv = {
     ...rayEnv(ray),
