@@ -70,6 +70,8 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
   let configFile: string;
   let dataDir: string;
   let serverLog = "";
+  // What the server logged since a test last cleared it (serverLog keeps only a tail).
+  let logTap = "";
 
   // Before the fleet reports its first endpoint the pool has no worker, and status says so.
   const workers = async () =>
@@ -145,10 +147,10 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
       dir,
     );
     conn = await connectStdio(configFile);
-    conn.transport.stderr?.on(
-      "data",
-      (d: Buffer) => (serverLog = (serverLog + d.toString()).slice(-200_000)),
-    );
+    conn.transport.stderr?.on("data", (d: Buffer) => {
+      serverLog = (serverLog + d.toString()).slice(-200_000);
+      logTap = (logTap + d.toString()).slice(-1_000_000);
+    });
   });
 
   afterEach((ctx) => {
@@ -297,12 +299,12 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
 
     // An invalid file: the server logs why and nothing changes.
     withRay((r) => (r.placement.count = "three"));
-    const logAt = serverLog.length;
+    logTap = "";
     process.kill(pid, "SIGHUP");
     await waitFor(
       "the refusal in the server log",
       async () =>
-        /config reload refused, nothing changed[\s\S]*placement\.count/.test(serverLog.slice(logAt))
+        /config reload refused, nothing changed[\s\S]*placement\.count/.test(logTap)
           ? true
           : undefined,
       60_000,
@@ -352,7 +354,7 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
       return out;
     });
     withRay((r) => (r.placement.count = 1), { log_level: "debug" });
-    const logAt2 = serverLog.length;
+    logTap = "";
     process.kill(pid, "SIGHUP");
     const one = await waitFor("one Ray worker left", async () => {
       const w = await rayWorkers();
@@ -363,7 +365,7 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     expect(results.length).toBeGreaterThan(0);
     expect(results.every(Boolean)).toBe(true);
     expect(one[0].state).toBe("ready");
-    expect(serverLog.slice(logAt2)).toMatch(/need a restart: log_level/);
+    expect(logTap).toMatch(/need a restart: log_level/);
     const st2 = (await call(conn.client, "get_runtime_status", {})).structuredContent as {
       fleet: { target: number; observed: number };
     };
