@@ -73,12 +73,19 @@ export function watchFleetScale(
   let applied: { count: number; at: string } | null = null;
   let lastError: string | null = null;
   let busy = false;
+  let driverRestarts = 0;
   const publish = db.prepare(
     "INSERT INTO fleet_observed (id, target, status, error, at) VALUES (1, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET target = excluded.target, status = excluded.status, error = excluded.error, at = excluded.at",
   );
   const tick = async () => {
     if (busy || fleet.status().state !== "ready") return;
     busy = true;
+    // A restarted driver starts from the config's count again: re-apply the recorded target.
+    const restarts = fleet.summary("").driver_restarts;
+    if (restarts !== driverRestarts) {
+      driverRestarts = restarts;
+      applied = null;
+    }
     try {
       const want = db.prepare("SELECT count, at FROM fleet_target WHERE id = 1").get() as
         { count: number; at: string } | undefined;
