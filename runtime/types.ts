@@ -127,6 +127,8 @@ export interface Runtime {
   laneOf?(op: string, args: Record<string, unknown>): string | undefined;
   /** Pools only: every worker's state, placement and counters. */
   workers?(): WorkerStatus[];
+  /** Pools with a Ray fleet (runtime.ray) only: the fleet's driver and actors. */
+  fleet?(): FleetState;
   /** Pools only: runs fn, appending to `sink` the name of every worker its calls are sent to. */
   withPlacement?<T>(sink: string[], fn: () => Promise<T>): Promise<T>;
 }
@@ -175,4 +177,32 @@ export class RuntimeCallError extends Error {
     this.recoverable = recoverable;
     this.details = details;
   }
+}
+
+/** A Ray fleet as get_runtime_status and /metrics show it (runtime/fleet/ray.ts fills it). */
+export interface FleetState {
+  /** The driver: starting, ready, refused, restarting, stopped. */
+  state: string;
+  address: string;
+  mode: string;
+  ray_version: string | null;
+  /** Slots the cluster offers for this placement (null: no limit known). */
+  capacity: number | null;
+  /** Actors wanted (config count, `workers scale`, a reload). */
+  target: number | null;
+  /** Actors placed and serving (state "up"). */
+  observed: number;
+  /** Times the driver process was restarted by the control plane. */
+  driver_restarts: number;
+  /** Ray's restarts of actors, summed over the actors placed now. */
+  actor_restarts: number;
+  error: { code: string; message: string } | null;
+  actors: Array<{
+    name: string;
+    state: string;
+    restarts: number;
+    address: string | null;
+    device: string | null;
+    node: string | null;
+  }>;
 }

@@ -25,6 +25,7 @@ import { createPolicyServices } from "./policy.js";
 import { buildRuntime, type RuntimeHooks } from "./runtime.js";
 import { watchWorkerControl } from "./workers.js";
 import { watchFleetScale } from "./fleet.js";
+import { createReloader, watchReloadRequests, type ReloadResult } from "./reload.js";
 
 export interface App {
   config: ServerConfig;
@@ -49,13 +50,22 @@ export interface App {
   consoleUrl?: string;
   /** Runtime notices ("worker restarted", "worker failed") for MCP logging in every session. */
   notices: EventEmitter<{ notice: [level: "warning" | "error", data: Record<string, unknown>] }>;
+  /** Re-reads the config file and applies what can change at run time (SIGHUP, workers reload). */
+  reload(by: string): Promise<ReloadResult>;
   close(): Promise<void>;
 }
 
 export function createApp(
   config: ServerConfig,
   logger: Logger,
-  opts: { runtime?: Runtime; hooks?: RuntimeHooks } = {},
+  opts: {
+    runtime?: Runtime;
+    hooks?: RuntimeHooks;
+    /** Reads and validates the config file again (reload); absent: nothing to reload. */
+    loadConfig?: () => ServerConfig;
+    /** The config as the file gave it, when `config` adds to it (a generated token). */
+    fileConfig?: ServerConfig;
+  } = {},
 ): App {
   mkdirSync(config.paths.data_dir, { recursive: true });
   // Before anything starts: a webhook without its secret is a configuration error.
@@ -131,6 +141,13 @@ export function createApp(
   metrics.observeWorkers(runtime);
   const control = watchWorkerControl(config, runtime, rtLog);
   const fleetScale = watchFleetScale(config, runtime, rtLog);
+  const reloader = createReloader(
+    opts.fileConfig ?? config,
+    opts.loadConfig,
+    runtime,
+    logger.child({ component: "reload" }),
+  );
+  const reloadRequests = watchReloadRequests(config, reloader, logger);
   const tools = buildTools(env);
 
   const approvalFeed = new ApprovalFeed(approvals, {
@@ -167,12 +184,14 @@ export function createApp(
     approvalFeed,
     notifier,
     notices,
+    reload: (by) => reloader.reload(by),
     async close() {
       stopNotify();
       approvalFeed.close();
       notifier.close();
       control.close();
       fleetScale.close();
+      reloadRequests.close();
       jobs.close();
       await runtime.close();
       reports.close();

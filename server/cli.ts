@@ -6,7 +6,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { hashToken } from "../policies/config.js";
 import { ConfigError, loadConfig, withToken, type ServerConfig } from "./config.js";
-import { createApp } from "./app.js";
+import { createApp, type App } from "./app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
 import { runDoctor } from "./doctor.js";
 import { runTpuSelfTest } from "./doctor_tpu.js";
@@ -32,7 +32,7 @@ commands:
                                 read the audit trail, export its head (store it elsewhere),
                                 verify the keyed chain (and that it still holds an exported head)
   token new | hash TOKEN        make a token and print its sha256 for the config
-  workers [list] | drain NAME | undrain NAME | scale N [--token T]
+  workers [list] | drain NAME | undrain NAME | scale N | reload [--token T]
                                 the worker pool: state, placement; drain (admin token) stops
                                 routing to a worker and waits for its calls in flight
 
@@ -107,12 +107,19 @@ async function main(argv: string[]): Promise<number> {
     throw e;
   }
   const logger = createLogger(process.env.TPU_MCP_LOG_LEVEL ?? config.log_level);
+  // A reload reads the same file with the same command-line overrides (none without a file).
+  const configFile = values.config ?? process.env.TPU_MCP_CONFIG;
+  const reloadable = configFile
+    ? () => loadConfig(configFile, ROOT, { device: values.device })
+    : undefined;
 
   switch (command) {
     case "stdio": {
-      const app = createApp(config, logger);
+      const app = createApp(config, logger, { loadConfig: reloadable });
+      const stopHup = onSighup(app);
       const { closed } = await startStdio(app);
       await closed;
+      stopHup();
       await app.close();
       return 0;
     }
@@ -125,6 +132,7 @@ async function main(argv: string[]): Promise<number> {
       }
       const noAuth = values["no-auth"] === true;
       let token: string | undefined;
+      const fileConfig = config;
       if (!noAuth && config.policy.tokens.length === 0 && !config.policy.jwt) {
         token = localToken(config);
         config = withToken(config, {
@@ -133,12 +141,14 @@ async function main(argv: string[]): Promise<number> {
           scopes: [...config.policy.stdio_principal.scopes],
         });
       }
-      const app = createApp(config, logger);
+      const app = createApp(config, logger, { loadConfig: reloadable, fileConfig });
+      const stopHup = onSighup(app);
       let running;
       try {
         running = await startHttp(app, { host, port, noAuth });
       } catch (e) {
         err(`cannot serve HTTP: ${(e as Error).message}`);
+        stopHup();
         await app.close();
         return 1;
       }
@@ -161,6 +171,7 @@ async function main(argv: string[]): Promise<number> {
         process.once("SIGINT", resolve);
         process.once("SIGTERM", resolve);
       });
+      stopHup();
       await running.close();
       await app.close();
       return 0;
@@ -207,3 +218,10 @@ main(process.argv.slice(2)).then(
     process.exit(1);
   },
 );
+
+/** SIGHUP re-reads the config file (README: Config reload); returns the un-registration. */
+function onSighup(app: App): () => void {
+  const fn = () => void app.reload("SIGHUP");
+  process.on("SIGHUP", fn);
+  return () => process.off("SIGHUP", fn);
+}

@@ -7,6 +7,7 @@ import pino from "pino";
 import { readCatalog } from "../runtime/catalog.js";
 import { WorkerRuntime } from "../runtime/client.js";
 import { checkWorkers } from "./doctor_workers.js";
+import { checkFleet } from "./doctor_fleet.js";
 import type { ServerConfig } from "./config.js";
 import { runInventory } from "./doctor_tpu.js";
 import { SERVER_VERSION } from "./mcp.js";
@@ -62,6 +63,14 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
     bad(
       `Python not found at ${config.paths.python}: run \`npm run setup\` (creates .venv with torch)`,
     );
+    // The Ray fleet (runtime.ray): files, Ray itself, the cluster and its token.
+    if (!io.json) io.out("\nRay fleet");
+    const fleet = await checkFleet(config);
+    report.fleet = fleet
+      ? { configured: true, address: config.runtime.ray!.address, checks: fleet }
+      : { configured: false };
+    if (!fleet) ok("not configured (no runtime.ray): no Ray cluster is used");
+    else for (const c of fleet) (c.ok ? ok : bad)(`${c.name}: ${c.detail}`);
     if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
     return 1;
   }
@@ -131,6 +140,14 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
     report.workers = checks;
     for (const c of checks) (c.ok ? ok : bad)(`${c.name}: ${c.detail}`);
   }
+  // The Ray fleet (runtime.ray): files, Ray itself, the cluster and its token.
+  if (!io.json) io.out("\nRay fleet");
+  const fleet = await checkFleet(config);
+  report.fleet = fleet
+    ? { configured: true, address: config.runtime.ray!.address, checks: fleet }
+    : { configured: false };
+  if (!fleet) ok("not configured (no runtime.ray): no Ray cluster is used");
+  else for (const c of fleet) (c.ok ? ok : bad)(`${c.name}: ${c.detail}`);
   if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
   else io.out(problems.length ? `\n${problems.length} problem(s) found.` : "\nall good.");
   return problems.length ? 1 : 0;

@@ -37,6 +37,7 @@ export function attachRayFleet(
     logger: logger.child({ component: "ray-fleet" }),
   });
   fleets.set(pool, fleet);
+  pool.fleet = () => fleet.summary(ray.address);
   const closePool = pool.close.bind(pool);
   pool.close = async () => {
     await fleet.close();
@@ -72,12 +73,19 @@ export function watchFleetScale(
   let applied: { count: number; at: string } | null = null;
   let lastError: string | null = null;
   let busy = false;
+  let driverRestarts = 0;
   const publish = db.prepare(
     "INSERT INTO fleet_observed (id, target, status, error, at) VALUES (1, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET target = excluded.target, status = excluded.status, error = excluded.error, at = excluded.at",
   );
   const tick = async () => {
     if (busy || fleet.status().state !== "ready") return;
     busy = true;
+    // A restarted driver starts from the config's count again: re-apply the recorded target.
+    const restarts = fleet.summary("").driver_restarts;
+    if (restarts !== driverRestarts) {
+      driverRestarts = restarts;
+      applied = null;
+    }
     try {
       const want = db.prepare("SELECT count, at FROM fleet_target WHERE id = 1").get() as
         { count: number; at: string } | undefined;
@@ -118,6 +126,20 @@ export function watchFleetScale(
   };
 }
 
+/** Records the wanted actor count (desired state); the server's watcher applies it. */
+export function recordFleetTarget(config: ServerConfig, count: number, by: string): string {
+  const db = open(config);
+  try {
+    const at = new Date().toISOString();
+    db.prepare(
+      "INSERT INTO fleet_target (id, count, by, at) VALUES (1, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET count = excluded.count, by = excluded.by, at = excluded.at",
+    ).run(count, by, at);
+    return at;
+  } finally {
+    db.close();
+  }
+}
+
 /**
  * CLI side of `tpu-mcp workers scale N` (the caller has checked the admin token): records the
  * wanted count, then waits until the server's fleet reports that many actors serving.
@@ -126,18 +148,32 @@ export async function requestScale(
   config: ServerConfig,
   count: number,
   by: string,
-  io: { out: (s: string) => void; err: (s: string) => void; json: boolean; waitMs?: number },
+  io: FleetWaitIo,
 ): Promise<number> {
   if (!config.runtime.ray) {
     io.err("workers scale needs a Ray fleet: add runtime.ray to the config (README: Ray fleet)");
     return 2;
   }
+  const at = recordFleetTarget(config, count, by);
+  return waitForFleet(config, count, at, io);
+}
+
+export interface FleetWaitIo {
+  out: (s: string) => void;
+  err: (s: string) => void;
+  json: boolean;
+  waitMs?: number;
+}
+
+/** Waits until the server's fleet reports `count` actors serving, after the target set at `at`. */
+export async function waitForFleet(
+  config: ServerConfig,
+  count: number,
+  at: string,
+  io: FleetWaitIo,
+): Promise<number> {
   const db = open(config);
   try {
-    const at = new Date().toISOString();
-    db.prepare(
-      "INSERT INTO fleet_target (id, count, by, at) VALUES (1, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET count = excluded.count, by = excluded.by, at = excluded.at",
-    ).run(count, by, at);
     const until = Date.now() + (io.waitMs ?? 5 * 60_000);
     for (;;) {
       const o = db

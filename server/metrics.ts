@@ -119,7 +119,54 @@ export class Metrics {
       "Restarts (local) or reconnects (remote) of each worker.",
       (w) => w.restarts,
     );
+    this.observeFleet(runtime);
+  }
+
+  /** A Ray fleet (runtime.ray): target vs observed actors, restarts; absent without one. */
+  observeFleet(runtime: Runtime): void {
+    if (!runtime.fleet) return;
+    const fleet = () => runtime.fleet!();
+    const gauge = (name: string, help: string, value: (f: FleetRow) => number | null) =>
+      new Gauge({
+        name,
+        help,
+        // Labelled by the cluster, so an unknown value (null) is absent rather than a 0.
+        labelNames: ["cluster"] as const,
+        registers: [this.registry],
+        collect() {
+          this.reset();
+          const f = fleet();
+          const v = value(f);
+          if (v !== null) this.set({ cluster: f.address }, v);
+        },
+      });
+    gauge("tpu_mcp_fleet_target_actors", "Ray fleet: actors wanted.", (f) => f.target);
+    gauge(
+      "tpu_mcp_fleet_observed_actors",
+      "Ray fleet: actors placed and serving.",
+      (f) => f.observed,
+    );
+    gauge(
+      "tpu_mcp_fleet_capacity_actors",
+      "Ray fleet: slots the cluster offers (absent: no limit known).",
+      (f) => f.capacity,
+    );
+    gauge("tpu_mcp_fleet_driver_up", "Ray fleet: 1 when the driver is ready, else 0.", (f) =>
+      f.state === "ready" ? 1 : 0,
+    );
+    gauge(
+      "tpu_mcp_fleet_driver_restarts",
+      "Ray fleet: restarts of the driver process.",
+      (f) => f.driver_restarts,
+    );
+    gauge(
+      "tpu_mcp_fleet_actor_restarts",
+      "Ray fleet: Ray's restarts of the actors placed now.",
+      (f) => f.actor_restarts,
+    );
   }
 }
+
+type FleetRow = ReturnType<NonNullable<Runtime["fleet"]>>;
 
 type WorkerRow = ReturnType<NonNullable<Runtime["workers"]>>[number];

@@ -15,6 +15,7 @@ import type { Runtime, WorkerStatus } from "../runtime/types.js";
 import type { ServerConfig } from "./config.js";
 import { createPolicyServices } from "./policy.js";
 import { requestScale } from "./fleet.js";
+import { requestReload } from "./reload.js";
 import { join } from "node:path";
 import { mkdirSync } from "node:fs";
 
@@ -137,9 +138,13 @@ export async function runWorkersCommand(
       return 0;
     }
     const scaleTo = sub === "scale" && /^\d{1,4}$/.test(name ?? "") ? Number(name) : undefined;
-    if ((sub !== "drain" && sub !== "undrain" && scaleTo === undefined) || !name) {
+    const reload = sub === "reload" && name === undefined;
+    if (
+      (sub !== "drain" && sub !== "undrain" && scaleTo === undefined && !reload) ||
+      (!name && !reload)
+    ) {
       io.err(
-        "usage: tpu-mcp workers [list] | drain NAME | undrain NAME | scale N (Ray fleet)  (--token T, an admin token)",
+        "usage: tpu-mcp workers [list] | drain NAME | undrain NAME | scale N (Ray fleet) | reload (re-read the config)  (--token T, an admin token)",
       );
       return 2;
     }
@@ -164,11 +169,11 @@ export async function runWorkersCommand(
         principal: principal.id,
         tool: `workers.${sub}`,
         args_digest: null,
-        args: scaleTo !== undefined ? { count: scaleTo } : { worker: name },
+        args: scaleTo !== undefined ? { count: scaleTo } : reload ? {} : { worker: name },
         outcome: admin ? "executed" : "denied",
         ...(admin
           ? {}
-          : { code: "insufficient_scope", reason: "workers drain needs the admin scope" }),
+          : { code: "insufficient_scope", reason: `workers ${sub} needs the admin scope` }),
       });
       if (!admin) {
         io.err(`insufficient_scope: ${principal.id} lacks the admin scope that ${sub} needs`);
@@ -178,6 +183,7 @@ export async function runWorkersCommand(
       policy.close();
     }
     if (scaleTo !== undefined) return await requestScale(config, scaleTo, principal.id, io);
+    if (reload) return await requestReload(config, principal.id, io);
     const known = observed().map((o) => o.w.name);
     if (known.length && !known.includes(name)) {
       io.err(`no worker named ${name}; workers: ${known.join(", ")}`);

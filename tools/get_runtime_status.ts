@@ -19,7 +19,7 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
     name: "get_runtime_status",
     title: "Runtime status",
     description:
-      "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health; with a worker pool, every worker (device, local or remote, state, memory, models and replica placement, calls in flight).",
+      "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health; with a worker pool, every worker (device, local or remote, state, memory, models and replica placement, calls in flight); with a Ray fleet, the fleet (driver state, cluster, placement, target vs observed actors, restarts).",
     input: z.object({}).strict(),
     output: z.object({
       worker: z.object({
@@ -70,6 +70,35 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
         )
         .optional()
         .describe("with a worker pool: every worker, its state and the models it holds"),
+      fleet: z
+        .object({
+          state: z
+            .string()
+            .describe("the fleet driver: starting, ready, refused, restarting, stopped"),
+          address: z.string().describe("the Ray cluster (runtime.ray.address)"),
+          mode: z.string().describe("placement: per-chip, per-host, count, slice"),
+          ray_version: z.string().nullable(),
+          capacity: z.number().int().nullable(),
+          target: z.number().int().nullable().describe("actors wanted"),
+          observed: z.number().int().describe("actors placed and serving"),
+          driver_restarts: z.number().int(),
+          actor_restarts: z.number().int(),
+          error: z.object({ code: z.string(), message: z.string() }).nullable(),
+          actors: z.array(
+            z.object({
+              name: z.string(),
+              state: z.string(),
+              restarts: z.number().int(),
+              address: z.string().nullable(),
+              device: z.string().nullable(),
+              node: z.string().nullable(),
+            }),
+          ),
+        })
+        .optional()
+        .describe(
+          "with a Ray fleet (runtime.ray): the driver, target vs observed actors, restarts",
+        ),
     }),
     annotations: {
       readOnlyHint: true,
@@ -98,6 +127,7 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
         loaded: result.loaded ?? [],
         jobs_running: ctx.jobs.running(),
         ...(rt.workers ? { workers: rt.workers() } : {}),
+        ...(rt.fleet ? { fleet: rt.fleet() } : {}),
       };
     },
     render: (o) =>
@@ -108,5 +138,8 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
         : "") +
       (o.workers
         ? `; workers: ${o.workers.map((w) => `${w.name} ${w.device} ${w.state}${w.draining ? " (drained)" : ""} [${w.models.join(", ") || "-"}]`).join("; ")}`
+        : "") +
+      (o.fleet
+        ? `; Ray fleet ${o.fleet.state} at ${o.fleet.address} (${o.fleet.mode}): ${o.fleet.observed}/${o.fleet.target ?? "?"} actors serving`
         : ""),
   });

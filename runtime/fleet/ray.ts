@@ -16,7 +16,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import type { Logger } from "pino";
 import type { WorkerEntry } from "../pool/entries.js";
-import type { WorkerStatus } from "../types.js";
+import type { FleetState, WorkerStatus } from "../types.js";
 
 /** What the fleet needs from the pool: WorkerPool has exactly these. */
 export interface FleetPool {
@@ -91,6 +91,7 @@ export class RayFleet {
   private info: FleetStatus = { state: "starting" };
   private readonly listeners: Array<(m: Msg) => void> = [];
   private readonly serial = new Map<string, Promise<void>>();
+  private driverRestarts = 0;
   private readyResolve: ((s: FleetStatus) => void) | null = null;
   private readyReject: ((e: Error) => void) | null = null;
   readonly readyPromise: Promise<FleetStatus>;
@@ -113,6 +114,32 @@ export class RayFleet {
     return { ...this.info };
   }
 
+  /** What get_runtime_status and /metrics show (the actors as of the last `actors()` call). */
+  summary(address: string): FleetState {
+    const i = this.info;
+    const actors = (i.actors ?? []).map((a) => ({
+      name: a.name,
+      state: a.state,
+      restarts: Math.trunc(a.restarts ?? 0),
+      address: a.endpoint ? `${a.endpoint.host}:${a.endpoint.port}` : null,
+      device: a.endpoint?.device ?? null,
+      node: a.endpoint?.node ?? null,
+    }));
+    return {
+      state: i.state,
+      address,
+      mode: i.mode ?? String((this.o.driverConfig.placement as { mode?: string })?.mode ?? "?"),
+      ray_version: i.ray_version ?? null,
+      capacity: i.capacity ?? null,
+      target: i.target ?? null,
+      observed: actors.filter((a) => a.state === "up").length,
+      driver_restarts: this.driverRestarts,
+      actor_restarts: actors.reduce((n, a) => n + a.restarts, 0),
+      error: i.error ?? null,
+      actors,
+    };
+  }
+
   start(): Promise<FleetStatus> {
     if (!this.proc && !this.closed) this.spawnDriver();
     return this.readyPromise;
@@ -122,8 +149,13 @@ export class RayFleet {
   async scale(count: number): Promise<{ target: number; added: string[]; draining: string[] }> {
     if (!Number.isInteger(count) || count < 0)
       throw new FleetError("invalid_argument", "scale needs a non-negative integer count");
-    const r = await this.request("scale", { count });
-    return r as { target: number; added: string[]; draining: string[] };
+    const r = (await this.request("scale", { count })) as {
+      target: number;
+      added: string[];
+      draining: string[];
+    };
+    this.info = { ...this.info, target: r.target };
+    return r;
   }
 
   async actors(): Promise<FleetStatus> {
@@ -201,6 +233,7 @@ export class RayFleet {
       }
       this.o.logger?.warn({ code, signal }, "fleet driver exited; restarting it");
       this.info = { ...this.info, state: "restarting" };
+      this.driverRestarts++;
       // Its actors fate-share with it: the pool loses them until the new driver reports again.
       for (const name of this.o.pool.names().filter((n) => this.ours.has(n))) this.forget(name);
       setTimeout(() => !this.closed && this.spawnDriver(), this.o.restartBackoffMs ?? 2000).unref();

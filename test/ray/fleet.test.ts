@@ -4,7 +4,7 @@
 // Run by `npm run test:ray`, inside a network namespace that has only loopback.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -70,6 +70,8 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
   let configFile: string;
   let dataDir: string;
   let serverLog = "";
+  // What the server logged since a test last cleared it (serverLog keeps only a tail).
+  let logTap = "";
 
   // Before the fleet reports its first endpoint the pool has no worker, and status says so.
   const workers = async () =>
@@ -145,10 +147,10 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
       dir,
     );
     conn = await connectStdio(configFile);
-    conn.transport.stderr?.on(
-      "data",
-      (d: Buffer) => (serverLog = (serverLog + d.toString()).slice(-200_000)),
-    );
+    conn.transport.stderr?.on("data", (d: Buffer) => {
+      serverLog = (serverLog + d.toString()).slice(-200_000);
+      logTap = (logTap + d.toString()).slice(-1_000_000);
+    });
   });
 
   afterEach((ctx) => {
@@ -277,5 +279,97 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     const over = cli("workers", "scale", "9");
     expect(over.status).toBe(1);
     expect(over.stderr).toMatch(/out_of_range/);
+  });
+
+  it("a config reload applies a new actor count (workers reload, SIGHUP), drains on the way down, refuses an invalid file", async () => {
+    const original = readFileSync(configFile, "utf8");
+    const withRay = (
+      edit: (ray: Record<string, any>) => void,
+      top: Record<string, unknown> = {},
+    ) => {
+      const raw = JSON.parse(original) as Record<string, any>;
+      edit(raw.runtime.ray);
+      writeFileSync(configFile, JSON.stringify({ ...raw, ...top }, null, 2));
+    };
+    const rayWorkers = async () => (await workers()).filter((w) => w.name.startsWith("ray-"));
+    const pid = conn.transport.pid!;
+    expect(pid).toBeGreaterThan(0);
+    const before = (await rayWorkers()).map((w) => w.name);
+    expect(before).toEqual(["ray-0"]);
+
+    // An invalid file: the server logs why and nothing changes.
+    withRay((r) => (r.placement.count = "three"));
+    logTap = "";
+    process.kill(pid, "SIGHUP");
+    await waitFor(
+      "the refusal in the server log",
+      async () =>
+        /config reload refused, nothing changed[\s\S]*placement\.count/.test(logTap)
+          ? true
+          : undefined,
+      60_000,
+    );
+    expect((await rayWorkers()).map((w) => w.name)).toEqual(["ray-0"]);
+
+    // count 2 -> 3 through `tpu-mcp workers reload` (admin): the CLI waits for three actors.
+    withRay((r) => (r.placement.count = 3));
+    const up = cli("workers", "reload");
+    expect(up.status, up.stderr).toBe(0);
+    expect(up.stdout).toMatch(/applied: runtime\.ray\.placement\.count: 2 -> 3/);
+    expect(up.stdout).toMatch(/Ray fleet at 3 worker/);
+    const three = await waitFor("three ready Ray workers", async () => {
+      const w = await rayWorkers();
+      return w.length === 3 && w.every((x) => x.state === "ready") ? w : undefined;
+    });
+    expect(three.map((w) => w.kind)).toEqual(["remote", "remote", "remote"]);
+    // get_runtime_status shows the fleet: driver, cluster, placement, target vs observed.
+    const st = (await call(conn.client, "get_runtime_status", {})).structuredContent as {
+      fleet: {
+        state: string;
+        address: string;
+        mode: string;
+        target: number;
+        observed: number;
+        capacity: number;
+        actor_restarts: number;
+        actors: Array<{ name: string; state: string }>;
+      };
+    };
+    expect(st.fleet).toMatchObject({
+      state: "ready",
+      address: cluster.info.address,
+      mode: "per-chip",
+      target: 3,
+      observed: 3,
+      capacity: 4,
+    });
+    expect(st.fleet.actors.map((a) => a.state)).toEqual(["up", "up", "up"]);
+
+    // count 3 -> 1 by SIGHUP while traffic runs: removals drain first, so no call fails; a
+    // changed setting that needs a restart is named in the log and left as it is.
+    let stop = false;
+    const callers = Array.from({ length: 3 }, async (_, k) => {
+      const out: boolean[] = [];
+      while (!stop) out.push((await infer(`during reload ${k}`)).ok);
+      return out;
+    });
+    withRay((r) => (r.placement.count = 1), { log_level: "debug" });
+    logTap = "";
+    process.kill(pid, "SIGHUP");
+    const one = await waitFor("one Ray worker left", async () => {
+      const w = await rayWorkers();
+      return w.length === 1 ? w : undefined;
+    });
+    stop = true;
+    const results = (await Promise.all(callers)).flat();
+    expect(results.length).toBeGreaterThan(0);
+    expect(results.every(Boolean)).toBe(true);
+    expect(one[0].state).toBe("ready");
+    expect(logTap).toMatch(/need a restart: log_level/);
+    const st2 = (await call(conn.client, "get_runtime_status", {})).structuredContent as {
+      fleet: { target: number; observed: number };
+    };
+    expect(st2.fleet.target).toBe(1);
+    writeFileSync(configFile, original);
   });
 });
