@@ -127,7 +127,14 @@ async function checkPool(host: string, runtime: Record<string, unknown>, chips: 
     expect(e.code).toBe("internal");
     expect(e.details.worker).toBe("w1");
     expect(e.message).toContain("w1 (tpu:1)");
-    expect(e.message).toContain("No jellyfish device found");
+    expect(e.message).toMatch(/load failed with an internal error \(RuntimeError\); see the worker log/);
+    // …and the worker log, tagged with w1, says why in libtpu's words.
+    const why = s
+      .stderr()
+      .split("\n")
+      .filter((l) => l.includes("No jellyfish device found"));
+    expect(why.length, s.stderr().slice(-3000)).toBeGreaterThan(0);
+    for (const l of why) expect(JSON.parse(l).worker).toBe("w1");
     const after = await status(s.client);
     expect(after.workers.map((w: any) => [w.name, w.calls, w.failures, w.pid])).toEqual(
       Array.from({ length: chips }, (_, i) => [`w${i}`, i === 1 ? 1 : 0, i === 1 ? 1 : 0, pids[i]]),
