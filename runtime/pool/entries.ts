@@ -27,7 +27,10 @@ export function isRemote(e: WorkerEntry): e is RemoteWorkerEntry {
 export const RESERVED_NAMES = /^(auto|cpu|cuda|tpu|xla)(:\d+)?$/;
 export const WORKER_NAME = /^[A-Za-z][A-Za-z0-9_.-]{0,62}$/;
 
-const VISIBLE: Record<string, string> = { tpu: "TPU_VISIBLE_DEVICES", cuda: "CUDA_VISIBLE_DEVICES" };
+const VISIBLE: Record<string, string> = {
+  tpu: "TPU_VISIBLE_DEVICES",
+  cuda: "CUDA_VISIBLE_DEVICES",
+};
 
 /**
  * The environment of a local worker on one chip (`tpu:N`, `cuda:N`): the chip made the only

@@ -127,7 +127,9 @@ async function checkPool(host: string, runtime: Record<string, unknown>, chips: 
     expect(e.code).toBe("internal");
     expect(e.details.worker).toBe("w1");
     expect(e.message).toContain("w1 (tpu:1)");
-    expect(e.message).toMatch(/load failed with an internal error \(RuntimeError\); see the worker log/);
+    expect(e.message).toMatch(
+      /load failed with an internal error \(RuntimeError\); see the worker log/,
+    );
     // …and the worker log, tagged with w1, says why in libtpu's words.
     const why = s
       .stderr()
