@@ -150,6 +150,8 @@ export interface WorkerStatus {
   memory_free_bytes: number | null;
   models: string[];
   lost_models: string[];
+  /** The device the worker's own hello reported (null before its first hello). */
+  chip: { kind: string; index: number; name: string; backend: string } | null;
 }
 
 /** Error codes the runtime produces itself (the worker's own codes pass through unchanged). */

@@ -66,6 +66,18 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
             memory_free_bytes: z.number().int().nullable(),
             models: z.array(z.string()),
             lost_models: z.array(z.string()),
+            chip: z
+              .object({
+                kind: z.string(),
+                index: z.number().int(),
+                name: z.string(),
+                backend: z.string(),
+              })
+              .nullable()
+              .optional()
+              .describe(
+                "the device this worker's own hello reported (one chip per worker on a TPU host)",
+              ),
           }),
         )
         .optional()

@@ -26,3 +26,23 @@ export function isRemote(e: WorkerEntry): e is RemoteWorkerEntry {
 /** Names a worker may not take: they would read as a device. */
 export const RESERVED_NAMES = /^(auto|cpu|cuda|tpu|xla)(:\d+)?$/;
 export const WORKER_NAME = /^[A-Za-z][A-Za-z0-9_.-]{0,62}$/;
+
+const VISIBLE: Record<string, string> = {
+  tpu: "TPU_VISIBLE_DEVICES",
+  cuda: "CUDA_VISIBLE_DEVICES",
+};
+
+/**
+ * The environment of a local worker on one chip (`tpu:N`, `cuda:N`): the chip made the only
+ * visible one (TPU_VISIBLE_DEVICES=N), so the process is bound to it from its first instruction
+ * (the worker would set it itself, but then it is not in the process's start-up environment,
+ * /proc/PID/environ, that operators and libtpu's own children read). A visible set the operator
+ * chose already is left alone (the worker maps N into it); other devices get `base` unchanged.
+ */
+export function chipEnv(device: string, base: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const m = /^(tpu|cuda):(\d+)$/.exec(device);
+  if (!m) return base;
+  const name = VISIBLE[m[1]!]!;
+  if (base[name] !== undefined && base[name]!.trim() !== "") return base;
+  return { ...base, [name]: m[2]! };
+}

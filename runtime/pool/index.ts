@@ -1,11 +1,12 @@
 // The worker pool: several workers (one per chip, remote workers over mutual TLS) behind Runtime.
 export { WorkerPool } from "./pool.js";
 export type { PoolOptions } from "./pool.js";
-export { isRemote, RESERVED_NAMES, WORKER_NAME } from "./entries.js";
+export { chipEnv, isRemote, RESERVED_NAMES, WORKER_NAME } from "./entries.js";
 export type { LocalWorkerEntry, RemoteWorkerEntry, WorkerEntry } from "./entries.js";
 export { remoteSpawn, splitHostPort } from "./remote.js";
 export type { RemoteEndpoint, RemoteRefusal, RemoteTls } from "./remote.js";
 export {
+  devDir,
   hostMayHaveAccelerators,
   parseInventory,
   perDeviceEntries,

@@ -93,10 +93,19 @@ export function perDeviceEntries(inv: Inventory, threads = 0): LocalWorkerEntry[
 }
 
 /**
+ * Where device files live: /dev, or the simulated TPU host's when TPU_SIM_ROOT names one (set
+ * only by the tpu-sim suite, whose start-up hook fakes the worker's PCI/VFIO scan under the same
+ * root; see runtime/worker/tpu_sim/).
+ */
+export function devDir(env: NodeJS.ProcessEnv = process.env): string {
+  return env.TPU_SIM_ROOT ? join(env.TPU_SIM_ROOT, "dev") : "/dev";
+}
+
+/**
  * A cheap look for accelerator device files, so a CPU host never pays for an inventory run:
  * TPU VMs expose /dev/accel* (or /dev/vfio), GPU hosts /dev/nvidia0….
  */
-export function hostMayHaveAccelerators(dev = "/dev"): boolean {
+export function hostMayHaveAccelerators(dev = devDir()): boolean {
   const count = (dir: string, re: RegExp) => {
     try {
       return readdirSync(dir).filter((n) => re.test(n)).length;

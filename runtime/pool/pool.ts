@@ -31,7 +31,7 @@ import {
   type WorkerState,
   type WorkerStatus,
 } from "../types.js";
-import { isRemote, type WorkerEntry } from "./entries.js";
+import { chipEnv, isRemote, type WorkerEntry } from "./entries.js";
 import { remoteSpawn, type RemoteRefusal } from "./remote.js";
 
 export interface PoolOptions {
@@ -487,8 +487,9 @@ export class WorkerPool implements Runtime {
       return await m.rt.call<T>(op, args, opts);
     } catch (e) {
       if (counted) m.failures++;
+      // Name the worker (and its chip) the error came from, once.
       if (e instanceof RuntimeCallError && !e.details?.worker)
-        throw new RuntimeCallError(e.code, e.message, e.recoverable, {
+        throw new RuntimeCallError(e.code, `${m.name} (${m.device}): ${e.message}`, e.recoverable, {
           ...e.details,
           worker: m.name,
         });
@@ -610,6 +611,7 @@ export class WorkerPool implements Runtime {
       : {
           ...base,
           device: entry.device,
+          env: chipEnv(entry.device, base.env ?? process.env),
           extraArgs: [
             ...(base.extraArgs ?? []).filter(
               (a, i, all) => a !== "--threads" && all[i - 1] !== "--threads",
@@ -670,6 +672,7 @@ export class WorkerPool implements Runtime {
       memory_free_bytes: m.free(this.heldBy(m)),
       models: m.models().map((x) => x.model),
       lost_models: m.rt.lostModels(),
+      chip: dev ? { kind: dev.kind, index: dev.index, name: dev.name, backend: dev.backend } : null,
     };
   }
 }

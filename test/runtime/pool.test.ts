@@ -3,7 +3,7 @@
 // inventory and spawn level), and routing decisions over stand-in members. The real thing (real
 // workers, a real remote worker over TLS, a real MCP client) is test/e2e/pool.test.ts.
 import { spawn as nodeSpawn } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pino } from "pino";
@@ -11,6 +11,9 @@ import { describe, expect, it } from "vitest";
 import type { SpawnFn, WorkerRuntime } from "../../runtime/client.js";
 import {
   WorkerPool,
+  chipEnv,
+  devDir,
+  hostMayHaveAccelerators,
   parseInventory,
   perDeviceEntries,
   type WorkerEntry,
@@ -101,9 +104,11 @@ describe("per-device expansion", () => {
 
   it("starts each chip's worker with --device tpu:i (the TPU host faked at the inventory and spawn)", async () => {
     const spawned: string[][] = [];
+    const visible = new Map<string, string | undefined>();
     // Each "worker" exits 4 (no such device here) at once: only the command lines matter.
     const spawn: SpawnFn = (_cmd, args, opts) => {
       spawned.push([...args]);
+      visible.set(args[args.indexOf("--device") + 1]!, opts.env?.TPU_VISIBLE_DEVICES);
       return nodeSpawn(process.execPath, ["-e", "process.exit(4)"], opts);
     };
     const config = parseConfig(
@@ -118,12 +123,40 @@ describe("per-device expansion", () => {
     expect(pool.names()).toEqual(["w0", "w1", "w2", "w3"]);
     const devices = spawned.map((a) => a[a.indexOf("--device") + 1]).sort();
     expect(devices).toEqual(["tpu:0", "tpu:1", "tpu:2", "tpu:3"]);
+    // …each with its chip the only visible one, from the process's first instruction.
+    for (const d of devices) expect(visible.get(d), d).toBe(d.split(":")[1]);
     for (const a of spawned)
       expect(a.slice(a.indexOf("--threads"), a.indexOf("--threads") + 2)).toEqual([
         "--threads",
         "1",
       ]);
     await pool.close();
+  });
+});
+
+describe("a chip worker's environment and the host look", () => {
+  it("makes the worker's chip the only visible one, unless the operator chose a visible set", () => {
+    const base = { PATH: "/bin" };
+    expect(chipEnv("tpu:3", base)).toEqual({ PATH: "/bin", TPU_VISIBLE_DEVICES: "3" });
+    expect(chipEnv("cuda:1", base)).toEqual({ PATH: "/bin", CUDA_VISIBLE_DEVICES: "1" });
+    for (const d of ["cpu", "tpu", "auto", "xla:0"]) expect(chipEnv(d, base), d).toBe(base);
+    const chosen = { TPU_VISIBLE_DEVICES: "4,5" };
+    expect(chipEnv("tpu:5", chosen)).toBe(chosen);
+    expect(chipEnv("tpu:0", { TPU_VISIBLE_DEVICES: " " })).toEqual({ TPU_VISIBLE_DEVICES: "0" });
+    expect(base).toEqual({ PATH: "/bin" }); // never mutated
+  });
+
+  it("looks for chips under /dev, or under the simulated host's root when TPU_SIM_ROOT is set", () => {
+    expect(devDir({})).toBe("/dev");
+    const root = mkdtempSync(join(tmpdir(), "tpu-mcp-simdev-"));
+    expect(devDir({ TPU_SIM_ROOT: root })).toBe(join(root, "dev"));
+    expect(hostMayHaveAccelerators(join(root, "dev"))).toBe(false);
+    mkdirSync(join(root, "dev/vfio"), { recursive: true });
+    writeFileSync(join(root, "dev/vfio/0"), "");
+    expect(hostMayHaveAccelerators(join(root, "dev"))).toBe(false); // one chip: one worker
+    writeFileSync(join(root, "dev/vfio/1"), "");
+    writeFileSync(join(root, "dev/vfio/vfio"), ""); // the container node is no chip
+    expect(hostMayHaveAccelerators(join(root, "dev"))).toBe(true);
   });
 });
 
