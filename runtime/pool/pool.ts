@@ -293,6 +293,18 @@ export class WorkerPool implements Runtime {
     const device = typeof args.device === "string" ? args.device : undefined;
     const { replicas: _r, ...workerArgs } = args;
     await this.readyMembers();
+    if (replicas > 1 && this.candidates(device, model).length < replicas) {
+      // Right after start-up some workers may still be starting: a load asking for more
+      // replicas than are ready yet waits for them (bounded), instead of refusing.
+      const waiting = (device ? this.resolve(device) : this.members).filter(
+        (m) => m.rt.state !== "ready" && m.rt.state !== "failed",
+      );
+      if (waiting.length)
+        await this.settleWithin(
+          waiting.map((m) => m.rt.ready()),
+          60_000,
+        );
+    }
     const named = device ? this.resolve(device) : this.members;
     if (!named.length) throw this.noWorker(device);
     const candidates = this.candidates(device, model);
@@ -575,6 +587,17 @@ export class WorkerPool implements Runtime {
       await this.firstReady(this.members.map((m) => m.rt.ready())).catch(() => undefined);
     }
     return ready();
+  }
+
+  /** Waits until every promise settles or `ms` passes, whichever is first; never rejects. */
+  private async settleWithin(ps: Array<Promise<unknown>>, ms: number): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const limit = new Promise<void>((r) => {
+      timer = setTimeout(r, ms);
+      timer.unref();
+    });
+    await Promise.race([Promise.allSettled(ps), limit]);
+    clearTimeout(timer);
   }
 
   private firstReady(ps: Array<Promise<WorkerHello>>): Promise<WorkerHello> {

@@ -233,6 +233,31 @@ describe("routing", () => {
     expect(() => pool.drain("nope")).toThrow(/no worker named nope; workers: w0, w1/);
   });
 
+  it("a load asking for more replicas than are ready waits for workers still starting", async () => {
+    const fakes = [fakeRuntime([]), fakeRuntime([])];
+    const late = fakes[1]!.rt as any;
+    late.state = "starting";
+    late.ready = () =>
+      new Promise((r) =>
+        setTimeout(() => {
+          late.state = "ready";
+          r(late.hello);
+        }, 50),
+      );
+    let i = 0;
+    const pool = new WorkerPool({
+      entries: [
+        { name: "w0", device: "cpu" },
+        { name: "w1", device: "cpu" },
+      ],
+      makeRuntime: () => fakes[i++]!.rt,
+    });
+    await pool.call("load", { model: "m", replicas: 2 });
+    // Both workers got the load (a status for free memory, then the load itself).
+    expect(fakes.every((f) => f.state.calls >= 1)).toBe(true);
+    expect(late.state).toBe("ready");
+  });
+
   it("adds and removes workers at run time", async () => {
     const { pool } = fakePool(1, 4);
     const extra = fakeRuntime(["m"]);
