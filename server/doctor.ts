@@ -59,11 +59,9 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
     catalogOk = false;
     bad((e as Error).message);
   }
-  if (!existsSync(config.paths.python)) {
-    bad(
-      `Python not found at ${config.paths.python}: run \`npm run setup\` (creates .venv with torch)`,
-    );
-    // The Ray fleet (runtime.ray): files, Ray itself, the cluster and its token.
+  // The Ray fleet (runtime.ray): files, Ray itself, the cluster and its token. Reported even
+  // when the worker's Python is missing, since the two are set up apart.
+  async function fleetSection() {
     if (!io.json) io.out("\nRay fleet");
     const fleet = await checkFleet(config);
     report.fleet = fleet
@@ -71,6 +69,12 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
       : { configured: false };
     if (!fleet) ok("not configured (no runtime.ray): no Ray cluster is used");
     else for (const c of fleet) (c.ok ? ok : bad)(`${c.name}: ${c.detail}`);
+  }
+  if (!existsSync(config.paths.python)) {
+    bad(
+      `Python not found at ${config.paths.python}: run \`npm run setup\` (creates .venv with torch)`,
+    );
+    await fleetSection();
     if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
     return 1;
   }
@@ -140,14 +144,7 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
     report.workers = checks;
     for (const c of checks) (c.ok ? ok : bad)(`${c.name}: ${c.detail}`);
   }
-  // The Ray fleet (runtime.ray): files, Ray itself, the cluster and its token.
-  if (!io.json) io.out("\nRay fleet");
-  const fleet = await checkFleet(config);
-  report.fleet = fleet
-    ? { configured: true, address: config.runtime.ray!.address, checks: fleet }
-    : { configured: false };
-  if (!fleet) ok("not configured (no runtime.ray): no Ray cluster is used");
-  else for (const c of fleet) (c.ok ? ok : bad)(`${c.name}: ${c.detail}`);
+  await fleetSection();
   if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
   else io.out(problems.length ? `\n${problems.length} problem(s) found.` : "\nall good.");
   return problems.length ? 1 : 0;
