@@ -1,42 +1,19 @@
 // `tpu-mcp doctor --tpu` and `tpu-mcp doctor` on the simulated TPU host (the real torch-tpu
 // 0.2.0 wheel in .venv-tpu; only the PCI/VFIO scan and the accelerator memory/sync calls faked,
 // see runtime/worker/tpu_sim/hook/sitecustomize.py). Run by `npm run test:tpu-sim`.
-import { spawn, spawnSync } from "node:child_process";
+import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { pyRun, simEnv as simHostEnv, tpuPython as setupTpuPython } from "./sim.js";
+
+/** The simulated host's environment for the CLI, its logs kept to errors. */
+const simEnv = (host: string) => simHostEnv(host, dir, { TPU_MCP_LOG_LEVEL: "error" });
 
 const root = resolve(import.meta.dirname, "../..");
-const py = join(root, ".venv/bin/python");
-const workerDir = join(root, "runtime/worker");
 let dir: string;
 let tpuPython: string;
-
-function pyRun(args: string[]): string {
-  const r = spawnSync(py, args, {
-    cwd: root,
-    env: { ...process.env, PYTHONPATH: workerDir },
-    encoding: "utf8",
-  });
-  if (r.status !== 0) throw new Error(`${args.join(" ")} failed: ${r.stderr}`);
-  return r.stdout.trim().split("\n").pop()!;
-}
-
-function simEnv(host: string): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = { ...process.env };
-  for (const k of Object.keys(env))
-    if (k.startsWith("TPU_") || k.startsWith("TORCH_TPU_")) delete env[k];
-  return {
-    ...env,
-    TPU_SIM_ROOT: host,
-    PYTHONPATH: join(workerDir, "tpu_sim/hook"),
-    TPU_SKIP_MDS_QUERY: "1", // libtpu would ask the GCE metadata server for minutes first
-    TPU_WORKER_TCMALLOC: "0",
-    TPU_WORKER_COMPILATION_CACHE: join(dir, "tt-cache"),
-    TPU_MCP_LOG_LEVEL: "error",
-  };
-}
 
 function cli(args: string[], python: string, env: NodeJS.ProcessEnv) {
   const config = join(dir, `config-${Math.random().toString(36).slice(2)}.json`);
@@ -61,7 +38,7 @@ function cli(args: string[], python: string, env: NodeJS.ProcessEnv) {
 
 beforeAll(() => {
   dir = mkdtempSync(join(tmpdir(), "tpu-sim-doctor-"));
-  tpuPython = pyRun([join(workerDir, "tpu_sim/setup_env.py"), "--root", root]);
+  tpuPython = setupTpuPython();
 });
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 

@@ -2,7 +2,6 @@
 // (`tpu-mcp stdio`) with .venv-tpu's python (the real torch-tpu 0.2.0 wheel) and the simulated
 // host's start-up hook on its environment; a real MCP client reads get_runtime_status and
 // routes a load to a chip. Run by `npm run test:tpu-sim`.
-import { spawnSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -10,36 +9,10 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CLI, ROOT, errorOf } from "../helpers/server.js";
+import { pyRun, simEnv, tpuPython as setupTpuPython } from "./sim.js";
 
-const py = join(ROOT, ".venv/bin/python");
-const workerDir = join(ROOT, "runtime/worker");
 let dir: string;
 let tpuPython: string;
-
-function pyRun(args: string[]): string {
-  const r = spawnSync(py, args, {
-    cwd: ROOT,
-    env: { ...process.env, PYTHONPATH: workerDir },
-    encoding: "utf8",
-  });
-  if (r.status !== 0) throw new Error(`${args.join(" ")} failed: ${r.stderr}`);
-  return r.stdout.trim().split("\n").pop()!;
-}
-
-/** The server's environment on the simulated host (the workers inherit it). */
-function simEnv(host: string): Record<string, string> {
-  const env: Record<string, string> = {};
-  for (const [k, v] of Object.entries(process.env))
-    if (v !== undefined && !k.startsWith("TPU_") && !k.startsWith("TORCH_TPU_")) env[k] = v;
-  return {
-    ...env,
-    TPU_SIM_ROOT: host,
-    PYTHONPATH: join(workerDir, "tpu_sim/hook"),
-    TPU_SKIP_MDS_QUERY: "1", // libtpu would ask the GCE metadata server for minutes first
-    TPU_WORKER_TCMALLOC: "0",
-    TPU_WORKER_COMPILATION_CACHE: join(dir, "tt-cache"),
-  };
-}
 
 async function serve(host: string, runtime: Record<string, unknown>) {
   const config = join(dir, `config-${Math.random().toString(36).slice(2)}.json`);
@@ -60,7 +33,7 @@ async function serve(host: string, runtime: Record<string, unknown>) {
     command: process.execPath,
     args: [CLI, "stdio", "--config", config],
     cwd: ROOT,
-    env: simEnv(host),
+    env: simEnv(host, dir),
     stderr: "pipe",
   });
   let stderr = "";
@@ -150,7 +123,7 @@ async function checkPool(host: string, runtime: Record<string, unknown>, chips: 
 
 beforeAll(() => {
   dir = mkdtempSync(join(tmpdir(), "tpu-sim-pool-"));
-  tpuPython = pyRun([join(workerDir, "tpu_sim/setup_env.py"), "--root", ROOT]);
+  tpuPython = setupTpuPython();
 });
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
