@@ -17,7 +17,7 @@ import { WorkerModelFacts } from "../tools/support/facts.js";
 import { SqliteJobs } from "../tools/support/jobs.js";
 import { MemoryOutputs } from "../tools/support/outputs.js";
 import { SqliteReports } from "../tools/support/reports.js";
-import type { ToolDefinition, ToolEnv } from "../tools/types.js";
+import type { ToolDefinition, ToolEnv, ToolServices } from "../tools/types.js";
 import { ApprovalFeed } from "./approval_feed.js";
 import { ConfigError, type ServerConfig } from "./config.js";
 import { Metrics } from "./metrics.js";
@@ -43,6 +43,8 @@ export interface App {
   reports: SqliteReports;
   facts: WorkerModelFacts;
   metrics: Metrics;
+  /** What every tool handler gets besides the per-call parts (MCP calls, the console). */
+  services: ToolServices;
   /** Approval events (this process and the CLI beside it), for the console and webhooks. */
   approvalFeed: ApprovalFeed;
   notifier: ApprovalNotifier;
@@ -181,6 +183,7 @@ export function createApp(
     reports,
     facts,
     metrics,
+    services: { runtime, jobs, outputs, reports, facts, env, logger },
     approvalFeed,
     notifier,
     notices,

@@ -354,14 +354,8 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
         status = await tool.handler(
           {},
           {
+            ...app.services,
             principal: s.principal,
-            runtime: app.runtime,
-            jobs: app.jobs,
-            outputs: app.outputs,
-            reports: app.reports,
-            facts: app.facts,
-            env: app.env,
-            logger: app.logger,
             signal: AbortSignal.timeout(5000),
             progress: () => {},
           },
