@@ -10,6 +10,7 @@ import { ephemeralAuditKey, type AuditKey } from "./audit_key.js";
 import { canonicalJson, sha256Hex } from "./digest.js";
 import type { CostEstimate } from "./estimate.js";
 import { resolveDb, type SqliteDb } from "./sqlite.js";
+import type { Statement, Transaction } from "better-sqlite3";
 
 export type AuditOutcome =
   | "allowed"
@@ -102,6 +103,57 @@ export function keyedChainHash(
   return createHmac("sha256", key)
     .update(prevHash + canonicalJson({ ...record, seq }), "utf8")
     .digest("hex");
+}
+
+/** A record made ready to chain: undefined members dropped, each member formatted once. */
+export interface PreparedRecord {
+  clean: AuditRecord;
+  /** Sorted member names and their canonical `"name":value` texts (without `seq`). */
+  keys: string[];
+  members: string[];
+}
+
+/** Throws (PolicyError) for a record with no JSON form, before it can join a batch. */
+export function prepareRecord(record: AuditRecord): PreparedRecord {
+  const clean = withoutUndefined(record) as AuditRecord;
+  const rec = clean as unknown as Record<string, unknown>;
+  const keys = Object.keys(rec).filter((k) => k !== "seq");
+  keys.sort();
+  const members = keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(rec[k])}`);
+  return { clean, keys, members };
+}
+
+/**
+ * The canonical JSON of a prepared record as stored, and with `seq` in its sorted place as
+ * hashed: the same text `canonicalJson({...record, seq})` (keyedChainHash, verify) writes.
+ */
+export function canonicalWithSeq(
+  p: PreparedRecord,
+  seq: number,
+): { stored: string; hashed: string } {
+  let at = 0;
+  while (at < p.keys.length && p.keys[at] < "seq") at++;
+  const before = p.members.slice(0, at).join(",");
+  const after = p.members.slice(at).join(",");
+  const seqText = `"seq":${seq}`;
+  return {
+    stored: `{${p.members.join(",")}}`,
+    hashed: `{${[before, seqText, after].filter((x) => x !== "").join(",")}}`,
+  };
+}
+
+/** A copy without undefined members (what JSON would keep), so stored and hashed forms agree. */
+function withoutUndefined(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map((x) => (x === undefined ? null : withoutUndefined(x)));
+  if (v && typeof v === "object" && !(v instanceof Date)) {
+    const out: Record<string, unknown> = {};
+    for (const k of Object.keys(v)) {
+      const x = (v as Record<string, unknown>)[k];
+      if (x !== undefined) out[k] = withoutUndefined(x);
+    }
+    return out;
+  }
+  return v;
 }
 
 function headMac(key: Buffer, seq: number, hash: string): string {
@@ -250,37 +302,60 @@ export class SqliteAuditLog implements AuditLog {
   }
 
   // Prepared once: every tool call appends at least twice, and preparing costs more than running.
-  private tx?: ((clean: AuditRecord) => StoredAuditRecord) & {
-    immediate: (clean: AuditRecord) => StoredAuditRecord;
+  private stmts?: {
+    head: Statement;
+    insert: Statement;
+    upsertHead: Statement;
   };
+
+  /**
+   * Chains and inserts `records` after the current head, then moves the head once (one MAC per
+   * batch, not per record). Runs inside a transaction (the caller's). Each record is written as
+   * canonical JSON once: its members are formatted a single time for both the stored text and the
+   * hashed form (the same members with `seq` in its sorted place), identical to
+   * `keyedChainHash`, which `verify` uses.
+   */
+  private chainInsert(key: AuditKey, records: PreparedRecord[]): StoredAuditRecord[] {
+    this.stmts ??= {
+      head: this.db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1"),
+      insert: this.db.prepare(
+        "INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)",
+      ),
+      upsertHead: this.db.prepare(
+        "INSERT INTO audit_head (id, seq, hash, mac) VALUES (1, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, mac = excluded.mac",
+      ),
+    };
+    const st = this.stmts;
+    const head = st.head.get() as { seq: number; hash: string } | undefined;
+    let seq = head?.seq ?? 0;
+    let prev = head?.hash ?? GENESIS_HASH;
+    const out: StoredAuditRecord[] = [];
+    for (const p of records) {
+      seq += 1;
+      const { stored, hashed } = canonicalWithSeq(p, seq);
+      const hash = createHmac("sha256", key.key)
+        .update(prev + hashed, "utf8")
+        .digest("hex");
+      st.insert.run(seq, stored, prev, hash);
+      out.push({ ...p.clean, seq, prev_hash: prev, hash });
+      prev = hash;
+    }
+    if (out.length) st.upsertHead.run(seq, prev, headMac(key.key, seq, prev));
+    return out;
+  }
+
+  private tx?: Transaction<(records: PreparedRecord[]) => StoredAuditRecord[]>;
   private appendTx(key: AuditKey) {
-    if (this.tx) return this.tx;
-    const headStmt = this.db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1");
-    const insertStmt = this.db.prepare(
-      "INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)",
-    );
-    const headUpsert = this.db.prepare(
-      "INSERT INTO audit_head (id, seq, hash, mac) VALUES (1, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, mac = excluded.mac",
-    );
-    this.tx = this.db.transaction((clean: AuditRecord): StoredAuditRecord => {
-      const head = headStmt.get() as { seq: number; hash: string } | undefined;
-      const seq = (head?.seq ?? 0) + 1;
-      const prev = head?.hash ?? GENESIS_HASH;
-      const hash = keyedChainHash(key.key, prev, seq, clean);
-      insertStmt.run(seq, canonicalJson(clean), prev, hash);
-      headUpsert.run(seq, hash, headMac(key.key, seq, hash));
-      return { ...clean, seq, prev_hash: prev, hash };
-    }) as any;
-    return this.tx!;
+    this.tx ??= this.db.transaction((records: PreparedRecord[]) => this.chainInsert(key, records));
+    return this.tx;
   }
 
   append(record: AuditRecord): StoredAuditRecord {
     if (!this.key) throw new Error("the audit key is missing: this audit log is read-only");
-    // Drop undefined fields so the stored JSON and the hashed canonical form agree.
-    const clean = JSON.parse(canonicalJson(record)) as AuditRecord;
-    const tx = this.appendTx(this.key);
+    // Undefined fields dropped, so the stored JSON and the hashed canonical form agree.
+    const prepared = prepareRecord(record);
     // IMMEDIATE: the server and the CLI may append at once; each must see the other's head.
-    const stored = tx.immediate(clean);
+    const [stored] = this.appendTx(this.key).immediate([prepared]);
     this.logger?.info({ audit: stored }, `audit ${stored.outcome} ${stored.tool}`);
     return stored;
   }
@@ -291,24 +366,21 @@ export class SqliteAuditLog implements AuditLog {
   // gets its answer only after its own record is committed (durable against a server crash:
   // WAL with synchronous=NORMAL), and a lone caller waits one setImmediate, not a timer.
   private queued: Array<{
-    clean: AuditRecord;
+    prepared: PreparedRecord;
     resolve: (r: StoredAuditRecord) => void;
     reject: (e: unknown) => void;
   }> = [];
   private flushScheduled = false;
-  private manyTx?: ((batch: AuditRecord[]) => StoredAuditRecord[]) & {
-    immediate: (batch: AuditRecord[]) => StoredAuditRecord[];
-  };
 
   appendDurable(record: AuditRecord): Promise<StoredAuditRecord> {
-    let clean: AuditRecord;
+    let prepared: PreparedRecord;
     try {
-      clean = JSON.parse(canonicalJson(record)) as AuditRecord;
+      prepared = prepareRecord(record);
     } catch (e) {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      this.queued.push({ clean, resolve, reject });
+      this.queued.push({ prepared, resolve, reject });
       if (!this.flushScheduled) {
         this.flushScheduled = true;
         setImmediate(() => this.flush());
@@ -323,19 +395,14 @@ export class SqliteAuditLog implements AuditLog {
     let stored: StoredAuditRecord[];
     try {
       if (!this.key) throw new Error("the audit key is missing: this audit log is read-only");
-      if (!this.manyTx) {
-        const one = this.appendTx(this.key);
-        this.manyTx = this.db.transaction((records: AuditRecord[]) =>
-          records.map((r) => one(r)),
-        ) as any;
-      }
-      stored = this.manyTx!.immediate(batch.map((b) => b.clean));
+      stored = this.appendTx(this.key).immediate(batch.map((b) => b.prepared));
     } catch (e) {
       for (const b of batch) b.reject(e);
       return;
     }
+    const log = this.logger;
     batch.forEach((b, i) => {
-      this.logger?.info({ audit: stored[i] }, `audit ${stored[i].outcome} ${stored[i].tool}`);
+      log?.info({ audit: stored[i] }, `audit ${stored[i].outcome} ${stored[i].tool}`);
       b.resolve(stored[i]);
     });
   }

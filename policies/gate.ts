@@ -23,6 +23,17 @@ import { canCall, hasScope, requiredScope, type Principal, type Scope } from "./
 const READ_SCOPE: Scope = "models:read";
 const READ_KEY_SUFFIX = "\u0000read";
 
+/**
+ * Tools whose work may start while their "allowed" record is being committed (it is queued first
+ * and committed within the same event-loop turn, with other calls' records). Their answer still
+ * waits for that commit and for the "executed" one, so no answered call lacks its records; if the
+ * commit fails the work is cancelled and the call refused. Only inference: it changes nothing on
+ * the device, so work that ran and was then refused costs nothing but the time. Waiting for the
+ * commit before starting cost a lone call an event-loop turn and a commit (~0.3 ms of ~5 on the
+ * 2-core development VM, bench/decompose.ts).
+ */
+const RUN_WHILE_RECORDING = new Set(["run_inference"]);
+
 /** The deadline of one admitted call, handed down to the runtime as its request timeout. */
 export interface CallDeadline {
   /** Epoch ms at which the gate cancels the call. */
@@ -343,24 +354,35 @@ export class Gate {
       if (estimate) this.chargeMeasured(principal.id, tool, (this.clock() - started) / 1000);
     };
 
-    try {
-      await this.auditDurable({
-        time: new Date(this.clock()).toISOString(),
-        ...base(),
-        args_digest: digest,
-        outcome: "allowed",
-        approval_id: approvalId,
-      });
-      trace?.mark("g.audit_allowed");
-    } catch (e) {
-      // Fail closed: a call that cannot be recorded does not run.
-      settle();
+    const allowedRecord: AuditRecord = {
+      time: new Date(this.clock()).toISOString(),
+      ...base(),
+      args_digest: digest,
+      outcome: "allowed",
+      approval_id: approvalId,
+    };
+    const failClosed = (e: unknown) => {
       this.deps.logger.error(
         { err: String(e), tool, principal: principal.id },
         "audit append failed; call refused",
       );
-      throw e;
+    };
+    // Committed before the work starts, or (RUN_WHILE_RECORDING) alongside it.
+    let allowedCommitted: Promise<void> | undefined;
+    if (RUN_WHILE_RECORDING.has(tool)) {
+      allowedCommitted = this.auditDurable(allowedRecord);
+      allowedCommitted.catch(() => {}); // observed below, by the abort and before the answer
+    } else {
+      try {
+        await this.auditDurable(allowedRecord);
+      } catch (e) {
+        // Fail closed: a call that cannot be recorded does not run.
+        settle();
+        failClosed(e);
+        throw e;
+      }
     }
+    trace?.mark("g.audit_allowed");
 
     const timeoutMs = toolTimeoutMs(this.config.limits, tool);
     const ctrl = new AbortController();
@@ -387,6 +409,11 @@ export class Gate {
       else ctrl.signal.addEventListener("abort", () => reject(ctrl.signal.reason), { once: true });
     });
     aborted.catch(() => {});
+    // A call whose "allowed" record cannot be committed is cancelled and refused.
+    allowedCommitted?.catch((e) => {
+      failClosed(e);
+      ctrl.abort(e);
+    });
 
     started = this.clock();
     // One deadline per call: what the gate enforces is what the runtime is told to wait for.
@@ -402,6 +429,7 @@ export class Gate {
     try {
       const result = await Promise.race([work, aborted]);
       trace?.mark("g.work_done");
+      await allowedCommitted;
       // Committed before the caller gets its answer: no answered call lacks its record.
       await this.auditDurable({
         time: new Date(this.clock()).toISOString(),

@@ -1,7 +1,7 @@
 // Concurrency, rate and budget limits. Every wait is bounded: a full queue refuses at once with
 // `busy` and a retry hint, because an agent that waits forever is worse than one told to retry.
 
-import type { Statement } from "better-sqlite3";
+import type { Statement, Transaction } from "better-sqlite3";
 import pLimit, { type LimitFunction } from "p-limit";
 import type { LimitsConfig } from "./config.js";
 import { toolConcurrency, toolQueueBound } from "./config.js";
@@ -348,6 +348,9 @@ export interface BudgetLedger {
   close(): void;
 }
 
+/** Charges kept in memory while their rows cannot be written (a full disk), at most. */
+const MAX_PENDING_CHARGES = 100_000;
+
 /** Kept in SQLite so a restart does not hand everyone a fresh budget. */
 export class SqliteBudgetLedger implements BudgetLedger {
   private readonly db: SqliteDb;
@@ -446,10 +449,11 @@ export class SqliteBudgetLedger implements BudgetLedger {
     if (!(seconds > 0)) return;
     const now = this.clock();
     const w = this.window(principal, now - this.windowMs);
-    this.insertCharge ??= this.db.prepare(
-      "INSERT INTO budget_charges (principal, time_ms, seconds, tool) VALUES (?, ?, ?, ?)",
-    );
-    this.insertCharge.run(principal, now, seconds, tool ?? null);
+    // The in-memory window counts the charge at once (every later check sees it); the row is
+    // written with the others charged in this event-loop turn, in one transaction: a commit
+    // per call cost more than the rest of the charge (a commit each was most of a charge's cost).
+    this.pending.push([principal, now, seconds, tool ?? null]);
+    if (this.pending.length === 1) setImmediate(this.flushPending);
     w.t.push(now);
     w.s.push(seconds);
     w.sum += seconds;
@@ -460,7 +464,34 @@ export class SqliteBudgetLedger implements BudgetLedger {
     }
   }
 
+  private pending: [string, number, number, string | null][] = [];
+  private writePending?: Transaction<(rows: [string, number, number, string | null][]) => void>;
+
+  /** Writes the charges of this turn (also on close, so none is lost to a clean shutdown). */
+  private readonly flushPending = (): void => {
+    if (this.pending.length === 0 || !this.db.open) return;
+    const rows = this.pending;
+    this.pending = [];
+    this.insertCharge ??= this.db.prepare(
+      "INSERT INTO budget_charges (principal, time_ms, seconds, tool) VALUES (?, ?, ?, ?)",
+    );
+    const insert = this.insertCharge;
+    this.writePending ??= this.db.transaction(
+      (batch: [string, number, number, string | null][]) => {
+        for (const r of batch) insert.run(...r);
+      },
+    );
+    try {
+      this.writePending.immediate(rows);
+    } catch {
+      // A full or read-only disk: the window in memory still holds the charges (budgets stay
+      // enforced in this process); the rows wait for the next charge's write, bounded.
+      this.pending = rows.concat(this.pending).slice(-MAX_PENDING_CHARGES);
+    }
+  };
+
   close(): void {
+    this.flushPending();
     if (this.owned && this.db.open) this.db.close();
   }
 }

@@ -5,6 +5,7 @@
 import process from "node:process";
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import { JSONRPCMessageSchema, type JSONRPCMessage } from "@modelcontextprotocol/sdk/types.js";
+import { corkForTurn } from "../runtime/cork.js";
 import { TRACE_META_KEY, monotonicUs } from "../tools/support/trace.js";
 
 const PARSE_ERROR = -32700;
@@ -168,9 +169,18 @@ export class AnsweringStdioServerTransport implements Transport {
     const m = message as { id?: unknown; method?: unknown };
     if (m.method === undefined && (typeof m.id === "string" || typeof m.id === "number"))
       this.pending.delete(m.id); // an answer (result or error) to one of the client's requests
-    return new Promise((resolve) => {
-      if (this.stdout.write(JSON.stringify(message) + "\n")) resolve();
-      else this.stdout.once("drain", () => resolve());
-    });
+    // Answers of calls that finish together (one audit commit) leave in one write.
+    corkForTurn(this.stdout);
+    if (this.stdout.write(JSON.stringify(message) + "\n")) return Promise.resolve();
+    // One wait shared by every sender while the pipe is full (a listener each would pile up).
+    this.drained ??= new Promise<void>((resolve) =>
+      this.stdout.once("drain", () => {
+        this.drained = undefined;
+        resolve();
+      }),
+    );
+    return this.drained;
   }
+
+  private drained?: Promise<void>;
 }

@@ -113,12 +113,73 @@ describe("the gate with group commit", () => {
   it("refuses to run a call whose allowed record cannot be committed (fail closed)", async () => {
     const { gate, audit } = gateOn(tmp.file("closed.db"));
     audit.close();
+    const admin: Principal = { id: "admin", scopes: ["admin"], via: "stdio" };
     let ran = false;
     await expect(
-      gate.run({ principal: agent, tool: "run_inference", args: { model: "m" } }, async () => {
+      gate.run({ principal: admin, tool: "load_model", args: { model: "m" } }, async () => {
         ran = true;
       }),
     ).rejects.toThrow();
     expect(ran).toBe(false);
+  });
+
+  it("cancels and refuses an inference whose allowed record cannot be committed (it may have started)", async () => {
+    const { gate, audit } = gateOn(tmp.file("closed-infer.db"));
+    audit.close();
+    let signalled: AbortSignal | undefined;
+    const answer = gate.run(
+      { principal: agent, tool: "run_inference", args: { model: "m" } },
+      (signal) => {
+        signalled = signal;
+        // Work that would answer only after the commit has been tried.
+        return new Promise((resolve) => setTimeout(() => resolve("logits"), 50));
+      },
+    );
+    await expect(answer).rejects.toThrow(/not open|closed/i);
+    expect(signalled?.aborted).toBe(true);
+  });
+
+  it("answers an inference only once both of its records are committed, with the allowed one first", async () => {
+    const file = tmp.file("order.db");
+    const { gate, audit } = gateOn(file);
+    const v = await gate.run(
+      { principal: agent, tool: "run_inference", args: { model: "m" } },
+      async () => "fast", // resolves before the allowed record's commit turn
+    );
+    expect(v).toBe("fast");
+    const seen = readBack(file).map((r) => JSON.parse(r.record).outcome);
+    expect(seen).toEqual(["allowed", "executed"]);
+    audit.close();
+  });
+});
+
+describe("the record text written once per record", () => {
+  it("equals canonical JSON as stored and with seq as hashed, wherever seq sorts", async () => {
+    const { canonicalWithSeq, prepareRecord } = await import("../../policies/audit.js");
+    const { canonicalJson } = await import("../../policies/digest.js");
+    const records: Record<string, unknown>[] = [
+      { ...rec(1), reason: "r", worker: undefined, estimate: { b: 1, a: [1, -0, 2.5] } },
+      { a: 1 }, // every key before "seq"
+      { zz: "x", time: "t" }, // every key after
+      {},
+      { "s\u00e9q": 1, seq: 99, sep: [undefined, { x: undefined, y: null }] },
+    ];
+    for (const r of records) {
+      const p = prepareRecord(r as unknown as AuditRecord);
+      const { stored, hashed } = canonicalWithSeq(p, 42);
+      const { seq: _drop, ...withoutSeq } = r;
+      expect(stored).toBe(canonicalJson(withoutSeq));
+      expect(hashed).toBe(canonicalJson({ ...withoutSeq, seq: 42 }));
+    }
+  });
+
+  it("refuses a record with no JSON form alone, not the records committed with it", async () => {
+    const audit = new SqliteAuditLog(tmp.file("bad.db"));
+    const good = audit.appendDurable(rec(1));
+    const bad = audit.appendDurable({ ...rec(2), duration_ms: Number.NaN });
+    await expect(bad).rejects.toThrow(/finite/);
+    await expect(good).resolves.toMatchObject({ seq: 1 });
+    expect(audit.verify()).toMatchObject({ ok: true, checked: 1 });
+    audit.close();
   });
 });

@@ -1,3 +1,4 @@
+import Database from "better-sqlite3";
 import { afterAll, describe, expect, it } from "vitest";
 import { parsePolicyConfig } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
@@ -169,6 +170,26 @@ describe("SqliteBudgetLedger", () => {
     const never = b.check("a", 101);
     expect(never.ok).toBe(false);
     expect(never.retry_after_ms).toBeUndefined();
+    b.close();
+  });
+
+  it("writes the charges of one turn in one commit, counted by checks at once", async () => {
+    const path = tmp.file("budget-batch.db");
+    const b = new SqliteBudgetLedger(path, { device_seconds_per_window: 100, window_s: 3600 });
+    const probe = new Database(path, { readonly: true });
+    const rows = () =>
+      (probe.prepare("SELECT COUNT(*) AS n FROM budget_charges").get() as { n: number }).n;
+    const version = () => probe.pragma("data_version", { simple: true }) as number;
+    const v0 = version();
+    for (let i = 0; i < 50; i++) b.charge("a", 1, "run_inference");
+    // Enforced before any row is written…
+    expect(b.check("a", 51)).toMatchObject({ ok: false, used_s: 50 });
+    expect(rows()).toBe(0);
+    await new Promise((r) => setImmediate(r));
+    // …and written together after the turn.
+    expect(rows()).toBe(50);
+    expect(version() - v0).toBe(1);
+    probe.close();
     b.close();
   });
 
