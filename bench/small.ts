@@ -5,9 +5,12 @@
 //  - throughput: 32 concurrent callers over stdio, then over HTTP (the bench config raises the
 //    rate limit and budget so neither throttles), against the direct forward's own rate (batch-1
 //    forwards back to back in one Python thread). Every call passes the gate and is audited.
-import { DirectPython, type McpServer } from "./lib/procs.js";
+import { cpuMs, DirectPython, workerPid, type McpServer } from "./lib/procs.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, summarize, withCallers } from "./lib/stats.js";
+import { availableParallelism } from "node:os";
+
+const cpus = availableParallelism();
 
 export interface SmallOptions {
   stdio: McpServer; // mnist-cnn loaded
@@ -96,14 +99,30 @@ export async function runSmall(o: SmallOptions): Promise<SectionResult> {
       http: [],
       baseline: [],
     };
+    // Where the CPU of a call goes during the rounds: the client (this process: the SDK's own
+    // client), the server and its worker. On 2 cores their sum per call bounds the rate.
+    type Cpu = { client: number; server: number; worker: number };
+    const cpu: Record<"stdio" | "http" | "baseline", Cpu> = {
+      stdio: { client: 0, server: 0, worker: 0 },
+      http: { client: 0, server: 0, worker: 0 },
+      baseline: { client: 0, server: 0, worker: 0 },
+    };
+    const workers: Partial<Record<Side, number>> = {};
+    for (const side of measured) workers[side] = await workerPid(o[side]!);
     for (let r = 0; r < o.rounds; r++) {
       const order = r % 2 ? [...measured].reverse() : measured;
       for (const side of order) {
+        const pids = [o[side]!.pid, workers[side]!] as const;
+        const c0 = [cpuMs("self"), cpuMs(pids[0]), cpuMs(pids[1])];
         const t0 = performance.now();
         await withCallers(o.callers, o.throughputCalls, async () => {
           await o[side]!.call("run_inference", args);
         });
         rates[side].push(o.throughputCalls / ((performance.now() - t0) / 1000));
+        const perCall = (i: number, now: number) => ((now - c0[i]) * 1000) / o.throughputCalls;
+        cpu[side].client += perCall(0, cpuMs("self")) / o.rounds;
+        cpu[side].server += perCall(1, cpuMs(pids[0])) / o.rounds;
+        cpu[side].worker += perCall(2, cpuMs(pids[1])) / o.rounds;
       }
     }
     for (const side of measured) {
@@ -116,6 +135,16 @@ export async function runSmall(o: SmallOptions): Promise<SectionResult> {
       );
       s.fig(`${side}.calls_per_s`, med);
       s.fig(`${side}.vs_direct_rate`, med / directRate);
+      const c = cpu[side];
+      const sum = c.client + c.server + c.worker;
+      s.row(
+        `${side}: CPU per call, client / server / worker`,
+        `${c.client.toFixed(0)} / ${c.server.toFixed(0)} / ${c.worker.toFixed(0)} µs`,
+        `sum ${sum.toFixed(0)} µs: at most ${fmt.rate((cpus * 1e6) / sum)} on ${cpus} cores; the direct forward alone is ${(1e6 / directRate) | 0} µs`,
+      );
+      s.fig(`${side}.cpu_us_client`, c.client);
+      s.fig(`${side}.cpu_us_server`, c.server);
+      s.fig(`${side}.cpu_us_worker`, c.worker);
     }
   } finally {
     await direct.close();

@@ -146,6 +146,15 @@ export async function workerPid(s: McpServer): Promise<number> {
   }
 }
 
+/** CPU time (user + system) a process has used so far, in ms (Linux /proc; "self": this one). */
+export function cpuMs(pid: number | "self"): number {
+  // Fields after the command name: state is the 1st, utime the 12th, stime the 13th (clock ticks).
+  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ");
+  return ((Number(f[11]) + Number(f[12])) * 1000) / CLOCK_TICKS;
+}
+/** USER_HZ: 100 on every Linux configuration Node supports. */
+const CLOCK_TICKS = 100;
+
 /** VmRSS of a process in bytes (Linux /proc). */
 export function rssBytes(pid: number): number {
   const m = /VmRSS:\s+(\d+)\s+kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
