@@ -105,6 +105,15 @@ def test_infer_validates_inputs_against_limits(shared_worker):
         error_of(w, "infer", {"model": "mnist-cnn"}, [torch.full((1, 1, 28, 28), float("nan"))]).code
         == "invalid_argument"
     )
+    # Every float dtype, through numpy (float16/32/64) or torch (bfloat16): one bad value is enough.
+    for dtype, bad in [
+        (torch.float16, float("inf")),
+        (torch.float64, float("-inf")),
+        (torch.bfloat16, float("nan")),
+    ]:
+        x = torch.zeros(1, 1, 28, 28, dtype=dtype)
+        x[0, 0, 27, 27] = bad
+        assert error_of(w, "infer", {"model": "mnist-cnn"}, [x]).code == "invalid_argument", dtype
 
 
 def test_load_refuses_when_memory_is_short_and_names_a_dtype_that_fits(catalog, cpu_probe):
