@@ -323,7 +323,7 @@ class Worker:
                 "parameters": m.adapter.parameters(),
                 "bytes_on_device": m.adapter.bytes_on_device(),
                 "queue_depth": m.batcher.queue_depth,
-                "batching": m.batcher.describe(),
+                "batching": {**m.batcher.describe(), **vars(m.batcher.stats)},
                 "loaded_at": m.loaded_at,
             }
             for m in list(self.loaded.values())

@@ -1,0 +1,218 @@
+// The promises small calls keep on the fast path (issue 13), end to end: a real `tpu-mcp stdio`
+// server, the SDK's real Client, a real worker. Inference starts while its "allowed" record is
+// being committed and frames and answers leave corked per event-loop turn; none of that may cost
+// an audit record, a budget charge, a refusal, a cancellation or batching.
+import { execFile } from "node:child_process";
+import { mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import Database from "better-sqlite3";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { argsDigest } from "../../policies/digest.js";
+import { CLI, ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
+import { call } from "./scenario.js";
+
+const run = promisify(execFile);
+
+/** A distinct mnist-cnn input per call, so each call has its own argument digest. */
+const input = (i: number) => ({
+  model: "mnist-cnn",
+  tensors: [
+    { dtype: "float32", shape: [1, 1, 28, 28], data: Array(784).fill(((i % 997) + 1) / 1000) },
+  ],
+});
+
+function dataDirOf(configFile: string): string {
+  return JSON.parse(readFileSync(configFile, "utf8")).data_dir;
+}
+
+/** The store as another process reads it (what survives a crash of the server). */
+function readPolicyDb<T>(dataDir: string, fn: (db: Database.Database) => T): T {
+  const db = new Database(join(dataDir, "policy.db"), { readonly: true });
+  try {
+    return fn(db);
+  } finally {
+    db.close();
+  }
+}
+
+function outcomesFor(dataDir: string, digest: string): string[] {
+  return readPolicyDb(dataDir, (db) =>
+    (
+      db
+        .prepare(
+          "SELECT json_extract(record, '$.outcome') AS o FROM audit_log WHERE json_extract(record, '$.args_digest') = ? ORDER BY seq",
+        )
+        .all(digest) as { o: string }[]
+    ).map((r) => r.o),
+  );
+}
+
+describe("small calls on the fast path", () => {
+  const config = writeConfig({
+    policy: {
+      limits: {
+        rate_limit: { per_principal_per_minute: 6000 },
+        queue_bound: { run_inference: 128 },
+      },
+    },
+  });
+  const dataDir = dataDirOf(config);
+  let conn: Awaited<ReturnType<typeof connectStdio>>;
+  beforeAll(async () => {
+    conn = await connectStdio(config);
+    const loaded = await call(conn.client, "load_model", { model: "mnist-cnn" });
+    expect(loaded.isError, JSON.stringify(loaded)).toBeFalsy();
+  });
+  afterAll(async () => {
+    await conn?.close();
+  });
+
+  it("answers 64 concurrent calls batched, each only once its allowed and executed records are committed", async () => {
+    const n = 64;
+    const seenAtAnswer: string[][] = [];
+    await Promise.all(
+      Array.from({ length: n }, async (_, i) => {
+        const r = await call(conn.client, "run_inference", input(i));
+        expect(r.isError, JSON.stringify(r)).toBeFalsy();
+        expect(r.structuredContent.outputs[0].shape).toEqual([1, 10]);
+        // At the moment of the answer, another connection already sees both records.
+        seenAtAnswer[i] = outcomesFor(dataDir, argsDigest("run_inference", input(i)));
+      }),
+    );
+    for (const outcomes of seenAtAnswer) expect(outcomes).toEqual(["allowed", "executed"]);
+
+    // Concurrent callers shared forwards (the batcher's counters, through get_runtime_status).
+    const status = (await call(conn.client, "get_runtime_status", {})).structuredContent;
+    const mnist = status.loaded.find((m: any) => m.model === "mnist-cnn");
+    expect(mnist.batching.requests).toBeGreaterThanOrEqual(n);
+    expect(mnist.batching.requests / mnist.batching.batches).toBeGreaterThan(1);
+
+    // One budget charge per call, written within a turn of the answer.
+    await new Promise((r) => setTimeout(r, 50));
+    const charges = readPolicyDb(
+      dataDir,
+      (db) =>
+        (
+          db
+            .prepare("SELECT COUNT(*) AS c FROM budget_charges WHERE tool = 'run_inference'")
+            .get() as { c: number }
+        ).c,
+    );
+    expect(charges).toBe(n);
+
+    // And the chain those records extend still verifies.
+    const v = await run(process.execPath, [CLI, "audit", "verify", "--config", config], {
+      cwd: ROOT,
+    });
+    expect(v.stdout).toMatch(/ok/i);
+  });
+
+  it("cancels an inference the client aborts: refused to the client, audited, the worker freed", async () => {
+    const loaded = await call(conn.client, "load_model", { model: "tiny-gpt2" });
+    expect(loaded.isError, JSON.stringify(loaded)).toBeFalsy();
+    const args = { model: "tiny-gpt2", texts: ["a long story about"], max_new_tokens: 64 };
+    const ctrl = new AbortController();
+    const pending = conn.client.callTool({ name: "run_inference", arguments: args }, undefined, {
+      signal: ctrl.signal,
+      timeout: 60_000,
+    });
+    // Aborted as soon as the allowed record is committed (the call is running by then).
+    const digest = argsDigest("run_inference", args);
+    for (let i = 0; i < 200 && outcomesFor(dataDir, digest).length === 0; i++)
+      await new Promise((r) => setTimeout(r, 5));
+    ctrl.abort();
+    await expect(pending).rejects.toThrow();
+    let outcomes: string[] = [];
+    for (let i = 0; i < 100; i++) {
+      outcomes = outcomesFor(dataDir, digest);
+      if (outcomes.length >= 2) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    // Either it was stopped (failed: cancelled) or it had just finished (executed); both recorded.
+    expect(outcomes[0]).toBe("allowed");
+    expect(["failed", "executed"]).toContain(outcomes[1]);
+    let inFlight = Infinity;
+    for (let i = 0; i < 100 && inFlight > 1; i++) {
+      inFlight = (await call(conn.client, "get_runtime_status", {})).structuredContent.worker
+        .in_flight;
+      if (inFlight > 1) await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(inFlight).toBeLessThanOrEqual(1); // at most the status call itself
+    await call(conn.client, "unload_model", { model: "tiny-gpt2" });
+  });
+});
+
+describe("small calls past the rate limit and the budget", () => {
+  it("refuses the calls over the rate limit at once, audits each refusal, runs none of them", async () => {
+    const config = writeConfig(
+      { policy: { limits: { rate_limit: { per_principal_per_minute: 12 } } } },
+      mkdtempSync(join(tmpdir(), "tpu-mcp-fast-rate-")),
+    );
+    const conn = await connectStdio(config);
+    try {
+      expect((await call(conn.client, "load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
+      const results = await Promise.all(
+        Array.from({ length: 20 }, (_, i) => call(conn.client, "run_inference", input(i))),
+      );
+      const refused = results.filter((r) => r.isError);
+      expect(results.length - refused.length).toBeLessThanOrEqual(11); // 12 minus the load
+      expect(refused.length).toBeGreaterThanOrEqual(9);
+      for (const r of refused) expect(errorOf(r)?.code).toBe("rate_limited");
+      const dataDir = dataDirOf(config);
+      results.forEach((r, i) => {
+        const outcomes = outcomesFor(dataDir, argsDigest("run_inference", input(i)));
+        expect(outcomes).toEqual(r.isError ? ["denied"] : ["allowed", "executed"]);
+      });
+    } finally {
+      await conn.close();
+    }
+  });
+
+  it("charges every answered call once and no refused one, and refuses once the budget is spent", async () => {
+    const config = writeConfig(
+      {
+        policy: {
+          limits: {
+            rate_limit: { per_principal_per_minute: 6000 },
+            // device-seconds; the estimate of one mnist-cnn call is 0.01
+            budget: { device_seconds_per_window: 0.05, window_s: 3600 },
+          },
+        },
+      },
+      mkdtempSync(join(tmpdir(), "tpu-mcp-fast-budget-")),
+    );
+    const conn = await connectStdio(config);
+    try {
+      expect((await call(conn.client, "load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
+      const results = await Promise.all(
+        Array.from({ length: 40 }, (_, i) => call(conn.client, "run_inference", input(i))),
+      );
+      const answered = results.filter((r) => !r.isError);
+      const refused = results.filter((r) => r.isError);
+      // Admission reserves each call's estimate: at most 5 can be admitted before any settles.
+      expect(answered.length).toBeGreaterThan(0);
+      expect(refused.length).toBeGreaterThan(0);
+      for (const r of refused) expect(errorOf(r)?.code).toBe("budget_exceeded");
+      await new Promise((r) => setTimeout(r, 50));
+      const charges = readPolicyDb(
+        dataDirOf(config),
+        (db) =>
+          (
+            db
+              .prepare("SELECT COUNT(*) AS c FROM budget_charges WHERE tool = 'run_inference'")
+              .get() as { c: number }
+          ).c,
+      );
+      expect(charges).toBe(answered.length);
+      // Spent: calls keep being refused (after at most the few the rest of the budget admits).
+      let code: string | undefined;
+      for (let i = 0; i < 10 && code === undefined; i++)
+        code = errorOf(await call(conn.client, "run_inference", input(1000 + i)))?.code;
+      expect(code).toBe("budget_exceeded");
+    } finally {
+      await conn.close();
+    }
+  });
+});
