@@ -20,8 +20,11 @@ import time
 
 def main() -> int:
     catalog_path, model_id = sys.argv[1], sys.argv[2]
-    # Same import-time switches as tpu_worker.__main__, and the worker's torch thread count
-    # (the harness sets BENCH_TORCH_THREADS to what the server passes as --threads).
+    # Same import-time switches as tpu_worker.__main__ (the OpenMP spin among them), and torch's
+    # default thread count as the worker uses when the server passes no --threads.
+    from tpu_worker.launch import OPENMP_SPIN
+
+    os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

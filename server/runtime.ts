@@ -1,6 +1,5 @@
 // Builds the compute side from the config: one local worker (the default, unchanged for a
 // newcomer), or a pool of workers (one per chip, explicit local and remote workers).
-import { availableParallelism } from "node:os";
 import type { Logger } from "pino";
 import { WorkerRuntime, type SpawnFn, type WorkerRuntimeOptions } from "../runtime/client.js";
 import {
@@ -34,7 +33,7 @@ export function baseRuntimeOptions(config: ServerConfig, logger: Logger): Worker
     pythonPath: config.paths.python,
     catalogPath: config.paths.catalog,
     device: rt.device,
-    extraArgs: ["--threads", String(workerThreads(rt.threads))],
+    extraArgs: rt.threads > 0 ? ["--threads", String(rt.threads)] : [],
     startMode: rt.start,
     requestTimeoutMs: rt.request_timeout_s * 1000,
     heartbeatIntervalMs: rt.heartbeat_interval_s * 1000,
@@ -43,18 +42,6 @@ export function baseRuntimeOptions(config: ServerConfig, logger: Logger): Worker
     restartWindowMs: rt.restart_window_s * 1000,
     logger,
   };
-}
-
-/**
- * torch intra-op threads for the local worker. Unset (0): one fewer than the host's cores. torch's
- * own default takes every core, and its OpenMP threads busy-wait between operations, so under
- * load they took the core the server needs to feed them: on the 2-core development VM, 32
- * callers cost the worker 1.6 ms of CPU per call with 2 threads and 0.55 ms with 1, and the
- * throughput rose by half (bench/README "threads"). A passive wait policy was tried instead and
- * made a batch-1 forward 4.7x slower (each operation waits for sleeping threads to wake).
- */
-export function workerThreads(configured: number, cores = availableParallelism()): number {
-  return configured > 0 ? configured : Math.max(1, cores - 1);
 }
 
 /** Which shape the runtime takes: "single" keeps today's one WorkerRuntime. */

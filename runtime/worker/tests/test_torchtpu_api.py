@@ -152,6 +152,11 @@ def test_tpu_compile_cache_misses_are_read_when_present(fake_tpu):
     assert accel.tpu_cache_misses() is None
 
 
+def test_import_env_shortens_the_openmp_spin_unless_the_operator_set_it():
+    assert launch.import_env("cpu", "strict", {})["GOMP_SPINCOUNT"] == launch.OPENMP_SPIN
+    assert "GOMP_SPINCOUNT" not in launch.import_env("cpu", "strict", {"GOMP_SPINCOUNT": "300000"})
+
+
 def test_import_env(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "torch_tpu_installed", lambda: True)
     monkeypatch.setattr(launch, "torch_tpu_install_problems", lambda: [])

@@ -132,13 +132,28 @@ def bind_device(kind: str, index: int | None, environ: dict[str, str]) -> Bindin
     return Binding(kind, index, local, env)
 
 
+# How long an idle OpenMP thread of torch's CPU kernels busy-waits for the next parallel region
+# (GNU libgomp, which the torch wheels use; read when torch loads it). libgomp's default is 300,000
+# spins, about a millisecond: between the short forwards of small models, the worker's idle
+# threads burned the core the Node control plane needs. On the 2-core development VM, 32 mnist-cnn
+# callers cost the worker 1.6 ms of CPU per call at the default and 0.7 ms at 10,000 spins, and
+# the throughput rose from ~640 to ~1,100 calls/s; MiniLM at batch ~20 (long forwards) kept its
+# throughput (bench/README "threads"). Fewer spins than this (1,000) made a batch-1 forward
+# slower: each operator then waits for sleeping threads to wake. An operator's own value wins.
+OPENMP_SPIN = "10000"
+
+
 def import_env(kind: str, tpu_eager: str, environ: dict[str, str]) -> dict[str, str]:
     """The variables to set before `import torch` for a worker that asks for `kind`."""
     env: dict[str, str] = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
-    for k, v in (("HF_HUB_DISABLE_TELEMETRY", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+    for k, v in (
+        ("HF_HUB_DISABLE_TELEMETRY", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+        ("GOMP_SPINCOUNT", OPENMP_SPIN),
+    ):
         if k not in environ:
             env[k] = v
     env[EAGER_ENV] = tpu_eager
