@@ -20,8 +20,8 @@ import time
 
 def main() -> int:
     catalog_path, model_id = sys.argv[1], sys.argv[2]
-    # Same import-time switches as tpu_worker.__main__ (the OpenMP spin among them), and torch's
-    # default thread count as the worker uses when the server passes no --threads.
+    # Same import-time switches as tpu_worker.__main__ (the OpenMP spin among them), and the
+    # worker's torch thread count (the harness sets BENCH_TORCH_THREADS to the server's --threads).
     from tpu_worker.launch import OPENMP_SPIN
 
     os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN)

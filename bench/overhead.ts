@@ -18,6 +18,7 @@ import {
 } from "./lib/procs.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, summarize } from "./lib/stats.js";
+import { workerThreads } from "../server/runtime.js";
 
 export interface OverheadOptions {
   stdio: McpServer; // MODEL and MODEL_NOBATCH loaded
@@ -42,6 +43,8 @@ export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
     pythonPath: PYTHON,
     catalogPath: o.catalog,
     device: "cpu",
+    // The thread count the server gives its worker (server/runtime.ts), as on the MCP sides.
+    extraArgs: ["--threads", String(workerThreads(0))],
     logger: quietLogger,
   });
   try {

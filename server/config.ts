@@ -114,7 +114,10 @@ export const ServerConfigSchema = z
         python: z.string().default(".venv/bin/python"),
         catalog: z.string().default("runtime/catalog.builtin.json"),
         device: DeviceSchema.default("auto"),
-        /** torch intra-op threads in the worker; 0 keeps torch's default (all cores). */
+        /**
+         * torch intra-op threads in the worker; 0 = one fewer than the host's cores (at least
+         * one), so the worker's busy-waiting OpenMP threads leave a core to the control plane.
+         */
         threads: z.number().int().min(0).max(1024).default(0),
         /** eager: start the worker with the server; lazy: on the first call that needs it. */
         start: z.enum(["eager", "lazy"]).default("eager"),

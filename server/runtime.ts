@@ -1,5 +1,6 @@
 // Builds the compute side from the config: one local worker (the default, unchanged for a
 // newcomer), or a pool of workers (one per chip, explicit local and remote workers).
+import { availableParallelism } from "node:os";
 import type { Logger } from "pino";
 import { WorkerRuntime, type SpawnFn, type WorkerRuntimeOptions } from "../runtime/client.js";
 import {
@@ -33,7 +34,7 @@ export function baseRuntimeOptions(config: ServerConfig, logger: Logger): Worker
     pythonPath: config.paths.python,
     catalogPath: config.paths.catalog,
     device: rt.device,
-    extraArgs: rt.threads > 0 ? ["--threads", String(rt.threads)] : [],
+    extraArgs: ["--threads", String(workerThreads(rt.threads))],
     startMode: rt.start,
     requestTimeoutMs: rt.request_timeout_s * 1000,
     heartbeatIntervalMs: rt.heartbeat_interval_s * 1000,
@@ -42,6 +43,20 @@ export function baseRuntimeOptions(config: ServerConfig, logger: Logger): Worker
     restartWindowMs: rt.restart_window_s * 1000,
     logger,
   };
+}
+
+/**
+ * torch intra-op threads for the local worker. Unset (0): one fewer than the host's cores, so
+ * the worker's threads never contend with the control plane on the same host. torch's default
+ * takes every core; a parallel region then waits for whichever of its threads the server or a
+ * client preempted. On the 2-core development VM (bench/run.ts, side by side): with 2 threads a
+ * batch-1 mnist-cnn forward had a p50 of 3.5 ms between calls (0.7 ms with 1), MiniLM batch 1
+ * through MCP was 1.61x direct (1.19x with 1), and 32 small callers cost the worker 1.6 ms of
+ * CPU per call (0.55 ms with 1). What it costs: a compute-bound batch on an otherwise idle
+ * 2-core host (MiniLM, 32 callers: 150 vs 102 calls/s). Set runtime.threads to choose.
+ */
+export function workerThreads(configured: number, cores = availableParallelism()): number {
+  return configured > 0 ? configured : Math.max(1, cores - 1);
 }
 
 /** Which shape the runtime takes: "single" keeps today's one WorkerRuntime. */

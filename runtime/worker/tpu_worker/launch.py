@@ -134,12 +134,11 @@ def bind_device(kind: str, index: int | None, environ: dict[str, str]) -> Bindin
 
 # How long an idle OpenMP thread of torch's CPU kernels busy-waits for the next parallel region
 # (GNU libgomp, which the torch wheels use; read when torch loads it). libgomp's default is 300,000
-# spins, about a millisecond: between the short forwards of small models, the worker's idle
-# threads burned the core the Node control plane needs. On the 2-core development VM, 32 mnist-cnn
-# callers cost the worker 1.6 ms of CPU per call at the default and 0.7 ms at 10,000 spins, and
-# the throughput rose from ~640 to ~1,100 calls/s; MiniLM at batch ~20 (long forwards) kept its
-# throughput (bench/README "threads"). Fewer spins than this (1,000) made a batch-1 forward
-# slower: each operator then waits for sleeping threads to wake. An operator's own value wins.
+# spins, about a millisecond: between the short forwards of small models the worker's idle threads
+# burned CPU the Node control plane needs. On the 2-core development VM, 32 mnist-cnn callers with
+# 2 torch threads cost the worker 1.6 ms of CPU per call at the default and 0.7-0.8 ms at 10,000
+# spins (~640 -> ~1,100 calls/s). Fewer spins (1,000) made a batch-1 forward slower: each
+# operator then waits for sleeping threads to wake. An operator's own value wins.
 OPENMP_SPIN = "10000"
 
 
