@@ -100,17 +100,23 @@ export function keyedChainHash(
   seq: number,
   record: AuditRecord,
 ): string {
+  return chainMac(key, prevHash, canonicalJson({ ...record, seq }));
+}
+
+/** The keyed link: HMAC-SHA256 of the previous hash and the record's canonical text with seq. */
+function chainMac(key: Buffer, prevHash: string, canonicalWithSeqText: string): string {
   return createHmac("sha256", key)
-    .update(prevHash + canonicalJson({ ...record, seq }), "utf8")
+    .update(prevHash + canonicalWithSeqText, "utf8")
     .digest("hex");
 }
 
 /** A record made ready to chain: undefined members dropped, each member formatted once. */
 export interface PreparedRecord {
   clean: AuditRecord;
-  /** Sorted member names and their canonical `"name":value` texts (without `seq`). */
-  keys: string[];
+  /** Canonical `"name":value` texts of its members, sorted by name (no `seq`). */
   members: string[];
+  /** Where `"seq":N` sorts among them. */
+  seqAt: number;
 }
 
 /** Throws (PolicyError) for a record with no JSON form, before it can join a batch. */
@@ -120,7 +126,8 @@ export function prepareRecord(record: AuditRecord): PreparedRecord {
   const keys = Object.keys(rec).filter((k) => k !== "seq");
   keys.sort();
   const members = keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(rec[k])}`);
-  return { clean, keys, members };
+  const seqAt = keys.findIndex((k) => k > "seq");
+  return { clean, members, seqAt: seqAt === -1 ? keys.length : seqAt };
 }
 
 /**
@@ -131,15 +138,9 @@ export function canonicalWithSeq(
   p: PreparedRecord,
   seq: number,
 ): { stored: string; hashed: string } {
-  let at = 0;
-  while (at < p.keys.length && p.keys[at] < "seq") at++;
-  const before = p.members.slice(0, at).join(",");
-  const after = p.members.slice(at).join(",");
-  const seqText = `"seq":${seq}`;
-  return {
-    stored: `{${p.members.join(",")}}`,
-    hashed: `{${[before, seqText, after].filter((x) => x !== "").join(",")}}`,
-  };
+  const withSeq = [...p.members];
+  withSeq.splice(p.seqAt, 0, `"seq":${seq}`);
+  return { stored: `{${p.members.join(",")}}`, hashed: `{${withSeq.join(",")}}` };
 }
 
 /** A copy without undefined members (what JSON would keep), so stored and hashed forms agree. */
@@ -333,9 +334,7 @@ export class SqliteAuditLog implements AuditLog {
     for (const p of records) {
       seq += 1;
       const { stored, hashed } = canonicalWithSeq(p, seq);
-      const hash = createHmac("sha256", key.key)
-        .update(prev + hashed, "utf8")
-        .digest("hex");
+      const hash = chainMac(key.key, prev, hashed);
       st.insert.run(seq, stored, prev, hash);
       out.push({ ...p.clean, seq, prev_hash: prev, hash });
       prev = hash;

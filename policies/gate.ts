@@ -361,7 +361,7 @@ export class Gate {
       outcome: "allowed",
       approval_id: approvalId,
     };
-    const failClosed = (e: unknown) => {
+    const logAuditFailure = (e: unknown) => {
       this.deps.logger.error(
         { err: String(e), tool, principal: principal.id },
         "audit append failed; call refused",
@@ -378,7 +378,7 @@ export class Gate {
       } catch (e) {
         // Fail closed: a call that cannot be recorded does not run.
         settle();
-        failClosed(e);
+        logAuditFailure(e);
         throw e;
       }
     }
@@ -411,7 +411,7 @@ export class Gate {
     aborted.catch(() => {});
     // A call whose "allowed" record cannot be committed is cancelled and refused.
     allowedCommitted?.catch((e) => {
-      failClosed(e);
+      logAuditFailure(e);
       ctrl.abort(e);
     });
 

@@ -451,7 +451,7 @@ export class SqliteBudgetLedger implements BudgetLedger {
     const w = this.window(principal, now - this.windowMs);
     // The in-memory window counts the charge at once (every later check sees it); the row is
     // written with the others charged in this event-loop turn, in one transaction: a commit
-    // per call cost more than the rest of the charge (a commit each was most of a charge's cost).
+    // per call was most of what a charge cost.
     this.pending.push([principal, now, seconds, tool ?? null]);
     if (this.pending.length === 1) setImmediate(this.flushPending);
     w.t.push(now);
