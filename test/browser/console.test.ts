@@ -4,7 +4,7 @@
 //
 // TPU_MCP_SCREENSHOTS=1 writes the screenshots under docs/ (the README shows them); otherwise
 // they go to a temp folder.
-import { mkdirSync, mkdtempSync, readFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -19,13 +19,12 @@ import {
   startHttpServer,
   writeConfig,
   type HttpServerProc,
+  DEMO_POLICY,
+  DEMO_TOKENS,
 } from "../helpers/server.js";
 import { chromiumPath } from "./setup.js";
 
-const demo = JSON.parse(readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8")).policy;
-const AGENT = "demo-agent-token";
-const READER = "demo-reader-token";
-const OPERATOR = "demo-operator-token";
+const { agent: AGENT, reader: READER, operator: OPERATOR } = DEMO_TOKENS;
 const SELF_OP = "console-self-operator-token";
 const ADMIN = "console-admin-token";
 const UI_MIME = "text/html;profile=mcp-app";
@@ -55,9 +54,9 @@ describe("operator console in chromium", () => {
     const config = writeConfig(
       {
         policy: {
-          ...demo,
+          ...DEMO_POLICY,
           tokens: [
-            ...demo.tokens,
+            ...DEMO_POLICY.tokens,
             {
               id: "selfop",
               token_sha256: hashToken(SELF_OP),
@@ -65,9 +64,9 @@ describe("operator console in chromium", () => {
             },
             { id: "admin", token_sha256: hashToken(ADMIN), scopes: ["admin"] },
           ],
-          limits: { ...demo.limits, rate_limit: { per_principal_per_minute: 6000 } },
+          limits: { ...DEMO_POLICY.limits, rate_limit: { per_principal_per_minute: 6000 } },
           approvals: {
-            ...demo.approvals,
+            ...DEMO_POLICY.approvals,
             rules: [{ tool: "run_benchmark", principals: ["agent", "selfop"] }],
           },
         },

@@ -1,31 +1,27 @@
 // Issue 11 (part a), end to end with real concurrent SDK clients against a real HTTP server and
 // a real worker: budgets under concurrency, device time of read-scoped tools, checks before
 // approvals and jobs, refused input audited and rate-limited, the soft deadline for long calls.
-import { execFile } from "node:child_process";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { promisify } from "node:util";
 import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashToken } from "../../policies/config.js";
 import {
-  CLI,
   ROOT,
   connectHttp,
   errorOf,
   startHttpServer,
   writeConfig,
   type HttpServerProc,
+  DEMO_POLICY,
+  DEMO_TOKENS,
+  cli,
 } from "../helpers/server.js";
 import { call } from "./scenario.js";
 
-const run = promisify(execFile);
-const demo = JSON.parse(readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8")).policy;
+const { agent: AGENT, reader: READER, operator: OPERATOR } = DEMO_TOKENS;
 
-const AGENT = "demo-agent-token";
-const READER = "demo-reader-token";
-const OPERATOR = "demo-operator-token";
 const SPAMMER = "spammer-token-0123456789";
 const RUNNER = "runner-token-0123456789";
 
@@ -41,11 +37,8 @@ const ALL_RUN = [
 ];
 
 async function approve(config: string, id: string) {
-  const r = await run(
-    process.execPath,
-    [CLI, "approvals", "approve", id, "--token", OPERATOR, "--config", config],
-    { cwd: ROOT },
-  );
+  const r = await cli(config, "approvals", "approve", id, "--token", OPERATOR);
+  expect(r.code, r.stderr).toBe(0);
   return r.stdout;
 }
 
@@ -64,21 +57,21 @@ describe("budgets, read allowance and checks before approval (demo policy, small
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-admission-"));
   const dataDir = join(dir, "data");
   const policy = {
-    ...demo,
+    ...DEMO_POLICY,
     tokens: [
-      ...demo.tokens,
+      ...DEMO_POLICY.tokens,
       { id: "spammer", token_sha256: hashToken(SPAMMER), scopes: ALL_RUN },
       { id: "checker", token_sha256: hashToken(CHECKER), scopes: ["models:read"] },
     ],
     limits: {
-      ...demo.limits,
+      ...DEMO_POLICY.limits,
       rate_limit: { per_principal_per_minute: 60 },
       budget: { device_seconds_per_window: 3, window_s: 3600, read_device_seconds_per_window: 1 },
     },
     approvals: {
-      ...demo.approvals,
+      ...DEMO_POLICY.approvals,
       rules: [
-        ...demo.approvals.rules,
+        ...DEMO_POLICY.approvals.rules,
         // check_model is estimated, so a weight threshold can tell a small check from a large one.
         { tool: "check_model", principals: ["checker"], when: { min_weight_bytes: 50_000_000 } },
       ],
@@ -220,9 +213,8 @@ describe("budgets, read allowance and checks before approval (demo policy, small
         });
         expect(errorOf(long)?.code).toBe("budget_exceeded");
       }
-      const pending = await run(process.execPath, [CLI, "approvals", "list", "--config", config], {
-        cwd: ROOT,
-      });
+      const pending = await cli(config, "approvals", "list");
+      expect(pending.code, pending.stderr).toBe(0);
       expect(pending.stdout).not.toMatch(/batch_sizes.*32|duration_s.*10/);
       const rows = auditRows(dataDir, "agent").filter((r) => r.outcome === "approval_requested");
       for (const r of rows) expect(r.args_digest).toBeTruthy();

@@ -1,18 +1,15 @@
 // MCP Apps negotiation over stdio: only a client that advertises io.modelcontextprotocol/ui gets
 // `_meta.ui` on tools and approval results and sees the ui:// views; the text stays complete.
 // (The view itself is drawn in chromium by the browser suite.)
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
+import { connectStdio, errorOf, writeConfig, DEMO_POLICY } from "../helpers/server.js";
 
-const demo = JSON.parse(readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8")).policy;
 const UI = "io.modelcontextprotocol/ui";
 const MIME = "text/html;profile=mcp-app";
 const ARGS = { model: "mnist-cnn", batch_sizes: [1], iterations: 2, warmup: 0 };
 
 describe("MCP Apps", () => {
-  const config = writeConfig({ policy: demo });
+  const config = writeConfig({ policy: DEMO_POLICY });
   let withUi: Awaited<ReturnType<typeof connectStdio>>;
   let plain: Awaited<ReturnType<typeof connectStdio>>;
   beforeAll(async () => {

@@ -2,12 +2,13 @@
 // it), sign-out, sign-in throttling, and refusals without a session. The clicking is in
 // test/browser/console.test.ts.
 import { SignJWT, exportJWK, generateKeyPair } from "jose";
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ROOT, startHttpServer, writeConfig, type HttpServerProc } from "../helpers/server.js";
-
-const demo = JSON.parse(readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8")).policy;
+import {
+  startHttpServer,
+  writeConfig,
+  type HttpServerProc,
+  DEMO_POLICY,
+} from "../helpers/server.js";
 
 describe("console HTTP surface", () => {
   let server: HttpServerProc;
@@ -27,7 +28,7 @@ describe("console HTTP surface", () => {
         .setExpirationTime(exp)
         .sign(privateKey);
     const policy = {
-      ...demo,
+      ...DEMO_POLICY,
       jwt: {
         issuer: "https://issuer.test",
         audience: "https://tpu-mcp.test/mcp",

@@ -2,18 +2,14 @@
 // server, the SDK's real Client, a real worker. Inference starts while its "allowed" record is
 // being committed and frames and answers leave corked per event-loop turn; none of that may cost
 // an audit record, a budget charge, a refusal, a cancellation or batching.
-import { execFile } from "node:child_process";
 import { mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { promisify } from "node:util";
 import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argsDigest } from "../../policies/digest.js";
-import { CLI, ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
+import { connectStdio, errorOf, writeConfig, cli } from "../helpers/server.js";
 import { call } from "./scenario.js";
-
-const run = promisify(execFile);
 
 /** A distinct mnist-cnn input per call, so each call has its own argument digest. */
 const input = (i: number) => ({
@@ -103,9 +99,8 @@ describe("small calls on the fast path", () => {
     expect(charges).toBe(n);
 
     // And the chain those records extend still verifies.
-    const v = await run(process.execPath, [CLI, "audit", "verify", "--config", config], {
-      cwd: ROOT,
-    });
+    const v = await cli(config, "audit", "verify");
+    expect(v.code, v.stderr).toBe(0);
     expect(v.stdout).toMatch(/ok/i);
   });
 

@@ -2,27 +2,24 @@
 // loopback when an agent's call needs approval and when an operator decides it with the CLI (a
 // separate process on the same SQLite file). Delivery is retried after a 500 and never holds up
 // the tool call, even while the receiver keeps the request open.
-import { execFile } from "node:child_process";
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { verifyWebhook } from "../../policies/notify.js";
 import {
-  CLI,
-  ROOT,
   connectHttp,
   errorOf,
   startHttpServer,
   writeConfig,
   type HttpServerProc,
+  DEMO_POLICY,
+  DEMO_TOKENS,
+  cli,
 } from "../helpers/server.js";
 
-const run = promisify(execFile);
-const demo = JSON.parse(readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8")).policy;
 const SECRET = "whsec-test-0123456789abcdef";
 
 interface Hit {
@@ -97,10 +94,10 @@ describe("approval webhooks", () => {
     config = writeConfig(
       {
         policy: {
-          ...demo,
-          limits: { ...demo.limits, rate_limit: { per_principal_per_minute: 6000 } },
+          ...DEMO_POLICY,
+          limits: { ...DEMO_POLICY.limits, rate_limit: { per_principal_per_minute: 6000 } },
           approvals: {
-            ...demo.approvals,
+            ...DEMO_POLICY.approvals,
             notify: [{ url: rx.url, secret_file: "webhook.secret" }],
           },
         },
@@ -125,7 +122,7 @@ describe("approval webhooks", () => {
     );
 
   it("signs, retries after a 500, and reports a CLI decision", async () => {
-    const agent = await connectHttp(server.url, "demo-agent-token");
+    const agent = await connectHttp(server.url, DEMO_TOKENS.agent);
     try {
       const args = { model: "mnist-cnn", batch_sizes: [1], iterations: 2, warmup: 0 };
       const r = await agent.client.callTool({ name: "run_benchmark", arguments: args });
@@ -145,22 +142,17 @@ describe("approval webhooks", () => {
       expect(retry.body.console_url).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/console\/$/);
 
       // A decision made by another process (the CLI) is noticed and sent too.
-      await run(
-        process.execPath,
-        [
-          CLI,
-          "approvals",
-          "deny",
-          id,
-          "--reason",
-          "not today",
-          "--token",
-          "demo-operator-token",
-          "--config",
-          config,
-        ],
-        { cwd: ROOT },
+      const denied = await cli(
+        config,
+        "approvals",
+        "deny",
+        id,
+        "--reason",
+        "not today",
+        "--token",
+        DEMO_TOKENS.operator,
       );
+      expect(denied.code, denied.stderr).toBe(0);
       const decided = await until(
         () => rx.hits.find((h) => h.body.event === "approval.denied"),
         "the decision webhook",
@@ -178,7 +170,7 @@ describe("approval webhooks", () => {
   });
 
   it("does not hold the tool call while the receiver keeps the request open", async () => {
-    const agent = await connectHttp(server.url, "demo-agent-token");
+    const agent = await connectHttp(server.url, DEMO_TOKENS.agent);
     rx.hold();
     try {
       const before = rx.hits.length;
@@ -209,8 +201,8 @@ describe("approval webhooks", () => {
       const cfg = writeConfig(
         {
           policy: {
-            ...demo,
-            approvals: { ...demo.approvals, notify: [{ url: rx.url, secret_file: file }] },
+            ...DEMO_POLICY,
+            approvals: { ...DEMO_POLICY.approvals, notify: [{ url: rx.url, secret_file: file }] },
           },
         },
         dir,

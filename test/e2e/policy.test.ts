@@ -1,44 +1,29 @@
 // The "boxed in" half end to end: the demo policy over HTTP with the SDK's real Client, the
 // operator CLI on the same store, restarts, JWTs, concurrency bounds and the audit chain.
-import { execFile } from "node:child_process";
-import { readFileSync, mkdtempSync } from "node:fs";
+import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { promisify } from "node:util";
 import Database from "better-sqlite3";
 import { SignJWT, exportJWK, generateKeyPair } from "jose";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
-  CLI,
   INITIALIZE,
-  ROOT,
+  cli,
   connectHttp,
   errorOf,
   startHttpServer,
   writeConfig,
   type HttpServerProc,
+  DEMO_POLICY,
+  DEMO_TOKENS,
 } from "../helpers/server.js";
 import { call } from "./scenario.js";
 
-const run = promisify(execFile);
-const demo = JSON.parse(readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8")).policy;
-
-const AGENT = "demo-agent-token";
-const READER = "demo-reader-token";
-const OPERATOR = "demo-operator-token";
-
-async function cli(config: string, ...args: string[]) {
-  try {
-    const r = await run(process.execPath, [CLI, ...args, "--config", config], { cwd: ROOT });
-    return { code: 0, stdout: r.stdout, stderr: r.stderr };
-  } catch (e: any) {
-    return { code: e.code as number, stdout: e.stdout as string, stderr: e.stderr as string };
-  }
-}
+const { agent: AGENT, reader: READER, operator: OPERATOR } = DEMO_TOKENS;
 
 describe("demo policy over HTTP", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-policy-"));
-  const config = writeConfig({ policy: demo }, dir);
+  const config = writeConfig({ policy: DEMO_POLICY }, dir);
   let server: HttpServerProc;
   beforeAll(async () => {
     server = await startHttpServer(config);
@@ -170,9 +155,9 @@ describe("approvals across restarts, expiry and self-grant", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-policy2-"));
   const selfToken = "test-self-approver-token";
   const policy = {
-    ...demo,
+    ...DEMO_POLICY,
     tokens: [
-      ...demo.tokens,
+      ...DEMO_POLICY.tokens,
       // Holds approvals:grant AND may call tools: it must still not approve its own request.
       {
         id: "lead",
@@ -180,7 +165,7 @@ describe("approvals across restarts, expiry and self-grant", () => {
         scopes: ["models:read", "benchmark:run", "approvals:grant"],
       },
     ],
-    approvals: { ...demo.approvals, ttl_s: 3 },
+    approvals: { ...DEMO_POLICY.approvals, ttl_s: 3 },
   };
   let config: string;
   let durable: string;
@@ -310,9 +295,9 @@ describe("JWT bearer tokens", () => {
 describe("concurrency bound", () => {
   it("answers a 17th concurrent call over a bound of 16 with busy at once", async () => {
     const policy = {
-      ...demo,
+      ...DEMO_POLICY,
       limits: {
-        ...demo.limits,
+        ...DEMO_POLICY.limits,
         per_tool_concurrency: { run_inference: 16 },
         queue_bound: { run_inference: 0 },
         rate_limit: { per_principal_per_minute: 1000 },

@@ -3,7 +3,7 @@
 // a relay the test can cut), driven by the SDK's Client. Certificates are made by the test.
 // No assertion is about speed; "does not block" is checked by order of completion.
 import { createHash, randomBytes } from "node:crypto";
-import { execFile, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -11,13 +11,13 @@ import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { makeCerts, startServe, tcpRelay, type Certs, type ServeProc } from "../helpers/fleet.js";
 import {
-  CLI,
   ROOT,
   connectHttp,
   errorOf,
   startHttpServer,
   writeConfig,
   type HttpServerProc,
+  cli,
 } from "../helpers/server.js";
 
 const MINILM = "all-minilm-l6-v2";
@@ -52,14 +52,6 @@ async function until<T>(what: string, fn: () => Promise<T | undefined | false>, 
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 250));
   }
-}
-
-function cli(args: string[]): Promise<{ code: number; out: string; err: string }> {
-  return new Promise((resolve) => {
-    execFile(process.execPath, [CLI, ...args], { cwd: ROOT }, (e, out, err) =>
-      resolve({ code: e ? ((e as any).code ?? 1) : 0, out, err }),
-    );
-  });
 }
 
 function auditRecords(dataDir: string): any[] {
@@ -207,19 +199,11 @@ describe.skipIf(!hasOpenssl)(
     });
 
     it("drains a worker from the CLI (admin token): calls go to the other replica until undrained", async () => {
-      const noToken = await cli(["workers", "drain", "w1", "--config", configFile]);
+      const noToken = await cli(configFile, "workers", "drain", "w1");
       expect(noToken.code).toBe(2);
-      const d = await cli([
-        "workers",
-        "drain",
-        "w1",
-        "--config",
-        configFile,
-        "--token",
-        adminToken,
-      ]);
-      expect(d.code, d.err).toBe(0);
-      expect(d.out).toMatch(/w1: drained, no calls in flight/);
+      const d = await cli(configFile, "workers", "drain", "w1", "--token", adminToken);
+      expect(d.code, d.stderr).toBe(0);
+      expect(d.stdout).toMatch(/w1: drained, no calls in flight/);
       const before = await workers(conn);
       expect(before.w1.draining).toBe(true);
       for (let i = 0; i < 6; i++) {
@@ -229,18 +213,10 @@ describe.skipIf(!hasOpenssl)(
       const after = await workers(conn);
       expect(after.w1.calls).toBe(before.w1.calls);
       expect(after.r0.calls).toBeGreaterThanOrEqual(before.r0.calls + 6);
-      const list = await cli(["workers", "--config", configFile]);
-      expect(list.out).toMatch(/w1\s+cpu\s+local\s+ready \(drained\)/);
-      const u = await cli([
-        "workers",
-        "undrain",
-        "w1",
-        "--config",
-        configFile,
-        "--token",
-        adminToken,
-      ]);
-      expect(u.code, u.err).toBe(0);
+      const list = await cli(configFile, "workers");
+      expect(list.stdout).toMatch(/w1\s+cpu\s+local\s+ready \(drained\)/);
+      const u = await cli(configFile, "workers", "undrain", "w1", "--token", adminToken);
+      expect(u.code, u.stderr).toBe(0);
       await until("w1 undrained", async () => !(await workers(conn)).w1.draining);
     });
 
@@ -378,10 +354,10 @@ describe.skipIf(!hasOpenssl)(
         await s2.stop();
       }
       // doctor checks every configured worker and says which trust step failed.
-      const doc = await cli(["doctor", "--config", cfg]);
+      const doc = await cli(cfg, "doctor");
       expect(doc.code).toBe(1);
-      expect(doc.out).toMatch(/rogue: remote 127\.0\.0\.1:\d+: TLS refused/);
-      expect(doc.out).toMatch(/badtoken: remote 127\.0\.0\.1:\d+: token refused.*wrong token/);
+      expect(doc.stdout).toMatch(/rogue: remote 127\.0\.0\.1:\d+: TLS refused/);
+      expect(doc.stdout).toMatch(/badtoken: remote 127\.0\.0\.1:\d+: token refused.*wrong token/);
     });
   },
 );

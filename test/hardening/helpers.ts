@@ -1,12 +1,10 @@
 // Shared pieces of the hardening suites: an in-process server (createApp + the SDK's in-memory
 // transport pair) for fast fuzzing, temp dirs that are always removed, the demo policy and its
 // tokens, and small readers for the audit trail and the jobs table.
-import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
 import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { promisify } from "node:util";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { InMemoryTransport } from "@modelcontextprotocol/sdk/inMemory.js";
 import Database from "better-sqlite3";
@@ -15,20 +13,13 @@ import type { Principal } from "../../policies/scopes.js";
 import { createApp, type App } from "../../server/app.js";
 import { parseConfig } from "../../server/config.js";
 import { createMcpServer } from "../../server/mcp.js";
-import { CLI, ROOT } from "../helpers/server.js";
+import { CLI, DEMO_POLICY, DEMO_TOKENS, ROOT, cli } from "../helpers/server.js";
 
-export { CLI, ROOT };
+export { CLI, DEMO_POLICY, ROOT, cli };
 export const DATA = join(ROOT, "test", "hardening", "data");
 export const PYTHON = join(ROOT, ".venv", "bin", "python");
 
-export const DEMO_POLICY = JSON.parse(
-  readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8"),
-).policy;
-export const TOKENS = {
-  agent: "demo-agent-token",
-  reader: "demo-reader-token",
-  operator: "demo-operator-token",
-} as const;
+export const TOKENS = DEMO_TOKENS;
 
 export const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
@@ -144,23 +135,6 @@ export function jobRows(dataDir: string): Array<Record<string, any>> {
     return db.prepare("SELECT * FROM jobs").all() as any[];
   } finally {
     db.close();
-  }
-}
-
-const run = promisify(execFile);
-export async function cli(config: string, ...args: string[]) {
-  try {
-    const r = await run(process.execPath, [CLI, ...args, "--config", config], {
-      cwd: ROOT,
-      timeout: 60_000,
-    });
-    return { code: 0, stdout: r.stdout, stderr: r.stderr };
-  } catch (e: any) {
-    return {
-      code: e.code as number,
-      stdout: String(e.stdout ?? ""),
-      stderr: String(e.stderr ?? ""),
-    };
   }
 }
 

@@ -1,10 +1,11 @@
 // Starts the real `tpu-mcp` CLI (stdio or HTTP) in a child process with a config in a temp dir,
 // and connects the SDK's real Client to it.
-import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -12,6 +13,35 @@ import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const CLI = join(ROOT, "bin", "tpu-mcp.js");
+
+/** The demo policy (examples/policy.demo.json) and the tokens it names. */
+export const DEMO_POLICY = JSON.parse(
+  readFileSync(join(ROOT, "examples/policy.demo.json"), "utf8"),
+).policy;
+export const DEMO_TOKENS = {
+  agent: "demo-agent-token",
+  reader: "demo-reader-token",
+  operator: "demo-operator-token",
+} as const;
+
+const run = promisify(execFile);
+
+/** Runs `tpu-mcp <args> --config <config>` to its end: exit code and output, never a throw. */
+export async function cli(config: string, ...args: string[]) {
+  try {
+    const r = await run(process.execPath, [CLI, ...args, "--config", config], {
+      cwd: ROOT,
+      timeout: 60_000,
+    });
+    return { code: 0, stdout: r.stdout, stderr: r.stderr };
+  } catch (e: any) {
+    return {
+      code: e.code as number,
+      stdout: String(e.stdout ?? ""),
+      stderr: String(e.stderr ?? ""),
+    };
+  }
+}
 
 /** Writes a config file in a fresh temp dir (its own data_dir) and returns its path. */
 export function writeConfig(
