@@ -110,8 +110,8 @@ def test_stray_prints_and_native_writes_go_to_stderr_not_the_protocol():
 
     code = (
         "import os, sys\n"
-        "from tpu_worker.__main__ import _take_stdout\n"
-        "proto = _take_stdout()\n"
+        "from tpu_worker.launch import take_stdout\n"
+        "proto = take_stdout()\n"
         "print('stray python print')\n"
         "os.write(1, b'native write to fd 1\\n')\n"
         "proto.write(b'FRAME')\n"

@@ -16,15 +16,6 @@ import sys
 from . import launch
 
 
-def _take_stdout():
-    """Returns a private binary handle on the real stdout and points fd 1 / sys.stdout at stderr."""
-    sys.stdout.flush()
-    proto = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return proto
-
-
 def _set_import_env(args: argparse.Namespace) -> launch.Binding:
     """Sets, before `import torch`, what TorchTPU, CUDA and Hugging Face read at import time, and
     binds this process to one chip when --device names an index. Returns the binding."""
@@ -95,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return inventory_main(argv[1:])
     args = parse_args(argv)
     _maybe_preload_tcmalloc(argv, args.device)
-    proto_out = _take_stdout()
+    proto_out = launch.take_stdout()
     binding = _set_import_env(args)
 
     from . import logs

@@ -1,5 +1,6 @@
 """What must happen before `import torch`: the environment TorchTPU and CUDA read at import time,
-the chip binding (one process per chip), the TorchTPU install check and the tcmalloc preload.
+the chip binding (one process per chip), the TorchTPU install check and the tcmalloc preload;
+and, first of all, stdout taken for the protocol.
 
 Nothing here imports torch. TorchTPU 0.2.0 registers a `torch.backends` entry point, so a plain
 `import torch` loads it whenever it is installed: with libtpu missing the process aborts (not
@@ -14,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 
 # torch-tpu 0.2.0's METADATA: Requires-Dist: torch>=2.11.0,<=2.15.0
@@ -130,6 +132,17 @@ def bind_device(kind: str, index: int | None, environ: dict[str, str]) -> Bindin
     else:
         env.setdefault("TPU_WORKER_HOST_INDEX", str(index))
     return Binding(kind, index, local, env)
+
+
+def take_stdout():
+    """A private binary handle on the real stdout, for the protocol; fd 1 and sys.stdout then
+    point at stderr, so stray prints (also from C extensions, Ray's core) cannot corrupt frames.
+    Used by the worker and by the Ray fleet driver."""
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
 
 
 # How long an idle OpenMP thread of torch's CPU kernels busy-waits for the next parallel region

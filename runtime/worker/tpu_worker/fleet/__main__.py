@@ -15,6 +15,7 @@ import sys
 import threading
 
 from .. import logs
+from ..launch import take_stdout
 from . import config as fleet_config
 from .errors import StartError
 
@@ -38,14 +39,6 @@ class Channel:
                 self._out.flush()
             except (OSError, ValueError):
                 pass  # the control plane is gone; stdin EOF will end us
-
-
-def take_stdout():
-    sys.stdout.flush()
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return out
 
 
 def set_ray_env(cfg: fleet_config.FleetConfig) -> None:
