@@ -4,11 +4,10 @@
 // the figure is the ratio of the medians. Target: ≥ 0.9 (a Ray worker is a remote worker on
 // loopback, TLS + token; Ray only placed it). Runs only in a loopback-only network namespace.
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
-import { spawn } from "node:child_process";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
+import { startRayCluster } from "../test/helpers/fleet.js";
 import { writeConfig } from "../test/helpers/server.js";
 import {
   MODEL,
@@ -26,37 +25,6 @@ const CALLERS = 16;
 const PER_ROUND = quick ? 96 : 480;
 const ROUNDS = quick ? 2 : 4;
 const say = (s: string) => process.stderr.write(`[bench:ray] ${s}\n`);
-
-interface Cluster {
-  address: string;
-  ray_token_file: string;
-  catalog: string;
-  ca: string;
-  cert: string;
-  key: string;
-  token_file: string;
-}
-
-async function startCluster(dir: string) {
-  const proc = spawn(PYTHON, [join(ROOT, "runtime/worker/tests_ray/cluster.py"), dir], {
-    stdio: ["pipe", "pipe", "pipe"],
-    env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
-  });
-  let log = "";
-  proc.stderr!.on("data", (d) => (log = (log + d.toString()).slice(-8000)));
-  const info = await new Promise<Cluster>((resolve, reject) => {
-    createInterface({ input: proc.stdout! }).once("line", (l) => resolve(JSON.parse(l) as Cluster));
-    proc.once("exit", (code) => reject(new Error(`cluster.py exited ${code}:\n${log}`)));
-  });
-  return {
-    info,
-    stop: () =>
-      new Promise<number | null>((r) => {
-        proc.once("exit", (code) => r(code));
-        proc.stdin!.end();
-      }),
-  };
-}
 
 const limits = {
   limits: {
@@ -90,7 +58,7 @@ async function round(s: McpServer, texts: string[]): Promise<number> {
 
 async function main(): Promise<void> {
   const dir = tempDir();
-  const cluster = await startCluster(join(dir, "cluster"));
+  const cluster = await startRayCluster(join(dir, "cluster"), PYTHON);
   const c = cluster.info;
   const servers: McpServer[] = [];
   try {

@@ -5,6 +5,7 @@ import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import { join } from "node:path";
+import { createInterface } from "node:readline";
 import { ROOT } from "./server.js";
 
 export interface Certs {
@@ -188,4 +189,50 @@ export async function tcpRelay(port: number) {
         server.close(() => r());
       }),
   };
+}
+
+/** What runtime/worker/tests_ray/cluster.py prints once its Ray cluster is up. */
+export interface RayCluster {
+  address: string;
+  ray_token_file: string;
+  catalog: string;
+  ca: string;
+  cert: string;
+  key: string;
+  token_file: string;
+}
+
+/**
+ * Starts a local Ray cluster (tests_ray/cluster.py: a token-auth head and simulated TPU hosts)
+ * under `dir`, for the Ray suite and the Ray bench; the caller runs inside a loopback-only
+ * network namespace. `stop()` ends it and resolves with cluster.py's exit code: 0 only when no
+ * Ray process is left.
+ */
+export function startRayCluster(
+  dir: string,
+  python = join(ROOT, ".venv/bin/python"),
+): Promise<{ info: RayCluster; log: () => string; stop: () => Promise<number | null> }> {
+  const proc = spawn(python, [join(ROOT, "runtime/worker/tests_ray/cluster.py"), dir], {
+    stdio: ["pipe", "pipe", "pipe"],
+    env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
+  });
+  let log = "";
+  proc.stderr!.on("data", (d) => (log = (log + d.toString()).slice(-20_000)));
+  const stop = () =>
+    new Promise<number | null>((r) => {
+      if (proc.exitCode !== null) return r(proc.exitCode);
+      proc.once("exit", (code) => r(code));
+      proc.stdin!.end();
+    });
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(
+      () => reject(new Error(`the Ray cluster did not start:\n${log}`)),
+      180_000,
+    );
+    createInterface({ input: proc.stdout! }).once("line", (line) => {
+      clearTimeout(t);
+      resolve({ info: JSON.parse(line) as RayCluster, log: () => log, stop });
+    });
+    proc.once("exit", (code) => reject(new Error(`cluster.py exited ${code}:\n${log}`)));
+  });
 }

@@ -2,52 +2,20 @@
 // chips each, loopback only), a real `tpu-mcp stdio` server whose runtime.ray places worker
 // actors, the SDK's real Client. The workers inside run on the CPU (no TPU here).
 // Run by `npm run test:ray`, inside a network namespace that has only loopback.
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
 import Database from "better-sqlite3";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { CLI, ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { call } from "../e2e/scenario.js";
+import { startRayCluster } from "../helpers/fleet.js";
 
 const PY = join(ROOT, ".venv/bin/python");
 const MODEL = "all-minilm-l6-v2";
 const ADMIN_TOKEN = "ray-fleet-test-admin-token-0123456789";
-
-interface Cluster {
-  address: string;
-  ray_token_file: string;
-  catalog: string;
-  ca: string;
-  cert: string;
-  key: string;
-  token_file: string;
-}
-
-function startCluster(
-  dir: string,
-): Promise<{ info: Cluster; proc: ChildProcess; log: () => string }> {
-  const proc = spawn(PY, [join(ROOT, "runtime/worker/tests_ray/cluster.py"), dir], {
-    stdio: ["pipe", "pipe", "pipe"],
-    env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
-  });
-  let log = "";
-  proc.stderr!.on("data", (d) => (log = (log + d.toString()).slice(-20_000)));
-  return new Promise((resolve, reject) => {
-    const t = setTimeout(
-      () => reject(new Error(`the Ray cluster did not start:\n${log}`)),
-      180_000,
-    );
-    createInterface({ input: proc.stdout! }).once("line", (line) => {
-      clearTimeout(t);
-      resolve({ info: JSON.parse(line) as Cluster, proc, log: () => log });
-    });
-    proc.once("exit", (code) => reject(new Error(`cluster.py exited ${code}:\n${log}`)));
-  });
-}
 
 async function waitFor<T>(
   what: string,
@@ -65,7 +33,7 @@ async function waitFor<T>(
 
 describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () => {
   let dir: string;
-  let cluster: Awaited<ReturnType<typeof startCluster>>;
+  let cluster: Awaited<ReturnType<typeof startRayCluster>>;
   let conn: Awaited<ReturnType<typeof connectStdio>>;
   let configFile: string;
   let dataDir: string;
@@ -113,7 +81,7 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
 
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), "tpu-mcp-ray-"));
-    cluster = await startCluster(join(dir, "cluster"));
+    cluster = await startRayCluster(join(dir, "cluster"), PY);
     const c = cluster.info;
     dataDir = join(dir, "data");
     configFile = writeConfig(
@@ -162,11 +130,7 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
   afterAll(async () => {
     await conn?.close();
     if (cluster) {
-      const exited = new Promise<number | null>((r) =>
-        cluster.proc.once("exit", (code) => r(code)),
-      );
-      cluster.proc.stdin!.end();
-      const code = await exited;
+      const code = await cluster.stop();
       expect(code, cluster.log()).toBe(0); // cluster.py checks that no raylet/gcs_server is left
     }
     const ps = spawnSync("ps", ["-eo", "comm"], { encoding: "utf8" }).stdout;
