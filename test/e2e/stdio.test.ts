@@ -1,6 +1,7 @@
 // A real `tpu-mcp stdio` child process, the SDK's real Client, a real worker with torch on the CPU.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { connectStdio, errorOf, writeConfig } from "../helpers/server.js";
+import { spawn } from "node:child_process";
+import { CLI, INITIALIZE, ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { badInputs, call, coreJourney } from "./scenario.js";
 
 describe("tpu-mcp stdio", () => {
@@ -171,27 +172,32 @@ describe("tpu-mcp stdio", () => {
   });
 });
 
+/** `tpu-mcp stdio` spoken to in raw JSON lines, without the SDK's client in between. */
+function rawStdio() {
+  const proc = spawn(process.execPath, [CLI, "stdio", "--config", writeConfig()], {
+    cwd: ROOT,
+    stdio: ["pipe", "pipe", "pipe"],
+  });
+  let out = "";
+  let err = "";
+  proc.stdout.on("data", (d) => (out += d));
+  proc.stderr.on("data", (d) => (err += d));
+  const exited = new Promise<number | null>((r) => proc.once("exit", (code) => r(code)));
+  const send = (m: unknown) => proc.stdin.write(JSON.stringify(m) + "\n");
+  return { proc, out: () => out, err: () => err, exited, send };
+}
+
 describe("stdio sessions at the edges", () => {
   it("a client that leaves during start-up ends the server quietly (nothing at error level)", async () => {
-    const { spawn } = await import("node:child_process");
-    const { CLI, INITIALIZE, ROOT } = await import("../helpers/server.js");
-    const proc = spawn(process.execPath, [CLI, "stdio", "--config", writeConfig()], {
-      cwd: ROOT,
-      stdio: ["pipe", "pipe", "pipe"],
-    });
-    let out = "";
-    let err = "";
-    proc.stdout.on("data", (d) => (out += d));
-    proc.stderr.on("data", (d) => (err += d));
-    const exited = new Promise<number | null>((r) => proc.once("exit", (code) => r(code)));
-    proc.stdin.write(JSON.stringify(INITIALIZE) + "\n");
+    const { proc, out, err, exited, send } = rawStdio();
+    send(INITIALIZE);
     // As soon as the server answers, the client goes away: the worker is still starting.
-    for (let i = 0; i < 600 && !out.includes('"result"'); i++)
+    for (let i = 0; i < 600 && !out().includes('"result"'); i++)
       await new Promise((r) => setTimeout(r, 50));
-    expect(out).toContain('"protocolVersion"');
+    expect(out()).toContain('"protocolVersion"');
     proc.stdin.end();
     expect(await exited).toBe(0);
-    const errors = err
+    const errors = err()
       .split("\n")
       .filter((l) => l.startsWith("{"))
       .map((l) => JSON.parse(l))
@@ -200,18 +206,9 @@ describe("stdio sessions at the edges", () => {
   });
 
   it("answers each of three concurrent requests that reuse one id: one result, two errors", async () => {
-    const { spawn } = await import("node:child_process");
-    const { CLI, INITIALIZE, ROOT } = await import("../helpers/server.js");
-    const proc = spawn(process.execPath, [CLI, "stdio", "--config", writeConfig()], {
-      cwd: ROOT,
-      stdio: ["pipe", "pipe", "pipe"],
-    });
-    let out = "";
-    proc.stdout.on("data", (d) => (out += d));
-    const exited = new Promise((r) => proc.once("exit", r));
-    const send = (m: unknown) => proc.stdin.write(JSON.stringify(m) + "\n");
+    const { proc, out, exited, send } = rawStdio();
     const lines = () =>
-      out
+      out()
         .split("\n")
         .filter((l) => l.trim())
         .map((l) => JSON.parse(l));
