@@ -1,5 +1,5 @@
 // The one catalogue of error codes a tool result can carry. Codes are part of the public API:
-// clients branch on them. README's "Errors" table is checked against this list by a test.
+// clients branch on them. docs/errors.md's table is checked against this list by a test.
 
 export interface ErrorDoc {
   /** Whether calling again (after waiting, or after the fix the message names) can succeed. */
