@@ -62,7 +62,7 @@ export const ERROR_CATALOGUE = {
   },
   approval_required: {
     recoverable: true,
-    doc: "A human must approve this exact call; an operator runs `tpu-mcp approvals approve <id>`, then call again with approval_id.",
+    doc: "A human must approve this exact call; an operator approves it in the console or with `node bin/tpu-mcp.js approvals approve <id> --config <the server's config>`, then call again with approval_id.",
   },
   approval_pending: {
     recoverable: true,

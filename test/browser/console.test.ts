@@ -517,6 +517,6 @@ describe("operator console in chromium", () => {
     });
     expect(errorOf(r)?.code).toBe("approval_required");
     expect((r._meta as any)?.ui).toBeUndefined();
-    expect((r.content as any)[0].text).toContain("tpu-mcp approvals approve");
+    expect((r.content as any)[0].text).toContain("node bin/tpu-mcp.js approvals approve");
   });
 });
