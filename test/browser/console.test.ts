@@ -2,7 +2,7 @@
 // playwright-core) against a real server with a real worker. Agents speak MCP with the SDK's
 // Client; operators click in the page.
 //
-// TPU_MCP_SCREENSHOTS=1 writes the screenshots under docs/ (the README shows them); otherwise
+// TPU_MCP_SCREENSHOTS=1 writes the screenshots under docs/ (docs/console.md shows them); otherwise
 // they go to a temp folder.
 import { mkdirSync, mkdtempSync } from "node:fs";
 import { createServer, type Server } from "node:http";
