@@ -3,7 +3,15 @@
 // validates against the server's own schema, and the code snippets marked to run do run, as
 // written, against a real server, and exit.
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ServerConfigSchema } from "../../server/config.js";
@@ -167,6 +175,7 @@ describe("docs", () => {
 /** Runs one marked snippet as written with tsx; resolves with its exit code and output. */
 function runSnippet(source: string, env: Record<string, string>, timeoutMs: number) {
   // Inside the repository (under the ignored .data/) so that its imports resolve.
+  mkdirSync(join(ROOT, ".data"), { recursive: true });
   const dir = mkdtempSync(join(ROOT, ".data", "docs-snippet-"));
   const file = join(dir, "snippet.ts");
   writeFileSync(file, source);
