@@ -83,6 +83,14 @@ interface Row {
   used_ms: number | null;
 }
 
+/**
+ * The operator's command for an approval, as run from the tpu-mcp folder of a clone (the
+ * `tpu-mcp` bin is not on its PATH). The server passes its own, with `--config`.
+ */
+export type ApproveCommand = (id: string) => string;
+export const defaultApproveCommand: ApproveCommand = (id) =>
+  `node bin/tpu-mcp.js approvals approve ${id}`;
+
 const iso = (ms: number | null): string | null => (ms === null ? null : new Date(ms).toISOString());
 
 /**
@@ -119,7 +127,7 @@ export function approvalUsableError(
     case "pending":
       return new PolicyError(
         "approval_pending",
-        `Approval ${id} is still pending. Ask an operator to run \`tpu-mcp approvals approve ${id}\`, then retry.`,
+        `Approval ${id} is still pending. Ask an operator to approve it (in the console, or with the command given when it was requested), then retry.`,
         { approval_id: id, expires_at: rec.expires_at },
       );
     case "denied":

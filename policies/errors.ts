@@ -7,7 +7,7 @@ export const POLICY_ERROR_CODES = {
   insufficient_memory:
     "The estimated memory does not fit the device; details.suggestion says what would (smaller dtype, unloading models).",
   approval_required:
-    "A human must approve this exact call: ask an operator to run `tpu-mcp approvals approve <approval_id>`, then call again with approval_id.",
+    "A human must approve this exact call: ask an operator to approve it in the console or with `node bin/tpu-mcp.js approvals approve <approval_id> --config <the server's config>`, then call again with approval_id.",
   approval_declined:
     "The user declined (or cancelled) the approval prompt; do not retry unchanged.",
   approval_not_found: "No approval has this id; request a new one by calling without approval_id.",

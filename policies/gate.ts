@@ -3,7 +3,12 @@
 //   (one synchronous step) → concurrency slot → timeout → fn → settle (measured charge) → audit.
 // Every refusal is audited with its code; every executed call is audited with its duration.
 
-import type { ApprovalRecord, ApprovalStore } from "./approvals.js";
+import {
+  defaultApproveCommand,
+  type ApprovalRecord,
+  type ApprovalStore,
+  type ApproveCommand,
+} from "./approvals.js";
 import {
   redactArgs,
   type AuditLog,
@@ -78,6 +83,8 @@ export interface GateDeps {
   budget: BudgetLedger;
   clock?: Clock;
   logger: PolicyLogger;
+  /** The command an operator runs to approve; defaults to defaultApproveCommand. */
+  approveCommand?: ApproveCommand;
 }
 
 /** Does `rule` apply? Thresholds: ANY met is enough; with no estimate a threshold counts as met. */
@@ -596,7 +603,7 @@ export class Gate {
     const message =
       rec.status === "approved"
         ? `This call was already approved (approval ${rec.id}). Call ${tool} again with the same arguments and approval_id "${rec.id}" before ${rec.expires_at}.`
-        : `This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). Ask an operator to run \`tpu-mcp approvals approve ${rec.id}\`, then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
+        : `This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). Ask an operator to run \`${(this.deps.approveCommand ?? defaultApproveCommand)(rec.id)}\` from the tpu-mcp folder with a token holding approvals:grant (--token or TPU_MCP_TOKEN), or to approve it in the console; then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
     throw new PolicyError("approval_required", message, {
       approval_id: rec.id,
       tool,

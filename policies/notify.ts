@@ -10,7 +10,7 @@
 // is the same on every retry of one notification, so receivers can drop duplicates.
 
 import { createHmac, randomUUID, timingSafeEqual } from "node:crypto";
-import type { ApprovalRecord } from "./approvals.js";
+import { defaultApproveCommand, type ApprovalRecord, type ApproveCommand } from "./approvals.js";
 import type { PolicyLogger } from "./audit.js";
 import { formatBytes } from "./estimate.js";
 
@@ -37,6 +37,8 @@ export interface NotifyOptions {
   attemptTimeoutMs?: number;
   /** The console URL to put in the message, once an HTTP server knows it. */
   consoleUrl?: () => string | undefined;
+  /** The command an operator runs to approve; defaults to defaultApproveCommand. */
+  approveCommand?: ApproveCommand;
 }
 
 export function signWebhook(secret: Buffer | string, timestamp: string, body: string): string {
@@ -73,13 +75,18 @@ function estimateText(r: ApprovalRecord): string {
 const slackEscape = (s: string) =>
   s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 
-export function webhookText(event: WebhookEvent, r: ApprovalRecord, consoleUrl?: string): string {
+export function webhookText(
+  event: WebhookEvent,
+  r: ApprovalRecord,
+  consoleUrl?: string,
+  approveCommand: ApproveCommand = defaultApproveCommand,
+): string {
   const who = slackEscape(r.principal);
   const link = consoleUrl ? ` Decide in the console: <${consoleUrl}|${consoleUrl}>` : "";
   if (event === "approval.requested") {
     return (
       `Approval requested: ${who} wants to call \`${r.tool}\` (${estimateText(r)}). ` +
-      `Expires ${r.expires_at}. Approve with \`tpu-mcp approvals approve ${r.id}\`.${link}`
+      `Expires ${r.expires_at}. Approve with \`${approveCommand(r.id)}\`.${link}`
     );
   }
   const verb = event === "approval.approved" ? "approved" : "denied";
@@ -136,7 +143,7 @@ export class ApprovalNotifier {
     const consoleUrl = this.opts.consoleUrl?.();
     const delivery = randomUUID();
     const body = JSON.stringify({
-      text: webhookText(event, r, consoleUrl),
+      text: webhookText(event, r, consoleUrl, this.opts.approveCommand),
       event,
       delivery,
       approval: r,

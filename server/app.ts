@@ -21,7 +21,7 @@ import type { ToolDefinition, ToolEnv, ToolServices } from "../tools/types.js";
 import { ApprovalFeed } from "./approval_feed.js";
 import { ConfigError, type ServerConfig } from "./config.js";
 import { Metrics } from "./metrics.js";
-import { createPolicyServices } from "./policy.js";
+import { approveCommand, createPolicyServices } from "./policy.js";
 import { buildRuntime, type RuntimeHooks } from "./runtime.js";
 import { watchWorkerControl } from "./workers.js";
 import { watchFleetScale } from "./fleet.js";
@@ -162,6 +162,7 @@ export function createApp(
     onOutcome: (outcome) => metrics.webhookDeliveries.inc({ outcome }),
     onAttemptFailed: () => metrics.webhookAttemptFailures.inc(),
     consoleUrl: () => app.consoleUrl,
+    approveCommand: approveCommand(config),
   });
   const stopNotify = notifier.enabled
     ? approvalFeed.on((e) => notifier.notify(e.type, e.record))

@@ -164,6 +164,7 @@ async function main(argv: string[]): Promise<number> {
       }
       err(
         `connect: any MCP client with URL ${running.url} and header "Authorization: Bearer <token>"\n` +
+          `console: ${running.url.replace(/\/mcp$/, "/console/")} (operators: sign in with a token holding approvals:grant or admin)\n` +
           `health: ${running.url.replace(/\/mcp$/, "/healthz")}  metrics: ${running.url.replace(/\/mcp$/, "/metrics")}\n` +
           "stop with Ctrl-C\n",
       );

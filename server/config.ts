@@ -180,6 +180,8 @@ export type ServerConfig = z.infer<typeof ServerConfigSchema> & {
     python: string;
     /** The config file's folder (the root without a file): other relative paths start here. */
     config_dir: string;
+    /** The config file, absolute; null when running on the defaults. */
+    config_file: string | null;
     /** The audit chain's key file (policy.audit.key_file, else inside data_dir). */
     audit_key: string;
   };
@@ -206,7 +208,10 @@ function deepFreeze<T>(o: T): T {
  * Parses a config object. `root` is the repository root (for the built-in catalog and venv);
  * relative paths in a config file are resolved against the file's own folder.
  */
-export function parseConfig(raw: unknown, opts: { root: string; base?: string; source?: string }) {
+export function parseConfig(
+  raw: unknown,
+  opts: { root: string; base?: string; source?: string; file?: string },
+) {
   const parsed = ServerConfigSchema.safeParse(raw ?? {});
   if (!parsed.success) {
     const problems = parsed.error.issues.map(
@@ -252,6 +257,7 @@ export function parseConfig(raw: unknown, opts: { root: string; base?: string; s
       catalog: fromRoot("catalog"),
       python: fromRoot("python"),
       config_dir: base,
+      config_file: opts.file ?? null,
       audit_key: keyFile ? abs(keyFile, base) : resolve(data_dir, "audit.key"),
     },
   };
@@ -290,7 +296,12 @@ export function loadConfig(
   } catch (e) {
     throw new ConfigError(file, [`not valid JSON: ${(e as Error).message}`]);
   }
-  return parseConfig(applyOverrides(raw, overrides), { root, base: dirname(path), source: file });
+  return parseConfig(applyOverrides(raw, overrides), {
+    root,
+    base: dirname(path),
+    source: file,
+    file: path,
+  });
 }
 
 /** A copy of the config with one more static token (the one `tpu-mcp http` generates). */

@@ -1,16 +1,27 @@
 // Builds the policy services from the config: one place, used by the server and the operator CLI.
 import type { Logger } from "pino";
-import { SqliteApprovalStore } from "../policies/approvals.js";
+import { SqliteApprovalStore, type ApproveCommand } from "../policies/approvals.js";
 import { SqliteAuditLog } from "../policies/audit.js";
 import { loadOrCreateAuditKey } from "../policies/audit_key.js";
 import { Gate } from "../policies/gate.js";
 import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../policies/limits.js";
 import { mkdirSync } from "node:fs";
-import { join } from "node:path";
+import { isAbsolute, join, relative } from "node:path";
 import type { ServerConfig } from "./config.js";
 
 export function policyDbPath(config: ServerConfig): string {
   return join(config.paths.data_dir, "policy.db");
+}
+
+/**
+ * The command an operator runs to approve, as it works from the tpu-mcp folder: `tpu-mcp` is not
+ * on a clone's PATH, and without the server's `--config` the operator's token is unknown.
+ */
+export function approveCommand(config: ServerConfig): ApproveCommand {
+  const file = config.paths.config_file;
+  const rel = file && relative(config.paths.root, file);
+  const where = file ? (rel && !rel.startsWith("..") && !isAbsolute(rel) ? rel : file) : undefined;
+  return (id) => `node bin/tpu-mcp.js approvals approve ${id}${where ? ` --config ${where}` : ""}`;
 }
 
 export interface PolicyServices {
@@ -41,6 +52,7 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
     rateLimiter: new RateLimiter(policy.limits.rate_limit.per_principal_per_minute),
     budget,
     logger: logger.child({ component: "gate" }),
+    approveCommand: approveCommand(config),
   });
   return {
     gate,

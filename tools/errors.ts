@@ -1,5 +1,5 @@
 // The one catalogue of error codes a tool result can carry. Codes are part of the public API:
-// clients branch on them. README's "Errors" table is checked against this list by a test.
+// clients branch on them. docs/errors.md's table is checked against this list by a test.
 
 export interface ErrorDoc {
   /** Whether calling again (after waiting, or after the fix the message names) can succeed. */
@@ -62,7 +62,7 @@ export const ERROR_CATALOGUE = {
   },
   approval_required: {
     recoverable: true,
-    doc: "A human must approve this exact call; an operator runs `tpu-mcp approvals approve <id>`, then call again with approval_id.",
+    doc: "A human must approve this exact call; an operator approves it in the console or with `node bin/tpu-mcp.js approvals approve <id> --config <the server's config>`, then call again with approval_id.",
   },
   approval_pending: {
     recoverable: true,

@@ -2,7 +2,7 @@
 // playwright-core) against a real server with a real worker. Agents speak MCP with the SDK's
 // Client; operators click in the page.
 //
-// TPU_MCP_SCREENSHOTS=1 writes the screenshots under docs/ (the README shows them); otherwise
+// TPU_MCP_SCREENSHOTS=1 writes the screenshots under docs/ (docs/console.md shows them); otherwise
 // they go to a temp folder.
 import { mkdirSync, mkdtempSync } from "node:fs";
 import { createServer, type Server } from "node:http";
@@ -517,6 +517,6 @@ describe("operator console in chromium", () => {
     });
     expect(errorOf(r)?.code).toBe("approval_required");
     expect((r._meta as any)?.ui).toBeUndefined();
-    expect((r.content as any)[0].text).toContain("tpu-mcp approvals approve");
+    expect((r.content as any)[0].text).toContain("node bin/tpu-mcp.js approvals approve");
   });
 });

@@ -55,7 +55,7 @@ describe("MCP Apps", () => {
       tool: "run_benchmark",
       args: { model: "mnist-cnn" },
     });
-    expect((r.content as any)[0].text).toContain("tpu-mcp approvals approve");
+    expect((r.content as any)[0].text).toContain("node bin/tpu-mcp.js approvals approve");
   });
 
   it("adds nothing for a client without the extension", async () => {

@@ -138,7 +138,9 @@ describe("approval webhooks", () => {
       expect(retry.body.event).toBe("approval.requested");
       expect(retry.body.approval).toMatchObject({ id, principal: "agent", tool: "run_benchmark" });
       expect(retry.body.approval.args_preview).toMatchObject({ model: "mnist-cnn" });
-      expect(retry.body.text).toContain(`tpu-mcp approvals approve ${id}`);
+      expect(retry.body.text).toMatch(
+        new RegExp(`node bin/tpu-mcp\\.js approvals approve ${id} --config \\S+\\.json`),
+      );
       expect(retry.body.console_url).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/console\/$/);
 
       // A decision made by another process (the CLI) is noticed and sent too.

@@ -204,7 +204,7 @@ describe("Gate", () => {
     expect(first.code).toBe("approval_required");
     const id = first.details.approval_id as string;
     expect(id).toMatch(/^apr_/);
-    expect(first.message).toContain(`tpu-mcp approvals approve ${id}`);
+    expect(first.message).toContain(`node bin/tpu-mcp.js approvals approve ${id}`);
     expect(first.message).toContain("approval_id");
     expect(first.details.expires_at).toBeTypeOf("string");
     expect(audit.tail(1)[0]).toMatchObject({

@@ -87,7 +87,7 @@ describe("webhook signature", () => {
     const t = webhookText("approval.requested", record, "http://127.0.0.1:1/console/");
     expect(t).toContain("agent&lt;script&gt; wants to call `run_benchmark`");
     expect(t).toContain("~12 device-s, 1.0 GiB memory");
-    expect(t).toContain(`tpu-mcp approvals approve ${record.id}`);
+    expect(t).toContain(`node bin/tpu-mcp.js approvals approve ${record.id}`);
     expect(t).toContain("<http://127.0.0.1:1/console/|");
   });
 });
