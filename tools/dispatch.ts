@@ -5,7 +5,7 @@
 // fault (the server raises that before calling here).
 import type { Logger } from "pino";
 import type { z } from "zod";
-import type { CallDeadline, Gate, GateCall } from "../policies/gate.js";
+import type { CallDeadline, Gate, GateCall } from "../policies/gate/gate.js";
 import { ERROR_CATALOGUE, ToolError, toToolError } from "./errors.js";
 import { JOB_TOOLS } from "./registry.js";
 import type { ToolContext, ToolDefinition, ToolPrincipal, ToolServices } from "./types.js";
