@@ -115,8 +115,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
   const t0 = performance.now();
   let outcome = "ok";
   try {
-    // The one scope enforcer (audited); arguments are not even parsed for a caller without scope.
-    gate.enforceScope(principal, tool.name);
+    // Scope is the gate's first step, in gate.refuse (bad arguments) or gate.run: one audited check.
     let args: Record<string, any>;
     try {
       args = parseArgs(input);
