@@ -7,7 +7,7 @@ import type { Logger } from "pino";
 import type { SqliteApprovalStore } from "../policies/approvals.js";
 import type { SqliteAuditLog } from "../policies/audit.js";
 import { Authenticator } from "../policies/auth.js";
-import type { Gate } from "../policies/gate.js";
+import type { Gate } from "../policies/gate/gate.js";
 import { ApprovalNotifier, type NotifyTarget } from "../policies/notify.js";
 import { readCatalog, type Catalog } from "../runtime/catalog.js";
 import { memoryFor } from "../policies/estimate.js";

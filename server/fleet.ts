@@ -6,7 +6,7 @@
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
-import { openPolicyDb, type SqliteDb } from "../policies/sqlite.js";
+import { openStoreDb, type SqliteDb } from "../policies/sqlite.js";
 import { RayFleet, type FleetPool, type FleetStatus } from "../runtime/fleet/ray.js";
 import type { Runtime } from "../runtime/types.js";
 import type { ServerConfig } from "./config.js";
@@ -54,7 +54,7 @@ export function attachRayFleet(
 
 function open(config: ServerConfig): SqliteDb {
   mkdirSync(config.paths.data_dir, { recursive: true });
-  const db = openPolicyDb(join(config.paths.data_dir, "workers.db"));
+  const db = openStoreDb(join(config.paths.data_dir, "workers.db"));
   db.exec(`CREATE TABLE IF NOT EXISTS fleet_target (id INTEGER PRIMARY KEY CHECK (id = 1), count INTEGER NOT NULL, by TEXT NOT NULL, at TEXT NOT NULL);
            CREATE TABLE IF NOT EXISTS fleet_observed (id INTEGER PRIMARY KEY CHECK (id = 1), target INTEGER, status TEXT NOT NULL, error TEXT, at TEXT NOT NULL);`);
   return db;

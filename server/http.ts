@@ -13,8 +13,8 @@ import type { AddressInfo } from "node:net";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
-import { RateLimiter } from "../policies/limits.js";
-import { hasScope, requiredScope, SCOPES, type Principal } from "../policies/scopes.js";
+import { RateLimiter } from "../policies/limits/rate.js";
+import { canCall, hasScope, requiredScope, SCOPES, type Principal } from "../policies/scopes.js";
 import type { App } from "./app.js";
 import { createConsoleRoutes } from "./console.js";
 import { createMcpServer } from "./mcp.js";
@@ -201,9 +201,9 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     for (const msg of msgs) {
       if (msg && typeof msg === "object" && (msg as any).method === "tools/call") {
         const name = String((msg as any).params?.name ?? "");
-        if (!app.tools.some((t) => t.name === name)) continue;
+        if (!app.tools.some((t) => t.name === name) || canCall(principal, name)) continue;
         try {
-          // The gate's one scope enforcer, which audits the refusal.
+          // Refused before dispatch: the gate's scope step records the one refusal.
           app.gate.enforceScope(principal, name, "HTTP 403");
         } catch {
           const scope = requiredScope(name);

@@ -178,7 +178,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
   server.setRequestHandler(ListToolsRequestSchema, async () => {
     const withUi = ui();
     return {
-      // The same enforcer as calls: a tool the principal may not call is not listed.
+      // The same predicate as calls (scopes.canCall): a tool the principal may not call is not listed.
       tools: visibleTools(principal, app.tools).map((t) =>
         withUi && t.ui ? { ...toolListing(t), _meta: { ui: { ...t.ui } } } : toolListing(t),
       ) as any,
@@ -202,7 +202,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
       base: app.services,
       signal: extra.signal,
       progress: progressSender(extra),
-      elicit: elicitFor(server, app, extra),
+      elicit: elicitFor(server, extra),
       logger: app.logger,
       softDeadlineS: app.config.policy.limits.soft_deadline_s,
       trace,
@@ -341,14 +341,19 @@ export function createMcpServer(app: App, principal: Principal): Server {
   return server;
 }
 
-/** Form elicitation for approvals, when the client supports it and the policy allows it. */
-function elicitFor(server: Server, app: App, extra: Extra): Elicit | undefined {
-  const approvals = app.config.policy.approvals;
+/** The longest delay a Node timer takes (about 24.8 days); longer ones fire at once. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * Sends an approval form, when the client can show one. Whether to ask and how long to wait are
+ * the gate's (policies/gate/approval_flow.ts): it aborts `signal` when it stops waiting.
+ */
+function elicitFor(server: Server, extra: Extra): Elicit | undefined {
   const caps = server.getClientCapabilities()?.elicitation as
     { form?: unknown; url?: unknown } | undefined;
   const supportsForm = !!caps && (caps.form !== undefined || caps.url === undefined);
-  if (!approvals.elicitation || !supportsForm) return undefined;
-  return async (prompt) => {
+  if (!supportsForm) return undefined;
+  return async (prompt, signal) => {
     const progress = progressSender(extra);
     let beats = 0;
     // Heartbeats keep the client's request timeout from firing while a human decides.
@@ -373,7 +378,8 @@ function elicitFor(server: Server, app: App, extra: Extra): Elicit | undefined {
             required: ["approve"],
           },
         },
-        { relatedRequestId: extra.requestId, timeout: approvals.elicitation_timeout_s * 1000 },
+        // The SDK's own request timeout (60 s by default) must never fire before the gate's.
+        { relatedRequestId: extra.requestId, signal, timeout: MAX_TIMER_MS },
       );
       if (res.action === "accept") return res.content?.approve === true ? "accept" : "decline";
       return res.action;

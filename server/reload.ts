@@ -7,7 +7,7 @@
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
-import { openPolicyDb, type SqliteDb } from "../policies/sqlite.js";
+import { openStoreDb, type SqliteDb } from "../policies/sqlite.js";
 import type { Runtime } from "../runtime/types.js";
 import { ConfigError, type ServerConfig } from "./config.js";
 import { diffConfig } from "./config_diff.js";
@@ -104,7 +104,7 @@ export function createReloader(
 
 function open(config: ServerConfig): SqliteDb {
   mkdirSync(config.paths.data_dir, { recursive: true });
-  const db = openPolicyDb(join(config.paths.data_dir, "workers.db"));
+  const db = openStoreDb(join(config.paths.data_dir, "workers.db"));
   db.exec(`CREATE TABLE IF NOT EXISTS reload_request (id INTEGER PRIMARY KEY CHECK (id = 1), by TEXT NOT NULL, at TEXT NOT NULL);
            CREATE TABLE IF NOT EXISTS reload_result (id INTEGER PRIMARY KEY CHECK (id = 1), request_at TEXT NOT NULL, result TEXT NOT NULL, at TEXT NOT NULL);`);
   return db;

@@ -10,7 +10,7 @@
 // state (not a command queue) also survives a server restart: a drained worker stays drained.
 import type { Logger } from "pino";
 import { Authenticator } from "../policies/auth.js";
-import { openPolicyDb, type SqliteDb } from "../policies/sqlite.js";
+import { openStoreDb, type SqliteDb } from "../policies/sqlite.js";
 import type { Runtime, WorkerStatus } from "../runtime/types.js";
 import type { ServerConfig } from "./config.js";
 import { createPolicyServices } from "./policy.js";
@@ -24,7 +24,7 @@ export function workersDbPath(config: ServerConfig): string {
 }
 
 function open(path: string): SqliteDb {
-  const db = openPolicyDb(path);
+  const db = openStoreDb(path);
   db.exec(`CREATE TABLE IF NOT EXISTS drained (name TEXT PRIMARY KEY, by TEXT NOT NULL, at TEXT NOT NULL);
            CREATE TABLE IF NOT EXISTS observed (name TEXT PRIMARY KEY, status TEXT NOT NULL, at TEXT NOT NULL);`);
   return db;

@@ -5,7 +5,7 @@
 // fault (the server raises that before calling here).
 import type { Logger } from "pino";
 import type { z } from "zod";
-import type { CallDeadline, Gate, GateCall } from "../policies/gate.js";
+import type { CallDeadline, Gate, GateCall } from "../policies/gate/gate.js";
 import { ERROR_CATALOGUE, ToolError, toToolError } from "./errors.js";
 import { JOB_TOOLS } from "./registry.js";
 import type { ToolContext, ToolDefinition, ToolPrincipal, ToolServices } from "./types.js";
@@ -115,8 +115,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
   const t0 = performance.now();
   let outcome = "ok";
   try {
-    // The one scope enforcer (audited); arguments are not even parsed for a caller without scope.
-    gate.enforceScope(principal, tool.name);
+    // Scope is the gate's first step, in gate.refuse (bad arguments) or gate.run: one audited check.
     let args: Record<string, any>;
     try {
       args = parseArgs(input);

@@ -3,7 +3,7 @@
 import type { Logger } from "pino";
 import type { z } from "zod";
 import type { CostEstimate } from "../policies/estimate.js";
-import type { CallDeadline } from "../policies/gate.js";
+import type { CallDeadline } from "../policies/gate/gate.js";
 import type { Principal } from "../policies/scopes.js";
 import type { Catalog } from "../runtime/catalog.js";
 import type { CallTrace, Runtime } from "../runtime/types.js";

@@ -5,9 +5,11 @@ import Database from "better-sqlite3";
 import { afterAll, describe, expect, it } from "vitest";
 import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
 import { parsePolicyConfig } from "../../policies/config.js";
-import { Gate } from "../../policies/gate.js";
+import { Gate } from "../../policies/gate/gate.js";
 import { SqliteApprovalStore } from "../../policies/approvals.js";
-import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../../policies/limits.js";
+import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
+import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
+import { RateLimiter } from "../../policies/limits/rate.js";
 import type { Principal } from "../../policies/scopes.js";
 import { captureLogger, tempDir } from "./helpers.js";
 

@@ -1,18 +1,41 @@
 import { readdirSync, readFileSync } from "node:fs";
+import { dirname, relative, resolve, sep } from "node:path";
+import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 
-const dir = new URL("../../policies/", import.meta.url);
-const files = readdirSync(dir).filter((f) => f.endsWith(".ts"));
+const root = fileURLToPath(new URL("../../policies/", import.meta.url));
+// Every .ts file under policies/, sub-folders included, as a path relative to policies/.
+const files = (readdirSync(root, { recursive: true }) as string[])
+  .filter((f) => f.endsWith(".ts"))
+  .map((f) => f.split(sep).join("/"))
+  .sort();
+
+function importsOf(f: string): string[] {
+  const src = readFileSync(resolve(root, f), "utf8");
+  return [...src.matchAll(/(?:from|import)\s*\(?\s*["']([^"']+)["']/g)].map((m) => m[1]!);
+}
 
 describe("policies/ boundaries", () => {
-  it.each(files)("%s imports nothing from runtime/, tools/ or server/", (f) => {
-    const src = readFileSync(new URL(f, dir), "utf8");
-    const imports = [...src.matchAll(/from\s+["']([^"']+)["']/g)].map((m) => m[1]!);
-    for (const spec of imports) expect(spec).not.toMatch(/(^|\/)(runtime|tools|server)(\/|$)/);
+  it("finds the files of the sub-folders too", () => {
+    expect(files).toEqual(
+      expect.arrayContaining(["gate/gate.ts", "gate/steps.ts", "limits/budget.ts"]),
+    );
+  });
+
+  it.each(files)("%s imports nothing from outside policies/ but packages", (f) => {
+    for (const spec of importsOf(f)) {
+      if (!spec.startsWith(".")) {
+        // A package (or node:): never a path into another room spelled without dots.
+        expect(spec).not.toMatch(/^\/|(^|\/)(runtime|tools|server)(\/|$)/);
+        continue;
+      }
+      const target = relative(root, resolve(dirname(resolve(root, f)), spec));
+      expect(target.startsWith(".."), `${f} imports ${spec}`).toBe(false);
+    }
   });
 
   it.each(files)("%s reads no environment, never exits and never writes to the console", (f) => {
-    const src = readFileSync(new URL(f, dir), "utf8");
+    const src = readFileSync(resolve(root, f), "utf8");
     expect(src).not.toMatch(/process\.(env|exit|argv)|console\./);
   });
 });

@@ -9,14 +9,11 @@ import {
 } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
 import type { CostEstimate } from "../../policies/estimate.js";
-import {
-  Gate,
-  matchApprovalRule,
-  ruleApplies,
-  type ElicitPrompt,
-  type GateCall,
-} from "../../policies/gate.js";
-import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../../policies/limits.js";
+import { matchApprovalRule, ruleApplies } from "../../policies/gate/approval_flow.js";
+import { Gate, type ElicitPrompt, type GateCall } from "../../policies/gate/gate.js";
+import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
+import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
+import { RateLimiter } from "../../policies/limits/rate.js";
 import type { Principal } from "../../policies/scopes.js";
 import { captureLogger, FakeClock, flush, tempDir } from "./helpers.js";
 

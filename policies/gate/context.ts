@@ -1,0 +1,41 @@
+// What every admission step and the supervisor share: the gate's dependencies, its budget lines
+// and the two ways it writes the audit trail.
+
+import type { AuditRecord } from "../audit.js";
+import { systemClock, type Clock } from "../clock.js";
+import type { PolicyConfig } from "../config.js";
+import { BudgetLines } from "./budget_lines.js";
+import type { GateDeps } from "./types.js";
+
+export interface GateContext {
+  readonly deps: GateDeps;
+  readonly config: PolicyConfig;
+  readonly clock: Clock;
+  readonly lines: BudgetLines;
+  /** Appends a decision's record; losing it is logged loudly, never thrown: the decision stands. */
+  audit(rec: Omit<AuditRecord, "time">): void;
+  /** Appends and waits for the commit (group commit when the store offers it); may throw. */
+  auditDurable(rec: AuditRecord): Promise<void>;
+}
+
+export function gateContext(deps: GateDeps): GateContext {
+  const clock = deps.clock ?? systemClock;
+  return {
+    deps,
+    config: deps.config,
+    clock,
+    lines: new BudgetLines(deps.config.limits, deps.budget, clock),
+    audit(rec) {
+      try {
+        deps.audit.append({ time: new Date(clock()).toISOString(), ...rec });
+      } catch (e) {
+        deps.logger.error({ err: String(e), audit: rec }, "audit append failed");
+      }
+    },
+    async auditDurable(rec) {
+      const a = deps.audit;
+      if (a.appendDurable) await a.appendDurable(rec);
+      else a.append(rec);
+    },
+  };
+}

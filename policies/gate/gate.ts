@@ -1,0 +1,105 @@
+// THE gate every tool call passes: the admission steps (steps.ts, in their documented, fail-closed
+// order) and then the supervisor (supervise.ts: deadline, cancellation, settle and charge). Every
+// refusal is audited with its code; every executed call is audited with its duration.
+
+import type { ApprovalRecord } from "../approvals.js";
+import { redactArgs } from "../audit.js";
+import { argsDigest } from "../digest.js";
+import { isPolicyError } from "../errors.js";
+import type { Principal } from "../scopes.js";
+import { decideApproval } from "./approval_flow.js";
+import { gateContext, type GateContext } from "./context.js";
+import { admit, scopeRefusal, takeRate } from "./steps.js";
+import { supervise } from "./supervise.js";
+import type { CallDeadline, GateCall, GateDeps } from "./types.js";
+
+// The gate's public types, so a caller imports the gate from one module.
+export type {
+  CallDeadline,
+  Elicit,
+  ElicitAnswer,
+  ElicitPrompt,
+  GateCall,
+  GateDeps,
+} from "./types.js";
+
+export class Gate {
+  private readonly ctx: GateContext;
+
+  constructor(deps: GateDeps) {
+    this.ctx = gateContext(deps);
+  }
+
+  decideApproval(
+    id: string,
+    approver: Principal,
+    decision: "approve" | "deny",
+    reason?: string,
+  ): ApprovalRecord {
+    return decideApproval(this.ctx.deps, id, approver, decision, reason);
+  }
+
+  /**
+   * The scope step on its own, for a caller refused before its call reaches the gate (the HTTP
+   * layer answers 403 when scopes.canCall says no): the refusal is audited here and thrown as
+   * insufficient_scope. tools/list asks scopes.visibleTools, the same predicate, and audits
+   * nothing (a listing refuses nobody).
+   */
+  enforceScope(principal: Principal, tool: string, via?: string): void {
+    const refusal = scopeRefusal(principal, tool);
+    if (!refusal) return;
+    this.ctx.audit({
+      principal: principal.id,
+      tool,
+      args_digest: null,
+      outcome: "denied",
+      code: refusal.code,
+      reason: via ? `${refusal.message} (${via})` : refusal.message,
+    });
+    throw refusal;
+  }
+
+  /**
+   * A call refused before the gate could run it (invalid arguments, unknown model, a per-model
+   * bound): audited with the digest of what was sent (never the arguments). The scope step runs
+   * first, so a caller without the scope learns only that; then the call counts against the
+   * caller's rate limit, so malformed calls cannot be sent for free. Throws insufficient_scope or
+   * rate_limited instead of recording `code` when one of those applies.
+   */
+  refuse(
+    principal: Principal,
+    tool: string,
+    rawArgs: unknown,
+    code: string,
+    message: string,
+  ): void {
+    let digest: string | null = null;
+    try {
+      digest = argsDigest(tool, rawArgs as Record<string, unknown>);
+    } catch {
+      digest = null; // unhashable input (non-finite numbers, cycles): recorded without a digest
+    }
+    const base = { principal: principal.id, tool, args_digest: digest };
+    try {
+      const refusal = scopeRefusal(principal, tool);
+      if (refusal) throw refusal;
+      takeRate(this.ctx, principal);
+    } catch (e) {
+      if (isPolicyError(e))
+        this.ctx.audit({ ...base, outcome: "denied", code: e.code, reason: e.message });
+      throw e;
+    }
+    this.ctx.audit({ ...base, outcome: "denied", code, reason: message.slice(0, 500) });
+  }
+
+  /** Admits the call (or refuses it, audited), then runs `fn` under the gate's supervision. */
+  async run<T>(
+    call: GateCall,
+    fn: (signal: AbortSignal, deadline: CallDeadline) => Promise<T>,
+  ): Promise<T> {
+    call.trace?.mark("g.start");
+    const redacted = redactArgs(call.args, this.ctx.config.audit.redact_args);
+    const admitted = await admit(this.ctx, call, redacted);
+    return supervise(this.ctx, admitted, fn);
+  }
+}

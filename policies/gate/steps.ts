@@ -1,0 +1,196 @@
+// The admission steps, in the order they run. Cheapest and most certain refusals first, and
+// nothing that costs work (an estimate may ask the worker; an approval involves a human) before
+// the caller is known to be allowed and under its rate:
+//
+//   scope → rate → estimate → fit → budget → approval → reserve → slot → consume
+//
+// Each step either passes (filling in the admission) or throws a PolicyError. `admit` runs them,
+// audits a refusal with its code, and gives back what the call held so far (reservation, slot),
+// so every exit is closed: a call is admitted by passing every step, never by an error skipped.
+
+import type { AuditOutcome } from "../audit.js";
+import { argsDigest } from "../digest.js";
+import { PolicyError, isPolicyError, type PolicyErrorCode } from "../errors.js";
+import type { CostEstimate } from "../estimate.js";
+import type { Release } from "../limits/concurrency.js";
+import { canCall, requiredScope, type Principal } from "../scopes.js";
+import { checkApproval } from "./approval_flow.js";
+import type { GateContext } from "./context.js";
+import type { GateCall } from "./types.js";
+
+/** A call on its way through admission: what the steps learned and what it holds. */
+export interface Admission {
+  readonly call: GateCall;
+  /** The arguments as the audit trail shows them (redacted). */
+  readonly redacted: unknown;
+  digest: string;
+  estimate?: CostEstimate;
+  /** The approval to consume once a slot is held. */
+  approvalId?: string;
+  /** Gives back the estimate held against the budget. */
+  reservation?: () => void;
+  /** Gives back the concurrency slot. */
+  release?: Release;
+}
+
+/** A call that passed every step: it holds its reservation and its slot. */
+export type Admitted = Admission & { reservation: () => void; release: Release };
+
+export interface AdmissionStep {
+  readonly name: string;
+  run(ctx: GateContext, a: Admission): void | Promise<void>;
+  /** The stamp the bench's decomposition reads once the step has passed (tools/support/trace.ts). */
+  readonly mark?: string;
+}
+
+/** insufficient_scope when the principal may not call the tool: the one scope rule (scopes.canCall). */
+export function scopeRefusal(principal: Principal, tool: string): PolicyError | undefined {
+  if (canCall(principal, tool)) return undefined;
+  const scope = requiredScope(tool);
+  return new PolicyError(
+    "insufficient_scope",
+    `${tool} needs the ${scope} scope, which ${principal.id} does not have; ask for a token that grants it.`,
+    { required_scope: scope, tool },
+  );
+}
+
+/** Takes one call from the principal's rate; throws rate_limited when it is over. */
+export function takeRate(ctx: GateContext, principal: Principal): void {
+  const d = ctx.deps.rateLimiter.take(principal.id);
+  if (!d.ok) {
+    throw new PolicyError(
+      "rate_limited",
+      `${principal.id} is over ${ctx.config.limits.rate_limit.per_principal_per_minute} calls per minute; retry in ${Math.ceil(d.retry_after_ms / 1000)} s.`,
+      { retry_after_ms: d.retry_after_ms },
+    );
+  }
+}
+
+/** insufficient_memory when the estimate says the call cannot fit on the device. */
+export function checkFits(estimate: CostEstimate | undefined): void {
+  if (estimate && estimate.fits === false) {
+    throw new PolicyError(
+      "insufficient_memory",
+      `Not enough device memory: ${estimate.reason ?? "the estimate does not fit"}${estimate.suggestion ? `. Try: ${estimate.suggestion}` : ""}.`,
+      { estimate, suggestion: estimate.suggestion ?? null, reason: estimate.reason ?? null },
+    );
+  }
+}
+
+export const ADMISSION_STEPS: readonly AdmissionStep[] = [
+  {
+    name: "scope",
+    run: (_ctx, a) => {
+      const refusal = scopeRefusal(a.call.principal, a.call.tool);
+      if (refusal) throw refusal;
+    },
+  },
+  {
+    // Every call counts against the rate, refused or not, before anything costs work.
+    name: "rate",
+    run: (ctx, a) => takeRate(ctx, a.call.principal),
+    mark: "g.rate",
+  },
+  {
+    // Only an admitted caller makes the estimate (which may ask the worker for free memory).
+    name: "estimate",
+    run: async (_ctx, a) => {
+      if (!a.estimate && a.call.estimator) a.estimate = await a.call.estimator();
+    },
+    mark: "g.estimate",
+  },
+  { name: "fit", run: (_ctx, a) => checkFits(a.estimate) },
+  {
+    // A call the budget cannot take now never becomes an approval request.
+    name: "budget",
+    run: (ctx, a) => ctx.lines.check(a.call.principal, a.call.tool, a.estimate),
+  },
+  {
+    name: "approval",
+    run: async (ctx, a) => {
+      a.approvalId = await checkApproval(
+        ctx,
+        { ...a.call, estimate: a.estimate },
+        a.digest,
+        a.redacted,
+      );
+    },
+    mark: "g.approval",
+  },
+  {
+    // Check and reserve in one synchronous step: calls queued behind each other cannot all
+    // pass a check made before any of them was charged.
+    name: "reserve",
+    run: (ctx, a) => {
+      ctx.lines.check(a.call.principal, a.call.tool, a.estimate);
+      a.reservation = ctx.lines.reserve(a.call.principal.id, a.call.tool, a.estimate);
+    },
+    mark: "g.budget",
+  },
+  {
+    // Bounded: a full queue refuses with busy; the caller's cancellation leaves the queue.
+    name: "slot",
+    run: async (ctx, a) => {
+      a.release = await ctx.deps.limiter.acquire(a.call.tool, a.call.device, a.call.signal);
+    },
+    mark: "g.slot",
+  },
+  {
+    // Used up only by a call that holds its slot and will run.
+    name: "consume",
+    run: (ctx, a) => {
+      if (a.approvalId)
+        ctx.deps.approvals.consume(a.approvalId, a.call.principal.id, a.call.tool, a.digest);
+    },
+  },
+];
+
+const OUTCOME_FOR_CODE: Partial<Record<PolicyErrorCode, AuditOutcome>> = {
+  approval_required: "approval_requested",
+  approval_expired: "approval_expired",
+  approval_declined: "approval_denied",
+};
+
+/**
+ * Runs the steps in order. A refusal (any PolicyError) gives back the slot and the reservation,
+ * is audited with its code and thrown; anything else is thrown as it is.
+ */
+export async function admit(
+  ctx: GateContext,
+  call: GateCall,
+  redacted: unknown,
+): Promise<Admitted> {
+  const a: Omit<Admission, "digest"> & { digest: string | null } = {
+    call,
+    redacted,
+    digest: null,
+    estimate: call.estimate,
+  };
+  try {
+    a.digest = argsDigest(call.tool, call.args);
+    call.trace?.mark("g.digest");
+    for (const step of ADMISSION_STEPS) {
+      const pending = step.run(ctx, a as Admission);
+      if (pending) await pending;
+      if (step.mark) call.trace?.mark(step.mark);
+    }
+  } catch (e) {
+    a.release?.();
+    a.reservation?.();
+    if (isPolicyError(e)) {
+      ctx.audit({
+        principal: call.principal.id,
+        tool: call.tool,
+        args: redacted,
+        estimate: a.estimate ?? null,
+        args_digest: a.digest,
+        outcome: OUTCOME_FOR_CODE[e.code] ?? "denied",
+        code: e.code,
+        reason: e.message,
+        approval_id: (e.details.approval_id as string | undefined) ?? a.approvalId,
+      });
+    }
+    throw e;
+  }
+  return a as Admitted;
+}

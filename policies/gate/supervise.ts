@@ -1,0 +1,161 @@
+// The supervisor of an admitted call: it records the admission, starts the work under one
+// deadline, races it against the timeout and the caller's cancellation, settles the slot and the
+// measured charge when the work really ends (which may be after a timed-out caller got its
+// answer), and records how the call ended.
+
+import type { AuditRecord } from "../audit.js";
+import { toolTimeoutMs } from "../config.js";
+import { PolicyError, isPolicyError } from "../errors.js";
+import type { GateContext } from "./context.js";
+import type { Admitted } from "./steps.js";
+import type { CallDeadline } from "./types.js";
+
+/**
+ * Tools whose work may start while their "allowed" record is being committed (it is queued first
+ * and committed within the same event-loop turn, with other calls' records). Their answer still
+ * waits for that commit and for the "executed" one, so no answered call lacks its records; if the
+ * commit fails the work is cancelled and the call refused. Only inference: it changes nothing on
+ * the device, so work that ran and was then refused costs nothing but the time. Waiting for the
+ * commit before starting cost a lone call an event-loop turn and a commit (~0.3 ms of ~5 on the
+ * 2-core development VM, bench/decompose.ts).
+ */
+const RUN_WHILE_RECORDING = new Set(["run_inference"]);
+
+export async function supervise<T>(
+  ctx: GateContext,
+  a: Admitted,
+  fn: (signal: AbortSignal, deadline: CallDeadline) => Promise<T>,
+): Promise<T> {
+  const { call, digest, approvalId, estimate } = a;
+  const { principal, tool, trace } = call;
+  const base = () => ({
+    principal: principal.id,
+    tool,
+    args: a.redacted,
+    estimate: estimate ?? null,
+  });
+
+  let started = ctx.clock();
+  let settled = false;
+  const settle = () => {
+    if (settled) return;
+    settled = true;
+    // The slot and the charge follow the real work, which may outlive a timed-out caller.
+    a.release();
+    a.reservation();
+    if (estimate) ctx.lines.charge(principal.id, tool, (ctx.clock() - started) / 1000);
+  };
+
+  const allowedRecord: AuditRecord = {
+    time: new Date(ctx.clock()).toISOString(),
+    ...base(),
+    args_digest: digest,
+    outcome: "allowed",
+    approval_id: approvalId,
+  };
+  const logAuditFailure = (e: unknown) => {
+    ctx.deps.logger.error(
+      { err: String(e), tool, principal: principal.id },
+      "audit append failed; call refused",
+    );
+  };
+  // Committed before the work starts, or (RUN_WHILE_RECORDING) alongside it.
+  let allowedCommitted: Promise<void> | undefined;
+  if (RUN_WHILE_RECORDING.has(tool)) {
+    allowedCommitted = ctx.auditDurable(allowedRecord);
+    allowedCommitted.catch(() => {}); // observed below, by the abort and before the answer
+  } else {
+    try {
+      await ctx.auditDurable(allowedRecord);
+    } catch (e) {
+      // Fail closed: a call that cannot be recorded does not run.
+      settle();
+      logAuditFailure(e);
+      throw e;
+    }
+  }
+  trace?.mark("g.audit_allowed");
+
+  const timeoutMs = toolTimeoutMs(ctx.config.limits, tool);
+  const ctrl = new AbortController();
+  const timer = setTimeout(
+    () =>
+      ctrl.abort(
+        new PolicyError(
+          "timeout",
+          `${tool} ran past its ${timeoutMs / 1000} s limit and was cancelled; use smaller inputs or fewer iterations.`,
+          { timeout_ms: timeoutMs },
+        ),
+      ),
+    timeoutMs,
+  );
+  const onCallerAbort = () =>
+    ctrl.abort(new PolicyError("cancelled", `${tool} was cancelled by the caller.`));
+  if (call.signal?.aborted) onCallerAbort();
+  else call.signal?.addEventListener("abort", onCallerAbort, { once: true });
+
+  const aborted = new Promise<never>((_, reject) => {
+    if (ctrl.signal.aborted) reject(ctrl.signal.reason);
+    else ctrl.signal.addEventListener("abort", () => reject(ctrl.signal.reason), { once: true });
+  });
+  aborted.catch(() => {});
+  // A call whose "allowed" record cannot be committed is cancelled and refused.
+  allowedCommitted?.catch((e) => {
+    logAuditFailure(e);
+    ctrl.abort(e);
+  });
+
+  started = ctx.clock();
+  // One deadline per call: what the gate enforces is what the runtime is told to wait for.
+  const deadline: CallDeadline = {
+    at: started + timeoutMs,
+    remainingMs: () => Math.max(1, started + timeoutMs - ctx.clock()),
+  };
+  const work = ctrl.signal.aborted
+    ? Promise.reject(ctrl.signal.reason)
+    : Promise.resolve().then(() => fn(ctrl.signal, deadline));
+  work.then(settle, settle);
+
+  try {
+    const result = await Promise.race([work, aborted]);
+    trace?.mark("g.work_done");
+    await allowedCommitted;
+    // Committed before the caller gets its answer: no answered call lacks its record.
+    await ctx
+      .auditDurable({
+        time: new Date(ctx.clock()).toISOString(),
+        ...base(),
+        args_digest: digest,
+        worker: call.ranOn?.(),
+        outcome: "executed",
+        duration_ms: ctx.clock() - started,
+        approval_id: approvalId,
+      })
+      .catch((e) =>
+        ctx.deps.logger.error(
+          { err: String(e), tool, principal: principal.id },
+          "audit append failed",
+        ),
+      );
+    trace?.mark("g.audit_executed");
+    return result;
+  } catch (e) {
+    const code = isPolicyError(e)
+      ? e.code
+      : ((e as { code?: unknown })?.code as string | undefined);
+    ctx.audit({
+      ...base(),
+      args_digest: digest,
+      worker: call.ranOn?.(),
+      outcome: "failed",
+      code: typeof code === "string" ? code : "internal_error",
+      reason: e instanceof Error ? e.message : String(e),
+      duration_ms: ctx.clock() - started,
+      approval_id: approvalId,
+    });
+    throw e;
+  } finally {
+    clearTimeout(timer);
+    call.signal?.removeEventListener("abort", onCallerAbort);
+  }
+}

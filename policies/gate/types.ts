@@ -1,0 +1,66 @@
+// What the gate is handed (a call, its dependencies) and what it hands down (the call's deadline).
+
+import type { ApprovalStore, ApproveCommand } from "../approvals.js";
+import type { AuditLog, PolicyLogger } from "../audit.js";
+import type { Clock } from "../clock.js";
+import type { PolicyConfig } from "../config.js";
+import type { CostEstimate } from "../estimate.js";
+import type { BudgetLedger } from "../limits/budget.js";
+import type { ConcurrencyLimiter } from "../limits/concurrency.js";
+import type { RateLimiter } from "../limits/rate.js";
+import type { Principal } from "../scopes.js";
+
+/** The deadline of one admitted call, handed down to the runtime as its request timeout. */
+export interface CallDeadline {
+  /** Epoch ms at which the gate cancels the call. */
+  at: number;
+  remainingMs(): number;
+}
+
+export type ElicitAnswer = "accept" | "decline" | "cancel";
+
+export interface ElicitPrompt {
+  tool: string;
+  args_preview: unknown;
+  estimate: CostEstimate | null;
+  message: string;
+}
+
+/**
+ * Sends one approval prompt to the client and resolves with the user's answer. The transport
+ * only sends: the gate decides whether to ask and times the answer, and aborts `signal` when it
+ * stops waiting (timeout, caller cancelled), which must cancel the request on the wire.
+ */
+export type Elicit = (prompt: ElicitPrompt, signal: AbortSignal) => Promise<ElicitAnswer>;
+
+export interface GateCall {
+  principal: Principal;
+  tool: string;
+  /** Validated tool arguments, including the optional approval_id. */
+  args: Record<string, unknown>;
+  /** Target device ("tpu", "cuda:1", "cpu"); device-bound tools take its lane. */
+  device?: string;
+  estimate?: CostEstimate;
+  /** Makes the estimate once the caller is admitted (scope, rate); used when `estimate` is absent. */
+  estimator?: () => Promise<CostEstimate | undefined>;
+  signal?: AbortSignal;
+  /** Present only when the client can show an elicitation form. */
+  elicit?: Elicit;
+  /** Where the call ran (the worker of a pool), read when its outcome is audited. */
+  ranOn?: () => string | undefined;
+  /** Stamps for the bench's decomposition (tools/support/trace.ts); absent unless tracing. */
+  trace?: { mark(stage: string): void };
+}
+
+export interface GateDeps {
+  config: PolicyConfig;
+  approvals: ApprovalStore;
+  audit: AuditLog;
+  limiter: ConcurrencyLimiter;
+  rateLimiter: RateLimiter;
+  budget: BudgetLedger;
+  clock?: Clock;
+  logger: PolicyLogger;
+  /** The command an operator runs to approve; defaults to defaultApproveCommand. */
+  approveCommand?: ApproveCommand;
+}
