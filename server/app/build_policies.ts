@@ -1,13 +1,13 @@
 // Builds the policy services from the config: one place, used by the server and the operator CLI.
 import type { Logger } from "pino";
-import { SqliteApprovalStore } from "../policies/approvals.js";
-import { SqliteAuditLog } from "../policies/audit.js";
-import { loadOrCreateAuditKey } from "../policies/audit_key.js";
-import { Gate } from "../policies/gate.js";
-import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../policies/limits.js";
+import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteAuditLog } from "../../policies/audit.js";
+import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
+import { Gate } from "../../policies/gate.js";
+import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../../policies/limits.js";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import type { ServerConfig } from "./config.js";
+import type { ServerConfig } from "../config/config.js";
 
 export function policyDbPath(config: ServerConfig): string {
   return join(config.paths.data_dir, "policy.db");
