@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { WorkerRuntime } from "../runtime/client.js";
 import { quietLogger } from "./concurrency.js";
 import { PYTHON, ROOT } from "./lib/procs.js";
-import { workerThreads } from "../server/runtime.js";
+import { workerThreads } from "../server/app/build_runtime.js";
 
 const other = process.argv[2];
 const rounds = Number(process.argv[3] ?? 4);
@@ -22,7 +22,7 @@ const mk = (repoRoot: string, env: Record<string, string> = {}) =>
     pythonPath: PYTHON,
     catalogPath,
     device: "cpu",
-    // The thread count the server gives its worker (server/runtime.ts), as on the MCP sides.
+    // The thread count the server gives its worker (server/app/build_runtime.ts), as on the MCP sides.
     extraArgs: ["--threads", String(workerThreads(0))],
     logger: quietLogger,
     env: { ...process.env, ...env },

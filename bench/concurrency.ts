@@ -9,7 +9,7 @@ import { WorkerRuntime } from "../runtime/client.js";
 import { MODEL, MODEL_NOBATCH, PYTHON, ROOT, sentences, type McpServer } from "./lib/procs.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, summarize, withCallers } from "./lib/stats.js";
-import { workerThreads } from "../server/runtime.js";
+import { workerThreads } from "../server/app/build_runtime.js";
 
 export interface ConcurrencyOptions {
   catalog: string;
@@ -100,7 +100,7 @@ export async function runConcurrency(o: ConcurrencyOptions): Promise<SectionResu
     catalogPath: o.catalog,
     device: "cpu",
     startMode: "eager",
-    // The thread count the server gives its worker (server/runtime.ts), as on the MCP sides.
+    // The thread count the server gives its worker (server/app/build_runtime.ts), as on the MCP sides.
     extraArgs: ["--threads", String(workerThreads(0))],
     logger: quietLogger,
   });

@@ -5,7 +5,7 @@
 // this is what tpu-mcp adds. Run by the bench only: `tsx bench/echo_server.ts`.
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
-import { AnsweringStdioServerTransport } from "../server/stdio_transport.js";
+import { AnsweringStdioServerTransport } from "../server/transports/stdio_transport.js";
 
 const outputSchema = {
   type: "object",

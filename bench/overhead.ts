@@ -18,7 +18,7 @@ import {
 } from "./lib/procs.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, summarize } from "./lib/stats.js";
-import { workerThreads } from "../server/runtime.js";
+import { workerThreads } from "../server/app/build_runtime.js";
 
 export interface OverheadOptions {
   stdio: McpServer; // MODEL and MODEL_NOBATCH loaded
@@ -43,7 +43,7 @@ export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
     pythonPath: PYTHON,
     catalogPath: o.catalog,
     device: "cpu",
-    // The thread count the server gives its worker (server/runtime.ts), as on the MCP sides.
+    // The thread count the server gives its worker (server/app/build_runtime.ts), as on the MCP sides.
     extraArgs: ["--threads", String(workerThreads(0))],
     logger: quietLogger,
   });

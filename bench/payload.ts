@@ -15,7 +15,7 @@ import { quietLogger } from "./concurrency.js";
 import { PYTHON, ROOT, type McpServer } from "./lib/procs.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, median } from "./lib/stats.js";
-import { workerThreads } from "../server/runtime.js";
+import { workerThreads } from "../server/app/build_runtime.js";
 
 export interface PayloadOptions {
   catalog: string;
@@ -51,7 +51,7 @@ function runtime(catalog: string, echo: boolean): WorkerRuntime {
     pythonPath: PYTHON,
     catalogPath: catalog,
     device: "cpu",
-    // The thread count the server gives its worker (server/runtime.ts), as on the MCP sides.
+    // The thread count the server gives its worker (server/app/build_runtime.ts), as on the MCP sides.
     extraArgs: ["--threads", String(workerThreads(0))],
     logger: quietLogger,
     // The echo server keeps WorkerRuntime's spawn (env, pipes, supervision) and swaps the program.

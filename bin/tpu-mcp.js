@@ -14,5 +14,5 @@ if (existsSync(bundle) && statSync(bundle).mtimeMs >= newestSource(root)) {
 } else {
   const { register } = await import("tsx/esm/api");
   register();
-  await import("../server/cli.ts");
+  await import("../server/cli/cli.ts");
 }

@@ -1,7 +1,7 @@
 // Bundles the TypeScript sources into dist/cli.mjs (npm packages stay external) so the CLI starts
 // without a TypeScript loader: tools/list answers within half a second of process start.
 // bin/tpu-mcp.js uses the bundle only while it is newer than every source file. dist/ sits one
-// level below the root like server/ and runtime/, so paths derived from import.meta.url still hold.
+// level below the root like runtime/ (server/cli/cli.ts finds the root by its package.json).
 import { build } from "esbuild";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -12,7 +12,7 @@ const out = join(root, "dist", "cli.mjs");
 
 export async function buildCli({ quiet = false } = {}) {
   await build({
-    entryPoints: [join(root, "server", "cli.ts")],
+    entryPoints: [join(root, "server", "cli", "cli.ts")],
     outfile: out,
     bundle: true,
     platform: "node",

@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { workerThreads } from "../../server/runtime.js";
+import { workerThreads } from "../../server/app/build_runtime.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import {
   CLI,
@@ -183,7 +183,7 @@ export class DirectPython {
   static async start(catalog: string, model: string): Promise<DirectPython> {
     const proc = spawn(PYTHON, [join(ROOT, "bench", "direct.py"), catalog, model], {
       cwd: ROOT,
-      // The same torch thread count as the server's worker (server/runtime.ts), so the direct
+      // The same torch thread count as the server's worker (server/app/build_runtime.ts), so the direct
       // side differs from the worker only by what the server adds.
       env: {
         ...process.env,

@@ -8,9 +8,9 @@ import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WorkerRuntime } from "../../runtime/client.js";
 import type { CallOptions, CallResult } from "../../runtime/types.js";
-import { createApp } from "../../server/app.js";
-import { parseConfig } from "../../server/config.js";
-import { createMcpServer } from "../../server/mcp.js";
+import { createApp } from "../../server/app/app.js";
+import { parseConfig } from "../../server/config/config.js";
+import { createMcpServer } from "../../server/mcp/server.js";
 import { ERROR_CATALOGUE } from "../../tools/errors.js";
 import { connectStdio, startHttpServer, type HttpServerProc } from "../helpers/server.js";
 import {

@@ -10,9 +10,9 @@ import { InMemoryTransport } from "@modelcontextprotocol/sdk/inMemory.js";
 import Database from "better-sqlite3";
 import pino from "pino";
 import type { Principal } from "../../policies/scopes.js";
-import { createApp, type App } from "../../server/app.js";
-import { parseConfig } from "../../server/config.js";
-import { createMcpServer } from "../../server/mcp.js";
+import { createApp, type App } from "../../server/app/app.js";
+import { parseConfig } from "../../server/config/config.js";
+import { createMcpServer } from "../../server/mcp/server.js";
 import { CLI, DEMO_POLICY, DEMO_TOKENS, ROOT, cli } from "../helpers/server.js";
 
 export { CLI, DEMO_POLICY, ROOT, cli };

@@ -19,8 +19,8 @@ import {
   type WorkerEntry,
 } from "../../runtime/pool/index.js";
 import { RuntimeCallError } from "../../runtime/types.js";
-import { ConfigError, loadConfig, parseConfig } from "../../server/config.js";
-import { buildRuntime, workersMode } from "../../server/runtime.js";
+import { ConfigError, loadConfig, parseConfig } from "../../server/config/config.js";
+import { buildRuntime, workersMode } from "../../server/app/build_runtime.js";
 import { repoRoot } from "./helpers.js";
 
 const silent = pino({ level: "silent" });

@@ -5,7 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { SqliteApprovalStore } from "../../policies/approvals.js";
-import { ApprovalFeed, type FeedEvent } from "../../server/approval_feed.js";
+import { ApprovalFeed, type FeedEvent } from "../../server/app/approval_feed.js";
 
 const stores: SqliteApprovalStore[] = [];
 const feeds: ApprovalFeed[] = [];

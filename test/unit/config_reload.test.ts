@@ -6,10 +6,10 @@ import { join } from "node:path";
 import Database from "better-sqlite3";
 import pino from "pino";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
-import { createApp, type App } from "../../server/app.js";
-import { loadConfig, parseConfig } from "../../server/config.js";
-import { diffConfig } from "../../server/config_diff.js";
-import { requestReload } from "../../server/reload.js";
+import { createApp, type App } from "../../server/app/app.js";
+import { loadConfig, parseConfig } from "../../server/config/config.js";
+import { diffConfig } from "../../server/config/diff.js";
+import { requestReload } from "../../server/control/reload.js";
 import { ROOT } from "../helpers/server.js";
 
 const ray = {
@@ -141,7 +141,7 @@ describe("reload (a real file, workers.db, the CLI's request in-process)", () =>
   it("a new Ray count is recorded as the fleet's target through the `workers scale` path", async () => {
     // No cluster here: the reloader's part ends at the desired state in workers.db, which the
     // fleet watcher applies (the Ray e2e suite covers the rest).
-    const { createReloader } = await import("../../server/reload.js");
+    const { createReloader } = await import("../../server/control/reload.js");
     const rayRaw = (count: number) => ({
       ...base,
       runtime: { ...base.runtime, ray: { ...ray, placement: { mode: "per-chip", count } } },

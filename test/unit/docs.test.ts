@@ -14,7 +14,7 @@ import {
 } from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ServerConfigSchema } from "../../server/config.js";
+import { ServerConfigSchema } from "../../server/config/config.js";
 import { ROOT, startHttpServer, writeConfig, type HttpServerProc } from "../helpers/server.js";
 
 const PAGES = [

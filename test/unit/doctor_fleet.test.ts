@@ -6,8 +6,8 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { parseConfig } from "../../server/config.js";
-import { checkFleet } from "../../server/doctor_fleet.js";
+import { parseConfig } from "../../server/config/config.js";
+import { checkFleet } from "../../server/doctor/fleet.js";
 import { ROOT } from "../helpers/server.js";
 
 const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-doctor-fleet-"));

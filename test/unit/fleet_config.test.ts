@@ -1,7 +1,7 @@
 // runtime.ray in the server config: shape, the token rule, paths relative to the config file.
 import { describe, expect, it } from "vitest";
-import { ConfigError, parseConfig } from "../../server/config.js";
-import { driverConfig } from "../../server/fleet_config.js";
+import { ConfigError, parseConfig } from "../../server/config/config.js";
+import { driverConfig } from "../../server/config/ray.js";
 
 const ray = {
   address: "10.0.0.2:6379",

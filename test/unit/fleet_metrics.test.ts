@@ -1,7 +1,7 @@
 // /metrics with a Ray fleet: the fleet's target/observed gauges come from the runtime's fleet()
 // (runtime/fleet/ray.ts fills it; the Ray e2e suite checks the real values in get_runtime_status).
 import { describe, expect, it } from "vitest";
-import { Metrics } from "../../server/metrics.js";
+import { Metrics } from "../../server/app/metrics.js";
 import type { FleetState, Runtime } from "../../runtime/types.js";
 
 const fleet: FleetState = {

@@ -4,13 +4,13 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import pino from "pino";
-import { readCatalog } from "../runtime/catalog.js";
-import { WorkerRuntime } from "../runtime/client.js";
-import { checkWorkers } from "./doctor_workers.js";
-import { checkFleet } from "./doctor_fleet.js";
-import type { ServerConfig } from "./config.js";
-import { runInventory } from "./doctor_tpu.js";
-import { SERVER_VERSION } from "./mcp.js";
+import { readCatalog } from "../../runtime/catalog.js";
+import { WorkerRuntime } from "../../runtime/client.js";
+import { checkWorkers } from "./workers.js";
+import { checkFleet } from "./fleet.js";
+import type { ServerConfig } from "../config/config.js";
+import { runInventory } from "./tpu.js";
+import { SERVER_VERSION } from "../mcp/server.js";
 
 interface Io {
   out: (s: string) => void;

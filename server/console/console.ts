@@ -12,11 +12,11 @@ import { decodeJwt } from "jose";
 import { existsSync, readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { join } from "node:path";
-import type { ApprovalRecord } from "../policies/approvals.js";
-import type { AuditOutcome, StoredAuditRecord } from "../policies/audit.js";
-import { isPolicyError } from "../policies/errors.js";
-import { hasScope, type Principal } from "../policies/scopes.js";
-import type { App } from "./app.js";
+import type { ApprovalRecord } from "../../policies/approvals.js";
+import type { AuditOutcome, StoredAuditRecord } from "../../policies/audit.js";
+import { isPolicyError } from "../../policies/errors.js";
+import { hasScope, type Principal } from "../../policies/scopes.js";
+import type { App } from "../app/app.js";
 
 export const CONSOLE_COOKIE = "tpu_console";
 export const CONSOLE_CSP =

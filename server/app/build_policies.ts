@@ -1,15 +1,15 @@
 // Builds the policy services from the config: one place, used by the server and the operator CLI.
 import type { Logger } from "pino";
-import { SqliteApprovalStore, type ApproveCommand } from "../policies/approvals.js";
-import { SqliteAuditLog } from "../policies/audit.js";
-import { loadOrCreateAuditKey } from "../policies/audit_key.js";
-import { Gate } from "../policies/gate/gate.js";
-import { SqliteBudgetLedger } from "../policies/limits/budget.js";
-import { ConcurrencyLimiter } from "../policies/limits/concurrency.js";
-import { RateLimiter } from "../policies/limits/rate.js";
+import { SqliteApprovalStore, type ApproveCommand } from "../../policies/approvals.js";
+import { SqliteAuditLog } from "../../policies/audit.js";
+import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
+import { Gate } from "../../policies/gate/gate.js";
+import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
+import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
+import { RateLimiter } from "../../policies/limits/rate.js";
 import { mkdirSync } from "node:fs";
 import { isAbsolute, join, relative } from "node:path";
-import type { ServerConfig } from "./config.js";
+import type { ServerConfig } from "../config/config.js";
 
 export function policyDbPath(config: ServerConfig): string {
   return join(config.paths.data_dir, "policy.db");

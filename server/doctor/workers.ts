@@ -1,15 +1,15 @@
 // `tpu-mcp doctor`, pool part: every configured worker is started (local) or connected to
 // (remote: reachability, TLS both ways, token) and probed (its hello: device, torch), one by one.
 import { pino } from "pino";
-import { WorkerRuntime } from "../runtime/client.js";
+import { WorkerRuntime } from "../../runtime/client.js";
 import {
   isRemote,
   remoteSpawn,
   type RemoteRefusal,
   type WorkerEntry,
-} from "../runtime/pool/index.js";
-import type { ServerConfig } from "./config.js";
-import { baseRuntimeOptions } from "./runtime.js";
+} from "../../runtime/pool/index.js";
+import type { ServerConfig } from "../config/config.js";
+import { baseRuntimeOptions } from "../app/build_runtime.js";
 
 export interface WorkerCheck {
   name: string;

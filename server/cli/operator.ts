@@ -2,13 +2,13 @@
 // `tpu-mcp approvals ...` and `tpu-mcp audit ...`. The operator is identified by a token checked
 // against the same config as the server's HTTP callers.
 import type { Logger } from "pino";
-import type { ApprovalRecord } from "../policies/approvals.js";
+import type { ApprovalRecord } from "../../policies/approvals.js";
 import { readFileSync } from "node:fs";
-import { SqliteAuditLog, type AuditHead } from "../policies/audit.js";
-import { readAuditKey } from "../policies/audit_key.js";
-import { Authenticator } from "../policies/auth.js";
-import { createPolicyServices, policyDbPath } from "./policy.js";
-import type { ServerConfig } from "./config.js";
+import { SqliteAuditLog, type AuditHead } from "../../policies/audit.js";
+import { readAuditKey } from "../../policies/audit_key.js";
+import { Authenticator } from "../../policies/auth.js";
+import { createPolicyServices, policyDbPath } from "../app/build_policies.js";
+import type { ServerConfig } from "../config/config.js";
 
 interface Io {
   out: (s: string) => void;

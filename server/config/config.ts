@@ -3,8 +3,8 @@
 import { readFileSync } from "node:fs";
 import { dirname, isAbsolute, resolve } from "node:path";
 import { z } from "zod";
-import { PolicyConfigSchema } from "../policies/config.js";
-import { RaySchema, resolveRayPaths } from "./fleet_config.js";
+import { PolicyConfigSchema } from "../../policies/config.js";
+import { RaySchema, resolveRayPaths } from "./ray.js";
 
 const DeviceSchema = z
   .string()
@@ -132,7 +132,7 @@ export const ServerConfigSchema = z
          * device on a host with several accelerator chips, else single (CPU: unchanged).
          */
         workers: WorkersSchema.optional(),
-        /** A Ray cluster that places more workers (server/fleet_config.ts, README "Ray fleet"). */
+        /** A Ray cluster that places more workers (server/config/ray.ts, README "Ray fleet"). */
         ray: RaySchema.optional(),
         /** Calls in flight one replica takes before routing looks elsewhere; then `busy`. */
         max_in_flight_per_replica: z.number().int().min(1).max(4096).default(16),

@@ -9,11 +9,11 @@
 // directory already takes the same local authority as `tpu-mcp approvals` and `audit`. Desired
 // state (not a command queue) also survives a server restart: a drained worker stays drained.
 import type { Logger } from "pino";
-import { Authenticator } from "../policies/auth.js";
-import { openStoreDb, type SqliteDb } from "../policies/sqlite.js";
-import type { Runtime, WorkerStatus } from "../runtime/types.js";
-import type { ServerConfig } from "./config.js";
-import { createPolicyServices } from "./policy.js";
+import { Authenticator } from "../../policies/auth.js";
+import { openStoreDb, type SqliteDb } from "../../policies/sqlite.js";
+import type { Runtime, WorkerStatus } from "../../runtime/types.js";
+import type { ServerConfig } from "../config/config.js";
+import { createPolicyServices } from "../app/build_policies.js";
 import { requestScale } from "./fleet.js";
 import { requestReload } from "./reload.js";
 import { join } from "node:path";

@@ -1,7 +1,7 @@
 // Prometheus metrics for /metrics. One registry per app (never the global default) so tests
 // and several servers in one process do not collide.
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
-import type { Runtime } from "../runtime/types.js";
+import type { Runtime } from "../../runtime/types.js";
 
 export class Metrics {
   readonly registry = new Registry();

@@ -2,7 +2,7 @@
 // newcomer), or a pool of workers (one per chip, explicit local and remote workers).
 import { availableParallelism } from "node:os";
 import type { Logger } from "pino";
-import { WorkerRuntime, type SpawnFn, type WorkerRuntimeOptions } from "../runtime/client.js";
+import { WorkerRuntime, type SpawnFn, type WorkerRuntimeOptions } from "../../runtime/client.js";
 import {
   WorkerPool,
   hostMayHaveAccelerators,
@@ -11,10 +11,10 @@ import {
   type InventoryFn,
   type RemoteRefusal,
   type WorkerEntry,
-} from "../runtime/pool/index.js";
-import type { Runtime } from "../runtime/types.js";
-import type { ServerConfig } from "./config.js";
-import { attachRayFleet } from "./fleet.js";
+} from "../../runtime/pool/index.js";
+import type { Runtime } from "../../runtime/types.js";
+import type { ServerConfig } from "../config/config.js";
+import { attachRayFleet } from "../control/fleet.js";
 
 export interface RuntimeHooks {
   needBytes?: (model: string, dtype: string | undefined) => Promise<number | null>;
@@ -119,7 +119,7 @@ export function buildRuntime(
     needBytes: hooks.needBytes,
     onRefused: hooks.onRefused,
   });
-  // Ray places more workers at run time; the fleet adds and removes them (server/fleet.ts).
+  // Ray places more workers at run time; the fleet adds and removes them (server/control/fleet.ts).
   if (ray) attachRayFleet(pool, config, logger);
   // Eager start: the expansion (inventory) and every worker begin with the server.
   if (config.runtime.start === "eager" && !(ray && mode === "single"))

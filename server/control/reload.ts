@@ -1,16 +1,16 @@
 // Config reload: on SIGHUP, or `tpu-mcp workers reload` (admin; through workers.db like
 // `workers scale`), the server re-reads its config file, validates it with the same schema as at
-// start-up, and applies what can change at run time (server/config_diff.ts: the Ray fleet's
+// start-up, and applies what can change at run time (server/config/diff.ts: the Ray fleet's
 // actor count, through the `workers scale` path, so removals drain first). An invalid file is
 // refused with a clear log line and nothing changes; other changed settings are logged as
 // needing a restart.
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
-import { openStoreDb, type SqliteDb } from "../policies/sqlite.js";
-import type { Runtime } from "../runtime/types.js";
-import { ConfigError, type ServerConfig } from "./config.js";
-import { diffConfig } from "./config_diff.js";
+import { openStoreDb, type SqliteDb } from "../../policies/sqlite.js";
+import type { Runtime } from "../../runtime/types.js";
+import { ConfigError, type ServerConfig } from "../config/config.js";
+import { diffConfig } from "../config/diff.js";
 import { fleetOf, recordFleetTarget, waitForFleet, type FleetWaitIo } from "./fleet.js";
 
 export interface ReloadResult {

@@ -8,9 +8,9 @@
 import { spawn } from "node:child_process";
 import { Writable } from "node:stream";
 import pino from "pino";
-import { WorkerRuntime } from "../runtime/client.js";
-import type { ServerConfig } from "./config.js";
-import { SERVER_VERSION } from "./mcp.js";
+import { WorkerRuntime } from "../../runtime/client.js";
+import type { ServerConfig } from "../config/config.js";
+import { SERVER_VERSION } from "../mcp/server.js";
 
 export const TPU_REPORT_FORMAT = "tpu-mcp/tpu-self-test@1";
 export const EAGER_MODES = ["strict", "fused", "blocking"] as const;

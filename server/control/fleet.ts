@@ -6,11 +6,11 @@
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
-import { openStoreDb, type SqliteDb } from "../policies/sqlite.js";
-import { RayFleet, type FleetPool, type FleetStatus } from "../runtime/fleet/ray.js";
-import type { Runtime } from "../runtime/types.js";
-import type { ServerConfig } from "./config.js";
-import { driverConfig } from "./fleet_config.js";
+import { openStoreDb, type SqliteDb } from "../../policies/sqlite.js";
+import { RayFleet, type FleetPool, type FleetStatus } from "../../runtime/fleet/ray.js";
+import type { Runtime } from "../../runtime/types.js";
+import type { ServerConfig } from "../config/config.js";
+import { driverConfig } from "../config/ray.js";
 
 const fleets = new WeakMap<object, RayFleet>();
 

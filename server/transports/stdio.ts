@@ -1,7 +1,7 @@
 // stdio transport for desktop assistants: one session, the principal named in the config.
-import type { Principal } from "../policies/scopes.js";
-import type { App } from "./app.js";
-import { createMcpServer } from "./mcp.js";
+import type { Principal } from "../../policies/scopes.js";
+import type { App } from "../app/app.js";
+import { createMcpServer } from "../mcp/server.js";
 import { AnsweringStdioServerTransport } from "./stdio_transport.js";
 
 export async function startStdio(app: App): Promise<{ closed: Promise<void> }> {

@@ -13,11 +13,11 @@ import type { AddressInfo } from "node:net";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
-import { RateLimiter } from "../policies/limits/rate.js";
-import { canCall, hasScope, requiredScope, SCOPES, type Principal } from "../policies/scopes.js";
-import type { App } from "./app.js";
-import { createConsoleRoutes } from "./console.js";
-import { createMcpServer } from "./mcp.js";
+import { RateLimiter } from "../../policies/limits/rate.js";
+import { canCall, hasScope, requiredScope, SCOPES, type Principal } from "../../policies/scopes.js";
+import type { App } from "../app/app.js";
+import { createConsoleRoutes } from "../console/console.js";
+import { createMcpServer } from "../mcp/server.js";
 
 export interface HttpOptions {
   host: string;

@@ -4,18 +4,27 @@ import { existsSync, readFileSync, writeFileSync, mkdirSync, chmodSync } from "n
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { hashToken } from "../policies/config.js";
-import { ConfigError, loadConfig, withToken, type ServerConfig } from "./config.js";
-import { createApp, type App } from "./app.js";
+import { hashToken } from "../../policies/config.js";
+import { ConfigError, loadConfig, withToken, type ServerConfig } from "../config/config.js";
+import { createApp, type App } from "../app/app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
-import { runDoctor } from "./doctor.js";
-import { runTpuSelfTest } from "./doctor_tpu.js";
-import { startHttp } from "./http.js";
-import { createLogger } from "./logger.js";
-import { startStdio } from "./stdio.js";
-import { runWorkersCommand } from "./workers.js";
+import { runDoctor } from "../doctor/index.js";
+import { runTpuSelfTest } from "../doctor/tpu.js";
+import { startHttp } from "../transports/http.js";
+import { createLogger } from "../app/logger.js";
+import { startStdio } from "../transports/stdio.js";
+import { runWorkersCommand } from "../control/drain.js";
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+/** The repository root: the first folder above this module with a package.json (the source sits
+ * in server/cli/, the bundle in dist/, so a fixed number of ".." would be wrong for one of them). */
+function packageRoot(from: string): string {
+  for (let dir = dirname(from); ; dir = dirname(dir)) {
+    if (existsSync(join(dir, "package.json"))) return dir;
+    if (dirname(dir) === dir) throw new Error(`no package.json above ${from}`);
+  }
+}
+
+const ROOT = packageRoot(fileURLToPath(import.meta.url));
 
 const USAGE = `usage: tpu-mcp <command> [options]
 

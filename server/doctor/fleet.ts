@@ -7,7 +7,7 @@ import { randomBytes } from "node:crypto";
 import { accessSync, constants, statSync } from "node:fs";
 import { connect } from "node:net";
 import { join } from "node:path";
-import type { ServerConfig } from "./config.js";
+import type { ServerConfig } from "../config/config.js";
 
 export interface FleetCheck {
   name: string;

@@ -15,21 +15,21 @@ import {
 } from "@modelcontextprotocol/sdk/types.js";
 import type { RequestHandlerExtra } from "@modelcontextprotocol/sdk/shared/protocol.js";
 import { z } from "zod";
-import type { Principal } from "../policies/scopes.js";
-import { hasScope, visibleTools } from "../policies/scopes.js";
-import { dispatchTool, ERROR_META_KEY, type Elicit } from "../tools/dispatch.js";
-import { renderReportSvg } from "../tools/support/report_chart.js";
-import { TRACE_META_KEY, tracerFor } from "../tools/support/trace.js";
-import { renderReportMarkdown } from "../tools/support/report_format.js";
-import type { ToolDefinition } from "../tools/types.js";
-import type { App } from "./app.js";
+import type { Principal } from "../../policies/scopes.js";
+import { hasScope, visibleTools } from "../../policies/scopes.js";
+import { dispatchTool, ERROR_META_KEY, type Elicit } from "../../tools/dispatch.js";
+import { renderReportSvg } from "../../tools/support/report_chart.js";
+import { TRACE_META_KEY, tracerFor } from "../../tools/support/trace.js";
+import { renderReportMarkdown } from "../../tools/support/report_format.js";
+import type { ToolDefinition } from "../../tools/types.js";
+import type { App } from "../app/app.js";
 import {
   APPROVAL_CARD_URI,
   UI_EXTENSION,
   clientSupportsUi,
   readUiResource,
   uiResources,
-} from "./mcp_apps.js";
+} from "./apps.js";
 
 export const SERVER_NAME = "tpu-mcp";
 export const SERVER_VERSION = "0.1.0";
