@@ -10,7 +10,7 @@ import { checkWorkers } from "./workers.js";
 import { checkFleet } from "./fleet.js";
 import type { ServerConfig } from "../config/config.js";
 import { runInventory } from "./tpu.js";
-import { SERVER_VERSION } from "../mcp/server.js";
+import { SERVER_VERSION } from "../version.js";
 
 interface Io {
   out: (s: string) => void;

@@ -10,7 +10,7 @@ import { Writable } from "node:stream";
 import pino from "pino";
 import { WorkerRuntime } from "../../runtime/client.js";
 import type { ServerConfig } from "../config/config.js";
-import { SERVER_VERSION } from "../mcp/server.js";
+import { SERVER_VERSION } from "../version.js";
 
 export const TPU_REPORT_FORMAT = "tpu-mcp/tpu-self-test@1";
 export const EAGER_MODES = ["strict", "fused", "blocking"] as const;
