@@ -1,17 +1,15 @@
-// Builds the policy services from the config: one place, used by the server and the operator CLI.
+// Builds the policy services from the config: one place, used by the server and by the CLI
+// commands that write (approve, deny, workers drain/scale/reload). They make the data dir and
+// the audit key when missing; read-only commands never come here (cli/operator.ts).
 import type { Logger } from "pino";
 import { SqliteApprovalStore } from "../../policies/approvals.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
 import { Gate } from "../../policies/gate.js";
 import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../../policies/limits.js";
-import { mkdirSync } from "node:fs";
-import { join } from "node:path";
+import { openPolicyDb } from "../../policies/sqlite.js";
 import type { ServerConfig } from "../config/config.js";
-
-export function policyDbPath(config: ServerConfig): string {
-  return join(config.paths.data_dir, "policy.db");
-}
+import { createDataDir } from "../config/data_dir.js";
 
 export interface PolicyServices {
   gate: Gate;
@@ -22,17 +20,18 @@ export interface PolicyServices {
 }
 
 export function createPolicyServices(config: ServerConfig, logger: Logger): PolicyServices {
-  const dbPath = policyDbPath(config);
+  const layout = createDataDir(config);
   const policy = config.policy;
-  const approvals = new SqliteApprovalStore(dbPath);
-  mkdirSync(config.paths.data_dir, { recursive: true });
-  const { key, created } = loadOrCreateAuditKey(config.paths.audit_key);
-  const audit = new SqliteAuditLog(dbPath, {
+  // One handle for the three stores of policy.db (they share the file, and close with it).
+  const db = openPolicyDb(layout.policyDb);
+  const approvals = new SqliteApprovalStore(db);
+  const { key, created } = loadOrCreateAuditKey(layout.auditKey);
+  const audit = new SqliteAuditLog(db, {
     logger: logger.child({ component: "audit" }),
     key,
     keyCreated: created,
   });
-  const budget = new SqliteBudgetLedger(dbPath, policy.limits.budget);
+  const budget = new SqliteBudgetLedger(db, policy.limits.budget);
   const gate = new Gate({
     config: policy,
     approvals,
@@ -51,6 +50,7 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
       approvals.close();
       audit.close();
       budget.close();
+      if (db.open) db.close();
     },
   };
 }

@@ -15,7 +15,7 @@ import { visibleTools, type Principal } from "../../policies/scopes.js";
 import { dispatchTool, ERROR_META_KEY, type Elicit } from "../../tools/dispatch.js";
 import { TRACE_META_KEY, tracerFor } from "../../tools/support/trace.js";
 import type { ToolDefinition } from "../../tools/types.js";
-import type { App } from "../app/app.js";
+import { toolServices, type App } from "../app/app.js";
 import { SERVER_NAME, SERVER_VERSION } from "../version.js";
 import { APPROVAL_CARD_URI, UI_EXTENSION, clientSupportsUi } from "./apps.js";
 import { jsonSchema } from "./json_schema.js";
@@ -84,6 +84,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
     },
   );
   const byName = new Map(app.tools.map((t) => [t.name, t]));
+  const services = toolServices(app);
   // Messages the SDK cannot read (invalid JSON-RPC, nesting too deep to validate) are dropped by
   // the transport without an answer; at least the operator sees them.
   server.onerror = (err) =>
@@ -118,7 +119,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
       rawArgs: req.params.arguments,
       principal,
       gate: app.gate,
-      base: app.services,
+      base: services,
       signal: extra.signal,
       progress: progressSender(extra),
       elicit: elicitFor(server, app, extra),
