@@ -1,8 +1,8 @@
 // Composition root: builds every long-lived service once (runtime, stores, gate, tools) from a
 // validated config. Transports (stdio, HTTP) ask it for one MCP server per session.
 import { EventEmitter } from "node:events";
-import { mkdirSync, readFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { readFileSync } from "node:fs";
+import { resolve } from "node:path";
 import type { Logger } from "pino";
 import type { SqliteApprovalStore } from "../../policies/approvals.js";
 import type { SqliteAuditLog } from "../../policies/audit.js";
@@ -20,14 +20,18 @@ import { SqliteReports } from "../../tools/support/reports.js";
 import type { ToolDefinition, ToolEnv, ToolServices } from "../../tools/types.js";
 import { ApprovalFeed } from "./approval_feed.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
+import { createDataDir } from "../config/data_dir.js";
+import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
 import { approveCommand, createPolicyServices } from "./build_policies.js";
 import { buildRuntime, type RuntimeHooks } from "./build_runtime.js";
-import { watchWorkerControl } from "../control/drain.js";
-import { watchFleetScale } from "../control/fleet.js";
-import { createReloader, watchReloadRequests, type ReloadResult } from "../control/reload.js";
+import { ControlChannel, watchControl, type ControlHandler } from "../control/channel.js";
+import { drainHandler } from "../control/drain.js";
+import { fleetHandler } from "../control/fleet.js";
+import { createReloader, reloadHandler, type ReloadResult } from "../control/reload.js";
 
-export interface App {
+/** The tool services (runtime, stores, env, logger) live here once; toolServices() projects them. */
+export interface App extends ToolServices {
   config: ServerConfig;
   logger: Logger;
   catalog: Catalog;
@@ -43,8 +47,6 @@ export interface App {
   reports: SqliteReports;
   facts: WorkerModelFacts;
   metrics: Metrics;
-  /** What every tool handler gets besides the per-call parts (MCP calls, the console). */
-  services: ToolServices;
   /** Approval events (this process and the CLI beside it), for the console and webhooks. */
   approvalFeed: ApprovalFeed;
   notifier: ApprovalNotifier;
@@ -54,6 +56,9 @@ export interface App {
   notices: EventEmitter<{ notice: [level: "warning" | "error", data: Record<string, unknown>] }>;
   /** Re-reads the config file and applies what can change at run time (SIGHUP, workers reload). */
   reload(by: string): Promise<ReloadResult>;
+  /** Registers a close hook (fastify's onClose): hooks run last-registered first. */
+  onClose(name: string, fn: () => unknown): void;
+  /** Runs every close hook; each runs even when one before it failed. */
   close(): Promise<void>;
 }
 
@@ -69,7 +74,7 @@ export function createApp(
     fileConfig?: ServerConfig;
   } = {},
 ): App {
-  mkdirSync(config.paths.data_dir, { recursive: true });
+  const layout = createDataDir(config);
   // Before anything starts: a webhook without its secret is a configuration error.
   const notifyTargets = readNotifyTargets(config);
   const catalog = readCatalog(config.paths.catalog);
@@ -82,10 +87,19 @@ export function createApp(
       benchmark: { ...config.benchmark },
     },
   };
+  // Each resource registers its close where it is opened; close() runs them last-opened first,
+  // so the stores a call in flight writes to (audit, reports) outlive the runtime.
+  const hooks = new CloseHooks(logger);
+
+  const policy = createPolicyServices(config, logger);
+  hooks.add("policy stores", () => policy.close());
+  const { gate, approvals, audit } = policy;
+  const reports = new SqliteReports(layout.reportsDb);
+  hooks.add("reports", () => reports.close());
+
   const rtLog = logger.child({ component: "runtime" });
   // Late-bound: the pool's placement needs model facts, which are read through the runtime.
   let factsRef: WorkerModelFacts | null = null;
-  let auditRef: SqliteAuditLog | null = null;
   const runtime =
     opts.runtime ??
     buildRuntime(config, rtLog, {
@@ -99,7 +113,7 @@ export function createApp(
         rtLog.warn(r, "remote worker refused or unreachable");
         // Refusals that say something about trust (certificate, token) go to the audit trail.
         if (r.reason === "tls" || r.reason === "unauthorized")
-          auditRef?.append({
+          audit.append({
             time: new Date().toISOString(),
             principal: "control-plane",
             tool: "worker.connect",
@@ -112,6 +126,7 @@ export function createApp(
       },
       ...opts.hooks,
     });
+  hooks.add("runtime", () => runtime.close());
   const metrics = new Metrics();
   const notices: App["notices"] = new EventEmitter();
   notices.setMaxListeners(0); // one listener per open session
@@ -129,44 +144,55 @@ export function createApp(
     });
   });
 
-  const policy = createPolicyServices(config, logger);
-  const { gate, approvals, audit } = policy;
   const auth = new Authenticator(config.policy);
-  const jobs = new SqliteJobs(join(config.paths.data_dir, "jobs.db"), {
+  const jobs = new SqliteJobs(layout.jobsDb, {
     onError: (err) => logger.error({ err }, "job failed unexpectedly"),
   });
-  const reports = new SqliteReports(join(config.paths.data_dir, "reports.db"));
+  hooks.add("jobs", () => jobs.close());
   const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
   const facts = new WorkerModelFacts(runtime);
   factsRef = facts;
-  auditRef = audit;
   metrics.observeWorkers(runtime);
-  const control = watchWorkerControl(config, runtime, rtLog);
-  const fleetScale = watchFleetScale(config, runtime, rtLog);
+
+  // workers.db: `tpu-mcp workers drain|scale|reload` beside this server, one poller for all.
+  const channel = ControlChannel.open(layout.workersDb);
+  hooks.add("control channel", () => channel.close());
   const reloader = createReloader(
     opts.fileConfig ?? config,
     opts.loadConfig,
     runtime,
     logger.child({ component: "reload" }),
+    channel,
   );
-  const reloadRequests = watchReloadRequests(config, reloader, logger);
+  const control = watchControl(
+    channel,
+    [
+      drainHandler(runtime, rtLog),
+      fleetHandler(runtime, rtLog),
+      reloadHandler(channel, reloader, logger),
+    ].filter((h): h is ControlHandler => h !== null),
+    rtLog,
+  );
+  hooks.add("control poller", () => control.close());
   const tools = buildTools(env);
 
   const approvalFeed = new ApprovalFeed(approvals, {
     onError: (e) => logger.warn({ err: String(e) }, "approval feed poll failed"),
   });
-  const notifyLog = logger.child({ component: "notify" });
+  hooks.add("approval feed", () => approvalFeed.close());
   const notifier = new ApprovalNotifier({
     targets: notifyTargets,
-    logger: notifyLog,
+    logger: logger.child({ component: "notify" }),
     onOutcome: (outcome) => metrics.webhookDeliveries.inc({ outcome }),
     onAttemptFailed: () => metrics.webhookAttemptFailures.inc(),
     consoleUrl: () => app.consoleUrl,
     approveCommand: approveCommand(config),
   });
-  const stopNotify = notifier.enabled
-    ? approvalFeed.on((e) => notifier.notify(e.type, e.record))
-    : () => {};
+  hooks.add("notifier", () => notifier.close());
+  if (notifier.enabled) {
+    const stopNotify = approvalFeed.on((e) => notifier.notify(e.type, e.record));
+    hooks.add("notifier subscription", stopNotify);
+  }
 
   const app: App = {
     config,
@@ -184,25 +210,20 @@ export function createApp(
     reports,
     facts,
     metrics,
-    services: { runtime, jobs, outputs, reports, facts, env, logger },
     approvalFeed,
     notifier,
     notices,
     reload: (by) => reloader.reload(by),
-    async close() {
-      stopNotify();
-      approvalFeed.close();
-      notifier.close();
-      control.close();
-      fleetScale.close();
-      reloadRequests.close();
-      jobs.close();
-      await runtime.close();
-      reports.close();
-      policy.close();
-    },
+    onClose: (name, fn) => hooks.add(name, fn),
+    close: () => hooks.run(),
   };
   return app;
+}
+
+/** What every tool handler gets besides the per-call parts (MCP calls, the console). */
+export function toolServices(app: App): ToolServices {
+  const { runtime, jobs, outputs, reports, facts, env, logger } = app;
+  return { runtime, jobs, outputs, reports, facts, env, logger };
 }
 
 /** Webhook targets with their secrets read now, so a missing secret stops the start-up. */

@@ -1,4 +1,6 @@
-// Builds the policy services from the config: one place, used by the server and the operator CLI.
+// Builds the policy services from the config: one place, used by the server and by the CLI
+// commands that write (approve, deny, workers drain/scale/reload). They make the data dir and
+// the audit key when missing; read-only commands never come here (cli/operator.ts).
 import type { Logger } from "pino";
 import { SqliteApprovalStore, type ApproveCommand } from "../../policies/approvals.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
@@ -7,13 +9,10 @@ import { Gate } from "../../policies/gate/gate.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
-import { mkdirSync } from "node:fs";
-import { isAbsolute, join, relative } from "node:path";
+import { openStoreDb } from "../../policies/sqlite.js";
+import { isAbsolute, relative } from "node:path";
 import type { ServerConfig } from "../config/config.js";
-
-export function policyDbPath(config: ServerConfig): string {
-  return join(config.paths.data_dir, "policy.db");
-}
+import { createDataDir } from "../config/data_dir.js";
 
 /**
  * The command an operator runs to approve, as it works from the tpu-mcp folder: `tpu-mcp` is not
@@ -35,17 +34,18 @@ export interface PolicyServices {
 }
 
 export function createPolicyServices(config: ServerConfig, logger: Logger): PolicyServices {
-  const dbPath = policyDbPath(config);
+  const layout = createDataDir(config);
   const policy = config.policy;
-  const approvals = new SqliteApprovalStore(dbPath);
-  mkdirSync(config.paths.data_dir, { recursive: true });
-  const { key, created } = loadOrCreateAuditKey(config.paths.audit_key);
-  const audit = new SqliteAuditLog(dbPath, {
+  // One handle for the three stores of policy.db (they share the file, and close with it).
+  const db = openStoreDb(layout.policyDb);
+  const approvals = new SqliteApprovalStore(db);
+  const { key, created } = loadOrCreateAuditKey(layout.auditKey);
+  const audit = new SqliteAuditLog(db, {
     logger: logger.child({ component: "audit" }),
     key,
     keyCreated: created,
   });
-  const budget = new SqliteBudgetLedger(dbPath, policy.limits.budget);
+  const budget = new SqliteBudgetLedger(db, policy.limits.budget);
   const gate = new Gate({
     config: policy,
     approvals,
@@ -65,6 +65,7 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
       approvals.close();
       audit.close();
       budget.close();
+      if (db.open) db.close();
     },
   };
 }

@@ -1,11 +1,12 @@
 // `tpu-mcp` command line: the only place that reads argv and process.env or calls process.exit.
 import { randomBytes } from "node:crypto";
-import { existsSync, readFileSync, writeFileSync, mkdirSync, chmodSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync, chmodSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { hashToken } from "../../policies/config.js";
 import { ConfigError, loadConfig, withToken, type ServerConfig } from "../config/config.js";
+import { createDataDir, dataDir } from "../config/data_dir.js";
 import { createApp, type App } from "../app/app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
 import { runDoctor } from "../doctor/index.js";
@@ -13,7 +14,7 @@ import { runTpuSelfTest } from "../doctor/tpu.js";
 import { startHttp } from "../transports/http.js";
 import { createLogger } from "../app/logger.js";
 import { startStdio } from "../transports/stdio.js";
-import { runWorkersCommand } from "../control/drain.js";
+import { runWorkersCommand } from "./workers.js";
 
 /** The repository root: the first folder above this module with a package.json (the source sits
  * in server/cli/, the bundle in dist/, so a fixed number of ".." would be wrong for one of them). */
@@ -55,9 +56,9 @@ const err = (s: string) => process.stderr.write(s.endsWith("\n") ? s : s + "\n")
 
 /** The token `tpu-mcp http` generates when the config names none; kept so clients keep working. */
 function localToken(config: ServerConfig): string {
-  const file = join(config.paths.data_dir, "local-token");
+  const file = dataDir(config).localToken;
   if (existsSync(file)) return readFileSync(file, "utf8").trim();
-  mkdirSync(config.paths.data_dir, { recursive: true });
+  createDataDir(config);
   const token = `tpu_${randomBytes(24).toString("base64url")}`;
   writeFileSync(file, token + "\n", { mode: 0o600 });
   chmodSync(file, 0o600);
@@ -163,9 +164,7 @@ async function main(argv: string[]): Promise<number> {
       }
       err(`\ntpu-mcp is serving MCP (Streamable HTTP) at ${running.url}`);
       if (token) {
-        err(
-          `bearer token (generated, kept in ${join(config.paths.data_dir, "local-token")}):\n  ${token}`,
-        );
+        err(`bearer token (generated, kept in ${dataDir(config).localToken}):\n  ${token}`);
       } else if (noAuth) {
         err("no authentication (--no-auth): every caller is 'anonymous'");
       } else {

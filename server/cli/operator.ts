@@ -1,14 +1,19 @@
 // Operator commands that work beside a running server, on the same SQLite store:
 // `tpu-mcp approvals ...` and `tpu-mcp audit ...`. The operator is identified by a token checked
-// against the same config as the server's HTTP callers.
-import type { Logger } from "pino";
-import type { ApprovalRecord } from "../../policies/approvals.js";
+// against the same config as the server's HTTP callers. The commands that only read (approvals
+// list/show, audit tail/head/verify) open the store read-only and never create it or the audit
+// key: on a fresh data directory they answer as an empty store would, and say so on stderr.
 import { readFileSync } from "node:fs";
+import Database from "better-sqlite3";
+import type { Logger } from "pino";
+import { SqliteApprovalStore, type ApprovalRecord } from "../../policies/approvals.js";
 import { SqliteAuditLog, type AuditHead } from "../../policies/audit.js";
-import { readAuditKey } from "../../policies/audit_key.js";
+import { readAuditKey, type AuditKey } from "../../policies/audit_key.js";
 import { Authenticator } from "../../policies/auth.js";
-import { createPolicyServices, policyDbPath } from "../app/build_policies.js";
+import type { SqliteDb } from "../../policies/sqlite.js";
+import { createPolicyServices } from "../app/build_policies.js";
 import type { ServerConfig } from "../config/config.js";
+import { dataDir, openExisting } from "../config/data_dir.js";
 
 interface Io {
   out: (s: string) => void;
@@ -24,14 +29,53 @@ function describe(a: ApprovalRecord): string {
   return `${a.id}  ${a.status.padEnd(8)} ${a.principal} → ${a.tool}  expires ${a.expires_at}\n    args: ${JSON.stringify(a.args_preview)}\n   ${est}`;
 }
 
+/**
+ * The policy store as it is, read-only. None yet (no server or decision has used this data
+ * directory): an empty in-memory store answers instead, so the output is what an empty store
+ * gives, and a note on stderr says why; nothing is created.
+ */
+function readPolicyDb(config: ServerConfig, io: Io): SqliteDb {
+  const path = dataDir(config).policyDb;
+  const db = openExisting(path);
+  if (db) return db;
+  io.err(`(no policy store yet at ${path}: no server has run on this data directory)`);
+  return new Database(":memory:");
+}
+
+/** An existing store from before the current schema: migrate it as the server would. */
+function isReadOnlyRefusal(e: unknown): boolean {
+  return (e as { code?: string })?.code === "SQLITE_READONLY";
+}
+
 export async function runApprovalsCommand(
   config: ServerConfig,
   positionals: string[],
   io: Io & { token?: string; reason?: string },
 ): Promise<number> {
   const [sub, id] = positionals;
-  const policy = createPolicyServices(config, io.logger);
-  const { approvals, gate } = policy;
+  if (sub === "list" || (sub === "show" && id)) return showApprovals(config, sub, id, io);
+  if ((sub === "approve" || sub === "deny") && id) return decide(config, sub, id, io);
+  io.err("usage: tpu-mcp approvals list | show ID | approve ID | deny ID [--reason R] [--token T]");
+  return 2;
+}
+
+/** `approvals list | show ID`: read-only; never makes the store or the audit key. */
+function showApprovals(
+  config: ServerConfig,
+  sub: "list" | "show",
+  id: string | undefined,
+  io: Io,
+): number {
+  const db = readPolicyDb(config, io);
+  let approvals: SqliteApprovalStore;
+  try {
+    approvals = new SqliteApprovalStore(db);
+  } catch (e) {
+    db.close();
+    if (!isReadOnlyRefusal(e)) throw e;
+    // A policy.db without the approvals table yet: there is nothing to show.
+    approvals = new SqliteApprovalStore(new Database(":memory:"));
+  }
   try {
     if (sub === "list") {
       const items = approvals.list({});
@@ -39,47 +83,52 @@ export async function runApprovalsCommand(
       else io.out(items.length ? items.map(describe).join("\n") : "no approvals");
       return 0;
     }
-    if (sub === "show" && id) {
-      const a = approvals.get(id);
-      if (!a) {
-        io.err(`no approval ${id}`);
-        return 1;
-      }
-      io.out(io.json ? JSON.stringify(a, null, 2) : describe(a));
-      return 0;
+    const a = approvals.get(id!);
+    if (!a) {
+      io.err(`no approval ${id}`);
+      return 1;
     }
-    if ((sub === "approve" || sub === "deny") && id) {
-      if (!io.token) {
-        io.err(
-          "an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant)",
-        );
-        return 2;
-      }
-      let approver;
-      try {
-        approver = await new Authenticator(config.policy).authenticate(io.token);
-      } catch (e) {
-        io.err(`the token was refused: ${(e as Error).message}`);
-        return 1;
-      }
-      try {
-        const rec = gate.decideApproval(id, approver, sub, io.reason);
-        io.out(
-          io.json
-            ? JSON.stringify(rec, null, 2)
-            : `${sub === "approve" ? "approved" : "denied"}: ${describe(rec)}`,
-        );
-        return 0;
-      } catch (e) {
-        const err = e as { code?: string; message?: string };
-        io.err(`${err.code ?? "error"}: ${err.message}`);
-        return 1;
-      }
-    }
+    io.out(io.json ? JSON.stringify(a, null, 2) : describe(a));
+    return 0;
+  } finally {
+    approvals.close();
+    if (db.open) db.close();
+  }
+}
+
+/** `approvals approve|deny ID`: a decision is written and audited, as the server would. */
+async function decide(
+  config: ServerConfig,
+  sub: "approve" | "deny",
+  id: string,
+  io: Io & { token?: string; reason?: string },
+): Promise<number> {
+  if (!io.token) {
     io.err(
-      "usage: tpu-mcp approvals list | show ID | approve ID | deny ID [--reason R] [--token T]",
+      "an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant)",
     );
     return 2;
+  }
+  let approver;
+  try {
+    approver = await new Authenticator(config.policy).authenticate(io.token);
+  } catch (e) {
+    io.err(`the token was refused: ${(e as Error).message}`);
+    return 1;
+  }
+  const policy = createPolicyServices(config, io.logger);
+  try {
+    const rec = policy.gate.decideApproval(id, approver, sub, io.reason);
+    io.out(
+      io.json
+        ? JSON.stringify(rec, null, 2)
+        : `${sub === "approve" ? "approved" : "denied"}: ${describe(rec)}`,
+    );
+    return 0;
+  } catch (e) {
+    const err = e as { code?: string; message?: string };
+    io.err(`${err.code ?? "error"}: ${err.message}`);
+    return 1;
   } finally {
     policy.close();
   }
@@ -98,13 +147,14 @@ export async function runAuditCommand(
     io.err((e as Error).message);
     return 2;
   }
-  let audit: SqliteAuditLog;
+  let store: ReturnType<typeof openAudit>;
   try {
-    audit = new SqliteAuditLog(policyDbPath(config), { logger: io.logger, key });
+    store = openAudit(config, key, io);
   } catch (e) {
     io.err(`TAMPERED or misconfigured: ${(e as Error).message}`);
     return 1;
   }
+  const { audit } = store;
   try {
     const [sub] = positionals;
     if (sub === "tail") {
@@ -146,7 +196,36 @@ export async function runAuditCommand(
     io.err("usage: tpu-mcp audit tail [-n N] | head | verify [--head FILE]");
     return 2;
   } finally {
-    audit.close();
+    store.close();
+  }
+}
+
+/**
+ * The audit trail read-only. A store from before the keyed head (its schema needs a column) is
+ * opened for writing, as the server would on start, to add it; a missing store is an empty
+ * trail in memory.
+ */
+function openAudit(
+  config: ServerConfig,
+  key: AuditKey | null,
+  io: Io,
+): { audit: SqliteAuditLog; close(): void } {
+  const opts = { logger: io.logger, key };
+  const db = readPolicyDb(config, io);
+  try {
+    const audit = new SqliteAuditLog(db, opts);
+    return {
+      audit,
+      close() {
+        audit.close();
+        if (db.open) db.close();
+      },
+    };
+  } catch (e) {
+    if (db.open) db.close();
+    if (!isReadOnlyRefusal(e)) throw e;
+    const audit = new SqliteAuditLog(dataDir(config).policyDb, opts);
+    return { audit, close: () => audit.close() };
   }
 }
 

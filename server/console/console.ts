@@ -16,7 +16,7 @@ import type { ApprovalRecord } from "../../policies/approvals.js";
 import type { AuditOutcome, StoredAuditRecord } from "../../policies/audit.js";
 import { isPolicyError } from "../../policies/errors.js";
 import { hasScope, type Principal } from "../../policies/scopes.js";
-import type { App } from "../app/app.js";
+import { toolServices, type App } from "../app/app.js";
 
 export const CONSOLE_COOKIE = "tpu_console";
 export const CONSOLE_CSP =
@@ -354,7 +354,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
         status = await tool.handler(
           {},
           {
-            ...app.services,
+            ...toolServices(app),
             principal: s.principal,
             signal: AbortSignal.timeout(5000),
             progress: () => {},

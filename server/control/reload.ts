@@ -1,17 +1,15 @@
 // Config reload: on SIGHUP, or `tpu-mcp workers reload` (admin; through workers.db like
-// `workers scale`), the server re-reads its config file, validates it with the same schema as at
+// `workers scale`; control/channel.ts), the server re-reads its config file, validates it with the same schema as at
 // start-up, and applies what can change at run time (server/config/diff.ts: the Ray fleet's
 // actor count, through the `workers scale` path, so removals drain first). An invalid file is
 // refused with a clear log line and nothing changes; other changed settings are logged as
 // needing a restart.
-import { mkdirSync } from "node:fs";
-import { join } from "node:path";
 import type { Logger } from "pino";
-import { openStoreDb, type SqliteDb } from "../../policies/sqlite.js";
 import type { Runtime } from "../../runtime/types.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
 import { diffConfig } from "../config/diff.js";
-import { fleetOf, recordFleetTarget, waitForFleet, type FleetWaitIo } from "./fleet.js";
+import type { ControlChannel, ControlHandler } from "./channel.js";
+import { fleetOf } from "./fleet.js";
 
 export interface ReloadResult {
   ok: boolean;
@@ -40,6 +38,7 @@ export function createReloader(
   load: (() => ServerConfig) | undefined,
   runtime: Runtime,
   logger: Logger,
+  channel: ControlChannel,
 ): Reloader {
   let current = running;
   let busy: Promise<ReloadResult> | null = null;
@@ -64,7 +63,7 @@ export function createReloader(
       const count =
         diff.fleet_count === "capacity" ? (fleet?.status().capacity ?? 0) : diff.fleet_count;
       // The same desired state `workers scale` writes: the fleet watcher applies it (drain first).
-      result.fleet_target_at = recordFleetTarget(current, count, `config-reload (${by})`);
+      result.fleet_target_at = channel.setFleetTarget(count, `config-reload (${by})`);
       result.applied.push(
         `runtime.ray.placement.count: ${current.runtime.ray?.placement.count ?? "capacity"} -> ${next.runtime.ray?.placement.count ?? "capacity"} (target ${count})`,
       );
@@ -102,97 +101,28 @@ export function createReloader(
   };
 }
 
-function open(config: ServerConfig): SqliteDb {
-  mkdirSync(config.paths.data_dir, { recursive: true });
-  const db = openStoreDb(join(config.paths.data_dir, "workers.db"));
-  db.exec(`CREATE TABLE IF NOT EXISTS reload_request (id INTEGER PRIMARY KEY CHECK (id = 1), by TEXT NOT NULL, at TEXT NOT NULL);
-           CREATE TABLE IF NOT EXISTS reload_result (id INTEGER PRIMARY KEY CHECK (id = 1), request_at TEXT NOT NULL, result TEXT NOT NULL, at TEXT NOT NULL);`);
-  return db;
-}
-
-/** Server side of `tpu-mcp workers reload`: runs each new request once, writes its result. */
-export function watchReloadRequests(
-  config: ServerConfig,
+/**
+ * Runs each new `tpu-mcp workers reload` request once and writes its result. A request made
+ * before this server started is not replayed.
+ */
+export function reloadHandler(
+  channel: ControlChannel,
   reloader: Reloader,
   logger: Logger,
-  intervalMs = 500,
-): { close(): void } {
-  const db = open(config);
-  const read = db.prepare("SELECT by, at FROM reload_request WHERE id = 1");
-  // A request made before this server started is not replayed.
-  let handled = (read.get() as { at: string } | undefined)?.at ?? null;
-  let busy = false;
-  const write = db.prepare(
-    "INSERT INTO reload_result (id, request_at, result, at) VALUES (1, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET request_at = excluded.request_at, result = excluded.result, at = excluded.at",
-  );
-  const timer = setInterval(() => {
-    if (busy) return;
-    const req = read.get() as { by: string; at: string } | undefined;
-    if (!req || req.at === handled) return;
-    handled = req.at;
-    busy = true;
-    reloader
-      .reload(`workers reload by ${req.by}`)
-      .then((r) => write.run(req.at, JSON.stringify(r), new Date().toISOString()))
-      .catch((e: unknown) => logger.warn({ err: String(e) }, "config reload request failed"))
-      .finally(() => (busy = false));
-  }, intervalMs);
-  timer.unref();
+): ControlHandler {
+  let handled = channel.reloadRequest()?.at ?? null;
   return {
-    close() {
-      clearInterval(timer);
-      db.close();
+    name: "reload",
+    async tick(ch) {
+      const req = ch.reloadRequest();
+      if (!req || req.at === handled) return;
+      handled = req.at;
+      try {
+        const r = await reloader.reload(`workers reload by ${req.by}`);
+        ch.writeReloadResult(req.at, r);
+      } catch (e) {
+        logger.warn({ err: String(e) }, "config reload request failed");
+      }
     },
   };
-}
-
-/** CLI side of `tpu-mcp workers reload` (the caller has checked the admin token). */
-export async function requestReload(
-  config: ServerConfig,
-  by: string,
-  io: FleetWaitIo,
-): Promise<number> {
-  const db = open(config);
-  let result: ReloadResult | undefined;
-  try {
-    const at = new Date().toISOString();
-    db.prepare(
-      "INSERT INTO reload_request (id, by, at) VALUES (1, ?, ?) ON CONFLICT(id) DO UPDATE SET by = excluded.by, at = excluded.at",
-    ).run(by, at);
-    const until = Date.now() + Math.min(io.waitMs ?? 30_000, 30_000);
-    for (;;) {
-      const r = db.prepare("SELECT request_at, result FROM reload_result WHERE id = 1").get() as
-        { request_at: string; result: string } | undefined;
-      if (r?.request_at === at) {
-        result = JSON.parse(r.result) as ReloadResult;
-        break;
-      }
-      if (Date.now() > until) {
-        io.err("reload recorded, but no running server on this data directory has picked it up");
-        return 1;
-      }
-      await new Promise((res) => setTimeout(res, 200));
-    }
-  } finally {
-    db.close();
-  }
-  if (!result.ok) {
-    io.err(`reload refused, nothing changed: ${result.error ?? "?"}`);
-    return 1;
-  }
-  if (io.json) io.out(JSON.stringify(result, null, 2));
-  else {
-    io.out(
-      result.applied.length
-        ? `applied: ${result.applied.join("; ")}`
-        : "nothing to apply at run time",
-    );
-    if (result.restart.length) io.out(`changed, but needs a restart: ${result.restart.join(", ")}`);
-  }
-  if (result.fleet_target === undefined) return 0;
-  const since = result.fleet_target_at ?? new Date(0).toISOString();
-  return waitForFleet(config, result.fleet_target, since, {
-    ...io,
-    out: io.json ? () => {} : io.out,
-  });
 }

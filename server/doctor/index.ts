@@ -5,12 +5,13 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import pino from "pino";
 import { readCatalog } from "../../runtime/catalog.js";
-import { WorkerRuntime } from "../../runtime/client.js";
+import { WorkerRuntime, type WorkerRuntimeOptions } from "../../runtime/client.js";
 import { checkWorkers } from "./workers.js";
 import { checkFleet } from "./fleet.js";
 import type { ServerConfig } from "../config/config.js";
 import { runInventory } from "./tpu.js";
-import { SERVER_VERSION } from "../mcp/server.js";
+import { SERVER_VERSION } from "../version.js";
+import { doctorWorkerOptions } from "./worker_options.js";
 
 interface Io {
   out: (s: string) => void;
@@ -18,7 +19,14 @@ interface Io {
   json: boolean;
 }
 
-export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
+/** How the doctor starts its worker (tests see the options it was given). */
+export type StartWorker = (opts: WorkerRuntimeOptions) => WorkerRuntime;
+
+export async function runDoctor(
+  config: ServerConfig,
+  io: Io,
+  startWorker: StartWorker = (opts) => new WorkerRuntime(opts),
+): Promise<number> {
   const report: Record<string, unknown> = {};
   const problems: string[] = [];
   const ok = (s: string) => !io.json && io.out(`  ok   ${s}`);
@@ -95,15 +103,7 @@ export async function runDoctor(config: ServerConfig, io: Io): Promise<number> {
   } else bad(`the device inventory failed: ${inv.error}`);
 
   if (!io.json) io.out("\nworker");
-  const runtime = new WorkerRuntime({
-    repoRoot: config.paths.root,
-    pythonPath: config.paths.python,
-    catalogPath: config.paths.catalog,
-    device: config.runtime.device,
-    startMode: "lazy",
-    maxRestartsInWindow: 0,
-    logger: pino({ level: "silent" }),
-  });
+  const runtime = startWorker(doctorWorkerOptions(config, pino({ level: "silent" })));
   try {
     const hello = await runtime.ready();
     report.worker = hello;

@@ -7,10 +7,11 @@
 // runtime) fails its step with the worker's last words; the steps after it are "not run".
 import { spawn } from "node:child_process";
 import { Writable } from "node:stream";
-import pino from "pino";
-import { WorkerRuntime } from "../../runtime/client.js";
+import pino, { type Logger } from "pino";
+import { WorkerRuntime, type WorkerRuntimeOptions } from "../../runtime/client.js";
 import type { ServerConfig } from "../config/config.js";
-import { SERVER_VERSION } from "../mcp/server.js";
+import { SERVER_VERSION } from "../version.js";
+import { doctorWorkerOptions } from "./worker_options.js";
 
 export const TPU_REPORT_FORMAT = "tpu-mcp/tpu-self-test@1";
 export const EAGER_MODES = ["strict", "fused", "blocking"] as const;
@@ -128,6 +129,23 @@ function captureLogger() {
   return { logger: pino({ level: "info" }, stream), deaths, opErrors };
 }
 
+/** The server's worker options, bound to one chip in one TorchTPU eager mode. */
+export function tpuWorkerOptions(
+  config: ServerConfig,
+  chip: string,
+  eager: (typeof EAGER_MODES)[number],
+  env: NodeJS.ProcessEnv,
+  logger: Logger,
+): WorkerRuntimeOptions {
+  const base = doctorWorkerOptions(config, logger);
+  return {
+    ...base,
+    device: chip,
+    extraArgs: [...(base.extraArgs ?? []), "--tpu-eager", eager],
+    env,
+  };
+}
+
 async function selfTestRun(
   config: ServerConfig,
   chip: number,
@@ -140,17 +158,7 @@ async function selfTestRun(
   const add = (check: string, ok: boolean | null, detail: string) =>
     checks.push({ chip: label, eager_mode: eager, check, ok, detail });
   const { logger, deaths, opErrors } = captureLogger();
-  const runtime = new WorkerRuntime({
-    repoRoot: config.paths.root,
-    pythonPath: config.paths.python,
-    catalogPath: config.paths.catalog,
-    device: label,
-    extraArgs: ["--tpu-eager", eager],
-    env,
-    startMode: "lazy",
-    maxRestartsInWindow: 0,
-    logger,
-  });
+  const runtime = new WorkerRuntime(tpuWorkerOptions(config, label, eager, env, logger));
   let name: string | null = null;
   let versions: Record<string, unknown> | null = null;
   let dead: string | null = null;
@@ -306,16 +314,7 @@ export async function runTpuSelfTest(
   });
   // The models this catalog can load (the built-in ones by default).
   const { logger } = captureLogger();
-  const cpu = new WorkerRuntime({
-    repoRoot: config.paths.root,
-    pythonPath: config.paths.python,
-    catalogPath: config.paths.catalog,
-    device: "cpu",
-    env,
-    startMode: "lazy",
-    maxRestartsInWindow: 0,
-    logger,
-  });
+  const cpu = new WorkerRuntime(doctorWorkerOptions(config, logger, { device: "cpu", env }));
   let models: string[] = [];
   try {
     const { result } = await cpu.call<{ models: any[] }>("describe", {});

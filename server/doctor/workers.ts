@@ -9,7 +9,7 @@ import {
   type WorkerEntry,
 } from "../../runtime/pool/index.js";
 import type { ServerConfig } from "../config/config.js";
-import { baseRuntimeOptions } from "../app/build_runtime.js";
+import { doctorWorkerOptions } from "./worker_options.js";
 
 export interface WorkerCheck {
   name: string;
@@ -35,11 +35,9 @@ async function checkOne(
   timeoutMs: number,
 ): Promise<WorkerCheck> {
   const refusals: RemoteRefusal[] = [];
-  const base = baseRuntimeOptions(config, pino({ level: "silent" }));
+  const base = doctorWorkerOptions(config, pino({ level: "silent" }));
   const rt = new WorkerRuntime({
     ...base,
-    startMode: "lazy",
-    maxRestartsInWindow: 0,
     startTimeoutMs: timeoutMs,
     ...(isRemote(e)
       ? { spawn: remoteSpawn(e, (r) => refusals.push(r)) }

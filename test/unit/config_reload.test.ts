@@ -1,6 +1,6 @@
 // Config reload: the diff (what a reload applies, what needs a restart), and the reloader itself
 // with a real config file, a real workers.db and `tpu-mcp workers reload`'s CLI side in-process.
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Database from "better-sqlite3";
@@ -9,7 +9,8 @@ import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { createApp, type App } from "../../server/app/app.js";
 import { loadConfig, parseConfig } from "../../server/config/config.js";
 import { diffConfig } from "../../server/config/diff.js";
-import { requestReload } from "../../server/control/reload.js";
+import { requestReload } from "../../server/cli/workers.js";
+import { ControlChannel } from "../../server/control/channel.js";
 import { ROOT } from "../helpers/server.js";
 
 const ray = {
@@ -149,7 +150,15 @@ describe("reload (a real file, workers.db, the CLI's request in-process)", () =>
     writeFileSync(file, JSON.stringify(rayRaw(2)));
     const running = loadConfig(file, ROOT);
     const fakeRuntime = {} as Parameters<typeof createReloader>[2];
-    const reloader = createReloader(running, () => loadConfig(file, ROOT), fakeRuntime, logger);
+    mkdirSync(join(dir, "data"), { recursive: true });
+    const channel = ControlChannel.open(join(dir, "data", "workers.db"));
+    const reloader = createReloader(
+      running,
+      () => loadConfig(file, ROOT),
+      fakeRuntime,
+      logger,
+      channel,
+    );
     writeFileSync(file, JSON.stringify(rayRaw(3)));
     const r = await reloader.reload("test");
     expect(r).toMatchObject({ ok: true, fleet_target: 3, restart: [] });
@@ -166,5 +175,6 @@ describe("reload (a real file, workers.db, the CLI's request in-process)", () =>
     // The same file again: applied once, so nothing more to do.
     expect(await reloader.reload("test")).toEqual({ ok: true, applied: [], restart: [] });
     expect(readFileSync(file, "utf8")).toContain('"count":3');
+    channel.close();
   });
 });

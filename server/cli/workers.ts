@@ -1,0 +1,268 @@
+// `tpu-mcp workers [list] | drain NAME | undrain NAME | scale N | reload`: the CLI half of the
+// control channel over workers.db (server/control/channel.ts). `list` only reads: on a data
+// directory without a channel it says so and creates nothing. The others need an admin token,
+// write the desired state and wait for the running server to report it applied.
+import type { Logger } from "pino";
+import { Authenticator } from "../../policies/auth.js";
+import type { WorkerStatus } from "../../runtime/types.js";
+import { createPolicyServices } from "../app/build_policies.js";
+import type { ServerConfig } from "../config/config.js";
+import { createDataDir, dataDir } from "../config/data_dir.js";
+import { ControlChannel } from "../control/channel.js";
+import type { ReloadResult } from "../control/reload.js";
+
+interface Io {
+  out: (s: string) => void;
+  err: (s: string) => void;
+  json: boolean;
+  logger: Logger;
+  token?: string;
+  /** How long `drain` waits for the worker's calls in flight to finish. */
+  waitMs?: number;
+}
+
+export interface FleetWaitIo {
+  out: (s: string) => void;
+  err: (s: string) => void;
+  json: boolean;
+  waitMs?: number;
+}
+
+const NO_STATE =
+  "no worker state recorded: is a server with a worker pool (runtime.workers) running on this data directory?";
+
+function row(w: WorkerStatus, at: string): string {
+  const mem =
+    w.memory_free_bytes != null ? ` free ${(w.memory_free_bytes / 2 ** 20).toFixed(0)} MiB` : "";
+  return (
+    `${w.name.padEnd(10)} ${w.device.padEnd(8)} ${(w.address ? `remote ${w.address}` : "local").padEnd(24)} ` +
+    `${w.state}${w.draining ? " (drained)" : ""}, in flight ${w.in_flight}, restarts ${w.restarts},${mem} ` +
+    `models: ${w.models.join(", ") || "none"}${w.lost_models.length ? `; lost: ${w.lost_models.join(", ")}` : ""}  [seen ${at}]`
+  );
+}
+
+/** `workers list`: read-only, so a data directory no server has used stays untouched. */
+function listWorkers(config: ServerConfig, io: Io): number {
+  const channel = ControlChannel.openExisting(dataDir(config).workersDb);
+  try {
+    const ws = channel?.observed() ?? [];
+    if (io.json) io.out(JSON.stringify(ws, null, 2));
+    else io.out(ws.length ? ws.map(({ w, at }) => row(w, at)).join("\n") : NO_STATE);
+    return 0;
+  } finally {
+    channel?.close();
+  }
+}
+
+export async function runWorkersCommand(
+  config: ServerConfig,
+  positionals: string[],
+  io: Io,
+): Promise<number> {
+  const [sub = "list", name] = positionals;
+  if (sub === "list") return listWorkers(config, io);
+  const scaleTo = sub === "scale" && /^\d{1,4}$/.test(name ?? "") ? Number(name) : undefined;
+  const reload = sub === "reload" && name === undefined;
+  if (
+    (sub !== "drain" && sub !== "undrain" && scaleTo === undefined && !reload) ||
+    (!name && !reload)
+  ) {
+    io.err(
+      "usage: tpu-mcp workers [list] | drain NAME | undrain NAME | scale N (Ray fleet) | reload (re-read the config)  (--token T, an admin token)",
+    );
+    return 2;
+  }
+  if (!io.token) {
+    io.err(
+      "an admin token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with the admin scope)",
+    );
+    return 2;
+  }
+  let principal;
+  try {
+    principal = await new Authenticator(config.policy).authenticate(io.token);
+  } catch (e) {
+    io.err(`the token was refused: ${(e as Error).message}`);
+    return 1;
+  }
+  const policy = createPolicyServices(config, io.logger);
+  try {
+    const admin = principal.scopes.includes("admin");
+    policy.audit.append({
+      time: new Date().toISOString(),
+      principal: principal.id,
+      tool: `workers.${sub}`,
+      args_digest: null,
+      args: scaleTo !== undefined ? { count: scaleTo } : reload ? {} : { worker: name },
+      outcome: admin ? "executed" : "denied",
+      ...(admin
+        ? {}
+        : { code: "insufficient_scope", reason: `workers ${sub} needs the admin scope` }),
+    });
+    if (!admin) {
+      io.err(`insufficient_scope: ${principal.id} lacks the admin scope that ${sub} needs`);
+      return 1;
+    }
+  } finally {
+    policy.close();
+  }
+  if (scaleTo !== undefined) return await requestScale(config, scaleTo, principal.id, io);
+  if (reload) return await requestReload(config, principal.id, io);
+  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  try {
+    return await setDrain(channel, sub as "drain" | "undrain", name!, principal.id, io);
+  } finally {
+    channel.close();
+  }
+}
+
+async function setDrain(
+  channel: ControlChannel,
+  sub: "drain" | "undrain",
+  name: string,
+  by: string,
+  io: Io,
+): Promise<number> {
+  const known = channel.observed().map((o) => o.w.name);
+  if (known.length && !known.includes(name)) {
+    io.err(`no worker named ${name}; workers: ${known.join(", ")}`);
+    return 1;
+  }
+  if (sub === "undrain") {
+    channel.clearDrained(name);
+    io.out(`${name}: undrained; the server routes calls to it again within a second`);
+    return 0;
+  }
+  channel.setDrained(name, by);
+  const until = Date.now() + (io.waitMs ?? 60_000);
+  for (;;) {
+    const o = channel.observed().find((x) => x.w.name === name);
+    if (o?.w.draining && o.w.in_flight === 0) {
+      io.out(
+        io.json
+          ? JSON.stringify(o.w, null, 2)
+          : `${name}: drained, no calls in flight; it may be stopped (undrain with: tpu-mcp workers undrain ${name})`,
+      );
+      return 0;
+    }
+    if (Date.now() > until) {
+      io.err(
+        o
+          ? `${name}: drained, but ${o.w.draining ? `${o.w.in_flight} calls still in flight` : "the server has not applied it yet"}; run tpu-mcp workers to follow`
+          : `${name}: marked drained, but no running server has reported it yet`,
+      );
+      return 1;
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/**
+ * `tpu-mcp workers scale N` (the caller has checked the admin token): records the wanted count,
+ * then waits until the server's fleet reports that many actors serving.
+ */
+export async function requestScale(
+  config: ServerConfig,
+  count: number,
+  by: string,
+  io: FleetWaitIo,
+): Promise<number> {
+  if (!config.runtime.ray) {
+    io.err("workers scale needs a Ray fleet: add runtime.ray to the config (README: Ray fleet)");
+    return 2;
+  }
+  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  try {
+    const at = channel.setFleetTarget(count, by);
+    return await waitForFleet(channel, count, at, io);
+  } finally {
+    channel.close();
+  }
+}
+
+/** Waits until the server's fleet reports `count` actors serving, after the target set at `at`. */
+async function waitForFleet(
+  channel: ControlChannel,
+  count: number,
+  at: string,
+  io: FleetWaitIo,
+): Promise<number> {
+  const until = Date.now() + (io.waitMs ?? 5 * 60_000);
+  for (;;) {
+    const o = channel.fleetObserved();
+    if (o && o.at > at) {
+      const s = o.status;
+      if (o.error && o.target === count) {
+        io.err(`scale ${count} refused: ${o.error}`);
+        return 1;
+      }
+      const serving = (s.actors ?? []).filter((a) => a.state === "up").length;
+      const total = (s.actors ?? []).length;
+      if (o.target === count && serving === count && total === count) {
+        io.out(
+          io.json
+            ? JSON.stringify(s, null, 2)
+            : `Ray fleet at ${count} worker(s): ${(s.actors ?? []).map((a) => `${a.name} ${a.endpoint?.device ?? "?"}@${a.endpoint?.host ?? "?"}`).join(", ") || "none"}`,
+        );
+        return 0;
+      }
+    }
+    if (Date.now() > until) {
+      io.err(
+        o
+          ? `scale ${count} recorded; the fleet is still moving (run tpu-mcp workers to follow)`
+          : "scale recorded, but no running server with a Ray fleet has picked it up",
+      );
+      return 1;
+    }
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}
+
+/** `tpu-mcp workers reload` (the caller has checked the admin token). */
+export async function requestReload(
+  config: ServerConfig,
+  by: string,
+  io: FleetWaitIo,
+): Promise<number> {
+  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  try {
+    const at = channel.requestReload(by);
+    let result: ReloadResult | undefined;
+    const until = Date.now() + Math.min(io.waitMs ?? 30_000, 30_000);
+    for (;;) {
+      const r = channel.reloadResult();
+      if (r?.request_at === at) {
+        result = JSON.parse(r.result) as ReloadResult;
+        break;
+      }
+      if (Date.now() > until) {
+        io.err("reload recorded, but no running server on this data directory has picked it up");
+        return 1;
+      }
+      await new Promise((res) => setTimeout(res, 200));
+    }
+    if (!result.ok) {
+      io.err(`reload refused, nothing changed: ${result.error ?? "?"}`);
+      return 1;
+    }
+    if (io.json) io.out(JSON.stringify(result, null, 2));
+    else {
+      io.out(
+        result.applied.length
+          ? `applied: ${result.applied.join("; ")}`
+          : "nothing to apply at run time",
+      );
+      if (result.restart.length)
+        io.out(`changed, but needs a restart: ${result.restart.join(", ")}`);
+    }
+    if (result.fleet_target === undefined) return 0;
+    const since = result.fleet_target_at ?? new Date(0).toISOString();
+    return await waitForFleet(channel, result.fleet_target, since, {
+      ...io,
+      out: io.json ? () => {} : io.out,
+    });
+  } finally {
+    channel.close();
+  }
+}

@@ -1,0 +1,134 @@
+// The tpu:// resources (model catalog, benchmark reports, full output tensors) and the ui:// views
+// of MCP Apps: listing, templates and reads, for one session's principal.
+import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
+import {
+  ListResourcesRequestSchema,
+  ListResourceTemplatesRequestSchema,
+  McpError,
+  ReadResourceRequestSchema,
+} from "@modelcontextprotocol/sdk/types.js";
+import { hasScope, type Principal } from "../../policies/scopes.js";
+import { renderReportSvg } from "../../tools/support/report_chart.js";
+import { renderReportMarkdown } from "../../tools/support/report_format.js";
+import type { App } from "../app/app.js";
+import { readUiResource, uiResources } from "./apps.js";
+
+/** `ui()`: whether this session's client shows MCP Apps views (asked per request: it is known
+ * only after initialize). */
+export function registerResources(
+  server: Server,
+  app: App,
+  principal: Principal,
+  ui: () => boolean,
+): void {
+  server.setRequestHandler(ListResourcesRequestSchema, async () => {
+    const views = ui() ? uiResources() : [];
+    if (!hasScope(principal, "models:read")) return { resources: views };
+    const reports = app.reports.list(20).map((r) => ({
+      uri: `tpu://benchmarks/${r.id}`,
+      name: `benchmark ${r.id}`,
+      title: `Benchmark of ${r.model} on ${r.device} (${r.created_at})`,
+      mimeType: "application/json",
+    }));
+    const outputs = app.outputs.list(principal.id).flatMap((o) =>
+      o.tensors.map((_t, i) => ({
+        uri: `tpu://outputs/${o.id}/${i}`,
+        name: `output ${o.id}/${i}`,
+        mimeType: "application/json",
+      })),
+    );
+    return {
+      resources: [
+        {
+          uri: "tpu://models",
+          name: "models",
+          title: "Model catalog",
+          mimeType: "application/json",
+        },
+        ...reports,
+        ...outputs,
+        ...views,
+      ],
+    };
+  });
+
+  server.setRequestHandler(ListResourceTemplatesRequestSchema, async () => ({
+    resourceTemplates: [
+      {
+        uriTemplate: "tpu://benchmarks/{id}",
+        name: "benchmark",
+        title: "A benchmark report (JSON)",
+        mimeType: "application/json",
+      },
+      {
+        uriTemplate: "tpu://benchmarks/{id}.md",
+        name: "benchmark-markdown",
+        title: "A benchmark report (Markdown)",
+        mimeType: "text/markdown",
+      },
+      {
+        uriTemplate: "tpu://benchmarks/{id}.svg",
+        name: "benchmark-chart",
+        title: "A benchmark report's latency and throughput against batch size (SVG)",
+        mimeType: "image/svg+xml",
+      },
+      {
+        uriTemplate: "tpu://outputs/{id}/{index}",
+        name: "output",
+        title: "A full inference output tensor",
+        mimeType: "application/json",
+      },
+    ],
+  }));
+
+  server.setRequestHandler(ReadResourceRequestSchema, async (req) => {
+    const uri = req.params.uri;
+    const notFound = () => new McpError(-32002, `Resource not found: ${uri.slice(0, 200)}`);
+    // The views hold no data (results reach them from the host), so any session may read them.
+    if (uri.startsWith("ui://")) {
+      const view = readUiResource(app.config.paths.root, uri);
+      if (!view) throw notFound();
+      return view as any;
+    }
+    if (!hasScope(principal, "models:read") && !uri.startsWith("tpu://outputs/")) throw notFound();
+    if (uri === "tpu://models") {
+      const facts = await app.facts.all().catch(() => new Map());
+      const models = app.catalog.models.map((m) => ({ ...m, ...(facts.get(m.id) ?? {}) }));
+      // Paths stay inside the server.
+      const text = JSON.stringify(
+        { models: models.map(({ source: _s, ...rest }) => rest) },
+        null,
+        2,
+      );
+      return { contents: [{ uri, mimeType: "application/json", text }] };
+    }
+    let m = /^tpu:\/\/benchmarks\/(bench_[0-9a-f]{20})(\.md|\.svg)?$/.exec(uri);
+    if (m) {
+      const r = app.reports.get(m[1]);
+      if (!r) throw notFound();
+      if (m[2] === ".svg")
+        return { contents: [{ uri, mimeType: "image/svg+xml", text: renderReportSvg(r.report) }] };
+      if (m[2])
+        return {
+          contents: [{ uri, mimeType: "text/markdown", text: renderReportMarkdown(r.report) }],
+        };
+      return {
+        contents: [{ uri, mimeType: "application/json", text: JSON.stringify(r.report, null, 2) }],
+      };
+    }
+    m = /^tpu:\/\/outputs\/(out_[0-9a-f]{24})\/(\d{1,2})$/.exec(uri);
+    if (m) {
+      const o = app.outputs.get(m[1], principal.id);
+      const t = o?.tensors[Number(m[2])];
+      if (!t) throw notFound();
+      const text = JSON.stringify({
+        dtype: t.dtype,
+        shape: t.shape,
+        byte_order: "little",
+        data_b64: t.data.toString("base64"),
+      });
+      return { contents: [{ uri, mimeType: "application/json", text }] };
+    }
+    throw notFound();
+  });
+}

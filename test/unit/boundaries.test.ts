@@ -1,0 +1,130 @@
+// Dependencies run one way, between the top-level rooms (server → tools → {policies, runtime})
+// and between the rooms inside server/ (cli → doctor → transports → {console, mcp} → app →
+// control → config → the leaf files at server/'s root). Every product file is walked
+// (recursively); an import that runs back up, or across two sibling rooms, fails with its file
+// and line. (console/src, bench/, scripts/ and test/ are aside: they may import any room, and no
+// product file may import them.)
+import { readdirSync, readFileSync } from "node:fs";
+import { dirname, join, relative, resolve } from "node:path";
+import { describe, expect, it } from "vitest";
+import { ROOT } from "../helpers/server.js";
+
+/** Top-level rooms and the rooms each may import. */
+const TOP: Record<string, string[]> = {
+  server: ["tools", "policies", "runtime"],
+  tools: ["policies", "runtime"],
+  policies: [],
+  runtime: [],
+};
+
+/**
+ * server/'s rooms, from the top: a room may import the rooms below it, never one above it nor a
+ * sibling on its own level. "(root)" holds the leaf files at server/'s root (version.ts).
+ */
+const SERVER_LEVELS: string[][] = [
+  ["cli"],
+  ["doctor"],
+  ["transports"],
+  ["console", "mcp"],
+  ["app"],
+  ["control"],
+  ["config"],
+  ["(root)"],
+];
+
+interface Edge {
+  from: string;
+  to: string;
+  line: number;
+}
+
+function productFiles(room: string): string[] {
+  const out: string[] = [];
+  const walk = (dir: string) => {
+    for (const e of readdirSync(join(ROOT, dir), { withFileTypes: true })) {
+      if (e.name === "node_modules" || e.name === "worker") continue; // the Python worker
+      const p = join(dir, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (/\.(ts|mts)$/.test(e.name) && !e.name.endsWith(".d.ts")) out.push(p);
+    }
+  };
+  walk(room);
+  return out;
+}
+
+/** Every relative import of a file (static, dynamic, re-export), as repository paths. */
+function importsOf(file: string): Edge[] {
+  const src = readFileSync(join(ROOT, file), "utf8");
+  const edges: Edge[] = [];
+  const re = /(?:\bfrom\s*|\bimport\s*\(\s*|^\s*import\s+)["'](\.{1,2}\/[^"']+)["']/gm;
+  for (const m of src.matchAll(re)) {
+    const to = relative(ROOT, resolve(ROOT, dirname(file), m[1]!)).replace(/\.js$/, ".ts");
+    edges.push({ from: file, to, line: src.slice(0, m.index).split("\n").length });
+  }
+  return edges;
+}
+
+const topRoom = (p: string) => p.split("/")[0]!;
+function serverRoom(p: string): string {
+  const parts = p.split("/");
+  return parts.length > 2 ? parts[1]! : "(root)";
+}
+const level = (room: string) => SERVER_LEVELS.findIndex((l) => l.includes(room));
+
+/** Why an import breaks the direction, or null when it is allowed. */
+function violation(e: Edge): string | null {
+  const a = topRoom(e.from);
+  const b = topRoom(e.to);
+  if (a !== b) {
+    return TOP[a]?.includes(b)
+      ? null
+      : `${a}/ may import only ${TOP[a]?.join(", ") || "nothing outside itself"}`;
+  }
+  if (a !== "server") return null;
+  const ra = serverRoom(e.from);
+  const rb = serverRoom(e.to);
+  if (ra === rb) return null;
+  const la = level(ra);
+  const lb = level(rb);
+  if (la < 0) return `server/${ra}/ is not in SERVER_LEVELS: place it in the order`;
+  if (lb < 0) return `server/${rb}/ is not in SERVER_LEVELS: place it in the order`;
+  if (lb < la) return `server/${ra}/ imports server/${rb}/, which sits above it`;
+  if (lb === la) return `server/${ra}/ imports its sibling server/${rb}/`;
+  return null;
+}
+
+const edges = Object.keys(TOP).flatMap((room) => productFiles(room).flatMap(importsOf));
+
+describe("dependency direction", () => {
+  it("walks every product room, folders included", () => {
+    expect(edges.length).toBeGreaterThan(200);
+    expect(edges.some((e) => e.from.startsWith("server/control/"))).toBe(true);
+    expect(edges.some((e) => e.from.startsWith("runtime/pool/"))).toBe(true);
+  });
+
+  it("no import runs back up (between rooms, and inside server/)", () => {
+    const bad = edges
+      .map((e) => ({ e, why: violation(e) }))
+      .filter((x) => x.why)
+      .map(({ e, why }) => `${e.from}:${e.line} imports ${e.to}: ${why}`);
+    expect(bad).toEqual([]);
+  });
+
+  it("the rule itself refuses an upward import, a sibling's and an unknown room", () => {
+    const at = (from: string, to: string) => violation({ from, to, line: 1 });
+    expect(at("server/config/config.ts", "server/app/app.ts")).toMatch(/above it/);
+    expect(at("server/control/reload.ts", "server/cli/workers.ts")).toMatch(/above it/);
+    expect(at("server/mcp/server.ts", "server/console/console.ts")).toMatch(/sibling/);
+    expect(at("server/newroom/x.ts", "server/config/config.ts")).toMatch(/not in SERVER_LEVELS/);
+    expect(at("tools/dispatch.ts", "server/app/app.ts")).toMatch(/tools\/ may import only/);
+    expect(at("policies/gate.ts", "runtime/types.ts")).toMatch(/nothing outside itself/);
+    expect(at("runtime/client.ts", "test/helpers/server.ts")).toMatch(/nothing outside/);
+    expect(at("server/cli/cli.ts", "server/version.ts")).toBeNull();
+    expect(at("server/app/app.ts", "tools/registry.ts")).toBeNull();
+  });
+
+  it("no product file imports console/src, bench/, scripts/ or test/", () => {
+    const aside = edges.filter((e) => /^(console|bench|scripts|test)\//.test(e.to));
+    expect(aside.map((e) => `${e.from}:${e.line} imports ${e.to}`)).toEqual([]);
+  });
+});
