@@ -241,4 +241,9 @@ def test_check_lists_aten_ops_and_a_verdict(shared_worker):
 
 def test_check_on_an_unloaded_model_uses_a_temporary_copy(worker):
     r = call(worker, "check", {"model": "mnist-cnn", "dtype": "float16"})
-    assert r["verdict"] in ("supported", "unsupported") and worker.loaded == {}
+    # torch 2.13 (pinned in requirements.txt) runs float16 convolutions on the CPU:
+    # every op ran where it was asked to, nothing failed, and the copy is gone afterwards.
+    assert r["verdict"] == "supported" and r["error"] is None, r["error"]
+    assert r["dtype"] == "float16" and r["output_shape"] == [1, 10]
+    assert r["ops"] and all(o["on_device"] == o["count"] and o["failed"] == 0 for o in r["ops"])
+    assert worker.loaded == {}

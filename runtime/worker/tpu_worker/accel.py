@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import gc
 import os
-import resource
 
 import torch
 
@@ -191,29 +191,13 @@ def rss_bytes() -> int | None:
         return None
 
 
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def reset_peak_memory(device: torch.device) -> None:
+def release_memory(device: torch.device) -> None:
+    """Frees what the last model or run left behind: Python garbage, then the device's cache."""
+    gc.collect()
     try:
         if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        elif device.type == "tpu":
-            torch.accelerator.reset_peak_memory_stats(device.index or 0)
-    except Exception:  # noqa: BLE001 - peak memory is best effort
+            torch.cuda.empty_cache()
+        elif device.type != "cpu":
+            torch.accelerator.empty_cache()
+    except Exception:  # noqa: BLE001 - freeing caches is best effort
         pass
-
-
-def peak_memory_bytes(device: torch.device) -> int | None:
-    """Peak device memory since the last reset; on the CPU the process peak RSS."""
-    try:
-        if device.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(device))
-        if device.type == "tpu":
-            return int(torch.accelerator.max_memory_allocated(device.index or 0))
-    except Exception:  # noqa: BLE001
-        return None
-    if device.type == "cpu":
-        return peak_rss_bytes()
-    return None

@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_flatten
 
 from . import accel, logs
 from .errors import WorkerError, invalid
+from .memory import MemoryProbe
 
 _PATH_RE = re.compile(r"(/[\w.+-]+){2,}")
 
@@ -143,8 +144,6 @@ def run_check(worker, args: dict, ctx) -> dict:
     recorder = OpRecorder(device)
     error = None
     output_shape = None
-    from .bench import MemoryProbe
-
     probe = MemoryProbe(device)
     probe.start()
     t0 = time.perf_counter()
@@ -205,7 +204,5 @@ def run_check(worker, args: dict, ctx) -> dict:
     }
     if temporary:
         del adapter
-        from .ops import release_memory
-
-        release_memory(device)
+        accel.release_memory(device)
     return result

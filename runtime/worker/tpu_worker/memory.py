@@ -1,6 +1,11 @@
-"""Memory estimates made before loading, so a model that cannot fit is refused up front."""
+"""Memory estimates made before loading, so a model that cannot fit is refused up front, and the
+peak memory measured over a window (benchmark and check)."""
 
 from __future__ import annotations
+
+import re
+
+import torch
 
 from .catalog import Entry
 
@@ -76,3 +81,95 @@ def refusal_message(
     if not hints:
         hints.append("use a device with more memory or a smaller model")
     return msg + ": " + " or ".join(hints)
+
+
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            m = re.search(rf"^{field}:\s+(\d+)\s+kB", fh.read(), re.M)
+        return int(m.group(1)) if m else None
+    except OSError:
+        return None
+
+
+class MemoryProbe:
+    """Peak memory over a window, by the best means the device offers.
+
+    cuda: torch.cuda.max_memory_allocated after reset_peak_memory_stats (tensors only).
+    tpu and other accelerators: torch.accelerator.max_memory_allocated after a reset, or else
+    memory in use from torch.accelerator.get_memory_info sampled between iterations.
+    cpu: the process's resident set. VmHWM is a process-lifetime high-water mark, so it is reset
+    to the current RSS through /proc/self/clear_refs at the start of the window; where that is
+    not allowed, VmRSS is sampled between iterations (a lower bound). The increase is the peak
+    minus the resident size at the start; on the CPU it is a lower bound too, since the allocator
+    reuses memory the process already holds.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.kind = "unavailable"
+        self.base: int | None = None
+        self.peak: int | None = None
+
+    def _acc_index(self) -> int:
+        return self.device.index or 0
+
+    def start(self) -> None:
+        d = self.device
+        self.base = self.peak = None
+        try:
+            if d.type == "cpu":
+                try:
+                    with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+                        fh.write("5")
+                    self.kind = "cpu_peak_rss"
+                except OSError:
+                    self.kind = "cpu_sampled_rss"
+                rss = _proc_status_kib("VmRSS")
+                self.base = self.peak = rss * 1024 if rss is not None else None
+            elif d.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(d)
+                self.kind = "cuda_max_memory_allocated"
+                self.base = int(torch.cuda.memory_allocated(d))
+            else:
+                try:
+                    torch.accelerator.reset_peak_memory_stats(self._acc_index())
+                    self.base = int(torch.accelerator.memory_allocated(self._acc_index()))
+                    self.kind = "accelerator_max_memory_allocated"
+                except Exception:  # noqa: BLE001 - fall back to sampling the memory in use
+                    free, total = torch.accelerator.get_memory_info(self._acc_index())
+                    self.base = self.peak = int(total - free)
+                    self.kind = "accelerator_memory_in_use_sampled"
+        except Exception:  # noqa: BLE001 - peak memory is best effort
+            self.kind = "unavailable"
+
+    def sample(self) -> None:
+        if self.kind == "cpu_sampled_rss":
+            rss = _proc_status_kib("VmRSS")
+            if rss is not None:
+                self.peak = max(self.peak or 0, rss * 1024)
+        elif self.kind == "accelerator_memory_in_use_sampled":
+            try:
+                free, total = torch.accelerator.get_memory_info(self._acc_index())
+                self.peak = max(self.peak or 0, int(total - free))
+            except Exception:  # noqa: BLE001
+                pass
+
+    def result(self) -> tuple[int | None, int | None, str]:
+        """(peak bytes, increase over the start of the window, kind)."""
+        peak = self.peak
+        try:
+            if self.kind == "cpu_peak_rss":
+                hwm = _proc_status_kib("VmHWM")
+                peak = hwm * 1024 if hwm is not None else None
+            elif self.kind == "cuda_max_memory_allocated":
+                peak = int(torch.cuda.max_memory_allocated(self.device))
+            elif self.kind == "accelerator_max_memory_allocated":
+                peak = int(torch.accelerator.max_memory_allocated(self._acc_index()))
+            else:
+                self.sample()
+                peak = self.peak
+        except Exception:  # noqa: BLE001
+            return None, None, "unavailable"
+        inc = max(0, peak - self.base) if peak is not None and self.base is not None else None
+        return peak, inc, self.kind

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import gc
 import os
 import platform
 import threading
@@ -23,8 +22,10 @@ import torch
 from . import PROTOCOL_VERSION, __version__, accel, logs
 from .adapters import Adapter, build_adapter, read_config
 from .batching import Batcher, wait_result
+from .bench import run_benchmark
 from .cancel import CancelToken
 from .catalog import Catalog, Entry
+from .check import run_check
 from .errors import WorkerError, invalid
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
 from .memory import estimate_bytes, refusal_message
@@ -414,7 +415,7 @@ class Worker:
             m.batcher.close(f"model {entry.id!r} was unloaded")
             device = m.adapter.device
             del m
-            release_memory(device)
+            accel.release_memory(device)
         finally:
             self._release(entry.id)
         logs.info("model unloaded", model=entry.id, freed_bytes=freed)
@@ -433,13 +434,9 @@ class Worker:
         return {**out.result, "model": entry.id}, out.tensors
 
     def op_benchmark(self, args: dict, tensors, ctx: OpContext):
-        from .bench import run_benchmark
-
         return run_benchmark(self, args, ctx), []
 
     def op_check(self, args: dict, tensors, ctx: OpContext):
-        from .check import run_check
-
         return run_check(self, args, ctx), []
 
     def op_selftest(self, args: dict, tensors, ctx: OpContext):
@@ -504,14 +501,3 @@ class Worker:
             raise invalid(f"unknown op {op!r}; expected one of {', '.join(self.OPS)}")
         ctx.token.check()
         return getattr(self, f"op_{op}")(args, tensors, ctx)
-
-
-def release_memory(device: torch.device) -> None:
-    gc.collect()
-    try:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        elif device.type != "cpu":
-            torch.accelerator.empty_cache()
-    except Exception:  # noqa: BLE001 - freeing caches is best effort
-        pass
