@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_worker import bench, flops, precision
+from tpu_worker import flops, precision
+from tpu_worker.bench import engine, measure
 from tpu_worker.ops import OpContext
 
 
@@ -49,14 +50,14 @@ def test_offline_runs_the_largest_batch_and_measures_window_throughput(shared_wo
 
 
 def test_offline_falls_back_to_a_smaller_batch_after_out_of_memory(shared_worker, monkeypatch):
-    real = bench._measure
+    real = engine.measure
 
-    def measure(adapter, scenario, work, batch, *rest):
+    def measure(adapter, *, batch, **rest):
         if batch > 2:
             raise RuntimeError("CPU out of memory (simulated)")
-        return real(adapter, scenario, work, batch, *rest)
+        return real(adapter, batch=batch, **rest)
 
-    monkeypatch.setattr(bench, "_measure", measure)
+    monkeypatch.setattr(engine, "measure", measure)
     r = run(shared_worker, batch_sizes=[1, 2, 8], scenario="offline")
     (c,) = r["configs"]
     assert c["error"] is None and c["batch"] == 2
@@ -76,7 +77,7 @@ def test_compile_mode_reports_compile_time_apart_and_no_recompilation(worker, mo
 
 def test_a_recompilation_inside_the_window_is_flagged(worker, monkeypatch):
     monkeypatch.setenv("TPU_WORKER_COMPILE_BACKEND", "eager")
-    monkeypatch.setattr(bench, "compile_counters", _counters_that_grow())
+    monkeypatch.setattr(measure, "compile_counters", _counters_that_grow())
     r = run(worker, batch_sizes=[1], modes=["compile"])
     (c,) = r["configs"]
     assert c["recompiles_in_window"] == 1 and c["recompiled"] is True

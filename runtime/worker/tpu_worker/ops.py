@@ -8,12 +8,12 @@ serialised by a per-model guard so concurrent calls cannot double-load.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import os
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,8 @@ from .errors import WorkerError, invalid
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
 from .memory import estimate_bytes, refusal_message
 from .probe import ProbeResult, device_label, parse_device, read_meminfo, refresh_memory, torch_device_string
-from .protocol import now_us
+from .protocol import now_iso, now_us
+from .selftest import run_selftest
 
 ProgressFn = Callable[[float, float | None, str | None], None]
 FreeMemoryFn = Callable[[torch.device], int | None]
@@ -59,8 +60,15 @@ class Loaded:
     load_report: dict
 
 
-def _now_iso() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+@dataclass
+class Lease:
+    """An adapter lent to one run (benchmark, check, the fp32 reference): the loaded model's own,
+    or a temporary copy built for the run and released when it ends."""
+
+    adapter: Adapter | None
+    load_s: float | None
+    estimated_bytes: int
+    temporary: bool
 
 
 def _int_arg(args: dict, key: str, lo: int, hi: int, default: int | None = None) -> int | None:
@@ -243,6 +251,28 @@ class Worker:
         warmup_s = time.perf_counter() - t2
         return adapter, {"load_s": round(load_s, 6), "compile_s": round(compile_s, 6), "warmup_s": round(warmup_s, 6)}
 
+    @contextlib.contextmanager
+    def adapter_for(
+        self, entry: Entry, info: WeightsInfo, device: torch.device, dtype: str, mode: str, token: CancelToken
+    ) -> Iterator[Lease]:
+        """The loaded model when it runs on `device` as `dtype` in `mode`; else a temporary copy
+        (after the memory check), released with the device's cache when the block ends."""
+        m = self.loaded.get(entry.id)
+        if m is not None and m.adapter.device == device and m.dtype == dtype and m.mode == mode:
+            yield Lease(m.adapter, m.load_report.get("load_s"), m.estimated_bytes, temporary=False)
+            return
+        estimated = self.check_memory(entry, info, dtype, device)
+        adapter, report = self.build(entry, info, device, dtype, "eager", [], token)
+        if mode == "compile":
+            adapter.compile()
+        lease = Lease(adapter, report["load_s"], estimated, temporary=True)
+        del adapter
+        try:
+            yield lease
+        finally:
+            lease.adapter = None  # the last reference: the copy is freed before the cache is emptied
+            accel.release_memory(device)
+
     def _warmup_shapes(self, entry: Entry, raw: Any) -> list[dict]:
         if raw is None:
             return []
@@ -261,7 +291,7 @@ class Worker:
             shapes.append({"batch": b, "seq_len": seq})
         return shapes
 
-    def _dtype_arg(self, entry: Entry, value: Any) -> str:
+    def dtype_arg(self, entry: Entry, value: Any) -> str:
         dtype = entry.default_dtype if value is None else value
         if dtype not in entry.dtypes:
             raise WorkerError(
@@ -348,7 +378,7 @@ class Worker:
     def op_load(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))
         device = self.target_device(args.get("device"))
-        dtype = self._dtype_arg(entry, args.get("dtype"))
+        dtype = self.dtype_arg(entry, args.get("dtype"))
         mode = args.get("mode", "eager")
         if mode not in MODES:
             raise invalid("args.mode must be 'eager' or 'compile'")
@@ -381,7 +411,7 @@ class Worker:
             )
             dev = self.label(device)
             self.loaded[entry.id] = Loaded(
-                entry, adapter, batcher, dev, dtype, mode, estimated, _now_iso(), info, report
+                entry, adapter, batcher, dev, dtype, mode, estimated, now_iso(), info, report
             )
         finally:
             self._release(entry.id)
@@ -421,17 +451,27 @@ class Worker:
         logs.info("model unloaded", model=entry.id, freed_bytes=freed)
         return {"model": entry.id, "freed_bytes": freed}, []
 
-    def op_infer(self, args: dict, tensors, ctx: OpContext):
+    def submit_infer(
+        self, args: dict, tensors, token: CancelToken, trace: list | None = None, reply_scope=None
+    ) -> tuple[Future, str]:
+        """Validates an infer and queues it on its model's batcher: (future of the Output, model).
+        Both the op and the transport's fast path take this one path; `reply_scope` (the fast
+        path's) lets the batcher write a batch's replies together."""
         entry = self.catalog.get(args.get("model"))
         m = self.loaded.get(entry.id)
         if m is None:
             raise WorkerError("model_not_loaded", f"model {entry.id!r} is not loaded; load it first (load_model)")
         prepared = m.adapter.prepare(args, tensors)
-        future = m.batcher.submit(prepared, ctx.token, ctx.trace)
+        if reply_scope is not None and m.batcher.reply_scope is None:
+            m.batcher.reply_scope = reply_scope
+        return m.batcher.submit(prepared, token, trace), entry.id
+
+    def op_infer(self, args: dict, tensors, ctx: OpContext):
+        future, model = self.submit_infer(args, tensors, ctx.token, ctx.trace)
         out = wait_result(future, ctx.token)
         if ctx.trace is not None:
             ctx.trace.append(["w.woke", now_us()])
-        return {**out.result, "model": entry.id}, out.tensors
+        return infer_reply(out, model)
 
     def op_benchmark(self, args: dict, tensors, ctx: OpContext):
         return run_benchmark(self, args, ctx), []
@@ -440,51 +480,7 @@ class Worker:
         return run_check(self, args, ctx), []
 
     def op_selftest(self, args: dict, tensors, ctx: OpContext):
-        """The device checks that need no model (for `tpu-mcp doctor --tpu`): memory read,
-        synchronize, each float32 matmul precision set and read back (then restored), and the
-        eager mode requested against the one in force."""
-        steps: list[dict] = []
-
-        def step(name: str, fn) -> None:
-            t0 = time.perf_counter()
-            try:
-                detail, ok = fn()
-            except Exception as exc:  # noqa: BLE001 - a failed check is a result, not a crash
-                detail, ok = f"{type(exc).__name__}: {exc}"[:300], False
-            steps.append({"step": name, "ok": ok, "detail": detail, "seconds": round(time.perf_counter() - t0, 6)})
-
-        def memory():
-            d = refresh_memory(self.device_info)
-            total, free = d["memory_total_bytes"], d["memory_free_bytes"]
-            return {"total_bytes": total, "free_bytes": free}, bool(total)
-
-        def sync():
-            accel.synchronize(self.device)
-            return "device synchronized", True
-
-        step("memory", memory)
-        step("synchronize", sync)
-        before = torch.get_float32_matmul_precision()
-        for value in accel.PRECISIONS:
-
-            def precision(value=value):
-                accel.set_matmul_precision(value)
-                reported = accel.matmul_precision(self.device)
-                return {"set": value, "reported": reported}, reported.split(" ")[0] == value
-
-            step(f"matmul_precision {value}", precision)
-        with contextlib.suppress(Exception):
-            accel.set_matmul_precision(before)
-        eager = accel.eager_mode_report(self.device)
-        if eager is not None:
-            steps.append({"step": "eager_mode", "ok": bool(eager["matches"]), "detail": eager, "seconds": 0.0})
-        return {
-            "device": self.label(self.device),
-            "name": self.device_info.get("name"),
-            "execution_mode": accel.execution_mode(self.device),
-            "compile_backend": accel.compile_backend(self.device),
-            "steps": steps,
-        }, []
+        return run_selftest(self), []
 
     def op_shutdown(self, args: dict, tensors, ctx: OpContext):
         return {}, []
@@ -494,10 +490,28 @@ class Worker:
             m.batcher.close("the worker is shutting down")
         self.loaded.clear()
 
-    OPS = ("describe", "status", "load", "unload", "infer", "benchmark", "check", "selftest", "shutdown")
-
     def handle(self, op: str, args: dict, tensors: list[torch.Tensor], ctx: OpContext):
-        if op not in self.OPS:
-            raise invalid(f"unknown op {op!r}; expected one of {', '.join(self.OPS)}")
+        run = OPS.get(op)
+        if run is None:
+            raise invalid(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
         ctx.token.check()
-        return getattr(self, f"op_{op}")(args, tensors, ctx)
+        return run(self, args, tensors, ctx)
+
+
+def infer_reply(out, model: str) -> tuple[dict, list[torch.Tensor]]:
+    """An infer's result frame: the model's output, named."""
+    return {**out.result, "model": model}, out.tensors
+
+
+# The wire's op names (runtime/PROTOCOL.md) -> what runs them.
+OPS: dict[str, Callable[..., tuple[dict, list]]] = {
+    "describe": Worker.op_describe,
+    "status": Worker.op_status,
+    "load": Worker.op_load,
+    "unload": Worker.op_unload,
+    "infer": Worker.op_infer,
+    "benchmark": Worker.op_benchmark,
+    "check": Worker.op_check,
+    "selftest": Worker.op_selftest,
+    "shutdown": Worker.op_shutdown,
+}
