@@ -24,10 +24,10 @@ try:
 except ImportError:  # optional for torch; transformers brings it in practice
     np = None
 
-from . import accel
 from .catalog import Catalog, Entry
 from .errors import WorkerError, invalid
 from .loaders import WeightsInfo, inside, load_state_dict
+from .platforms import platform_for
 from .protocol import DTYPE_NAMES
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -96,7 +96,7 @@ class Adapter:
 
     # -- execution ----------------------------------------------------------------------------
     def compile(self) -> None:
-        backend = accel.compile_backend(self.device)
+        backend = platform_for(self.device).compile_backend(self.device)
         self.compile_dynamic = self._dynamic()
         self.model = torch.compile(self.eager_model, backend=backend, dynamic=self.compile_dynamic)
         self.mode = "compile"
@@ -270,10 +270,9 @@ class CausalLM(Adapter):
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def _dynamic(self):
-        # The KV cache grows every step: elsewhere let dynamo mark that dimension dynamic. TorchTPU
-        # sends dynamic graphs to its bucketing DynamicCompiler (no warm restart) and refuses
-        # dynamic=True, so on TPU the graphs stay static, one per length, like TorchTPU's default.
-        return False if self.device.type == "tpu" else None
+        # The KV cache grows every step: let dynamo mark that dimension dynamic, where the
+        # backend allows it (TorchTPU does not: see TpuPlatform.compile_dynamic).
+        return platform_for(self.device).compile_dynamic
 
     def prepare(self, args, tensors) -> Prepared:
         if tensors:

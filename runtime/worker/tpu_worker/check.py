@@ -23,9 +23,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import accel, logs
+from . import logs
 from .errors import WorkerError, invalid
 from .memory import MemoryProbe
+from .platforms import platform_for
 
 _PATH_RE = re.compile(r"(/[\w.+-]+){2,}")
 
@@ -155,16 +156,7 @@ def run_check(worker, args: dict, ctx) -> dict:
         "weight_bytes": info.weight_bytes,
         "forward_s": ran["forward_s"],
         "output_shape": ran["output_shape"],
-        "fallback_detection": (
-            "none needed: the target is the CPU"
-            if device.type == "cpu"
-            # TorchTPU's CPU fallback is off by default (an unsupported op raises: counted as
-            # failed); when enabled it runs inside the C++ kernel and returns tensors on `tpu`.
-            else "per call: an op that raises counts as failed; TorchTPU's CPU fallback (off by default) "
-            "happens inside its kernels and is not visible per call"
-            if device.type == "tpu"
-            else "per call: inputs on the device and results on the host count as a fallback to the CPU"
-        ),
+        "fallback_detection": platform_for(device).fallback_detection,
         "error": ran["error"],
     }
 
@@ -181,7 +173,7 @@ def _record(adapter, device, batch: int, seq_len: int | None, attention: str, mo
         inputs = adapter.example(batch, seq_len, seed=0)
         with torch.no_grad(), _attention(attention), recorder:
             out = adapter.forward_example(inputs)
-        accel.synchronize(device)
+        platform_for(device).synchronize(device)
         if isinstance(out, torch.Tensor):
             output_shape = list(out.shape)
     except Exception as exc:

@@ -3,11 +3,14 @@ peak memory measured over a window (benchmark and check)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 
 import torch
 
 from .catalog import Entry
+from .platforms import platform_for
 
 HEADROOM = 1.2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -92,12 +95,21 @@ def _proc_status_kib(field: str) -> int | None:
         return None
 
 
-class MemoryProbe:
-    """Peak memory over a window, by the best means the device offers.
+def rss_bytes() -> int | None:
+    """This process's resident set now."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
-    cuda: torch.cuda.max_memory_allocated after reset_peak_memory_stats (tensors only).
-    tpu and other accelerators: torch.accelerator.max_memory_allocated after a reset, or else
-    memory in use from torch.accelerator.get_memory_info sampled between iterations.
+
+class MemoryProbe:
+    """Peak memory over a window, by the best means the device's platform offers.
+
+    Devices with peak counters (cuda: torch.cuda, tensors only; tpu and other accelerators:
+    torch.accelerator): the maximum allocated after a reset. Where the reset fails: memory in use
+    (the platform's total - free) sampled between iterations.
     cpu: the process's resident set. VmHWM is a process-lifetime high-water mark, so it is reset
     to the current RSS through /proc/self/clear_refs at the start of the window; where that is
     not allowed, VmRSS is sampled between iterations (a lower bound). The increase is the peak
@@ -105,17 +117,23 @@ class MemoryProbe:
     reuses memory the process already holds.
     """
 
+    SAMPLED = "accelerator_memory_in_use_sampled"
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.platform = platform_for(device)
         self.kind = "unavailable"
         self.base: int | None = None
         self.peak: int | None = None
 
-    def _acc_index(self) -> int:
-        return self.device.index or 0
+    def _in_use(self) -> int:
+        total, free = self.platform.memory_info(self.device.index or 0)
+        if total is None or free is None:
+            raise RuntimeError("the platform reports no memory in use")
+        return int(total - free)
 
     def start(self) -> None:
-        d = self.device
+        d, plat = self.device, self.platform
         self.base = self.peak = None
         try:
             if d.type == "cpu":
@@ -127,19 +145,14 @@ class MemoryProbe:
                     self.kind = "cpu_sampled_rss"
                 rss = _proc_status_kib("VmRSS")
                 self.base = self.peak = rss * 1024 if rss is not None else None
-            elif d.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(d)
-                self.kind = "cuda_max_memory_allocated"
-                self.base = int(torch.cuda.memory_allocated(d))
-            else:
-                try:
-                    torch.accelerator.reset_peak_memory_stats(self._acc_index())
-                    self.base = int(torch.accelerator.memory_allocated(self._acc_index()))
-                    self.kind = "accelerator_max_memory_allocated"
-                except Exception:  # noqa: BLE001 - fall back to sampling the memory in use
-                    free, total = torch.accelerator.get_memory_info(self._acc_index())
-                    self.base = self.peak = int(total - free)
-                    self.kind = "accelerator_memory_in_use_sampled"
+                return
+            try:
+                plat.reset_peak(d)
+                self.base = plat.memory_allocated(d)
+                self.kind = plat.peak_counter_kind or "unavailable"
+            except Exception:  # noqa: BLE001 - fall back to sampling the memory in use
+                self.base = self.peak = self._in_use()
+                self.kind = self.SAMPLED
         except Exception:  # noqa: BLE001 - peak memory is best effort
             self.kind = "unavailable"
 
@@ -148,12 +161,9 @@ class MemoryProbe:
             rss = _proc_status_kib("VmRSS")
             if rss is not None:
                 self.peak = max(self.peak or 0, rss * 1024)
-        elif self.kind == "accelerator_memory_in_use_sampled":
-            try:
-                free, total = torch.accelerator.get_memory_info(self._acc_index())
-                self.peak = max(self.peak or 0, int(total - free))
-            except Exception:  # noqa: BLE001
-                pass
+        elif self.kind == self.SAMPLED:
+            with contextlib.suppress(Exception):
+                self.peak = max(self.peak or 0, self._in_use())
 
     def result(self) -> tuple[int | None, int | None, str]:
         """(peak bytes, increase over the start of the window, kind)."""
@@ -162,10 +172,8 @@ class MemoryProbe:
             if self.kind == "cpu_peak_rss":
                 hwm = _proc_status_kib("VmHWM")
                 peak = hwm * 1024 if hwm is not None else None
-            elif self.kind == "cuda_max_memory_allocated":
-                peak = int(torch.cuda.max_memory_allocated(self.device))
-            elif self.kind == "accelerator_max_memory_allocated":
-                peak = int(torch.accelerator.max_memory_allocated(self._acc_index()))
+            elif self.kind == self.platform.peak_counter_kind:
+                peak = self.platform.max_memory_allocated(self.device)
             else:
                 self.sample()
                 peak = self.peak

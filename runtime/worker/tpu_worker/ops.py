@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import PROTOCOL_VERSION, __version__, accel, logs
+from . import PROTOCOL_VERSION, __version__, logs
 from .adapters import Adapter, build_adapter, read_config
 from .batching import Batcher, wait_result
 from .bench import run_benchmark
@@ -28,8 +28,9 @@ from .catalog import Catalog, Entry
 from .check import run_check
 from .errors import WorkerError, invalid
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
-from .memory import estimate_bytes, refusal_message
-from .probe import ProbeResult, device_label, parse_device, read_meminfo, refresh_memory, torch_device_string
+from .memory import estimate_bytes, refusal_message, rss_bytes
+from .platforms import PRECISIONS, platform_for, set_matmul_precision
+from .probe import ProbeResult, device_label, parse_device, refresh_memory, torch_device_string
 from .protocol import now_iso, now_us
 from .selftest import run_selftest
 
@@ -93,6 +94,7 @@ class Worker:
         self.probe = probe
         self.device_info = probe.device
         self.device = torch.device(torch_device_string(probe.device))
+        self.platform = platform_for(self.device)  # picked once, from the probe's decision
         self.started = time.monotonic()
         self.max_weight_bytes = max_weight_bytes
         self.digests = DigestCache()
@@ -114,9 +116,9 @@ class Worker:
             "devices": self.probe.devices,
             "probe": self.probe.steps,
             "backend_version": self.device_info.get("backend_version"),
-            "execution_mode": accel.execution_mode(self.device),
-            "eager_mode": accel.eager_mode_report(self.device),
-            "matmul_precision": accel.matmul_precision(self.device),
+            "execution_mode": self.platform.execution_mode(self.device),
+            "eager_mode": self.platform.eager_mode_report(self.device),
+            "matmul_precision": self.platform.matmul_precision(self.device),
         }
 
     def label(self, device: torch.device) -> str:
@@ -128,12 +130,12 @@ class Worker:
         """Validates args.matmul_precision and sets it for this process (every model here)."""
         if value is None:
             return None
-        if value not in accel.PRECISIONS:
+        if value not in PRECISIONS:
             raise invalid(
                 "args.matmul_precision must be 'medium', 'high' or 'highest' (float32 matmuls; on TPU "
                 "1, 3 or 6 bf16 passes)"
             )
-        accel.set_matmul_precision(value)
+        set_matmul_precision(value)
         return value
 
     def target_device(self, value: Any) -> torch.device:
@@ -159,7 +161,7 @@ class Worker:
         if self._free_memory_override is not None:
             return self._free_memory_override(device)
         if device.type == "cpu":
-            return read_meminfo()[1]
+            return platform_for(device).memory_info(None)[1]
         info = refresh_memory(self.device_info)
         if info["memory_free_bytes"] is not None:
             return info["memory_free_bytes"]
@@ -227,7 +229,7 @@ class Worker:
         """Creates an adapter and runs compile + warmup; returns it with timing figures."""
         t0 = time.perf_counter()
         adapter = build_adapter(entry, self.catalog, info, device, dtype)
-        accel.synchronize(device)
+        platform_for(device).synchronize(device)
         load_s = time.perf_counter() - t0
         token.check()
         compile_s = 0.0
@@ -238,7 +240,7 @@ class Worker:
             t1 = time.perf_counter()
             with torch.no_grad():
                 out = adapter.forward_example(adapter.example(first["batch"], first.get("seq_len")))
-            accel.synchronize(device)
+            platform_for(device).synchronize(device)
             del out
             compile_s = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -246,7 +248,7 @@ class Worker:
             token.check()
             with torch.no_grad():
                 out = adapter.forward_example(adapter.example(shape["batch"], shape.get("seq_len")))
-            accel.synchronize(device)
+            platform_for(device).synchronize(device)
             del out
         warmup_s = time.perf_counter() - t2
         return adapter, {"load_s": round(load_s, 6), "compile_s": round(compile_s, 6), "warmup_s": round(warmup_s, 6)}
@@ -271,7 +273,7 @@ class Worker:
             yield lease
         finally:
             lease.adapter = None  # the last reference: the copy is freed before the cache is emptied
-            accel.release_memory(device)
+            platform_for(device).release_memory(device)
 
     def _warmup_shapes(self, entry: Entry, raw: Any) -> list[dict]:
         if raw is None:
@@ -365,11 +367,11 @@ class Worker:
             "probe": self.probe.steps,
             "torch_version": torch.__version__,
             "backend_version": self.device_info.get("backend_version"),
-            "execution_mode": accel.execution_mode(self.device),
-            "eager_mode": accel.eager_mode_report(self.device),
-            "matmul_precision": accel.matmul_precision(self.device),
+            "execution_mode": self.platform.execution_mode(self.device),
+            "eager_mode": self.platform.eager_mode_report(self.device),
+            "matmul_precision": self.platform.matmul_precision(self.device),
             "loaded": loaded,
-            "rss_bytes": accel.rss_bytes(),
+            "rss_bytes": rss_bytes(),
             "uptime_s": round(time.monotonic() - self.started, 3),
             "worker_version": __version__,
             "pid": os.getpid(),
@@ -387,7 +389,7 @@ class Worker:
         if not isinstance(batching, bool):
             raise invalid("args.batching must be true or false")
         precision_arg = args.get("matmul_precision")
-        if precision_arg is not None and precision_arg not in accel.PRECISIONS:
+        if precision_arg is not None and precision_arg not in PRECISIONS:
             self.matmul_precision_arg(precision_arg)  # raises the clear error
         if entry.id in self.loaded:
             m = self.loaded[entry.id]
@@ -425,12 +427,12 @@ class Worker:
             "bytes_on_device": adapter.bytes_on_device(),
             "estimated_bytes": estimated,
             **report,
-            "matmul_precision": accel.matmul_precision(device),
+            "matmul_precision": platform_for(device).matmul_precision(device),
             "matmul_precision_requested": precision_arg,
-            "compile_backend": accel.compile_backend(device) if mode == "compile" else None,
+            "compile_backend": platform_for(device).compile_backend(device) if mode == "compile" else None,
             "compile_dynamic": getattr(adapter, "compile_dynamic", None) if mode == "compile" else None,
-            "execution_mode": accel.execution_mode(device),
-            "eager_mode": accel.eager_mode_report(device),
+            "execution_mode": platform_for(device).execution_mode(device),
+            "eager_mode": platform_for(device).eager_mode_report(device),
             "batching": batcher.describe(),
         }, []
 
@@ -445,7 +447,7 @@ class Worker:
             m.batcher.close(f"model {entry.id!r} was unloaded")
             device = m.adapter.device
             del m
-            accel.release_memory(device)
+            platform_for(device).release_memory(device)
         finally:
             self._release(entry.id)
         logs.info("model unloaded", model=entry.id, freed_bytes=freed)

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from . import accel
+from .platforms import PRECISIONS, set_matmul_precision
 from .probe import refresh_memory
 
 
@@ -31,29 +31,29 @@ def run_selftest(worker) -> dict:
         return {"total_bytes": total, "free_bytes": free}, bool(total)
 
     def sync():
-        accel.synchronize(worker.device)
+        worker.platform.synchronize(worker.device)
         return "device synchronized", True
 
     step("memory", memory)
     step("synchronize", sync)
     before = torch.get_float32_matmul_precision()
-    for value in accel.PRECISIONS:
+    for value in PRECISIONS:
 
         def precision(value=value):
-            accel.set_matmul_precision(value)
-            reported = accel.matmul_precision(worker.device)
+            set_matmul_precision(value)
+            reported = worker.platform.matmul_precision(worker.device)
             return {"set": value, "reported": reported}, reported.split(" ")[0] == value
 
         step(f"matmul_precision {value}", precision)
     with contextlib.suppress(Exception):
-        accel.set_matmul_precision(before)
-    eager = accel.eager_mode_report(worker.device)
+        set_matmul_precision(before)
+    eager = worker.platform.eager_mode_report(worker.device)
     if eager is not None:
         steps.append({"step": "eager_mode", "ok": bool(eager["matches"]), "detail": eager, "seconds": 0.0})
     return {
         "device": worker.label(worker.device),
         "name": worker.device_info.get("name"),
-        "execution_mode": accel.execution_mode(worker.device),
-        "compile_backend": accel.compile_backend(worker.device),
+        "execution_mode": worker.platform.execution_mode(worker.device),
+        "compile_backend": worker.platform.compile_backend(worker.device),
         "steps": steps,
     }

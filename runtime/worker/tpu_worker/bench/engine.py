@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from .. import __version__, accel, flops, logs, precision
+from .. import __version__, flops, logs, precision
 from ..errors import WorkerError, is_oom
 from ..memory import activation_bytes
+from ..platforms import platform_for
 from ..protocol import now_iso
 from .args import plan
 from .measure import SEED, measure, recompile_room
@@ -110,11 +111,11 @@ def _manifest(worker, entry, info, device, p, precision_requested) -> dict:
         "iterations": p.iterations,
         "duration_s": p.duration,
         "max_new_tokens": p.max_new if p.work == "generate" else None,
-        "execution_mode": accel.execution_mode(device),
-        "eager_mode": accel.eager_mode_report(device),
-        "compile_backend": accel.compile_backend(device) if "compile" in p.modes else None,
+        "execution_mode": platform_for(device).execution_mode(device),
+        "eager_mode": platform_for(device).eager_mode_report(device),
+        "compile_backend": platform_for(device).compile_backend(device) if "compile" in p.modes else None,
         "compile_dynamic": False if "compile" in p.modes else None,
-        "matmul_precision": accel.matmul_precision(device),
+        "matmul_precision": platform_for(device).matmul_precision(device),
         "matmul_precision_requested": precision_requested,
         "seed": SEED,
         "precision_reference": precision.REFERENCE,
@@ -187,8 +188,8 @@ class _Run:
         own = self.device == self.worker.device
         self.kind = str(self.worker.device_info.get("kind") if own else "cpu")
         self.name = self.worker.device_info.get("name") if own else "cpu"
-        self.matmul_precision = accel.matmul_precision(self.device)
-        self.execution_mode = accel.execution_mode(self.device)
+        self.matmul_precision = platform_for(self.device).matmul_precision(self.device)
+        self.execution_mode = platform_for(self.device).execution_mode(self.device)
 
     def base(self, b, s) -> dict:
         return {
@@ -244,7 +245,7 @@ class _Run:
                 mode=self.mode,
                 error=f"{type(exc).__name__}: {exc}",
             )
-            accel.release_memory(self.device)
+            platform_for(self.device).release_memory(self.device)
             if oom:
                 return self._fail(b, s, "out_of_memory", f"batch {b} ran out of memory on {self.device}")
             return self._fail(b, s, "internal", f"configuration failed ({type(exc).__name__}); see the worker log")

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from .. import accel
 from ..adapters import Adapter
 from ..memory import MemoryProbe
+from ..platforms import platform_for
 
 SEED = 0
 
@@ -96,6 +96,7 @@ def measure(
 ) -> dict | None:
     """Runs one configuration; returns None when cancelled."""
     device = adapter.device
+    plat = platform_for(device)
     inputs = adapter.example(batch, seq_len, seed=SEED)
     if work == "generate":
         prompts = inputs.to("cpu").tolist()
@@ -121,11 +122,11 @@ def measure(
         for i in range(calls):
             if token.cancelled:
                 return None
-            accel.synchronize(device)
+            plat.synchronize(device)
             t0 = time.perf_counter()
             out = step()
-            accel.materialize(out, device)
-            accel.synchronize(device)
+            plat.materialize(out, device)
+            plat.synchronize(device)
             if i == 0:
                 first_call_s = time.perf_counter() - t0
             del out
@@ -134,9 +135,9 @@ def measure(
             else:
                 mem.sample()
         c1 = compile_counters()
-        x1 = accel.tpu_cache_misses()
+        x1 = plat.compile_cache_misses()
         samples: list[float] = []
-        accel.synchronize(device)
+        plat.synchronize(device)
         start = end = time.perf_counter()
         out = None
         while True:
@@ -147,18 +148,18 @@ def measure(
             if token.cancelled:
                 return None
             out = None  # the previous output is freed before the next call, as a server would
-            accel.synchronize(device)
+            plat.synchronize(device)
             t0 = time.perf_counter()
             out = step()  # kept alive until after the synchronize below
-            accel.materialize(out, device)  # fused eager mode: run the deferred graph now
-            accel.synchronize(device)
+            plat.materialize(out, device)  # fused eager mode: run the deferred graph now
+            plat.synchronize(device)
             end = time.perf_counter()
             samples.append(end - t0)
             mem.sample()
             if first_call_s is None:
                 first_call_s = samples[-1]
         c2 = compile_counters()
-        x2 = accel.tpu_cache_misses()
+        x2 = plat.compile_cache_misses()
         peak, increase, kind = mem.result()
     lat = latency_summary(samples)
     mean_s = sum(samples) / len(samples)
