@@ -1,8 +1,11 @@
 """The worker's state and its operations (describe, status, load, unload, infer, ...).
 
-`Worker.handle` is called from op threads; it returns (result, tensors) or raises WorkerError.
-Model forwards for `infer` run on each model's batcher thread; load/unload of one model are
-serialised by a per-model guard so concurrent calls cannot double-load.
+`Worker.handle` is called from op threads and runs the op named in `OPS` (the explicit table of
+the wire's ops); it returns (result, tensors) or raises WorkerError. `infer` has one path,
+`submit_infer`, which the transport's fast path takes too. Model forwards for `infer` run on each
+model's batcher thread; load/unload of one model are serialised by a per-model guard so
+concurrent calls cannot double-load. `adapter_for` lends benchmark, check and the float32
+reference the loaded model, or a temporary copy released after the run.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from .catalog import Catalog, Entry
 from .check import run_check
 from .errors import WorkerError, invalid
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
-from .memory import estimate_bytes, refusal_message, rss_bytes
+from .memory import estimate_bytes, refusal_message
 from .platforms import PRECISIONS, platform_for, set_matmul_precision
 from .probe import ProbeResult, device_label, parse_device, refresh_memory, torch_device_string
 from .protocol import now_iso, now_us
+from .reports import describe_models, worker_status
 from .selftest import run_selftest
 
 ProgressFn = Callable[[float, float | None, str | None], None]
@@ -314,68 +318,10 @@ class Worker:
 
     # -- ops ----------------------------------------------------------------------------------
     def op_describe(self, args: dict, tensors, ctx: OpContext):
-        models = []
-        for entry in self.catalog.entries.values():
-            item: dict[str, Any] = {
-                "id": entry.id,
-                "task": entry.task,
-                "architecture": entry.architecture,
-                "description": entry.description,
-                "format": entry.format,
-                "parameters": None,
-                "weight_bytes": None,
-                "weight_digest": None,
-                "dtypes": list(entry.dtypes),
-                "default_dtype": entry.default_dtype,
-                "limits": vars(entry.limits).copy(),
-                "batching": vars(entry.batching).copy(),
-                "input": {"shape": list(entry.input.shape), "dtype": entry.input.dtype} if entry.input else None,
-                "loaded": entry.id in self.loaded,
-                "available": True,
-                "problem": None,
-            }
-            try:
-                _, info = self.entry_and_weights(entry.id)
-                item["parameters"] = info.parameters or None
-                item["weight_bytes"] = info.weight_bytes
-                item["weight_digest"] = self.digests.digest(info.files)
-            except WorkerError as exc:
-                item["available"], item["problem"] = False, exc.message
-            models.append(item)
-        return {"models": models}, []
+        return describe_models(self), []
 
     def op_status(self, args: dict, tensors, ctx: OpContext):
-        device = refresh_memory(self.device_info)
-        devices = [device if d["index"] == device["index"] else d for d in self.probe.devices]
-        loaded = [
-            {
-                "model": m.entry.id,
-                "device": m.device,
-                "dtype": m.dtype,
-                "mode": m.mode,
-                "parameters": m.adapter.parameters(),
-                "bytes_on_device": m.adapter.bytes_on_device(),
-                "queue_depth": m.batcher.queue_depth,
-                "batching": {**m.batcher.describe(), **vars(m.batcher.stats)},
-                "loaded_at": m.loaded_at,
-            }
-            for m in list(self.loaded.values())
-        ]
-        return {
-            "device": device,
-            "devices": devices,
-            "probe": self.probe.steps,
-            "torch_version": torch.__version__,
-            "backend_version": self.device_info.get("backend_version"),
-            "execution_mode": self.platform.execution_mode(self.device),
-            "eager_mode": self.platform.eager_mode_report(self.device),
-            "matmul_precision": self.platform.matmul_precision(self.device),
-            "loaded": loaded,
-            "rss_bytes": rss_bytes(),
-            "uptime_s": round(time.monotonic() - self.started, 3),
-            "worker_version": __version__,
-            "pid": os.getpid(),
-        }, []
+        return worker_status(self), []
 
     def op_load(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))
