@@ -16,7 +16,7 @@ from ..errors import WorkerError, is_oom
 from ..memory import activation_bytes
 from ..platforms import platform_for
 from ..protocol import now_iso
-from .args import plan
+from .args import Plan, plan
 from .measure import SEED, measure, recompile_room
 from .reference import Reference
 
@@ -168,7 +168,7 @@ class _Run:
     device: torch.device
     dtype: str
     mode: str
-    plan: Any  # args.Plan
+    plan: Plan
     reference: Reference
     ctx: Any
 

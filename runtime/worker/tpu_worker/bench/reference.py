@@ -16,6 +16,9 @@ REFERENCE_CACHE_ELEMENTS = 64_000_000
 
 
 class Reference:
+    """Built on first use from the loaded model when it is float32 eager on the CPU, else from a
+    temporary copy held until close(); `unavailable` says why there is none."""
+
     def __init__(self, worker, entry, info, token) -> None:
         self.worker, self.entry, self.info, self.token = worker, entry, info, token
         self.unavailable: str | None = None
