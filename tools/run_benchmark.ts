@@ -20,10 +20,18 @@ const n = z.number().nullable().optional();
 /** Counts (iterations, graphs, bytes) are integers, so typed clients do not see 1.0. */
 const count = z.number().int().nullable().optional();
 
+// The benchmark's defaults live here only: the request reaches the worker fully resolved, with the
+// bounds in `limits`, and the worker asserts them (runtime/PROTOCOL.md, `benchmark`).
 /** The shortest sequence a text model is benchmarked at (a special token plus one of text). */
 export const MIN_SEQ_LEN = 2;
 /** Iterations per configuration when neither iterations nor duration_s is given. */
 export const DEFAULT_ITERATIONS = 20;
+/** Sequence length of a text model when seq_lens is not given (capped by the model's limit). */
+export const DEFAULT_SEQ_LEN = 128;
+/** New tokens per prompt for work "generate" (capped by the model's limit). */
+export const DEFAULT_MAX_NEW_TOKENS = 16;
+/** Uncounted calls before the measured window of each configuration. */
+export const DEFAULT_WARMUP = 3;
 
 interface ResolvedBenchmark {
   dtypes: string[];
@@ -75,7 +83,7 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
   const seqLens: number[] | undefined =
     entry.task === "tensor"
       ? undefined
-      : (args.seq_lens ?? [Math.min(128, entry.limits.max_seq_len)]);
+      : (args.seq_lens ?? [Math.min(DEFAULT_SEQ_LEN, entry.limits.max_seq_len)]);
   if (seqLens?.some((s) => s > entry.limits.max_seq_len)) {
     throw new ToolError(
       "invalid_argument",
@@ -95,13 +103,14 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
     iterations: args.iterations ?? (args.duration_s ? undefined : DEFAULT_ITERATIONS),
     maxNewTokens:
       args.work === "generate"
-        ? (args.max_new_tokens ?? Math.min(16, entry.limits.max_new_tokens ?? 1))
+        ? (args.max_new_tokens ??
+          Math.min(DEFAULT_MAX_NEW_TOKENS, entry.limits.max_new_tokens ?? 1))
         : undefined,
     grid,
   };
 }
 
-/** One measured configuration, as the worker reports it (tpu_worker/bench.py; more fields pass through). */
+/** One measured configuration, as the worker reports it (tpu_worker/bench/; more fields pass through). */
 const Config = z
   .object({
     batch: z.number().int(),
@@ -204,7 +213,7 @@ export const runBenchmark = (env: ToolEnv) => {
         max_new_tokens: z.number().int().min(1).max(maxNew).optional(),
         iterations: z.number().int().min(1).max(b.max_iterations).optional(),
         duration_s: z.number().positive().max(b.max_duration_s).optional(),
-        warmup: z.number().int().min(0).max(b.max_warmup).default(3),
+        warmup: z.number().int().min(0).max(b.max_warmup).default(DEFAULT_WARMUP),
         matmul_precision: matmulPrecision.optional(),
         baseline_id: z
           .string()
@@ -269,9 +278,9 @@ export const runBenchmark = (env: ToolEnv) => {
           ...(args.duration_s ? { duration_s: args.duration_s } : {}),
           warmup: args.warmup,
           ...(args.matmul_precision ? { matmul_precision: args.matmul_precision } : {}),
-          // The server's bounds travel with the request: the worker checks against these, so
-          // an operator who raises a limit in the config never meets a stricter worker.
-          limits: { ...env.limits.benchmark },
+          // The server's bounds travel with the request: the worker checks against these (it
+          // has none of its own), so an operator who raises a limit never meets a stricter worker.
+          limits: { ...env.limits.benchmark, min_seq_len: MIN_SEQ_LEN },
         },
         {
           signal: ctx.signal,

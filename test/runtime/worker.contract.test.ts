@@ -4,7 +4,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { encodeFrame, tensorFrom, tensorView } from "../../runtime/framing.js";
 import { RuntimeCallError, type TensorData } from "../../runtime/types.js";
-import { alive, cpuRuntime, recordingSpawn, waitFor } from "./helpers.js";
+import { parseConfig } from "../../server/config.js";
+import { MIN_SEQ_LEN } from "../../tools/run_benchmark.js";
+import { alive, cpuRuntime, recordingSpawn, repoRoot, waitFor } from "./helpers.js";
 
 async function rejection(p: Promise<unknown>): Promise<RuntimeCallError> {
   try {
@@ -27,7 +29,14 @@ function mnistInput(batch: number, seed: number): TensorData {
   return tensorFrom("float32", [batch, 1, 28, 28], v);
 }
 
-/** A benchmark long enough to be interrupted (it is cancelled, killed or timed out). */
+/** The bounds the server sends with every benchmark: its config's, and its shortest sequence. */
+const benchLimits = {
+  ...parseConfig({}, { root: repoRoot }).benchmark,
+  min_seq_len: MIN_SEQ_LEN,
+};
+
+/** A benchmark long enough to be interrupted (it is cancelled, killed or timed out), resolved
+ * as the server resolves it (the v1 spelling `scenario: "forward"` names the work). */
 const longBenchmark = {
   model: "mnist-cnn",
   batch_sizes: [1],
@@ -36,6 +45,7 @@ const longBenchmark = {
   scenario: "forward",
   duration_s: 60,
   warmup: 1,
+  limits: benchLimits,
 };
 
 describe("worker contract (real worker, CPU)", () => {
@@ -169,6 +179,24 @@ describe("worker contract (real worker, CPU)", () => {
     // The worker still serves.
     const status = await rt.call("status", {});
     expect(status.result.device).toBeTruthy();
+    expect(rt.restarts()).toBe(0);
+  });
+
+  it("refuses a benchmark that is not fully resolved, naming the missing field", async () => {
+    // The server resolves every default and bound (tools/run_benchmark.ts); the worker has none.
+    const { warmup: _w, ...noWarmup } = longBenchmark;
+    let err = await rejection(rt.call("benchmark", noWarmup));
+    expect([err.code, err.message]).toEqual([
+      "invalid_argument",
+      expect.stringContaining("args.warmup"),
+    ]);
+    const { min_seq_len: _m, ...partial } = benchLimits;
+    err = await rejection(rt.call("benchmark", { ...longBenchmark, limits: partial }));
+    expect(err.message).toContain("args.limits.min_seq_len");
+    err = await rejection(
+      rt.call("benchmark", { ...longBenchmark, warmup: benchLimits.max_warmup + 1 }),
+    );
+    expect(err.message).toContain(`args.warmup must be an integer in 0..${benchLimits.max_warmup}`);
     expect(rt.restarts()).toBe(0);
   });
 

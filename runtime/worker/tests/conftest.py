@@ -15,6 +15,32 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 BUILTIN_CATALOG = os.path.join(REPO, "runtime", "catalog.builtin.json")
+# The server's benchmark bounds at their config defaults (server/config.ts `benchmark`) and its
+# shortest benchmarked sequence (tools/run_benchmark.ts MIN_SEQ_LEN).
+BENCH_LIMITS = {"max_configs": 64, "max_iterations": 10_000, "max_duration_s": 600, "max_warmup": 100, "min_seq_len": 2}
+
+
+def bench_args(**args) -> dict:
+    """A `benchmark` request as the server sends it, every value resolved (the worker has no
+    defaults of its own). `limits` given as a dict overrides single bounds; a key given as None
+    is left out (to see it refused)."""
+    out = {
+        "model": "mnist-cnn",
+        "batch_sizes": [1],
+        "dtypes": ["float32"],
+        "modes": ["eager"],
+        "scenario": "single-stream",
+        "warmup": 1,
+        "limits": dict(BENCH_LIMITS),
+    }
+    if args.get("scenario") not in ("forward", "generate"):  # the v1 spelling names the work itself
+        out["work"] = "forward"
+    if "duration_s" not in args:
+        out["iterations"] = 4
+    if isinstance(args.get("limits"), dict):
+        args = {**args, "limits": {**BENCH_LIMITS, **args["limits"]}}
+    out.update(args)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 @pytest.fixture(scope="session")

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_worker import bench, flops, precision
+from conftest import bench_args
+from tpu_worker import flops, precision
+from tpu_worker.bench import engine, measure
 from tpu_worker.ops import OpContext
 
 
 def run(worker, **args):
-    return worker.handle("benchmark", {"model": "mnist-cnn", "iterations": 4, "warmup": 1, **args}, [], OpContext("b"))[
-        0
-    ]
+    return worker.handle("benchmark", bench_args(**args), [], OpContext("b"))[0]
 
 
 def test_single_stream_reports_precision_against_the_fp32_cpu_reference(shared_worker):
@@ -49,14 +49,14 @@ def test_offline_runs_the_largest_batch_and_measures_window_throughput(shared_wo
 
 
 def test_offline_falls_back_to_a_smaller_batch_after_out_of_memory(shared_worker, monkeypatch):
-    real = bench._measure
+    real = engine.measure
 
-    def measure(adapter, scenario, work, batch, *rest):
+    def measure(adapter, *, batch, **rest):
         if batch > 2:
             raise RuntimeError("CPU out of memory (simulated)")
-        return real(adapter, scenario, work, batch, *rest)
+        return real(adapter, batch=batch, **rest)
 
-    monkeypatch.setattr(bench, "_measure", measure)
+    monkeypatch.setattr(engine, "measure", measure)
     r = run(shared_worker, batch_sizes=[1, 2, 8], scenario="offline")
     (c,) = r["configs"]
     assert c["error"] is None and c["batch"] == 2
@@ -76,7 +76,7 @@ def test_compile_mode_reports_compile_time_apart_and_no_recompilation(worker, mo
 
 def test_a_recompilation_inside_the_window_is_flagged(worker, monkeypatch):
     monkeypatch.setenv("TPU_WORKER_COMPILE_BACKEND", "eager")
-    monkeypatch.setattr(bench, "compile_counters", _counters_that_grow())
+    monkeypatch.setattr(measure, "compile_counters", _counters_that_grow())
     r = run(worker, batch_sizes=[1], modes=["compile"])
     (c,) = r["configs"]
     assert c["recompiles_in_window"] == 1 and c["recompiled"] is True
@@ -93,20 +93,15 @@ def _counters_that_grow():
 
 
 def test_legacy_scenario_names_mean_the_work(shared_worker):
-    r = shared_worker.handle(
-        "benchmark",
-        {
-            "model": "tiny-gpt2",
-            "batch_sizes": [1],
-            "seq_lens": [8],
-            "scenario": "generate",
-            "max_new_tokens": 2,
-            "iterations": 1,
-            "warmup": 0,
-        },
-        [],
-        OpContext("g"),
-    )[0]
+    r = run(
+        shared_worker,
+        model="tiny-gpt2",
+        seq_lens=[8],
+        scenario="generate",
+        max_new_tokens=2,
+        iterations=1,
+        warmup=0,
+    )
     (c,) = r["configs"]
     assert c["scenario"] == "single-stream" and c["work"] == "generate" and c["tokens_per_s"] > 0
     assert c["max_abs_error_vs_fp32"] == 0  # the prompt's logits against the reference
@@ -165,3 +160,42 @@ def test_bounds_come_from_the_request_not_from_worker_constants(shared_worker):
         run(shared_worker, iterations=4, limits={"max_iterations": 3})
     with pytest.raises(WorkerError, match="limits must be an object"):
         run(shared_worker, limits=[1])
+
+
+@pytest.mark.parametrize(
+    ("missing", "named"),
+    [
+        ({"batch_sizes": None}, "args.batch_sizes is required"),
+        ({"dtypes": None}, "args.dtypes is required"),
+        ({"modes": None}, "args.modes is required"),
+        ({"scenario": None}, "args.scenario is required"),
+        ({"work": None}, "args.work is required"),
+        ({"warmup": None}, "args.warmup is required"),
+        ({"iterations": None}, "args.iterations or args.duration_s is required"),
+        ({"limits": None}, "args.limits is required"),
+        ({"limits": {"max_warmup": None}}, "args.limits.max_warmup is required"),
+        ({"limits": {"min_seq_len": None}}, "args.limits.min_seq_len is required"),
+        ({"model": "all-minilm-l6-v2"}, "args.seq_lens is required"),
+        ({"model": "tiny-gpt2", "seq_lens": [8], "work": "generate"}, "args.max_new_tokens is required"),
+        ({"seq_lens": [8]}, "args.seq_lens: model 'mnist-cnn' takes tensors"),
+        ({"model": "all-minilm-l6-v2", "seq_lens": [1]}, r"args.seq_lens must be a list of 1-16 integers in 2\.\.256"),
+        ({"warmup": -1}, r"args.warmup must be an integer in 0\.\.100"),
+    ],
+)
+def test_the_worker_has_no_defaults_and_names_what_is_missing(shared_worker, missing, named):
+    """The server resolves every default and bound (tools/run_benchmark.ts); the worker refuses a
+    request that lacks one instead of filling in its own."""
+    from tpu_worker.errors import WorkerError
+
+    with pytest.raises(WorkerError, match=named) as info:
+        run(shared_worker, **missing)
+    assert info.value.code == "invalid_argument"
+
+
+def test_the_shortest_sequence_comes_from_the_request(shared_worker):
+    r = run(shared_worker, model="all-minilm-l6-v2", seq_lens=[3], iterations=1, limits={"min_seq_len": 3})
+    assert [c["seq_len"] for c in r["configs"]] == [3]
+    from tpu_worker.errors import WorkerError
+
+    with pytest.raises(WorkerError, match=r"in 4\.\.256"):
+        run(shared_worker, model="all-minilm-l6-v2", seq_lens=[3], limits={"min_seq_len": 4})

@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 
+from conftest import bench_args
 from tpu_worker.errors import WorkerError
 from tpu_worker.ops import OpContext, Worker
 
@@ -162,13 +163,7 @@ def test_compile_mode_reports_compile_time(worker, monkeypatch):
 def test_benchmark_reports_percentiles_and_precision_error(shared_worker):
     progress = []
     ctx = OpContext("b", progress=lambda p, total=None, message=None: progress.append((p, total, message)))
-    args = {
-        "model": "mnist-cnn",
-        "batch_sizes": [1, 4],
-        "dtypes": ["bfloat16", "float32"],
-        "iterations": 5,
-        "warmup": 1,
-    }
+    args = bench_args(batch_sizes=[1, 4], dtypes=["bfloat16", "float32"], iterations=5, warmup=1)
     r = shared_worker.handle("benchmark", args, [], ctx)[0]
     assert r["cancelled"] is False and len(r["configs"]) == 4
     assert r["manifest"]["model"] == "mnist-cnn" and r["manifest"]["weight_digest"].startswith("sha256:")
@@ -187,15 +182,9 @@ def test_benchmark_generate_scenario(shared_worker):
     r = call(
         shared_worker,
         "benchmark",
-        {
-            "model": "tiny-gpt2",
-            "batch_sizes": [2],
-            "seq_lens": [8],
-            "scenario": "generate",
-            "max_new_tokens": 4,
-            "iterations": 2,
-            "warmup": 0,
-        },
+        bench_args(
+            model="tiny-gpt2", batch_sizes=[2], seq_lens=[8], scenario="generate", max_new_tokens=4, iterations=2
+        ),
     )
     (c,) = r["configs"]
     assert c["error"] is None and c["tokens_per_s"] > 0
@@ -211,7 +200,7 @@ def test_cancelled_benchmark_returns_finished_configs(shared_worker):
             ctx.token.cancel()
 
     ctx.progress = progress
-    args = {"model": "mnist-cnn", "batch_sizes": [1, 2, 4, 8], "iterations": 10_000, "duration_s": 0.2, "warmup": 0}
+    args = bench_args(batch_sizes=[1, 2, 4, 8], iterations=10_000, duration_s=0.2, warmup=0)
     result = {}
     t = threading.Thread(target=lambda: result.update(shared_worker.handle("benchmark", args, [], ctx)[0]))
     t.start()
@@ -223,7 +212,7 @@ def test_cancelled_benchmark_returns_finished_configs(shared_worker):
 
 def test_cancel_stops_a_benchmark_mid_config(shared_worker):
     ctx = OpContext("mid")
-    args = {"model": "mnist-cnn", "batch_sizes": [1], "duration_s": 600, "warmup": 0}
+    args = bench_args(batch_sizes=[1], duration_s=600, warmup=0)
     threading.Timer(0.3, ctx.token.cancel).start()
     r = shared_worker.handle("benchmark", args, [], ctx)[0]
     assert r["cancelled"] is True and r["configs"] == []
@@ -241,4 +230,9 @@ def test_check_lists_aten_ops_and_a_verdict(shared_worker):
 
 def test_check_on_an_unloaded_model_uses_a_temporary_copy(worker):
     r = call(worker, "check", {"model": "mnist-cnn", "dtype": "float16"})
-    assert r["verdict"] in ("supported", "unsupported") and worker.loaded == {}
+    # torch 2.13 (pinned in requirements.txt) runs float16 convolutions on the CPU:
+    # every op ran where it was asked to, nothing failed, and the copy is gone afterwards.
+    assert r["verdict"] == "supported" and r["error"] is None, r["error"]
+    assert r["dtype"] == "float16" and r["output_shape"] == [1, 10]
+    assert r["ops"] and all(o["on_device"] == o["count"] and o["failed"] == 0 for o in r["ops"])
+    assert worker.loaded == {}

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tpu_worker.errors import WorkerError
+from tpu_worker.platforms.xla import parse_xla_memory_info
 from tpu_worker.probe import (
     BackendFacts,
     DeviceRequest,
@@ -10,7 +11,6 @@ from tpu_worker.probe import (
     UnsupportedDevice,
     decide,
     parse_device,
-    parse_xla_memory_info,
     torch_device_string,
     tpu_hbm_from_name,
 )

@@ -7,6 +7,7 @@ import signal
 import pytest
 import torch
 
+from conftest import bench_args
 from wire import WorkerProcess
 
 
@@ -25,7 +26,7 @@ def test_ping_is_answered_while_a_benchmark_runs_and_cancel_stops_it(proc):
             "type": "request",
             "id": "bench",
             "op": "benchmark",
-            "args": {"model": "mnist-cnn", "batch_sizes": [1, 2], "duration_s": 600, "warmup": 0},
+            "args": bench_args(batch_sizes=[1, 2], duration_s=600, warmup=0),
         }
     )
     h, _ = proc.next()
@@ -56,7 +57,7 @@ def test_errors_carry_codes_and_no_paths(proc):
 
 
 def test_duplicate_request_ids_in_flight_are_refused(proc):
-    args = {"model": "mnist-cnn", "batch_sizes": [1], "duration_s": 600, "warmup": 0}
+    args = bench_args(batch_sizes=[1], duration_s=600, warmup=0)
     proc.send({"type": "request", "id": "dup", "op": "benchmark", "args": args})
     proc.send({"type": "request", "id": "dup", "op": "status", "args": {}})
     seen = []

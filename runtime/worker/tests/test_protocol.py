@@ -1,12 +1,19 @@
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
+import re
 import struct
 
 import pytest
 import torch
 
+from conftest import REPO, bench_args
+from tpu_worker.bench.args import Bounds
+from tpu_worker.errors import WorkerError
+from tpu_worker.ops import OpContext
 from tpu_worker.protocol import (
     DTYPES,
     MAX_HEADER_BYTES,
@@ -223,3 +230,29 @@ def test_worker_exits_3_when_framing_is_lost(catalog_path):
 def test_worker_exits_cleanly_on_eof(catalog_path):
     w = WorkerProcess(catalog_path, "--device", "cpu")
     assert w.close() == 0
+
+
+def _benchmark_spec() -> tuple[list[str], set[str]]:
+    """The `benchmark` op's argument names and its `limits` fields, as runtime/PROTOCOL.md lists them."""
+    with open(os.path.join(REPO, "runtime", "PROTOCOL.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    args = re.search(r"- `benchmark` args `\{([^}]*)\}`", text)
+    limits = re.search(r"`limits` `\{([^}]*)\}`", text)
+    assert args and limits, "PROTOCOL.md no longer describes the benchmark op's args and limits"
+    return [a.strip() for a in args.group(1).split(",")], {n.strip() for n in limits.group(1).split(",")}
+
+
+def test_the_benchmark_bounds_are_the_ones_protocol_md_lists():
+    _, limits = _benchmark_spec()
+    assert limits == {f.name for f in dataclasses.fields(Bounds)}
+
+
+def test_every_benchmark_arg_protocol_md_requires_is_refused_when_missing(shared_worker):
+    """The server sends the request fully resolved; the worker fills in nothing (PROTOCOL.md)."""
+    names, _ = _benchmark_spec()
+    required = [n for n in names if not n.endswith("?") and n != "model"]
+    assert {"batch_sizes", "dtypes", "modes", "scenario", "work", "warmup", "limits"} <= set(required)
+    for name in required:
+        with pytest.raises(WorkerError, match=rf"args\.{name} is required") as info:
+            shared_worker.handle("benchmark", bench_args(**{name: None}), [], OpContext(name))
+        assert info.value.code == "invalid_argument"

@@ -11,7 +11,10 @@ import types
 import pytest
 import torch
 
-from tpu_worker import accel, flops, launch, probe
+from tpu_worker import flops, launch, probe
+from tpu_worker.platforms import platform_for, set_matmul_precision
+
+TPU = platform_for("tpu")
 
 GiB = 1024**3
 
@@ -108,7 +111,7 @@ def test_broken_install_is_reported_in_words_without_importing(monkeypatch):
 
 
 def test_synchronize_uses_torch_accelerator(fake_tpu):
-    accel.synchronize(types.SimpleNamespace(type="tpu", index=0))
+    TPU.synchronize(types.SimpleNamespace(type="tpu", index=0))
     assert fake_tpu.calls == [("synchronize",)]
 
 
@@ -117,12 +120,12 @@ def test_precision_is_read_back_through_the_patched_getter(fake_tpu, monkeypatch
     monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda v: state.update(p=v))
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: state["p"])
     dev = types.SimpleNamespace(type="tpu", index=0)
-    assert accel.matmul_precision(dev).startswith("medium (TorchTPU DEFAULT: 1 bf16 pass")
-    accel.set_matmul_precision("highest")
-    assert accel.matmul_precision(dev).startswith("highest (TorchTPU HIGHEST: 6")
-    assert flops.peak_flops("tpu", "TPU v6e", "float32", accel.matmul_precision(dev))[0] == pytest.approx(918e12 / 6)
-    accel.set_matmul_precision("high")
-    assert flops.peak_flops("tpu", "TPU v6e", "float32", accel.matmul_precision(dev))[0] == pytest.approx(918e12 / 3)
+    assert TPU.matmul_precision(dev).startswith("medium (TorchTPU DEFAULT: 1 bf16 pass")
+    set_matmul_precision("highest")
+    assert TPU.matmul_precision(dev).startswith("highest (TorchTPU HIGHEST: 6")
+    assert flops.peak_flops("tpu", "TPU v6e", "float32", TPU.matmul_precision(dev))[0] == pytest.approx(918e12 / 6)
+    set_matmul_precision("high")
+    assert flops.peak_flops("tpu", "TPU v6e", "float32", TPU.matmul_precision(dev))[0] == pytest.approx(918e12 / 3)
 
 
 @pytest.mark.parametrize(
@@ -136,20 +139,20 @@ def test_precision_is_read_back_through_the_patched_getter(fake_tpu, monkeypatch
 def test_eager_mode_is_read_back(fake_tpu, monkeypatch, requested, in_force, matches):
     monkeypatch.setenv(launch.EAGER_ENV, requested)
     fake_tpu.eager_mode = _Mode(in_force)
-    rep = accel.eager_mode_report(types.SimpleNamespace(type="tpu"))
+    rep = TPU.eager_mode_report(types.SimpleNamespace(type="tpu"))
     assert rep == {
         "requested": requested,
         "expected": launch.EAGER_MODES[requested][1],
         "in_force": in_force,
         "matches": matches,
     }
-    assert accel.execution_mode(types.SimpleNamespace(type="tpu")) == f"eager ({in_force})"
+    assert TPU.execution_mode(types.SimpleNamespace(type="tpu")) == f"eager ({in_force})"
 
 
 def test_tpu_compile_cache_misses_are_read_when_present(fake_tpu):
-    assert accel.tpu_cache_misses() == 7
+    assert TPU.compile_cache_misses() == 7
     del fake_tpu._get_cache_misses
-    assert accel.tpu_cache_misses() is None
+    assert TPU.compile_cache_misses() is None
 
 
 def test_import_env_shortens_the_openmp_spin_unless_the_operator_set_it():
@@ -226,7 +229,8 @@ def test_tcmalloc_is_preloaded_only_where_torchtpu_will_load(monkeypatch, tmp_pa
 def test_fused_mode_outputs_are_materialised_before_the_clock(fake_tpu, monkeypatch):
     tpu = types.SimpleNamespace(type="tpu")
     out = {"a": torch.ones(3), "b": [torch.zeros(2, 2), torch.empty(0)]}
-    assert accel.materialize(out, tpu) == 0  # strict mode: synchronize is enough
+    assert TPU.materialize(out, tpu) == 0  # strict mode: synchronize is enough
     fake_tpu.eager_mode = _Mode("DEFER_AND_FUSE")
-    assert accel.materialize(out, tpu) == 2
-    assert accel.materialize(out, types.SimpleNamespace(type="cpu")) == 0
+    assert TPU.materialize(out, tpu) == 2
+    cpu = types.SimpleNamespace(type="cpu")
+    assert platform_for(cpu).materialize(out, cpu) == 0

@@ -147,12 +147,14 @@ def test_compile_uses_the_tpu_backend_with_dynamic_false(tpu_python, sim_host, t
     TorchTPU patched it) with backend "tpu" and dynamic=False, for every adapter kind."""
     script = r"""
 import json, torch, torch_tpu._loader as L
-from tpu_worker import accel, adapters
+from tpu_worker import adapters
+from tpu_worker.platforms import platform_for
 seen = []
 real = L._torch_compile
 L._torch_compile = lambda *a, **k: seen.append({"backend": k.get("backend"), "dynamic": k.get("dynamic")}) or a[0]
 dev = torch.device("tpu:0")
-out = {"registered": "tpu" in torch._dynamo.list_backends(), "backend": accel.compile_backend(dev), "calls": []}
+backend = platform_for(dev).compile_backend(dev)
+out = {"registered": "tpu" in torch._dynamo.list_backends(), "backend": backend, "calls": []}
 for cls in (adapters.SentenceEmbedder, adapters.CausalLM, adapters.TensorModel):
     a = object.__new__(cls)
     a.device, a.eager_model = dev, torch.nn.Linear(2, 2)

@@ -136,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     code = server.serve()
     # TorchTPU writes its persistent compile cache asynchronously and shuts its runtime down in
     # an atexit hook that os._exit would skip: give both a bounded chance to finish.
-    from .accel import shutdown_runtime
-
-    shutdown_runtime(worker.device)
+    worker.platform.shutdown(worker.device, grace_s=10.0)
     return code
 
 

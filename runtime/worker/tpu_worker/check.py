@@ -23,8 +23,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import accel, logs
+from . import logs
 from .errors import WorkerError, invalid
+from .memory import MemoryProbe
+from .platforms import platform_for
 
 _PATH_RE = re.compile(r"(/[\w.+-]+){2,}")
 
@@ -118,7 +120,7 @@ def _attention(kind: str):
 def run_check(worker, args: dict, ctx) -> dict:
     entry = worker.catalog.get(args.get("model"))
     device = worker.target_device(args.get("device"))
-    dtype = worker._dtype_arg(entry, args.get("dtype"))
+    dtype = worker.dtype_arg(entry, args.get("dtype"))
     batch = args.get("batch", 1)
     if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= entry.limits.max_batch:
         raise invalid(f"args.batch must be an integer in 1..{entry.limits.max_batch}")
@@ -131,20 +133,39 @@ def run_check(worker, args: dict, ctx) -> dict:
     if attention not in ATTENTION:
         raise invalid(f"args.attention must be one of {', '.join(ATTENTION)}")
     _, info = worker.entry_and_weights(entry.id)
-    m = worker.loaded.get(entry.id)
-    temporary = not (m is not None and m.adapter.device == device and m.dtype == dtype and m.mode == "eager")
-    if temporary:
-        estimated = worker.check_memory(entry, info, dtype, device)
-        adapter, _ = worker.build(entry, info, device, dtype, "eager", [], ctx.token)
-    else:
-        adapter = m.adapter
-        estimated = m.estimated_bytes
-    ctx.token.check()
+    with worker.adapter_for(entry, info, device, dtype, "eager", ctx.token) as lease:
+        ctx.token.check()
+        ran = _record(lease.adapter, device, batch, seq_len, attention, entry.id)
+        parameters = lease.adapter.parameters()
+    return {
+        "model": entry.id,
+        "device": str(device),
+        "dtype": dtype,
+        "batch": batch,
+        "seq_len": seq_len,
+        "attention": attention,
+        "ops": ran["ops"],
+        "categories": ran["categories"],
+        "total_ops": sum(r["count"] for r in ran["ops"]),
+        "unique_ops": len(ran["ops"]),
+        "verdict": ran["verdict"],
+        "estimated_memory_bytes": lease.estimated_bytes,
+        "measured_peak_memory_bytes": ran["peak"],
+        "measured_memory_kind": ran["memory_kind"],
+        "parameters": parameters,
+        "weight_bytes": info.weight_bytes,
+        "forward_s": ran["forward_s"],
+        "output_shape": ran["output_shape"],
+        "fallback_detection": platform_for(device).fallback_detection,
+        "error": ran["error"],
+    }
+
+
+def _record(adapter, device, batch: int, seq_len: int | None, attention: str, model: str) -> dict:
+    """One forward under the op recorder and the memory probe."""
     recorder = OpRecorder(device)
     error = None
     output_shape = None
-    from .bench import MemoryProbe
-
     probe = MemoryProbe(device)
     probe.start()
     t0 = time.perf_counter()
@@ -152,14 +173,14 @@ def run_check(worker, args: dict, ctx) -> dict:
         inputs = adapter.example(batch, seq_len, seed=0)
         with torch.no_grad(), _attention(attention), recorder:
             out = adapter.forward_example(inputs)
-        accel.synchronize(device)
+        platform_for(device).synchronize(device)
         if isinstance(out, torch.Tensor):
             output_shape = list(out.shape)
     except Exception as exc:
         if isinstance(exc, WorkerError):
             raise
         error = _safe_error(exc)
-        logs.warn("check forward failed", model=entry.id, device=str(device), error=f"{type(exc).__name__}: {exc}")
+        logs.warn("check forward failed", model=model, device=str(device), error=f"{type(exc).__name__}: {exc}")
     forward_s = time.perf_counter() - t0
     peak, _, memory_kind = probe.result()
     ops = recorder.table()
@@ -172,40 +193,13 @@ def run_check(worker, args: dict, ctx) -> dict:
         verdict = "partial"
     else:
         verdict = "supported"
-    result = {
-        "model": entry.id,
-        "device": str(device),
-        "dtype": dtype,
-        "batch": batch,
-        "seq_len": seq_len,
-        "attention": attention,
+    return {
         "ops": ops,
         "categories": categories,
-        "total_ops": sum(r["count"] for r in ops),
-        "unique_ops": len(ops),
         "verdict": verdict,
-        "estimated_memory_bytes": estimated,
-        "measured_peak_memory_bytes": peak,
-        "measured_memory_kind": memory_kind,
-        "parameters": adapter.parameters(),
-        "weight_bytes": info.weight_bytes,
+        "peak": peak,
+        "memory_kind": memory_kind,
         "forward_s": round(forward_s, 6),
         "output_shape": output_shape,
-        "fallback_detection": (
-            "none needed: the target is the CPU"
-            if device.type == "cpu"
-            # TorchTPU's CPU fallback is off by default (an unsupported op raises: counted as
-            # failed); when enabled it runs inside the C++ kernel and returns tensors on `tpu`.
-            else "per call: an op that raises counts as failed; TorchTPU's CPU fallback (off by default) "
-            "happens inside its kernels and is not visible per call"
-            if device.type == "tpu"
-            else "per call: inputs on the device and results on the host count as a fallback to the CPU"
-        ),
         "error": error,
     }
-    if temporary:
-        del adapter
-        from .ops import release_memory
-
-        release_memory(device)
-    return result

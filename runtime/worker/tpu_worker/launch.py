@@ -28,7 +28,7 @@ EAGER_MODES = {
     # 0.2.0 reads TORCH_TPU_LAUNCH_BLOCKING; TPU_LAUNCH_BLOCKING (older builds) is set too.
     "blocking": ({"TORCH_TPU_LAUNCH_BLOCKING": "1", "TPU_LAUNCH_BLOCKING": "1"}, "DEFER_NEVER_AND_LAUNCH_BLOCKING"),
 }
-EAGER_ENV = "TPU_WORKER_TPU_EAGER"  # the requested mode, read back by accel.eager_mode_report
+EAGER_ENV = "TPU_WORKER_TPU_EAGER"  # the requested mode, read back by TpuPlatform.eager_mode_report
 PRELOADED_ENV = "TPU_WORKER_TCMALLOC_PRELOADED"  # set on the re-exec, so it happens once
 
 # Where the worker looks for tcmalloc when TorchTPU will be loaded (Debian/Ubuntu paths).

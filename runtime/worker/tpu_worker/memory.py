@@ -1,8 +1,16 @@
-"""Memory estimates made before loading, so a model that cannot fit is refused up front."""
+"""Memory estimates made before loading, so a model that cannot fit is refused up front, and the
+peak memory measured over a window (benchmark and check)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+
+import torch
+
 from .catalog import Entry
+from .platforms import platform_for
 
 HEADROOM = 1.2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -76,3 +84,100 @@ def refusal_message(
     if not hints:
         hints.append("use a device with more memory or a smaller model")
     return msg + ": " + " or ".join(hints)
+
+
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            m = re.search(rf"^{field}:\s+(\d+)\s+kB", fh.read(), re.M)
+        return int(m.group(1)) if m else None
+    except OSError:
+        return None
+
+
+def rss_bytes() -> int | None:
+    """This process's resident set now."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class MemoryProbe:
+    """Peak memory over a window, by the best means the device's platform offers.
+
+    Devices with peak counters (cuda: torch.cuda, tensors only; tpu and other accelerators:
+    torch.accelerator): the maximum allocated after a reset. Where the reset fails: memory in use
+    (the platform's total - free) sampled between iterations.
+    cpu: the process's resident set. VmHWM is a process-lifetime high-water mark, so it is reset
+    to the current RSS through /proc/self/clear_refs at the start of the window; where that is
+    not allowed, VmRSS is sampled between iterations (a lower bound). The increase is the peak
+    minus the resident size at the start; on the CPU it is a lower bound too, since the allocator
+    reuses memory the process already holds.
+    """
+
+    SAMPLED = "accelerator_memory_in_use_sampled"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.platform = platform_for(device)
+        self.kind = "unavailable"
+        self.base: int | None = None
+        self.peak: int | None = None
+
+    def _in_use(self) -> int:
+        total, free = self.platform.memory_info(self.device.index or 0)
+        if total is None or free is None:
+            raise RuntimeError("the platform reports no memory in use")
+        return int(total - free)
+
+    def start(self) -> None:
+        d, plat = self.device, self.platform
+        self.base = self.peak = None
+        try:
+            if d.type == "cpu":
+                try:
+                    with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+                        fh.write("5")
+                    self.kind = "cpu_peak_rss"
+                except OSError:
+                    self.kind = "cpu_sampled_rss"
+                rss = _proc_status_kib("VmRSS")
+                self.base = self.peak = rss * 1024 if rss is not None else None
+                return
+            try:
+                plat.reset_peak(d)
+                self.base = plat.memory_allocated(d)
+                self.kind = plat.peak_counter_kind or "unavailable"
+            except Exception:  # noqa: BLE001 - fall back to sampling the memory in use
+                self.base = self.peak = self._in_use()
+                self.kind = self.SAMPLED
+        except Exception:  # noqa: BLE001 - peak memory is best effort
+            self.kind = "unavailable"
+
+    def sample(self) -> None:
+        if self.kind == "cpu_sampled_rss":
+            rss = _proc_status_kib("VmRSS")
+            if rss is not None:
+                self.peak = max(self.peak or 0, rss * 1024)
+        elif self.kind == self.SAMPLED:
+            with contextlib.suppress(Exception):
+                self.peak = max(self.peak or 0, self._in_use())
+
+    def result(self) -> tuple[int | None, int | None, str]:
+        """(peak bytes, increase over the start of the window, kind)."""
+        peak = self.peak
+        try:
+            if self.kind == "cpu_peak_rss":
+                hwm = _proc_status_kib("VmHWM")
+                peak = hwm * 1024 if hwm is not None else None
+            elif self.kind == self.platform.peak_counter_kind:
+                peak = self.platform.max_memory_allocated(self.device)
+            else:
+                self.sample()
+                peak = self.peak
+        except Exception:  # noqa: BLE001
+            return None, None, "unavailable"
+        inc = max(0, peak - self.base) if peak is not None and self.base is not None else None
+        return peak, inc, self.kind

@@ -1,35 +1,42 @@
 """The worker's state and its operations (describe, status, load, unload, infer, ...).
 
-`Worker.handle` is called from op threads; it returns (result, tensors) or raises WorkerError.
-Model forwards for `infer` run on each model's batcher thread; load/unload of one model are
-serialised by a per-model guard so concurrent calls cannot double-load.
+`Worker.handle` is called from op threads and runs the op named in `OPS` (the explicit table of
+the wire's ops); it returns (result, tensors) or raises WorkerError. `infer` has one path,
+`submit_infer`, which the transport's fast path takes too. Model forwards for `infer` run on each
+model's batcher thread; load/unload of one model are serialised by a per-model guard so
+concurrent calls cannot double-load. `adapter_for` lends benchmark, check and the float32
+reference the loaded model, or a temporary copy released after the run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
-import gc
 import os
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import PROTOCOL_VERSION, __version__, accel, logs
+from . import PROTOCOL_VERSION, __version__, logs
 from .adapters import Adapter, build_adapter, read_config
 from .batching import Batcher, wait_result
+from .bench import run_benchmark
 from .cancel import CancelToken
 from .catalog import Catalog, Entry
+from .check import run_check
 from .errors import WorkerError, invalid
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
 from .memory import estimate_bytes, refusal_message
-from .probe import ProbeResult, device_label, parse_device, read_meminfo, refresh_memory, torch_device_string
-from .protocol import now_us
+from .platforms import PRECISIONS, platform_for, set_matmul_precision
+from .probe import ProbeResult, device_label, parse_device, refresh_memory, torch_device_string
+from .protocol import now_iso, now_us
+from .reports import describe_models, worker_status
+from .selftest import run_selftest
 
 ProgressFn = Callable[[float, float | None, str | None], None]
 FreeMemoryFn = Callable[[torch.device], int | None]
@@ -58,8 +65,15 @@ class Loaded:
     load_report: dict
 
 
-def _now_iso() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+@dataclass
+class Lease:
+    """An adapter lent to one run (benchmark, check, the fp32 reference): the loaded model's own,
+    or a temporary copy built for the run and released when it ends."""
+
+    adapter: Adapter | None
+    load_s: float | None
+    estimated_bytes: int
+    temporary: bool
 
 
 def _int_arg(args: dict, key: str, lo: int, hi: int, default: int | None = None) -> int | None:
@@ -84,6 +98,7 @@ class Worker:
         self.probe = probe
         self.device_info = probe.device
         self.device = torch.device(torch_device_string(probe.device))
+        self.platform = platform_for(self.device)  # picked once, from the probe's decision
         self.started = time.monotonic()
         self.max_weight_bytes = max_weight_bytes
         self.digests = DigestCache()
@@ -105,9 +120,9 @@ class Worker:
             "devices": self.probe.devices,
             "probe": self.probe.steps,
             "backend_version": self.device_info.get("backend_version"),
-            "execution_mode": accel.execution_mode(self.device),
-            "eager_mode": accel.eager_mode_report(self.device),
-            "matmul_precision": accel.matmul_precision(self.device),
+            "execution_mode": self.platform.execution_mode(self.device),
+            "eager_mode": self.platform.eager_mode_report(self.device),
+            "matmul_precision": self.platform.matmul_precision(self.device),
         }
 
     def label(self, device: torch.device) -> str:
@@ -119,12 +134,12 @@ class Worker:
         """Validates args.matmul_precision and sets it for this process (every model here)."""
         if value is None:
             return None
-        if value not in accel.PRECISIONS:
+        if value not in PRECISIONS:
             raise invalid(
                 "args.matmul_precision must be 'medium', 'high' or 'highest' (float32 matmuls; on TPU "
                 "1, 3 or 6 bf16 passes)"
             )
-        accel.set_matmul_precision(value)
+        set_matmul_precision(value)
         return value
 
     def target_device(self, value: Any) -> torch.device:
@@ -150,7 +165,7 @@ class Worker:
         if self._free_memory_override is not None:
             return self._free_memory_override(device)
         if device.type == "cpu":
-            return read_meminfo()[1]
+            return platform_for(device).memory_info(None)[1]
         info = refresh_memory(self.device_info)
         if info["memory_free_bytes"] is not None:
             return info["memory_free_bytes"]
@@ -218,7 +233,7 @@ class Worker:
         """Creates an adapter and runs compile + warmup; returns it with timing figures."""
         t0 = time.perf_counter()
         adapter = build_adapter(entry, self.catalog, info, device, dtype)
-        accel.synchronize(device)
+        platform_for(device).synchronize(device)
         load_s = time.perf_counter() - t0
         token.check()
         compile_s = 0.0
@@ -229,7 +244,7 @@ class Worker:
             t1 = time.perf_counter()
             with torch.no_grad():
                 out = adapter.forward_example(adapter.example(first["batch"], first.get("seq_len")))
-            accel.synchronize(device)
+            platform_for(device).synchronize(device)
             del out
             compile_s = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -237,10 +252,32 @@ class Worker:
             token.check()
             with torch.no_grad():
                 out = adapter.forward_example(adapter.example(shape["batch"], shape.get("seq_len")))
-            accel.synchronize(device)
+            platform_for(device).synchronize(device)
             del out
         warmup_s = time.perf_counter() - t2
         return adapter, {"load_s": round(load_s, 6), "compile_s": round(compile_s, 6), "warmup_s": round(warmup_s, 6)}
+
+    @contextlib.contextmanager
+    def adapter_for(
+        self, entry: Entry, info: WeightsInfo, device: torch.device, dtype: str, mode: str, token: CancelToken
+    ) -> Iterator[Lease]:
+        """The loaded model when it runs on `device` as `dtype` in `mode`; else a temporary copy
+        (after the memory check), released with the device's cache when the block ends."""
+        m = self.loaded.get(entry.id)
+        if m is not None and m.adapter.device == device and m.dtype == dtype and m.mode == mode:
+            yield Lease(m.adapter, m.load_report.get("load_s"), m.estimated_bytes, temporary=False)
+            return
+        estimated = self.check_memory(entry, info, dtype, device)
+        adapter, report = self.build(entry, info, device, dtype, "eager", [], token)
+        if mode == "compile":
+            adapter.compile()
+        lease = Lease(adapter, report["load_s"], estimated, temporary=True)
+        del adapter
+        try:
+            yield lease
+        finally:
+            lease.adapter = None  # the last reference: the copy is freed before the cache is emptied
+            platform_for(device).release_memory(device)
 
     def _warmup_shapes(self, entry: Entry, raw: Any) -> list[dict]:
         if raw is None:
@@ -260,7 +297,7 @@ class Worker:
             shapes.append({"batch": b, "seq_len": seq})
         return shapes
 
-    def _dtype_arg(self, entry: Entry, value: Any) -> str:
+    def dtype_arg(self, entry: Entry, value: Any) -> str:
         dtype = entry.default_dtype if value is None else value
         if dtype not in entry.dtypes:
             raise WorkerError(
@@ -281,73 +318,15 @@ class Worker:
 
     # -- ops ----------------------------------------------------------------------------------
     def op_describe(self, args: dict, tensors, ctx: OpContext):
-        models = []
-        for entry in self.catalog.entries.values():
-            item: dict[str, Any] = {
-                "id": entry.id,
-                "task": entry.task,
-                "architecture": entry.architecture,
-                "description": entry.description,
-                "format": entry.format,
-                "parameters": None,
-                "weight_bytes": None,
-                "weight_digest": None,
-                "dtypes": list(entry.dtypes),
-                "default_dtype": entry.default_dtype,
-                "limits": vars(entry.limits).copy(),
-                "batching": vars(entry.batching).copy(),
-                "input": {"shape": list(entry.input.shape), "dtype": entry.input.dtype} if entry.input else None,
-                "loaded": entry.id in self.loaded,
-                "available": True,
-                "problem": None,
-            }
-            try:
-                _, info = self.entry_and_weights(entry.id)
-                item["parameters"] = info.parameters or None
-                item["weight_bytes"] = info.weight_bytes
-                item["weight_digest"] = self.digests.digest(info.files)
-            except WorkerError as exc:
-                item["available"], item["problem"] = False, exc.message
-            models.append(item)
-        return {"models": models}, []
+        return describe_models(self), []
 
     def op_status(self, args: dict, tensors, ctx: OpContext):
-        device = refresh_memory(self.device_info)
-        devices = [device if d["index"] == device["index"] else d for d in self.probe.devices]
-        loaded = [
-            {
-                "model": m.entry.id,
-                "device": m.device,
-                "dtype": m.dtype,
-                "mode": m.mode,
-                "parameters": m.adapter.parameters(),
-                "bytes_on_device": m.adapter.bytes_on_device(),
-                "queue_depth": m.batcher.queue_depth,
-                "batching": {**m.batcher.describe(), **vars(m.batcher.stats)},
-                "loaded_at": m.loaded_at,
-            }
-            for m in list(self.loaded.values())
-        ]
-        return {
-            "device": device,
-            "devices": devices,
-            "probe": self.probe.steps,
-            "torch_version": torch.__version__,
-            "backend_version": self.device_info.get("backend_version"),
-            "execution_mode": accel.execution_mode(self.device),
-            "eager_mode": accel.eager_mode_report(self.device),
-            "matmul_precision": accel.matmul_precision(self.device),
-            "loaded": loaded,
-            "rss_bytes": accel.rss_bytes(),
-            "uptime_s": round(time.monotonic() - self.started, 3),
-            "worker_version": __version__,
-            "pid": os.getpid(),
-        }, []
+        return worker_status(self), []
 
     def op_load(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))
         device = self.target_device(args.get("device"))
-        dtype = self._dtype_arg(entry, args.get("dtype"))
+        dtype = self.dtype_arg(entry, args.get("dtype"))
         mode = args.get("mode", "eager")
         if mode not in MODES:
             raise invalid("args.mode must be 'eager' or 'compile'")
@@ -356,7 +335,7 @@ class Worker:
         if not isinstance(batching, bool):
             raise invalid("args.batching must be true or false")
         precision_arg = args.get("matmul_precision")
-        if precision_arg is not None and precision_arg not in accel.PRECISIONS:
+        if precision_arg is not None and precision_arg not in PRECISIONS:
             self.matmul_precision_arg(precision_arg)  # raises the clear error
         if entry.id in self.loaded:
             m = self.loaded[entry.id]
@@ -380,7 +359,7 @@ class Worker:
             )
             dev = self.label(device)
             self.loaded[entry.id] = Loaded(
-                entry, adapter, batcher, dev, dtype, mode, estimated, _now_iso(), info, report
+                entry, adapter, batcher, dev, dtype, mode, estimated, now_iso(), info, report
             )
         finally:
             self._release(entry.id)
@@ -394,12 +373,12 @@ class Worker:
             "bytes_on_device": adapter.bytes_on_device(),
             "estimated_bytes": estimated,
             **report,
-            "matmul_precision": accel.matmul_precision(device),
+            "matmul_precision": platform_for(device).matmul_precision(device),
             "matmul_precision_requested": precision_arg,
-            "compile_backend": accel.compile_backend(device) if mode == "compile" else None,
+            "compile_backend": platform_for(device).compile_backend(device) if mode == "compile" else None,
             "compile_dynamic": getattr(adapter, "compile_dynamic", None) if mode == "compile" else None,
-            "execution_mode": accel.execution_mode(device),
-            "eager_mode": accel.eager_mode_report(device),
+            "execution_mode": platform_for(device).execution_mode(device),
+            "eager_mode": platform_for(device).eager_mode_report(device),
             "batching": batcher.describe(),
         }, []
 
@@ -414,80 +393,42 @@ class Worker:
             m.batcher.close(f"model {entry.id!r} was unloaded")
             device = m.adapter.device
             del m
-            release_memory(device)
+            platform_for(device).release_memory(device)
         finally:
             self._release(entry.id)
         logs.info("model unloaded", model=entry.id, freed_bytes=freed)
         return {"model": entry.id, "freed_bytes": freed}, []
 
-    def op_infer(self, args: dict, tensors, ctx: OpContext):
+    def submit_infer(
+        self, args: dict, tensors, token: CancelToken, trace: list | None = None, reply_scope=None
+    ) -> tuple[Future, str]:
+        """Validates an infer and queues it on its model's batcher: (future of the Output, model).
+        Both the op and the transport's fast path take this one path; `reply_scope` (the fast
+        path's) lets the batcher write a batch's replies together."""
         entry = self.catalog.get(args.get("model"))
         m = self.loaded.get(entry.id)
         if m is None:
             raise WorkerError("model_not_loaded", f"model {entry.id!r} is not loaded; load it first (load_model)")
         prepared = m.adapter.prepare(args, tensors)
-        future = m.batcher.submit(prepared, ctx.token, ctx.trace)
+        if reply_scope is not None and m.batcher.reply_scope is None:
+            m.batcher.reply_scope = reply_scope
+        return m.batcher.submit(prepared, token, trace), entry.id
+
+    def op_infer(self, args: dict, tensors, ctx: OpContext):
+        future, model = self.submit_infer(args, tensors, ctx.token, ctx.trace)
         out = wait_result(future, ctx.token)
         if ctx.trace is not None:
             ctx.trace.append(["w.woke", now_us()])
-        return {**out.result, "model": entry.id}, out.tensors
+        return infer_reply(out, model)
 
     def op_benchmark(self, args: dict, tensors, ctx: OpContext):
-        from .bench import run_benchmark
-
         return run_benchmark(self, args, ctx), []
 
     def op_check(self, args: dict, tensors, ctx: OpContext):
-        from .check import run_check
-
         return run_check(self, args, ctx), []
 
     def op_selftest(self, args: dict, tensors, ctx: OpContext):
-        """The device checks that need no model (for `tpu-mcp doctor --tpu`): memory read,
-        synchronize, each float32 matmul precision set and read back (then restored), and the
-        eager mode requested against the one in force."""
-        steps: list[dict] = []
-
-        def step(name: str, fn) -> None:
-            t0 = time.perf_counter()
-            try:
-                detail, ok = fn()
-            except Exception as exc:  # noqa: BLE001 - a failed check is a result, not a crash
-                detail, ok = f"{type(exc).__name__}: {exc}"[:300], False
-            steps.append({"step": name, "ok": ok, "detail": detail, "seconds": round(time.perf_counter() - t0, 6)})
-
-        def memory():
-            d = refresh_memory(self.device_info)
-            total, free = d["memory_total_bytes"], d["memory_free_bytes"]
-            return {"total_bytes": total, "free_bytes": free}, bool(total)
-
-        def sync():
-            accel.synchronize(self.device)
-            return "device synchronized", True
-
-        step("memory", memory)
-        step("synchronize", sync)
-        before = torch.get_float32_matmul_precision()
-        for value in accel.PRECISIONS:
-
-            def precision(value=value):
-                accel.set_matmul_precision(value)
-                reported = accel.matmul_precision(self.device)
-                return {"set": value, "reported": reported}, reported.split(" ")[0] == value
-
-            step(f"matmul_precision {value}", precision)
-        with contextlib.suppress(Exception):
-            accel.set_matmul_precision(before)
-        eager = accel.eager_mode_report(self.device)
-        if eager is not None:
-            steps.append({"step": "eager_mode", "ok": bool(eager["matches"]), "detail": eager, "seconds": 0.0})
-        return {
-            "device": self.label(self.device),
-            "name": self.device_info.get("name"),
-            "execution_mode": accel.execution_mode(self.device),
-            "compile_backend": accel.compile_backend(self.device),
-            "steps": steps,
-        }, []
+        return run_selftest(self), []
 
     def op_shutdown(self, args: dict, tensors, ctx: OpContext):
         return {}, []
@@ -497,21 +438,28 @@ class Worker:
             m.batcher.close("the worker is shutting down")
         self.loaded.clear()
 
-    OPS = ("describe", "status", "load", "unload", "infer", "benchmark", "check", "selftest", "shutdown")
-
     def handle(self, op: str, args: dict, tensors: list[torch.Tensor], ctx: OpContext):
-        if op not in self.OPS:
-            raise invalid(f"unknown op {op!r}; expected one of {', '.join(self.OPS)}")
+        run = OPS.get(op)
+        if run is None:
+            raise invalid(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
         ctx.token.check()
-        return getattr(self, f"op_{op}")(args, tensors, ctx)
+        return run(self, args, tensors, ctx)
 
 
-def release_memory(device: torch.device) -> None:
-    gc.collect()
-    try:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        elif device.type != "cpu":
-            torch.accelerator.empty_cache()
-    except Exception:  # noqa: BLE001 - freeing caches is best effort
-        pass
+def infer_reply(out, model: str) -> tuple[dict, list[torch.Tensor]]:
+    """An infer's result frame: the model's output, named."""
+    return {**out.result, "model": model}, out.tensors
+
+
+# The wire's op names (runtime/PROTOCOL.md) -> what runs them.
+OPS: dict[str, Callable[..., tuple[dict, list]]] = {
+    "describe": Worker.op_describe,
+    "status": Worker.op_status,
+    "load": Worker.op_load,
+    "unload": Worker.op_unload,
+    "infer": Worker.op_infer,
+    "benchmark": Worker.op_benchmark,
+    "check": Worker.op_check,
+    "selftest": Worker.op_selftest,
+    "shutdown": Worker.op_shutdown,
+}

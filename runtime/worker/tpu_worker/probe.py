@@ -233,6 +233,8 @@ def gather_tpu(local_index: int | None = None, host_index: int | None = None) ->
     except Exception as exc:  # noqa: BLE001 - any failure is a reason to report, not to crash
         f.importable, f.import_error = False, _err_text(exc)
         return f
+    from .platforms import PLATFORMS
+
     tpu_v, libtpu_v = dist_version("torch-tpu"), dist_version("libtpu")
     f.version = f"{tpu_v or '?'} (libtpu {libtpu_v or 'missing'})"
     try:
@@ -259,7 +261,7 @@ def gather_tpu(local_index: int | None = None, host_index: int | None = None) ->
     served = local_index if local_index is not None else _current_index(torch)
     slot = host_index if host_index is not None else served
     if served is not None and slot is not None and slot < f.count:
-        f.memory[slot] = _accelerator_memory(served)
+        f.memory[slot] = PLATFORMS["tpu"].memory_info(served)
     return f
 
 
@@ -288,27 +290,17 @@ def _call_name(mod, index: int, fallback: str) -> str:
     return fallback
 
 
-def _accelerator_memory(index: int) -> tuple[int | None, int | None]:
-    try:
-        import torch
-
-        free, total = torch.accelerator.get_memory_info(index)
-    except Exception:  # noqa: BLE001 - not every backend implements it
-        return None, None
-    if not total:  # TorchTPU answers (0, 0) when PJRT cannot report allocator stats
-        return None, None
-    return int(total), int(free)
-
-
 def gather_xla() -> BackendFacts:
     f = BackendFacts("xla")
     try:
         import torch_xla
-        import torch_xla.core.xla_model as xm
+        import torch_xla.core.xla_model
         import torch_xla.runtime as xr
     except Exception as exc:  # noqa: BLE001
         f.importable, f.import_error = False, _err_text(exc)
         return f
+    from .platforms import PLATFORMS
+
     f.version = getattr(torch_xla, "__version__", None)
     try:
         hw = str(xr.device_type() or "")
@@ -329,30 +321,8 @@ def gather_xla() -> BackendFacts:
         f.unavailable_reason = "torch_xla reports 0 devices"
     for i in range(f.count):
         f.names.append(f"{hw} (torch_xla)")
-        f.memory.append(_xla_memory(xm, i))
+        f.memory.append(PLATFORMS["xla"].memory_info(i))
     return f
-
-
-def _xla_memory(xm, index: int) -> tuple[int | None, int | None]:
-    try:
-        import torch
-
-        info = xm.get_memory_info(torch.device(f"xla:{index}"))
-    except Exception:  # noqa: BLE001
-        return None, None
-    return parse_xla_memory_info(info)
-
-
-def parse_xla_memory_info(info) -> tuple[int | None, int | None]:
-    """torch_xla has reported {bytes_limit, bytes_used} and, in older releases, {kb_total, kb_free}."""
-    if not isinstance(info, dict):
-        return None, None
-    if "bytes_limit" in info:
-        total = int(info["bytes_limit"])
-        return total, total - int(info.get("bytes_used", 0))
-    if "kb_total" in info:
-        return int(info["kb_total"]) * 1024, int(info.get("kb_free", 0)) * 1024
-    return None, None
 
 
 def gather_cuda() -> BackendFacts:
@@ -374,30 +344,13 @@ def gather_cuda() -> BackendFacts:
     if not f.available:
         f.unavailable_reason = "torch.cuda.is_available() returned False (no driver or no visible GPU)"
         return f
+    from .platforms import PLATFORMS
+
     f.count = torch.cuda.device_count()
     for i in range(f.count):
         f.names.append(torch.cuda.get_device_name(i))
-        try:
-            free, total = torch.cuda.mem_get_info(i)
-            f.memory.append((int(total), int(free)))
-        except Exception:  # noqa: BLE001
-            f.memory.append((None, None))
+        f.memory.append(PLATFORMS["cuda"].memory_info(i))
     return f
-
-
-def read_meminfo(path: str = "/proc/meminfo") -> tuple[int | None, int | None]:
-    """(MemTotal, MemAvailable) in bytes from /proc/meminfo; None when unreadable."""
-    values: dict[str, int] = {}
-    try:
-        with open(path, encoding="ascii") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    values[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
-    except OSError:
-        return None, None
-    return values.get("MemTotal"), values.get("MemAvailable")
 
 
 def _cpu_name() -> str:
@@ -414,12 +367,14 @@ def _cpu_name() -> str:
 def gather_cpu() -> BackendFacts:
     import torch
 
+    from .platforms import PLATFORMS
+
     return BackendFacts(
         "cpu",
         available=True,
         count=1,
         names=[f"{_cpu_name()} ({os.cpu_count() or 1} cores, {torch.get_num_threads()} torch threads)"],
-        memory=[read_meminfo()],
+        memory=[PLATFORMS["cpu"].memory_info(None)],
         version=torch.__version__,
     )
 
@@ -471,29 +426,11 @@ def _rebase_cuda(f: BackendFacts, binding) -> BackendFacts:
 
 
 def refresh_memory(device: dict) -> dict:
-    """A copy of `device` with current free/total memory (called by status and load)."""
-    kind, idx = device["kind"], device["index"]
-    total, free = device.get("memory_total_bytes"), None
-    if kind == "cpu":
-        total, free = read_meminfo()
-    elif kind == "cuda":
-        try:
-            import torch
+    """A copy of `device` with current free/total memory (called by status and load), asked of
+    its platform (for cuda and tpu by the index inside this process)."""
+    from .platforms import PLATFORMS
 
-            local = device.get("local_index")
-            free, total = (int(v) for v in torch.cuda.mem_get_info(idx if local is None else local))
-        except Exception:  # noqa: BLE001
-            pass
-    elif kind == "tpu":
-        local = device.get("local_index")
-        t, fr = _accelerator_memory(idx if local is None else local)
-        total, free = t or total, fr
-    elif kind == "xla":
-        try:
-            import torch_xla.core.xla_model as xm
-
-            t, fr = _xla_memory(xm, idx)
-            total, free = t or total, fr
-        except Exception:  # noqa: BLE001
-            pass
-    return {**device, "memory_total_bytes": total, "memory_free_bytes": free}
+    local = device.get("local_index")
+    index = device["index"] if local is None or device["kind"] == "xla" else local
+    total, free = PLATFORMS[device["kind"]].memory_info(index)
+    return {**device, "memory_total_bytes": total or device.get("memory_total_bytes"), "memory_free_bytes": free}

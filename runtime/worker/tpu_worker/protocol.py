@@ -6,6 +6,7 @@ described by header.tensors. Tensors are little-endian and C-contiguous. Nothing
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 import struct
@@ -196,6 +197,11 @@ def now_us() -> int:
     """CLOCK_MONOTONIC in µs: the same clock as Node's process.hrtime on Linux, so stamps from
     both processes can be subtracted."""
     return time.monotonic_ns() // 1000
+
+
+def now_iso() -> str:
+    """Wall-clock UTC to the millisecond, as every timestamp the worker reports is written."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _is_int(v: Any) -> bool:

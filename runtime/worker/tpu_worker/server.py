@@ -3,12 +3,13 @@
 The reader never runs a long op itself, so `ping` is answered and `cancel` delivered while ops
 run. Every frame leaves through `send`, which holds one lock for the whole frame.
 
-`infer` on a loaded model takes a fast path with one thread hand-off instead of three: the reader
-validates the input (`prepare`, cheap) and queues it on the model's batcher, and the batcher
-thread sends the reply from the future's callback as soon as the forward is done. Every thread
-hand-off waits for the GIL, which another thread may hold for a whole switch interval (5 ms by
-default), so each one removed is latency a lone caller no longer pays. Everything
-else (load, benchmark, an infer whose input is refused, ...) runs on the op pool as before.
+`infer` takes a fast path with one thread hand-off instead of three: the reader validates the
+input (`Worker.submit_infer`, the same path the `infer` op takes; `prepare` is cheap) and queues
+it on the model's batcher, and the batcher thread sends the reply from the future's callback as
+soon as the forward is done. An infer refused there (model not loaded, bad input) is answered
+from the reader with the error the op would give. Every thread hand-off waits for the GIL, which
+another thread may hold for a whole switch interval (5 ms by default), so each one removed is
+latency a lone caller no longer pays. Everything else (load, benchmark, ...) runs on the op pool.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from . import logs
 from .cancel import CancelToken
 from .errors import Cancelled, WorkerError, is_oom
-from .ops import OpContext, Worker
+from .ops import OpContext, Worker, infer_reply
 from .protocol import Cancel, FrameReader, Ping, ProtocolError, Request, encode_frame, now_us
 
 EXIT_OK = 0
@@ -202,7 +203,8 @@ class Server:
             if dup:
                 self.send_error(msg.id, WorkerError("protocol_error", f"request id {msg.id!r} is already in flight"))
                 return
-            if msg.op == "infer" and FAST_INFER and self._fast_infer(msg, token):
+            if msg.op == "infer" and FAST_INFER:
+                self._fast_infer(msg, token)
                 return
             try:
                 self._pool.submit(self._run, msg, token)
@@ -215,24 +217,14 @@ class Server:
             self._futures.pop(msg_id, None)
 
     # -- the infer fast path (see the module docstring) ------------------------------------------
-    def _fast_infer(self, req: Request, token: CancelToken) -> bool:
-        """Queues an infer on its model's batcher from the reader; False = take the op pool."""
-        model = req.args.get("model")
-        loaded = self.worker.loaded.get(model) if isinstance(model, str) else None
-        if loaded is None:
-            return False  # unknown or not loaded: the op path words the error
+    def _fast_infer(self, req: Request, token: CancelToken) -> None:
+        """Queues an infer on its model's batcher from the reader (the worker's one infer path)."""
         try:
-            prepared = loaded.adapter.prepare(req.args, req.tensors)
-        except Exception:  # noqa: BLE001 - the op path runs prepare again and reports the failure
-            return False
-        if loaded.batcher.reply_scope is None:
-            loaded.batcher.reply_scope = self._batch_replies
-        try:
-            future = loaded.batcher.submit(prepared, token, req.trace)
-        except Exception as exc:  # noqa: BLE001 - e.g. the model is being unloaded
+            future, model = self.worker.submit_infer(req.args, req.tensors, token, req.trace, self._batch_replies)
+        except Exception as exc:  # noqa: BLE001 - not loaded, a refused input, the model being unloaded
             self._forget(req.id)
             self._fail(req, exc)
-            return True
+            return
         with self._tokens_lock:
             self._futures[req.id] = future
         # Runs on the batcher thread when the forward is done (or here, if it already is; or on
@@ -240,7 +232,6 @@ class Server:
         future.add_done_callback(lambda f: self._infer_done(req, model, f))
         if token.cancelled:  # a cancel that arrived between submit and registration
             future.cancel()
-        return True
 
     def _infer_done(self, req: Request, model: str, future: Future) -> None:
         self._forget(req.id)
@@ -251,8 +242,7 @@ class Server:
         if exc is not None:
             self._fail(req, exc)
             return
-        out = future.result()
-        self._reply(req, {**out.result, "model": model}, out.tensors)
+        self._reply(req, *infer_reply(future.result(), model))
 
     def _progress(self, msg_id: str):
         def report(progress: float, total: float | None = None, message: str | None = None) -> None:

@@ -1,0 +1,105 @@
+"""The adapter surface: a request `Prepared` for batching, its `Output`, and the `Adapter` base
+class every architecture extends (see the package docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..catalog import Entry
+from ..platforms import platform_for
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MIN_BUCKET = 8
+
+
+def seq_bucket(n: int, cap: int) -> int:
+    """Power-of-two padding length >= n (at least MIN_BUCKET), never above cap."""
+    b = MIN_BUCKET
+    while b < n:
+        b *= 2
+    return min(b, cap)
+
+
+@dataclass
+class Prepared:
+    """One validated request, ready to be batched with others that share its key."""
+
+    key: tuple
+    items: int
+    payload: Any
+
+
+@dataclass
+class Output:
+    result: dict
+    tensors: list[torch.Tensor]
+
+
+StopFn = Callable[[], bool]
+
+
+class Adapter:
+    architecture = ""
+
+    def __init__(self, entry: Entry, model: nn.Module, device: torch.device, dtype: str) -> None:
+        self.entry = entry
+        self.eager_model = model
+        self.model: Callable = model
+        self.device = device
+        self.dtype = dtype
+        self.torch_dtype = TORCH_DTYPES[dtype]
+        self.mode = "eager"
+
+    # -- accounting ---------------------------------------------------------------------------
+    def _unique_tensors(self) -> list[torch.Tensor]:
+        seen, out = set(), []
+        for t in [*self.eager_model.parameters(), *self.eager_model.buffers()]:
+            key = (t.data_ptr(), t.numel()) if t.device.type != "meta" else id(t)
+            if key not in seen:
+                seen.add(key)
+                out.append(t)
+        return out
+
+    def parameters(self) -> int:
+        seen, total = set(), 0
+        for p in self.eager_model.parameters():
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                total += p.numel()
+        return total
+
+    def bytes_on_device(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._unique_tensors())
+
+    # -- execution ----------------------------------------------------------------------------
+    def compile(self) -> None:
+        backend = platform_for(self.device).compile_backend(self.device)
+        self.compile_dynamic = self._dynamic()
+        self.model = torch.compile(self.eager_model, backend=backend, dynamic=self.compile_dynamic)
+        self.mode = "compile"
+
+    def _dynamic(self) -> bool | None:
+        return False  # shapes are bucketed, so static graphs are reused
+
+    def prepare(self, args: dict, tensors: list[torch.Tensor]) -> Prepared:
+        raise NotImplementedError
+
+    def run_batch(self, batch: list[Prepared], should_stop: StopFn) -> list[Output]:
+        raise NotImplementedError
+
+    def example(self, batch: int, seq_len: int | None, seed: int = 0) -> Any:
+        raise NotImplementedError
+
+    def forward_example(self, inputs: Any) -> Any:
+        raise NotImplementedError
+
+    def items_per_example(self, batch: int, seq_len: int | None) -> int:
+        return batch
+
+    def default_seq_len(self) -> int | None:
+        return None

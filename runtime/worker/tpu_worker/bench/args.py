@@ -1,0 +1,171 @@
+"""The `benchmark` op's arguments, checked into one Plan before anything runs.
+
+The server (tools/run_benchmark.ts) resolves every default and bound and sends the request fully
+resolved, its bounds in `limits`. The worker only asserts: a missing or out-of-range value is
+refused with an error that names the field, and no default is written here, so the two sides can
+never disagree on one (runtime/PROTOCOL.md, `benchmark`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..errors import WorkerError, invalid
+
+SCENARIOS = ("single-stream", "offline")
+WORKS = ("forward", "generate")
+MODES = ("eager", "compile")
+MAX_LIST = 16  # a sanity bound on the wire; the server's own is tighter
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The server's benchmark bounds (its config `benchmark` section, plus the shortest sequence
+    it benchmarks), sent with every request in `limits`."""
+
+    max_configs: int
+    max_iterations: int
+    max_duration_s: float
+    max_warmup: int
+    min_seq_len: int
+
+    @classmethod
+    def from_args(cls, args: dict) -> Bounds:
+        given = _required(args, "limits")
+        if not isinstance(given, dict):
+            raise invalid("args.limits must be an object of benchmark bounds")
+        out = {}
+        for f in fields(cls):
+            v = given.get(f.name)
+            if v is None:
+                raise invalid(f"args.limits.{f.name} is required (the server sends its benchmark bounds)")
+            if not _is_number(v) or v < 0:
+                raise invalid(f"args.limits.{f.name} must be a non-negative number")
+            out[f.name] = v
+        return cls(**out)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked benchmark request."""
+
+    scenario: str
+    work: str
+    batch_sizes: list[int]
+    seq_lens: list[int | None]
+    dtypes: list[str]
+    modes: list[str]
+    warmup: int
+    iterations: int | None
+    duration: float | None
+    max_new: int | None
+    matmul_precision: str | None
+
+    @property
+    def configs(self) -> int:
+        """Configurations the run reports (offline: one per series)."""
+        per_series = len(self.batch_sizes) if self.scenario == "single-stream" else 1
+        return per_series * len(self.seq_lens) * len(self.dtypes) * len(self.modes)
+
+
+def plan(entry, args: dict) -> Plan:
+    lim = entry.limits
+    bounds = Bounds.from_args(args)
+    scenario, work = _scenario_and_work(args, entry)
+    batch_sizes = _int_list(args, "batch_sizes", 1, lim.max_batch)
+    if entry.task in ("embedding", "text-generation"):
+        seq_lens: list = _int_list(args, "seq_lens", int(bounds.min_seq_len), lim.max_seq_len)
+    elif args.get("seq_lens") is not None:
+        raise invalid(f"args.seq_lens: model {entry.id!r} takes tensors, not sequences; omit seq_lens")
+    else:
+        seq_lens = [None]
+    dtypes = _str_list(args, "dtypes", entry.dtypes, "unsupported_dtype")
+    dtypes.sort(key=lambda d: d != "float32")  # the float32 reference is built first
+    modes = _str_list(args, "modes", MODES)
+    warmup = _int(args, "warmup", 0, bounds.max_warmup)
+    iterations = _int(args, "iterations", 1, bounds.max_iterations, optional=True)
+    duration = args.get("duration_s")
+    if duration is not None and (not _is_number(duration) or not 0 < duration <= bounds.max_duration_s):
+        raise invalid(f"args.duration_s must be a number of seconds in (0, {bounds.max_duration_s}]")
+    if iterations is None and duration is None:
+        raise invalid("args.iterations or args.duration_s is required (how long to measure each configuration)")
+    max_new = None
+    if work == "generate":
+        max_new = _int(args, "max_new_tokens", 1, lim.max_new_tokens)
+    grid = len(batch_sizes) * len(seq_lens) * len(dtypes) * len(modes)
+    if grid > bounds.max_configs:
+        raise invalid(f"{grid} configurations exceed the limit of {bounds.max_configs}; narrow the grid")
+    return Plan(
+        scenario=scenario,
+        work=work,
+        batch_sizes=batch_sizes,
+        seq_lens=seq_lens,
+        dtypes=dtypes,
+        modes=modes,
+        warmup=warmup,
+        iterations=iterations,
+        duration=duration,
+        max_new=max_new,
+        matmul_precision=args.get("matmul_precision"),
+    )
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _required(args: dict, key: str) -> Any:
+    v = args.get(key)
+    if v is None:
+        raise invalid(f"args.{key} is required (the server resolves every benchmark default)")
+    return v
+
+
+def _int(args: dict, key: str, lo: int, hi: int, *, optional: bool = False) -> int | None:
+    v = args.get(key) if optional else _required(args, key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise invalid(f"args.{key} must be an integer in {lo}..{hi}")
+    return v
+
+
+def _int_list(args: dict, key: str, lo: int, hi: int) -> list:
+    v = _required(args, key)
+    if (
+        not isinstance(v, list)
+        or not v
+        or len(v) > MAX_LIST
+        or not all(isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi for x in v)
+    ):
+        raise invalid(f"args.{key} must be a list of 1-{MAX_LIST} integers in {lo}..{hi}")
+    return list(dict.fromkeys(v))
+
+
+def _str_list(args: dict, key: str, allowed: tuple, code: str = "invalid_argument") -> list:
+    v = _required(args, key)
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+        raise invalid(f"args.{key} must be a non-empty list of strings")
+    bad = [x for x in v if x not in allowed]
+    if bad:
+        raise WorkerError(code, f"args.{key}: {', '.join(map(repr, bad))} not allowed; use {', '.join(allowed)}")
+    return list(dict.fromkeys(v))
+
+
+def _scenario_and_work(args: dict, entry) -> tuple[str, str]:
+    scenario = _required(args, "scenario")
+    work = args.get("work")
+    if scenario in WORKS:  # protocol v1 spelling: the scenario named the work
+        if work is not None and work != scenario:
+            raise invalid(f"args.scenario {scenario!r} contradicts args.work {work!r}")
+        work, scenario = scenario, "single-stream"
+    if scenario not in SCENARIOS:
+        raise invalid(f"args.scenario must be one of {', '.join(SCENARIOS)}")
+    if work is None:
+        raise invalid("args.work is required (the server resolves every benchmark default)")
+    if work not in WORKS:
+        raise invalid(f"args.work must be one of {', '.join(WORKS)}")
+    if work == "generate" and entry.task != "text-generation":
+        raise invalid("work 'generate' needs a text-generation model")
+    return scenario, work

@@ -1,0 +1,199 @@
+"""One benchmark configuration timed: warmup, then the measured window, with a device synchronize
+before every clock read, peak memory and the graphs compiled on the way."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+
+from ..adapters import Adapter
+from ..memory import MemoryProbe
+from ..platforms import platform_for
+
+SEED = 0
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile of an ascending list (q in 0..100)."""
+    if not sorted_values:
+        raise ValueError("no samples")
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def latency_summary(seconds: list[float]) -> dict:
+    ms = sorted(s * 1000.0 for s in seconds)
+    return {
+        "p50": round(percentile(ms, 50), 4),
+        "p90": round(percentile(ms, 90), 4),
+        "p99": round(percentile(ms, 99), 4),
+        "mean": round(sum(ms) / len(ms), 4),
+        "min": round(ms[0], 4),
+        "max": round(ms[-1], 4),
+    }
+
+
+def as_float_cpu(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor) and out.is_floating_point():
+        return out.detach().to("cpu", torch.float32)
+    return None
+
+
+def compile_counters() -> dict[str, int]:
+    """Graphs dynamo has compiled and graph breaks it has taken, process-wide so far."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # noqa: BLE001
+        return {"graphs": 0, "graph_breaks": 0}
+    return {
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
+
+
+def _delta(a: dict, b: dict, key: str) -> int:
+    return int(b.get(key, 0) - a.get(key, 0))
+
+
+@contextlib.contextmanager
+def recompile_room(n_shapes: int):
+    """Lets one compiled model hold a graph per shape of the grid: past dynamo's recompile limit
+    (8 by default) it would silently fall back to eager and the figures would lie."""
+    try:
+        import torch._dynamo.config as dcfg
+
+        name = "recompile_limit" if hasattr(dcfg, "recompile_limit") else "cache_size_limit"
+        old = getattr(dcfg, name)
+        setattr(dcfg, name, max(old, n_shapes + 8))
+    except Exception:  # noqa: BLE001
+        yield
+        return
+    try:
+        yield
+    finally:
+        setattr(dcfg, name, old)
+
+
+def measure(
+    adapter: Adapter,
+    *,
+    scenario: str,
+    work: str,
+    batch: int,
+    seq_len: int | None,
+    warmup: int,
+    iterations: int | None,
+    duration: float | None,
+    max_new: int,
+    token,
+) -> dict | None:
+    """Runs one configuration; returns None when cancelled."""
+    device = adapter.device
+    plat = platform_for(device)
+    inputs = adapter.example(batch, seq_len, seed=SEED)
+    if work == "generate":
+        prompts = inputs.to("cpu").tolist()
+
+        def step():
+            return adapter.generate(prompts, max_new, lambda: token.cancelled)[0]
+    else:
+
+        def step():
+            return adapter.forward_example(inputs)
+
+    mem = MemoryProbe(device)
+    first_call_s = None
+    c0 = compile_counters()
+    with torch.no_grad():
+        # In compile mode the first call compiles this shape: never counted, even with warmup 0.
+        compiling = adapter.mode == "compile"
+        calls = max(warmup, 1) if compiling else warmup
+        # Peak memory covers warmup and the window; in compile mode it starts after the compile
+        # call, so the compiler's own memory is not charged to the model.
+        if not compiling:
+            mem.start()
+        for i in range(calls):
+            if token.cancelled:
+                return None
+            plat.synchronize(device)
+            t0 = time.perf_counter()
+            out = step()
+            plat.materialize(out, device)
+            plat.synchronize(device)
+            if i == 0:
+                first_call_s = time.perf_counter() - t0
+            del out
+            if i == 0 and compiling:
+                mem.start()
+            else:
+                mem.sample()
+        c1 = compile_counters()
+        x1 = plat.compile_cache_misses()
+        samples: list[float] = []
+        plat.synchronize(device)
+        start = end = time.perf_counter()
+        out = None
+        while True:
+            if iterations is not None and len(samples) >= iterations:
+                break
+            if duration is not None and samples and end - start >= duration:
+                break
+            if token.cancelled:
+                return None
+            out = None  # the previous output is freed before the next call, as a server would
+            plat.synchronize(device)
+            t0 = time.perf_counter()
+            out = step()  # kept alive until after the synchronize below
+            plat.materialize(out, device)  # fused eager mode: run the deferred graph now
+            plat.synchronize(device)
+            end = time.perf_counter()
+            samples.append(end - t0)
+            mem.sample()
+            if first_call_s is None:
+                first_call_s = samples[-1]
+        c2 = compile_counters()
+        x2 = plat.compile_cache_misses()
+        peak, increase, kind = mem.result()
+    lat = latency_summary(samples)
+    mean_s = sum(samples) / len(samples)
+    window = end - start
+    if scenario == "offline":
+        throughput = batch * len(samples) / window if window > 0 else None
+        basis = "items / wall time of the measured window"
+    else:
+        throughput = batch / mean_s if mean_s > 0 else None
+        basis = "batch / mean latency"
+    recompiles = _delta(c1, c2, "graphs")
+    # TorchTPU compiles per op and shape in eager mode too, in a cache dynamo never sees.
+    xla_compiles = x2 - x1 if x1 is not None and x2 is not None else None
+    res = {
+        "iterations": len(samples),
+        "measured_s": round(window, 6),
+        "latency_ms": lat,
+        "throughput_items_per_s": round(throughput, 4) if throughput else None,
+        "throughput_basis": basis,
+        "first_call_s": round(first_call_s, 6),
+        "graphs_compiled": _delta(c0, c1, "graphs"),
+        "recompiles_in_window": recompiles,
+        "xla_compiles_in_window": xla_compiles,
+        "recompiled": recompiles > 0 or bool(xla_compiles),
+        "graph_breaks": _delta(c0, c2, "graph_breaks"),
+        "peak_memory_bytes": peak,
+        "peak_memory_increase_bytes": increase,
+        "peak_memory_kind": kind,
+    }
+    if work == "generate":
+        tokens = sum(len(r) for r in out) if out else 0
+        res["tokens_per_s"] = round(tokens / mean_s, 4) if mean_s > 0 else None
+        with torch.no_grad():  # outputs to compare with the reference: the prompt's forward
+            res["_output"] = as_float_cpu(adapter.forward_example(inputs))
+    else:
+        res["_output"] = as_float_cpu(out)
+    return res

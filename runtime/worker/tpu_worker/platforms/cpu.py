@@ -1,0 +1,28 @@
+"""The host CPU: no queue to wait for, memory from /proc."""
+
+from __future__ import annotations
+
+from .base import Platform
+
+
+def read_meminfo(path: str = "/proc/meminfo") -> tuple[int | None, int | None]:
+    """(MemTotal, MemAvailable) in bytes from /proc/meminfo; None when unreadable."""
+    values: dict[str, int] = {}
+    try:
+        with open(path, encoding="ascii") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    values[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    except OSError:
+        return None, None
+    return values.get("MemTotal"), values.get("MemAvailable")
+
+
+class CpuPlatform(Platform):
+    kind = "cpu"
+    fallback_detection = "none needed: the target is the CPU"
+
+    def memory_info(self, index: int | None) -> tuple[int | None, int | None]:
+        return read_meminfo()

@@ -1,0 +1,82 @@
+"""The read-only reports: `describe` (the catalog as this worker sees it) and `status`."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from . import __version__
+from .errors import WorkerError
+from .memory import rss_bytes
+from .probe import refresh_memory
+
+
+def describe_models(worker) -> dict:
+    """The `describe` op: every catalog entry, its weights checked and digested."""
+    models = []
+    for entry in worker.catalog.entries.values():
+        item: dict[str, Any] = {
+            "id": entry.id,
+            "task": entry.task,
+            "architecture": entry.architecture,
+            "description": entry.description,
+            "format": entry.format,
+            "parameters": None,
+            "weight_bytes": None,
+            "weight_digest": None,
+            "dtypes": list(entry.dtypes),
+            "default_dtype": entry.default_dtype,
+            "limits": vars(entry.limits).copy(),
+            "batching": vars(entry.batching).copy(),
+            "input": {"shape": list(entry.input.shape), "dtype": entry.input.dtype} if entry.input else None,
+            "loaded": entry.id in worker.loaded,
+            "available": True,
+            "problem": None,
+        }
+        try:
+            _, info = worker.entry_and_weights(entry.id)
+            item["parameters"] = info.parameters or None
+            item["weight_bytes"] = info.weight_bytes
+            item["weight_digest"] = worker.digests.digest(info.files)
+        except WorkerError as exc:
+            item["available"], item["problem"] = False, exc.message
+        models.append(item)
+    return {"models": models}
+
+
+def worker_status(worker) -> dict:
+    """The `status` op: device memory now, loaded models, versions, uptime."""
+    device = refresh_memory(worker.device_info)
+    devices = [device if d["index"] == device["index"] else d for d in worker.probe.devices]
+    loaded = [
+        {
+            "model": m.entry.id,
+            "device": m.device,
+            "dtype": m.dtype,
+            "mode": m.mode,
+            "parameters": m.adapter.parameters(),
+            "bytes_on_device": m.adapter.bytes_on_device(),
+            "queue_depth": m.batcher.queue_depth,
+            "batching": {**m.batcher.describe(), **vars(m.batcher.stats)},
+            "loaded_at": m.loaded_at,
+        }
+        for m in list(worker.loaded.values())
+    ]
+    return {
+        "device": device,
+        "devices": devices,
+        "probe": worker.probe.steps,
+        "torch_version": torch.__version__,
+        "backend_version": worker.device_info.get("backend_version"),
+        "execution_mode": worker.platform.execution_mode(worker.device),
+        "eager_mode": worker.platform.eager_mode_report(worker.device),
+        "matmul_precision": worker.platform.matmul_precision(worker.device),
+        "loaded": loaded,
+        "rss_bytes": rss_bytes(),
+        "uptime_s": round(time.monotonic() - worker.started, 3),
+        "worker_version": __version__,
+        "pid": os.getpid(),
+    }
