@@ -4,7 +4,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { encodeFrame, tensorFrom, tensorView } from "../../runtime/framing.js";
 import { RuntimeCallError, type TensorData } from "../../runtime/types.js";
-import { parseConfig } from "../../server/config.js";
+import { parseConfig } from "../../server/config/config.js";
 import { MIN_SEQ_LEN } from "../../tools/run_benchmark.js";
 import { alive, cpuRuntime, recordingSpawn, repoRoot, waitFor } from "./helpers.js";
 
