@@ -66,6 +66,12 @@ function renderReport(report: Report) {
     box.append(el("p", `vs ${report.comparison.baseline_id}: ${warnings.join("; ")}`, "warn"));
 }
 
+/** The operator's command as the server wrote it in the message (it knows the config path). */
+function approveCommand(err: Json, d: Json): string {
+  const m = /`([^`]*approvals approve [^`]*)`/.exec(String(err.message ?? ""));
+  return m?.[1] ?? `node bin/tpu-mcp.js approvals approve ${d.approval_id ?? "<id>"}`;
+}
+
 function renderApproval(err: Json) {
   const d = err.details ?? {};
   const box = root();
@@ -89,7 +95,7 @@ function renderApproval(err: Json) {
     args,
     el(
       "p",
-      `An operator approves in the tpu-mcp console (Approvals page) or with \`tpu-mcp approvals approve ${d.approval_id ?? "<id>"}\`. ` +
+      `An operator approves in the tpu-mcp console (Approvals page) or with \`${approveCommand(err, d)}\` from the tpu-mcp folder. ` +
         "This card is information only: it cannot approve anything. Then call the tool again with the same arguments and approval_id.",
       "note",
     ),
