@@ -524,6 +524,6 @@ describe("Gate", () => {
     const e = await refusal(
       gate.run({ principal: agent, tool: "run_inference", args: { x: NaN } }, async () => 1),
     );
-    expect(e.code).toBe("invalid_arguments");
+    expect(e.code).toBe("invalid_argument");
   });
 });
