@@ -17,10 +17,10 @@ import type { RequestHandlerExtra } from "@modelcontextprotocol/sdk/shared/proto
 import { z } from "zod";
 import type { Principal } from "../policies/scopes.js";
 import { hasScope, visibleTools } from "../policies/scopes.js";
-import { dispatchTool, ERROR_META_KEY, type Elicit } from "../tools/dispatch.js";
-import { renderReportSvg } from "../tools/support/report_chart.js";
+import { dispatchTool, ERROR_META_KEY, type Elicit } from "../tools/dispatch/dispatch.js";
+import { renderReportSvg } from "../tools/render/report_chart.js";
 import { TRACE_META_KEY, tracerFor } from "../tools/support/trace.js";
-import { renderReportMarkdown } from "../tools/support/report_format.js";
+import { renderReportMarkdown } from "../tools/render/report_format.js";
 import type { ToolDefinition } from "../tools/types.js";
 import type { App } from "./app.js";
 import {

@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { toToolError } from "./errors.js";
-import type { ModelFact } from "./support/facts.js";
+import type { ModelFact } from "./stores/facts.js";
 import { defineTool, type ToolEnv } from "./types.js";
 
 export const ModelInfo = z.object({

@@ -12,7 +12,7 @@ import {
   wait,
 } from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
-import { JobRef } from "./support/jobs.js";
+import { JobRef } from "./stores/jobs.js";
 import { defineTool, type ToolEnv } from "./types.js";
 
 const LoadResult = z.object({

@@ -11,9 +11,9 @@ import {
   modelId,
   wait,
 } from "./schemas.js";
-import { compareReports } from "./support/compare.js";
+import { compareReports } from "./render/compare.js";
 import { estimateFor } from "./support/estimate.js";
-import { JobRef } from "./support/jobs.js";
+import { JobRef } from "./stores/jobs.js";
 import { defineTool, type ToolEnv } from "./types.js";
 
 const n = z.number().nullable().optional();

@@ -7,10 +7,10 @@ import type { CallDeadline } from "../policies/gate.js";
 import type { Principal } from "../policies/scopes.js";
 import type { Catalog } from "../runtime/catalog.js";
 import type { CallTrace, Runtime } from "../runtime/types.js";
-import type { Jobs } from "./support/jobs.js";
-import type { Outputs } from "./support/outputs.js";
-import type { Reports } from "./support/reports.js";
-import type { ModelFacts } from "./support/facts.js";
+import type { Jobs } from "./stores/jobs.js";
+import type { Outputs } from "./stores/outputs.js";
+import type { Reports } from "./stores/reports.js";
+import type { ModelFacts } from "./stores/facts.js";
 
 export type ToolPrincipal = Principal;
 
