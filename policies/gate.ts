@@ -18,21 +18,11 @@ import { PolicyError, isPolicyError, type PolicyErrorCode } from "./errors.js";
 import { formatBytes, type CostEstimate } from "./estimate.js";
 import type { BudgetLedger, ConcurrencyLimiter, RateLimiter, Release } from "./limits.js";
 import { canCall, hasScope, requiredScope, type Principal, type Scope } from "./scopes.js";
+import { toolPolicyMap, type ToolPolicy } from "./tool_policy.js";
 
 /** Read-scoped tools that use the device draw on a small allowance of their own as well. */
 const READ_SCOPE: Scope = "models:read";
 const READ_KEY_SUFFIX = "\u0000read";
-
-/**
- * Tools whose work may start while their "allowed" record is being committed (it is queued first
- * and committed within the same event-loop turn, with other calls' records). Their answer still
- * waits for that commit and for the "executed" one, so no answered call lacks its records; if the
- * commit fails the work is cancelled and the call refused. Only inference: it changes nothing on
- * the device, so work that ran and was then refused costs nothing but the time. Waiting for the
- * commit before starting cost a lone call an event-loop turn and a commit (~0.3 ms of ~5 on the
- * 2-core development VM, bench/decompose.ts).
- */
-const RUN_WHILE_RECORDING = new Set(["run_inference"]);
 
 /** The deadline of one admitted call, handed down to the runtime as its request timeout. */
 export interface CallDeadline {
@@ -71,6 +61,8 @@ export interface GateCall {
 
 export interface GateDeps {
   config: PolicyConfig;
+  /** Every tool's record (scope, run-while-recording, ...); a tool without one needs admin. */
+  tools: readonly ToolPolicy[];
   approvals: ApprovalStore;
   audit: AuditLog;
   limiter: ConcurrencyLimiter;
@@ -193,6 +185,7 @@ export class Gate {
   private readonly config: PolicyConfig;
   private readonly deps: GateDeps;
   private readonly clock: Clock;
+  private readonly tools: ReadonlyMap<string, ToolPolicy>;
   /**
    * Estimated device-seconds admitted but not yet settled, per budget line. Reserved at
    * admission (before waiting for a slot), released when the call settles with its measured
@@ -204,6 +197,7 @@ export class Gate {
     this.deps = deps;
     this.config = deps.config;
     this.clock = deps.clock ?? systemClock;
+    this.tools = toolPolicyMap(deps.tools);
   }
 
   decideApproval(
@@ -367,9 +361,10 @@ export class Gate {
         "audit append failed; call refused",
       );
     };
-    // Committed before the work starts, or (RUN_WHILE_RECORDING) alongside it.
+    // Committed before the work starts, or (the tool's runWhileRecording: its work may start
+    // while its "allowed" record commits; the answer still waits for it) alongside it.
     let allowedCommitted: Promise<void> | undefined;
-    if (RUN_WHILE_RECORDING.has(tool)) {
+    if (this.tools.get(tool)?.runWhileRecording) {
       allowedCommitted = this.auditDurable(allowedRecord);
       allowedCommitted.catch(() => {}); // observed below, by the abort and before the answer
     } else {
@@ -471,7 +466,7 @@ export class Gate {
   /** The budget lines a call is charged to: the principal's, and for read-scoped tools its read allowance. */
   private budgetKeys(principal: string, tool: string): { key: string; limit?: number }[] {
     const keys: { key: string; limit?: number }[] = [{ key: principal }];
-    if (requiredScope(tool) === READ_SCOPE) {
+    if (requiredScope(this.tools.get(tool)) === READ_SCOPE) {
       keys.push({
         key: `${principal}${READ_KEY_SUFFIX}`,
         limit: this.config.limits.budget.read_device_seconds_per_window,
@@ -517,8 +512,8 @@ export class Gate {
   }
 
   private checkScope(principal: Principal, tool: string): void {
-    if (!canCall(principal, tool)) {
-      const scope = requiredScope(tool);
+    if (!canCall(principal, this.tools.get(tool))) {
+      const scope = requiredScope(this.tools.get(tool));
       throw new PolicyError(
         "insufficient_scope",
         `${tool} needs the ${scope} scope, which ${principal.id} does not have; ask for a token that grants it.`,

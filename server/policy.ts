@@ -7,6 +7,7 @@ import { Gate } from "../policies/gate.js";
 import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../policies/limits.js";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
+import { TOOL_POLICIES } from "../tools/registry.js";
 import type { ServerConfig } from "./config.js";
 
 export function policyDbPath(config: ServerConfig): string {
@@ -35,6 +36,7 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
   const budget = new SqliteBudgetLedger(dbPath, policy.limits.budget);
   const gate = new Gate({
     config: policy,
+    tools: TOOL_POLICIES,
     approvals,
     audit,
     limiter: new ConcurrencyLimiter(policy.limits),

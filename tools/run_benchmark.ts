@@ -14,7 +14,8 @@ import {
 import { compareReports } from "./render/compare.js";
 import { estimateFor } from "./support/estimate.js";
 import { JobRef } from "./stores/jobs.js";
-import { defineTool, type ToolEnv } from "./types.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
+import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 const n = z.number().nullable().optional();
 /** Counts (iterations, graphs, bytes) are integers, so typed clients do not see 1.0. */
@@ -166,13 +167,25 @@ const Report = z.object({
     .optional(),
 });
 
-export const runBenchmark = (env: ToolEnv) => {
+/** What the server and its policies know of run_benchmark (policies/tool_policy.ts). */
+const policy: ToolPolicy = {
+  name: "run_benchmark",
+  scope: "benchmark:run",
+  workerOp: "benchmark",
+  job: true,
+  deviceMode: "exclusive",
+  timeoutS: 1800,
+  concurrency: 1,
+  estimate: "benchmark",
+  runWhileRecording: false,
+};
+
+const build = (env: ToolEnv) => {
   const maxBatch = catalogMax(env, "max_batch");
   const maxSeq = catalogMax(env, "max_seq_len");
   const maxNew = catalogMax(env, "max_new_tokens");
   const b = env.limits.benchmark;
-  return defineTool({
-    name: "run_benchmark",
+  return defineTool(policy, {
     title: "Benchmark a model",
     description:
       "Warmup plus timed runs over a grid of batch sizes × sequence lengths × dtypes × modes on a device, in an MLPerf-style scenario: " +
@@ -229,7 +242,7 @@ export const runBenchmark = (env: ToolEnv) => {
     estimate: (a, ctx) => {
       const r = resolveBenchmark(env, a);
       return estimateFor(
-        "run_benchmark",
+        policy,
         {
           ...a,
           seq_lens: r.seqLens,
@@ -327,3 +340,5 @@ export const runBenchmark = (env: ToolEnv) => {
     },
   });
 };
+
+export const runBenchmark: ToolFile = { policy, build };

@@ -10,6 +10,7 @@ import { SqliteApprovalStore } from "../../policies/approvals.js";
 import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../../policies/limits.js";
 import type { Principal } from "../../policies/scopes.js";
 import { captureLogger, tempDir } from "./helpers.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 
 const tmp = tempDir();
 afterAll(() => tmp.cleanup());
@@ -73,9 +74,13 @@ describe("the gate with group commit", () => {
   const agent: Principal = { id: "agent", scopes: ["inference:run"], via: "stdio" };
 
   function gateOn(file: string) {
-    const config = parsePolicyConfig({ limits: { concurrency: { run_inference: 64 } } } as any);
+    const config = parsePolicyConfig(
+      { limits: { concurrency: { run_inference: 64 } } } as any,
+      TOOL_POLICIES,
+    );
     const audit = new SqliteAuditLog(file);
     const gate = new Gate({
+      tools: TOOL_POLICIES,
       config,
       approvals: new SqliteApprovalStore(file),
       audit,

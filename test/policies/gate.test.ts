@@ -19,6 +19,7 @@ import {
 import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../../policies/limits.js";
 import type { Principal } from "../../policies/scopes.js";
 import { captureLogger, FakeClock, flush, tempDir } from "./helpers.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 
 const tmp = tempDir();
 afterAll(() => tmp.cleanup());
@@ -52,7 +53,7 @@ const demoPolicy = JSON.parse(
 ).policy as PolicyConfigInput;
 
 function makeGate(policy: PolicyConfigInput = demoPolicy) {
-  const config = parsePolicyConfig(policy);
+  const config = parsePolicyConfig(policy, TOOL_POLICIES);
   const clock = new FakeClock();
   const logger = captureLogger();
   const file = tmp.file(`gate-${Math.random().toString(36).slice(2)}.db`);
@@ -62,6 +63,7 @@ function makeGate(policy: PolicyConfigInput = demoPolicy) {
   const limiter = new ConcurrencyLimiter(config.limits, clock.now);
   const rateLimiter = new RateLimiter(config.limits.rate_limit.per_principal_per_minute, clock.now);
   const gate = new Gate({
+    tools: TOOL_POLICIES,
     config,
     approvals,
     audit,

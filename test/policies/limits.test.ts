@@ -4,8 +4,10 @@ import { parsePolicyConfig } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
 import { ConcurrencyLimiter, RateLimiter, SqliteBudgetLedger } from "../../policies/limits.js";
 import { FakeClock, flush, tempDir } from "./helpers.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 
-const limits = (over: Record<string, unknown> = {}) => parsePolicyConfig({ limits: over }).limits;
+const limits = (over: Record<string, unknown> = {}) =>
+  parsePolicyConfig({ limits: over }, TOOL_POLICIES).limits;
 
 async function codeOf(p: Promise<unknown>): Promise<string | undefined> {
   try {

@@ -10,21 +10,33 @@ import { defineTool, type ToolServices } from "../../tools/types.js";
 const Out = z.object({ count: z.number().int(), items: z.array(z.object({ id: z.string() })) });
 
 function toolAnswering(answer: unknown) {
-  return defineTool({
-    name: "drift_probe",
-    title: "drift probe",
-    description: "answers whatever the test says",
-    input: z.object({}).strict(),
-    output: Out,
-    annotations: {
-      readOnlyHint: true,
-      destructiveHint: false,
-      idempotentHint: true,
-      openWorldHint: false,
+  return defineTool(
+    {
+      name: "drift_probe",
+      scope: "models:read",
+      workerOp: null,
+      job: false,
+      deviceMode: null,
+      timeoutS: null,
+      concurrency: null,
+      estimate: null,
+      runWhileRecording: false,
     },
-    handler: async () => answer as z.infer<typeof Out>,
-    render: () => "ok",
-  });
+    {
+      title: "drift probe",
+      description: "answers whatever the test says",
+      input: z.object({}).strict(),
+      output: Out,
+      annotations: {
+        readOnlyHint: true,
+        destructiveHint: false,
+        idempotentHint: true,
+        openWorldHint: false,
+      },
+      handler: async () => answer as z.infer<typeof Out>,
+      render: () => "ok",
+    },
+  );
 }
 
 async function call(answer: unknown) {

@@ -6,9 +6,9 @@
 import type { Logger } from "pino";
 import type { z } from "zod";
 import type { CallDeadline, Gate, GateCall } from "../../policies/gate.js";
+import type { Principal } from "../../policies/scopes.js";
 import { ToolError, toToolError } from "../errors.js";
-import { JOB_TOOLS } from "../registry.js";
-import type { ToolContext, ToolDefinition, ToolPrincipal, ToolServices } from "../types.js";
+import type { ToolContext, ToolDefinition, ToolServices } from "../types.js";
 import { runAsJob } from "./jobs.js";
 import { checkOutput, errorResult, successResult, type CallToolResultLike } from "./result.js";
 
@@ -19,7 +19,7 @@ export type Elicit = NonNullable<GateCall["elicit"]>;
 export interface DispatchInput {
   tool: ToolDefinition<any, any>;
   rawArgs: unknown;
-  principal: ToolPrincipal;
+  principal: Principal;
   gate: Pick<Gate, "run" | "enforceScope" | "refuse">;
   /** Everything of ToolContext but signal/progress, which the dispatcher fills per call. */
   base: ToolServices;
@@ -32,15 +32,6 @@ export interface DispatchInput {
   /** Stamps for the bench's decomposition; absent unless tracing (tools/support/trace.ts). */
   trace?: ToolContext["trace"];
 }
-
-/** The worker operation behind each device-bound tool (a pool places calls by it). */
-const WORKER_OP: Record<string, string> = {
-  load_model: "load",
-  unload_model: "unload",
-  run_inference: "infer",
-  run_benchmark: "benchmark",
-  check_model: "check",
-};
 
 function zodMessage(err: z.ZodError): string {
   return err.issues
@@ -95,7 +86,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
     // A pool: the lane is the worker the call will hold (none when it routes per call).
     const lane =
       declared !== undefined && rt.laneOf
-        ? rt.laneOf(WORKER_OP[tool.name] ?? tool.name, args)
+        ? rt.laneOf(tool.policy.workerOp ?? tool.name, args)
         : declared === "default" && own
           ? `${own.kind}:${own.index}`
           : declared;
@@ -134,9 +125,8 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       rt.withPlacement ? rt.withPlacement(ranOn, fn) : fn();
 
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
-    const isJobTool = JOB_TOOLS.has(tool.name);
     let out: Record<string, unknown>;
-    if (isJobTool && (args.wait === false || softMs > 0)) {
+    if (tool.policy.job && (args.wait === false || softMs > 0)) {
       out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs, placed);
     } else {
       out = await gate.run(call, (signal, deadline) =>
