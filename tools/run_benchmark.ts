@@ -17,7 +17,8 @@ import { JobRef } from "./stores/jobs.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
-const n = z.number().nullable().optional();
+/** A measured quantity the worker may not report (null or absent). */
+const measured = z.number().nullable().optional();
 /** Counts (iterations, graphs, bytes) are integers, so typed clients do not see 1.0. */
 const count = z.number().int().nullable().optional();
 
@@ -122,26 +123,26 @@ const Config = z
         max: z.number(),
       })
       .nullable(),
-    throughput_items_per_s: n,
+    throughput_items_per_s: measured,
     throughput_basis: z.string().optional(),
-    tokens_per_s: n,
-    first_call_s: n,
-    compile_s: n,
+    tokens_per_s: measured,
+    first_call_s: measured,
+    compile_s: measured,
     graphs_compiled: count,
     recompiles_in_window: count,
     recompiled: z.boolean().optional(),
-    load_s: n,
+    load_s: measured,
     peak_memory_bytes: count,
     peak_memory_increase_bytes: count,
     peak_memory_kind: z.string().optional(),
     matmul_precision: z.string().optional(),
-    max_abs_error_vs_fp32: n,
-    max_rel_error_vs_fp32: n,
-    cosine_similarity_vs_fp32: n,
-    flops_per_item: n,
-    achieved_flops_per_s: n,
-    peak_flops_per_s: n,
-    fraction_of_peak: n,
+    max_abs_error_vs_fp32: measured,
+    max_rel_error_vs_fp32: measured,
+    cosine_similarity_vs_fp32: measured,
+    flops_per_item: measured,
+    achieved_flops_per_s: measured,
+    peak_flops_per_s: measured,
+    fraction_of_peak: measured,
     error: z.object({ code: z.string(), message: z.string() }).passthrough().nullable(),
   })
   .passthrough();

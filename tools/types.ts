@@ -11,7 +11,7 @@ import type { CallTrace, Runtime } from "../runtime/types.js";
 import type { Jobs } from "./stores/jobs.js";
 import type { Outputs } from "./stores/outputs.js";
 import type { Reports } from "./stores/reports.js";
-import type { ModelFacts } from "./stores/facts.js";
+import type { ModelFactStore } from "./stores/facts.js";
 
 export interface ToolAnnotations {
   title?: string;
@@ -47,7 +47,7 @@ export interface ToolContext {
   jobs: Jobs;
   outputs: Outputs;
   reports: Reports;
-  facts: ModelFacts;
+  facts: ModelFactStore;
   env: ToolEnv;
   logger: Logger;
   signal: AbortSignal;

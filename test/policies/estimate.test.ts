@@ -4,7 +4,10 @@ import {
   memoryFor,
   type DeviceFacts,
   type ModelFacts,
+  dtypeBytes,
+  formatBytes,
 } from "../../policies/estimate.js";
+import { DTYPE_ITEMSIZE } from "../../runtime/framing.js";
 
 const GiB = 2 ** 30;
 const minilm: ModelFacts = {
@@ -240,5 +243,17 @@ describe("estimateCost", () => {
       loaded: [{ model: big.id, bytes: 1 }],
     });
     expect(large.device_seconds).toBeGreaterThan(small.device_seconds * 50);
+  });
+
+  // Two tables by necessity (policies/ may not import runtime/, no neutral home yet): they agree.
+  it("sizes every dtype as the wire's framing does", () => {
+    for (const [dtype, size] of Object.entries(DTYPE_ITEMSIZE))
+      expect(dtypeBytes(dtype), dtype).toBe(size);
+  });
+
+  it("formats bytes in binary units, negatives with a sign", () => {
+    expect(formatBytes(512)).toBe("512 B");
+    expect(formatBytes(3 * 2 ** 30)).toBe("3.0 GiB");
+    expect(formatBytes(-2048)).toBe("-2.0 KiB");
   });
 });
