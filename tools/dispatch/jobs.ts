@@ -1,3 +1,5 @@
+// A call of a job tool (its record says job: true): answered with its result, or with a job id
+// when it was asked not to wait or outlives the soft deadline (dispatch.ts decides which).
 import type { CallDeadline, GateCall } from "../../policies/gate.js";
 import type { ToolContext } from "../types.js";
 import type { DispatchInput } from "./dispatch.js";
