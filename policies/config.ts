@@ -1,18 +1,14 @@
 // The `policy` section of the server config: one zod schema, defaults such that `{}` is valid.
 // Tokens are stored as sha256 hashes only; `hashToken` is what the CLI uses to produce them.
+// Tool names and per-tool defaults come from the tools' own records (ToolPolicy), which the
+// server passes in: policyConfigSchema(tools).
 
 import { createHash } from "node:crypto";
 import { z } from "zod";
-import { SCOPES, TOOL_NAMES } from "./scopes.js";
+import { SCOPES } from "./scopes.js";
+import type { ToolPolicy } from "./tool_policy.js";
 
 const ScopeSchema = z.enum(SCOPES);
-// Tool names are checked so a typo in a rule cannot silently switch an approval off.
-const ToolSchema = z.enum(TOOL_NAMES as [string, ...string[]], {
-  error: `unknown tool; known tools: ${TOOL_NAMES.join(", ")}`,
-});
-const ToolOrAnySchema = z.enum(["*", ...TOOL_NAMES] as [string, ...string[]], {
-  error: `unknown tool; use one of ${TOOL_NAMES.join(", ")} or "*"`,
-});
 const PositiveInt = z.number().int().positive();
 const NonNegative = z.number().nonnegative();
 
@@ -25,21 +21,19 @@ export const DEFAULT_STDIO_SCOPES = [
   "jobs:read",
 ] as const;
 
-/** Per-tool concurrency defaults; tools not named here use `default_concurrency`. */
-export const DEFAULT_TOOL_CONCURRENCY: Readonly<Record<string, number>> = {
-  // As many as the built-in batchers coalesce (max_batch 32), so batching is not starved.
-  run_inference: 32,
-  load_model: 1,
-  run_benchmark: 1,
-};
+/** One per-tool fact as a record of the tools that set it (null: the section's default applies). */
+function perTool<K extends "concurrency" | "timeoutS">(
+  tools: readonly ToolPolicy[],
+  key: K,
+): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const t of tools) if (t[key] !== null) out[t.name] = t[key] as number;
+  return out;
+}
 
-/** Per-tool timeouts (seconds) used when the config names none for a tool. */
-export const DEFAULT_CALL_TIMEOUT_S: Readonly<Record<string, number>> = {
-  run_inference: 120,
-  load_model: 900,
-  run_benchmark: 1800,
-  check_model: 300,
-};
+function withMode(tools: readonly ToolPolicy[], mode: ToolPolicy["deviceMode"]): string[] {
+  return tools.filter((t) => t.deviceMode === mode).map((t) => t.name);
+}
 
 const StdioPrincipalSchema = z.object({
   id: z.string().min(1).default("local-user"),
@@ -71,62 +65,66 @@ const JwtSchema = z
     message: "jwt needs exactly one of jwks_url or jwks",
   });
 
-const LimitsSchema = z.object({
-  per_tool_concurrency: z
-    .partialRecord(ToolSchema, PositiveInt)
-    .default({})
-    .transform((r) => ({ ...DEFAULT_TOOL_CONCURRENCY, ...r }) as Record<string, number>),
-  default_concurrency: PositiveInt.default(8),
-  /** Waiting calls allowed per tool beyond the running ones; the next one is refused `busy`. */
-  queue_bound: z
-    .partialRecord(ToolSchema, z.number().int().nonnegative())
-    .default({})
-    .transform((r) => r as Record<string, number>),
-  default_queue_bound: z.number().int().nonnegative().default(16),
-  /** Tools that hold their device alone (a writer lock on the device). */
-  device_exclusive_tools: z
-    .array(ToolSchema)
-    .default(["load_model", "unload_model", "run_benchmark", "check_model"]),
-  /** Tools that share their device with each other (readers), never with an exclusive tool. */
-  device_shared_tools: z.array(ToolSchema).default(["run_inference"]),
-  device_queue_bound: z.number().int().nonnegative().default(64),
-  call_timeout_s: z
-    .partialRecord(ToolSchema, z.number().positive())
-    .default({})
-    .transform((r) => ({ ...DEFAULT_CALL_TIMEOUT_S, ...r }) as Record<string, number>),
-  default_call_timeout_s: z.number().positive().default(60),
-  rate_limit: z.object({ per_principal_per_minute: PositiveInt.default(120) }).prefault({}),
-  /**
-   * Calls of tools that can become jobs (load_model, run_benchmark) that are still running after
-   * this many seconds answer with a job_id instead of holding the request open; 0 = never.
-   */
-  soft_deadline_s: z.number().nonnegative().default(45),
-  budget: z
-    .object({
-      device_seconds_per_window: z.number().positive().default(3600),
-      window_s: z.number().positive().default(3600),
-      /**
-       * Device-seconds per window a principal may spend through read-scoped tools (check_model),
-       * on top of being charged to its budget: a reader cannot take the device for long.
-       */
-      read_device_seconds_per_window: z.number().nonnegative().default(30),
-    })
-    .prefault({}),
-});
+function limitsSchema(tools: readonly ToolPolicy[], ToolSchema: z.ZodType<string>) {
+  const concurrency = perTool(tools, "concurrency");
+  const timeouts = perTool(tools, "timeoutS");
+  return z.object({
+    per_tool_concurrency: z
+      .partialRecord(ToolSchema, PositiveInt)
+      .default({})
+      .transform((r) => ({ ...concurrency, ...r }) as Record<string, number>),
+    default_concurrency: PositiveInt.default(8),
+    /** Waiting calls allowed per tool beyond the running ones; the next one is refused `busy`. */
+    queue_bound: z
+      .partialRecord(ToolSchema, z.number().int().nonnegative())
+      .default({})
+      .transform((r) => r as Record<string, number>),
+    default_queue_bound: z.number().int().nonnegative().default(16),
+    /** Tools that hold their device alone (a writer lock on the device). */
+    device_exclusive_tools: z.array(ToolSchema).default(withMode(tools, "exclusive")),
+    /** Tools that share their device with each other (readers), never with an exclusive tool. */
+    device_shared_tools: z.array(ToolSchema).default(withMode(tools, "shared")),
+    device_queue_bound: z.number().int().nonnegative().default(64),
+    call_timeout_s: z
+      .partialRecord(ToolSchema, z.number().positive())
+      .default({})
+      .transform((r) => ({ ...timeouts, ...r }) as Record<string, number>),
+    default_call_timeout_s: z.number().positive().default(60),
+    rate_limit: z.object({ per_principal_per_minute: PositiveInt.default(120) }).prefault({}),
+    /**
+     * Calls of tools that can become jobs (load_model, run_benchmark) that are still running after
+     * this many seconds answer with a job_id instead of holding the request open; 0 = never.
+     */
+    soft_deadline_s: z.number().nonnegative().default(45),
+    budget: z
+      .object({
+        device_seconds_per_window: z.number().positive().default(3600),
+        window_s: z.number().positive().default(3600),
+        /**
+         * Device-seconds per window a principal may spend through read-scoped tools (check_model),
+         * on top of being charged to its budget: a reader cannot take the device for long.
+         */
+        read_device_seconds_per_window: z.number().nonnegative().default(30),
+      })
+      .prefault({}),
+  });
+}
 
-const ApprovalRuleSchema = z.object({
-  tool: ToolOrAnySchema,
-  /** Principal ids the rule applies to; absent = any principal. */
-  principals: z.array(z.string().min(1)).optional(),
-  /** Thresholds on the estimate; the rule applies when ANY is met. Absent = always. */
-  when: z
-    .object({
-      min_weight_bytes: NonNegative.optional(),
-      min_device_seconds: NonNegative.optional(),
-      min_memory_bytes: NonNegative.optional(),
-    })
-    .optional(),
-});
+function approvalRuleSchema(ToolOrAnySchema: z.ZodType<string>) {
+  return z.object({
+    tool: ToolOrAnySchema,
+    /** Principal ids the rule applies to; absent = any principal. */
+    principals: z.array(z.string().min(1)).optional(),
+    /** Thresholds on the estimate; the rule applies when ANY is met. Absent = always. */
+    when: z
+      .object({
+        min_weight_bytes: NonNegative.optional(),
+        min_device_seconds: NonNegative.optional(),
+        min_memory_bytes: NonNegative.optional(),
+      })
+      .optional(),
+  });
+}
 
 /** A webhook for approval events (policies/notify.ts has the wire format). */
 const NotifySchema = z
@@ -141,13 +139,15 @@ const NotifySchema = z
   })
   .strict();
 
-const ApprovalsSchema = z.object({
-  rules: z.array(ApprovalRuleSchema).default([]),
-  notify: z.array(NotifySchema).max(16).default([]),
-  ttl_s: z.number().positive().default(900),
-  elicitation: z.boolean().default(true),
-  elicitation_timeout_s: z.number().positive().default(300),
-});
+function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>) {
+  return z.object({
+    rules: z.array(rule).default([]),
+    notify: z.array(NotifySchema).max(16).default([]),
+    ttl_s: z.number().positive().default(900),
+    elicitation: z.boolean().default(true),
+    elicitation_timeout_s: z.number().positive().default(300),
+  });
+}
 
 const AuditSchema = z.object({
   redact_args: z.array(z.string().min(1)).default(["texts", "tensors"]),
@@ -155,39 +155,49 @@ const AuditSchema = z.object({
   key_file: z.string().min(1).optional(),
 });
 
-export const PolicyConfigSchema = z
-  .object({
-    stdio_principal: StdioPrincipalSchema.prefault({}),
-    tokens: z.array(TokenSchema).default([]),
-    jwt: JwtSchema.optional(),
-    limits: LimitsSchema.prefault({}),
-    approvals: ApprovalsSchema.prefault({}),
-    audit: AuditSchema.prefault({}),
-  })
-  .superRefine((c, ctx) => {
-    const hashes = new Set<string>();
-    c.tokens.forEach((t, i) => {
-      if (hashes.has(t.token_sha256)) {
-        ctx.addIssue({
-          code: "custom",
-          path: ["tokens", i, "token_sha256"],
-          message: "two tokens have the same hash",
-        });
-      }
-      hashes.add(t.token_sha256);
-    });
+/** The policy section's schema for these tools (names checked, per-tool defaults theirs). */
+export function policyConfigSchema(tools: readonly ToolPolicy[]) {
+  const names = tools.map((t) => t.name) as [string, ...string[]];
+  // Tool names are checked so a typo in a rule cannot silently switch an approval off.
+  const ToolSchema = z.enum(names, { error: `unknown tool; known tools: ${names.join(", ")}` });
+  const ToolOrAnySchema = z.enum(["*", ...names] as [string, ...string[]], {
+    error: `unknown tool; use one of ${names.join(", ")} or "*"`,
   });
+  return z
+    .object({
+      stdio_principal: StdioPrincipalSchema.prefault({}),
+      tokens: z.array(TokenSchema).default([]),
+      jwt: JwtSchema.optional(),
+      limits: limitsSchema(tools, ToolSchema).prefault({}),
+      approvals: approvalsSchema(approvalRuleSchema(ToolOrAnySchema)).prefault({}),
+      audit: AuditSchema.prefault({}),
+    })
+    .superRefine((c, ctx) => {
+      const hashes = new Set<string>();
+      c.tokens.forEach((t, i) => {
+        if (hashes.has(t.token_sha256)) {
+          ctx.addIssue({
+            code: "custom",
+            path: ["tokens", i, "token_sha256"],
+            message: "two tokens have the same hash",
+          });
+        }
+        hashes.add(t.token_sha256);
+      });
+    });
+}
 
-export type PolicyConfigInput = z.input<typeof PolicyConfigSchema>;
-export type PolicyConfig = z.output<typeof PolicyConfigSchema>;
+type PolicyConfigSchema = ReturnType<typeof policyConfigSchema>;
+export type PolicyConfigInput = z.input<PolicyConfigSchema>;
+export type PolicyConfig = z.output<PolicyConfigSchema>;
 export type ApprovalRule = PolicyConfig["approvals"]["rules"][number];
 export type StaticTokenConfig = PolicyConfig["tokens"][number];
 export type JwtConfig = NonNullable<PolicyConfig["jwt"]>;
 export type LimitsConfig = PolicyConfig["limits"];
 
-/** Parses a policy section (throws zod's error with paths on invalid input). */
-export function parsePolicyConfig(input: unknown): PolicyConfig {
-  return PolicyConfigSchema.parse(input ?? {});
+/** Parses a policy section for these tools (throws zod's error with paths on invalid input). */
+export function parsePolicyConfig(input: unknown, tools: readonly ToolPolicy[]): PolicyConfig {
+  return policyConfigSchema(tools).parse(input ?? {});
 }
 
 export function hashToken(plain: string): string {

@@ -32,7 +32,7 @@ function packNumbers(arr: readonly unknown[], path: string): string | null {
     if (typeof x !== "number") return null;
     if (!Number.isFinite(x)) {
       throw new PolicyError(
-        "invalid_arguments",
+        "invalid_argument",
         `${path}[${i}] is ${x}: only finite numbers are accepted`,
         { path: `${path}[${i}]` },
       );
@@ -53,7 +53,7 @@ function write(v: unknown, stack: Set<object>, path: string, pack: boolean): str
     case "number":
       if (!Number.isFinite(v)) {
         throw new PolicyError(
-          "invalid_arguments",
+          "invalid_argument",
           `${path} is ${v}: only finite numbers are accepted`,
           {
             path,
@@ -68,7 +68,7 @@ function write(v: unknown, stack: Set<object>, path: string, pack: boolean): str
     case "function":
     case "symbol":
       throw new PolicyError(
-        "invalid_arguments",
+        "invalid_argument",
         `${path} is a ${typeof v}, which has no JSON form`,
         {
           path,
@@ -77,7 +77,7 @@ function write(v: unknown, stack: Set<object>, path: string, pack: boolean): str
   }
   const obj = v as object;
   if (stack.has(obj)) {
-    throw new PolicyError("invalid_arguments", `${path} refers to itself (cycle)`, { path });
+    throw new PolicyError("invalid_argument", `${path} refers to itself (cycle)`, { path });
   }
   if (obj instanceof Date) return JSON.stringify(obj.toISOString());
   if (ArrayBuffer.isView(obj)) {
@@ -85,13 +85,9 @@ function write(v: unknown, stack: Set<object>, path: string, pack: boolean): str
     return JSON.stringify(bytes.toString("base64"));
   }
   if (obj instanceof Map || obj instanceof Set) {
-    throw new PolicyError(
-      "invalid_arguments",
-      `${path} is a Map/Set; use a plain object or array`,
-      {
-        path,
-      },
-    );
+    throw new PolicyError("invalid_argument", `${path} is a Map/Set; use a plain object or array`, {
+      path,
+    });
   }
   stack.add(obj);
   try {

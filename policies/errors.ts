@@ -1,58 +1,234 @@
-// Policy errors: one catalogue of stable codes, each with a one-line doc. The server's error
-// catalogue includes POLICY_ERROR_CODES; a test keeps codes and docs in sync.
+// THE error catalogue: every stable code a tool result, a policy refusal or the worker can carry,
+// with its one-line doc, whether calling again can succeed, and the HTTP status it maps to. It lives
+// here, a leaf module, because both policies/ and tools/ read it and policies/ may import nothing
+// from tools/. Codes are public API (clients branch on them); README's "Errors" table is checked
+// against this list, and the worker's tpu_worker/errors.py against `recoverable`, by tests.
 
-export const POLICY_ERROR_CODES = {
-  insufficient_scope:
-    "The principal lacks the scope this tool needs (details.required_scope); ask for a token with it.",
-  insufficient_memory:
-    "The estimated memory does not fit the device; details.suggestion says what would (smaller dtype, unloading models).",
-  approval_required:
-    "A human must approve this exact call: ask an operator to approve it in the console or with `node bin/tpu-mcp.js approvals approve <approval_id> --config <the server's config>`, then call again with approval_id.",
-  approval_declined:
-    "The user declined (or cancelled) the approval prompt; do not retry unchanged.",
-  approval_not_found: "No approval has this id; request a new one by calling without approval_id.",
-  approval_pending: "The approval has not been decided yet; wait for the operator, then retry.",
-  approval_denied: "An operator denied this approval; do not retry unchanged.",
-  approval_expired:
-    "The approval expired before it was used; call without approval_id to request a new one.",
-  approval_used: "The approval was already used (approvals are single-use); request a new one.",
-  approval_mismatch:
-    "The approval was granted for another principal, tool or arguments; it only covers the exact call it was requested for.",
-  approval_self_grant:
-    "An approval must be decided by a different identity than the one that requested it.",
-  approval_already_decided: "The approval was already approved or denied; decisions are final.",
-  rate_limited: "Too many calls from this principal; retry after details.retry_after_ms.",
-  budget_exceeded:
-    "The principal's device-seconds budget for the window is spent; details give remaining seconds and when budget frees up.",
-  busy: "Too many calls are waiting for this tool or device; retry after details.retry_after_ms.",
-  timeout:
-    "The call ran past its time limit and was cancelled; use smaller inputs or fewer iterations.",
-  cancelled: "The caller cancelled the call before it finished.",
-  invalid_arguments:
-    "The arguments cannot be digested (non-finite number, cycle or unsupported value).",
-} as const;
+export interface ErrorDoc {
+  /**
+   * Whether calling again can succeed: after waiting, or after the fix the doc names (approve,
+   * unload, another dtype...). Not "the cause goes away by itself": an agent reads this to decide
+   * between retrying (possibly changed) and giving up, and for both kinds retrying is right.
+   */
+  recoverable: boolean;
+  /** The status an HTTP surface answers with when it refuses with this code. */
+  http: number;
+  doc: string;
+}
 
-export type PolicyErrorCode = keyof typeof POLICY_ERROR_CODES;
+export const ERROR_CATALOGUE = {
+  invalid_argument: {
+    recoverable: true,
+    http: 400,
+    doc: "An argument failed validation; the message names the field and the bound.",
+  },
+  unknown_model: {
+    recoverable: true,
+    http: 404,
+    doc: "The model id is not in the catalog; call list_models for the ids.",
+  },
+  model_not_loaded: {
+    recoverable: true,
+    http: 409,
+    doc: "The model is not loaded (or was lost in a worker restart); call load_model first.",
+  },
+  model_already_loaded: {
+    recoverable: true,
+    http: 409,
+    doc: "The model is already loaded; unload_model it first to change device, dtype or mode.",
+  },
+  // Recoverable (the policy list said no): the refusal names a smaller dtype or the models to
+  // unload, and the same call succeeds once that is done.
+  insufficient_memory: {
+    recoverable: true,
+    http: 507,
+    doc: "The estimate does not fit in free device memory; the message says which dtype would fit or what to unload.",
+  },
+  out_of_memory: {
+    recoverable: true,
+    http: 507,
+    doc: "The device ran out of memory while running; use a smaller batch or dtype.",
+  },
+  unsafe_weights: {
+    recoverable: false,
+    http: 422,
+    doc: "The weights are in a pickle-based format (or malformed) and the catalog entry is not marked trusted.",
+  },
+  path_outside_roots: {
+    recoverable: false,
+    http: 403,
+    doc: "The catalog entry's path resolves outside the configured model roots.",
+  },
+  weights_missing: {
+    recoverable: false,
+    http: 500,
+    doc: "The catalog entry's weight files are missing; run the set-up or fix the catalog.",
+  },
+  weights_too_large: {
+    recoverable: false,
+    http: 413,
+    doc: "The weights exceed the loader's limits (header size, tensor count or bytes).",
+  },
+  unsupported_device: {
+    recoverable: true,
+    http: 400,
+    doc: "The requested device is not available in this runtime; get_runtime_status lists devices.",
+  },
+  unsupported_dtype: {
+    recoverable: true,
+    http: 400,
+    doc: "The dtype is not allowed for this model; list_models shows the allowed dtypes.",
+  },
+  insufficient_scope: {
+    recoverable: false,
+    http: 403,
+    doc: "The principal lacks the scope this tool needs; ask an administrator.",
+  },
+  // Recoverable (the policy list said no): once an operator approves, the same call with
+  // approval_id succeeds; that is the whole point of the code.
+  approval_required: {
+    recoverable: true,
+    http: 403,
+    doc: "A human must approve this exact call; an operator approves it in the console or with `node bin/tpu-mcp.js approvals approve <id> --config <the server's config>`, then call again with approval_id.",
+  },
+  approval_pending: {
+    recoverable: true,
+    http: 409,
+    doc: "The approval has not been decided yet; wait for the operator and call again.",
+  },
+  approval_not_found: {
+    recoverable: false,
+    http: 404,
+    doc: "No approval with that id exists for you; drop approval_id to request a new one.",
+  },
+  approval_denied: {
+    recoverable: false,
+    http: 403,
+    doc: "The operator denied this approval; do not retry the same call.",
+  },
+  // Recoverable (the policy list said no): calling again without approval_id requests a fresh
+  // approval, after which the call can run. Denied and declined stay final: a human said no.
+  approval_expired: {
+    recoverable: true,
+    http: 410,
+    doc: "The approval expired before use; call again without approval_id to request a new one.",
+  },
+  // Recoverable (the policy list said no), for the same reason as approval_expired.
+  approval_used: {
+    recoverable: true,
+    http: 410,
+    doc: "The approval was already used once; approvals are single-use, request a new one.",
+  },
+  approval_mismatch: {
+    recoverable: false,
+    http: 403,
+    doc: "The approval was granted for a different tool, principal or arguments; request one for this call.",
+  },
+  approval_declined: {
+    recoverable: false,
+    http: 403,
+    doc: "The user declined (or cancelled) the approval prompt.",
+  },
+  approval_self_grant: {
+    recoverable: false,
+    http: 403,
+    doc: "An approval cannot be granted by the identity that requested it.",
+  },
+  approval_already_decided: {
+    recoverable: false,
+    http: 409,
+    doc: "The approval was already approved or denied; decisions are final.",
+  },
+  rate_limited: {
+    recoverable: true,
+    http: 429,
+    doc: "Too many calls in a short time; wait retry_after_ms and call again.",
+  },
+  budget_exceeded: {
+    recoverable: true,
+    http: 429,
+    doc: "The device-seconds budget for the window is spent; wait for the window to reset.",
+  },
+  busy: {
+    recoverable: true,
+    http: 503,
+    doc: "The queue for this tool or device is full; wait retry_after_ms and call again.",
+  },
+  timeout: {
+    recoverable: true,
+    http: 504,
+    doc: "The call ran past its time limit and was cancelled in the worker.",
+  },
+  // Recoverable (the policy list said no): nothing is wrong with the call, its caller stopped
+  // it; the worker (tpu_worker/errors.py) says the same. 499: "client closed request" (nginx).
+  cancelled: { recoverable: true, http: 499, doc: "The call was cancelled by the client." },
+  worker_died: {
+    recoverable: true,
+    http: 503,
+    doc: "The worker process died during the call; it restarts by itself, loaded models must be loaded again.",
+  },
+  worker_unavailable: {
+    recoverable: false,
+    http: 503,
+    doc: "The worker cannot be started (crash loop or set-up problem); run `tpu-mcp doctor`.",
+  },
+  job_not_found: { recoverable: false, http: 404, doc: "No job with that id exists for you." },
+  output_not_found: {
+    recoverable: false,
+    http: 404,
+    doc: "The stored output expired or never existed; run the inference again.",
+  },
+  protocol_error: {
+    recoverable: true,
+    http: 502,
+    doc: "The worker and server disagreed on the wire; the call may be retried.",
+  },
+  internal: {
+    recoverable: true,
+    http: 500,
+    doc: "An unexpected failure; details are in the server log, never in the answer.",
+  },
+} as const satisfies Record<string, ErrorDoc>;
 
-/** Codes whose cause goes away with time: the caller may retry the same call later. */
-export const RECOVERABLE_POLICY_CODES: ReadonlySet<PolicyErrorCode> = new Set<PolicyErrorCode>([
+export type ErrorCode = keyof typeof ERROR_CATALOGUE;
+
+export function isErrorCode(code: string): code is ErrorCode {
+  return Object.hasOwn(ERROR_CATALOGUE, code);
+}
+
+/** The codes the policy layer raises (a subset of the catalogue, checked by the compiler). */
+export const POLICY_ERROR_CODES = [
+  "insufficient_scope",
+  "insufficient_memory",
+  "approval_required",
+  "approval_declined",
+  "approval_not_found",
   "approval_pending",
+  "approval_denied",
+  "approval_expired",
+  "approval_used",
+  "approval_mismatch",
+  "approval_self_grant",
+  "approval_already_decided",
   "rate_limited",
   "budget_exceeded",
   "busy",
   "timeout",
-]);
+  "cancelled",
+  // Values the audit digest cannot take (non-finite number, cycle, unsupported value).
+  "invalid_argument",
+] as const satisfies readonly ErrorCode[];
+
+export type PolicyErrorCode = (typeof POLICY_ERROR_CODES)[number];
 
 export class PolicyError extends Error {
   readonly code: PolicyErrorCode;
   readonly details: Record<string, unknown>;
-  readonly recoverable: boolean;
   constructor(code: PolicyErrorCode, message: string, details: Record<string, unknown> = {}) {
     super(message);
     this.name = "PolicyError";
     this.code = code;
     this.details = details;
-    this.recoverable = RECOVERABLE_POLICY_CODES.has(code);
   }
 
   toJSON(): { code: PolicyErrorCode; message: string; details: Record<string, unknown> } {

@@ -2,6 +2,7 @@
 // the model, the device and past benchmarks, and gets device-seconds, memory and compile time
 // back. The numbers are deliberately conservative: they drive approvals, budgets and refusals,
 // so erring high costs a prompt while erring low costs an out-of-memory crash on the device.
+import type { EstimateKind } from "./tool_policy.js";
 
 export interface ModelFacts {
   id: string;
@@ -31,7 +32,8 @@ export interface LatencyRecord {
 }
 
 export interface EstimateInput {
-  tool: string;
+  /** The shape of work, from the tool's record (policies/tool_policy.ts), never its name. */
+  kind: EstimateKind;
   args: Record<string, unknown>;
   model?: ModelFacts;
   device?: DeviceFacts;
@@ -196,8 +198,8 @@ export function estimateCost(input: EstimateInput): CostEstimate {
   let weightBytes = 0;
   let needsWeights = false;
 
-  switch (input.tool) {
-    case "load_model": {
+  switch (input.kind) {
+    case "load": {
       weightBytes = model?.weight_bytes ?? 0;
       needsWeights = true;
       // Warmup shapes ({batch, seq_len}) under either name the tools layer may use.
@@ -216,7 +218,7 @@ export function estimateCost(input: EstimateInput): CostEstimate {
       deviceSeconds = weightBytes / a.load_bytes_per_s + compileS + warm;
       break;
     }
-    case "check_model": {
+    case "check": {
       weightBytes = alreadyLoaded ? 0 : (model?.weight_bytes ?? 0);
       needsWeights = !alreadyLoaded;
       compileS = args.mode === "compile" ? compileGraph : 0;
@@ -228,7 +230,7 @@ export function estimateCost(input: EstimateInput): CostEstimate {
         weightBytes / a.load_bytes_per_s + compileS + (2 * latencyMs(input, b, l, dtype, a)) / 1000;
       break;
     }
-    case "run_benchmark": {
+    case "benchmark": {
       const batches = nums(args.batch_sizes);
       const seqs = nums(args.seq_lens);
       const dtypes = strs(args.dtypes);
@@ -267,7 +269,7 @@ export function estimateCost(input: EstimateInput): CostEstimate {
       weightBytes = alreadyLoaded ? 0 : (model?.weight_bytes ?? 0);
       break;
     }
-    case "run_inference": {
+    case "inference": {
       const texts = Array.isArray(args.texts) ? args.texts : [];
       const tensors = Array.isArray(args.tensors) ? args.tensors : [];
       let items = texts.length;
@@ -288,9 +290,6 @@ export function estimateCost(input: EstimateInput): CostEstimate {
       tokens = items * (seq + newTokens);
       break;
     }
-    default:
-      // Read-only and bookkeeping tools: no device time worth counting.
-      return { device_seconds: 0, memory_bytes: 0, compile_s: 0, weight_bytes: 0, fits: true };
   }
 
   const memoryBytes = needsWeights
@@ -362,7 +361,8 @@ function withFit(
       if (m <= gained) options.push(`use dtype ${d} and unload ${names.join(", ")}`);
     }
   }
-  if (options.length === 0 && input.tool !== "load_model" && input.tool !== "check_model") {
+  // Only work with a batch and sequence of its own can shrink them (a load or check cannot).
+  if (options.length === 0 && input.kind !== "load" && input.kind !== "check") {
     options.push("use smaller batch sizes or sequence lengths");
   }
   const suggestion =

@@ -1,5 +1,6 @@
-// Scopes and the tool → scope table. A tool missing from the table needs `admin`, so a new tool
-// is closed by default until someone decides who may call it.
+// Scopes, and what a tool needs: its own record says (policies/tool_policy.ts). A tool without a
+// record needs `admin`, so a new tool is closed by default until someone decides who may call it.
+import type { ToolPolicy } from "./tool_policy.js";
 
 export const SCOPES = [
   "models:read",
@@ -14,21 +15,6 @@ export const SCOPES = [
 ] as const;
 export type Scope = (typeof SCOPES)[number];
 
-export const TOOL_SCOPES = {
-  get_runtime_status: "models:read",
-  list_models: "models:read",
-  check_model: "models:read",
-  load_model: "models:load",
-  unload_model: "models:unload",
-  run_inference: "inference:run",
-  run_benchmark: "benchmark:run",
-  get_job: "jobs:read",
-  cancel_job: "jobs:read",
-} as const satisfies Record<string, Scope>;
-
-export type ToolName = keyof typeof TOOL_SCOPES;
-export const TOOL_NAMES = Object.keys(TOOL_SCOPES) as ToolName[];
-
 export interface Principal {
   id: string;
   scopes: readonly Scope[];
@@ -39,28 +25,28 @@ export function isScope(s: string): s is Scope {
   return (SCOPES as readonly string[]).includes(s);
 }
 
-export function isKnownTool(tool: string): tool is ToolName {
-  return Object.prototype.hasOwnProperty.call(TOOL_SCOPES, tool);
-}
-
-export function requiredScope(tool: string): Scope {
-  return isKnownTool(tool) ? TOOL_SCOPES[tool] : "admin";
+/** The scope a tool needs; a tool nobody described (no record) needs `admin`. */
+export function requiredScope(tool: Pick<ToolPolicy, "scope"> | undefined): Scope {
+  return tool ? tool.scope : "admin";
 }
 
 export function hasScope(principal: Pick<Principal, "scopes">, scope: Scope): boolean {
   return principal.scopes.includes("admin") || principal.scopes.includes(scope);
 }
 
-export function canCall(principal: Pick<Principal, "scopes">, tool: string): boolean {
+export function canCall(
+  principal: Pick<Principal, "scopes">,
+  tool: Pick<ToolPolicy, "scope"> | undefined,
+): boolean {
   return hasScope(principal, requiredScope(tool));
 }
 
 /** Tools the principal may see (tools/list): the others are not listed at all. Order is kept. */
-export function visibleTools<T extends string | { name: string }>(
+export function visibleTools<T extends { policy: Pick<ToolPolicy, "scope"> }>(
   principal: Pick<Principal, "scopes">,
   allTools: readonly T[],
 ): T[] {
-  return allTools.filter((t) => canCall(principal, typeof t === "string" ? t : t.name));
+  return allTools.filter((t) => canCall(principal, t.policy));
 }
 
 /** Known scopes from a claim value (space-separated string or array); unknown ones are dropped. */

@@ -26,6 +26,8 @@ export function consoleIsStale() {
   if (!existsSync(stamp)) return true;
   const inputs = Math.max(
     newest(src),
+    // Shared with the server's chart and bundled into the console.
+    statSync(join(root, "tools", "render", "series.ts")).mtimeMs,
     statSync(join(root, "node_modules", "uplot", "package.json")).mtimeMs,
     statSync(fileURLToPath(import.meta.url)).mtimeMs,
   );

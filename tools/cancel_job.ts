@@ -1,11 +1,24 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
 import { JobView, jobIdArg } from "./get_job.js";
-import { defineTool, type ToolEnv } from "./types.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
+import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
-export const cancelJob = (_env: ToolEnv) =>
-  defineTool({
-    name: "cancel_job",
+/** What the server and its policies know of cancel_job (policies/tool_policy.ts). */
+const policy: ToolPolicy = {
+  name: "cancel_job",
+  scope: "jobs:read",
+  workerOp: null,
+  job: false,
+  deviceMode: null,
+  timeoutS: null,
+  concurrency: null,
+  estimate: null,
+  runWhileRecording: false,
+};
+
+const build = (_env: ToolEnv) =>
+  defineTool(policy, {
     title: "Cancel a job",
     description:
       "Cancels a running job of yours; the cancellation reaches the worker, which stops at its next step and frees the device. A benchmark keeps its finished configurations.",
@@ -32,3 +45,5 @@ export const cancelJob = (_env: ToolEnv) =>
     },
     render: (o) => `job ${o.job_id}: ${o.status}`,
   });
+
+export const cancelJob: ToolFile = { policy, build };

@@ -2,7 +2,8 @@ import { z } from "zod";
 import { ToolError } from "./errors.js";
 import { approvalId, catalogMax, device, dtype, entryOf, modelId } from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
-import { defineTool, type ToolEnv } from "./types.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
+import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 /** The shortest sequence a text model is run at (a special token plus one of text). */
 const MIN_SEQ_LEN = 2;
@@ -13,11 +14,23 @@ function defaultSeqLen(env: ToolEnv, model: string): number | undefined {
   return entry.task === "tensor" ? undefined : Math.min(32, entry.limits.max_seq_len);
 }
 
-export const checkModel = (env: ToolEnv) => {
+/** What the server and its policies know of check_model (policies/tool_policy.ts). */
+const policy: ToolPolicy = {
+  name: "check_model",
+  scope: "models:read",
+  workerOp: "check",
+  job: false,
+  deviceMode: "exclusive",
+  timeoutS: 300,
+  concurrency: null,
+  estimate: "check",
+  runWhileRecording: false,
+};
+
+const build = (env: ToolEnv) => {
   const maxBatch = catalogMax(env, "max_batch");
   const maxSeq = catalogMax(env, "max_seq_len");
-  return defineTool({
-    name: "check_model",
+  return defineTool(policy, {
     title: "Check model support",
     description:
       'Preflight: one forward pass on the target device recording every ATen operator (TorchDispatchMode) with its call count, category, and how many calls ran on the device, fell back to the CPU or failed; the estimated and measured memory and a verdict (supported / partial / unsupported). attention: "math" forces attention through its unfused path (matmuls + softmax), as a backend without a fused kernel runs it.',
@@ -82,7 +95,7 @@ export const checkModel = (env: ToolEnv) => {
     // It runs a forward pass and may load the weights: it holds the device, so it is estimated,
     // charged (to the budget and the read allowance) and can be matched by approval rules.
     estimate: (a, ctx) =>
-      estimateFor("check_model", { ...a, seq_len: a.seq_len ?? defaultSeqLen(env, a.model) }, ctx),
+      estimateFor(policy, { ...a, seq_len: a.seq_len ?? defaultSeqLen(env, a.model) }, ctx),
     validate: (args) => {
       const entry = entryOf(env, args.model);
       if (args.dtype && !entry.dtypes.includes(args.dtype)) {
@@ -139,3 +152,5 @@ export const checkModel = (env: ToolEnv) => {
         .join("\n")}${o.error ? `\nerror: ${o.error}` : ""}`,
   });
 };
+
+export const checkModel: ToolFile = { policy, build };

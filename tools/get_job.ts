@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import { defineTool, type ToolEnv } from "./types.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
+import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 export const jobIdArg = z
   .string()
@@ -19,9 +20,21 @@ export const JobView = z.object({
   updated_at: z.string(),
 });
 
-export const getJob = (_env: ToolEnv) =>
-  defineTool({
-    name: "get_job",
+/** What the server and its policies know of get_job (policies/tool_policy.ts). */
+const policy: ToolPolicy = {
+  name: "get_job",
+  scope: "jobs:read",
+  workerOp: null,
+  job: false,
+  deviceMode: null,
+  timeoutS: null,
+  concurrency: null,
+  estimate: null,
+  runWhileRecording: false,
+};
+
+const build = (_env: ToolEnv) =>
+  defineTool(policy, {
     title: "Get a job",
     description:
       "Status, progress and result of a job (yours only): one started with wait: false, or a wait: true call that was still running at the soft deadline and answered with its job_id.",
@@ -47,3 +60,5 @@ export const getJob = (_env: ToolEnv) =>
       (o.message ? ` — ${o.message}` : "") +
       (o.error ? ` — ${o.error.code}: ${o.error.message}` : ""),
   });
+
+export const getJob: ToolFile = { policy, build };

@@ -1,5 +1,6 @@
 import { z } from "zod";
-import { defineTool, type ToolEnv } from "./types.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
+import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 const Device = z
   .object({
@@ -14,9 +15,21 @@ const Device = z
   })
   .passthrough();
 
-export const getRuntimeStatus = (_env: ToolEnv) =>
-  defineTool({
-    name: "get_runtime_status",
+/** What the server and its policies know of get_runtime_status (policies/tool_policy.ts). */
+const policy: ToolPolicy = {
+  name: "get_runtime_status",
+  scope: "models:read",
+  workerOp: null,
+  job: false,
+  deviceMode: null,
+  timeoutS: null,
+  concurrency: null,
+  estimate: null,
+  runWhileRecording: false,
+};
+
+const build = (_env: ToolEnv) =>
+  defineTool(policy, {
     title: "Runtime status",
     description:
       "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health; with a worker pool, every worker (device, local or remote, state, memory, models and replica placement, calls in flight); with a Ray fleet, the fleet (driver state, cluster, placement, target vs observed actors, restarts).",
@@ -155,3 +168,5 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
         ? `; Ray fleet ${o.fleet.state} at ${o.fleet.address} (${o.fleet.mode}): ${o.fleet.observed}/${o.fleet.target ?? "?"} actors serving`
         : ""),
   });
+
+export const getRuntimeStatus: ToolFile = { policy, build };

@@ -1,7 +1,8 @@
 import { z } from "zod";
 import { toToolError } from "./errors.js";
-import type { ModelFact } from "./support/facts.js";
-import { defineTool, type ToolEnv } from "./types.js";
+import type { ModelFact } from "./stores/facts.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
+import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 export const ModelInfo = z.object({
   id: z.string(),
@@ -25,9 +26,21 @@ export const ModelInfo = z.object({
   loaded: z.boolean(),
 });
 
-export const listModels = (env: ToolEnv) =>
-  defineTool({
-    name: "list_models",
+/** What the server and its policies know of list_models (policies/tool_policy.ts). */
+const policy: ToolPolicy = {
+  name: "list_models",
+  scope: "models:read",
+  workerOp: null,
+  job: false,
+  deviceMode: null,
+  timeoutS: null,
+  concurrency: null,
+  estimate: null,
+  runWhileRecording: false,
+};
+
+const build = (env: ToolEnv) =>
+  defineTool(policy, {
     title: "List models",
     description:
       "The model catalog: id, task, parameters, weight bytes, format, allowed dtypes and devices, limits, and whether each is loaded.",
@@ -85,3 +98,5 @@ export const listModels = (env: ToolEnv) =>
         )
         .join("\n"),
   });
+
+export const listModels: ToolFile = { policy, build };

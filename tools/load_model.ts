@@ -12,8 +12,9 @@ import {
   wait,
 } from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
-import { JobRef } from "./support/jobs.js";
-import { defineTool, type ToolEnv } from "./types.js";
+import { JobRef } from "./stores/jobs.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
+import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 const LoadResult = z.object({
   model: z.string(),
@@ -35,11 +36,23 @@ const LoadResult = z.object({
   execution_mode: z.string().optional(),
 });
 
-export const loadModel = (env: ToolEnv) => {
+/** What the server and its policies know of load_model (policies/tool_policy.ts). */
+const policy: ToolPolicy = {
+  name: "load_model",
+  scope: "models:load",
+  workerOp: "load",
+  job: true,
+  deviceMode: "exclusive",
+  timeoutS: 900,
+  concurrency: 1,
+  estimate: "load",
+  runWhileRecording: false,
+};
+
+const build = (env: ToolEnv) => {
   const maxBatch = catalogMax(env, "max_batch");
   const maxSeq = catalogMax(env, "max_seq_len");
-  return defineTool({
-    name: "load_model",
+  return defineTool(policy, {
     title: "Load a model",
     description:
       "Loads a catalog model onto a device with a dtype and execution mode (eager or torch.compile), optionally warming up given shapes. Reports load, compile and warmup time and bytes on device. Costly: may need a human approval (see approval_id).",
@@ -82,7 +95,7 @@ export const loadModel = (env: ToolEnv) => {
       openWorldHint: false,
     },
     device: (a) => a.device ?? "default",
-    estimate: (a, ctx) => estimateFor("load_model", a, ctx),
+    estimate: (a, ctx) => estimateFor(policy, a, ctx),
     validate: (args, svc) => {
       const entry = entryOf(env, args.model);
       const dt = args.dtype ?? entry.default_dtype;
@@ -133,3 +146,5 @@ export const loadModel = (env: ToolEnv) => {
         : `loaded ${o.model} on ${o.placement ? o.placement.map((p) => `${p.worker} (${p.device})`).join(", ") : o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s, matmul precision ${o.matmul_precision}`,
   });
 };
+
+export const loadModel: ToolFile = { policy, build };

@@ -11,12 +11,14 @@ import {
   modelId,
   wait,
 } from "./schemas.js";
-import { compareReports } from "./support/compare.js";
+import { compareReports } from "./render/compare.js";
 import { estimateFor } from "./support/estimate.js";
-import { JobRef } from "./support/jobs.js";
-import { defineTool, type ToolEnv } from "./types.js";
+import { JobRef } from "./stores/jobs.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
+import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
-const n = z.number().nullable().optional();
+/** A measured quantity the worker may not report (null or absent). */
+const measured = z.number().nullable().optional();
 /** Counts (iterations, graphs, bytes) are integers, so typed clients do not see 1.0. */
 const count = z.number().int().nullable().optional();
 
@@ -130,26 +132,26 @@ const Config = z
         max: z.number(),
       })
       .nullable(),
-    throughput_items_per_s: n,
+    throughput_items_per_s: measured,
     throughput_basis: z.string().optional(),
-    tokens_per_s: n,
-    first_call_s: n,
-    compile_s: n,
+    tokens_per_s: measured,
+    first_call_s: measured,
+    compile_s: measured,
     graphs_compiled: count,
     recompiles_in_window: count,
     recompiled: z.boolean().optional(),
-    load_s: n,
+    load_s: measured,
     peak_memory_bytes: count,
     peak_memory_increase_bytes: count,
     peak_memory_kind: z.string().optional(),
     matmul_precision: z.string().optional(),
-    max_abs_error_vs_fp32: n,
-    max_rel_error_vs_fp32: n,
-    cosine_similarity_vs_fp32: n,
-    flops_per_item: n,
-    achieved_flops_per_s: n,
-    peak_flops_per_s: n,
-    fraction_of_peak: n,
+    max_abs_error_vs_fp32: measured,
+    max_rel_error_vs_fp32: measured,
+    cosine_similarity_vs_fp32: measured,
+    flops_per_item: measured,
+    achieved_flops_per_s: measured,
+    peak_flops_per_s: measured,
+    fraction_of_peak: measured,
     error: z.object({ code: z.string(), message: z.string() }).passthrough().nullable(),
   })
   .passthrough();
@@ -175,13 +177,25 @@ const Report = z.object({
     .optional(),
 });
 
-export const runBenchmark = (env: ToolEnv) => {
+/** What the server and its policies know of run_benchmark (policies/tool_policy.ts). */
+const policy: ToolPolicy = {
+  name: "run_benchmark",
+  scope: "benchmark:run",
+  workerOp: "benchmark",
+  job: true,
+  deviceMode: "exclusive",
+  timeoutS: 1800,
+  concurrency: 1,
+  estimate: "benchmark",
+  runWhileRecording: false,
+};
+
+const build = (env: ToolEnv) => {
   const maxBatch = catalogMax(env, "max_batch");
   const maxSeq = catalogMax(env, "max_seq_len");
   const maxNew = catalogMax(env, "max_new_tokens");
   const b = env.limits.benchmark;
-  return defineTool({
-    name: "run_benchmark",
+  return defineTool(policy, {
     title: "Benchmark a model",
     description:
       "Warmup plus timed runs over a grid of batch sizes × sequence lengths × dtypes × modes on a device, in an MLPerf-style scenario: " +
@@ -238,7 +252,7 @@ export const runBenchmark = (env: ToolEnv) => {
     estimate: (a, ctx) => {
       const r = resolveBenchmark(env, a);
       return estimateFor(
-        "run_benchmark",
+        policy,
         {
           ...a,
           seq_lens: r.seqLens,
@@ -336,3 +350,5 @@ export const runBenchmark = (env: ToolEnv) => {
     },
   });
 };
+
+export const runBenchmark: ToolFile = { policy, build };

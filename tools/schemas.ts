@@ -1,5 +1,5 @@
 // Argument pieces shared by several tools, so that `model`, `device`, `dtype`, ... mean the same
-// thing everywhere (DESIGN.md: argument names are part of the contract).
+// thing everywhere: argument names are part of the public contract.
 import { z } from "zod";
 import { MODEL_DTYPES, TENSOR_DTYPES } from "../runtime/types.js";
 import type { CatalogEntry } from "../runtime/catalog.js";
@@ -91,13 +91,6 @@ export function tensorInput(env: ToolEnv) {
       message: "give exactly one of data or data_b64",
     });
 }
-
-export const latency = z.object({
-  p50: z.number(),
-  p90: z.number(),
-  p99: z.number(),
-  mean: z.number(),
-});
 
 /** float32 matmul precision for the worker's process: on TPU 1, 3 or 6 bf16 passes. */
 export const matmulPrecision = z

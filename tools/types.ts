@@ -5,14 +5,13 @@ import type { z } from "zod";
 import type { CostEstimate } from "../policies/estimate.js";
 import type { CallDeadline } from "../policies/gate/gate.js";
 import type { Principal } from "../policies/scopes.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
 import type { Catalog } from "../runtime/catalog.js";
 import type { CallTrace, Runtime } from "../runtime/types.js";
-import type { Jobs } from "./support/jobs.js";
-import type { Outputs } from "./support/outputs.js";
-import type { Reports } from "./support/reports.js";
-import type { ModelFacts } from "./support/facts.js";
-
-export type ToolPrincipal = Principal;
+import type { Jobs } from "./stores/jobs.js";
+import type { Outputs } from "./stores/outputs.js";
+import type { Reports } from "./stores/reports.js";
+import type { ModelFactStore } from "./stores/facts.js";
 
 export interface ToolAnnotations {
   title?: string;
@@ -43,12 +42,12 @@ export interface ToolEnv {
 
 /** Per-call context: who calls, what they may reach, and the services behind them. */
 export interface ToolContext {
-  principal: ToolPrincipal;
+  principal: Principal;
   runtime: Runtime;
   jobs: Jobs;
   outputs: Outputs;
   reports: Reports;
-  facts: ModelFacts;
+  facts: ModelFactStore;
   env: ToolEnv;
   logger: Logger;
   signal: AbortSignal;
@@ -64,7 +63,10 @@ export interface ToolContext {
 export type ToolServices = Omit<ToolContext, "signal" | "progress" | "principal" | "deadline">;
 
 export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {
+  /** The tool's name: its policy record's (one spelling). */
   name: string;
+  /** What the server and its policies know of the tool: scope, worker op, job, lane, defaults. */
+  policy: ToolPolicy;
   title: string;
   description: string;
   input: I;
@@ -86,8 +88,18 @@ export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.Zod
   render: (out: z.infer<O>) => string;
 }
 
+/**
+ * One tool file: its policy record, which the config schema needs before any catalog is read,
+ * and how to build the tool once the catalog and limits are known.
+ */
+export interface ToolFile {
+  policy: ToolPolicy;
+  build: (env: ToolEnv) => ToolDefinition<any, any>;
+}
+
 export function defineTool<I extends z.ZodType, O extends z.ZodType>(
-  def: ToolDefinition<I, O>,
+  policy: ToolPolicy,
+  def: Omit<ToolDefinition<I, O>, "name" | "policy">,
 ): ToolDefinition<I, O> {
-  return def;
+  return { ...def, name: policy.name, policy };
 }

@@ -1,10 +1,23 @@
 import { z } from "zod";
 import { device, modelId } from "./schemas.js";
-import { defineTool, type ToolEnv } from "./types.js";
+import type { ToolPolicy } from "../policies/tool_policy.js";
+import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
-export const unloadModel = (env: ToolEnv) =>
-  defineTool({
-    name: "unload_model",
+/** What the server and its policies know of unload_model (policies/tool_policy.ts). */
+const policy: ToolPolicy = {
+  name: "unload_model",
+  scope: "models:unload",
+  workerOp: "unload",
+  job: false,
+  deviceMode: "exclusive",
+  timeoutS: null,
+  concurrency: null,
+  estimate: null,
+  runWhileRecording: false,
+};
+
+const build = (env: ToolEnv) =>
+  defineTool(policy, {
     title: "Unload a model",
     description:
       "Frees a loaded model and its device memory. Requests queued for it fail with model_not_loaded. With a worker pool it unloads every replica, or only the one on `device` (a worker name or chip).",
@@ -43,3 +56,5 @@ export const unloadModel = (env: ToolEnv) =>
     render: (o) =>
       `unloaded ${o.model}${o.workers ? ` from ${o.workers.join(", ")}` : ""}, freed ${(o.freed_bytes / 2 ** 20).toFixed(1)} MiB`,
   });
+
+export const unloadModel: ToolFile = { policy, build };

@@ -8,6 +8,7 @@ import { PolicyError } from "../errors.js";
 import type { CostEstimate } from "../estimate.js";
 import type { BudgetLedger } from "../limits/budget.js";
 import { requiredScope, type Principal, type Scope } from "../scopes.js";
+import type { ToolPolicy } from "../tool_policy.js";
 
 /** Read-scoped tools that use the device draw on a small allowance of their own as well. */
 const READ_SCOPE: Scope = "models:read";
@@ -25,12 +26,13 @@ export class BudgetLines {
     private readonly limits: LimitsConfig,
     private readonly ledger: BudgetLedger,
     private readonly clock: Clock,
+    private readonly tools: ReadonlyMap<string, ToolPolicy>,
   ) {}
 
   /** The principal's line, and for read-scoped tools its read allowance. */
   private lines(principal: string, tool: string): { key: string; limit?: number }[] {
     const keys: { key: string; limit?: number }[] = [{ key: principal }];
-    if (requiredScope(tool) === READ_SCOPE) {
+    if (requiredScope(this.tools.get(tool)) === READ_SCOPE) {
       keys.push({
         key: `${principal}${READ_KEY_SUFFIX}`,
         limit: this.limits.budget.read_device_seconds_per_window,

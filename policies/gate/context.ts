@@ -4,6 +4,7 @@
 import type { AuditRecord } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
 import type { PolicyConfig } from "../config.js";
+import { toolPolicyMap, type ToolPolicy } from "../tool_policy.js";
 import { BudgetLines } from "./budget_lines.js";
 import type { GateDeps } from "./types.js";
 
@@ -12,6 +13,8 @@ export interface GateContext {
   readonly config: PolicyConfig;
   readonly clock: Clock;
   readonly lines: BudgetLines;
+  /** Every tool's record by name (scope, run-while-recording, ...); a tool without one needs admin. */
+  readonly tools: ReadonlyMap<string, ToolPolicy>;
   /** Appends a decision's record; losing it is logged loudly, never thrown: the decision stands. */
   audit(rec: Omit<AuditRecord, "time">): void;
   /** Appends and waits for the commit (group commit when the store offers it); may throw. */
@@ -20,11 +23,13 @@ export interface GateContext {
 
 export function gateContext(deps: GateDeps): GateContext {
   const clock = deps.clock ?? systemClock;
+  const tools = toolPolicyMap(deps.tools);
   return {
     deps,
     config: deps.config,
     clock,
-    lines: new BudgetLines(deps.config.limits, deps.budget, clock),
+    tools,
+    lines: new BudgetLines(deps.config.limits, deps.budget, clock, tools),
     audit(rec) {
       try {
         deps.audit.append({ time: new Date(clock()).toISOString(), ...rec });

@@ -46,7 +46,7 @@ export class Gate {
    * nothing (a listing refuses nobody).
    */
   enforceScope(principal: Principal, tool: string, via?: string): void {
-    const refusal = scopeRefusal(principal, tool);
+    const refusal = scopeRefusal(this.ctx, principal, tool);
     if (!refusal) return;
     this.ctx.audit({
       principal: principal.id,
@@ -81,7 +81,7 @@ export class Gate {
     }
     const base = { principal: principal.id, tool, args_digest: digest };
     try {
-      const refusal = scopeRefusal(principal, tool);
+      const refusal = scopeRefusal(this.ctx, principal, tool);
       if (refusal) throw refusal;
       takeRate(this.ctx, principal);
     } catch (e) {

@@ -44,9 +44,14 @@ export interface AdmissionStep {
 }
 
 /** insufficient_scope when the principal may not call the tool: the one scope rule (scopes.canCall). */
-export function scopeRefusal(principal: Principal, tool: string): PolicyError | undefined {
-  if (canCall(principal, tool)) return undefined;
-  const scope = requiredScope(tool);
+export function scopeRefusal(
+  ctx: Pick<GateContext, "tools">,
+  principal: Principal,
+  tool: string,
+): PolicyError | undefined {
+  const record = ctx.tools.get(tool);
+  if (canCall(principal, record)) return undefined;
+  const scope = requiredScope(record);
   return new PolicyError(
     "insufficient_scope",
     `${tool} needs the ${scope} scope, which ${principal.id} does not have; ask for a token that grants it.`,
@@ -80,8 +85,8 @@ export function checkFits(estimate: CostEstimate | undefined): void {
 export const ADMISSION_STEPS: readonly AdmissionStep[] = [
   {
     name: "scope",
-    run: (_ctx, a) => {
-      const refusal = scopeRefusal(a.call.principal, a.call.tool);
+    run: (ctx, a) => {
+      const refusal = scopeRefusal(ctx, a.call.principal, a.call.tool);
       if (refusal) throw refusal;
     },
   },

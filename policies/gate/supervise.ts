@@ -10,17 +10,6 @@ import type { GateContext } from "./context.js";
 import type { Admitted } from "./steps.js";
 import type { CallDeadline } from "./types.js";
 
-/**
- * Tools whose work may start while their "allowed" record is being committed (it is queued first
- * and committed within the same event-loop turn, with other calls' records). Their answer still
- * waits for that commit and for the "executed" one, so no answered call lacks its records; if the
- * commit fails the work is cancelled and the call refused. Only inference: it changes nothing on
- * the device, so work that ran and was then refused costs nothing but the time. Waiting for the
- * commit before starting cost a lone call an event-loop turn and a commit (~0.3 ms of ~5 on the
- * 2-core development VM, bench/decompose.ts).
- */
-const RUN_WHILE_RECORDING = new Set(["run_inference"]);
-
 export async function supervise<T>(
   ctx: GateContext,
   a: Admitted,
@@ -59,9 +48,10 @@ export async function supervise<T>(
       "audit append failed; call refused",
     );
   };
-  // Committed before the work starts, or (RUN_WHILE_RECORDING) alongside it.
+  // Committed before the work starts, or (the tool's runWhileRecording: its work may start
+  // while its "allowed" record commits; the answer still waits for it) alongside it.
   let allowedCommitted: Promise<void> | undefined;
-  if (RUN_WHILE_RECORDING.has(tool)) {
+  if (ctx.tools.get(tool)?.runWhileRecording) {
     allowedCommitted = ctx.auditDurable(allowedRecord);
     allowedCommitted.catch(() => {}); // observed below, by the abort and before the answer
   } else {

@@ -9,6 +9,7 @@ import type { BudgetLedger } from "../limits/budget.js";
 import type { ConcurrencyLimiter } from "../limits/concurrency.js";
 import type { RateLimiter } from "../limits/rate.js";
 import type { Principal } from "../scopes.js";
+import type { ToolPolicy } from "../tool_policy.js";
 
 /** The deadline of one admitted call, handed down to the runtime as its request timeout. */
 export interface CallDeadline {
@@ -54,6 +55,8 @@ export interface GateCall {
 
 export interface GateDeps {
   config: PolicyConfig;
+  /** Every tool's record (scope, run-while-recording, ...); a tool without one needs admin. */
+  tools: readonly ToolPolicy[];
   approvals: ApprovalStore;
   audit: AuditLog;
   limiter: ConcurrencyLimiter;

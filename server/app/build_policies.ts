@@ -11,6 +11,7 @@ import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import { openStoreDb } from "../../policies/sqlite.js";
 import { isAbsolute, relative } from "node:path";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 import type { ServerConfig } from "../config/config.js";
 import { createDataDir } from "../config/data_dir.js";
 
@@ -48,6 +49,7 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
   const budget = new SqliteBudgetLedger(db, policy.limits.budget);
   const gate = new Gate({
     config: policy,
+    tools: TOOL_POLICIES,
     approvals,
     audit,
     limiter: new ConcurrencyLimiter(policy.limits),

@@ -3,7 +3,8 @@
 import { readFileSync } from "node:fs";
 import { dirname, isAbsolute, resolve } from "node:path";
 import { z } from "zod";
-import { PolicyConfigSchema } from "../../policies/config.js";
+import { policyConfigSchema } from "../../policies/config.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 import { RaySchema, resolveRayPaths } from "./ray.js";
 
 const DeviceSchema = z
@@ -167,7 +168,7 @@ export const ServerConfigSchema = z
       })
       .strict()
       .prefault({}),
-    policy: PolicyConfigSchema.prefault({}),
+    policy: policyConfigSchema(TOOL_POLICIES).prefault({}),
   })
   .strict();
 

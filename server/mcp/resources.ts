@@ -8,8 +8,8 @@ import {
   ReadResourceRequestSchema,
 } from "@modelcontextprotocol/sdk/types.js";
 import { hasScope, type Principal } from "../../policies/scopes.js";
-import { renderReportSvg } from "../../tools/support/report_chart.js";
-import { renderReportMarkdown } from "../../tools/support/report_format.js";
+import { renderReportSvg } from "../../tools/render/report_chart.js";
+import { renderReportMarkdown } from "../../tools/render/report_format.js";
 import type { App } from "../app/app.js";
 import { readUiResource, uiResources } from "./apps.js";
 

@@ -12,7 +12,7 @@ import {
 } from "@modelcontextprotocol/sdk/types.js";
 import type { RequestHandlerExtra } from "@modelcontextprotocol/sdk/shared/protocol.js";
 import { visibleTools, type Principal } from "../../policies/scopes.js";
-import { dispatchTool, ERROR_META_KEY, type Elicit } from "../../tools/dispatch.js";
+import { dispatchTool, ERROR_META_KEY, type Elicit } from "../../tools/dispatch/dispatch.js";
 import { TRACE_META_KEY, tracerFor } from "../../tools/support/trace.js";
 import type { ToolDefinition } from "../../tools/types.js";
 import { toolServices, type App } from "../app/app.js";

@@ -201,12 +201,13 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     for (const msg of msgs) {
       if (msg && typeof msg === "object" && (msg as any).method === "tools/call") {
         const name = String((msg as any).params?.name ?? "");
-        if (!app.tools.some((t) => t.name === name) || canCall(principal, name)) continue;
+        const tool = app.tools.find((t) => t.name === name);
+        if (!tool || canCall(principal, tool.policy)) continue;
         try {
           // Refused before dispatch: the gate's scope step records the one refusal.
           app.gate.enforceScope(principal, name, "HTTP 403");
         } catch {
-          const scope = requiredScope(name);
+          const scope = requiredScope(tool.policy);
           throw new HttpError(403, `insufficient_scope: ${name} needs the scope ${scope}`, {
             "www-authenticate": challenge(`error="insufficient_scope", scope="${scope}"`),
           });

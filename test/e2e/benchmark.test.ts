@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { compareReports } from "../../tools/support/compare.js";
+import { compareReports } from "../../tools/render/compare.js";
 import { connectStdio, writeConfig } from "../helpers/server.js";
 import { call } from "./scenario.js";
 

@@ -12,6 +12,7 @@ import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import type { Principal } from "../../policies/scopes.js";
 import { captureLogger, tempDir } from "./helpers.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 
 const tmp = tempDir();
 afterAll(() => tmp.cleanup());
@@ -75,9 +76,13 @@ describe("the gate with group commit", () => {
   const agent: Principal = { id: "agent", scopes: ["inference:run"], via: "stdio" };
 
   function gateOn(file: string) {
-    const config = parsePolicyConfig({ limits: { concurrency: { run_inference: 64 } } } as any);
+    const config = parsePolicyConfig(
+      { limits: { concurrency: { run_inference: 64 } } } as any,
+      TOOL_POLICIES,
+    );
     const audit = new SqliteAuditLog(file);
     const gate = new Gate({
+      tools: TOOL_POLICIES,
       config,
       approvals: new SqliteApprovalStore(file),
       audit,

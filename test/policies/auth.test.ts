@@ -4,6 +4,7 @@ import { Authenticator, bearerToken } from "../../policies/auth.js";
 import { hashToken, parsePolicyConfig } from "../../policies/config.js";
 import { AuthError } from "../../policies/errors.js";
 import { FakeClock } from "./helpers.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 
 async function authErr(p: Promise<unknown>): Promise<AuthError> {
   try {
@@ -18,21 +19,24 @@ async function authErr(p: Promise<unknown>): Promise<AuthError> {
 describe("static tokens", () => {
   const clock = new FakeClock(Date.parse("2025-06-01T00:00:00Z"));
   const auth = new Authenticator(
-    parsePolicyConfig({
-      tokens: [
-        {
-          id: "agent",
-          token_sha256: hashToken("right-token"),
-          scopes: ["models:read", "inference:run"],
-        },
-        {
-          id: "old",
-          token_sha256: hashToken("old-token"),
-          scopes: ["models:read"],
-          expires_at: "2025-05-31T23:59:59Z",
-        },
-      ],
-    }),
+    parsePolicyConfig(
+      {
+        tokens: [
+          {
+            id: "agent",
+            token_sha256: hashToken("right-token"),
+            scopes: ["models:read", "inference:run"],
+          },
+          {
+            id: "old",
+            token_sha256: hashToken("old-token"),
+            scopes: ["models:read"],
+            expires_at: "2025-05-31T23:59:59Z",
+          },
+        ],
+      },
+      TOOL_POLICIES,
+    ),
     { clock: clock.now },
   );
 
@@ -80,13 +84,16 @@ describe("JWT", () => {
     otherKey = (await generateKeyPair("ES256")).privateKey;
     const jwk: JWK = { ...(await exportJWK(pair.publicKey)), kid: "k1", alg: "ES256", use: "sig" };
     auth = new Authenticator(
-      parsePolicyConfig({
-        jwt: {
-          issuer: "https://issuer.example",
-          audience: "https://tpu-mcp.example/mcp",
-          jwks: { keys: [jwk] },
+      parsePolicyConfig(
+        {
+          jwt: {
+            issuer: "https://issuer.example",
+            audience: "https://tpu-mcp.example/mcp",
+            jwks: { keys: [jwk] },
+          },
         },
-      }),
+        TOOL_POLICIES,
+      ),
       { clock: clock.now },
     );
   });

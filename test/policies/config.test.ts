@@ -3,21 +3,17 @@ import { describe, expect, it } from "vitest";
 import {
   hashToken,
   parsePolicyConfig,
-  PolicyConfigSchema,
+  policyConfigSchema,
   toolConcurrency,
   toolQueueBound,
   toolTimeoutMs,
 } from "../../policies/config.js";
-import {
-  AUTH_ERROR_CODES,
-  POLICY_ERROR_CODES,
-  PolicyError,
-  RECOVERABLE_POLICY_CODES,
-} from "../../policies/errors.js";
+import { AUTH_ERROR_CODES, PolicyError } from "../../policies/errors.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 
 describe("policy config", () => {
   it("accepts {} and fills sensible defaults", () => {
-    const c = parsePolicyConfig({});
+    const c = parsePolicyConfig({}, TOOL_POLICIES);
     expect(c.stdio_principal).toEqual({
       id: "local-user",
       scopes: [
@@ -36,12 +32,18 @@ describe("policy config", () => {
     expect(toolConcurrency(c.limits, "run_benchmark")).toBe(1);
     expect(toolConcurrency(c.limits, "list_models")).toBe(8);
     expect(toolQueueBound(c.limits, "run_inference")).toBe(16);
-    expect(c.limits.device_exclusive_tools).toEqual([
-      "load_model",
-      "unload_model",
-      "run_benchmark",
+    // A set (tools/list order); the tools' own records are its source.
+    expect([...c.limits.device_exclusive_tools].sort()).toEqual([
       "check_model",
+      "load_model",
+      "run_benchmark",
+      "unload_model",
     ]);
+    expect(c.limits.device_shared_tools).toEqual(["run_inference"]);
+    expect(toolTimeoutMs(c.limits, "run_inference")).toBe(120_000);
+    expect(toolTimeoutMs(c.limits, "load_model")).toBe(900_000);
+    expect(toolTimeoutMs(c.limits, "check_model")).toBe(300_000);
+    expect(toolTimeoutMs(c.limits, "list_models")).toBe(60_000);
     expect(c.limits.rate_limit.per_principal_per_minute).toBe(120);
     expect(c.limits.budget).toEqual({
       read_device_seconds_per_window: 30,
@@ -59,13 +61,17 @@ describe("policy config", () => {
   });
 
   it("checks approval webhooks: an http(s) URL, a secret file, known events", () => {
-    const c = parsePolicyConfig({
-      approvals: { notify: [{ url: "https://hooks.example.com/x", secret_file: "s" }] },
-    });
+    const c = parsePolicyConfig(
+      {
+        approvals: { notify: [{ url: "https://hooks.example.com/x", secret_file: "s" }] },
+      },
+      TOOL_POLICIES,
+    );
     expect(c.approvals.notify).toEqual([
       { url: "https://hooks.example.com/x", secret_file: "s", events: ["requested", "decided"] },
     ]);
-    const bad = (n: unknown) => () => parsePolicyConfig({ approvals: { notify: [n] } });
+    const bad = (n: unknown) => () =>
+      parsePolicyConfig({ approvals: { notify: [n] } }, TOOL_POLICIES);
     expect(bad({ url: "ftp://x/y", secret_file: "s" })).toThrow(/http:\/\/ or https:\/\//);
     expect(bad({ url: "https://x/y" })).toThrow(/secret_file/);
     expect(bad({ url: "https://x/y", secret_file: "s", events: ["used"] })).toThrow(/events/);
@@ -73,9 +79,12 @@ describe("policy config", () => {
   });
 
   it("keeps default concurrency for tools a partial record does not name", () => {
-    const c = parsePolicyConfig({
-      limits: { per_tool_concurrency: { load_model: 2 }, call_timeout_s: { get_job: 5 } },
-    });
+    const c = parsePolicyConfig(
+      {
+        limits: { per_tool_concurrency: { load_model: 2 }, call_timeout_s: { get_job: 5 } },
+      },
+      TOOL_POLICIES,
+    );
     expect(toolConcurrency(c.limits, "load_model")).toBe(2);
     expect(toolConcurrency(c.limits, "run_inference")).toBe(32);
     expect(toolTimeoutMs(c.limits, "get_job")).toBe(5000);
@@ -83,24 +92,27 @@ describe("policy config", () => {
   });
 
   it("rejects a rule for an unknown tool, so a typo cannot switch an approval off", () => {
-    const r = PolicyConfigSchema.safeParse({ approvals: { rules: [{ tool: "lod_model" }] } });
+    const r = policyConfigSchema(TOOL_POLICIES).safeParse({
+      approvals: { rules: [{ tool: "lod_model" }] },
+    });
     expect(r.success).toBe(false);
     expect(r.error!.issues[0]!.path).toEqual(["approvals", "rules", 0, "tool"]);
   });
 
   it("rejects plaintext tokens, unknown scopes and duplicate hashes", () => {
     expect(
-      PolicyConfigSchema.safeParse({ tokens: [{ id: "a", token_sha256: "secret", scopes: [] }] })
-        .success,
+      policyConfigSchema(TOOL_POLICIES).safeParse({
+        tokens: [{ id: "a", token_sha256: "secret", scopes: [] }],
+      }).success,
     ).toBe(false);
     expect(
-      PolicyConfigSchema.safeParse({
+      policyConfigSchema(TOOL_POLICIES).safeParse({
         tokens: [{ id: "a", token_sha256: hashToken("x"), scopes: ["root"] }],
       }).success,
     ).toBe(false);
     const dup = { token_sha256: hashToken("x"), scopes: ["models:read"] };
     expect(
-      PolicyConfigSchema.safeParse({
+      policyConfigSchema(TOOL_POLICIES).safeParse({
         tokens: [
           { id: "a", ...dup },
           { id: "b", ...dup },
@@ -111,12 +123,14 @@ describe("policy config", () => {
 
   it("needs exactly one JWKS source", () => {
     const base = { issuer: "https://issuer", audience: "tpu-mcp" };
-    expect(PolicyConfigSchema.safeParse({ jwt: base }).success).toBe(false);
+    expect(policyConfigSchema(TOOL_POLICIES).safeParse({ jwt: base }).success).toBe(false);
     expect(
-      PolicyConfigSchema.safeParse({ jwt: { ...base, jwks_url: "https://issuer/jwks" } }).success,
+      policyConfigSchema(TOOL_POLICIES).safeParse({
+        jwt: { ...base, jwks_url: "https://issuer/jwks" },
+      }).success,
     ).toBe(true);
     expect(
-      PolicyConfigSchema.safeParse({
+      policyConfigSchema(TOOL_POLICIES).safeParse({
         jwt: { ...base, jwks_url: "https://issuer/jwks", jwks: { keys: [{ kty: "EC" }] } },
       }).success,
     ).toBe(false);
@@ -132,7 +146,7 @@ describe("policy config", () => {
     const file = JSON.parse(
       readFileSync(new URL("../../examples/policy.demo.json", import.meta.url), "utf8"),
     );
-    const c = parsePolicyConfig(file.policy);
+    const c = parsePolicyConfig(file.policy, TOOL_POLICIES);
     const byId = Object.fromEntries(c.tokens.map((t) => [t.id, t]));
     expect(byId.agent!.token_sha256).toBe(hashToken("demo-agent-token"));
     expect(byId.reader!.token_sha256).toBe(hashToken("demo-reader-token"));
@@ -144,13 +158,12 @@ describe("policy config", () => {
 });
 
 describe("error catalogue", () => {
-  it("documents every policy and auth code in one line", () => {
-    for (const [code, doc] of Object.entries({ ...POLICY_ERROR_CODES, ...AUTH_ERROR_CODES })) {
+  it("documents every auth code in one line", () => {
+    for (const [code, doc] of Object.entries(AUTH_ERROR_CODES)) {
       expect(code).toMatch(/^[a-z_]+$/);
       expect(doc.length).toBeGreaterThan(10);
       expect(doc).not.toContain("\n");
     }
-    for (const code of RECOVERABLE_POLICY_CODES) expect(POLICY_ERROR_CODES).toHaveProperty(code);
   });
 
   it("carries code, message and details", () => {
@@ -161,7 +174,5 @@ describe("error catalogue", () => {
       message: "retry later",
       details: { retry_after_ms: 5 },
     });
-    expect(e.recoverable).toBe(true);
-    expect(new PolicyError("approval_denied", "no").recoverable).toBe(false);
   });
 });

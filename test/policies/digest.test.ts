@@ -16,13 +16,13 @@ describe("canonical JSON", () => {
     expect(canonicalJson([undefined, 1])).toBe("[null,1]");
   });
 
-  it.each([NaN, Infinity, -Infinity])("rejects %s with invalid_arguments and the path", (bad) => {
+  it.each([NaN, Infinity, -Infinity])("rejects %s with invalid_argument and the path", (bad) => {
     try {
       canonicalJson({ x: [1, { y: bad }] });
       expect.unreachable();
     } catch (e) {
       expect(e).toBeInstanceOf(PolicyError);
-      expect((e as PolicyError).code).toBe("invalid_arguments");
+      expect((e as PolicyError).code).toBe("invalid_argument");
       expect((e as PolicyError).details.path).toBe("$.x[1].y");
     }
   });

@@ -4,7 +4,10 @@ import {
   memoryFor,
   type DeviceFacts,
   type ModelFacts,
+  dtypeBytes,
+  formatBytes,
 } from "../../policies/estimate.js";
+import { DTYPE_ITEMSIZE } from "../../runtime/framing.js";
 
 const GiB = 2 ** 30;
 const minilm: ModelFacts = {
@@ -36,7 +39,7 @@ describe("estimateCost", () => {
 
   it("fits a small model and reports its weight bytes", () => {
     const e = estimateCost({
-      tool: "load_model",
+      kind: "load",
       args: { model: minilm.id, device: "cpu" },
       model: minilm,
       device: { kind: "cpu", memory_free_bytes: 8 * GiB, memory_total_bytes: 16 * GiB },
@@ -49,7 +52,7 @@ describe("estimateCost", () => {
 
   it("refuses what does not fit and suggests bfloat16 when that fits", () => {
     const e = estimateCost({
-      tool: "load_model",
+      kind: "load",
       args: { model: big.id, device: "tpu" },
       model: big,
       device: tpu(30),
@@ -61,7 +64,7 @@ describe("estimateCost", () => {
 
   it("suggests unloading named models when no smaller dtype fits", () => {
     const e = estimateCost({
-      tool: "load_model",
+      kind: "load",
       args: { model: big.id, device: "tpu", dtype: "bfloat16" },
       model: big,
       device: tpu(10),
@@ -76,7 +79,7 @@ describe("estimateCost", () => {
 
   it("says when a model can never fit the device", () => {
     const e = estimateCost({
-      tool: "load_model",
+      kind: "load",
       args: { model: big.id, device: "tpu", dtype: "bfloat16" },
       model: big,
       device: tpu(8, 8),
@@ -87,7 +90,7 @@ describe("estimateCost", () => {
 
   it("treats unknown device memory as fitting", () => {
     const e = estimateCost({
-      tool: "load_model",
+      kind: "load",
       args: {},
       model: big,
       device: { kind: "cpu", memory_free_bytes: null, memory_total_bytes: null },
@@ -97,13 +100,13 @@ describe("estimateCost", () => {
 
   it("adds compile time per warmup shape in compile mode", () => {
     const eager = estimateCost({
-      tool: "load_model",
+      kind: "load",
       args: { mode: "eager" },
       model: minilm,
       device: tpu(30),
     });
     const compiled = estimateCost({
-      tool: "load_model",
+      kind: "load",
       args: {
         mode: "compile",
         warmup_shapes: [
@@ -120,19 +123,19 @@ describe("estimateCost", () => {
 
   it("scales benchmarks with grid size and iterations", () => {
     const one = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args: { batch_sizes: [8], seq_lens: [128], iterations: 10 },
       model: minilm,
       device: tpu(30),
     });
     const grid = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args: { batch_sizes: [8, 8], seq_lens: [128, 128], iterations: 10 },
       model: minilm,
       device: tpu(30),
     });
     const more = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args: { batch_sizes: [8], seq_lens: [128], iterations: 100 },
       model: minilm,
       device: tpu(30),
@@ -143,7 +146,7 @@ describe("estimateCost", () => {
 
   it("uses duration_s per grid point when given", () => {
     const e = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args: { batch_sizes: [1, 2], seq_lens: [16], duration_s: 30, warmup: 0 },
       model: minilm,
       device: tpu(30),
@@ -155,7 +158,7 @@ describe("estimateCost", () => {
   it("learns from history: a measured latency replaces the FLOP guess", () => {
     const args = { batch_sizes: [4], seq_lens: [64], iterations: 100, warmup: 0 };
     const measured = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args,
       model: minilm,
       device: tpu(30),
@@ -170,13 +173,13 @@ describe("estimateCost", () => {
 
   it("estimates inference from the number of items and new tokens", () => {
     const one = estimateCost({
-      tool: "run_inference",
+      kind: "inference",
       args: { texts: ["hi"] },
       model: minilm,
       device: tpu(30),
     });
     const many = estimateCost({
-      tool: "run_inference",
+      kind: "inference",
       args: { texts: Array(64).fill("hello there"), max_new_tokens: 16 },
       model: minilm,
       device: tpu(30),
@@ -188,13 +191,13 @@ describe("estimateCost", () => {
   it("charges generation per new token, so a 64-token run is not estimated as one forward pass", () => {
     const base = { batch_sizes: [1], seq_lens: [32], iterations: 10, warmup: 0 };
     const forward = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args: { ...base, work: "forward" },
       model: minilm,
       device: tpu(30),
     });
     const generate = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args: { ...base, work: "generate", max_new_tokens: 64 },
       model: minilm,
       device: tpu(30),
@@ -202,7 +205,7 @@ describe("estimateCost", () => {
     // Each pass is a prompt forward plus 64 one-token steps (each at least the call overhead).
     expect(generate.device_seconds).toBeGreaterThan(forward.device_seconds * 30);
     const shorter = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args: { ...base, work: "generate", max_new_tokens: 8 },
       model: minilm,
       device: tpu(30),
@@ -213,27 +216,27 @@ describe("estimateCost", () => {
   it("estimates offline runs at the largest batch only, and check_model by its batch and length", () => {
     const grid = { batch_sizes: [1, 2, 4, 8], seq_lens: [64], iterations: 10, warmup: 0 };
     const single = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args: grid,
       model: minilm,
       device: tpu(30),
     });
     const offline = estimateCost({
-      tool: "run_benchmark",
+      kind: "benchmark",
       args: { ...grid, scenario: "offline" },
       model: minilm,
       device: tpu(30),
     });
     expect(offline.device_seconds).toBeLessThan(single.device_seconds);
     const small = estimateCost({
-      tool: "check_model",
+      kind: "check",
       args: { batch: 1, seq_len: 16 },
       model: big,
       device: tpu(30),
       loaded: [{ model: big.id, bytes: 1 }],
     });
     const large = estimateCost({
-      tool: "check_model",
+      kind: "check",
       args: { batch: 8, seq_len: 512 },
       model: big,
       device: tpu(30),
@@ -242,13 +245,15 @@ describe("estimateCost", () => {
     expect(large.device_seconds).toBeGreaterThan(small.device_seconds * 50);
   });
 
-  it("gives read tools a zero estimate", () => {
-    expect(estimateCost({ tool: "list_models", args: {} })).toEqual({
-      device_seconds: 0,
-      memory_bytes: 0,
-      compile_s: 0,
-      weight_bytes: 0,
-      fits: true,
-    });
+  // Two tables by necessity (policies/ may not import runtime/, no neutral home yet): they agree.
+  it("sizes every dtype as the wire's framing does", () => {
+    for (const [dtype, size] of Object.entries(DTYPE_ITEMSIZE))
+      expect(dtypeBytes(dtype), dtype).toBe(size);
+  });
+
+  it("formats bytes in binary units, negatives with a sign", () => {
+    expect(formatBytes(512)).toBe("512 B");
+    expect(formatBytes(3 * 2 ** 30)).toBe("3.0 GiB");
+    expect(formatBytes(-2048)).toBe("-2.0 KiB");
   });
 });

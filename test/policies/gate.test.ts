@@ -16,6 +16,7 @@ import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import type { Principal } from "../../policies/scopes.js";
 import { captureLogger, FakeClock, flush, tempDir } from "./helpers.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 
 const tmp = tempDir();
 afterAll(() => tmp.cleanup());
@@ -49,7 +50,7 @@ const demoPolicy = JSON.parse(
 ).policy as PolicyConfigInput;
 
 function makeGate(policy: PolicyConfigInput = demoPolicy) {
-  const config = parsePolicyConfig(policy);
+  const config = parsePolicyConfig(policy, TOOL_POLICIES);
   const clock = new FakeClock();
   const logger = captureLogger();
   const file = tmp.file(`gate-${Math.random().toString(36).slice(2)}.db`);
@@ -59,6 +60,7 @@ function makeGate(policy: PolicyConfigInput = demoPolicy) {
   const limiter = new ConcurrencyLimiter(config.limits, clock.now);
   const rateLimiter = new RateLimiter(config.limits.rate_limit.per_principal_per_minute, clock.now);
   const gate = new Gate({
+    tools: TOOL_POLICIES,
     config,
     approvals,
     audit,
@@ -521,6 +523,6 @@ describe("Gate", () => {
     const e = await refusal(
       gate.run({ principal: agent, tool: "run_inference", args: { x: NaN } }, async () => 1),
     );
-    expect(e.code).toBe("invalid_arguments");
+    expect(e.code).toBe("invalid_argument");
   });
 });

@@ -12,6 +12,7 @@ import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import type { Principal } from "../../policies/scopes.js";
 import { captureLogger, FakeClock, flush, tempDir } from "./helpers.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 
 const tmp = tempDir();
 afterAll(() => tmp.cleanup());
@@ -33,7 +34,7 @@ const est = (device_seconds: number): CostEstimate => ({
 });
 
 function makeGate(policy: PolicyConfigInput) {
-  const config = parsePolicyConfig(policy);
+  const config = parsePolicyConfig(policy, TOOL_POLICIES);
   const clock = new FakeClock();
   const logger = captureLogger();
   const file = tmp.file(`adm-${Math.random().toString(36).slice(2)}.db`);
@@ -41,6 +42,7 @@ function makeGate(policy: PolicyConfigInput) {
   const audit = new SqliteAuditLog(file, { logger });
   const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
   const gate = new Gate({
+    tools: TOOL_POLICIES,
     config,
     approvals,
     audit,

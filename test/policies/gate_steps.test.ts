@@ -12,6 +12,8 @@ import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import type { Principal } from "../../policies/scopes.js";
+import { toolPolicyMap } from "../../policies/tool_policy.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 import { captureLogger, tempDir } from "./helpers.js";
 
 const tmp = tempDir();
@@ -31,13 +33,14 @@ const est = (over: Partial<CostEstimate> = {}): CostEstimate => ({
 });
 
 function makeGate(policy: PolicyConfigInput = {}) {
-  const config = parsePolicyConfig(policy);
+  const config = parsePolicyConfig(policy, TOOL_POLICIES);
   const file = tmp.file(`steps-${Math.random().toString(36).slice(2)}.db`);
   const logger = captureLogger();
   const approvals = new SqliteApprovalStore(file);
   const audit = new SqliteAuditLog(file, { logger });
   const gate = new Gate({
     config,
+    tools: TOOL_POLICIES,
     approvals,
     audit,
     limiter: new ConcurrencyLimiter(config.limits),
@@ -58,6 +61,8 @@ async function refusal(p: Promise<unknown>): Promise<PolicyError> {
   throw new Error("expected a refusal");
 }
 
+const known = { tools: toolPolicyMap(TOOL_POLICIES) };
+
 describe("admission steps", () => {
   it("run in the documented order", () => {
     expect(ADMISSION_STEPS.map((s) => s.name)).toEqual([
@@ -74,13 +79,13 @@ describe("admission steps", () => {
   });
 
   it("scope: the one rule, which admin passes", () => {
-    expect(scopeRefusal(agent, "load_model")).toBeUndefined();
-    expect(scopeRefusal(admin, "run_benchmark")).toBeUndefined();
-    const e = scopeRefusal(reader, "load_model")!;
+    expect(scopeRefusal(known, agent, "load_model")).toBeUndefined();
+    expect(scopeRefusal(known, admin, "run_benchmark")).toBeUndefined();
+    const e = scopeRefusal(known, reader, "load_model")!;
     expect(e.code).toBe("insufficient_scope");
     expect(e.details).toEqual({ required_scope: "models:load", tool: "load_model" });
     // A tool nobody declared needs admin: closed by default.
-    expect(scopeRefusal(agent, "new_tool")?.details.required_scope).toBe("admin");
+    expect(scopeRefusal(known, agent, "new_tool")?.details.required_scope).toBe("admin");
   });
 
   it("fit: refuses an estimate that does not fit, passing the suggestion on", () => {

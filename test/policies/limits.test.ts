@@ -6,8 +6,10 @@ import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import { FakeClock, flush, tempDir } from "./helpers.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 
-const limits = (over: Record<string, unknown> = {}) => parsePolicyConfig({ limits: over }).limits;
+const limits = (over: Record<string, unknown> = {}) =>
+  parsePolicyConfig({ limits: over }, TOOL_POLICIES).limits;
 
 async function codeOf(p: Promise<unknown>): Promise<string | undefined> {
   try {

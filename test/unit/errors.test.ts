@@ -1,34 +1,61 @@
-// One catalogue of error codes: every code any layer can produce is in tools/errors.ts, and the
-// docs/errors.md's table documents exactly that catalogue.
+// One catalogue of error codes (policies/errors.ts): every code any layer can produce is in it,
+// docs/errors.md's table documents exactly that catalogue, and the worker agrees on `recoverable`.
+import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { POLICY_ERROR_CODES } from "../../policies/errors.js";
+import { ERROR_CATALOGUE, POLICY_ERROR_CODES } from "../../policies/errors.js";
 import { RUNTIME_ERROR_CODES } from "../../runtime/types.js";
-import { ERROR_CATALOGUE, ToolError, scrubMessage, toToolError } from "../../tools/errors.js";
+import { ToolError, scrubMessage, toToolError } from "../../tools/errors.js";
 import { ROOT } from "../helpers/server.js";
 
 const catalogue = new Set(Object.keys(ERROR_CATALOGUE));
 
+/** The worker's own table, as the worker itself reads it (code → recoverable). */
+function workerRecoverable(): Record<string, boolean> {
+  const out = execFileSync(
+    join(ROOT, ".venv/bin/python"),
+    [
+      "-c",
+      "import json; from tpu_worker.errors import RECOVERABLE; print(json.dumps(RECOVERABLE))",
+    ],
+    { cwd: join(ROOT, "runtime/worker"), encoding: "utf8" },
+  );
+  return JSON.parse(out) as Record<string, boolean>;
+}
+
 describe("error catalogue", () => {
-  it("matches the Errors table of docs/errors.md exactly", () => {
-    const page = readFileSync(join(ROOT, "docs/errors.md"), "utf8");
-    const documented = new Set([...page.matchAll(/^\| `([a-z_]+)` *\|/gm)].map((m) => m[1]));
-    expect([...documented].sort()).toEqual([...catalogue].sort());
+  it("matches the Errors table of docs/errors.md exactly, recoverable column included", () => {
+    const section = readFileSync(join(ROOT, "docs/errors.md"), "utf8");
+    const rows = [...section.matchAll(/^\| `([a-z_]+)` *\| *(yes|no) *\|/gm)];
+    const documented = Object.fromEntries(rows.map((m) => [m[1]!, m[2] === "yes"]));
+    const expected = Object.fromEntries(
+      Object.entries(ERROR_CATALOGUE).map(([code, e]) => [code, e.recoverable]),
+    );
+    expect(documented).toEqual(expected);
   });
 
   it("covers every policy, runtime and worker code", () => {
-    const policy = Object.keys(POLICY_ERROR_CODES).map((c) =>
-      c === "invalid_arguments" ? "invalid_argument" : c,
-    );
-    const worker = [
-      ...readFileSync(join(ROOT, "runtime/worker/tpu_worker/errors.py"), "utf8").matchAll(
-        /^\s+"([a-z_]+)",$/gm,
-      ),
-    ].map((m) => m[1]);
+    const worker = Object.keys(workerRecoverable());
     expect(worker.length).toBeGreaterThan(10);
-    for (const code of [...policy, ...RUNTIME_ERROR_CODES, ...worker])
+    for (const code of [...POLICY_ERROR_CODES, ...RUNTIME_ERROR_CODES, ...worker])
       expect(catalogue, code).toContain(code);
+  });
+
+  it("agrees with the worker on which codes are recoverable", () => {
+    for (const [code, recoverable] of Object.entries(workerRecoverable()))
+      expect(ERROR_CATALOGUE[code as keyof typeof ERROR_CATALOGUE].recoverable, code).toBe(
+        recoverable,
+      );
+  });
+
+  it("gives every code a one-line doc and an HTTP error status", () => {
+    for (const [code, e] of Object.entries(ERROR_CATALOGUE)) {
+      expect(e.doc.length, code).toBeGreaterThan(10);
+      expect(e.doc, code).not.toContain("\n");
+      expect(e.http, code).toBeGreaterThanOrEqual(400);
+      expect(e.http, code).toBeLessThan(600);
+    }
   });
 
   it("maps unknown failures to internal without leaking their message", () => {
@@ -47,5 +74,12 @@ describe("error catalogue", () => {
     expect(e).toBeInstanceOf(ToolError);
     expect(e.message).toBe("no file <path>");
     expect(scrubMessage("a /b/c d")).toBe("a <path> d");
+  });
+
+  it("keeps a policy refusal's code and its catalogue recoverability", () => {
+    const e = toToolError({ code: "approval_required", message: "ask", details: { id: "a1" } });
+    expect(e.code).toBe("approval_required");
+    expect(e.recoverable).toBe(true);
+    expect(e.details).toEqual({ id: "a1" });
   });
 });

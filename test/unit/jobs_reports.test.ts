@@ -4,8 +4,8 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteJobs } from "../../tools/support/jobs.js";
-import { SqliteReports } from "../../tools/support/reports.js";
+import { SqliteJobs } from "../../tools/stores/jobs.js";
+import { SqliteReports } from "../../tools/stores/reports.js";
 
 const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-jobs-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));

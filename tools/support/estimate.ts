@@ -1,18 +1,21 @@
 // Gathers the facts a cost estimate needs (catalog, weight headers via the worker, device memory,
 // loaded models, past benchmarks) and hands them to the pure estimator in policies/.
 import { estimateCost, type CostEstimate } from "../../policies/estimate.js";
+import type { ToolPolicy } from "../../policies/tool_policy.js";
 import type { ToolContext } from "../types.js";
 
+/** The estimate of a call of the tool whose record this is (none when it declares no estimate). */
 export async function estimateFor(
-  tool: string,
+  tool: Pick<ToolPolicy, "estimate">,
   args: Record<string, any>,
   ctx: ToolContext,
 ): Promise<CostEstimate | undefined> {
+  const kind = tool.estimate;
   const entry = ctx.env.catalog.models.find((m) => m.id === args.model);
-  if (!entry) return undefined;
+  if (!entry || kind === null) return undefined;
   // Loads and benchmarks ask the worker for fresh free memory; inference, the hot path, uses
   // what the handshake reported (its memory was accounted for when the model was loaded).
-  const fresh = tool !== "run_inference";
+  const fresh = kind !== "inference";
   const [fact, status] = await Promise.all([
     ctx.facts.get(entry.id),
     fresh
@@ -23,7 +26,7 @@ export async function estimateFor(
   const deviceKind = String(dev?.kind ?? "cpu");
   // Tensor models have no sequence: one "token" per item on both sides of the comparison.
   const tensor = entry.task === "tensor";
-  if (tensor && tool === "run_benchmark") args = { ...args, seq_lens: [1] };
+  if (tensor && kind === "benchmark") args = { ...args, seq_lens: [1] };
   const history = ctx.reports.history(entry.id, deviceKind).map((h) => ({
     model: entry.id,
     device: deviceKind,
@@ -34,7 +37,7 @@ export async function estimateFor(
     mean_latency_ms: h.latency_ms,
   }));
   return estimateCost({
-    tool,
+    kind,
     args,
     model: {
       id: entry.id,

@@ -3,9 +3,6 @@ import { DTYPE_ITEMSIZE } from "../../runtime/framing.js";
 import type { TensorData, TensorDtype } from "../../runtime/types.js";
 import { ToolError } from "../errors.js";
 
-// One table of item sizes: the pipe's framing owns it.
-export const ITEMSIZE = DTYPE_ITEMSIZE;
-
 export function elementCount(shape: readonly number[]): number {
   return shape.reduce((n, d) => n * d, 1);
 }
@@ -56,7 +53,7 @@ function fromF16(h: number): number {
 /** Encodes a number array as raw little-endian bytes of `dtype`. */
 export function encodeValues(dtype: TensorDtype, values: readonly number[]): Buffer {
   const n = values.length;
-  const buf = Buffer.allocUnsafe(n * ITEMSIZE[dtype]);
+  const buf = Buffer.allocUnsafe(n * DTYPE_ITEMSIZE[dtype]);
   for (let i = 0; i < n; i++) {
     const v = values[i];
     switch (dtype) {
@@ -159,10 +156,10 @@ export function tensorFromArg(t: TensorArg, index: number, maxElements: number):
     return { dtype: t.dtype, shape: t.shape, data: encodeValues(t.dtype, t.data) };
   }
   const data = Buffer.from(t.data_b64 ?? "", "base64");
-  if (data.byteLength !== n * ITEMSIZE[t.dtype]) {
+  if (data.byteLength !== n * DTYPE_ITEMSIZE[t.dtype]) {
     throw new ToolError(
       "invalid_argument",
-      `tensors.${index}: shape [${t.shape.join(", ")}] of ${t.dtype} needs ${n * ITEMSIZE[t.dtype]} bytes, data_b64 decodes to ${data.byteLength}`,
+      `tensors.${index}: shape [${t.shape.join(", ")}] of ${t.dtype} needs ${n * DTYPE_ITEMSIZE[t.dtype]} bytes, data_b64 decodes to ${data.byteLength}`,
     );
   }
   return { dtype: t.dtype, shape: t.shape, data };

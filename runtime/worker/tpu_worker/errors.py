@@ -2,42 +2,44 @@
 
 from __future__ import annotations
 
-ERROR_CODES = frozenset(
-    {
-        "protocol_error",
-        "invalid_argument",
-        "unknown_model",
-        "model_not_loaded",
-        "model_already_loaded",
-        "insufficient_memory",
-        "out_of_memory",
-        "unsafe_weights",
-        "path_outside_roots",
-        "weights_missing",
-        "weights_too_large",
-        "unsupported_device",
-        "unsupported_dtype",
-        "cancelled",
-        "internal",
-    }
-)
+# Code -> whether calling again (after waiting, or after the fix the message names) can succeed.
+# The same answer as the server's catalogue (policies/errors.ts); test/unit/errors.test.ts compares.
+RECOVERABLE = {
+    "protocol_error": True,
+    "invalid_argument": True,
+    "unknown_model": True,
+    "model_not_loaded": True,
+    "model_already_loaded": True,
+    "insufficient_memory": True,
+    "out_of_memory": True,
+    "unsafe_weights": False,
+    "path_outside_roots": False,
+    "weights_missing": False,
+    "weights_too_large": False,
+    "unsupported_device": True,
+    "unsupported_dtype": True,
+    "cancelled": True,
+    "internal": True,
+}
+ERROR_CODES = frozenset(RECOVERABLE)
 
 
 class WorkerError(Exception):
     """An error whose message is safe to send to the client.
 
     Messages say what to do next and never contain absolute paths or tracebacks;
-    `recoverable` tells the caller whether retrying (possibly with other arguments) can work
-    without restarting the worker.
+    `recoverable` tells the caller whether calling again (after waiting, or with the fix the
+    message names) can succeed; it defaults to the code's entry in RECOVERABLE.
     """
 
-    def __init__(self, code: str, message: str, *, recoverable: bool = True) -> None:
+    def __init__(self, code: str, message: str, *, recoverable: bool | None = None) -> None:
         if code not in ERROR_CODES:
             raise ValueError(f"unknown error code {code!r}")
         super().__init__(message)
         self.code = code
         self.message = message
-        self.recoverable = recoverable
+        # A raise site may know better (a fatal frame, a device the worker can never use).
+        self.recoverable = RECOVERABLE[code] if recoverable is None else recoverable
 
     def to_wire(self) -> dict:
         return {"code": self.code, "message": self.message, "recoverable": self.recoverable}

@@ -1,6 +1,8 @@
 // SVG chart of a benchmark report (tpu://benchmarks/{id}.svg): latency p50 (bars to p99) and
 // throughput against batch size, one series per dtype × mode × seq_len. Hand-written SVG, no
 // dependency; every text from the report is escaped.
+import { seriesOf, type SeriesPoint } from "./series.js";
+
 type Any = Record<string, any>;
 
 const W = 960;
@@ -29,12 +31,7 @@ const esc = (s: string) =>
 const fmt = (v: number) =>
   v >= 1000 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v >= 1 ? v.toFixed(2) : v.toPrecision(2);
 
-interface Point {
-  batch: number;
-  p50: number;
-  p99: number;
-  tput: number;
-}
+type Point = SeriesPoint;
 
 /** Nice log-scale ticks (1, 2, 5 × 10^k) covering [lo, hi]. */
 function logTicks(lo: number, hi: number): number[] {
@@ -141,20 +138,7 @@ function panel(
 
 export function renderReportSvg(report: Any): string {
   const m: Any = report.manifest ?? {};
-  const groups = new Map<string, Point[]>();
-  for (const c of (report.configs ?? []) as Any[]) {
-    const l = c.latency_ms;
-    if (c.error || !l || typeof l.p50 !== "number") continue;
-    const name = `${c.dtype} ${c.mode}${c.seq_len ? ` seq ${c.seq_len}` : ""}`;
-    const pts = groups.get(name) ?? [];
-    pts.push({
-      batch: c.batch,
-      p50: l.p50,
-      p99: l.p99,
-      tput: Number(c.throughput_items_per_s) || 0,
-    });
-    groups.set(name, pts);
-  }
+  const groups = seriesOf(report);
   const series = [...groups.entries()];
   const batches = [...new Set(series.flatMap(([, pts]) => pts.map((p) => p.batch)))].sort(
     (a, b) => a - b,
@@ -182,7 +166,9 @@ export function renderReportSvg(report: Any): string {
   parts.push(
     ...panel(LEFT[0], "Latency p50 (dashed to p99)", "ms", series, (p) => p.p50, true, batches),
   );
-  parts.push(...panel(LEFT[1], "Throughput", "items/s", series, (p) => p.tput, false, batches));
+  parts.push(
+    ...panel(LEFT[1], "Throughput", "items/s", series, (p) => p.tput ?? 0, false, batches),
+  );
   series.forEach(([name], i) => {
     const x = 70 + (i % 4) * 220;
     const y = TOP + PANEL_H + 62 + Math.floor(i / 4) * 16;

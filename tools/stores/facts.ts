@@ -11,13 +11,14 @@ export interface ModelFact {
   problem: string | null;
 }
 
-export interface ModelFacts {
+/** What the worker knows of each catalog model (not the estimator's ModelFacts, a plain record). */
+export interface ModelFactStore {
   all(): Promise<Map<string, ModelFact>>;
   get(id: string): Promise<ModelFact | undefined>;
   invalidate(): void;
 }
 
-export class WorkerModelFacts implements ModelFacts {
+export class WorkerModelFacts implements ModelFactStore {
   private cache: Promise<Map<string, ModelFact>> | null = null;
   constructor(private readonly runtime: Runtime) {
     runtime.on("ready", () => this.invalidate());

@@ -1,0 +1,90 @@
+// The server checks every answer against the tool's own output schema before it leaves: a drifted
+// handler (a mistyped or missing field, a wrong shape) answers `internal` and is logged with the
+// tool's name, never delivered as a silent wrong answer. Fields the schema does not name pass,
+// as the published (open) output schema promises.
+import pino from "pino";
+import { describe, expect, it } from "vitest";
+import { z } from "zod";
+import { dispatchTool, ERROR_META_KEY } from "../../tools/dispatch/dispatch.js";
+import { defineTool, type ToolServices } from "../../tools/types.js";
+
+const Out = z.object({ count: z.number().int(), items: z.array(z.object({ id: z.string() })) });
+
+function toolAnswering(answer: unknown) {
+  return defineTool(
+    {
+      name: "drift_probe",
+      scope: "models:read",
+      workerOp: null,
+      job: false,
+      deviceMode: null,
+      timeoutS: null,
+      concurrency: null,
+      estimate: null,
+      runWhileRecording: false,
+    },
+    {
+      title: "drift probe",
+      description: "answers whatever the test says",
+      input: z.object({}).strict(),
+      output: Out,
+      annotations: {
+        readOnlyHint: true,
+        destructiveHint: false,
+        idempotentHint: true,
+        openWorldHint: false,
+      },
+      handler: async () => answer as z.infer<typeof Out>,
+      render: () => "ok",
+    },
+  );
+}
+
+async function call(answer: unknown) {
+  const logs: Record<string, unknown>[] = [];
+  const logger = pino(
+    { level: "info" },
+    { write: (line: string) => void logs.push(JSON.parse(line) as Record<string, unknown>) },
+  );
+  const result = await dispatchTool({
+    tool: toolAnswering(answer),
+    rawArgs: {},
+    principal: { id: "p", scopes: ["admin"], via: "stdio" },
+    gate: {
+      enforceScope: () => {},
+      refuse: () => {},
+      run: ((_call: unknown, fn: (s: AbortSignal) => Promise<unknown>) =>
+        fn(new AbortController().signal)) as never,
+    },
+    base: { runtime: {}, env: { catalog: { models: [] } } } as unknown as ToolServices,
+    signal: new AbortController().signal,
+    progress: () => {},
+    logger,
+  });
+  return { result, logs };
+}
+
+describe("output validation in dispatch", () => {
+  it("answers a conforming result as the handler returned it, extra fields included", async () => {
+    const ok = { count: 1, items: [{ id: "a", note: "more" }], extra: true };
+    const { result } = await call(ok);
+    expect(result.isError).toBeUndefined();
+    expect(result.structuredContent).toEqual(ok);
+  });
+
+  it.each([
+    ["a mistyped field", { count: "1", items: [] }, "count"],
+    ["a missing field", { count: 1 }, "items"],
+    ["a mistyped nested field", { count: 1, items: [{ id: 7 }] }, "items.0.id"],
+    ["a count that is not an integer", { count: 1.5, items: [] }, "count"],
+    ["no object at all", "done", "(result)"],
+  ])("refuses %s with internal and logs the tool and the field", async (_what, answer, field) => {
+    const { result, logs } = await call(answer);
+    expect(result.isError).toBe(true);
+    expect(result.structuredContent).toBeUndefined();
+    expect((result._meta?.[ERROR_META_KEY] as { code: string }).code).toBe("internal");
+    const drift = logs.find((l) => l.msg === "tool output does not match its output schema");
+    expect(drift?.tool).toBe("drift_probe");
+    expect(JSON.stringify(drift?.problems)).toContain(field);
+  });
+});

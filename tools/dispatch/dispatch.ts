@@ -1,0 +1,157 @@
+// The one path from a tools/call request to a handler: scope → input validation (schema and every
+// per-model bound; refusals audited and rate-counted) → the policy gate (rate, estimate, budget,
+// approval, reservation, concurrency, deadline, audit) → handler, or a job for long work → result.
+// Failures come back as `isError` results with a stable code; only an unknown tool is a protocol
+// fault (the server raises that before calling here).
+import type { Logger } from "pino";
+import type { z } from "zod";
+import type { CallDeadline, Gate, GateCall } from "../../policies/gate/gate.js";
+import type { Principal } from "../../policies/scopes.js";
+import { ToolError, toToolError } from "../errors.js";
+import type { ToolContext, ToolDefinition, ToolServices } from "../types.js";
+import { runAsJob } from "./jobs.js";
+import { checkOutput, errorResult, successResult, type CallToolResultLike } from "./result.js";
+
+export { ERROR_META_KEY, type CallToolResultLike } from "./result.js";
+
+export type Elicit = NonNullable<GateCall["elicit"]>;
+
+export interface DispatchInput {
+  tool: ToolDefinition<any, any>;
+  rawArgs: unknown;
+  principal: Principal;
+  gate: Pick<Gate, "run" | "enforceScope" | "refuse">;
+  /** Everything of ToolContext but signal/progress, which the dispatcher fills per call. */
+  base: ToolServices;
+  signal: AbortSignal;
+  progress: ToolContext["progress"];
+  elicit?: Elicit;
+  logger: Logger;
+  /** Job tools still running after this many seconds answer with a job_id (0 or absent: never). */
+  softDeadlineS?: number;
+  /** Stamps for the bench's decomposition; absent unless tracing (tools/support/trace.ts). */
+  trace?: ToolContext["trace"];
+}
+
+function zodMessage(err: z.ZodError): string {
+  return err.issues
+    .slice(0, 5)
+    .map((i) => `${i.path.length ? i.path.join(".") : "(arguments)"}: ${i.message}`)
+    .join("; ");
+}
+
+/** Parses the raw arguments; an unknown model gets its own code naming the catalog ids. */
+function parseArgs(input: DispatchInput): Record<string, any> {
+  const parsed = input.tool.input.safeParse(input.rawArgs ?? {});
+  if (parsed.success) return parsed.data as Record<string, any>;
+  const unknownModel = parsed.error.issues.find(
+    (i: z.core.$ZodIssue) =>
+      i.path.length === 1 &&
+      i.path[0] === "model" &&
+      typeof (input.rawArgs as any)?.model === "string",
+  );
+  if (unknownModel) {
+    const ids = input.base.env.catalog.models.map((m) => m.id).join(", ");
+    throw new ToolError(
+      "unknown_model",
+      `model: not in the catalog; call list_models (ids: ${ids})`,
+    );
+  }
+  throw new ToolError("invalid_argument", zodMessage(parsed.error));
+}
+
+export async function dispatchTool(input: DispatchInput): Promise<CallToolResultLike> {
+  const { tool, principal, gate, logger, trace } = input;
+  const t0 = performance.now();
+  let outcome = "ok";
+  try {
+    // Scope is the gate's first step, in gate.refuse (bad arguments) or gate.run: one audited check.
+    let args: Record<string, any>;
+    try {
+      args = parseArgs(input);
+      // Every argument check and per-model bound, before any approval, job or worker call.
+      tool.validate?.(args, input.base);
+    } catch (e) {
+      const err = toToolError(e);
+      // Refusals of bad input are audited (digest only) and count against the rate limit.
+      gate.refuse(principal, tool.name, input.rawArgs ?? {}, err.code, err.message);
+      throw err;
+    }
+    trace?.mark("d.parsed");
+    // "default" is the worker's own device: name it as explicit calls would, so both share a lane.
+    const declared = tool.device ? tool.device(args) : undefined;
+    const own = input.base.runtime.hello?.device;
+    const rt = input.base.runtime;
+    // A pool: the lane is the worker the call will hold (none when it routes per call).
+    const lane =
+      declared !== undefined && rt.laneOf
+        ? rt.laneOf(tool.policy.workerOp ?? tool.name, args)
+        : declared === "default" && own
+          ? `${own.kind}:${own.index}`
+          : declared;
+
+    const ctxFor = (
+      signal: AbortSignal,
+      progress: ToolContext["progress"],
+      deadline?: CallDeadline,
+    ): ToolContext => ({
+      ...input.base,
+      principal,
+      signal,
+      progress,
+      ...(deadline ? { deadline } : {}),
+      ...(trace ? { trace } : {}),
+    });
+    const estimate = tool.estimate;
+    // With a pool, the workers the handler's calls went to are named in the audit record.
+    const ranOn: string[] = [];
+    const call: GateCall = {
+      principal,
+      tool: tool.name,
+      args,
+      device: lane,
+      // Made only once the gate has admitted the caller (scope, rate): nothing before that
+      // reaches the worker.
+      ...(estimate
+        ? { estimator: () => estimate(args, ctxFor(input.signal, input.progress)) }
+        : {}),
+      signal: input.signal,
+      elicit: input.elicit,
+      ...(rt.withPlacement ? { ranOn: () => (ranOn.length ? ranOn.join(",") : undefined) } : {}),
+      trace,
+    };
+    const placed = <T>(fn: () => Promise<T>): Promise<T> =>
+      rt.withPlacement ? rt.withPlacement(ranOn, fn) : fn();
+
+    const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
+    let out: Record<string, unknown>;
+    if (tool.policy.job && (args.wait === false || softMs > 0)) {
+      out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs, placed);
+    } else {
+      out = await gate.run(call, (signal, deadline) =>
+        placed(() => tool.handler(args, ctxFor(signal, input.progress, deadline))),
+      );
+    }
+    trace?.mark("d.gate_done");
+    const res = successResult(tool, checkOutput(tool, out, logger));
+    trace?.mark("d.result");
+    return res;
+  } catch (e) {
+    const err = toToolError(e);
+    outcome = err.code;
+    // A drifted output (checkOutput) was logged with its fields already.
+    if (err.code === "internal" && !(e instanceof ToolError))
+      logger.error({ err: e, tool: tool.name }, "tool failed unexpectedly");
+    return errorResult(err);
+  } finally {
+    logger.info(
+      {
+        tool: tool.name,
+        principal: principal.id,
+        outcome,
+        duration_ms: Math.round(performance.now() - t0),
+      },
+      "tool call",
+    );
+  }
+}

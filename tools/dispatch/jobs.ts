@@ -1,0 +1,101 @@
+// A call of a job tool (its record says job: true): answered with its result, or with a job id
+// when it was asked not to wait or outlives the soft deadline (dispatch.ts decides which).
+import type { CallDeadline, GateCall } from "../../policies/gate/gate.js";
+import type { ToolContext } from "../types.js";
+import type { DispatchInput } from "./dispatch.js";
+
+/**
+ * A job tool once the gate admits it. With wait: false (softMs 0) it becomes a job at once and
+ * the job id is the answer. With wait: true the result is the answer if it comes within the soft
+ * deadline; otherwise the running work is adopted by a new job and its id is the answer (the work
+ * goes on; get_job has its progress and then its result). Until the caller holds a job id, its
+ * cancellation or disconnect cancels the work: nobody could ever collect it. The work keeps the
+ * gate's slot, reservation and deadline until it ends, and the gate audits how it ended; a
+ * refusal (approval, budget, busy) still comes back to this caller at once.
+ */
+export function runAsJob(
+  input: DispatchInput,
+  call: GateCall,
+  args: Record<string, any>,
+  ctxFor: (s: AbortSignal, p: ToolContext["progress"], d?: CallDeadline) => ToolContext,
+  softMs: number,
+  /** Runs the handler so that a pool records the workers it used (identity without a pool). */
+  placed: <T>(fn: () => Promise<T>) => Promise<T>,
+): Promise<Record<string, unknown>> {
+  const { tool, principal } = input;
+  const jobs = input.base.jobs;
+  // Mirrors the caller's signal only until the caller holds a job id.
+  const callerCtl = new AbortController();
+  let handedOut = false;
+  const onCallerAbort = () => {
+    if (!handedOut) callerCtl.abort(input.signal.reason);
+  };
+  if (input.signal.aborted) onCallerAbort();
+  else input.signal.addEventListener("abort", onCallerAbort, { once: true });
+
+  return new Promise<Record<string, unknown>>((resolve, reject) => {
+    let answered = false;
+    const answer = (fn: () => void) => {
+      if (answered) return;
+      answered = true;
+      fn();
+    };
+    const handOut = (jobId: string, message: string) => {
+      handedOut = true;
+      input.signal.removeEventListener("abort", onCallerAbort);
+      answer(() => resolve({ job_id: jobId, status: "running", message }));
+    };
+
+    input.gate
+      .run({ ...call, signal: callerCtl.signal }, async (gateSignal, deadline) => {
+        // cancel_job reaches the work through this controller once a job owns it.
+        const jobCtl = new AbortController();
+        let jobProgress: ToolContext["progress"] | undefined;
+        const report: ToolContext["progress"] = (p, total, message) => {
+          jobProgress?.(p, total, message);
+          if (!handedOut) input.progress(p, total, message);
+        };
+        const adopt = (work: Promise<Record<string, unknown>>) =>
+          jobs.start(tool.name, principal.id, (jobSignal, progress) => {
+            jobProgress = progress;
+            if (jobSignal.aborted) jobCtl.abort(jobSignal.reason);
+            else
+              jobSignal.addEventListener("abort", () => jobCtl.abort(jobSignal.reason), {
+                once: true,
+              });
+            return work;
+          });
+        const signal = AbortSignal.any([gateSignal, jobCtl.signal]);
+        // The handler starts on the next microtask, after a job (if any) has adopted it.
+        const work = Promise.resolve().then(() =>
+          placed(() => tool.handler(args, ctxFor(signal, report, deadline))),
+        );
+        if (softMs === 0) {
+          const job = adopt(work);
+          handOut(
+            job.job_id,
+            `started; follow it with get_job (job_id ${job.job_id}), stop it with cancel_job`,
+          );
+        } else {
+          const timer = setTimeout(() => {
+            const job = adopt(work);
+            handOut(
+              job.job_id,
+              `still running after ${softMs / 1000} s, so this call answers with a job instead of holding the request open; follow it with get_job (job_id ${job.job_id}), stop it with cancel_job`,
+            );
+          }, softMs);
+          work.then(
+            () => clearTimeout(timer),
+            () => clearTimeout(timer),
+          );
+        }
+        // The gate audits how the work ended, whoever collects it.
+        return await work;
+      })
+      .then(
+        (value) => answer(() => resolve(value)),
+        (e) => answer(() => reject(e)),
+      )
+      .finally(() => input.signal.removeEventListener("abort", onCallerAbort));
+  });
+}
