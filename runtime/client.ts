@@ -41,11 +41,13 @@ import {
   RuntimeCallError,
   type CallOptions,
   type CallResult,
-  type Runtime,
+  type LoadedModel,
   type RuntimeEvents,
   type WorkerHello,
   type WorkerState,
 } from "./types.js";
+
+export type { LoadedModel } from "./types.js";
 
 type LogFn = (obj: Record<string, unknown>, msg?: string) => void;
 
@@ -132,15 +134,6 @@ export function resolveRuntimeOptions(opts: WorkerRuntimeOptions = {}): Readonly
   });
 }
 
-/** What the client knows about a model loaded in the current worker. */
-export interface LoadedModel {
-  model: string;
-  device?: string;
-  dtype?: string;
-  mode?: string;
-  loadedAt: number;
-}
-
 interface WorkerProc {
   child: ChildProcess;
   generation: number;
@@ -210,7 +203,7 @@ const LEVELS: Record<string, "debug" | "info" | "warn" | "error"> = {
   fatal: "error",
 };
 
-export class WorkerRuntime implements Runtime {
+export class WorkerRuntime {
   readonly options: Readonly<ResolvedOptions>;
   private readonly log: RuntimeLogger;
   private _state: WorkerState = "stopped";
@@ -1044,10 +1037,4 @@ function closedError(): RuntimeCallError {
 
 function cancelledError(op: string, how: string): RuntimeCallError {
   return new RuntimeCallError("cancelled", `${op} was cancelled ${how}.`, true, { op });
-}
-
-/** Builds a WorkerRuntime; with startMode `eager` the worker starts right after construction
- * (failures surface as `failed` events, logs and worker_unavailable errors on calls). */
-export function createRuntime(options: WorkerRuntimeOptions = {}): WorkerRuntime {
-  return new WorkerRuntime(options);
 }

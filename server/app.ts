@@ -22,7 +22,7 @@ import { ApprovalFeed } from "./approval_feed.js";
 import { ConfigError, type ServerConfig } from "./config.js";
 import { Metrics } from "./metrics.js";
 import { createPolicyServices } from "./policy.js";
-import { buildRuntime, type RuntimeHooks } from "./runtime.js";
+import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./runtime.js";
 import { watchWorkerControl } from "./workers.js";
 import { watchFleetScale } from "./fleet.js";
 import { createReloader, watchReloadRequests, type ReloadResult } from "./reload.js";
@@ -34,6 +34,8 @@ export interface App {
   env: ToolEnv;
   tools: ToolDefinition<any, any>[];
   runtime: Runtime;
+  /** The Ray fleet adding workers to the pool (runtime.ray); absent without one. */
+  fleet?: BuiltRuntime["fleet"];
   gate: Gate;
   auth: Authenticator;
   approvals: SqliteApprovalStore;
@@ -86,32 +88,33 @@ export function createApp(
   // Late-bound: the pool's placement needs model facts, which are read through the runtime.
   let factsRef: WorkerModelFacts | null = null;
   let auditRef: SqliteAuditLog | null = null;
-  const runtime =
-    opts.runtime ??
-    buildRuntime(config, rtLog, {
-      async needBytes(model, dtype) {
-        const entry = catalog.models.find((m) => m.id === model);
-        const fact = await factsRef?.get(model).catch(() => undefined);
-        if (!entry || !fact?.parameters) return null;
-        return memoryFor(fact.parameters, dtype ?? entry.default_dtype, 1);
-      },
-      onRefused(r) {
-        rtLog.warn(r, "remote worker refused or unreachable");
-        // Refusals that say something about trust (certificate, token) go to the audit trail.
-        if (r.reason === "tls" || r.reason === "unauthorized")
-          auditRef?.append({
-            time: new Date().toISOString(),
-            principal: "control-plane",
-            tool: "worker.connect",
-            args_digest: null,
-            args: { worker: r.worker, address: r.address },
-            outcome: "denied",
-            code: r.reason === "tls" ? "worker_tls_refused" : "worker_token_refused",
-            reason: r.message,
-          });
-      },
-      ...opts.hooks,
-    });
+  const built: BuiltRuntime = opts.runtime
+    ? { pool: opts.runtime }
+    : buildRuntime(config, rtLog, {
+        async needBytes(model, dtype) {
+          const entry = catalog.models.find((m) => m.id === model);
+          const fact = await factsRef?.get(model).catch(() => undefined);
+          if (!entry || !fact?.parameters) return null;
+          return memoryFor(fact.parameters, dtype ?? entry.default_dtype, 1);
+        },
+        onRefused(r) {
+          rtLog.warn(r, "remote worker refused or unreachable");
+          // Refusals that say something about trust (certificate, token) go to the audit trail.
+          if (r.reason === "tls" || r.reason === "unauthorized")
+            auditRef?.append({
+              time: new Date().toISOString(),
+              principal: "control-plane",
+              tool: "worker.connect",
+              args_digest: null,
+              args: { worker: r.worker, address: r.address },
+              outcome: "denied",
+              code: r.reason === "tls" ? "worker_tls_refused" : "worker_token_refused",
+              reason: r.message,
+            });
+        },
+        ...opts.hooks,
+      });
+  const { pool: runtime, fleet } = built;
   const metrics = new Metrics();
   const notices: App["notices"] = new EventEmitter();
   notices.setMaxListeners(0); // one listener per open session
@@ -140,13 +143,13 @@ export function createApp(
   const facts = new WorkerModelFacts(runtime);
   factsRef = facts;
   auditRef = audit;
-  metrics.observeWorkers(runtime);
+  metrics.observeWorkers(runtime, fleet?.state);
   const control = watchWorkerControl(config, runtime, rtLog);
-  const fleetScale = watchFleetScale(config, runtime, rtLog);
+  const fleetScale = watchFleetScale(config, fleet?.fleet, rtLog);
   const reloader = createReloader(
     opts.fileConfig ?? config,
     opts.loadConfig,
-    runtime,
+    fleet?.fleet,
     logger.child({ component: "reload" }),
   );
   const reloadRequests = watchReloadRequests(config, reloader, logger);
@@ -174,6 +177,7 @@ export function createApp(
     env,
     tools,
     runtime,
+    fleet,
     gate,
     auth,
     approvals,
@@ -183,7 +187,16 @@ export function createApp(
     reports,
     facts,
     metrics,
-    services: { runtime, jobs, outputs, reports, facts, env, logger },
+    services: {
+      runtime,
+      ...(fleet ? { fleet: fleet.state } : {}),
+      jobs,
+      outputs,
+      reports,
+      facts,
+      env,
+      logger,
+    },
     approvalFeed,
     notifier,
     notices,

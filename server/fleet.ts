@@ -8,19 +8,12 @@ import { join } from "node:path";
 import type { Logger } from "pino";
 import { openPolicyDb, type SqliteDb } from "../policies/sqlite.js";
 import { RayFleet, type FleetPool, type FleetStatus } from "../runtime/fleet/ray.js";
-import type { Runtime } from "../runtime/types.js";
 import type { ServerConfig } from "./config.js";
 import { driverConfig } from "./fleet_config.js";
 
-const fleets = new WeakMap<object, RayFleet>();
-
-export function fleetOf(runtime: Runtime): RayFleet | undefined {
-  return fleets.get(runtime);
-}
-
 /** Starts the fleet driver for this pool; the pool's close() stops the driver first. */
 export function attachRayFleet(
-  pool: Runtime & FleetPool,
+  pool: FleetPool & { onClose(fn: () => Promise<void>): void },
   config: ServerConfig,
   logger: Logger,
 ): RayFleet {
@@ -36,13 +29,7 @@ export function attachRayFleet(
     drainTimeoutMs: ray.drain_timeout_s * 1000,
     logger: logger.child({ component: "ray-fleet" }),
   });
-  fleets.set(pool, fleet);
-  pool.fleet = () => fleet.summary(ray.address);
-  const closePool = pool.close.bind(pool);
-  pool.close = async () => {
-    await fleet.close();
-    await closePool();
-  };
+  pool.onClose(() => fleet.close());
   fleet
     .start()
     .then((s) =>
@@ -63,11 +50,10 @@ function open(config: ServerConfig): SqliteDb {
 /** Server side: applies `workers scale` and publishes the fleet's actors. */
 export function watchFleetScale(
   config: ServerConfig,
-  runtime: Runtime,
+  fleet: RayFleet | undefined,
   logger: Logger,
   intervalMs = 500,
 ): { close(): void } {
-  const fleet = fleetOf(runtime);
   if (!fleet) return { close() {} };
   const db = open(config);
   let applied: { count: number; at: string } | null = null;

@@ -8,10 +8,10 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import { openPolicyDb, type SqliteDb } from "../policies/sqlite.js";
-import type { Runtime } from "../runtime/types.js";
+import type { RayFleet } from "../runtime/fleet/ray.js";
 import { ConfigError, type ServerConfig } from "./config.js";
 import { diffConfig } from "./config_diff.js";
-import { fleetOf, recordFleetTarget, waitForFleet, type FleetWaitIo } from "./fleet.js";
+import { recordFleetTarget, waitForFleet, type FleetWaitIo } from "./fleet.js";
 
 export interface ReloadResult {
   ok: boolean;
@@ -38,7 +38,8 @@ export interface Reloader {
 export function createReloader(
   running: ServerConfig,
   load: (() => ServerConfig) | undefined,
-  runtime: Runtime,
+  /** The Ray fleet (runtime.ray), whose capacity a removed count stands for. */
+  fleet: RayFleet | undefined,
   logger: Logger,
 ): Reloader {
   let current = running;
@@ -60,7 +61,6 @@ export function createReloader(
     const diff = diffConfig(current, next);
     const result: ReloadResult = { ok: true, applied: [], restart: diff.restart };
     if (diff.fleet_count !== undefined) {
-      const fleet = fleetOf(runtime);
       const count =
         diff.fleet_count === "capacity" ? (fleet?.status().capacity ?? 0) : diff.fleet_count;
       // The same desired state `workers scale` writes: the fleet watcher applies it (drain first).

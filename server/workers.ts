@@ -30,19 +30,6 @@ function open(path: string): SqliteDb {
   return db;
 }
 
-/** Pools expose drain/undrain; a single worker has nothing to drain. */
-interface Drainable {
-  drain(name: string): unknown;
-  undrain(name: string): unknown;
-}
-
-function drainable(rt: Runtime): (Runtime & Drainable) | null {
-  const r = rt as Runtime & Partial<Drainable>;
-  return typeof r.drain === "function" && typeof r.undrain === "function" && r.workers
-    ? (r as Runtime & Drainable)
-    : null;
-}
-
 /** Server side: applies the desired drain state and publishes every worker's state. */
 export function watchWorkerControl(
   config: ServerConfig,
@@ -50,8 +37,9 @@ export function watchWorkerControl(
   logger: Logger,
   intervalMs = 500,
 ): { close(): void } {
-  const pool = drainable(runtime);
-  if (!pool) return { close() {} };
+  // The default pool of one worker has nothing to drain (and publishes nothing, as before).
+  if (runtime.single) return { close() {} };
+  const pool = runtime;
   mkdirSync(config.paths.data_dir, { recursive: true });
   const db = open(workersDbPath(config));
   const readDrained = db.prepare("SELECT name FROM drained");
@@ -65,7 +53,7 @@ export function watchWorkerControl(
       const tx = db.transaction((ws: WorkerStatus[]) => {
         for (const w of ws) upsert.run(w.name, JSON.stringify(w), now);
       });
-      for (const w of pool.workers!()) {
+      for (const w of pool.workers()) {
         if (want.has(w.name) && !w.draining) {
           pool.drain(w.name);
           logger.warn({ worker: w.name }, "worker drained: no new calls are routed to it");
@@ -74,7 +62,7 @@ export function watchWorkerControl(
           logger.info({ worker: w.name }, "worker undrained");
         }
       }
-      tx(pool.workers!());
+      tx(pool.workers());
     } catch (e) {
       logger.warn({ err: String(e) }, "worker control tick failed");
     }

@@ -123,7 +123,7 @@ export const checkModel = (env: ToolEnv) => {
           ...(args.seq_len ? { seq_len: args.seq_len } : {}),
           attention: args.attention,
         },
-        { signal: ctx.signal, timeoutMs: ctx.deadline?.remainingMs() },
+        { placement: ctx.placement, signal: ctx.signal, timeoutMs: ctx.deadline?.remainingMs() },
       );
       return result;
     },

@@ -129,17 +129,10 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       throw err;
     }
     trace?.mark("d.parsed");
-    // "default" is the worker's own device: name it as explicit calls would, so both share a lane.
-    const declared = tool.device ? tool.device(args) : undefined;
-    const own = input.base.runtime.hello?.device;
-    const rt = input.base.runtime;
-    // A pool: the lane is the worker the call will hold (none when it routes per call).
-    const lane =
-      declared !== undefined && rt.laneOf
-        ? rt.laneOf(WORKER_OP[tool.name] ?? tool.name, args)
-        : declared === "default" && own
-          ? `${own.kind}:${own.index}`
-          : declared;
+    // Where the call runs, chosen once: the gate queues device tools on its lane, the handler
+    // hands the same ticket to runtime.call, and the audit record names where it ran.
+    const placement = input.base.runtime.place(WORKER_OP[tool.name] ?? tool.name, args);
+    const lane = tool.device ? placement.lane : undefined;
 
     const ctxFor = (
       signal: AbortSignal,
@@ -148,14 +141,13 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
     ): ToolContext => ({
       ...input.base,
       principal,
+      placement,
       signal,
       progress,
       ...(deadline ? { deadline } : {}),
       ...(trace ? { trace } : {}),
     });
     const estimate = tool.estimate;
-    // With a pool, the workers the handler's calls went to are named in the audit record.
-    const ranOn: string[] = [];
     const call: GateCall = {
       principal,
       tool: tool.name,
@@ -168,20 +160,19 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
         : {}),
       signal: input.signal,
       elicit: input.elicit,
-      ...(rt.withPlacement ? { ranOn: () => (ranOn.length ? ranOn.join(",") : undefined) } : {}),
+      // The workers the call's runtime calls ran on, from the placement's receipt.
+      ranOn: () => placement.ran().join(",") || undefined,
       trace,
     };
-    const placed = <T>(fn: () => Promise<T>): Promise<T> =>
-      rt.withPlacement ? rt.withPlacement(ranOn, fn) : fn();
 
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
     const isJobTool = JOB_TOOLS.has(tool.name);
     let out: Record<string, unknown>;
     if (isJobTool && (args.wait === false || softMs > 0)) {
-      out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs, placed);
+      out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs);
     } else {
       out = await gate.run(call, (signal, deadline) =>
-        placed(() => tool.handler(args, ctxFor(signal, input.progress, deadline))),
+        tool.handler(args, ctxFor(signal, input.progress, deadline)),
       );
     }
     trace?.mark("d.gate_done");
@@ -222,8 +213,6 @@ function runAsJob(
   args: Record<string, any>,
   ctxFor: (s: AbortSignal, p: ToolContext["progress"], d?: CallDeadline) => ToolContext,
   softMs: number,
-  /** Runs the handler so that a pool records the workers it used (identity without a pool). */
-  placed: <T>(fn: () => Promise<T>) => Promise<T>,
 ): Promise<Record<string, unknown>> {
   const { tool, principal } = input;
   const jobs = input.base.jobs;
@@ -271,7 +260,7 @@ function runAsJob(
         const signal = AbortSignal.any([gateSignal, jobCtl.signal]);
         // The handler starts on the next microtask, after a job (if any) has adopted it.
         const work = Promise.resolve().then(() =>
-          placed(() => tool.handler(args, ctxFor(signal, report, deadline))),
+          tool.handler(args, ctxFor(signal, report, deadline)),
         );
         if (softMs === 0) {
           const job = adopt(work);

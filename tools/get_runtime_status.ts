@@ -138,8 +138,9 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
         matmul_precision: result.matmul_precision ?? null,
         loaded: result.loaded ?? [],
         jobs_running: ctx.jobs.running(),
-        ...(rt.workers ? { workers: rt.workers() } : {}),
-        ...(rt.fleet ? { fleet: rt.fleet() } : {}),
+        // The default pool of one worker shows no pool, as before pools.
+        ...(rt.single ? {} : { workers: rt.workers() }),
+        ...(ctx.fleet ? { fleet: ctx.fleet() } : {}),
       };
     },
     render: (o) =>

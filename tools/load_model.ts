@@ -100,7 +100,7 @@ export const loadModel = (env: ToolEnv) => {
           );
         }
       }
-      if ((args.replicas ?? 1) > 1 && !svc.runtime.workers) {
+      if ((args.replicas ?? 1) > 1 && svc.runtime.single) {
         throw new ToolError(
           "invalid_argument",
           "replicas: this server runs one worker; configure runtime.workers (see the README's fleet section) for replicas",
@@ -111,7 +111,7 @@ export const loadModel = (env: ToolEnv) => {
       const entry = entryOf(env, args.model);
       const dt = args.dtype ?? entry.default_dtype;
       const workerArgs = {
-        ...(args.replicas && ctx.runtime.workers ? { replicas: args.replicas } : {}),
+        ...(args.replicas && !ctx.runtime.single ? { replicas: args.replicas } : {}),
         model: args.model,
         dtype: dt,
         mode: args.mode,
@@ -121,6 +121,7 @@ export const loadModel = (env: ToolEnv) => {
       };
       // With wait: false the dispatcher runs this handler as a job and answers with its id.
       const { result } = await ctx.runtime.call<z.infer<typeof LoadResult>>("load", workerArgs, {
+        placement: ctx.placement,
         signal: ctx.signal,
         timeoutMs: ctx.deadline?.remainingMs(),
         onProgress: (p) => ctx.progress(p.progress, p.total, p.message),

@@ -274,6 +274,7 @@ export const runBenchmark = (env: ToolEnv) => {
           limits: { ...env.limits.benchmark },
         },
         {
+          placement: ctx.placement,
           signal: ctx.signal,
           timeoutMs: ctx.deadline?.remainingMs(),
           onProgress: (p) => ctx.progress(p.progress, p.total, p.message),

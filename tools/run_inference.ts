@@ -172,6 +172,7 @@ export const runInference = (env: ToolEnv) => {
         },
         {
           tensors,
+          placement: ctx.placement,
           signal: ctx.signal,
           timeoutMs: ctx.deadline?.remainingMs(),
           ...(ctx.trace ? { trace: ctx.trace } : {}),

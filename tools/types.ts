@@ -6,7 +6,7 @@ import type { CostEstimate } from "../policies/estimate.js";
 import type { CallDeadline } from "../policies/gate.js";
 import type { Principal } from "../policies/scopes.js";
 import type { Catalog } from "../runtime/catalog.js";
-import type { CallTrace, Runtime } from "../runtime/types.js";
+import type { CallTrace, FleetState, Placement, Runtime } from "../runtime/types.js";
 import type { Jobs } from "./support/jobs.js";
 import type { Outputs } from "./support/outputs.js";
 import type { Reports } from "./support/reports.js";
@@ -45,6 +45,10 @@ export interface ToolEnv {
 export interface ToolContext {
   principal: ToolPrincipal;
   runtime: Runtime;
+  /** The Ray fleet behind the pool (runtime.ray); absent without one. */
+  fleet?: () => FleetState;
+  /** Where this call runs, chosen once before the gate (pass it to runtime.call). */
+  placement?: Placement;
   jobs: Jobs;
   outputs: Outputs;
   reports: Reports;
@@ -61,7 +65,10 @@ export interface ToolContext {
 }
 
 /** The long-lived services of a ToolContext, without anything per call. */
-export type ToolServices = Omit<ToolContext, "signal" | "progress" | "principal" | "deadline">;
+export type ToolServices = Omit<
+  ToolContext,
+  "signal" | "progress" | "principal" | "deadline" | "placement"
+>;
 
 export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {
   name: string;

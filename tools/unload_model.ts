@@ -36,7 +36,7 @@ export const unloadModel = (env: ToolEnv) =>
       }>(
         "unload",
         { model: args.model, ...(args.device ? { device: args.device } : {}) },
-        { signal: ctx.signal },
+        { placement: ctx.placement, signal: ctx.signal },
       );
       return result;
     },

@@ -1,6 +1,9 @@
-// WorkerPool: several workers (local subprocesses, remote `tpu_worker serve` endpoints) behind the
-// one `Runtime` interface, so tools/ and policies/ keep their shape. Each worker is a
-// WorkerRuntime (runtime/client.ts) with its own supervision; the pool adds, per operation:
+// WorkerPool: the runtime is always a pool. Its workers (local subprocesses, remote `tpu_worker
+// serve` endpoints) sit behind the one `Runtime` interface; `WorkerPool.single` is the default
+// pool of one local worker, which places nothing and passes everything through unchanged. Each
+// worker is a WorkerRuntime (runtime/client.ts) with its own supervision. This file holds the
+// membership mechanics (add, remove, drain, expand, attach) and the operations below; which
+// worker takes a call is placement.ts, chosen once (`place`) and reused by the call.
 //
 // - load: placement. `device` may name a worker (`w0`), a chip (`tpu:3`) or a kind (`cpu`);
 //   candidates are ready, undrained workers of that kind that do not hold the model yet and
@@ -17,14 +20,14 @@
 // is no longer a candidate (not ready) so new calls go to the other replicas, restarts (local)
 // or reconnects (remote) with backoff, and reports its models lost.
 // Drain: a drained worker takes no new calls or loads; calls in flight finish.
-import { AsyncLocalStorage } from "node:async_hooks";
-import { randomInt } from "node:crypto";
-import { WorkerRuntime, type LoadedModel, type WorkerRuntimeOptions } from "../client.js";
+import { WorkerRuntime, type WorkerRuntimeOptions } from "../client.js";
 import {
   RuntimeCallError,
   type CallOptions,
   type CallResult,
   type DeviceInfo,
+  type LoadedModel,
+  type Placement,
   type Runtime,
   type RuntimeEvents,
   type WorkerHello,
@@ -32,7 +35,20 @@ import {
   type WorkerStatus,
 } from "../types.js";
 import { chipEnv, isRemote, type WorkerEntry } from "./entries.js";
+import { Member } from "./member.js";
+import {
+  Ticket,
+  candidates,
+  choose,
+  named,
+  order,
+  powerOfTwo,
+  randomPick,
+  resolve,
+  type Pick,
+} from "./placement.js";
 import { remoteSpawn, type RemoteRefusal } from "./remote.js";
+import { formatBytes, statusOf } from "./status.js";
 
 export interface PoolOptions {
   /** Workers, or a function giving them (the per-device expansion runs once, at start). */
@@ -49,81 +65,41 @@ export interface PoolOptions {
   onRefused?: (r: RemoteRefusal) => void;
   /** Builds a member (tests substitute spawn functions here). */
   makeRuntime?: (entry: WorkerEntry, opts: WorkerRuntimeOptions) => WorkerRuntime;
-}
-
-/** One worker of the pool. */
-class Member {
-  draining = false;
-  calls = 0;
-  failures = 0;
-  /** Loads (and unloads) on this worker run one at a time. */
-  private chain: Promise<unknown> = Promise.resolve();
-  /** Free memory from the last status call, for placement between loads. */
-  lastFree: number | null = null;
-  lastTotal: number | null = null;
-
-  constructor(
-    readonly entry: WorkerEntry,
-    readonly rt: WorkerRuntime,
-  ) {}
-
-  get name(): string {
-    return this.entry.name;
-  }
-  get remote(): boolean {
-    return isRemote(this.entry);
-  }
-  /** The device as configured (`tpu:3`, `cpu`), or what the worker reported. */
-  get device(): string {
-    const d = this.rt.hello?.device;
-    if (d) return d.kind === "cpu" ? "cpu" : `${d.kind}:${d.index}`;
-    return isRemote(this.entry) ? "remote" : this.entry.device;
-  }
-  get kind(): string | null {
-    return (
-      this.rt.hello?.device.kind ?? (isRemote(this.entry) ? null : this.entry.device.split(":")[0]!)
-    );
-  }
-  get usable(): boolean {
-    return this.rt.state === "ready" && !this.draining;
-  }
-  models(): LoadedModel[] {
-    return this.rt.loadedModels();
-  }
-  holds(model: string): boolean {
-    return this.rt.loadedModels().some((m) => m.model === model);
-  }
-  serial<T>(fn: () => Promise<T>): Promise<T> {
-    const run = this.chain.then(fn, fn);
-    this.chain = run.catch(() => undefined);
-    return run;
-  }
-  /** Bytes this worker may still take: its share (memory_bytes) minus what it holds, or the device's free memory. */
-  free(bytesHeld: number): number | null {
-    const share = isRemote(this.entry) ? undefined : this.entry.memory_bytes;
-    if (share !== undefined) return share - bytesHeld;
-    return this.lastFree ?? this.rt.hello?.device.memory_free_bytes ?? null;
-  }
+  /** The random draw of power-of-two routing (tests inject a seeded one). */
+  pick?: Pick;
 }
 
 type AnyListener = (...a: any[]) => void;
 
-/** Where the calls of one tool call went (for its audit record). */
-const placementSink = new AsyncLocalStorage<string[]>();
-
 export class WorkerPool implements Runtime {
   private members: Member[] = [];
   private readonly listeners = new Map<string, AnyListener[]>();
+  private readonly closeHooks: Array<() => Promise<void>> = [];
   private expanding: Promise<void> | null = null;
   private closed = false;
   /** Bytes on device per (worker, model), from load results. */
   private readonly held = new Map<string, number>();
   private readonly cap: number;
   private readonly retryAfterMs: number;
+  private readonly pick: Pick;
 
-  constructor(private readonly opts: PoolOptions) {
+  /**
+   * A pool of one local worker (the default): it places nothing, so it passes calls, answers,
+   * errors and events through unchanged, exactly as the one worker behaved before pools.
+   */
+  static single(rt: WorkerRuntime, name = "w0"): WorkerPool {
+    const pool = new WorkerPool({ entries: [] }, true);
+    pool.members.push(new Member({ name, device: rt.options.device }, rt));
+    return pool;
+  }
+
+  constructor(
+    private readonly opts: PoolOptions,
+    readonly single = false,
+  ) {
     this.cap = opts.maxInFlightPerReplica ?? 16;
     this.retryAfterMs = opts.retryAfterMs ?? 100;
+    this.pick = opts.pick ?? randomPick;
     if (Array.isArray(opts.entries)) for (const e of opts.entries) this.addMember(e);
   }
 
@@ -132,6 +108,7 @@ export class WorkerPool implements Runtime {
   /** Adds a worker; it starts when the base options say eager, else on first use. */
   add(entry: WorkerEntry): void {
     if (this.closed) throw new Error("the pool is closed");
+    if (this.single) throw new Error("a single-worker pool takes no other workers");
     this.addMember(entry);
   }
 
@@ -167,32 +144,25 @@ export class WorkerPool implements Runtime {
 
   /** The worker a device string names, or undefined (a kind names no single worker). */
   workerFor(device: string | undefined): string | undefined {
-    if (!device) return undefined;
-    const named = this.members.find((m) => m.name === device);
-    if (named) return named.name;
-    if (device.includes(":")) return this.members.find((m) => m.device === device)?.name;
-    return undefined;
+    return named(this.members, device)?.name;
   }
 
-  /**
-   * The gate's lane key for a call: the one worker the call will use, if that can be told from
-   * its arguments, else undefined (the pool routes per call and caps each replica itself).
-   */
-  laneOf(op: string, args: Record<string, unknown>): string | undefined {
-    const device = typeof args.device === "string" ? args.device : undefined;
-    const named = this.workerFor(device);
-    if (named) return named;
-    const model = typeof args.model === "string" ? args.model : undefined;
-    if (op === "infer") return undefined;
-    if (op === "unload") {
-      const holders = this.members.filter((m) => model && m.holds(model));
-      return holders.length === 1 ? holders[0]!.name : undefined;
+  /** Runs before the workers close (a Ray fleet stops its driver first). */
+  onClose(fn: () => Promise<void>): void {
+    this.closeHooks.push(fn);
+  }
+
+  /** Where a call will run, chosen once: the gate queues on its lane, the call reuses it. */
+  place(op: string, args: Record<string, unknown>): Placement {
+    if (this.single) {
+      // One worker: the lane is its device as the call names it ("default": its own chip).
+      const only = this.members[0]!;
+      const asked = typeof args.device === "string" ? args.device : "default";
+      const own = only.rt.hello?.device;
+      const lane = asked === "default" && own ? `${own.kind}:${own.index}` : asked;
+      return new Ticket(op, lane, only.name, false);
     }
-    // Several replicas: several workers, no single lane (loads are serialised per worker here).
-    if (op === "load" && typeof args.replicas === "number" && args.replicas > 1) return undefined;
-    // load / bench / check without a named worker: the one placement would pick now.
-    const c = this.candidates(device, op === "load" ? model : undefined);
-    return c.length ? this.order(c)[0]!.name : undefined;
+    return choose(this.members, op, args);
   }
 
   // ── Runtime ──────────────────────────────────────────────────────────────────────────────
@@ -238,6 +208,10 @@ export class WorkerPool implements Runtime {
     return this.members.reduce((n, m) => n + m.rt.inFlight(), 0);
   }
 
+  loadedModels(): LoadedModel[] {
+    return this.members.flatMap((m) => m.models());
+  }
+
   on<E extends keyof RuntimeEvents>(event: E, fn: RuntimeEvents[E]): void {
     const list = this.listeners.get(event) ?? [];
     list.push(fn as AnyListener);
@@ -245,12 +219,9 @@ export class WorkerPool implements Runtime {
     for (const m of this.members) this.attach(m, event, fn as AnyListener);
   }
 
-  withPlacement<T>(sink: string[], fn: () => Promise<T>): Promise<T> {
-    return placementSink.run(sink, fn);
-  }
-
   async close(): Promise<void> {
     this.closed = true;
+    for (const fn of this.closeHooks.splice(0)) await fn().catch(() => undefined);
     await Promise.allSettled(this.members.map((m) => m.rt.close()));
   }
 
@@ -259,6 +230,8 @@ export class WorkerPool implements Runtime {
     args: Record<string, unknown>,
     opts: CallOptions = {},
   ): Promise<CallResult<T>> {
+    // One worker: nothing to place; its answers and errors pass through as they are.
+    if (this.single) return this.send<T>(this.members[0]!, op, args, opts);
     await this.expand();
     switch (op) {
       case "load":
@@ -272,9 +245,9 @@ export class WorkerPool implements Runtime {
       case "benchmark":
       case "check": {
         const device = typeof args.device === "string" ? args.device : undefined;
-        const c = this.candidates(device, undefined);
+        const c = candidates(this.members, device, undefined);
         if (!c.length) throw this.noWorker(device);
-        const m = this.order(c)[0]!;
+        const m = this.placed(opts.placement, c) ?? order(c)[0]!;
         return this.send<T>(m, op, this.forWorker(m, args, device), opts);
       }
       default: {
@@ -293,10 +266,10 @@ export class WorkerPool implements Runtime {
     const device = typeof args.device === "string" ? args.device : undefined;
     const { replicas: _r, ...workerArgs } = args;
     await this.readyMembers();
-    if (replicas > 1 && this.candidates(device, model).length < replicas) {
+    if (replicas > 1 && candidates(this.members, device, model).length < replicas) {
       // Right after start-up some workers may still be starting: a load asking for more
       // replicas than are ready yet waits for them (bounded), instead of refusing.
-      const waiting = (device ? this.resolve(device) : this.members).filter(
+      const waiting = (device ? resolve(this.members, device) : this.members).filter(
         (m) => m.rt.state !== "ready" && m.rt.state !== "failed",
       );
       if (waiting.length)
@@ -305,37 +278,37 @@ export class WorkerPool implements Runtime {
           60_000,
         );
     }
-    const named = device ? this.resolve(device) : this.members;
-    if (!named.length) throw this.noWorker(device);
-    const candidates = this.candidates(device, model);
-    if (!candidates.length) {
-      const holders = named.filter((m) => m.holds(model));
+    const scope = device ? resolve(this.members, device) : this.members;
+    if (!scope.length) throw this.noWorker(device);
+    const open = candidates(this.members, device, model);
+    if (!open.length) {
+      const holders = scope.filter((m) => m.holds(model));
       if (holders.length)
         throw new RuntimeCallError(
           "model_already_loaded",
-          `${model} is already loaded on ${holders.map((m) => m.name).join(", ")}${named.length > holders.length ? "; the other workers are not ready or drained" : ""}; use it, or unload it first`,
+          `${model} is already loaded on ${holders.map((m) => m.name).join(", ")}${scope.length > holders.length ? "; the other workers are not ready or drained" : ""}; use it, or unload it first`,
           false,
           { workers: holders.map((m) => m.name) },
         );
       throw this.noWorker(device);
     }
     // Fresh free memory from every candidate (loads are rare; placement must not guess).
-    await Promise.all(candidates.map((m) => this.refreshMemory(m, opts.signal)));
+    await Promise.all(open.map((m) => this.refreshMemory(m, opts.signal)));
     const need = this.opts.needBytes
       ? await this.opts.needBytes(model, typeof args.dtype === "string" ? args.dtype : undefined)
       : null;
-    const fits = candidates.filter((m) => {
+    const fits = open.filter((m) => {
       const free = m.free(this.heldBy(m));
       return need === null || free === null || free >= need;
     });
     if (fits.length < replicas) {
-      const where = candidates
+      const where = open
         .map((m) => {
           const free = m.free(this.heldBy(m));
           return `${m.name} ${free === null ? "unknown" : formatBytes(free)} free`;
         })
         .join(", ");
-      if (need !== null && fits.length < candidates.length) {
+      if (need !== null && fits.length < open.length) {
         throw new RuntimeCallError(
           "insufficient_memory",
           `${model} needs about ${formatBytes(need)} per replica; ${fits.length ? `it fits on ${fits.map((m) => m.name).join(", ")} (replicas: ${fits.length} at most)` : "it fits on no worker"} (${where}). Unload other models, use a smaller dtype${fits.length ? " or fewer replicas" : ""}.`,
@@ -350,7 +323,9 @@ export class WorkerPool implements Runtime {
         { fits: fits.map((m) => m.name) },
       );
     }
-    const chosen = this.order(fits).slice(0, replicas);
+    // One replica: the worker placed before the gate's wait, if it can still take the model.
+    const pinned = replicas === 1 ? this.placed(opts.placement, fits) : undefined;
+    const chosen = pinned ? [pinned] : order(fits).slice(0, replicas);
     const results = await Promise.allSettled(
       chosen.map((m) =>
         m.serial(() => this.send(m, "load", this.forWorker(m, workerArgs, device), opts)),
@@ -392,7 +367,7 @@ export class WorkerPool implements Runtime {
   private async unload(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
     const model = String(args.model);
     const device = typeof args.device === "string" ? args.device : undefined;
-    const scope = device ? this.resolve(device) : this.members;
+    const scope = device ? resolve(this.members, device) : this.members;
     if (device && !scope.length) throw this.noWorker(device);
     // Holders, and workers that lost it (unloading acknowledges the loss).
     let targets = scope.filter((m) => m.holds(model) || m.rt.lostModels().includes(model));
@@ -475,11 +450,7 @@ export class WorkerPool implements Runtime {
         { retry_after_ms: this.retryAfterMs, replicas: replicas.length },
       );
     }
-    if (open.length === 1) return open[0]!;
-    const a = open[randomInt(open.length)]!;
-    let b = open[randomInt(open.length - 1)]!;
-    if (b === a) b = open[open.length - 1]!;
-    return b.rt.inFlight() < a.rt.inFlight() ? b : a;
+    return powerOfTwo(open, this.pick);
   }
 
   private async send<T = Record<string, unknown>>(
@@ -492,13 +463,14 @@ export class WorkerPool implements Runtime {
     const counted = op !== "status" && op !== "describe";
     if (counted) {
       m.calls++;
-      const sink = placementSink.getStore();
-      if (sink && !sink.includes(m.name)) sink.push(m.name);
+      // The call's receipt: the audit record names the workers its work ran on.
+      if (opts.placement instanceof Ticket) opts.placement.note(m.name);
     }
     try {
-      return await m.rt.call<T>(op, args, opts);
+      return { ...(await m.rt.call<T>(op, args, opts)), worker: m.name };
     } catch (e) {
       if (counted) m.failures++;
+      if (this.single) throw e;
       // Name the worker (and its chip) the error came from, once.
       if (e instanceof RuntimeCallError && !e.details?.worker)
         throw new RuntimeCallError(e.code, `${m.name} (${m.device}): ${e.message}`, e.recoverable, {
@@ -511,25 +483,20 @@ export class WorkerPool implements Runtime {
 
   // ── helpers ──────────────────────────────────────────────────────────────────────────────
 
-  /** Workers a device string names: a worker name, a chip (`tpu:3`), a kind (`cpu`). */
-  private resolve(device: string): Member[] {
-    const named = this.members.filter((m) => m.name === device);
-    if (named.length) return named;
-    if (device === "auto") return this.members;
-    if (device.includes(":")) return this.members.filter((m) => m.device === device);
-    return this.members.filter((m) => m.kind === device);
-  }
-
-  private candidates(device: string | undefined, loadModel: string | undefined): Member[] {
-    const scope = device ? this.resolve(device) : this.members;
-    return scope.filter((m) => m.usable && !(loadModel && m.holds(loadModel)));
-  }
-
-  /** Fewest loaded models, then fewest calls in flight, then configuration order. */
-  private order(ms: Member[]): Member[] {
-    return [...ms].sort(
-      (a, b) => a.models().length - b.models().length || a.rt.inFlight() - b.rt.inFlight(),
-    );
+  /**
+   * The worker the call's ticket chose, when it is still among `open`. When it is not (it died,
+   * was drained, or filled up while the call waited at the gate), the caller fails over to the
+   * best open worker now: the lane it waited on was that worker's, the work runs elsewhere.
+   */
+  private placed(p: Placement | undefined, open: readonly Member[]): Member | undefined {
+    if (!p?.worker) return undefined;
+    const m = open.find((x) => x.name === p.worker);
+    if (!m)
+      this.opts.base?.logger?.warn(
+        { worker: p.worker, op: p.op },
+        "placed worker can no longer take the call; failing over",
+      );
+    return m;
   }
 
   /** The args a worker gets: a worker name as device means "your own device". */
@@ -565,7 +532,7 @@ export class WorkerPool implements Runtime {
     const list = this.members
       .map((m) => `${m.name} (${m.device}, ${m.draining ? "drained" : m.rt.state})`)
       .join(", ");
-    if (device && !this.resolve(device).length)
+    if (device && !resolve(this.members, device).length)
       return new RuntimeCallError(
         "unsupported_device",
         `no worker is named or serves "${device}"; workers: ${list || "none"}`,
@@ -658,7 +625,8 @@ export class WorkerPool implements Runtime {
       ((...a: any[]) => {
         const [info, ...rest] = a;
         // Events that carry an info object name the worker they come from.
-        if (event !== "ready" && info && typeof info === "object")
+        // (A pool of one passes them through unchanged, as its one worker emitted them.)
+        if (!this.single && event !== "ready" && info && typeof info === "object")
           fn({ ...info, worker: m.name }, ...rest);
         else fn(...a);
       }) as never,
@@ -677,26 +645,7 @@ export class WorkerPool implements Runtime {
   }
 
   private statusOf(m: Member): WorkerStatus {
-    const dev = m.rt.hello?.device;
-    const share = isRemote(m.entry) ? undefined : m.entry.memory_bytes;
-    return {
-      name: m.name,
-      device: m.device,
-      kind: m.remote ? "remote" : "local",
-      address: isRemote(m.entry) ? m.entry.connect : null,
-      state: m.rt.state,
-      draining: m.draining,
-      restarts: m.rt.restarts(),
-      pid: m.rt.hello?.pid ?? null,
-      in_flight: m.rt.inFlight(),
-      calls: m.calls,
-      failures: m.failures,
-      memory_total_bytes: share ?? m.lastTotal ?? dev?.memory_total_bytes ?? null,
-      memory_free_bytes: m.free(this.heldBy(m)),
-      models: m.models().map((x) => x.model),
-      lost_models: m.rt.lostModels(),
-      chip: dev ? { kind: dev.kind, index: dev.index, name: dev.name, backend: dev.backend } : null,
-    };
+    return statusOf(m, this.heldBy(m));
   }
 }
 
@@ -715,16 +664,4 @@ function num(v: unknown): number {
 
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
-}
-
-function formatBytes(n: number): string {
-  if (n < 0) return `-${formatBytes(-n)}`;
-  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = n;
-  let i = 0;
-  while (v >= 1024 && i < u.length - 1) {
-    v /= 1024;
-    i++;
-  }
-  return i === 0 ? `${Math.round(v)} B` : `${v.toFixed(1)} ${u[i]}`;
 }
