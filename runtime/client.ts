@@ -26,8 +26,8 @@ import {
   encodeFrame,
   type DecodeEvent,
   type Frame,
-} from "./framing.js";
-import { corkForTurn } from "./cork.js";
+} from "./wire/framing.js";
+import { corkForTurn } from "./wire/cork.js";
 import {
   PROTOCOL_VERSION,
   cancelMessage,
@@ -36,7 +36,7 @@ import {
   requestMessage,
   toHello,
   type WorkerMessage,
-} from "./messages.js";
+} from "./wire/messages.js";
 import {
   RuntimeCallError,
   type CallOptions,

@@ -1,5 +1,7 @@
 // The runtime's public surface: what tools/ and server/ may use. The wire format behind it is
-// described in runtime/PROTOCOL.md. Nothing here imports from tools/, server/ or policies/.
+// described in runtime/PROTOCOL.md; each op's args and result are typed in wire/ops.ts. Nothing
+// here imports from tools/, server/ or policies/.
+import type { OpArgs, OpName, OpResult } from "./wire/ops.js";
 
 export const TENSOR_DTYPES = [
   "float32",
@@ -149,11 +151,12 @@ export interface Runtime {
   ready(): Promise<WorkerHello>;
   /** Chooses where a call of `op` with these args will run (once; pass it in CallOptions). */
   place(op: string, args: Record<string, unknown>): Placement;
-  call<T = Record<string, unknown>>(
-    op: string,
-    args: Record<string, unknown>,
+  /** One worker op, typed by the op table (wire/ops.ts). */
+  call<O extends OpName>(
+    op: O,
+    args: OpArgs<O>,
     opts?: CallOptions,
-  ): Promise<CallResult<T>>;
+  ): Promise<CallResult<OpResult<O>>>;
   /** Models lost in the last worker restart, cleared when they are loaded again. */
   lostModels(): string[];
   /** Models held now, on every worker. */

@@ -113,7 +113,7 @@ export const checkModel = (env: ToolEnv) => {
       }
     },
     async handler(args, ctx) {
-      const { result } = await ctx.runtime.call<any>(
+      const { result } = await ctx.runtime.call(
         "check",
         {
           model: args.model,

@@ -120,7 +120,7 @@ export const getRuntimeStatus = (_env: ToolEnv) =>
     },
     async handler(_args, ctx) {
       const rt = ctx.runtime;
-      const { result } = await rt.call<any>("status", {}, { signal: ctx.signal });
+      const { result } = await rt.call("status", {}, { signal: ctx.signal });
       return {
         worker: {
           state: rt.state,

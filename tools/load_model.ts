@@ -120,7 +120,7 @@ export const loadModel = (env: ToolEnv) => {
         ...(args.matmul_precision ? { matmul_precision: args.matmul_precision } : {}),
       };
       // With wait: false the dispatcher runs this handler as a job and answers with its id.
-      const { result } = await ctx.runtime.call<z.infer<typeof LoadResult>>("load", workerArgs, {
+      const { result } = await ctx.runtime.call("load", workerArgs, {
         placement: ctx.placement,
         signal: ctx.signal,
         timeoutMs: ctx.deadline?.remainingMs(),

@@ -252,7 +252,7 @@ export const runBenchmark = (env: ToolEnv) => {
     async handler(args, ctx) {
       const r = resolveBenchmark(env, args);
       const baseline = args.baseline_id ? ctx.reports.get(args.baseline_id) : undefined;
-      const { result } = await ctx.runtime.call<any>(
+      const { result } = await ctx.runtime.call(
         "benchmark",
         {
           model: args.model,

@@ -163,7 +163,7 @@ export const runInference = (env: ToolEnv) => {
         tensorFromArg(t, i, env.limits.max_tensor_elements),
       );
       const t0 = performance.now();
-      const { result, tensors: outs } = await ctx.runtime.call<any>(
+      const { result, tensors: outs } = await ctx.runtime.call(
         "infer",
         {
           model: args.model,

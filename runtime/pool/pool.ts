@@ -34,6 +34,7 @@ import {
   type WorkerState,
   type WorkerStatus,
 } from "../types.js";
+import type { OpArgs, OpName, OpResult } from "../wire/ops.js";
 import { chipEnv, isRemote, type WorkerEntry } from "./entries.js";
 import { Member } from "./member.js";
 import {
@@ -225,11 +226,14 @@ export class WorkerPool implements Runtime {
     await Promise.allSettled(this.members.map((m) => m.rt.close()));
   }
 
-  async call<T = Record<string, unknown>>(
-    op: string,
-    args: Record<string, unknown>,
+  async call<O extends OpName>(
+    op: O,
+    opArgs: OpArgs<O>,
     opts: CallOptions = {},
-  ): Promise<CallResult<T>> {
+  ): Promise<CallResult<OpResult<O>>> {
+    type T = OpResult<O>;
+    // The pool reads args generically; the op table typed them for the caller.
+    const args = opArgs as Record<string, unknown>;
     // One worker: nothing to place; its answers and errors pass through as they are.
     if (this.single) return this.send<T>(this.members[0]!, op, args, opts);
     await this.expand();

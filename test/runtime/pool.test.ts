@@ -255,6 +255,14 @@ describe("routing", () => {
 
   it("places once: the call runs on the worker its ticket chose, and fails over only when that one is gone", async () => {
     const { pool, fakes } = fakePool(2, 4);
+    const bench = {
+      model: "m",
+      batch_sizes: [1],
+      dtypes: ["float32"],
+      modes: ["eager"],
+      scenario: "single-stream",
+      warmup: 1,
+    };
     // w0 is the pick now (configuration order on a tie)...
     const ticket = pool.place("benchmark", { model: "m" });
     expect(ticket.lane).toBe("w0");
@@ -262,12 +270,12 @@ describe("routing", () => {
     // ...and while the call waits at the gate, w1 becomes the better pick: the call still runs
     // on w0, the worker whose lane it waited on, and the ticket records it.
     fakes[0]!.state.inFlight = 3;
-    const r = await pool.call("benchmark", { model: "m" }, { placement: ticket });
+    const r = await pool.call("benchmark", bench, { placement: ticket });
     expect(r.worker).toBe("w0");
     expect(fakes.map((f) => f.state.ops)).toEqual([["benchmark"], []]);
     expect(ticket.ran()).toEqual(["w0"]);
     // Without a ticket the call would have been placed anew (on w1).
-    expect((await pool.call("benchmark", { model: "m" })).worker).toBe("w1");
+    expect((await pool.call("benchmark", bench)).worker).toBe("w1");
     // The chosen worker drained meanwhile: explicit failover to the best usable one.
     const t2 = pool.place("check", { model: "m" });
     expect(t2.worker).toBe("w1");

@@ -2,7 +2,7 @@
 // CPU. Nothing here mocks the worker; faults are injected the way they happen in production
 // (raw bytes on its stdin, kill -9, SIGSTOP).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { encodeFrame, tensorFrom, tensorView } from "../../runtime/framing.js";
+import { encodeFrame, tensorFrom, tensorView } from "../../runtime/wire/framing.js";
 import { RuntimeCallError, type TensorData } from "../../runtime/types.js";
 import { alive, cpuRuntime, recordingSpawn, waitFor } from "./helpers.js";
 
