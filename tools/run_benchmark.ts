@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
+import { deviceKind as kindOf } from "../runtime/device.js";
 import {
   approvalId,
   catalogMax,
@@ -281,9 +282,7 @@ export const runBenchmark = (env: ToolEnv) => {
         },
       );
       // Stored under the device kind, which is what cost estimates look history up by.
-      const deviceKind = String(
-        result.manifest?.device_kind ?? (args.device ?? "default").split(":")[0],
-      );
+      const deviceKind = String(result.manifest?.device_kind ?? kindOf(args.device ?? "default"));
       const body = {
         model: args.model,
         scenario: args.scenario,

@@ -34,6 +34,7 @@ import {
   type WorkerState,
   type WorkerStatus,
 } from "../types.js";
+import { namesChip } from "../device.js";
 import type { OpArgs, OpName, OpResult } from "../wire/ops.js";
 import { chipEnv, isRemote, type WorkerEntry } from "./entries.js";
 import { Member } from "./member.js";
@@ -509,7 +510,7 @@ export class WorkerPool implements Runtime {
     args: Record<string, unknown>,
     device: string | undefined,
   ): Record<string, unknown> {
-    if (device === m.name || (device && !device.includes(":") && device !== m.kind)) {
+    if (device === m.name || (device && !namesChip(device) && device !== m.kind)) {
       const { device: _d, ...rest } = args;
       return rest;
     }

@@ -784,9 +784,7 @@ describe("model output that contains instructions", () => {
         expect(r.content.filter((c: any) => c.type === "resource_link")).toEqual([]);
         expect(errorOf(r)).toBeUndefined();
         // Nothing happened beyond the inference: tiny-gpt2 is the only model, no job, no approval.
-        expect(
-          app.runtime instanceof InjectingRuntime && runtime.loadedModels().map((m) => m.model),
-        ).toEqual(["tiny-gpt2"]);
+        expect(app.runtime.loadedModels().map((m) => m.model)).toEqual(["tiny-gpt2"]);
         expect(jobRows(join(dir, "data"))).toEqual([]);
         expect(app.approvals.list()).toEqual([]);
         expect(
