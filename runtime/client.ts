@@ -15,6 +15,11 @@
 //   flagged `cancelled: true` (benchmarks): that result is resolved so partial work is kept;
 // - a worker that refuses its configuration before hello (exit 2/4: catalog, device) is not
 //   restarted: the runtime fails at once with the worker's reason.
+//
+// Why this file is over 500 lines: it is one state machine (process generation, state, hello,
+// the request table, restarts) whose transitions read and write the same fields; the parts that
+// stand alone are in runtime/client/ (options, process, calls, stderr_log). Splitting the frame
+// handling or the restart logic further would pass that state around instead of reading it here.
 
 import type { ChildProcess } from "node:child_process";
 import { monotonicUs } from "./monotonic.js";

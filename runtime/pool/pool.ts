@@ -20,6 +20,11 @@
 // is no longer a candidate (not ready) so new calls go to the other replicas, restarts (local)
 // or reconnects (remote) with backoff, and reports its models lost.
 // Drain: a drained worker takes no new calls or loads; calls in flight finish.
+//
+// Why this file is over 500 lines: the operations (load with its memory placement and replicas,
+// unload, status aggregation) share the membership state and the per-worker serial chains; the
+// placement policy (placement.ts), a member's bookkeeping (member.ts) and the status rows
+// (status.ts) are already apart. A next step: load/unload/status as functions over a pool view.
 import { WorkerRuntime, type WorkerRuntimeOptions } from "../client.js";
 import {
   RuntimeCallError,
@@ -499,7 +504,7 @@ export class WorkerPool implements Runtime {
     if (!m)
       this.opts.base?.logger?.warn(
         { worker: p.worker, op: p.op },
-        "placed worker can no longer take the call; failing over",
+        "the worker placed before the gate's wait cannot take the call now (not ready, drained or without room); running it on the best open worker",
       );
     return m;
   }
