@@ -7,9 +7,11 @@
 // - heartbeats: a worker that stops answering pings is SIGKILLed and restarted;
 // - a dying worker rejects every call in flight at once with `worker_died`;
 // - restarts back off exponentially and stop after maxRestartsInWindow crashes (state `failed`);
-// - models loaded in a dead worker are reported by lostModels() and NOT reloaded automatically:
-//   a model that crashed the worker would crash it again, and a silent reload could hand callers
-//   a different dtype/mode than they asked for. Calls on them get `model_not_loaded`.
+// - models loaded in a dead worker are reported lost (the pool's lostModels(), runtime/pool/
+//   member.ts, tracks them from the `ended` event of every request) and NOT reloaded
+//   automatically: a model that crashed the worker would crash it again, and a silent reload
+//   could hand callers a different dtype/mode than they asked for. Calls on them get
+//   `model_not_loaded`.
 // - an aborted call sends `cancel` and rejects with `cancelled` when the worker ends the request
 //   (or after cancelGraceMs) — except an op that stops early and returns its finished part
 //   flagged `cancelled: true` (benchmarks): that result is resolved so partial work is kept;
@@ -38,7 +40,6 @@ import {
   RuntimeCallError,
   type CallOptions,
   type CallResult,
-  type LoadedModel,
   type RuntimeEvents,
   type WorkerHello,
   type WorkerState,
@@ -69,17 +70,32 @@ export type { LoadedModel } from "./types.js";
 export { resolveRuntimeOptions } from "./client/options.js";
 export type { RuntimeLogger, SpawnFn, WorkerRuntimeOptions } from "./client/options.js";
 
-type Listeners = { [E in keyof RuntimeEvents]: Array<RuntimeEvents[E]> };
+/** What the worker said when it ended a request (answered or not to the caller, who may be gone). */
+export interface RequestEnded {
+  op: string;
+  args: Record<string, unknown>;
+  result?: Record<string, unknown>;
+  /** The worker's error code, when it ended the request with an error. */
+  code?: string;
+}
 
-/** Extra events beyond RuntimeEvents. */
-export interface WorkerRuntimeEvents extends RuntimeEvents {
+/**
+ * A worker's events: RuntimeEvents (a restart here does not know which models were lost; the
+ * pool adds them), plus the protocol faults and every request's end.
+ */
+export type WorkerRuntimeEvents = Omit<RuntimeEvents, "restart"> & {
+  restart: (info: { attempt: number; delayMs: number }) => void;
   /** A frame or message from the worker that broke the protocol, or a worker error without id. */
   protocol_error: (info: {
     id: string | null;
     message: string;
     source: "worker" | "client";
   }) => void;
-}
+  /** The worker ended a request: the pool's model bookkeeping reads loads and unloads here. */
+  ended: (info: RequestEnded) => void;
+};
+
+type Listeners = { [E in keyof WorkerRuntimeEvents]: Array<WorkerRuntimeEvents[E]> };
 
 /**
  * Events go through this small emitter rather than node:events because a listener that throws
@@ -95,8 +111,6 @@ export class WorkerRuntime {
   private generation = 0;
   private seq = 0;
   private readonly calls = new CallTable();
-  private readonly loaded = new Map<string, LoadedModel>();
-  private readonly lost = new Set<string>();
   private crashTimes: number[] = [];
   private restartCount = 0;
   private restartTimer: NodeJS.Timeout | undefined;
@@ -107,15 +121,14 @@ export class WorkerRuntime {
   }> = [];
   private failure: RuntimeCallError | null = null;
   private closing: Promise<void> | null = null;
-  private readonly listeners: Listeners & {
-    protocol_error: WorkerRuntimeEvents["protocol_error"][];
-  } = {
+  private readonly listeners: Listeners = {
     ready: [],
     exit: [],
     restart: [],
     failed: [],
     log: [],
     protocol_error: [],
+    ended: [],
   };
   // Last resort against orphans if the Node process exits without close().
   private readonly killOnProcessExit = () => {
@@ -154,15 +167,6 @@ export class WorkerRuntime {
   /** Pid of the current worker process, if one is running. */
   get pid(): number | null {
     return this.proc?.child.pid ?? null;
-  }
-
-  lostModels(): string[] {
-    return [...this.lost].sort();
-  }
-
-  /** Models loaded in the current worker, as observed from successful load/unload results. */
-  loadedModels(): LoadedModel[] {
-    return [...this.loaded.values()];
   }
 
   restarts(): number {
@@ -443,9 +447,6 @@ export class WorkerRuntime {
     this.emit("exit", exitInfo);
     if (closing) return;
 
-    for (const m of this.loaded.keys()) this.lost.add(m);
-    this.loaded.clear();
-
     if (proc && !proc.hello && !signal && code !== null && CONFIG_EXIT_CODES.has(code)) {
       // The worker refused its configuration (bad catalog, device not present): restarting
       // would fail the same way, so fail now with the worker's own explanation.
@@ -478,12 +479,8 @@ export class WorkerRuntime {
     );
     this._state = "restarting";
     this.restartCount++;
-    const lostModels = this.lostModels();
-    this.log.warn(
-      { attempt: crashes, delay_ms: delayMs, lost_models: lostModels },
-      "restarting worker",
-    );
-    this.emit("restart", { attempt: crashes, delayMs, lostModels });
+    this.log.warn({ attempt: crashes, delay_ms: delayMs }, "restarting worker");
+    this.emit("restart", { attempt: crashes, delayMs });
     this.restartTimer = setTimeout(() => {
       this.restartTimer = undefined;
       if (!this.closing && this._state === "restarting") this.spawnWorker();
@@ -600,7 +597,8 @@ export class WorkerRuntime {
       p.trace.mark("rt.frame_decoded");
     }
     if (msg.type === "result") {
-      this.trackModels(p, msg.result);
+      // Also for a caller that is gone: the worker holds what it loaded either way.
+      this.emit("ended", { op: p.op, args: p.args, result: msg.result });
       if (p.settled) return;
       const result = msg.result;
       // A long op that stopped early on the cancel returns its finished part (e.g. a benchmark's
@@ -610,11 +608,7 @@ export class WorkerRuntime {
       return this.calls.settle(p, () => p.resolve({ result, tensors: frame.tensors }));
     }
     const { code, message, recoverable, ...rest } = msg.error;
-    if (p.op === "unload" && code === "model_not_loaded") {
-      // Unloading a lost model is how a caller acknowledges the loss.
-      const model = p.args.model;
-      if (typeof model === "string") this.lost.delete(model);
-    }
+    this.emit("ended", { op: p.op, args: p.args, code });
     if (p.settled) return;
     this.calls.settle(p, () =>
       p.reject(
@@ -659,30 +653,6 @@ export class WorkerRuntime {
   private protocolFault(id: string | null, message: string, source: "worker" | "client"): void {
     this.log.warn({ id, source }, `protocol error: ${message}`);
     this.emit("protocol_error", { id, message, source });
-  }
-
-  private trackModels(p: Pending, result: Record<string, unknown>): void {
-    const model =
-      typeof result.model === "string"
-        ? result.model
-        : typeof p.args.model === "string"
-          ? p.args.model
-          : null;
-    if (!model) return;
-    if (p.op === "load") {
-      const str = (v: unknown) => (typeof v === "string" ? v : undefined);
-      this.loaded.set(model, {
-        model,
-        device: str(result.device),
-        dtype: str(result.dtype),
-        mode: str(result.mode),
-        loadedAt: Date.now(),
-      });
-      this.lost.delete(model);
-    } else if (p.op === "unload") {
-      this.loaded.delete(model);
-      this.lost.delete(model);
-    }
   }
 
   // ── timeouts, cancellation, heartbeats ───────────────────────────────────────────────────

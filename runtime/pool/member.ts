@@ -1,6 +1,6 @@
 // One worker of a pool: its entry, its supervised WorkerRuntime, and the pool's bookkeeping about
-// it (drained, counters, free memory, the models it holds, its serial chain for loads).
-import type { WorkerRuntime } from "../client.js";
+// it (drained, counters, free memory, the models it holds and lost, its serial chain for loads).
+import type { RequestEnded, WorkerRuntime } from "../client.js";
 import type { LoadedModel } from "../types.js";
 import { deviceKind } from "../device.js";
 import { isRemote, type WorkerEntry } from "./entries.js";
@@ -14,11 +14,21 @@ export class Member {
   lastTotal: number | null = null;
   /** Loads (and unloads) on this worker run one at a time. */
   private chain: Promise<unknown> = Promise.resolve();
+  private readonly loaded = new Map<string, LoadedModel>();
+  private readonly lost = new Set<string>();
 
   constructor(
     readonly entry: WorkerEntry,
     readonly rt: WorkerRuntime,
-  ) {}
+  ) {
+    rt.on("ended", (e) => this.track(e));
+    // A dead worker's models are gone with it; they are reported lost, never reloaded behind
+    // the caller's back (the supervision rules, runtime/client.ts).
+    rt.on("exit", () => {
+      for (const m of this.loaded.keys()) this.lost.add(m);
+      this.loaded.clear();
+    });
+  }
 
   get name(): string {
     return this.entry.name;
@@ -43,11 +53,16 @@ export class Member {
   inFlight(): number {
     return this.rt.inFlight();
   }
+  /** Models loaded in the current worker process, from its load and unload results. */
   models(): LoadedModel[] {
-    return this.rt.loadedModels();
+    return [...this.loaded.values()];
   }
   holds(model: string): boolean {
-    return this.rt.loadedModels().some((m) => m.model === model);
+    return this.loaded.has(model);
+  }
+  /** Models lost in the last restart, until loaded again or unloaded (which acknowledges it). */
+  lostModels(): string[] {
+    return [...this.lost].sort();
   }
   serial<T>(fn: () => Promise<T>): Promise<T> {
     const run = this.chain.then(fn, fn);
@@ -59,5 +74,32 @@ export class Member {
     const share = isRemote(this.entry) ? undefined : this.entry.memory_bytes;
     if (share !== undefined) return share - bytesHeld;
     return this.lastFree ?? this.rt.hello?.device.memory_free_bytes ?? null;
+  }
+
+  /** Every request the worker ends, whether or not its caller still waits for it. */
+  private track(e: RequestEnded): void {
+    const r = e.result ?? {};
+    const model =
+      typeof r.model === "string"
+        ? r.model
+        : typeof e.args.model === "string"
+          ? e.args.model
+          : null;
+    if (!model) return;
+    if (e.op === "load" && e.result) {
+      const str = (v: unknown) => (typeof v === "string" ? v : undefined);
+      this.loaded.set(model, {
+        model,
+        device: str(r.device),
+        dtype: str(r.dtype),
+        mode: str(r.mode),
+        loadedAt: Date.now(),
+      });
+      this.lost.delete(model);
+    } else if (e.op === "unload" && (e.result || e.code === "model_not_loaded")) {
+      // Unloading a lost model is how a caller acknowledges the loss.
+      this.loaded.delete(model);
+      this.lost.delete(model);
+    }
   }
 }

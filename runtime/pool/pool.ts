@@ -203,7 +203,7 @@ export class WorkerPool implements Runtime {
 
   lostModels(): string[] {
     const lost = new Set<string>();
-    for (const m of this.members) for (const x of m.rt.lostModels()) lost.add(x);
+    for (const m of this.members) for (const x of m.lostModels()) lost.add(x);
     return [...lost].sort();
   }
 
@@ -380,7 +380,7 @@ export class WorkerPool implements Runtime {
     const scope = device ? resolve(this.members, device) : this.members;
     if (device && !scope.length) throw this.noWorker(device);
     // Holders, and workers that lost it (unloading acknowledges the loss).
-    let targets = scope.filter((m) => m.holds(model) || m.rt.lostModels().includes(model));
+    let targets = scope.filter((m) => m.holds(model) || m.lostModels().includes(model));
     if (!targets.length) targets = scope.filter((m) => m.rt.state === "ready").slice(0, 1);
     if (!targets.length) throw this.noWorker(device);
     const { device: _d, ...workerArgs } = args;
@@ -438,7 +438,7 @@ export class WorkerPool implements Runtime {
   private route(model: string): Member {
     const replicas = this.members.filter((m) => m.usable && m.holds(model));
     if (!replicas.length) {
-      const lostOn = this.members.filter((m) => m.rt.lostModels().includes(model));
+      const lostOn = this.members.filter((m) => m.lostModels().includes(model));
       const parked = this.members.filter((m) => m.holds(model) && !m.usable);
       throw new RuntimeCallError(
         "model_not_loaded",
@@ -633,12 +633,16 @@ export class WorkerPool implements Runtime {
     m.rt.on(
       event as keyof RuntimeEvents,
       ((...a: any[]) => {
-        const [info, ...rest] = a;
+        let [info] = a;
+        const rest = a.slice(1);
+        // A restart names the models it lost: the member's bookkeeping knows them (its exit,
+        // emitted just before, moved them to lost).
+        if (event === "restart") info = { ...info, lostModels: m.lostModels() };
         // Events that carry an info object name the worker they come from.
-        // (A pool of one passes them through unchanged, as its one worker emitted them.)
+        // (A pool of one does not, as its one worker's events never did.)
         if (!this.single && event !== "ready" && info && typeof info === "object")
           fn({ ...info, worker: m.name }, ...rest);
-        else fn(...a);
+        else fn(info, ...rest);
       }) as never,
     );
   }

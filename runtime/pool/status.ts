@@ -23,7 +23,7 @@ export function statusOf(m: Member, bytesHeld: number): WorkerStatus {
     memory_total_bytes: share ?? m.lastTotal ?? dev?.memory_total_bytes ?? null,
     memory_free_bytes: m.free(bytesHeld),
     models: m.models().map((x) => x.model),
-    lost_models: m.rt.lostModels(),
+    lost_models: m.lostModels(),
     chip: dev ? { kind: dev.kind, index: dev.index, name: dev.name, backend: dev.backend } : null,
   };
 }

@@ -166,11 +166,13 @@ function fakeRuntime(models: string[]) {
   const rt = {
     state: "ready",
     hello: { device: { kind: "cpu", index: 0, memory_free_bytes: null } },
-    loadedModels: () => models.map((model) => ({ model, loadedAt: 0 })),
-    lostModels: () => [],
     restarts: () => 0,
     inFlight: () => state.inFlight,
-    on: () => {},
+    // The pool's bookkeeping learns what a worker holds from its ended loads: replay them.
+    on: (event: string, fn: (e: unknown) => void) => {
+      if (event === "ended")
+        for (const model of models) fn({ op: "load", args: { model }, result: { model } });
+    },
     close: async () => {},
     start: async () => rt.hello,
     ready: async () => rt.hello,
