@@ -7,27 +7,26 @@
 // - heartbeats: a worker that stops answering pings is SIGKILLed and restarted;
 // - a dying worker rejects every call in flight at once with `worker_died`;
 // - restarts back off exponentially and stop after maxRestartsInWindow crashes (state `failed`);
-// - models loaded in a dead worker are reported by lostModels() and NOT reloaded automatically:
-//   a model that crashed the worker would crash it again, and a silent reload could hand callers
-//   a different dtype/mode than they asked for. Calls on them get `model_not_loaded`.
+// - models loaded in a dead worker are reported lost (the pool's lostModels(), runtime/pool/
+//   member.ts, tracks them from the `ended` event of every request) and NOT reloaded
+//   automatically: a model that crashed the worker would crash it again, and a silent reload
+//   could hand callers a different dtype/mode than they asked for. Calls on them get
+//   `model_not_loaded`.
 // - an aborted call sends `cancel` and rejects with `cancelled` when the worker ends the request
 //   (or after cancelGraceMs) — except an op that stops early and returns its finished part
 //   flagged `cancelled: true` (benchmarks): that result is resolved so partial work is kept;
 // - a worker that refuses its configuration before hello (exit 2/4: catalog, device) is not
 //   restarted: the runtime fails at once with the worker's reason.
+//
+// Why this file is over 500 lines: it is one state machine (process generation, state, hello,
+// the request table, restarts) whose transitions read and write the same fields; the parts that
+// stand alone are in runtime/client/ (options, process, calls, stderr_log). Splitting the frame
+// handling or the restart logic further would pass that state around instead of reading it here.
 
-import { spawn as nodeSpawn, type ChildProcess, type SpawnOptions } from "node:child_process";
-import { dirname, isAbsolute, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
-import { pino } from "pino";
-import {
-  DEFAULT_MAX_BODY_BYTES,
-  FrameDecoder,
-  encodeFrame,
-  type DecodeEvent,
-  type Frame,
-} from "./framing.js";
-import { corkForTurn } from "./cork.js";
+import type { ChildProcess } from "node:child_process";
+import { monotonicUs } from "./monotonic.js";
+import { FrameDecoder, encodeFrame, type DecodeEvent, type Frame } from "./wire/framing.js";
+import { corkForTurn } from "./wire/cork.js";
 import {
   PROTOCOL_VERSION,
   cancelMessage,
@@ -36,181 +35,74 @@ import {
   requestMessage,
   toHello,
   type WorkerMessage,
-} from "./messages.js";
+} from "./wire/messages.js";
 import {
   RuntimeCallError,
   type CallOptions,
   type CallResult,
-  type Runtime,
   type RuntimeEvents,
   type WorkerHello,
   type WorkerState,
 } from "./types.js";
+import {
+  CallTable,
+  cancelledError,
+  clearTimers,
+  closedError,
+  type Pending,
+} from "./client/calls.js";
+import {
+  resolveRuntimeOptions,
+  type ResolvedOptions,
+  type RuntimeLogger,
+  type WorkerRuntimeOptions,
+} from "./client/options.js";
+import {
+  CONFIG_EXIT_CODES,
+  EXIT_DRAIN_MS,
+  waitGone,
+  workerCommand,
+  type WorkerProc,
+} from "./client/process.js";
+import { StderrLog, type WorkerLogLine } from "./client/stderr_log.js";
 
-type LogFn = (obj: Record<string, unknown>, msg?: string) => void;
+export type { LoadedModel } from "./types.js";
+export { resolveRuntimeOptions } from "./client/options.js";
+export type { RuntimeLogger, SpawnFn, WorkerRuntimeOptions } from "./client/options.js";
 
-/** The subset of a pino logger the runtime uses; a pino Logger fits as is. */
-export interface RuntimeLogger {
-  debug: LogFn;
-  info: LogFn;
-  warn: LogFn;
-  error: LogFn;
-}
-
-export type SpawnFn = (
-  command: string,
-  args: readonly string[],
-  options: SpawnOptions,
-) => ChildProcess;
-
-export interface WorkerRuntimeOptions {
-  /** Repository root: cwd of the worker, base of the default paths. Default: parent of runtime/. */
-  repoRoot?: string;
-  /** Python interpreter. Default: `.venv/bin/python` under repoRoot. */
-  pythonPath?: string;
-  /** Catalog JSON passed to the worker. Default: runtime/catalog.builtin.json. */
-  catalogPath?: string;
-  /** Device the worker serves: auto | cpu | cuda[:N] | tpu[:N] | xla[:N]. Default: auto. */
-  device?: string;
-  /** Base environment for the worker (the protocol's own variables are always added). Default: process.env. */
-  env?: NodeJS.ProcessEnv;
-  /** `eager`: the worker starts right after construction; `lazy`: the first call starts it. Default: lazy. */
-  startMode?: "eager" | "lazy";
-  /** Default per-call timeout; 0 or Infinity disables it. Default: 300 s. */
-  requestTimeoutMs?: number;
-  /** Time allowed from spawn to `hello` (torch import + device probe). Default: 120 s. */
-  startTimeoutMs?: number;
-  heartbeatIntervalMs?: number;
-  /** A ping unanswered this long means the worker is hung: it is SIGKILLed and restarted. */
-  heartbeatTimeoutMs?: number;
-  /** After an abort, how long to wait for the worker to confirm the cancel. Default: 2 s. */
-  cancelGraceMs?: number;
-  restartBackoffBaseMs?: number;
-  restartBackoffMaxMs?: number;
-  /** More crashes than this within restartWindowMs puts the runtime in state `failed`. */
-  maxRestartsInWindow?: number;
-  restartWindowMs?: number;
-  /** close(): time for the worker to exit after stdin ends, then after SIGTERM. */
-  closeTimeoutMs?: number;
-  killTimeoutMs?: number;
-  maxBodyBytes?: number;
-  /** Extra worker arguments (e.g. `--heartbeat-s 30`). */
-  extraArgs?: string[];
-  logger?: RuntimeLogger;
-  /** child_process.spawn or a stand-in (tests). */
-  spawn?: SpawnFn;
-}
-
-type ResolvedOptions = Required<Omit<WorkerRuntimeOptions, "env">> & { env: NodeJS.ProcessEnv };
-
-/** Applies the defaults; exported so the server and `doctor` show what will actually run. */
-export function resolveRuntimeOptions(opts: WorkerRuntimeOptions = {}): Readonly<ResolvedOptions> {
-  const repoRoot = resolve(opts.repoRoot ?? join(dirname(fileURLToPath(import.meta.url)), ".."));
-  const abs = (p: string) => (isAbsolute(p) ? p : join(repoRoot, p));
-  return Object.freeze({
-    repoRoot,
-    pythonPath: abs(opts.pythonPath ?? join(".venv", "bin", "python")),
-    catalogPath: abs(opts.catalogPath ?? join("runtime", "catalog.builtin.json")),
-    device: opts.device ?? "auto",
-    env: opts.env ?? process.env,
-    startMode: opts.startMode ?? "lazy",
-    requestTimeoutMs: opts.requestTimeoutMs ?? 300_000,
-    startTimeoutMs: opts.startTimeoutMs ?? 120_000,
-    heartbeatIntervalMs: opts.heartbeatIntervalMs ?? 5_000,
-    heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? 15_000,
-    cancelGraceMs: opts.cancelGraceMs ?? 2_000,
-    restartBackoffBaseMs: opts.restartBackoffBaseMs ?? 500,
-    restartBackoffMaxMs: opts.restartBackoffMaxMs ?? 30_000,
-    maxRestartsInWindow: opts.maxRestartsInWindow ?? 5,
-    restartWindowMs: opts.restartWindowMs ?? 60_000,
-    closeTimeoutMs: opts.closeTimeoutMs ?? 3_000,
-    killTimeoutMs: opts.killTimeoutMs ?? 2_000,
-    maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
-    extraArgs: opts.extraArgs ?? [],
-    logger: opts.logger ?? pino({ name: "tpu-mcp-runtime" }, pino.destination(2)),
-    spawn: opts.spawn ?? (nodeSpawn as SpawnFn),
-  });
-}
-
-/** What the client knows about a model loaded in the current worker. */
-export interface LoadedModel {
-  model: string;
-  device?: string;
-  dtype?: string;
-  mode?: string;
-  loadedAt: number;
-}
-
-interface WorkerProc {
-  child: ChildProcess;
-  generation: number;
-  decoder: FrameDecoder;
-  hello: WorkerHello | null;
-  helloTimer?: NodeJS.Timeout;
-  ping: { id: string; timer: NodeJS.Timeout } | null;
-  stderrPartial: string;
-  /** Last stderr lines, logged with the exit to explain a crash. */
-  stderrTail: string[];
-  gone: boolean;
-  exitWaiters: Array<() => void>;
-  /** An error the worker sent before its hello (device probe failed): the reason it will exit. */
-  startupError: { code: string; message: string } | null;
-  /** When the last stdout chunk arrived (monotonic µs), read only while a traced call waits. */
-  chunkAtUs?: number;
-}
-
-interface Pending {
-  id: string;
+/** What the worker said when it ended a request (answered or not to the caller, who may be gone). */
+export interface RequestEnded {
   op: string;
   args: Record<string, unknown>;
-  proc: WorkerProc;
-  resolve: (r: CallResult<any>) => void;
-  reject: (e: RuntimeCallError) => void;
-  onProgress?: CallOptions["onProgress"];
-  trace?: CallOptions["trace"];
-  /** The caller has its answer; the entry stays until the worker ends the request. */
-  settled: boolean;
-  cancelRequested: boolean;
-  timer?: NodeJS.Timeout;
-  graceTimer?: NodeJS.Timeout;
-  detachAbort?: () => void;
+  result?: Record<string, unknown>;
+  /** The worker's error code, when it ended the request with an error. */
+  code?: string;
 }
 
-type Listeners = { [E in keyof RuntimeEvents]: Array<RuntimeEvents[E]> };
-
-/** Extra events beyond RuntimeEvents. */
-export interface WorkerRuntimeEvents extends RuntimeEvents {
+/**
+ * A worker's events: RuntimeEvents (a restart here does not know which models were lost; the
+ * pool adds them), plus the protocol faults and every request's end.
+ */
+export type WorkerRuntimeEvents = Omit<RuntimeEvents, "restart"> & {
+  restart: (info: { attempt: number; delayMs: number }) => void;
   /** A frame or message from the worker that broke the protocol, or a worker error without id. */
   protocol_error: (info: {
     id: string | null;
     message: string;
     source: "worker" | "client";
   }) => void;
-}
-
-/** Worker exit codes (tpu_worker/__main__.py) that mean "misconfigured", not "crashed". */
-const CONFIG_EXIT_CODES = new Map<number, string>([
-  [2, "the catalog or the command line was rejected; see the worker log"],
-  [4, "the device probe found no usable device"],
-]);
-
-const STDERR_LINE_MAX = 64 * 1024;
-const STDERR_TAIL_LINES = 20;
-/** After `exit`, how long to let stdout drain before in-flight calls are failed. */
-const EXIT_DRAIN_MS = 150;
-
-const LEVELS: Record<string, "debug" | "info" | "warn" | "error"> = {
-  trace: "debug",
-  debug: "debug",
-  info: "info",
-  warn: "warn",
-  warning: "warn",
-  error: "error",
-  critical: "error",
-  fatal: "error",
+  /** The worker ended a request: the pool's model bookkeeping reads loads and unloads here. */
+  ended: (info: RequestEnded) => void;
 };
 
-export class WorkerRuntime implements Runtime {
+type Listeners = { [E in keyof WorkerRuntimeEvents]: Array<WorkerRuntimeEvents[E]> };
+
+/**
+ * Events go through this small emitter rather than node:events because a listener that throws
+ * (a server-side log or metric) must not break the frame handling or supervision that emitted
+ * the event: each listener is called in turn and a throw is logged, not propagated.
+ */
+export class WorkerRuntime {
   readonly options: Readonly<ResolvedOptions>;
   private readonly log: RuntimeLogger;
   private _state: WorkerState = "stopped";
@@ -218,11 +110,7 @@ export class WorkerRuntime implements Runtime {
   private proc: WorkerProc | null = null;
   private generation = 0;
   private seq = 0;
-  private readonly pending = new Map<string, Pending>();
-  /** Traced calls in `pending`: only while there are some is a chunk's arrival time read. */
-  private tracedInFlight = 0;
-  private readonly loaded = new Map<string, LoadedModel>();
-  private readonly lost = new Set<string>();
+  private readonly calls = new CallTable();
   private crashTimes: number[] = [];
   private restartCount = 0;
   private restartTimer: NodeJS.Timeout | undefined;
@@ -233,15 +121,14 @@ export class WorkerRuntime implements Runtime {
   }> = [];
   private failure: RuntimeCallError | null = null;
   private closing: Promise<void> | null = null;
-  private readonly listeners: Listeners & {
-    protocol_error: WorkerRuntimeEvents["protocol_error"][];
-  } = {
+  private readonly listeners: Listeners = {
     ready: [],
     exit: [],
     restart: [],
     failed: [],
     log: [],
     protocol_error: [],
+    ended: [],
   };
   // Last resort against orphans if the Node process exits without close().
   private readonly killOnProcessExit = () => {
@@ -282,23 +169,12 @@ export class WorkerRuntime implements Runtime {
     return this.proc?.child.pid ?? null;
   }
 
-  lostModels(): string[] {
-    return [...this.lost].sort();
-  }
-
-  /** Models loaded in the current worker, as observed from successful load/unload results. */
-  loadedModels(): LoadedModel[] {
-    return [...this.loaded.values()];
-  }
-
   restarts(): number {
     return this.restartCount;
   }
 
   inFlight(): number {
-    let n = 0;
-    for (const p of this.pending.values()) if (!p.settled) n++;
-    return n;
+    return this.calls.inFlight();
   }
 
   on<E extends keyof WorkerRuntimeEvents>(event: E, fn: WorkerRuntimeEvents[E]): void {
@@ -374,8 +250,7 @@ export class WorkerRuntime implements Runtime {
         settled: false,
         cancelRequested: false,
       };
-      this.pending.set(id, p);
-      if (trace) this.tracedInFlight++;
+      this.calls.add(p);
       const timeoutMs = opts.timeoutMs ?? this.options.requestTimeoutMs;
       if (timeoutMs > 0 && Number.isFinite(timeoutMs)) {
         p.timer = setTimeout(() => this.onCallTimeout(p, timeoutMs), timeoutMs);
@@ -432,18 +307,7 @@ export class WorkerRuntime implements Runtime {
     const o = this.options;
     const generation = ++this.generation;
     this._state = this.restartCount > 0 || this.crashTimes.length > 0 ? "restarting" : "starting";
-    const args = ["-m", "tpu_worker", "--catalog", o.catalogPath, "--device", o.device];
-    if (o.maxBodyBytes !== DEFAULT_MAX_BODY_BYTES)
-      args.push("--max-body-bytes", String(o.maxBodyBytes));
-    args.push(...o.extraArgs);
-    const workerPath = join(o.repoRoot, "runtime", "worker");
-    const env: NodeJS.ProcessEnv = {
-      ...o.env,
-      PYTHONPATH: o.env.PYTHONPATH ? `${workerPath}:${o.env.PYTHONPATH}` : workerPath,
-      HF_HUB_OFFLINE: "1",
-      TRANSFORMERS_OFFLINE: "1",
-      PYTHONUNBUFFERED: "1",
-    };
+    const { args, env } = workerCommand(o);
     let child: ChildProcess;
     try {
       child = o.spawn(o.pythonPath, args, {
@@ -463,8 +327,7 @@ export class WorkerRuntime implements Runtime {
       decoder: new FrameDecoder({ maxBodyBytes: o.maxBodyBytes }),
       hello: null,
       ping: null,
-      stderrPartial: "",
-      stderrTail: [],
+      stderr: new StderrLog((line) => this.onWorkerLog(child.pid, line)),
       gone: false,
       exitWaiters: [],
       startupError: null,
@@ -483,7 +346,7 @@ export class WorkerRuntime implements Runtime {
     }, o.startTimeoutMs);
 
     child.stdout?.on("data", (chunk: Buffer) => {
-      if (this.tracedInFlight > 0) proc.chunkAtUs = monotonicUs();
+      if (this.calls.tracing) proc.chunkAtUs = monotonicUs();
       let events: DecodeEvent[];
       try {
         events = proc.decoder.push(chunk);
@@ -504,7 +367,7 @@ export class WorkerRuntime implements Runtime {
         }
       }
     });
-    child.stderr?.on("data", (chunk: Buffer) => this.onStderr(proc, chunk.toString("utf8")));
+    child.stderr?.on("data", (chunk: Buffer) => proc.stderr.push(chunk.toString("utf8")));
     child.stdin?.on("error", (e) => this.log.debug({ err: String(e) }, "worker stdin closed"));
     child.on("error", (e) => {
       // `error` without a pid is a failed spawn (ENOENT, EACCES): no exit event will follow.
@@ -541,7 +404,7 @@ export class WorkerRuntime implements Runtime {
       clearTimeout(proc.helloTimer);
       if (proc.ping) clearTimeout(proc.ping.timer);
       for (const w of proc.exitWaiters.splice(0)) w();
-      if (proc.stderrPartial) this.forwardStderrLine(proc, proc.stderrPartial);
+      proc.stderr.flush();
     }
     if (generation !== this.generation) return;
     const closing = this.closing !== null;
@@ -558,10 +421,10 @@ export class WorkerRuntime implements Runtime {
           true,
           { exit_code: code, signal },
         );
-    for (const p of [...this.pending.values()]) {
-      this.forget(p);
-      if (!p.settled) this.settle(p, () => p.reject(died));
-      else this.clearCallTimers(p);
+    for (const p of this.calls.all()) {
+      this.calls.forget(p);
+      if (!p.settled) this.calls.settle(p, () => p.reject(died));
+      else clearTimers(p);
     }
     const exitInfo = {
       code,
@@ -577,15 +440,12 @@ export class WorkerRuntime implements Runtime {
       signal,
       in_flight: inFlight,
       err: err ? String(err) : undefined,
-      stderr_tail: proc?.stderrTail.slice(-5),
+      stderr_tail: proc?.stderr.tail(5),
     };
     if (closing) this.log.info(logFields, "worker exited");
     else this.log.error(logFields, "worker exited unexpectedly");
     this.emit("exit", exitInfo);
     if (closing) return;
-
-    for (const m of this.loaded.keys()) this.lost.add(m);
-    this.loaded.clear();
 
     if (proc && !proc.hello && !signal && code !== null && CONFIG_EXIT_CODES.has(code)) {
       // The worker refused its configuration (bad catalog, device not present): restarting
@@ -619,12 +479,8 @@ export class WorkerRuntime implements Runtime {
     );
     this._state = "restarting";
     this.restartCount++;
-    const lostModels = this.lostModels();
-    this.log.warn(
-      { attempt: crashes, delay_ms: delayMs, lost_models: lostModels },
-      "restarting worker",
-    );
-    this.emit("restart", { attempt: crashes, delayMs, lostModels });
+    this.log.warn({ attempt: crashes, delay_ms: delayMs }, "restarting worker");
+    this.emit("restart", { attempt: crashes, delayMs });
     this.restartTimer = setTimeout(() => {
       this.restartTimer = undefined;
       if (!this.closing && this._state === "restarting") this.spawnWorker();
@@ -702,7 +558,7 @@ export class WorkerRuntime implements Runtime {
       this.protocolFault(null, `worker reported ${m.error.code}: ${m.error.message}`, "worker");
       return;
     }
-    const p = this.pending.get(msg.id);
+    const p = this.calls.get(msg.id);
     if (!p || p.proc !== proc) {
       // An error for an id we never sent answers a frame we did not write (or a bug): report it.
       if (msg.type === "error") {
@@ -730,7 +586,7 @@ export class WorkerRuntime implements Runtime {
       return;
     }
     // result or error: the request is over in the worker.
-    this.forget(p);
+    this.calls.forget(p);
     if (p.trace) {
       const stamps = (frame.header as { trace?: unknown }).trace;
       if (Array.isArray(stamps))
@@ -741,23 +597,20 @@ export class WorkerRuntime implements Runtime {
       p.trace.mark("rt.frame_decoded");
     }
     if (msg.type === "result") {
-      this.trackModels(p, msg.result);
+      // Also for a caller that is gone: the worker holds what it loaded either way.
+      this.emit("ended", { op: p.op, args: p.args, result: msg.result });
       if (p.settled) return;
       const result = msg.result;
       // A long op that stopped early on the cancel returns its finished part (e.g. a benchmark's
       // completed configurations, flagged cancelled: true): keep it rather than throw it away.
       if (p.cancelRequested && (result as { cancelled?: unknown }).cancelled !== true)
-        return this.settle(p, () => p.reject(cancelledError(p.op, "by the caller")));
-      return this.settle(p, () => p.resolve({ result, tensors: frame.tensors }));
+        return this.calls.settle(p, () => p.reject(cancelledError(p.op, "by the caller")));
+      return this.calls.settle(p, () => p.resolve({ result, tensors: frame.tensors }));
     }
     const { code, message, recoverable, ...rest } = msg.error;
-    if (p.op === "unload" && code === "model_not_loaded") {
-      // Unloading a lost model is how a caller acknowledges the loss.
-      const model = p.args.model;
-      if (typeof model === "string") this.lost.delete(model);
-    }
+    this.emit("ended", { op: p.op, args: p.args, code });
     if (p.settled) return;
-    this.settle(p, () =>
+    this.calls.settle(p, () =>
       p.reject(
         new RuntimeCallError(code, message, recoverable, {
           op: p.op,
@@ -770,11 +623,11 @@ export class WorkerRuntime implements Runtime {
   private onFrameError(proc: WorkerProc, message: string, id: string | null, fatal: boolean): void {
     this.protocolFault(id, message, "client");
     if (id) {
-      const p = this.pending.get(id);
+      const p = this.calls.get(id);
       if (p && p.proc === proc) {
-        this.forget(p);
+        this.calls.forget(p);
         if (!p.settled) {
-          this.settle(p, () =>
+          this.calls.settle(p, () =>
             p.reject(
               new RuntimeCallError(
                 "protocol_error",
@@ -802,35 +655,11 @@ export class WorkerRuntime implements Runtime {
     this.emit("protocol_error", { id, message, source });
   }
 
-  private trackModels(p: Pending, result: Record<string, unknown>): void {
-    const model =
-      typeof result.model === "string"
-        ? result.model
-        : typeof p.args.model === "string"
-          ? p.args.model
-          : null;
-    if (!model) return;
-    if (p.op === "load") {
-      const str = (v: unknown) => (typeof v === "string" ? v : undefined);
-      this.loaded.set(model, {
-        model,
-        device: str(result.device),
-        dtype: str(result.dtype),
-        mode: str(result.mode),
-        loadedAt: Date.now(),
-      });
-      this.lost.delete(model);
-    } else if (p.op === "unload") {
-      this.loaded.delete(model);
-      this.lost.delete(model);
-    }
-  }
-
   // ── timeouts, cancellation, heartbeats ───────────────────────────────────────────────────
 
   private onCallTimeout(p: Pending, timeoutMs: number): void {
     if (p.settled) return;
-    this.settle(p, () =>
+    this.calls.settle(p, () =>
       p.reject(
         new RuntimeCallError(
           "timeout",
@@ -852,7 +681,7 @@ export class WorkerRuntime implements Runtime {
     this.sendCancel(p);
     p.graceTimer = setTimeout(() => {
       if (!p.settled)
-        this.settle(p, () =>
+        this.calls.settle(p, () =>
           p.reject(cancelledError(p.op, "by the caller (the worker did not confirm in time)")),
         );
     }, this.options.cancelGraceMs);
@@ -860,24 +689,6 @@ export class WorkerRuntime implements Runtime {
 
   private sendCancel(p: Pending): void {
     if (!p.proc.gone) this.write(p.proc, encodeFrame(cancelMessage(p.id)));
-  }
-
-  private forget(p: Pending): void {
-    if (this.pending.delete(p.id) && p.trace) this.tracedInFlight--;
-  }
-
-  private settle(p: Pending, fn: () => void): void {
-    if (p.settled) return;
-    p.settled = true;
-    this.clearCallTimers(p);
-    fn();
-  }
-
-  private clearCallTimers(p: Pending): void {
-    clearTimeout(p.timer);
-    clearTimeout(p.graceTimer);
-    p.detachAbort?.();
-    p.detachAbort = undefined;
   }
 
   private startHeartbeat(proc: WorkerProc): void {
@@ -963,45 +774,10 @@ export class WorkerRuntime implements Runtime {
     for (const w of this.readyWaiters.splice(0)) w.reject(e);
   }
 
-  private onStderr(proc: WorkerProc, text: string): void {
-    const lines = (proc.stderrPartial + text).split("\n");
-    proc.stderrPartial = lines.pop() ?? "";
-    if (proc.stderrPartial.length > STDERR_LINE_MAX) {
-      this.forwardStderrLine(proc, proc.stderrPartial.slice(0, STDERR_LINE_MAX) + "…");
-      proc.stderrPartial = "";
-    }
-    for (const line of lines) this.forwardStderrLine(proc, line);
-  }
-
-  private forwardStderrLine(proc: WorkerProc, raw: string): void {
-    const line = raw.trimEnd();
-    if (!line) return;
-    proc.stderrTail.push(line.length > 500 ? line.slice(0, 500) + "…" : line);
-    if (proc.stderrTail.length > STDERR_TAIL_LINES) proc.stderrTail.shift();
-    let fields: Record<string, unknown> | null = null;
-    if (line.startsWith("{")) {
-      try {
-        const v = JSON.parse(line);
-        if (v && typeof v === "object" && !Array.isArray(v)) fields = v as Record<string, unknown>;
-      } catch {
-        /* not JSON: forwarded as text below */
-      }
-    }
-    // Non-JSON stderr (tracebacks, library warnings) is unexpected from the worker: warn.
-    // The worker's own `time` (seconds) would collide with pino's: keep it as worker_time.
-    const {
-      level: rawLevel,
-      msg: rawMsg,
-      message: rawMessage,
-      time: workerTime,
-      ...fieldsRest
-    } = fields ?? {};
-    const rest = workerTime === undefined ? fieldsRest : { ...fieldsRest, worker_time: workerTime };
-    const level = LEVELS[String(rawLevel ?? (fields ? "info" : "warn")).toLowerCase()] ?? "info";
-    const msg = String(rawMsg ?? rawMessage ?? (fields ? "" : line));
-    const entry = { ...rest, level, msg, worker_pid: proc.child.pid };
-    this.log[level]({ ...rest, worker_pid: proc.child.pid, source: "worker" }, msg);
-    this.emit("log", entry);
+  /** A worker log line: into the server log at its own level, and out as a `log` event. */
+  private onWorkerLog(pid: number | undefined, l: WorkerLogLine): void {
+    this.log[l.level]({ ...l.fields, worker_pid: pid, source: "worker" }, l.msg);
+    this.emit("log", { ...l.fields, level: l.level, msg: l.msg, worker_pid: pid });
   }
 
   private emit<E extends keyof WorkerRuntimeEvents>(
@@ -1016,38 +792,4 @@ export class WorkerRuntime implements Runtime {
       }
     }
   }
-}
-
-/** CLOCK_MONOTONIC in µs (Linux), the clock the worker's trace stamps use. */
-function monotonicUs(): number {
-  return Number(process.hrtime.bigint() / 1000n);
-}
-
-function waitGone(proc: WorkerProc, ms: number): Promise<boolean> {
-  if (proc.gone) return Promise.resolve(true);
-  return new Promise((res) => {
-    const t = setTimeout(() => res(proc.gone), ms);
-    proc.exitWaiters.push(() => {
-      clearTimeout(t);
-      res(true);
-    });
-  });
-}
-
-function closedError(): RuntimeCallError {
-  return new RuntimeCallError(
-    "worker_unavailable",
-    "The runtime is shut down. Restart the server to use the worker again.",
-    false,
-  );
-}
-
-function cancelledError(op: string, how: string): RuntimeCallError {
-  return new RuntimeCallError("cancelled", `${op} was cancelled ${how}.`, true, { op });
-}
-
-/** Builds a WorkerRuntime; with startMode `eager` the worker starts right after construction
- * (failures surface as `failed` events, logs and worker_unavailable errors on calls). */
-export function createRuntime(options: WorkerRuntimeOptions = {}): WorkerRuntime {
-  return new WorkerRuntime(options);
 }

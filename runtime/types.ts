@@ -1,5 +1,7 @@
 // The runtime's public surface: what tools/ and server/ may use. The wire format behind it is
-// described in runtime/PROTOCOL.md. Nothing here imports from tools/, server/ or policies/.
+// described in runtime/PROTOCOL.md; each op's args and result are typed in wire/ops.ts. Nothing
+// here imports from tools/, server/ or policies/.
+import type { OpArgs, OpName, OpResult } from "./wire/ops.js";
 
 export const TENSOR_DTYPES = [
   "float32",
@@ -80,11 +82,15 @@ export interface CallOptions {
   /** Per-call timeout; on expiry a cancel is sent, then the worker is killed if it stays silent. */
   timeoutMs?: number;
   onProgress?: (p: ProgressUpdate) => void;
+  /** The ticket from Runtime.place: the call runs where it says, and notes where it ran. */
+  placement?: Placement;
 }
 
 export interface CallResult<T = Record<string, unknown>> {
   result: T;
   tensors: TensorData[];
+  /** The worker that answered (set by the pool). */
+  worker?: string;
 }
 
 /** Events a supervisor emits; the server turns them into logs and metrics. */
@@ -102,35 +108,68 @@ export interface RuntimeEvents {
   log: (line: { level: string; msg: string; [k: string]: unknown }) => void;
 }
 
+/** A model a worker holds, as observed from successful load/unload results. */
+export interface LoadedModel {
+  model: string;
+  device?: string;
+  dtype?: string;
+  mode?: string;
+  loadedAt: number;
+}
+
 /**
- * One interface for the compute side, so several workers (one per device) can sit behind it.
- * `call` rejects with RuntimeCallError.
+ * Where one tool call runs, decided once (runtime/pool/placement.ts) before the gate queues it:
+ * the gate serialises on `lane`, and the call is handed the same ticket, so the worker the gate
+ * waited for is the worker that runs it. The ticket is also the call's receipt: the pool notes on
+ * it every worker the call's runtime calls ran on, for the audit record.
+ */
+export interface Placement {
+  readonly op: string;
+  /** The gate's device lane; undefined when the pool routes per call (infer, several replicas). */
+  readonly lane: string | undefined;
+  /** The worker chosen now; undefined when the call is routed when it is sent. */
+  readonly worker: string | undefined;
+  /** Workers this call's runtime calls were sent to, in order, each once. */
+  ran(): string[];
+}
+
+/**
+ * The compute side: always a pool (runtime/pool/pool.ts), possibly of one local worker (the
+ * default, `single`). `call` rejects with RuntimeCallError; its result names the worker that
+ * answered.
  */
 export interface Runtime {
   readonly state: WorkerState;
   readonly hello: WorkerHello | null;
+  /**
+   * One local worker and nothing to place (the default): the pool passes calls and answers
+   * through unchanged, as the one worker did before there were pools.
+   */
+  readonly single: boolean;
   start(): Promise<WorkerHello>;
-  /** Starts the worker if needed and waits until it is ready. */
+  /** Starts the workers if needed and waits until one is ready. */
   ready(): Promise<WorkerHello>;
-  call<T = Record<string, unknown>>(
-    op: string,
-    args: Record<string, unknown>,
+  /** Chooses where a call of `op` with these args will run (once; pass it in CallOptions). */
+  place(op: string, args: Record<string, unknown>): Placement;
+  /** One worker op, typed by the op table (wire/ops.ts). */
+  call<O extends OpName>(
+    op: O,
+    args: OpArgs<O>,
     opts?: CallOptions,
-  ): Promise<CallResult<T>>;
+  ): Promise<CallResult<OpResult<O>>>;
   /** Models lost in the last worker restart, cleared when they are loaded again. */
   lostModels(): string[];
+  /** Models held now, on every worker. */
+  loadedModels(): LoadedModel[];
   restarts(): number;
   inFlight(): number;
+  /** Every worker's state, placement and counters. */
+  workers(): WorkerStatus[];
+  /** A drained worker takes no new calls or loads (`tpu-mcp workers drain NAME`). */
+  drain(name: string): WorkerStatus;
+  undrain(name: string): WorkerStatus;
   on<E extends keyof RuntimeEvents>(event: E, fn: RuntimeEvents[E]): void;
   close(): Promise<void>;
-  /** Pools only: the worker a call will hold (its device lane in the gate), when its args tell. */
-  laneOf?(op: string, args: Record<string, unknown>): string | undefined;
-  /** Pools only: every worker's state, placement and counters. */
-  workers?(): WorkerStatus[];
-  /** Pools with a Ray fleet (runtime.ray) only: the fleet's driver and actors. */
-  fleet?(): FleetState;
-  /** Pools only: runs fn, appending to `sink` the name of every worker its calls are sent to. */
-  withPlacement?<T>(sink: string[], fn: () => Promise<T>): Promise<T>;
 }
 
 /** One worker of a pool, as get_runtime_status and /metrics show it. */

@@ -126,7 +126,7 @@ const build = (env: ToolEnv) => {
       }
     },
     async handler(args, ctx) {
-      const { result } = await ctx.runtime.call<any>(
+      const { result } = await ctx.runtime.call(
         "check",
         {
           model: args.model,
@@ -136,7 +136,7 @@ const build = (env: ToolEnv) => {
           ...(args.seq_len ? { seq_len: args.seq_len } : {}),
           attention: args.attention,
         },
-        { signal: ctx.signal, timeoutMs: ctx.deadline?.remainingMs() },
+        { placement: ctx.placement, signal: ctx.signal, timeoutMs: ctx.deadline?.remainingMs() },
       );
       return result;
     },

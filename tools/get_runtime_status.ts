@@ -133,7 +133,7 @@ const build = (_env: ToolEnv) =>
     },
     async handler(_args, ctx) {
       const rt = ctx.runtime;
-      const { result } = await rt.call<any>("status", {}, { signal: ctx.signal });
+      const { result } = await rt.call("status", {}, { signal: ctx.signal });
       return {
         worker: {
           state: rt.state,
@@ -151,8 +151,9 @@ const build = (_env: ToolEnv) =>
         matmul_precision: result.matmul_precision ?? null,
         loaded: result.loaded ?? [],
         jobs_running: ctx.jobs.running(),
-        ...(rt.workers ? { workers: rt.workers() } : {}),
-        ...(rt.fleet ? { fleet: rt.fleet() } : {}),
+        // The default pool of one worker shows no pool, as before pools.
+        ...(rt.single ? {} : { workers: rt.workers() }),
+        ...(ctx.fleet ? { fleet: ctx.fleet() } : {}),
       };
     },
     render: (o) =>

@@ -62,7 +62,7 @@ const build = (env: ToolEnv) =>
           return new Map<string, ModelFact>();
         }),
         ctx.runtime
-          .call<any>("status", {}, { signal: ctx.signal })
+          .call("status", {}, { signal: ctx.signal })
           .then((r) => r.result)
           .catch(() => ({ loaded: [], devices: [] })),
       ]);

@@ -113,7 +113,7 @@ const build = (env: ToolEnv) => {
           );
         }
       }
-      if ((args.replicas ?? 1) > 1 && !svc.runtime.workers) {
+      if ((args.replicas ?? 1) > 1 && svc.runtime.single) {
         throw new ToolError(
           "invalid_argument",
           "replicas: this server runs one worker; configure runtime.workers (see the README's fleet section) for replicas",
@@ -124,7 +124,7 @@ const build = (env: ToolEnv) => {
       const entry = entryOf(env, args.model);
       const dt = args.dtype ?? entry.default_dtype;
       const workerArgs = {
-        ...(args.replicas && ctx.runtime.workers ? { replicas: args.replicas } : {}),
+        ...(args.replicas && !ctx.runtime.single ? { replicas: args.replicas } : {}),
         model: args.model,
         dtype: dt,
         mode: args.mode,
@@ -133,7 +133,8 @@ const build = (env: ToolEnv) => {
         ...(args.matmul_precision ? { matmul_precision: args.matmul_precision } : {}),
       };
       // With wait: false the dispatcher runs this handler as a job and answers with its id.
-      const { result } = await ctx.runtime.call<z.infer<typeof LoadResult>>("load", workerArgs, {
+      const { result } = await ctx.runtime.call("load", workerArgs, {
+        placement: ctx.placement,
         signal: ctx.signal,
         timeoutMs: ctx.deadline?.remainingMs(),
         onProgress: (p) => ctx.progress(p.progress, p.total, p.message),

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
+import { deviceKind as kindOf } from "../runtime/device.js";
 import {
   approvalId,
   catalogMax,
@@ -275,7 +276,7 @@ const build = (env: ToolEnv) => {
     async handler(args, ctx) {
       const r = resolveBenchmark(env, args);
       const baseline = args.baseline_id ? ctx.reports.get(args.baseline_id) : undefined;
-      const { result } = await ctx.runtime.call<any>(
+      const { result } = await ctx.runtime.call(
         "benchmark",
         {
           model: args.model,
@@ -297,15 +298,14 @@ const build = (env: ToolEnv) => {
           limits: { ...env.limits.benchmark, min_seq_len: MIN_SEQ_LEN },
         },
         {
+          placement: ctx.placement,
           signal: ctx.signal,
           timeoutMs: ctx.deadline?.remainingMs(),
           onProgress: (p) => ctx.progress(p.progress, p.total, p.message),
         },
       );
       // Stored under the device kind, which is what cost estimates look history up by.
-      const deviceKind = String(
-        result.manifest?.device_kind ?? (args.device ?? "default").split(":")[0],
-      );
+      const deviceKind = String(result.manifest?.device_kind ?? kindOf(args.device ?? "default"));
       const body = {
         model: args.model,
         scenario: args.scenario,

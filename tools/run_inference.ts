@@ -178,7 +178,7 @@ const build = (env: ToolEnv) => {
         tensorFromArg(t, i, env.limits.max_tensor_elements),
       );
       const t0 = performance.now();
-      const { result, tensors: outs } = await ctx.runtime.call<any>(
+      const { result, tensors: outs } = await ctx.runtime.call(
         "infer",
         {
           model: args.model,
@@ -187,6 +187,7 @@ const build = (env: ToolEnv) => {
         },
         {
           tensors,
+          placement: ctx.placement,
           signal: ctx.signal,
           timeoutMs: ctx.deadline?.remainingMs(),
           ...(ctx.trace ? { trace: ctx.trace } : {}),

@@ -7,7 +7,7 @@ import type { CallDeadline } from "../policies/gate/gate.js";
 import type { Principal } from "../policies/scopes.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
 import type { Catalog } from "../runtime/catalog.js";
-import type { CallTrace, Runtime } from "../runtime/types.js";
+import type { CallTrace, FleetState, Placement, Runtime } from "../runtime/types.js";
 import type { Jobs } from "./stores/jobs.js";
 import type { Outputs } from "./stores/outputs.js";
 import type { Reports } from "./stores/reports.js";
@@ -44,6 +44,10 @@ export interface ToolEnv {
 export interface ToolContext {
   principal: Principal;
   runtime: Runtime;
+  /** The Ray fleet behind the pool (runtime.ray); absent without one. */
+  fleet?: () => FleetState;
+  /** Where this call runs, chosen once before the gate (pass it to runtime.call). */
+  placement?: Placement;
   jobs: Jobs;
   outputs: Outputs;
   reports: Reports;
@@ -60,7 +64,10 @@ export interface ToolContext {
 }
 
 /** The long-lived services of a ToolContext, without anything per call. */
-export type ToolServices = Omit<ToolContext, "signal" | "progress" | "principal" | "deadline">;
+export type ToolServices = Omit<
+  ToolContext,
+  "signal" | "progress" | "principal" | "deadline" | "placement"
+>;
 
 export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {
   /** The tool's name: its policy record's (one spelling). */

@@ -42,14 +42,10 @@ const build = (env: ToolEnv) =>
     },
     device: (a) => a.device ?? "default",
     async handler(args, ctx) {
-      const { result } = await ctx.runtime.call<{
-        model: string;
-        freed_bytes: number;
-        workers?: string[];
-      }>(
+      const { result } = await ctx.runtime.call(
         "unload",
         { model: args.model, ...(args.device ? { device: args.device } : {}) },
-        { signal: ctx.signal },
+        { placement: ctx.placement, signal: ctx.signal },
       );
       return result;
     },

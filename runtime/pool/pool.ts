@@ -1,6 +1,9 @@
-// WorkerPool: several workers (local subprocesses, remote `tpu_worker serve` endpoints) behind the
-// one `Runtime` interface, so tools/ and policies/ keep their shape. Each worker is a
-// WorkerRuntime (runtime/client.ts) with its own supervision; the pool adds, per operation:
+// WorkerPool: the runtime is always a pool. Its workers (local subprocesses, remote `tpu_worker
+// serve` endpoints) sit behind the one `Runtime` interface; `WorkerPool.single` is the default
+// pool of one local worker, which places nothing and passes everything through unchanged. Each
+// worker is a WorkerRuntime (runtime/client.ts) with its own supervision. This file holds the
+// membership mechanics (add, remove, drain, expand, attach) and the operations below; which
+// worker takes a call is placement.ts, chosen once (`place`) and reused by the call.
 //
 // - load: placement. `device` may name a worker (`w0`), a chip (`tpu:3`) or a kind (`cpu`);
 //   candidates are ready, undrained workers of that kind that do not hold the model yet and
@@ -17,22 +20,42 @@
 // is no longer a candidate (not ready) so new calls go to the other replicas, restarts (local)
 // or reconnects (remote) with backoff, and reports its models lost.
 // Drain: a drained worker takes no new calls or loads; calls in flight finish.
-import { AsyncLocalStorage } from "node:async_hooks";
-import { randomInt } from "node:crypto";
-import { WorkerRuntime, type LoadedModel, type WorkerRuntimeOptions } from "../client.js";
+//
+// Why this file is over 500 lines: the operations (load with its memory placement and replicas,
+// unload, status aggregation) share the membership state and the per-worker serial chains; the
+// placement policy (placement.ts), a member's bookkeeping (member.ts) and the status rows
+// (status.ts) are already apart. A next step: load/unload/status as functions over a pool view.
+import { WorkerRuntime, type WorkerRuntimeOptions } from "../client.js";
 import {
   RuntimeCallError,
   type CallOptions,
   type CallResult,
   type DeviceInfo,
+  type LoadedModel,
+  type Placement,
   type Runtime,
   type RuntimeEvents,
   type WorkerHello,
   type WorkerState,
   type WorkerStatus,
 } from "../types.js";
+import { namesChip } from "../device.js";
+import type { OpArgs, OpName, OpResult } from "../wire/ops.js";
 import { chipEnv, isRemote, type WorkerEntry } from "./entries.js";
+import { Member } from "./member.js";
+import {
+  Ticket,
+  candidates,
+  choose,
+  named,
+  order,
+  powerOfTwo,
+  randomPick,
+  resolve,
+  type Pick,
+} from "./placement.js";
 import { remoteSpawn, type RemoteRefusal } from "./remote.js";
+import { formatBytes, statusOf } from "./status.js";
 
 export interface PoolOptions {
   /** Workers, or a function giving them (the per-device expansion runs once, at start). */
@@ -49,81 +72,41 @@ export interface PoolOptions {
   onRefused?: (r: RemoteRefusal) => void;
   /** Builds a member (tests substitute spawn functions here). */
   makeRuntime?: (entry: WorkerEntry, opts: WorkerRuntimeOptions) => WorkerRuntime;
-}
-
-/** One worker of the pool. */
-class Member {
-  draining = false;
-  calls = 0;
-  failures = 0;
-  /** Loads (and unloads) on this worker run one at a time. */
-  private chain: Promise<unknown> = Promise.resolve();
-  /** Free memory from the last status call, for placement between loads. */
-  lastFree: number | null = null;
-  lastTotal: number | null = null;
-
-  constructor(
-    readonly entry: WorkerEntry,
-    readonly rt: WorkerRuntime,
-  ) {}
-
-  get name(): string {
-    return this.entry.name;
-  }
-  get remote(): boolean {
-    return isRemote(this.entry);
-  }
-  /** The device as configured (`tpu:3`, `cpu`), or what the worker reported. */
-  get device(): string {
-    const d = this.rt.hello?.device;
-    if (d) return d.kind === "cpu" ? "cpu" : `${d.kind}:${d.index}`;
-    return isRemote(this.entry) ? "remote" : this.entry.device;
-  }
-  get kind(): string | null {
-    return (
-      this.rt.hello?.device.kind ?? (isRemote(this.entry) ? null : this.entry.device.split(":")[0]!)
-    );
-  }
-  get usable(): boolean {
-    return this.rt.state === "ready" && !this.draining;
-  }
-  models(): LoadedModel[] {
-    return this.rt.loadedModels();
-  }
-  holds(model: string): boolean {
-    return this.rt.loadedModels().some((m) => m.model === model);
-  }
-  serial<T>(fn: () => Promise<T>): Promise<T> {
-    const run = this.chain.then(fn, fn);
-    this.chain = run.catch(() => undefined);
-    return run;
-  }
-  /** Bytes this worker may still take: its share (memory_bytes) minus what it holds, or the device's free memory. */
-  free(bytesHeld: number): number | null {
-    const share = isRemote(this.entry) ? undefined : this.entry.memory_bytes;
-    if (share !== undefined) return share - bytesHeld;
-    return this.lastFree ?? this.rt.hello?.device.memory_free_bytes ?? null;
-  }
+  /** The random draw of power-of-two routing (tests inject a seeded one). */
+  pick?: Pick;
 }
 
 type AnyListener = (...a: any[]) => void;
 
-/** Where the calls of one tool call went (for its audit record). */
-const placementSink = new AsyncLocalStorage<string[]>();
-
 export class WorkerPool implements Runtime {
   private members: Member[] = [];
   private readonly listeners = new Map<string, AnyListener[]>();
+  private readonly closeHooks: Array<() => Promise<void>> = [];
   private expanding: Promise<void> | null = null;
   private closed = false;
   /** Bytes on device per (worker, model), from load results. */
   private readonly held = new Map<string, number>();
   private readonly cap: number;
   private readonly retryAfterMs: number;
+  private readonly pick: Pick;
 
-  constructor(private readonly opts: PoolOptions) {
+  /**
+   * A pool of one local worker (the default): it places nothing, so it passes calls, answers,
+   * errors and events through unchanged, exactly as the one worker behaved before pools.
+   */
+  static single(rt: WorkerRuntime, name = "w0"): WorkerPool {
+    const pool = new WorkerPool({ entries: [] }, true);
+    pool.members.push(new Member({ name, device: rt.options.device }, rt));
+    return pool;
+  }
+
+  constructor(
+    private readonly opts: PoolOptions,
+    readonly single = false,
+  ) {
     this.cap = opts.maxInFlightPerReplica ?? 16;
     this.retryAfterMs = opts.retryAfterMs ?? 100;
+    this.pick = opts.pick ?? randomPick;
     if (Array.isArray(opts.entries)) for (const e of opts.entries) this.addMember(e);
   }
 
@@ -132,6 +115,7 @@ export class WorkerPool implements Runtime {
   /** Adds a worker; it starts when the base options say eager, else on first use. */
   add(entry: WorkerEntry): void {
     if (this.closed) throw new Error("the pool is closed");
+    if (this.single) throw new Error("a single-worker pool takes no other workers");
     this.addMember(entry);
   }
 
@@ -167,32 +151,25 @@ export class WorkerPool implements Runtime {
 
   /** The worker a device string names, or undefined (a kind names no single worker). */
   workerFor(device: string | undefined): string | undefined {
-    if (!device) return undefined;
-    const named = this.members.find((m) => m.name === device);
-    if (named) return named.name;
-    if (device.includes(":")) return this.members.find((m) => m.device === device)?.name;
-    return undefined;
+    return named(this.members, device)?.name;
   }
 
-  /**
-   * The gate's lane key for a call: the one worker the call will use, if that can be told from
-   * its arguments, else undefined (the pool routes per call and caps each replica itself).
-   */
-  laneOf(op: string, args: Record<string, unknown>): string | undefined {
-    const device = typeof args.device === "string" ? args.device : undefined;
-    const named = this.workerFor(device);
-    if (named) return named;
-    const model = typeof args.model === "string" ? args.model : undefined;
-    if (op === "infer") return undefined;
-    if (op === "unload") {
-      const holders = this.members.filter((m) => model && m.holds(model));
-      return holders.length === 1 ? holders[0]!.name : undefined;
+  /** Runs before the workers close (a Ray fleet stops its driver first). */
+  onClose(fn: () => Promise<void>): void {
+    this.closeHooks.push(fn);
+  }
+
+  /** Where a call will run, chosen once: the gate queues on its lane, the call reuses it. */
+  place(op: string, args: Record<string, unknown>): Placement {
+    if (this.single) {
+      // One worker: the lane is its device as the call names it ("default": its own chip).
+      const only = this.members[0]!;
+      const asked = typeof args.device === "string" ? args.device : "default";
+      const own = only.rt.hello?.device;
+      const lane = asked === "default" && own ? `${own.kind}:${own.index}` : asked;
+      return new Ticket(op, lane, only.name, false);
     }
-    // Several replicas: several workers, no single lane (loads are serialised per worker here).
-    if (op === "load" && typeof args.replicas === "number" && args.replicas > 1) return undefined;
-    // load / bench / check without a named worker: the one placement would pick now.
-    const c = this.candidates(device, op === "load" ? model : undefined);
-    return c.length ? this.order(c)[0]!.name : undefined;
+    return choose(this.members, op, args);
   }
 
   // ── Runtime ──────────────────────────────────────────────────────────────────────────────
@@ -226,7 +203,7 @@ export class WorkerPool implements Runtime {
 
   lostModels(): string[] {
     const lost = new Set<string>();
-    for (const m of this.members) for (const x of m.rt.lostModels()) lost.add(x);
+    for (const m of this.members) for (const x of m.lostModels()) lost.add(x);
     return [...lost].sort();
   }
 
@@ -238,6 +215,10 @@ export class WorkerPool implements Runtime {
     return this.members.reduce((n, m) => n + m.rt.inFlight(), 0);
   }
 
+  loadedModels(): LoadedModel[] {
+    return this.members.flatMap((m) => m.models());
+  }
+
   on<E extends keyof RuntimeEvents>(event: E, fn: RuntimeEvents[E]): void {
     const list = this.listeners.get(event) ?? [];
     list.push(fn as AnyListener);
@@ -245,20 +226,22 @@ export class WorkerPool implements Runtime {
     for (const m of this.members) this.attach(m, event, fn as AnyListener);
   }
 
-  withPlacement<T>(sink: string[], fn: () => Promise<T>): Promise<T> {
-    return placementSink.run(sink, fn);
-  }
-
   async close(): Promise<void> {
     this.closed = true;
+    for (const fn of this.closeHooks.splice(0)) await fn().catch(() => undefined);
     await Promise.allSettled(this.members.map((m) => m.rt.close()));
   }
 
-  async call<T = Record<string, unknown>>(
-    op: string,
-    args: Record<string, unknown>,
+  async call<O extends OpName>(
+    op: O,
+    opArgs: OpArgs<O>,
     opts: CallOptions = {},
-  ): Promise<CallResult<T>> {
+  ): Promise<CallResult<OpResult<O>>> {
+    type T = OpResult<O>;
+    // The pool reads args generically; the op table typed them for the caller.
+    const args = opArgs as Record<string, unknown>;
+    // One worker: nothing to place; its answers and errors pass through as they are.
+    if (this.single) return this.send<T>(this.members[0]!, op, args, opts);
     await this.expand();
     switch (op) {
       case "load":
@@ -272,9 +255,9 @@ export class WorkerPool implements Runtime {
       case "benchmark":
       case "check": {
         const device = typeof args.device === "string" ? args.device : undefined;
-        const c = this.candidates(device, undefined);
+        const c = candidates(this.members, device, undefined);
         if (!c.length) throw this.noWorker(device);
-        const m = this.order(c)[0]!;
+        const m = this.placed(opts.placement, c) ?? order(c)[0]!;
         return this.send<T>(m, op, this.forWorker(m, args, device), opts);
       }
       default: {
@@ -293,10 +276,10 @@ export class WorkerPool implements Runtime {
     const device = typeof args.device === "string" ? args.device : undefined;
     const { replicas: _r, ...workerArgs } = args;
     await this.readyMembers();
-    if (replicas > 1 && this.candidates(device, model).length < replicas) {
+    if (replicas > 1 && candidates(this.members, device, model).length < replicas) {
       // Right after start-up some workers may still be starting: a load asking for more
       // replicas than are ready yet waits for them (bounded), instead of refusing.
-      const waiting = (device ? this.resolve(device) : this.members).filter(
+      const waiting = (device ? resolve(this.members, device) : this.members).filter(
         (m) => m.rt.state !== "ready" && m.rt.state !== "failed",
       );
       if (waiting.length)
@@ -305,37 +288,37 @@ export class WorkerPool implements Runtime {
           60_000,
         );
     }
-    const named = device ? this.resolve(device) : this.members;
-    if (!named.length) throw this.noWorker(device);
-    const candidates = this.candidates(device, model);
-    if (!candidates.length) {
-      const holders = named.filter((m) => m.holds(model));
+    const scope = device ? resolve(this.members, device) : this.members;
+    if (!scope.length) throw this.noWorker(device);
+    const open = candidates(this.members, device, model);
+    if (!open.length) {
+      const holders = scope.filter((m) => m.holds(model));
       if (holders.length)
         throw new RuntimeCallError(
           "model_already_loaded",
-          `${model} is already loaded on ${holders.map((m) => m.name).join(", ")}${named.length > holders.length ? "; the other workers are not ready or drained" : ""}; use it, or unload it first`,
+          `${model} is already loaded on ${holders.map((m) => m.name).join(", ")}${scope.length > holders.length ? "; the other workers are not ready or drained" : ""}; use it, or unload it first`,
           false,
           { workers: holders.map((m) => m.name) },
         );
       throw this.noWorker(device);
     }
     // Fresh free memory from every candidate (loads are rare; placement must not guess).
-    await Promise.all(candidates.map((m) => this.refreshMemory(m, opts.signal)));
+    await Promise.all(open.map((m) => this.refreshMemory(m, opts.signal)));
     const need = this.opts.needBytes
       ? await this.opts.needBytes(model, typeof args.dtype === "string" ? args.dtype : undefined)
       : null;
-    const fits = candidates.filter((m) => {
+    const fits = open.filter((m) => {
       const free = m.free(this.heldBy(m));
       return need === null || free === null || free >= need;
     });
     if (fits.length < replicas) {
-      const where = candidates
+      const where = open
         .map((m) => {
           const free = m.free(this.heldBy(m));
           return `${m.name} ${free === null ? "unknown" : formatBytes(free)} free`;
         })
         .join(", ");
-      if (need !== null && fits.length < candidates.length) {
+      if (need !== null && fits.length < open.length) {
         throw new RuntimeCallError(
           "insufficient_memory",
           `${model} needs about ${formatBytes(need)} per replica; ${fits.length ? `it fits on ${fits.map((m) => m.name).join(", ")} (replicas: ${fits.length} at most)` : "it fits on no worker"} (${where}). Unload other models, use a smaller dtype${fits.length ? " or fewer replicas" : ""}.`,
@@ -350,7 +333,9 @@ export class WorkerPool implements Runtime {
         { fits: fits.map((m) => m.name) },
       );
     }
-    const chosen = this.order(fits).slice(0, replicas);
+    // One replica: the worker placed before the gate's wait, if it can still take the model.
+    const pinned = replicas === 1 ? this.placed(opts.placement, fits) : undefined;
+    const chosen = pinned ? [pinned] : order(fits).slice(0, replicas);
     const results = await Promise.allSettled(
       chosen.map((m) =>
         m.serial(() => this.send(m, "load", this.forWorker(m, workerArgs, device), opts)),
@@ -392,10 +377,10 @@ export class WorkerPool implements Runtime {
   private async unload(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
     const model = String(args.model);
     const device = typeof args.device === "string" ? args.device : undefined;
-    const scope = device ? this.resolve(device) : this.members;
+    const scope = device ? resolve(this.members, device) : this.members;
     if (device && !scope.length) throw this.noWorker(device);
     // Holders, and workers that lost it (unloading acknowledges the loss).
-    let targets = scope.filter((m) => m.holds(model) || m.rt.lostModels().includes(model));
+    let targets = scope.filter((m) => m.holds(model) || m.lostModels().includes(model));
     if (!targets.length) targets = scope.filter((m) => m.rt.state === "ready").slice(0, 1);
     if (!targets.length) throw this.noWorker(device);
     const { device: _d, ...workerArgs } = args;
@@ -453,7 +438,7 @@ export class WorkerPool implements Runtime {
   private route(model: string): Member {
     const replicas = this.members.filter((m) => m.usable && m.holds(model));
     if (!replicas.length) {
-      const lostOn = this.members.filter((m) => m.rt.lostModels().includes(model));
+      const lostOn = this.members.filter((m) => m.lostModels().includes(model));
       const parked = this.members.filter((m) => m.holds(model) && !m.usable);
       throw new RuntimeCallError(
         "model_not_loaded",
@@ -475,11 +460,7 @@ export class WorkerPool implements Runtime {
         { retry_after_ms: this.retryAfterMs, replicas: replicas.length },
       );
     }
-    if (open.length === 1) return open[0]!;
-    const a = open[randomInt(open.length)]!;
-    let b = open[randomInt(open.length - 1)]!;
-    if (b === a) b = open[open.length - 1]!;
-    return b.rt.inFlight() < a.rt.inFlight() ? b : a;
+    return powerOfTwo(open, this.pick);
   }
 
   private async send<T = Record<string, unknown>>(
@@ -492,13 +473,14 @@ export class WorkerPool implements Runtime {
     const counted = op !== "status" && op !== "describe";
     if (counted) {
       m.calls++;
-      const sink = placementSink.getStore();
-      if (sink && !sink.includes(m.name)) sink.push(m.name);
+      // The call's receipt: the audit record names the workers its work ran on.
+      if (opts.placement instanceof Ticket) opts.placement.note(m.name);
     }
     try {
-      return await m.rt.call<T>(op, args, opts);
+      return { ...(await m.rt.call<T>(op, args, opts)), worker: m.name };
     } catch (e) {
       if (counted) m.failures++;
+      if (this.single) throw e;
       // Name the worker (and its chip) the error came from, once.
       if (e instanceof RuntimeCallError && !e.details?.worker)
         throw new RuntimeCallError(e.code, `${m.name} (${m.device}): ${e.message}`, e.recoverable, {
@@ -511,25 +493,20 @@ export class WorkerPool implements Runtime {
 
   // ── helpers ──────────────────────────────────────────────────────────────────────────────
 
-  /** Workers a device string names: a worker name, a chip (`tpu:3`), a kind (`cpu`). */
-  private resolve(device: string): Member[] {
-    const named = this.members.filter((m) => m.name === device);
-    if (named.length) return named;
-    if (device === "auto") return this.members;
-    if (device.includes(":")) return this.members.filter((m) => m.device === device);
-    return this.members.filter((m) => m.kind === device);
-  }
-
-  private candidates(device: string | undefined, loadModel: string | undefined): Member[] {
-    const scope = device ? this.resolve(device) : this.members;
-    return scope.filter((m) => m.usable && !(loadModel && m.holds(loadModel)));
-  }
-
-  /** Fewest loaded models, then fewest calls in flight, then configuration order. */
-  private order(ms: Member[]): Member[] {
-    return [...ms].sort(
-      (a, b) => a.models().length - b.models().length || a.rt.inFlight() - b.rt.inFlight(),
-    );
+  /**
+   * The worker the call's ticket chose, when it is still among `open`. When it is not (it died,
+   * was drained, or filled up while the call waited at the gate), the caller fails over to the
+   * best open worker now: the lane it waited on was that worker's, the work runs elsewhere.
+   */
+  private placed(p: Placement | undefined, open: readonly Member[]): Member | undefined {
+    if (!p?.worker) return undefined;
+    const m = open.find((x) => x.name === p.worker);
+    if (!m)
+      this.opts.base?.logger?.warn(
+        { worker: p.worker, op: p.op },
+        "the worker placed before the gate's wait cannot take the call now (not ready, drained or without room); running it on the best open worker",
+      );
+    return m;
   }
 
   /** The args a worker gets: a worker name as device means "your own device". */
@@ -538,7 +515,7 @@ export class WorkerPool implements Runtime {
     args: Record<string, unknown>,
     device: string | undefined,
   ): Record<string, unknown> {
-    if (device === m.name || (device && !device.includes(":") && device !== m.kind)) {
+    if (device === m.name || (device && !namesChip(device) && device !== m.kind)) {
       const { device: _d, ...rest } = args;
       return rest;
     }
@@ -565,7 +542,7 @@ export class WorkerPool implements Runtime {
     const list = this.members
       .map((m) => `${m.name} (${m.device}, ${m.draining ? "drained" : m.rt.state})`)
       .join(", ");
-    if (device && !this.resolve(device).length)
+    if (device && !resolve(this.members, device).length)
       return new RuntimeCallError(
         "unsupported_device",
         `no worker is named or serves "${device}"; workers: ${list || "none"}`,
@@ -656,11 +633,16 @@ export class WorkerPool implements Runtime {
     m.rt.on(
       event as keyof RuntimeEvents,
       ((...a: any[]) => {
-        const [info, ...rest] = a;
+        let [info] = a;
+        const rest = a.slice(1);
+        // A restart names the models it lost: the member's bookkeeping knows them (its exit,
+        // emitted just before, moved them to lost).
+        if (event === "restart") info = { ...info, lostModels: m.lostModels() };
         // Events that carry an info object name the worker they come from.
-        if (event !== "ready" && info && typeof info === "object")
+        // (A pool of one does not, as its one worker's events never did.)
+        if (!this.single && event !== "ready" && info && typeof info === "object")
           fn({ ...info, worker: m.name }, ...rest);
-        else fn(...a);
+        else fn(info, ...rest);
       }) as never,
     );
   }
@@ -677,26 +659,7 @@ export class WorkerPool implements Runtime {
   }
 
   private statusOf(m: Member): WorkerStatus {
-    const dev = m.rt.hello?.device;
-    const share = isRemote(m.entry) ? undefined : m.entry.memory_bytes;
-    return {
-      name: m.name,
-      device: m.device,
-      kind: m.remote ? "remote" : "local",
-      address: isRemote(m.entry) ? m.entry.connect : null,
-      state: m.rt.state,
-      draining: m.draining,
-      restarts: m.rt.restarts(),
-      pid: m.rt.hello?.pid ?? null,
-      in_flight: m.rt.inFlight(),
-      calls: m.calls,
-      failures: m.failures,
-      memory_total_bytes: share ?? m.lastTotal ?? dev?.memory_total_bytes ?? null,
-      memory_free_bytes: m.free(this.heldBy(m)),
-      models: m.models().map((x) => x.model),
-      lost_models: m.rt.lostModels(),
-      chip: dev ? { kind: dev.kind, index: dev.index, name: dev.name, backend: dev.backend } : null,
-    };
+    return statusOf(m, this.heldBy(m));
   }
 }
 
@@ -715,16 +678,4 @@ function num(v: unknown): number {
 
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
-}
-
-function formatBytes(n: number): string {
-  if (n < 0) return `-${formatBytes(-n)}`;
-  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = n;
-  let i = 0;
-  while (v >= 1024 && i < u.length - 1) {
-    v /= 1024;
-    i++;
-  }
-  return i === 0 ? `${Math.round(v)} B` : `${v.toFixed(1)} ${u[i]}`;
 }

@@ -12,7 +12,7 @@ import { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
 import { PassThrough } from "node:stream";
 import tls from "node:tls";
-import { encodeFrame } from "../framing.js";
+import { encodeFrame } from "../wire/framing.js";
 import type { SpawnFn } from "../client.js";
 
 export interface RemoteTls {

@@ -24,7 +24,7 @@ import { createDataDir } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
 import { approveCommand, createPolicyServices } from "./build_policies.js";
-import { buildRuntime, type RuntimeHooks } from "./build_runtime.js";
+import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
 import { ControlChannel, watchControl, type ControlHandler } from "../control/channel.js";
 import { drainHandler } from "../control/drain.js";
 import { fleetHandler } from "../control/fleet.js";
@@ -38,6 +38,8 @@ export interface App extends ToolServices {
   env: ToolEnv;
   tools: ToolDefinition<any, any>[];
   runtime: Runtime;
+  /** The Ray fleet adding workers to the pool (runtime.ray); absent without one. */
+  ray?: BuiltRuntime["fleet"];
   gate: Gate;
   auth: Authenticator;
   approvals: SqliteApprovalStore;
@@ -100,32 +102,33 @@ export function createApp(
   const rtLog = logger.child({ component: "runtime" });
   // Late-bound: the pool's placement needs model facts, which are read through the runtime.
   let factsRef: WorkerModelFacts | null = null;
-  const runtime =
-    opts.runtime ??
-    buildRuntime(config, rtLog, {
-      async needBytes(model, dtype) {
-        const entry = catalog.models.find((m) => m.id === model);
-        const fact = await factsRef?.get(model).catch(() => undefined);
-        if (!entry || !fact?.parameters) return null;
-        return memoryFor(fact.parameters, dtype ?? entry.default_dtype, 1);
-      },
-      onRefused(r) {
-        rtLog.warn(r, "remote worker refused or unreachable");
-        // Refusals that say something about trust (certificate, token) go to the audit trail.
-        if (r.reason === "tls" || r.reason === "unauthorized")
-          audit.append({
-            time: new Date().toISOString(),
-            principal: "control-plane",
-            tool: "worker.connect",
-            args_digest: null,
-            args: { worker: r.worker, address: r.address },
-            outcome: "denied",
-            code: r.reason === "tls" ? "worker_tls_refused" : "worker_token_refused",
-            reason: r.message,
-          });
-      },
-      ...opts.hooks,
-    });
+  const built: BuiltRuntime = opts.runtime
+    ? { pool: opts.runtime }
+    : buildRuntime(config, rtLog, {
+        async needBytes(model, dtype) {
+          const entry = catalog.models.find((m) => m.id === model);
+          const fact = await factsRef?.get(model).catch(() => undefined);
+          if (!entry || !fact?.parameters) return null;
+          return memoryFor(fact.parameters, dtype ?? entry.default_dtype, 1);
+        },
+        onRefused(r) {
+          rtLog.warn(r, "remote worker refused or unreachable");
+          // Refusals that say something about trust (certificate, token) go to the audit trail.
+          if (r.reason === "tls" || r.reason === "unauthorized")
+            audit.append({
+              time: new Date().toISOString(),
+              principal: "control-plane",
+              tool: "worker.connect",
+              args_digest: null,
+              args: { worker: r.worker, address: r.address },
+              outcome: "denied",
+              code: r.reason === "tls" ? "worker_tls_refused" : "worker_token_refused",
+              reason: r.message,
+            });
+        },
+        ...opts.hooks,
+      });
+  const { pool: runtime, fleet } = built;
   hooks.add("runtime", () => runtime.close());
   const metrics = new Metrics();
   const notices: App["notices"] = new EventEmitter();
@@ -152,7 +155,7 @@ export function createApp(
   const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
   const facts = new WorkerModelFacts(runtime);
   factsRef = facts;
-  metrics.observeWorkers(runtime);
+  metrics.observeWorkers(runtime, fleet?.state);
 
   // workers.db: `tpu-mcp workers drain|scale|reload` beside this server, one poller for all.
   const channel = ControlChannel.open(layout.workersDb);
@@ -160,7 +163,7 @@ export function createApp(
   const reloader = createReloader(
     opts.fileConfig ?? config,
     opts.loadConfig,
-    runtime,
+    fleet?.fleet,
     logger.child({ component: "reload" }),
     channel,
   );
@@ -168,7 +171,7 @@ export function createApp(
     channel,
     [
       drainHandler(runtime, rtLog),
-      fleetHandler(runtime, rtLog),
+      fleetHandler(fleet?.fleet, rtLog),
       reloadHandler(channel, reloader, logger),
     ].filter((h): h is ControlHandler => h !== null),
     rtLog,
@@ -201,6 +204,7 @@ export function createApp(
     env,
     tools,
     runtime,
+    ...(fleet ? { ray: fleet, fleet: fleet.state } : {}),
     gate,
     auth,
     approvals,
@@ -222,8 +226,8 @@ export function createApp(
 
 /** What every tool handler gets besides the per-call parts (MCP calls, the console). */
 export function toolServices(app: App): ToolServices {
-  const { runtime, jobs, outputs, reports, facts, env, logger } = app;
-  return { runtime, jobs, outputs, reports, facts, env, logger };
+  const { runtime, fleet, jobs, outputs, reports, facts, env, logger } = app;
+  return { runtime, ...(fleet ? { fleet } : {}), jobs, outputs, reports, facts, env, logger };
 }
 
 /** Webhook targets with their secrets read now, so a missing secret stops the start-up. */

@@ -1,5 +1,6 @@
-// Builds the compute side from the config: one local worker (the default, unchanged for a
-// newcomer), or a pool of workers (one per chip, explicit local and remote workers).
+// Builds the compute side from the config: always a pool, of one local worker (the default,
+// unchanged for a newcomer) or of several (one per chip, explicit local and remote workers), and
+// with runtime.ray the fleet that places more of them.
 import { availableParallelism } from "node:os";
 import type { Logger } from "pino";
 import { WorkerRuntime, type SpawnFn, type WorkerRuntimeOptions } from "../../runtime/client.js";
@@ -12,7 +13,8 @@ import {
   type RemoteRefusal,
   type WorkerEntry,
 } from "../../runtime/pool/index.js";
-import type { Runtime } from "../../runtime/types.js";
+import type { FleetState, Runtime } from "../../runtime/types.js";
+import type { RayFleet } from "../../runtime/fleet/ray.js";
 import type { ServerConfig } from "../config/config.js";
 import { attachRayFleet } from "../control/fleet.js";
 
@@ -71,18 +73,25 @@ export function workersMode(
   return config.runtime.device === "auto" && hostHasChips() ? "per-device" : "single";
 }
 
+/** The compute side: always a pool; with runtime.ray, the Ray fleet that adds workers to it. */
+export interface BuiltRuntime {
+  pool: Runtime;
+  fleet?: { fleet: RayFleet; state(): FleetState };
+}
+
 export function buildRuntime(
   config: ServerConfig,
   logger: Logger,
   hooks: RuntimeHooks = {},
-): Runtime {
+): BuiltRuntime {
   const base = {
     ...baseRuntimeOptions(config, logger),
     ...(hooks.spawn ? { spawn: hooks.spawn } : {}),
   };
   const mode = workersMode(config, hooks.hostHasChips);
   const ray = config.runtime.ray;
-  if (mode === "single" && !ray) return new WorkerRuntime(base);
+  // The newcomer's default: a pool of one local worker, started and behaving as it always did.
+  if (mode === "single" && !ray) return { pool: WorkerPool.single(new WorkerRuntime(base)) };
   const inventory =
     hooks.inventory ??
     workerInventory({ pythonPath: config.paths.python, repoRoot: config.paths.root });
@@ -120,11 +129,11 @@ export function buildRuntime(
     onRefused: hooks.onRefused,
   });
   // Ray places more workers at run time; the fleet adds and removes them (server/control/fleet.ts).
-  if (ray) attachRayFleet(pool, config, logger);
+  const fleet = ray ? attachRayFleet(pool, config, logger) : undefined;
   // Eager start: the expansion (inventory) and every worker begin with the server.
   if (config.runtime.start === "eager" && !(ray && mode === "single"))
     setImmediate(() =>
       pool.start().catch((e: unknown) => logger.error({ err: String(e) }, "pool start failed")),
     );
-  return pool;
+  return fleet ? { pool, fleet: { fleet, state: () => fleet.summary(ray!.address) } } : { pool };
 }

@@ -1,7 +1,7 @@
 // Prometheus metrics for /metrics. One registry per app (never the global default) so tests
 // and several servers in one process do not collide.
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
-import type { Runtime } from "../../runtime/types.js";
+import type { FleetState, Runtime, WorkerStatus } from "../../runtime/types.js";
 
 export class Metrics {
   readonly registry = new Registry();
@@ -66,9 +66,10 @@ export class Metrics {
    * Per-worker series for a pool, read from the pool when /metrics is scraped: in flight, up,
    * drained (gauges) and calls, failures, restarts (counters, monotonic in the pool).
    */
-  observeWorkers(runtime: Runtime): void {
-    if (!runtime.workers) return;
-    const workers = () => runtime.workers!();
+  observeWorkers(runtime: Runtime, fleet?: () => FleetRow): void {
+    // The default pool of one worker has no pool series, as before pools.
+    if (runtime.single) return;
+    const workers = () => runtime.workers();
     const labelNames = ["worker", "device"] as const;
     const gauge = (name: string, help: string, value: (w: WorkerRow) => number) =>
       new Gauge({
@@ -119,13 +120,11 @@ export class Metrics {
       "Restarts (local) or reconnects (remote) of each worker.",
       (w) => w.restarts,
     );
-    this.observeFleet(runtime);
+    if (fleet) this.observeFleet(fleet);
   }
 
   /** A Ray fleet (runtime.ray): target vs observed actors, restarts; absent without one. */
-  observeFleet(runtime: Runtime): void {
-    if (!runtime.fleet) return;
-    const fleet = () => runtime.fleet!();
+  observeFleet(fleet: () => FleetRow): void {
     const gauge = (name: string, help: string, value: (f: FleetRow) => number | null) =>
       new Gauge({
         name,
@@ -167,6 +166,6 @@ export class Metrics {
   }
 }
 
-type FleetRow = ReturnType<NonNullable<Runtime["fleet"]>>;
+type FleetRow = FleetState;
 
-type WorkerRow = ReturnType<NonNullable<Runtime["workers"]>>[number];
+type WorkerRow = WorkerStatus;

@@ -5,28 +5,16 @@ import type { Logger } from "pino";
 import type { Runtime } from "../../runtime/types.js";
 import type { ControlHandler } from "./channel.js";
 
-/** Pools expose drain/undrain; a single worker has nothing to drain. */
-interface Drainable {
-  drain(name: string): unknown;
-  undrain(name: string): unknown;
-}
-
-function drainable(rt: Runtime): (Runtime & Drainable) | null {
-  const r = rt as Runtime & Partial<Drainable>;
-  return typeof r.drain === "function" && typeof r.undrain === "function" && r.workers
-    ? (r as Runtime & Drainable)
-    : null;
-}
-
 /** Applies the desired drain state and publishes every worker's state; null without a pool. */
 export function drainHandler(runtime: Runtime, logger: Logger): ControlHandler | null {
-  const pool = drainable(runtime);
-  if (!pool) return null;
+  // The default pool of one worker has nothing to drain (and publishes nothing, as before).
+  if (runtime.single) return null;
+  const pool = runtime;
   return {
     name: "drain",
     tick(channel) {
       const want = channel.drained();
-      for (const w of pool.workers!()) {
+      for (const w of pool.workers()) {
         if (want.has(w.name) && !w.draining) {
           pool.drain(w.name);
           logger.warn({ worker: w.name }, "worker drained: no new calls are routed to it");
@@ -35,7 +23,7 @@ export function drainHandler(runtime: Runtime, logger: Logger): ControlHandler |
           logger.info({ worker: w.name }, "worker undrained");
         }
       }
-      channel.publishWorkers(pool.workers!());
+      channel.publishWorkers(pool.workers());
     },
   };
 }

@@ -6,21 +6,14 @@
 import { join } from "node:path";
 import type { Logger } from "pino";
 import { RayFleet, type FleetPool, type FleetStatus } from "../../runtime/fleet/ray.js";
-import type { Runtime } from "../../runtime/types.js";
 import type { ServerConfig } from "../config/config.js";
 import { dataDir } from "../config/data_dir.js";
 import { driverConfig } from "../config/ray.js";
 import type { ControlHandler } from "./channel.js";
 
-const fleets = new WeakMap<object, RayFleet>();
-
-export function fleetOf(runtime: Runtime): RayFleet | undefined {
-  return fleets.get(runtime);
-}
-
 /** Starts the fleet driver for this pool; the pool's close() stops the driver first. */
 export function attachRayFleet(
-  pool: Runtime & FleetPool,
+  pool: FleetPool & { onClose(fn: () => Promise<void>): void },
   config: ServerConfig,
   logger: Logger,
 ): RayFleet {
@@ -36,13 +29,7 @@ export function attachRayFleet(
     drainTimeoutMs: ray.drain_timeout_s * 1000,
     logger: logger.child({ component: "ray-fleet" }),
   });
-  fleets.set(pool, fleet);
-  pool.fleet = () => fleet.summary(ray.address);
-  const closePool = pool.close.bind(pool);
-  pool.close = async () => {
-    await fleet.close();
-    await closePool();
-  };
+  pool.onClose(() => fleet.close());
   fleet
     .start()
     .then((s) =>
@@ -53,8 +40,7 @@ export function attachRayFleet(
 }
 
 /** Applies `workers scale` (the wanted count in the channel) and publishes the fleet's actors. */
-export function fleetHandler(runtime: Runtime, logger: Logger): ControlHandler | null {
-  const fleet = fleetOf(runtime);
+export function fleetHandler(fleet: RayFleet | undefined, logger: Logger): ControlHandler | null {
   if (!fleet) return null;
   let applied: { count: number; at: string } | null = null;
   let lastError: string | null = null;

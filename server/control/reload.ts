@@ -5,11 +5,10 @@
 // refused with a clear log line and nothing changes; other changed settings are logged as
 // needing a restart.
 import type { Logger } from "pino";
-import type { Runtime } from "../../runtime/types.js";
+import type { RayFleet } from "../../runtime/fleet/ray.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
 import { diffConfig } from "../config/diff.js";
 import type { ControlChannel, ControlHandler } from "./channel.js";
-import { fleetOf } from "./fleet.js";
 
 export interface ReloadResult {
   ok: boolean;
@@ -36,7 +35,8 @@ export interface Reloader {
 export function createReloader(
   running: ServerConfig,
   load: (() => ServerConfig) | undefined,
-  runtime: Runtime,
+  /** The Ray fleet (runtime.ray), whose capacity a removed count stands for. */
+  fleet: RayFleet | undefined,
   logger: Logger,
   channel: ControlChannel,
 ): Reloader {
@@ -59,7 +59,6 @@ export function createReloader(
     const diff = diffConfig(current, next);
     const result: ReloadResult = { ok: true, applied: [], restart: diff.restart };
     if (diff.fleet_count !== undefined) {
-      const fleet = fleetOf(runtime);
       const count =
         diff.fleet_count === "capacity" ? (fleet?.status().capacity ?? 0) : diff.fleet_count;
       // The same desired state `workers scale` writes: the fleet watcher applies it (drain first).

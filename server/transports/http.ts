@@ -389,7 +389,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     if (app.runtime.state === "ready") {
       // Queue depths come from the worker; a busy or hung worker must not stall /metrics.
       const st = await app.runtime
-        .call<any>("status", {}, { timeoutMs: 500 })
+        .call("status", {}, { timeoutMs: 500 })
         .then((r) => r.result)
         .catch(() => null);
       for (const m of st?.loaded ?? [])

@@ -5,7 +5,7 @@
 import process from "node:process";
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import { JSONRPCMessageSchema, type JSONRPCMessage } from "@modelcontextprotocol/sdk/types.js";
-import { corkForTurn } from "../../runtime/cork.js";
+import { corkForTurn } from "../../runtime/wire/cork.js";
 import { TRACE_META_KEY, monotonicUs } from "../../tools/support/trace.js";
 
 const PARSE_ERROR = -32700;

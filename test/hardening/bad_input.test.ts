@@ -7,6 +7,7 @@ import { join } from "node:path";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WorkerRuntime } from "../../runtime/client.js";
+import { WorkerPool } from "../../runtime/pool/pool.js";
 import type { CallOptions, CallResult } from "../../runtime/types.js";
 import { createApp } from "../../server/app/app.js";
 import { parseConfig } from "../../server/config/config.js";
@@ -319,7 +320,7 @@ describe("fuzzed tool arguments (in-process server)", () => {
           { numRuns: RUNS, seed: Number(process.env.HARDENING_SEED ?? 20260101) },
         );
         // No side effects: nothing loaded, no job, the same worker, no prototype pollution.
-        expect((h.app.runtime as WorkerRuntime).loadedModels()).toEqual([]);
+        expect(h.app.runtime.loadedModels()).toEqual([]);
         expect(jobRows(dataDir)).toEqual([]);
         expect(h.app.runtime.hello?.pid).toBe(pid);
         expect(h.app.runtime.restarts()).toBe(0);
@@ -707,7 +708,7 @@ describe("hostile catalog entries and weight files", () => {
       // The control entry loads: the refusals above were about the entries, not the set-up.
       const ok: any = await client.callTool({ name: "load_model", arguments: { model: "ok" } });
       expect(ok.isError, JSON.stringify(ok).slice(0, 300)).toBeFalsy();
-      expect((h.app.runtime as WorkerRuntime).loadedModels().map((m) => m.model)).toEqual(["ok"]);
+      expect(h.app.runtime.loadedModels().map((m) => m.model)).toEqual(["ok"]);
       expect(h.app.runtime.restarts()).toBe(0);
     },
   );
@@ -748,7 +749,9 @@ describe("model output that contains instructions", () => {
         startMode: "lazy",
         logger: pino({ level: "silent" }),
       });
-      const app = createApp(config, pino({ level: "silent" }), { runtime });
+      const app = createApp(config, pino({ level: "silent" }), {
+        runtime: WorkerPool.single(runtime),
+      });
       const server = createMcpServer(app, ADMIN);
       const [ct, st] = InMemoryTransport.createLinkedPair();
       await server.connect(st);
@@ -781,9 +784,7 @@ describe("model output that contains instructions", () => {
         expect(r.content.filter((c: any) => c.type === "resource_link")).toEqual([]);
         expect(errorOf(r)).toBeUndefined();
         // Nothing happened beyond the inference: tiny-gpt2 is the only model, no job, no approval.
-        expect(
-          app.runtime instanceof InjectingRuntime && runtime.loadedModels().map((m) => m.model),
-        ).toEqual(["tiny-gpt2"]);
+        expect(app.runtime.loadedModels().map((m) => m.model)).toEqual(["tiny-gpt2"]);
         expect(jobRows(join(dir, "data"))).toEqual([]);
         expect(app.approvals.list()).toEqual([]);
         expect(

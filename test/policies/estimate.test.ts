@@ -7,7 +7,7 @@ import {
   dtypeBytes,
   formatBytes,
 } from "../../policies/estimate.js";
-import { DTYPE_ITEMSIZE } from "../../runtime/framing.js";
+import { DTYPE_ITEMSIZE } from "../../runtime/wire/framing.js";
 
 const GiB = 2 ** 30;
 const minilm: ModelFacts = {

@@ -10,8 +10,8 @@ import {
   tensorFrom,
   tensorView,
   type DecodeEvent,
-} from "../../runtime/framing.js";
-import { parseWorkerMessage, requestMessage } from "../../runtime/messages.js";
+} from "../../runtime/wire/framing.js";
+import { parseWorkerMessage, requestMessage } from "../../runtime/wire/messages.js";
 import type { TensorData } from "../../runtime/types.js";
 
 function rawFrame(

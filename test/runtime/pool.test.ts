@@ -118,7 +118,7 @@ describe("per-device expansion", () => {
     const pool = buildRuntime(config, silent, {
       inventory: async () => ({ kind: "tpu", count: 4, name: "TPU v5e" }),
       spawn,
-    }) as WorkerPool;
+    }).pool as WorkerPool;
     await expect(pool.start()).rejects.toThrow();
     expect(pool.names()).toEqual(["w0", "w1", "w2", "w3"]);
     const devices = spawned.map((a) => a[a.indexOf("--device") + 1]).sort();
@@ -162,27 +162,30 @@ describe("a chip worker's environment and the host look", () => {
 
 /** A stand-in member: ready, holding some models, with a settable number of calls in flight. */
 function fakeRuntime(models: string[]) {
-  const state = { inFlight: 0, calls: 0 };
+  const state = { inFlight: 0, calls: 0, ops: [] as string[] };
   const rt = {
     state: "ready",
     hello: { device: { kind: "cpu", index: 0, memory_free_bytes: null } },
-    loadedModels: () => models.map((model) => ({ model, loadedAt: 0 })),
-    lostModels: () => [],
     restarts: () => 0,
     inFlight: () => state.inFlight,
-    on: () => {},
+    // The pool's bookkeeping learns what a worker holds from its ended loads: replay them.
+    on: (event: string, fn: (e: unknown) => void) => {
+      if (event === "ended")
+        for (const model of models) fn({ op: "load", args: { model }, result: { model } });
+    },
     close: async () => {},
     start: async () => rt.hello,
     ready: async () => rt.hello,
-    call: async () => {
+    call: async (op: string) => {
       state.calls++;
+      state.ops.push(op);
       return { result: {}, tensors: [] };
     },
   };
   return { rt: rt as unknown as WorkerRuntime, state };
 }
 
-function fakePool(n: number, cap: number) {
+function fakePool(n: number, cap: number, pick?: (n: number) => number) {
   const fakes = Array.from({ length: n }, () => fakeRuntime(["m"]));
   const entries: WorkerEntry[] = fakes.map((_, i) => ({ name: `w${i}`, device: "cpu" }));
   let i = 0;
@@ -191,8 +194,18 @@ function fakePool(n: number, cap: number) {
     maxInFlightPerReplica: cap,
     retryAfterMs: 250,
     makeRuntime: () => fakes[i++]!.rt,
+    ...(pick ? { pick } : {}),
   });
   return { pool, fakes };
+}
+
+/** A seeded random index in [0, n) (an LCG): the same draws on every run. */
+function seeded(seed: number): (n: number) => number {
+  let x = seed >>> 0;
+  return (n) => {
+    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+    return Math.floor((x / 2 ** 32) * n);
+  };
 }
 
 describe("routing", () => {
@@ -215,6 +228,94 @@ describe("routing", () => {
     fakes[1]!.state.inFlight = 3;
     for (let k = 0; k < 10; k++) await pool.call("infer", { model: "m" });
     expect(fakes[0]!.state.calls).toBe(10);
+  });
+
+  it("power of two choices: two replicas drawn at random, the less loaded taken", async () => {
+    // Equal load: the draw decides, so both replicas get a fair share. "Always the first open
+    // replica" and "least loaded, first on a tie" both send all 200 calls to w0 and fail here.
+    const even = fakePool(2, 100, seeded(7));
+    for (let k = 0; k < 200; k++) await even.pool.call("infer", { model: "m" });
+    const [a, b] = even.fakes.map((f) => f.state.calls);
+    expect(a! + b!).toBe(200);
+    expect(Math.min(a!, b!)).toBeGreaterThan(70);
+    await even.pool.close();
+
+    // Unequal load over three replicas: the busiest is never taken (it loses every pair it is
+    // drawn in), and the idlest is not always taken (the pair without it happens): only two
+    // random choices, not a scan of all replicas.
+    const three = fakePool(3, 100, seeded(11));
+    three.fakes[0]!.state.inFlight = 9;
+    three.fakes[1]!.state.inFlight = 5;
+    three.fakes[2]!.state.inFlight = 1;
+    for (let k = 0; k < 300; k++) await three.pool.call("infer", { model: "m" });
+    const calls = three.fakes.map((f) => f.state.calls);
+    expect(calls[0]).toBe(0);
+    expect(calls[1]).toBeGreaterThan(50); // ~1/3: the pair {w0, w1}
+    expect(calls[2]).toBeGreaterThan(150); // ~2/3: every pair with w2
+    await three.pool.close();
+  });
+
+  it("places once: the call runs on the worker its ticket chose, and fails over only when that one is gone", async () => {
+    const { pool, fakes } = fakePool(2, 4);
+    const bench = {
+      model: "m",
+      batch_sizes: [1],
+      dtypes: ["float32"],
+      modes: ["eager"],
+      scenario: "single-stream",
+      warmup: 1,
+      limits: {
+        max_configs: 8,
+        max_iterations: 10,
+        max_duration_s: 5,
+        max_warmup: 3,
+        min_seq_len: 2,
+      },
+    };
+    // w0 is the pick now (configuration order on a tie)...
+    const ticket = pool.place("benchmark", { model: "m" });
+    expect(ticket.lane).toBe("w0");
+    expect(ticket.worker).toBe("w0");
+    // ...and while the call waits at the gate, w1 becomes the better pick: the call still runs
+    // on w0, the worker whose lane it waited on, and the ticket records it.
+    fakes[0]!.state.inFlight = 3;
+    const r = await pool.call("benchmark", bench, { placement: ticket });
+    expect(r.worker).toBe("w0");
+    expect(fakes.map((f) => f.state.ops)).toEqual([["benchmark"], []]);
+    expect(ticket.ran()).toEqual(["w0"]);
+    // Without a ticket the call would have been placed anew (on w1).
+    expect((await pool.call("benchmark", bench)).worker).toBe("w1");
+    // The chosen worker drained meanwhile: explicit failover to the best usable one.
+    const t2 = pool.place("check", { model: "m" });
+    expect(t2.worker).toBe("w1");
+    pool.drain("w1");
+    expect((await pool.call("check", { model: "m" }, { placement: t2 })).worker).toBe("w0");
+    expect(t2.ran()).toEqual(["w0"]);
+    // Infer is routed when sent: no lane, and the receipt names the replica that answered.
+    const t3 = pool.place("infer", { model: "m" });
+    expect(t3.lane).toBeUndefined();
+    const r3 = await pool.call("infer", { model: "m" }, { placement: t3 });
+    expect(t3.ran()).toEqual([r3.worker]);
+    await pool.close();
+  });
+
+  it("a pool of one local worker places nothing and passes through (the default shape)", async () => {
+    const one = fakeRuntime(["m"]);
+    (one.rt as any).options = { device: "auto" };
+    const pool = WorkerPool.single(one.rt);
+    expect(pool.single).toBe(true);
+    // The lane is the worker's own chip, as the one worker's lane always was.
+    expect(pool.place("load", { model: "m" }).lane).toBe("cpu:0");
+    expect(pool.place("benchmark", { model: "m", device: "tpu:1" }).lane).toBe("tpu:1");
+    const t = pool.place("infer", { model: "m" });
+    await pool.call("infer", { model: "m" }, { placement: t });
+    // Nothing recorded: a single worker's audit records never named a worker.
+    expect(t.ran()).toEqual([]);
+    // Status is the worker's own answer, with no pool fields added.
+    expect((await pool.call("status", {})).result).toEqual({});
+    expect(one.state.ops).toEqual(["infer", "status"]);
+    expect(() => pool.add({ name: "w1", device: "cpu" })).toThrow(/single-worker/);
+    await pool.close();
   });
 
   it("skips a drained replica, and says so when only drained replicas hold the model", async () => {
@@ -253,13 +354,16 @@ describe("routing", () => {
       makeRuntime: () => fakes[i++]!.rt,
     });
     await pool.call("load", { model: "m", replicas: 2 });
-    // Both workers got the load (a status for free memory, then the load itself).
-    expect(fakes.every((f) => f.state.calls >= 1)).toBe(true);
+    // Both workers, the late one included: a status for free memory, then the load itself.
+    expect(fakes.map((f) => f.state.ops)).toEqual([
+      ["status", "load"],
+      ["status", "load"],
+    ]);
     expect(late.state).toBe("ready");
+    await pool.close();
   });
 
   it("adds and removes workers at run time", async () => {
-    const { pool } = fakePool(1, 4);
     const extra = fakeRuntime(["m"]);
     const p2 = new WorkerPool({ entries: [], makeRuntime: () => extra.rt });
     p2.add({
@@ -270,9 +374,10 @@ describe("routing", () => {
     });
     expect(p2.names()).toEqual(["r9"]);
     expect(() => p2.add({ name: "r9", device: "cpu" })).toThrow(/already/);
-    await p2.call("infer", { model: "m" });
+    expect((await p2.call("infer", { model: "m" })).worker).toBe("r9");
+    expect(extra.state.ops).toEqual(["infer"]);
     await p2.remove("r9");
     expect(p2.names()).toEqual([]);
-    await pool.close();
+    await p2.close();
   });
 });

@@ -2,7 +2,8 @@
 // CPU. Nothing here mocks the worker; faults are injected the way they happen in production
 // (raw bytes on its stdin, kill -9, SIGSTOP).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { encodeFrame, tensorFrom, tensorView } from "../../runtime/framing.js";
+import { encodeFrame, tensorFrom, tensorView } from "../../runtime/wire/framing.js";
+import { WorkerPool } from "../../runtime/pool/pool.js";
 import { RuntimeCallError, type TensorData } from "../../runtime/types.js";
 import { parseConfig } from "../../server/config/config.js";
 import { MIN_SEQ_LEN } from "../../tools/run_benchmark.js";
@@ -51,6 +52,8 @@ const longBenchmark = {
 describe("worker contract (real worker, CPU)", () => {
   const spawner = recordingSpawn();
   const rt = cpuRuntime({ spawn: spawner.spawn });
+  // The model bookkeeping (loaded, lost) is the pool's, read from the worker's ended requests.
+  const pool = WorkerPool.single(rt);
   const protocolErrors: Array<{ id: string | null; message: string; source: string }> = [];
   rt.on("protocol_error", (e) => protocolErrors.push(e));
 
@@ -83,7 +86,7 @@ describe("worker contract (real worker, CPU)", () => {
   it("loads all-minilm-l6-v2 and returns unit-norm float32 embeddings of shape [n, 384]", async () => {
     const load = await rt.call("load", { model: "all-minilm-l6-v2", dtype: "float32" });
     expect(load.result).toMatchObject({ model: "all-minilm-l6-v2", dtype: "float32" });
-    expect(rt.loadedModels().map((m) => m.model)).toContain("all-minilm-l6-v2");
+    expect(pool.loadedModels().map((m) => m.model)).toContain("all-minilm-l6-v2");
     const texts = [
       "The cat sits on the mat.",
       "A feline rests on a rug.",
@@ -102,7 +105,7 @@ describe("worker contract (real worker, CPU)", () => {
     expect(dot(row(0), row(1))).toBeGreaterThan(dot(row(0), row(2)));
     const un = await rt.call("unload", { model: "all-minilm-l6-v2" });
     expect(un.result).toMatchObject({ model: "all-minilm-l6-v2" });
-    expect(rt.loadedModels().map((m) => m.model)).not.toContain("all-minilm-l6-v2");
+    expect(pool.loadedModels().map((m) => m.model)).not.toContain("all-minilm-l6-v2");
   });
 
   it("generates text with tiny-gpt2, deterministically", async () => {
@@ -224,12 +227,12 @@ describe("worker contract (real worker, CPU)", () => {
     await waitFor(() => rt.inFlight() === 0, 10_000);
     const { result } = await rt.call<{ loaded: Array<{ model: string }> }>("status", {});
     expect(
-      rt
+      pool
         .loadedModels()
         .map((m) => m.model)
         .sort(),
     ).toEqual(result.loaded.map((m) => m.model).sort());
-    if (rt.loadedModels().some((m) => m.model === "all-minilm-l6-v2")) {
+    if (pool.loadedModels().some((m) => m.model === "all-minilm-l6-v2")) {
       await rt.call("unload", { model: "all-minilm-l6-v2" });
     }
   });
@@ -287,8 +290,9 @@ describe("worker contract (real worker, CPU)", () => {
 describe("worker death and restart (real worker, CPU)", () => {
   it("rejects a call in flight with worker_died within 2 s of kill -9, then serves again after the restart", async () => {
     const rt = cpuRuntime({ restartBackoffBaseMs: 50 });
+    const pool = WorkerPool.single(rt);
     const restarts: Array<{ lostModels: string[] }> = [];
-    rt.on("restart", (i) => restarts.push(i));
+    pool.on("restart", (i) => restarts.push(i));
     try {
       await rt.start();
       await rt.call("load", { model: "mnist-cnn" });
@@ -309,7 +313,7 @@ describe("worker death and restart (real worker, CPU)", () => {
       expect(err.recoverable).toBe(true);
       expect(err.message).toMatch(/retry/i);
       expect(elapsed).toBeLessThan(2000);
-      expect(rt.lostModels()).toEqual(["mnist-cnn"]);
+      expect(pool.lostModels()).toEqual(["mnist-cnn"]);
       expect(restarts[0]?.lostModels).toEqual(["mnist-cnn"]);
 
       // The next call waits for the automatic restart and succeeds.
@@ -322,10 +326,10 @@ describe("worker death and restart (real worker, CPU)", () => {
         rt.call("infer", { model: "mnist-cnn" }, { tensors: [mnistInput(1, 1)] }),
       );
       expect(notLoaded.code).toBe("model_not_loaded");
-      expect(rt.lostModels()).toEqual(["mnist-cnn"]);
+      expect(pool.lostModels()).toEqual(["mnist-cnn"]);
       // Loading it again clears the loss.
       await rt.call("load", { model: "mnist-cnn" });
-      expect(rt.lostModels()).toEqual([]);
+      expect(pool.lostModels()).toEqual([]);
     } finally {
       await rt.close();
     }

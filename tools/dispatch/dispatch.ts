@@ -78,17 +78,10 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       throw err;
     }
     trace?.mark("d.parsed");
-    // "default" is the worker's own device: name it as explicit calls would, so both share a lane.
-    const declared = tool.device ? tool.device(args) : undefined;
-    const own = input.base.runtime.hello?.device;
-    const rt = input.base.runtime;
-    // A pool: the lane is the worker the call will hold (none when it routes per call).
-    const lane =
-      declared !== undefined && rt.laneOf
-        ? rt.laneOf(tool.policy.workerOp ?? tool.name, args)
-        : declared === "default" && own
-          ? `${own.kind}:${own.index}`
-          : declared;
+    // Where the call runs, chosen once: the gate queues device tools on its lane, the handler
+    // hands the same ticket to runtime.call, and the audit record names where it ran.
+    const placement = input.base.runtime.place(tool.policy.workerOp ?? tool.name, args);
+    const lane = tool.device ? placement.lane : undefined;
 
     const ctxFor = (
       signal: AbortSignal,
@@ -97,14 +90,13 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
     ): ToolContext => ({
       ...input.base,
       principal,
+      placement,
       signal,
       progress,
       ...(deadline ? { deadline } : {}),
       ...(trace ? { trace } : {}),
     });
     const estimate = tool.estimate;
-    // With a pool, the workers the handler's calls went to are named in the audit record.
-    const ranOn: string[] = [];
     const call: GateCall = {
       principal,
       tool: tool.name,
@@ -117,19 +109,18 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
         : {}),
       signal: input.signal,
       elicit: input.elicit,
-      ...(rt.withPlacement ? { ranOn: () => (ranOn.length ? ranOn.join(",") : undefined) } : {}),
+      // The workers the call's runtime calls ran on, from the placement's receipt.
+      ranOn: () => placement.ran().join(",") || undefined,
       trace,
     };
-    const placed = <T>(fn: () => Promise<T>): Promise<T> =>
-      rt.withPlacement ? rt.withPlacement(ranOn, fn) : fn();
 
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
     let out: Record<string, unknown>;
     if (tool.policy.job && (args.wait === false || softMs > 0)) {
-      out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs, placed);
+      out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs);
     } else {
       out = await gate.run(call, (signal, deadline) =>
-        placed(() => tool.handler(args, ctxFor(signal, input.progress, deadline))),
+        tool.handler(args, ctxFor(signal, input.progress, deadline)),
       );
     }
     trace?.mark("d.gate_done");

@@ -19,8 +19,6 @@ export function runAsJob(
   args: Record<string, any>,
   ctxFor: (s: AbortSignal, p: ToolContext["progress"], d?: CallDeadline) => ToolContext,
   softMs: number,
-  /** Runs the handler so that a pool records the workers it used (identity without a pool). */
-  placed: <T>(fn: () => Promise<T>) => Promise<T>,
 ): Promise<Record<string, unknown>> {
   const { tool, principal } = input;
   const jobs = input.base.jobs;
@@ -68,7 +66,7 @@ export function runAsJob(
         const signal = AbortSignal.any([gateSignal, jobCtl.signal]);
         // The handler starts on the next microtask, after a job (if any) has adopted it.
         const work = Promise.resolve().then(() =>
-          placed(() => tool.handler(args, ctxFor(signal, report, deadline))),
+          tool.handler(args, ctxFor(signal, report, deadline)),
         );
         if (softMs === 0) {
           const job = adopt(work);

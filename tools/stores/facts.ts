@@ -27,7 +27,7 @@ export class WorkerModelFacts implements ModelFactStore {
   all(): Promise<Map<string, ModelFact>> {
     if (!this.cache) {
       const p = this.runtime
-        .call<{ models: ModelFact[] }>("describe", {})
+        .call("describe", {})
         .then(({ result }) => new Map(result.models.map((m) => [m.id, m])));
       // A failed describe is not cached: the next call asks again.
       p.catch(() => {

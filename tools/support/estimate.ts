@@ -19,7 +19,7 @@ export async function estimateFor(
   const [fact, status] = await Promise.all([
     ctx.facts.get(entry.id),
     fresh
-      ? ctx.runtime.call<any>("status", {}, { signal: ctx.signal }).then((r) => r.result)
+      ? ctx.runtime.call("status", {}, { signal: ctx.signal }).then((r) => r.result)
       : Promise.resolve({ device: ctx.runtime.hello?.device, loaded: [] }),
   ]);
   const dev = status.device ?? ctx.runtime.hello?.device;

@@ -3,14 +3,13 @@
 // `_meta["tpu-mcp/trace"]`; then every layer the call crosses stamps it (transport, dispatch,
 // gate stages, handler, runtime client, the worker's threads) and the stamps come back in the
 // result's `_meta["tpu-mcp/trace"]`. When off, no layer pays more than an `undefined` check.
+import { monotonicUs } from "../../runtime/monotonic.js";
 import type { CallTrace } from "../../runtime/types.js";
 
-export const TRACE_META_KEY = "tpu-mcp/trace";
+// The transport and the bench read the same clock through here.
+export { monotonicUs };
 
-/** CLOCK_MONOTONIC in µs on Linux: the clock the worker (time.monotonic_ns) and the bench use. */
-export function monotonicUs(): number {
-  return Number(process.hrtime.bigint() / 1000n);
-}
+export const TRACE_META_KEY = "tpu-mcp/trace";
 
 export class CallTracer implements CallTrace {
   readonly marks: Array<[string, number]> = [];

@@ -3,7 +3,7 @@
 // add fields without breaking an older client.
 
 import { z } from "zod";
-import type { WorkerHello } from "./types.js";
+import type { WorkerHello } from "../types.js";
 
 export const PROTOCOL_VERSION = 1;
 

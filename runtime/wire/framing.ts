@@ -3,7 +3,7 @@
 // The decoder is incremental and copies each frame at most once; the encoder never copies a
 // tensor's bytes (it hands the caller's Buffers to the stream as separate writes).
 
-import { TENSOR_DTYPES, type TensorData, type TensorDtype } from "./types.js";
+import { TENSOR_DTYPES, type TensorData, type TensorDtype } from "../types.js";
 
 export const PREFIX_BYTES = 8;
 export const MAX_HEADER_BYTES = 16 * 1024 * 1024;
