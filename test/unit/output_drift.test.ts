@@ -56,7 +56,11 @@ async function call(answer: unknown) {
       run: ((_call: unknown, fn: (s: AbortSignal) => Promise<unknown>) =>
         fn(new AbortController().signal)) as never,
     },
-    base: { runtime: {}, env: { catalog: { models: [] } } } as unknown as ToolServices,
+    // A tool with no worker op: placement is asked for but never used.
+    base: {
+      runtime: { place: () => ({ lane: undefined, ran: () => [] }) },
+      env: { catalog: { models: [] } },
+    } as unknown as ToolServices,
     signal: new AbortController().signal,
     progress: () => {},
     logger,
