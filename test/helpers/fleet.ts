@@ -72,12 +72,17 @@ export function makeCerts(dir: string): Certs {
   selfSignedCa(dir, "ca", "tpu-mcp test CA");
   selfSignedCa(dir, "rogue-ca", "someone else's CA");
   keyAndCsr(dir, "worker", "worker");
-  writeFileSync(join(dir, "worker.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
+  // The README's recipe: workers serverAuth only, the control plane clientAuth (serve refuses others).
+  writeFileSync(
+    join(dir, "worker.ext"),
+    "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+  );
   sign(dir, "worker", "ca", "worker.ext");
+  writeFileSync(join(dir, "client.ext"), "extendedKeyUsage=clientAuth\n");
   keyAndCsr(dir, "client", "control-plane");
-  sign(dir, "client", "ca");
+  sign(dir, "client", "ca", "client.ext");
   keyAndCsr(dir, "rogue", "control-plane");
-  sign(dir, "rogue", "rogue-ca");
+  sign(dir, "rogue", "rogue-ca", "client.ext");
   const token = join(dir, "token");
   writeFileSync(token, "tok_" + "a1b2c3d4".repeat(6) + "\n", { mode: 0o600 });
   chmodSync(token, 0o600);
