@@ -47,7 +47,6 @@ MIN_TOKEN_CHARS = 16
 RELAY_CHUNK = 1 << 20
 WORKER_EXIT_GRACE_S = 5.0
 _PREFIX = struct.Struct(">II")
-_MAX_HEADER = 1 << 20  # the worker's own MAX_HEADER_BYTES; it refuses larger headers itself
 DEFAULT_MAX_BODY_BYTES = 1024**3  # the worker's default --max-body-bytes
 
 # DER encodings (with tag and length) of the OIDs the control-plane check needs.
