@@ -318,3 +318,20 @@ def test_a_short_token_is_rejected(tmp_path):
     p.chmod(0o600)
     with pytest.raises(ValueError, match="at least"):
         read_token(str(p))
+
+
+def test_the_frame_watch_follows_frames_split_anywhere_and_names_the_first_over_the_limit():
+    from tpu_worker.serve import FrameWatch, max_body_bytes
+
+    assert max_body_bytes(["--catalog", "c.json"]) == 1024**3
+    assert max_body_bytes(["--max-body-bytes", "1024", "--threads", "1"]) == 1024
+    assert max_body_bytes(["--max-body-bytes=2048"]) == 2048
+    ok = PREFIX.pack(3, 5) + b"hdr" + b"12345"
+    big = PREFIX.pack(3, 1025) + b"hdr"
+    stream = ok * 3 + big
+    for cut in range(1, len(stream)):
+        w = FrameWatch(1024)
+        got = [w.feed(stream[i : i + cut]) for i in range(0, len(stream), cut)]
+        assert [g for g in got if g is not None][:1] == [1025], cut
+    w = FrameWatch(1024)
+    assert w.feed(ok * 10) is None
