@@ -93,12 +93,11 @@ export function perDeviceEntries(inv: Inventory, threads = 0): LocalWorkerEntry[
 }
 
 /**
- * Where device files live: /dev, or the simulated TPU host's when TPU_SIM_ROOT names one (set
- * only by the tpu-sim suite, whose start-up hook fakes the worker's PCI/VFIO scan under the same
- * root; see runtime/worker/tpu_sim/).
+ * Where device files live: /dev, or `TPU_MCP_DEV_DIR` when the host's device nodes are mounted
+ * elsewhere (README: "Environment"). Only this cheap look reads it; workers find chips themselves.
  */
 export function devDir(env: NodeJS.ProcessEnv = process.env): string {
-  return env.TPU_SIM_ROOT ? join(env.TPU_SIM_ROOT, "dev") : "/dev";
+  return env.TPU_MCP_DEV_DIR || "/dev";
 }
 
 /**

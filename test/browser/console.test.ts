@@ -9,8 +9,14 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { chromium, type Browser, type BrowserContext, type Page } from "playwright-core";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  chromium,
+  type Browser,
+  type BrowserContext,
+  type BrowserContextOptions,
+  type Page,
+} from "playwright-core";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { hashToken } from "../../policies/config.js";
 import {
   ROOT,
@@ -48,6 +54,33 @@ describe("operator console in chromium", () => {
   let page: Page;
   let agent: Awaited<ReturnType<typeof connectHttp>>;
   const extra: Server[] = [];
+  /** CSP violations on any page or frame of any context (reported by chromium or the DOM event). */
+  const cspViolations: string[] = [];
+
+  /** Every context the suite opens: CSP violations in any of its pages fail the running test. */
+  async function newContext(opts: BrowserContextOptions): Promise<BrowserContext> {
+    const ctx = await browser.newContext(opts);
+    // Init scripts run in every frame before the page's own scripts and are not subject to its CSP.
+    await ctx.addInitScript(() => {
+      document.addEventListener("securitypolicyviolation", (e) =>
+        console.error(
+          `[csp-violation] ${e.effectiveDirective} blocked ${e.blockedURI || "inline"} at ${e.documentURI}`,
+        ),
+      );
+    });
+    ctx.on("page", (p) =>
+      p.on("console", (m) => {
+        const text = m.text();
+        if (/\[csp-violation\]|Content Security Policy/i.test(text))
+          cspViolations.push(`${p.url()}: ${text}`);
+      }),
+    );
+    return ctx;
+  }
+
+  afterEach(() => {
+    expect(cspViolations.splice(0), "CSP violations in chromium").toEqual([]);
+  });
 
   beforeAll(async () => {
     const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-console-"));
@@ -79,7 +112,7 @@ describe("operator console in chromium", () => {
       executablePath: chromiumPath(),
       args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
     });
-    operator = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+    operator = await newContext({ viewport: { width: 1280, height: 800 } });
     page = await operator.newPage();
     agent = await connectHttp(server.url, AGENT);
   });
@@ -197,7 +230,7 @@ describe("operator console in chromium", () => {
 
   it("refuses self-approval, in the page and at the API", async () => {
     const self = await connectHttp(server.url, SELF_OP);
-    const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+    const ctx = await newContext({ viewport: { width: 1280, height: 800 } });
     try {
       const asked = await self.client.callTool({
         name: "run_benchmark",
@@ -241,7 +274,17 @@ describe("operator console in chromium", () => {
     const attack = await operator.newPage();
     const answer = attack.waitForResponse((r) => r.url() === target);
     await attack.goto(`${evil}/`);
-    expect((await answer).status()).toBeGreaterThanOrEqual(400);
+    const refused = await answer;
+    // The first layer to answer is the HTTP server's Origin check (test/e2e/console_api.test.ts
+    // tries each layer alone); the browser also left the SameSite=Strict cookie at home.
+    expect(refused.status()).toBe(403);
+    expect(JSON.parse((await refused.body()).toString("utf8")).error).toMatchObject({
+      code: -32000,
+      message: expect.stringMatching(/^Origin not allowed/),
+    });
+    const sent = await refused.request().allHeaders();
+    expect(sent.origin).toBe(evil);
+    expect(sent.cookie ?? "").not.toContain("tpu_console=");
     await attack.close();
     // Same origin with the session cookie but no CSRF token: refused.
     const noCsrf = await page.request.post(target, {
@@ -288,7 +331,7 @@ describe("operator console in chromium", () => {
 
   it("lets an admin cancel anyone's running job from the Jobs page", async () => {
     const admin = await connectHttp(server.url, ADMIN);
-    const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+    const ctx = await newContext({ viewport: { width: 1280, height: 800 } });
     try {
       const job = await admin.client.callTool({
         name: "run_benchmark",
@@ -356,7 +399,7 @@ describe("operator console in chromium", () => {
   });
 
   it("works at phone width and from the keyboard", async () => {
-    const phone = await browser.newContext({
+    const phone = await newContext({
       viewport: { width: 390, height: 844 },
       deviceScaleFactor: 1,
     });
@@ -472,7 +515,7 @@ describe("operator console in chromium", () => {
           headers: { "content-security-policy": APPS_DEFAULT_CSP },
         },
       });
-      const ctx = await browser.newContext({ viewport: { width: 920, height: 2300 } });
+      const ctx = await newContext({ viewport: { width: 920, height: 2300 } });
       try {
         const p = await ctx.newPage();
         const violations: string[] = [];

@@ -111,6 +111,88 @@ describe("console HTTP surface", () => {
     );
   });
 
+  // A cross-site form POST meets three independent layers; each must hold on its own. Every case
+  // below breaks exactly one layer and lets the others pass, and asserts that layer's own answer.
+  describe("each layer against a cross-site form, with the other layers passing", () => {
+    let cookie = "";
+    let csrf = "";
+    let host = "";
+    const target = () => `${base}/console/api/approvals/apr_${"0".repeat(32)}/approve`;
+    const post = (
+      over: {
+        cookie?: string | null;
+        origin?: string;
+        site?: string;
+        type?: string;
+        csrf?: string | null;
+      } = {},
+    ) => {
+      const h: Record<string, string> = {
+        origin: over.origin ?? `http://${host}`,
+        "sec-fetch-site": over.site ?? "same-origin",
+        "content-type": over.type ?? "application/json",
+      };
+      if (over.cookie !== null) h.cookie = over.cookie ?? cookie;
+      if (over.csrf !== null) h["x-csrf-token"] = over.csrf ?? csrf;
+      return fetch(target(), { method: "POST", headers: h, body: "{}" });
+    };
+
+    beforeAll(async () => {
+      host = new URL(base).host;
+      const r = await signIn("demo-operator-token");
+      expect(r.status).toBe(200);
+      cookie = cookieOf(r);
+      csrf = (await r.json()).csrf;
+      // Layer 1's premise: the browser does not send this cookie on a cross-site request.
+      expect(r.headers.get("set-cookie")).toMatch(/; SameSite=Strict/);
+    });
+
+    it("all layers passing: the request reaches the approvals (no such approval: 404)", async () => {
+      const r = await post();
+      expect(r.status).toBe(404);
+      expect((await r.json()).error.code).toBe("approval_not_found");
+    });
+
+    it("session cookie absent (SameSite=Strict, cross-site): 401 signed_out", async () => {
+      const r = await post({ cookie: null });
+      expect(r.status).toBe(401);
+      expect((await r.json()).error).toMatchObject({ code: "signed_out" });
+    });
+
+    it("foreign Origin (the HTTP layer, before the console): 403 Origin not allowed", async () => {
+      const r = await post({ origin: "http://localhost:1" });
+      expect(r.status).toBe(403);
+      expect((await r.json()).error).toMatchObject({
+        code: -32000,
+        message: expect.stringMatching(/^Origin not allowed/),
+      });
+    });
+
+    it("Sec-Fetch-Site cross-site (the console's own check): 403 csrf", async () => {
+      const r = await post({ site: "cross-site" });
+      expect(r.status).toBe(403);
+      expect((await r.json()).error).toEqual({
+        code: "csrf",
+        message: "cross-site request refused (cross-site)",
+      });
+    });
+
+    it("no CSRF token: 403 csrf", async () => {
+      const r = await post({ csrf: null });
+      expect(r.status).toBe(403);
+      expect((await r.json()).error).toMatchObject({
+        code: "csrf",
+        message: expect.stringMatching(/CSRF token/),
+      });
+    });
+
+    it("a form's content type (text/plain, what an HTML form can send): 415 bad_request", async () => {
+      const r = await post({ type: "text/plain" });
+      expect(r.status).toBe(415);
+      expect((await r.json()).error).toMatchObject({ code: "bad_request" });
+    });
+  });
+
   it("refuses a foreign Origin, a cross-site fetch, form-encoded bodies, and throttles guessing", async () => {
     const foreign = await signIn("demo-operator-token", { origin: "https://evil.example" });
     expect(foreign.status).toBe(403);

@@ -18,6 +18,12 @@ export interface Certs {
   /** A client certificate signed by another CA: the worker must refuse it. */
   rogueCert: string;
   rogueKey: string;
+  /** A worker certificate for 127.0.0.1 signed by another CA: the control plane must refuse it. */
+  rogueWorkerCert: string;
+  rogueWorkerKey: string;
+  /** A worker certificate from the right CA for another name: the control plane must refuse it. */
+  otherNameWorkerCert: string;
+  otherNameWorkerKey: string;
   token: string;
   wrongToken: string;
 }
@@ -72,12 +78,25 @@ export function makeCerts(dir: string): Certs {
   selfSignedCa(dir, "ca", "tpu-mcp test CA");
   selfSignedCa(dir, "rogue-ca", "someone else's CA");
   keyAndCsr(dir, "worker", "worker");
-  writeFileSync(join(dir, "worker.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
+  // The README's recipe: workers serverAuth only, the control plane clientAuth (serve refuses others).
+  writeFileSync(
+    join(dir, "worker.ext"),
+    "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+  );
   sign(dir, "worker", "ca", "worker.ext");
+  writeFileSync(join(dir, "client.ext"), "extendedKeyUsage=clientAuth\n");
   keyAndCsr(dir, "client", "control-plane");
-  sign(dir, "client", "ca");
+  sign(dir, "client", "ca", "client.ext");
   keyAndCsr(dir, "rogue", "control-plane");
-  sign(dir, "rogue", "rogue-ca");
+  sign(dir, "rogue", "rogue-ca", "client.ext");
+  keyAndCsr(dir, "rogue-worker", "worker");
+  sign(dir, "rogue-worker", "rogue-ca", "worker.ext");
+  writeFileSync(
+    join(dir, "other.ext"),
+    "subjectAltName=IP:10.9.9.9,DNS:elsewhere.example\nextendedKeyUsage=serverAuth\n",
+  );
+  keyAndCsr(dir, "other-worker", "elsewhere");
+  sign(dir, "other-worker", "ca", "other.ext");
   const token = join(dir, "token");
   writeFileSync(token, "tok_" + "a1b2c3d4".repeat(6) + "\n", { mode: 0o600 });
   chmodSync(token, 0o600);
@@ -93,6 +112,10 @@ export function makeCerts(dir: string): Certs {
     clientKey: f("client.key"),
     rogueCert: f("rogue.crt"),
     rogueKey: f("rogue.key"),
+    rogueWorkerCert: f("rogue-worker.crt"),
+    rogueWorkerKey: f("rogue-worker.key"),
+    otherNameWorkerCert: f("other-worker.crt"),
+    otherNameWorkerKey: f("other-worker.key"),
     token,
     wrongToken,
   };

@@ -1,4 +1,5 @@
 // Webhook signing and delivery against a real HTTP receiver on loopback (no server, no worker).
+import { createHmac } from "node:crypto";
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
@@ -89,6 +90,67 @@ describe("webhook signature", () => {
     expect(t).toContain("~12 device-s, 1.0 GiB memory");
     expect(t).toContain(`node bin/tpu-mcp.js approvals approve ${record.id}`);
     expect(t).toContain("<http://127.0.0.1:1/console/|");
+  });
+});
+
+// The documented wire format (README, policies/notify.ts), recomputed here with node:crypto alone
+// so that a change of format on both the signer and the project's verifier still fails.
+function independentSignature(secret: string, timestamp: string, rawBody: Buffer): string {
+  const mac = createHmac("sha256", Buffer.from(secret, "utf8"));
+  mac.update(Buffer.from(timestamp, "ascii"));
+  mac.update(Buffer.from([0x2e])); // "."
+  mac.update(rawBody);
+  return "v1=" + mac.digest("hex");
+}
+
+describe("webhook wire format, checked without the project's verifier", () => {
+  it("a delivered POST carries v1=HMAC-SHA256(secret, <timestamp>.<raw body>) in hex", async () => {
+    const raw: Buffer[] = [];
+    const headers: IncomingMessage["headers"][] = [];
+    const s = createServer(async (req, res) => {
+      const chunks: Buffer[] = [];
+      for await (const c of req) chunks.push(c as Buffer);
+      raw.push(Buffer.concat(chunks));
+      headers.push(req.headers);
+      res.writeHead(204).end();
+    });
+    servers.push(s);
+    await new Promise<void>((r) => s.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(s.address() as AddressInfo).port}/hook`;
+    const before = Math.floor(Date.now() / 1000);
+    const n = new ApprovalNotifier({
+      targets: [{ url, secret: Buffer.from(SECRET), events: ["requested"] }],
+      logger: quiet,
+      retryBaseMs: 20,
+    });
+    n.notify("created", record);
+    await n.drain();
+    expect(raw).toHaveLength(1);
+    const ts = headers[0]!["x-tpu-mcp-timestamp"] as string;
+    expect(ts).toMatch(/^\d+$/);
+    expect(Math.abs(Number(ts) - before)).toBeLessThan(60); // unix seconds, not milliseconds
+    expect(headers[0]!["x-tpu-mcp-signature"]).toBe(independentSignature(SECRET, ts, raw[0]!));
+    expect(JSON.parse(raw[0]!.toString("utf8")).approval.id).toBe(record.id);
+  });
+
+  it("the project's verifier accepts exactly the documented format", () => {
+    const body = Buffer.from(
+      JSON.stringify({ event: "approval.requested", note: "caf\u00e9" }),
+      "utf8",
+    );
+    const ts = "1800000000";
+    const now = { nowS: 1_800_000_010 };
+    const sig = independentSignature(SECRET, ts, body);
+    expect(
+      verifyWebhook(SECRET, { timestamp: ts, signature: sig }, body.toString("utf8"), now),
+    ).toEqual({
+      ok: true,
+    });
+    // The same MAC under another separator is not the format.
+    const other = "v1=" + createHmac("sha256", SECRET).update(`${ts}:${body}`).digest("hex");
+    expect(
+      verifyWebhook(SECRET, { timestamp: ts, signature: other }, body.toString("utf8"), now).ok,
+    ).toBe(false);
   });
 });
 

@@ -2,7 +2,7 @@
 // chips each, loopback only), a real `tpu-mcp stdio` server whose runtime.ray places worker
 // actors, the SDK's real Client. The workers inside run on the CPU (no TPU here).
 // Run by `npm run test:ray`, inside a network namespace that has only loopback.
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -29,6 +29,39 @@ async function waitFor<T>(
     if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 300));
   }
+}
+
+/** A child process that leaves the event loop running, so the test's traffic goes on meanwhile. */
+function run(
+  cmd: string,
+  args: string[],
+  opts: { env?: NodeJS.ProcessEnv; timeout: number },
+): Promise<{ status: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const p = spawn(cmd, args, {
+      cwd: ROOT,
+      env: opts.env ?? process.env,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    p.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    p.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    const timer = setTimeout(() => p.kill("SIGKILL"), opts.timeout);
+    p.on("error", reject);
+    p.on("close", (status) => {
+      clearTimeout(timer);
+      resolve({ status, stdout, stderr });
+    });
+  });
+}
+
+/** One call of the traffic: when it started and ended (ms, performance.now()) and how. */
+interface Traced {
+  start: number;
+  end: number;
+  ok: boolean;
+  code?: string;
 }
 
 describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () => {
@@ -72,11 +105,39 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
       encoding: "utf8",
       timeout: 240_000,
     });
+  // The same, without freezing the event loop: for commands that must overlap the traffic.
+  const cliAsync = (...args: string[]) =>
+    run(process.execPath, [CLI, ...args, "--config", configFile, "--token", ADMIN_TOKEN], {
+      timeout: 240_000,
+    });
   const infer = async (text: string) => {
     const r = await call(conn.client, "run_inference", { model: MODEL, texts: [text] });
     return r.isError
       ? { ok: false as const, code: errorOf(r)?.code ?? "?" }
       : { ok: true as const };
+  };
+  /** `n` callers calling in a loop until `stop()`; every call traced. */
+  const traffic = (n: number, label: string) => {
+    let stopped = false;
+    let inFlight = 0;
+    const callers = Array.from({ length: n }, async (_, k) => {
+      const out: Traced[] = [];
+      while (!stopped) {
+        const start = performance.now();
+        inFlight++;
+        const r = await infer(`${label} ${k}`);
+        inFlight--;
+        out.push({ start, end: performance.now(), ...r });
+      }
+      return out;
+    });
+    return {
+      inFlight: () => inFlight,
+      stop: async () => {
+        stopped = true;
+        return (await Promise.all(callers)).flat();
+      },
+    };
   };
 
   beforeAll(async () => {
@@ -173,14 +234,13 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     const observed = await waitFor("the fleet status", async () => fleetObserved());
     const victim = observed.actors.find((a) => a.name === "ray-1")!;
     expect(victim).toBeDefined();
-    let stop = false;
-    const callers = Array.from({ length: 4 }, async (_, k) => {
-      const out: Array<{ ok: boolean; code?: string }> = [];
-      while (!stop) out.push(await infer(`traffic ${k}`));
-      return out;
-    });
+    const load = traffic(4, "traffic");
     await new Promise((r) => setTimeout(r, 1500));
-    const kill = spawnSync(
+    // The kill runs beside the traffic (an async child process): calls are in flight when the
+    // actor dies, on ray-1 among them.
+    const inFlightAtKill = load.inFlight();
+    const killStart = performance.now();
+    const kill = await run(
       PY,
       [
         "-c",
@@ -190,7 +250,6 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
         victim.ray_name,
       ],
       {
-        encoding: "utf8",
         timeout: 60_000,
         env: {
           ...process.env,
@@ -199,15 +258,27 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
         },
       },
     );
+    const killEnd = performance.now();
     expect(kill.status, kill.stderr).toBe(0);
     await new Promise((r) => setTimeout(r, 3000));
-    stop = true;
-    const results = (await Promise.all(callers)).flat();
+    const results = await load.stop();
+    expect(inFlightAtKill).toBeGreaterThan(0);
     const failed = results.filter((r) => !r.ok);
-    // Only calls in flight on the killed worker fail (at most one per caller), and only as worker_died.
+    // The killed worker had calls in flight: they fail, as worker_died, and no others do. At most
+    // one per caller, and each was in flight while the kill ran (started before it ended, ended
+    // after it began).
+    expect(failed.length).toBeGreaterThanOrEqual(1);
     expect(failed.length).toBeLessThanOrEqual(4);
     expect(failed.map((f) => f.code)).toEqual(failed.map(() => "worker_died"));
-    expect(results.filter((r) => r.ok).length).toBeGreaterThan(failed.length);
+    for (const f of failed) {
+      expect(f.start).toBeLessThanOrEqual(killEnd);
+      expect(f.end).toBeGreaterThanOrEqual(killStart);
+    }
+    // Traffic recovers on the surviving replica: every call started after the failures succeeds.
+    const lastFailure = Math.max(...failed.map((f) => f.end));
+    const after = results.filter((r) => r.start > lastFailure);
+    expect(after.length).toBeGreaterThan(0);
+    expect(after.every((r) => r.ok)).toBe(true);
     // Ray restarts the actor; the fleet reports its new endpoint and the pool takes it back.
     await waitFor("ray-1 back in the pool", async () => {
       const w = (await workers()).find((x) => x.name === "ray-1");
@@ -225,19 +296,23 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     await waitFor("ray-2 ready in the pool", async () =>
       (await workers()).find((w) => w.name === "ray-2" && w.state === "ready") ? true : undefined,
     );
-    // Scale down to 1 while traffic runs: ray-2 and ray-1 drain first, so no call fails.
-    let stop = false;
-    const callers = Array.from({ length: 3 }, async (_, k) => {
-      const out: boolean[] = [];
-      while (!stop) out.push((await infer(`during scale-down ${k}`)).ok);
-      return out;
-    });
-    const down = cli("workers", "scale", "1");
-    stop = true;
-    const results = (await Promise.all(callers)).flat();
+    // Scale down to 1 while traffic runs (the CLI in an async child, so the traffic goes on):
+    // ray-2 and ray-1 drain first, calls in flight on them complete, so no call fails.
+    const load = traffic(3, "during scale-down");
+    await new Promise((r) => setTimeout(r, 1000));
+    const inFlightAtScale = load.inFlight();
+    const downStart = performance.now();
+    const down = await cliAsync("workers", "scale", "1");
+    const downEnd = performance.now();
+    const results = await load.stop();
     expect(down.status, down.stderr).toBe(0);
-    expect(results.length).toBeGreaterThan(0);
-    expect(results.every(Boolean)).toBe(true);
+    expect(inFlightAtScale).toBeGreaterThan(0);
+    // Calls overlapped the scale-down (in flight when it began, and started while it ran) ...
+    const overlapping = results.filter((r) => r.start <= downEnd && r.end >= downStart);
+    expect(overlapping.filter((r) => r.start < downStart).length).toBeGreaterThan(0);
+    expect(overlapping.filter((r) => r.start > downStart).length).toBeGreaterThan(0);
+    // ... and every one of them completed.
+    expect(results.filter((r) => !r.ok)).toEqual([]);
     const left = (await workers()).filter((w) => w.name.startsWith("ray-")).map((w) => w.name);
     expect(left).toEqual(["ray-0"]);
     const over = cli("workers", "scale", "9");

@@ -146,10 +146,12 @@ describe("a chip worker's environment and the host look", () => {
     expect(base).toEqual({ PATH: "/bin" }); // never mutated
   });
 
-  it("looks for chips under /dev, or under the simulated host's root when TPU_SIM_ROOT is set", () => {
+  it("looks for chips under /dev, or under TPU_MCP_DEV_DIR when it is set", () => {
     expect(devDir({})).toBe("/dev");
     const root = mkdtempSync(join(tmpdir(), "tpu-mcp-simdev-"));
-    expect(devDir({ TPU_SIM_ROOT: root })).toBe(join(root, "dev"));
+    expect(devDir({ TPU_MCP_DEV_DIR: join(root, "dev") })).toBe(join(root, "dev"));
+    // The simulator's own variable means nothing to the server.
+    expect(devDir({ TPU_SIM_ROOT: root })).toBe("/dev");
     expect(hostMayHaveAccelerators(join(root, "dev"))).toBe(false);
     mkdirSync(join(root, "dev/vfio"), { recursive: true });
     writeFileSync(join(root, "dev/vfio/0"), "");

@@ -39,6 +39,8 @@ export function simEnv(
   return {
     ...env,
     TPU_SIM_ROOT: host,
+    // The server's look for chips reads this ordinary setting; it knows nothing of the simulator.
+    TPU_MCP_DEV_DIR: join(host, "dev"),
     PYTHONPATH: join(workerDir, "tpu_sim/hook"),
     TPU_SKIP_MDS_QUERY: "1", // libtpu would ask the GCE metadata server for minutes first
     TPU_WORKER_TCMALLOC: "0",

@@ -23,6 +23,9 @@ WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = struct.Struct(">II")
 TOKEN = "tok_" + "0123456789abcdef" * 2
 
+# Under CI a missing openssl is a broken runner, not a reason to pass without testing anything.
+if shutil.which("openssl") is None and os.environ.get("CI") == "true":
+    raise RuntimeError("openssl is needed to make the serve tests' certificates (CI=true: not skipping)")
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make certificates")
 
 
@@ -54,11 +57,15 @@ def certs(tmp_path_factory) -> str:
     d = str(tmp_path_factory.mktemp("certs"))
     _ca(d, "ca")
     _ca(d, "rogue-ca")
+    # The README's recipe: workers' certificates serverAuth only, the control plane's clientAuth.
     with open(os.path.join(d, "w.ext"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1\n")
+        f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    with open(os.path.join(d, "c.ext"), "w") as f:
+        f.write("extendedKeyUsage=clientAuth\n")
     _leaf(d, "worker", "ca", "w.ext")
-    _leaf(d, "client", "ca")
-    _leaf(d, "rogue", "rogue-ca")
+    _leaf(d, "client", "ca", "c.ext")
+    _leaf(d, "rogue", "rogue-ca", "c.ext")
+    _leaf(d, "no-eku", "ca")  # signed by the right CA, but valid for any purpose
     tok = os.path.join(d, "token")
     with open(tok, "w") as f:
         f.write(TOKEN + "\n")
@@ -93,10 +100,11 @@ def server(certs, catalog_path):
     p.wait(timeout=15)
 
 
-def _connect(certs: str, port: int, client: str = "client") -> ssl.SSLSocket:
+def _connect(certs: str, port: int, client: str | None = "client") -> ssl.SSLSocket:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.load_verify_locations(f"{certs}/ca.crt")
-    ctx.load_cert_chain(f"{certs}/{client}.crt", f"{certs}/{client}.key")
+    if client is not None:
+        ctx.load_cert_chain(f"{certs}/{client}.crt", f"{certs}/{client}.key")
     raw = socket.create_connection(("127.0.0.1", port), timeout=60)
     return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
 
@@ -162,6 +170,123 @@ def test_a_client_certificate_from_another_ca_gets_no_answer(server, certs):
         assert _closed_without_answer(s)
 
 
+def _refused_without_a_frame(certs: str, port: int, client: str | None) -> None:
+    """The TLS layer refuses: the handshake fails, or the connection closes before any frame."""
+    try:
+        s = _connect(certs, port, client=client)
+    except (ssl.SSLError, ConnectionError):
+        return  # refused during the handshake (TLS 1.2 style)
+    with s:
+        try:
+            _send(s, {"type": "auth", "token": TOKEN})
+        except (ssl.SSLError, ConnectionError, OSError):
+            return
+        assert _closed_without_answer(s), "the worker answered a peer the TLS layer should have refused"
+
+
+def test_a_client_without_a_certificate_gets_no_answer_even_with_the_right_token(server, certs):
+    # Fails if the worker asks for a client certificate without requiring one (ssl.CERT_OPTIONAL).
+    port, _ = server
+    _refused_without_a_frame(certs, port, client=None)
+
+
+def test_a_workers_own_server_certificate_cannot_act_as_the_control_plane(server, certs):
+    # A compromised worker host holds its own CA-signed certificate and the shared token.
+    port, _ = server
+    _refused_without_a_frame(certs, port, client="worker")
+
+
+def test_a_certificate_without_extended_key_usage_is_told_it_is_not_a_control_plane(server, certs):
+    port, _ = server
+    with _connect(certs, port, client="no-eku") as s:
+        _send(s, {"type": "auth", "token": TOKEN})
+        msg = _recv(s)
+        assert msg["type"] == "error" and msg["error"]["code"] == "unauthorized"
+        assert "clientAuth" in msg["error"]["message"]
+        assert _closed_without_answer(s)
+
+
+def test_a_stalled_auth_frame_is_refused_and_closed_without_an_unhandled_exception(certs, catalog_path, monkeypatch):
+    import asyncio
+
+    from tpu_worker import serve
+
+    monkeypatch.setattr(serve, "AUTH_TIMEOUT_S", 0.5)
+    lines: list[str] = []
+
+    async def run() -> dict:
+        relay = serve.Relay(TOKEN, [sys.executable, "-c", "pass"])
+        ctx = serve.tls_context(f"{certs}/worker.crt", f"{certs}/worker.key", f"{certs}/ca.crt")
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, c: lines.append(repr(c)))
+        handled = asyncio.Event()
+
+        async def handle(reader, writer) -> None:
+            await relay.handle(reader, writer)
+            handled.set()
+
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+        port = srv.sockets[0].getsockname()[1]
+
+        def client() -> dict:
+            with _connect(certs, port) as s:
+                s.sendall(PREFIX.pack(100, 0) + b'{"type":')  # the prefix and part of the header, then silence
+                msg = _recv(s)
+                assert _closed_without_answer(s)
+                return msg
+
+        try:
+            msg = await asyncio.to_thread(client)
+            await asyncio.wait_for(handled.wait(), 5)  # the handler returned, no exception escaped
+            return msg
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    msg = asyncio.run(run())
+    assert msg["error"]["code"] == "unauthorized" and "in time" in msg["error"]["message"]
+    assert not lines, lines
+
+
+def test_an_over_limit_body_closes_the_connection_instead_of_being_skipped(certs, catalog_path):
+    env = {**os.environ, "PYTHONPATH": WORKER_DIR}
+    p = subprocess.Popen(
+        [
+            sys.executable, "-m", "tpu_worker", "serve", "--listen", "127.0.0.1:0",
+            "--tls-cert", f"{certs}/worker.crt", "--tls-key", f"{certs}/worker.key",
+            "--client-ca", f"{certs}/ca.crt", "--token-file", f"{certs}/token",
+            "--catalog", catalog_path, "--device", "cpu", "--threads", "1", "--max-body-bytes", "1024",
+        ],
+        env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        port = None
+        while port is None:
+            line = p.stderr.readline()
+            assert line, "serve exited"
+            m = re.search(r'"msg": "listening".*"port": (\d+)', line)
+            port = int(m.group(1)) if m else None
+        with _connect(certs, port) as s:
+            _send(s, {"type": "auth", "token": TOKEN})
+            assert _recv(s) == {"type": "auth_ok"}
+            assert _recv(s)["type"] == "hello"
+            h = json.dumps({"type": "request", "id": "big", "op": "status", "args": {}}).encode()
+            s.sendall(PREFIX.pack(len(h), 4 * 1024**3 - 1) + h + b"\0" * 4096)
+            s.settimeout(20)
+            # A pipe worker would answer `bad_frame` only after reading 4 GiB: here the connection
+            # closes at once, with no frame for the oversized request (a timeout is a failure).
+            try:
+                got = s.recv(1)
+            except TimeoutError:
+                pytest.fail("the connection stayed open after an over-limit body (the worker is skipping it)")
+            except (ssl.SSLError, ConnectionError):
+                got = b""
+            assert got == b"", "the worker answered instead of closing"
+    finally:
+        p.terminate()
+        p.wait(timeout=15)
+
+
 def test_the_right_certificate_and_token_reach_a_fresh_worker_and_a_second_client_is_told_busy(server, certs):
     port, _ = server
     with _connect(certs, port) as s:
@@ -193,3 +318,20 @@ def test_a_short_token_is_rejected(tmp_path):
     p.chmod(0o600)
     with pytest.raises(ValueError, match="at least"):
         read_token(str(p))
+
+
+def test_the_frame_watch_follows_frames_split_anywhere_and_names_the_first_over_the_limit():
+    from tpu_worker.serve import FrameWatch, max_body_bytes
+
+    assert max_body_bytes(["--catalog", "c.json"]) == 1024**3
+    assert max_body_bytes(["--max-body-bytes", "1024", "--threads", "1"]) == 1024
+    assert max_body_bytes(["--max-body-bytes=2048"]) == 2048
+    ok = PREFIX.pack(3, 5) + b"hdr" + b"12345"
+    big = PREFIX.pack(3, 1025) + b"hdr"
+    stream = ok * 3 + big
+    for cut in range(1, len(stream)):
+        w = FrameWatch(1024)
+        got = [w.feed(stream[i : i + cut]) for i in range(0, len(stream), cut)]
+        assert [g for g in got if g is not None][:1] == [1025], cut
+    w = FrameWatch(1024)
+    assert w.feed(ok * 10) is None

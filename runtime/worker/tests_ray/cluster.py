@@ -38,7 +38,7 @@ def pem_pair(tmp: pathlib.Path, name: str, subject: str, issuer=None, issuer_key
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
     subj = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
@@ -52,8 +52,10 @@ def pem_pair(tmp: pathlib.Path, name: str, subject: str, issuer=None, issuer_key
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .sign(issuer_key or key, hashes.SHA256())
     )
+    if not ca:  # the control plane's certificate: `serve` accepts only clientAuth ones
+        cert = cert.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+    cert = cert.sign(issuer_key or key, hashes.SHA256())
     cert_path, key_path = tmp / f"{name}.crt", tmp / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(

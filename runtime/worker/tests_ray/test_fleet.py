@@ -106,6 +106,31 @@ def test_killed_actor_is_restarted_by_ray_and_reported_with_a_new_endpoint(fleet
     assert not os.path.exists(f"/proc/{old['serve_pid']}")
 
 
+def _proc_strings(pid: int, what: str) -> list[str]:
+    with open(f"/proc/{pid}/{what}", "rb") as fh:
+        return fh.read().decode("utf-8", "replace").split("\0")
+
+
+def test_the_chip_ray_gives_an_actor_reaches_its_worker_as_visible_devices_and_device(fleet):
+    # Through the real actor start-up: Ray assigns a TPU chip (TPU_VISIBLE_CHIPS in the actor),
+    # the actor starts serve (which starts each connection's worker with its environment and
+    # arguments) with TPU_VISIBLE_DEVICES=<chip> and --device tpu:<chip>.
+    d = fleet(placement={"count": 2}, actor={"device": "tpu"})
+    d.next(("ready",))
+    eps = collect_endpoints(d, 2)
+    held = set()
+    for ep in eps.values():
+        assert len(ep["chips"]) == 1, ep
+        chip = ep["chips"][0]
+        held.add((ep["node"], chip))
+        assert ep["device"] == f"tpu:{chip}"
+        env = dict(kv.split("=", 1) for kv in _proc_strings(ep["serve_pid"], "environ") if "=" in kv)
+        assert env.get("TPU_VISIBLE_DEVICES") == str(chip), env.get("TPU_VISIBLE_DEVICES")
+        cmd = _proc_strings(ep["serve_pid"], "cmdline")
+        assert cmd[cmd.index("--device") + 1] == f"tpu:{chip}", cmd
+    assert len(held) == 2  # two actors, two different chips
+
+
 def test_scale_down_drains_first_and_scale_up_places_again(fleet):
     d = fleet(placement={"count": 3})
     d.next(("ready",))

@@ -85,6 +85,26 @@ def test_tpu0_works(tpu_python, catalog_path, sim_host):
         assert w.close() == 0
 
 
+def test_memory_and_synchronize_come_from_the_device_not_from_constants(tpu_python, catalog_path, sim_host, tmp_path):
+    # The simulated chip has 5 GiB in use and 0.4 s of work queued at every synchronize: a worker
+    # that reports total as free, or reads its clock without synchronizing, fails here.
+    log = str(tmp_path / "calls.log")
+    env = make_env(sim_host, log, TPU_SIM_HBM_USED_BYTES=str(5 * GiB), TPU_SIM_SYNC_WORK_S="0.4")
+    w = start(tpu_python, catalog_path, "--device", "tpu:1", env=env)
+    try:
+        status, _ = w.call("status", id="s1")
+        d = status["result"]["device"]
+        assert (d["memory_total_bytes"], d["memory_free_bytes"]) == (32 * GiB, 27 * GiB)
+        r, _ = w.call("selftest", id="t1")
+        steps = {s["step"]: s for s in r["result"]["steps"]}
+        assert steps["memory"]["detail"] == {"total_bytes": 32 * GiB, "free_bytes": 27 * GiB}
+        assert steps["synchronize"]["ok"] and steps["synchronize"]["seconds"] >= 0.4
+        calls = [line.split()[1:] for line in _read(log).splitlines()]
+        assert any(c[:1] == ["_accelerator_synchronizeDevice"] for c in calls), calls
+    finally:
+        assert w.close() == 0
+
+
 def test_an_index_beyond_the_host_is_refused_before_hello(tpu_python, catalog_path, sim_host):
     p = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
         [tpu_python, "-m", "tpu_worker", "--catalog", catalog_path, "--device", "tpu:7"],

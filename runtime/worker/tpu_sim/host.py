@@ -38,6 +38,8 @@ def sim_env(root: str, base: dict | None = None) -> dict:
     """The environment of a process on the simulated host."""
     env = dict(os.environ if base is None else base)
     env["TPU_SIM_ROOT"] = root
+    # The server's look for chips (runtime/pool/inventory.ts) reads this ordinary setting.
+    env["TPU_MCP_DEV_DIR"] = os.path.join(root, "dev")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (HOOK, env.get("PYTHONPATH")) if p)
     # libtpu would otherwise spend minutes asking the GCE metadata server for the TPU topology
     # before it finds no chip (only reached when a tensor is allocated on `tpu`).

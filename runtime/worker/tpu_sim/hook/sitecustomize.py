@@ -9,7 +9,14 @@ the REAL torch-tpu 0.2.0 wheel believe it runs on a TPU VM. It fakes only what n
    points into the C++ allocator and device guard (`torch._C._accelerator_getMemoryInfo`,
    `_getDeviceStats`, `_resetPeakStats`, `_emptyCache`, `_synchronizeDevice`,
    `_isAllocatorInitialized`) answer from the chip's published HBM when the accelerator is the
-   TPU. Tensor allocation and kernel execution are NOT faked: on this host the first tensor on
+   TPU. The fakes can be told apart from a no-op, so that a worker that skips them fails a test:
+   - memory: `$TPU_SIM_HBM_USED_BYTES` of the chip's HBM are in use (by another process, or
+     earlier allocations): the memory query answers (total - used, total) and the device stats
+     report them allocated, so a worker that reports total as free is caught;
+   - synchronize: every synchronize finds `$TPU_SIM_SYNC_WORK_S` seconds of device work still
+     queued and returns only when it has finished (and is logged), so a clock read after a
+     synchronize measures at least that, and one without it does not.
+   Tensor allocation and kernel execution are NOT faked: on this host the first tensor on
    `tpu` makes libtpu look for the chip and abort the process ("No jellyfish device found").
 
 Set TPU_SIM_ROOT to enable; without it this file does nothing.
@@ -20,6 +27,7 @@ import importlib.machinery
 import os
 import pathlib
 import sys
+import time
 
 _ROOT = os.environ.get("TPU_SIM_ROOT")
 _MAP = (
@@ -78,6 +86,13 @@ def _fake_runtime(hardware) -> None:
     def total():
         return int(hardware.get_hbm_bytes_per_device() or 0)
 
+    def used():
+        return min(int(os.environ.get("TPU_SIM_HBM_USED_BYTES") or 0), total())
+
+    def synchronize(i=None):
+        # The device work still queued: a synchronize waits for it, as a real device queue would.
+        time.sleep(float(os.environ.get("TPU_SIM_SYNC_WORK_S") or 0))
+
     def wrap(name, fake):
         def fn(*args):
             if not on_tpu():
@@ -87,14 +102,16 @@ def _fake_runtime(hardware) -> None:
 
         setattr(C, name, fn)
 
-    wrap("_accelerator_getMemoryInfo", lambda i=None: (total(), total()))
+    wrap("_accelerator_getMemoryInfo", lambda i=None: (total() - used(), total()))
     wrap(
         "_accelerator_getDeviceStats",
-        lambda i=None: {"allocated_bytes": {"all": {"current": 0, "peak": 0, "allocated": 0, "freed": 0}}},
+        lambda i=None: {
+            "allocated_bytes": {"all": {"current": used(), "peak": used(), "allocated": used(), "freed": 0}}
+        },
     )
     wrap("_accelerator_resetPeakStats", lambda i=None: None)
     wrap("_accelerator_emptyCache", lambda: None)
-    wrap("_accelerator_synchronizeDevice", lambda i=None: None)
+    wrap("_accelerator_synchronizeDevice", synchronize)
     wrap("_accelerator_isAllocatorInitialized", lambda: True)
 
 

@@ -11,6 +11,13 @@ data (names, paths, PEM text, a token). The actor:
    control plane's client CA and the channel token, and waits until it listens;
 4. reports {host, port, certificate, device, chips, node} through `endpoint()`.
 
+The folder holding the key, the client CA and the channel token lives only while `serve` starts:
+`serve` reads all three before it listens, so the actor removes the folder as soon as the
+`listening` record arrives, and on every other exit path (failed start, serve's death, stop(),
+the interpreter's exit). An actor killed while running (SIGKILL from `ray.kill` or a node's
+shutdown) thus leaves nothing on the node; only a kill inside the few seconds of start-up could,
+and the next actor on the node sweeps folders whose owner process is gone.
+
 If `serve` exits on its own, the actor process exits too, so Ray restarts it (bounded by
 max_restarts) and the driver reports the new endpoint. `serve` gets SIGTERM when the actor's
 process dies (PR_SET_PDEATHSIG), so a killed actor leaves no worker behind.
@@ -18,6 +25,7 @@ process dies (PR_SET_PDEATHSIG), so a killed actor leaves no worker behind.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import json
@@ -34,6 +42,23 @@ from typing import Any
 from .certs import self_signed
 
 _PR_SET_PDEATHSIG = 1
+DIR_PREFIX = "tpu-mcp-actor-"
+
+
+def _sweep_orphans() -> None:
+    """Removes actor folders on this node whose owner process is gone (killed during start-up)."""
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            if not name.startswith(DIR_PREFIX):
+                continue
+            pid = name[len(DIR_PREFIX) :].split("-", 1)[0]
+            if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+                continue
+            path = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_uid == os.getuid():
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -77,7 +102,10 @@ class FleetWorker:
         self._chips = chips_from_env(os.environ.get("TPU_VISIBLE_CHIPS"))
         self._host = spec.get("listen_host") or ray.util.get_node_ip_address()
         self._device = worker_device(spec.get("device", "auto"), self._chips)
-        self._dir = tempfile.mkdtemp(prefix="tpu-mcp-actor-")
+        _sweep_orphans()
+        # The pid in the name lets a later actor tell an orphan from a live actor's folder.
+        self._dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")
+        atexit.register(self._remove_dir)
         cert, key = self_signed(self._host, f"tpu-mcp {spec['name']}")
         self._cert = cert.decode()
         paths = {n: os.path.join(self._dir, n) for n in ("worker.crt", "worker.key", "client-ca.crt", "token")}
@@ -143,6 +171,8 @@ class FleetWorker:
                     rec = json.loads(line)
                     if isinstance(rec, dict) and rec.get("msg") == "listening" and isinstance(rec.get("port"), int):
                         self._port = rec["port"]
+                        # serve has read the key, CA and token: nothing on disk is needed any more.
+                        self._remove_dir()
                         self._listening.set()
         self._exit_code = self._proc.wait()
         self._exited.set()
@@ -154,6 +184,9 @@ class FleetWorker:
             self._cleanup()
             os._exit(1)
 
+    def _remove_dir(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
     def _cleanup(self) -> None:
         self._stopping = True
         if self._proc.poll() is None:
@@ -162,7 +195,7 @@ class FleetWorker:
                 self._proc.wait(10)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._remove_dir()
 
     def endpoint(self) -> dict[str, Any]:
         return {
