@@ -2,6 +2,9 @@
 // the model, the device and past benchmarks, and gets device-seconds, memory and compile time
 // back. The numbers are deliberately conservative: they drive approvals, budgets and refusals,
 // so erring high costs a prompt while erring low costs an out-of-memory crash on the device.
+import { deviceKind } from "../lib/device.js";
+import { DTYPE_ITEMSIZE, isTensorDtype } from "../lib/dtypes.js";
+import { formatBytes } from "../lib/units.js";
 import type { EstimateKind } from "./tool_policy.js";
 
 export interface ModelFacts {
@@ -88,32 +91,8 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   tokens_per_char: 0.5,
 };
 
-const DTYPE_BYTES: Record<string, number> = {
-  float64: 8,
-  float32: 4,
-  bfloat16: 2,
-  float16: 2,
-  int64: 8,
-  int32: 4,
-  int16: 2,
-  int8: 1,
-  uint8: 1,
-  bool: 1,
-};
-
 export function dtypeBytes(dtype: string): number {
-  return DTYPE_BYTES[dtype] ?? 4;
-}
-
-export function formatBytes(n: number): string {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = n;
-  let i = 0;
-  while (Math.abs(v) >= 1024 && i < units.length - 1) {
-    v /= 1024;
-    i++;
-  }
-  return i === 0 ? `${Math.round(v)} B` : `${v.toFixed(1)} ${units[i]}`;
+  return isTensorDtype(dtype) ? DTYPE_ITEMSIZE[dtype] : 4;
 }
 
 function nums(v: unknown): number[] {
@@ -127,7 +106,7 @@ function num(v: unknown): number | undefined {
 }
 function kindOf(input: EstimateInput): string {
   const d = input.device?.kind ?? String(input.args.device ?? "cpu");
-  return d.split(":")[0] ?? "cpu";
+  return deviceKind(d) || "cpu";
 }
 
 /** Weights + headroom + activations for `tokens` tokens at once, in bytes. */
@@ -162,7 +141,7 @@ export function latencyMs(
   const same = (input.history ?? []).filter(
     (h) =>
       h.model === input.model?.id &&
-      (h.device === device || h.device.split(":")[0] === kind) &&
+      (h.device === device || deviceKind(h.device) === kind) &&
       h.mean_latency_ms > 0 &&
       (h.dtype === undefined || h.dtype === dtype),
   );

@@ -12,7 +12,7 @@
 import { createHmac, randomUUID, timingSafeEqual } from "node:crypto";
 import { defaultApproveCommand, type ApprovalRecord, type ApproveCommand } from "./approvals.js";
 import type { PolicyLogger } from "./audit.js";
-import { formatBytes } from "./estimate.js";
+import { formatBytes } from "../lib/units.js";
 
 export const WEBHOOK_TOLERANCE_S = 300;
 export type NotifyEventKind = "requested" | "decided";

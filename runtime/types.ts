@@ -3,19 +3,8 @@
 // here imports from tools/, server/ or policies/.
 import type { OpArgs, OpName, OpResult } from "./wire/ops.js";
 
-export const TENSOR_DTYPES = [
-  "float32",
-  "float16",
-  "bfloat16",
-  "float64",
-  "int64",
-  "int32",
-  "int16",
-  "int8",
-  "uint8",
-  "bool",
-] as const;
-export type TensorDtype = (typeof TENSOR_DTYPES)[number];
+export { TENSOR_DTYPES, type TensorDtype } from "../lib/dtypes.js";
+import type { TensorDtype } from "../lib/dtypes.js";
 
 export const MODEL_DTYPES = ["float32", "bfloat16", "float16"] as const;
 export type ModelDtype = (typeof MODEL_DTYPES)[number];

@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import { deviceKind as kindOf } from "../runtime/device.js";
+import { deviceKind as kindOf } from "../lib/device.js";
 import {
   approvalId,
   catalogMax,

@@ -2,6 +2,7 @@
 // Every wait is bounded: a full queue refuses at once with `busy` and a retry hint, because an
 // agent that waits forever is worse than one told to retry.
 
+import { namesChip } from "../../lib/device.js";
 import pLimit, { type LimitFunction } from "p-limit";
 import { systemClock, type Clock } from "../clock.js";
 import type { LimitsConfig } from "../config.js";
@@ -174,7 +175,7 @@ class DeviceLane {
 
 /** "tpu" and "tpu:0" are the same device lane. */
 export function deviceKey(device: string): string {
-  return device.includes(":") ? device : `${device}:0`;
+  return namesChip(device) ? device : `${device}:0`;
 }
 
 export class ConcurrencyLimiter {

@@ -2,7 +2,7 @@
 // it (drained, counters, free memory, the models it holds and lost, its serial chain for loads).
 import type { RequestEnded, WorkerRuntime } from "../client.js";
 import type { LoadedModel } from "../types.js";
-import { deviceKind } from "../device.js";
+import { deviceKind } from "../../lib/device.js";
 import { isRemote, type WorkerEntry } from "./entries.js";
 
 export class Member {

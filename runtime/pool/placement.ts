@@ -9,7 +9,7 @@
 //   in flight (two replicas drawn at random, the less loaded one taken), each replica capped.
 import { randomInt } from "node:crypto";
 import type { Placement } from "../types.js";
-import { namesChip } from "../device.js";
+import { namesChip } from "../../lib/device.js";
 import type { Member } from "./member.js";
 
 /** A random index in [0, n): crypto's by default; tests inject a seeded one. */

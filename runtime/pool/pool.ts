@@ -39,7 +39,7 @@ import {
   type WorkerState,
   type WorkerStatus,
 } from "../types.js";
-import { namesChip } from "../device.js";
+import { namesChip } from "../../lib/device.js";
 import type { OpArgs, OpName, OpResult } from "../wire/ops.js";
 import { chipEnv, isRemote, type WorkerEntry } from "./entries.js";
 import { Member } from "./member.js";
@@ -55,7 +55,8 @@ import {
   type Pick,
 } from "./placement.js";
 import { remoteSpawn, type RemoteRefusal } from "./remote.js";
-import { formatBytes, statusOf } from "./status.js";
+import { formatBytes } from "../../lib/units.js";
+import { statusOf } from "./status.js";
 
 export interface PoolOptions {
   /** Workers, or a function giving them (the per-device expansion runs once, at start). */

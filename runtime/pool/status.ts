@@ -27,15 +27,3 @@ export function statusOf(m: Member, bytesHeld: number): WorkerStatus {
     chip: dev ? { kind: dev.kind, index: dev.index, name: dev.name, backend: dev.backend } : null,
   };
 }
-
-export function formatBytes(n: number): string {
-  if (n < 0) return `-${formatBytes(-n)}`;
-  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = n;
-  let i = 0;
-  while (v >= 1024 && i < u.length - 1) {
-    v /= 1024;
-    i++;
-  }
-  return i === 0 ? `${Math.round(v)} B` : `${v.toFixed(1)} ${u[i]}`;
-}

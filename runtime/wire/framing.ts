@@ -3,26 +3,14 @@
 // The decoder is incremental and copies each frame at most once; the encoder never copies a
 // tensor's bytes (it hands the caller's Buffers to the stream as separate writes).
 
-import { TENSOR_DTYPES, type TensorData, type TensorDtype } from "../types.js";
+import { DTYPE_ITEMSIZE, TENSOR_DTYPES, type TensorDtype } from "../../lib/dtypes.js";
+import type { TensorData } from "../types.js";
 
 export const PREFIX_BYTES = 8;
 export const MAX_HEADER_BYTES = 16 * 1024 * 1024;
 export const DEFAULT_MAX_BODY_BYTES = 1024 * 1024 * 1024;
 /** Tensor offsets in bodies we write are aligned so the worker can view them without copying. */
 export const TENSOR_ALIGN = 8;
-
-export const DTYPE_ITEMSIZE: Readonly<Record<TensorDtype, number>> = Object.freeze({
-  float32: 4,
-  float16: 2,
-  bfloat16: 2,
-  float64: 8,
-  int64: 8,
-  int32: 4,
-  int16: 2,
-  int8: 1,
-  uint8: 1,
-  bool: 1,
-});
 
 export interface TensorDescriptor {
   dtype: TensorDtype;

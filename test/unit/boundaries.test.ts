@@ -1,4 +1,5 @@
-// Dependencies run one way, between the top-level rooms (server → tools → {policies, runtime})
+// Dependencies run one way, between the top-level rooms (server → tools → {policies, runtime} →
+// lib, the dependency-free leaf)
 // and between the rooms inside server/ (cli → doctor → transports → {console, mcp} → app →
 // control → config → the leaf files at server/'s root). Every product file is walked
 // (recursively); an import that runs back up, or across two sibling rooms, fails with its file
@@ -11,10 +12,12 @@ import { ROOT } from "../helpers/server.js";
 
 /** Top-level rooms and the rooms each may import. */
 const TOP: Record<string, string[]> = {
-  server: ["tools", "policies", "runtime"],
-  tools: ["policies", "runtime"],
-  policies: [],
-  runtime: [],
+  server: ["tools", "policies", "runtime", "lib"],
+  tools: ["policies", "runtime", "lib"],
+  policies: ["lib"],
+  runtime: ["lib"],
+  // The dependency-free leaf (device strings, dtypes, units): imports nothing of ours.
+  lib: [],
 };
 
 /**
@@ -117,8 +120,10 @@ describe("dependency direction", () => {
     expect(at("server/mcp/server.ts", "server/console/console.ts")).toMatch(/sibling/);
     expect(at("server/newroom/x.ts", "server/config/config.ts")).toMatch(/not in SERVER_LEVELS/);
     expect(at("tools/dispatch.ts", "server/app/app.ts")).toMatch(/tools\/ may import only/);
-    expect(at("policies/gate.ts", "runtime/types.ts")).toMatch(/nothing outside itself/);
-    expect(at("runtime/client.ts", "test/helpers/server.ts")).toMatch(/nothing outside/);
+    expect(at("policies/gate.ts", "runtime/types.ts")).toMatch(/policies\/ may import only lib/);
+    expect(at("lib/units.ts", "policies/estimate.ts")).toMatch(/nothing outside itself/);
+    expect(at("runtime/client.ts", "test/helpers/server.ts")).toMatch(/runtime\/ may import only lib/);
+    expect(at("policies/estimate.ts", "lib/device.ts")).toBeNull();
     expect(at("server/cli/cli.ts", "server/version.ts")).toBeNull();
     expect(at("server/app/app.ts", "tools/registry.ts")).toBeNull();
   });

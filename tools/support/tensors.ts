@@ -1,5 +1,5 @@
 // Conversions between the MCP surface (number arrays or base64 bytes) and raw tensors for the pipe.
-import { DTYPE_ITEMSIZE } from "../../runtime/wire/framing.js";
+import { DTYPE_ITEMSIZE } from "../../lib/dtypes.js";
 import type { TensorData, TensorDtype } from "../../runtime/types.js";
 import { ToolError } from "../errors.js";
 

@@ -1,7 +1,5 @@
 // The one parser of device strings (`cpu`, `tpu`, `tpu:3`, `cuda:1`, `auto`, `default`): a kind and,
-// for a chip, its index. A leaf module: runtime/ and tools/ import it. policies/ may not import
-// runtime/ (test/policies/boundaries.test.ts), so policies/limits.ts and policies/estimate.ts keep
-// their own one-line splits until a neutral shared leaf exists (proposed in the restructure notes).
+// for a chip, its index. In lib/, the dependency-free leaf every room may import.
 
 export interface ParsedDevice {
   /** `tpu`, `cuda`, `cpu`, `xla`, `auto`, `default`, or whatever precedes the colon. */
