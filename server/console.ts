@@ -16,6 +16,7 @@ import type { ApprovalRecord } from "../policies/approvals.js";
 import type { AuditOutcome, StoredAuditRecord } from "../policies/audit.js";
 import { isPolicyError } from "../policies/errors.js";
 import { hasScope, type Principal } from "../policies/scopes.js";
+import { dispatchTool, ERROR_META_KEY } from "../tools/dispatch.js";
 import type { App } from "./app.js";
 
 export const CONSOLE_COOKIE = "tpu_console";
@@ -345,26 +346,34 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     send(res, 200, { records, scanned: scanned.length, verify: app.audit.verify() });
   }
 
+  /**
+   * Runs a tool for the signed-in operator exactly as an MCP call would: through dispatch and the
+   * gate (scope, rate, audit). The console never calls a handler itself.
+   */
+  async function callTool(s: ConsoleSession, name: string, args: Record<string, unknown>) {
+    const tool = app.tools.find((t) => t.name === name);
+    if (!tool) throw new ConsoleError(404, "not_found", `no tool ${name}`);
+    const result = await dispatchTool({
+      tool,
+      rawArgs: args,
+      principal: s.principal,
+      gate: app.gate,
+      base: app.services,
+      signal: AbortSignal.timeout(5000),
+      progress: () => {},
+      logger: app.logger,
+    });
+    const err = result._meta?.[ERROR_META_KEY] as { code: string; message: string } | undefined;
+    // Refusals of the caller are HTTP refusals; other failures are the page's own answer.
+    if (err?.code === "insufficient_scope")
+      throw new ConsoleError(403, err.code, `this page runs ${name}, and ${err.message}`);
+    if (err?.code === "rate_limited") throw new ConsoleError(429, err.code, err.message);
+    return err ? { out: null, error: err.message } : { out: result.structuredContent, error: null };
+  }
+
   async function runtime(res: ServerResponse, s: ConsoleSession) {
-    const tool = app.tools.find((t) => t.name === "get_runtime_status");
-    let status: unknown = null;
-    let error: string | null = null;
-    if (tool) {
-      try {
-        status = await tool.handler(
-          {},
-          {
-            ...app.services,
-            principal: s.principal,
-            signal: AbortSignal.timeout(5000),
-            progress: () => {},
-          },
-        );
-      } catch (e) {
-        error = (e as Error).message;
-      }
-    }
-    send(res, 200, { status, error, runtime_state: app.runtime.state });
+    const { out, error } = await callTool(s, "get_runtime_status", {});
+    send(res, 200, { status: out ?? null, error, runtime_state: app.runtime.state });
   }
 
   function jobs(res: ServerResponse) {
@@ -378,10 +387,25 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     id: string,
   ) {
     checkWrite(req, s);
-    if (!s.principal.scopes.includes("admin"))
+    // Not cancel_job (which cancels only the caller's own jobs): an admin's cancel of anyone's
+    // job, audited like a tool call so the trail shows who stopped whose work.
+    const record = (outcome: "denied" | "executed", reason: string, code?: string) =>
+      app.audit.append({
+        time: new Date().toISOString(),
+        principal: s.principal.id,
+        tool: "cancel_job",
+        args_digest: null,
+        outcome,
+        reason: `${reason} (console)`,
+        ...(code ? { code } : {}),
+      });
+    if (!s.principal.scopes.includes("admin")) {
+      record("denied", `cancelling ${id} needs the admin scope`, "insufficient_scope");
       throw new ConsoleError(403, "insufficient_scope", "cancelling jobs needs the admin scope");
+    }
     const job = app.jobs.cancelAny(id);
     if (!job) throw new ConsoleError(404, "job_not_found", `no job ${id}`);
+    record("executed", `cancelled ${job.principal}'s job ${id}`);
     log.info({ principal: s.principal.id, job_id: id }, "job cancelled from the console");
     send(res, 200, { job });
   }

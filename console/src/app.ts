@@ -199,9 +199,11 @@ function stopPage() {
   cleanup = [];
 }
 
-function every(ms: number, fn: () => void) {
+function every(ms: number, fn: () => void): () => void {
   const t = setInterval(fn, ms);
-  cleanup.push(() => clearInterval(t));
+  const stop = () => clearInterval(t);
+  cleanup.push(stop);
+  return stop;
 }
 
 function on(type: string, fn: (e: Event) => void) {
@@ -530,10 +532,17 @@ async function runtimePage(root: HTMLElement) {
       );
     } catch (x) {
       body.replaceChildren(status((x as Error).message, "bad"));
+      // A refusal will not change by asking again (and each ask is audited): stop polling.
+      if (x instanceof ApiError && x.status === 403) {
+        refused = true;
+        stopPolling?.();
+      }
     }
   };
+  let refused = false;
+  let stopPolling: (() => void) | undefined;
   await load();
-  every(5000, () => void load());
+  if (!refused) stopPolling = every(5000, () => void load());
 }
 
 async function benchmarksPage(root: HTMLElement) {
