@@ -389,10 +389,17 @@ async function activityPage(root: HTMLElement) {
     try {
       const d = await api(`audit?${q}`);
       const v = d.verify;
+      // Verified in the background from a checkpoint on: say how far, and whether it goes on.
+      const upTo = v.verified_at ? ` (up to #${v.verified_seq}, ${when(v.verified_at)})` : "";
+      const going = v.in_progress
+        ? ` Verifying records after #${v.checked} of ${v.head_seq}…`
+        : v.head_seq > v.verified_seq
+          ? ` ${v.head_seq - v.verified_seq} newer record(s) not yet verified.`
+          : "";
       result.replaceChildren(
         status(
           v.ok
-            ? `Chain intact: ${v.checked} record(s) verified.`
+            ? `Chain intact: ${v.checked} record(s) verified${upTo}.${going}`
             : `TAMPERED at record #${v.first_bad_seq}: ${v.reason}`,
           v.ok ? "ok" : "bad",
         ),
