@@ -465,8 +465,15 @@ export class SqliteAuditLog implements AuditLog {
     tool?: string;
     outcome?: AuditOutcome;
   }): { records: StoredAuditRecord[]; scanned: number } {
-    const where: string[] = [];
-    const params: unknown[] = [Math.max(0, Math.floor(q.window))];
+    const window = Math.max(0, Math.floor(q.window));
+    // The window's first seq and size from the index alone; then only its matching rows are read.
+    const w = this.db
+      .prepare(
+        "SELECT min(seq) AS lo, count(*) AS n FROM (SELECT seq FROM audit_log ORDER BY seq DESC LIMIT ?)",
+      )
+      .get(window) as { lo: number | null; n: number };
+    const where = ["seq >= ?"];
+    const params: unknown[] = [w.lo ?? Number.MAX_SAFE_INTEGER];
     for (const [field, value] of [
       ["principal", q.principal],
       ["tool", q.tool],
@@ -476,15 +483,10 @@ export class SqliteAuditLog implements AuditLog {
       where.push(`json_extract(record, '$.${field}') = ?`);
       params.push(value);
     }
-    const windowed = "SELECT * FROM audit_log ORDER BY seq DESC LIMIT ?";
     const rows = this.db
-      .prepare(
-        `SELECT * FROM (${windowed}) ${where.length ? `WHERE ${where.join(" AND ")}` : ""} ORDER BY seq LIMIT ?`,
-      )
+      .prepare(`SELECT * FROM audit_log WHERE ${where.join(" AND ")} ORDER BY seq LIMIT ?`)
       .all(...params, Math.max(0, Math.floor(q.limit))) as Row[];
-    const { n } = this.db
-      .prepare("SELECT count(*) AS n FROM (SELECT seq FROM audit_log ORDER BY seq DESC LIMIT ?)")
-      .get(params[0]) as { n: number };
+    const n = w.n;
     return {
       records: rows.map((r) => ({
         ...(JSON.parse(r.record) as AuditRecord),

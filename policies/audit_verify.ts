@@ -36,6 +36,7 @@ export class AuditVerifier {
   private readonly clock: () => number;
   private running: Promise<AuditVerifyStatus> | null = null;
   private again = false;
+  private scheduled = false;
   private closed = false;
   private verifiedSeq = 0;
   private verifiedAt: string | null = null;
@@ -64,8 +65,10 @@ export class AuditVerifier {
 
   /** What is known now, without verifying anything (one indexed read for the head). */
   status(): AuditVerifyStatus {
-    const headSeq = this.log.head().seq;
-    const inProgress = this.running !== null;
+    // Once closed, the store may be closed too: the head is not read any more.
+    const headSeq = this.closed ? this.verifiedSeq : this.log.head().seq;
+    // A pass that is only scheduled counts when it has records to verify.
+    const inProgress = this.running !== null || (this.scheduled && this.verifiedSeq < headSeq);
     const seq = inProgress ? Math.max(this.verifiedSeq, this.progress) : this.verifiedSeq;
     if (this.fault)
       return {
@@ -98,7 +101,13 @@ export class AuditVerifier {
       this.again = true;
       return;
     }
-    void this.run();
+    if (this.scheduled) return;
+    // On a later turn: whoever asked (a page request) answers first.
+    this.scheduled = true;
+    setImmediate(() => {
+      this.scheduled = false;
+      if (!this.closed) void this.run();
+    });
   }
 
   /** One pass from the checkpoint to the head; resolves with the status at its end. */

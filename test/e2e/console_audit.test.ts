@@ -39,6 +39,20 @@ describe("console audit page over a large trail", () => {
     app = createApp(config, pino({ level: "silent" }));
     http = await startHttp(app, { host: "127.0.0.1", port: 0 });
     base = http.url.replace(/\/mcp$/, "");
+    const r = await fetch(`${base}/console/api/session`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ token: DEMO_TOKENS.operator }),
+    });
+    expect(r.status).toBe(200);
+    cookie = (r.headers.get("set-cookie") ?? "").split(";")[0];
+    // The verifier's first pass (started with the server, over a near-empty trail) is over.
+    for (;;) {
+      const v = (await (await fetch(`${base}/console/api/audit`, { headers: { cookie } })).json())
+        .verify;
+      if (!v.in_progress && v.verified_seq === v.head_seq) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
     // Straight into the store, chained under the server's key: one transaction, no tool calls.
     const db = new Database(policyDbPath(config));
     const writer = new SqliteAuditLog(db, { key: readAuditKey(config.paths.audit_key) });
@@ -54,13 +68,6 @@ describe("console audit page over a large trail", () => {
         });
     })();
     db.close();
-    const r = await fetch(`${base}/console/api/session`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ token: DEMO_TOKENS.operator }),
-    });
-    expect(r.status).toBe(200);
-    cookie = (r.headers.get("set-cookie") ?? "").split(";")[0];
   }, 300_000);
   afterAll(async () => {
     await http?.close();
@@ -77,10 +84,10 @@ describe("console audit page over a large trail", () => {
     expect(body.scanned).toBe(5000);
     const head = body.verify.head_seq as number;
     expect(head).toBeGreaterThan(ROWS);
-    // The request started the catch-up and did at most one chunk of it before answering.
+    // The request asked for a catch-up and answered before doing any of it.
     expect(body.verify).toMatchObject({ ok: true, in_progress: true });
     expect(body.verify.verified_seq).toBeLessThan(head);
-    expect(body.verify.checked - body.verify.verified_seq).toBeLessThanOrEqual(CHUNK);
+    expect(body.verify.checked).toBe(body.verify.verified_seq);
 
     // From here on: records verified between two turns of the event loop (turns other calls use).
     let sinceTurn = 0;

@@ -59,7 +59,8 @@ describe("AuditVerifier", () => {
     const t = trail(300);
     const log = t.open();
     await new AuditVerifier(log, { chunkRows: 64 }).run();
-    // Someone who can write the database moves the checkpoint past records they then rewrite.
+    for (let i = 0; i < 5; i++) log.append(rec(i));
+    // Someone who can write the database moves the checkpoint past records not yet verified.
     const db = new Database(t.file);
     const last = db.prepare("SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1").get() as {
       seq: number;
@@ -68,7 +69,7 @@ describe("AuditVerifier", () => {
     db.prepare("UPDATE audit_checkpoint SET seq = ?, hash = ?, verified_at = ?").run(
       last.seq,
       last.hash,
-      new Date().toISOString(),
+      "2030-01-01T00:00:00.000Z",
     );
     db.close();
     const v = new AuditVerifier(log);
@@ -111,6 +112,30 @@ describe("AuditVerifier", () => {
     db.prepare("DELETE FROM audit_log WHERE seq = 105").run();
     db.close();
     expect(await new AuditVerifier(log).run()).toMatchObject({ ok: false, first_bad_seq: 105 });
+    log.close();
+  });
+});
+
+describe("SqliteAuditLog.search (the console's audit page)", () => {
+  it("returns the first matches, oldest first, among the last `window` records", () => {
+    const t = trail(0);
+    const log = t.open();
+    for (let i = 1; i <= 300; i++)
+      log.append({
+        ...rec(i),
+        principal: i % 3 ? "agent" : "reader",
+        outcome: i % 2 ? "executed" : "allowed",
+      });
+    const window = log.tail(100);
+    expect(log.search({ window: 100, limit: 10 })).toEqual({
+      records: window.slice(0, 10),
+      scanned: 100,
+    });
+    const want = window.filter((r) => r.principal === "reader" && r.outcome === "executed");
+    expect(
+      log.search({ window: 100, limit: 5, principal: "reader", outcome: "executed" }).records,
+    ).toEqual(want.slice(0, 5));
+    expect(log.search({ window: 100, limit: 5, tool: "nothing" }).records).toEqual([]);
     log.close();
   });
 });
