@@ -2,13 +2,14 @@
 // one run, prints a table and writes bench/results/latest.json. Every figure that a target
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
-// Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool runs
-// a subset;
+// Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit
+// runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
 import { join } from "node:path";
 import { EventEmitter } from "node:events";
+import { runAudit } from "./audit.js";
 import { runColdStart } from "./coldstart.js";
 import { runConcurrency } from "./concurrency.js";
 import { runDecompose } from "./decompose.js";
@@ -43,6 +44,7 @@ const SECTIONS = [
   "payload",
   "memory",
   "pool",
+  "audit",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
@@ -158,6 +160,12 @@ function targets(f: Record<string, number>): Target[] {
     "pool.remote_latency_ratio_p50",
     (v) => v <= 1.2,
     "≤ 1.2×",
+  );
+  add(
+    "audit page views during MCP traffic (1M-record trail), p99",
+    "audit.p99_ratio",
+    (v) => v <= 1.2,
+    "≤ 1.2× of the same traffic without views",
   );
   return t;
 }
@@ -301,6 +309,20 @@ async function main() {
       perRound: q(320, 64),
       rounds: q(4, 2),
       latencyCalls: q(100, 20),
+    });
+  }
+
+  // Its own server and a fresh data dir: a trail of a million records nobody else writes to.
+  if (want("audit")) {
+    say("audit (page views beside MCP traffic over a 1M-record trail)…");
+    results.audit = await runAudit({
+      config: writeBenchConfig().config,
+      records: q(1_000_000, 100_000),
+      callers: 8,
+      perRound: q(2000, 300),
+      rounds: q(4, 2),
+      viewGapMs: 500,
+      say,
     });
   }
 

@@ -57,6 +57,30 @@ export interface AuditVerifyResult {
   reason: string;
 }
 
+/**
+ * How far verification has got: records 1..seq chain correctly, the last with `hash`. Stored
+ * MAC'd with the audit key (a checkpoint someone without the key writes is caught), so that a
+ * server verifies only the records after it.
+ */
+export interface AuditCheckpoint {
+  seq: number;
+  hash: string;
+  /** The chain_keyed record's seq when it is at or before `seq` (null: not yet keyed). */
+  keyed_from: number | null;
+  verified_at: string;
+}
+
+/** A verification in progress (see SqliteAuditLog.walk). */
+export interface VerifyCursor {
+  expectedSeq: number;
+  prev: string;
+  keyed: boolean;
+  keyedFrom: number | null;
+  foreignKey: string | null;
+  /** Records verified so far, those before a checkpoint included. */
+  checked: number;
+}
+
 /** The last record's position and hash: an operator stores it elsewhere (`tpu-mcp audit head`). */
 export interface AuditHead {
   seq: number;
@@ -161,6 +185,14 @@ function headMac(key: Buffer, seq: number, hash: string): string {
   return createHmac("sha256", key).update(`audit-head\u0000${seq}\u0000${hash}`).digest("hex");
 }
 
+function checkpointMac(key: Buffer, cp: AuditCheckpoint): string {
+  return createHmac("sha256", key)
+    .update(
+      `audit-checkpoint\u0000${cp.seq}\u0000${cp.hash}\u0000${cp.keyed_from ?? ""}\u0000${cp.verified_at}`,
+    )
+    .digest("hex");
+}
+
 function summarise(v: unknown): unknown {
   if (typeof v === "string") return { redacted: true, chars: v.length };
   if (Array.isArray(v)) {
@@ -223,6 +255,8 @@ export interface AuditLogOptions {
   key?: AuditKey | null;
   /** The key file was made just now: start the keyed chain (migrating an unkeyed trail). */
   keyCreated?: boolean;
+  /** Told how many records each verification step read and hashed (tests count work per turn). */
+  onRowsHashed?: (rows: number) => void;
 }
 
 export class SqliteAuditLog implements AuditLog {
@@ -232,12 +266,14 @@ export class SqliteAuditLog implements AuditLog {
   private readonly key: AuditKey | null;
   /** Whether the trail must contain a chain_keyed record for the key (false for ephemeral keys). */
   private readonly anchored: boolean;
+  private readonly onRowsHashed?: (rows: number) => void;
 
   constructor(pathOrDb: string | SqliteDb, opts: AuditLogOptions = {}) {
     ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
     this.logger = opts.logger;
     this.key = opts.key === undefined ? ephemeralAuditKey() : opts.key;
     this.anchored = opts.key !== undefined;
+    this.onRowsHashed = opts.onRowsHashed;
     // audit_head remembers the last seq and hash (with a MAC), so removing records from the end
     // and rewriting the head to match also shows.
     this.db.exec(`CREATE TABLE IF NOT EXISTS audit_log (
@@ -418,6 +454,50 @@ export class SqliteAuditLog implements AuditLog {
     }));
   }
 
+  /**
+   * The first `limit` records, oldest first, among the last `window` that match the filters
+   * (filtered in SQLite: only the matches are parsed), and how many records the window held.
+   */
+  search(q: {
+    window: number;
+    limit: number;
+    principal?: string;
+    tool?: string;
+    outcome?: AuditOutcome;
+  }): { records: StoredAuditRecord[]; scanned: number } {
+    const window = Math.max(0, Math.floor(q.window));
+    // The window's first seq and size from the index alone; then only its matching rows are read.
+    const w = this.db
+      .prepare(
+        "SELECT min(seq) AS lo, count(*) AS n FROM (SELECT seq FROM audit_log ORDER BY seq DESC LIMIT ?)",
+      )
+      .get(window) as { lo: number | null; n: number };
+    const where = ["seq >= ?"];
+    const params: unknown[] = [w.lo ?? Number.MAX_SAFE_INTEGER];
+    for (const [field, value] of [
+      ["principal", q.principal],
+      ["tool", q.tool],
+      ["outcome", q.outcome],
+    ] as const) {
+      if (value === undefined) continue;
+      where.push(`json_extract(record, '$.${field}') = ?`);
+      params.push(value);
+    }
+    const rows = this.db
+      .prepare(`SELECT * FROM audit_log WHERE ${where.join(" AND ")} ORDER BY seq LIMIT ?`)
+      .all(...params, Math.max(0, Math.floor(q.limit))) as Row[];
+    const n = w.n;
+    return {
+      records: rows.map((r) => ({
+        ...(JSON.parse(r.record) as AuditRecord),
+        seq: r.seq,
+        prev_hash: r.prev_hash,
+        hash: r.hash,
+      })),
+      scanned: n,
+    };
+  }
+
   head(): AuditHead {
     const h = this.db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1").get() as
       { seq: number; hash: string } | undefined;
@@ -432,102 +512,171 @@ export class SqliteAuditLog implements AuditLog {
     return this.key && this.anchored ? this.key.id : null;
   }
 
+  /**
+   * Full verification from the first record (the CLI's `audit verify`): every record parsed,
+   * canonicalised and HMAC'd, then the head and the verification checkpoint. Costs time in
+   * proportion to the trail; a server verifies incrementally instead (audit_verify.ts).
+   */
   verify(opts: { head?: AuditHead } = {}): AuditVerifyResult {
-    let expectedSeq = 1;
-    let prev = GENESIS_HASH;
-    let checked = 0;
-    const key = this.key;
-    // Before the chain_keyed record, records carry the unkeyed hash; from it on, the keyed one.
-    let keyed = !this.anchored;
-    let keyedFrom: number | null = keyed ? 1 : null;
-    let foreignKey: string | null = null;
-    const bad = (seq: number, reason: string): AuditVerifyResult => ({
-      ok: false,
-      checked,
-      first_bad_seq: seq,
-      reason,
-    });
-    for (const r of this.db
-      .prepare("SELECT * FROM audit_log ORDER BY seq")
-      .iterate() as Iterable<Row>) {
-      if (r.seq !== expectedSeq)
-        return bad(expectedSeq, `record ${expectedSeq} is missing (next present is ${r.seq})`);
-      if (r.prev_hash !== prev)
-        return bad(
-          r.seq,
-          `record ${r.seq} does not follow record ${r.seq - 1} (prev_hash differs)`,
-        );
-      let rec: AuditRecord;
-      try {
-        rec = JSON.parse(r.record) as AuditRecord;
-      } catch {
-        return bad(r.seq, `record ${r.seq} is not valid JSON`);
-      }
-      if (r.record !== canonicalJson(rec))
-        return bad(r.seq, `record ${r.seq} was modified (not in canonical form)`);
-      if (!keyed && rec.outcome === "chain_keyed") {
-        if (!key) foreignKey = rec.key_id ?? "?";
-        else if (rec.key_id !== key.id)
-          return bad(
-            r.seq,
-            `record ${r.seq} starts a chain under key ${rec.key_id}, but the key file holds key ${key.id}`,
+    // One read transaction: rows and head from one snapshot, even while another process appends.
+    return this.db.transaction(() => {
+      const cur = this.cursorAt(null);
+      const bad = this.walk(cur, Number.POSITIVE_INFINITY) ?? this.checkEnd(cur, opts.head);
+      if (bad) return bad;
+      const cp = this.readCheckpoint();
+      if (cp.forged) return this.failure(cur, cp.forged.seq, cp.forged.reason);
+      if (cp.checkpoint) {
+        const r = this.db
+          .prepare("SELECT hash FROM audit_log WHERE seq = ?")
+          .get(cp.checkpoint.seq) as { hash: string } | undefined;
+        if (cp.checkpoint.seq > 0 && r?.hash !== cp.checkpoint.hash)
+          return this.failure(
+            cur,
+            cp.checkpoint.seq,
+            `record ${cp.checkpoint.seq} differs from the verification checkpoint: the trail was rewritten after it was verified`,
           );
-        else {
-          keyed = true;
-          keyedFrom = r.seq;
-        }
       }
-      if (foreignKey) {
-        return bad(
-          r.seq,
-          `the trail is chained with key ${foreignKey} from record ${r.seq} on, and the key file is missing: restore it to verify`,
-        );
-      }
-      if (keyed) {
-        if (keyedChainHash(key!.key, prev, r.seq, rec) !== r.hash)
-          return bad(
-            r.seq,
-            `record ${r.seq} was modified or rewritten (its HMAC does not match: the chain was recomputed without the key)`,
-          );
-      } else if (chainHash(prev, r.seq, rec) !== r.hash) {
-        if (key && keyedChainHash(key.key, prev, r.seq, rec) === r.hash)
-          return bad(
-            r.seq,
-            `record ${r.seq} is keyed but no chain_keyed record precedes it: the start of the trail was removed`,
-          );
-        return bad(r.seq, `record ${r.seq} was modified (hash does not match its content)`);
-      }
-      prev = r.hash;
-      expectedSeq++;
-      checked++;
+      return this.success(cur, opts.head);
+    })();
+  }
+
+  /**
+   * Where a verification starts: the first record, or just after a checkpoint (whose MAC the
+   * caller has checked), trusting what the checkpoint says about the records before it.
+   */
+  cursorAt(cp: AuditCheckpoint | null): VerifyCursor {
+    if (!cp) {
+      const keyed = !this.anchored;
+      return {
+        expectedSeq: 1,
+        prev: GENESIS_HASH,
+        keyed,
+        keyedFrom: keyed ? 1 : null,
+        foreignKey: null,
+        checked: 0,
+      };
     }
+    return {
+      expectedSeq: cp.seq + 1,
+      prev: cp.hash,
+      keyed: !this.anchored || cp.keyed_from !== null,
+      keyedFrom: !this.anchored ? 1 : cp.keyed_from,
+      foreignKey: null,
+      checked: cp.seq,
+    };
+  }
+
+  /**
+   * Verifies up to `maxRows` records after the cursor, moving it; a failure, or null. Between
+   * calls other records may be appended: the cursor carries on from where it stopped.
+   */
+  walk(cur: VerifyCursor, maxRows: number): AuditVerifyResult | null {
+    const key = this.key;
+    const bad = (seq: number, reason: string) => this.failure(cur, seq, reason);
+    const rows = (
+      Number.isFinite(maxRows)
+        ? this.db
+            .prepare("SELECT * FROM audit_log WHERE seq >= ? ORDER BY seq LIMIT ?")
+            .iterate(cur.expectedSeq, Math.max(0, Math.floor(maxRows)))
+        : this.db
+            .prepare("SELECT * FROM audit_log WHERE seq >= ? ORDER BY seq")
+            .iterate(cur.expectedSeq)
+    ) as Iterable<Row>;
+    let hashed = 0;
+    try {
+      for (const r of rows) {
+        hashed++;
+        if (r.seq !== cur.expectedSeq)
+          return bad(
+            cur.expectedSeq,
+            `record ${cur.expectedSeq} is missing (next present is ${r.seq})`,
+          );
+        if (r.prev_hash !== cur.prev)
+          return bad(
+            r.seq,
+            `record ${r.seq} does not follow record ${r.seq - 1} (prev_hash differs)`,
+          );
+        let rec: AuditRecord;
+        try {
+          rec = JSON.parse(r.record) as AuditRecord;
+        } catch {
+          return bad(r.seq, `record ${r.seq} is not valid JSON`);
+        }
+        if (r.record !== canonicalJson(rec))
+          return bad(r.seq, `record ${r.seq} was modified (not in canonical form)`);
+        if (!cur.keyed && rec.outcome === "chain_keyed") {
+          if (!key) cur.foreignKey = rec.key_id ?? "?";
+          else if (rec.key_id !== key.id)
+            return bad(
+              r.seq,
+              `record ${r.seq} starts a chain under key ${rec.key_id}, but the key file holds key ${key.id}`,
+            );
+          else {
+            cur.keyed = true;
+            cur.keyedFrom = r.seq;
+          }
+        }
+        if (cur.foreignKey) {
+          return bad(
+            r.seq,
+            `the trail is chained with key ${cur.foreignKey} from record ${r.seq} on, and the key file is missing: restore it to verify`,
+          );
+        }
+        if (cur.keyed) {
+          if (keyedChainHash(key!.key, cur.prev, r.seq, rec) !== r.hash)
+            return bad(
+              r.seq,
+              `record ${r.seq} was modified or rewritten (its HMAC does not match: the chain was recomputed without the key)`,
+            );
+        } else if (chainHash(cur.prev, r.seq, rec) !== r.hash) {
+          if (key && keyedChainHash(key.key, cur.prev, r.seq, rec) === r.hash)
+            return bad(
+              r.seq,
+              `record ${r.seq} is keyed but no chain_keyed record precedes it: the start of the trail was removed`,
+            );
+          return bad(r.seq, `record ${r.seq} was modified (hash does not match its content)`);
+        }
+        cur.prev = r.hash;
+        cur.expectedSeq++;
+        cur.checked++;
+      }
+      return null;
+    } finally {
+      this.onRowsHashed?.(hashed);
+    }
+  }
+
+  /** After the last record: the head (position, hash, MAC), the key's anchor, an exported head. */
+  checkEnd(cur: VerifyCursor, exported?: AuditHead): AuditVerifyResult | null {
+    const key = this.key;
+    const bad = (seq: number, reason: string) => this.failure(cur, seq, reason);
     const head = this.db.prepare("SELECT seq, hash, mac FROM audit_head WHERE id = 1").get() as
       { seq: number; hash: string; mac: string | null } | undefined;
-    const lastSeq = expectedSeq - 1;
+    const lastSeq = cur.expectedSeq - 1;
     if (head && head.seq > lastSeq) {
       return bad(lastSeq + 1, `records ${lastSeq + 1}..${head.seq} are missing from the end`);
     }
-    if (head && (head.seq !== lastSeq || head.hash !== prev)) {
+    if (head && (head.seq !== lastSeq || head.hash !== cur.prev)) {
       return bad(lastSeq, `the head (seq ${head.seq}) does not match the last record ${lastSeq}`);
     }
-    if (!head && checked > 0) return bad(1, "audit head is missing");
-    if (this.anchored && key && !keyed) {
+    if (!head && cur.checked > 0) return bad(1, "audit head is missing");
+    if (this.anchored && key && !cur.keyed) {
       return bad(
         lastSeq + 1,
-        checked === 0
+        cur.checked === 0
           ? `the trail is empty, but the key ${key.id} (created ${key.created_at}) exists: the trail was wiped or the database replaced`
           : `no chain_keyed record for key ${key.id} (created ${key.created_at}): the trail was reset or rewritten without the key`,
       );
     }
-    if (head && keyed && key && lastSeq >= (keyedFrom ?? 1)) {
+    if (head && cur.keyed && key && lastSeq >= (cur.keyedFrom ?? 1)) {
       if (head.mac !== headMac(key.key, head.seq, head.hash))
         return bad(
           lastSeq,
           `the head row was rewritten (its MAC does not match): records after ${lastSeq} were probably removed`,
         );
     }
-    if (opts.head) {
-      const h = opts.head;
+    if (exported) {
+      const h = exported;
       if (h.key_id && key && this.anchored && h.key_id !== key.id)
         return bad(h.seq, `the exported head names key ${h.key_id}, the key file holds ${key.id}`);
       if (h.seq > lastSeq)
@@ -545,18 +694,92 @@ export class SqliteAuditLog implements AuditLog {
           );
       }
     }
-    const note = !key
+    return null;
+  }
+
+  private failure(cur: VerifyCursor, seq: number, reason: string): AuditVerifyResult {
+    return { ok: false, checked: cur.checked, first_bad_seq: seq, reason };
+  }
+
+  success(cur: VerifyCursor, exported?: AuditHead): AuditVerifyResult {
+    const note = !this.key
       ? " (not keyed: no key file, hashes only)"
-      : keyedFrom && keyedFrom > 1
-        ? ` (records 1..${keyedFrom - 1} predate the key and are pinned by record ${keyedFrom})`
+      : cur.keyedFrom && cur.keyedFrom > 1
+        ? ` (records 1..${cur.keyedFrom - 1} predate the key and are pinned by record ${cur.keyedFrom})`
         : "";
-    const against = opts.head ? `, and include the exported head #${opts.head.seq}` : "";
+    const against = exported ? `, and include the exported head #${exported.seq}` : "";
     return {
       ok: true,
-      checked,
+      checked: cur.checked,
       reason:
-        checked === 0 ? `empty log${note}` : `${checked} records chain correctly${against}${note}`,
+        cur.checked === 0
+          ? `empty log${note}`
+          : `${cur.checked} records chain correctly${against}${note}`,
     };
+  }
+
+  /** Runs `fn` in one read transaction (rows and head from one snapshot). */
+  snapshot<T>(fn: () => T): T {
+    return this.db.transaction(fn)();
+  }
+
+  /**
+   * The stored verification checkpoint: `checkpoint` when its MAC holds, `forged` when it does
+   * not (someone without the key wrote it), neither when there is none (or no key to check it).
+   */
+  readCheckpoint(): {
+    checkpoint?: AuditCheckpoint;
+    forged?: { seq: number; reason: string };
+  } {
+    const key = this.key;
+    if (!key) return {};
+    const exists = this.db
+      .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'audit_checkpoint'")
+      .get();
+    if (!exists) return {};
+    const row = this.db.prepare("SELECT * FROM audit_checkpoint WHERE id = 1").get() as
+      (AuditCheckpoint & { mac: string }) | undefined;
+    if (!row) return {};
+    const cp: AuditCheckpoint = {
+      seq: row.seq,
+      hash: row.hash,
+      keyed_from: row.keyed_from,
+      verified_at: row.verified_at,
+    };
+    if (row.mac !== checkpointMac(key.key, cp))
+      return {
+        forged: {
+          seq: Math.max(1, row.seq),
+          reason: `the verification checkpoint (record ${row.seq}) was rewritten: its MAC does not match the key; run \`tpu-mcp audit verify\``,
+        },
+      };
+    return { checkpoint: cp };
+  }
+
+  /** Stores the cursor as the verified checkpoint, MAC'd with the key (nothing without a key). */
+  writeCheckpoint(cur: VerifyCursor, verifiedAt: string): AuditCheckpoint | null {
+    const key = this.key;
+    if (!key) return null;
+    const cp: AuditCheckpoint = {
+      seq: cur.expectedSeq - 1,
+      hash: cur.prev,
+      keyed_from: this.anchored ? cur.keyedFrom : null,
+      verified_at: verifiedAt,
+    };
+    this.db.exec(`CREATE TABLE IF NOT EXISTS audit_checkpoint (
+      id INTEGER PRIMARY KEY CHECK (id = 1),
+      seq INTEGER NOT NULL,
+      hash TEXT NOT NULL,
+      keyed_from INTEGER,
+      verified_at TEXT NOT NULL,
+      mac TEXT NOT NULL
+    )`);
+    this.db
+      .prepare(
+        "INSERT INTO audit_checkpoint (id, seq, hash, keyed_from, verified_at, mac) VALUES (1, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, keyed_from = excluded.keyed_from, verified_at = excluded.verified_at, mac = excluded.mac",
+      )
+      .run(cp.seq, cp.hash, cp.keyed_from, cp.verified_at, checkpointMac(key.key, cp));
+    return cp;
   }
 
   close(): void {

@@ -199,9 +199,11 @@ function stopPage() {
   cleanup = [];
 }
 
-function every(ms: number, fn: () => void) {
+function every(ms: number, fn: () => void): () => void {
   const t = setInterval(fn, ms);
-  cleanup.push(() => clearInterval(t));
+  const stop = () => clearInterval(t);
+  cleanup.push(stop);
+  return stop;
 }
 
 function on(type: string, fn: (e: Event) => void) {
@@ -387,10 +389,17 @@ async function activityPage(root: HTMLElement) {
     try {
       const d = await api(`audit?${q}`);
       const v = d.verify;
+      // Verified in the background from a checkpoint on: say how far, and whether it goes on.
+      const upTo = v.verified_at ? ` (up to #${v.verified_seq}, ${when(v.verified_at)})` : "";
+      const going = v.in_progress
+        ? ` Verifying records after #${v.checked} of ${v.head_seq}…`
+        : v.head_seq > v.verified_seq
+          ? ` ${v.head_seq - v.verified_seq} newer record(s) not yet verified.`
+          : "";
       result.replaceChildren(
         status(
           v.ok
-            ? `Chain intact: ${v.checked} record(s) verified.`
+            ? `Chain intact: ${v.checked} record(s) verified${upTo}.${going}`
             : `TAMPERED at record #${v.first_bad_seq}: ${v.reason}`,
           v.ok ? "ok" : "bad",
         ),
@@ -530,10 +539,17 @@ async function runtimePage(root: HTMLElement) {
       );
     } catch (x) {
       body.replaceChildren(status((x as Error).message, "bad"));
+      // A refusal will not change by asking again (and each ask is audited): stop polling.
+      if (x instanceof ApiError && x.status === 403) {
+        refused = true;
+        stopPolling?.();
+      }
     }
   };
+  let refused = false;
+  let stopPolling: (() => void) | undefined;
   await load();
-  every(5000, () => void load());
+  if (!refused) stopPolling = every(5000, () => void load());
 }
 
 async function benchmarksPage(root: HTMLElement) {

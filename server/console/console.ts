@@ -13,10 +13,13 @@ import { existsSync, readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { join } from "node:path";
 import type { ApprovalRecord } from "../../policies/approvals.js";
-import type { AuditOutcome, StoredAuditRecord } from "../../policies/audit.js";
+import type { AuditOutcome } from "../../policies/audit.js";
+import { AuditVerifier } from "../../policies/audit_verify.js";
 import { isPolicyError } from "../../policies/errors.js";
 import { hasScope, type Principal } from "../../policies/scopes.js";
+import { dispatchTool, ERROR_META_KEY } from "../../tools/dispatch/dispatch.js";
 import { toolServices, type App } from "../app/app.js";
+import { HttpError, readJsonBody, sendJson, sweepSessions } from "../http_util.js";
 
 export const CONSOLE_COOKIE = "tpu_console";
 export const CONSOLE_CSP =
@@ -27,6 +30,7 @@ const IDLE_MS = 30 * 60_000;
 const MAX_AGE_MS = 12 * 3600_000;
 const SIGNIN_WINDOW_MS = 60_000;
 const SIGNIN_MAX_FAILURES = 10;
+const VERIFY_EVERY_MS = 60_000;
 const ASSETS: Record<string, string> = {
   "app.js": "text/javascript; charset=utf-8",
   "app.css": "text/css; charset=utf-8",
@@ -43,16 +47,6 @@ interface ConsoleSession {
   streams: Set<ServerResponse>;
 }
 
-class ConsoleError extends Error {
-  constructor(
-    readonly status: number,
-    readonly code: string,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
 const SECURITY_HEADERS = {
   "content-security-policy": CONSOLE_CSP,
   "x-content-type-options": "nosniff",
@@ -63,20 +57,14 @@ const SECURITY_HEADERS = {
   "permissions-policy": "camera=(), microphone=(), geolocation=()",
 };
 
+/** A console JSON answer: never cached, with the console's security headers. */
 function send(
   res: ServerResponse,
   status: number,
   body: unknown,
   headers: Record<string, string | string[]> = {},
 ) {
-  if (res.headersSent) return;
-  res.writeHead(status, {
-    ...SECURITY_HEADERS,
-    "content-type": "application/json",
-    "cache-control": "no-store",
-    ...headers,
-  });
-  res.end(JSON.stringify(body));
+  sendJson(res, status, body, { ...SECURITY_HEADERS, "cache-control": "no-store", ...headers });
 }
 
 function cookies(req: IncomingMessage): Record<string, string> {
@@ -94,22 +82,7 @@ const safeEqual = (a: string, b: string) => {
   return x.length === y.length && timingSafeEqual(x, y);
 };
 
-async function readJson(req: IncomingMessage, limit = 16 * 1024): Promise<any> {
-  if (!/^application\/json\b/i.test(req.headers["content-type"] ?? ""))
-    throw new ConsoleError(415, "bad_request", "send JSON (content-type: application/json)");
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const c of req) {
-    size += (c as Buffer).length;
-    if (size > limit) throw new ConsoleError(413, "bad_request", `body over ${limit} bytes`);
-    chunks.push(c as Buffer);
-  }
-  try {
-    return JSON.parse(Buffer.concat(chunks).toString("utf8") || "{}");
-  } catch {
-    throw new ConsoleError(400, "bad_request", "the body is not valid JSON");
-  }
-}
+const readJson = (req: IncomingMessage) => readJsonBody(req, 16 * 1024);
 
 export interface ConsoleRoutes {
   handle(req: IncomingMessage, res: ServerResponse, path: string): Promise<void>;
@@ -126,13 +99,20 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
   let secureCookies = false;
 
   const gauge = () => app.metrics.consoleSessions.set(sessions.size);
-  const sweep = setInterval(() => {
-    const now = Date.now();
-    for (const s of sessions.values()) if (now - s.lastSeen > IDLE_MS || now >= s.endsAt) end(s);
-    for (const [k, v] of failures)
-      if (v.every((t) => now - t > SIGNIN_WINDOW_MS)) failures.delete(k);
-  }, 60_000);
-  sweep.unref();
+  // The chain is verified in the background, from a MAC'd checkpoint on (audit_verify.ts).
+  const verifier = new AuditVerifier(app.audit, { logger: log });
+  verifier.kick();
+  const verifyTimer = setInterval(() => verifier.kick(), VERIFY_EVERY_MS);
+  verifyTimer.unref();
+  const stopSweep = sweepSessions(sessions, {
+    everyMs: 60_000,
+    expired: (s, now) => now - s.lastSeen > IDLE_MS || now >= s.endsAt,
+    drop: (_id, s) => end(s),
+    also: (now) => {
+      for (const [k, v] of failures)
+        if (v.every((t) => now - t > SIGNIN_WINDOW_MS)) failures.delete(k);
+    },
+  });
 
   function end(s: ConsoleSession) {
     sessions.delete(s.id);
@@ -146,7 +126,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     const now = Date.now();
     if (!s || now - s.lastSeen > IDLE_MS || now >= s.endsAt) {
       if (s) end(s);
-      throw new ConsoleError(401, "signed_out", "sign in with an operator token");
+      throw new HttpError(401, "sign in with an operator token", { code: "signed_out" });
     }
     s.lastSeen = now;
     return s;
@@ -156,15 +136,17 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
   function checkWrite(req: IncomingMessage, s: ConsoleSession | null) {
     const site = req.headers["sec-fetch-site"];
     if (site !== undefined && site !== "same-origin" && site !== "none")
-      throw new ConsoleError(403, "csrf", `cross-site request refused (${site})`);
+      throw new HttpError(403, `cross-site request refused (${site})`, { code: "csrf" });
     const origin = req.headers.origin;
     const host = req.headers.host ?? "";
     if (origin !== undefined && origin !== `http://${host}` && origin !== `https://${host}`)
-      throw new ConsoleError(403, "csrf", "cross-origin request refused");
+      throw new HttpError(403, "cross-origin request refused", { code: "csrf" });
     if (s) {
       const token = req.headers["x-csrf-token"];
       if (typeof token !== "string" || !safeEqual(token, s.csrf))
-        throw new ConsoleError(403, "csrf", "missing or wrong CSRF token; reload the console");
+        throw new HttpError(403, "missing or wrong CSRF token; reload the console", {
+          code: "csrf",
+        });
     }
   }
 
@@ -182,14 +164,14 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     const addr = remote(req);
     const recent = (failures.get(addr) ?? []).filter((t) => now - t < SIGNIN_WINDOW_MS);
     if (recent.length >= SIGNIN_MAX_FAILURES)
-      throw new ConsoleError(429, "rate_limited", "too many failed sign-ins; wait a minute");
+      throw new HttpError(429, "too many failed sign-ins; wait a minute", { code: "rate_limited" });
     const body = await readJson(req);
     const token = typeof body?.token === "string" ? body.token.trim() : "";
     const fail = (status: number, code: string, msg: string, reason: string) => {
       recent.push(now);
       failures.set(addr, recent);
       log.warn({ remote: addr, reason }, "console sign-in refused");
-      return new ConsoleError(status, code, msg);
+      return new HttpError(status, msg, { code });
     };
     if (!token) throw fail(400, "bad_request", "paste an operator token", "no token");
     let principal: Principal;
@@ -330,41 +312,56 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
 
   function audit(res: ServerResponse, q: URLSearchParams) {
     const limit = Math.min(Math.max(Number(q.get("limit")) || 200, 1), 1000);
-    const principal = q.get("principal")?.trim();
-    const tool = q.get("tool")?.trim();
-    const outcome = q.get("outcome")?.trim() as AuditOutcome | undefined;
-    const scanned = app.audit.tail(5000);
-    const records: StoredAuditRecord[] = [];
-    for (const r of scanned) {
-      if (principal && r.principal !== principal) continue;
-      if (tool && r.tool !== tool) continue;
-      if (outcome && r.outcome !== outcome) continue;
-      records.push(r);
-      if (records.length >= limit) break;
-    }
-    send(res, 200, { records, scanned: scanned.length, verify: app.audit.verify() });
+    const { records, scanned } = app.audit.search({
+      window: 5000,
+      limit,
+      principal: q.get("principal")?.trim() || undefined,
+      tool: q.get("tool")?.trim() || undefined,
+      outcome: (q.get("outcome")?.trim() as AuditOutcome | undefined) || undefined,
+    });
+    // Never a verification pass here: the page shows how far the background task has got, and
+    // asks it to catch up with the records appended since.
+    verifier.kick();
+    send(res, 200, { records, scanned, verify: verifier.status() });
+  }
+
+  /**
+   * Runs a tool for the signed-in operator exactly as an MCP call would: through dispatch and the
+   * gate (scope, rate, audit). The console never calls a handler itself.
+   */
+  async function callTool(
+    res: ServerResponse,
+    s: ConsoleSession,
+    name: string,
+    args: Record<string, unknown>,
+  ) {
+    const tool = app.tools.find((t) => t.name === name);
+    if (!tool) throw new HttpError(404, `no tool ${name}`, { code: "not_found" });
+    const gone = new AbortController();
+    res.once("close", () => gone.abort(new Error("the console page went away")));
+    const result = await dispatchTool({
+      tool,
+      rawArgs: args,
+      principal: s.principal,
+      gate: app.gate,
+      base: toolServices(app),
+      // Cancelled when the page goes away, as an MCP call is by its client; the gate applies
+      // the tool's own time limit.
+      signal: gone.signal,
+      progress: () => {},
+      logger: app.logger,
+    });
+    const err = result._meta?.[ERROR_META_KEY] as { code: string; message: string } | undefined;
+    // Refusals of the caller are HTTP refusals; other failures are the page's own answer.
+    if (err?.code === "insufficient_scope")
+      throw new HttpError(403, `this page runs ${name}, and ${err.message}`, { code: err.code });
+    if (err?.code === "rate_limited") throw new HttpError(429, err.message, { code: err.code });
+    return err ? { out: null, error: err.message } : { out: result.structuredContent, error: null };
   }
 
   async function runtime(res: ServerResponse, s: ConsoleSession) {
-    const tool = app.tools.find((t) => t.name === "get_runtime_status");
-    let status: unknown = null;
-    let error: string | null = null;
-    if (tool) {
-      try {
-        status = await tool.handler(
-          {},
-          {
-            ...toolServices(app),
-            principal: s.principal,
-            signal: AbortSignal.timeout(5000),
-            progress: () => {},
-          },
-        );
-      } catch (e) {
-        error = (e as Error).message;
-      }
-    }
-    send(res, 200, { status, error, runtime_state: app.runtime.state });
+    const { out, error } = await callTool(res, s, "get_runtime_status", {});
+    send(res, 200, { status: out ?? null, error, runtime_state: app.runtime.state });
   }
 
   function jobs(res: ServerResponse) {
@@ -378,10 +375,27 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     id: string,
   ) {
     checkWrite(req, s);
-    if (!s.principal.scopes.includes("admin"))
-      throw new ConsoleError(403, "insufficient_scope", "cancelling jobs needs the admin scope");
+    // Not cancel_job (which cancels only the caller's own jobs): an admin's cancel of anyone's
+    // job, audited like a tool call so the trail shows who stopped whose work.
+    const record = (outcome: "denied" | "executed", reason: string, code?: string) =>
+      app.audit.append({
+        time: new Date().toISOString(),
+        principal: s.principal.id,
+        tool: "cancel_job",
+        args_digest: null,
+        outcome,
+        reason: `${reason} (console)`,
+        ...(code ? { code } : {}),
+      });
+    if (!s.principal.scopes.includes("admin")) {
+      record("denied", `cancelling ${id} needs the admin scope`, "insufficient_scope");
+      throw new HttpError(403, "cancelling jobs needs the admin scope", {
+        code: "insufficient_scope",
+      });
+    }
     const job = app.jobs.cancelAny(id);
-    if (!job) throw new ConsoleError(404, "job_not_found", `no job ${id}`);
+    if (!job) throw new HttpError(404, `no job ${id}`, { code: "job_not_found" });
+    record("executed", `cancelled ${job.principal}'s job ${id}`);
     log.info({ principal: s.principal.id, job_id: id }, "job cancelled from the console");
     send(res, 200, { job });
   }
@@ -422,13 +436,13 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
   async function route(req: IncomingMessage, res: ServerResponse, path: string) {
     const method = req.method ?? "GET";
     if (path === "/console" || path === "/console/") {
-      if (method !== "GET") throw new ConsoleError(405, "bad_request", "GET only");
+      if (method !== "GET") throw new HttpError(405, "GET only", { code: "bad_request" });
       return staticFile(res, "index.html");
     }
     const asset = /^\/console\/assets\/([a-z]+\.(?:js|css))$/.exec(path);
     if (asset && ASSETS[asset[1]] && method === "GET") return staticFile(res, `assets/${asset[1]}`);
     if (!path.startsWith("/console/api/"))
-      throw new ConsoleError(404, "not_found", "no such console page");
+      throw new HttpError(404, "no such console page", { code: "not_found" });
     const api = path.slice("/console/api/".length);
     if (api === "session" && method === "POST") return signIn(req, res);
     if (api === "session" && method === "GET") {
@@ -458,7 +472,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
       const b = /^benchmarks\/(bench_[0-9a-f]{20})$/.exec(api);
       if (b) {
         const r = app.reports.get(b[1]);
-        if (!r) throw new ConsoleError(404, "not_found", `no report ${b[1]}`);
+        if (!r) throw new HttpError(404, `no report ${b[1]}`, { code: "not_found" });
         return send(res, 200, { ...r });
       }
     }
@@ -468,7 +482,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
       const j = /^jobs\/(job_[0-9a-f]{24})\/cancel$/.exec(api);
       if (j) return cancelJob(req, res, s, j[1]);
     }
-    throw new ConsoleError(404, "not_found", `no console API ${method} ${api.slice(0, 80)}`);
+    throw new HttpError(404, `no console API ${method} ${api.slice(0, 80)}`, { code: "not_found" });
   }
 
   return {
@@ -476,7 +490,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
       try {
         await route(req, res, path);
       } catch (e) {
-        if (e instanceof ConsoleError) {
+        if (e instanceof HttpError) {
           if (e.status === 403)
             log.warn({ remote: remote(req), path, reason: e.message }, "console request refused");
           return send(res, e.status, { error: { code: e.code, message: e.message } });
@@ -491,7 +505,9 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     },
     sessions: () => sessions.size,
     close() {
-      clearInterval(sweep);
+      stopSweep();
+      clearInterval(verifyTimer);
+      verifier.close();
       for (const s of [...sessions.values()]) end(s);
     },
   };

@@ -17,6 +17,7 @@ import { RateLimiter } from "../../policies/limits/rate.js";
 import { canCall, hasScope, requiredScope, SCOPES, type Principal } from "../../policies/scopes.js";
 import type { App } from "../app/app.js";
 import { createConsoleRoutes } from "../console/console.js";
+import { HttpError, readBody, sendJson, sweepSessions } from "../http_util.js";
 import { createMcpServer } from "../mcp/server.js";
 
 export interface HttpOptions {
@@ -50,33 +51,11 @@ export function isLoopbackHost(host: string): boolean {
   return h === "localhost" || h === "::1" || /^127(\.\d{1,3}){3}$/.test(h);
 }
 
-class HttpError extends Error {
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly headers: Record<string, string> = {},
-    readonly id: string | number | null = null,
-  ) {
-    super(message);
-  }
-}
-
 /** Headers a browser may send (preflight) and read (responses) across origins. */
 const CORS_ALLOW_HEADERS =
   "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID";
 const CORS_EXPOSE_HEADERS = "Mcp-Session-Id, Mcp-Protocol-Version, WWW-Authenticate, Retry-After";
 const CORS_ALLOW_METHODS = "GET, POST, DELETE, OPTIONS";
-
-function sendJson(
-  res: ServerResponse,
-  status: number,
-  body: unknown,
-  headers: Record<string, string> = {},
-) {
-  if (res.headersSent) return;
-  res.writeHead(status, { "content-type": "application/json", ...headers });
-  res.end(JSON.stringify(body));
-}
 
 function jsonRpcError(
   res: ServerResponse,
@@ -87,19 +66,6 @@ function jsonRpcError(
   id: string | number | null = null,
 ) {
   sendJson(res, status, { jsonrpc: "2.0", error: { code, message }, id }, headers);
-}
-
-async function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
-  const declared = Number(req.headers["content-length"] ?? "0");
-  if (declared > limit) throw new HttpError(413, `request body over ${limit} bytes`);
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > limit) throw new HttpError(413, `request body over ${limit} bytes`);
-    chunks.push(chunk as Buffer);
-  }
-  return Buffer.concat(chunks);
 }
 
 /** The ids of the JSON-RPC requests (not notifications or responses) in a body. */
@@ -181,7 +147,9 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     const h = req.headers.authorization ?? "";
     const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
     if (!m) {
-      throw new HttpError(401, "a bearer token is required", { "www-authenticate": challenge("") });
+      throw new HttpError(401, "a bearer token is required", {
+        headers: { "www-authenticate": challenge("") },
+      });
     }
     try {
       return await app.auth.authenticate(m[1]);
@@ -190,7 +158,9 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       const code = err.code ?? "invalid_token";
       const desc = (err.description ?? err.message ?? "invalid token").replace(/"/g, "'");
       throw new HttpError(401, desc, {
-        "www-authenticate": challenge(`error="${code}", error_description="${desc}"`),
+        headers: {
+          "www-authenticate": challenge(`error="${code}", error_description="${desc}"`),
+        },
       });
     }
   }
@@ -209,7 +179,9 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         } catch {
           const scope = requiredScope(tool.policy);
           throw new HttpError(403, `insufficient_scope: ${name} needs the scope ${scope}`, {
-            "www-authenticate": challenge(`error="insufficient_scope", scope="${scope}"`),
+            headers: {
+              "www-authenticate": challenge(`error="insufficient_scope", scope="${scope}"`),
+            },
           });
         }
       }
@@ -246,7 +218,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         throw new HttpError(
           429,
           `this principal already has ${own.length} open sessions, all busy (http.max_sessions_per_principal); end one with DELETE or retry later`,
-          { "retry-after": "5" },
+          { headers: { "retry-after": "5" } },
         );
       }
       dropSession(victim, "per-principal session cap: oldest idle session evicted");
@@ -260,7 +232,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         heaviest && oldestIdle([...sessions].filter(([, s]) => s.principalId === heaviest));
       if (!victim) {
         throw new HttpError(503, "too many open sessions, all busy; retry later", {
-          "retry-after": "5",
+          headers: { "retry-after": "5" },
         });
       }
       dropSession(victim, "server session cap: oldest idle session of the largest holder evicted");
@@ -283,7 +255,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       throw new HttpError(
         429,
         `too many new sessions from ${who} (http.initialize_rate); reuse the session (Mcp-Session-Id) or retry after ${after} s`,
-        { "retry-after": String(after) },
+        { headers: { "retry-after": String(after) } },
       );
     }
   }
@@ -317,8 +289,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
           throw new HttpError(
             409,
             `Invalid Request: id ${JSON.stringify(id).slice(0, 80)} is already used by a request in progress in this session; use a new id`,
-            {},
-            id,
+            { id },
           );
         }
         seen.add(id);
@@ -381,7 +352,9 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       const p = await authenticate(req);
       if (!hasScope(p, "metrics:read")) {
         throw new HttpError(403, "insufficient_scope: /metrics needs the scope metrics:read", {
-          "www-authenticate": challenge(`error="insufficient_scope", scope="metrics:read"`),
+          headers: {
+            "www-authenticate": challenge(`error="insufficient_scope", scope="metrics:read"`),
+          },
         });
       }
     }
@@ -489,13 +462,11 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   http.requestTimeout = 0; // SSE streams and long tool calls stay open; sessions expire instead.
   http.headersTimeout = 30_000;
 
-  const sweep = setInterval(() => {
-    const cutoff = Date.now() - cfg.session_idle_s * 1000;
-    for (const [id, s] of sessions) {
-      if (s.busy === 0 && s.lastSeen < cutoff) dropSession(id, "idle");
-    }
-  }, 30_000);
-  sweep.unref();
+  const stopSweep = sweepSessions(sessions, {
+    everyMs: 30_000,
+    expired: (s, now) => s.busy === 0 && s.lastSeen < now - cfg.session_idle_s * 1000,
+    drop: (id) => dropSession(id, "idle"),
+  });
 
   await new Promise<void>((resolve, reject) => {
     http.once("error", reject);
@@ -511,7 +482,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     server: http,
     sessions: () => sessions.size,
     async close() {
-      clearInterval(sweep);
+      stopSweep();
       consoleRoutes.close();
       await Promise.all([...sessions.values()].map((s) => s.transport.close().catch(() => {})));
       sessions.clear();

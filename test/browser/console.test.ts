@@ -316,13 +316,9 @@ describe("operator console in chromium", () => {
       arguments: { model: "mnist-cnn" },
     });
     expect(loaded.isError).toBeFalsy();
+    // The runtime page runs get_runtime_status through the gate: this operator lacks models:read.
     await page.goto(`${base}/console/#/runtime`);
-    await page.waitForSelector("#runtime dl");
-    expect(await page.textContent("#runtime")).toContain("ready");
-    expect(await page.textContent("#runtime")).toMatch(/Devices \(1\)/);
-    const models = page.locator("table", { hasText: "queue_depth" });
-    expect(await models.innerText()).toContain("mnist-cnn");
-    await page.screenshot({ path: join(SHOTS, "console-runtime.png") });
+    await expect.poll(() => page.textContent("#runtime")).toContain("needs the models:read scope");
 
     await page.goto(`${base}/console/#/jobs`);
     await page.waitForSelector("#jobs");
@@ -347,6 +343,13 @@ describe("operator console in chromium", () => {
       expect(jobId).toMatch(/^job_/);
       const p = await ctx.newPage();
       await signIn(p, ADMIN);
+      await p.goto(`${base}/console/#/runtime`);
+      await p.waitForSelector("#runtime dl");
+      expect(await p.textContent("#runtime")).toContain("ready");
+      expect(await p.textContent("#runtime")).toMatch(/Devices \(1\)/);
+      const models = p.locator("table", { hasText: "queue_depth" });
+      expect(await models.innerText()).toContain("mnist-cnn");
+      await p.screenshot({ path: join(SHOTS, "console-runtime.png") });
       await p.goto(`${base}/console/#/jobs`);
       const row = p.locator("#jobs tr", { hasText: jobId });
       await row.locator("button", { hasText: "Cancel" }).click();

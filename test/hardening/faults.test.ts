@@ -327,8 +327,11 @@ describe.skipIf(!canMount)("SQLite stores on a full or read-only disk (tmpfs)", 
           full.push(await call(c, "list_models"));
         }
         full.push(await call(c, "unload_model", { model: "mnist-cnn" }));
-        for (const r of full) if (r.isError) expectCleanError(r);
-        const refusedFull = full.filter((r) => r.isError).length;
+        // With no room for the audit record, nothing runs: every call is refused (fail closed),
+        // each with a clean error, and none answers as if it had run.
+        const refusedFull = full.filter((r) => r.isError);
+        expect(refusedFull).toHaveLength(full.length);
+        for (const r of full) expectCleanError(r);
         // The model is still loaded unless the unload was audited (nothing destructive runs unaudited).
         const unloadRes = full[full.length - 1];
         rmSync(filler);
@@ -374,7 +377,7 @@ describe.skipIf(!canMount)("SQLite stores on a full or read-only disk (tmpfs)", 
         expect(v2.code, v2.stdout + v2.stderr).toBe(0);
         recordFigure("disk_faults", {
           calls_during_full_disk: full.length,
-          refused_during_full_disk: refusedFull,
+          refused_during_full_disk: refusedFull.length,
         });
       } finally {
         await h.close();

@@ -1,0 +1,141 @@
+// Incremental verification from a MAC'd checkpoint (policies/audit_verify.ts): a server verifies
+// only the records after the checkpoint, a bounded number per event-loop turn; a checkpoint
+// written without the key is caught; records changed before the checkpoint are the full pass's
+// to catch.
+import Database from "better-sqlite3";
+import { afterAll, describe, expect, it } from "vitest";
+import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
+import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
+import { AuditVerifier } from "../../policies/audit_verify.js";
+import { tempDir } from "./helpers.js";
+
+const tmp = tempDir();
+afterAll(() => tmp.cleanup());
+
+const rec = (i: number): AuditRecord => ({
+  time: new Date(Date.UTC(2025, 0, 1, 0, 0, i % 60)).toISOString(),
+  principal: "agent",
+  tool: "run_inference",
+  args_digest: "ab".repeat(32),
+  outcome: "executed",
+  duration_ms: i,
+});
+
+/** A keyed trail of n records (plus chain_keyed), and a counter of records hashed per step. */
+function trail(n: number) {
+  const file = tmp.file(`verify-${Math.random().toString(36).slice(2)}.db`);
+  const { key } = loadOrCreateAuditKey(tmp.file(`key-${Math.random().toString(36).slice(2)}`));
+  const steps: number[] = [];
+  const open = () => new SqliteAuditLog(file, { key, onRowsHashed: (rows) => steps.push(rows) });
+  const log = new SqliteAuditLog(file, { key, keyCreated: true });
+  for (let i = 1; i <= n; i++) log.append(rec(i));
+  log.close();
+  return { file, open, steps };
+}
+
+describe("AuditVerifier", () => {
+  it("verifies in bounded steps, stores a checkpoint, then verifies only the newer records", async () => {
+    const t = trail(1000);
+    const log = t.open();
+    const v = new AuditVerifier(log, { chunkRows: 100 });
+    expect(v.status()).toMatchObject({ ok: true, verified_seq: 0, head_seq: 1001 });
+    const done = await v.run();
+    expect(done).toMatchObject({ ok: true, checked: 1001, verified_seq: 1001, in_progress: false });
+    expect(done.verified_at).toMatch(/^\d{4}-/);
+    expect(Math.max(...t.steps)).toBeLessThanOrEqual(100);
+    expect(t.steps.reduce((a, b) => a + b, 0)).toBe(1001);
+
+    for (let i = 0; i < 30; i++) log.append(rec(i));
+    t.steps.length = 0;
+    // A new verifier (a restarted server) starts from the stored checkpoint.
+    const again = new AuditVerifier(log, { chunkRows: 100 });
+    expect(again.status()).toMatchObject({ ok: true, verified_seq: 1001, head_seq: 1031 });
+    expect(await again.run()).toMatchObject({ ok: true, verified_seq: 1031 });
+    expect(t.steps.reduce((a, b) => a + b, 0)).toBe(30);
+    log.close();
+  });
+
+  it("catches a checkpoint written without the key, and so does the full verify", async () => {
+    const t = trail(300);
+    const log = t.open();
+    await new AuditVerifier(log, { chunkRows: 64 }).run();
+    for (let i = 0; i < 5; i++) log.append(rec(i));
+    // Someone who can write the database moves the checkpoint past records not yet verified.
+    const db = new Database(t.file);
+    const last = db.prepare("SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1").get() as {
+      seq: number;
+      hash: string;
+    };
+    db.prepare("UPDATE audit_checkpoint SET seq = ?, hash = ?, verified_at = ?").run(
+      last.seq,
+      last.hash,
+      "2030-01-01T00:00:00.000Z",
+    );
+    db.close();
+    const v = new AuditVerifier(log);
+    expect(v.status()).toMatchObject({ ok: false });
+    expect(v.status().reason).toMatch(/checkpoint.*MAC/);
+    expect(await v.run()).toMatchObject({ ok: false });
+    expect(log.verify()).toMatchObject({ ok: false });
+    expect(log.verify().reason).toMatch(/checkpoint/);
+    log.close();
+  });
+
+  it("leaves records changed before the checkpoint to the full verify, which catches them", async () => {
+    const t = trail(200);
+    const log = t.open();
+    await new AuditVerifier(log).run();
+    const db = new Database(t.file);
+    const row = db.prepare("SELECT record FROM audit_log WHERE seq = 50").get() as {
+      record: string;
+    };
+    db.prepare("UPDATE audit_log SET record = ? WHERE seq = 50").run(
+      row.record.replace('"agent"', '"mallory"'),
+    );
+    db.close();
+    log.append(rec(1));
+    t.steps.length = 0;
+    // The incremental pass reads only record 202: it cannot see the change at 50 ...
+    expect(await new AuditVerifier(log).run()).toMatchObject({ ok: true, verified_seq: 202 });
+    expect(t.steps.reduce((a, b) => a + b, 0)).toBe(1);
+    // ... the full pass (tpu-mcp audit verify) does.
+    expect(log.verify()).toMatchObject({ ok: false, first_bad_seq: 50 });
+    log.close();
+  });
+
+  it("reports a record removed after the checkpoint", async () => {
+    const t = trail(100);
+    const log = t.open();
+    await new AuditVerifier(log).run();
+    for (let i = 0; i < 10; i++) log.append(rec(i));
+    const db = new Database(t.file);
+    db.prepare("DELETE FROM audit_log WHERE seq = 105").run();
+    db.close();
+    expect(await new AuditVerifier(log).run()).toMatchObject({ ok: false, first_bad_seq: 105 });
+    log.close();
+  });
+});
+
+describe("SqliteAuditLog.search (the console's audit page)", () => {
+  it("returns the first matches, oldest first, among the last `window` records", () => {
+    const t = trail(0);
+    const log = t.open();
+    for (let i = 1; i <= 300; i++)
+      log.append({
+        ...rec(i),
+        principal: i % 3 ? "agent" : "reader",
+        outcome: i % 2 ? "executed" : "allowed",
+      });
+    const window = log.tail(100);
+    expect(log.search({ window: 100, limit: 10 })).toEqual({
+      records: window.slice(0, 10),
+      scanned: 100,
+    });
+    const want = window.filter((r) => r.principal === "reader" && r.outcome === "executed");
+    expect(
+      log.search({ window: 100, limit: 5, principal: "reader", outcome: "executed" }).records,
+    ).toEqual(want.slice(0, 5));
+    expect(log.search({ window: 100, limit: 5, tool: "nothing" }).records).toEqual([]);
+    log.close();
+  });
+});
