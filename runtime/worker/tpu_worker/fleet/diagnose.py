@@ -15,6 +15,7 @@ _DEVICE = re.compile(
     r"unsupported_device|--device (tpu|cuda)\S* was requested|torch_tpu is not usable|no TPU chips", re.I
 )
 _DEVICE_WHY = re.compile(r"torch_tpu is not usable: [^.\"]*|no TPU chips[^;\"\n]*")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MAX_LINE = 400
 
 
@@ -51,7 +52,8 @@ def last_line(text: str) -> str:
 
 
 def explain(text: str, device: str) -> Diagnosis | None:
-    """A known cause in `text` (an actor's or a check's error), else None."""
+    """A known cause in `text` (an actor's or a check's error), else None. `device`: what the
+    actors ask for, as the operator would read it (preflight.device_label)."""
     if _DEVICE.search(text):  # first: a missing torch_tpu is the device's problem, not our package's
         why = _DEVICE_WHY.search(text)
         return Diagnosis(
@@ -66,5 +68,6 @@ def explain(text: str, device: str) -> Diagnosis | None:
 
 def reason(text: str, device: str) -> tuple[str | None, str]:
     """(code or None, one line) for an actor that died with `text`."""
+    text = _ANSI.sub("", text)
     d = explain(text, device)
     return (d.code, d.message) if d else (None, last_line(text) or "actor died")

@@ -252,7 +252,7 @@ class Driver:
             m.state = "dead"
             m.slot.taken_by = None
             self._members.pop(m.name, None)
-        code, reason = diagnose.reason(str(exc) or type(exc).__name__, self.cfg.actor.device)
+        code, reason = diagnose.reason(str(exc) or type(exc).__name__, preflight.device_label(self.cfg))
         with self._lock:
             self._last_error = {"name": m.name, "reason": reason, **({"code": code} if code else {})}
         logs.warn("actor dead", name=m.name, reason=reason, code=code)

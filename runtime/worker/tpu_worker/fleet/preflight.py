@@ -45,6 +45,12 @@ def device_kind(cfg: FleetConfig) -> str:
     return "auto"
 
 
+def device_label(cfg: FleetConfig) -> str:
+    """The device as the operator reads it in a message: `tpu (actor.device "auto")`."""
+    kind = device_kind(cfg)
+    return kind if cfg.actor.device == kind else f'{kind} (actor.device "{cfg.actor.device}")'
+
+
 def candidate_nodes(cfg: FleetConfig, nodes: list[dict]) -> list[dict]:
     """Alive nodes an actor may land on."""
     alive = [n for n in nodes if n.get("Alive")]
@@ -65,7 +71,7 @@ def cluster_checks(cfg: FleetConfig, nodes: list[dict]) -> list[Check]:
             Check(
                 "actor device",
                 False,
-                diagnose.device_fix(cfg.actor.device, 'no node of the cluster has the "TPU" resource'),
+                diagnose.device_fix(device_label(cfg), 'no node of the cluster has the "TPU" resource'),
                 "ray_actor_device_unavailable",
             )
         ]
@@ -133,18 +139,18 @@ def node_checks(cfg: FleetConfig, nodes: list[dict], module: str = "tpu_worker",
             ray.cancel(ref, force=True)
             continue
         except Exception as exc:  # noqa: BLE001 - the task itself failed on the node: say why in one line
-            code, line = diagnose.reason(str(exc), cfg.actor.device)
+            code, line = diagnose.reason(str(exc), device_label(cfg))
             bad.append(Check("actor import", False, f"node {where}: {line}", code or "ray_actor_check_failed"))
             continue
         if facts["import_error"]:
-            code, line = diagnose.reason(facts["import_error"], cfg.actor.device)
+            code, line = diagnose.reason(facts["import_error"], device_label(cfg))
             bad.append(Check("actor import", False, f"node {where}: {line}", code or "ray_actor_import_failed"))
         if facts["device_error"]:
             bad.append(
                 Check(
                     "actor device",
                     False,
-                    f"node {where}: {diagnose.device_fix(cfg.actor.device, facts['device_error'])}",
+                    f"node {where}: {diagnose.device_fix(device_label(cfg), facts['device_error'])}",
                     "ray_actor_device_unavailable",
                 )
             )
