@@ -99,10 +99,12 @@ def test_node_facts_name_a_missing_package_a_missing_tpu_and_a_missing_catalog(t
     assert facts["catalog_missing"] is True and facts["device_error"] is None
     cat = tmp_path / "catalog.json"
     cat.write_text("{}")
-    facts = preflight.node_facts("tpu_worker", "tpu", str(cat))
+    facts = preflight.node_facts(preflight.ACTOR_MODULE, "tpu", str(cat), preflight.SERVE_NEEDS)
     assert facts["import_error"] is None and facts["catalog_missing"] is False
     if not any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0")):
         assert "no TPU chips" in facts["device_error"]
+    facts = preflight.node_facts("tpu_worker", "cpu", "", ("torch", "torch_not_on_this_node"))
+    assert facts["import_error"] == "ModuleNotFoundError: No module named 'torch_not_on_this_node'"
 
 
 def test_the_driver_refuses_to_place_actors_that_would_die_and_says_why(monkeypatch):

@@ -24,6 +24,8 @@ from . import diagnose
 from .config import FleetConfig
 
 NODE_TIMEOUT_S = 60.0
+ACTOR_MODULE = "tpu_worker.fleet.actor"  # what Ray imports on the node for the actor class
+SERVE_NEEDS = ("torch", "cryptography")  # what the actor's serve and its worker import there
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,10 @@ def cluster_checks(cfg: FleetConfig, nodes: list[dict]) -> list[Check]:
     return []
 
 
-def node_facts(module: str, kind: str, catalog: str) -> dict[str, Any]:
-    """Runs ON a node (by value: no import of ours at module level). Plain facts, never raises."""
+def node_facts(module: str, kind: str, catalog: str, needs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Runs ON a node (by value: no import of ours at module level). Plain facts, never raises.
+    `module` is imported as Ray would import the actor class; `needs` (what its `serve` and worker
+    import later) are only looked up, since importing torch takes seconds."""
     import glob
     import importlib
     import importlib.util
@@ -94,6 +98,9 @@ def node_facts(module: str, kind: str, catalog: str) -> dict[str, Any]:
         importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - any failure is what we report
         facts["import_error"] = f"{type(exc).__name__}: {exc}"
+    for name in needs:
+        if facts["import_error"] is None and importlib.util.find_spec(name) is None:
+            facts["import_error"] = f"ModuleNotFoundError: No module named '{name}'"
     if kind == "tpu":
         chips = glob.glob("/dev/accel*") + [p for p in glob.glob("/dev/vfio/*") if p.rsplit("/", 1)[-1].isdigit()]
         missing = []
@@ -111,7 +118,7 @@ def _node_label(n: dict) -> str:
     return f"{n.get('NodeManagerAddress', '?')} ({str(n.get('NodeID', '?'))[:8]})"
 
 
-def node_checks(cfg: FleetConfig, nodes: list[dict], module: str = "tpu_worker", timeout_s: float = NODE_TIMEOUT_S):
+def node_checks(cfg: FleetConfig, nodes: list[dict], module: str = ACTOR_MODULE, timeout_s: float = NODE_TIMEOUT_S):
     """One Ray task per candidate node (ray is initialised by the caller); returns the failed checks
     and the nodes that did not answer in time."""
     import ray
@@ -124,7 +131,7 @@ def node_checks(cfg: FleetConfig, nodes: list[dict], module: str = "tpu_worker",
     hosts = candidate_nodes(cfg, nodes)
     refs = [
         remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)).remote(
-            module, kind, cfg.actor.catalog
+            module, kind, cfg.actor.catalog, SERVE_NEEDS
         )
         for n in hosts
     ]
@@ -167,7 +174,7 @@ def node_checks(cfg: FleetConfig, nodes: list[dict], module: str = "tpu_worker",
     return bad, silent, len(hosts)
 
 
-def run(cfg: FleetConfig, module: str = "tpu_worker") -> list[Check]:
+def run(cfg: FleetConfig, module: str = ACTOR_MODULE) -> list[Check]:
     """Every check, for the doctor (ray.init here; the caller set Ray's auth variables)."""
     import ray
 
