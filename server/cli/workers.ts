@@ -212,7 +212,7 @@ async function scaleAndWait(
 }
 
 /** One line saying where the fleet stands against `count` (the CLI prints it when it changes). */
-export function fleetProgress(count: number, s: PublishedFleet): string {
+function fleetProgress(count: number, s: PublishedFleet): string {
   const actors = s.actors ?? [];
   const serving = actors.filter((a) => a.state === "up").length;
   const parts =
