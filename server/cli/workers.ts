@@ -3,12 +3,13 @@
 // directory without a channel it says so and creates nothing. The others need an admin token,
 // write the desired state and wait for the running server to report it applied.
 import type { Logger } from "pino";
+import type { AuditRecord } from "../../policies/audit.js";
 import { Authenticator } from "../../policies/auth.js";
 import type { WorkerStatus } from "../../runtime/types.js";
 import { createPolicyServices } from "../app/build_policies.js";
 import type { ServerConfig } from "../config/config.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
-import { ControlChannel } from "../control/channel.js";
+import { ControlChannel, type PublishedFleet } from "../control/channel.js";
 import type { ReloadResult } from "../control/reload.js";
 
 interface Io {
@@ -85,28 +86,42 @@ export async function runWorkersCommand(
     io.err(`the token was refused: ${(e as Error).message}`);
     return 1;
   }
-  const policy = createPolicyServices(config, io.logger);
-  try {
-    const admin = principal.scopes.includes("admin");
-    policy.audit.append({
-      time: new Date().toISOString(),
-      principal: principal.id,
-      tool: `workers.${sub}`,
-      args_digest: null,
-      args: scaleTo !== undefined ? { count: scaleTo } : reload ? {} : { worker: name },
-      outcome: admin ? "executed" : "denied",
-      ...(admin
-        ? {}
-        : { code: "insufficient_scope", reason: `workers ${sub} needs the admin scope` }),
-    });
-    if (!admin) {
-      io.err(`insufficient_scope: ${principal.id} lacks the admin scope that ${sub} needs`);
-      return 1;
+  const admin = principal.scopes.includes("admin");
+  const record = (outcome: AuditRecord["outcome"], extra: Partial<AuditRecord> = {}) => {
+    const policy = createPolicyServices(config, io.logger);
+    try {
+      policy.audit.append({
+        time: new Date().toISOString(),
+        principal: principal.id,
+        tool: `workers.${sub}`,
+        args_digest: null,
+        args: scaleTo !== undefined ? { count: scaleTo } : reload ? {} : { worker: name },
+        outcome,
+        ...extra,
+      });
+    } finally {
+      policy.close();
     }
-  } finally {
-    policy.close();
+  };
+  if (!admin) {
+    record("denied", {
+      code: "insufficient_scope",
+      reason: `workers ${sub} needs the admin scope`,
+    });
+    io.err(`insufficient_scope: ${principal.id} lacks the admin scope that ${sub} needs`);
+    return 1;
   }
-  if (scaleTo !== undefined) return await requestScale(config, scaleTo, principal.id, io);
+  if (scaleTo !== undefined) {
+    // Audited like a gated call: `allowed` before (so a CLI killed while waiting still leaves a
+    // trace), then what the fleet made of it: `executed`, or `failed` with its refusal.
+    record("allowed");
+    const r = await scaleAndWait(config, scaleTo, principal.id, io);
+    if (r.refused) record("failed", { code: r.refused.code, reason: r.refused.reason });
+    else if (r.exit !== 2)
+      record("executed", r.gaveUp ? { reason: `target recorded, not reached: ${r.gaveUp}` } : {});
+    return r.exit;
+  }
+  record("executed");
   if (reload) return await requestReload(config, principal.id, io);
   const channel = ControlChannel.open(createDataDir(config).workersDb);
   try {
@@ -167,9 +182,25 @@ export async function requestScale(
   by: string,
   io: FleetWaitIo,
 ): Promise<number> {
+  return (await scaleAndWait(config, count, by, io)).exit;
+}
+
+/** How a wait for the fleet ended: the exit code, and the fleet's refusal or why it gave up. */
+interface FleetWait {
+  exit: number;
+  refused?: { code: string; reason: string };
+  gaveUp?: string;
+}
+
+async function scaleAndWait(
+  config: ServerConfig,
+  count: number,
+  by: string,
+  io: FleetWaitIo,
+): Promise<FleetWait> {
   if (!config.runtime.ray) {
     io.err("workers scale needs a Ray fleet: add runtime.ray to the config (README: Ray fleet)");
-    return 2;
+    return { exit: 2 };
   }
   const channel = ControlChannel.open(createDataDir(config).workersDb);
   try {
@@ -180,21 +211,53 @@ export async function requestScale(
   }
 }
 
-/** Waits until the server's fleet reports `count` actors serving, after the target set at `at`. */
+/** One line saying where the fleet stands against `count` (the CLI prints it when it changes). */
+function fleetProgress(count: number, s: PublishedFleet): string {
+  const actors = s.actors ?? [];
+  const serving = actors.filter((a) => a.state === "up").length;
+  const parts =
+    s.state === "ready"
+      ? [`${serving}/${count} serving`]
+      : [`fleet driver ${s.state}${s.error ? ` (${s.error.code}: ${s.error.message})` : ""}`];
+  const moving = actors.filter((a) => a.state !== "up").map((a) => `${a.name} ${a.state}`);
+  if (moving.length) parts.push(moving.join(", "));
+  if (actors.length > count) parts.push(`${actors.length - count} more to remove`);
+  const e = s.last_actor_error;
+  if (e) parts.push(`last actor error: ${e.name}: ${e.reason}`);
+  return parts.join("; ");
+}
+
+const PROGRESS_EVERY_MS = 30_000;
+
+/**
+ * Waits until the server's fleet reports `count` actors serving, after the target set at `at`.
+ * Says on stderr what it waits for whenever that changes (and every 30 s), and why it gives up.
+ */
 async function waitForFleet(
   channel: ControlChannel,
   count: number,
   at: string,
   io: FleetWaitIo,
-): Promise<number> {
-  const until = Date.now() + (io.waitMs ?? 5 * 60_000);
+): Promise<FleetWait> {
+  const waitMs = io.waitMs ?? 5 * 60_000;
+  const until = Date.now() + waitMs;
+  let said = "";
+  let saidAt = 0;
+  let last = "";
   for (;;) {
     const o = channel.fleetObserved();
     if (o && o.at > at) {
       const s = o.status;
-      if (o.error && o.target === count) {
+      if (o.error && (o.target === count || s.state === "refused")) {
         io.err(`scale ${count} refused: ${o.error}`);
-        return 1;
+        const i = o.error.indexOf(": ");
+        return {
+          exit: 1,
+          refused: {
+            code: i > 0 ? o.error.slice(0, i) : "refused",
+            reason: i > 0 ? o.error.slice(i + 2) : o.error,
+          },
+        };
       }
       const serving = (s.actors ?? []).filter((a) => a.state === "up").length;
       const total = (s.actors ?? []).length;
@@ -204,16 +267,25 @@ async function waitForFleet(
             ? JSON.stringify(s, null, 2)
             : `Ray fleet at ${count} worker(s): ${(s.actors ?? []).map((a) => `${a.name} ${a.endpoint?.device ?? "?"}@${a.endpoint?.host ?? "?"}`).join(", ") || "none"}`,
         );
-        return 0;
+        return { exit: 0 };
+      }
+      last = fleetProgress(count, s);
+      if (last !== said || Date.now() - saidAt > PROGRESS_EVERY_MS) {
+        io.err(`waiting for ${count} worker(s): ${last}`);
+        said = last;
+        saidAt = Date.now();
       }
     }
     if (Date.now() > until) {
+      const why = o
+        ? `after ${Math.round(waitMs / 1000)} s: ${last || "the server has not applied it yet"}`
+        : "no running server with a Ray fleet has picked it up";
       io.err(
         o
-          ? `scale ${count} recorded; the fleet is still moving (run tpu-mcp workers to follow)`
-          : "scale recorded, but no running server with a Ray fleet has picked it up",
+          ? `scale ${count} recorded, but the fleet did not reach it ${why}; the target stays in force (run tpu-mcp workers to follow)`
+          : `scale recorded, but ${why}`,
       );
-      return 1;
+      return { exit: 1, gaveUp: why };
     }
     await new Promise((r) => setTimeout(r, 250));
   }
@@ -258,10 +330,12 @@ export async function requestReload(
     }
     if (result.fleet_target === undefined) return 0;
     const since = result.fleet_target_at ?? new Date(0).toISOString();
-    return await waitForFleet(channel, result.fleet_target, since, {
-      ...io,
-      out: io.json ? () => {} : io.out,
-    });
+    return (
+      await waitForFleet(channel, result.fleet_target, since, {
+        ...io,
+        out: io.json ? () => {} : io.out,
+      })
+    ).exit;
   } finally {
     channel.close();
   }

@@ -28,9 +28,15 @@ export interface ObservedWorker {
   at: string;
 }
 
+/** What the server publishes of its fleet: the driver's status, and the last actor that died or
+ * was lost with why (`workers scale` prints it while it waits). */
+export type PublishedFleet = FleetStatus & {
+  last_actor_error?: { name: string; reason: string; code?: string } | null;
+};
+
 export interface FleetObserved {
   target: number | null;
-  status: FleetStatus;
+  status: PublishedFleet;
   error: string | null;
   at: string;
 }
@@ -128,10 +134,10 @@ export class ControlChannel {
     const o = this.get<{ target: number | null; status: string; error: string | null; at: string }>(
       "SELECT target, status, error, at FROM fleet_observed WHERE id = 1",
     );
-    return o && { ...o, status: JSON.parse(o.status) as FleetStatus };
+    return o && { ...o, status: JSON.parse(o.status) as PublishedFleet };
   }
 
-  publishFleet(target: number | null, status: FleetStatus, error: string | null): void {
+  publishFleet(target: number | null, status: PublishedFleet, error: string | null): void {
     this.db
       .prepare(
         "INSERT INTO fleet_observed (id, target, status, error, at) VALUES (1, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET target = excluded.target, status = excluded.status, error = excluded.error, at = excluded.at",

@@ -45,10 +45,27 @@ export function fleetHandler(fleet: RayFleet | undefined, logger: Logger): Contr
   let applied: { count: number; at: string } | null = null;
   let lastError: string | null = null;
   let driverRestarts = 0;
+  // The last actor that died or was lost, and why: `workers scale` shows it while it waits.
+  let lastActorError: { name: string; reason: string; code?: string } | null = null;
+  fleet.onMessage((m) => {
+    if ((m.type === "dead" || m.type === "lost") && typeof m.name === "string")
+      lastActorError = { name: m.name, reason: String(m.reason ?? m.type), code: m.code };
+  });
   return {
     name: "fleet",
     async tick(channel) {
-      if (fleet.status().state !== "ready") return;
+      const st = fleet.status();
+      if (st.state !== "ready") {
+        // Say why nothing moves (a refused driver is not retried): the CLI prints it.
+        const refusal =
+          st.state === "refused" && st.error ? `${st.error.code}: ${st.error.message}` : null;
+        channel.publishFleet(
+          channel.fleetTarget()?.count ?? null,
+          { ...st, last_actor_error: lastActorError },
+          refusal,
+        );
+        return;
+      }
       // A restarted driver starts from the config's count again: re-apply the recorded target.
       const restarts = fleet.summary("").driver_restarts;
       if (restarts !== driverRestarts) {
@@ -72,7 +89,11 @@ export function fleetHandler(fleet: RayFleet | undefined, logger: Logger): Contr
           }
         }
         const s: FleetStatus = await fleet.actors();
-        channel.publishFleet(applied?.count ?? s.target ?? null, s, lastError);
+        channel.publishFleet(
+          applied?.count ?? s.target ?? null,
+          { ...s, last_actor_error: lastActorError },
+          lastError,
+        );
       } catch (e) {
         logger.debug({ err: String(e) }, "fleet status tick failed");
       }

@@ -1,13 +1,17 @@
-// `tpu-mcp doctor`, the Ray fleet section (runtime.ray): can the fleet driver start? Checks the
-// files the config names, that Ray is installed, and the cluster itself: reachable, checks tokens
-// (a random token is refused), and accepts this config's token. Without runtime.ray it says so
-// and touches nothing (no Ray import, no cluster).
+// `tpu-mcp doctor`, the Ray fleet section (runtime.ray): can the fleet driver start, and will its
+// actors live? Checks the files the config names, that Ray is installed, the cluster itself
+// (reachable, checks tokens: a random token is refused, and accepts this config's token), then
+// what the actors will need on the nodes they may land on, asked there by the driver's own
+// pre-check (tpu_worker.fleet.preflight): the worker package imports, the device they will ask for
+// exists, actor.catalog is there. Without runtime.ray it says so and touches nothing.
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { accessSync, constants, statSync } from "node:fs";
+import { accessSync, constants, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { connect } from "node:net";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ServerConfig } from "../config/config.js";
+import { driverConfig } from "../config/ray.js";
 
 export interface FleetCheck {
   name: string;
@@ -16,11 +20,14 @@ export interface FleetCheck {
 }
 
 const TIMEOUT_MS = 60_000;
+/** One Ray task per node, each with its own worker process to start: slower than a GCS call. */
+const PREFLIGHT_TIMEOUT_MS = 150_000;
 
 function py(
   config: ServerConfig,
   args: string[],
   env: NodeJS.ProcessEnv,
+  timeoutMs = TIMEOUT_MS,
 ): Promise<{ code: number | null; out: string; err: string }> {
   return new Promise((resolve) => {
     const child = spawn(config.paths.python, args, {
@@ -31,7 +38,7 @@ function py(
     let err = "";
     child.stdout.on("data", (d) => (out += d.toString()));
     child.stderr.on("data", (d) => (err = (err + d.toString()).slice(-4000)));
-    const t = setTimeout(() => child.kill("SIGKILL"), TIMEOUT_MS);
+    const t = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
     child.on("error", (e) => {
       clearTimeout(t);
       resolve({ code: null, out, err: String(e) });
@@ -148,7 +155,10 @@ export async function checkFleet(config: ServerConfig): Promise<FleetCheck[] | n
         ? `${ray.address} reachable; it accepts clients without a token (allowed: allow_insecure_local on loopback)`
         : `${ray.address} accepts clients without a token: anyone who reaches its ports can run code there; start it with RAY_AUTH_MODE=token`,
     });
-    if (!ray.token_file) return checks;
+    if (!ray.token_file) {
+      if (allowed) checks.push(...(await actorChecks(config)));
+      return checks;
+    }
   } else {
     checks.push({
       name: "cluster",
@@ -181,5 +191,50 @@ export async function checkFleet(config: ServerConfig): Promise<FleetCheck[] | n
           ? `the cluster refused runtime.ray.token_file ${ray.token_file}: use the cluster's token (\`ray get-auth-token\` on the head)`
           : `could not check the token: ${t || tok.err.split("\n").pop() || `exit ${tok.code}`}`,
   });
+  if (t === "accepted") checks.push(...(await actorChecks(config)));
   return checks;
+}
+
+/**
+ * What the actors will need, checked on the nodes by the driver's own pre-check with the
+ * driver's config and Ray environment: one check per line of its output `{name, ok, detail}`.
+ */
+async function actorChecks(config: ServerConfig): Promise<FleetCheck[]> {
+  const ray = config.runtime.ray!;
+  const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-doctor-ray-"));
+  try {
+    const file = join(dir, "ray.json");
+    writeFileSync(file, JSON.stringify(driverConfig(ray)), { mode: 0o600 });
+    const r = await py(
+      config,
+      ["-m", "tpu_worker.fleet.preflight", "--config", file],
+      rayEnv(ray),
+      PREFLIGHT_TIMEOUT_MS,
+    );
+    return parsePreflight(r.out, r.err, r.code);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** The pre-check's lines (Ray may print its own lines on stdout too: only ours are kept). */
+export function parsePreflight(out: string, err: string, code: number | null): FleetCheck[] {
+  const checks: FleetCheck[] = [];
+  for (const line of out.split("\n")) {
+    try {
+      const c = JSON.parse(line) as Partial<FleetCheck>;
+      if (typeof c.name === "string" && typeof c.ok === "boolean" && typeof c.detail === "string")
+        checks.push({ name: c.name, ok: c.ok, detail: c.detail });
+    } catch {
+      // not one of ours
+    }
+  }
+  if (checks.length) return checks;
+  return [
+    {
+      name: "actor nodes",
+      ok: false,
+      detail: `could not check the nodes the actors will use (exit ${code ?? "killed: no answer in time"}): ${err.split("\n").pop() || "no output"}`,
+    },
+  ];
 }

@@ -67,8 +67,9 @@ export async function runDoctor(
     catalogOk = false;
     bad((e as Error).message);
   }
-  // The Ray fleet (runtime.ray): files, Ray itself, the cluster and its token. Reported even
-  // when the worker's Python is missing, since the two are set up apart.
+  // The Ray fleet (runtime.ray): files, Ray itself, the cluster and its token, and what the actors
+  // need on the nodes. Reported even when the worker's Python is missing, since the two are set
+  // up apart.
   async function fleetSection() {
     if (!io.json) io.out("\nRay fleet");
     const fleet = await checkFleet(config);

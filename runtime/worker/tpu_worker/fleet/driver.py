@@ -9,7 +9,8 @@ driver → control plane
         an actor is serving (first start or after a restart): connect to it as a remote worker
   {"type":"pending", "name", "reason"}   the actor cannot be placed yet (no free resources)
   {"type":"lost", "name", "reason", "restarts"}   the actor died; Ray is restarting it
-  {"type":"dead", "name", "reason"}      Ray gave up (max_restarts used) or it could not start
+  {"type":"dead", "name", "reason", "code"?}   Ray gave up (max_restarts used) or it could not start;
+                                         `reason` is one line (a known cause names its fix, `code` says which)
   {"type":"drain", "name"}               stop routing to it and answer {"op":"drained"}
   {"type":"removed", "name"}             scale-down finished for it
   {"type":"reply", "id", "ok": true, "result"} | {"type":"reply", "id", "ok": false, "error": {code, message}}
@@ -37,6 +38,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from .. import logs
+from . import diagnose, preflight
 from . import placement as plc
 from .actor import FleetWorker
 from .config import FleetConfig
@@ -70,6 +72,7 @@ class Driver:
         self._spec_base: dict[str, Any] = {}
         self._stopping = False
         self._run_id = secrets.token_hex(4)
+        self._last_error: dict[str, str] | None = None  # the last actor that died, and why
 
     # -- start ----------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -102,6 +105,7 @@ class Driver:
         except ConnectionError as exc:
             raise StartError("ray_unreachable", f"cannot connect to the Ray cluster at {cfg.address}: {exc}") from exc
         nodes = ray.nodes()
+        self._preflight(nodes)
         try:
             self._layout = plc.build(cfg.placement, nodes, cfg.placement.ready_timeout_s, cfg.actor.num_cpus)
         except plc.PlacementError as exc:
@@ -126,6 +130,17 @@ class Driver:
             }
         )
         self.scale(target)
+
+    def _preflight(self, nodes: list[dict]) -> None:
+        """Refuses, in one line with the fix, a cluster where every actor would die (the worker
+        package missing on a node) or serve a device its node lacks (a TPU on a host without one)."""
+        bad = [c for c in preflight.cluster_checks(self.cfg, nodes) if c.code == "ray_actor_device_unavailable"]
+        if not bad:
+            bad, silent, _ = preflight.node_checks(self.cfg, nodes)
+            if silent:
+                logs.warn("nodes did not answer the actor pre-check; placing anyway", nodes=silent)
+        if bad:
+            raise StartError(bad[0].code or "ray_actor_check_failed", "; ".join(c.detail for c in bad))
 
     # -- actors ---------------------------------------------------------------------------------
     def _options(self, name: str, slot: plc.Slot) -> dict[str, Any]:
@@ -237,9 +252,11 @@ class Driver:
             m.state = "dead"
             m.slot.taken_by = None
             self._members.pop(m.name, None)
-        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-        logs.warn("actor dead", name=m.name, reason=reason)
-        self.chan.emit({"type": "dead", "name": m.name, "reason": reason})
+        code, reason = diagnose.reason(str(exc) or type(exc).__name__, preflight.device_label(self.cfg))
+        with self._lock:
+            self._last_error = {"name": m.name, "reason": reason, **({"code": code} if code else {})}
+        logs.warn("actor dead", name=m.name, reason=reason, code=code)
+        self.chan.emit({"type": "dead", "name": m.name, "reason": reason, **({"code": code} if code else {})})
 
     # -- scale ----------------------------------------------------------------------------------
     def scale(self, count: int) -> dict[str, Any]:
@@ -289,6 +306,7 @@ class Driver:
         with self._lock:
             return {
                 "capacity": self._layout.capacity if self._layout else None,
+                "last_error": self._last_error,
                 "actors": [
                     {
                         "name": m.name,
