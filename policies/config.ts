@@ -145,6 +145,10 @@ const ApprovalsSchema = z.object({
   rules: z.array(ApprovalRuleSchema).default([]),
   notify: z.array(NotifySchema).max(16).default([]),
   ttl_s: z.number().positive().default(900),
+  /** Pending requests one principal may hold; one more is refused `approval_limit`. */
+  max_pending_per_principal: PositiveInt.default(20),
+  /** How long an approval is kept after it is over (counted from its expiry), then deleted. */
+  keep_decided_s: NonNegative.default(7 * 86_400),
   elicitation: z.boolean().default(true),
   elicitation_timeout_s: z.number().positive().default(300),
 });

@@ -21,6 +21,8 @@ export const POLICY_ERROR_CODES = {
   approval_self_grant:
     "An approval must be decided by a different identity than the one that requested it.",
   approval_already_decided: "The approval was already approved or denied; decisions are final.",
+  approval_limit:
+    "The principal already has approvals.max_pending_per_principal requests waiting; new ones are refused (the waiting ones are kept) until one is decided or expires.",
   rate_limited: "Too many calls from this principal; retry after details.retry_after_ms.",
   budget_exceeded:
     "The principal's device-seconds budget for the window is spent; details give remaining seconds and when budget frees up.",
@@ -37,6 +39,7 @@ export type PolicyErrorCode = keyof typeof POLICY_ERROR_CODES;
 /** Codes whose cause goes away with time: the caller may retry the same call later. */
 export const RECOVERABLE_POLICY_CODES: ReadonlySet<PolicyErrorCode> = new Set<PolicyErrorCode>([
   "approval_pending",
+  "approval_limit",
   "rate_limited",
   "budget_exceeded",
   "busy",

@@ -100,6 +100,10 @@ export const ERROR_CATALOGUE = {
     recoverable: false,
     doc: "The approval was already approved or denied; decisions are final.",
   },
+  approval_limit: {
+    recoverable: true,
+    doc: "Too many of this principal's approval requests are waiting; this one was refused (the waiting ones are kept). Wait until one is decided or expires (retry_after_ms).",
+  },
   rate_limited: {
     recoverable: true,
     doc: "Too many calls in a short time; wait retry_after_ms and call again.",

@@ -10,6 +10,7 @@ import type { ServerConfig } from "../config/config.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
 import { ControlChannel } from "../control/channel.js";
 import type { ReloadResult } from "../control/reload.js";
+import { terminalField } from "../terminal.js";
 
 interface Io {
   out: (s: string) => void;
@@ -34,10 +35,11 @@ const NO_STATE =
 function row(w: WorkerStatus, at: string): string {
   const mem =
     w.memory_free_bytes != null ? ` free ${(w.memory_free_bytes / 2 ** 20).toFixed(0)} MiB` : "";
-  return (
+  // One line per worker, whatever its name or models hold.
+  return terminalField(
     `${w.name.padEnd(10)} ${w.device.padEnd(8)} ${(w.address ? `remote ${w.address}` : "local").padEnd(24)} ` +
-    `${w.state}${w.draining ? " (drained)" : ""}, in flight ${w.in_flight}, restarts ${w.restarts},${mem} ` +
-    `models: ${w.models.join(", ") || "none"}${w.lost_models.length ? `; lost: ${w.lost_models.join(", ")}` : ""}  [seen ${at}]`
+      `${w.state}${w.draining ? " (drained)" : ""}, in flight ${w.in_flight}, restarts ${w.restarts},${mem} ` +
+      `models: ${w.models.join(", ") || "none"}${w.lost_models.length ? `; lost: ${w.lost_models.join(", ")}` : ""}  [seen ${at}]`,
   );
 }
 
