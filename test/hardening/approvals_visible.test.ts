@@ -71,8 +71,26 @@ describe("a flood of approval requests hides no one's pending request", () => {
     expect(list.stdout).toContain(readerApproval);
     expect(list.stdout).toMatch(/206 pending/);
     // Paging reaches every one of them.
-    const json = await cli(config, "approvals", "list", "--json", "--limit", "150", "--offset", "0");
-    const next = await cli(config, "approvals", "list", "--json", "--limit", "150", "--offset", "150");
+    const json = await cli(
+      config,
+      "approvals",
+      "list",
+      "--json",
+      "--limit",
+      "150",
+      "--offset",
+      "0",
+    );
+    const next = await cli(
+      config,
+      "approvals",
+      "list",
+      "--json",
+      "--limit",
+      "150",
+      "--offset",
+      "150",
+    );
     const ids = [...JSON.parse(json.stdout), ...JSON.parse(next.stdout)].map((a: any) => a.id);
     expect(new Set(ids).size).toBe(FLOOD + 1);
     expect(ids).toContain(readerApproval);
