@@ -30,6 +30,7 @@ export type ToolName = keyof typeof TOOL_SCOPES;
 export const TOOL_NAMES = Object.keys(TOOL_SCOPES) as ToolName[];
 
 export interface Principal {
+  /** A static token's id as configured; a JWT's is `jwt:<sub>` (policies/auth.ts), never the same. */
   id: string;
   scopes: readonly Scope[];
   via: "token" | "jwt" | "stdio";
