@@ -185,7 +185,8 @@ export function createApp(
     logger: logger.child({ component: "notify" }),
     onOutcome: (outcome) => metrics.webhookDeliveries.inc({ outcome }),
     onAttemptFailed: () => metrics.webhookAttemptFailures.inc(),
-    consoleUrl: () => app.consoleUrl,
+    // The public address when configured: behind a proxy the bound one is unreachable.
+    consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
     approveCommand: approveCommand(config),
   });
   hooks.add("notifier", () => notifier.close());
@@ -218,6 +219,17 @@ export function createApp(
     close: () => hooks.run(),
   };
   return app;
+}
+
+/**
+ * The console's URL under the configured public `http.resource_url` (the MCP endpoint, e.g.
+ * `https://tpu.example.com/mcp` → `https://tpu.example.com/console/`; a path prefix is kept).
+ */
+export function publicConsoleUrl(resourceUrl: string | undefined): string | undefined {
+  if (!resourceUrl) return undefined;
+  const u = new URL(resourceUrl);
+  const base = u.pathname.replace(/\/+$/, "").replace(/\/mcp$/, "");
+  return `${u.origin}${base}/console/`;
 }
 
 /** What every tool handler gets besides the per-call parts (MCP calls, the console). */
