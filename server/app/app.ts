@@ -20,7 +20,7 @@ import { SqliteReports } from "../../tools/support/reports.js";
 import type { ToolDefinition, ToolEnv, ToolServices } from "../../tools/types.js";
 import { ApprovalFeed } from "./approval_feed.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
-import { createDataDir } from "../config/data_dir.js";
+import { checkSecretFile, createDataDir } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
 import { approveCommand, createPolicyServices } from "./build_policies.js";
@@ -74,7 +74,7 @@ export function createApp(
     fileConfig?: ServerConfig;
   } = {},
 ): App {
-  const layout = createDataDir(config);
+  const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   // Before anything starts: a webhook without its secret is a configuration error.
   const notifyTargets = readNotifyTargets(config);
   const catalog = readCatalog(config.paths.catalog);
@@ -253,6 +253,14 @@ function readNotifyTargets(config: ServerConfig): NotifyTarget[] {
     if (secret.length < 16) {
       throw new ConfigError("(config)", [
         `policy.approvals.notify.${i}.secret_file: the secret in ${file} is shorter than 16 bytes; use \`tpu-mcp token new\` to make one`,
+      ]);
+    }
+    // Whoever reads it can sign webhooks the receivers trust: owner-only, as ssh wants keys.
+    try {
+      checkSecretFile(file, "the webhook secret");
+    } catch (e) {
+      throw new ConfigError("(config)", [
+        `policy.approvals.notify.${i}.secret_file: ${(e as Error).message}`,
       ]);
     }
     return { url: n.url, secret, events: n.events };

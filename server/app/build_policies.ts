@@ -34,7 +34,7 @@ export interface PolicyServices {
 }
 
 export function createPolicyServices(config: ServerConfig, logger: Logger): PolicyServices {
-  const layout = createDataDir(config);
+  const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
   // One handle for the three stores of policy.db (they share the file, and close with it).
   const db = openStoreDb(layout.policyDb);

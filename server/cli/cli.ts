@@ -7,7 +7,7 @@ import { parseArgs } from "node:util";
 import type { ApprovalStatus } from "../../policies/approvals.js";
 import { hashToken } from "../../policies/config.js";
 import { ConfigError, loadConfig, withToken, type ServerConfig } from "../config/config.js";
-import { createDataDir, dataDir } from "../config/data_dir.js";
+import { checkSecretFile, createDataDir, dataDir } from "../config/data_dir.js";
 import { createApp, type App } from "../app/app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
 import { runDoctor } from "../doctor/index.js";
@@ -66,8 +66,11 @@ const err = (s: string) => print(process.stderr, s);
 /** The token `tpu-mcp http` generates when the config names none; kept so clients keep working. */
 function localToken(config: ServerConfig): string {
   const file = dataDir(config).localToken;
-  if (existsSync(file)) return readFileSync(file, "utf8").trim();
-  createDataDir(config);
+  if (existsSync(file)) {
+    checkSecretFile(file, "the generated bearer token");
+    return readFileSync(file, "utf8").trim();
+  }
+  createDataDir(config, { warn: err });
   const token = `tpu_${randomBytes(24).toString("base64url")}`;
   writeFileSync(file, token + "\n", { mode: 0o600 });
   chmodSync(file, 0o600);

@@ -110,7 +110,7 @@ export async function runWorkersCommand(
   }
   if (scaleTo !== undefined) return await requestScale(config, scaleTo, principal.id, io);
   if (reload) return await requestReload(config, principal.id, io);
-  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {
     return await setDrain(channel, sub as "drain" | "undrain", name!, principal.id, io);
   } finally {
@@ -173,7 +173,7 @@ export async function requestScale(
     io.err("workers scale needs a Ray fleet: add runtime.ray to the config (README: Ray fleet)");
     return 2;
   }
-  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {
     const at = channel.setFleetTarget(count, by);
     return await waitForFleet(channel, count, at, io);
@@ -227,7 +227,7 @@ export async function requestReload(
   by: string,
   io: FleetWaitIo,
 ): Promise<number> {
-  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {
     const at = channel.requestReload(by);
     let result: ReloadResult | undefined;
