@@ -13,9 +13,12 @@ import {
   writeConfig,
   type HttpServerProc,
 } from "../helpers/server.js";
-import { auditRows } from "./helpers.js";
+import { auditRows, sha256 } from "./helpers.js";
 import { dirname, join } from "node:path";
 
+// A principal id an operator may well configure (config refuses only C0/C1 in ids).
+const MALLORY = "mallory\u202e\u2028";
+const MALLORY_TOKEN = "terminal-test-mallory-token";
 const FORGED =
   "x\n#999 2026-12-01T00:00:00.000Z operator load_model approval_granted — ok\u001b[2K\u001b[1A\r\u009b2K\u202e\u2028";
 // Everything a terminal acts on: C0 but \n, DEL, C1, line/paragraph separators, bidi controls.
@@ -31,10 +34,23 @@ describe("terminal output cannot be forged through argument names", () => {
       runtime: { device: "cpu", start: "lazy" },
       policy: {
         ...DEMO_POLICY,
+        tokens: [
+          ...DEMO_POLICY.tokens,
+          { id: MALLORY, token_sha256: sha256(MALLORY_TOKEN), scopes: ["models:read"] },
+        ],
         limits: { ...DEMO_POLICY.limits, rate_limit: { per_principal_per_minute: 6000 } },
+        approvals: {
+          ...DEMO_POLICY.approvals,
+          rules: [{ tool: "list_models", principals: [MALLORY] }],
+        },
       },
     });
     server = await startHttpServer(config);
+    // A pending approval whose principal holds a bidi override and a line separator.
+    const mallory = await connectHttp(server.url, MALLORY_TOKEN);
+    const asked: any = await mallory.client.callTool({ name: "list_models", arguments: {} });
+    expect(asked._meta?.["tpu-mcp/error"]?.code).toBe("approval_required");
+    await mallory.close();
     const agent = await connectHttp(server.url, DEMO_TOKENS.agent);
     const r: any = await agent.client.callTool({
       name: "list_models",
@@ -76,9 +92,14 @@ describe("terminal output cannot be forged through argument names", () => {
     expect(parsed.some((r: any) => r.reason === forged!.reason)).toBe(true);
   }, 60_000);
 
-  it("`approvals list` and `audit verify` pass their text through the same escape", async () => {
+  it("`approvals list|show`, `audit verify|head` and `workers list` pass their text through the same escape", async () => {
+    const list = await cli(config, "approvals", "list");
+    expect(list.stdout).toContain("mallory\\u202e\\u2028");
+    const id = /apr_[0-9a-f]{32}/.exec(list.stdout)![0];
     for (const args of [
       ["approvals", "list"],
+      ["approvals", "list", "--json"],
+      ["approvals", "show", id],
       ["audit", "verify"],
       ["audit", "head"],
       ["workers", "list"],
