@@ -124,3 +124,66 @@ describe("a flood of approval requests hides no one's pending request", () => {
     expect(seen.size).toBe(FLOOD + 1);
   }, 60_000);
 });
+
+describe("a principal's pending approvals are capped", () => {
+  let server: HttpServerProc;
+  let config: string;
+
+  beforeAll(async () => {
+    config = writeConfig({
+      runtime: { device: "cpu", start: "lazy" },
+      policy: {
+        ...DEMO_POLICY,
+        limits: { ...DEMO_POLICY.limits, rate_limit: { per_principal_per_minute: 6000 } },
+        approvals: {
+          rules: [{ tool: "list_models" }, { tool: "get_job" }],
+          elicitation: false,
+          max_pending_per_principal: 3,
+        },
+      },
+    });
+    server = await startHttpServer(config);
+  }, 120_000);
+
+  afterAll(async () => {
+    await server?.stop();
+  });
+
+  it("refuses one more with approval_limit, keeps the waiting ones, and leaves others alone", async () => {
+    const agent = await connectHttp(server.url, DEMO_TOKENS.agent);
+    const ids: string[] = [];
+    for (let j = 0; j < 3; j++) {
+      const job_id = `job_${j.toString(16).padStart(24, "0")}`;
+      const r = await agent.client.callTool({ name: "get_job", arguments: { job_id } });
+      expect(errorOf(r)?.code).toBe("approval_required");
+      ids.push(errorOf(r)!.details.approval_id);
+    }
+    const over = await agent.client.callTool({
+      name: "get_job",
+      arguments: { job_id: `job_${"f".repeat(24)}` },
+    });
+    const e = errorOf(over) as any;
+    expect(e?.code).toBe("approval_limit");
+    expect(e.recoverable).toBe(true);
+    expect(e.message).toMatch(/refused/);
+    expect(e.details).toMatchObject({ pending: 3, limit: 3 });
+    expect(e.details.retry_after_ms).toBeGreaterThan(0);
+    // The same call again reuses its open request: no new request, so no refusal.
+    const again = await agent.client.callTool({
+      name: "get_job",
+      arguments: { job_id: `job_${"0".repeat(24)}` },
+    });
+    expect(errorOf(again)?.details.approval_id).toBe(ids[0]);
+    await agent.close();
+
+    const reader = await connectHttp(server.url, DEMO_TOKENS.reader);
+    const r = await reader.client.callTool({ name: "list_models", arguments: {} });
+    expect(errorOf(r)?.code).toBe("approval_required");
+    await reader.close();
+
+    const list = await cli(config, "approvals", "list", "--status", "pending", "--json");
+    const pending = JSON.parse(list.stdout).map((a: any) => a.id);
+    expect(pending).toHaveLength(4);
+    for (const id of ids) expect(pending).toContain(id);
+  }, 120_000);
+});
