@@ -35,6 +35,28 @@ export interface CreateApprovalRequest {
   args_preview: unknown;
   estimate?: CostEstimate | null;
   ttl_s: number;
+  /**
+   * The most pending approvals this principal may hold; a request over it is refused with
+   * `approval_limit` (the older ones stay: what an operator may be reading never vanishes).
+   */
+  max_pending?: number;
+}
+
+/** One page of approvals, and how many there are in all under the same filter. */
+export interface ApprovalPage {
+  items: ApprovalRecord[];
+  /** Pending (undecided, unexpired) approvals in the whole store, not just this page. */
+  pending_total: number;
+  /** Everything else (approved, denied, used, expired) still kept. */
+  history_total: number;
+  offset: number;
+  limit: number;
+}
+
+export interface ApprovalListFilter {
+  status?: ApprovalStatus;
+  limit?: number;
+  offset?: number;
 }
 
 /** What happened to an approval in this process (the console and webhooks listen). */
@@ -47,7 +69,8 @@ export type ApprovalListener = (event: ApprovalEvent) => void;
 export interface ApprovalStore {
   create(req: CreateApprovalRequest): ApprovalRecord;
   get(id: string): ApprovalRecord | undefined;
-  list(filter?: { status?: ApprovalStatus; limit?: number }): ApprovalRecord[];
+  /** Pending first (soonest to expire first), then the rest, newest first; one page of it. */
+  list(filter?: ApprovalListFilter): ApprovalRecord[];
   /** A pending or approved, unexpired approval for exactly this call, so retries do not pile up requests. */
   findOpen(principal: string, tool: string, digest: string): ApprovalRecord | undefined;
   approve(id: string, approver: string): ApprovalRecord;
@@ -157,9 +180,19 @@ export class SqliteApprovalStore implements ApprovalStore {
   private readonly clock: Clock;
   private readonly listeners = new Set<ApprovalListener>();
 
-  constructor(pathOrDb: string | SqliteDb, opts: { clock?: Clock } = {}) {
+  private readonly keepDecidedMs: number | null;
+  private lastPruneMs = -Infinity;
+
+  /**
+   * `keepDecidedS`: how long an approval is kept once it is over (decided and used, denied, or
+   * expired), counted from its expiry; the server passes `approvals.keep_decided_s` and prunes.
+   * Without it (the read-only CLI) nothing is deleted.
+   */
+  constructor(pathOrDb: string | SqliteDb, opts: { clock?: Clock; keepDecidedS?: number } = {}) {
     ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
     this.clock = opts.clock ?? systemClock;
+    this.keepDecidedMs =
+      opts.keepDecidedS === undefined ? null : Math.round(opts.keepDecidedS * 1000);
     this.db.exec(`CREATE TABLE IF NOT EXISTS approvals (
       id TEXT PRIMARY KEY,
       principal TEXT NOT NULL,
@@ -175,9 +208,20 @@ export class SqliteApprovalStore implements ApprovalStore {
       decided_ms INTEGER,
       reason TEXT,
       used_ms INTEGER
-    );
-    CREATE INDEX IF NOT EXISTS approvals_by_call ON approvals (principal, tool, args_digest);
-    CREATE INDEX IF NOT EXISTS approvals_by_time ON approvals (created_ms);`);
+    )`);
+    try {
+      // Lists read one page through these, never the whole table.
+      this.db
+        .exec(`CREATE INDEX IF NOT EXISTS approvals_by_call ON approvals (principal, tool, args_digest);
+      CREATE INDEX IF NOT EXISTS approvals_by_time ON approvals (created_ms);
+      CREATE INDEX IF NOT EXISTS approvals_open ON approvals (status, expires_ms);
+      CREATE INDEX IF NOT EXISTS approvals_open_by_principal ON approvals (principal, status, expires_ms);
+      CREATE INDEX IF NOT EXISTS approvals_by_expiry ON approvals (expires_ms);`);
+    } catch (e) {
+      // A read-only handle on a store from an older version: the queries work without them.
+      if (!this.db.readonly) throw e;
+    }
+    this.prune();
   }
 
   private toRecord(r: Row, now = this.clock()): ApprovalRecord {
@@ -234,25 +278,48 @@ export class SqliteApprovalStore implements ApprovalStore {
 
   create(req: CreateApprovalRequest): ApprovalRecord {
     if (!(req.ttl_s > 0)) throw new RangeError("ttl_s must be > 0");
-    const now = this.clock();
     const id = newApprovalId();
     const ttl = Math.round(req.ttl_s * 1000);
-    this.db
-      .prepare(
-        `INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, status, ttl_ms, created_ms, expires_ms)
+    // The count and the insert under one write lock: concurrent requests cannot overshoot the cap.
+    const tx = this.db.transaction((now: number) => {
+      if (req.max_pending !== undefined) {
+        const pending = this.db
+          .prepare(
+            "SELECT COUNT(*) AS n, MIN(expires_ms) AS first FROM approvals WHERE principal = ? AND status = 'pending' AND expires_ms > ?",
+          )
+          .get(req.principal, now) as { n: number; first: number | null };
+        if (pending.n >= req.max_pending) {
+          throw new PolicyError(
+            "approval_limit",
+            `${req.principal} already has ${pending.n} approval requests waiting for an operator (the limit is ${req.max_pending}); this request was refused and the waiting ones are kept. Wait until one is decided or expires (the next at ${iso(pending.first ?? now)}), then call again.`,
+            {
+              pending: pending.n,
+              limit: req.max_pending,
+              retry_after_ms: Math.max(0, (pending.first ?? now) - now),
+            },
+          );
+        }
+      }
+      this.db
+        .prepare(
+          `INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, status, ttl_ms, created_ms, expires_ms)
          VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)`,
-      )
-      .run(
-        id,
-        req.principal,
-        req.tool,
-        req.args_digest,
-        JSON.stringify(req.args_preview ?? null),
-        req.estimate ? JSON.stringify(req.estimate) : null,
-        ttl,
-        now,
-        now + ttl,
-      );
+        )
+        .run(
+          id,
+          req.principal,
+          req.tool,
+          req.args_digest,
+          JSON.stringify(req.args_preview ?? null),
+          req.estimate ? JSON.stringify(req.estimate) : null,
+          ttl,
+          now,
+          now + ttl,
+        );
+    });
+    const now = this.clock();
+    tx.immediate(now);
+    if (now - this.lastPruneMs >= 60_000) this.prune();
     return this.emit("created", this.get(id)!);
   }
 
@@ -261,20 +328,92 @@ export class SqliteApprovalStore implements ApprovalStore {
     return r ? this.toRecord(r) : undefined;
   }
 
-  list(filter: { status?: ApprovalStatus; limit?: number } = {}): ApprovalRecord[] {
-    const limit = filter.limit ?? 100;
-    const now = this.clock();
-    const rows = this.db
-      .prepare("SELECT * FROM approvals ORDER BY created_ms DESC, rowid DESC")
-      .all() as Row[];
-    const out: ApprovalRecord[] = [];
-    for (const r of rows) {
-      const rec = this.toRecord(r, now);
-      if (filter.status && rec.status !== filter.status) continue;
-      out.push(rec);
-      if (out.length >= limit) break;
+  /** SQL for one status, as toRecord computes it (expiry is not stored). */
+  private static statusWhere(status: ApprovalStatus): string {
+    switch (status) {
+      case "pending":
+      case "approved":
+        return `status = '${status}' AND expires_ms > @now`;
+      case "expired":
+        return "status IN ('pending','approved') AND expires_ms <= @now";
+      default:
+        return `status = '${status}'`;
     }
-    return out;
+  }
+
+  private count(where: string, now: number): number {
+    return (
+      this.db.prepare(`SELECT COUNT(*) AS n FROM approvals WHERE ${where}`).get({ now }) as {
+        n: number;
+      }
+    ).n;
+  }
+
+  private rows(where: string, order: string, now: number, limit: number, offset: number): Row[] {
+    if (limit <= 0) return [];
+    return this.db
+      .prepare(
+        `SELECT * FROM approvals WHERE ${where} ORDER BY ${order} LIMIT @limit OFFSET @offset`,
+      )
+      .all({ now, limit, offset }) as Row[];
+  }
+
+  list(filter: ApprovalListFilter = {}): ApprovalRecord[] {
+    return this.page(filter).items;
+  }
+
+  /**
+   * One page: pending approvals first, all of them, soonest to expire first (none can be pushed
+   * out of sight by newer requests), then the rest, newest first. Indexed queries with
+   * LIMIT/OFFSET: the table is never read whole.
+   */
+  page(filter: ApprovalListFilter = {}): ApprovalPage {
+    const limit = Math.max(0, Math.floor(filter.limit ?? 100));
+    const offset = Math.max(0, Math.floor(filter.offset ?? 0));
+    const now = this.clock();
+    const PENDING = SqliteApprovalStore.statusWhere("pending");
+    const HISTORY = `NOT (${PENDING})`;
+    const pendingOrder = "expires_ms ASC, rowid ASC";
+    const historyOrder = "created_ms DESC, rowid DESC";
+    // One read transaction: the counts and the page agree even while the server writes.
+    const tx = this.db.transaction((): ApprovalPage => {
+      const pending_total = this.count(PENDING, now);
+      const history_total = this.count(HISTORY, now);
+      let rows: Row[];
+      if (filter.status) {
+        const where = SqliteApprovalStore.statusWhere(filter.status);
+        const order = filter.status === "pending" ? pendingOrder : historyOrder;
+        rows = this.rows(where, order, now, limit, offset);
+      } else {
+        const first = this.rows(PENDING, pendingOrder, now, limit, offset);
+        const rest = limit - first.length;
+        rows = first.concat(
+          this.rows(HISTORY, historyOrder, now, rest, Math.max(0, offset - pending_total)),
+        );
+      }
+      return {
+        items: rows.map((r) => this.toRecord(r, now)),
+        pending_total,
+        history_total,
+        offset,
+        limit,
+      };
+    });
+    return tx.deferred();
+  }
+
+  /**
+   * Deletes approvals that have been over for longer than keepDecidedS (the audit trail keeps
+   * their story). An approval is over by its expiry at the latest (a decision or a use comes
+   * before it), so counting from expires_ms keeps every record at least that long after it ended.
+   */
+  prune(): number {
+    if (this.keepDecidedMs === null) return 0;
+    const now = this.clock();
+    this.lastPruneMs = now;
+    return this.db
+      .prepare("DELETE FROM approvals WHERE expires_ms < ?")
+      .run(now - this.keepDecidedMs).changes;
   }
 
   findOpen(principal: string, tool: string, digest: string): ApprovalRecord | undefined {

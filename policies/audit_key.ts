@@ -48,6 +48,14 @@ export function readAuditKey(path: string): AuditKey | null {
       `the audit key ${path} is accessible to other users (mode ${mode.toString(8)}); run: chmod 600 ${path}`,
     );
   }
+  // Whoever may write its folder may replace the key (and, with the database, rewrite the trail
+  // under a key of their own); a sticky folder (/tmp) lets no one replace another's file.
+  const folder = statSync(dirname(path)).mode;
+  if (process.platform !== "win32" && (folder & 0o022) !== 0 && (folder & 0o1000) === 0) {
+    throw new AuditKeyError(
+      `the audit key's folder ${dirname(path)} is writable by other users (mode ${(folder & 0o777).toString(8)}); run: chmod go-w ${dirname(path)}`,
+    );
+  }
   let parsed: { key?: unknown; created_at?: unknown };
   try {
     parsed = JSON.parse(text);
@@ -73,7 +81,7 @@ export function readAuditKey(path: string): AuditKey | null {
 export function loadOrCreateAuditKey(path: string): { key: AuditKey; created: boolean } {
   const existing = readAuditKey(path);
   if (existing) return { key: existing, created: false };
-  mkdirSync(dirname(path), { recursive: true });
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
   const key = randomBytes(32);
   const created_at = new Date().toISOString();
   const body =

@@ -28,6 +28,27 @@ export function bearerToken(header: string | undefined | null): string | undefin
   return m?.[1];
 }
 
+/**
+ * JWT principals are named `jwt:<sub>`: a subject can never equal a static token's id (config
+ * refuses ids starting with `jwt:`), so it never shares that principal's jobs, approvals,
+ * sessions or budget. Rules and the console name them the same way.
+ */
+export const JWT_PRINCIPAL_PREFIX = "jwt:";
+export const MAX_SUBJECT_LENGTH = 256;
+// C0, DEL, C1, line/paragraph separators and bidi controls: a subject is shown in logs, the
+// audit trail, the console and the CLI, and must read as what it is there.
+const UNPRINTABLE =
+  /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/;
+
+/** The principal id for a JWT subject, or why the subject is refused. */
+export function jwtPrincipalId(sub: unknown): { id: string } | { refused: string } {
+  if (typeof sub !== "string" || sub.length === 0) return { refused: "token has no subject" };
+  if (sub.length > MAX_SUBJECT_LENGTH)
+    return { refused: `token subject is longer than ${MAX_SUBJECT_LENGTH} characters` };
+  if (UNPRINTABLE.test(sub)) return { refused: "token subject holds control characters" };
+  return { id: `${JWT_PRINCIPAL_PREFIX}${sub}` };
+}
+
 function looksLikeJwt(token: string): boolean {
   return /^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$/.test(token);
 }
@@ -88,15 +109,15 @@ export class Authenticator {
 
   private async verifyJwt(token: string): Promise<Principal> {
     const j = this.config.jwt!;
+    let payload;
     try {
-      const { payload } = await jwtVerify(token, this.jwks!, {
+      ({ payload } = await jwtVerify(token, this.jwks!, {
         issuer: j.issuer,
         audience: j.audience,
         clockTolerance: j.clock_tolerance_s,
         currentDate: new Date(this.clock()),
         requiredClaims: ["sub", "exp"],
-      });
-      return { id: payload.sub!, scopes: parseScopes(payload[j.scope_claim]), via: "jwt" };
+      }));
     } catch (e) {
       if (e instanceof joseErrors.JWTExpired) throw new AuthError("token_expired", "token expired");
       if (e instanceof joseErrors.JWTClaimValidationFailed) {
@@ -107,5 +128,8 @@ export class Authenticator {
         throw new AuthError("invalid_token", "token signature or format is invalid");
       throw e;
     }
+    const who = jwtPrincipalId(payload.sub);
+    if ("refused" in who) throw new AuthError("invalid_token", who.refused);
+    return { id: who.id, scopes: parseScopes(payload[j.scope_claim]), via: "jwt" };
   }
 }

@@ -40,8 +40,16 @@ const StdioPrincipalSchema = z.object({
   scopes: z.array(ScopeSchema).default([...DEFAULT_STDIO_SCOPES]),
 });
 
+/** `jwt:` names JWT principals (policies/auth.ts): a static id cannot take that namespace. */
+const PrincipalIdSchema = z
+  .string()
+  .min(1)
+  .max(256)
+  .refine((id) => !id.startsWith("jwt:"), "ids starting with jwt: are JWT principals (jwt:<sub>)")
+  .refine((id) => !/[\u0000-\u001f\u007f-\u009f]/.test(id), "no control characters in an id");
+
 const TokenSchema = z.object({
-  id: z.string().min(1),
+  id: PrincipalIdSchema,
   token_sha256: z
     .string()
     .regex(/^[0-9a-fA-F]{64}$/, "token_sha256 must be 64 hex characters (sha256 of the token)")
@@ -144,6 +152,10 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>) {
     rules: z.array(rule).default([]),
     notify: z.array(NotifySchema).max(16).default([]),
     ttl_s: z.number().positive().default(900),
+    /** Pending requests one principal may hold; one more is refused `approval_limit`. */
+    max_pending_per_principal: PositiveInt.default(20),
+    /** How long an approval is kept after it is over (counted from its expiry), then deleted. */
+    keep_decided_s: NonNegative.default(7 * 86_400),
     elicitation: z.boolean().default(true),
     elicitation_timeout_s: z.number().positive().default(300),
   });

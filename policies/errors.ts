@@ -139,6 +139,13 @@ export const ERROR_CATALOGUE = {
     http: 409,
     doc: "The approval was already approved or denied; decisions are final.",
   },
+  approval_limit: {
+    // Refused, not queued: the waiting requests are kept, so one being decided or expiring
+    // makes room; retry_after_ms says when the soonest expires.
+    recoverable: true,
+    http: 429,
+    doc: "Too many of this principal's approval requests are waiting; this one was refused (the waiting ones are kept). Wait until one is decided or expires (retry_after_ms).",
+  },
   rate_limited: {
     recoverable: true,
     http: 429,
@@ -210,6 +217,7 @@ export const POLICY_ERROR_CODES = [
   "approval_mismatch",
   "approval_self_grant",
   "approval_already_decided",
+  "approval_limit",
   "rate_limited",
   "budget_exceeded",
   "busy",

@@ -16,6 +16,7 @@ export const SCOPES = [
 export type Scope = (typeof SCOPES)[number];
 
 export interface Principal {
+  /** A static token's id as configured; a JWT's is `jwt:<sub>` (policies/auth.ts), never the same. */
   id: string;
   scopes: readonly Scope[];
   via: "token" | "jwt" | "stdio";

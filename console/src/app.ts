@@ -292,28 +292,84 @@ function approvalCard(a: Json, refresh: () => void): HTMLElement {
 async function approvalsPage(root: HTMLElement) {
   const pending = h("section", { id: "pending", "aria-live": "polite" });
   const history = h("section", { id: "history" });
+  const pager = h("nav", { id: "approvals-pager", "aria-label": "approval pages" });
   root.replaceChildren(
     h("h1", {}, "Approvals"),
     h("p", { class: "hint" }, "New requests appear here as agents make them."),
     pending,
     h("h2", {}, "History"),
     history,
+    pager,
   );
+  // Pages of PAGE_SIZE: every pending approval comes first, however many newer ones there are.
+  const PAGE_SIZE = 100;
+  let offset = 0;
   let busy = false;
   const refresh = async () => {
     if (busy) return;
     busy = true;
     try {
-      const data = await api("approvals");
+      const data = await api(`approvals?offset=${offset}&limit=${PAGE_SIZE}`);
+      const total = data.pending_total + data.history_total;
+      if (offset > 0 && offset >= total) {
+        offset = Math.max(0, total - PAGE_SIZE); // the last page emptied: show the one before
+        busy = false;
+        return void refresh();
+      }
+      const go = (to: number) => () => {
+        offset = to;
+        void refresh();
+      };
+      pager.replaceChildren(
+        ...(total > PAGE_SIZE
+          ? [
+              h(
+                "button",
+                {
+                  type: "button",
+                  disabled: offset === 0,
+                  onclick: go(Math.max(0, offset - PAGE_SIZE)),
+                },
+                "Previous",
+              ),
+              h(
+                "span",
+                { class: "hint" },
+                ` ${offset + 1}–${Math.min(offset + PAGE_SIZE, total)} of ${total} `,
+              ),
+              h(
+                "button",
+                {
+                  type: "button",
+                  disabled: offset + PAGE_SIZE >= total,
+                  onclick: go(offset + PAGE_SIZE),
+                },
+                "Next",
+              ),
+            ]
+          : []),
+      );
       pending.replaceChildren(
-        h("h2", {}, `Pending (${data.pending.length})`),
+        h(
+          "h2",
+          {},
+          data.pending_total > data.pending.length
+            ? `Pending (${data.pending_total}; ${data.pending.length} on this page)`
+            : `Pending (${data.pending_total})`,
+        ),
         ...(data.pending.length
           ? data.pending.map((a: Json) => approvalCard(a, refresh))
-          : [status("Nothing is waiting for a decision.")]),
+          : [
+              status(
+                data.pending_total
+                  ? "The pending ones are on the previous pages."
+                  : "Nothing is waiting for a decision.",
+              ),
+            ]),
       );
       history.replaceChildren(
         data.history.length === 0
-          ? status("No decisions yet.")
+          ? status(data.history_total ? "More history on the next pages." : "No decisions yet.")
           : table(
               [
                 "outcome",

@@ -122,6 +122,7 @@ export async function checkApproval(
       args_preview: redacted,
       estimate: estimate ?? null,
       ttl_s: cfg.ttl_s,
+      max_pending: cfg.max_pending_per_principal,
     });
   const message =
     rec.status === "approved"

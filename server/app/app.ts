@@ -20,7 +20,7 @@ import { SqliteReports } from "../../tools/stores/reports.js";
 import type { ToolDefinition, ToolEnv, ToolServices } from "../../tools/types.js";
 import { ApprovalFeed } from "./approval_feed.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
-import { createDataDir } from "../config/data_dir.js";
+import { checkSecretFile, createDataDir } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
 import { approveCommand, createPolicyServices } from "./build_policies.js";
@@ -76,7 +76,7 @@ export function createApp(
     fileConfig?: ServerConfig;
   } = {},
 ): App {
-  const layout = createDataDir(config);
+  const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   // Before anything starts: a webhook without its secret is a configuration error.
   const notifyTargets = readNotifyTargets(config);
   const catalog = readCatalog(config.paths.catalog);
@@ -188,7 +188,8 @@ export function createApp(
     logger: logger.child({ component: "notify" }),
     onOutcome: (outcome) => metrics.webhookDeliveries.inc({ outcome }),
     onAttemptFailed: () => metrics.webhookAttemptFailures.inc(),
-    consoleUrl: () => app.consoleUrl,
+    // The public address when configured: behind a proxy the bound one is unreachable.
+    consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
     approveCommand: approveCommand(config),
   });
   hooks.add("notifier", () => notifier.close());
@@ -224,6 +225,17 @@ export function createApp(
   return app;
 }
 
+/**
+ * The console's URL under the configured public `http.resource_url` (the MCP endpoint, e.g.
+ * `https://tpu.example.com/mcp` → `https://tpu.example.com/console/`; a path prefix is kept).
+ */
+export function publicConsoleUrl(resourceUrl: string | undefined): string | undefined {
+  if (!resourceUrl) return undefined;
+  const u = new URL(resourceUrl);
+  const base = u.pathname.replace(/\/+$/, "").replace(/\/mcp$/, "");
+  return `${u.origin}${base}/console/`;
+}
+
 /** What every tool handler gets besides the per-call parts (MCP calls, the console). */
 export function toolServices(app: App): ToolServices {
   const { runtime, fleet, jobs, outputs, reports, facts, env, logger } = app;
@@ -245,6 +257,14 @@ function readNotifyTargets(config: ServerConfig): NotifyTarget[] {
     if (secret.length < 16) {
       throw new ConfigError("(config)", [
         `policy.approvals.notify.${i}.secret_file: the secret in ${file} is shorter than 16 bytes; use \`tpu-mcp token new\` to make one`,
+      ]);
+    }
+    // Whoever reads it can sign webhooks the receivers trust: owner-only, as ssh wants keys.
+    try {
+      checkSecretFile(file, "the webhook secret");
+    } catch (e) {
+      throw new ConfigError("(config)", [
+        `policy.approvals.notify.${i}.secret_file: ${(e as Error).message}`,
       ]);
     }
     return { url: n.url, secret, events: n.events };

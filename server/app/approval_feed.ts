@@ -76,8 +76,12 @@ export class ApprovalFeed {
   private snapshot(announce: boolean): void {
     this.mark = this.store.changeMark();
     let next = Infinity;
-    // Oldest first, so a burst is announced in the order it happened.
-    for (const r of this.store.list({ limit: 500 }).reverse()) {
+    // Every pending one (they come first), then recent history; oldest first, so a burst is
+    // announced in the order it happened.
+    const recent = this.store
+      .list({ limit: 500 })
+      .sort((a, b) => Date.parse(a.created_at) - Date.parse(b.created_at));
+    for (const r of recent) {
       if (announce) this.observe(r);
       else this.seen.set(r.id, r.status);
       if (r.status === "pending" || r.status === "approved")

@@ -35,11 +35,13 @@ export interface PolicyServices {
 }
 
 export function createPolicyServices(config: ServerConfig, logger: Logger): PolicyServices {
-  const layout = createDataDir(config);
+  const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
   // One handle for the three stores of policy.db (they share the file, and close with it).
   const db = openStoreDb(layout.policyDb);
-  const approvals = new SqliteApprovalStore(db);
+  const approvals = new SqliteApprovalStore(db, {
+    keepDecidedS: policy.approvals.keep_decided_s,
+  });
   const { key, created } = loadOrCreateAuditKey(layout.auditKey);
   const audit = new SqliteAuditLog(db, {
     logger: logger.child({ component: "audit" }),

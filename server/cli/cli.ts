@@ -4,9 +4,10 @@ import { existsSync, readFileSync, writeFileSync, chmodSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
+import type { ApprovalStatus } from "../../policies/approvals.js";
 import { hashToken } from "../../policies/config.js";
 import { ConfigError, loadConfig, withToken, type ServerConfig } from "../config/config.js";
-import { createDataDir, dataDir } from "../config/data_dir.js";
+import { checkSecretFile, createDataDir, dataDir } from "../config/data_dir.js";
 import { createApp, type App } from "../app/app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
 import { runDoctor } from "../doctor/index.js";
@@ -14,6 +15,7 @@ import { runTpuSelfTest } from "../doctor/tpu.js";
 import { startHttp } from "../transports/http.js";
 import { createLogger } from "../app/logger.js";
 import { startStdio } from "../transports/stdio.js";
+import { terminalText } from "../terminal.js";
 import { runWorkersCommand } from "./workers.js";
 
 /** The repository root: the first folder above this module with a package.json (the source sits
@@ -36,8 +38,10 @@ commands:
   doctor                        versions, devices found and why, catalog and config problems
   doctor --tpu [--json]         TPU VM self-test: every chip × eager mode, memory, sync, precision,
                                 a forward per built-in model (eager and compile); attach to bug reports
-  approvals list|show ID|approve ID|deny ID [--reason R] [--token T]
-                                decide pending approvals (operator token: --token or TPU_MCP_TOKEN)
+  approvals list [--limit N] [--offset N] [--status S] | show ID | approve ID | deny ID
+             [--reason R] [--token T]
+                                decide pending approvals (operator token: --token or TPU_MCP_TOKEN);
+                                list shows every pending one first, then the rest, a page at a time
   audit tail [-n N] | head | verify [--head FILE]
                                 read the audit trail, export its head (store it elsewhere),
                                 verify the keyed chain (and that it still holds an exported head)
@@ -51,14 +55,22 @@ common options:
   --device D                    auto, cpu, cuda[:N], tpu[:N] or xla[:N] (overrides the config)
 `;
 
-const out = (s: string) => process.stdout.write(s.endsWith("\n") ? s : s + "\n");
-const err = (s: string) => process.stderr.write(s.endsWith("\n") ? s : s + "\n");
+// Every line the CLI prints passes through terminalText: no caller-made text can drive the terminal.
+const print = (stream: NodeJS.WriteStream, s: string) => {
+  const safe = terminalText(s);
+  stream.write(safe.endsWith("\n") ? safe : safe + "\n");
+};
+const out = (s: string) => print(process.stdout, s);
+const err = (s: string) => print(process.stderr, s);
 
 /** The token `tpu-mcp http` generates when the config names none; kept so clients keep working. */
 function localToken(config: ServerConfig): string {
   const file = dataDir(config).localToken;
-  if (existsSync(file)) return readFileSync(file, "utf8").trim();
-  createDataDir(config);
+  if (existsSync(file)) {
+    checkSecretFile(file, "the generated bearer token");
+    return readFileSync(file, "utf8").trim();
+  }
+  createDataDir(config, { warn: err });
   const token = `tpu_${randomBytes(24).toString("base64url")}`;
   writeFileSync(file, token + "\n", { mode: 0o600 });
   chmodSync(file, 0o600);
@@ -86,6 +98,9 @@ async function main(argv: string[]): Promise<number> {
       json: { type: "boolean" },
       head: { type: "string" },
       tpu: { type: "boolean" },
+      limit: { type: "string" },
+      offset: { type: "string" },
+      status: { type: "string" },
     },
   });
 
@@ -192,6 +207,11 @@ async function main(argv: string[]): Promise<number> {
       return runApprovalsCommand(config, positionals, {
         token: values.token ?? process.env.TPU_MCP_TOKEN,
         reason: values.reason,
+        paging: {
+          limit: values.limit !== undefined ? Number(values.limit) : undefined,
+          offset: values.offset !== undefined ? Number(values.offset) : undefined,
+          status: values.status as ApprovalStatus | undefined,
+        },
         json: values.json === true,
         out,
         err,

@@ -6,7 +6,11 @@
 import { readFileSync } from "node:fs";
 import Database from "better-sqlite3";
 import type { Logger } from "pino";
-import { SqliteApprovalStore, type ApprovalRecord } from "../../policies/approvals.js";
+import {
+  SqliteApprovalStore,
+  type ApprovalRecord,
+  type ApprovalStatus,
+} from "../../policies/approvals.js";
 import { SqliteAuditLog, type AuditHead } from "../../policies/audit.js";
 import { readAuditKey, type AuditKey } from "../../policies/audit_key.js";
 import { Authenticator } from "../../policies/auth.js";
@@ -14,6 +18,7 @@ import type { SqliteDb } from "../../policies/sqlite.js";
 import { createPolicyServices } from "../app/build_policies.js";
 import type { ServerConfig } from "../config/config.js";
 import { dataDir, openExisting } from "../config/data_dir.js";
+import { terminalField } from "../terminal.js";
 
 interface Io {
   out: (s: string) => void;
@@ -22,11 +27,21 @@ interface Io {
   logger: Logger;
 }
 
+/** Three lines per approval; each line passes terminalField, so a caller's text stays inside it. */
 function describe(a: ApprovalRecord): string {
   const est = a.estimate
     ? ` estimate: ${a.estimate.device_seconds.toFixed(1)} device-s, ${(a.estimate.memory_bytes / 2 ** 20).toFixed(0)} MiB memory, ${(a.estimate.weight_bytes / 2 ** 20).toFixed(0)} MiB weights`
     : "";
-  return `${a.id}  ${a.status.padEnd(8)} ${a.principal} → ${a.tool}  expires ${a.expires_at}\n    args: ${JSON.stringify(a.args_preview)}\n   ${est}`;
+  const decided = a.decided_by
+    ? `  ${a.status === "denied" ? "denied" : "decided"} by ${a.decided_by}${a.reason ? `: ${a.reason}` : ""}`
+    : "";
+  return [
+    `${a.id}  ${a.status.padEnd(8)} ${a.principal} → ${a.tool}  expires ${a.expires_at}${decided}`,
+    `    args: ${JSON.stringify(a.args_preview)}`,
+    `   ${est}`,
+  ]
+    .map(terminalField)
+    .join("\n");
 }
 
 /**
@@ -47,15 +62,37 @@ function isReadOnlyRefusal(e: unknown): boolean {
   return (e as { code?: string })?.code === "SQLITE_READONLY";
 }
 
+/** Paging of `approvals list`: pending first (all of them, page by page), then the rest. */
+export interface ListPaging {
+  limit?: number;
+  offset?: number;
+  status?: ApprovalStatus;
+}
+
+const STATUSES: readonly ApprovalStatus[] = ["pending", "approved", "denied", "used", "expired"];
+
 export async function runApprovalsCommand(
   config: ServerConfig,
   positionals: string[],
-  io: Io & { token?: string; reason?: string },
+  io: Io & { token?: string; reason?: string; paging?: ListPaging },
 ): Promise<number> {
   const [sub, id] = positionals;
-  if (sub === "list" || (sub === "show" && id)) return showApprovals(config, sub, id, io);
+  const paging = io.paging ?? {};
+  const bad =
+    (paging.limit !== undefined && !(Number.isInteger(paging.limit) && paging.limit > 0)) ||
+    (paging.offset !== undefined && !(Number.isInteger(paging.offset) && paging.offset >= 0)) ||
+    (paging.status !== undefined && !STATUSES.includes(paging.status));
+  if (bad) {
+    io.err(
+      `approvals list: --limit needs a positive integer, --offset a non-negative one, --status one of ${STATUSES.join(", ")}`,
+    );
+    return 2;
+  }
+  if (sub === "list" || (sub === "show" && id)) return showApprovals(config, sub, id, io, paging);
   if ((sub === "approve" || sub === "deny") && id) return decide(config, sub, id, io);
-  io.err("usage: tpu-mcp approvals list | show ID | approve ID | deny ID [--reason R] [--token T]");
+  io.err(
+    "usage: tpu-mcp approvals list [--limit N] [--offset N] [--status S] | show ID | approve ID | deny ID [--reason R] [--token T]",
+  );
   return 2;
 }
 
@@ -65,6 +102,7 @@ function showApprovals(
   sub: "list" | "show",
   id: string | undefined,
   io: Io,
+  paging: ListPaging,
 ): number {
   const db = readPolicyDb(config, io);
   let approvals: SqliteApprovalStore;
@@ -78,9 +116,30 @@ function showApprovals(
   }
   try {
     if (sub === "list") {
-      const items = approvals.list({});
-      if (io.json) io.out(JSON.stringify(items, null, 2));
-      else io.out(items.length ? items.map(describe).join("\n") : "no approvals");
+      const page = approvals.page({ ...paging, limit: paging.limit ?? 100 });
+      // JSON stays an array (of this page), as before paging.
+      if (io.json) {
+        io.out(JSON.stringify(page.items, null, 2));
+        return 0;
+      }
+      const shown = page.items.length;
+      const total = paging.status ? undefined : page.pending_total + page.history_total;
+      if (total === 0) {
+        io.out("no approvals");
+        return 0;
+      }
+      io.out(
+        `${page.pending_total} pending (listed first, soonest to expire first), ${page.history_total} decided or expired` +
+          (shown
+            ? `; showing ${page.offset + 1}-${page.offset + shown}`
+            : "; nothing on this page") +
+          (paging.status ? ` with status ${paging.status}` : ""),
+      );
+      if (shown) io.out(page.items.map(describe).join("\n"));
+      if (total !== undefined && page.offset + shown < total)
+        io.out(
+          `more: tpu-mcp approvals list --offset ${page.offset + shown} --limit ${page.limit}`,
+        );
       return 0;
     }
     const a = approvals.get(id!);
@@ -162,8 +221,11 @@ export async function runAuditCommand(
       if (io.json) io.out(JSON.stringify(recs, null, 2));
       else
         for (const r of recs) {
+          // One line per record: a reason holding an argument name a caller chose stays on it.
           io.out(
-            `#${r.seq} ${r.time} ${r.principal} ${r.tool} ${r.outcome}${r.code ? ` (${r.code})` : ""}${r.duration_ms !== undefined ? ` ${r.duration_ms} ms` : ""}${r.reason ? ` — ${r.reason}` : ""}`,
+            terminalField(
+              `#${r.seq} ${r.time} ${r.principal} ${r.tool} ${r.outcome}${r.code ? ` (${r.code})` : ""}${r.duration_ms !== undefined ? ` ${r.duration_ms} ms` : ""}${r.reason ? ` — ${r.reason}` : ""}`,
+            ),
           );
         }
       return 0;
@@ -188,8 +250,8 @@ export async function runAuditCommand(
       else
         io.out(
           v.ok
-            ? `ok: ${v.checked} record(s), chain intact — ${v.reason}`
-            : `TAMPERED at record #${v.first_bad_seq}: ${v.reason}`,
+            ? terminalField(`ok: ${v.checked} record(s), chain intact — ${v.reason}`)
+            : terminalField(`TAMPERED at record #${v.first_bad_seq}: ${v.reason}`),
         );
       return v.ok ? 0 : 1;
     }

@@ -11,6 +11,7 @@ import type { ServerConfig } from "../config/config.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
 import { ControlChannel, type PublishedFleet } from "../control/channel.js";
 import type { ReloadResult } from "../control/reload.js";
+import { terminalField } from "../terminal.js";
 
 interface Io {
   out: (s: string) => void;
@@ -35,10 +36,11 @@ const NO_STATE =
 function row(w: WorkerStatus, at: string): string {
   const mem =
     w.memory_free_bytes != null ? ` free ${(w.memory_free_bytes / 2 ** 20).toFixed(0)} MiB` : "";
-  return (
+  // One line per worker, whatever its name or models hold.
+  return terminalField(
     `${w.name.padEnd(10)} ${w.device.padEnd(8)} ${(w.address ? `remote ${w.address}` : "local").padEnd(24)} ` +
-    `${w.state}${w.draining ? " (drained)" : ""}, in flight ${w.in_flight}, restarts ${w.restarts},${mem} ` +
-    `models: ${w.models.join(", ") || "none"}${w.lost_models.length ? `; lost: ${w.lost_models.join(", ")}` : ""}  [seen ${at}]`
+      `${w.state}${w.draining ? " (drained)" : ""}, in flight ${w.in_flight}, restarts ${w.restarts},${mem} ` +
+      `models: ${w.models.join(", ") || "none"}${w.lost_models.length ? `; lost: ${w.lost_models.join(", ")}` : ""}  [seen ${at}]`,
   );
 }
 
@@ -123,7 +125,7 @@ export async function runWorkersCommand(
   }
   record("executed");
   if (reload) return await requestReload(config, principal.id, io);
-  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {
     return await setDrain(channel, sub as "drain" | "undrain", name!, principal.id, io);
   } finally {
@@ -202,7 +204,7 @@ async function scaleAndWait(
     io.err("workers scale needs a Ray fleet: add runtime.ray to the config (README: Ray fleet)");
     return { exit: 2 };
   }
-  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {
     const at = channel.setFleetTarget(count, by);
     return await waitForFleet(channel, count, at, io);
@@ -297,7 +299,7 @@ export async function requestReload(
   by: string,
   io: FleetWaitIo,
 ): Promise<number> {
-  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {
     const at = channel.requestReload(by);
     let result: ReloadResult | undefined;

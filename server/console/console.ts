@@ -241,12 +241,23 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     };
   }
 
-  async function approvals(res: ServerResponse, s: ConsoleSession) {
-    const all = app.approvals.list({ limit: 200 });
+  /** One page, pending first (all of them, page by page): newer requests never hide older ones. */
+  async function approvals(res: ServerResponse, s: ConsoleSession, q: URLSearchParams) {
+    const limit = Math.min(Math.max(Math.floor(Number(q.get("limit"))) || 100, 1), 500);
+    const offset = Math.max(Math.floor(Number(q.get("offset"))) || 0, 0);
+    const page = app.approvals.page({ limit, offset });
     send(res, 200, {
       now: new Date().toISOString(),
-      pending: all.filter((r) => r.status === "pending").map((r) => approvalView(r, s.principal)),
-      history: all.filter((r) => r.status !== "pending").map((r) => approvalView(r, s.principal)),
+      pending: page.items
+        .filter((r) => r.status === "pending")
+        .map((r) => approvalView(r, s.principal)),
+      history: page.items
+        .filter((r) => r.status !== "pending")
+        .map((r) => approvalView(r, s.principal)),
+      pending_total: page.pending_total,
+      history_total: page.history_total,
+      offset,
+      limit,
     });
   }
 
@@ -463,7 +474,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     }
     if (method === "GET") {
       const q = new URL(req.url ?? "/", "http://x").searchParams;
-      if (api === "approvals") return approvals(res, s);
+      if (api === "approvals") return approvals(res, s, q);
       if (api === "events") return events(req, res, s);
       if (api === "audit") return audit(res, q);
       if (api === "jobs") return jobs(res);

@@ -10,6 +10,7 @@ import { checkWorkers } from "./workers.js";
 import { checkFleet } from "./fleet.js";
 import type { ServerConfig } from "../config/config.js";
 import { runInventory } from "./tpu.js";
+import { terminalField } from "../terminal.js";
 import { SERVER_VERSION } from "../version.js";
 import { doctorWorkerOptions } from "./worker_options.js";
 
@@ -29,10 +30,11 @@ export async function runDoctor(
 ): Promise<number> {
   const report: Record<string, unknown> = {};
   const problems: string[] = [];
-  const ok = (s: string) => !io.json && io.out(`  ok   ${s}`);
+  // One line per check, whatever a config value or an error message holds.
+  const ok = (s: string) => !io.json && io.out(`  ok   ${terminalField(s)}`);
   const bad = (s: string) => {
     problems.push(s);
-    if (!io.json) io.out(`  FAIL ${s}`);
+    if (!io.json) io.out(`  FAIL ${terminalField(s)}`);
   };
   const sdk = JSON.parse(
     readFileSync(

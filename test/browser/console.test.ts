@@ -425,12 +425,15 @@ describe("operator console in chromium", () => {
       await p.reload();
       await p.locator(`article.approval[data-id="${id}"]`).waitFor();
       const reached: string[] = [];
-      for (let i = 0; i < 40; i++) {
+      // Pending cards are listed soonest to expire first: Tab on to this request's own button.
+      for (let i = 0; i < 80; i++) {
         await p.keyboard.press("Tab");
-        const t = await p.evaluate(() => {
+        const t = await p.evaluate((want) => {
           const a = document.activeElement as HTMLElement | null;
-          return `${a?.tagName}:${a?.textContent?.trim() ?? ""}`;
-        });
+          const card = a?.closest("article.approval") as HTMLElement | null;
+          const other = card && card.dataset.id !== want ? " (another request)" : "";
+          return `${a?.tagName}:${a?.textContent?.trim() ?? ""}${other}`;
+        }, id);
         reached.push(t);
         if (t === "BUTTON:Approve") break;
       }

@@ -86,7 +86,7 @@ describe("console HTTP surface", () => {
     const r = await signIn(await sign("approvals:grant", "90s"));
     expect(r.status).toBe(200);
     const body = await r.json();
-    expect(body.principal).toBe("carol");
+    expect(body.principal).toBe("jwt:carol");
     const left = Date.parse(body.expires_at) - Date.now();
     expect(left).toBeGreaterThan(0);
     expect(left).toBeLessThanOrEqual(90_000);

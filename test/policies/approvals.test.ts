@@ -137,3 +137,99 @@ describe("SqliteApprovalStore", () => {
     reopened.close();
   });
 });
+
+// Issue 23, item 1: pending approvals cannot be pushed out of sight, a principal's pending ones
+// are capped, and decided ones are pruned after a configured time.
+describe("SqliteApprovalStore: paging, the pending cap, pruning", () => {
+  const request = (principal: string, n: number, extra: { max_pending?: number } = {}) => ({
+    principal,
+    tool: "get_job",
+    args_digest: `d${n}`,
+    args_preview: { n },
+    ttl_s: 900,
+    ...extra,
+  });
+
+  it("lists every pending approval first (soonest to expire first), then the rest newest first", () => {
+    const clock = new FakeClock();
+    const store = new SqliteApprovalStore(tmp.file(`p-${Math.random()}.db`), { clock: clock.now });
+    const victim = store.create(request("victim", 0));
+    const decided = store.create(request("victim", 1));
+    store.deny(decided.id, "operator");
+    for (let i = 0; i < 250; i++) {
+      clock.advance(10);
+      store.create(request("agent", i + 2));
+    }
+    const page = store.page({ limit: 100 });
+    expect(page.pending_total).toBe(251);
+    expect(page.history_total).toBe(1);
+    expect(page.items[0].id).toBe(victim.id);
+    expect(page.items.every((a) => a.status === "pending")).toBe(true);
+    // The last page holds the rest of the pending ones, then the history.
+    const last = store.page({ limit: 100, offset: 200 });
+    expect(last.items).toHaveLength(52);
+    expect(last.items.at(-1)!.id).toBe(decided.id);
+    expect(store.list({ status: "denied" }).map((a) => a.id)).toEqual([decided.id]);
+    store.close();
+  });
+
+  it("reads one page through an index, never the whole table", () => {
+    const store = new SqliteApprovalStore(tmp.file(`q-${Math.random()}.db`));
+    const db = (store as any).db;
+    const plan = (sql: string) =>
+      (db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all({ now: 0, limit: 1, offset: 0 }) as any[])
+        .map((r) => r.detail)
+        .join("; ");
+    expect(
+      plan(
+        "SELECT * FROM approvals WHERE status = 'pending' AND expires_ms > @now ORDER BY expires_ms ASC, rowid ASC LIMIT @limit OFFSET @offset",
+      ),
+    ).toMatch(/USING INDEX approvals_open/);
+    store.close();
+  });
+
+  it("refuses a principal's request over max_pending with approval_limit, and keeps the older ones", () => {
+    const clock = new FakeClock();
+    const store = new SqliteApprovalStore(tmp.file(`c-${Math.random()}.db`), { clock: clock.now });
+    const first = [0, 1, 2].map((i) => store.create(request("agent", i, { max_pending: 3 })));
+    let err: PolicyError | undefined;
+    try {
+      store.create(request("agent", 3, { max_pending: 3 }));
+    } catch (e) {
+      err = e as PolicyError;
+    }
+    expect(err?.code).toBe("approval_limit");
+    expect(err?.message).toMatch(/refused/);
+    expect(err?.details).toMatchObject({ pending: 3, limit: 3, retry_after_ms: 900_000 });
+    expect(store.list({ status: "pending" }).map((a) => a.id)).toEqual(first.map((a) => a.id));
+    // Another principal is not affected, and a decision frees a place.
+    expect(store.create(request("other", 0, { max_pending: 3 })).status).toBe("pending");
+    store.deny(first[0].id, "operator");
+    expect(store.create(request("agent", 4, { max_pending: 3 })).status).toBe("pending");
+    store.close();
+  });
+
+  it("prunes approvals keep_decided_s after they are over, and never an open one", () => {
+    const clock = new FakeClock();
+    const file = tmp.file(`k-${Math.random()}.db`);
+    const store = new SqliteApprovalStore(file, { clock: clock.now, keepDecidedS: 3600 });
+    const denied = store.create(request("agent", 0));
+    store.deny(denied.id, "operator");
+    const open = store.create(request("agent", 1));
+    clock.advance(900_000 + 3_600_000 - 1);
+    expect(store.prune()).toBe(0);
+    clock.advance(2);
+    expect(store.prune()).toBe(2); // the denied one, and the pending one that expired an hour ago
+    expect(store.get(denied.id)).toBeUndefined();
+    expect(store.get(open.id)).toBeUndefined();
+    const fresh = store.create(request("agent", 2));
+    expect(store.prune()).toBe(0);
+    expect(store.get(fresh.id)?.status).toBe("pending");
+    store.close();
+    // Without keepDecidedS (the read-only CLI) nothing is deleted.
+    const reader = new SqliteApprovalStore(file, { clock: () => clock.now() + 10 * 86_400_000 });
+    expect(reader.prune()).toBe(0);
+    expect(reader.get(fresh.id)?.status).toBe("expired");
+    reader.close();
+  });
+});

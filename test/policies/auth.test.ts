@@ -59,6 +59,25 @@ describe("static tokens", () => {
     expect((await authErr(auth.authenticate("old-token"))).code).toBe("token_expired");
   });
 
+  it("keeps static token ids out of the jwt: namespace (config refuses them)", () => {
+    expect(() =>
+      parsePolicyConfig(
+        {
+          tokens: [{ id: "jwt:alice", token_sha256: hashToken("t"), scopes: ["models:read"] }],
+        },
+        TOOL_POLICIES,
+      ),
+    ).toThrow(/jwt:/);
+    expect(() =>
+      parsePolicyConfig(
+        {
+          tokens: [{ id: "a\u0000", token_sha256: hashToken("t"), scopes: ["models:read"] }],
+        },
+        TOOL_POLICIES,
+      ),
+    ).toThrow(/control/);
+  });
+
   it("gives stdio sessions the configured principal", () => {
     expect(auth.stdioPrincipal()).toMatchObject({ id: "local-user", via: "stdio" });
   });
@@ -99,12 +118,12 @@ describe("JWT", () => {
   });
 
   const sign = (
-    over: { aud?: string; iss?: string; exp?: number; scope?: unknown } = {},
+    over: { aud?: string; iss?: string; exp?: number; scope?: unknown; sub?: string } = {},
     k?: CryptoKey,
   ) =>
     new SignJWT({ scope: over.scope ?? "models:read inference:run bogus" })
       .setProtectedHeader({ alg: "ES256", kid: "k1" })
-      .setSubject("alice")
+      .setSubject(over.sub ?? "alice")
       .setIssuer(over.iss ?? "https://issuer.example")
       .setAudience(over.aud ?? "https://tpu-mcp.example/mcp")
       .setIssuedAt(now() - 10)
@@ -113,7 +132,7 @@ describe("JWT", () => {
 
   it("accepts a good token and keeps only known scopes", async () => {
     await expect(auth.authenticate(await sign())).resolves.toEqual({
-      id: "alice",
+      id: "jwt:alice",
       scopes: ["models:read", "inference:run"],
       via: "jwt",
     });
@@ -141,6 +160,27 @@ describe("JWT", () => {
   it("refuses an expired token with token_expired", async () => {
     const e = await authErr(auth.authenticate(await sign({ exp: now() - 3600 })));
     expect(e.code).toBe("token_expired");
+  });
+
+  it("names its principal jwt:<sub>, apart from any static token id", async () => {
+    expect((await auth.authenticate(await sign({ sub: "agent" }))).id).toBe("jwt:agent");
+    expect((await auth.authenticate(await sign({ sub: "jwt:agent" }))).id).toBe("jwt:jwt:agent");
+  });
+
+  it("refuses a subject with control characters or over 256 characters", async () => {
+    for (const sub of [
+      "a\u0000",
+      "\u001b[2K",
+      "a\u0085b",
+      "a\u2028b",
+      "\u202eabc",
+      "x".repeat(257),
+    ]) {
+      const e = await authErr(auth.authenticate(await sign({ sub })));
+      expect(e.code, JSON.stringify(sub)).toBe("invalid_token");
+      expect(e.description).toMatch(/subject/);
+    }
+    expect((await auth.authenticate(await sign({ sub: "é漢".repeat(128) }))).id).toMatch(/^jwt:/);
   });
 
   it("refuses a token signed by another key", async () => {

@@ -54,6 +54,8 @@ describe("policy config", () => {
       rules: [],
       notify: [],
       ttl_s: 900,
+      max_pending_per_principal: 20,
+      keep_decided_s: 604_800,
       elicitation: true,
       elicitation_timeout_s: 300,
     });
