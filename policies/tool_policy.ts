@@ -45,3 +45,21 @@ export interface ToolPolicy {
 export function toolPolicyMap(tools: readonly ToolPolicy[]): ReadonlyMap<string, ToolPolicy> {
   return new Map(tools.map((t) => [t.name, t]));
 }
+
+/**
+ * The record of a tool that answers from the server alone (status, the catalog, jobs): no worker
+ * op, no job, no device lane, no estimate; default timeout and concurrency.
+ */
+export function hostOnlyPolicy(name: string, scope: Scope): ToolPolicy {
+  return {
+    name,
+    scope,
+    workerOp: null,
+    job: false,
+    deviceMode: null,
+    timeoutS: null,
+    concurrency: null,
+    estimate: null,
+    runWhileRecording: false,
+  };
+}

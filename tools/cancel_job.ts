@@ -1,21 +1,11 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
 import { JobView, jobIdArg } from "./get_job.js";
-import type { ToolPolicy } from "../policies/tool_policy.js";
+import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 /** What the server and its policies know of cancel_job (policies/tool_policy.ts). */
-const policy: ToolPolicy = {
-  name: "cancel_job",
-  scope: "jobs:read",
-  workerOp: null,
-  job: false,
-  deviceMode: null,
-  timeoutS: null,
-  concurrency: null,
-  estimate: null,
-  runWhileRecording: false,
-};
+const policy = hostOnlyPolicy("cancel_job", "jobs:read");
 
 const build = (_env: ToolEnv) =>
   defineTool(policy, {

@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import type { ToolPolicy } from "../policies/tool_policy.js";
+import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 export const jobIdArg = z
@@ -21,17 +21,7 @@ export const JobView = z.object({
 });
 
 /** What the server and its policies know of get_job (policies/tool_policy.ts). */
-const policy: ToolPolicy = {
-  name: "get_job",
-  scope: "jobs:read",
-  workerOp: null,
-  job: false,
-  deviceMode: null,
-  timeoutS: null,
-  concurrency: null,
-  estimate: null,
-  runWhileRecording: false,
-};
+const policy = hostOnlyPolicy("get_job", "jobs:read");
 
 const build = (_env: ToolEnv) =>
   defineTool(policy, {

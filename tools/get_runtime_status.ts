@@ -1,5 +1,5 @@
 import { z } from "zod";
-import type { ToolPolicy } from "../policies/tool_policy.js";
+import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 const Device = z
@@ -16,17 +16,7 @@ const Device = z
   .passthrough();
 
 /** What the server and its policies know of get_runtime_status (policies/tool_policy.ts). */
-const policy: ToolPolicy = {
-  name: "get_runtime_status",
-  scope: "models:read",
-  workerOp: null,
-  job: false,
-  deviceMode: null,
-  timeoutS: null,
-  concurrency: null,
-  estimate: null,
-  runWhileRecording: false,
-};
+const policy = hostOnlyPolicy("get_runtime_status", "models:read");
 
 const build = (_env: ToolEnv) =>
   defineTool(policy, {

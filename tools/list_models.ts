@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { toToolError } from "./errors.js";
 import type { ModelFact } from "./stores/facts.js";
-import type { ToolPolicy } from "../policies/tool_policy.js";
+import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 export const ModelInfo = z.object({
@@ -27,17 +27,7 @@ export const ModelInfo = z.object({
 });
 
 /** What the server and its policies know of list_models (policies/tool_policy.ts). */
-const policy: ToolPolicy = {
-  name: "list_models",
-  scope: "models:read",
-  workerOp: null,
-  job: false,
-  deviceMode: null,
-  timeoutS: null,
-  concurrency: null,
-  estimate: null,
-  runWhileRecording: false,
-};
+const policy = hostOnlyPolicy("list_models", "models:read");
 
 const build = (env: ToolEnv) =>
   defineTool(policy, {
