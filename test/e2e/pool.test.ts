@@ -221,6 +221,15 @@ describe.skipIf(!hasOpenssl)(
       const u = await cli(configFile, "workers", "undrain", "w1", "--token", adminToken);
       expect(u.code, u.stderr).toBe(0);
       await until("w1 undrained", async () => !(await workers(conn)).w1.draining);
+      // Undrained is more than a flag: concurrent calls are routed to w1 again.
+      const mid = await workers(conn);
+      const back = await Promise.all(
+        Array.from({ length: 16 }, (_, i) =>
+          call(conn, "run_inference", { model: MINILM, texts: [`undrained ${i}`] }),
+        ),
+      );
+      for (const r of back) expect(r.isError, JSON.stringify(r)).toBeFalsy();
+      expect((await workers(conn)).w1.calls).toBeGreaterThan(mid.w1.calls);
     });
 
     it("kill -9 of one replica mid-traffic fails only its calls in flight; the next calls succeed on the other", async () => {
