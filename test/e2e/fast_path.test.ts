@@ -8,7 +8,15 @@ import { join } from "node:path";
 import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argsDigest } from "../../policies/digest.js";
-import { connectStdio, errorOf, writeConfig, cli } from "../helpers/server.js";
+import { hashToken } from "../../policies/config.js";
+import {
+  cli,
+  connectHttp,
+  connectStdio,
+  errorOf,
+  startHttpServer,
+  writeConfig,
+} from "../helpers/server.js";
 import { call } from "./scenario.js";
 
 /** A distinct mnist-cnn input per call, so each call has its own argument digest. */
@@ -147,13 +155,17 @@ describe("small calls past the rate limit and the budget", () => {
     );
     const conn = await connectStdio(config);
     try {
+      const t0 = Date.now();
       expect((await call(conn.client, "load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
       const results = await Promise.all(
         Array.from({ length: 20 }, (_, i) => call(conn.client, "run_inference", input(i))),
       );
+      // The bucket holds 12 and refills 12 a minute: what a slow load let it refill is allowed too.
+      const refilled = Math.floor(((Date.now() - t0) / 60_000) * 12);
       const refused = results.filter((r) => r.isError);
-      expect(results.length - refused.length).toBeLessThanOrEqual(11); // 12 minus the load
-      expect(refused.length).toBeGreaterThanOrEqual(9);
+      expect(results.length - refused.length).toBeLessThanOrEqual(11 + refilled); // 12 minus the load
+      expect(refused.length).toBeGreaterThanOrEqual(9 - refilled);
+      expect(refused.length).toBeGreaterThan(0);
       for (const r of refused) expect(errorOf(r)?.code).toBe("rate_limited");
       const dataDir = dataDirOf(config);
       results.forEach((r, i) => {
@@ -166,9 +178,16 @@ describe("small calls past the rate limit and the budget", () => {
   });
 
   it("charges every answered call once and no refused one, and refuses once the budget is spent", async () => {
+    // Over HTTP with two principals: the loader's measured load (seconds on a busy machine) is
+    // charged to its own budget line, so the agent's 0.05 device-seconds hold inference alone.
+    const scopes = ["models:read", "models:load", "inference:run"];
     const config = writeConfig(
       {
         policy: {
+          tokens: [
+            { id: "loader", token_sha256: hashToken("fast-loader"), scopes },
+            { id: "agent", token_sha256: hashToken("fast-agent"), scopes },
+          ],
           limits: {
             rate_limit: { per_principal_per_minute: 6000 },
             // device-seconds; the estimate of one mnist-cnn call is 0.01
@@ -178,9 +197,11 @@ describe("small calls past the rate limit and the budget", () => {
       },
       mkdtempSync(join(tmpdir(), "tpu-mcp-fast-budget-")),
     );
-    const conn = await connectStdio(config);
+    const server = await startHttpServer(config);
+    const loader = await connectHttp(server.url, "fast-loader");
+    const conn = await connectHttp(server.url, "fast-agent");
     try {
-      expect((await call(conn.client, "load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
+      expect((await call(loader.client, "load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
       const results = await Promise.all(
         Array.from({ length: 40 }, (_, i) => call(conn.client, "run_inference", input(i))),
       );
@@ -208,6 +229,8 @@ describe("small calls past the rate limit and the budget", () => {
       expect(code).toBe("budget_exceeded");
     } finally {
       await conn.close();
+      await loader.close();
+      await server.stop();
     }
   });
 });
