@@ -1,0 +1,135 @@
+// The limiter for failed authentication (server/auth_limit.ts) under a clock the test drives:
+// reservations made on arrival bound concurrent evaluations, back-off doubles and is capped (so a
+// correct credential waits at most the cap), success never resets the count, the server-wide
+// budget holds across addresses, and the report stays bounded however many addresses guess.
+import { afterEach, describe, expect, it } from "vitest";
+import {
+  AuthLimiter,
+  addressKey,
+  type AuthLimitReport,
+  type AuthTicket,
+} from "../../server/auth_limit.js";
+
+let now = 1_000_000;
+const clock = () => now;
+const made: AuthLimiter[] = [];
+function limiter(over: Partial<ConstructorParameters<typeof AuthLimiter>[0]> = {}) {
+  const l = new AuthLimiter({ free: 5, maxDelayMs: 8_000, perMinute: 1000, clock, ...over });
+  made.push(l);
+  return l;
+}
+afterEach(() => {
+  for (const l of made.splice(0)) l.close();
+});
+
+function take(l: AuthLimiter, addr = "10.0.0.1"): AuthTicket {
+  const a = l.admit(addr, "/mcp");
+  if (!a.ok) throw new Error(`refused: ${a.why}`);
+  return a.ticket;
+}
+
+describe("AuthLimiter", () => {
+  it("counts an evaluation in progress as a failure: 50 at once, only the free ones admitted", () => {
+    const l = limiter();
+    const admitted = Array.from({ length: 50 }, () => l.admit("10.0.0.1", "/console")).filter(
+      (a) => a.ok,
+    );
+    expect(admitted).toHaveLength(5);
+    // Successes give their slots back; failures keep them.
+    for (const a of admitted) if (a.ok) a.ticket.settle(true);
+    expect(l.admit("10.0.0.1", "/console").ok).toBe(true);
+  });
+
+  it("backs off exponentially after the free failures, one evaluation at a time, capped", () => {
+    const l = limiter();
+    for (let i = 0; i < 5; i++) take(l).settle(false);
+    const first = l.admit("10.0.0.1", "/mcp");
+    expect(first).toMatchObject({ ok: false, retryAfterS: 1 });
+    const waits: number[] = [];
+    for (let i = 0; i < 6; i++) {
+      now += l.delayMs(5 + i);
+      const t = take(l);
+      // While this one is evaluated, another from the same address is refused.
+      expect(l.admit("10.0.0.1", "/mcp").ok).toBe(false);
+      t.settle(false);
+      const refused = l.admit("10.0.0.1", "/mcp");
+      waits.push(refused.ok ? 0 : refused.retryAfterS);
+    }
+    expect(waits).toEqual([2, 4, 8, 8, 8, 8]);
+    // Another address is not affected.
+    expect(l.admit("10.0.0.2", "/mcp").ok).toBe(true);
+  });
+
+  it("lets a correct credential in after at most the cap, and a success does not reset the count", () => {
+    const l = limiter();
+    for (let i = 0; i < 20; i++) {
+      const a = l.admit("10.0.0.1", "/console");
+      if (a.ok) a.ticket.settle(false);
+      now += 100;
+    }
+    const refused = l.admit("10.0.0.1", "/console");
+    expect(refused.ok).toBe(false);
+    if (!refused.ok) expect(refused.retryAfterS).toBeLessThanOrEqual(8);
+    now += 8_000;
+    take(l).settle(true); // the operator
+    // The operator's success bought the attacker nothing: after its next failure it waits again
+    // (a reset would have given it five more free guesses).
+    take(l).settle(false);
+    expect(l.admit("10.0.0.1", "/console")).toMatchObject({ ok: false, retryAfterS: 4 });
+  });
+
+  it("forgets an address after a quiet quarter of an hour", () => {
+    const l = limiter();
+    for (let i = 0; i < 5; i++) take(l).settle(false);
+    expect(l.admit("10.0.0.1", "/mcp").ok).toBe(false);
+    now += 15 * 60_000 + 1;
+    for (let i = 0; i < 5; i++) take(l).settle(false);
+  });
+
+  it("holds a server-wide budget across addresses; successes refund it", () => {
+    const l = limiter({ perMinute: 20 });
+    let failed = 0;
+    for (let i = 0; i < 100; i++) {
+      const a = l.admit(`10.1.${i}.1`, "/mcp");
+      if (a.ok) {
+        a.ticket.settle(false);
+        failed++;
+      } else expect(a.why).toMatch(/this server/);
+    }
+    expect(failed).toBe(20);
+    now += 3_000; // one token back
+    const a = l.admit("10.9.9.9", "/mcp");
+    expect(a.ok).toBe(true);
+    if (a.ok) a.ticket.settle(true);
+    expect(l.admit("10.9.9.8", "/mcp").ok).toBe(true);
+  });
+
+  it("limits IPv6 by /64 and IPv4-mapped addresses as IPv4", () => {
+    expect(addressKey("2001:db8:1:2:aaaa::1")).toBe("2001:db8:1:2::/64");
+    expect(addressKey("2001:db8:1:2::ffff")).toBe("2001:db8:1:2::/64");
+    expect(addressKey("::1")).toBe("0:0:0:0::/64");
+    expect(addressKey("::ffff:127.0.0.1")).toBe("127.0.0.1");
+    const l = limiter();
+    for (let i = 0; i < 5; i++) take(l, `2001:db8:1:2::${i + 1}`).settle(false);
+    expect(l.admit("2001:db8:1:2:ffff::9", "/mcp").ok).toBe(false);
+  });
+
+  it("reports once per address and window, at most maxReports lines plus one folded line", () => {
+    const lines: AuthLimitReport[][] = [];
+    const l = limiter({ report: (r) => lines.push(r), maxReports: 3, perMinute: 100_000 });
+    for (let a = 0; a < 40; a++)
+      for (let i = 0; i < 30; i++) {
+        const x = l.admit(`10.2.${a}.1`, a % 2 ? "/mcp" : "/console");
+        if (x.ok) x.ticket.settle(false);
+      }
+    l.flush();
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toHaveLength(4);
+    const folded = lines[0][3];
+    expect(folded).toMatchObject({ address: null, addresses: 37 });
+    expect(lines[0].reduce((n, r) => n + r.failed + r.refused, 0)).toBe(40 * 30);
+    expect(folded.surfaces).toEqual(["/console", "/mcp"]);
+    l.flush(); // nothing new: nothing reported
+    expect(lines).toHaveLength(1);
+  });
+});
