@@ -1,7 +1,8 @@
 // The one limiter for failed authentication, on every path that checks a credential: /mcp and
 // /metrics bearer tokens, the console's sign-in. A request reserves its evaluation on arrival,
 // before its body is read, so concurrent requests from one address cannot all be evaluated: an
-// evaluation in progress counts as a failure until it succeeds.
+// evaluation in progress counts as a failure until it succeeds (requests beyond that wait their
+// turn, up to 64 per address, and are decided again when one ends).
 //
 // Per client address (an IPv6 address by its /64): `free` failures, then exponential back-off
 // (1 s, 2 s, 4 s, … up to `maxDelayMs`) with one evaluation at a time. Success never resets the
@@ -50,6 +51,8 @@ interface Entry {
   fails: number;
   lastFailAt: number;
   pending: number;
+  /** Requests waiting for an evaluation in progress to end (at most MAX_WAITING). */
+  waiters: (() => void)[];
   // Since the last report:
   failed: number;
   refused: number;
@@ -58,6 +61,8 @@ interface Entry {
 
 /** After this long without a failure an address starts again with its free failures. */
 const FORGET_MS = 15 * 60_000;
+/** Requests from one address that may wait for a slot; more are refused at once. */
+const MAX_WAITING = 64;
 /** Addresses remembered at once (an IPv6 /64 is one; the global budget bounds the rate). */
 const MAX_ENTRIES = 50_000;
 
@@ -97,11 +102,23 @@ export class AuthLimiter {
     return Math.min(this.opts.maxDelayMs, 1000 * 2 ** Math.min(30, fails - this.opts.free));
   }
 
-  /** Reserves one evaluation of a credential from `address`, or says how long to wait. */
-  admit(address: string | undefined, surface: string): Admission {
-    const now = this.clock();
+  /**
+   * Reserves one evaluation of a credential from `address`, or says how long to wait. While the
+   * free failures last, a request beyond them waits for an evaluation in progress to end (a
+   * client's parallel requests are queued, not refused), then is decided again.
+   */
+  async admit(address: string | undefined, surface: string): Promise<Admission> {
     const key = addressKey(address);
-    const e = this.entry(key, now);
+    for (;;) {
+      const now = this.clock();
+      const e = this.entry(key, now);
+      const busy = e.fails < this.opts.free && e.fails + e.pending >= this.opts.free;
+      if (!busy || e.waiters.length >= MAX_WAITING) return this.decide(e, now, surface);
+      await new Promise<void>((wake) => e.waiters.push(wake));
+    }
+  }
+
+  private decide(e: Entry, now: number, surface: string): Admission {
     const refuse = (waitMs: number, why: string): Admission => {
       e.refused++;
       e.surfaces.add(surface);
@@ -130,6 +147,9 @@ export class AuthLimiter {
           if (settled) return;
           settled = true;
           e.pending--;
+          // Every waiter decides again (in order): a success frees a slot, a failure may start
+          // the back-off, which refuses them.
+          for (const wake of e.waiters.splice(0)) wake();
           if (ok) {
             // A success gives its reservation back to the server-wide budget.
             this.tokens = Math.min(this.opts.perMinute, this.tokens + 1);
@@ -149,7 +169,15 @@ export class AuthLimiter {
     if (e && e.pending === 0 && e.fails > 0 && now - e.lastFailAt > FORGET_MS) e.fails = 0;
     if (!e) {
       if (this.entries.size >= MAX_ENTRIES) this.prune(now, true);
-      e = { fails: 0, lastFailAt: 0, pending: 0, failed: 0, refused: 0, surfaces: new Set() };
+      e = {
+        fails: 0,
+        lastFailAt: 0,
+        pending: 0,
+        waiters: [],
+        failed: 0,
+        refused: 0,
+        surfaces: new Set(),
+      };
       this.entries.set(key, e);
     }
     return e;
@@ -167,13 +195,13 @@ export class AuthLimiter {
   /** Drops forgotten addresses; when `hard`, also the oldest idle ones until there is room. */
   private prune(now: number, hard = false): void {
     for (const [k, e] of this.entries) {
-      const idle = e.pending === 0 && e.failed === 0 && e.refused === 0;
+      const idle = e.pending === 0 && e.waiters.length === 0 && e.failed === 0 && e.refused === 0;
       if (idle && (e.fails === 0 || now - e.lastFailAt > FORGET_MS)) this.entries.delete(k);
     }
     if (!hard) return;
     for (const [k, e] of this.entries) {
       if (this.entries.size < MAX_ENTRIES) break;
-      if (e.pending === 0) this.entries.delete(k);
+      if (e.pending === 0 && e.waiters.length === 0) this.entries.delete(k);
     }
   }
 

@@ -179,7 +179,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     const addr = remote(req);
     // Reserved on arrival, before the body: concurrent sign-ins from one address each take a
     // slot, so no more of them are evaluated than the limiter allows.
-    const slot = opts.authLimiter.admit(req.socket.remoteAddress, "/console");
+    const slot = await opts.authLimiter.admit(req.socket.remoteAddress, "/console");
     if (!slot.ok) {
       throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s`, {
         code: "rate_limited",

@@ -180,7 +180,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       });
     }
     // Reserved before the token is checked (and before the body is read).
-    const slot = authLimiter.admit(req.socket.remoteAddress, surface);
+    const slot = await authLimiter.admit(req.socket.remoteAddress, surface);
     if (!slot.ok) {
       throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s (http.auth_limit)`, {
         code: "rate_limited",
