@@ -157,6 +157,15 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   function auditAuthFailures(r: AuthLimitReport) {
     const from = r.address ?? `${r.addresses} other addresses`;
     log.warn({ ...r }, "failed authentications");
+    // From a timer: a store that refuses the write must not take the server down.
+    try {
+      appendAuthRecord(r, from);
+    } catch (e) {
+      log.error({ err: String(e) }, "could not audit failed authentications");
+    }
+  }
+
+  function appendAuthRecord(r: AuthLimitReport, from: string) {
     app.audit.append({
       time: new Date().toISOString(),
       principal: "unauthenticated",
