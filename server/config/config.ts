@@ -105,6 +105,21 @@ export const ServerConfigSchema = z
           })
           .strict()
           .prefault({}),
+        /**
+         * Failed authentication on every path (bearer tokens, console sign-in): free failures
+         * per client address, then back-off doubling up to max_backoff_s; and a server-wide
+         * budget of failures per minute (server/auth_limit.ts).
+         */
+        auth_limit: z
+          .object({
+            free_failures: z.number().int().min(1).default(10),
+            max_backoff_s: z.number().positive().max(3600).default(15),
+            failures_per_minute: z.number().int().min(1).default(300),
+          })
+          .strict()
+          .prefault({}),
+        /** Console sessions per principal; one more signs out its least recently used one. */
+        console_sessions_per_principal: z.number().int().min(1).default(8),
         /** /metrics needs a token with metrics:read: "auto" = unless bound to loopback. */
         metrics_auth: z.enum(["auto", "token"]).default("auto"),
       })

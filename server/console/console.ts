@@ -3,14 +3,18 @@
 // here, exactly as for /mcp.
 //
 // Sign-in: POST /console/api/session {token} with a token holding approvals:grant or admin. The
-// token is checked once and forgotten; the browser gets an HttpOnly, SameSite=Strict cookie
+// token is checked once and forgotten (through the server's one limiter for failed
+// authentication, reserved before the body is read); the browser gets an HttpOnly,
+// SameSite=Strict cookie (Secure when the public URL is https or the request came over TLS)
 // holding a random session id, and a CSRF token in the JSON answer, which the page keeps in
 // memory and sends as `x-csrf-token` on every state change. The token never travels in a URL and
-// never reaches storage a script can read.
+// never reaches storage a script can read. An operator holds at most
+// http.console_sessions_per_principal sessions: one more signs out the least recently used.
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import { decodeJwt } from "jose";
 import { existsSync, readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
+import type { TLSSocket } from "node:tls";
 import { join } from "node:path";
 import type { ApprovalRecord } from "../../policies/approvals.js";
 import type { AuditOutcome } from "../../policies/audit.js";
@@ -19,6 +23,7 @@ import { isPolicyError } from "../../policies/errors.js";
 import { hasScope, type Principal } from "../../policies/scopes.js";
 import { dispatchTool, ERROR_META_KEY } from "../../tools/dispatch/dispatch.js";
 import { toolServices, type App } from "../app/app.js";
+import type { AuthLimiter } from "../auth_limit.js";
 import { HttpError, readJsonBody, sendJson, sweepSessions } from "../http_util.js";
 
 export const CONSOLE_COOKIE = "tpu_console";
@@ -28,8 +33,8 @@ export const CONSOLE_CSP =
 
 const IDLE_MS = 30 * 60_000;
 const MAX_AGE_MS = 12 * 3600_000;
-const SIGNIN_WINDOW_MS = 60_000;
-const SIGNIN_MAX_FAILURES = 10;
+/** A sign-in's body must arrive within this; a reserved evaluation is never held open longer. */
+const SIGNIN_BODY_MS = 10_000;
 const VERIFY_EVERY_MS = 60_000;
 const ASSETS: Record<string, string> = {
   "app.js": "text/javascript; charset=utf-8",
@@ -91,12 +96,12 @@ export interface ConsoleRoutes {
   close(): void;
 }
 
-export function createConsoleRoutes(app: App): ConsoleRoutes {
+export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }): ConsoleRoutes {
   const log = app.logger.child({ component: "console" });
   const assetDir = join(app.config.paths.root, "dist", "console");
   const sessions = new Map<string, ConsoleSession>();
-  const failures = new Map<string, number[]>();
-  let secureCookies = false;
+  // Behind a TLS proxy the request itself is plain HTTP: the public URL says https.
+  const publicHttps = app.config.http.resource_url?.startsWith("https:") ?? false;
 
   const gauge = () => app.metrics.consoleSessions.set(sessions.size);
   // The chain is verified in the background, from a MAC'd checkpoint on (audit_verify.ts).
@@ -108,10 +113,6 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     everyMs: 60_000,
     expired: (s, now) => now - s.lastSeen > IDLE_MS || now >= s.endsAt,
     drop: (_id, s) => end(s),
-    also: (now) => {
-      for (const [k, v] of failures)
-        if (v.every((t) => now - t > SIGNIN_WINDOW_MS)) failures.delete(k);
-    },
   });
 
   function end(s: ConsoleSession) {
@@ -150,8 +151,23 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     }
   }
 
-  function cookie(value: string, maxAgeS: number) {
-    return `${CONSOLE_COOKIE}=${value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age=${maxAgeS}${secureCookies ? "; Secure" : ""}`;
+  function cookie(req: IncomingMessage, value: string, maxAgeS: number) {
+    const secure = publicHttps || (req.socket as TLSSocket).encrypted === true;
+    return `${CONSOLE_COOKIE}=${value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age=${maxAgeS}${secure ? "; Secure" : ""}`;
+  }
+
+  /** Room for one more session of this principal: its least recently used one is signed out. */
+  function admitSession(principal: Principal) {
+    const own = [...sessions.values()].filter((s) => s.principal.id === principal.id);
+    const cap = app.config.http.console_sessions_per_principal;
+    own.sort((a, b) => a.lastSeen - b.lastSeen);
+    for (const s of own.slice(0, Math.max(0, own.length - cap + 1))) {
+      log.info(
+        { principal: principal.id, cap },
+        "console session signed out: http.console_sessions_per_principal reached",
+      );
+      end(s);
+    }
   }
 
   function remote(req: IncomingMessage) {
@@ -160,26 +176,41 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
 
   async function signIn(req: IncomingMessage, res: ServerResponse) {
     checkWrite(req, null);
-    const now = Date.now();
     const addr = remote(req);
-    const recent = (failures.get(addr) ?? []).filter((t) => now - t < SIGNIN_WINDOW_MS);
-    if (recent.length >= SIGNIN_MAX_FAILURES)
-      throw new HttpError(429, "too many failed sign-ins; wait a minute", { code: "rate_limited" });
-    const body = await readJson(req);
-    const token = typeof body?.token === "string" ? body.token.trim() : "";
+    // Reserved on arrival, before the body: concurrent sign-ins from one address each take a
+    // slot, so no more of them are evaluated than the limiter allows.
+    const slot = await opts.authLimiter.admit(req.socket.remoteAddress, "/console");
+    if (!slot.ok) {
+      throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s`, {
+        code: "rate_limited",
+        headers: { "retry-after": String(slot.retryAfterS) },
+      });
+    }
+    // A body that never comes must not hold the slot: the request is cut, the slot counts as failed.
+    const late = setTimeout(() => req.destroy(), SIGNIN_BODY_MS);
     const fail = (status: number, code: string, msg: string, reason: string) => {
-      recent.push(now);
-      failures.set(addr, recent);
       log.warn({ remote: addr, reason }, "console sign-in refused");
       return new HttpError(status, msg, { code });
     };
-    if (!token) throw fail(400, "bad_request", "paste an operator token", "no token");
     let principal: Principal;
+    let token: string;
     try {
-      principal = await app.auth.authenticate(token);
-    } catch (e) {
-      throw fail(401, "invalid_token", "the token was refused", (e as Error).message);
+      const body = await readJson(req);
+      clearTimeout(late);
+      token = typeof body?.token === "string" ? body.token.trim() : "";
+      if (!token) throw fail(400, "bad_request", "paste an operator token", "no token");
+      try {
+        principal = await app.auth.authenticate(token);
+      } catch (e) {
+        throw fail(401, "invalid_token", "the token was refused", (e as Error).message);
+      }
+      // A valid token is not a guess, whatever its scopes.
+      slot.ticket.settle(true);
+    } finally {
+      clearTimeout(late);
+      slot.ticket.settle(false);
     }
+    const now = Date.now();
     if (!hasScope(principal, "approvals:grant")) {
       throw fail(
         403,
@@ -203,11 +234,12 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
       endsAt,
       streams: new Set(),
     };
+    admitSession(principal);
     sessions.set(s.id, s);
     gauge();
     log.info({ principal: principal.id, remote: addr }, "console sign-in");
     send(res, 200, describeSession(s), {
-      "set-cookie": cookie(s.id, Math.max(1, Math.floor((endsAt - now) / 1000))),
+      "set-cookie": cookie(req, s.id, Math.max(1, Math.floor((endsAt - now) / 1000))),
     });
   }
 
@@ -470,7 +502,7 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
     if (api === "session" && method === "DELETE") {
       checkWrite(req, s);
       end(s);
-      return send(res, 200, { signed_out: true }, { "set-cookie": cookie("", 0) });
+      return send(res, 200, { signed_out: true }, { "set-cookie": cookie(req, "", 0) });
     }
     if (method === "GET") {
       const q = new URL(req.url ?? "/", "http://x").searchParams;
@@ -504,14 +536,13 @@ export function createConsoleRoutes(app: App): ConsoleRoutes {
         if (e instanceof HttpError) {
           if (e.status === 403)
             log.warn({ remote: remote(req), path, reason: e.message }, "console request refused");
-          return send(res, e.status, { error: { code: e.code, message: e.message } });
+          return send(res, e.status, { error: { code: e.code, message: e.message } }, e.headers);
         }
         log.error({ err: String(e), path }, "console request failed");
         send(res, 500, { error: { code: "internal_error", message: "internal error" } });
       }
     },
     setBaseUrl(url) {
-      secureCookies = url.startsWith("https:");
       app.consoleUrl = `${url}/console/`;
     },
     sessions: () => sessions.size,

@@ -1,7 +1,8 @@
 // Streamable HTTP: stateful sessions (one MCP server per session, bound to the principal that
 // opened it), bearer auth, Origin and Host checks and CORS for every path, a body limit, session
 // caps per principal and a rate limit on `initialize`, and the operational endpoints /healthz,
-// /readyz and /metrics that answer without waiting on the worker.
+// /readyz and /metrics that answer without waiting on the worker. Every credential checked here or
+// in the console goes through one limiter for failed authentication (auth_limit.ts).
 import { randomUUID } from "node:crypto";
 import {
   createServer,
@@ -16,6 +17,7 @@ import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import { canCall, hasScope, requiredScope, SCOPES, type Principal } from "../../policies/scopes.js";
 import type { App } from "../app/app.js";
+import { AuthLimiter, type AuthLimitReport } from "../auth_limit.js";
 import { createConsoleRoutes } from "../console/console.js";
 import { HttpError, readBody, sendJson, sweepSessions } from "../http_util.js";
 import { createMcpServer } from "../mcp/server.js";
@@ -89,7 +91,13 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     );
   }
   const sessions = new Map<string, Session>();
-  const consoleRoutes = createConsoleRoutes(app);
+  const authLimiter = new AuthLimiter({
+    free: cfg.auth_limit.free_failures,
+    maxDelayMs: cfg.auth_limit.max_backoff_s * 1000,
+    perMinute: cfg.auth_limit.failures_per_minute,
+    report: (lines) => lines.forEach(auditAuthFailures),
+  });
+  const consoleRoutes = createConsoleRoutes(app, { authLimiter });
   let baseUrl = "";
   const anonymous: Principal = {
     id: "anonymous",
@@ -142,18 +150,58 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     throw new HttpError(403, "Origin not allowed; add it to http.allowed_origins");
   }
 
-  async function authenticate(req: IncomingMessage): Promise<Principal> {
+  /**
+   * One audit record per address and window (at most a few per minute in all), never one per
+   * guess: failed authentications have no principal, and anyone could otherwise fill the trail.
+   */
+  function auditAuthFailures(r: AuthLimitReport) {
+    const from = r.address ?? `${r.addresses} other addresses`;
+    log.warn({ ...r }, "failed authentications");
+    // From a timer: a store that refuses the write must not take the server down.
+    try {
+      appendAuthRecord(r, from);
+    } catch (e) {
+      log.error({ err: String(e) }, "could not audit failed authentications");
+    }
+  }
+
+  function appendAuthRecord(r: AuthLimitReport, from: string) {
+    app.audit.append({
+      time: new Date().toISOString(),
+      principal: "unauthenticated",
+      tool: "authenticate",
+      args_digest: null,
+      args: { address: r.address, addresses: r.addresses, surfaces: r.surfaces },
+      outcome: "denied",
+      code: r.refused > 0 ? "rate_limited" : "invalid_token",
+      reason: `${r.failed} failed authentication(s) and ${r.refused} refused (throttled) from ${from} on ${r.surfaces.join(", ")}`,
+    });
+  }
+
+  async function authenticate(req: IncomingMessage, surface: string): Promise<Principal> {
     if (opts.noAuth) return anonymous;
     const h = req.headers.authorization ?? "";
     const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
     if (!m) {
+      // No credential, nothing guessed: the client is asking how to authenticate.
       throw new HttpError(401, "a bearer token is required", {
         headers: { "www-authenticate": challenge("") },
       });
     }
+    // Reserved before the token is checked (and before the body is read).
+    const slot = await authLimiter.admit(req.socket.remoteAddress, surface);
+    if (!slot.ok) {
+      throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s (http.auth_limit)`, {
+        code: "rate_limited",
+        headers: { "retry-after": String(slot.retryAfterS) },
+      });
+    }
     try {
-      return await app.auth.authenticate(m[1]);
+      const principal = await app.auth.authenticate(m[1]);
+      slot.ticket.settle(true);
+      return principal;
     } catch (e) {
+      slot.ticket.settle(false);
       const err = e as { code?: string; description?: string; message?: string };
       const code = err.code ?? "invalid_token";
       const desc = (err.description ?? err.message ?? "invalid token").replace(/"/g, "'");
@@ -261,7 +309,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   }
 
   async function handleMcp(req: IncomingMessage, res: ServerResponse) {
-    const principal = await authenticate(req);
+    const principal = await authenticate(req, "/mcp");
     let body: unknown;
     if (req.method === "POST") {
       const raw = await readBody(req, cfg.max_body_bytes);
@@ -349,7 +397,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
 
   async function handleMetrics(req: IncomingMessage, res: ServerResponse) {
     if (metricsNeedToken) {
-      const p = await authenticate(req);
+      const p = await authenticate(req, "/metrics");
       if (!hasScope(p, "metrics:read")) {
         throw new HttpError(403, "insufficient_scope: /metrics needs the scope metrics:read", {
           headers: {
@@ -484,6 +532,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     async close() {
       stopSweep();
       consoleRoutes.close();
+      authLimiter.close();
       await Promise.all([...sessions.values()].map((s) => s.transport.close().catch(() => {})));
       sessions.clear();
       await new Promise<void>((r) => {

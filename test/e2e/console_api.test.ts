@@ -204,14 +204,87 @@ describe("console HTTP surface", () => {
       body: "token=demo-operator-token",
     });
     expect(form.status).toBe(415);
-    const codes: number[] = [];
-    for (let i = 0; i < 11; i++) codes.push((await signIn(`wrong-${i}`)).status);
-    // At most 10 refused sign-ins a minute per address (earlier tests here spent some).
+    const answers: Response[] = [];
+    for (let i = 0; i < 11; i++) answers.push(await signIn(`wrong-${i}`));
+    const codes = answers.map((r) => r.status);
+    // 10 free failures per address (http.auth_limit; earlier tests here spent some), then
+    // back-off: 429 with Retry-After.
     const first = codes.indexOf(429);
     expect(first).toBeGreaterThan(0);
     expect(codes.slice(0, first).every((c) => c === 401)).toBe(true);
     expect(codes.slice(first).every((c) => c === 429)).toBe(true);
-    // The right token is throttled too while the window lasts: guessing costs the guesser.
-    expect((await signIn("demo-operator-token")).status).toBe(429);
+    const wait = Number(answers[first].headers.get("retry-after"));
+    expect(wait).toBeGreaterThanOrEqual(1);
+    expect(wait).toBeLessThanOrEqual(15); // http.auth_limit.max_backoff_s
+    // The right token is not locked out: it waits the back-off at most, then signs in.
+    await new Promise((r) => setTimeout(r, wait * 1000));
+    expect((await signIn("demo-operator-token")).status).toBe(200);
+  });
+});
+
+// Behind a TLS proxy (an https http.resource_url) the cookie is Secure; an operator's sessions
+// are capped (http.console_sessions_per_principal, 8 by default): signing in once more signs out
+// that operator's least recently used session, never another operator's.
+describe("console cookie and sessions behind an https public URL", () => {
+  let server: HttpServerProc;
+  let base: string;
+  beforeAll(async () => {
+    server = await startHttpServer(
+      writeConfig({
+        policy: DEMO_POLICY,
+        http: { resource_url: "https://tpu-mcp.example/mcp" },
+        runtime: { device: "cpu", start: "lazy" },
+      }),
+    );
+    base = server.url.replace(/\/mcp$/, "");
+  });
+  afterAll(async () => {
+    await server?.stop();
+  });
+
+  const signIn = (token: string) =>
+    fetch(`${base}/console/api/session`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ token }),
+    });
+  const works = async (cookie: string) =>
+    (await fetch(`${base}/console/api/approvals`, { headers: { cookie } })).status === 200;
+
+  it("sets Secure (with HttpOnly, SameSite=Strict, Path=/console) when the public URL is https", async () => {
+    const r = await signIn("demo-operator-token");
+    expect(r.status).toBe(200);
+    const attrs = (r.headers.get("set-cookie") ?? "").split(/;\s*/).slice(1);
+    expect(attrs).toEqual(
+      expect.arrayContaining(["Path=/console", "HttpOnly", "SameSite=Strict", "Secure"]),
+    );
+    // Signing out clears it with the same flags.
+    const { csrf } = await r.json();
+    const cookie = (r.headers.get("set-cookie") ?? "").split(";")[0];
+    const out = await fetch(`${base}/console/api/session`, {
+      method: "DELETE",
+      headers: { cookie, "x-csrf-token": csrf },
+    });
+    expect(out.headers.get("set-cookie")).toMatch(/Max-Age=0; Secure$/);
+  });
+
+  it("keeps at most 8 sessions per operator: one more signs out the least recently used", async () => {
+    const cookies: string[] = [];
+    for (let i = 0; i < 10; i++) {
+      const r = await signIn("demo-operator-token");
+      expect(r.status).toBe(200);
+      cookies.push((r.headers.get("set-cookie") ?? "").split(";")[0]);
+    }
+    const alive = [];
+    for (const c of cookies) alive.push(await works(c));
+    expect(alive).toEqual([false, false, true, true, true, true, true, true, true, true]);
+    // Use the oldest survivor, then sign in once more: the next oldest goes instead.
+    expect(await works(cookies[2])).toBe(true);
+    const again = await signIn("demo-operator-token");
+    expect(again.status).toBe(200);
+    expect(await works(cookies[3])).toBe(false);
+    expect(await works(cookies[2])).toBe(true);
+    const metrics = await (await fetch(`${base}/metrics`)).text();
+    expect(metrics).toMatch(/^tpu_mcp_console_sessions 8$/m);
   });
 });

@@ -1,0 +1,243 @@
+// The one limiter for failed authentication, on every path that checks a credential: /mcp and
+// /metrics bearer tokens, the console's sign-in. A request reserves its evaluation on arrival,
+// before its body is read, so concurrent requests from one address cannot all be evaluated: an
+// evaluation in progress counts as a failure until it succeeds (requests beyond that wait their
+// turn, up to 64 per address, and are decided again when one ends).
+//
+// Per client address (an IPv6 address by its /64): `free` failures, then exponential back-off
+// (1 s, 2 s, 4 s, … up to `maxDelayMs`) with one evaluation at a time. Success never resets the
+// count (a valid low-privilege token would otherwise buy unlimited guesses at another one), so
+// after an attacker's failures the operator's correct token waits at most `maxDelayMs` instead
+// of a fixed lockout. Behind it, one server-wide budget of `perMinute` evaluations that fail,
+// for attackers with many addresses. Refusals are answered 429 with Retry-After by the caller;
+// what happened is reported once per address and window (at most `maxReports` records), never
+// once per guess.
+import type { Clock } from "../policies/clock.js";
+
+export interface AuthLimitOptions {
+  /** Failures an address may make before back-off starts. */
+  free: number;
+  /** The longest back-off between two evaluations from one address. */
+  maxDelayMs: number;
+  /** Failed evaluations per minute, server-wide (bursts up to the same number). */
+  perMinute: number;
+  clock?: Clock;
+  /** Called every `reportEveryMs` (and at close) with what the window saw; bounded. */
+  report?: (lines: AuthLimitReport[]) => void;
+  reportEveryMs?: number;
+  /** Addresses reported one by one per window; the rest are folded into one line. */
+  maxReports?: number;
+}
+
+export interface AuthLimitReport {
+  /** The address (IPv6 by /64), or null for the line that folds the rest. */
+  address: string | null;
+  /** How many addresses the line covers (1, or more for the folded line). */
+  addresses: number;
+  failed: number;
+  refused: number;
+  surfaces: string[];
+}
+
+export type Admission =
+  { ok: true; ticket: AuthTicket } | { ok: false; retryAfterS: number; why: string };
+
+/** One reserved evaluation: settle it once; `settle(false)` after a success is a no-op. */
+export interface AuthTicket {
+  settle(ok: boolean): void;
+}
+
+interface Entry {
+  fails: number;
+  lastFailAt: number;
+  pending: number;
+  /** Requests waiting for an evaluation in progress to end (at most MAX_WAITING). */
+  waiters: (() => void)[];
+  // Since the last report:
+  failed: number;
+  refused: number;
+  surfaces: Set<string>;
+}
+
+/** After this long without a failure an address starts again with its free failures. */
+const FORGET_MS = 15 * 60_000;
+/** Requests from one address that may wait for a slot; more are refused at once. */
+const MAX_WAITING = 64;
+/** Addresses remembered at once (an IPv6 /64 is one; the global budget bounds the rate). */
+const MAX_ENTRIES = 50_000;
+
+/** The key an address is limited by: IPv4 as is, IPv6 by its /64 (one host owns a /64). */
+export function addressKey(addr: string | undefined): string {
+  if (!addr) return "?";
+  const v4 = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(addr);
+  if (v4) return v4[1];
+  if (!addr.includes(":")) return addr;
+  const [head, tail] = addr.split("%")[0].split("::");
+  const left = head ? head.split(":") : [];
+  const right = tail !== undefined && tail !== "" ? tail.split(":") : [];
+  const fill =
+    tail === undefined ? [] : Array(Math.max(0, 8 - left.length - right.length)).fill("0");
+  const groups = [...left, ...fill, ...right].map((g) => (parseInt(g, 16) || 0).toString(16));
+  return `${groups.slice(0, 4).join(":")}::/64`;
+}
+
+export class AuthLimiter {
+  private readonly entries = new Map<string, Entry>();
+  private readonly clock: Clock;
+  private tokens: number;
+  private tokensAt: number;
+  private readonly timer: NodeJS.Timeout;
+
+  constructor(private readonly opts: AuthLimitOptions) {
+    this.clock = opts.clock ?? Date.now;
+    this.tokens = opts.perMinute;
+    this.tokensAt = this.clock();
+    this.timer = setInterval(() => this.flush(), opts.reportEveryMs ?? 60_000);
+    this.timer.unref();
+  }
+
+  /** The back-off after `fails` failures (0 while the free ones last). */
+  delayMs(fails: number): number {
+    if (fails < this.opts.free) return 0;
+    return Math.min(this.opts.maxDelayMs, 1000 * 2 ** Math.min(30, fails - this.opts.free));
+  }
+
+  /**
+   * Reserves one evaluation of a credential from `address`, or says how long to wait. While the
+   * free failures last, a request beyond them waits for an evaluation in progress to end (a
+   * client's parallel requests are queued, not refused), then is decided again.
+   */
+  async admit(address: string | undefined, surface: string): Promise<Admission> {
+    const key = addressKey(address);
+    for (;;) {
+      const now = this.clock();
+      const e = this.entry(key, now);
+      const busy = e.fails < this.opts.free && e.fails + e.pending >= this.opts.free;
+      if (!busy || e.waiters.length >= MAX_WAITING) return this.decide(e, now, surface);
+      await new Promise<void>((wake) => e.waiters.push(wake));
+    }
+  }
+
+  private decide(e: Entry, now: number, surface: string): Admission {
+    const refuse = (waitMs: number, why: string): Admission => {
+      e.refused++;
+      e.surfaces.add(surface);
+      return { ok: false, retryAfterS: Math.max(1, Math.ceil(waitMs / 1000)), why };
+    };
+    if (e.fails >= this.opts.free) {
+      const wait = e.lastFailAt + this.delayMs(e.fails) - now;
+      if (e.pending > 0)
+        return refuse(Math.max(wait, 1000), "an authentication from this address is in progress");
+      if (wait > 0) return refuse(wait, "too many failed authentications from this address");
+    } else if (e.fails + e.pending >= this.opts.free) {
+      return refuse(1000, "too many authentications in progress from this address");
+    }
+    this.refill(now);
+    if (this.tokens < 1) {
+      const perMs = this.opts.perMinute / 60_000;
+      return refuse((1 - this.tokens) / perMs, "too many failed authentications on this server");
+    }
+    this.tokens -= 1;
+    e.pending++;
+    let settled = false;
+    return {
+      ok: true,
+      ticket: {
+        settle: (ok) => {
+          if (settled) return;
+          settled = true;
+          e.pending--;
+          // Every waiter decides again (in order): a success frees a slot, a failure may start
+          // the back-off, which refuses them.
+          for (const wake of e.waiters.splice(0)) wake();
+          if (ok) {
+            // A success gives its reservation back to the server-wide budget.
+            this.tokens = Math.min(this.opts.perMinute, this.tokens + 1);
+            return;
+          }
+          e.fails++;
+          e.failed++;
+          e.surfaces.add(surface);
+          e.lastFailAt = this.clock();
+        },
+      },
+    };
+  }
+
+  private entry(key: string, now: number): Entry {
+    let e = this.entries.get(key);
+    if (e && e.pending === 0 && e.fails > 0 && now - e.lastFailAt > FORGET_MS) e.fails = 0;
+    if (!e) {
+      if (this.entries.size >= MAX_ENTRIES) this.prune(now, true);
+      e = {
+        fails: 0,
+        lastFailAt: 0,
+        pending: 0,
+        waiters: [],
+        failed: 0,
+        refused: 0,
+        surfaces: new Set(),
+      };
+      this.entries.set(key, e);
+    }
+    return e;
+  }
+
+  private refill(now: number): void {
+    const perMs = this.opts.perMinute / 60_000;
+    this.tokens = Math.min(
+      this.opts.perMinute,
+      this.tokens + Math.max(0, now - this.tokensAt) * perMs,
+    );
+    this.tokensAt = now;
+  }
+
+  /** Drops forgotten addresses; when `hard`, also the oldest idle ones until there is room. */
+  private prune(now: number, hard = false): void {
+    for (const [k, e] of this.entries) {
+      const idle = e.pending === 0 && e.waiters.length === 0 && e.failed === 0 && e.refused === 0;
+      if (idle && (e.fails === 0 || now - e.lastFailAt > FORGET_MS)) this.entries.delete(k);
+    }
+    if (!hard) return;
+    for (const [k, e] of this.entries) {
+      if (this.entries.size < MAX_ENTRIES) break;
+      if (e.pending === 0 && e.waiters.length === 0) this.entries.delete(k);
+    }
+  }
+
+  /** Reports the window's failures and refusals (bounded), then forgets what is over. */
+  flush(): void {
+    const seen = [...this.entries].filter(([, e]) => e.failed > 0 || e.refused > 0);
+    seen.sort((a, b) => b[1].failed + b[1].refused - (a[1].failed + a[1].refused));
+    const max = this.opts.maxReports ?? 10;
+    const lines: AuthLimitReport[] = seen.slice(0, max).map(([k, e]) => ({
+      address: k,
+      addresses: 1,
+      failed: e.failed,
+      refused: e.refused,
+      surfaces: [...e.surfaces].sort(),
+    }));
+    const rest = seen.slice(max);
+    if (rest.length) {
+      lines.push({
+        address: null,
+        addresses: rest.length,
+        failed: rest.reduce((n, [, e]) => n + e.failed, 0),
+        refused: rest.reduce((n, [, e]) => n + e.refused, 0),
+        surfaces: [...new Set(rest.flatMap(([, e]) => [...e.surfaces]))].sort(),
+      });
+    }
+    for (const [, e] of seen) {
+      e.failed = 0;
+      e.refused = 0;
+      e.surfaces.clear();
+    }
+    this.prune(this.clock());
+    if (lines.length) this.opts.report?.(lines);
+  }
+
+  close(): void {
+    clearInterval(this.timer);
+    this.flush();
+  }
+}
