@@ -2,7 +2,7 @@
 import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 
-const DIRS = ["server", "tools", "policies", "runtime"];
+const DIRS = ["lib", "server", "tools", "policies", "runtime"];
 
 export function newestSource(root) {
   let newest = 0;
