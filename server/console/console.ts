@@ -2,6 +2,9 @@
 // JSON + SSE API behind a cookie session. http.ts checks Host and Origin before handing requests
 // here, exactly as for /mcp.
 //
+// Over 500 lines on purpose: every route is a few lines over the same session, CSRF and error
+// handling, and reading them side by side is how a reviewer checks that none skips a check.
+//
 // Sign-in: POST /console/api/session {token} with a token holding approvals:grant or admin. The
 // token is checked once and forgotten (through the server's one limiter for failed
 // authentication, reserved before the body is read); the browser gets an HttpOnly,

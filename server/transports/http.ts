@@ -3,6 +3,8 @@
 // caps per principal and a rate limit on `initialize`, and the operational endpoints /healthz,
 // /readyz and /metrics that answer without waiting on the worker. Every credential checked here or
 // in the console goes through one limiter for failed authentication (auth_limit.ts).
+// Over 500 lines on purpose: one request's checks run in order (Host, Origin, CORS, auth, scope,
+// session, body), and keeping that order in one function is what makes it reviewable.
 import { randomUUID } from "node:crypto";
 import {
   createServer,
