@@ -3,7 +3,7 @@
 // refusal is audited with its code; every executed call is audited with its duration.
 
 import type { ApprovalRecord } from "../approvals.js";
-import { redactArgs } from "../audit.js";
+import { redactArgs } from "../audit_record.js";
 import { argsDigest } from "../digest.js";
 import { isPolicyError } from "../errors.js";
 import type { Principal } from "../scopes.js";
