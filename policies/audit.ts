@@ -109,7 +109,10 @@ export class SqliteAuditLog implements AuditLog {
       onFull: () => {
         if (warnedFull) return;
         warnedFull = true;
-        this.logger?.warn({}, "audit: too many refusal windows open; recording refusals one by one");
+        this.logger?.warn(
+          {},
+          "audit: too many refusal windows open; recording refusals one by one",
+        );
       },
     });
     // audit_head remembers the last seq and hash (with a MAC), so removing records from the end

@@ -73,12 +73,10 @@ export function searchRecords(
 /** The last record's position, hash and time; `keyId` is the anchored key's id (or null). */
 export function readHead(db: SqliteDb, keyId: string | null): AuditHead {
   const h = db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1").get() as
-    | { seq: number; hash: string }
-    | undefined;
+    { seq: number; hash: string } | undefined;
   if (!h) return { seq: 0, hash: GENESIS_HASH, time: null, key_id: keyId };
   const r = db.prepare("SELECT record FROM audit_log WHERE seq = ?").get(h.seq) as
-    | { record: string }
-    | undefined;
+    { record: string } | undefined;
   const time = r ? ((JSON.parse(r.record) as AuditRecord).time ?? null) : null;
   return { seq: h.seq, hash: h.hash, time, key_id: keyId };
 }

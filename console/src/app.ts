@@ -467,7 +467,8 @@ async function activityPage(root: HTMLElement) {
             r.principal,
             h("code", {}, r.tool),
             h("span", { class: `badge ${r.outcome}` }, r.outcome),
-            r.code ?? "",
+            // An aggregate of repeated refusals says how many it stands for.
+            r.count != null ? `${r.code ?? ""} ×${r.count}` : (r.code ?? ""),
             r.duration_ms != null ? String(r.duration_ms) : "",
             r.approval_id ? h("code", {}, r.approval_id.slice(0, 12) + "…") : "",
             r.reason ?? "",
