@@ -347,6 +347,11 @@ export class SqliteAuditLog implements AuditLog {
     return this.db.transaction(fn)();
   }
 
+  /** Ends every open refusal window now, writing the aggregate of each that counted repeats. */
+  flushRefusals(): void {
+    this.refusals.close();
+  }
+
   /** Writes the counts of the open refusal windows, then closes the database if it owns it. */
   close(): void {
     if (this.db.open) this.refusals.close();
