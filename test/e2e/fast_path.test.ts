@@ -148,14 +148,18 @@ describe("small calls past the rate limit and the budget", () => {
     const conn = await connectStdio(config);
     let refusedCount = 0;
     try {
+      const t0 = Date.now();
       expect((await call(conn.client, "load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
       const results = await Promise.all(
         Array.from({ length: 20 }, (_, i) => call(conn.client, "run_inference", input(i))),
       );
+      // The bucket holds 12 and refills 12 a minute: what a slow load let it refill is allowed too.
+      const refilled = Math.floor(((Date.now() - t0) / 60_000) * 12);
       const refused = results.filter((r) => r.isError);
       refusedCount = refused.length;
-      expect(results.length - refused.length).toBeLessThanOrEqual(11); // 12 minus the load
-      expect(refused.length).toBeGreaterThanOrEqual(9);
+      expect(results.length - refused.length).toBeLessThanOrEqual(11 + refilled); // 12 minus the load
+      expect(refused.length).toBeGreaterThanOrEqual(9 - refilled);
+      expect(refused.length).toBeGreaterThan(0);
       for (const r of refused) expect(errorOf(r)?.code).toBe("rate_limited");
       const dataDir = dataDirOf(config);
       // An answered call has both records; of the refused ones, the first is recorded at once
@@ -179,7 +183,7 @@ describe("small calls past the rate limit and the budget", () => {
           .all() as { n: number | null }[]
       ).map((r) => r.n ?? 1),
     );
-    expect(limited.length).toBe(2);
+    expect(limited.length).toBe(Math.min(2, refusedCount));
     expect(limited.reduce((a, b) => a + b, 0)).toBe(refusedCount);
   });
 
@@ -197,7 +201,6 @@ describe("small calls past the rate limit and the budget", () => {
       mkdtempSync(join(tmpdir(), "tpu-mcp-fast-budget-")),
     );
     const conn = await connectStdio(config);
-    let refusedCount = 0;
     try {
       expect((await call(conn.client, "load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
       const results = await Promise.all(
@@ -205,7 +208,6 @@ describe("small calls past the rate limit and the budget", () => {
       );
       const answered = results.filter((r) => !r.isError);
       const refused = results.filter((r) => r.isError);
-      refusedCount = refused.length;
       // Admission reserves each call's estimate: at most 5 can be admitted before any settles.
       expect(answered.length).toBeGreaterThan(0);
       expect(refused.length).toBeGreaterThan(0);
