@@ -5,11 +5,12 @@
 // THE RULE (docs/security.md, "Repeated refusals"). A refusal that aggregates opens a window of
 // `policy.audit.refusal_window_s` (60 s) for its key: the first refusal is recorded at once, in
 // full; the repeats within the window only increment a count, written as ONE aggregate record
-// (`count`, `first_seq`, `since`, `until`, per-tool `tools`) when the window ends or the server
-// closes — appended and hash-chained like every record. Sum `count` (1 for a record without it)
-// over the denied records and you get the refusals.
-//   - rate_limited and insufficient_scope, per principal and code (any tool, any arguments):
-//     they are the refusals made at or before the rate step, so nothing else bounds them;
+// (`count`, `first_seq`, `since`, `until`; `tools` for a rate window) when the window ends or the
+// server closes — appended and hash-chained like every record. Sum `count` (1 for a record
+// without it) over the denied records and you get the refusals.
+//   - rate_limited per principal (any tool, any arguments), and insufficient_scope per principal
+//     and tool (which tool was tried is worth a record; tools are a fixed set): the refusals made
+//     at or before the rate step, which nothing else bounds;
 //   - any other refusal of a call repeated with the same tool and argument digest, per
 //     principal, code, tool and digest: the same call refused again says nothing new.
 // Recorded one by one, always: allowed, executed and failed calls, every approval outcome and
@@ -17,31 +18,42 @@
 // argument digest (two of them cannot be told apart), chain_keyed, and every refusal written
 // through `append` instead of `appendRefusal` (the operator's approve/deny, worker trust).
 //
-// The bound: per principal and window, rate_limited and insufficient_scope add at most 2 records
-// each whatever their number; every other record a principal causes comes from a call that got
-// past its rate (per_principal_per_minute). A crash loses at most the counts of the open
-// windows; their first refusals are already on disk.
+// The bound: per principal and window, rate_limited adds at most 2 records and
+// insufficient_scope at most 2 per tool, whatever their number; every other record a principal
+// causes comes from a call that got past its rate (per_principal_per_minute). A crash loses at
+// most the counts of the open windows; their first refusals are already on disk.
 
 import type { AuditRecord, StoredAuditRecord } from "./audit_record.js";
 
-/** Aggregated per principal and code, whatever the tool or the arguments. */
-const PER_PRINCIPAL = new Set(["rate_limited", "insufficient_scope"]);
+/** How a refusal's window is keyed: by principal, by principal and tool, or by the exact call. */
+type Scope = "principal" | "tool" | "call";
+
 /** Distinct tools named in one aggregate; the rest are counted under "(other)". */
 const MAX_TOOLS = 32;
 /** Windows open at once (memory); past it, refusals are recorded one by one again. */
 const MAX_OPEN = 10_000;
 
+function scopeOf(rec: AuditRecord): Scope | null {
+  if (rec.outcome !== "denied" || !rec.code) return null;
+  if (rec.code === "rate_limited") return "principal";
+  if (rec.code === "insufficient_scope") return "tool";
+  if (rec.code.startsWith("approval_") || !rec.args_digest) return null;
+  return "call";
+}
+
 /** The window a refusal is counted in, or null when it is recorded on its own (see the rule). */
 export function repeatKey(rec: AuditRecord): string | null {
-  if (rec.outcome !== "denied" || !rec.code) return null;
-  if (PER_PRINCIPAL.has(rec.code)) return JSON.stringify([rec.principal, rec.code]);
-  if (rec.code.startsWith("approval_") || !rec.args_digest) return null;
-  return JSON.stringify([rec.principal, rec.code, rec.tool, rec.args_digest]);
+  const scope = scopeOf(rec);
+  if (scope === null) return null;
+  const key: unknown[] = [rec.principal, rec.code];
+  if (scope !== "principal") key.push(rec.tool);
+  if (scope === "call") key.push(rec.args_digest);
+  return JSON.stringify(key);
 }
 
 interface Window {
   first: StoredAuditRecord;
-  perPrincipal: boolean;
+  scope: Scope;
   endsAt: number;
   count: number;
   since?: string;
@@ -92,7 +104,7 @@ export class RefusalWindows {
     }
     this.open.set(key, {
       first: stored,
-      perPrincipal: PER_PRINCIPAL.has(rec.code!),
+      scope: scopeOf(rec)!,
       endsAt: now + this.opts.windowMs,
       count: 0,
       tools: new Map(),
@@ -135,15 +147,15 @@ export class RefusalWindows {
     const rec: AuditRecord = {
       time: new Date(now).toISOString(),
       principal: f.principal,
-      tool: tools.length === 1 ? tools[0][0] : "*",
-      args_digest: w.perPrincipal ? null : f.args_digest,
+      tool: w.scope !== "principal" ? f.tool : tools.length === 1 ? tools[0][0] : "*",
+      args_digest: w.scope === "call" ? f.args_digest : null,
       outcome: "denied",
       code: f.code,
       count: w.count,
       first_seq: f.seq,
       since: w.since,
       until: w.until,
-      ...(w.perPrincipal ? { tools: Object.fromEntries(tools) } : {}),
+      ...(w.scope === "principal" ? { tools: Object.fromEntries(tools) } : {}),
       reason: `${w.count} more ${f.code} refusal(s) of ${f.principal} in the ${Math.round(this.opts.windowMs / 1000)} s window opened by record #${f.seq}`,
     };
     try {

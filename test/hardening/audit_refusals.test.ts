@@ -106,8 +106,8 @@ describe("repeated refusals", () => {
     const refusals: Record<string, number> = {};
     for (const r of denied) refusals[r.code] = (refusals[r.code] ?? 0) + (r.count ?? 1);
     expect(refusals).toEqual(seen);
-    // Per key and window: the first refusal and one aggregate. Keys: one per code for
-    // rate_limited and insufficient_scope, one per digest for the repeated unknown model.
+    // Per key and window: the first refusal and one aggregate. Keys: rate_limited (the reader),
+    // insufficient_scope (the reader, load_model), unknown_model (one per digest).
     expect(denied.length).toBeLessThanOrEqual(2 * (2 + MODELS));
     expect(grown).toBe(denied.length);
     for (const a of denied.filter((r) => r.count !== undefined)) {

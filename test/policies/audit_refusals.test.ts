@@ -46,14 +46,20 @@ const accounted = (rows: AuditRecord[], code: string) =>
     .reduce((n, r) => n + (r.count ?? 1), 0);
 
 describe("the aggregation rule", () => {
-  it("counts rate_limited and insufficient_scope per principal and code, whatever the call", () => {
+  it("counts rate_limited per principal, whatever the call", () => {
     expect(repeatKey(refusal("rate_limited"))).toBe(
       repeatKey(refusal("rate_limited", { tool: "load_model", args_digest: D2 })),
     );
-    expect(repeatKey(refusal("insufficient_scope", { args_digest: null }))).not.toBeNull();
     expect(repeatKey(refusal("rate_limited", { principal: "agent" }))).not.toBe(
       repeatKey(refusal("rate_limited")),
     );
+  });
+
+  it("counts insufficient_scope per principal and tool (which tool was tried is recorded)", () => {
+    const k = repeatKey(refusal("insufficient_scope", { args_digest: null }));
+    expect(k).not.toBeNull();
+    expect(repeatKey(refusal("insufficient_scope", { args_digest: D2 }))).toBe(k);
+    expect(repeatKey(refusal("insufficient_scope", { tool: "load_model" }))).not.toBe(k);
   });
 
   it("counts another refusal only when the same call repeats (tool and digest)", () => {
