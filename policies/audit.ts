@@ -28,11 +28,12 @@ import {
   type PreparedRecord,
   type StoredAuditRecord,
 } from "./audit_record.js";
-import { RefusalWindows } from "./audit_refusals.js";
+import { RefusalWindows, type RefusalScope } from "./audit_refusals.js";
 import { resolveDb, type SqliteDb } from "./sqlite.js";
 import type { Statement, Transaction } from "better-sqlite3";
 
 // What importers of the store read, wherever it is defined.
+export type { RefusalScope } from "./audit_refusals.js";
 export type { AuditOutcome, AuditRecord, StoredAuditRecord } from "./audit_record.js";
 export type { AuditCheckpoint, AuditHead, AuditVerifyResult, VerifyCursor } from "./audit_chain.js";
 
@@ -46,10 +47,11 @@ export interface AuditLog {
   appendDurable?(record: AuditRecord): Promise<StoredAuditRecord>;
   /**
    * A refusal: recorded at once, or counted into the aggregate of its window when it repeats one
-   * (the rule is in audit_refusals.ts); null when counted. Optional; the gate falls back to
-   * `append`.
+   * (the rule is in audit_refusals.ts); null when counted. `per` names the window's key for a
+   * refusal made outside the gate (failed authentication per address: "principal"). Optional;
+   * the gate falls back to `append`.
    */
-  appendRefusal?(record: AuditRecord): StoredAuditRecord | null;
+  appendRefusal?(record: AuditRecord, opts?: { per?: RefusalScope }): StoredAuditRecord | null;
   tail(n: number): StoredAuditRecord[];
   head(): AuditHead;
   verify(opts?: { head?: AuditHead }): AuditVerifyResult;
@@ -283,8 +285,8 @@ export class SqliteAuditLog implements AuditLog {
     });
   }
 
-  appendRefusal(record: AuditRecord): StoredAuditRecord | null {
-    return this.refusals.record(record);
+  appendRefusal(record: AuditRecord, opts: { per?: RefusalScope } = {}): StoredAuditRecord | null {
+    return this.refusals.record(record, opts.per);
   }
 
   /** Repeated refusals counted but not yet written (their windows are still open). */

@@ -16,7 +16,8 @@
 // Recorded one by one, always: allowed, executed and failed calls, every approval outcome and
 // every approval_* refusal (an approval's story is read record by record), a refusal without an
 // argument digest (two of them cannot be told apart), chain_keyed, and every refusal written
-// through `append` instead of `appendRefusal` (the operator's approve/deny, worker trust).
+// through `append` instead of `appendRefusal` (the operator's approve/deny, worker trust). A
+// refusal made outside the gate may name its key (`per`): failed authentication per address.
 //
 // The bound: per principal and window, rate_limited adds at most 2 records and
 // insufficient_scope at most 2 per tool, whatever their number; every other record a principal
@@ -26,15 +27,22 @@
 import type { AuditRecord, StoredAuditRecord } from "./audit_record.js";
 
 /** How a refusal's window is keyed: by principal, by principal and tool, or by the exact call. */
-type Scope = "principal" | "tool" | "call";
+export type RefusalScope = "principal" | "tool" | "call";
+type Scope = RefusalScope;
 
 /** Distinct tools named in one aggregate; the rest are counted under "(other)". */
 const MAX_TOOLS = 32;
 /** Windows open at once (memory); past it, refusals are recorded one by one again. */
 const MAX_OPEN = 10_000;
 
-function scopeOf(rec: AuditRecord): Scope | null {
+/**
+ * The rule above; `per` is for refusals made outside the gate, whose caller knows what repeats
+ * (e.g. failed authentication per client address: `per: "principal"` with the address as the
+ * principal). It applies to denied records only.
+ */
+function scopeOf(rec: AuditRecord, per?: Scope): Scope | null {
   if (rec.outcome !== "denied" || !rec.code) return null;
+  if (per) return per === "call" && !rec.args_digest ? null : per;
   if (rec.code === "rate_limited") return "principal";
   if (rec.code === "insufficient_scope") return "tool";
   if (rec.code.startsWith("approval_") || !rec.args_digest) return null;
@@ -42,8 +50,8 @@ function scopeOf(rec: AuditRecord): Scope | null {
 }
 
 /** The window a refusal is counted in, or null when it is recorded on its own (see the rule). */
-export function repeatKey(rec: AuditRecord): string | null {
-  const scope = scopeOf(rec);
+export function repeatKey(rec: AuditRecord, per?: Scope): string | null {
+  const scope = scopeOf(rec, per);
   if (scope === null) return null;
   const key: unknown[] = [rec.principal, rec.code];
   if (scope !== "principal") key.push(rec.tool);
@@ -83,10 +91,10 @@ export class RefusalWindows {
   }
 
   /** Records `rec` now (returns it stored) or counts it in its open window (returns null). */
-  record(rec: AuditRecord): StoredAuditRecord | null {
+  record(rec: AuditRecord, per?: Scope): StoredAuditRecord | null {
     const now = this.now();
     this.flushDue(now);
-    const key = this.opts.windowMs > 0 ? repeatKey(rec) : null;
+    const key = this.opts.windowMs > 0 ? repeatKey(rec, per) : null;
     const w = key === null ? undefined : this.open.get(key);
     if (w) {
       w.count++;
@@ -104,7 +112,7 @@ export class RefusalWindows {
     }
     this.open.set(key, {
       first: stored,
-      scope: scopeOf(rec)!,
+      scope: scopeOf(rec, per)!,
       endsAt: now + this.opts.windowMs,
       count: 0,
       tools: new Map(),

@@ -70,6 +70,19 @@ describe("the aggregation rule", () => {
     expect(repeatKey(refusal("busy"))).not.toBe(k);
   });
 
+  it("takes the key a caller outside the gate names (failed sign-ins per address)", () => {
+    const bad = (principal: string) =>
+      refusal("invalid_token", { principal, tool: "http", args_digest: null });
+    expect(repeatKey(bad("addr:10.0.0.1"))).toBeNull();
+    expect(repeatKey(bad("addr:10.0.0.1"), "principal")).toBe(
+      repeatKey({ ...bad("addr:10.0.0.1"), tool: "console" }, "principal"),
+    );
+    expect(repeatKey(bad("addr:10.0.0.1"), "call")).toBeNull(); // no digest to compare
+    expect(
+      repeatKey({ ...bad("addr:10.0.0.1"), outcome: "approval_granted" }, "principal"),
+    ).toBeNull();
+  });
+
   it("records decisions, approval refusals and refusals without a digest one by one", () => {
     for (const r of [
       refusal("approval_required", { outcome: "approval_requested" }),
