@@ -141,7 +141,7 @@ export class RefusalWindows {
     for (const w of all) this.emit(w, now);
   }
 
-  /** Repeats counted but not yet written (tests and the bench read it). */
+  /** Repeats counted but not yet written (tests read it). */
   pending(): number {
     let n = 0;
     for (const w of this.open.values()) n += w.count;
