@@ -165,6 +165,11 @@ const AuditSchema = z.object({
   redact_args: z.array(z.string().min(1)).default(["texts", "tensors"]),
   /** The chain's HMAC key file (made 0600 at first start); default `<data_dir>/audit.key`. */
   key_file: z.string().min(1).optional(),
+  /**
+   * Repeats of a refusal within this many seconds of the first are counted into one aggregate
+   * record (policies/audit_refusals.ts); 0 records every refusal on its own.
+   */
+  refusal_window_s: NonNegative.default(60),
 });
 
 /** The policy section's schema for these tools (names checked, per-tool defaults theirs). */

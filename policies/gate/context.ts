@@ -1,5 +1,5 @@
 // What every admission step and the supervisor share: the gate's dependencies, its budget lines
-// and the two ways it writes the audit trail.
+// and the three ways it writes the audit trail.
 
 import type { AuditRecord } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
@@ -17,6 +17,11 @@ export interface GateContext {
   readonly tools: ReadonlyMap<string, ToolPolicy>;
   /** Appends a decision's record; losing it is logged loudly, never thrown: the decision stands. */
   audit(rec: Omit<AuditRecord, "time">): void;
+  /**
+   * Appends a refusal, or counts it into the aggregate of the refusals it repeats (the rule is in
+   * audit_refusals.ts); never throws, like `audit`.
+   */
+  auditRefusal(rec: Omit<AuditRecord, "time">): void;
   /** Appends and waits for the commit (group commit when the store offers it); may throw. */
   auditDurable(rec: AuditRecord): Promise<void>;
 }
@@ -33,6 +38,16 @@ export function gateContext(deps: GateDeps): GateContext {
     audit(rec) {
       try {
         deps.audit.append({ time: new Date(clock()).toISOString(), ...rec });
+      } catch (e) {
+        deps.logger.error({ err: String(e), audit: rec }, "audit append failed");
+      }
+    },
+    auditRefusal(rec) {
+      const a = deps.audit;
+      try {
+        const full = { time: new Date(clock()).toISOString(), ...rec };
+        if (a.appendRefusal) a.appendRefusal(full);
+        else a.append(full);
       } catch (e) {
         deps.logger.error({ err: String(e), audit: rec }, "audit append failed");
       }

@@ -1,9 +1,10 @@
 // THE gate every tool call passes: the admission steps (steps.ts, in their documented, fail-closed
 // order) and then the supervisor (supervise.ts: deadline, cancellation, settle and charge). Every
-// refusal is audited with its code; every executed call is audited with its duration.
+// refusal is audited with its code (repeats counted, see audit_refusals.ts); every executed call
+// is audited with its duration.
 
 import type { ApprovalRecord } from "../approvals.js";
-import { redactArgs } from "../audit.js";
+import { redactArgs } from "../audit_record.js";
 import { argsDigest } from "../digest.js";
 import { isPolicyError } from "../errors.js";
 import type { Principal } from "../scopes.js";
@@ -48,7 +49,7 @@ export class Gate {
   enforceScope(principal: Principal, tool: string, via?: string): void {
     const refusal = scopeRefusal(this.ctx, principal, tool);
     if (!refusal) return;
-    this.ctx.audit({
+    this.ctx.auditRefusal({
       principal: principal.id,
       tool,
       args_digest: null,
@@ -86,10 +87,10 @@ export class Gate {
       takeRate(this.ctx, principal);
     } catch (e) {
       if (isPolicyError(e))
-        this.ctx.audit({ ...base, outcome: "denied", code: e.code, reason: e.message });
+        this.ctx.auditRefusal({ ...base, outcome: "denied", code: e.code, reason: e.message });
       throw e;
     }
-    this.ctx.audit({ ...base, outcome: "denied", code, reason: message.slice(0, 500) });
+    this.ctx.auditRefusal({ ...base, outcome: "denied", code, reason: message.slice(0, 500) });
   }
 
   /** Admits the call (or refuses it, audited), then runs `fn` under the gate's supervision. */

@@ -183,7 +183,8 @@ export async function admit(
     a.release?.();
     a.reservation?.();
     if (isPolicyError(e)) {
-      ctx.audit({
+      // Approval outcomes and first refusals are recorded at once; repeats are counted.
+      ctx.auditRefusal({
         principal: call.principal.id,
         tool: call.tool,
         args: redacted,

@@ -47,6 +47,7 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
     logger: logger.child({ component: "audit" }),
     key,
     keyCreated: created,
+    refusalWindowMs: policy.audit.refusal_window_s * 1000,
   });
   const budget = new SqliteBudgetLedger(db, policy.limits.budget);
   const gate = new Gate({

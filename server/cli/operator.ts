@@ -224,7 +224,7 @@ export async function runAuditCommand(
           // One line per record: a reason holding an argument name a caller chose stays on it.
           io.out(
             terminalField(
-              `#${r.seq} ${r.time} ${r.principal} ${r.tool} ${r.outcome}${r.code ? ` (${r.code})` : ""}${r.duration_ms !== undefined ? ` ${r.duration_ms} ms` : ""}${r.reason ? ` — ${r.reason}` : ""}`,
+              `#${r.seq} ${r.time} ${r.principal} ${r.tool} ${r.outcome}${r.code ? ` (${r.code})` : ""}${r.count !== undefined ? ` ×${r.count} more after #${r.first_seq}` : ""}${r.duration_ms !== undefined ? ` ${r.duration_ms} ms` : ""}${r.reason ? ` — ${r.reason}` : ""}`,
             ),
           );
         }

@@ -148,12 +148,13 @@ describe("small calls on the fast path", () => {
 });
 
 describe("small calls past the rate limit and the budget", () => {
-  it("refuses the calls over the rate limit at once, audits each refusal, runs none of them", async () => {
+  it("refuses the calls over the rate limit at once, accounts for each refusal, runs none of them", async () => {
     const config = writeConfig(
       { policy: { limits: { rate_limit: { per_principal_per_minute: 12 } } } },
       mkdtempSync(join(tmpdir(), "tpu-mcp-fast-rate-")),
     );
     const conn = await connectStdio(config);
+    let refusedCount = 0;
     try {
       const t0 = Date.now();
       expect((await call(conn.client, "load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
@@ -163,18 +164,35 @@ describe("small calls past the rate limit and the budget", () => {
       // The bucket holds 12 and refills 12 a minute: what a slow load let it refill is allowed too.
       const refilled = Math.floor(((Date.now() - t0) / 60_000) * 12);
       const refused = results.filter((r) => r.isError);
+      refusedCount = refused.length;
       expect(results.length - refused.length).toBeLessThanOrEqual(11 + refilled); // 12 minus the load
       expect(refused.length).toBeGreaterThanOrEqual(9 - refilled);
       expect(refused.length).toBeGreaterThan(0);
       for (const r of refused) expect(errorOf(r)?.code).toBe("rate_limited");
       const dataDir = dataDirOf(config);
-      results.forEach((r, i) => {
+      // An answered call has both records; of the refused ones, the first is recorded at once
+      // and the others are counted into one aggregate (written when the server closes).
+      const recorded = results.map((r, i) => {
         const outcomes = outcomesFor(dataDir, argsDigest("run_inference", input(i)));
-        expect(outcomes).toEqual(r.isError ? ["denied"] : ["allowed", "executed"]);
+        if (!r.isError) expect(outcomes).toEqual(["allowed", "executed"]);
+        else expect(outcomes.length).toBeLessThanOrEqual(1);
+        return r.isError ? outcomes.length : 0;
       });
+      expect(recorded.reduce((a, b) => a + b, 0)).toBe(1);
     } finally {
       await conn.close();
     }
+    const limited = readPolicyDb(dataDirOf(config), (db) =>
+      (
+        db
+          .prepare(
+            "SELECT json_extract(record, '$.count') AS n FROM audit_log WHERE json_extract(record, '$.code') = 'rate_limited'",
+          )
+          .all() as { n: number | null }[]
+      ).map((r) => r.n ?? 1),
+    );
+    expect(limited.length).toBe(Math.min(2, refusedCount));
+    expect(limited.reduce((a, b) => a + b, 0)).toBe(refusedCount);
   });
 
   it("charges every answered call once and no refused one, and refuses once the budget is spent", async () => {

@@ -32,11 +32,14 @@ describe("keyed audit trail, exported head", () => {
         ),
       );
       const server = await startHttpServer(cfg);
+      // Each refusal a different call (a repeated one is only counted until its window ends),
+      // so each appends a record at once.
+      let calls = 0;
       const denied = async (n: number) => {
         const reader = await connectHttp(server.url, TOKENS.reader);
         for (let i = 0; i < n; i++)
           await reader.client
-            .callTool({ name: "load_model", arguments: { model: "tiny-gpt2" } })
+            .callTool({ name: "check_model", arguments: { model: `nope-${calls++}` } })
             .catch(() => {});
         await reader.close();
       };

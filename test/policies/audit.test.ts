@@ -1,13 +1,9 @@
 import { chmodSync, readFileSync, statSync } from "node:fs";
 import Database from "better-sqlite3";
 import { afterAll, describe, expect, it } from "vitest";
-import {
-  chainHash,
-  GENESIS_HASH,
-  redactArgs,
-  SqliteAuditLog,
-  type AuditRecord,
-} from "../../policies/audit.js";
+import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
+import { chainHash, GENESIS_HASH } from "../../policies/audit_chain.js";
+import { redactArgs } from "../../policies/audit_record.js";
 import { loadOrCreateAuditKey, readAuditKey } from "../../policies/audit_key.js";
 import { canonicalJson } from "../../policies/digest.js";
 import { captureLogger, tempDir } from "./helpers.js";

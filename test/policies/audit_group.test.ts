@@ -162,7 +162,7 @@ describe("the gate with group commit", () => {
 
 describe("the record text written once per record", () => {
   it("equals canonical JSON as stored and with seq as hashed, wherever seq sorts", async () => {
-    const { canonicalWithSeq, prepareRecord } = await import("../../policies/audit.js");
+    const { canonicalWithSeq, prepareRecord } = await import("../../policies/audit_record.js");
     const { canonicalJson } = await import("../../policies/digest.js");
     const records: Record<string, unknown>[] = [
       { ...rec(1), reason: "r", worker: undefined, estimate: { b: 1, a: [1, -0, 2.5] } },

@@ -220,13 +220,22 @@ describe("refused input", () => {
     expect(() =>
       gate.refuse(agent, "run_inference", args, "invalid_argument", "texts: bad"),
     ).toThrow(expect.objectContaining({ code: "rate_limited" }));
-    const rows = audit.tail(10).filter((r) => r.principal === "agent");
-    expect(rows.map((r) => r.code)).toEqual([
+    const agentRows = () => audit.tail(10).filter((r) => r.principal === "agent");
+    // The same call refused again is counted, not recorded again, until its window ends.
+    expect(agentRows().map((r) => r.code)).toEqual([
       "unknown_model",
-      "invalid_argument",
       "invalid_argument",
       "rate_limited",
     ]);
+    audit.flushRefusals();
+    const rows = agentRows();
+    expect(rows.map((r) => [r.code, r.count])).toEqual([
+      ["unknown_model", undefined],
+      ["invalid_argument", undefined],
+      ["rate_limited", undefined],
+      ["invalid_argument", 1],
+    ]);
+    expect(rows[3].first_seq).toBe(rows[1].seq);
     for (const r of rows) {
       expect(r.args_digest).toMatch(/^[0-9a-f]{64}$/);
       expect(JSON.stringify(r)).not.toContain("secret text");

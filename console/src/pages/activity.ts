@@ -1,6 +1,6 @@
 // The Activity page: the audit trail, filtered, with the chain's verification state.
 import { api } from "../session.js";
-import { h, when, status, table, on, type Json } from "../ui.js";
+import { h, when, status, table, type Json } from "../ui.js";
 
 export async function activityPage(root: HTMLElement) {
   const outcomes = [
@@ -63,7 +63,8 @@ export async function activityPage(root: HTMLElement) {
             r.principal,
             h("code", {}, r.tool),
             h("span", { class: `badge ${r.outcome}` }, r.outcome),
-            r.code ?? "",
+            // An aggregate of repeated refusals says how many it stands for.
+            r.count != null ? `${r.code ?? ""} ×${r.count}` : (r.code ?? ""),
             r.duration_ms != null ? String(r.duration_ms) : "",
             r.approval_id ? h("code", {}, r.approval_id.slice(0, 12) + "…") : "",
             r.reason ?? "",

@@ -1,7 +1,7 @@
 // The Benchmarks page: stored reports as charts and tables, one drawn against another.
 import { drawReports, reportTable, type Report } from "../chart.js";
 import { api } from "../session.js";
-import { h, when, status, table, on, type Json, onLeave } from "../ui.js";
+import { h, when, status, onLeave, type Json } from "../ui.js";
 
 export async function benchmarksPage(root: HTMLElement) {
   const d = await api("benchmarks");

@@ -1,0 +1,154 @@
+// An approval as the gate and the operator see it: its record, the store's contract, its id,
+// the operator's command, and the one rule for whether an approval may be used for a call
+// (approvalUsableError). No SQLite here: the store (approvals.ts) and the gate both read these.
+
+import { randomBytes } from "node:crypto";
+import { PolicyError } from "./errors.js";
+import type { CostEstimate } from "./estimate.js";
+
+export type ApprovalStatus = "pending" | "approved" | "denied" | "used" | "expired";
+
+export interface ApprovalRecord {
+  id: string;
+  principal: string;
+  tool: string;
+  args_digest: string;
+  /** Redacted arguments, for the operator deciding. */
+  args_preview: unknown;
+  estimate: CostEstimate | null;
+  status: ApprovalStatus;
+  created_at: string;
+  /** Pending: decide before this. Approved: use before this (the TTL restarts on approval). */
+  expires_at: string;
+  decided_by: string | null;
+  decided_at: string | null;
+  reason: string | null;
+  used_at: string | null;
+}
+
+export interface CreateApprovalRequest {
+  principal: string;
+  tool: string;
+  args_digest: string;
+  args_preview: unknown;
+  estimate?: CostEstimate | null;
+  ttl_s: number;
+  /**
+   * The most pending approvals this principal may hold; a request over it is refused with
+   * `approval_limit` (the older ones stay: what an operator may be reading never vanishes).
+   */
+  max_pending?: number;
+}
+
+/** One page of approvals, and how many there are in all under the same filter. */
+export interface ApprovalPage {
+  items: ApprovalRecord[];
+  /** Pending (undecided, unexpired) approvals in the whole store, not just this page. */
+  pending_total: number;
+  /** Everything else (approved, denied, used, expired) still kept. */
+  history_total: number;
+  offset: number;
+  limit: number;
+}
+
+export interface ApprovalListFilter {
+  status?: ApprovalStatus;
+  limit?: number;
+  offset?: number;
+}
+
+/** What happened to an approval in this process (the console and webhooks listen). */
+export interface ApprovalEvent {
+  type: "created" | "decided" | "used";
+  record: ApprovalRecord;
+}
+export type ApprovalListener = (event: ApprovalEvent) => void;
+
+export interface ApprovalStore {
+  create(req: CreateApprovalRequest): ApprovalRecord;
+  get(id: string): ApprovalRecord | undefined;
+  /** Pending first (soonest to expire first), then the rest, newest first; one page of it. */
+  list(filter?: ApprovalListFilter): ApprovalRecord[];
+  /** A pending or approved, unexpired approval for exactly this call, so retries do not pile up requests. */
+  findOpen(principal: string, tool: string, digest: string): ApprovalRecord | undefined;
+  approve(id: string, approver: string): ApprovalRecord;
+  deny(id: string, approver: string, reason?: string): ApprovalRecord;
+  /** Throws the error consume would throw, without using the approval up. */
+  check(id: string, principal: string, tool: string, digest: string): ApprovalRecord;
+  /** Atomically marks a matching approved approval used; throws a PolicyError otherwise. */
+  consume(id: string, principal: string, tool: string, digest: string): ApprovalRecord;
+  /** Calls `fn` after every change this store makes; returns the unsubscribe function. */
+  subscribe?(fn: ApprovalListener): () => void;
+  close(): void;
+}
+
+/** 'apr_' + 128 random bits in hex: unguessable, and safe in a shell command line. */
+export function newApprovalId(): string {
+  return `apr_${randomBytes(16).toString("hex")}`;
+}
+
+/**
+ * The operator's command for an approval, as run from the tpu-mcp folder of a clone (the
+ * `tpu-mcp` bin is not on its PATH). The server passes its own, with `--config`.
+ */
+export type ApproveCommand = (id: string) => string;
+export const defaultApproveCommand: ApproveCommand = (id) =>
+  `node bin/tpu-mcp.js approvals approve ${id}`;
+
+/**
+ * The usability check shared by check() and consume(). Mismatch comes before status so an id
+ * presented for another call says nothing about that other call's state.
+ */
+export function approvalUsableError(
+  rec: ApprovalRecord | undefined,
+  id: string,
+  principal: string,
+  tool: string,
+  digest: string,
+): PolicyError | null {
+  // Another principal's approval is indistinguishable from a missing one: ids are not a way to
+  // learn what others asked for.
+  if (!rec || rec.principal !== principal) {
+    return new PolicyError(
+      "approval_not_found",
+      `No approval ${id} exists. Call ${tool} again without approval_id to request one.`,
+      { approval_id: id },
+    );
+  }
+  if (rec.tool !== tool || rec.args_digest !== digest) {
+    const what = rec.tool !== tool ? "tool" : "arguments";
+    return new PolicyError(
+      "approval_mismatch",
+      `Approval ${id} was granted for a different ${what}; it covers only the exact call it was requested for. Call again with the original arguments, or without approval_id to request a new approval.`,
+      { approval_id: id, mismatch: what },
+    );
+  }
+  switch (rec.status) {
+    case "approved":
+      return null;
+    case "pending":
+      return new PolicyError(
+        "approval_pending",
+        `Approval ${id} is still pending. Ask an operator to approve it (in the console, or with the command given when it was requested), then retry.`,
+        { approval_id: id, expires_at: rec.expires_at },
+      );
+    case "denied":
+      return new PolicyError(
+        "approval_denied",
+        `Approval ${id} was denied by ${rec.decided_by}${rec.reason ? `: ${rec.reason}` : ""}. Do not retry this call unchanged.`,
+        { approval_id: id, reason: rec.reason },
+      );
+    case "used":
+      return new PolicyError(
+        "approval_used",
+        `Approval ${id} was already used; approvals are single-use. Call again without approval_id to request a new one.`,
+        { approval_id: id, used_at: rec.used_at },
+      );
+    case "expired":
+      return new PolicyError(
+        "approval_expired",
+        `Approval ${id} expired at ${rec.expires_at}. Call again without approval_id to request a new one.`,
+        { approval_id: id, expires_at: rec.expires_at },
+      );
+  }
+}
