@@ -122,7 +122,9 @@ describe("dependency direction", () => {
     expect(at("tools/dispatch.ts", "server/app/app.ts")).toMatch(/tools\/ may import only/);
     expect(at("policies/gate.ts", "runtime/types.ts")).toMatch(/policies\/ may import only lib/);
     expect(at("lib/units.ts", "policies/estimate.ts")).toMatch(/nothing outside itself/);
-    expect(at("runtime/client.ts", "test/helpers/server.ts")).toMatch(/runtime\/ may import only lib/);
+    expect(at("runtime/client.ts", "test/helpers/server.ts")).toMatch(
+      /runtime\/ may import only lib/,
+    );
     expect(at("policies/estimate.ts", "lib/device.ts")).toBeNull();
     expect(at("server/cli/cli.ts", "server/version.ts")).toBeNull();
     expect(at("server/app/app.ts", "tools/registry.ts")).toBeNull();
