@@ -37,7 +37,7 @@ def preflight(ray_cluster, tmp, cfg: dict, module: str | None = None) -> list[di
     else:
         code = (
             "import json, sys\nfrom dataclasses import asdict\n"
-            "from tpu_worker.fleet import config, preflight\nfrom tpu_worker.fleet.__main__ import set_ray_env\n"
+            "from tpu_worker.fleet import config, preflight\nfrom tpu_worker.fleet.ray_env import set_ray_env\n"
             "cfg = config.load(sys.argv[1]); set_ray_env(cfg)\n"
             "for c in preflight.run(cfg, sys.argv[2]): print(json.dumps(asdict(c)))"
         )

@@ -206,8 +206,8 @@ def run(cfg: FleetConfig, module: str = ACTOR_MODULE) -> list[Check]:
 
 def main(argv: list[str] | None = None) -> int:
     from . import config as fleet_config
-    from .__main__ import set_ray_env
     from .errors import StartError
+    from .ray_env import set_ray_env
 
     p = argparse.ArgumentParser(prog="python -m tpu_worker.fleet.preflight")
     p.add_argument("--config", required=True, help="JSON file: the runtime.ray section, as the driver gets it")
