@@ -60,11 +60,98 @@ export function portableSchema(node: unknown): unknown {
   return o;
 }
 
+/** zod's bounds of every `int()`: true of any JSON integer a client can hold, so they say nothing. */
+function dropSafeIntegerBounds(node: unknown): void {
+  if (Array.isArray(node)) return node.forEach(dropSafeIntegerBounds);
+  if (!node || typeof node !== "object") return;
+  const o = node as Record<string, unknown>;
+  if (o.minimum === Number.MIN_SAFE_INTEGER) delete o.minimum;
+  if (o.maximum === Number.MAX_SAFE_INTEGER) delete o.maximum;
+  Object.values(o).forEach(dropSafeIntegerBounds);
+}
+
+type Node = Record<string, unknown>;
+
+/** The object a schema describes, looking through a nullable union; undefined for other shapes. */
+function objectOf(node: Node): Node | undefined {
+  if (node.type === "object" && node.properties) return node;
+  const branches = node.anyOf as Node[] | undefined;
+  if (branches?.length === 2 && branches.some((b) => b.type === "null"))
+    return branches.map(objectOf).find(Boolean);
+  return undefined;
+}
+
+/**
+ * The field names of an object, as a model reads them in a description: `a, b, c{d, e}` (braces:
+ * an object or a list of objects, and its fields).
+ */
+function fieldList(obj: Node): string {
+  return Object.entries(obj.properties as Record<string, Node>)
+    .map(([name, sub]) => {
+      const inner = objectOf(sub) ?? objectOf((sub.items as Node | undefined) ?? {});
+      return inner ? `${name}{${fieldList(inner)}}` : name;
+    })
+    .join(", ");
+}
+
+/**
+ * Replaces a nested object (or list of objects) by `{type: "object"}` whose description names its
+ * fields: what a client needs to validate, what a model needs to read the answer, at a fraction
+ * of the bytes. The server still checks every answer against the full zod schema.
+ */
+function documentedObject(node: Node): Node {
+  const branches = node.anyOf as Node[] | undefined;
+  if (branches && objectOf(node) && !node.properties)
+    return { ...node, anyOf: branches.map((b) => (b.type === "null" ? b : documentedObject(b))) };
+  const obj = objectOf(node);
+  const itemObj = node.type === "array" ? objectOf((node.items as Node | undefined) ?? {}) : undefined;
+  const inner = obj ?? itemObj;
+  if (!inner) return node;
+  const said = typeof node.description === "string" ? `${node.description}; ` : "";
+  const fields = `${said}fields: ${fieldList(inner)}`;
+  return itemObj
+    ? { type: "array", items: { type: "object" }, description: fields }
+    : { type: "object", description: fields };
+}
+
+/** Redundant spellings in an output schema: objects are open anyway, record keys are strings. */
+function dropOpenDefaults(node: unknown): void {
+  if (Array.isArray(node)) return node.forEach(dropOpenDefaults);
+  if (!node || typeof node !== "object") return;
+  const o = node as Node;
+  if (o.additionalProperties === true) delete o.additionalProperties;
+  if (o.propertyNames && (o.propertyNames as Node).type === "string") delete o.propertyNames;
+  Object.values(o).forEach(dropOpenDefaults);
+}
+
+/**
+ * An output schema as tools/list publishes it: the top-level fields with their types and which
+ * are required; anything nested as a documented object (see documentedObject).
+ */
+function compactOutput(root: Node): Node {
+  const top = (obj: Node): Node => {
+    if (!obj.properties) return obj;
+    const props = Object.fromEntries(
+      Object.entries(obj.properties as Record<string, Node>).map(([k, v]) => [
+        k,
+        documentedObject(v),
+      ]),
+    );
+    return { ...obj, properties: props };
+  };
+  const out = top(root);
+  if (Array.isArray(out.anyOf)) out.anyOf = (out.anyOf as Node[]).map(top);
+  dropOpenDefaults(out);
+  return out;
+}
+
 export function jsonSchema(schema: z.ZodType, io: "input" | "output"): Record<string, unknown> {
   let s = z.toJSONSchema(schema, { io, unrepresentable: "any" }) as Record<string, unknown>;
   delete s.$schema;
+  dropSafeIntegerBounds(s);
   if (io === "output") openObjects(s);
   s = portableSchema(s) as Record<string, unknown>;
+  if (io === "output") s = compactOutput(s);
   // MCP wants an object schema at the top; a union of objects is still an object.
   if (s.type !== "object") return { type: "object", ...s };
   return s;

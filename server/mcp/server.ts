@@ -33,7 +33,7 @@ function toolListing(t: ToolDefinition<any, any>): Record<string, unknown> {
       title: t.title,
       description: t.description,
       inputSchema: jsonSchema(t.input, "input"),
-      outputSchema: jsonSchema(t.output, "output"),
+      outputSchema: jsonSchema(t.listedOutput ?? t.output, "output"),
       annotations: { title: t.title, ...t.annotations },
     };
     listCache.set(t, entry);
