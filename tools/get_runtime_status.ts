@@ -27,7 +27,7 @@ const build = (env: ToolEnv) => {
   const tool = defineTool(policy, {
     title: "Runtime status",
     description:
-      "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health; with a worker pool, every worker (device, local or remote, state, memory, models and replica placement, calls in flight); with a Ray fleet, the fleet (driver state, cluster, placement, target vs observed actors, restarts).",
+      "Use first, and when a call fails: devices and memory, torch version, loaded models and queues, worker health.",
     input: z.object({}).strict(),
     output: z.object({
       worker: z.object({

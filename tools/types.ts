@@ -94,6 +94,8 @@ export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.Zod
    * (no pool fields without a pool); absent: `output`.
    */
   listedOutput?: z.ZodType;
+  /** The input schema tools/list publishes, without arguments only a pool has; absent: `input`. */
+  listedInput?: z.ZodType;
   annotations: ToolAnnotations;
   /** The device lane the call occupies (loads and benchmarks hold it exclusively). */
   device?: (args: z.infer<I>) => string;

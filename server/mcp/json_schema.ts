@@ -81,37 +81,40 @@ function objectOf(node: Node): Node | undefined {
   return undefined;
 }
 
-/**
- * The field names of an object, as a model reads them in a description: `a, b, c{d, e}` (braces:
- * an object or a list of objects, and its fields).
- */
+/** The field names of an object, as a model reads them in a description: `a, b, c`. */
 function fieldList(obj: Node): string {
-  return Object.entries(obj.properties as Record<string, Node>)
-    .map(([name, sub]) => {
-      const inner = objectOf(sub) ?? objectOf((sub.items as Node | undefined) ?? {});
-      return inner ? `${name}{${fieldList(inner)}}` : name;
-    })
-    .join(", ");
+  return Object.keys(obj.properties as Record<string, Node>).join(", ");
 }
 
 /**
- * Replaces a nested object (or list of objects) by `{type: "object"}` whose description names its
- * fields: what a client needs to validate, what a model needs to read the answer, at a fraction
- * of the bytes. The server still checks every answer against the full zod schema.
+ * Replaces a nested object (or list of objects) by `{type: "object"}` (`{type: "array"}`) whose
+ * description names its fields, or says what it holds when its zod schema is described: what a
+ * client needs to validate, what a model needs to read the answer, at a fraction of the bytes.
+ * The server still checks every answer against the full zod schema.
  */
 function documentedObject(node: Node): Node {
   const branches = node.anyOf as Node[] | undefined;
   if (branches && objectOf(node) && !node.properties)
     return { ...node, anyOf: branches.map((b) => (b.type === "null" ? b : documentedObject(b))) };
   const obj = objectOf(node);
-  const itemObj = node.type === "array" ? objectOf((node.items as Node | undefined) ?? {}) : undefined;
+  const itemObj =
+    node.type === "array" ? objectOf((node.items as Node | undefined) ?? {}) : undefined;
   const inner = obj ?? itemObj;
   if (!inner) return node;
+  const own = itemObj && typeof itemObj.description === "string" ? itemObj.description : undefined;
   const said = typeof node.description === "string" ? `${node.description}; ` : "";
-  const fields = `${said}fields: ${fieldList(inner)}`;
-  return itemObj
-    ? { type: "array", items: { type: "object" }, description: fields }
-    : { type: "object", description: fields };
+  const description = own ? `${said}${own}` : `${said}fields: ${fieldList(inner)}`;
+  return { type: itemObj ? "array" : "object", description };
+}
+
+/** What no client needs to validate an answer: enums (the values are the tool's to say) and notes on scalars. */
+function dropOutputDetail(root: Node): void {
+  const branches = [root, ...((root.anyOf as Node[] | undefined) ?? [])];
+  for (const b of branches)
+    for (const p of Object.values((b.properties as Record<string, Node> | undefined) ?? {})) {
+      delete p.enum;
+      if (p.type !== "object" && p.type !== "array" && !p.anyOf) delete p.description;
+    }
 }
 
 /** Redundant spellings in an output schema: objects are open anyway, record keys are strings. */
@@ -124,23 +127,46 @@ function dropOpenDefaults(node: unknown): void {
   Object.values(o).forEach(dropOpenDefaults);
 }
 
+/** A nullable field's schema without its null branch; undefined when it is not nullable. */
+function nonNull(node: Node): Node | undefined {
+  const branches = node.anyOf as Node[] | undefined;
+  if (branches?.length !== 2 || !branches.some((b) => b.type === "null")) return undefined;
+  return branches.find((b) => b.type !== "null");
+}
+
 /**
- * An output schema as tools/list publishes it: the top-level fields with their types and which
- * are required; anything nested as a documented object (see documentedObject).
+ * An output schema as tools/list publishes it: the top-level fields that are always there and
+ * never null, typed and required (nested objects documented, see documentedObject); the others
+ * named in the description, those always there but maybe null apart from those that may be
+ * absent. Objects are open, so every answer still validates; the server checks each against the
+ * full zod schema before it is sent.
  */
 function compactOutput(root: Node): Node {
   const top = (obj: Node): Node => {
     if (!obj.properties) return obj;
-    const props = Object.fromEntries(
-      Object.entries(obj.properties as Record<string, Node>).map(([k, v]) => [
-        k,
-        documentedObject(v),
-      ]),
-    );
-    return { ...obj, properties: props };
+    const required = new Set((obj.required as string[] | undefined) ?? []);
+    const props: Record<string, Node> = {};
+    const nullable: string[] = [];
+    const optional: string[] = [];
+    for (const [k, v] of Object.entries(obj.properties as Record<string, Node>)) {
+      if (!required.has(k)) optional.push(k);
+      else if (nonNull(v)) nullable.push(k);
+      else props[k] = documentedObject(v);
+    }
+    const notes = [
+      ...(nullable.length ? [`also, maybe null: ${nullable.join(", ")}`] : []),
+      ...(optional.length ? [`may also hold: ${optional.join(", ")}`] : []),
+    ];
+    return {
+      ...obj,
+      properties: props,
+      required: Object.keys(props),
+      ...(notes.length ? { description: notes.join("; ") } : {}),
+    };
   };
   const out = top(root);
   if (Array.isArray(out.anyOf)) out.anyOf = (out.anyOf as Node[]).map(top);
+  dropOutputDetail(out);
   dropOpenDefaults(out);
   return out;
 }
@@ -149,7 +175,9 @@ export function jsonSchema(schema: z.ZodType, io: "input" | "output"): Record<st
   let s = z.toJSONSchema(schema, { io, unrepresentable: "any" }) as Record<string, unknown>;
   delete s.$schema;
   dropSafeIntegerBounds(s);
-  if (io === "output") openObjects(s);
+  // Inputs too: the server refuses an unknown argument with invalid_argument, naming it; saying
+  // so in every object of every schema costs an agent bytes in every conversation.
+  openObjects(s);
   s = portableSchema(s) as Record<string, unknown>;
   if (io === "output") s = compactOutput(s);
   // MCP wants an object schema at the top; a union of objects is still an object.
