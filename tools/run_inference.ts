@@ -10,7 +10,7 @@ import {
   wellFormedText,
 } from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
-import { decodeValues, elementCount, summarise, tensorFromArg } from "./support/tensors.js";
+import { elementCount, inlineValues, summarise, tensorFromArg } from "./support/tensors.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
@@ -199,7 +199,7 @@ const build = (env: ToolEnv) => {
       const outputs = outs.map((t, i) => {
         const base = { name: names[i] ?? `output_${i}`, shape: t.shape, dtype: t.dtype };
         if (elementCount(t.shape) <= env.limits.inline_max_elements)
-          return { ...base, data: decodeValues(t) };
+          return { ...base, data: inlineValues(t) };
         return { ...base, summary: summarise(t), resource_uri: `tpu://outputs/${stored!.id}/${i}` };
       });
       ctx.trace?.mark("h.outputs");
