@@ -137,9 +137,9 @@ function nonNull(node: Node): Node | undefined {
 /**
  * An output schema as tools/list publishes it: the top-level fields that are always there and
  * never null, typed and required (nested objects documented, see documentedObject); the others
- * named in the description, those always there but maybe null apart from those that may be
- * absent. Objects are open, so every answer still validates; the server checks each against the
- * full zod schema before it is sent.
+ * named in the description, as `nullable` (always there, maybe null) or `optional` (maybe
+ * absent). Objects are open, so every answer still validates; the server checks each against the
+ * full zod schema before it is sent (tools/dispatch/result.ts).
  */
 function compactOutput(root: Node): Node {
   const top = (obj: Node): Node => {
@@ -154,8 +154,8 @@ function compactOutput(root: Node): Node {
       else props[k] = documentedObject(v);
     }
     const notes = [
-      ...(nullable.length ? [`also, maybe null: ${nullable.join(", ")}`] : []),
-      ...(optional.length ? [`may also hold: ${optional.join(", ")}`] : []),
+      ...(nullable.length ? [`nullable: ${nullable.join(", ")}`] : []),
+      ...(optional.length ? [`optional: ${optional.join(", ")}`] : []),
     ];
     return {
       ...obj,
