@@ -93,10 +93,7 @@ function fieldList(obj: Node): string {
  * The server still checks every answer against the full zod schema.
  */
 function documentedObject(node: Node): Node {
-  const branches = node.anyOf as Node[] | undefined;
-  if (branches && objectOf(node) && !node.properties)
-    return { ...node, anyOf: branches.map((b) => (b.type === "null" ? b : documentedObject(b))) };
-  const obj = objectOf(node);
+  const obj = node.type === "object" && node.properties ? node : undefined;
   const itemObj =
     node.type === "array" ? objectOf((node.items as Node | undefined) ?? {}) : undefined;
   const inner = obj ?? itemObj;
