@@ -2,8 +2,8 @@
 // one run, prints a table and writes bench/results/latest.json. Every figure that a target
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
-// Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit
-// runs a subset;
+// Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
+// tokens runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -30,6 +30,7 @@ import { runOverhead } from "./overhead.js";
 import { runPayload } from "./payload.js";
 import { runPool } from "./pool.js";
 import { runSmall } from "./small.js";
+import { runTokens } from "./tokens.js";
 
 // 32 concurrent callers each wait for 'drain' on the SDK client's pipe when it is full: a
 // listener each is expected here, not a leak (Node warns from 11).
@@ -45,6 +46,7 @@ const SECTIONS = [
   "memory",
   "pool",
   "audit",
+  "tokens",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
@@ -166,6 +168,13 @@ function targets(f: Record<string, number>): Target[] {
     "audit.p99_ratio",
     (v) => v <= 1.2,
     "≤ 1.2× of the same traffic without views",
+  );
+  add(
+    "demo agent's tools/list (HTTP)",
+    "tokens.list.agent_http.bytes",
+    (v) => v <= 12_000,
+    "≤ 12,000 B (~3,000 tokens)",
+    (v) => `${v.toLocaleString("en")} B`,
   );
   return t;
 }
@@ -322,6 +331,16 @@ async function main() {
       perRound: q(2000, 300),
       rounds: q(4, 2),
       viewGapMs: 500,
+      say,
+    });
+  }
+
+  // What the tool surface costs an agent's context; BENCH_BASELINE's lists side by side.
+  if (want("tokens")) {
+    say("tokens (tools/list per demo principal, a typical result of each tool)…");
+    const base = process.env.BENCH_BASELINE;
+    results.tokens = await runTokens({
+      baselineCli: base ? join(base, "bin", "tpu-mcp.js") : undefined,
       say,
     });
   }

@@ -11,7 +11,7 @@ const build = (_env: ToolEnv) =>
   defineTool(policy, {
     title: "Cancel a job",
     description:
-      "Cancels a running job of yours; the cancellation reaches the worker, which stops at its next step and frees the device. A benchmark keeps its finished configurations.",
+      "Use to stop a running job: the worker stops at its next step; a benchmark keeps finished configurations.",
     input: z.object({ job_id: jobIdArg }).strict(),
     output: JobView,
     annotations: {

@@ -33,7 +33,7 @@ const build = (env: ToolEnv) => {
   return defineTool(policy, {
     title: "Check model support",
     description:
-      'Preflight: one forward pass on the target device recording every ATen operator (TorchDispatchMode) with its call count, category, and how many calls ran on the device, fell back to the CPU or failed; the estimated and measured memory and a verdict (supported / partial / unsupported). attention: "math" forces attention through its unfused path (matmuls + softmax), as a backend without a fused kernel runs it.',
+      "Use before relying on a model on a device: one forward pass counting the ATen ops that ran there, fell back to CPU or failed; memory; a verdict.",
     input: z
       .object({
         model: modelId(env),
@@ -44,9 +44,7 @@ const build = (env: ToolEnv) => {
         attention: z
           .enum(["default", "math"])
           .default("default")
-          .describe(
-            "default: the kernels the device really dispatches; math: scaled-dot-product attention unfused",
-          ),
+          .describe("math: unfused, as without a fused kernel"),
         approval_id: approvalId,
       })
       .strict(),

@@ -27,7 +27,7 @@ const build = (_env: ToolEnv) =>
   defineTool(policy, {
     title: "Get a job",
     description:
-      "Status, progress and result of a job (yours only): one started with wait: false, or a wait: true call that was still running at the soft deadline and answered with its job_id.",
+      "Use to follow a job_id (wait: false, or past the soft deadline): status, progress, result.",
     input: z.object({ job_id: jobIdArg }).strict(),
     output: JobView,
     annotations: {

@@ -18,11 +18,16 @@ const Device = z
 /** What the server and its policies know of get_runtime_status (policies/tool_policy.ts). */
 const policy = hostOnlyPolicy("get_runtime_status", "models:read");
 
-const build = (_env: ToolEnv) =>
-  defineTool(policy, {
+/**
+ * The tool, and its schema as published: without a pool, no `workers`; without a Ray fleet, no
+ * `fleet` (about 3.4 KB an agent would read in every conversation). Answers are still checked
+ * against the full output schema.
+ */
+const build = (env: ToolEnv) => {
+  const tool = defineTool(policy, {
     title: "Runtime status",
     description:
-      "Devices (kind, name, count, memory), torch and backend versions, execution mode, loaded models with queue depths, and worker health; with a worker pool, every worker (device, local or remote, state, memory, models and replica placement, calls in flight); with a Ray fleet, the fleet (driver state, cluster, placement, target vs observed actors, restarts).",
+      "Use first, and when a call fails: devices and memory, torch version, loaded models and queues, worker health.",
     input: z.object({}).strict(),
     output: z.object({
       worker: z.object({
@@ -159,5 +164,11 @@ const build = (_env: ToolEnv) =>
         ? `; Ray fleet ${o.fleet.state} at ${o.fleet.address} (${o.fleet.mode}): ${o.fleet.observed}/${o.fleet.target ?? "?"} actors serving`
         : ""),
   });
+  const absent = {
+    ...(env.deployment?.pool === false ? { workers: true as const } : {}),
+    ...(env.deployment?.fleet === false ? { fleet: true as const } : {}),
+  };
+  return { ...tool, listedOutput: tool.output.omit(absent) };
+};
 
 export const getRuntimeStatus: ToolFile = { policy, build };

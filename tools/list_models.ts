@@ -33,7 +33,7 @@ const build = (env: ToolEnv) =>
   defineTool(policy, {
     title: "List models",
     description:
-      "The model catalog: id, task, parameters, weight bytes, format, allowed dtypes and devices, limits, and whether each is loaded.",
+      "Use to choose a model: each catalog id with its task, size, dtypes, devices, limits, and whether it is loaded.",
     input: z.object({}).strict(),
     output: z.object({ models: z.array(ModelInfo) }),
     annotations: {

@@ -52,10 +52,10 @@ const policy: ToolPolicy = {
 const build = (env: ToolEnv) => {
   const maxBatch = catalogMax(env, "max_batch");
   const maxSeq = catalogMax(env, "max_seq_len");
-  return defineTool(policy, {
+  const tool = defineTool(policy, {
     title: "Load a model",
     description:
-      "Loads a catalog model onto a device with a dtype and execution mode (eager or torch.compile), optionally warming up given shapes. Reports load, compile and warmup time and bytes on device. Costly: may need a human approval (see approval_id).",
+      "Use before run_inference, or on model_not_loaded: loads a model (dtype, eager or torch.compile, warmup shapes); reports times and bytes on device. May need approval.",
     input: z
       .object({
         model: modelId(env),
@@ -66,9 +66,7 @@ const build = (env: ToolEnv) => {
           .min(1)
           .max(256)
           .optional()
-          .describe(
-            "copies on distinct workers of the pool (default 1); calls are routed among them",
-          ),
+          .describe("copies on distinct pool workers"),
         dtype: dtype.optional(),
         mode: mode.default("eager"),
         warmup_shapes: z
@@ -146,6 +144,9 @@ const build = (env: ToolEnv) => {
         ? `started job ${o.job_id}; follow it with get_job`
         : `loaded ${o.model} on ${o.placement ? o.placement.map((p) => `${p.worker} (${p.device})`).join(", ") : o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s, matmul precision ${o.matmul_precision}`,
   });
+  // Replicas are placed on a pool's workers: without a pool the argument is not published.
+  if (env.deployment?.pool !== false) return tool;
+  return { ...tool, listedInput: tool.input.omit({ replicas: true }) };
 };
 
 export const loadModel: ToolFile = { policy, build };

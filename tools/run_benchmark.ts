@@ -155,7 +155,10 @@ const Config = z
     fraction_of_peak: measured,
     error: z.object({ code: z.string(), message: z.string() }).passthrough().nullable(),
   })
-  .passthrough();
+  .passthrough()
+  .describe(
+    "per configuration: batch, seq_len, dtype, mode, latency_ms, throughput_items_per_s, compile_s, peak_memory_bytes, max_abs_error_vs_fp32, error, ... (the report has all)",
+  );
 
 const Report = z.object({
   report_id: z.string(),
@@ -199,12 +202,8 @@ const build = (env: ToolEnv) => {
   return defineTool(policy, {
     title: "Benchmark a model",
     description:
-      "Warmup plus timed runs over a grid of batch sizes × sequence lengths × dtypes × modes on a device, in an MLPerf-style scenario: " +
-      "single-stream (one query at a time; p50/p90/p99 latency per configuration) or offline (throughput at the largest requested batch that fits). " +
-      "Per configuration: latency percentiles, throughput, compile time apart from steady state and recompilations in the measured window, peak memory, " +
-      "error against a float32 CPU reference (max abs/rel, cosine), FLOPs per item and fraction of the device's peak, matmul precision in force. " +
-      "Warmup is never counted; the device is synchronized before each clock read. Stored as tpu://benchmarks/{id} (JSON), {id}.md and {id}.svg; " +
-      "baseline_id compares with an earlier report. Costly: may need approval.",
+      "Use to measure a model: per configuration of batch x seq_len x dtype x mode, latency p50/p90/p99, throughput, compile, memory, error vs float32, FLOPs. " +
+      "Full report: tpu://benchmarks/{id}; baseline_id compares. May need approval.",
     input: z
       .object({
         model: modelId(env),
@@ -216,15 +215,11 @@ const build = (env: ToolEnv) => {
         scenario: z
           .enum(["single-stream", "offline"])
           .default("single-stream")
-          .describe(
-            "single-stream: every configuration, one query at a time; offline: the largest batch that fits per series",
-          ),
+          .describe("offline: the largest batch that fits"),
         work: z
           .enum(["forward", "generate"])
           .default("forward")
-          .describe(
-            "forward pass, or greedy generation of max_new_tokens (text-generation models)",
-          ),
+          .describe("generate: text-generation models"),
         max_new_tokens: z.number().int().min(1).max(maxNew).optional(),
         iterations: z.number().int().min(1).max(b.max_iterations).optional(),
         duration_s: z.number().positive().max(b.max_duration_s).optional(),

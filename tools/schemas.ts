@@ -24,18 +24,20 @@ export function entryOf(env: ToolEnv, id: string): CatalogEntry {
 
 export function modelId(env: ToolEnv) {
   const ids = env.catalog.models.map((m) => m.id) as [string, ...string[]];
-  return z.enum(ids).describe("catalog id of the model (list_models shows them)");
+  return z.enum(ids);
 }
 
+const DEVICE = /^((tpu|cuda|cpu|xla)(:\d{1,2})?|[A-Za-z][A-Za-z0-9_.-]{0,62})$/;
+
+/** Checked by a refinement, not a published pattern: the description says the forms in fewer bytes. */
 export const device = z
   .string()
-  .regex(
-    /^((tpu|cuda|cpu|xla)(:\d{1,2})?|[A-Za-z][A-Za-z0-9_.-]{0,62})$/,
-    "use tpu, cuda, xla or cpu, optionally with :index, or a worker's name (get_runtime_status lists them)",
-  )
-  .describe(
-    "device to use, e.g. tpu, tpu:0, cuda:1 or cpu, or a worker of the pool by name (w0); defaults to the worker's device",
-  );
+  .max(63)
+  .refine((s) => DEVICE.test(s), {
+    message:
+      "use tpu, cuda, xla or cpu, optionally with :index, or a worker's name (get_runtime_status lists them)",
+  })
+  .describe("tpu, tpu:0, cuda:1, cpu or a pool worker");
 
 /** A UTF-16 surrogate without its partner: not a character, and not encodable as UTF-8. */
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
@@ -46,23 +48,15 @@ export const wellFormedText = z.string().refine((s) => !LONE_SURROGATE.test(s), 
     "contains a lone UTF-16 surrogate (not valid Unicode); send well-formed text (e.g. replace it with U+FFFD)",
 });
 
-export const dtype = z.enum(MODEL_DTYPES).describe("weights and compute dtype");
-export const mode = z
-  .enum(["eager", "compile"])
-  .describe("eager, or compile with torch.compile (compile time is reported apart)");
+export const dtype = z.enum(MODEL_DTYPES);
+export const mode = z.enum(["eager", "compile"]);
 
 export const approvalId = z
   .string()
   .regex(/^apr_[A-Za-z0-9_-]{8,64}$/, "an approval id looks like apr_…")
-  .describe("id of an approval an operator granted for exactly this call")
   .optional();
 
-export const wait = z
-  .boolean()
-  .default(true)
-  .describe(
-    "false: return a job_id at once and follow it with get_job; true: wait for the result, but a call still running at the server's soft deadline (45 s by default) answers with a job_id instead",
-  );
+export const wait = z.boolean().default(true).describe("false: answer a job_id at once (get_job)");
 
 export function tensorInput(env: ToolEnv) {
   const max = env.limits.max_tensor_elements;
@@ -79,12 +73,12 @@ export function tensorInput(env: ToolEnv) {
         )
         .min(1)
         .max(8),
-      data: z.array(z.number()).max(max).optional().describe("values in C order (small inputs)"),
+      data: z.array(z.number()).max(max).optional().describe("values, C order"),
       data_b64: z
         .string()
         .max(Math.ceil((max * 8 * 4) / 3) + 4)
         .optional()
-        .describe("raw little-endian bytes in C order, base64 (large inputs)"),
+        .describe("little-endian bytes, C order, base64"),
     })
     .strict()
     .refine((t) => (t.data === undefined) !== (t.data_b64 === undefined), {
@@ -95,6 +89,4 @@ export function tensorInput(env: ToolEnv) {
 /** float32 matmul precision for the worker's process: on TPU 1, 3 or 6 bf16 passes. */
 export const matmulPrecision = z
   .enum(["medium", "high", "highest"])
-  .describe(
-    "float32 matmul precision, set for the whole worker (every model on it): on TPU medium/high/highest = 1/3/6 bf16 passes; on CUDA high allows TF32",
-  );
+  .describe("float32 matmuls of the worker: TPU 1/3/6 bf16 passes");

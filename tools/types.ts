@@ -34,10 +34,20 @@ export interface Limits {
   };
 }
 
+/** What this deployment runs, known at start-up: a published schema names only what it has. */
+export interface Deployment {
+  /** A pool of workers rather than the default single worker. */
+  pool: boolean;
+  /** A Ray fleet (runtime.ray) adds workers to the pool. */
+  fleet: boolean;
+}
+
 /** Static things a tool's schema is built from. */
 export interface ToolEnv {
   catalog: Catalog;
   limits: Limits;
+  /** Absent (a tool built without a server): every optional part is published. */
+  deployment?: Deployment;
 }
 
 /** Per-call context: who calls, what they may reach, and the services behind them. */
@@ -77,7 +87,15 @@ export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.Zod
   title: string;
   description: string;
   input: I;
+  /** Every answer is checked against this before it is sent (tools/dispatch/result.ts). */
   output: O;
+  /**
+   * The output schema tools/list publishes, when this deployment has less than `output` names
+   * (no pool fields without a pool); absent: `output`.
+   */
+  listedOutput?: z.ZodType;
+  /** The input schema tools/list publishes, without arguments only a pool has; absent: `input`. */
+  listedInput?: z.ZodType;
   annotations: ToolAnnotations;
   /** The device lane the call occupies (loads and benchmarks hold it exclusively). */
   device?: (args: z.infer<I>) => string;

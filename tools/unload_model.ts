@@ -20,13 +20,11 @@ const build = (env: ToolEnv) =>
   defineTool(policy, {
     title: "Unload a model",
     description:
-      "Frees a loaded model and its device memory. Requests queued for it fail with model_not_loaded. With a worker pool it unloads every replica, or only the one on `device` (a worker name or chip).",
+      "Use to free device memory: unloads a model; its queued requests fail with model_not_loaded.",
     input: z
       .object({
         model: modelId(env),
-        device: device
-          .optional()
-          .describe("with a worker pool: unload only the replica on this worker or chip"),
+        device: device.optional().describe("only the replica on this pool worker or chip"),
       })
       .strict(),
     output: z.object({

@@ -177,6 +177,8 @@ export function createApp(
     rtLog,
   );
   hooks.add("control poller", () => control.close());
+  // Known now and fixed for the process: the published schemas name only what this runtime has.
+  env.deployment = { pool: !runtime.single, fleet: fleet !== undefined };
   const tools = buildTools(env);
 
   const approvalFeed = new ApprovalFeed(approvals, {

@@ -60,11 +60,123 @@ export function portableSchema(node: unknown): unknown {
   return o;
 }
 
+/** zod's bounds of every `int()`: true of any JSON integer a client can hold, so they say nothing. */
+function dropSafeIntegerBounds(node: unknown): void {
+  if (Array.isArray(node)) return node.forEach(dropSafeIntegerBounds);
+  if (!node || typeof node !== "object") return;
+  const o = node as Record<string, unknown>;
+  if (o.minimum === Number.MIN_SAFE_INTEGER) delete o.minimum;
+  if (o.maximum === Number.MAX_SAFE_INTEGER) delete o.maximum;
+  Object.values(o).forEach(dropSafeIntegerBounds);
+}
+
+type Node = Record<string, unknown>;
+
+/** The object a schema describes, looking through a nullable union; undefined for other shapes. */
+function objectOf(node: Node): Node | undefined {
+  if (node.type === "object" && node.properties) return node;
+  const branches = node.anyOf as Node[] | undefined;
+  if (branches?.length === 2 && branches.some((b) => b.type === "null"))
+    return branches.map(objectOf).find(Boolean);
+  return undefined;
+}
+
+/** The field names of an object, as a model reads them in a description: `a, b, c`. */
+function fieldList(obj: Node): string {
+  return Object.keys(obj.properties as Record<string, Node>).join(", ");
+}
+
+/**
+ * Replaces a nested object (or list of objects) by `{type: "object"}` (`{type: "array"}`) whose
+ * description names its fields, or says what it holds when its zod schema is described: what a
+ * client needs to validate, what a model needs to read the answer, at a fraction of the bytes.
+ * The server still checks every answer against the full zod schema.
+ */
+function documentedObject(node: Node): Node {
+  const obj = node.type === "object" && node.properties ? node : undefined;
+  const itemObj =
+    node.type === "array" ? objectOf((node.items as Node | undefined) ?? {}) : undefined;
+  const inner = obj ?? itemObj;
+  if (!inner) return node;
+  const own = itemObj && typeof itemObj.description === "string" ? itemObj.description : undefined;
+  const said = typeof node.description === "string" ? `${node.description}; ` : "";
+  const description = own ? `${said}${own}` : `${said}fields: ${fieldList(inner)}`;
+  return { type: itemObj ? "array" : "object", description };
+}
+
+/** What no client needs to validate an answer: enums (the values are the tool's to say) and notes on scalars. */
+function dropOutputDetail(root: Node): void {
+  const branches = [root, ...((root.anyOf as Node[] | undefined) ?? [])];
+  for (const b of branches)
+    for (const p of Object.values((b.properties as Record<string, Node> | undefined) ?? {})) {
+      delete p.enum;
+      if (p.type !== "object" && p.type !== "array" && !p.anyOf) delete p.description;
+    }
+}
+
+/** Redundant spellings in an output schema: objects are open anyway, record keys are strings. */
+function dropOpenDefaults(node: unknown): void {
+  if (Array.isArray(node)) return node.forEach(dropOpenDefaults);
+  if (!node || typeof node !== "object") return;
+  const o = node as Node;
+  if (o.additionalProperties === true) delete o.additionalProperties;
+  if (o.propertyNames && (o.propertyNames as Node).type === "string") delete o.propertyNames;
+  Object.values(o).forEach(dropOpenDefaults);
+}
+
+/** A nullable field's schema without its null branch; undefined when it is not nullable. */
+function nonNull(node: Node): Node | undefined {
+  const branches = node.anyOf as Node[] | undefined;
+  if (branches?.length !== 2 || !branches.some((b) => b.type === "null")) return undefined;
+  return branches.find((b) => b.type !== "null");
+}
+
+/**
+ * An output schema as tools/list publishes it: the top-level fields that are always there and
+ * never null, typed and required (nested objects documented, see documentedObject); the others
+ * named in the description, as `nullable` (always there, maybe null) or `optional` (maybe
+ * absent). Objects are open, so every answer still validates; the server checks each against the
+ * full zod schema before it is sent (tools/dispatch/result.ts).
+ */
+function compactOutput(root: Node): Node {
+  const top = (obj: Node): Node => {
+    if (!obj.properties) return obj;
+    const required = new Set((obj.required as string[] | undefined) ?? []);
+    const props: Record<string, Node> = {};
+    const nullable: string[] = [];
+    const optional: string[] = [];
+    for (const [k, v] of Object.entries(obj.properties as Record<string, Node>)) {
+      if (!required.has(k)) optional.push(k);
+      else if (nonNull(v)) nullable.push(k);
+      else props[k] = documentedObject(v);
+    }
+    const notes = [
+      ...(nullable.length ? [`nullable: ${nullable.join(", ")}`] : []),
+      ...(optional.length ? [`optional: ${optional.join(", ")}`] : []),
+    ];
+    return {
+      ...obj,
+      properties: props,
+      required: Object.keys(props),
+      ...(notes.length ? { description: notes.join("; ") } : {}),
+    };
+  };
+  const out = top(root);
+  if (Array.isArray(out.anyOf)) out.anyOf = (out.anyOf as Node[]).map(top);
+  dropOutputDetail(out);
+  dropOpenDefaults(out);
+  return out;
+}
+
 export function jsonSchema(schema: z.ZodType, io: "input" | "output"): Record<string, unknown> {
   let s = z.toJSONSchema(schema, { io, unrepresentable: "any" }) as Record<string, unknown>;
   delete s.$schema;
-  if (io === "output") openObjects(s);
+  dropSafeIntegerBounds(s);
+  // Inputs too: the server refuses an unknown argument with invalid_argument, naming it; saying
+  // so in every object of every schema costs an agent bytes in every conversation.
+  openObjects(s);
   s = portableSchema(s) as Record<string, unknown>;
+  if (io === "output") s = compactOutput(s);
   // MCP wants an object schema at the top; a union of objects is still an object.
   if (s.type !== "object") return { type: "object", ...s };
   return s;

@@ -14,7 +14,7 @@ import type { RequestHandlerExtra } from "@modelcontextprotocol/sdk/shared/proto
 import { visibleTools, type Principal } from "../../policies/scopes.js";
 import { dispatchTool, ERROR_META_KEY, type Elicit } from "../../tools/dispatch/dispatch.js";
 import { TRACE_META_KEY, tracerFor } from "../../tools/support/trace.js";
-import type { ToolDefinition } from "../../tools/types.js";
+import type { ToolAnnotations, ToolDefinition } from "../../tools/types.js";
 import { toolServices, type App } from "../app/app.js";
 import { SERVER_NAME, SERVER_VERSION } from "../version.js";
 import { APPROVAL_CARD_URI, UI_EXTENSION, clientSupportsUi } from "./apps.js";
@@ -22,6 +22,22 @@ import { jsonSchema } from "./json_schema.js";
 import { registerResources } from "./resources.js";
 
 type Extra = RequestHandlerExtra<ServerRequest, ServerNotification>;
+
+/**
+ * Annotations as published: a hint at its spec default (readOnly false, destructive true,
+ * idempotent false, openWorld true) says nothing, nor do destructive and idempotent on a read-only
+ * tool (the spec reads them only when readOnlyHint is false).
+ */
+function publishedAnnotations(a: ToolAnnotations): Partial<ToolAnnotations> {
+  const out: Partial<ToolAnnotations> = {};
+  if (a.readOnlyHint) out.readOnlyHint = true;
+  else {
+    if (!a.destructiveHint) out.destructiveHint = false;
+    if (a.idempotentHint) out.idempotentHint = true;
+  }
+  if (!a.openWorldHint) out.openWorldHint = false;
+  return out;
+}
 
 /** tools/list entries are the same for every session: build them once per tool set. */
 const listCache = new WeakMap<ToolDefinition<any, any>, Record<string, unknown>>();
@@ -32,9 +48,10 @@ function toolListing(t: ToolDefinition<any, any>): Record<string, unknown> {
       name: t.name,
       title: t.title,
       description: t.description,
-      inputSchema: jsonSchema(t.input, "input"),
-      outputSchema: jsonSchema(t.output, "output"),
-      annotations: { title: t.title, ...t.annotations },
+      inputSchema: jsonSchema(t.listedInput ?? t.input, "input"),
+      outputSchema: jsonSchema(t.listedOutput ?? t.output, "output"),
+      // The title once, at the top (annotations.title is its older, duplicate spelling).
+      annotations: publishedAnnotations(t.annotations),
     };
     listCache.set(t, entry);
   }

@@ -88,6 +88,33 @@ export function encodeValues(dtype: TensorDtype, values: readonly number[]): Buf
   return buf;
 }
 
+/** Back to the nearest value of a float dtype, as the tensor holds it. */
+const ROUND_TRIP: Partial<Record<TensorDtype, (x: number) => number>> = {
+  float32: Math.fround,
+  float16: (x) => fromF16(toF16(x)),
+  bfloat16: (x) => fromBf16(toBf16(x)),
+};
+
+/**
+ * Values for an inline answer: a float is written with the fewest digits that still read back as
+ * the same value of its dtype (a float32 needs at most 9, not the 17 of the double it is widened
+ * to), so an embedding costs an agent about half the bytes and loses nothing.
+ */
+export function inlineValues(t: TensorData): number[] {
+  const values = decodeValues(t);
+  const back = ROUND_TRIP[t.dtype];
+  if (!back) return values;
+  const from = t.dtype === "float32" ? 6 : 3;
+  return values.map((v) => {
+    if (!Number.isFinite(v)) return v;
+    for (let p = from; p < 17; p++) {
+      const short = Number(v.toPrecision(p));
+      if (back(short) === v) return short;
+    }
+    return v;
+  });
+}
+
 /** Decodes raw bytes to numbers (for small outputs returned inline and for statistics). */
 export function decodeValues(t: TensorData, limit = Infinity): number[] {
   const n = Math.min(elementCount(t.shape), limit);
