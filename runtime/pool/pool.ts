@@ -242,7 +242,14 @@ export class WorkerPool implements Runtime {
     // The pool reads args generically; the op table typed them for the caller.
     const args = opArgs as Record<string, unknown>;
     // One worker: nothing to place; its answers and errors pass through as they are.
-    if (this.single) return this.send<T>(this.members[0]!, op, args, opts);
+    if (this.single) {
+      // Status never waits on a worker in a crash loop (a failed one throws its own reason).
+      if (op === "status" && !(await this.answering(opts.signal)).length) {
+        const only = this.members[0]!;
+        if (only.rt.state === "restarting") throw this.noWorker(undefined);
+      }
+      return this.send<T>(this.members[0]!, op, args, opts);
+    }
     await this.expand();
     switch (op) {
       case "load":
@@ -404,7 +411,7 @@ export class WorkerPool implements Runtime {
   }
 
   private async status(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
-    const ready = await this.readyMembers();
+    const ready = await this.answering(opts.signal);
     const answers = await Promise.allSettled(
       ready.map((m) =>
         this.send(m, "status", args, { signal: opts.signal, timeoutMs: opts.timeoutMs }),
@@ -541,7 +548,10 @@ export class WorkerPool implements Runtime {
 
   private noWorker(device: string | undefined): RuntimeCallError {
     const list = this.members
-      .map((m) => `${m.name} (${m.device}, ${m.draining ? "drained" : m.rt.state})`)
+      .map((m) => {
+        const why = m.rt.state === "ready" ? null : m.rt.lastError();
+        return `${m.name} (${m.device}, ${m.draining ? "drained" : m.rt.state}${why ? `: ${why}` : ""})`;
+      })
       .join(", ");
     if (device && !resolve(this.members, device).length)
       return new RuntimeCallError(
@@ -556,6 +566,22 @@ export class WorkerPool implements Runtime {
       true,
       { retry_after_ms: 1000 },
     );
+  }
+
+  /**
+   * The members that can answer a status now. It starts a lazy worker and waits while one is on
+   * its first start, but never for a worker restarting or failed: status must answer (with what
+   * the control plane knows) exactly when no worker can, e.g. in a crash loop.
+   */
+  private async answering(signal?: AbortSignal): Promise<Member[]> {
+    for (const m of this.members)
+      if (m.rt.state === "stopped") m.rt.start().catch(() => undefined);
+    for (;;) {
+      const ready = this.members.filter((m) => m.rt.state === "ready");
+      if (ready.length || signal?.aborted || !this.members.some((m) => m.rt.state === "starting"))
+        return ready;
+      await sleep(50);
+    }
   }
 
   /** Members that are ready, waiting for a first one if none is (the pool may still be starting). */
