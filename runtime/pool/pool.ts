@@ -574,8 +574,7 @@ export class WorkerPool implements Runtime {
    * the control plane knows) exactly when no worker can, e.g. in a crash loop.
    */
   private async answering(signal?: AbortSignal): Promise<Member[]> {
-    for (const m of this.members)
-      if (m.rt.state === "stopped") m.rt.start().catch(() => undefined);
+    for (const m of this.members) if (m.rt.state === "stopped") m.rt.start().catch(() => undefined);
     for (;;) {
       const ready = this.members.filter((m) => m.rt.state === "ready");
       if (ready.length || signal?.aborted || !this.members.some((m) => m.rt.state === "starting"))
