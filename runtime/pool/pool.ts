@@ -71,11 +71,30 @@ export interface PoolOptions {
   needBytes?: (model: string, dtype: string | undefined) => Promise<number | null>;
   /** A remote worker refused us (TLS, token) or could not be reached: for the audit trail. */
   onRefused?: (r: RemoteRefusal) => void;
+  /** A replaced worker's model was loaded again on its replacement, or could not be. */
+  onRestore?: (r: RestoreReport) => void;
   /** Builds a member (tests substitute spawn functions here). */
   makeRuntime?: (entry: WorkerEntry, opts: WorkerRuntimeOptions) => WorkerRuntime;
   /** The random draw of power-of-two routing (tests inject a seeded one). */
   pick?: Pick;
 }
+
+/** What became of one model of a replaced worker (`replace`): the control plane's own load. */
+export interface RestoreReport {
+  worker: string;
+  model: string;
+  /** The worker args of the original load (dtype, mode…), reused as they were. */
+  args: Record<string, unknown>;
+  outcome: "restored" | "failed" | "skipped";
+  code?: string;
+  message?: string;
+}
+
+/**
+ * A model is not loaded again on a replacement if the pool already did so less than this long
+ * before the worker was lost: the model may be what kills the worker (the supervision rule).
+ */
+export const RESTORE_GUARD_MS = 60_000;
 
 type AnyListener = (...a: any[]) => void;
 
@@ -128,6 +147,28 @@ export class WorkerPool implements Runtime {
     while (m.rt.inFlight() > 0 && Date.now() < until) await sleep(50);
     this.members = this.members.filter((x) => x !== m);
     await m.rt.close();
+  }
+
+  /**
+   * Replaces a worker by a new one of the same name (Ray restarted an actor: a new endpoint).
+   * The models the old one held are loaded again on the new one once it is ready, with the same
+   * args, through placement and its memory check as a load would be, so a model keeps its
+   * replica count; until then, and for good if that fails, they are its lost_models. Every
+   * outcome is logged and goes to onRestore. A model the pool reloaded less than
+   * RESTORE_GUARD_MS before the loss is not loaded again (it may be what kills the worker).
+   * `prepare` runs after the old worker is gone and before the new one is added.
+   */
+  async replace(entry: WorkerEntry, prepare?: () => void): Promise<void> {
+    const old = this.members.find((m) => m.name === entry.name);
+    // Removing it closes its runtime, whose exit moves what it held to lost.
+    if (old) await this.remove(entry.name, { timeoutMs: 0 });
+    // `prepare` runs between the two (the fleet pins the new certificate once the old is gone).
+    prepare?.();
+    this.add(entry);
+    if (!old) return;
+    const m = this.member(entry.name);
+    m.takeOver(old.handOver());
+    void this.restore(m);
   }
 
   drain(name: string): WorkerStatus {
@@ -440,6 +481,60 @@ export class WorkerPool implements Runtime {
       result: { ...(first as Record<string, unknown>), loaded, workers: this.workers() },
       tensors: [],
     };
+  }
+
+  /** Loads a replaced worker's models on its replacement (see replace). Never throws. */
+  private async restore(m: Member): Promise<void> {
+    const models = m.handOver().filter((x) => m.lostModels().includes(x.model));
+    if (!models.length) return;
+    const log = this.opts.base?.logger;
+    const report = (r: Omit<RestoreReport, "worker">) => {
+      const full = { worker: m.name, ...r };
+      if (r.outcome === "restored")
+        log?.info(full, "loaded a lost model again on the replacement worker");
+      else
+        log?.warn(
+          full,
+          `${r.model} lost on ${m.name} and not loaded again (${r.message}); load it again (load_model)`,
+        );
+      try {
+        this.opts.onRestore?.(full);
+      } catch (e) {
+        log?.warn({ err: String(e) }, "onRestore hook failed");
+      }
+    };
+    const failed = (e: unknown) => ({
+      code: e instanceof RuntimeCallError ? e.code : "internal_error",
+      message: e instanceof Error ? e.message : String(e),
+    });
+    try {
+      await m.rt.ready();
+    } catch (e) {
+      for (const x of models) report({ model: x.model, args: x.args, outcome: "failed", ...failed(e) });
+      return;
+    }
+    for (const x of models) {
+      if (this.closed || !this.members.includes(m)) return;
+      if (x.restoredAt !== undefined && Date.now() - x.restoredAt < RESTORE_GUARD_MS) {
+        report({
+          model: x.model,
+          args: x.args,
+          outcome: "skipped",
+          code: "restore_skipped",
+          message: `the worker was lost within ${RESTORE_GUARD_MS / 1000} s of loading it again; it may be what kills the worker`,
+        });
+        continue;
+      }
+      try {
+        await this.load({ ...x.args, model: x.model, device: m.name }, {});
+        m.restored(x.model);
+        report({ model: x.model, args: x.args, outcome: "restored" });
+      } catch (e) {
+        // Someone loaded it there meanwhile: nothing is lost.
+        if (e instanceof RuntimeCallError && e.code === "model_already_loaded") continue;
+        report({ model: x.model, args: x.args, outcome: "failed", ...failed(e) });
+      }
+    }
   }
 
   /** Power of two choices among the usable replicas of `model` below their cap. */

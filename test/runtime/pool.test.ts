@@ -169,6 +169,7 @@ function fakeRuntime(models: string[]) {
     state: "ready",
     hello: { device: { kind: "cpu", index: 0, memory_free_bytes: null } },
     restarts: () => 0,
+    lastError: () => null,
     inFlight: () => state.inFlight,
     // The pool's bookkeeping learns what a worker holds from its ended loads: replay them.
     on: (event: string, fn: (e: unknown) => void) => {
