@@ -510,7 +510,8 @@ export class WorkerPool implements Runtime {
     try {
       await m.rt.ready();
     } catch (e) {
-      for (const x of models) report({ model: x.model, args: x.args, outcome: "failed", ...failed(e) });
+      for (const x of models)
+        report({ model: x.model, args: x.args, outcome: "failed", ...failed(e) });
       return;
     }
     for (const x of models) {
