@@ -20,6 +20,8 @@ export class Member {
   private readonly loadArgs = new Map<string, Record<string, unknown>>();
   /** When the pool last loaded a model again here after a replacement (a crash-loop guard). */
   private readonly restoredAt = new Map<string, number>();
+  /** Lost models the pool did not or could not load again: left to the caller, never retried. */
+  private readonly givenUp = new Set<string>();
 
   constructor(
     readonly entry: WorkerEntry,
@@ -72,12 +74,18 @@ export class Member {
    * What a replacement of this worker (same name, new process or actor) takes over: the models
    * it held or lost, with their load args and when they were last loaded again by the pool.
    */
-  handOver(): Array<{ model: string; args: Record<string, unknown>; restoredAt?: number }> {
+  handOver(): Array<{
+    model: string;
+    args: Record<string, unknown>;
+    restoredAt?: number;
+    givenUp?: boolean;
+  }> {
     const models = new Set([...this.loaded.keys(), ...this.lost]);
     return [...models].sort().map((model) => ({
       model,
       args: this.loadArgs.get(model) ?? {},
       restoredAt: this.restoredAt.get(model),
+      ...(this.givenUp.has(model) ? { givenUp: true } : {}),
     }));
   }
   /** Takes over a replaced worker's models as lost, until they are loaded here again. */
@@ -87,7 +95,16 @@ export class Member {
       this.lost.add(x.model);
       this.loadArgs.set(x.model, x.args);
       if (x.restoredAt !== undefined) this.restoredAt.set(x.model, x.restoredAt);
+      if (x.givenUp) this.givenUp.add(x.model);
     }
+  }
+  /** The pool did not load `model` again here: it stays lost until a caller loads or unloads it. */
+  giveUp(model: string): void {
+    this.givenUp.add(model);
+  }
+  /** Lost models the pool should still try to load again here. */
+  toRestore(): string[] {
+    return this.lostModels().filter((m) => !this.givenUp.has(m));
   }
   /** The pool loaded `model` here again after a replacement. */
   restored(model: string): void {
@@ -128,12 +145,14 @@ export class Member {
       const { device: _d, ...args } = e.args;
       this.loadArgs.set(model, args);
       this.lost.delete(model);
+      this.givenUp.delete(model);
     } else if (e.op === "unload" && (e.result || e.code === "model_not_loaded")) {
       // Unloading a lost model is how a caller acknowledges the loss.
       this.loaded.delete(model);
       this.lost.delete(model);
       this.loadArgs.delete(model);
       this.restoredAt.delete(model);
+      this.givenUp.delete(model);
     }
   }
 }

@@ -485,11 +485,13 @@ export class WorkerPool implements Runtime {
 
   /** Loads a replaced worker's models on its replacement (see replace). Never throws. */
   private async restore(m: Member): Promise<void> {
-    const models = m.handOver().filter((x) => m.lostModels().includes(x.model));
+    const pending = m.toRestore();
+    const models = m.handOver().filter((x) => pending.includes(x.model));
     if (!models.length) return;
     const log = this.opts.base?.logger;
     const report = (r: Omit<RestoreReport, "worker">) => {
       const full = { worker: m.name, ...r };
+      if (r.outcome !== "restored") m.giveUp(r.model);
       if (r.outcome === "restored")
         log?.info(full, "loaded a lost model again on the replacement worker");
       else
@@ -510,6 +512,7 @@ export class WorkerPool implements Runtime {
     try {
       await m.rt.ready();
     } catch (e) {
+      if (this.closed || !this.members.includes(m)) return;
       for (const x of models)
         report({ model: x.model, args: x.args, outcome: "failed", ...failed(e) });
       return;

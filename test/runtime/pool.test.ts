@@ -469,6 +469,7 @@ describe("a worker replaced under the same name (a Ray actor restart)", () => {
       liveFake("ray-1"),
       liveFake("ray-1 after restart"),
       liveFake("ray-1 after a second restart"),
+      liveFake("ray-1 after a third restart"),
     ]);
     const loaded = await pool.call("load", {
       model: "m",
@@ -515,6 +516,16 @@ describe("a worker replaced under the same name (a Ray actor restart)", () => {
     expect(made[3]!.ops.some((o) => o.op === "load")).toBe(false);
     expect(pool.workers().find((w) => w.name === "ray-1")!.lost_models).toEqual(["m"]);
     expect(pool.lostModels()).toEqual(["m"]);
+    // A model the pool gave up on is the caller's from then on: a later replacement still
+    // reports it lost and does not try again; a caller's load takes it back.
+    made[3]!.die();
+    await pool.replace(remote("ray-1"));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(reports).toHaveLength(2);
+    expect(made[4]!.ops.some((o) => o.op === "load")).toBe(false);
+    expect(pool.workers().find((w) => w.name === "ray-1")!.lost_models).toEqual(["m"]);
+    await pool.call("load", { model: "m", device: "ray-1" } as never);
+    expect(pool.lostModels()).toEqual([]);
     await pool.close();
   });
 
