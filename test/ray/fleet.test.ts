@@ -290,6 +290,13 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     expect(back.lost_models).toEqual([]);
     expect((await workers()).filter((w) => w.models.includes(MODEL))).toHaveLength(2);
     expect(logTap).toMatch(/loaded a lost model again on the replacement worker/);
+    // The reload is the control plane's own action, in the audit trail as such.
+    const trail = spawnSync(
+      process.execPath,
+      [CLI, "audit", "tail", "-n", "500", "--config", configFile],
+      { cwd: ROOT, encoding: "utf8", timeout: 60_000 },
+    );
+    expect(trail.stdout).toMatch(/ control-plane load_model executed/);
     expect((await infer("after the restart")).ok).toBe(true);
   });
 
