@@ -289,14 +289,21 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     });
     expect(back.lost_models).toEqual([]);
     expect((await workers()).filter((w) => w.models.includes(MODEL))).toHaveLength(2);
-    expect(logTap).toMatch(/loaded a lost model again on the replacement worker/);
-    // The reload is the control plane's own action, in the audit trail as such.
-    const trail = spawnSync(
-      process.execPath,
-      [CLI, "audit", "tail", "-n", "500", "--config", configFile],
-      { cwd: ROOT, encoding: "utf8", timeout: 60_000 },
+    // The reload is the control plane's own action, in the audit trail as such (the record is
+    // written just after the load ends, so it may trail the status by a moment).
+    await waitFor(
+      "the reload in the audit trail",
+      async () => {
+        const t = await run(
+          process.execPath,
+          [CLI, "audit", "tail", "-n", "500", "--config", configFile],
+          { timeout: 60_000 },
+        );
+        return / control-plane load_model executed/.test(t.stdout) ? true : undefined;
+      },
+      60_000,
     );
-    expect(trail.stdout).toMatch(/ control-plane load_model executed/);
+    expect(logTap).toMatch(/loaded a lost model again on the replacement worker/);
     expect((await infer("after the restart")).ok).toBe(true);
   });
 
