@@ -120,6 +120,8 @@ export class WorkerRuntime {
     reject: (e: RuntimeCallError) => void;
   }> = [];
   private failure: RuntimeCallError | null = null;
+  /** Why the worker is not serving, in one line: its last unexpected exit or the failure. */
+  private _lastError: string | null = null;
   private closing: Promise<void> | null = null;
   private readonly listeners: Listeners = {
     ready: [],
@@ -171,6 +173,11 @@ export class WorkerRuntime {
 
   restarts(): number {
     return this.restartCount;
+  }
+
+  /** Why the worker last stopped serving (exit, refusal, failure); null once it is ready again. */
+  lastError(): string | null {
+    return this._lastError;
   }
 
   inFlight(): number {
@@ -443,7 +450,16 @@ export class WorkerRuntime {
       stderr_tail: proc?.stderr.tail(5),
     };
     if (closing) this.log.info(logFields, "worker exited");
-    else this.log.error(logFields, "worker exited unexpectedly");
+    else {
+      this.log.error(logFields, "worker exited unexpectedly");
+      const how = err
+        ? `could not start: ${(err as NodeJS.ErrnoException).code ?? err.message}`
+        : proc?.startupError
+          ? `${proc.startupError.code}: ${proc.startupError.message}`
+          : `exited (${signal ? `signal ${signal}` : `code ${code}`})`;
+      const said = err || proc?.startupError ? undefined : proc?.stderr.tail(1)[0];
+      this._lastError = said ? `${how}: ${said}` : how;
+    }
     this.emit("exit", exitInfo);
     if (closing) return;
 
@@ -491,6 +507,7 @@ export class WorkerRuntime {
   private fail(reason: string, fix: string, details: Record<string, unknown> = {}): void {
     this.failure = new RuntimeCallError("worker_unavailable", `${reason} ${fix}`, false, details);
     this._state = "failed";
+    this._lastError = reason;
     this.log.error({ ...details }, `worker unavailable: ${reason}`);
     this.rejectWaiters(this.failure);
     this.emit("failed", { reason });
@@ -518,6 +535,7 @@ export class WorkerRuntime {
     proc.hello = hello;
     this._hello = hello;
     this._state = "ready";
+    this._lastError = null;
     this.log.info(
       {
         pid: hello.pid,

@@ -178,6 +178,8 @@ export interface WorkerStatus {
   memory_free_bytes: number | null;
   models: string[];
   lost_models: string[];
+  /** Why it is not serving: its last unexpected exit, refusal or failure (null when ready). */
+  last_error: string | null;
   /** The device the worker's own hello reported (null before its first hello). */
   chip: { kind: string; index: number; name: string; backend: string } | null;
 }

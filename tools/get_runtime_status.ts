@@ -1,5 +1,7 @@
 import { z } from "zod";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
+import { RuntimeCallError } from "../runtime/types.js";
+import type { StatusResult } from "../runtime/wire/ops.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 const Device = z
@@ -36,7 +38,19 @@ const build = (env: ToolEnv) => {
         restarts: z.number().int(),
         in_flight: z.number().int(),
         lost_models: z.array(z.string()),
+        last_error: z
+          .string()
+          .nullable()
+          .optional()
+          .describe("why no worker is serving: the last exit, refusal or failure"),
       }),
+      device_unavailable: z
+        .object({ code: z.string(), message: z.string() })
+        .nullable()
+        .optional()
+        .describe(
+          "set when no worker could answer: device, devices, versions and loaded are then empty, the rest is what the control plane knows",
+        ),
       device: Device.nullable(),
       devices: z.array(Device),
       probe: z.array(z.object({ backend: z.string(), matched: z.boolean(), reason: z.string() })),
@@ -74,6 +88,7 @@ const build = (env: ToolEnv) => {
             memory_free_bytes: z.number().int().nullable(),
             models: z.array(z.string()),
             lost_models: z.array(z.string()),
+            last_error: z.string().nullable().optional(),
             chip: z
               .object({
                 kind: z.string(),
@@ -128,7 +143,18 @@ const build = (env: ToolEnv) => {
     },
     async handler(_args, ctx) {
       const rt = ctx.runtime;
-      const { result } = await rt.call("status", {}, { signal: ctx.signal });
+      // The device part comes from a worker; when none can answer (all down, a crash loop, a
+      // refused fleet) status still answers with what the control plane knows, and says why.
+      let result: Partial<StatusResult> = {};
+      let unavailable: { code: string; message: string } | null = null;
+      try {
+        ({ result } = await rt.call("status", {}, { signal: ctx.signal }));
+      } catch (e) {
+        if (!(e instanceof RuntimeCallError) || !UNAVAILABLE.has(e.code)) throw e;
+        unavailable = { code: e.code, message: e.message };
+      }
+      const workers = rt.workers();
+      const down = workers.filter((w) => w.state !== "ready" && w.last_error);
       return {
         worker: {
           state: rt.state,
@@ -136,7 +162,11 @@ const build = (env: ToolEnv) => {
           restarts: rt.restarts(),
           in_flight: rt.inFlight(),
           lost_models: rt.lostModels(),
+          last_error: rt.single
+            ? (down[0]?.last_error ?? null)
+            : down.map((w) => `${w.name}: ${w.last_error}`).join("; ") || null,
         },
+        ...(unavailable ? { device_unavailable: unavailable } : {}),
         device: result.device ?? null,
         devices: result.devices ?? [],
         probe: result.probe ?? rt.hello?.probe ?? [],
@@ -147,11 +177,14 @@ const build = (env: ToolEnv) => {
         loaded: result.loaded ?? [],
         jobs_running: ctx.jobs.running(),
         // The default pool of one worker shows no pool, as before pools.
-        ...(rt.single ? {} : { workers: rt.workers() }),
+        ...(rt.single ? {} : { workers }),
         ...(ctx.fleet ? { fleet: ctx.fleet() } : {}),
       };
     },
     render: (o) =>
+      (o.device_unavailable
+        ? `device status unavailable (${o.device_unavailable.code}: ${o.device_unavailable.message}); `
+        : "") +
       `worker ${o.worker.state}${o.device ? ` on ${o.device.kind} (${o.device.name})` : ""}; torch ${o.torch_version}; ` +
       `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}]`).join(", ") || "none"}` +
       (o.worker.lost_models.length
@@ -170,5 +203,8 @@ const build = (env: ToolEnv) => {
   };
   return { ...tool, listedOutput: tool.output.omit(absent) };
 };
+
+/** Errors that mean "no worker could answer": status reports them instead of failing. */
+const UNAVAILABLE = new Set(["worker_unavailable", "worker_died", "timeout"]);
 
 export const getRuntimeStatus: ToolFile = { policy, build };

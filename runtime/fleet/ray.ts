@@ -4,7 +4,8 @@
 // token, our framed protocol), so no request or tensor ever goes through the driver or Ray.
 //
 // Driver → us (one JSON object per line; see tpu_worker/fleet/driver.py):
-//   endpoint  → pin the actor's certificate, (re)add it to the pool as a remote worker
+//   endpoint  → pin the actor's certificate, add it to the pool as a remote worker; a restarted
+//               actor replaces its old self (pool.replace: the models it held are loaded again)
 //   lost      → drain it in the pool at once (its connection drops too; calls in flight on it
 //               fail worker_died), the next `endpoint` replaces it
 //   dead      → remove it from the pool
@@ -21,6 +22,8 @@ import type { FleetState, WorkerStatus } from "../types.js";
 /** What the fleet needs from the pool: WorkerPool has exactly these. */
 export interface FleetPool {
   add(entry: WorkerEntry): void;
+  /** A restarted actor under the same name: its models are loaded again there (or reported lost). */
+  replace(entry: WorkerEntry, prepare?: () => void): Promise<void>;
   remove(name: string, opts?: { timeoutMs?: number }): Promise<void>;
   drain(name: string): WorkerStatus;
   names(): string[];
@@ -314,17 +317,23 @@ export class RayFleet {
       }
       case "endpoint":
         this.inOrder(name, async () => {
-          if (this.o.pool.names().includes(name)) await this.o.pool.remove(name, { timeoutMs: 0 });
           const ca = join(this.o.stateDir, `${name}.crt`);
-          // Pin exactly the certificate this actor made for itself (its key never left its node).
-          writeFileSync(ca, String(m.certificate), { mode: 0o600 });
+          // Pin exactly the certificate this actor made for itself (its key never left its node),
+          // once the worker it replaces is gone (it must never reconnect with the new pin).
+          const pin = () => writeFileSync(ca, String(m.certificate), { mode: 0o600 });
           const entry: WorkerEntry = {
             name,
             connect: `${String(m.host).includes(":") ? `[${m.host}]` : m.host}:${m.port}`,
             tls: { ca, cert: this.o.client.cert, key: this.o.client.key },
             token_file: this.o.tokenFile,
           };
-          this.o.pool.add(entry);
+          // A restart replaces the old member (calls in flight on it fail worker_died), and the
+          // models it held are loaded again on the new actor, so none silently loses a replica.
+          if (this.o.pool.names().includes(name)) await this.o.pool.replace(entry, pin);
+          else {
+            pin();
+            this.o.pool.add(entry);
+          }
           this.ours.add(name);
           this.o.logger?.info(
             {

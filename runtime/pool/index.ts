@@ -1,6 +1,6 @@
 // The worker pool: several workers (one per chip, remote workers over mutual TLS) behind Runtime.
-export { WorkerPool } from "./pool.js";
-export type { PoolOptions } from "./pool.js";
+export { RESTORE_GUARD_MS, WorkerPool } from "./pool.js";
+export type { PoolOptions, RestoreReport } from "./pool.js";
 export { chipEnv, isRemote, RESERVED_NAMES, WORKER_NAME } from "./entries.js";
 export type { LocalWorkerEntry, RemoteWorkerEntry, WorkerEntry } from "./entries.js";
 export { remoteSpawn, splitHostPort } from "./remote.js";

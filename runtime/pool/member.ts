@@ -16,6 +16,12 @@ export class Member {
   private chain: Promise<unknown> = Promise.resolve();
   private readonly loaded = new Map<string, LoadedModel>();
   private readonly lost = new Set<string>();
+  /** The worker args of each held or lost model's load (dtype, mode…), to load it again alike. */
+  private readonly loadArgs = new Map<string, Record<string, unknown>>();
+  /** When the pool last loaded a model again here after a replacement (a crash-loop guard). */
+  private readonly restoredAt = new Map<string, number>();
+  /** Lost models the pool did not or could not load again: left to the caller, never retried. */
+  private readonly givenUp = new Set<string>();
 
   constructor(
     readonly entry: WorkerEntry,
@@ -64,6 +70,46 @@ export class Member {
   lostModels(): string[] {
     return [...this.lost].sort();
   }
+  /**
+   * What a replacement of this worker (same name, new process or actor) takes over: the models
+   * it held or lost, with their load args and when they were last loaded again by the pool.
+   */
+  handOver(): Array<{
+    model: string;
+    args: Record<string, unknown>;
+    restoredAt?: number;
+    givenUp?: boolean;
+  }> {
+    const models = new Set([...this.loaded.keys(), ...this.lost]);
+    return [...models].sort().map((model) => ({
+      model,
+      args: this.loadArgs.get(model) ?? {},
+      restoredAt: this.restoredAt.get(model),
+      ...(this.givenUp.has(model) ? { givenUp: true } : {}),
+    }));
+  }
+  /** Takes over a replaced worker's models as lost, until they are loaded here again. */
+  takeOver(models: ReturnType<Member["handOver"]>): void {
+    for (const x of models) {
+      if (this.loaded.has(x.model)) continue;
+      this.lost.add(x.model);
+      this.loadArgs.set(x.model, x.args);
+      if (x.restoredAt !== undefined) this.restoredAt.set(x.model, x.restoredAt);
+      if (x.givenUp) this.givenUp.add(x.model);
+    }
+  }
+  /** The pool did not load `model` again here: it stays lost until a caller loads or unloads it. */
+  giveUp(model: string): void {
+    this.givenUp.add(model);
+  }
+  /** Lost models the pool should still try to load again here. */
+  toRestore(): string[] {
+    return this.lostModels().filter((m) => !this.givenUp.has(m));
+  }
+  /** The pool loaded `model` here again after a replacement. */
+  restored(model: string): void {
+    this.restoredAt.set(model, Date.now());
+  }
   serial<T>(fn: () => Promise<T>): Promise<T> {
     const run = this.chain.then(fn, fn);
     this.chain = run.catch(() => undefined);
@@ -95,11 +141,18 @@ export class Member {
         mode: str(r.mode),
         loadedAt: Date.now(),
       });
+      // The worker's own args (the pool already turned a worker name into "your device").
+      const { device: _d, ...args } = e.args;
+      this.loadArgs.set(model, args);
       this.lost.delete(model);
+      this.givenUp.delete(model);
     } else if (e.op === "unload" && (e.result || e.code === "model_not_loaded")) {
       // Unloading a lost model is how a caller acknowledges the loss.
       this.loaded.delete(model);
       this.lost.delete(model);
+      this.loadArgs.delete(model);
+      this.restoredAt.delete(model);
+      this.givenUp.delete(model);
     }
   }
 }

@@ -71,11 +71,30 @@ export interface PoolOptions {
   needBytes?: (model: string, dtype: string | undefined) => Promise<number | null>;
   /** A remote worker refused us (TLS, token) or could not be reached: for the audit trail. */
   onRefused?: (r: RemoteRefusal) => void;
+  /** A replaced worker's model was loaded again on its replacement, or could not be. */
+  onRestore?: (r: RestoreReport) => void;
   /** Builds a member (tests substitute spawn functions here). */
   makeRuntime?: (entry: WorkerEntry, opts: WorkerRuntimeOptions) => WorkerRuntime;
   /** The random draw of power-of-two routing (tests inject a seeded one). */
   pick?: Pick;
 }
+
+/** What became of one model of a replaced worker (`replace`): the control plane's own load. */
+export interface RestoreReport {
+  worker: string;
+  model: string;
+  /** The worker args of the original load (dtype, mode…), reused as they were. */
+  args: Record<string, unknown>;
+  outcome: "restored" | "failed" | "skipped";
+  code?: string;
+  message?: string;
+}
+
+/**
+ * A model is not loaded again on a replacement if the pool already did so less than this long
+ * before the worker was lost: the model may be what kills the worker (the supervision rule).
+ */
+export const RESTORE_GUARD_MS = 60_000;
 
 type AnyListener = (...a: any[]) => void;
 
@@ -128,6 +147,28 @@ export class WorkerPool implements Runtime {
     while (m.rt.inFlight() > 0 && Date.now() < until) await sleep(50);
     this.members = this.members.filter((x) => x !== m);
     await m.rt.close();
+  }
+
+  /**
+   * Replaces a worker by a new one of the same name (Ray restarted an actor: a new endpoint).
+   * The models the old one held are loaded again on the new one once it is ready, with the same
+   * args, through placement and its memory check as a load would be, so a model keeps its
+   * replica count; until then, and for good if that fails, they are its lost_models. Every
+   * outcome is logged and goes to onRestore. A model the pool reloaded less than
+   * RESTORE_GUARD_MS before the loss is not loaded again (it may be what kills the worker).
+   * `prepare` runs after the old worker is gone and before the new one is added.
+   */
+  async replace(entry: WorkerEntry, prepare?: () => void): Promise<void> {
+    const old = this.members.find((m) => m.name === entry.name);
+    // Removing it closes its runtime, whose exit moves what it held to lost.
+    if (old) await this.remove(entry.name, { timeoutMs: 0 });
+    // `prepare` runs between the two (the fleet pins the new certificate once the old is gone).
+    prepare?.();
+    this.add(entry);
+    if (!old) return;
+    const m = this.member(entry.name);
+    m.takeOver(old.handOver());
+    void this.restore(m);
   }
 
   drain(name: string): WorkerStatus {
@@ -242,7 +283,14 @@ export class WorkerPool implements Runtime {
     // The pool reads args generically; the op table typed them for the caller.
     const args = opArgs as Record<string, unknown>;
     // One worker: nothing to place; its answers and errors pass through as they are.
-    if (this.single) return this.send<T>(this.members[0]!, op, args, opts);
+    if (this.single) {
+      // Status never waits on a worker in a crash loop (a failed one throws its own reason).
+      if (op === "status" && !(await this.answering(opts.signal)).length) {
+        const only = this.members[0]!;
+        if (only.rt.state === "restarting") throw this.noWorker(undefined);
+      }
+      return this.send<T>(this.members[0]!, op, args, opts);
+    }
     await this.expand();
     switch (op) {
       case "load":
@@ -404,7 +452,7 @@ export class WorkerPool implements Runtime {
   }
 
   private async status(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
-    const ready = await this.readyMembers();
+    const ready = await this.answering(opts.signal);
     const answers = await Promise.allSettled(
       ready.map((m) =>
         this.send(m, "status", args, { signal: opts.signal, timeoutMs: opts.timeoutMs }),
@@ -433,6 +481,64 @@ export class WorkerPool implements Runtime {
       result: { ...(first as Record<string, unknown>), loaded, workers: this.workers() },
       tensors: [],
     };
+  }
+
+  /** Loads a replaced worker's models on its replacement (see replace). Never throws. */
+  private async restore(m: Member): Promise<void> {
+    const pending = m.toRestore();
+    const models = m.handOver().filter((x) => pending.includes(x.model));
+    if (!models.length) return;
+    const log = this.opts.base?.logger;
+    const report = (r: Omit<RestoreReport, "worker">) => {
+      const full = { worker: m.name, ...r };
+      if (r.outcome !== "restored") m.giveUp(r.model);
+      if (r.outcome === "restored")
+        log?.info(full, "loaded a lost model again on the replacement worker");
+      else
+        log?.warn(
+          full,
+          `${r.model} lost on ${m.name} and not loaded again (${r.message}); load it again (load_model)`,
+        );
+      try {
+        this.opts.onRestore?.(full);
+      } catch (e) {
+        log?.warn({ err: String(e) }, "onRestore hook failed");
+      }
+    };
+    const failed = (e: unknown) => ({
+      code: e instanceof RuntimeCallError ? e.code : "internal_error",
+      message: e instanceof Error ? e.message : String(e),
+    });
+    try {
+      await m.rt.ready();
+    } catch (e) {
+      if (this.closed || !this.members.includes(m)) return;
+      for (const x of models)
+        report({ model: x.model, args: x.args, outcome: "failed", ...failed(e) });
+      return;
+    }
+    for (const x of models) {
+      if (this.closed || !this.members.includes(m)) return;
+      if (x.restoredAt !== undefined && Date.now() - x.restoredAt < RESTORE_GUARD_MS) {
+        report({
+          model: x.model,
+          args: x.args,
+          outcome: "skipped",
+          code: "restore_skipped",
+          message: `the worker was lost within ${RESTORE_GUARD_MS / 1000} s of loading it again; it may be what kills the worker`,
+        });
+        continue;
+      }
+      try {
+        await this.load({ ...x.args, model: x.model, device: m.name }, {});
+        m.restored(x.model);
+        report({ model: x.model, args: x.args, outcome: "restored" });
+      } catch (e) {
+        // Someone loaded it there meanwhile: nothing is lost.
+        if (e instanceof RuntimeCallError && e.code === "model_already_loaded") continue;
+        report({ model: x.model, args: x.args, outcome: "failed", ...failed(e) });
+      }
+    }
   }
 
   /** Power of two choices among the usable replicas of `model` below their cap. */
@@ -541,7 +647,10 @@ export class WorkerPool implements Runtime {
 
   private noWorker(device: string | undefined): RuntimeCallError {
     const list = this.members
-      .map((m) => `${m.name} (${m.device}, ${m.draining ? "drained" : m.rt.state})`)
+      .map((m) => {
+        const why = m.rt.state === "ready" ? null : m.rt.lastError();
+        return `${m.name} (${m.device}, ${m.draining ? "drained" : m.rt.state}${why ? `: ${why}` : ""})`;
+      })
       .join(", ");
     if (device && !resolve(this.members, device).length)
       return new RuntimeCallError(
@@ -556,6 +665,21 @@ export class WorkerPool implements Runtime {
       true,
       { retry_after_ms: 1000 },
     );
+  }
+
+  /**
+   * The members that can answer a status now. It starts a lazy worker and waits while one is on
+   * its first start, but never for a worker restarting or failed: status must answer (with what
+   * the control plane knows) exactly when no worker can, e.g. in a crash loop.
+   */
+  private async answering(signal?: AbortSignal): Promise<Member[]> {
+    for (const m of this.members) if (m.rt.state === "stopped") m.rt.start().catch(() => undefined);
+    for (;;) {
+      const ready = this.members.filter((m) => m.rt.state === "ready");
+      if (ready.length || signal?.aborted || !this.members.some((m) => m.rt.state === "starting"))
+        return ready;
+      await sleep(50);
+    }
   }
 
   /** Members that are ready, waiting for a first one if none is (the pool may still be starting). */

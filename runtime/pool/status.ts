@@ -24,6 +24,7 @@ export function statusOf(m: Member, bytesHeld: number): WorkerStatus {
     memory_free_bytes: m.free(bytesHeld),
     models: m.models().map((x) => x.model),
     lost_models: m.lostModels(),
+    last_error: m.rt.lastError(),
     chip: dev ? { kind: dev.kind, index: dev.index, name: dev.name, backend: dev.backend } : null,
   };
 }

@@ -126,6 +126,27 @@ export function createApp(
               reason: r.message,
             });
         },
+        onRestore(r) {
+          // The control plane's own load of a replaced Ray actor's model: audited as its action,
+          // and a model it could not load again is a notice in every session.
+          audit.append({
+            time: new Date().toISOString(),
+            principal: "control-plane",
+            tool: "load_model",
+            args_digest: null,
+            args: { ...r.args, model: r.model, device: r.worker, reason: "worker replaced" },
+            outcome: r.outcome === "restored" ? "executed" : "failed",
+            worker: r.worker,
+            ...(r.code ? { code: r.code } : {}),
+            ...(r.message ? { reason: r.message } : {}),
+          });
+          if (r.outcome !== "restored")
+            notices.emit("notice", "warning", {
+              message: `${r.model} was lost on ${r.worker} (its worker was replaced) and not loaded again: ${r.message}; load it again (load_model)`,
+              worker: r.worker,
+              model: r.model,
+            });
+        },
         ...opts.hooks,
       });
   const { pool: runtime, fleet } = built;

@@ -10,6 +10,7 @@ import {
   perDeviceEntries,
   workerInventory,
   type InventoryFn,
+  type PoolOptions,
   type RemoteRefusal,
   type WorkerEntry,
 } from "../../runtime/pool/index.js";
@@ -21,6 +22,7 @@ import { attachRayFleet } from "../control/fleet.js";
 export interface RuntimeHooks {
   needBytes?: (model: string, dtype: string | undefined) => Promise<number | null>;
   onRefused?: (r: RemoteRefusal) => void;
+  onRestore?: PoolOptions["onRestore"];
   /** Stands in for `python -m tpu_worker inventory` (tests). */
   inventory?: InventoryFn;
   /** Stands in for the /dev look that decides the unset default (tests). */
@@ -127,6 +129,7 @@ export function buildRuntime(
     retryAfterMs: config.runtime.busy_retry_after_ms,
     needBytes: hooks.needBytes,
     onRefused: hooks.onRefused,
+    onRestore: hooks.onRestore,
   });
   // Ray places more workers at run time; the fleet adds and removes them (server/control/fleet.ts).
   const fleet = ray ? attachRayFleet(pool, config, logger) : undefined;

@@ -84,6 +84,7 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
       calls: number;
       failures: number;
       models: string[];
+      lost_models: string[];
       address: string | null;
       kind: string;
     }>;
@@ -279,13 +280,30 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     const after = results.filter((r) => r.start > lastFailure);
     expect(after.length).toBeGreaterThan(0);
     expect(after.every((r) => r.ok)).toBe(true);
-    // Ray restarts the actor; the fleet reports its new endpoint and the pool takes it back.
-    await waitFor("ray-1 back in the pool", async () => {
+    // Ray restarts the actor; the fleet reports its new endpoint, the pool takes it back and
+    // loads the model it held again (same args): the model has two replicas again, no loss.
+    logTap = "";
+    const back = await waitFor("ray-1 back in the pool with the model loaded again", async () => {
       const w = (await workers()).find((x) => x.name === "ray-1");
-      return w && w.state === "ready" && !w.draining ? w : undefined;
+      return w && w.state === "ready" && !w.draining && w.models.includes(MODEL) ? w : undefined;
     });
-    const reload = await call(conn.client, "load_model", { model: MODEL, device: "ray-1" });
-    expect(reload.isError, JSON.stringify(reload.content)).toBeFalsy();
+    expect(back.lost_models).toEqual([]);
+    expect((await workers()).filter((w) => w.models.includes(MODEL))).toHaveLength(2);
+    // The reload is the control plane's own action, in the audit trail as such (the record is
+    // written just after the load ends, so it may trail the status by a moment).
+    await waitFor(
+      "the reload in the audit trail",
+      async () => {
+        const t = await run(
+          process.execPath,
+          [CLI, "audit", "tail", "-n", "500", "--config", configFile],
+          { timeout: 60_000 },
+        );
+        return / control-plane load_model executed/.test(t.stdout) ? true : undefined;
+      },
+      60_000,
+    );
+    expect(logTap).toMatch(/loaded a lost model again on the replacement worker/);
     expect((await infer("after the restart")).ok).toBe(true);
   });
 
@@ -410,5 +428,45 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     };
     expect(st2.fleet.target).toBe(1);
     writeFileSync(configFile, original);
+  });
+  it("a refused fleet (wrong Ray token) is visible over MCP: get_runtime_status answers with fleet.state refused and the error", async () => {
+    const c = cluster.info;
+    const wrong = join(dir, "wrong-ray-token");
+    writeFileSync(wrong, "0".repeat(64) + "\n", { mode: 0o600 });
+    const other = writeConfig(
+      {
+        log_level: "info",
+        runtime: {
+          python: PY,
+          catalog: join(ROOT, "runtime/catalog.builtin.json"),
+          device: "cpu",
+          ray: {
+            address: c.address,
+            token_file: wrong,
+            placement: { mode: "per-chip", count: 1, ready_timeout_s: 60 },
+            actor: { catalog: c.catalog, device: "cpu", threads: 1 },
+            channel: { client_ca: c.ca, token_file: c.token_file },
+            client: { cert: c.cert, key: c.key },
+          },
+        },
+      },
+      mkdtempSync(join(dir, "refused-")),
+    );
+    const refused = await connectStdio(other);
+    try {
+      const st = await waitFor("the fleet refused", async () => {
+        const r = await call(refused.client, "get_runtime_status", {});
+        // No worker at all: status answers anyway, with the device part marked unavailable.
+        expect(r.isError, JSON.stringify(r.content)).toBeFalsy();
+        const s = r.structuredContent as any;
+        return s.fleet?.state === "refused" ? s : undefined;
+      });
+      expect(st.fleet.error.code).toBe("ray_auth_refused");
+      expect(st.fleet.error.message.length).toBeGreaterThan(0);
+      expect(st.device_unavailable.code).toBe("worker_unavailable");
+      expect(st.workers).toEqual([]);
+    } finally {
+      await refused.close();
+    }
   });
 });

@@ -16,6 +16,7 @@ import {
   hostMayHaveAccelerators,
   parseInventory,
   perDeviceEntries,
+  type RestoreReport,
   type WorkerEntry,
 } from "../../runtime/pool/index.js";
 import { RuntimeCallError } from "../../runtime/types.js";
@@ -169,6 +170,7 @@ function fakeRuntime(models: string[]) {
     state: "ready",
     hello: { device: { kind: "cpu", index: 0, memory_free_bytes: null } },
     restarts: () => 0,
+    lastError: () => null,
     inFlight: () => state.inFlight,
     // The pool's bookkeeping learns what a worker holds from its ended loads: replay them.
     on: (event: string, fn: (e: unknown) => void) => {
@@ -381,5 +383,172 @@ describe("routing", () => {
     await p2.remove("r9");
     expect(p2.names()).toEqual([]);
     await p2.close();
+  });
+});
+
+/** A stand-in worker whose loads and unloads end as a real one's do, and that can die. */
+function liveFake(name: string, failLoad?: RuntimeCallError) {
+  const listeners: Record<string, Array<(e: unknown) => void>> = {};
+  const emit = (event: string, e: unknown) => {
+    for (const fn of listeners[event] ?? []) fn(e);
+  };
+  const ops: Array<{ op: string; args: Record<string, unknown> }> = [];
+  const rt = {
+    name,
+    ops,
+    state: "ready",
+    hello: { device: { kind: "cpu", index: 0, memory_free_bytes: null } },
+    restarts: () => 0,
+    lastError: () => null,
+    inFlight: () => 0,
+    on: (event: string, fn: (e: unknown) => void) => (listeners[event] ??= []).push(fn),
+    /** The process (actor) dies: its models are gone. */
+    die: () => {
+      rt.state = "restarting";
+      emit("exit", { code: null, signal: "SIGKILL", inFlight: 0 });
+    },
+    close: async () => {
+      rt.state = "stopped";
+      emit("exit", { code: null, signal: "SIGTERM", inFlight: 0 });
+    },
+    start: async () => rt.hello,
+    ready: async () => rt.hello,
+    call: async (op: string, args: Record<string, unknown>) => {
+      ops.push({ op, args });
+      if (op === "load") {
+        if (failLoad) {
+          emit("ended", { op, args, code: failLoad.code });
+          throw failLoad;
+        }
+        const result = {
+          model: args.model,
+          device: "cpu",
+          dtype: args.dtype ?? "float32",
+          mode: args.mode ?? "eager",
+          bytes_on_device: 1000,
+        };
+        emit("ended", { op, args, result });
+        return { result, tensors: [] };
+      }
+      return { result: {}, tensors: [] };
+    },
+  };
+  return rt;
+}
+
+describe("a worker replaced under the same name (a Ray actor restart)", () => {
+  const remote = (name: string): WorkerEntry => ({
+    name,
+    connect: "127.0.0.1:7900",
+    tls: { ca: "a", cert: "b", key: "c" },
+    token_file: "t",
+  });
+  const setup = (next: Array<ReturnType<typeof liveFake>>) => {
+    const made: Array<ReturnType<typeof liveFake>> = [];
+    const reports: RestoreReport[] = [];
+    const pool = new WorkerPool({
+      entries: [],
+      makeRuntime: () => {
+        const f = next.shift()!;
+        made.push(f);
+        return f as unknown as WorkerRuntime;
+      },
+      onRestore: (r) => reports.push(r),
+    });
+    pool.add(remote("ray-0"));
+    pool.add(remote("ray-1"));
+    return { pool, made, reports };
+  };
+  const settle = async (reports: RestoreReport[], n: number) => {
+    for (let i = 0; i < 200 && reports.length < n; i++) await new Promise((r) => setTimeout(r, 5));
+  };
+
+  it("loads the models the old one held again on the new one, with the same dtype and mode: the replica count is back", async () => {
+    const { pool, made, reports } = setup([
+      liveFake("ray-0"),
+      liveFake("ray-1"),
+      liveFake("ray-1 after restart"),
+      liveFake("ray-1 after a second restart"),
+      liveFake("ray-1 after a third restart"),
+    ]);
+    const loaded = await pool.call("load", {
+      model: "m",
+      replicas: 2,
+      dtype: "float16",
+      mode: "compiled",
+    } as never);
+    expect((loaded.result as any).placement.map((p: any) => p.worker).sort()).toEqual([
+      "ray-0",
+      "ray-1",
+    ]);
+    // The actor dies; Ray restarts it and the fleet reports the new endpoint under the same name.
+    made[1]!.die();
+    expect(pool.workers().find((w) => w.name === "ray-1")!.lost_models).toEqual(["m"]);
+    await pool.replace(remote("ray-1"));
+    await settle(reports, 1);
+    expect(reports).toEqual([
+      {
+        worker: "ray-1",
+        model: "m",
+        args: { model: "m", dtype: "float16", mode: "compiled" },
+        outcome: "restored",
+      },
+    ]);
+    // The new worker got the same load (its own device: no device named), through the pool.
+    const fresh = made[2]!;
+    expect(fresh.ops.find((o) => o.op === "load")!.args).toEqual({
+      model: "m",
+      dtype: "float16",
+      mode: "compiled",
+    });
+    const r1 = pool.workers().find((w) => w.name === "ray-1")!;
+    expect(r1.models).toEqual(["m"]);
+    expect(r1.lost_models).toEqual([]);
+    expect(pool.lostModels()).toEqual([]);
+    expect(pool.workers().filter((w) => w.models.includes("m"))).toHaveLength(2);
+
+    // Lost again right after that reload: the model may be what kills the worker, so it is not
+    // loaded a second time; it is reported lost where agents and operators look.
+    fresh.die();
+    await pool.replace(remote("ray-1"));
+    await settle(reports, 2);
+    expect(reports[1]).toMatchObject({ worker: "ray-1", model: "m", outcome: "skipped" });
+    expect(made[3]!.ops.some((o) => o.op === "load")).toBe(false);
+    expect(pool.workers().find((w) => w.name === "ray-1")!.lost_models).toEqual(["m"]);
+    expect(pool.lostModels()).toEqual(["m"]);
+    // A model the pool gave up on is the caller's from then on: a later replacement still
+    // reports it lost and does not try again; a caller's load takes it back.
+    made[3]!.die();
+    await pool.replace(remote("ray-1"));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(reports).toHaveLength(2);
+    expect(made[4]!.ops.some((o) => o.op === "load")).toBe(false);
+    expect(pool.workers().find((w) => w.name === "ray-1")!.lost_models).toEqual(["m"]);
+    await pool.call("load", { model: "m", device: "ray-1" } as never);
+    expect(pool.lostModels()).toEqual([]);
+    await pool.close();
+  });
+
+  it("reports the loss (lost_models, onRestore failed with the code) when the new worker cannot take the model", async () => {
+    const full = new RuntimeCallError("insufficient_memory", "no room", false);
+    const { pool, made, reports } = setup([
+      liveFake("ray-0"),
+      liveFake("ray-1"),
+      liveFake("ray-1 after restart", full),
+    ]);
+    await pool.call("load", { model: "m", replicas: 2 } as never);
+    made[1]!.die();
+    await pool.replace(remote("ray-1"));
+    await settle(reports, 1);
+    expect(reports).toHaveLength(1);
+    expect(reports[0]).toMatchObject({
+      worker: "ray-1",
+      model: "m",
+      outcome: "failed",
+      code: "insufficient_memory",
+    });
+    expect(pool.workers().find((w) => w.name === "ray-1")!.lost_models).toEqual(["m"]);
+    expect(pool.lostModels()).toEqual(["m"]);
+    await pool.close();
   });
 });
