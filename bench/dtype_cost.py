@@ -2,8 +2,8 @@
 
 For each model and shape, runs the worker's `benchmark` op (plain forwards, mean latency) and its
 `check` op (one forward under the op recorder, what check_model runs) in float32, bfloat16 and
-float16, interleaved round by round so a busy host slows every dtype alike, and prints each
-dtype's median time over float32's. The estimator's `dtype_cost_factor` (policies/estimate.ts)
+float16, interleaved round by round, and prints each dtype's fastest time over float32's fastest
+(the minimum, because a shared host only ever adds time). The estimator's `dtype_cost_factor` (policies/estimate.ts)
 holds the result for device kind "cpu".
 
   PYTHONPATH=runtime/worker .venv/bin/python bench/dtype_cost.py [rounds]
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -71,7 +70,7 @@ def main() -> int:
                         [],
                         OpContext("bench"),
                     )[0]
-                    bench.setdefault((model, batch, seq, dtype), []).append(r["configs"][0]["latency_ms"]["mean"])
+                    bench.setdefault((model, batch, seq, dtype), []).append(r["configs"][0]["latency_ms"]["min"])
                     c = worker.handle(
                         "check",
                         {"model": model, "batch": batch, "dtype": dtype, **({"seq_len": seq} if seq else {})},
@@ -81,14 +80,14 @@ def main() -> int:
                     check.setdefault((model, batch, seq, dtype), []).append(c["forward_s"] * 1000)
     finally:
         worker.close()
-    print(f"torch threads {__import__('torch').get_num_threads()}, {rounds} rounds, medians in ms")
+    print(f"torch threads {__import__('torch').get_num_threads()}, {rounds} rounds, fastest in ms")
     for model, batch, seq in SHAPES:
-        base_b = statistics.median(bench[(model, batch, seq, "float32")])
-        base_c = statistics.median(check[(model, batch, seq, "float32")])
+        base_b = min(bench[(model, batch, seq, "float32")])
+        base_c = min(check[(model, batch, seq, "float32")])
         parts = []
         for dtype in DTYPES:
-            b = statistics.median(bench[(model, batch, seq, dtype)])
-            c = statistics.median(check[(model, batch, seq, dtype)])
+            b = min(bench[(model, batch, seq, dtype)])
+            c = min(check[(model, batch, seq, dtype)])
             parts.append(f"{dtype} bench {b:8.2f} ({b / base_b:4.1f}x) check {c:8.2f} ({c / base_c:4.1f}x)")
         print(f"{model:18} b={batch:<3} s={seq or '-':<4}| " + " | ".join(parts))
     return 0

@@ -173,7 +173,9 @@ export function latencyMs(
     const ratio = tokens / (Math.max(1, nearest.batch) * Math.max(1, nearest.seq_len));
     const fromDtype = nearest.dtype ?? dtype;
     const convert =
-      fromDtype === dtype ? 1 : dtypeCostFactor(kind, dtype, a) / dtypeCostFactor(kind, fromDtype, a);
+      fromDtype === dtype
+        ? 1
+        : dtypeCostFactor(kind, dtype, a) / dtypeCostFactor(kind, fromDtype, a);
     // Never scale below the measured latency: small batches rarely get proportionally faster.
     return nearest.mean_latency_ms * Math.max(1, ratio) * convert;
   }

@@ -28,7 +28,7 @@ export async function supervise<T>(
 
   let started = ctx.clock();
   let settled = false;
-  let cap: Cap | undefined;
+  let cap: Cap | undefined = undefined;
   const settle = () => {
     if (settled) return;
     settled = true;

@@ -95,7 +95,9 @@ export function runAsJob(
         // call itself did not run as asked, so the gate records it failed with code cancelled,
         // as it does a caller's cancellation (jobs.ts in stores/ calls the job cancelled alike).
         if (isCancelledResult(result)) {
-          const why = jobCtl.signal.aborted ? String((jobCtl.signal.reason as Error)?.message ?? "") : "";
+          const why = jobCtl.signal.aborted
+            ? String((jobCtl.signal.reason as Error)?.message ?? "")
+            : "";
           throw new ToolError(
             "cancelled",
             `${tool.name} was ${why || "cancelled"}; the finished part is the job's result.`,
