@@ -74,7 +74,7 @@ export async function supervise<T>(
   // The read allowance holds whatever the estimate said: the call is stopped when its device
   // time reaches what is left of it (and charged what it used).
   cap = ctx.lines.claimCap(principal.id, tool, estimate);
-  const capMs = cap ? Math.floor(cap.seconds * 1000) : Infinity;
+  const capMs = cap ? Math.round(cap.seconds * 1000) : Infinity;
   const timeoutMs = Math.min(toolMs, capMs);
   const stop = (): PolicyError =>
     capMs < toolMs
