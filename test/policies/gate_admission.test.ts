@@ -290,7 +290,7 @@ describe("read-scoped device time", () => {
     // Nothing left: the next check is refused before it starts.
     const next = await settle(gate.run(check(0.01), async () => "ran"));
     expect(!next.ok && next.e.message).toMatch(/read-scoped tools exceeded/);
-  });
+  }, 10_000);
 
   it("never lets checks running at once on two devices spend the same allowance twice", async () => {
     const { gate, clock } = makeGate({
@@ -306,7 +306,7 @@ describe("read-scoped device time", () => {
       return !r.ok ? ((r.e.details.stopped_after_s as number | undefined) ?? 0) : Infinity;
     });
     expect(used[0] + used[1]).toBeLessThanOrEqual(0.3 + 0.001);
-  });
+  }, 10_000);
 
   it("leaves a call that is not charged (no estimate) and a call of other scopes uncapped", async () => {
     const { gate, clock } = makeGate({
