@@ -96,8 +96,16 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   default_warmup: 5,
   tokens_per_char: 0.5,
   dtype_cost_factor: {
-    // CPU: measured DTYPE_FACTORS_MEASUREMENT
-    cpu: { float32: 1, bfloat16: 0, float16: 0 },
+    // CPU, measured 2026-12-01 with bench/dtype_cost.py (the worker's own adapters and op
+    // recorder on the built-in models; CPU time, fastest of 3 rounds, 1 torch thread; torch
+    // 2.13 on the 2-core development VM, a Xeon with AVX512-FP16 and AMX-BF16). Over float32,
+    // at the compute-bound shapes (mnist-cnn b=256, all-minilm b=8 s=256, tiny-gpt2 b=16
+    // s=128), plain forward / under check_model's recorder: float16 1.2/1.3, 1.0/1.1, 0.6/0.6;
+    // bfloat16 1.0/1.0, 0.3/0.3, 0.6/0.6. The worst of each, never below 1. CPUs without native
+    // half precision convert every op and have been seen 5× slower in float16 (issue 23): there
+    // this prices float16 low until a benchmark in that dtype gives history, and a reader's
+    // checks are bounded by the read allowance whatever the estimate (policies/gate/).
+    cpu: { float32: 1, float16: 1.3, bfloat16: 1 },
   },
 };
 
