@@ -76,6 +76,12 @@ export interface EstimateAssumptions {
   default_warmup: number;
   /** Tokens per character of input text (English BPE is ~0.25; 0.5 stays on the safe side). */
   tokens_per_char: number;
+  /**
+   * A pass's time in a dtype over its time in float32, by device kind; 1 where absent (no
+   * measurement: reduced precision is never assumed faster). Applied to the FLOP model and to
+   * history measured in another dtype; history in the call's own dtype needs none.
+   */
+  dtype_cost_factor: Record<string, Partial<Record<string, number>>>;
 }
 
 export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
@@ -89,6 +95,18 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   default_iterations: 20,
   default_warmup: 5,
   tokens_per_char: 0.5,
+  dtype_cost_factor: {
+    // CPU, measured 2026-12-01 with bench/dtype_cost.py (the worker's own adapters and op
+    // recorder on the built-in models; CPU time, fastest of 3 rounds, 1 torch thread; torch
+    // 2.13 on the 2-core development VM, a Xeon with AVX512-FP16 and AMX-BF16). Over float32,
+    // at the compute-bound shapes (mnist-cnn b=256, all-minilm b=8 s=256, tiny-gpt2 b=16
+    // s=128), plain forward / under check_model's recorder: float16 1.2/1.3, 1.0/1.1, 0.6/0.6;
+    // bfloat16 1.0/1.0, 0.3/0.3, 0.6/0.6. The worst of each, never below 1. CPUs without native
+    // half precision convert every op and have been seen 5× slower in float16 (issue 23): there
+    // this prices float16 low until a benchmark in that dtype gives history, and a reader's
+    // checks are bounded by the read allowance whatever the estimate (policies/gate/).
+    cpu: { float32: 1, float16: 1.3, bfloat16: 1 },
+  },
 };
 
 export function dtypeBytes(dtype: string): number {
@@ -124,9 +142,16 @@ export function memoryFor(
   return Math.ceil(weights + activations);
 }
 
+/** What a pass in `dtype` costs on a device of this kind, relative to float32 (1 if unknown). */
+export function dtypeCostFactor(kind: string, dtype: string, a: EstimateAssumptions): number {
+  const f = a.dtype_cost_factor[kind]?.[dtype];
+  return typeof f === "number" && f > 0 ? f : 1;
+}
+
 /**
  * Per-call latency (ms) for batch × seq_len: from history when there is a record for this model
- * and device (scaled linearly by tokens from the nearest one), else from parameters and FLOP/s.
+ * and device (scaled linearly by tokens from the nearest one; a record in another dtype also by
+ * the two dtypes' cost factors), else from parameters and FLOP/s times the dtype's cost factor.
  */
 export function latencyMs(
   input: EstimateInput,
@@ -138,13 +163,15 @@ export function latencyMs(
   const tokens = Math.max(1, batch) * Math.max(1, seqLen);
   const device = String(input.args.device ?? input.device?.kind ?? "cpu");
   const kind = kindOf(input);
-  const same = (input.history ?? []).filter(
+  const measured = (input.history ?? []).filter(
     (h) =>
       h.model === input.model?.id &&
       (h.device === device || deviceKind(h.device) === kind) &&
-      h.mean_latency_ms > 0 &&
-      (h.dtype === undefined || h.dtype === dtype),
+      h.mean_latency_ms > 0,
   );
+  // History in the call's own dtype wins; another dtype's is the next best thing.
+  const own = measured.filter((h) => h.dtype === undefined || h.dtype === dtype);
+  const same = own.length > 0 ? own : measured;
   if (same.length > 0) {
     const nearest = same.reduce((best, h) => {
       const d = Math.abs(Math.log((h.batch * Math.max(1, h.seq_len)) / tokens));
@@ -152,14 +179,18 @@ export function latencyMs(
       return d < bd ? h : best;
     });
     const ratio = tokens / (Math.max(1, nearest.batch) * Math.max(1, nearest.seq_len));
+    const fromDtype = nearest.dtype ?? dtype;
+    const convert =
+      fromDtype === dtype
+        ? 1
+        : dtypeCostFactor(kind, dtype, a) / dtypeCostFactor(kind, fromDtype, a);
     // Never scale below the measured latency: small batches rarely get proportionally faster.
-    return nearest.mean_latency_ms * Math.max(1, ratio);
+    return nearest.mean_latency_ms * Math.max(1, ratio) * convert;
   }
   const params = input.model?.parameters ?? 0;
   const flops = 2 * params * tokens;
   const rate = a.flops_per_s[kind] ?? a.flops_per_s.cpu ?? 100e9;
-  // Reduced precision is not assumed faster: on CPUs it often is not.
-  return (flops / rate) * 1000 + a.call_overhead_s * 1000;
+  return (flops / rate) * 1000 * dtypeCostFactor(kind, dtype, a) + a.call_overhead_s * 1000;
 }
 
 export function estimateCost(input: EstimateInput): CostEstimate {

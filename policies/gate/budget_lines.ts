@@ -14,6 +14,16 @@ import type { ToolPolicy } from "../tool_policy.js";
 const READ_SCOPE: Scope = "models:read";
 const READ_KEY_SUFFIX = "\u0000read";
 
+/** What a capped call may use while it runs (BudgetLines.claimCap). */
+export interface Cap {
+  /** Seconds the call may run before the line runs out. */
+  seconds: number;
+  limit_s: number;
+  window_s: number;
+  /** Gives back the hold raised for the run. */
+  release: () => void;
+}
+
 export class BudgetLines {
   /**
    * Estimated device-seconds admitted but not yet settled, per budget line. Reserved at
@@ -87,6 +97,40 @@ export class BudgetLines {
       done = true;
       for (const k of keys) this.adjust(k, -seconds);
     };
+  }
+
+  /**
+   * For a call about to run: the seconds it may use before a capped line of its own (the read
+   * allowance) runs out: the line's limit less what the window has charged and what every other
+   * admitted call holds. Undefined when no line of the call is capped, or it is not charged (no
+   * estimate). While the call runs its hold on those lines is raised to that many seconds, so
+   * calls running at once (on other lanes or workers) cannot spend the same seconds twice;
+   * `release` gives the extra hold back, once.
+   */
+  claimCap(principal: string, tool: string, estimate: CostEstimate | undefined): Cap | undefined {
+    if (!estimate) return undefined;
+    const own = estimate.device_seconds;
+    let cap: Cap | undefined;
+    const capped: string[] = [];
+    for (const { key, limit } of this.lines(principal, tool)) {
+      if (limit === undefined) continue;
+      capped.push(key);
+      const others = Math.max(0, (this.reserved.get(key) ?? 0) - own);
+      const b = this.ledger.check(key, 0, others, limit);
+      const left = Math.max(0, limit - b.used_s);
+      if (!cap || left < cap.seconds)
+        cap = { seconds: left, limit_s: b.limit_s, window_s: b.window_s, release: () => {} };
+    }
+    if (!cap) return undefined;
+    const extra = Math.max(0, cap.seconds - own);
+    for (const k of capped) this.adjust(k, extra);
+    let done = false;
+    cap.release = () => {
+      if (done) return;
+      done = true;
+      for (const k of capped) this.adjust(k, -extra);
+    };
+    return cap;
   }
 
   /** Charges what the call measured to every line of the call. */

@@ -1,11 +1,13 @@
 // The supervisor of an admitted call: it records the admission, starts the work under one
-// deadline, races it against the timeout and the caller's cancellation, settles the slot and the
-// measured charge when the work really ends (which may be after a timed-out caller got its
+// deadline (the tool's timeout, or sooner what is left of a capped budget line: the read
+// allowance), races it against that deadline and the caller's cancellation, settles the slot and
+// the measured charge when the work really ends (which may be after a timed-out caller got its
 // answer), and records how the call ended.
 
 import type { AuditRecord } from "../audit.js";
 import { toolTimeoutMs } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
+import type { Cap } from "./budget_lines.js";
 import type { GateContext } from "./context.js";
 import type { Admitted } from "./steps.js";
 import type { CallDeadline } from "./types.js";
@@ -26,12 +28,14 @@ export async function supervise<T>(
 
   let started = ctx.clock();
   let settled = false;
+  let cap: Cap | undefined = undefined;
   const settle = () => {
     if (settled) return;
     settled = true;
     // The slot and the charge follow the real work, which may outlive a timed-out caller.
     a.release();
     a.reservation();
+    cap?.release();
     if (estimate) ctx.lines.charge(principal.id, tool, (ctx.clock() - started) / 1000);
   };
 
@@ -66,19 +70,33 @@ export async function supervise<T>(
   }
   trace?.mark("g.audit_allowed");
 
-  const timeoutMs = toolTimeoutMs(ctx.config.limits, tool);
-  const ctrl = new AbortController();
-  const timer = setTimeout(
-    () =>
-      ctrl.abort(
-        new PolicyError(
+  const toolMs = toolTimeoutMs(ctx.config.limits, tool);
+  // The read allowance holds whatever the estimate said: the call is stopped when its device
+  // time reaches what is left of it (and charged what it used).
+  cap = ctx.lines.claimCap(principal.id, tool, estimate);
+  const capMs = cap ? Math.round(cap.seconds * 1000) : Infinity;
+  const timeoutMs = Math.min(toolMs, capMs);
+  const stop = (): PolicyError =>
+    capMs < toolMs
+      ? new PolicyError(
+          "budget_exceeded",
+          `${tool} was stopped after ${capMs / 1000} s: the device-time allowance for read-scoped tools ran out (${cap!.limit_s} s per ${cap!.window_s} s window); it is charged the device time it used. Retry when the window frees up, or with a smaller batch or sequence.`,
+          {
+            read_allowance: true,
+            stopped_after_s: capMs / 1000,
+            limit_s: cap!.limit_s,
+            window_s: cap!.window_s,
+          },
+        )
+      : new PolicyError(
           "timeout",
-          `${tool} ran past its ${timeoutMs / 1000} s limit and was cancelled; use smaller inputs or fewer iterations.`,
-          { timeout_ms: timeoutMs },
-        ),
-      ),
-    timeoutMs,
-  );
+          `${tool} ran past its ${toolMs / 1000} s limit and was cancelled; use smaller inputs or fewer iterations.`,
+          { timeout_ms: toolMs },
+        );
+  const ctrl = new AbortController();
+  // Nothing left of the allowance: stopped before it starts.
+  if (timeoutMs <= 0) ctrl.abort(stop());
+  const timer = setTimeout(() => ctrl.abort(stop()), Math.max(0, timeoutMs));
   const onCallerAbort = () =>
     ctrl.abort(new PolicyError("cancelled", `${tool} was cancelled by the caller.`));
   if (call.signal?.aborted) onCallerAbort();

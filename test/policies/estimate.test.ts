@@ -1,8 +1,10 @@
 import { describe, expect, it } from "vitest";
 import {
+  DEFAULT_ASSUMPTIONS,
   estimateCost,
   memoryFor,
   type DeviceFacts,
+  type LatencyRecord,
   type ModelFacts,
   dtypeBytes,
 } from "../../policies/estimate.js";
@@ -169,6 +171,47 @@ describe("estimateCost", () => {
     expect(measured.device_seconds).toBeGreaterThanOrEqual(20);
     expect(measured.device_seconds).toBeLessThan(20.5);
     expect(measured.weight_bytes).toBe(0);
+  });
+
+  // Issue 23 (finding 2): check_model's estimate ignored the dtype, so float16 checks that ran
+  // several times longer on a CPU were admitted as if they were float32.
+  it("prices a dtype by its measured cost on the device kind; history in the call's own dtype wins", () => {
+    const cpu: DeviceFacts = { kind: "cpu", memory_free_bytes: null, memory_total_bytes: null };
+    const check = (dtype: string, device: DeviceFacts, history: LatencyRecord[] = []) =>
+      estimateCost({
+        kind: "check",
+        args: { batch: 8, seq_len: 256, dtype },
+        model: minilm,
+        device,
+        loaded: [{ model: minilm.id, bytes: 1 }],
+        history,
+        assumptions: { dtype_cost_factor: { cpu: { float32: 1, float16: 4, bfloat16: 2 } } },
+      }).device_seconds;
+    // The FLOP model: a float16 pass on a CPU costs what the factor says (above the overhead).
+    const f32 = check("float32", cpu);
+    expect(check("float16", cpu)).toBeGreaterThan(3.5 * f32);
+    expect(check("bfloat16", cpu)).toBeGreaterThan(1.8 * f32);
+    // A device kind without a factor: no dtype assumed cheaper or dearer.
+    expect(check("float16", tpu(30))).toBeCloseTo(check("float32", tpu(30)), 6);
+    // History in the call's own dtype wins over the factor...
+    const at = (dtype: string, ms: number): LatencyRecord => ({
+      model: minilm.id,
+      device: "cpu",
+      batch: 8,
+      seq_len: 256,
+      dtype,
+      mean_latency_ms: ms,
+    });
+    expect(check("float16", cpu, [at("float16", 500)])).toBeCloseTo(1, 6); // 2 × 0.5 s
+    // ...and another dtype's is converted by the two factors.
+    expect(check("float16", cpu, [at("float32", 500)])).toBeCloseTo(4, 6);
+    expect(check("float16", cpu, [at("float32", 500), at("float16", 200)])).toBeCloseTo(0.4, 6);
+  });
+
+  it("ships measured CPU factors: float16 above float32, no dtype assumed cheaper", () => {
+    const f = DEFAULT_ASSUMPTIONS.dtype_cost_factor.cpu!;
+    expect(f.float16).toBeGreaterThan(1);
+    for (const d of ["float32", "bfloat16", "float16"]) expect(f[d]).toBeGreaterThanOrEqual(1);
   });
 
   it("estimates inference from the number of items and new tokens", () => {

@@ -261,4 +261,79 @@ describe("read-scoped device time", () => {
     expect(!r.ok && r.e.code).toBe("budget_exceeded");
     expect(!r.ok && r.e.message).toMatch(/read-scoped/);
   });
+
+  // Issue 23 (finding 2): the allowance held estimates only; a check estimated low ran on.
+  const check = (estimate: number, device = "cpu"): GateCall => ({
+    principal: reader,
+    tool: "check_model",
+    args: { model: "all-minilm-l6-v2", n: Math.random() },
+    device,
+    estimate: est(estimate),
+  });
+  /** Work that runs until the gate cancels it, then takes `stopMs` (fake) to stop. */
+  const untilCancelled =
+    (clock: FakeClock, stopMs: number) =>
+    (signal: AbortSignal): Promise<never> =>
+      new Promise((_, reject) =>
+        signal.addEventListener("abort", () => {
+          clock.advance(stopMs);
+          reject(signal.reason);
+        }),
+      );
+
+  it("stops a running check when its device time reaches what is left of the allowance, whatever its estimate", async () => {
+    const { gate, clock, budget, audit } = makeGate({
+      limits: { budget: { device_seconds_per_window: 3600, read_device_seconds_per_window: 0.3 } },
+    });
+    // 0.1 s of the allowance already used: 0.2 s are left for a call estimated at 0.01 s.
+    await gate.run(check(0.05), async () => clock.advance(100));
+    const r = await settle(gate.run(check(0.01), untilCancelled(clock, 250)));
+    expect(!r.ok && r.e.code).toBe("budget_exceeded");
+    expect(!r.ok && r.e.message).toMatch(/allowance for read-scoped tools ran out/);
+    expect(!r.ok && r.e.details.stopped_after_s).toBeCloseTo(0.2, 3);
+    expect(audit.tail(1)[0]).toMatchObject({ outcome: "failed", code: "budget_exceeded" });
+    await flush();
+    // Charged what it used (its time to stop included), on the allowance and the budget alike.
+    expect(budget.check("reader\u0000read", 0).used_s).toBeCloseTo(0.35, 3);
+    expect(budget.check("reader", 0).used_s).toBeCloseTo(0.35, 3);
+    // Nothing left: the next check is refused before it starts.
+    const next = await settle(gate.run(check(0.01), async () => "ran"));
+    expect(!next.ok && next.e.message).toMatch(/read-scoped tools exceeded/);
+  }, 10_000);
+
+  it("never lets checks running at once on two devices spend the same allowance twice", async () => {
+    const { gate, clock } = makeGate({
+      limits: { budget: { device_seconds_per_window: 3600, read_device_seconds_per_window: 0.3 } },
+    });
+    const [a, b] = await Promise.all([
+      settle(gate.run(check(0.01, "cpu"), untilCancelled(clock, 0))),
+      settle(gate.run(check(0.01, "cuda:0"), untilCancelled(clock, 0))),
+    ]);
+    // Each is stopped at what it may use (or refused before it starts, which uses nothing).
+    const used = [a, b].map((r) => {
+      expect(!r.ok && r.e.code).toBe("budget_exceeded");
+      return !r.ok ? ((r.e.details.stopped_after_s as number | undefined) ?? 0) : Infinity;
+    });
+    expect(used[0] + used[1]).toBeLessThanOrEqual(0.3 + 0.001);
+  }, 10_000);
+
+  it("leaves a call that is not charged (no estimate) and a call of other scopes uncapped", async () => {
+    const { gate, clock } = makeGate({
+      limits: { budget: { device_seconds_per_window: 3600, read_device_seconds_per_window: 0 } },
+    });
+    const listed = await gate.run(
+      { principal: reader, tool: "list_models", args: {}, device: undefined },
+      async () => {
+        await new Promise((r) => setTimeout(r, 30));
+        return "listed";
+      },
+    );
+    expect(listed).toBe("listed");
+    const ran = await gate.run(bench(agent, 1), async () => {
+      await new Promise((r) => setTimeout(r, 30));
+      clock.advance(1000);
+      return "ran";
+    });
+    expect(ran).toBe("ran");
+  });
 });

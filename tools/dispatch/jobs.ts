@@ -1,6 +1,7 @@
 // A call of a job tool (its record says job: true): answered with its result, or with a job id
 // when it was asked not to wait or outlives the soft deadline (dispatch.ts decides which).
 import type { CallDeadline, GateCall } from "../../policies/gate/gate.js";
+import { ToolError } from "../errors.js";
 import type { ToolContext } from "../types.js";
 import type { DispatchInput } from "./dispatch.js";
 
@@ -88,7 +89,21 @@ export function runAsJob(
           );
         }
         // The gate audits how the work ended, whoever collects it.
-        return await work;
+        const result = await work;
+        // A job stopped by cancel_job or an operator hands back its finished part (a benchmark's
+        // completed configurations, flagged cancelled), which the job keeps as its result; the
+        // call itself did not run as asked, so the gate records it failed with code cancelled,
+        // as it does a caller's cancellation (jobs.ts in stores/ calls the job cancelled alike).
+        if (isCancelledResult(result)) {
+          const why = jobCtl.signal.aborted
+            ? String((jobCtl.signal.reason as Error)?.message ?? "")
+            : "";
+          throw new ToolError(
+            "cancelled",
+            `${tool.name} was ${why || "cancelled"}; the finished part is the job's result.`,
+          );
+        }
+        return result;
       })
       .then(
         (value) => answer(() => resolve(value)),
@@ -96,4 +111,9 @@ export function runAsJob(
       )
       .finally(() => input.signal.removeEventListener("abort", onCallerAbort));
   });
+}
+
+/** A result that says the work stopped early on a cancel (the job store's test, stores/jobs.ts). */
+function isCancelledResult(result: unknown): boolean {
+  return (result as { cancelled?: unknown } | null)?.cancelled === true;
 }

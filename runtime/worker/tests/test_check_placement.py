@@ -69,3 +69,21 @@ def test_real_dispatch_on_a_simulated_device():
     add = rows["aten::add.Tensor"]
     assert (add["count"], add["on_device"], add["fell_back"]) == (1, 0, 1)
     assert sum(r["fell_back"] for r in rows.values()) >= 2  # the host ones(3) and the host add
+
+
+def test_a_cancelled_check_stops_at_the_next_op():
+    """The server stops a check when the caller's read allowance runs out: the forward must end
+    at the next op, not run to its end (a float16 forward on a CPU can take minutes)."""
+    from tpu_worker.cancel import CancelToken
+    from tpu_worker.errors import Cancelled
+
+    token = CancelToken()
+    ran = []
+    with OpRecorder(torch.device("cpu"), token) as rec:
+        x = torch.ones(2, 3)
+        ran.append(x * 2)
+        token.cancel()
+        with pytest.raises(Cancelled):
+            _ = x + 1
+    assert len(ran) == 1
+    assert "aten::add.Tensor" not in {r["op"] for r in rec.table()}

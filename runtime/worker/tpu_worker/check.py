@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from . import logs
+from .cancel import NEVER, CancelToken
 from .errors import WorkerError, invalid
 from .memory import MemoryProbe
 from .platforms import platform_for
@@ -65,14 +66,18 @@ def _tensor_devices(tree) -> set[str]:
 
 
 class OpRecorder(TorchDispatchMode):
-    """Counts ATen ops and classifies where each call ran."""
+    """Counts ATen ops and classifies where each call ran. With a cancel token, a cancelled
+    request stops at the next op instead of running the whole forward (a slow dtype's forward
+    can take minutes; the server stops a check when the caller's read allowance runs out)."""
 
-    def __init__(self, target: torch.device) -> None:
+    def __init__(self, target: torch.device, token: CancelToken = NEVER) -> None:
         super().__init__()
         self.target = target.type
+        self.token = token
         self.stats: dict[str, list[int]] = {}  # op -> [count, on_device, fell_back, failed]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.token.check()
         kwargs = kwargs or {}
         name = func.name() if hasattr(func, "name") else str(func)
         rec = self.stats.setdefault(name, [0, 0, 0, 0])
@@ -135,7 +140,7 @@ def run_check(worker, args: dict, ctx) -> dict:
     _, info = worker.entry_and_weights(entry.id)
     with worker.adapter_for(entry, info, device, dtype, "eager", ctx.token) as lease:
         ctx.token.check()
-        ran = _record(lease.adapter, device, batch, seq_len, attention, entry.id)
+        ran = _record(lease.adapter, device, batch, seq_len, attention, entry.id, ctx.token)
         parameters = lease.adapter.parameters()
     return {
         "model": entry.id,
@@ -161,9 +166,11 @@ def run_check(worker, args: dict, ctx) -> dict:
     }
 
 
-def _record(adapter, device, batch: int, seq_len: int | None, attention: str, model: str) -> dict:
+def _record(
+    adapter, device, batch: int, seq_len: int | None, attention: str, model: str, token: CancelToken = NEVER
+) -> dict:
     """One forward under the op recorder and the memory probe."""
-    recorder = OpRecorder(device)
+    recorder = OpRecorder(device, token)
     error = None
     output_shape = None
     probe = MemoryProbe(device)
