@@ -285,11 +285,16 @@ describe("worker crash loop", () => {
   );
 });
 
-/** Mounts a small tmpfs (root) so the stores can really hit a full or read-only disk. */
+/**
+ * Mounts a small tmpfs (root) so the stores can really hit a full or read-only disk; mode 0700,
+ * as the server refuses a data directory others may write.
+ */
 function mountTmpfs(dir: string, size: string): boolean {
   if (process.getuid?.() !== 0) return false;
   mkdirSync(dir, { recursive: true });
-  return spawnSync("mount", ["-t", "tmpfs", "-o", `size=${size}`, "tmpfs", dir]).status === 0;
+  return (
+    spawnSync("mount", ["-t", "tmpfs", "-o", `size=${size},mode=0700`, "tmpfs", dir]).status === 0
+  );
 }
 const canMount = (() => {
   if (process.platform !== "linux" || process.getuid?.() !== 0) return false;
