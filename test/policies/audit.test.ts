@@ -1,8 +1,8 @@
-import { chmodSync, readFileSync, statSync } from "node:fs";
+import { chmodSync, copyFileSync, readFileSync, rmSync, statSync } from "node:fs";
 import Database from "better-sqlite3";
 import { afterAll, describe, expect, it } from "vitest";
 import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
-import { chainHash, GENESIS_HASH } from "../../policies/audit_chain.js";
+import { chainHash, GENESIS_HASH, headMac, keyedChainHash } from "../../policies/audit_chain.js";
 import { redactArgs } from "../../policies/audit_record.js";
 import { loadOrCreateAuditKey, readAuditKey } from "../../policies/audit_key.js";
 import { canonicalJson } from "../../policies/digest.js";
@@ -206,6 +206,62 @@ describe("keyed audit chain (HMAC, key outside the database)", () => {
     expect(v).toMatchObject({ ok: false, first_bad_seq: 3 });
     expect(v.reason).toMatch(/HMAC does not match/);
     log.close();
+  });
+
+  it("detects an edited record whose chain was recomputed with a key of the tamperer's own", () => {
+    // The tamperer knows the algorithm (this very code) but not the key: a MAC that ignored its
+    // key (a constant one) would verify this forgery.
+    const { file, log } = keyedLog(5);
+    const theirs = Buffer.alloc(32, 7);
+    raw(file, (db) => {
+      db.prepare(
+        "UPDATE audit_log SET record = replace(record, '\"agent\"', '\"someone-else\"') WHERE seq = 3",
+      ).run();
+      const rows = db.prepare("SELECT * FROM audit_log WHERE seq >= 3 ORDER BY seq").all() as any[];
+      let prev = (db.prepare("SELECT hash FROM audit_log WHERE seq = 2").get() as any).hash;
+      for (const r of rows) {
+        const hash = keyedChainHash(theirs, prev, r.seq, JSON.parse(r.record));
+        db.prepare("UPDATE audit_log SET prev_hash = ?, hash = ? WHERE seq = ?").run(
+          prev,
+          hash,
+          r.seq,
+        );
+        prev = hash;
+      }
+      const last = rows[rows.length - 1].seq;
+      db.prepare("UPDATE audit_head SET seq = ?, hash = ?, mac = ?").run(
+        last,
+        prev,
+        headMac(theirs, last, prev),
+      );
+    });
+    const v = log.verify();
+    expect(v).toMatchObject({ ok: false, first_bad_seq: 3 });
+    expect(v.reason).toMatch(/HMAC does not match/);
+    log.close();
+  });
+
+  it("catches a rollback followed by new appends past the exported head (same seq, other hash)", () => {
+    const { file, key, log } = keyedLog(3);
+    log.close();
+    const old = `${file}.old`;
+    copyFileSync(file, old); // a consistent copy (what a backup or an attacker keeps)
+    const live = new SqliteAuditLog(file, { key, keyCreated: false, logger: captureLogger() });
+    live.append(rec(4));
+    live.append(rec(5));
+    const exported = live.head();
+    expect(live.verify({ head: exported }).ok).toBe(true);
+    live.close();
+    // Rolled back, then written on: the trail reaches the exported seq again, with other records.
+    for (const f of [`${file}-wal`, `${file}-shm`]) rmSync(f, { force: true });
+    copyFileSync(old, file);
+    const again = new SqliteAuditLog(file, { key, keyCreated: false, logger: captureLogger() });
+    for (let i = 0; i < 3; i++) again.append(rec(20 + i, { principal: "after-rollback" }));
+    expect(again.head().seq).toBeGreaterThan(exported.seq);
+    expect(again.verify().ok).toBe(true); // consistent on its own...
+    const v = again.verify({ head: exported }); // ...but not the trail the operator exported
+    expect(v.ok).toBe(false);
+    again.close();
   });
 
   it("detects a whole trail rewritten without the key (no chain_keyed record)", () => {
