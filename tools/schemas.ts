@@ -56,7 +56,10 @@ export const approvalId = z
   .regex(/^apr_[A-Za-z0-9_-]{8,64}$/, "an approval id looks like apr_…")
   .optional();
 
-export const wait = z.boolean().default(true).describe("false: answer a job_id at once (get_job)");
+export const wait = z
+  .boolean()
+  .default(true)
+  .describe("false: answer a job_id at once; follow it with get_job");
 
 export function tensorInput(env: ToolEnv) {
   const max = env.limits.max_tensor_elements;

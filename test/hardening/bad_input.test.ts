@@ -174,7 +174,12 @@ function fromSchema(s: any, depth = 0): fc.Arbitrary<unknown> {
       const props = Object.entries<any>(s.properties ?? {});
       const req = new Set<string>(s.required ?? []);
       const shape: Record<string, fc.Arbitrary<unknown>> = {};
-      for (const [k, v] of props) shape[k] = fromSchema(v, depth + 1);
+      for (const [k, v] of props)
+        shape[k] =
+          // The device is checked by the server, not by a published pattern: draw real ones too.
+          k === "device"
+            ? fc.oneof(fc.constantFrom("cpu", "default", "auto"), fromSchema(v, depth + 1))
+            : fromSchema(v, depth + 1);
       return fc.record(shape, { requiredKeys: props.map(([k]) => k).filter((k) => req.has(k)) });
     }
     default:
