@@ -165,7 +165,8 @@ describe("tpu-mcp stdio", () => {
         .in_flight;
       if (inFlight > 1) await new Promise((r) => setTimeout(r, 100));
     }
-    expect(inFlight).toBe(1);
+    // At most the status call itself: whether it counts itself depends on when the count is read.
+    expect(inFlight).toBeLessThanOrEqual(1);
     const ok = await call(conn.client, "load_model", { model: "mnist-cnn" });
     expect(ok.isError, JSON.stringify(ok)).toBeFalsy();
     await call(conn.client, "unload_model", { model: "mnist-cnn" });
