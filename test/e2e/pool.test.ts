@@ -278,13 +278,18 @@ describe.skipIf(!hasOpenssl)(
     it("reconnects a remote worker whose connection dropped; its models are reported lost", async () => {
       const before = (await workers(conn)).r0;
       // A long call in flight on r0 when the connection drops gets worker_died.
-      const bench = call(conn, "run_benchmark", {
-        model: "mnist-cnn",
-        device: "r0",
-        duration_s: 60,
-        warmup: 1,
-      });
-      await until("the benchmark to run on r0", async () => (await workers(conn)).r0.in_flight > 0);
+      // Running there once the worker reports its first progress (r0's in_flight alone can be
+      // the status request itself, and the cut would then come before the benchmark).
+      let started = false;
+      const bench = conn.client.callTool(
+        {
+          name: "run_benchmark",
+          arguments: { model: "mnist-cnn", device: "r0", duration_s: 60, warmup: 1 },
+        },
+        undefined,
+        { timeout: 600_000, onprogress: () => (started = true) },
+      );
+      await until("the benchmark to run on r0", async () => started);
       relay.cut();
       const lost = await bench;
       expect(errorOf(lost)?.code, JSON.stringify(lost)).toBe("worker_died");
