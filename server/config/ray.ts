@@ -47,6 +47,12 @@ export const RaySchema = z
         start_timeout_s: z.number().positive().max(3600).optional(),
         listen_host: z.string().min(1).optional(),
         worker_args: z.array(z.string()).max(16).optional(),
+        /**
+         * The node pre-check before any actor is placed (the worker package imports, the device
+         * exists); false only where it cannot see what the actors will have (device files mounted
+         * elsewhere, a simulated host).
+         */
+        preflight: z.boolean().default(true),
       })
       .strict(),
     /** The worker channel: actors require the control plane's client certificate and this token. */

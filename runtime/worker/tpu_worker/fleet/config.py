@@ -45,6 +45,9 @@ class Actor:
     start_timeout_s: float = 120.0
     listen_host: str | None = None  # None: the node's address as Ray knows it
     worker_args: tuple[str, ...] = ()
+    # The node pre-check before placing (preflight.py); off only where it cannot see what the
+    # actors will have (device files mounted elsewhere, a simulated host).
+    preflight: bool = True
 
 
 @dataclass(frozen=True)
@@ -224,7 +227,17 @@ def parse(raw: Any) -> FleetConfig:
     wa = f"{w}.actor"
     _no_extra(
         a,
-        {"catalog", "device", "threads", "num_cpus", "max_restarts", "start_timeout_s", "listen_host", "worker_args"},
+        {
+            "catalog",
+            "device",
+            "threads",
+            "num_cpus",
+            "max_restarts",
+            "start_timeout_s",
+            "listen_host",
+            "worker_args",
+            "preflight",
+        },
         wa,
     )
     catalog = _take(a, "catalog", (str,), wa)
@@ -250,6 +263,7 @@ def parse(raw: Any) -> FleetConfig:
         start_timeout_s=float(_take(a, "start_timeout_s", (int, float), wa, 120.0)),
         listen_host=_take(a, "listen_host", (str,), wa),
         worker_args=tuple(worker_args),
+        preflight=bool(_take(a, "preflight", (bool,), wa, True)),
     )
 
     c = _take(raw, "channel", (dict,), w, {})

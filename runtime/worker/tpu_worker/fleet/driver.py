@@ -134,6 +134,9 @@ class Driver:
     def _preflight(self, nodes: list[dict]) -> None:
         """Refuses, in one line with the fix, a cluster where every actor would die (the worker
         package missing on a node) or serve a device its node lacks (a TPU on a host without one)."""
+        if not self.cfg.actor.preflight:
+            logs.warn("actor pre-check skipped (runtime.ray.actor.preflight is false)")
+            return
         bad = [c for c in preflight.cluster_checks(self.cfg, nodes) if c.code == "ray_actor_device_unavailable"]
         if not bad:
             bad, silent, _ = preflight.node_checks(self.cfg, nodes)
