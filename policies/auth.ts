@@ -2,6 +2,7 @@
 // JWTs verified against a JWKS with audience = this server. A token minted for another audience
 // is refused, never passed on: this server does not act on tokens meant for someone else.
 
+import { UNPRINTABLE_CLASS } from "../lib/text.js";
 import { createHash, timingSafeEqual } from "node:crypto";
 import {
   createLocalJWKSet,
@@ -35,10 +36,9 @@ export function bearerToken(header: string | undefined | null): string | undefin
  */
 export const JWT_PRINCIPAL_PREFIX = "jwt:";
 export const MAX_SUBJECT_LENGTH = 256;
-// C0, DEL, C1, line/paragraph separators and bidi controls: a subject is shown in logs, the
-// audit trail, the console and the CLI, and must read as what it is there.
-const UNPRINTABLE =
-  /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/;
+// A subject is shown in logs, the audit trail, the console and the CLI, and must read as what it
+// is there (lib/text.ts).
+const UNPRINTABLE = new RegExp(`[${UNPRINTABLE_CLASS}]`);
 
 /** The principal id for a JWT subject, or why the subject is refused. */
 export function jwtPrincipalId(sub: unknown): { id: string } | { refused: string } {

@@ -3,11 +3,11 @@
 // new line that looks like a record, or reorder what is shown. Every control character is written
 // as a visible escape instead; the stored data is left as it was.
 
-// C0 (but \n, see below), DEL, C1, the line and paragraph separators, and the bidirectional
-// marks, embeddings, overrides and isolates.
-const UNSAFE =
-  /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
-const UNSAFE_AND_NEWLINE = new RegExp(`[\\n${UNSAFE.source.slice(1, -1)}]`, "g");
+import { UNPRINTABLE_CLASS } from "../lib/text.js";
+
+// Every unprintable character (lib/text.ts), and the same but the newline (see below).
+const UNSAFE_AND_NEWLINE = new RegExp(`[${UNPRINTABLE_CLASS}]`, "g");
+const UNSAFE = new RegExp(`(?!\\n)[${UNPRINTABLE_CLASS}]`, "g");
 
 /** `\uXXXX`: also a valid JSON escape, so JSON output stays JSON with the same value. */
 const escapeChar = (c: string) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`;
