@@ -13,6 +13,7 @@
 // what happened is reported once per address and window (at most `maxReports` records), never
 // once per guess.
 import type { Clock } from "../policies/clock.js";
+import { RateLimiter } from "../policies/limits/rate.js";
 
 export interface AuthLimitOptions {
   /** Failures an address may make before back-off starts. */
@@ -81,17 +82,19 @@ export function addressKey(addr: string | undefined): string {
   return `${groups.slice(0, 4).join(":")}::/64`;
 }
 
+/** The one key of the server-wide budget. */
+const SERVER = "*";
+
 export class AuthLimiter {
   private readonly entries = new Map<string, Entry>();
   private readonly clock: Clock;
-  private tokens: number;
-  private tokensAt: number;
+  /** The server-wide budget of failed evaluations: one bucket (the project's token bucket). */
+  private readonly budget: RateLimiter;
   private readonly timer: NodeJS.Timeout;
 
   constructor(private readonly opts: AuthLimitOptions) {
     this.clock = opts.clock ?? Date.now;
-    this.tokens = opts.perMinute;
-    this.tokensAt = this.clock();
+    this.budget = new RateLimiter(opts.perMinute, this.clock);
     this.timer = setInterval(() => this.flush(), opts.reportEveryMs ?? 60_000);
     this.timer.unref();
   }
@@ -132,12 +135,9 @@ export class AuthLimiter {
     } else if (e.fails + e.pending >= this.opts.free) {
       return refuse(1000, "too many authentications in progress from this address");
     }
-    this.refill(now);
-    if (this.tokens < 1) {
-      const perMs = this.opts.perMinute / 60_000;
-      return refuse((1 - this.tokens) / perMs, "too many failed authentications on this server");
-    }
-    this.tokens -= 1;
+    const server = this.budget.take(SERVER);
+    if (!server.ok)
+      return refuse(server.retry_after_ms, "too many failed authentications on this server");
     e.pending++;
     let settled = false;
     return {
@@ -152,7 +152,7 @@ export class AuthLimiter {
           for (const wake of e.waiters.splice(0)) wake();
           if (ok) {
             // A success gives its reservation back to the server-wide budget.
-            this.tokens = Math.min(this.opts.perMinute, this.tokens + 1);
+            this.budget.refund(SERVER);
             return;
           }
           e.fails++;
@@ -181,15 +181,6 @@ export class AuthLimiter {
       this.entries.set(key, e);
     }
     return e;
-  }
-
-  private refill(now: number): void {
-    const perMs = this.opts.perMinute / 60_000;
-    this.tokens = Math.min(
-      this.opts.perMinute,
-      this.tokens + Math.max(0, now - this.tokensAt) * perMs,
-    );
-    this.tokensAt = now;
   }
 
   /** Drops forgotten addresses; when `hard`, also the oldest idle ones until there is room. */

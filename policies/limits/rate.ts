@@ -34,6 +34,12 @@ export class RateLimiter {
     return { ok: false, retry_after_ms: Math.ceil((cost - b.tokens) / this.perMs) };
   }
 
+  /** Gives `cost` back (a reservation that turned out not to count), up to the allowance. */
+  refund(principal: string, cost = 1): void {
+    const b = this.buckets.get(principal);
+    if (b) b.tokens = Math.min(this.capacity, b.tokens + cost);
+  }
+
   // JWT subjects are unbounded in number: drop buckets that have refilled (they equal a new one).
   private prune(now: number): void {
     if (this.buckets.size < 10_000) return;
