@@ -174,19 +174,6 @@ async function setDrain(
   }
 }
 
-/**
- * `tpu-mcp workers scale N` (the caller has checked the admin token): records the wanted count,
- * then waits until the server's fleet reports that many actors serving.
- */
-export async function requestScale(
-  config: ServerConfig,
-  count: number,
-  by: string,
-  io: FleetWaitIo,
-): Promise<number> {
-  return (await scaleAndWait(config, count, by, io)).exit;
-}
-
 /** How a wait for the fleet ended: the exit code, and the fleet's refusal or why it gave up. */
 interface FleetWait {
   exit: number;
