@@ -181,6 +181,10 @@ interface FleetWait {
   gaveUp?: string;
 }
 
+/**
+ * `tpu-mcp workers scale N` (the caller has checked the admin token): records the wanted count,
+ * then waits until the server's fleet reports that many actors serving.
+ */
 async function scaleAndWait(
   config: ServerConfig,
   count: number,
