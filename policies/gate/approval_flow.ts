@@ -175,6 +175,14 @@ async function waitForAnswer(
   digest: string,
   redacted: unknown,
 ): Promise<Answer> {
+  const cancelled = () =>
+    new PolicyError(
+      "cancelled",
+      `${call.tool} was cancelled while waiting for approval; an answer to the prompt is still recorded on approval ${rec.id} (call again with approval_id "${rec.id}" once approved).`,
+      { approval_id: rec.id },
+    );
+  // A call given up already asks nobody.
+  if (call.signal?.aborted) throw cancelled();
   let prompt = ctx.prompts.get(rec.id);
   if (!prompt) {
     prompt = askAndRecord(ctx, call, rule, rec, digest, redacted);
@@ -187,16 +195,8 @@ async function waitForAnswer(
     return await Promise.race([
       prompt,
       new Promise<never>((_, reject) => {
-        onAbort = () =>
-          reject(
-            new PolicyError(
-              "cancelled",
-              `${call.tool} was cancelled while waiting for approval; an answer to the prompt is still recorded on approval ${rec.id} (call again with approval_id "${rec.id}" once approved).`,
-              { approval_id: rec.id },
-            ),
-          );
-        if (call.signal?.aborted) onAbort();
-        else call.signal?.addEventListener("abort", onAbort, { once: true });
+        onAbort = () => reject(cancelled());
+        call.signal?.addEventListener("abort", onAbort, { once: true });
       }),
     ]);
   } finally {
