@@ -170,7 +170,7 @@ describe("elicitation: decided and timed by the gate", () => {
     expect(e.message).toMatch(/within 0\.05 s/);
     expect(Date.now() - t0).toBeGreaterThanOrEqual(40);
     expect(withdrawn?.aborted).toBe(true);
-    expect(approvals.get(e.details.approval_id)?.status).toBe("pending");
+    expect(approvals.get(e.details.approval_id as string)?.status).toBe("pending");
     expect(audit.tail(1)[0]).toMatchObject({ outcome: "approval_requested" });
   });
 
@@ -221,7 +221,7 @@ describe("elicitation: decided and timed by the gate", () => {
     answer("decline");
     const e = await refusal(retry);
     expect(e.code).toBe("approval_declined");
-    expect(approvals.get(e.details.approval_id)).toMatchObject({
+    expect(approvals.get(e.details.approval_id as string)).toMatchObject({
       status: "denied",
       decided_by: "elicitation:agent",
     });
