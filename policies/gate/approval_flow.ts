@@ -227,7 +227,10 @@ async function askAndRecord(
   let answer: Answer;
   try {
     answer = await Promise.race([
-      call.elicit!({ tool, args_preview: redacted, estimate: estimate ?? null, message }, withdraw.signal),
+      call.elicit!(
+        { tool, args_preview: redacted, estimate: estimate ?? null, message },
+        withdraw.signal,
+      ),
       new Promise<"timeout">((resolve) => {
         timer = setTimeout(() => {
           withdraw.abort();

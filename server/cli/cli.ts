@@ -230,7 +230,8 @@ async function main(argv: string[]): Promise<number> {
       let token = values.token ?? process.env.TPU_MCP_TOKEN;
       // The embedded default decides with its generated operator token (made on first use).
       const deciding = positionals[0] === "approve" || positionals[0] === "deny";
-      if (!token && deciding && embeddedAuth(config)) ({ config, token } = withOperatorToken(config));
+      if (!token && deciding && embeddedAuth(config))
+        ({ config, token } = withOperatorToken(config));
       return runApprovalsCommand(config, positionals, {
         token,
         reason: values.reason,

@@ -194,7 +194,10 @@ describe("elicitation: decided and timed by the gate", () => {
 
     answer("accept"); // the person answers after the client stopped waiting
     await flush();
-    expect(approvals.get(id)).toMatchObject({ status: "approved", decided_by: "elicitation:agent" });
+    expect(approvals.get(id)).toMatchObject({
+      status: "approved",
+      decided_by: "elicitation:agent",
+    });
     const retry = load({ args: { model: "tiny-gpt2", approval_id: id } });
     await expect(gate.run(retry, async () => "ran")).resolves.toBe("ran");
     expect(approvals.get(id)?.status).toBe("used");
