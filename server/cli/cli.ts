@@ -40,7 +40,8 @@ commands:
                                 a forward per built-in model (eager and compile); attach to bug reports
   approvals list [--limit N] [--offset N] [--status S] | show ID | approve ID | deny ID
              [--reason R] [--token T]
-                                decide pending approvals (operator token: --token or TPU_MCP_TOKEN);
+                                decide pending approvals (operator token: --token or TPU_MCP_TOKEN;
+                                with no tokens in the config, the generated <data_dir>/operator-token);
                                 list shows every pending one first, then the rest, a page at a time
   audit tail [-n N] | head | verify [--head FILE]
                                 read the audit trail, export its head (store it elsewhere),
