@@ -34,7 +34,11 @@ export interface PolicyServices {
   close(): void;
 }
 
-export function createPolicyServices(config: ServerConfig, logger: Logger): PolicyServices {
+export function createPolicyServices(
+  config: ServerConfig,
+  logger: Logger,
+  opts: { consoleUrl?: () => string | undefined } = {},
+): PolicyServices {
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
   // One handle for the three stores of policy.db (they share the file, and close with it).
@@ -60,6 +64,7 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
     budget,
     logger: logger.child({ component: "gate" }),
     approveCommand: approveCommand(config),
+    consoleUrl: opts.consoleUrl,
   });
   return {
     gate,

@@ -31,6 +31,7 @@ describe("run_benchmark and check_model over MCP", () => {
   beforeAll(async () => {
     // These tests want each report itself, however slow the machine: no soft deadline.
     const policy = {
+      approvals: { rules: [] },
       limits: { rate_limit: { per_principal_per_minute: 6000 }, soft_deadline_s: 0 },
     };
     conn = await connectStdio(writeConfig({ policy }, dir));
