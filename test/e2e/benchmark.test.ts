@@ -62,7 +62,7 @@ describe("run_benchmark and check_model over MCP", () => {
     expect(cmp.ratios[0].difference).toMatch(/^(no significant difference|slower|faster)$/);
     expect(cmp.ratios[0].p50_ratio_ci).toHaveLength(2);
     // Like for like; only a verdict of this busy test machine may be warned about.
-    expect(cmp.warnings.filter((w) => !/: unstable: /.test(w))).toEqual([]);
+    expect(cmp.warnings.filter((w: string) => !/: unstable: /.test(w))).toEqual([]);
   });
 
   it("measures a dtype × mode grid: percentiles, precision vs fp32, compile apart, memory, FLOPs, progress", async () => {
