@@ -38,6 +38,8 @@ interface Side {
     reason: string | null;
     loadavg_1m: number | null;
     steal_pct: number | null;
+    /** The loaded side against the quiet one (compare's verdict on p50). */
+    vs_quiet?: { p50_ratio: number; p50_ratio_ci: [number, number] | null; difference: string };
   }[];
 }
 
@@ -50,6 +52,19 @@ function startBurners(n: number): ChildProcess[] {
 
 function stopBurners(kids: ChildProcess[]) {
   for (const k of kids) if (k.pid && k.exitCode === null) process.kill(k.pid, "SIGKILL");
+}
+
+function vsQuiet(cmp: any, batch: number): Pick<Side["configs"][number], "vs_quiet"> {
+  const r = cmp?.ratios?.find((x: any) => x.batch === batch);
+  return r
+    ? {
+        vs_quiet: {
+          p50_ratio: r.p50_ratio,
+          p50_ratio_ci: r.p50_ratio_ci,
+          difference: r.difference,
+        },
+      }
+    : {};
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -68,10 +83,21 @@ export async function runStability(o: StabilityBenchOptions): Promise<SectionRes
   let burners: ChildProcess[] = [];
   try {
     await server.call("load_model", { model: o.model });
-    const measure = async (label: string) => {
+    const measure = async (label: string, baseline?: string) => {
       const before = loadavg()[0];
       o.say(`stability: ${label} (1-min load ${before.toFixed(2)})…`);
-      const r = await server.call("run_benchmark", args);
+      let r = await server.call("run_benchmark", {
+        ...args,
+        ...(baseline ? { baseline_id: baseline } : {}),
+      });
+      // Past the server's soft deadline the answer is a job: follow it to its report.
+      while (r.job_id && !r.configs) {
+        await sleep(1000);
+        const j = await server.call("get_job", { job_id: r.job_id });
+        if (j.status === "succeeded") r = j.result;
+        else if (j.status !== "running")
+          throw new Error(`benchmark job ${j.status}: ${JSON.stringify(j.error)}`);
+      }
       sides.push({
         label,
         loadavg_before: before,
@@ -89,11 +115,13 @@ export async function runStability(o: StabilityBenchOptions): Promise<SectionRes
             reason: st.reason,
             loadavg_1m: st.loadavg_1m,
             steal_pct: st.steal_pct,
+            ...vsQuiet(r.comparison, c.batch),
           };
         }),
       });
+      return r.report_id as string | undefined;
     };
-    await measure("quiet");
+    const quietId = await measure("quiet");
     burners = startBurners(o.burnersPerCpu * cpus().length);
     o.say(
       `stability: ${burners.length} CPU burners (pids ${burners.map((b) => b.pid).join(", ")})`,
@@ -101,7 +129,7 @@ export async function runStability(o: StabilityBenchOptions): Promise<SectionRes
     const t0 = performance.now();
     while (loadavg()[0] <= cpus().length && performance.now() - t0 < o.rampS * 1000)
       await sleep(1000);
-    await measure("loaded");
+    await measure("loaded", quietId);
   } finally {
     stopBurners(burners);
     await server.close();
@@ -113,6 +141,15 @@ export async function runStability(o: StabilityBenchOptions): Promise<SectionRes
       `p50 ${c.p50_ms.toFixed(2)} ms, MAD ${c.mad_ms.toFixed(2)}, CI ${c.p50_ci_ms.map((v) => v.toFixed(2)).join("–")} (${c.ci_pct_of_p50.toFixed(1)} %), ${c.iterations}/${c.iterations_requested} it, ${c.stable ? "stable" : `unstable: ${c.reason}`}`;
     sec.row(`b${q.batch} quiet`, q.stable ? "stable" : "UNSTABLE", cell(q));
     sec.row(`b${q.batch} loaded`, l.stable ? "stable" : "UNSTABLE", cell(l));
+    if (l.vs_quiet) {
+      const v = l.vs_quiet;
+      sec.row(
+        `b${q.batch} loaded vs quiet`,
+        v.difference,
+        `p50 ×${v.p50_ratio.toFixed(2)}` +
+          (v.p50_ratio_ci ? ` (${v.p50_ratio_ci.map((x) => x.toFixed(2)).join("–")})` : ""),
+      );
+    }
     for (const [side, c] of [
       ["quiet", q],
       ["loaded", l],
