@@ -572,3 +572,25 @@ def test_unload_answers_the_requests_of_a_running_decode_batch(worker):
     with pytest.raises(WorkerError) as err:
         fut.result(timeout=30)
     assert err.value.code == "model_not_loaded"
+
+
+def test_concurrent_callers_each_get_what_they_would_get_alone(shared_worker):
+    requests = [
+        {"texts": [f"caller {i} says " + "word " * i], "max_new_tokens": 6 + i}
+        | ({"temperature": 0.9, "seed": i} if i % 2 else {})
+        for i in range(8)
+    ]
+    alone = [gen(shared_worker, r)["texts"] for r in requests]
+    together: dict[int, list[str]] = {}
+    start = threading.Barrier(len(requests))
+
+    def call(i: int) -> None:
+        start.wait()
+        together[i] = gen(shared_worker, requests[i])["texts"]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [together[i] for i in range(len(requests))] == alone
