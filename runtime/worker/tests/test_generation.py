@@ -283,7 +283,8 @@ def test_a_model_without_a_chat_template_refuses_messages(shared_worker):
 
 def test_a_conversation_longer_than_the_prompt_window_is_refused(shared_worker):
     messages = [{"role": "user", "content": "word " * 400}]
-    assert "shorten it" in refusal(shared_worker, {"messages": messages, "max_new_tokens": 8}, model="tiny-chat")
+    msg = refusal(shared_worker, {"messages": messages, "max_new_tokens": 8}, model="tiny-chat")
+    assert "at most 128 prompt tokens with max_new_tokens=8: shorten it" in msg
 
 
 def test_chat_templates_come_from_the_config_a_named_list_or_a_jinja_file_and_are_sandboxed():

@@ -177,7 +177,7 @@ class CausalLM(Adapter):
         n = params.max_new_tokens
         limit = min(_seq_len_arg(self.entry, args, self.max_len), self.n_positions - n)
         if has_messages:
-            prompts = [self._chat_prompt(args, limit)]
+            prompts = [self._chat_prompt(args, limit, n)]
         else:
             texts = _check_texts(self.entry, args)
             prompts = []
@@ -186,7 +186,7 @@ class CausalLM(Adapter):
                 prompts.append(ids or [self.bos_id])
         return Prepared(("generate",), len(prompts), GenRequest(prompts, params))
 
-    def _chat_prompt(self, args: dict, limit: int) -> list[int]:
+    def _chat_prompt(self, args: dict, limit: int, max_new: int) -> list[int]:
         messages = check_messages(args.get("messages"), self.entry.limits.max_text_chars)
         if self.chat is None:
             raise invalid(
@@ -201,7 +201,7 @@ class CausalLM(Adapter):
             # Cutting a conversation would drop its system prompt or first turns silently: refuse.
             raise invalid(
                 f"the conversation is {len(ids)} tokens with the chat template; this model takes at most {limit} "
-                f"prompt tokens with max_new_tokens={args.get('max_new_tokens', 'default')}: shorten it"
+                f"prompt tokens with max_new_tokens={max_new}: shorten it"
             )
         return ids or [self.bos_id]
 
