@@ -72,7 +72,12 @@ class Batcher:
             return len(self._queue)
 
     def describe(self) -> dict:
-        return {"enabled": self.enabled, "max_batch": self.max_batch, "max_wait_ms": self.max_wait_s * 1000}
+        return {
+            "kind": "dynamic",
+            "enabled": self.enabled,
+            "max_batch": self.max_batch,
+            "max_wait_ms": self.max_wait_s * 1000,
+        }
 
     def submit(self, prepared: Prepared, token: CancelToken, trace: list | None = None) -> Future:
         p = _Pending(prepared, token, trace=trace)
@@ -215,10 +220,11 @@ def _stamp(live: list[_Pending], stage: str) -> None:
             p.trace.append([stage, t])
 
 
-def wait_result(future: Future, token: CancelToken, poll_s: float = 0.05) -> Output:
-    """Blocks for a batcher result, giving up promptly when the request is cancelled."""
+def wait_result(future: Future, token: CancelToken, poll_s: float = 0.05, *, early_cancel: bool = True) -> Output:
+    """Blocks for a batcher result, giving up promptly when the request is cancelled (unless
+    `early_cancel` is off: the work answers a cancel itself, as generation does)."""
     while True:
-        if token.cancelled and not future.done():
+        if early_cancel and token.cancelled and not future.done():
             raise Cancelled()
         try:
             return future.result(timeout=poll_s)
