@@ -43,25 +43,34 @@ def bench_args(**args) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+SHARED_MODELS = os.path.join(REPO, ".data", "models")
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> str:
-    """The built-in models: the repo's .data/models when already built, else a fresh tmp build."""
+    """The built-in models: the repo's .data/models when already built, else a tmp root that
+    links the ones already there and builds only the missing ones (a model added to the
+    built-ins does not rebuild the others)."""
     from tpu_worker import builtin
 
-    shared = os.path.join(REPO, ".data", "models")
-    if all(builtin.is_valid(os.path.join(shared, name)) for name, _ in builtin.BUILDERS):
-        return shared
+    missing = [name for name, _ in builtin.BUILDERS if not builtin.is_valid(os.path.join(SHARED_MODELS, name))]
+    if not missing:
+        return SHARED_MODELS
     out = str(tmp_path_factory.mktemp("models"))
+    for name, _ in builtin.BUILDERS:
+        if name not in missing:
+            os.symlink(os.path.realpath(os.path.join(SHARED_MODELS, name)), os.path.join(out, name))
     builtin.build_all(out)
     return out
 
 
 @pytest.fixture(scope="session")
 def catalog_path(models_dir, tmp_path_factory) -> str:
-    """The built-in catalog with its model root pointed at `models_dir`."""
+    """The built-in catalog with its model root pointed at `models_dir` (and the shared root,
+    which its links may point into)."""
     with open(BUILTIN_CATALOG, encoding="utf-8") as fh:
         data = json.load(fh)
-    data["model_roots"] = [models_dir]
+    data["model_roots"] = [models_dir] + ([SHARED_MODELS] if models_dir != SHARED_MODELS else [])
     path = tmp_path_factory.mktemp("catalog") / "catalog.json"
     path.write_text(json.dumps(data))
     return str(path)
@@ -96,7 +105,7 @@ def shared_worker(catalog, cpu_probe):
     from tpu_worker.ops import OpContext, Worker
 
     w = Worker(catalog, cpu_probe)
-    for m in ("all-minilm-l6-v2", "tiny-gpt2", "mnist-cnn"):
+    for m in ("all-minilm-l6-v2", "tiny-gpt2", "mnist-cnn", "tiny-chat"):
         w.handle("load", {"model": m}, [], OpContext(f"load-{m}"))
     yield w
     w.close()

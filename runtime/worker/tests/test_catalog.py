@@ -16,7 +16,7 @@ def builtin_data() -> dict:
 
 def test_builtin_catalog_parses_and_roots_are_relative_to_the_file():
     cat = load_catalog(BUILTIN_CATALOG)
-    assert set(cat.entries) == {"all-minilm-l6-v2", "tiny-gpt2", "mnist-cnn"}
+    assert set(cat.entries) == {"all-minilm-l6-v2", "tiny-gpt2", "mnist-cnn", "tiny-chat"}
     assert cat.roots[0].endswith("/.data/models")
     assert cat.entries["mnist-cnn"].input.shape == (1, 28, 28)
 
@@ -30,6 +30,7 @@ def test_builtin_catalog_parses_and_roots_are_relative_to_the_file():
         (lambda d: d["models"][0].update(dtypes=["float32", "int8"]), "dtypes"),
         (lambda d: d["models"][0].update(default_dtype="float64"), "default_dtype"),
         (lambda d: d["models"][0]["limits"].update(max_batch=0), "max_batch"),
+        (lambda d: d["models"][1]["limits"].update(max_logprobs=6), "max_logprobs"),
         (lambda d: d["models"][0]["batching"].update(max_batch=1000), "batching.max_batch"),
         (lambda d: d["models"][0]["batching"].update(max_wait_ms=-1), "max_wait_ms"),
         (lambda d: d["models"][0].update(source={"hub": "org/name", "revision": "main"}), "revision"),

@@ -215,10 +215,11 @@ def _stamp(live: list[_Pending], stage: str) -> None:
             p.trace.append([stage, t])
 
 
-def wait_result(future: Future, token: CancelToken, poll_s: float = 0.05) -> Output:
-    """Blocks for a batcher result, giving up promptly when the request is cancelled."""
+def wait_result(future: Future, token: CancelToken, poll_s: float = 0.05, *, early_cancel: bool = True) -> Output:
+    """Blocks for a batcher result, giving up promptly when the request is cancelled (unless
+    `early_cancel` is off: the work answers a cancel itself, as generation does)."""
     while True:
-        if token.cancelled and not future.done():
+        if early_cancel and token.cancelled and not future.done():
             raise Cancelled()
         try:
             return future.result(timeout=poll_s)

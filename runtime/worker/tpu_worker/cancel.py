@@ -1,4 +1,8 @@
-"""Cancellation tokens: `cancel` messages set them; long loops check them between steps."""
+"""Cancellation tokens: `cancel` messages set them; long loops check them between steps.
+
+A token carries why it was stopped: "cancelled" (the caller's cancel), "budget" or "timeout"
+(the server's cap). A generation finishes its sequences with that reason as finish_reason.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +10,29 @@ import threading
 
 from .errors import Cancelled
 
+REASONS = ("cancelled", "budget", "timeout")
+
 
 class CancelToken:
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._reason: str | None = None
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "cancelled") -> None:
+        if reason not in REASONS:
+            raise ValueError(f"unknown cancel reason {reason!r}")
+        if self._reason is None:  # the first reason wins
+            self._reason = reason
         self._event.set()
 
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
+
+    @property
+    def reason(self) -> str | None:
+        """Why the token was cancelled, or None while it is not."""
+        return self._reason if self._event.is_set() else None
 
     def check(self) -> None:
         if self._event.is_set():

@@ -17,6 +17,7 @@ ARCHITECTURES = {
 FORMATS = ("safetensors", "hf-safetensors", "pytorch")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 INPUT_DTYPES = ("float32", "float16", "bfloat16")
+MAX_LOGPROBS = 5  # the generation contract's bound on args.logprobs
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
 _HUB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -32,6 +33,8 @@ class Limits:
     max_seq_len: int
     max_new_tokens: int
     max_text_chars: int
+    # Top alternatives a generation may return per token (args.logprobs); 0 turns logprobs off.
+    max_logprobs: int = 5
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,9 @@ def parse_entry(raw: Any, where: str) -> Entry:
         max_seq_len=_int(lim, "max_seq_len", f"{where}.limits", default=0),
         max_new_tokens=_int(lim, "max_new_tokens", f"{where}.limits", default=0),
         max_text_chars=_int(lim, "max_text_chars", f"{where}.limits", default=0),
+        max_logprobs=_int(lim, "max_logprobs", f"{where}.limits", default=MAX_LOGPROBS),
     )
+    _need(limits.max_logprobs <= MAX_LOGPROBS, f"{where}.limits.max_logprobs", f"must be 0..{MAX_LOGPROBS}")
     if task in ("embedding", "text-generation"):
         _need(
             limits.max_seq_len > 0 and limits.max_text_chars > 0,

@@ -23,13 +23,14 @@ from typing import Any
 import torch
 
 from . import PROTOCOL_VERSION, __version__, logs
-from .adapters import Adapter, build_adapter, read_config
+from .adapters import Adapter, CausalLM, build_adapter, read_config
 from .batching import Batcher, wait_result
 from .bench import run_benchmark
 from .cancel import CancelToken
 from .catalog import Catalog, Entry
 from .check import run_check
 from .errors import WorkerError, invalid
+from .generation.loop import DecodeLoop
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
 from .memory import estimate_bytes, refusal_message
 from .platforms import PRECISIONS, platform_for, set_matmul_precision
@@ -38,7 +39,8 @@ from .protocol import now_iso, now_us
 from .reports import describe_models, worker_status
 from .selftest import run_selftest
 
-ProgressFn = Callable[[float, float | None, str | None], None]
+# progress(done, total=None, message=None, delta=None): delta is a generation's {index, text}.
+ProgressFn = Callable[..., None]
 FreeMemoryFn = Callable[[torch.device], int | None]
 MODES = ("eager", "compile")
 
@@ -47,7 +49,7 @@ MODES = ("eager", "compile")
 class OpContext:
     id: str
     token: CancelToken = field(default_factory=CancelToken)
-    progress: ProgressFn = lambda p, total=None, message=None: None
+    progress: ProgressFn = lambda p, total=None, message=None, delta=None: None
     trace: list | None = None  # [stage, µs] stamps of a traced request (protocol.Request.trace)
 
 
@@ -55,7 +57,7 @@ class OpContext:
 class Loaded:
     entry: Entry
     adapter: Adapter
-    batcher: Batcher
+    batcher: Batcher | DecodeLoop
     device: str
     dtype: str
     mode: str
@@ -350,13 +352,7 @@ class Worker:
             self.matmul_precision_arg(precision_arg)
             ctx.progress(0, 3, f"loading {entry.id} ({dtype}, {mode}) on {device}")
             adapter, report = self.build(entry, info, device, dtype, mode, shapes, ctx.token)
-            batcher = Batcher(
-                entry.id,
-                adapter.run_batch,
-                max_batch=entry.batching.max_batch,
-                max_wait_ms=entry.batching.max_wait_ms,
-                enabled=batching,
-            )
+            batcher = make_batcher(entry, adapter, batching)
             dev = self.label(device)
             self.loaded[entry.id] = Loaded(
                 entry, adapter, batcher, dev, dtype, mode, estimated, now_iso(), info, report
@@ -400,11 +396,18 @@ class Worker:
         return {"model": entry.id, "freed_bytes": freed}, []
 
     def submit_infer(
-        self, args: dict, tensors, token: CancelToken, trace: list | None = None, reply_scope=None
+        self,
+        args: dict,
+        tensors,
+        token: CancelToken,
+        trace: list | None = None,
+        reply_scope=None,
+        progress: ProgressFn | None = None,
     ) -> tuple[Future, str]:
         """Validates an infer and queues it on its model's batcher: (future of the Output, model).
         Both the op and the transport's fast path take this one path; `reply_scope` (the fast
-        path's) lets the batcher write a batch's replies together."""
+        path's) lets the batcher write a batch's replies together; `progress` receives a
+        streaming generation's text deltas."""
         entry = self.catalog.get(args.get("model"))
         m = self.loaded.get(entry.id)
         if m is None:
@@ -412,11 +415,15 @@ class Worker:
         prepared = m.adapter.prepare(args, tensors)
         if reply_scope is not None and m.batcher.reply_scope is None:
             m.batcher.reply_scope = reply_scope
+        if isinstance(m.batcher, DecodeLoop):
+            return m.batcher.submit(prepared, token, trace, progress), entry.id
         return m.batcher.submit(prepared, token, trace), entry.id
 
     def op_infer(self, args: dict, tensors, ctx: OpContext):
-        future, model = self.submit_infer(args, tensors, ctx.token, ctx.trace)
-        out = wait_result(future, ctx.token)
+        future, model = self.submit_infer(args, tensors, ctx.token, ctx.trace, progress=ctx.progress)
+        # A generation answers a cancel with its partial text at the next token: wait for it.
+        generation = isinstance(self.loaded[model].batcher, DecodeLoop) if model in self.loaded else False
+        out = wait_result(future, ctx.token, early_cancel=not generation)
         if ctx.trace is not None:
             ctx.trace.append(["w.woke", now_us()])
         return infer_reply(out, model)
@@ -444,6 +451,20 @@ class Worker:
             raise invalid(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
         ctx.token.check()
         return run(self, args, tensors, ctx)
+
+
+def make_batcher(entry: Entry, adapter: Adapter, batching: bool) -> Batcher | DecodeLoop:
+    """Generation gets continuous batching (sequences join and leave at token boundaries);
+    every other model the dynamic batcher (whole requests coalesced into one forward)."""
+    if isinstance(adapter, CausalLM):
+        return DecodeLoop(entry.id, adapter, max_batch=entry.batching.max_batch, enabled=batching)
+    return Batcher(
+        entry.id,
+        adapter.run_batch,
+        max_batch=entry.batching.max_batch,
+        max_wait_ms=entry.batching.max_wait_ms,
+        enabled=batching,
+    )
 
 
 def infer_reply(out, model: str) -> tuple[dict, list[torch.Tensor]]:

@@ -220,7 +220,9 @@ class Server:
     def _fast_infer(self, req: Request, token: CancelToken) -> None:
         """Queues an infer on its model's batcher from the reader (the worker's one infer path)."""
         try:
-            future, model = self.worker.submit_infer(req.args, req.tensors, token, req.trace, self._batch_replies)
+            future, model = self.worker.submit_infer(
+                req.args, req.tensors, token, req.trace, self._batch_replies, self._progress(req.id)
+            )
         except Exception as exc:  # noqa: BLE001 - not loaded, a refused input, the model being unloaded
             self._forget(req.id)
             self._fail(req, exc)
@@ -245,12 +247,16 @@ class Server:
         self._reply(req, *infer_reply(future.result(), model))
 
     def _progress(self, msg_id: str):
-        def report(progress: float, total: float | None = None, message: str | None = None) -> None:
+        def report(
+            progress: float, total: float | None = None, message: str | None = None, delta: dict | None = None
+        ) -> None:
             header: dict[str, Any] = {"type": "progress", "id": msg_id, "progress": progress}
             if total is not None:
                 header["total"] = total
             if message:
                 header["message"] = message
+            if delta is not None:  # a generation's new text: {"index": prompt, "text": ...}
+                header["delta"] = delta
             self.send(header)
 
         return report

@@ -1,4 +1,4 @@
-"""Text adapters: a sentence-transformer encoder and a causal LM with batched greedy generation."""
+"""Text adapters: a sentence-transformer encoder and a causal LM (generation: see ../generation)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 import torch
 
 from ..catalog import Catalog, Entry
-from ..errors import Cancelled, WorkerError, invalid
+from ..errors import WorkerError, invalid
+from ..generation.chat import check_messages
+from ..generation.params import GenRequest, parse_params
 from ..loaders import inside
 from ..platforms import platform_for
 from .base import Adapter, Output, Prepared, StopFn, seq_bucket
@@ -138,14 +140,17 @@ class SentenceEmbedder(Adapter):
 
 
 class CausalLM(Adapter):
-    """Decoder-only LM with batched greedy generation (left padding, KV cache)."""
+    """Decoder-only LM: `prepare` validates generation requests (texts or chat messages and the
+    sampling arguments) for the model's decode loop (generation/loop.py), which drives
+    `prefill` and `step`; `generate` is the plain batched greedy decode the benchmark times."""
 
     architecture = "causal-lm"
 
-    def __init__(self, entry, model, device, dtype, tokenizer, max_len: int) -> None:
+    def __init__(self, entry, model, device, dtype, tokenizer, max_len: int, chat=None) -> None:
         super().__init__(entry, model, device, dtype)
         cfg = model.config
         self.tokenizer = tokenizer
+        self.chat = chat  # generation.chat.ChatTemplate, or None: chat is refused
         self.vocab = int(cfg.vocab_size)
         self.n_positions = int(getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", 1024))
         self.max_len = min(max_len, self.n_positions)
@@ -164,25 +169,56 @@ class CausalLM(Adapter):
 
     def prepare(self, args, tensors) -> Prepared:
         if tensors:
-            raise invalid(f"model {self.entry.id!r} takes texts, not tensors")
-        texts = _check_texts(self.entry, args)
-        lim = self.entry.limits.max_new_tokens
-        n = args.get("max_new_tokens", min(16, lim))
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= lim:
-            raise invalid(f"args.max_new_tokens must be an integer in 1..{lim}")
+            raise invalid(f"model {self.entry.id!r} takes texts or messages, not tensors")
+        has_texts, has_messages = args.get("texts") is not None, args.get("messages") is not None
+        if has_texts == has_messages:
+            raise invalid(f"model {self.entry.id!r} needs exactly one of args.texts or args.messages")
+        params = parse_params(self.entry, args)
+        n = params.max_new_tokens
         limit = min(_seq_len_arg(self.entry, args, self.max_len), self.n_positions - n)
-        prompts = []
-        for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False):
-            ids = enc.ids[-limit:] if limit > 0 else []  # keep the end of long prompts
-            prompts.append(ids or [self.bos_id])
-        return Prepared(("generate", n), len(texts), prompts)
+        if has_messages:
+            prompts = [self._chat_prompt(args, limit)]
+        else:
+            texts = _check_texts(self.entry, args)
+            prompts = []
+            for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False):
+                ids = enc.ids[-limit:] if limit > 0 else []  # keep the end of long prompts
+                prompts.append(ids or [self.bos_id])
+        return Prepared(("generate",), len(prompts), GenRequest(prompts, params))
 
-    def generate(self, prompts: list[list[int]], max_new: int, should_stop: StopFn) -> tuple[list[list[int]], bool]:
-        """Greedy decoding; returns (new token ids per prompt, stopped_early)."""
+    def _chat_prompt(self, args: dict, limit: int) -> list[int]:
+        messages = check_messages(args.get("messages"), self.entry.limits.max_text_chars)
+        if self.chat is None:
+            raise invalid(
+                f"model {self.entry.id!r} has no chat template (chat_template in tokenizer_config.json or "
+                "chat_template.jinja); send args.texts instead"
+            )
+        add = args.get("add_generation_prompt", True)
+        if not isinstance(add, bool):
+            raise invalid("args.add_generation_prompt must be true or false")
+        ids = self.tokenizer.encode(self.chat.render(messages, add), add_special_tokens=False).ids
+        if len(ids) > limit:
+            # Cutting a conversation would drop its system prompt or first turns silently: refuse.
+            raise invalid(
+                f"the conversation is {len(ids)} tokens with the chat template; this model takes at most {limit} "
+                f"prompt tokens with max_new_tokens={args.get('max_new_tokens', 'default')}: shorten it"
+            )
+        return ids or [self.bos_id]
+
+    # -- the decode loop's steps ------------------------------------------------------------
+    def _forward(self, ids, mask, pos, cache=None):
+        kw = {self._cache_kw: cache} if cache is not None else {}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw, **self._last_only)
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        return out.logits[:, -1, :], cache
+
+    def prefill(self, prompts: list[list[int]], room: int):
+        """Runs the prompts (left padded to a bucket, leaving `room` positions to generate):
+        (last logits [n, vocab], cache, mask [n, length], last positions [n, 1])."""
         b = len(prompts)
         longest = max(len(p) for p in prompts)
         # Bucket the prompt length (left padding) so compiled graphs are reused across requests.
-        length = max(longest, seq_bucket(longest, min(self.max_len, self.n_positions - max_new)))
+        length = max(longest, seq_bucket(longest, min(self.max_len, self.n_positions - room)))
         ids = torch.full((b, length), self.pad_id, dtype=torch.long)
         mask = torch.zeros((b, length), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -190,33 +226,37 @@ class CausalLM(Adapter):
             mask[i, length - len(p) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._forward(ids, mask, pos)
+        return logits, cache, mask, pos[:, -1:]
+
+    def step(self, tokens: torch.Tensor, cache, mask: torch.Tensor, pos: torch.Tensor):
+        """Feeds one token per row: (logits [b, vocab], cache, mask, positions)."""
+        mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)], dim=1)
+        pos = pos + 1
+        logits, cache = self._forward(tokens[:, None], mask, pos, cache)
+        return logits, cache, mask, pos
+
+    def generate(self, prompts: list[list[int]], max_new: int, should_stop: StopFn) -> tuple[list[list[int]], bool]:
+        """Greedy decoding of one fixed batch (the benchmark's work and the direct baseline):
+        returns (new token ids per prompt, stopped_early)."""
+        b = len(prompts)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
         new: list[torch.Tensor] = []
         stopped = False
         with torch.no_grad():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **self._last_only)
-            for step in range(max_new):
-                nxt = out.logits[:, -1, :].argmax(-1)
+            logits, cache, mask, pos = self.prefill(prompts, max_new)
+            for i in range(max_new):
+                nxt = logits.argmax(-1)
                 nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
                 new.append(nxt)
                 if self.eos_id is not None:
                     finished |= nxt == self.eos_id
-                if step == max_new - 1 or bool(finished.all()):
+                if i == max_new - 1 or bool(finished.all()):
                     break
                 if should_stop():
                     stopped = True
                     break
-                mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=1)
-                pos = pos[:, -1:] + 1
-                cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-                out = self.model(
-                    input_ids=nxt[:, None],
-                    attention_mask=mask,
-                    position_ids=pos,
-                    use_cache=True,
-                    **{self._cache_kw: cache},
-                    **self._last_only,
-                )
+                logits, cache, mask, pos = self.step(nxt, cache, mask, pos)
         tokens = torch.stack(new, dim=1).to("cpu").tolist() if new else [[] for _ in range(b)]
         result = []
         for row in tokens:
@@ -228,19 +268,11 @@ class CausalLM(Adapter):
             result.append(kept)
         return result, stopped
 
-    def run_batch(self, batch, should_stop) -> list[Output]:
-        prompts = [r for p in batch for r in p.payload]
-        max_new = batch[0].key[1]
-        new, stopped = self.generate(prompts, max_new, should_stop)
-        if stopped:
-            raise Cancelled()
-        outs, pos = [], 0
-        for p in batch:
-            rows = new[pos : pos + p.items]
-            pos += p.items
-            texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in rows]
-            outs.append(Output({"task": "text-generation", "texts": texts, "new_tokens": [len(r) for r in rows]}, []))
-        return outs
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False)
 
     def example(self, batch, seq_len, seed=0):
         seq_len = min(seq_len or 64, self.max_len)
@@ -251,6 +283,14 @@ class CausalLM(Adapter):
 
     def default_seq_len(self):
         return min(64, self.max_len)
+
+
+def read_model_file(model_dir: str, name: str, catalog: Catalog, entry: Entry) -> str | None:
+    """A small text file of the model directory (inside the model roots), or None if absent."""
+    if not os.path.lexists(os.path.join(model_dir, name)):
+        return None
+    with open(safe_file(model_dir, name, catalog, entry), encoding="utf-8") as fh:
+        return fh.read()
 
 
 def valid_id(v: Any, vocab: int, default: int | None) -> int | None:

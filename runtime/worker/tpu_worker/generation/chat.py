@@ -1,0 +1,102 @@
+"""Chat: a conversation rendered into one prompt with the model's own chat template.
+
+The template is the model's: `chat_template` in tokenizer_config.json (a string, or a list of
+named templates of which "default" is used) or a `chat_template.jinja` file beside it. It is
+rendered in Jinja's immutable sandbox (no attribute access to Python internals, no mutation of
+the messages), with the variables Hugging Face templates expect: messages,
+add_generation_prompt, the special tokens (bos_token, eos_token, ...), raise_exception.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from ..errors import invalid
+
+ROLES = ("system", "user", "assistant")
+MAX_MESSAGES = 256
+_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+class ChatTemplate:
+    def __init__(self, source: str, special: dict[str, str]) -> None:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        self.error: str | None = None  # a template that does not compile refuses every chat
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        def strftime_now(fmt: str) -> str:
+            return datetime.now().strftime(fmt)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+        env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+        self.special = special
+        try:
+            self.template = env.from_string(source)
+        except TemplateError as exc:
+            self.template, self.error = None, f"{type(exc).__name__}: {exc}"
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        from jinja2.exceptions import TemplateError
+
+        if self.template is None:
+            raise invalid(f"this model's chat template does not compile ({self.error}); fix the model's template")
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
+        except Exception as exc:  # noqa: BLE001 - raise_exception, sandbox refusals, template bugs
+            kind = "" if isinstance(exc, TemplateError) else f"{type(exc).__name__}: "
+            raise invalid(f"the model's chat template refused the conversation: {kind}{exc}") from None
+
+
+def _token_text(v: Any) -> str | None:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("content"), str):  # a serialised AddedToken
+        return v["content"]
+    return None
+
+
+def load_chat_template(read_file) -> ChatTemplate | None:
+    """The model's chat template, or None when it has none. `read_file(name)` returns a file's
+    text from the model directory (inside the model roots) or None when it is absent."""
+    config: dict = {}
+    raw = read_file("tokenizer_config.json")
+    if raw:
+        try:
+            config = json.loads(raw)
+        except ValueError:
+            config = {}
+    source = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(source, list):  # [{name, template}, ...]
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+    if not isinstance(source, str) or not source:
+        source = read_file("chat_template.jinja")
+    if not source:
+        return None
+    special = {k: t for k in _TOKEN_KEYS if (t := _token_text(config.get(k))) is not None}
+    return ChatTemplate(source, special)
+
+
+def check_messages(raw: Any, max_chars: int) -> list[dict]:
+    """args.messages: 1..MAX_MESSAGES {role, content} objects; content totals at most max_chars."""
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MESSAGES:
+        raise invalid(f"args.messages must be a list of 1..{MAX_MESSAGES} {{role, content}} objects")
+    out, total = [], 0
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise invalid(f"args.messages[{i}] must be {{role: 'system'|'user'|'assistant', content: string}}")
+        extra = set(m) - {"role", "content"}
+        if extra:
+            raise invalid(f"args.messages[{i}] has unknown field(s) {', '.join(sorted(extra))}")
+        total += len(m["content"])
+        out.append({"role": m["role"], "content": m["content"]})
+    if total > max_chars:
+        raise invalid(f"args.messages' contents total {total} characters; the limit is {max_chars}")
+    return out

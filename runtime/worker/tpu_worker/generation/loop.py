@@ -1,0 +1,370 @@
+"""Continuous batching: one decode loop per loaded causal LM serves its `infer` requests.
+
+Every prompt of a request is one sequence. Sequences join and leave one running decode batch
+at token boundaries: a joining request is prefilled on its own, its first tokens chosen, and
+its KV cache rows merged into the running batch (generation/kv.py); a finished sequence (EOS,
+a stop sequence, max_new_tokens, or its request's cancel token) leaves at once and frees its
+row. Each sequence keeps its own sampling state (parameters, generator, text stream), so its
+tokens do not depend on its company. Requests wait in FIFO order for room (at most
+`max_batch` sequences decode together); a request larger than that runs when the batch is
+empty. With batching off, or for a model whose cache cannot be reshaped, a request joins only
+an empty batch. This thread is the only place the model's forward runs for `infer`.
+
+A generation request's future always gets a result, never a cancellation: a cancelled request
+answers with the text it had, finish_reason = the token's reason (the generation contract).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import logs
+from ..adapters.base import Output, Prepared
+from ..cancel import CancelToken
+from ..errors import WorkerError
+from ..protocol import now_us
+from . import kv
+from .params import GenRequest
+from .sampling import sample, sequence_generator, top_logprobs
+from .textstream import TextStream
+
+# progress(tokens so far, total, new text, delta={"index", "text"})
+Progress = Callable[..., None]
+
+
+@dataclass
+class LoopStats:
+    running: int = 0  # sequences decoding now
+    requests: int = 0  # requests answered
+    sequences: int = 0  # sequences finished
+    joins: int = 0  # requests that joined a batch already decoding
+    steps: int = 0  # decode steps (one token for every running sequence)
+    prefills: int = 0
+    tokens: int = 0  # tokens generated
+    largest: int = 0  # most sequences decoded together
+
+
+class _Request:
+    def __init__(self, gen: GenRequest, token: CancelToken, progress: Progress | None, trace: list | None) -> None:
+        self.gen = gen
+        self.token = token
+        self.progress = progress if gen.params.stream else None
+        self.trace = trace
+        self.future: Future = Future()
+        self.future.set_running_or_notify_cancel()  # answered by the loop, even when cancelled
+        self.t_submit = time.perf_counter()
+        self.t_first: float | None = None
+        self.produced = 0  # tokens so far, all sequences: the progress count
+        self.open = len(gen.prompts)
+        self.batched_with = 1  # most requests sharing a step with this one
+        self.batch_items = 0  # most sequences in a step with this one
+        self.seqs: list[_Seq] = []
+
+
+class _Seq:
+    def __init__(self, req: _Request, index: int, decode) -> None:
+        p = req.gen.params
+        self.req = req
+        self.index = index
+        self.params = p
+        self.prompt_len = len(req.gen.prompts[index])
+        self.gen = sequence_generator(p.seed, index) if not p.greedy else None
+        self.stream = TextStream(decode, p.stop)
+        self.tokens: list[int] = []
+        self.logprobs: list[dict] | None = [] if p.logprobs else None
+        self.finish: str | None = None
+
+
+class DecodeLoop:
+    def __init__(self, name: str, adapter, *, max_batch: int, enabled: bool = True) -> None:
+        self.name = name
+        self.adapter = adapter
+        self.max_batch = max(1, max_batch)
+        self.enabled = enabled and self.max_batch > 1
+        self.stats = LoopStats()
+        self.mergeable: bool | None = None  # known after the first prefill
+        self._queue: deque[_Request] = deque()
+        self._cond = threading.Condition()
+        self._closed: str | None = None
+        # The running batch: its sequences (row order) and tensors.
+        self._rows: list[_Seq] = []
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None
+        self._pos: torch.Tensor | None = None
+        self._last: list[int] = []  # each row's newest token, not yet fed to the model
+        # Set by the server's fast path: a context that writes the replies (and progress) one
+        # iteration sends in one write. Results are set inside it, after that iteration's
+        # progress, so a request's deltas always precede its result on the wire.
+        self.reply_scope: Callable[[], contextlib.AbstractContextManager] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"decode-{name}", daemon=True)
+        self._thread.start()
+
+    # -- the Batcher's surface (ops.py, reports.py) -----------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def describe(self) -> dict:
+        return {"kind": "continuous", "enabled": self.enabled, "max_batch": self.max_batch}
+
+    def submit(
+        self, prepared: Prepared, token: CancelToken, trace: list | None = None, progress: Progress | None = None
+    ) -> Future:
+        req = _Request(prepared.payload, token, progress, trace)
+        req.seqs = [_Seq(req, i, self.adapter.decode) for i in range(len(req.gen.prompts))]
+        if trace is not None:
+            trace.append(["w.queued", now_us()])
+        with self._cond:
+            if self._closed:
+                raise WorkerError("model_not_loaded", self._closed)
+            self._queue.append(req)
+            self._cond.notify()
+        return req.future
+
+    def close(self, reason: str) -> None:
+        with self._cond:
+            self._closed = reason
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            joining = self._take()
+            if joining is None:
+                break
+            with self.reply_scope() if self.reply_scope else contextlib.nullcontext():
+                try:
+                    self._iterate(joining)
+                except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the loop
+                    logs.warn("decode step failed", model=self.name, error=f"{type(exc).__name__}: {exc}")
+                    self._fail({s.req for s in self._rows} | set(joining), exc)
+                    self._reset()
+        with self._cond:
+            pending = list(self._queue)
+            self._queue.clear()
+        self._fail({s.req for s in self._rows} | set(pending), WorkerError("model_not_loaded", self._closed or ""))
+        self._reset()
+
+    def _take(self) -> list[_Request] | None:
+        """Blocks while idle; returns the requests that join now (possibly none)."""
+        with self._cond:
+            while not self._closed and not self._queue and not self._rows:
+                self._cond.wait()
+            if self._closed:
+                return None
+            # A cancelled request leaves the queue at once (answered without running), room or not.
+            taken = [r for r in self._queue if r.token.cancelled]
+            for r in taken:
+                self._queue.remove(r)
+            rows = len(self._rows)
+            if rows and not (self.enabled and self.mergeable):
+                return taken
+            while self._queue:
+                n = len(self._queue[0].gen.prompts)
+                if rows and rows + n > self.max_batch:
+                    break
+                taken.append(self._queue.popleft())
+                rows += n
+                if not self.enabled:
+                    break
+            return taken
+
+    def _iterate(self, joining: list[_Request]) -> None:
+        for s in self._rows:  # cancelled sequences leave at this token boundary
+            if s.finish is None and s.req.token.cancelled:
+                self._end(s, s.req.token.reason or "cancelled", s.stream.finish())
+        live = []
+        for r in joining:
+            _stamp(r, "w.taken")
+            if r.token.cancelled:
+                for s in r.seqs:
+                    self._end(s, r.token.reason or "cancelled", "")
+            else:
+                live.append(r)
+        if live:
+            try:
+                self._prefill(live)
+            except Exception as exc:  # noqa: BLE001 - a failed prefill fails the joiners only
+                self._fail(set(live), exc)
+        self._compact()
+        if self._rows:
+            self._step()
+            self._compact()
+
+    def _prefill(self, live: list[_Request]) -> None:
+        seqs = [s for r in live for s in r.seqs]
+        room = max(s.params.max_new_tokens for s in seqs)
+        with torch.no_grad():
+            logits, cache, mask, pos = self.adapter.prefill([s.req.gen.prompts[s.index] for s in seqs], room)
+        self.stats.prefills += 1
+        ids = self._choose(seqs, logits)
+        now = time.perf_counter()
+        for r in live:
+            r.t_first = now
+        if self._rows:
+            self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
+            self._pos = torch.cat([self._pos, pos], dim=0)
+            self.stats.joins += len(live)
+        else:
+            if self.mergeable is None:
+                self.mergeable = kv.tensors_of(cache) is not None
+                if not self.mergeable:
+                    logs.info(
+                        "this model's KV cache cannot be reshaped: requests join an empty batch only", model=self.name
+                    )
+            self._cache, self._mask, self._pos = cache, mask, pos
+        self._rows.extend(seqs)
+        self._last.extend(ids)
+        self._accept(seqs, ids)
+
+    def _step(self) -> None:
+        dev = self._mask.device
+        fed = [t if s.finish is None else self.adapter.pad_id for s, t in zip(self._rows, self._last, strict=True)]
+        with torch.no_grad():
+            logits, self._cache, self._mask, self._pos = self.adapter.step(
+                torch.tensor(fed, dtype=torch.long, device=dev), self._cache, self._mask, self._pos
+            )
+        st = self.stats
+        st.steps += 1
+        st.largest = max(st.largest, len(self._rows))
+        reqs = {s.req for s in self._rows if s.finish is None}
+        for r in reqs:
+            r.batched_with = max(r.batched_with, len(reqs))
+            r.batch_items = max(r.batch_items, len(self._rows))
+        self._last = self._choose(self._rows, logits)
+        self._accept(self._rows, self._last)
+
+    def _choose(self, seqs: list[_Seq], logits: torch.Tensor) -> list[int]:
+        """The next token of every row: argmax on the device; sampled rows (and rows that
+        report logprobs) from their own float32 CPU copy of the logits."""
+        ids = logits.argmax(-1).tolist()
+        cpu_rows = [i for i, s in enumerate(seqs) if s.finish is None and (s.gen is not None or s.logprobs is not None)]
+        if not cpu_rows:
+            return ids
+        rows = logits[cpu_rows].float().cpu()
+        for j, i in enumerate(cpu_rows):
+            s = seqs[i]
+            if s.gen is not None:
+                ids[i] = sample(rows[j], s.params, s.gen)
+            if s.logprobs is not None:
+                lp, top = top_logprobs(rows[j], ids[i], s.params.logprobs)
+                text = self.adapter.token_text
+                s.logprobs.append(
+                    {"token": text(ids[i]), "logprob": lp, "top": [{"token": text(t), "logprob": v} for t, v in top]}
+                )
+        return ids
+
+    def _accept(self, seqs: list[_Seq], ids: list[int]) -> None:
+        eos = self.adapter.eos_id
+        for s, t in zip(seqs, ids, strict=True):
+            if s.finish is not None:
+                continue
+            s.tokens.append(t)
+            s.req.produced += 1
+            self.stats.tokens += 1
+            if t == eos:
+                self._end(s, "stop", s.stream.finish())
+                continue
+            delta = s.stream.push(t)
+            if s.stream.stopped:
+                self._end(s, "stop", delta)
+            elif len(s.tokens) >= s.params.max_new_tokens:
+                self._end(s, "length", delta + s.stream.finish())
+            else:
+                self._emit(s, delta)
+
+    def _emit(self, s: _Seq, text: str) -> None:
+        r = s.req
+        if text and r.progress is not None:
+            total = r.gen.params.max_new_tokens * len(r.gen.prompts)
+            try:
+                r.progress(r.produced, total, text, delta={"index": s.index, "text": text})
+            except Exception as exc:  # noqa: BLE001 - a lost progress message must not stop decoding
+                logs.warn("progress could not be sent", model=self.name, error=f"{type(exc).__name__}: {exc}")
+
+    def _end(self, s: _Seq, reason: str, text: str) -> None:
+        self._emit(s, text)
+        s.finish = reason
+        self.stats.sequences += 1
+        r = s.req
+        r.open -= 1
+        if r.open == 0:
+            self._answer(r)
+
+    def _answer(self, r: _Request) -> None:
+        done = time.perf_counter()
+        p = r.gen.params
+        gens = []
+        for s in r.seqs:
+            g: dict[str, Any] = {
+                "text": s.stream.text,
+                "finish_reason": s.finish,
+                "usage": {"prompt_tokens": s.prompt_len, "completion_tokens": len(s.tokens)},
+            }
+            if s.logprobs is not None:
+                g["logprobs"] = s.logprobs
+            gens.append(g)
+        completion = sum(len(s.tokens) for s in r.seqs)
+        elapsed = done - r.t_submit
+        result: dict[str, Any] = {
+            "task": "text-generation",
+            "texts": [g["text"] for g in gens],
+            "new_tokens": [len(s.tokens) for s in r.seqs],
+            "generations": gens,
+            # Time to first token and tokens/s are measured from submission (queueing included).
+            "ttft_ms": round(((r.t_first or done) - r.t_submit) * 1000, 3),
+            "tokens_per_s": round(completion / elapsed, 3) if elapsed > 0 else None,
+            "batched_with": r.batched_with,
+            "batch_items": max(r.batch_items, len(r.seqs)),
+        }
+        if p.seed is not None:
+            result["seed"] = p.seed
+        self.stats.requests += 1
+        _stamp(r, "w.forward_done")
+        r.future.set_result(Output(result, []))
+
+    def _compact(self) -> None:
+        """Drops finished rows (and the cache columns nobody needs any more)."""
+        keep = [i for i, s in enumerate(self._rows) if s.finish is None]
+        if len(keep) == len(self._rows):
+            self.stats.running = len(self._rows)
+            return
+        if not keep:
+            self._reset()
+            return
+        if self.mergeable:
+            self._cache, self._mask = kv.select(self._cache, self._mask, keep)
+            self._pos = self._pos[keep]
+            self._rows = [self._rows[i] for i in keep]
+            self._last = [self._last[i] for i in keep]
+        # else: finished rows ride along (fed padding) until the whole batch is done
+        self.stats.running = len(keep)
+
+    def _reset(self) -> None:
+        self._rows, self._last = [], []
+        self._cache = self._mask = self._pos = None
+        self.stats.running = 0
+
+    def _fail(self, reqs: set[_Request], exc: BaseException) -> None:
+        for r in reqs:
+            for s in r.seqs:
+                s.finish = s.finish or "error"  # leaves the batch at the next compaction
+            if not r.future.done():
+                r.future.set_exception(exc)
+
+
+def _stamp(r: _Request, stage: str) -> None:
+    if r.trace is not None:
+        r.trace.append([stage, now_us()])

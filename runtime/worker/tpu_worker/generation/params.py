@@ -1,0 +1,101 @@
+"""Generation arguments (the shared generation contract), validated into one `GenParams`.
+
+Bounds come from the contract and the catalog entry's limits (max_new_tokens, max_logprobs);
+every refusal is an `invalid_argument` that names the argument and its range.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog import Entry
+from ..errors import invalid
+
+MAX_TEMPERATURE = 2.0
+MAX_TOP_K = 1000
+MAX_SEED = 2**31 - 1
+MAX_STOPS = 4
+MAX_STOP_CHARS = 64
+
+
+@dataclass(frozen=True)
+class GenParams:
+    max_new_tokens: int
+    temperature: float = 0.0  # 0 = greedy: top_p, top_k and seed are ignored
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None  # set whenever temperature > 0 (picked by the worker if not given)
+    stop: tuple[str, ...] = ()
+    logprobs: int = 0
+    stream: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """A validated generation request: token ids per prompt, and how to generate."""
+
+    prompts: list[list[int]]
+    params: GenParams
+
+
+def _number(args: dict, key: str, default: float) -> float:
+    v = args.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise invalid(f"args.{key} must be a number")
+    return float(v)
+
+
+def _integer(args: dict, key: str, lo: int, hi: int, default: int | None) -> int | None:
+    v = args.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise invalid(f"args.{key} must be an integer in {lo}..{hi}")
+    return v
+
+
+def parse_params(entry: Entry, args: dict[str, Any]) -> GenParams:
+    lim = entry.limits
+    n = _integer(args, "max_new_tokens", 1, lim.max_new_tokens, min(16, lim.max_new_tokens))
+    temperature = _number(args, "temperature", 0.0)
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise invalid(f"args.temperature must be in 0..{MAX_TEMPERATURE:g} (0 = greedy)")
+    top_p = _number(args, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise invalid("args.top_p must be in (0, 1]")
+    top_k = _integer(args, "top_k", 0, MAX_TOP_K, 0)
+    seed = _integer(args, "seed", 0, MAX_SEED, None)
+    stop = args.get("stop")
+    if stop is None:
+        stop = []
+    if (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOPS
+        or not all(isinstance(s, str) and 1 <= len(s) <= MAX_STOP_CHARS for s in stop)
+    ):
+        raise invalid(f"args.stop must be a list of at most {MAX_STOPS} strings of 1..{MAX_STOP_CHARS} characters")
+    max_lp = lim.max_logprobs
+    logprobs = args.get("logprobs", 0)
+    if logprobs is None:
+        logprobs = 0
+    if not isinstance(logprobs, int) or isinstance(logprobs, bool) or not 0 <= logprobs <= max_lp:
+        why = "this model returns no logprobs (limits.max_logprobs is 0)" if max_lp == 0 else f"0..{max_lp}"
+        raise invalid(f"args.logprobs must be an integer in {why}" if max_lp else f"args.logprobs: {why}")
+    stream = args.get("stream", False)
+    if not isinstance(stream, bool):
+        raise invalid("args.stream must be true or false")
+    if temperature > 0:
+        if seed is None:
+            seed = secrets.randbelow(MAX_SEED + 1)  # returned with the result, so the caller can replay it
+    else:
+        top_p, top_k, seed = 1.0, 0, None  # greedy: ignored, as the contract says
+    return GenParams(n, temperature, top_p, top_k, seed, tuple(dict.fromkeys(stop)), logprobs, stream)
