@@ -250,9 +250,10 @@ const build = (env: ToolEnv) => {
         ...(result.texts ? { texts: result.texts } : {}),
         ...(result.new_tokens ? { new_tokens: result.new_tokens } : {}),
         ...(result.generations ? { generations: result.generations as Generation[] } : {}),
-        ...(result.seed !== undefined ? { seed: result.seed } : {}),
-        ...(result.ttft_ms !== undefined ? { ttft_ms: result.ttft_ms } : {}),
-        ...(result.tokens_per_s !== undefined ? { tokens_per_s: result.tokens_per_s } : {}),
+        // The worker leaves out (or nulls) what it could not measure, e.g. tokens/s of no time.
+        ...(typeof result.seed === "number" ? { seed: result.seed } : {}),
+        ...(typeof result.ttft_ms === "number" ? { ttft_ms: result.ttft_ms } : {}),
+        ...(typeof result.tokens_per_s === "number" ? { tokens_per_s: result.tokens_per_s } : {}),
         elapsed_ms,
       };
     },

@@ -121,7 +121,7 @@ export interface InferResult {
   generations?: unknown[];
   seed?: number;
   ttft_ms?: number;
-  tokens_per_s?: number;
+  tokens_per_s?: number | null;
   labels?: string[];
   scores?: number[];
   outputs?: Array<{ name: string }>;

@@ -36,7 +36,8 @@ const bench = tools.find((t) => t.name === "run_benchmark")! as ToolDefinition<a
 /** Schema, then every per-model check: what dispatch runs before the gate. */
 function check(tool: ToolDefinition<any, any>, args: Record<string, unknown>): string | null {
   const parsed = tool.input.safeParse(args);
-  if (!parsed.success) return parsed.error.issues.map((i) => i.path.join(".")).join(",");
+  if (!parsed.success)
+    return parsed.error.issues.map((i: { path: PropertyKey[] }) => i.path.join(".")).join(",");
   try {
     tool.validate?.(parsed.data, {} as any);
     return null;
