@@ -178,7 +178,7 @@ export async function runGenerate(opts: GenerateBenchOptions): Promise<SectionRe
     sec.fig("vs_direct_batch_ratio", ceiling);
     sec.fig("sequential_ratio", sequential);
     sec.note(
-      `generate: HF generate on the worker's own adapter (torch ${info.torch}, transformers ${info.transformers}, ${info.torch_threads} threads), greedy, ${maxNew} new tokens; tokens counted up to the first EOS on every side` +
+      `generate: HF generate on the worker's own adapter (torch ${info.torch}, transformers ${info.transformers}, torch threads: ${info.torch_threads}), greedy, ${maxNew} new tokens; tokens counted up to the first EOS on every side` +
         (loaded?.batching
           ? `; worker decode loop after the run: ${JSON.stringify(loaded.batching)}`
           : ""),
