@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..catalog import Catalog, Entry
-from ..errors import WorkerError, invalid
+from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import check_messages
 from ..generation.params import GenRequest, parse_params
 from ..loaders import inside
@@ -267,6 +267,21 @@ class CausalLM(Adapter):
                     break
             result.append(kept)
         return result, stopped
+
+    def run_batch(self, batch, should_stop) -> list[Output]:
+        """Greedy decoding of prepared requests as one fixed batch, without the decode loop
+        (bench/direct.py's baseline; sampling, stop and streaming are the loop's)."""
+        prompts = [r for p in batch for r in p.payload.prompts]
+        new, stopped = self.generate(prompts, max(p.payload.params.max_new_tokens for p in batch), should_stop)
+        if stopped:
+            raise Cancelled()
+        outs, pos = [], 0
+        for p in batch:
+            rows = [r[: p.payload.params.max_new_tokens] for r in new[pos : pos + p.items]]
+            pos += p.items
+            texts = [self.decode(r) for r in rows]
+            outs.append(Output({"task": "text-generation", "texts": texts, "new_tokens": [len(r) for r in rows]}, []))
+        return outs
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

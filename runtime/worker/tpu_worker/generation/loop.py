@@ -227,6 +227,7 @@ class DecodeLoop:
             self._cache, self._mask, self._pos = cache, mask, pos
         self._rows.extend(seqs)
         self._last.extend(ids)
+        self.stats.running = sum(1 for s in self._rows if s.finish is None)
         self._accept(seqs, ids)
 
     def _step(self) -> None:
@@ -298,6 +299,7 @@ class DecodeLoop:
         self._emit(s, text)
         s.finish = reason
         self.stats.sequences += 1
+        self.stats.running = sum(1 for q in self._rows if q.finish is None)  # before the answer wakes anyone
         r = s.req
         r.open -= 1
         if r.open == 0:

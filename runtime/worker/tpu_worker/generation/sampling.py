@@ -15,9 +15,17 @@ from .params import GenParams
 
 
 def sequence_generator(seed: int, index: int) -> torch.Generator:
-    """The generator of prompt `index` of a request seeded with `seed` (prompt 0 uses the seed
-    itself; the others are kept apart by the high 32 bits)."""
-    return torch.Generator(device="cpu").manual_seed(seed + (index << 32))
+    """The generator of prompt `index` of a request seeded with `seed`: prompt 0 uses the seed
+    itself, the others a 32-bit mix of (seed, index) (the CPU generator keeps 32 bits of a seed)."""
+    return torch.Generator(device="cpu").manual_seed(seed if index == 0 else _mix(seed, index))
+
+
+def _mix(seed: int, index: int) -> int:
+    # splitmix64's finaliser over (seed, index): neighbouring seeds and indexes land far apart.
+    z = ((seed << 32) + index) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & 0xFFFFFFFF
 
 
 def sample(logits: torch.Tensor, p: GenParams, gen: torch.Generator) -> int:
