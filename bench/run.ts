@@ -361,7 +361,7 @@ async function main() {
 
   // Generation on its own server, after the others: 8 callers and HF generate side by side.
   if (want("generate")) {
-    say("generate (8 MCP callers vs 1, HF generate batch 8 and batch 1 direct)…");
+    say("generate (8 MCP callers vs 1, HF generate batch 8 and one prompt at a time, direct)…");
     const { config: genConfig, catalog: genCatalog } = writeBenchConfig();
     const server = await startStdio(genConfig);
     try {
