@@ -3,11 +3,13 @@ templates, streaming deltas, cancellation and continuous batching (tiny-gpt2 / t
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 import torch
 
+from conftest import BUILTIN_CATALOG
 from tpu_worker.cancel import CancelToken
 from tpu_worker.catalog import Limits
 from tpu_worker.errors import WorkerError
@@ -572,3 +574,72 @@ def test_unload_answers_the_requests_of_a_running_decode_batch(worker):
     with pytest.raises(WorkerError) as err:
         fut.result(timeout=30)
     assert err.value.code == "model_not_loaded"
+
+
+def test_concurrent_callers_each_get_what_they_would_get_alone(shared_worker):
+    requests = [
+        {"texts": [f"caller {i} says " + "word " * i], "max_new_tokens": 6 + i}
+        | ({"temperature": 0.9, "seed": i} if i % 2 else {})
+        for i in range(8)
+    ]
+    alone = [gen(shared_worker, r)["texts"] for r in requests]
+    together: dict[int, list[str]] = {}
+    start = threading.Barrier(len(requests))
+
+    def call(i: int) -> None:
+        start.wait()
+        together[i] = gen(shared_worker, requests[i])["texts"]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [together[i] for i in range(len(requests))] == alone
+
+
+def _copied_model(models_dir, tmp_path, name="tiny-gpt2"):
+    """A catalog whose one causal LM is a copy of tiny-gpt2 under a fresh model root."""
+    import json
+    import shutil
+
+    from tpu_worker.catalog import parse_catalog
+
+    root = tmp_path / "root"
+    shutil.copytree(os.path.realpath(os.path.join(models_dir, name)), root / "m")
+    with open(BUILTIN_CATALOG, encoding="utf-8") as fh:
+        data = json.load(fh)
+    entry = next(m for m in data["models"] if m["id"] == name) | {"id": "copy", "source": {"path": "m"}}
+    catalog = parse_catalog({"model_roots": [str(root)], "models": [entry]}, str(tmp_path / "catalog.json"))
+    return catalog, root / "m"
+
+
+def test_a_chat_template_jinja_file_beside_the_model_serves_chat(models_dir, cpu_probe, tmp_path):
+    from tpu_worker.ops import Worker
+
+    catalog, model = _copied_model(models_dir, tmp_path)
+    (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }} {% endfor %}")
+    w = Worker(catalog, cpu_probe)
+    try:
+        w.handle("load", {"model": "copy"}, [], OpContext("l"))
+        chat = gen(w, {"messages": [{"role": "user", "content": PROMPT}], "max_new_tokens": 5}, model="copy")
+        plain = gen(w, {"texts": [PROMPT + " "], "max_new_tokens": 5}, model="copy")
+        assert chat["texts"] == plain["texts"]
+    finally:
+        w.close()
+
+
+def test_a_chat_template_linked_from_outside_the_model_roots_is_refused(models_dir, cpu_probe, tmp_path):
+    from tpu_worker.ops import Worker
+
+    catalog, model = _copied_model(models_dir, tmp_path)
+    outside = tmp_path / "outside.jinja"
+    outside.write_text("{{ messages }}")
+    (model / "chat_template.jinja").symlink_to(outside)
+    w = Worker(catalog, cpu_probe)
+    try:
+        with pytest.raises(WorkerError) as err:
+            w.handle("load", {"model": "copy"}, [], OpContext("l"))
+        assert err.value.code == "path_outside_roots" and "chat_template.jinja" in err.value.message
+    finally:
+        w.close()

@@ -68,4 +68,6 @@ def test_a_cancel_on_the_wire_answers_with_the_partial_text(wire, worker):
     assert header["type"] == "result", header
     g = header["result"]["generations"][0]
     assert g["finish_reason"] == "cancelled" and g["text"] == text
-    assert g["usage"]["completion_tokens"] == 3  # prefill, step 1, step 2 (held until the cancel)
+    # Prefill and step 1 produce the first frames; the cancel lands before step 2 (2 tokens) or
+    # during it (held until the cancel: 3 tokens), and decoding stops at that token boundary.
+    assert g["usage"]["completion_tokens"] in (2, 3)

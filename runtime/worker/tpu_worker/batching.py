@@ -72,7 +72,12 @@ class Batcher:
             return len(self._queue)
 
     def describe(self) -> dict:
-        return {"enabled": self.enabled, "max_batch": self.max_batch, "max_wait_ms": self.max_wait_s * 1000}
+        return {
+            "kind": "dynamic",
+            "enabled": self.enabled,
+            "max_batch": self.max_batch,
+            "max_wait_ms": self.max_wait_s * 1000,
+        }
 
     def submit(self, prepared: Prepared, token: CancelToken, trace: list | None = None) -> Future:
         p = _Pending(prepared, token, trace=trace)

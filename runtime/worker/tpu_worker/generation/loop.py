@@ -17,6 +17,7 @@ answers with the text it had, finish_reason = the token's reason (the generation
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections import deque
@@ -144,18 +145,26 @@ class DecodeLoop:
             joining = self._take()
             if joining is None:
                 break
-            with self.reply_scope() if self.reply_scope else contextlib.nullcontext():
-                try:
-                    self._iterate(joining)
-                except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the loop
-                    logs.warn("decode step failed", model=self.name, error=f"{type(exc).__name__}: {exc}")
-                    self._fail({s.req for s in self._rows} | set(joining), exc)
-                    self._reset()
+            # Two writes per iteration: the joiners' first tokens leave before the next step
+            # runs (time to first token), then that step's tokens and answers.
+            self._guarded(functools.partial(self._admit, joining), joining)
+            if self._rows:
+                self._guarded(self._step, [])
         with self._cond:
             pending = list(self._queue)
             self._queue.clear()
         self._fail({s.req for s in self._rows} | set(pending), WorkerError("model_not_loaded", self._closed or ""))
         self._reset()
+
+    def _guarded(self, work: Callable[[], None], joining: list[_Request]) -> None:
+        with self.reply_scope() if self.reply_scope else contextlib.nullcontext():
+            try:
+                work()
+                self._compact()
+            except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the loop
+                logs.warn("decode step failed", model=self.name, error=f"{type(exc).__name__}: {exc}")
+                self._fail({s.req for s in self._rows} | set(joining), exc)
+                self._reset()
 
     def _take(self) -> list[_Request] | None:
         """Blocks while idle; returns the requests that join now (possibly none)."""
@@ -181,8 +190,9 @@ class DecodeLoop:
                     break
             return taken
 
-    def _iterate(self, joining: list[_Request]) -> None:
-        for s in self._rows:  # cancelled sequences leave at this token boundary
+    def _admit(self, joining: list[_Request]) -> None:
+        """At a token boundary: cancelled sequences leave, joining requests are prefilled in."""
+        for s in self._rows:
             if s.finish is None and s.req.token.cancelled:
                 self._end(s, s.req.token.reason or "cancelled", s.stream.finish())
         live = []
@@ -197,11 +207,8 @@ class DecodeLoop:
             try:
                 self._prefill(live)
             except Exception as exc:  # noqa: BLE001 - a failed prefill fails the joiners only
+                logs.warn("prefill failed", model=self.name, error=f"{type(exc).__name__}: {exc}")
                 self._fail(set(live), exc)
-        self._compact()
-        if self._rows:
-            self._step()
-            self._compact()
 
     def _prefill(self, live: list[_Request]) -> None:
         seqs = [s for r in live for s in r.seqs]
