@@ -244,7 +244,8 @@ describe.each(["stdio", "http"] as const)("generation over %s", (kind) => {
     for (let i = 1; i < sent.length; i++)
       expect(sent[i].progress).toBeGreaterThan(sent[i - 1].progress);
     // The SDK's client hands notifications over a microtask after the answer when both arrive
-    // in one read, so its callback may miss the last pieces: what it heard starts the text.
+    // in one read (typescript-sdk#2580), so its callback may miss the last pieces: what it
+    // heard starts the text.
     expect(text.startsWith(heard.join(""))).toBe(true);
     // Without a progress token the same call streams nothing and answers the same text.
     const quiet = seen.length;
