@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,stability runs a subset;
+// tokens,stability,generate runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -13,6 +13,7 @@ import { runAudit } from "./audit.js";
 import { runColdStart } from "./coldstart.js";
 import { runConcurrency } from "./concurrency.js";
 import { runDecompose } from "./decompose.js";
+import { runGenerate } from "./generate.js";
 import {
   DirectPython,
   MODEL,
@@ -49,6 +50,7 @@ const SECTIONS = [
   "audit",
   "tokens",
   "stability",
+  "generate",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
@@ -177,6 +179,18 @@ function targets(f: Record<string, number>): Target[] {
     (v) => v <= 12_000,
     "≤ 12,000 B (~3,000 tokens)",
     (v) => `${v.toLocaleString("en")} B`,
+  );
+  add(
+    "generate: 8 MCP callers / 1 caller, tokens/s (tiny-gpt2, 32 new tokens)",
+    "generate.concurrency_ratio",
+    (v) => v >= 3,
+    "≥ 3×",
+  );
+  add(
+    "generate: sequential MCP time / HF generate batch 1",
+    "generate.sequential_ratio",
+    (v) => v <= 1.2,
+    "≤ 1.2×",
   );
   return t;
 }
@@ -345,6 +359,27 @@ async function main() {
       baselineCli: base ? join(base, "bin", "tpu-mcp.js") : undefined,
       say,
     });
+  }
+
+  // Generation on its own server, after the others: 8 callers and HF generate side by side.
+  if (want("generate")) {
+    say("generate (8 MCP callers vs 1, HF generate batch 8 and one prompt at a time, direct)…");
+    const { config: genConfig, catalog: genCatalog } = writeBenchConfig();
+    const server = await startStdio(genConfig);
+    try {
+      results.generate = await runGenerate({
+        mcp: server,
+        catalog: genCatalog,
+        model: "tiny-gpt2",
+        callers: 8,
+        newTokens: 32,
+        perCaller: q(4, 1),
+        rounds: q(3, 1),
+        say,
+      });
+    } finally {
+      await server.close();
+    }
   }
 
   // Last: it loads the machine on purpose (CPU burners), which would disturb every other section.

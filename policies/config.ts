@@ -183,7 +183,7 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: rea
 }
 
 const AuditSchema = z.object({
-  redact_args: z.array(z.string().min(1)).default(["texts", "tensors"]),
+  redact_args: z.array(z.string().min(1)).default(["texts", "messages", "tensors"]),
   /** The chain's HMAC key file (made 0600 at first start); default `<data_dir>/audit.key`. */
   key_file: z.string().min(1).optional(),
   /**

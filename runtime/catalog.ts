@@ -28,6 +28,8 @@ export const CatalogEntrySchema = z.object({
     max_seq_len: z.number().int().min(0),
     max_new_tokens: z.number().int().min(0),
     max_text_chars: z.number().int().min(0),
+    /** Top alternatives per generated token a caller may ask for (text generation; at most 5). */
+    max_logprobs: z.number().int().min(0).max(5).optional(),
   }),
   batching: z
     .object({ max_batch: z.number().int().positive(), max_wait_ms: z.number().min(0) })

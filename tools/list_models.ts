@@ -2,6 +2,7 @@ import { z } from "zod";
 import { toToolError } from "./errors.js";
 import type { ModelFact } from "./stores/facts.js";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
+import { maxLogprobsOf } from "./support/generation.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 export const ModelInfo = z.object({
@@ -19,7 +20,11 @@ export const ModelInfo = z.object({
     max_seq_len: z.number().int(),
     max_new_tokens: z.number().int(),
     max_text_chars: z.number().int(),
+    /** Text generation: top alternatives per token run_inference's logprobs may ask for. */
+    max_logprobs: z.number().int().optional(),
   }),
+  /** Text generation: run_inference takes messages (the worker read a chat template). */
+  chat_template: z.boolean().optional(),
   input: z.object({ shape: z.array(z.number().int()), dtype: z.string() }).optional(),
   available: z.boolean(),
   problem: z.string().nullable(),
@@ -33,7 +38,7 @@ const build = (env: ToolEnv) =>
   defineTool(policy, {
     title: "List models",
     description:
-      "Use to choose a model: each catalog id with its task, size, dtypes, devices, limits, and whether it is loaded.",
+      "Use to choose a model: each catalog id with its task, size, dtypes, devices, limits, chat template, and whether it is loaded.",
     input: z.object({}).strict(),
     output: z.object({ models: z.array(ModelInfo) }),
     annotations: {
@@ -71,7 +76,14 @@ const build = (env: ToolEnv) =>
             dtypes: [...m.dtypes],
             default_dtype: m.default_dtype,
             devices,
-            limits: { ...m.limits },
+            limits: {
+              max_batch: m.limits.max_batch,
+              max_seq_len: m.limits.max_seq_len,
+              max_new_tokens: m.limits.max_new_tokens,
+              max_text_chars: m.limits.max_text_chars,
+              ...(m.task === "text-generation" ? { max_logprobs: maxLogprobsOf(m) } : {}),
+            },
+            ...(typeof f?.chat_template === "boolean" ? { chat_template: f.chat_template } : {}),
             ...(m.input ? { input: { shape: [...m.input.shape], dtype: m.input.dtype } } : {}),
             available: f?.available ?? false,
             problem: f?.problem ?? (f ? null : (down ?? "the worker did not describe this model")),
@@ -84,7 +96,7 @@ const build = (env: ToolEnv) =>
       o.models
         .map(
           (m) =>
-            `${m.id} (${m.task}, ${m.parameters ?? "?"} params, ${m.dtypes.join("/")})${m.loaded ? " [loaded]" : ""}${m.available ? "" : ` [unavailable: ${m.problem}]`}`,
+            `${m.id} (${m.task}, ${m.parameters ?? "?"} params, ${m.dtypes.join("/")})${m.chat_template ? " [chat]" : ""}${m.loaded ? " [loaded]" : ""}${m.available ? "" : ` [unavailable: ${m.problem}]`}`,
         )
         .join("\n"),
   });

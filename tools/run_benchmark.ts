@@ -14,6 +14,7 @@ import {
 } from "./schemas.js";
 import { compareReports, unstableNote } from "./render/compare.js";
 import { estimateFor } from "./support/estimate.js";
+import { seed, temperature } from "./support/generation.js";
 import { JobRef } from "./stores/jobs.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
@@ -77,6 +78,13 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
     throw new ToolError(
       "invalid_argument",
       `work: ${args.model} is not a text-generation model; use work "forward"`,
+    );
+  }
+  const sampling = (["temperature", "seed"] as const).find((k) => args[k] !== undefined);
+  if (sampling && args.work !== "generate") {
+    throw new ToolError(
+      "invalid_argument",
+      `${sampling}: only work "generate" samples; add work: "generate" or omit ${sampling}`,
     );
   }
   if (args.max_new_tokens && args.max_new_tokens > (entry.limits.max_new_tokens ?? 0)) {
@@ -235,8 +243,10 @@ const build = (env: ToolEnv) => {
         work: z
           .enum(["forward", "generate"])
           .default("forward")
-          .describe("generate: text-generation models"),
+          .describe("generate: text-generation models (temperature, seed)"),
         max_new_tokens: z.number().int().min(1).max(maxNew).optional(),
+        temperature: temperature.optional(),
+        seed: seed.optional(),
         iterations: z.number().int().min(1).max(b.max_iterations).optional(),
         duration_s: z.number().positive().max(b.max_duration_s).optional(),
         warmup: z.number().int().min(0).max(b.max_warmup).default(DEFAULT_WARMUP),
@@ -300,6 +310,9 @@ const build = (env: ToolEnv) => {
           scenario: args.scenario,
           work: args.work,
           ...(r.maxNewTokens ? { max_new_tokens: r.maxNewTokens } : {}),
+          // Sampling as in run_inference (greedy when absent); the seed makes runs repeatable.
+          ...(args.temperature !== undefined ? { temperature: args.temperature } : {}),
+          ...(args.seed !== undefined ? { seed: args.seed } : {}),
           ...(r.iterations ? { iterations: r.iterations } : {}),
           ...(args.duration_s ? { duration_s: args.duration_s } : {}),
           warmup: args.warmup,

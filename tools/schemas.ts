@@ -51,9 +51,16 @@ export const wellFormedText = z.string().refine((s) => !LONE_SURROGATE.test(s), 
 export const dtype = z.enum(MODEL_DTYPES);
 export const mode = z.enum(["eager", "compile"]);
 
+const APPROVAL_ID = /^apr_[A-Za-z0-9_-]{8,64}$/;
+
+/**
+ * Checked by a refinement, not a published pattern: the id is the server's own handle, copied
+ * from an approval_required answer, so a pattern in every costly tool's schema tells an agent
+ * nothing it can use.
+ */
 export const approvalId = z
   .string()
-  .regex(/^apr_[A-Za-z0-9_-]{8,64}$/, "an approval id looks like apr_…")
+  .refine((s) => APPROVAL_ID.test(s), { message: "an approval id looks like apr_…" })
   .optional();
 
 export const wait = z
@@ -76,12 +83,12 @@ export function tensorInput(env: ToolEnv) {
         )
         .min(1)
         .max(8),
-      data: z.array(z.number()).max(max).optional().describe("values, C order"),
+      data: z.array(z.number()).max(max).optional().describe("C order"),
       data_b64: z
         .string()
         .max(Math.ceil((max * 8 * 4) / 3) + 4)
         .optional()
-        .describe("little-endian bytes, C order, base64"),
+        .describe("C order, little-endian, base64"),
     })
     .strict()
     .refine((t) => (t.data === undefined) !== (t.data_b64 === undefined), {

@@ -69,6 +69,8 @@ export interface ToolContext {
   deadline?: CallDeadline;
   /** Sends a progress notification when the client asked for them; no-op otherwise. */
   progress: (progress: number, total?: number, message?: string) => void;
+  /** The caller asked for progress notifications (an MCP progressToken): generated text streams. */
+  progressRequested?: boolean;
   /** Stamps for the bench's decomposition when tracing is on for this call. */
   trace?: CallTrace;
 }
@@ -76,7 +78,7 @@ export interface ToolContext {
 /** The long-lived services of a ToolContext, without anything per call. */
 export type ToolServices = Omit<
   ToolContext,
-  "signal" | "progress" | "principal" | "deadline" | "placement"
+  "signal" | "progress" | "progressRequested" | "principal" | "deadline" | "placement"
 >;
 
 export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {

@@ -97,7 +97,17 @@ export interface LoadResult {
 export interface InferArgs {
   model: string;
   texts?: string[];
+  /** One conversation, rendered with the model's chat template (instead of texts). */
+  messages?: Array<{ role: string; content: string }>;
   max_new_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  seed?: number;
+  stop?: string[];
+  logprobs?: number;
+  /** Set by the server when the MCP caller sent a progress token: progress messages carry deltas. */
+  stream?: boolean;
   seq_len?: number;
 }
 
@@ -107,6 +117,11 @@ export interface InferResult {
   shape?: number[];
   texts?: string[];
   new_tokens?: number[];
+  /** Text generation: one per prompt (GENERATION_CONTRACT.md); see tools/support/generation.ts. */
+  generations?: unknown[];
+  seed?: number;
+  ttft_ms?: number;
+  tokens_per_s?: number | null;
   labels?: string[];
   scores?: number[];
   outputs?: Array<{ name: string }>;
@@ -128,6 +143,9 @@ export interface BenchmarkArgs {
   duration_s?: number;
   warmup: number;
   max_new_tokens?: number;
+  /** Work "generate": sampling (greedy when absent) and its seed. */
+  temperature?: number;
+  seed?: number;
   matmul_precision?: MatmulPrecision;
   /** An unstable configuration runs up to this many times its requested window (1: never). */
   extend_factor: number;

@@ -133,10 +133,11 @@ function nonNull(node: Node): Node | undefined {
 
 /**
  * An output schema as tools/list publishes it: the top-level fields that are always there and
- * never null, typed and required (nested objects documented, see documentedObject); the others
- * named in the description, as `nullable` (always there, maybe null) or `optional` (maybe
- * absent). Objects are open, so every answer still validates; the server checks each against the
- * full zod schema before it is sent (tools/dispatch/result.ts).
+ * never null, typed (nested objects documented, see documentedObject); the others named in the
+ * description, as `nullable` (always there, maybe null) or `optional` (maybe absent). A typed
+ * field is therefore always there: a `required` list would repeat every name (about 800 bytes of
+ * the agent's tools/list). Objects are open, so every answer still validates; the server checks
+ * each against the full zod schema before it is sent (tools/dispatch/result.ts).
  */
 function compactOutput(root: Node): Node {
   const top = (obj: Node): Node => {
@@ -154,10 +155,10 @@ function compactOutput(root: Node): Node {
       ...(nullable.length ? [`nullable: ${nullable.join(", ")}`] : []),
       ...(optional.length ? [`optional: ${optional.join(", ")}`] : []),
     ];
+    const { required: _all, ...rest } = obj;
     return {
-      ...obj,
+      ...rest,
       properties: props,
-      required: Object.keys(props),
       ...(notes.length ? { description: notes.join("; ") } : {}),
     };
   };

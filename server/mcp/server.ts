@@ -139,6 +139,7 @@ export function createMcpServer(app: App, principal: Principal): Server {
       base: services,
       signal: extra.signal,
       progress: progressSender(extra),
+      progressRequested: extra._meta?.progressToken !== undefined,
       elicit: elicitFor(server, extra),
       logger: app.logger,
       softDeadlineS: app.config.policy.limits.soft_deadline_s,

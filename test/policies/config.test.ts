@@ -64,7 +64,7 @@ describe("policy config", () => {
       elicitation: true,
       elicitation_timeout_s: 300,
     });
-    expect(c.audit.redact_args).toEqual(["texts", "tensors"]);
+    expect(c.audit.redact_args).toEqual(["texts", "messages", "tensors"]);
   });
 
   it("checks approval webhooks: an http(s) URL, a secret file, known events", () => {

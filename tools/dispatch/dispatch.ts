@@ -25,6 +25,8 @@ export interface DispatchInput {
   base: ToolServices;
   signal: AbortSignal;
   progress: ToolContext["progress"];
+  /** The caller sent a progress token: `progress` reaches it (a generation then streams). */
+  progressRequested?: boolean;
   elicit?: Elicit;
   logger: Logger;
   /** Job tools still running after this many seconds answer with a job_id (0 or absent: never). */
@@ -93,6 +95,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       placement,
       signal,
       progress,
+      ...(input.progressRequested ? { progressRequested: true } : {}),
       ...(deadline ? { deadline } : {}),
       ...(trace ? { trace } : {}),
     });

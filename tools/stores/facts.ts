@@ -9,6 +9,8 @@ export interface ModelFact {
   weight_digest: string | null;
   available: boolean;
   problem: string | null;
+  /** Text generation: whether the model has a chat template (absent: the worker did not say). */
+  chat_template?: boolean;
 }
 
 /** What the worker knows of each catalog model (not the estimator's ModelFacts, a plain record). */

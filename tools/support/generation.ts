@@ -1,0 +1,143 @@
+// Generation for text-generation models, as LLM users know it (GENERATION_CONTRACT.md): chat
+// messages, sampling with a seed, stop sequences, log-probabilities; the bounds, the checks
+// against a model's catalog entry and the answer's shape, shared by run_inference and
+// run_benchmark so that both spell and bound them the same way.
+import { z } from "zod";
+import type { CatalogEntry } from "../../runtime/catalog.js";
+import { ToolError } from "../errors.js";
+import { wellFormedText } from "../schemas.js";
+import type { ToolEnv } from "../types.js";
+
+/** The contract's bounds; a catalog entry may lower logprobs (`limits.max_logprobs`). */
+export const MAX_TEMPERATURE = 2;
+export const MAX_TOP_K = 1000;
+export const MAX_SEED = 2 ** 31 - 1;
+export const MAX_STOP = 4;
+export const MAX_STOP_CHARS = 64;
+export const MAX_LOGPROBS = 5;
+
+/** The largest logprobs any catalog model allows: the schema's static bound. */
+export function catalogMaxLogprobs(env: ToolEnv): number {
+  return Math.max(0, ...env.catalog.models.map(maxLogprobsOf));
+}
+
+export function maxLogprobsOf(entry: CatalogEntry): number {
+  if (entry.task !== "text-generation") return 0;
+  return Math.min(MAX_LOGPROBS, entry.limits.max_logprobs ?? MAX_LOGPROBS);
+}
+
+export const temperature = z.number().min(0).max(MAX_TEMPERATURE);
+export const seed = z.number().int().min(0).max(MAX_SEED);
+
+/** The sampling arguments of run_inference (run_benchmark takes temperature and seed). */
+export function samplingInput(env: ToolEnv) {
+  return {
+    temperature: temperature.optional(),
+    top_p: z.number().gt(0).max(1).optional(),
+    top_k: z.number().int().min(0).max(MAX_TOP_K).optional(),
+    seed: seed.optional(),
+    stop: z.array(wellFormedText.min(1).max(MAX_STOP_CHARS)).max(MAX_STOP).optional(),
+    logprobs: z.number().int().min(0).max(catalogMaxLogprobs(env)).optional(),
+  };
+}
+
+/** One conversation for the model's chat template. */
+export function messagesInput(env: ToolEnv, maxChars: number) {
+  return z
+    .array(
+      z
+        .object({
+          role: z.enum(["system", "user", "assistant"]),
+          content: wellFormedText.max(maxChars),
+        })
+        .strict(),
+    )
+    .min(1)
+    .max(env.limits.max_texts);
+}
+
+/** The generation arguments a request may carry, all optional. */
+export interface GenerationArgs {
+  messages?: { role: string; content: string }[];
+  max_new_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  seed?: number;
+  stop?: string[];
+  logprobs?: number;
+}
+
+const GENERATION_ONLY = [
+  "messages",
+  "temperature",
+  "top_p",
+  "top_k",
+  "seed",
+  "stop",
+  "logprobs",
+  "max_new_tokens",
+] as const;
+
+/**
+ * Every check of the generation arguments against the chosen model, before the gate: arguments
+ * a model does not take, the per-model bounds of the catalog, the size of a conversation.
+ */
+export function checkGeneration(entry: CatalogEntry, args: GenerationArgs): void {
+  const given = GENERATION_ONLY.filter((k) => args[k] !== undefined);
+  if (entry.task !== "text-generation") {
+    if (given.length)
+      throw new ToolError(
+        "invalid_argument",
+        `${given[0]}: only text-generation models take it; ${entry.id} is a ${entry.task} model`,
+      );
+    return;
+  }
+  if (args.max_new_tokens !== undefined && args.max_new_tokens > entry.limits.max_new_tokens) {
+    throw new ToolError(
+      "invalid_argument",
+      `max_new_tokens: ${entry.id} allows at most ${entry.limits.max_new_tokens}`,
+      { field: "max_new_tokens", max: entry.limits.max_new_tokens, got: args.max_new_tokens },
+    );
+  }
+  const maxLp = maxLogprobsOf(entry);
+  if (args.logprobs !== undefined && args.logprobs > maxLp) {
+    throw new ToolError("invalid_argument", `logprobs: ${entry.id} allows at most ${maxLp}`, {
+      field: "logprobs",
+      max: maxLp,
+      got: args.logprobs,
+    });
+  }
+  if (args.messages) {
+    // The rendered conversation is one prompt: it gets one text's budget of characters.
+    const chars = args.messages.reduce((n, m) => n + m.content.length, 0);
+    if (chars > entry.limits.max_text_chars) {
+      throw new ToolError(
+        "invalid_argument",
+        `messages: ${entry.id} takes at most ${entry.limits.max_text_chars} characters of content per conversation, got ${chars}`,
+        { field: "messages", max: entry.limits.max_text_chars, got: chars },
+      );
+    }
+  }
+}
+
+/** The generation arguments as the worker takes them (the same names), without absent ones. */
+export function generationArgs(args: GenerationArgs): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const k of GENERATION_ONLY) if (args[k] !== undefined) out[k] = args[k];
+  return out;
+}
+
+const Logprob = z.object({ token: z.string(), logprob: z.number() });
+
+/** One generated sequence of the worker's answer (runtime/PROTOCOL.md, `infer`). */
+export const Generation = z.object({
+  text: z.string(),
+  finish_reason: z.enum(["stop", "length", "cancelled", "budget", "timeout"]),
+  usage: z.object({
+    prompt_tokens: z.number().int(),
+    completion_tokens: z.number().int(),
+  }),
+  logprobs: z.array(Logprob.extend({ top: z.array(Logprob) })).optional(),
+});
+export type Generation = z.infer<typeof Generation>;
