@@ -3,13 +3,19 @@
 // operator decides), and the operator's decision itself. Whether to elicit and how long to wait
 // for the answer are decided here and nowhere else: the transport only sends the prompt.
 
-import { defaultApproveCommand, type ApprovalRecord, type ApprovalStore } from "../approvals.js";
+import {
+  approvalUrl,
+  defaultApproveCommand,
+  type ApprovalRecord,
+  type ApprovalStore,
+} from "../approvals.js";
 import type { AuditLog } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
 import { formatBytes } from "../../lib/units.js";
 import type { CostEstimate } from "../estimate.js";
+import type { DecisionEvidence } from "../passkeys/evidence.js";
 import { hasScope, type Principal } from "../scopes.js";
 import type { GateContext } from "./context.js";
 import type { ElicitAnswer, GateCall } from "./types.js";
@@ -121,13 +127,19 @@ export async function checkApproval(
       args_digest: digest,
       args_preview: redacted,
       estimate: estimate ?? null,
+      assurance: rule.assurance,
       ttl_s: cfg.ttl_s,
       max_pending: cfg.max_pending_per_principal,
     });
+  const link = approvalUrl(ctx.deps.consoleUrl?.(), rec.id);
+  const how =
+    rec.assurance === "passkey"
+      ? `This rule requires a passkey: ask an operator to approve it in the console${link ? ` (${link})` : ""} with their passkey; a token or the CLI cannot.`
+      : `Ask an operator to run \`${(ctx.deps.approveCommand ?? defaultApproveCommand)(rec.id)}\` from the tpu-mcp folder with a token holding approvals:grant (--token or TPU_MCP_TOKEN), or to approve it in the console${link ? ` (${link})` : ""}.`;
   const message =
     rec.status === "approved"
       ? `This call was already approved (approval ${rec.id}). Call ${tool} again with the same arguments and approval_id "${rec.id}" before ${rec.expires_at}.`
-      : `This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). Ask an operator to run \`${(ctx.deps.approveCommand ?? defaultApproveCommand)(rec.id)}\` from the tpu-mcp folder with a token holding approvals:grant (--token or TPU_MCP_TOKEN), or to approve it in the console; then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
+      : `This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). ${how} Then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
   throw new PolicyError("approval_required", message, {
     approval_id: rec.id,
     tool,
@@ -135,6 +147,8 @@ export async function checkApproval(
     status: rec.status,
     expires_at: rec.expires_at,
     estimate: estimate ?? null,
+    assurance: rec.assurance,
+    ...(link ? { console_url: link } : {}),
     message,
   });
 }
@@ -196,11 +210,14 @@ export interface DecideApprovalDeps {
   approvals: ApprovalStore;
   audit: AuditLog;
   clock?: Clock;
+  consoleUrl?: () => string | undefined;
 }
 
 /**
  * An operator's decision (the CLI calls this, directly or through Gate). The approver needs
- * approvals:grant and must not be the requester; both refusals are audited.
+ * approvals:grant and must not be the requester; both refusals are audited. An approval whose
+ * rule requires a passkey is decided only with `evidence`: an assertion the console verified
+ * (policies/passkeys/ceremony.ts) for this approval, this decision and this approver.
  */
 export function decideApproval(
   deps: DecideApprovalDeps,
@@ -208,6 +225,7 @@ export function decideApproval(
   approver: Principal,
   decision: "approve" | "deny",
   reason?: string,
+  evidence?: DecisionEvidence,
 ): ApprovalRecord {
   const now = (deps.clock ?? systemClock)();
   const existing = deps.approvals.get(id);
@@ -227,6 +245,28 @@ export function decideApproval(
         { required_scope: "approvals:grant" },
       );
     }
+    if (existing?.assurance === "passkey" && !evidence) {
+      const link = approvalUrl(deps.consoleUrl?.(), id);
+      throw new PolicyError(
+        "approval_needs_passkey",
+        `Approval ${id} is under a rule that requires a passkey: a token, the CLI or the API cannot decide it. Approve or deny it in the operator console${link ? ` at ${link}` : " (/console/ on the server's HTTP address)"}, signed in with your passkey.`,
+        { approval_id: id, assurance: "passkey", ...(link ? { console_url: link } : {}) },
+      );
+    }
+    // The evidence must be for exactly this decision by this approver (the console verified the
+    // signature; this keeps a proof for one approval from being recorded against another).
+    if (
+      evidence &&
+      (evidence.binding.approval_id !== id ||
+        evidence.binding.decision !== decision ||
+        evidence.operator !== approver.id ||
+        evidence.binding.args_digest !== existing?.args_digest)
+    )
+      throw new PolicyError(
+        "passkey_refused",
+        `The passkey assertion was made for another approval, decision or operator; nothing was recorded for ${id}.`,
+        { approval_id: id },
+      );
     const rec =
       decision === "approve"
         ? deps.approvals.approve(id, approver.id)
@@ -235,6 +275,8 @@ export function decideApproval(
       ...base,
       estimate: rec.estimate,
       outcome: decision === "approve" ? "approval_granted" : "approval_denied",
+      assurance: evidence ? "passkey" : "token",
+      ...(evidence ? { evidence } : {}),
       reason:
         reason ??
         (decision === "approve" ? `approved for ${rec.principal}` : `denied for ${rec.principal}`),

@@ -66,4 +66,6 @@ export interface GateDeps {
   logger: PolicyLogger;
   /** The command an operator runs to approve; defaults to defaultApproveCommand. */
   approveCommand?: ApproveCommand;
+  /** The operator console's address once known (where passkey decisions are made). */
+  consoleUrl?: () => string | undefined;
 }

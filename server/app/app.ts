@@ -23,7 +23,7 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { checkSecretFile, createDataDir } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
-import { approveCommand, createPolicyServices } from "./build_policies.js";
+import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
 import { ControlChannel, watchControl, type ControlHandler } from "../control/channel.js";
 import { drainHandler } from "../control/drain.js";
@@ -93,7 +93,10 @@ export function createApp(
   // so the stores a call in flight writes to (audit, reports) outlive the runtime.
   const hooks = new CloseHooks(logger);
 
-  const policy = createPolicyServices(config, logger);
+  const policy = createPolicyServices(config, logger, {
+    // Late-bound: the HTTP server learns its address after the app is built.
+    consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
+  });
   hooks.add("policy stores", () => policy.close());
   const { gate, approvals, audit } = policy;
   const reports = new SqliteReports(layout.reportsDb);
@@ -252,12 +255,8 @@ export function createApp(
  * The console's URL under the configured public `http.resource_url` (the MCP endpoint, e.g.
  * `https://tpu.example.com/mcp` → `https://tpu.example.com/console/`; a path prefix is kept).
  */
-export function publicConsoleUrl(resourceUrl: string | undefined): string | undefined {
-  if (!resourceUrl) return undefined;
-  const u = new URL(resourceUrl);
-  const base = u.pathname.replace(/\/+$/, "").replace(/\/mcp$/, "");
-  return `${u.origin}${base}/console/`;
-}
+// Defined beside the policy services (the gate names the console in its refusals).
+export { publicConsoleUrl } from "./build_policies.js";
 
 /** What every tool handler gets besides the per-call parts (MCP calls, the console). */
 export function toolServices(app: App): ToolServices {

@@ -26,6 +26,7 @@ const record: ApprovalRecord = {
     weight_bytes: 2 ** 20,
     compile_s: 0,
   } as any,
+  assurance: "token",
   status: "pending",
   created_at: "2026-11-30T10:00:00.000Z",
   expires_at: "2026-11-30T10:15:00.000Z",
