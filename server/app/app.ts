@@ -24,6 +24,7 @@ import { checkSecretFile, createDataDir } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
+import type { PasskeyStore } from "../../policies/passkeys/store.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
 import { ControlChannel, watchControl, type ControlHandler } from "../control/channel.js";
 import { drainHandler } from "../control/drain.js";
@@ -44,6 +45,8 @@ export interface App extends ToolServices {
   auth: Authenticator;
   approvals: SqliteApprovalStore;
   audit: SqliteAuditLog;
+  /** Operators' passkeys (policy.db), for the console's WebAuthn ceremonies. */
+  passkeys: PasskeyStore;
   jobs: SqliteJobs;
   outputs: MemoryOutputs;
   reports: SqliteReports;
@@ -236,6 +239,7 @@ export function createApp(
     auth,
     approvals,
     audit,
+    passkeys: policy.passkeys,
     jobs,
     outputs,
     reports,
