@@ -93,6 +93,8 @@ describe("passkey approvals in chromium", () => {
   let authenticatorId: string;
   let agent: Awaited<ReturnType<typeof connectHttp>>;
   let iterations = 2;
+  /** The operator's credential id (base64url), once enrolled. */
+  let operatorCredential = "";
 
   async function newOperatorPage(): Promise<{ ctx: BrowserContext; page: Page; cdp: CDPSession; id: string }> {
     const c = await browser.newContext({ viewport: { width: 1280, height: 900 } });
@@ -192,6 +194,7 @@ describe("passkey approvals in chromium", () => {
     const listed = JSON.parse((await cli(config, "operators", "list", "--json")).stdout);
     expect(listed).toMatchObject([{ operator: "operator", status: "active" }]);
     expect(listed[0].counter).toBeGreaterThan(0);
+    operatorCredential = listed[0].id;
   });
 
   it("refuses an enrolment code used twice, and one that expired (clock injected)", async () => {
@@ -269,10 +272,14 @@ describe("passkey approvals in chromium", () => {
         .toMatch(/waiting for an approval/);
       // The first operator approves it, signing with their own passkey.
       await page.goto(`${base}/console/#/passkeys`);
-      await page.click(".approve-passkey");
+      await page.click('tr:has-text("second") .approve-passkey');
       await expect.poll(() => page.textContent("#passkeys-status")).toContain("approved");
       await second.page.click("#passkey-signin");
-      await second.page.waitForSelector("#signout");
+      await second.page
+        .waitForSelector("#signout", { timeout: 10_000 })
+        .catch(async (e) => {
+          throw new Error(`${e}: ${await second.page.textContent("#signin-error")}`);
+        });
       expect(await second.page.textContent("#who")).toContain("second · passkey");
     } finally {
       await second.ctx.close();
@@ -286,8 +293,9 @@ describe("passkey approvals in chromium", () => {
     const card = page.locator(`article[data-id="${id}"]`);
     await expect.poll(() => card.textContent()).toContain("a passkey");
     await card.locator("button.approve").click();
-    await expect.poll(() => card.locator("p.status").last().textContent()).toBe("Approved.");
-    expect(await status(id)).toBe("approved");
+    // Decided, the card leaves the pending list for the history.
+    await expect.poll(() => status(id)).toBe("approved");
+    await expect.poll(() => card.count()).toBe(0);
     const ran = await agent.client.callTool({
       name: "run_benchmark",
       arguments: { ...args, approval_id: id },
@@ -311,7 +319,7 @@ describe("passkey approvals in chromium", () => {
     const card = page.locator(`article[data-id="${id}"]`);
     await card.locator(`#reason-${id}`).fill("not this week");
     await card.locator("button.deny").click();
-    await expect.poll(() => card.locator("p.status").last().textContent()).toBe("Denied.");
+    await expect.poll(() => status(id)).toBe("denied");
     const retry = await agent.client.callTool({
       name: "run_benchmark",
       arguments: { ...args, approval_id: id },
@@ -339,7 +347,9 @@ describe("passkey approvals in chromium", () => {
     expect(replay.body.error).toMatchObject({ code: "passkey_refused" });
     expect(replay.body.error.message).toMatch(/already used/);
     // The sign-in ceremony's nonces are single-use too.
-    const login = await assertion("passkeys/sign-in/options");
+    const login = await assertion("passkeys/sign-in/options", {
+      allowCredentials: [{ id: operatorCredential }],
+    });
     expect((await call("passkeys/sign-in", login)).status).toBe(200);
     expect((await call("passkeys/sign-in", login)).status).toBe(403);
   });
@@ -365,7 +375,9 @@ describe("passkey approvals in chromium", () => {
   it("refuses a signature counter that goes back (a cloned authenticator)", async () => {
     const { id } = await requestApproval();
     const { credentials } = await cdp.send("WebAuthn.getCredentials", { authenticatorId });
-    const mine = credentials.find((c) => c.rpId === "localhost")!;
+    const mine = credentials.find(
+      (c) => c.credentialId === Buffer.from(operatorCredential, "base64url").toString("base64"),
+    )!;
     expect(mine.signCount).toBeGreaterThan(2);
     // The same key, with the counter of an older copy.
     await cdp.send("WebAuthn.removeCredential", {
