@@ -160,7 +160,9 @@ export class ApprovalNotifier {
       approval: r,
       // What a decision must prove ("token" or "passkey"), and where to make it.
       assurance: r.assurance,
-      ...(consoleUrl ? { console_url: consoleUrl, approval_url: approvalUrl(consoleUrl, r.id) } : {}),
+      ...(consoleUrl
+        ? { console_url: consoleUrl, approval_url: approvalUrl(consoleUrl, r.id) }
+        : {}),
     });
     const max = this.opts.maxAttempts ?? 5;
     const base = this.opts.retryBaseMs ?? 1000;

@@ -162,7 +162,9 @@ async function route() {
   if (!currentSession()) return;
   stopPage();
   // #/approvals/apr_… (the link a webhook carries) opens the Approvals page at that request.
-  const [name = "approvals", target] = (location.hash.replace(/^#\/?/, "") || "approvals").split("/");
+  const [name = "approvals", target] = (location.hash.replace(/^#\/?/, "") || "approvals").split(
+    "/",
+  );
   const page = PAGES[name] ?? approvalsPage;
   for (const a of document.querySelectorAll<HTMLAnchorElement>("#nav a")) {
     if (a.getAttribute("href") === `#/${name}`) a.setAttribute("aria-current", "page");

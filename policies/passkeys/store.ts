@@ -103,8 +103,7 @@ export class PasskeyStore {
   get(id: string): StoredCredential | undefined {
     if (!this.hasTables()) return undefined;
     const r = this.db.prepare("SELECT * FROM passkey_credentials WHERE id = ?").get(id) as
-      | Row
-      | undefined;
+      Row | undefined;
     return r ? this.toCredential(r) : undefined;
   }
 
@@ -172,12 +171,17 @@ export class PasskeyStore {
     const r = this.db
       .prepare("SELECT * FROM passkey_enrolment_codes WHERE code_sha256 = ?")
       .get(hashCode(code)) as
-      | { operator: string; expires_ms: number; used_ms: number | null }
-      | undefined;
-    if (!r) throw refused("this enrolment code is unknown; print one with `tpu-mcp operators enrol NAME`");
-    if (r.used_ms !== null) throw refused("this enrolment code was already used; codes are single-use");
+      { operator: string; expires_ms: number; used_ms: number | null } | undefined;
+    if (!r)
+      throw refused(
+        "this enrolment code is unknown; print one with `tpu-mcp operators enrol NAME`",
+      );
+    if (r.used_ms !== null)
+      throw refused("this enrolment code was already used; codes are single-use");
     if (this.clock() >= r.expires_ms)
-      throw refused("this enrolment code expired; print a new one with `tpu-mcp operators enrol NAME`");
+      throw refused(
+        "this enrolment code expired; print a new one with `tpu-mcp operators enrol NAME`",
+      );
     return r;
   }
 
@@ -245,8 +249,7 @@ export class PasskeyStore {
   advanceCounter(id: string, counter: number): void {
     const tx = this.db.transaction(() => {
       const r = this.db.prepare("SELECT counter FROM passkey_credentials WHERE id = ?").get(id) as
-        | { counter: number }
-        | undefined;
+        { counter: number } | undefined;
       if (!r) throw refused("this passkey is not enrolled here");
       if ((counter > 0 || r.counter > 0) && counter <= r.counter)
         throw refused(

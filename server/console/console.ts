@@ -349,13 +349,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     // With {nonce, response}: a passkey assertion, verified against the approval as stored.
     const evidence = await passkeys.decisionEvidence(req, s, id, decision, body);
     try {
-      const rec = app.gate.decideApproval(
-        id,
-        s.principal,
-        decision,
-        reason,
-        evidence ?? undefined,
-      );
+      const rec = app.gate.decideApproval(id, s.principal, decision, reason, evidence ?? undefined);
       send(res, 200, approvalView(rec, s.principal));
     } catch (e) {
       if (isPolicyError(e)) {

@@ -157,9 +157,15 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
       if (api === "passkeys/enrol") {
         const body = await d.readJson(req);
         const c = code(body);
-        const cred = await ceremonies.register(`code:${c}`, site(req), body?.nonce, body?.response, {
-          code: c,
-        });
+        const cred = await ceremonies.register(
+          `code:${c}`,
+          site(req),
+          body?.nonce,
+          body?.response,
+          {
+            code: c,
+          },
+        );
         audit(
           cred.operator,
           "allowed",
@@ -243,13 +249,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
         d.send(
           res,
           200,
-          await ceremonies.decisionOptions(
-            s.id,
-            site(req),
-            rec,
-            a[2] as Decision,
-            s.principal.id,
-          ),
+          await ceremonies.decisionOptions(s.id, site(req), rec, a[2] as Decision, s.principal.id),
         );
         return true;
       }
@@ -273,7 +273,14 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
     const rec = app.approvals.get(id);
     if (!rec) throw new HttpError(404, `no approval ${id}`, { code: "approval_not_found" });
     try {
-      return await ceremonies.verifyDecision(s.id, site(req), body.nonce, body.response, rec, decision);
+      return await ceremonies.verifyDecision(
+        s.id,
+        site(req),
+        body.nonce,
+        body.response,
+        rec,
+        decision,
+      );
     } catch (e) {
       if (isPolicyError(e))
         app.audit.append({

@@ -10,7 +10,13 @@ import { generateKeyPairSync, randomBytes } from "node:crypto";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { chromium, type Browser, type BrowserContext, type CDPSession, type Page } from "playwright-core";
+import {
+  chromium,
+  type Browser,
+  type BrowserContext,
+  type CDPSession,
+  type Page,
+} from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PasskeyStore } from "../../policies/passkeys/store.js";
 import {
@@ -87,7 +93,6 @@ describe("passkey approvals in chromium", () => {
   let dataDir: string;
   let base: string;
   let browser: Browser;
-  let ctx: BrowserContext;
   let page: Page;
   let cdp: CDPSession;
   let authenticatorId: string;
@@ -96,7 +101,12 @@ describe("passkey approvals in chromium", () => {
   /** The operator's credential id (base64url), once enrolled. */
   let operatorCredential = "";
 
-  async function newOperatorPage(): Promise<{ ctx: BrowserContext; page: Page; cdp: CDPSession; id: string }> {
+  async function newOperatorPage(): Promise<{
+    ctx: BrowserContext;
+    page: Page;
+    cdp: CDPSession;
+    id: string;
+  }> {
     const c = await browser.newContext({ viewport: { width: 1280, height: 900 } });
     await c.addInitScript(pageHelpers);
     const p = await c.newPage();
@@ -137,7 +147,7 @@ describe("passkey approvals in chromium", () => {
       executablePath: chromiumPath(),
       args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
     });
-    ({ ctx, page, cdp, id: authenticatorId } = await newOperatorPage());
+    ({ page, cdp, id: authenticatorId } = await newOperatorPage());
     agent = await connectHttp(server.url, AGENT);
   });
 
@@ -163,10 +173,10 @@ describe("passkey approvals in chromium", () => {
   async function assertion(optionsPath: string, patch: Json = {}) {
     const o = await call(optionsPath);
     expect(o.status, JSON.stringify(o.body)).toBe(200);
-    const response = await page.evaluate(
-      ([opts, p]) => (window as any).__pk.get(opts, p),
-      [o.body.options, patch] as const,
-    );
+    const response = await page.evaluate(([opts, p]) => (window as any).__pk.get(opts, p), [
+      o.body.options,
+      patch,
+    ] as const);
     return { nonce: o.body.nonce as string, response };
   }
 
@@ -275,11 +285,9 @@ describe("passkey approvals in chromium", () => {
       await page.click('tr:has-text("second") .approve-passkey');
       await expect.poll(() => page.textContent("#passkeys-status")).toContain("approved");
       await second.page.click("#passkey-signin");
-      await second.page
-        .waitForSelector("#signout", { timeout: 10_000 })
-        .catch(async (e) => {
-          throw new Error(`${e}: ${await second.page.textContent("#signin-error")}`);
-        });
+      await second.page.waitForSelector("#signout", { timeout: 10_000 }).catch(async (e) => {
+        throw new Error(`${e}: ${await second.page.textContent("#signin-error")}`);
+      });
       expect(await second.page.textContent("#who")).toContain("second · passkey");
     } finally {
       await second.ctx.close();

@@ -132,9 +132,9 @@ describe("PasskeyStore", () => {
     const store = new PasskeyStore(tmp.file("pk2.db"), { clock: clock.now });
     const { code } = store.createEnrolmentCode("carol", 600);
     clock.advance(600_000);
-    expect(thrown(() => store.addCredential(cred("cred-carol", "carol"), { code })).message).toMatch(
-      /expired/,
-    );
+    expect(
+      thrown(() => store.addCredential(cred("cred-carol", "carol"), { code })).message,
+    ).toMatch(/expired/);
     store.close();
   });
 
