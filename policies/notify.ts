@@ -93,7 +93,7 @@ export function webhookText(
     // A passkey rule is decided in the console only: the CLI command would be refused.
     const how =
       r.assurance === "passkey"
-        ? "Needs a passkey: approve it in the console."
+        ? "Needs a passkey: approve it in the console, not with the CLI."
         : `Approve with \`${approveCommand(r.id)}\`.`;
     return (
       `Approval requested: ${who} wants to call \`${r.tool}\` (${estimateText(r)}). ` +
