@@ -104,7 +104,10 @@ export class PasskeyCeremonies {
       userName: operator,
       challenge: isoBase64URL.toBuffer(challenge),
       attestationType: this.config.allowed_aaguids ? "direct" : "none",
-      excludeCredentials: this.store.list(operator).map((c) => ({ id: c.id })),
+      excludeCredentials: this.store
+        .list(operator)
+        .filter((c) => c.status !== "removed")
+        .map((c) => ({ id: c.id })),
       // Discoverable, so sign-in needs no name; user verification in every ceremony.
       authenticatorSelection: { residentKey: "required", userVerification: "required" },
       timeout: this.config.challenge_ttl_s * 1000,
@@ -273,9 +276,11 @@ export class PasskeyCeremonies {
     const credential = this.store.get(response.id);
     if (!credential || credential.status !== "active")
       throw refused(
-        credential
+        credential?.status === "pending"
           ? "this passkey's enrolment is still waiting for an approval by an existing passkey"
-          : "this passkey is not enrolled here",
+          : credential
+            ? "this passkey was removed (`tpu-mcp operators remove`); it no longer signs"
+            : "this passkey is not enrolled here",
       );
     if (credential.rp_id !== site.rpId)
       throw refused(`this passkey was enrolled for ${credential.rp_id}, not ${site.rpId}`);

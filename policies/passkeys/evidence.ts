@@ -47,7 +47,8 @@ export async function verifyDecisionEvidence(
     return out(false, "the evidence is bound to another approval or other arguments");
   if (e.binding.decision !== decision)
     return out(false, `the evidence signs "${e.binding.decision}" but the record says ${decision}`);
-  if (!credential) return out(false, `credential ${e.credential_id} is no longer enrolled`);
+  // A removed passkey still verifies what it signed while it was enrolled.
+  if (!credential) return out(false, `credential ${e.credential_id} is not in the passkey store`);
   if (credential.operator !== e.operator)
     return out(false, `credential ${e.credential_id} belongs to ${credential.operator}`);
   try {

@@ -8,7 +8,8 @@ import { systemClock, type Clock } from "../clock.js";
 import { resolveDb, type SqliteDb } from "../sqlite.js";
 import { refused } from "./binding.js";
 
-export type CredentialStatus = "active" | "pending";
+/** "removed": kept (never signs again) so decisions it signed can still be verified. */
+export type CredentialStatus = "active" | "pending" | "removed";
 
 export interface StoredCredential {
   /** base64url, as WebAuthn names it. */
@@ -61,7 +62,7 @@ export class PasskeyStore {
       transports TEXT NOT NULL,
       aaguid TEXT NOT NULL,
       rp_id TEXT NOT NULL,
-      status TEXT NOT NULL CHECK (status IN ('active','pending')),
+      status TEXT NOT NULL CHECK (status IN ('active','pending','removed')),
       enrolled_by TEXT,
       created_ms INTEGER NOT NULL,
       last_used_ms INTEGER
@@ -133,13 +134,18 @@ export class PasskeyStore {
     return (q.get() as { n: number }).n;
   }
 
+  /** The operator's passkeys that are not removed (active or waiting). */
+  private live(operator: string): StoredCredential[] {
+    return this.list(operator).filter((c) => c.status !== "removed");
+  }
+
   /**
    * A one-time code for `operator`'s first passkey. Refused once the operator has any passkey
    * (active or waiting): another device is added from a signed-in session and approved with an
    * existing passkey, never with a code from the command line.
    */
   createEnrolmentCode(operator: string, ttlS: number): { code: string; expires_at: string } {
-    if (this.list(operator).length > 0)
+    if (this.live(operator).length > 0)
       throw refused(
         `${operator} already has a passkey; add another device from the console (signed in with that passkey) — a code from the command line cannot`,
         { operator },
@@ -199,7 +205,7 @@ export class PasskeyStore {
       if ("code" in via) {
         const r = this.codeRow(via.code);
         if (r.operator !== c.operator) throw refused("this enrolment code is for another operator");
-        if (this.list(c.operator).length > 0)
+        if (this.live(c.operator).length > 0)
           throw refused(`${c.operator} already has a passkey; the code is void`);
         this.db
           .prepare("UPDATE passkey_enrolment_codes SET used_ms = ? WHERE code_sha256 = ?")
@@ -263,11 +269,18 @@ export class PasskeyStore {
     tx.immediate();
   }
 
-  /** Recovery by whoever has a shell as the server's user (`tpu-mcp operators remove NAME`). */
+  /**
+   * Recovery by whoever has a shell as the server's user (`tpu-mcp operators remove NAME`): the
+   * passkeys never sign again, and their public keys stay so `tpu-mcp audit verify` can still
+   * check the decisions they signed.
+   */
   removeOperator(operator: string): number {
     if (!this.hasTables()) return 0;
-    return this.db.prepare("DELETE FROM passkey_credentials WHERE operator = ?").run(operator)
-      .changes;
+    return this.db
+      .prepare(
+        "UPDATE passkey_credentials SET status = 'removed' WHERE operator = ? AND status != 'removed'",
+      )
+      .run(operator).changes;
   }
 
   close(): void {

@@ -5,7 +5,8 @@
 //           policy.passkeys.enrolment_code_ttl_s); refused once NAME has any passkey. With
 //           passkeys enrolled already, the new one still waits for an existing passkey's approval.
 //   list    the passkeys (read-only).
-//   remove  deletes NAME's passkeys: the recovery for a lost authenticator (audited).
+//   remove  retires NAME's passkeys (kept for audit verify, never sign again): the recovery for a
+//           lost authenticator (audited).
 import type { Logger } from "pino";
 import { PasskeyStore } from "../../policies/passkeys/store.js";
 import { isPolicyError } from "../../policies/errors.js";

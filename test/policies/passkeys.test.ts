@@ -151,6 +151,20 @@ describe("PasskeyStore", () => {
     expect(again.get("cred-dave")!.counter).toBe(5);
     again.close();
   });
+
+  it("keeps a removed passkey's public key, and lets its operator enrol again by code", () => {
+    const store = new PasskeyStore(tmp.file("pk4.db"));
+    store.addCredential(cred("cred-erin", "erin"), {
+      code: store.createEnrolmentCode("erin", 600).code,
+    });
+    expect(store.removeOperator("erin")).toBe(1);
+    expect(store.get("cred-erin")).toMatchObject({ status: "removed" });
+    expect(store.activeCount()).toBe(0);
+    // The recovery: a new code, and (no passkey left anywhere) the new passkey is the first.
+    const { code } = store.createEnrolmentCode("erin", 600);
+    expect(store.addCredential(cred("cred-erin-2", "erin"), { code }).status).toBe("active");
+    store.close();
+  });
 });
 
 describe("decisions on a passkey rule", () => {
