@@ -98,7 +98,7 @@ function renderApproval(err: Json) {
     el(
       "p",
       (passkey
-        ? `An operator approves in the tpu-mcp console${d.console_url ? ` (${d.console_url})` : ""}, signing with a passkey; a token or the command line cannot. `
+        ? `An operator approves in the tpu-mcp console${d.approval_url ? ` (${d.approval_url})` : ""}, signing with a passkey; a token or the command line cannot. `
         : `An operator approves in the tpu-mcp console (Approvals page) or with \`${approveCommand(err, d)}\` from the tpu-mcp folder. `) +
         "This card is information only: it cannot approve anything. Then call the tool again with the same arguments and approval_id.",
       "note",

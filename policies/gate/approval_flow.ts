@@ -148,7 +148,8 @@ export async function checkApproval(
     expires_at: rec.expires_at,
     estimate: estimate ?? null,
     assurance: rec.assurance,
-    ...(link ? { console_url: link } : {}),
+    // The console's page for this request (where a passkey rule is decided).
+    ...(link ? { approval_url: link } : {}),
     message,
   });
 }
@@ -250,7 +251,7 @@ export function decideApproval(
       throw new PolicyError(
         "approval_needs_passkey",
         `Approval ${id} is under a rule that requires a passkey: a token, the CLI or the API cannot decide it. Approve or deny it in the operator console${link ? ` at ${link}` : " (/console/ on the server's HTTP address)"}, signed in with your passkey.`,
-        { approval_id: id, assurance: "passkey", ...(link ? { console_url: link } : {}) },
+        { approval_id: id, assurance: "passkey", ...(link ? { approval_url: link } : {}) },
       );
     }
     // The evidence must be for exactly this decision by this approver (the console verified the
