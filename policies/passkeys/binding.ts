@@ -78,6 +78,8 @@ export function newNonce(): string {
 export const refused = (message: string, details: Record<string, unknown> = {}) =>
   new PolicyError("passkey_refused", message, details);
 
+const PER_OWNER = 16;
+
 interface Issued<B> {
   purpose: ChallengePurpose;
   /** Whose ceremony: a console session id, so one session cannot answer another's. */
@@ -106,6 +108,10 @@ export class ChallengeBook {
     make: (nonce: string) => B,
   ): { nonce: string; challenge: string; binding: B } {
     this.sweep();
+    // One owner (a session, a sign-in address) holds at most PER_OWNER open ceremonies: its
+    // oldest goes first, so one client cannot crowd out the others' sign-ins.
+    const mine = [...this.issued].filter(([, v]) => v.owner === owner);
+    if (mine.length >= PER_OWNER) this.issued.delete(mine[0][0]);
     if (this.issued.size >= this.max) throw refused("too many passkey ceremonies in flight");
     const nonce = newNonce();
     const binding = make(nonce);

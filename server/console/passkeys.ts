@@ -96,6 +96,9 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
     return { id: operator, scopes, via: "passkey" };
   }
 
+  /** Before any session, a sign-in ceremony belongs to the address that started it. */
+  const signInOwner = (req: IncomingMessage) => `sign-in:${req.socket.remoteAddress ?? "?"}`;
+
   const code = (body: any): string => {
     const c = typeof body?.code === "string" ? body.code.trim() : "";
     if (!c) throw new HttpError(400, "paste the enrolment code", { code: "bad_request" });
@@ -178,12 +181,12 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
         return true;
       }
       if (api === "passkeys/sign-in/options") {
-        d.send(res, 200, await ceremonies.signInOptions("sign-in", site(req)));
+        d.send(res, 200, await ceremonies.signInOptions(signInOwner(req), site(req)));
         return true;
       }
       if (api === "passkeys/sign-in") {
         const body = await d.readJson(req);
-        const a = await ceremonies.signIn("sign-in", site(req), body?.nonce, body?.response);
+        const a = await ceremonies.signIn(signInOwner(req), site(req), body?.nonce, body?.response);
         const principal = operatorPrincipal(a.operator);
         if (!hasScope(principal, "approvals:grant"))
           throw new HttpError(

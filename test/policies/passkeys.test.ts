@@ -95,6 +95,15 @@ describe("ChallengeBook", () => {
     clock.advance(60_000);
     expect(thrown(() => book.take(four.nonce, "sign_in", "x")).message).toMatch(/expired/);
   });
+
+  it("keeps at most 16 open ceremonies per owner, dropping that owner's oldest", () => {
+    const book = new ChallengeBook(60_000);
+    const other = book.issue("sign_in", "someone", (n) => ({ nonce: n }));
+    const first = book.issue("sign_in", "flooder", (n) => ({ nonce: n }));
+    for (let i = 0; i < 16; i++) book.issue("sign_in", "flooder", (n) => ({ nonce: n }));
+    expect(thrown(() => book.take(first.nonce, "sign_in", "flooder")).code).toBe("passkey_refused");
+    expect(book.take(other.nonce, "sign_in", "someone").owner).toBe("someone");
+  });
 });
 
 describe("PasskeyStore", () => {
