@@ -16,6 +16,8 @@ export interface ApprovalRecord {
   /** Redacted arguments, for the operator deciding. */
   args_preview: unknown;
   estimate: CostEstimate | null;
+  /** What a decision must prove: "token" (any operator token) or "passkey" (a signed decision). */
+  assurance: "token" | "passkey";
   status: ApprovalStatus;
   created_at: string;
   /** Pending: decide before this. Approved: use before this (the TTL restarts on approval). */
@@ -32,6 +34,8 @@ export interface CreateApprovalRequest {
   args_digest: string;
   args_preview: unknown;
   estimate?: CostEstimate | null;
+  /** From the rule that asked for the approval; default "token". */
+  assurance?: "token" | "passkey";
   ttl_s: number;
   /**
    * The most pending approvals this principal may hold; a request over it is refused with
@@ -94,6 +98,11 @@ export function newApprovalId(): string {
 export type ApproveCommand = (id: string) => string;
 export const defaultApproveCommand: ApproveCommand = (id) =>
   `node bin/tpu-mcp.js approvals approve ${id}`;
+
+/** The console's page for one approval (its hash route); undefined while no console URL is known. */
+export function approvalUrl(consoleUrl: string | undefined, id: string): string | undefined {
+  return consoleUrl ? `${consoleUrl.replace(/\/?$/, "/")}#/approvals/${id}` : undefined;
+}
 
 /**
  * The usability check shared by check() and consume(). Mismatch comes before status so an id

@@ -22,6 +22,7 @@ import { resolveDb, type SqliteDb } from "./sqlite.js";
 
 // What importers of the store read, wherever it is defined.
 export {
+  approvalUrl,
   approvalUsableError,
   defaultApproveCommand,
   newApprovalId,
@@ -43,6 +44,7 @@ interface Row {
   args_digest: string;
   args_preview: string;
   estimate: string | null;
+  assurance: "token" | "passkey" | null;
   status: "pending" | "approved" | "denied" | "used";
   ttl_ms: number;
   created_ms: number;
@@ -90,6 +92,10 @@ export class SqliteApprovalStore implements ApprovalStore {
       reason TEXT,
       used_ms INTEGER
     )`);
+    // Stores from before assurance: their approvals were all token-decided.
+    const cols = this.db.prepare("PRAGMA table_info(approvals)").all() as { name: string }[];
+    if (!cols.some((c) => c.name === "assurance") && !this.db.readonly)
+      this.db.exec("ALTER TABLE approvals ADD COLUMN assurance TEXT");
     try {
       // Lists read one page through these, never the whole table.
       this.db
@@ -115,6 +121,7 @@ export class SqliteApprovalStore implements ApprovalStore {
       args_digest: r.args_digest,
       args_preview: JSON.parse(r.args_preview),
       estimate: r.estimate ? (JSON.parse(r.estimate) as CostEstimate) : null,
+      assurance: r.assurance === "passkey" ? "passkey" : "token",
       status: expired ? "expired" : r.status,
       created_at: iso(r.created_ms)!,
       expires_at: iso(r.expires_ms)!,
@@ -183,8 +190,8 @@ export class SqliteApprovalStore implements ApprovalStore {
       }
       this.db
         .prepare(
-          `INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, status, ttl_ms, created_ms, expires_ms)
-         VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)`,
+          `INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, assurance, status, ttl_ms, created_ms, expires_ms)
+         VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)`,
         )
         .run(
           id,
@@ -193,6 +200,7 @@ export class SqliteApprovalStore implements ApprovalStore {
           req.args_digest,
           JSON.stringify(req.args_preview ?? null),
           req.estimate ? JSON.stringify(req.estimate) : null,
+          req.assurance ?? "token",
           ttl,
           now,
           now + ttl,

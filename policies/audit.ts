@@ -20,7 +20,13 @@ import {
   type AuditVerifyResult,
   type VerifyCursor,
 } from "./audit_chain.js";
-import { readHead, searchRecords, tailRecords, type AuditSearch } from "./audit_query.js";
+import {
+  readHead,
+  searchRecords,
+  signedDecisionRecords,
+  tailRecords,
+  type AuditSearch,
+} from "./audit_query.js";
 import {
   canonicalWithSeq,
   prepareRecord,
@@ -296,6 +302,11 @@ export class SqliteAuditLog implements AuditLog {
 
   tail(n: number): StoredAuditRecord[] {
     return tailRecords(this.db, n);
+  }
+
+  /** Decisions signed with a passkey, oldest first (`tpu-mcp audit verify` re-checks them). */
+  signedDecisions(): IterableIterator<StoredAuditRecord> {
+    return signedDecisionRecords(this.db);
   }
 
   /**

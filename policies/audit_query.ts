@@ -38,6 +38,14 @@ export function tailRecords(db: SqliteDb, n: number): StoredAuditRecord[] {
   return rows.reverse().map(stored);
 }
 
+/** Records carrying passkey evidence, oldest first, read one at a time. */
+export function* signedDecisionRecords(db: SqliteDb): IterableIterator<StoredAuditRecord> {
+  const q = db.prepare(
+    "SELECT * FROM audit_log WHERE json_extract(record, '$.evidence') IS NOT NULL ORDER BY seq",
+  );
+  for (const r of q.iterate() as IterableIterator<Row>) yield stored(r);
+}
+
 /**
  * The first `limit` records, oldest first, among the last `window` that match the filters
  * (filtered in SQLite: only the matches are parsed), and how many records the window held.

@@ -5,6 +5,7 @@
 
 import { canonicalJson } from "./digest.js";
 import type { CostEstimate } from "./estimate.js";
+import type { DecisionEvidence } from "./passkeys/evidence.js";
 
 export type AuditOutcome =
   | "allowed"
@@ -32,6 +33,12 @@ export interface AuditRecord {
   duration_ms?: number;
   approval_id?: string;
   approver?: string;
+  /**
+   * How the approver proved the decision: "token" (held an operator token) or "passkey" (signed
+   * it; `evidence` then holds the assertion, re-verified by `tpu-mcp audit verify`).
+   */
+  assurance?: "token" | "passkey";
+  evidence?: DecisionEvidence;
   /** On chain_keyed records: the id of the key that chains the records from here on. */
   key_id?: string;
   /** The worker(s) of a pool the call ran on (comma-separated). */

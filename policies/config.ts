@@ -131,8 +131,36 @@ function approvalRuleSchema(ToolOrAnySchema: z.ZodType<string>) {
         min_memory_bytes: NonNegative.optional(),
       })
       .optional(),
+    /**
+     * What a decision on this rule's approvals must prove: "token" (anyone holding an operator
+     * token: CLI, API, token console session) or "passkey" (a WebAuthn assertion, user verified,
+     * bound to the exact call; policies/passkeys/).
+     */
+    assurance: z.enum(["token", "passkey"]).default("token"),
   });
 }
+
+/** Operators' passkeys (policies/passkeys/): enrolment and which authenticators are accepted. */
+const PasskeysSchema = z
+  .object({
+    /** How long a code printed by `tpu-mcp operators enrol NAME` can be used. */
+    enrolment_code_ttl_s: z.number().positive().max(3600).default(600),
+    /** How long a ceremony's challenge (sign-in, decision, enrolment) can be answered. */
+    challenge_ttl_s: z.number().positive().max(900).default(120),
+    /**
+     * Authenticator models (AAGUIDs, from the attestation) accepted at enrolment; absent: any.
+     * Setting it asks authenticators for direct attestation.
+     */
+    allowed_aaguids: z
+      .array(
+        z
+          .string()
+          .regex(/^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$/, "an AAGUID (a UUID)")
+          .transform((s) => s.toLowerCase()),
+      )
+      .optional(),
+  })
+  .strict();
 
 /** A webhook for approval events (policies/notify.ts has the wire format). */
 const NotifySchema = z
@@ -209,6 +237,7 @@ export function policyConfigSchema(tools: readonly ToolPolicy[]) {
       limits: limitsSchema(tools, ToolSchema).prefault({}),
       approvals: approvalsSchema(approvalRuleSchema(ToolOrAnySchema), names).prefault({}),
       audit: AuditSchema.prefault({}),
+      passkeys: PasskeysSchema.prefault({}),
     })
     .superRefine((c, ctx) => {
       const hashes = new Set<string>();
@@ -232,6 +261,8 @@ export type ApprovalRule = PolicyConfig["approvals"]["rules"][number];
 export type StaticTokenConfig = PolicyConfig["tokens"][number];
 export type JwtConfig = NonNullable<PolicyConfig["jwt"]>;
 export type LimitsConfig = PolicyConfig["limits"];
+export type PasskeysConfig = PolicyConfig["passkeys"];
+export type Assurance = ApprovalRule["assurance"];
 
 /** Parses a policy section for these tools (throws zod's error with paths on invalid input). */
 export function parsePolicyConfig(input: unknown, tools: readonly ToolPolicy[]): PolicyConfig {

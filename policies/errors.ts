@@ -139,6 +139,18 @@ export const ERROR_CATALOGUE = {
     http: 409,
     doc: "The approval was already approved or denied; decisions are final.",
   },
+  // For the operator, not the agent: a token (CLI, API, token console session) cannot decide an
+  // approval whose rule says `"assurance": "passkey"`; the message names the console's address.
+  approval_needs_passkey: {
+    recoverable: false,
+    http: 403,
+    doc: "The rule requires a passkey-signed decision; approve or deny it in the operator console with a passkey, not with a token or the CLI.",
+  },
+  passkey_refused: {
+    recoverable: false,
+    http: 403,
+    doc: "A passkey ceremony was refused (a challenge for another call or already used, no user verification, a signature counter that went back, an unknown credential, an enrolment code used or expired); the message says which.",
+  },
   approval_limit: {
     // Refused, not queued: the waiting requests are kept, so one being decided or expiring
     // makes room; retry_after_ms says when the soonest expires.
@@ -217,6 +229,8 @@ export const POLICY_ERROR_CODES = [
   "approval_mismatch",
   "approval_self_grant",
   "approval_already_decided",
+  "approval_needs_passkey",
+  "passkey_refused",
   "approval_limit",
   "rate_limited",
   "budget_exceeded",

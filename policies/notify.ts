@@ -10,7 +10,12 @@
 // is the same on every retry of one notification, so receivers can drop duplicates.
 
 import { createHmac, randomUUID, timingSafeEqual } from "node:crypto";
-import { defaultApproveCommand, type ApprovalRecord, type ApproveCommand } from "./approvals.js";
+import {
+  approvalUrl,
+  defaultApproveCommand,
+  type ApprovalRecord,
+  type ApproveCommand,
+} from "./approvals.js";
 import type { PolicyLogger } from "./audit.js";
 import { formatBytes } from "../lib/units.js";
 
@@ -82,11 +87,17 @@ export function webhookText(
   approveCommand: ApproveCommand = defaultApproveCommand,
 ): string {
   const who = slackEscape(r.principal);
-  const link = consoleUrl ? ` Decide in the console: <${consoleUrl}|${consoleUrl}>` : "";
+  const url = approvalUrl(consoleUrl, r.id);
+  const link = url ? ` Decide in the console: <${url}|${url}>` : "";
   if (event === "approval.requested") {
+    // A passkey rule is decided in the console only: the CLI command would be refused.
+    const how =
+      r.assurance === "passkey"
+        ? "Needs a passkey: approve it in the console, not with the CLI."
+        : `Approve with \`${approveCommand(r.id)}\`.`;
     return (
       `Approval requested: ${who} wants to call \`${r.tool}\` (${estimateText(r)}). ` +
-      `Expires ${r.expires_at}. Approve with \`${approveCommand(r.id)}\`.${link}`
+      `Expires ${r.expires_at}. ${how}${link}`
     );
   }
   const verb = event === "approval.approved" ? "approved" : "denied";
@@ -147,7 +158,11 @@ export class ApprovalNotifier {
       event,
       delivery,
       approval: r,
-      ...(consoleUrl ? { console_url: consoleUrl } : {}),
+      // What a decision must prove ("token" or "passkey"), and where to make it.
+      assurance: r.assurance,
+      ...(consoleUrl
+        ? { console_url: consoleUrl, approval_url: approvalUrl(consoleUrl, r.id) }
+        : {}),
     });
     const max = this.opts.maxAttempts ?? 5;
     const base = this.opts.retryBaseMs ?? 1000;

@@ -19,7 +19,7 @@ export interface Principal {
   /** A static token's id as configured; a JWT's is `jwt:<sub>` (policies/auth.ts), never the same. */
   id: string;
   scopes: readonly Scope[];
-  via: "token" | "jwt" | "stdio";
+  via: "token" | "jwt" | "stdio" | "passkey";
 }
 
 export function isScope(s: string): s is Scope {

@@ -6,6 +6,8 @@ import { approvalsPage } from "./pages/approvals.js";
 import { benchmarksPage } from "./pages/benchmarks.js";
 import { jobsPage } from "./pages/jobs.js";
 import { runtimePage } from "./pages/runtime.js";
+import { enrolWithCode, passkeysUsable, signInWithPasskey } from "./passkeys.js";
+import { passkeysPage } from "./pages/passkeys.js";
 import { api, ApiError, currentSession, onSessionEnded, setSession } from "./session.js";
 import { h, main, status, stopPage, type Json } from "./ui.js";
 
@@ -26,19 +28,80 @@ function showSignIn(message = "") {
     required: true,
   });
   const err = h("p", { class: "status bad", role: "alert", id: "signin-error" }, message);
+  const fail = (x: unknown) => {
+    err.textContent = (x as Error).message;
+  };
+  const unusable = passkeysUsable();
+  const code = h("input", {
+    id: "enrol-code",
+    type: "text",
+    autocomplete: "one-time-code",
+    spellcheck: "false",
+  });
+  const passkeyCard = h(
+    "section",
+    { class: "card signin", id: "passkey-signin-card" },
+    h("h1", {}, "Sign in"),
+    unusable
+      ? status(unusable, "bad")
+      : h(
+          "button",
+          {
+            type: "button",
+            id: "passkey-signin",
+            onclick: () => signInWithPasskey().then(start, fail),
+          },
+          "Sign in with a passkey",
+        ),
+    h(
+      "details",
+      { id: "enrol" },
+      h("summary", {}, "Enrol a passkey"),
+      h(
+        "p",
+        {},
+        "Paste the one-time code that `tpu-mcp operators enrol NAME` printed on the server. Your authenticator asks for your PIN or biometric.",
+      ),
+      h("label", { for: "enrol-code" }, "Enrolment code"),
+      code,
+      h(
+        "button",
+        {
+          type: "button",
+          id: "enrol-button",
+          disabled: Boolean(unusable),
+          onclick: async () => {
+            const c = code.value.trim();
+            code.value = "";
+            try {
+              const r = await enrolWithCode(c);
+              err.className = "status ok";
+              err.textContent =
+                r.passkey.status === "active"
+                  ? `Passkey enrolled for ${r.passkey.operator}. Sign in with it.`
+                  : `Passkey enrolled for ${r.passkey.operator}; it works once an operator approves it with their passkey.`;
+            } catch (x) {
+              err.className = "status bad";
+              fail(x);
+            }
+          },
+        },
+        "Enrol",
+      ),
+    ),
+  );
   const form = h(
     "form",
     { class: "card signin", id: "signin" },
-    h("h1", {}, "Sign in"),
+    h("h2", {}, "Sign in with a token"),
     h(
       "p",
       {},
-      "Paste an operator token (one that holds approvals:grant or admin). It is exchanged for a session cookie and is not kept by this page.",
+      "Paste an operator token (one that holds approvals:grant or admin). It is exchanged for a session cookie and is not kept by this page. A token session cannot decide approvals whose rule requires a passkey.",
     ),
     h("label", { for: "token" }, "Operator token"),
     input,
     h("button", { type: "submit" }, "Sign in"),
-    err,
   );
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
@@ -48,12 +111,11 @@ function showSignIn(message = "") {
       const s = await api("session", { method: "POST", body: { token } });
       start(s);
     } catch (x) {
-      err.textContent = (x as Error).message;
+      fail(x);
       input.focus();
     }
   });
-  main().replaceChildren(form);
-  input.focus();
+  main().replaceChildren(passkeyCard, form, err);
 }
 
 async function signOut() {
@@ -70,7 +132,11 @@ function start(session: Json) {
   document
     .getElementById("who")!
     .replaceChildren(
-      h("span", {}, `${session.principal}${session.admin ? " (admin)" : ""}`),
+      h(
+        "span",
+        {},
+        `${session.principal}${session.admin ? " (admin)" : ""} · ${session.passkey ? "passkey" : "token"}`,
+      ),
       h("button", { type: "button", class: "link", id: "signout", onclick: signOut }, "Sign out"),
     );
   events?.close();
@@ -89,12 +155,16 @@ const PAGES: Record<string, (root: HTMLElement) => Promise<void>> = {
   jobs: jobsPage,
   runtime: runtimePage,
   benchmarks: benchmarksPage,
+  passkeys: passkeysPage,
 };
 
 async function route() {
   if (!currentSession()) return;
   stopPage();
-  const name = location.hash.replace(/^#\/?/, "") || "approvals";
+  // #/approvals/apr_… (the link a webhook carries) opens the Approvals page at that request.
+  const [name = "approvals", target] = (location.hash.replace(/^#\/?/, "") || "approvals").split(
+    "/",
+  );
   const page = PAGES[name] ?? approvalsPage;
   for (const a of document.querySelectorAll<HTMLAnchorElement>("#nav a")) {
     if (a.getAttribute("href") === `#/${name}`) a.setAttribute("aria-current", "page");
@@ -104,6 +174,7 @@ async function route() {
   main().replaceChildren(root);
   try {
     await page(root);
+    if (target) root.querySelector(`[data-id="${CSS.escape(target)}"]`)?.scrollIntoView();
   } catch (x) {
     if (!(x instanceof ApiError && x.status === 401))
       root.append(status((x as Error).message, "bad"));

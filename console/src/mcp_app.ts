@@ -114,6 +114,8 @@ function renderApproval(err: Json) {
       : "none",
   );
   row("Expires", d.expires_at ? new Date(d.expires_at).toLocaleString() : "?");
+  const passkey = d.assurance === "passkey";
+  row("Decision needs", passkey ? "an operator's passkey (in the console)" : "an operator token");
   const args = el("pre", compactJson(d.args ?? {}), "args");
   box.replaceChildren(
     el("h1", "Waiting for an operator's approval"),
@@ -122,7 +124,9 @@ function renderApproval(err: Json) {
     args,
     el(
       "p",
-      `An operator approves in the tpu-mcp console (Approvals page) or with \`${approveCommand(err, d)}\` from the tpu-mcp folder. ` +
+      (passkey
+        ? `An operator approves in the tpu-mcp console${d.approval_url ? ` (${d.approval_url})` : ""}, signing with a passkey; a token or the command line cannot. `
+        : `An operator approves in the tpu-mcp console (Approvals page) or with \`${approveCommand(err, d)}\` from the tpu-mcp folder. `) +
         "This card is information only: it cannot approve anything. Then call the tool again with the same arguments and approval_id.",
       "note",
     ),

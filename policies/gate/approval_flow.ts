@@ -3,13 +3,19 @@
 // operator decides), and the operator's decision itself. Whether to elicit and how long to wait
 // for the answer are decided here and nowhere else: the transport only sends the prompt.
 
-import { defaultApproveCommand, type ApprovalRecord, type ApprovalStore } from "../approvals.js";
+import {
+  approvalUrl,
+  defaultApproveCommand,
+  type ApprovalRecord,
+  type ApprovalStore,
+} from "../approvals.js";
 import type { AuditLog } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
 import { formatBytes } from "../../lib/units.js";
 import type { CostEstimate } from "../estimate.js";
+import type { DecisionEvidence } from "../passkeys/evidence.js";
 import { hasScope, type Principal } from "../scopes.js";
 import type { GateContext } from "./context.js";
 import type { ElicitAnswer, GateCall } from "./types.js";
@@ -99,12 +105,14 @@ export async function checkApproval(
       args_digest: digest,
       args_preview: redacted,
       estimate: estimate ?? null,
+      assurance: rule.assurance,
       ttl_s: cfg.ttl_s,
       max_pending: cfg.max_pending_per_principal,
     });
 
-  // Asked in the client when it can show a form and the policy allows it.
-  if (call.elicit && cfg.elicitation) {
+  // Asked in the client when it can show a form and the policy allows it; never for a rule that
+  // needs a passkey (only a signed decision in the console counts there).
+  if (call.elicit && cfg.elicitation && rec.assurance !== "passkey") {
     const answer = await waitForAnswer(ctx, call, rule, rec, digest, redacted);
     if (answer === "accept") return rec.id;
     if (answer === "decline" || answer === "cancel") {
@@ -140,11 +148,21 @@ function approvalRequired(
   const { tool, estimate } = call;
   const command = (ctx.deps.approveCommand ?? defaultApproveCommand)(rec.id);
   const consoleUrl = ctx.deps.consoleUrl?.();
-  const where = consoleUrl ? `in the console at ${consoleUrl}` : "in the console";
+  // The console's page for this request (where a passkey rule is decided).
+  const link = approvalUrl(consoleUrl, rec.id);
+  const where = link
+    ? `in the console (${link})`
+    : consoleUrl
+      ? `in the console at ${consoleUrl}`
+      : "in the console";
+  const how =
+    rec.assurance === "passkey"
+      ? `This rule requires a passkey: ask an operator to approve it ${where} with their passkey; a token or the CLI cannot.`
+      : `Ask an operator to approve it ${where}, or to run \`${command}\` from the tpu-mcp folder.`;
   const message =
     rec.status === "approved"
       ? `This call was already approved (approval ${rec.id}). Call ${tool} again with the same arguments and approval_id "${rec.id}" before ${rec.expires_at}.`
-      : `${lead}This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). Ask an operator to approve it ${where}, or to run \`${command}\` from the tpu-mcp folder; then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
+      : `${lead}This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). ${how} Then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
   return new PolicyError("approval_required", message, {
     approval_id: rec.id,
     tool,
@@ -152,8 +170,10 @@ function approvalRequired(
     status: rec.status,
     expires_at: rec.expires_at,
     estimate: estimate ?? null,
-    approve_command: command,
+    assurance: rec.assurance,
+    ...(rec.assurance === "passkey" ? {} : { approve_command: command }),
     ...(consoleUrl ? { console_url: consoleUrl } : {}),
+    ...(link ? { approval_url: link } : {}),
     ...extra,
     message,
   });
@@ -284,11 +304,14 @@ export interface DecideApprovalDeps {
   approvals: ApprovalStore;
   audit: AuditLog;
   clock?: Clock;
+  consoleUrl?: () => string | undefined;
 }
 
 /**
  * An operator's decision (the CLI calls this, directly or through Gate). The approver needs
- * approvals:grant and must not be the requester; both refusals are audited.
+ * approvals:grant and must not be the requester; both refusals are audited. An approval whose
+ * rule requires a passkey is decided only with `evidence`: an assertion the console verified
+ * (policies/passkeys/ceremony.ts) for this approval, this decision and this approver.
  */
 export function decideApproval(
   deps: DecideApprovalDeps,
@@ -296,6 +319,7 @@ export function decideApproval(
   approver: Principal,
   decision: "approve" | "deny",
   reason?: string,
+  evidence?: DecisionEvidence,
 ): ApprovalRecord {
   const now = (deps.clock ?? systemClock)();
   const existing = deps.approvals.get(id);
@@ -315,6 +339,28 @@ export function decideApproval(
         { required_scope: "approvals:grant" },
       );
     }
+    if (existing?.assurance === "passkey" && !evidence) {
+      const link = approvalUrl(deps.consoleUrl?.(), id);
+      throw new PolicyError(
+        "approval_needs_passkey",
+        `Approval ${id} is under a rule that requires a passkey: a token, the CLI or the API cannot decide it. Approve or deny it in the operator console${link ? ` at ${link}` : " (/console/ on the server's HTTP address)"}, signed in with your passkey.`,
+        { approval_id: id, assurance: "passkey", ...(link ? { approval_url: link } : {}) },
+      );
+    }
+    // The evidence must be for exactly this decision by this approver (the console verified the
+    // signature; this keeps a proof for one approval from being recorded against another).
+    if (
+      evidence &&
+      (evidence.binding.approval_id !== id ||
+        evidence.binding.decision !== decision ||
+        evidence.operator !== approver.id ||
+        evidence.binding.args_digest !== existing?.args_digest)
+    )
+      throw new PolicyError(
+        "passkey_refused",
+        `The passkey assertion was made for another approval, decision or operator; nothing was recorded for ${id}.`,
+        { approval_id: id },
+      );
     const rec =
       decision === "approve"
         ? deps.approvals.approve(id, approver.id)
@@ -323,6 +369,8 @@ export function decideApproval(
       ...base,
       estimate: rec.estimate,
       outcome: decision === "approve" ? "approval_granted" : "approval_denied",
+      assurance: evidence ? "passkey" : "token",
+      ...(evidence ? { evidence } : {}),
       reason:
         reason ??
         (decision === "approve" ? `approved for ${rec.principal}` : `denied for ${rec.principal}`),

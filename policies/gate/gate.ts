@@ -7,6 +7,7 @@ import type { ApprovalRecord } from "../approvals.js";
 import { redactArgs } from "../audit_record.js";
 import { argsDigest } from "../digest.js";
 import { isPolicyError } from "../errors.js";
+import type { DecisionEvidence } from "../passkeys/evidence.js";
 import type { Principal } from "../scopes.js";
 import { decideApproval } from "./approval_flow.js";
 import { gateContext, type GateContext } from "./context.js";
@@ -36,8 +37,9 @@ export class Gate {
     approver: Principal,
     decision: "approve" | "deny",
     reason?: string,
+    evidence?: DecisionEvidence,
   ): ApprovalRecord {
-    return decideApproval(this.ctx.deps, id, approver, decision, reason);
+    return decideApproval(this.ctx.deps, id, approver, decision, reason, evidence);
   }
 
   /**

@@ -23,7 +23,8 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { checkSecretFile, createDataDir } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
-import { approveCommand, createPolicyServices } from "./build_policies.js";
+import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
+import type { PasskeyStore } from "../../policies/passkeys/store.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
 import { ControlChannel, watchControl, type ControlHandler } from "../control/channel.js";
 import { drainHandler } from "../control/drain.js";
@@ -44,6 +45,8 @@ export interface App extends ToolServices {
   auth: Authenticator;
   approvals: SqliteApprovalStore;
   audit: SqliteAuditLog;
+  /** Operators' passkeys (policy.db), for the console's WebAuthn ceremonies. */
+  passkeys: PasskeyStore;
   jobs: SqliteJobs;
   outputs: MemoryOutputs;
   reports: SqliteReports;
@@ -93,8 +96,8 @@ export function createApp(
   // so the stores a call in flight writes to (audit, reports) outlive the runtime.
   const hooks = new CloseHooks(logger);
 
-  // The console's address is known once the HTTP server listens (app.consoleUrl), after this.
   const policy = createPolicyServices(config, logger, {
+    // Late-bound: the HTTP server learns its address after the app is built.
     consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
   });
   hooks.add("policy stores", () => policy.close());
@@ -240,6 +243,7 @@ export function createApp(
     auth,
     approvals,
     audit,
+    passkeys: policy.passkeys,
     jobs,
     outputs,
     reports,
@@ -259,12 +263,8 @@ export function createApp(
  * The console's URL under the configured public `http.resource_url` (the MCP endpoint, e.g.
  * `https://tpu.example.com/mcp` → `https://tpu.example.com/console/`; a path prefix is kept).
  */
-export function publicConsoleUrl(resourceUrl: string | undefined): string | undefined {
-  if (!resourceUrl) return undefined;
-  const u = new URL(resourceUrl);
-  const base = u.pathname.replace(/\/+$/, "").replace(/\/mcp$/, "");
-  return `${u.origin}${base}/console/`;
-}
+// Defined beside the policy services (the gate names the console in its refusals).
+export { publicConsoleUrl } from "./build_policies.js";
 
 /** What every tool handler gets besides the per-call parts (MCP calls, the console). */
 export function toolServices(app: App): ToolServices {

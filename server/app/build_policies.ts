@@ -9,6 +9,7 @@ import { Gate } from "../../policies/gate/gate.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
+import { PasskeyStore } from "../../policies/passkeys/store.js";
 import { openStoreDb } from "../../policies/sqlite.js";
 import { isAbsolute, relative } from "node:path";
 import { TOOL_POLICIES } from "../../tools/registry.js";
@@ -26,11 +27,20 @@ export function approveCommand(config: ServerConfig): ApproveCommand {
   return (id) => `node bin/tpu-mcp.js approvals approve ${id}${where ? ` --config ${where}` : ""}`;
 }
 
+/** The console's public address from http.resource_url (`…/mcp` → `…/console/`), if set. */
+export function publicConsoleUrl(resourceUrl: string | undefined): string | undefined {
+  if (!resourceUrl) return undefined;
+  const u = new URL(resourceUrl);
+  const base = u.pathname.replace(/\/+$/, "").replace(/\/mcp$/, "");
+  return `${u.origin}${base}/console/`;
+}
+
 export interface PolicyServices {
   gate: Gate;
   approvals: SqliteApprovalStore;
   audit: SqliteAuditLog;
   budget: SqliteBudgetLedger;
+  passkeys: PasskeyStore;
   close(): void;
 }
 
@@ -54,6 +64,7 @@ export function createPolicyServices(
     refusalWindowMs: policy.audit.refusal_window_s * 1000,
   });
   const budget = new SqliteBudgetLedger(db, policy.limits.budget);
+  const passkeys = new PasskeyStore(db);
   const gate = new Gate({
     config: policy,
     tools: TOOL_POLICIES,
@@ -64,14 +75,17 @@ export function createPolicyServices(
     budget,
     logger: logger.child({ component: "gate" }),
     approveCommand: approveCommand(config),
-    consoleUrl: opts.consoleUrl,
+    // The CLI knows only the configured public address; the server adds the one it bound.
+    consoleUrl: opts.consoleUrl ?? (() => publicConsoleUrl(config.http.resource_url)),
   });
   return {
     gate,
     approvals,
     audit,
     budget,
+    passkeys,
     close() {
+      passkeys.close();
       approvals.close();
       audit.close();
       budget.close();

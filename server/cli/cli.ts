@@ -10,6 +10,7 @@ import { ConfigError, loadConfig, withToken, type ServerConfig } from "../config
 import { checkSecretFile, createDataDir, dataDir } from "../config/data_dir.js";
 import { createApp, type App } from "../app/app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
+import { runOperatorsCommand } from "./operators.js";
 import { runDoctor } from "../doctor/index.js";
 import { runTpuSelfTest } from "../doctor/tpu.js";
 import { startHttp } from "../transports/http.js";
@@ -46,6 +47,9 @@ commands:
   audit tail [-n N] | head | verify [--head FILE]
                                 read the audit trail, export its head (store it elsewhere),
                                 verify the keyed chain (and that it still holds an exported head)
+  operators enrol NAME | list | remove NAME
+                                operators' passkeys: a one-time code for NAME's first passkey
+                                (the console enrols it), the list, removal (lost passkey)
   token new | hash TOKEN        make a token and print its sha256 for the config
   config show                   the effective config as JSON: the file over the defaults
                                 (e.g. the approval rules that apply when the file names none)
@@ -211,7 +215,8 @@ async function main(argv: string[]): Promise<number> {
       }
       err(
         `connect: any MCP client with URL ${running.url} and header "Authorization: Bearer <token>"\n` +
-          `console: ${running.url.replace(/\/mcp$/, "/console/")} (operators: sign in with ${operatorFile ? `the operator token in ${operatorFile}` : "a token holding approvals:grant or admin"})\n` +
+          // localhost, not 127.0.0.1: browsers allow passkeys only in a secure context.
+          `console: ${running.url.replace(/\/mcp$/, "/console/").replace("//127.0.0.1:", "//localhost:")} (operators: sign in with a passkey, or with ${operatorFile ? `the operator token in ${operatorFile}` : "a token holding approvals:grant or admin"})\n` +
           `health: ${running.url.replace(/\/mcp$/, "/healthz")}  metrics: ${running.url.replace(/\/mcp$/, "/metrics")}\n` +
           "stop with Ctrl-C\n",
       );
@@ -258,6 +263,13 @@ async function main(argv: string[]): Promise<number> {
       return runAuditCommand(config, positionals, {
         n: values.n ? Number(values.n) : 20,
         head: values.head,
+        json: values.json === true,
+        out,
+        err,
+        logger,
+      });
+    case "operators":
+      return runOperatorsCommand(config, positionals, {
         json: values.json === true,
         out,
         err,

@@ -14,6 +14,8 @@ import {
 import { SqliteAuditLog, type AuditHead } from "../../policies/audit.js";
 import { readAuditKey, type AuditKey } from "../../policies/audit_key.js";
 import { Authenticator } from "../../policies/auth.js";
+import { PasskeyStore } from "../../policies/passkeys/store.js";
+import { verifySignedDecisions } from "../../policies/passkeys/verify_trail.js";
 import type { SqliteDb } from "../../policies/sqlite.js";
 import { createPolicyServices } from "../app/build_policies.js";
 import type { ServerConfig } from "../config/config.js";
@@ -246,14 +248,28 @@ export async function runAuditCommand(
         }
       }
       const v = audit.verify({ head });
-      if (io.json) io.out(JSON.stringify(v, null, 2));
-      else
+      // Then every passkey-signed decision, against the enrolled public keys (collected first:
+      // the credential reads share the connection the records would be streamed on).
+      const signed = await verifySignedDecisions([...audit.signedDecisions()], store.passkeys);
+      if (io.json) io.out(JSON.stringify({ ...v, signed_decisions: signed }, null, 2));
+      else {
         io.out(
           v.ok
             ? terminalField(`ok: ${v.checked} record(s), chain intact — ${v.reason}`)
             : terminalField(`TAMPERED at record #${v.first_bad_seq}: ${v.reason}`),
         );
-      return v.ok ? 0 : 1;
+        io.out(
+          signed.ok
+            ? `ok: ${signed.checked} passkey-signed decision(s) verified against the enrolled passkeys`
+            : terminalField(
+                `SIGNATURE CHECK FAILED for ${signed.failures.length} of ${signed.checked} passkey-signed decision(s): ` +
+                  signed.failures
+                    .map((f) => `#${f.seq} (${f.approval_id}): ${f.reason}`)
+                    .join("; "),
+              ),
+        );
+      }
+      return v.ok && signed.ok ? 0 : 1;
     }
     io.err("usage: tpu-mcp audit tail [-n N] | head | verify [--head FILE]");
     return 2;
@@ -271,13 +287,14 @@ function openAudit(
   config: ServerConfig,
   key: AuditKey | null,
   io: Io,
-): { audit: SqliteAuditLog; close(): void } {
+): { audit: SqliteAuditLog; passkeys: PasskeyStore; close(): void } {
   const opts = { logger: io.logger, key };
   const db = readPolicyDb(config, io);
   try {
     const audit = new SqliteAuditLog(db, opts);
     return {
       audit,
+      passkeys: new PasskeyStore(db),
       close() {
         audit.close();
         if (db.open) db.close();
@@ -287,7 +304,15 @@ function openAudit(
     if (db.open) db.close();
     if (!isReadOnlyRefusal(e)) throw e;
     const audit = new SqliteAuditLog(dataDir(config).policyDb, opts);
-    return { audit, close: () => audit.close() };
+    const passkeys = new PasskeyStore(dataDir(config).policyDb);
+    return {
+      audit,
+      passkeys,
+      close: () => {
+        audit.close();
+        passkeys.close();
+      },
+    };
   }
 }
 

@@ -5,7 +5,8 @@
 // Over 500 lines on purpose: every route is a few lines over the same session, CSRF and error
 // handling, and reading them side by side is how a reviewer checks that none skips a check.
 //
-// Sign-in: POST /console/api/session {token} with a token holding approvals:grant or admin. The
+// Sign-in with a passkey (WebAuthn; the routes are passkeys.ts's, the checks policies/passkeys/'s),
+// or POST /console/api/session {token} with a token holding approvals:grant or admin. The
 // token is checked once and forgotten (through the server's one limiter for failed
 // authentication, reserved before the body is read); the browser gets an HttpOnly,
 // SameSite=Strict cookie (Secure when the public URL is https or the request came over TLS)
@@ -28,6 +29,8 @@ import { dispatchTool, ERROR_META_KEY } from "../../tools/dispatch/dispatch.js";
 import { toolServices, type App } from "../app/app.js";
 import type { AuthLimiter } from "../auth_limit.js";
 import { HttpError, readJsonBody, sendJson, sweepSessions } from "../http_util.js";
+import { PasskeyCeremonies } from "../../policies/passkeys/ceremony.js";
+import { passkeyRoutes } from "./passkeys.js";
 
 export const CONSOLE_COOKIE = "tpu_console";
 export const CONSOLE_CSP =
@@ -53,6 +56,8 @@ interface ConsoleSession {
   /** No later than this: a JWT's own expiry, or MAX_AGE_MS after sign-in. */
   endsAt: number;
   streams: Set<ServerResponse>;
+  /** The passkey the session was opened with; absent for a token session. */
+  credential?: string;
 }
 
 const SECURITY_HEADERS = {
@@ -130,7 +135,9 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     const now = Date.now();
     if (!s || now - s.lastSeen > IDLE_MS || now >= s.endsAt) {
       if (s) end(s);
-      throw new HttpError(401, "sign in with an operator token", { code: "signed_out" });
+      throw new HttpError(401, "sign in with a passkey or an operator token", {
+        code: "signed_out",
+      });
     }
     s.lastSeen = now;
     return s;
@@ -228,6 +235,18 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       const exp = decodeJwt(token).exp;
       if (typeof exp === "number") endsAt = Math.min(endsAt, exp * 1000);
     }
+    openSession(req, res, principal, endsAt);
+  }
+
+  /** A new session for a principal just proven (token or passkey): the cookie and the answer. */
+  function openSession(
+    req: IncomingMessage,
+    res: ServerResponse,
+    principal: Principal,
+    endsAt: number,
+    credential?: string,
+  ) {
+    const now = Date.now();
     const s: ConsoleSession = {
       id: randomBytes(32).toString("base64url"),
       principal,
@@ -236,15 +255,31 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       lastSeen: now,
       endsAt,
       streams: new Set(),
+      ...(credential ? { credential } : {}),
     };
     admitSession(principal);
     sessions.set(s.id, s);
     gauge();
-    log.info({ principal: principal.id, remote: addr }, "console sign-in");
+    log.info(
+      { principal: principal.id, remote: remote(req), via: credential ? "passkey" : "token" },
+      "console sign-in",
+    );
     send(res, 200, describeSession(s), {
       "set-cookie": cookie(req, s.id, Math.max(1, Math.floor((endsAt - now) / 1000))),
     });
   }
+
+  const passkeys = passkeyRoutes({
+    app,
+    ceremonies: new PasskeyCeremonies(app.passkeys, app.config.policy.passkeys),
+    store: app.passkeys,
+    log,
+    publicHttps,
+    readJson,
+    send: (res, status, body) => send(res, status, body),
+    openSession: (req, res, principal, credential) =>
+      openSession(req, res, principal, Date.now() + MAX_AGE_MS, credential),
+  });
 
   function describeSession(s: ConsoleSession) {
     return {
@@ -252,6 +287,8 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       principal: s.principal.id,
       scopes: s.principal.scopes,
       admin: s.principal.scopes.includes("admin"),
+      // A passkey session signs its decisions; a token session can decide token rules only.
+      passkey: s.credential !== undefined,
       csrf: s.csrf,
       expires_at: new Date(s.endsAt).toISOString(),
     };
@@ -309,15 +346,20 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       typeof body?.reason === "string" && body.reason.trim()
         ? body.reason.trim().slice(0, 500)
         : undefined;
+    // With {nonce, response}: a passkey assertion, verified against the approval as stored.
+    const evidence = await passkeys.decisionEvidence(req, s, id, decision, body);
     try {
-      const rec = app.gate.decideApproval(id, s.principal, decision, reason);
+      const rec = app.gate.decideApproval(id, s.principal, decision, reason, evidence ?? undefined);
       send(res, 200, approvalView(rec, s.principal));
     } catch (e) {
       if (isPolicyError(e)) {
         const status =
           e.code === "approval_not_found"
             ? 404
-            : e.code === "insufficient_scope" || e.code === "approval_self_grant"
+            : e.code === "insufficient_scope" ||
+                e.code === "approval_self_grant" ||
+                e.code === "approval_needs_passkey" ||
+                e.code === "passkey_refused"
               ? 403
               : 409;
         return send(res, status, { error: { code: e.code, message: e.message } });
@@ -491,6 +533,11 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       throw new HttpError(404, "no such console page", { code: "not_found" });
     const api = path.slice("/console/api/".length);
     if (api === "session" && method === "POST") return signIn(req, res);
+    // Enrolment by code and sign-in by passkey come before any session exists.
+    if (method === "POST" && /^passkeys\/(enrol|sign-in)(\/options)?$/.test(api)) {
+      checkWrite(req, null);
+      if (await passkeys.route(req, res, api, method, null)) return;
+    }
     if (api === "session" && method === "GET") {
       // Asked on every page load: "not signed in" is an answer, not an error.
       let s: ConsoleSession | undefined;
@@ -521,6 +568,10 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
         if (!r) throw new HttpError(404, `no report ${b[1]}`, { code: "not_found" });
         return send(res, 200, { ...r });
       }
+    }
+    if (api.startsWith("passkeys") || /\/options$/.test(api)) {
+      if (method !== "GET") checkWrite(req, s);
+      if (await passkeys.route(req, res, api, method, s)) return;
     }
     if (method === "POST") {
       const a = /^approvals\/(apr_[0-9a-f]{32})\/(approve|deny)$/.exec(api);

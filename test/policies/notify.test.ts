@@ -26,6 +26,7 @@ const record: ApprovalRecord = {
     weight_bytes: 2 ** 20,
     compile_s: 0,
   } as any,
+  assurance: "token",
   status: "pending",
   created_at: "2026-11-30T10:00:00.000Z",
   expires_at: "2026-11-30T10:15:00.000Z",
@@ -89,7 +90,19 @@ describe("webhook signature", () => {
     expect(t).toContain("agent&lt;script&gt; wants to call `run_benchmark`");
     expect(t).toContain("~12 device-s, 1.0 GiB memory");
     expect(t).toContain(`node bin/tpu-mcp.js approvals approve ${record.id}`);
-    expect(t).toContain("<http://127.0.0.1:1/console/|");
+    // The link opens the console at this approval.
+    expect(t).toContain(`<http://127.0.0.1:1/console/#/approvals/${record.id}|`);
+  });
+
+  it("says a passkey rule is decided in the console, and offers no CLI command for it", () => {
+    const t = webhookText(
+      "approval.requested",
+      { ...record, assurance: "passkey" },
+      "http://localhost:1/console/",
+    );
+    expect(t).toContain("Needs a passkey");
+    expect(t).not.toContain("approvals approve");
+    expect(t).toContain(`http://localhost:1/console/#/approvals/${record.id}`);
   });
 });
 

@@ -1,6 +1,7 @@
 // The Approvals page: every pending request (paged), with approve and deny; the history.
 import { compactJson } from "../chart.js";
-import { api, ApiError } from "../session.js";
+import { signDecision } from "../passkeys.js";
+import { api, ApiError, currentSession } from "../session.js";
 import { h, when, countdown, estimateText, status, table, every, on, type Json } from "../ui.js";
 
 function approvalCard(a: Json, refresh: () => void): HTMLElement {
@@ -11,12 +12,17 @@ function approvalCard(a: Json, refresh: () => void): HTMLElement {
     maxlength: "500",
   });
   const msg = h("p", { class: "status", role: "status" });
+  // A passkey session signs every decision (the strongest evidence it can give); a token
+  // session can decide only rules that accept a token, and the server says so otherwise.
+  const signs = currentSession()?.passkey === true;
   const decide = async (decision: "approve" | "deny") => {
     try {
-      await api(`approvals/${a.id}/${decision}`, {
-        method: "POST",
-        body: decision === "deny" ? { reason: reason.value } : {},
-      });
+      if (signs) await signDecision(a.id, decision, decision === "deny" ? reason.value : "");
+      else
+        await api(`approvals/${a.id}/${decision}`, {
+          method: "POST",
+          body: decision === "deny" ? { reason: reason.value } : {},
+        });
       msg.textContent = decision === "approve" ? "Approved." : "Denied.";
       refresh();
     } catch (x) {
@@ -45,6 +51,14 @@ function approvalCard(a: Json, refresh: () => void): HTMLElement {
       {},
       h("dt", {}, "Estimate"),
       h("dd", {}, estimateText(a.estimate)),
+      h("dt", {}, "Decision needs"),
+      h(
+        "dd",
+        { class: `assurance ${a.assurance}` },
+        a.assurance === "passkey"
+          ? "a passkey (signed in this console; a token or the CLI is refused)"
+          : "an operator token or a passkey",
+      ),
       h("dt", {}, "Requested"),
       h("dd", {}, when(a.created_at)),
       h("dt", {}, "Who else can decide"),
@@ -54,6 +68,13 @@ function approvalCard(a: Json, refresh: () => void): HTMLElement {
     ),
     h("p", { class: "label" }, "Exact arguments (redacted fields are summaries, as in the audit):"),
     h("pre", { class: "args", tabindex: "0" }, compactJson(a.args_preview)),
+    a.assurance === "passkey" && !signs && !self
+      ? h(
+          "p",
+          { class: "status info needs-passkey" },
+          "This rule requires a passkey: sign out and sign in with your passkey to decide it.",
+        )
+      : null,
     self
       ? h(
           "p",
@@ -69,12 +90,12 @@ function approvalCard(a: Json, refresh: () => void): HTMLElement {
       h(
         "button",
         { type: "button", class: "approve", disabled: self, onclick: () => decide("approve") },
-        "Approve",
+        signs ? "Approve with passkey" : "Approve",
       ),
       h(
         "button",
         { type: "button", class: "deny", disabled: self, onclick: () => decide("deny") },
-        "Deny",
+        signs ? "Deny with passkey" : "Deny",
       ),
     ),
     msg,

@@ -1,0 +1,257 @@
+// The pure parts of passkey decisions: what a challenge commits to, the single-use expiring
+// nonces, the credential store's counter and enrolment-code rules, and the gate's refusal of a
+// token decision on a passkey rule. The WebAuthn ceremonies themselves run in chromium
+// (test/browser/passkeys.test.ts).
+import { afterAll, describe, expect, it } from "vitest";
+import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteAuditLog } from "../../policies/audit.js";
+import type { PolicyError } from "../../policies/errors.js";
+import { decideApproval } from "../../policies/gate/approval_flow.js";
+import {
+  ChallengeBook,
+  decisionBinding,
+  decisionChallenge,
+  enrolmentChallenge,
+  estimateDigest,
+} from "../../policies/passkeys/binding.js";
+import type { DecisionEvidence } from "../../policies/passkeys/evidence.js";
+import { PasskeyStore } from "../../policies/passkeys/store.js";
+import type { Principal } from "../../policies/scopes.js";
+import { FakeClock, tempDir } from "./helpers.js";
+
+const tmp = tempDir();
+afterAll(() => tmp.cleanup());
+
+const approval = {
+  id: "apr_" + "1".repeat(32),
+  args_digest: "a".repeat(64),
+  estimate: { device_seconds: 12, memory_bytes: 2 ** 30, weight_bytes: 2 ** 20, compile_s: 0 },
+} as never;
+
+function thrown(fn: () => unknown): PolicyError {
+  try {
+    fn();
+  } catch (e) {
+    return e as PolicyError;
+  }
+  throw new Error("expected a refusal");
+}
+
+describe("decision challenge", () => {
+  const base = decisionBinding(approval, "approve", "nonce-1");
+  const c = decisionChallenge(base);
+
+  it("is a base64url sha256 and the same for the same binding", () => {
+    expect(c).toMatch(/^[A-Za-z0-9_-]{43}$/);
+    expect(decisionChallenge(decisionBinding(approval, "approve", "nonce-1"))).toBe(c);
+  });
+
+  it.each([
+    ["the approval id", { approval_id: "apr_" + "2".repeat(32) }],
+    ["the argument digest", { args_digest: "b".repeat(64) }],
+    ["the estimate shown", { estimate_sha256: estimateDigest(null) }],
+    ["the decision", { decision: "deny" as const }],
+    ["the nonce", { nonce: "nonce-2" }],
+  ])("changes with %s", (_what, change) => {
+    expect(decisionChallenge({ ...base, ...change })).not.toBe(c);
+  });
+
+  it("commits to the estimate's content, not its key order", () => {
+    const a = estimateDigest({ device_seconds: 1, memory_bytes: 2 } as never);
+    const b = estimateDigest({ memory_bytes: 2, device_seconds: 1 } as never);
+    expect(a).toBe(b);
+    expect(estimateDigest({ device_seconds: 2, memory_bytes: 2 } as never)).not.toBe(a);
+  });
+
+  it("never equals a challenge of another purpose over the same fields", () => {
+    const e = enrolmentChallenge({ credential_id: "x", operator: "y", nonce: "nonce-1" });
+    expect(e).not.toBe(c);
+  });
+});
+
+describe("ChallengeBook", () => {
+  it("hands a nonce back once, to its owner, for its purpose, before it expires", () => {
+    const clock = new FakeClock();
+    const book = new ChallengeBook(60_000, clock.now);
+    const one = book.issue("decision", "session-a", (n) => decisionBinding(approval, "deny", n));
+    expect(one.challenge).toBe(decisionChallenge(one.binding));
+    expect(book.take(one.nonce, "decision", "session-a").binding).toEqual(one.binding);
+    // Replayed: gone.
+    expect(thrown(() => book.take(one.nonce, "decision", "session-a")).code).toBe(
+      "passkey_refused",
+    );
+    // Another session's nonce, or one for another ceremony, is refused and burnt.
+    const two = book.issue("decision", "session-a", (n) => ({ nonce: n }));
+    expect(thrown(() => book.take(two.nonce, "decision", "session-b")).message).toMatch(
+      /unknown or already used/,
+    );
+    expect(thrown(() => book.take(two.nonce, "decision", "session-a")).code).toBe(
+      "passkey_refused",
+    );
+    const three = book.issue("sign_in", "x", (n) => ({ nonce: n }));
+    expect(thrown(() => book.take(three.nonce, "decision", "x")).code).toBe("passkey_refused");
+    // Expired.
+    const four = book.issue("sign_in", "x", (n) => ({ nonce: n }));
+    clock.advance(60_000);
+    expect(thrown(() => book.take(four.nonce, "sign_in", "x")).message).toMatch(/expired/);
+  });
+
+  it("keeps at most 16 open ceremonies per owner, dropping that owner's oldest", () => {
+    const book = new ChallengeBook(60_000);
+    const other = book.issue("sign_in", "someone", (n) => ({ nonce: n }));
+    const first = book.issue("sign_in", "flooder", (n) => ({ nonce: n }));
+    for (let i = 0; i < 16; i++) book.issue("sign_in", "flooder", (n) => ({ nonce: n }));
+    expect(thrown(() => book.take(first.nonce, "sign_in", "flooder")).code).toBe("passkey_refused");
+    expect(book.take(other.nonce, "sign_in", "someone").owner).toBe("someone");
+  });
+});
+
+describe("PasskeyStore", () => {
+  const cred = (id: string, operator = "alice") => ({
+    id,
+    operator,
+    public_key: new Uint8Array([1, 2, 3]),
+    counter: 0,
+    transports: [],
+    aaguid: "00000000-0000-0000-0000-000000000000",
+    rp_id: "localhost",
+  });
+
+  it("bootstraps the first passkey by code; later ones wait for an approval", () => {
+    const clock = new FakeClock();
+    const store = new PasskeyStore(tmp.file("pk1.db"), { clock: clock.now });
+    const { code } = store.createEnrolmentCode("alice", 600);
+    expect(store.addCredential(cred("cred-alice-1"), { code }).status).toBe("active");
+    // Used twice: refused.
+    expect(thrown(() => store.addCredential(cred("cred-alice-2"), { code })).message).toMatch(
+      /already used/,
+    );
+    // A code for alice is refused now that she has a passkey.
+    expect(thrown(() => store.createEnrolmentCode("alice", 600)).code).toBe("passkey_refused");
+    // Bob's code works, but his passkey waits: a passkey exists on this server.
+    const bob = store.createEnrolmentCode("bob", 600);
+    const pending = store.addCredential(cred("cred-bob-1", "bob"), { code: bob.code });
+    expect(pending.status).toBe("pending");
+    expect(store.activate(pending.id, "cred-alice-1").status).toBe("active");
+    store.close();
+  });
+
+  it("refuses an expired code (the clock is injected, nothing sleeps)", () => {
+    const clock = new FakeClock();
+    const store = new PasskeyStore(tmp.file("pk2.db"), { clock: clock.now });
+    const { code } = store.createEnrolmentCode("carol", 600);
+    clock.advance(600_000);
+    expect(
+      thrown(() => store.addCredential(cred("cred-carol", "carol"), { code })).message,
+    ).toMatch(/expired/);
+    store.close();
+  });
+
+  it("moves a counter forward only, and keeps it across a reopen", () => {
+    const file = tmp.file("pk3.db");
+    const store = new PasskeyStore(file);
+    const { code } = store.createEnrolmentCode("dave", 600);
+    store.addCredential(cred("cred-dave", "dave"), { code });
+    store.advanceCounter("cred-dave", 5);
+    expect(thrown(() => store.advanceCounter("cred-dave", 5)).message).toMatch(/went back/);
+    expect(thrown(() => store.advanceCounter("cred-dave", 3)).code).toBe("passkey_refused");
+    store.close();
+    const again = new PasskeyStore(file);
+    expect(again.get("cred-dave")!.counter).toBe(5);
+    again.close();
+  });
+
+  it("keeps a removed passkey's public key, and lets its operator enrol again by code", () => {
+    const store = new PasskeyStore(tmp.file("pk4.db"));
+    store.addCredential(cred("cred-erin", "erin"), {
+      code: store.createEnrolmentCode("erin", 600).code,
+    });
+    expect(store.removeOperator("erin")).toBe(1);
+    expect(store.get("cred-erin")).toMatchObject({ status: "removed" });
+    expect(store.activeCount()).toBe(0);
+    // The recovery: a new code, and (no passkey left anywhere) the new passkey is the first.
+    const { code } = store.createEnrolmentCode("erin", 600);
+    expect(store.addCredential(cred("cred-erin-2", "erin"), { code }).status).toBe("active");
+    store.close();
+  });
+});
+
+describe("decisions on a passkey rule", () => {
+  const operator: Principal = { id: "operator", scopes: ["approvals:grant"], via: "token" };
+
+  function setup() {
+    const file = tmp.file(`d-${Math.random()}.db`);
+    const approvals = new SqliteApprovalStore(file);
+    const audit = new SqliteAuditLog(file);
+    const make = (assurance: "token" | "passkey") =>
+      approvals.create({
+        principal: "agent",
+        tool: "run_benchmark",
+        args_digest: "c".repeat(64),
+        args_preview: {},
+        estimate: null,
+        assurance,
+        ttl_s: 60,
+      });
+    return { approvals, audit, make, deps: { approvals, audit } };
+  }
+
+  it("refuses a token decision, saying where to decide, and records the refusal", () => {
+    const { deps, make, audit } = setup();
+    const rec = make("passkey");
+    const e = thrown(() =>
+      decideApproval(
+        { ...deps, consoleUrl: () => "http://localhost:8000/console/" },
+        rec.id,
+        operator,
+        "approve",
+      ),
+    );
+    expect(e.code).toBe("approval_needs_passkey");
+    expect(e.message).toContain(`http://localhost:8000/console/#/approvals/${rec.id}`);
+    expect(deps.approvals.get(rec.id)!.status).toBe("pending");
+    expect(audit.tail(1)[0]).toMatchObject({ outcome: "denied", code: "approval_needs_passkey" });
+  });
+
+  it("accepts a token decision on a token rule, as before", () => {
+    const { deps, make } = setup();
+    const rec = make("token");
+    expect(decideApproval(deps, rec.id, operator, "approve").status).toBe("approved");
+  });
+
+  it("refuses evidence made for another approval or decision, and records a signed one", () => {
+    const { deps, make, audit } = setup();
+    const rec = make("passkey");
+    const other = make("passkey");
+    const evidence = (id: string, decision: "approve" | "deny"): DecisionEvidence => ({
+      kind: "webauthn",
+      operator: "operator",
+      credential_id: "cred",
+      rp_id: "localhost",
+      origin: "http://localhost:1",
+      binding: decisionBinding({ ...rec, id }, decision, "n"),
+      authenticator_data: "",
+      client_data_json: "",
+      signature: "",
+      counter: 1,
+    });
+    const signer = { ...operator, via: "passkey" as const };
+    expect(
+      thrown(() =>
+        decideApproval(deps, rec.id, signer, "approve", undefined, evidence(other.id, "approve")),
+      ).code,
+    ).toBe("passkey_refused");
+    expect(
+      thrown(() =>
+        decideApproval(deps, rec.id, signer, "approve", undefined, evidence(rec.id, "deny")),
+      ).code,
+    ).toBe("passkey_refused");
+    const ok = decideApproval(deps, rec.id, signer, "deny", "no", evidence(rec.id, "deny"));
+    expect(ok.status).toBe("denied");
+    expect(audit.tail(1)[0]).toMatchObject({
+      outcome: "approval_denied",
+      assurance: "passkey",
+      evidence: { credential_id: "cred", binding: { approval_id: rec.id, decision: "deny" } },
+    });
+  });
+});
