@@ -9,6 +9,7 @@ import { Gate } from "../../policies/gate/gate.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
+import { RequestStateSealer } from "../../policies/request_state.js";
 import { openStoreDb } from "../../policies/sqlite.js";
 import { isAbsolute, relative } from "node:path";
 import { TOOL_POLICIES } from "../../tools/registry.js";
@@ -59,6 +60,7 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
     rateLimiter: new RateLimiter(policy.limits.rate_limit.per_principal_per_minute),
     budget,
     logger: logger.child({ component: "gate" }),
+    requestStates: new RequestStateSealer(key.key),
     approveCommand: approveCommand(config),
   });
   return {

@@ -1,5 +1,7 @@
-// Streamable HTTP: stateful sessions (one MCP server per session, bound to the principal that
-// opened it), bearer auth, Origin and Host checks and CORS for every path, a body limit, session
+// Streamable HTTP in both protocol eras on one endpoint: 2025-era requests (initialize, then a
+// session) on stateful sessions (one MCP server per session, bound to the principal that opened
+// it), 2026-07-28 requests on the SDK's stateless handler (a fresh server per request, bound to
+// the principal of that request's token). In front of both: bearer auth, Origin and Host checks and CORS for every path, a body limit, session
 // caps per principal and a rate limit on `initialize`, and the operational endpoints /healthz,
 // /readyz and /metrics that answer without waiting on the worker. Every credential checked here or
 // in the console goes through one limiter for failed authentication (auth_limit.ts).
@@ -13,9 +15,18 @@ import {
   type ServerResponse,
 } from "node:http";
 import type { AddressInfo } from "node:net";
-import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
-import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
-import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import {
+  NodeStreamableHTTPServerTransport,
+  toNodeHandler,
+  toWebRequest,
+} from "@modelcontextprotocol/node";
+import {
+  createMcpHandler,
+  isInitializeRequest,
+  isLegacyRequest,
+  type AuthInfo,
+  type Server,
+} from "@modelcontextprotocol/server";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import { canCall, hasScope, requiredScope, SCOPES, type Principal } from "../../policies/scopes.js";
 import type { App } from "../app/app.js";
@@ -32,7 +43,7 @@ export interface HttpOptions {
 }
 
 interface Session {
-  transport: StreamableHTTPServerTransport;
+  transport: NodeStreamableHTTPServerTransport;
   server: Server;
   principalId: string;
   lastSeen: number;
@@ -57,7 +68,7 @@ export function isLoopbackHost(host: string): boolean {
 
 /** Headers a browser may send (preflight) and read (responses) across origins. */
 const CORS_ALLOW_HEADERS =
-  "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID";
+  "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name";
 const CORS_EXPOSE_HEADERS = "Mcp-Session-Id, Mcp-Protocol-Version, WWW-Authenticate, Retry-After";
 const CORS_ALLOW_METHODS = "GET, POST, DELETE, OPTIONS";
 
@@ -100,6 +111,16 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     report: (lines) => lines.forEach(auditAuthFailures),
   });
   const consoleRoutes = createConsoleRoutes(app, { authLimiter });
+  // 2026-07-28 requests: stateless, one server per request for the principal this layer
+  // authenticated (handed over as the request's AuthInfo; the SDK never reads tokens itself).
+  // 2025-era requests never reach it (`reject`): they keep their sessions below.
+  const modern = toNodeHandler(
+    createMcpHandler(
+      (ctx) => createMcpServer(app, (ctx.authInfo?.extra as { principal: Principal }).principal, "modern"),
+      { legacy: "reject", maxRequestBodySize: cfg.max_body_bytes },
+    ),
+    { maxRequestBodySize: cfg.max_body_bytes },
+  );
   let baseUrl = "";
   const anonymous: Principal = {
     id: "anonymous",
@@ -322,6 +343,15 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       }
       checkScopes(principal, body);
     }
+    if (req.method === "POST" && !(await isLegacyRequest(await toWebRequest(req, body)))) {
+      const auth: AuthInfo = {
+        token: "",
+        clientId: principal.id,
+        scopes: [...principal.scopes],
+        extra: { principal },
+      };
+      return modern(Object.assign(req, { auth }), res, body);
+    }
     const sid = req.headers["mcp-session-id"];
     if (typeof sid === "string") {
       const s = sessions.get(sid);
@@ -366,7 +396,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     // The session is registered before the first await, so concurrent initializes see each other.
     const id = randomUUID();
     const server = createMcpServer(app, principal);
-    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
+    const transport: NodeStreamableHTTPServerTransport = new NodeStreamableHTTPServerTransport({
       sessionIdGenerator: () => id,
     });
     const session: Session = {
