@@ -197,6 +197,11 @@ export const ERROR_CATALOGUE = {
     http: 404,
     doc: "The stored output expired or never existed; run the inference again.",
   },
+  invalid_request: {
+    recoverable: false,
+    http: 400,
+    doc: "The MCP request contradicts itself or its protocol era (an Mcp-Method or Mcp-Name header that differs from the body, a 2026-07-28 request without its protocol version); fix the client or the proxy in between.",
+  },
   protocol_error: {
     recoverable: true,
     http: 502,

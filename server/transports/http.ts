@@ -95,6 +95,55 @@ function requestIds(body: unknown): (string | number)[] {
   return ids;
 }
 
+const ENVELOPE_PREFIX = "io.modelcontextprotocol/";
+const PROTOCOL_VERSION_KEY = `${ENVELOPE_PREFIX}protocolVersion`;
+
+/**
+ * A request that contradicts itself, refused before either era's handler sees it: the routing
+ * headers of 2026-07-28 must name what the body says (a proxy routes on them, the server acts on
+ * the body), and a request that speaks that era (its envelope or header) must say which version.
+ */
+export function contradiction(
+  headers: IncomingMessage["headers"],
+  body: unknown,
+): { code: number; message: string } | undefined {
+  if (!body || typeof body !== "object" || Array.isArray(body)) return undefined;
+  const msg = body as { method?: unknown; id?: unknown; params?: any };
+  if (typeof msg.method !== "string") return undefined;
+  const method = headers["mcp-method"];
+  if (typeof method === "string" && method !== msg.method)
+    return {
+      code: -32020,
+      message: `Mcp-Method header "${method.slice(0, 64)}" does not match the body's method "${msg.method.slice(0, 64)}"`,
+    };
+  const name = headers["mcp-name"];
+  const named = msg.method === "resources/read" ? msg.params?.uri : msg.params?.name;
+  if (typeof name === "string" && named !== undefined && name !== String(named))
+    return {
+      code: -32020,
+      message: `Mcp-Name header "${name.slice(0, 64)}" does not match the body's "${String(named).slice(0, 64)}"`,
+    };
+  const meta = msg.params?._meta;
+  const speaksModern =
+    (typeof headers["mcp-protocol-version"] === "string" &&
+      headers["mcp-protocol-version"] >= "2026") ||
+    (meta &&
+      typeof meta === "object" &&
+      Object.keys(meta).some((k) => k.startsWith(ENVELOPE_PREFIX)));
+  if (
+    msg.id !== undefined &&
+    msg.method !== "initialize" &&
+    headers["mcp-session-id"] === undefined &&
+    speaksModern &&
+    (!meta || typeof meta[PROTOCOL_VERSION_KEY] !== "string")
+  )
+    return {
+      code: -32022,
+      message: `a 2026-07-28 request must carry its protocol version in _meta["${PROTOCOL_VERSION_KEY}"]`,
+    };
+  return undefined;
+}
+
 export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHttp> {
   const cfg = app.config.http;
   const log = app.logger.child({ component: "http" });
@@ -116,7 +165,8 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   // 2025-era requests never reach it (`reject`): they keep their sessions below.
   const modern = toNodeHandler(
     createMcpHandler(
-      (ctx) => createMcpServer(app, (ctx.authInfo?.extra as { principal: Principal }).principal, "modern"),
+      (ctx) =>
+        createMcpServer(app, (ctx.authInfo?.extra as { principal: Principal }).principal, "modern"),
       { legacy: "reject", maxRequestBodySize: cfg.max_body_bytes },
     ),
     { maxRequestBodySize: cfg.max_body_bytes },
@@ -342,6 +392,11 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         return jsonRpcError(res, 400, -32700, "Parse error: the body is not valid JSON");
       }
       checkScopes(principal, body);
+    }
+    const bad = req.method === "POST" ? contradiction(req.headers, body) : undefined;
+    if (bad) {
+      app.gate.refuseRequest(principal, String((body as any).method), bad.message);
+      return jsonRpcError(res, 400, bad.code, bad.message, {}, (body as any).id ?? null);
     }
     if (req.method === "POST" && !(await isLegacyRequest(await toWebRequest(req, body)))) {
       const auth: AuthInfo = {
