@@ -88,6 +88,7 @@ export function registerResources(
       new ProtocolError(
         era === "modern" ? ProtocolErrorCode.InvalidParams : -32002,
         `Resource not found: ${uri.slice(0, 200)}`,
+        { uri: uri.slice(0, 2000) },
       );
     // The views hold no data (results reach them from the host), so any session may read them.
     if (uri.startsWith("ui://")) {

@@ -138,7 +138,8 @@ export function contradiction(
     (!meta || typeof meta[PROTOCOL_VERSION_KEY] !== "string")
   )
     return {
-      code: -32022,
+      // The revision's conformance suite: a missing envelope is invalid params, not a version mismatch.
+      code: -32602,
       message: `a 2026-07-28 request must carry its protocol version in _meta["${PROTOCOL_VERSION_KEY}"]`,
     };
   return undefined;
