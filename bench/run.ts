@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens runs a subset;
+// tokens,stability runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -30,6 +30,7 @@ import { runOverhead } from "./overhead.js";
 import { runPayload } from "./payload.js";
 import { runPool } from "./pool.js";
 import { runSmall } from "./small.js";
+import { runStability } from "./stability.js";
 import { runTokens } from "./tokens.js";
 
 // 32 concurrent callers each wait for 'drain' on the SDK client's pipe when it is full: a
@@ -47,6 +48,7 @@ const SECTIONS = [
   "pool",
   "audit",
   "tokens",
+  "stability",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
@@ -341,6 +343,21 @@ async function main() {
     const base = process.env.BENCH_BASELINE;
     results.tokens = await runTokens({
       baselineCli: base ? join(base, "bin", "tpu-mcp.js") : undefined,
+      say,
+    });
+  }
+
+  // Last: it loads the machine on purpose (CPU burners), which would disturb every other section.
+  if (want("stability")) {
+    say("stability (one model quiet, then under CPU burners: MAD, p50 interval, verdict)…");
+    results.stability = await runStability({
+      config: writeBenchConfig().config,
+      model: MODEL,
+      seqLen: 32,
+      batchSizes: [1, 4],
+      iterations: q(40, 10),
+      burnersPerCpu: 2,
+      rampS: q(60, 20),
       say,
     });
   }

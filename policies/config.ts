@@ -147,9 +147,30 @@ const NotifySchema = z
   })
   .strict();
 
-function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>) {
+/**
+ * The rules that apply when the config names none: costly work asks a human (secure by default).
+ * They are data, printed by `tpu-mcp config show`; a config's own `rules` replace them, and
+ * `"rules": []` given explicitly is how approvals are turned off (the server warns at start-up).
+ * - every run_benchmark: it holds the device for its whole grid;
+ * - load_model of weights from 1 GiB (the built-in models are at most 91 MB and load without
+ *   asking; a model of ~250M float32 or ~500M bfloat16 parameters and up asks);
+ * - check_model estimated at 30 device-seconds or more (the read allowance a reader may spend
+ *   per window; a check of a built-in model is about a second, one loading gigabytes asks).
+ */
+export const DEFAULT_APPROVAL_RULES: readonly {
+  tool: string;
+  when?: { min_weight_bytes?: number; min_device_seconds?: number };
+}[] = [
+  { tool: "run_benchmark" },
+  { tool: "load_model", when: { min_weight_bytes: 2 ** 30 } },
+  { tool: "check_model", when: { min_device_seconds: 30 } },
+];
+
+function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: readonly string[]) {
+  // Only the defaults for tools this server has (a test may build the schema for a few).
+  const defaults = DEFAULT_APPROVAL_RULES.filter((r) => names.includes(r.tool));
   return z.object({
-    rules: z.array(rule).default([]),
+    rules: z.array(rule).default(() => defaults.map((r) => structuredClone(r))),
     notify: z.array(NotifySchema).max(16).default([]),
     ttl_s: z.number().positive().default(900),
     /** Pending requests one principal may hold; one more is refused `approval_limit`. */
@@ -186,7 +207,7 @@ export function policyConfigSchema(tools: readonly ToolPolicy[]) {
       tokens: z.array(TokenSchema).default([]),
       jwt: JwtSchema.optional(),
       limits: limitsSchema(tools, ToolSchema).prefault({}),
-      approvals: approvalsSchema(approvalRuleSchema(ToolOrAnySchema)).prefault({}),
+      approvals: approvalsSchema(approvalRuleSchema(ToolOrAnySchema), names).prefault({}),
       audit: AuditSchema.prefault({}),
     })
     .superRefine((c, ctx) => {

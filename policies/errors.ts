@@ -89,7 +89,7 @@ export const ERROR_CATALOGUE = {
   approval_required: {
     recoverable: true,
     http: 403,
-    doc: "A human must approve this exact call; an operator approves it in the console or with `node bin/tpu-mcp.js approvals approve <id> --config <the server's config>`, then call again with approval_id.",
+    doc: "A human must approve this exact call (also when nobody answered an in-band prompt): in the console (`details.console_url`) or with `details.approve_command`; then call again with its approval_id.",
   },
   approval_pending: {
     recoverable: true,
@@ -139,7 +139,7 @@ export const ERROR_CATALOGUE = {
   approval_declined: {
     recoverable: false,
     http: 403,
-    doc: "The user declined (or cancelled) the approval prompt.",
+    doc: "The user declined (or dismissed) the approval prompt; the approval is recorded as denied. A prompt nobody answered is approval_required instead.",
   },
   approval_self_grant: {
     recoverable: false,

@@ -12,7 +12,7 @@ import {
   modelId,
   wait,
 } from "./schemas.js";
-import { compareReports } from "./render/compare.js";
+import { compareReports, unstableNote } from "./render/compare.js";
 import { estimateFor } from "./support/estimate.js";
 import { JobRef } from "./stores/jobs.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
@@ -35,6 +35,8 @@ export const DEFAULT_SEQ_LEN = 128;
 export const DEFAULT_MAX_NEW_TOKENS = 16;
 /** Uncounted calls before the measured window of each configuration. */
 export const DEFAULT_WARMUP = 3;
+/** An unstable configuration runs up to this many times its requested window (within the bounds). */
+export const EXTEND_FACTOR = 4;
 
 interface ResolvedBenchmark {
   dtypes: string[];
@@ -153,11 +155,25 @@ const Config = z
     achieved_flops_per_s: measured,
     peak_flops_per_s: measured,
     fraction_of_peak: measured,
+    stability: z
+      .object({
+        stable: z.boolean(),
+        reason: z.string().nullable(),
+        mad_ms: z.number(),
+        p50_ci_ms: z.tuple([z.number(), z.number()]),
+        iterations_requested: count,
+        extended: z.boolean(),
+        loadavg_1m: measured,
+        steal_pct: measured,
+        cpus: count,
+      })
+      .passthrough()
+      .optional(),
     error: z.object({ code: z.string(), message: z.string() }).passthrough().nullable(),
   })
   .passthrough()
   .describe(
-    "per configuration: batch, seq_len, dtype, mode, latency_ms, throughput_items_per_s, compile_s, peak_memory_bytes, max_abs_error_vs_fp32, error, ... (the report has all)",
+    "per configuration: batch, seq_len, dtype, mode, latency_ms, throughput_items_per_s, compile_s, peak_memory_bytes, max_abs_error_vs_fp32, stability {stable, reason, p50_ci_ms}, error, ... (the report has all)",
   );
 
 const Report = z.object({
@@ -288,6 +304,7 @@ const build = (env: ToolEnv) => {
           ...(args.duration_s ? { duration_s: args.duration_s } : {}),
           warmup: args.warmup,
           ...(args.matmul_precision ? { matmul_precision: args.matmul_precision } : {}),
+          extend_factor: EXTEND_FACTOR,
           // The server's bounds travel with the request: the worker checks against these (it
           // has none of its own), so an operator who raises a limit never meets a stricter worker.
           limits: { ...env.limits.benchmark, min_seq_len: MIN_SEQ_LEN },
@@ -335,13 +352,25 @@ const build = (env: ToolEnv) => {
             : "") +
           (c.max_abs_error_vs_fp32 != null
             ? `, max err ${c.max_abs_error_vs_fp32.toExponential(2)}`
-            : "")
+            : "") +
+          (c.stability?.p50_ci_ms
+            ? `, p50 CI ${fmt(c.stability.p50_ci_ms[0])}–${fmt(c.stability.p50_ci_ms[1])} ms`
+            : "") +
+          (unstableNote(c) ? `; ${unstableNote(c)}` : "")
         );
       });
-      const warn = o.comparison?.warnings.length
-        ? `\nwarnings vs ${o.comparison.baseline_id}: ${o.comparison.warnings.join("; ")}`
+      const diffs = (o.comparison?.ratios ?? []).map(
+        (r: any) =>
+          `  b=${r.batch}${r.seq_len ? ` s=${r.seq_len}` : ""} ${r.dtype} ${r.mode}: p50 ×${fmt(r.p50_ratio, 3)}` +
+          (r.p50_ratio_ci
+            ? ` (${fmt(r.p50_ratio_ci[0], 3)}–${fmt(r.p50_ratio_ci[1], 3)}): ${r.difference}`
+            : `: ${r.difference ?? "no interval"}`),
+      );
+      const cmp = o.comparison
+        ? `\nvs ${o.comparison.baseline_id}:\n${diffs.join("\n")}` +
+          (o.comparison.warnings.length ? `\nwarnings: ${o.comparison.warnings.join("; ")}` : "")
         : "";
-      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${warn}`;
+      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${cmp}`;
     },
   });
 };

@@ -1,14 +1,32 @@
 // Benchmark charts shared by the console and the MCP App: latency percentiles (p50 solid, p90
 // dashed, p99 dotted) and throughput against batch size, one colour per dtype × mode (× seq_len),
-// a second report drawn thinner for comparison. uPlot's legend shows the values under the cursor.
+// a second report drawn thinner for comparison. p50 carries its 95 % interval as an error bar, and
+// a point measured unstable is ringed in red (both drawn by a hook after uPlot's own series).
+// uPlot's legend shows the values under the cursor, with the interval and "unstable".
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
-import { seriesOf, type Point, type Report } from "./report_data.js";
+import { compareReports, seriesOf, type Point, type Report } from "./report_data.js";
 
 export { compactJson, seriesOf, type Report } from "./report_data.js";
 
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"];
 const DASH: Record<string, number[]> = { p50: [], p90: [6, 4], p99: [2, 3] };
+const UNSTABLE = "#d00";
+
+/** Per x of a line: the p50 interval to draw as an error bar, and why the point is unstable. */
+interface Marks {
+  ci: ([number, number] | null)[];
+  unstable: (string | null)[];
+}
+
+type Line = {
+  label: string;
+  color: string;
+  dash: number[];
+  width: number;
+  ys: (number | null)[];
+  marks?: Marks;
+};
 
 export interface ChartInput {
   label: string;
@@ -20,12 +38,51 @@ const fmt = (v: number | null | undefined, unit: string) =>
     ? "–"
     : `${v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2)} ${unit}`;
 
+/** Error bars and red rings over the drawn series, in canvas pixels; hidden series skipped. */
+function drawMarks(u: uPlot, xs: number[], lines: Line[]) {
+  const ctx = u.ctx;
+  const px = devicePixelRatio || 1;
+  ctx.save();
+  lines.forEach((l, i) => {
+    if (!l.marks || !u.series[i + 1]?.show) return;
+    xs.forEach((x, j) => {
+      const y = l.ys[j];
+      if (y == null) return;
+      const cx = u.valToPos(x, "x", true);
+      const ci = l.marks!.ci[j];
+      if (ci) {
+        const [a, b] = ci.map((v) => u.valToPos(v, "y", true));
+        ctx.strokeStyle = l.color;
+        ctx.lineWidth = 1.5 * px;
+        ctx.beginPath();
+        for (const [x0, y0, x1, y1] of [
+          [cx - 4 * px, a, cx + 4 * px, a],
+          [cx, a, cx, b],
+          [cx - 4 * px, b, cx + 4 * px, b],
+        ]) {
+          ctx.moveTo(x0, y0);
+          ctx.lineTo(x1, y1);
+        }
+        ctx.stroke();
+      }
+      if (l.marks!.unstable[j]) {
+        ctx.strokeStyle = UNSTABLE;
+        ctx.lineWidth = 2 * px;
+        ctx.beginPath();
+        ctx.arc(cx, u.valToPos(y, "y", true), 6 * px, 0, 2 * Math.PI);
+        ctx.stroke();
+      }
+    });
+  });
+  ctx.restore();
+}
+
 function build(
   el: HTMLElement,
   title: string,
   unit: string,
   xs: number[],
-  lines: { label: string; color: string; dash: number[]; width: number; ys: (number | null)[] }[],
+  lines: Line[],
   width: number,
 ): uPlot {
   const opts: uPlot.Options = {
@@ -43,6 +100,7 @@ function build(
     ],
     cursor: { points: { size: 7 } },
     legend: { live: true },
+    hooks: { draw: [(u) => drawMarks(u, xs, lines)] },
     series: [
       { label: "batch", value: (_u, v) => (v == null ? "–" : String(v)) },
       ...lines.map((l) => ({
@@ -52,7 +110,15 @@ function build(
         width: l.width,
         spanGaps: true,
         points: { show: true, size: 5 },
-        value: (_u: uPlot, v: number | null) => fmt(v, unit),
+        value: (_u: uPlot, v: number | null, _s: number, j: number | null) => {
+          const ci = j == null ? null : l.marks?.ci[j];
+          const bad = j == null ? null : l.marks?.unstable[j];
+          return (
+            fmt(v, unit) +
+            (v != null && ci ? ` (CI ${fmt(ci[0], "").trim()}–${fmt(ci[1], "").trim()})` : "") +
+            (v != null && bad ? " unstable" : "")
+          );
+        },
       })),
     ],
   };
@@ -68,7 +134,11 @@ export function drawReports(el: HTMLElement, inputs: ChartInput[]): () => void {
     ...new Set(groups.flatMap((g) => [...g.series.values()].flat().map((p) => p.batch))),
   ].sort((a, b) => a - b);
   el.dataset.series = JSON.stringify(names);
-  el.dataset.points = String(groups.reduce((n, g) => n + [...g.series.values()].flat().length, 0));
+  const all = groups.flatMap((g) => [...g.series.values()].flat());
+  el.dataset.points = String(all.length);
+  // What the hook draws, for tests and tools that read the page: intervals and unstable points.
+  el.dataset.intervals = String(all.filter((p) => p.ci).length);
+  el.dataset.unstable = String(all.filter((p) => p.unstable).length);
   if (xs.length === 0) {
     const p = document.createElement("p");
     p.textContent = "This report has no successful configurations to plot.";
@@ -81,8 +151,12 @@ export function drawReports(el: HTMLElement, inputs: ChartInput[]): () => void {
       const v = p ? pick(p) : null;
       return v != null && v > 0 ? v : null;
     });
-  const latency: Parameters<typeof build>[4] = [];
-  const tput: Parameters<typeof build>[4] = [];
+  const marksOf = (pts: Point[], withCi: boolean): Marks => ({
+    ci: xs.map((x) => (withCi ? (pts.find((q) => q.batch === x)?.ci ?? null) : null)),
+    unstable: xs.map((x) => pts.find((q) => q.batch === x)?.unstable ?? null),
+  });
+  const latency: Line[] = [];
+  const tput: Line[] = [];
   groups.forEach((g, gi) => {
     const prefix = inputs.length > 1 ? `${g.label}: ` : "";
     for (const [name, pts] of g.series) {
@@ -95,6 +169,7 @@ export function drawReports(el: HTMLElement, inputs: ChartInput[]): () => void {
           dash: DASH[q],
           width,
           ys: at(pts, (p) => p[q]),
+          ...(q === "p50" ? { marks: marksOf(pts, true) } : {}),
         });
       }
       tput.push({
@@ -103,6 +178,7 @@ export function drawReports(el: HTMLElement, inputs: ChartInput[]): () => void {
         dash: gi === 0 ? [] : [8, 4],
         width,
         ys: at(pts, (p) => p.tput),
+        marks: marksOf(pts, false),
       });
     }
   });
@@ -128,12 +204,47 @@ export function drawReports(el: HTMLElement, inputs: ChartInput[]): () => void {
   };
 }
 
+/** Each p50 difference of A over B with its interval (tools/render/compare.ts decides). */
+export function comparisonTable(a: ChartInput, b: ChartInput): HTMLTableElement {
+  const table = document.createElement("table");
+  table.className = "data comparison";
+  const head = table.createTHead().insertRow();
+  for (const h of ["configuration", `p50 ${a.label} / ${b.label}`, "interval", "difference"]) {
+    const th = document.createElement("th");
+    th.textContent = h;
+    head.append(th);
+  }
+  const body = table.createTBody();
+  for (const r of compareReports(a.report, b.report, b.label).ratios) {
+    const row = body.insertRow();
+    row.dataset.difference = r.difference;
+    for (const v of [
+      `b=${r.batch}${r.seq_len ? ` s=${r.seq_len}` : ""} ${r.dtype} ${r.mode}`,
+      r.p50_ratio == null ? "–" : `×${r.p50_ratio.toFixed(3)}`,
+      r.p50_ratio_ci ? `${r.p50_ratio_ci[0].toFixed(3)}–${r.p50_ratio_ci[1].toFixed(3)}` : "–",
+      r.difference,
+    ])
+      row.insertCell().textContent = v;
+  }
+  return table;
+}
+
 /** The same numbers as a table (screen readers, keyboard users, copying). */
 export function reportTable(inputs: ChartInput[]): HTMLTableElement {
   const table = document.createElement("table");
   table.className = "data";
   const head = table.createTHead().insertRow();
-  for (const h of ["report", "series", "batch", "p50 ms", "p90 ms", "p99 ms", "items/s"]) {
+  for (const h of [
+    "report",
+    "series",
+    "batch",
+    "p50 ms",
+    "p50 95 % CI",
+    "p90 ms",
+    "p99 ms",
+    "items/s",
+    "stable",
+  ]) {
     const th = document.createElement("th");
     th.textContent = h;
     head.append(th);
@@ -143,14 +254,17 @@ export function reportTable(inputs: ChartInput[]): HTMLTableElement {
     for (const [name, pts] of seriesOf(i.report)) {
       for (const p of pts) {
         const row = body.insertRow();
+        if (p.unstable) row.className = "unstable";
         for (const v of [
           i.label,
           name,
           String(p.batch),
           p.p50.toFixed(3),
+          p.ci ? `${p.ci[0].toFixed(3)}–${p.ci[1].toFixed(3)}` : "–",
           p.p90.toFixed(3),
           p.p99.toFixed(3),
           p.tput == null ? "–" : p.tput.toFixed(1),
+          p.unstable ? `unstable: ${p.unstable}` : p.ci ? "yes" : "–",
         ])
           row.insertCell().textContent = v;
       }

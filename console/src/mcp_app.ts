@@ -4,6 +4,7 @@
 // notifications) and draws what the tool returned: a benchmark report, a job's state, or an
 // informational approval card. It never calls tools: approval stays with the operator.
 import { compactJson, drawReports, reportTable, type Report } from "./chart.js";
+import { unstableNote } from "./report_data.js";
 import "./mcp_app.css";
 
 type Json = Record<string, any>;
@@ -61,9 +62,35 @@ function renderReport(report: Report) {
   const wrap = el("div", undefined, "scroll");
   wrap.append(reportTable([{ label: "report", report }]));
   box.append(wrap);
-  const warnings: string[] = report.comparison?.warnings ?? [];
-  if (warnings.length)
-    box.append(el("p", `vs ${report.comparison.baseline_id}: ${warnings.join("; ")}`, "warn"));
+  const unstable = ((report.configs ?? []) as Json[]).filter((c) => !c.error && unstableNote(c));
+  if (unstable.length) {
+    const list = el("ul", undefined, "warn unstable");
+    for (const c of unstable)
+      list.append(
+        el(
+          "li",
+          `batch ${c.batch}${c.seq_len ? ` seq ${c.seq_len}` : ""} ${c.dtype} ${c.mode}: ${unstableNote(c)}`,
+        ),
+      );
+    box.append(list);
+  }
+  const cmp = report.comparison;
+  if (cmp?.ratios?.length) {
+    const list = el("ul", undefined, "comparison");
+    for (const r of cmp.ratios as Json[])
+      list.append(
+        el(
+          "li",
+          `vs ${cmp.baseline_id}, batch ${r.batch}${r.seq_len ? ` seq ${r.seq_len}` : ""} ${r.dtype} ${r.mode}: p50 ×${Number(r.p50_ratio).toFixed(3)}` +
+            (r.p50_ratio_ci
+              ? ` (${r.p50_ratio_ci[0].toFixed(3)}–${r.p50_ratio_ci[1].toFixed(3)}): ${r.difference}`
+              : `: ${r.difference ?? "no interval"}`),
+        ),
+      );
+    box.append(list);
+  }
+  const warnings: string[] = cmp?.warnings ?? [];
+  if (warnings.length) box.append(el("p", `vs ${cmp.baseline_id}: ${warnings.join("; ")}`, "warn"));
 }
 
 /** The operator's command as the server wrote it in the message (it knows the config path). */

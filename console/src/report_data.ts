@@ -4,6 +4,8 @@ export type Report = Record<string, any>;
 
 // One grouping for the console and the server's SVG chart (tools/render/series.ts).
 export { seriesOf, type SeriesPoint as Point } from "../../tools/render/series.js";
+// One reading of "significant" for the tool's comparison, the console and the MCP App.
+export { compareReports, unstableNote } from "../../tools/render/compare.js";
 
 /** JSON with arrays of plain values on one line, so an argument list stays readable. */
 export function compactJson(v: unknown): string {

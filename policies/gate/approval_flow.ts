@@ -64,8 +64,12 @@ function describeEstimate(e: CostEstimate | undefined | null): string {
 
 /**
  * The approval step: returns the approval id to consume once a slot is held, or undefined when
- * none is needed (no rule applies, or the user accepted the prompt). Otherwise throws
- * approval_declined, cancelled, or approval_required naming the out-of-band request.
+ * no rule applies. Otherwise throws approval_declined, cancelled, or approval_required naming
+ * the request an operator decides out of band.
+ *
+ * Every path goes through one approval record, the in-band prompt included: the person's answer
+ * is recorded on it whenever it comes, so an answer given after the client stopped waiting (SDK
+ * clients give up on a request after 60 s) is not lost: the agent's retry finds it.
  */
 export async function checkApproval(
   ctx: GateContext,
@@ -88,35 +92,9 @@ export async function checkApproval(
     return presented;
   }
 
-  // Asked in the client when it can show a form and the policy allows it.
-  if (call.elicit && cfg.elicitation) {
-    const answer = await askClient(ctx, call, rule, redacted);
-    if (answer !== null) {
-      if (answer === "accept") {
-        ctx.audit({
-          principal: principal.id,
-          tool,
-          args_digest: digest,
-          args: redacted,
-          estimate: estimate ?? null,
-          outcome: "approval_granted",
-          approver: `elicitation:${principal.id}`,
-          reason: `accepted in the client (${describeRule(rule)})`,
-        });
-        return undefined;
-      }
-      throw new PolicyError(
-        "approval_declined",
-        answer === "timeout"
-          ? `No answer to the approval prompt within ${cfg.elicitation_timeout_s} s; the call was not run.`
-          : `The user ${answer === "decline" ? "declined" : "cancelled"} the approval prompt; the call was not run.`,
-        { answer },
-      );
-    }
-  }
-
-  // Out of band: reuse an open request for this exact call rather than piling up new ones.
+  // Reuse an open request for this exact call rather than piling up new ones (or asking twice).
   const open = ctx.deps.approvals.findOpen(principal.id, tool, digest);
+  if (open?.status === "approved") throw approvalRequired(ctx, call, rule, open);
   const rec =
     open ??
     ctx.deps.approvals.create({
@@ -132,17 +110,59 @@ export async function checkApproval(
   // operator may still decide it out of band while the user has not answered.
   if (call.inBand?.canAsk && cfg.elicitation && ctx.deps.requestStates && rec.status === "pending")
     throw askInBand(ctx, call, rule, digest, rec);
+
+  // Asked in the client when it can show a form and the policy allows it.
+  if (call.elicit && cfg.elicitation) {
+    const answer = await waitForAnswer(ctx, call, rule, rec, digest, redacted);
+    if (answer === "accept") return rec.id;
+    if (answer === "decline" || answer === "cancel") {
+      throw new PolicyError(
+        "approval_declined",
+        `The user ${answer === "decline" ? "declined" : "dismissed"} the approval prompt; the call was not run.`,
+        { answer, approval_id: rec.id },
+      );
+    }
+    if (answer === "timeout") {
+      // Nobody declined: the request stays open for an operator, as any out-of-band one.
+      throw approvalRequired(
+        ctx,
+        call,
+        rule,
+        ctx.deps.approvals.get(rec.id) ?? rec,
+        `Nobody answered the approval prompt in the client within ${cfg.elicitation_timeout_s} s. `,
+        { prompt: "unanswered" },
+      );
+    }
+  }
+  throw approvalRequired(ctx, call, rule, rec);
+}
+
+function approvalRequired(
+  ctx: GateContext,
+  call: GateCall,
+  rule: ApprovalRule,
+  rec: ApprovalRecord,
+  lead = "",
+  extra: Record<string, unknown> = {},
+): PolicyError {
+  const { tool, estimate } = call;
+  const command = (ctx.deps.approveCommand ?? defaultApproveCommand)(rec.id);
+  const consoleUrl = ctx.deps.consoleUrl?.();
+  const where = consoleUrl ? `in the console at ${consoleUrl}` : "in the console";
   const message =
     rec.status === "approved"
       ? `This call was already approved (approval ${rec.id}). Call ${tool} again with the same arguments and approval_id "${rec.id}" before ${rec.expires_at}.`
-      : `This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). Ask an operator to run \`${(ctx.deps.approveCommand ?? defaultApproveCommand)(rec.id)}\` from the tpu-mcp folder with a token holding approvals:grant (--token or TPU_MCP_TOKEN), or to approve it in the console; then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
-  throw new PolicyError("approval_required", message, {
+      : `${lead}This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). Ask an operator to approve it ${where}, or to run \`${command}\` from the tpu-mcp folder; then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
+  return new PolicyError("approval_required", message, {
     approval_id: rec.id,
     tool,
-    args: redacted,
+    args: rec.args_preview,
     status: rec.status,
     expires_at: rec.expires_at,
     estimate: estimate ?? null,
+    approve_command: command,
+    ...(consoleUrl ? { console_url: consoleUrl } : {}),
+    ...extra,
     message,
   });
 }
@@ -243,27 +263,76 @@ function answerInBand(
   return s.a;
 }
 
+type Answer = ElicitAnswer | "timeout" | null;
+
 /**
- * The client's answer, "timeout", or null when the prompt could not be shown (fall back to out
- * of band). The one timeout of an elicitation is here (approvals.elicitation_timeout_s): when the
- * gate stops waiting, for it or for the caller's cancellation, it aborts the prompt's signal so
- * the transport withdraws the request.
+ * The call's wait for the in-band answer. The prompt itself (one per approval: a retry joins the
+ * prompt already shown instead of asking again) outlives the call: when the caller gives up or
+ * cancels, the call ends `cancelled` but the prompt stays up until it is answered or times out,
+ * and its answer is recorded on the approval.
  */
-async function askClient(
+async function waitForAnswer(
   ctx: GateContext,
   call: GateCall,
   rule: ApprovalRule,
+  rec: ApprovalRecord,
+  digest: string,
   redacted: unknown,
-): Promise<ElicitAnswer | "timeout" | null> {
-  const timeoutMs = ctx.config.approvals.elicitation_timeout_s * 1000;
-  const message = `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
-  const withdraw = new AbortController();
-  let timer: ReturnType<typeof setTimeout> | undefined;
+): Promise<Answer> {
+  const cancelled = () =>
+    new PolicyError(
+      "cancelled",
+      `${call.tool} was cancelled while waiting for approval; an answer to the prompt is still recorded on approval ${rec.id} (call again with approval_id "${rec.id}" once approved).`,
+      { approval_id: rec.id },
+    );
+  // A call given up already asks nobody.
+  if (call.signal?.aborted) throw cancelled();
+  let prompt = ctx.prompts.get(rec.id);
+  if (!prompt) {
+    prompt = askAndRecord(ctx, call, rule, rec, digest, redacted);
+    ctx.prompts.set(rec.id, prompt);
+    const forget = () => ctx.prompts.delete(rec.id);
+    prompt.then(forget, forget);
+  }
   let onAbort: (() => void) | undefined;
   try {
     return await Promise.race([
+      prompt,
+      new Promise<never>((_, reject) => {
+        onAbort = () => reject(cancelled());
+        call.signal?.addEventListener("abort", onAbort, { once: true });
+      }),
+    ]);
+  } finally {
+    if (onAbort) call.signal?.removeEventListener("abort", onAbort);
+  }
+}
+
+/**
+ * Shows the prompt and records its answer on the approval (approved or denied by
+ * `elicitation:<principal>`, audited). The one timeout of an elicitation is here
+ * (approvals.elicitation_timeout_s): then the prompt is withdrawn (its signal aborted, which
+ * cancels the request on the wire) and the approval stays pending for an operator. Resolves
+ * null when the prompt could not be shown (fall back to out of band). Never rejects.
+ */
+async function askAndRecord(
+  ctx: GateContext,
+  call: GateCall,
+  rule: ApprovalRule,
+  rec: ApprovalRecord,
+  digest: string,
+  redacted: unknown,
+): Promise<Answer> {
+  const { principal, tool, estimate } = call;
+  const timeoutMs = ctx.config.approvals.elicitation_timeout_s * 1000;
+  const message = `${principal.id} wants to call ${tool} (${describeEstimate(estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once? (approval ${rec.id})`;
+  const withdraw = new AbortController();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let answer: Answer;
+  try {
+    answer = await Promise.race([
       call.elicit!(
-        { tool: call.tool, args_preview: redacted, estimate: call.estimate ?? null, message },
+        { tool, args_preview: redacted, estimate: estimate ?? null, message },
         withdraw.signal,
       ),
       new Promise<"timeout">((resolve) => {
@@ -272,27 +341,46 @@ async function askClient(
           resolve("timeout");
         }, timeoutMs);
       }),
-      new Promise<never>((_, reject) => {
-        onAbort = () => {
-          withdraw.abort();
-          reject(
-            new PolicyError("cancelled", `${call.tool} was cancelled while waiting for approval.`),
-          );
-        };
-        if (call.signal?.aborted) onAbort();
-        else call.signal?.addEventListener("abort", onAbort, { once: true });
-      }),
     ]);
   } catch (e) {
-    if (isPolicyError(e)) throw e;
     ctx.deps.logger.warn(
-      { err: String(e), tool: call.tool },
+      { err: String(e), tool },
       "elicitation failed; falling back to out-of-band approval",
     );
     return null;
   } finally {
     clearTimeout(timer);
-    if (onAbort) call.signal?.removeEventListener("abort", onAbort);
+  }
+  if (answer === "timeout") return answer;
+  // The person at the client decides as `elicitation:<principal>`: never the principal itself.
+  const approver = `elicitation:${principal.id}`;
+  const reason =
+    answer === "accept"
+      ? `accepted in the client (${describeRule(rule)})`
+      : `${answer === "decline" ? "declined" : "dismissed"} in the client`;
+  try {
+    if (answer === "accept") ctx.deps.approvals.approve(rec.id, approver);
+    else ctx.deps.approvals.deny(rec.id, approver, reason);
+    ctx.audit({
+      principal: principal.id,
+      tool,
+      args_digest: digest,
+      args: redacted,
+      estimate: estimate ?? null,
+      approval_id: rec.id,
+      outcome: answer === "accept" ? "approval_granted" : "approval_denied",
+      approver,
+      reason,
+    });
+    return answer;
+  } catch (e) {
+    // Decided meanwhile (an operator in the console, or it expired): that decision stands.
+    ctx.deps.logger.warn(
+      { err: String(e), tool, approval_id: rec.id },
+      "the answer to the approval prompt came after the approval was decided or expired",
+    );
+    const now = ctx.deps.approvals.get(rec.id);
+    return now?.status === "approved" ? "accept" : now?.status === "denied" ? "decline" : null;
   }
 }
 

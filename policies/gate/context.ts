@@ -6,7 +6,7 @@ import { systemClock, type Clock } from "../clock.js";
 import type { PolicyConfig } from "../config.js";
 import { toolPolicyMap, type ToolPolicy } from "../tool_policy.js";
 import { BudgetLines } from "./budget_lines.js";
-import type { GateDeps } from "./types.js";
+import type { ElicitAnswer, GateDeps } from "./types.js";
 
 export interface GateContext {
   readonly deps: GateDeps;
@@ -15,6 +15,8 @@ export interface GateContext {
   readonly lines: BudgetLines;
   /** Every tool's record by name (scope, run-while-recording, ...); a tool without one needs admin. */
   readonly tools: ReadonlyMap<string, ToolPolicy>;
+  /** In-band prompts being shown, by approval id (approval_flow.ts): a retry joins, never re-asks. */
+  readonly prompts: Map<string, Promise<ElicitAnswer | "timeout" | null>>;
   /** Appends a decision's record; losing it is logged loudly, never thrown: the decision stands. */
   audit(rec: Omit<AuditRecord, "time">): void;
   /**
@@ -34,6 +36,7 @@ export function gateContext(deps: GateDeps): GateContext {
     config: deps.config,
     clock,
     tools,
+    prompts: new Map(),
     lines: new BudgetLines(deps.config.limits, deps.budget, clock, tools),
     audit(rec) {
       try {

@@ -84,4 +84,6 @@ export interface GateDeps {
   requestStates?: RequestStateSealer;
   /** The command an operator runs to approve; defaults to defaultApproveCommand. */
   approveCommand?: ApproveCommand;
+  /** Where operators decide in a browser, once known (approval_required names it). */
+  consoleUrl?: () => string | undefined;
 }

@@ -129,6 +129,8 @@ export interface BenchmarkArgs {
   warmup: number;
   max_new_tokens?: number;
   matmul_precision?: MatmulPrecision;
+  /** An unstable configuration runs up to this many times its requested window (1: never). */
+  extend_factor: number;
   /** The server's bounds, fully resolved: the worker has no defaults of its own. */
   limits: {
     max_configs: number;

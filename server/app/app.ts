@@ -93,9 +93,16 @@ export function createApp(
   // so the stores a call in flight writes to (audit, reports) outlive the runtime.
   const hooks = new CloseHooks(logger);
 
-  const policy = createPolicyServices(config, logger);
+  // The console's address is known once the HTTP server listens (app.consoleUrl), after this.
+  const policy = createPolicyServices(config, logger, {
+    consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
+  });
   hooks.add("policy stores", () => policy.close());
   const { gate, approvals, audit } = policy;
+  if (config.policy.approvals.rules.length === 0)
+    logger.warn(
+      'approvals are OFF: the config gives "policy": {"approvals": {"rules": []}}, so every call (benchmarks, large loads) runs without asking a human. Remove that line to get the default rules back (docs/policies-and-approvals.md).',
+    );
   const reports = new SqliteReports(layout.reportsDb);
   hooks.add("reports", () => reports.close());
 

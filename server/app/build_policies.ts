@@ -35,7 +35,11 @@ export interface PolicyServices {
   close(): void;
 }
 
-export function createPolicyServices(config: ServerConfig, logger: Logger): PolicyServices {
+export function createPolicyServices(
+  config: ServerConfig,
+  logger: Logger,
+  opts: { consoleUrl?: () => string | undefined } = {},
+): PolicyServices {
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
   // One handle for the three stores of policy.db (they share the file, and close with it).
@@ -62,6 +66,7 @@ export function createPolicyServices(config: ServerConfig, logger: Logger): Poli
     logger: logger.child({ component: "gate" }),
     requestStates: new RequestStateSealer(key.key),
     approveCommand: approveCommand(config),
+    consoleUrl: opts.consoleUrl,
   });
   return {
     gate,

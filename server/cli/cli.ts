@@ -40,12 +40,15 @@ commands:
                                 a forward per built-in model (eager and compile); attach to bug reports
   approvals list [--limit N] [--offset N] [--status S] | show ID | approve ID | deny ID
              [--reason R] [--token T]
-                                decide pending approvals (operator token: --token or TPU_MCP_TOKEN);
+                                decide pending approvals (operator token: --token or TPU_MCP_TOKEN;
+                                with no tokens in the config, the generated <data_dir>/operator-token);
                                 list shows every pending one first, then the rest, a page at a time
   audit tail [-n N] | head | verify [--head FILE]
                                 read the audit trail, export its head (store it elsewhere),
                                 verify the keyed chain (and that it still holds an exported head)
   token new | hash TOKEN        make a token and print its sha256 for the config
+  config show                   the effective config as JSON: the file over the defaults
+                                (e.g. the approval rules that apply when the file names none)
   workers [list] | drain NAME | undrain NAME | scale N | reload [--token T]
                                 the worker pool: state, placement; drain (admin token) stops
                                 routing to a worker and waits for its calls in flight
@@ -63,11 +66,10 @@ const print = (stream: NodeJS.WriteStream, s: string) => {
 const out = (s: string) => print(process.stdout, s);
 const err = (s: string) => print(process.stderr, s);
 
-/** The token `tpu-mcp http` generates when the config names none; kept so clients keep working. */
-function localToken(config: ServerConfig): string {
-  const file = dataDir(config).localToken;
+/** A token generated into the data dir (0600) and kept there, so clients keep working. */
+function generatedToken(config: ServerConfig, file: string, what: string): string {
   if (existsSync(file)) {
-    checkSecretFile(file, "the generated bearer token");
+    checkSecretFile(file, what);
     return readFileSync(file, "utf8").trim();
   }
   createDataDir(config, { warn: err });
@@ -75,6 +77,25 @@ function localToken(config: ServerConfig): string {
   writeFileSync(file, token + "\n", { mode: 0o600 });
   chmodSync(file, 0o600);
   return token;
+}
+
+/** No tokens and no JWT in the config: the server generates its own (the embedded default). */
+const embeddedAuth = (config: ServerConfig) =>
+  config.policy.tokens.length === 0 && !config.policy.jwt;
+
+/**
+ * The embedded default's operator: someone other than the agent who may decide approvals. Its
+ * token lives in the data dir, so whoever can read that folder can approve: run the server as
+ * its own user to keep an agent out (docs/security.md).
+ */
+const LOCAL_OPERATOR = { id: "local-operator", scopes: ["approvals:grant" as const] };
+
+function withOperatorToken(config: ServerConfig): { config: ServerConfig; token: string } {
+  const token = generatedToken(config, dataDir(config).operatorToken, "the operator token");
+  return {
+    token,
+    config: withToken(config, { ...LOCAL_OPERATOR, token_sha256: hashToken(token) }),
+  };
 }
 
 async function main(argv: string[]): Promise<number> {
@@ -158,13 +179,16 @@ async function main(argv: string[]): Promise<number> {
       const noAuth = values["no-auth"] === true;
       let token: string | undefined;
       const fileConfig = config;
-      if (!noAuth && config.policy.tokens.length === 0 && !config.policy.jwt) {
-        token = localToken(config);
+      let operatorFile: string | undefined;
+      if (!noAuth && embeddedAuth(config)) {
+        token = generatedToken(config, dataDir(config).localToken, "the generated bearer token");
         config = withToken(config, {
           id: config.policy.stdio_principal.id,
           token_sha256: hashToken(token),
           scopes: [...config.policy.stdio_principal.scopes],
         });
+        config = withOperatorToken(config).config;
+        operatorFile = dataDir(config).operatorToken;
       }
       const app = createApp(config, logger, { loadConfig: reloadable, fileConfig });
       const stopHup = onSighup(app);
@@ -187,7 +211,7 @@ async function main(argv: string[]): Promise<number> {
       }
       err(
         `connect: any MCP client with URL ${running.url} and header "Authorization: Bearer <token>"\n` +
-          `console: ${running.url.replace(/\/mcp$/, "/console/")} (operators: sign in with a token holding approvals:grant or admin)\n` +
+          `console: ${running.url.replace(/\/mcp$/, "/console/")} (operators: sign in with ${operatorFile ? `the operator token in ${operatorFile}` : "a token holding approvals:grant or admin"})\n` +
           `health: ${running.url.replace(/\/mcp$/, "/healthz")}  metrics: ${running.url.replace(/\/mcp$/, "/metrics")}\n` +
           "stop with Ctrl-C\n",
       );
@@ -203,9 +227,14 @@ async function main(argv: string[]): Promise<number> {
     case "doctor":
       if (values.tpu) return runTpuSelfTest(config, { out, json: values.json === true });
       return runDoctor(config, { out, err, json: values.json === true });
-    case "approvals":
+    case "approvals": {
+      let token = values.token ?? process.env.TPU_MCP_TOKEN;
+      // The embedded default decides with its generated operator token (made on first use).
+      const deciding = positionals[0] === "approve" || positionals[0] === "deny";
+      if (!token && deciding && embeddedAuth(config))
+        ({ config, token } = withOperatorToken(config));
       return runApprovalsCommand(config, positionals, {
-        token: values.token ?? process.env.TPU_MCP_TOKEN,
+        token,
         reason: values.reason,
         paging: {
           limit: values.limit !== undefined ? Number(values.limit) : undefined,
@@ -217,6 +246,14 @@ async function main(argv: string[]): Promise<number> {
         err,
         logger,
       });
+    }
+    case "config":
+      if (positionals[0] !== "show") {
+        err("usage: tpu-mcp config show [--config FILE]");
+        return 2;
+      }
+      out(JSON.stringify(config, null, 2));
+      return 0;
     case "audit":
       return runAuditCommand(config, positionals, {
         n: values.n ? Number(values.n) : 20,

@@ -23,6 +23,11 @@ export interface DataDir {
   auditKey: string;
   /** The bearer token `tpu-mcp http` generates when the config names none. */
   localToken: string;
+  /**
+   * The operator's token of the embedded default (no tokens or JWT configured): approvals:grant,
+   * generated beside localToken, used by the console sign-in and `approvals approve|deny`.
+   */
+  operatorToken: string;
 }
 
 /** Where each file lives; touches nothing on disk. */
@@ -37,6 +42,7 @@ export function dataDir(config: ServerConfig): DataDir {
     fleetState: join(dir, "fleet"),
     auditKey: config.paths.audit_key,
     localToken: join(dir, "local-token"),
+    operatorToken: join(dir, "operator-token"),
   };
 }
 

@@ -7,6 +7,7 @@ import pino from "pino";
 import { readCatalog } from "../../runtime/catalog.js";
 import { WorkerRuntime, type WorkerRuntimeOptions } from "../../runtime/client.js";
 import { checkWorkers } from "./workers.js";
+import { dataDirSituation, describeDataDir } from "./data_dir.js";
 import { checkFleet } from "./fleet.js";
 import type { ServerConfig } from "../config/config.js";
 import { runInventory } from "./tpu.js";
@@ -32,6 +33,8 @@ export async function runDoctor(
   const problems: string[] = [];
   // One line per check, whatever a config value or an error message holds.
   const ok = (s: string) => !io.json && io.out(`  ok   ${terminalField(s)}`);
+  // Said plainly, not counted as a problem: the embedded default is in this situation.
+  const warn = (s: string) => !io.json && io.out(`  warn ${terminalField(s)}`);
   const bad = (s: string) => {
     problems.push(s);
     if (!io.json) io.out(`  FAIL ${terminalField(s)}`);
@@ -46,15 +49,23 @@ export async function runDoctor(
   if (!io.json)
     io.out(`tpu-mcp ${SERVER_VERSION}, node ${process.version}, MCP SDK ${sdk}\n\nconfig`);
 
-  ok(`data dir ${config.paths.data_dir}`);
+  const situation = dataDirSituation(config.paths.data_dir, process.getuid?.() ?? null);
+  report.data_dir = situation;
+  const where = describeDataDir(situation);
+  if (where.level === "bad") bad(where.text);
+  else if (where.level === "warn") warn(where.text);
+  else ok(where.text);
   ok(`device ${config.runtime.device}, worker start ${config.runtime.start}`);
   const p = config.policy;
   ok(
     `principals: stdio '${p.stdio_principal.id}', ${p.tokens.length} static token(s)${p.jwt ? `, JWT issuer ${p.jwt.issuer}` : ""}`,
   );
-  ok(
-    `approval rules: ${p.approvals.rules.length}${p.approvals.rules.length ? ` (${p.approvals.rules.map((r: any) => r.tool).join(", ")})` : ""}`,
-  );
+  if (p.approvals.rules.length === 0)
+    warn('approvals are OFF ("approvals": {"rules": []}): every call runs without asking a human');
+  else
+    ok(
+      `approval rules: ${p.approvals.rules.length} (${p.approvals.rules.map((r: any) => r.tool).join(", ")})`,
+    );
   for (const t of p.tokens) {
     if (t.expires_at && Date.parse(t.expires_at) < Date.now())
       bad(`token of '${t.id}' expired at ${t.expires_at}`);

@@ -291,6 +291,7 @@ describe("soft deadline and one deadline per call", () => {
   const policy = {
     tokens: [{ id: "runner", token_sha256: hashToken(RUNNER), scopes: ALL_RUN }],
     limits: { soft_deadline_s: 4, rate_limit: { per_principal_per_minute: 6000 } },
+    approvals: { rules: [] },
   };
   // The runtime's default request timeout is shorter than the benchmark: only the gate's
   // deadline, handed down to the runtime, lets the benchmark finish.

@@ -2,7 +2,7 @@
 // runs the call.
 import { ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { connectStdio, errorOf, writeConfig } from "../helpers/server.js";
+import { cli, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { call } from "./scenario.js";
 
 describe("approval by elicitation", () => {
@@ -48,5 +48,84 @@ describe("approval by elicitation", () => {
     }
     const st = await call(conn.client, "get_runtime_status", {});
     expect(st.structuredContent.loaded.map((m: any) => m.model)).not.toContain("mnist-cnn");
+  });
+});
+
+describe("approval by elicitation, when the person is slower than the client", () => {
+  let conn: Awaited<ReturnType<typeof connectStdio>>;
+  let config: string;
+  let onPrompt: (message: string) => Promise<{ action: "accept"; content: { approve: true } }>;
+  beforeAll(async () => {
+    config = writeConfig({
+      policy: {
+        approvals: { rules: [{ tool: "load_model" }], elicitation: true, elicitation_timeout_s: 3 },
+        limits: { rate_limit: { per_principal_per_minute: 6000 } },
+      },
+    });
+    conn = await connectStdio(config, { capabilities: { elicitation: { form: {} } } });
+    conn.client.setRequestHandler(ElicitRequestSchema, (req) => onPrompt(req.params.message));
+    // The worker up and the model's facts known: the prompt comes well within the short timeout.
+    expect((await call(conn.client, "check_model", { model: "mnist-cnn" })).isError).toBeFalsy();
+  });
+  afterAll(async () => {
+    await conn?.close();
+  });
+
+  const status = async (id: string) => {
+    const r = await cli(config, "approvals", "show", id, "--json");
+    expect(r.code, r.stderr).toBe(0);
+    return JSON.parse(r.stdout);
+  };
+
+  it("records an answer given after the client's request timed out; the retry with the approval id runs", async () => {
+    let timedOut!: () => void;
+    const clientGaveUp = new Promise<void>((r) => (timedOut = r));
+    let promptMessage = "";
+    // The person answers only once the client has stopped waiting for the call.
+    onPrompt = async (message) => {
+      promptMessage = message;
+      await clientGaveUp;
+      return { action: "accept", content: { approve: true } };
+    };
+    const args = { model: "mnist-cnn", dtype: "float16" };
+    await expect(call(conn.client, "load_model", args, { timeout: 2000 })).rejects.toThrow(
+      /timed out/i,
+    );
+    timedOut();
+    expect(promptMessage, "the prompt came before the client gave up").toMatch(/approval apr_/);
+    const id = /approval (apr_[0-9a-f]{32})/.exec(promptMessage)![1];
+    // The answer reaches the server after the call has ended; it is recorded on the approval.
+    for (let i = 0; i < 50 && (await status(id)).status === "pending"; i++);
+    expect(await status(id)).toMatchObject({
+      status: "approved",
+      decided_by: "elicitation:local-user",
+    });
+    // The agent's retry without the id is told it, without asking the person again.
+    const again = await call(conn.client, "load_model", args);
+    expect(errorOf(again)).toMatchObject({
+      code: "approval_required",
+      details: { approval_id: id, status: "approved" },
+    });
+    const ok = await call(conn.client, "load_model", { ...args, approval_id: id });
+    expect(ok.isError, JSON.stringify(ok)).toBeFalsy();
+    expect((await status(id)).status).toBe("used");
+    await call(conn.client, "unload_model", { model: "mnist-cnn" });
+  });
+
+  it("answers approval_required (not approval_declined) when nobody answers in time; an operator can still approve", async () => {
+    onPrompt = () => new Promise(() => {}); // nobody at the desk
+    const args = { model: "mnist-cnn", dtype: "bfloat16" };
+    const r = await call(conn.client, "load_model", args);
+    const e = errorOf(r)!;
+    expect(e.code).toBe("approval_required");
+    expect(e.details.prompt).toBe("unanswered");
+    expect(e.message).toMatch(/Nobody answered .* within 3 s/);
+    const id = e.details.approval_id;
+    expect((await status(id)).status).toBe("pending");
+    const approved = await cli(config, "approvals", "approve", id);
+    expect(approved.code, approved.stderr).toBe(0);
+    const ok = await call(conn.client, "load_model", { ...args, approval_id: id });
+    expect(ok.isError, JSON.stringify(ok)).toBeFalsy();
+    await call(conn.client, "unload_model", { model: "mnist-cnn" });
   });
 });

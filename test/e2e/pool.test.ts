@@ -113,6 +113,7 @@ describe.skipIf(!hasOpenssl)(
           policy: {
             tokens: [{ id: "ops", token_sha256: sha256(adminToken), scopes: ALL_SCOPES }],
             limits: { rate_limit: { per_principal_per_minute: 6000 } },
+            approvals: { rules: [] },
           },
         },
         dir,
@@ -329,6 +330,7 @@ describe.skipIf(!hasOpenssl)(
           },
           policy: {
             tokens: [{ id: "ops", token_sha256: sha256(adminToken), scopes: ALL_SCOPES }],
+            approvals: { rules: [] },
           },
         },
         dir2,

@@ -67,7 +67,12 @@ export function baseConfig(dir: string, extra: Record<string, any> = {}): Record
       device: "cpu",
       ...(runtime ?? {}),
     },
-    policy: { limits: { rate_limit: { per_principal_per_minute: 100_000 } }, ...(policy ?? {}) },
+    // Approvals off unless the test's policy names its own (the default rules would ask).
+    policy: {
+      approvals: { rules: [] },
+      limits: { rate_limit: { per_principal_per_minute: 100_000 } },
+      ...(policy ?? {}),
+    },
     ...rest,
   };
 }

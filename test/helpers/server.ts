@@ -1,6 +1,6 @@
 // Starts the real `tpu-mcp` CLI (stdio or HTTP) in a child process with a config in a temp dir,
 // and connects the SDK's real Client to it.
-import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { execFile, spawn, type ChildProcess, type SpawnOptions } from "node:child_process";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -57,7 +57,12 @@ export function writeConfig(
       catalog: join(ROOT, "runtime/catalog.builtin.json"),
       device: "cpu",
     },
-    policy: { limits: { rate_limit: { per_principal_per_minute: 6000 } } },
+    // Not about approvals: the one line that turns the default rules off (a test that is passes
+    // its own policy).
+    policy: {
+      approvals: { rules: [] },
+      limits: { rate_limit: { per_principal_per_minute: 6000 } },
+    },
     ...extra,
   };
   writeFileSync(file, JSON.stringify(config, null, 2));
@@ -87,13 +92,19 @@ export interface HttpServerProc {
   stop(): Promise<void>;
 }
 
-export function startHttpServer(configFile: string, args: string[] = []): Promise<HttpServerProc> {
+/** `spawnOpts` (uid, gid, env): e.g. the server as another OS user (test/helpers/os_user.ts). */
+export function startHttpServer(
+  configFile: string,
+  args: string[] = [],
+  spawnOpts: Pick<SpawnOptions, "uid" | "gid" | "env"> = {},
+): Promise<HttpServerProc> {
   const proc = spawn(
     process.execPath,
     [CLI, "http", "--port", "0", "--config", configFile, ...args],
     {
       cwd: ROOT,
       stdio: ["ignore", "pipe", "pipe"],
+      ...spawnOpts,
     },
   );
   let err = "";

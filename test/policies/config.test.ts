@@ -50,8 +50,13 @@ describe("policy config", () => {
       device_seconds_per_window: 3600,
       window_s: 3600,
     });
+    // Secure by default: costly work asks a human unless the config says otherwise.
     expect(c.approvals).toEqual({
-      rules: [],
+      rules: [
+        { tool: "run_benchmark" },
+        { tool: "load_model", when: { min_weight_bytes: 2 ** 30 } },
+        { tool: "check_model", when: { min_device_seconds: 30 } },
+      ],
       notify: [],
       ttl_s: 900,
       max_pending_per_principal: 20,

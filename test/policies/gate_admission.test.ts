@@ -34,7 +34,8 @@ const est = (device_seconds: number): CostEstimate => ({
 });
 
 function makeGate(policy: PolicyConfigInput) {
-  const config = parsePolicyConfig(policy, TOOL_POLICIES);
+  // Not about approvals: the default rules off, unless a test names its own.
+  const config = parsePolicyConfig({ approvals: { rules: [] }, ...policy }, TOOL_POLICIES);
   const clock = new FakeClock();
   const logger = captureLogger();
   const file = tmp.file(`adm-${Math.random().toString(36).slice(2)}.db`);

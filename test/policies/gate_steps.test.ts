@@ -14,7 +14,7 @@ import { RateLimiter } from "../../policies/limits/rate.js";
 import type { Principal } from "../../policies/scopes.js";
 import { toolPolicyMap } from "../../policies/tool_policy.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
-import { captureLogger, tempDir } from "./helpers.js";
+import { captureLogger, flush, tempDir } from "./helpers.js";
 
 const tmp = tempDir();
 afterAll(() => tmp.cleanup());
@@ -33,7 +33,8 @@ const est = (over: Partial<CostEstimate> = {}): CostEstimate => ({
 });
 
 function makeGate(policy: PolicyConfigInput = {}) {
-  const config = parsePolicyConfig(policy, TOOL_POLICIES);
+  // The default rules off, unless a test names its own.
+  const config = parsePolicyConfig({ approvals: { rules: [] }, ...policy }, TOOL_POLICIES);
   const file = tmp.file(`steps-${Math.random().toString(36).slice(2)}.db`);
   const logger = captureLogger();
   const approvals = new SqliteApprovalStore(file);
@@ -154,8 +155,8 @@ describe("elicitation: decided and timed by the gate", () => {
     ...over,
   });
 
-  it("stops waiting after elicitation_timeout_s and withdraws the prompt", async () => {
-    const { gate, audit } = makeGate(policy(true));
+  it("stops waiting after elicitation_timeout_s, withdraws the prompt and leaves the request to an operator", async () => {
+    const { gate, audit, approvals } = makeGate(policy(true));
     let withdrawn: AbortSignal | undefined;
     const elicit = (_p: ElicitPrompt, signal: AbortSignal) => {
       withdrawn = signal;
@@ -163,28 +164,70 @@ describe("elicitation: decided and timed by the gate", () => {
     };
     const t0 = Date.now();
     const e = await refusal(gate.run(load({ elicit }), async () => "ran"));
-    expect(e.code).toBe("approval_declined");
-    expect(e.details.answer).toBe("timeout");
+    // Nobody declined: the code is the out-of-band one, naming the still open request.
+    expect(e.code).toBe("approval_required");
+    expect(e.details.prompt).toBe("unanswered");
     expect(e.message).toMatch(/within 0\.05 s/);
     expect(Date.now() - t0).toBeGreaterThanOrEqual(40);
     expect(withdrawn?.aborted).toBe(true);
-    expect(audit.tail(1)[0]).toMatchObject({ outcome: "approval_denied" });
+    expect(approvals.get(e.details.approval_id as string)?.status).toBe("pending");
+    expect(audit.tail(1)[0]).toMatchObject({ outcome: "approval_requested" });
   });
 
-  it("withdraws the prompt when the caller cancels", async () => {
-    const { gate } = makeGate({
+  it("ends a cancelled call but keeps its prompt up: a late answer is recorded, and the retry with its id runs", async () => {
+    const { gate, approvals } = makeGate({
       approvals: { rules: [{ tool: "load_model" }], elicitation_timeout_s: 60 },
     });
     const caller = new AbortController();
     let withdrawn: AbortSignal | undefined;
+    let answer!: (a: "accept") => void;
     const elicit = (_p: ElicitPrompt, signal: AbortSignal) => {
       withdrawn = signal;
-      setTimeout(() => caller.abort(), 5);
-      return new Promise<never>(() => {});
+      setTimeout(() => caller.abort(), 5); // the client gives up on its request
+      return new Promise<"accept">((r) => (answer = r));
     };
     const e = await refusal(gate.run(load({ elicit, signal: caller.signal }), async () => "ran"));
     expect(e.code).toBe("cancelled");
-    expect(withdrawn?.aborted).toBe(true);
+    const id = e.details.approval_id as string;
+    expect(withdrawn?.aborted).toBe(false);
+    expect(approvals.get(id)?.status).toBe("pending");
+
+    answer("accept"); // the person answers after the client stopped waiting
+    await flush();
+    expect(approvals.get(id)).toMatchObject({
+      status: "approved",
+      decided_by: "elicitation:agent",
+    });
+    const retry = load({ args: { model: "tiny-gpt2", approval_id: id } });
+    await expect(gate.run(retry, async () => "ran")).resolves.toBe("ran");
+    expect(approvals.get(id)?.status).toBe("used");
+  });
+
+  it("lets a retry join the prompt still up instead of asking twice; a decline is recorded", async () => {
+    const { gate, approvals } = makeGate({
+      approvals: { rules: [{ tool: "load_model" }], elicitation_timeout_s: 60 },
+    });
+    const caller = new AbortController();
+    let asked = 0;
+    let answer!: (a: "accept" | "decline") => void;
+    const elicit = () => {
+      asked++;
+      return new Promise<"accept" | "decline">((r) => (answer = r));
+    };
+    const first = gate.run(load({ elicit, signal: caller.signal }), async () => "ran");
+    await flush();
+    caller.abort();
+    expect((await refusal(first)).code).toBe("cancelled");
+    const retry = gate.run(load({ elicit }), async () => "ran");
+    await flush();
+    expect(asked).toBe(1);
+    answer("decline");
+    const e = await refusal(retry);
+    expect(e.code).toBe("approval_declined");
+    expect(approvals.get(e.details.approval_id as string)).toMatchObject({
+      status: "denied",
+      decided_by: "elicitation:agent",
+    });
   });
 
   it("leaves an answered prompt alone (no withdrawal after the answer)", async () => {

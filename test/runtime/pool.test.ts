@@ -268,6 +268,7 @@ describe("routing", () => {
       modes: ["eager"],
       scenario: "single-stream",
       warmup: 1,
+      extend_factor: 1,
       limits: {
         max_configs: 8,
         max_iterations: 10,

@@ -46,6 +46,7 @@ const longBenchmark = {
   scenario: "forward",
   duration_s: 60,
   warmup: 1,
+  extend_factor: 1,
   limits: benchLimits,
 };
 

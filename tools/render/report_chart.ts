@@ -1,6 +1,7 @@
-// SVG chart of a benchmark report (tpu://benchmarks/{id}.svg): latency p50 (bars to p99) and
-// throughput against batch size, one series per dtype × mode × seq_len. Hand-written SVG, no
-// dependency; every text from the report is escaped.
+// SVG chart of a benchmark report (tpu://benchmarks/{id}.svg): latency p50 with its 95 % interval
+// (solid bar; dashed on to p99) and throughput against batch size, one series per dtype × mode ×
+// seq_len; a point measured unstable is drawn hollow with a red ring and its reason as its title.
+// Hand-written SVG, no dependency; every text from the report is escaped.
 import { seriesOf, type SeriesPoint } from "./series.js";
 
 type Any = Record<string, any>;
@@ -56,7 +57,9 @@ function panel(
 ): string[] {
   const parts: string[] = [];
   const values = series
-    .flatMap(([, pts]) => pts.flatMap((p) => (bars ? [pick(p), p.p99] : [pick(p)])))
+    .flatMap(([, pts]) =>
+      pts.flatMap((p) => (bars ? [pick(p), p.p99, ...(p.ci ?? [])] : [pick(p)])),
+    )
     .filter((v) => v > 0);
   let lo = Math.min(...values);
   let hi = Math.max(...values);
@@ -128,8 +131,20 @@ function panel(
           `<line x1="${(Number(x) - 4).toFixed(1)}" x2="${(Number(x) + 4).toFixed(1)}" y1="${ys(p.p99).toFixed(1)}" y2="${ys(p.p99).toFixed(1)}" stroke="${color}"/>`,
         );
       }
+      if (bars && p.ci) {
+        const [a, b] = p.ci.map((v) => ys(v).toFixed(1));
+        const x0c = (Number(x) - 5).toFixed(1);
+        const x1c = (Number(x) + 5).toFixed(1);
+        parts.push(
+          `<g class="ci" stroke="${color}" stroke-width="1.5"><line x1="${x0c}" x2="${x1c}" y1="${a}" y2="${a}"/><line x1="${x}" x2="${x}" y1="${a}" y2="${b}"/><line x1="${x0c}" x2="${x1c}" y1="${b}" y2="${b}"/></g>`,
+        );
+      }
+      const note = p.unstable ? `, unstable: ${esc(p.unstable)}` : "";
+      const ci = bars && p.ci ? ` (95 % CI ${fmt(p.ci[0])}–${fmt(p.ci[1])})` : "";
       parts.push(
-        `<circle cx="${x}" cy="${ys(pick(p)).toFixed(1)}" r="3.5" fill="${color}"><title>batch ${p.batch}: ${fmt(pick(p))} ${esc(unit)}</title></circle>`,
+        p.unstable
+          ? `<circle class="unstable" cx="${x}" cy="${ys(pick(p)).toFixed(1)}" r="5" fill="#fff" stroke="#d00" stroke-width="2"><title>batch ${p.batch}: ${fmt(pick(p))} ${esc(unit)}${ci}${note}</title></circle>`
+          : `<circle cx="${x}" cy="${ys(pick(p)).toFixed(1)}" r="3.5" fill="${color}"><title>batch ${p.batch}: ${fmt(pick(p))} ${esc(unit)}${ci}</title></circle>`,
       );
     }
   });
@@ -147,6 +162,7 @@ export function renderReportSvg(report: Any): string {
     typeof m.device === "object"
       ? `${m.device?.kind}`
       : `${m.device ?? "?"} (${m.device_name ?? "?"})`;
+  const unstable = series.reduce((n, [, pts]) => n + pts.filter((p) => p.unstable).length, 0);
   const rows = Math.max(1, Math.ceil(series.length / 4));
   const H = TOP + PANEL_H + 56 + rows * 16 + 8;
   const title = `${report.model ?? "?"} on ${device}: ${report.scenario ?? m.scenario ?? ""}, ${report.work ?? m.work ?? "forward"}`;
@@ -154,7 +170,7 @@ export function renderReportSvg(report: Any): string {
     `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="Helvetica, Arial, sans-serif" font-size="12">`,
     `<rect width="${W}" height="${H}" fill="#fafafa"/>`,
     `<text x="${W / 2}" y="24" text-anchor="middle" font-size="15" font-weight="bold">${esc(title)}</text>`,
-    `<text x="${W / 2}" y="42" text-anchor="middle" font-size="11" fill="#555">${esc(`report ${report.report_id ?? ""}, torch ${m.torch_version ?? "?"}, warmup not counted`)}</text>`,
+    `<text x="${W / 2}" y="42" text-anchor="middle" font-size="11" fill="#555">${esc(`report ${report.report_id ?? ""}, torch ${m.torch_version ?? "?"}, warmup not counted${unstable ? `; ${unstable} unstable point(s): hollow, red ring` : ""}`)}</text>`,
   ];
   if (series.length === 0) {
     parts.push(
@@ -164,7 +180,15 @@ export function renderReportSvg(report: Any): string {
     return parts.join("\n");
   }
   parts.push(
-    ...panel(LEFT[0], "Latency p50 (dashed to p99)", "ms", series, (p) => p.p50, true, batches),
+    ...panel(
+      LEFT[0],
+      "Latency p50 with 95 % CI (dashed to p99)",
+      "ms",
+      series,
+      (p) => p.p50,
+      true,
+      batches,
+    ),
   );
   parts.push(
     ...panel(LEFT[1], "Throughput", "items/s", series, (p) => p.tput ?? 0, false, batches),

@@ -1,4 +1,6 @@
 // Markdown rendering of a stored benchmark report, for tpu://benchmarks/{id}.md and the README.
+import { unstableNote } from "./compare.js";
+
 type Any = Record<string, any>;
 
 const num = (v: unknown, digits = 2) =>
@@ -9,6 +11,10 @@ const mib = (v: unknown) =>
   typeof v === "number" && Number.isFinite(v) ? (v / 2 ** 20).toFixed(1) : "–";
 const pct = (v: unknown) =>
   typeof v === "number" && Number.isFinite(v) ? `${(v * 100).toFixed(2)}` : "–";
+const ci = (v: unknown) => (Array.isArray(v) && v.length === 2 ? `${num(v[0])}–${num(v[1])}` : "–");
+/** "yes", "**no**", or "–" for a report made before verdicts. */
+const stable = (c: Any) =>
+  c.stability?.stable === true ? "yes" : c.stability?.stable === false ? "**no**" : "–";
 const cos = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(6) : "–");
 
 function deviceLine(m: Any): string {
@@ -39,10 +45,10 @@ export function renderReportMarkdown(report: Any): string {
   );
   lines.push("");
   lines.push(
-    "| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms | mean ms | items/s | compile s | recompiled | peak MiB | +MiB | max abs err | max rel err | cosine | GFLOP/item | % of peak | matmul precision |",
+    "| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms | mean ms | p50 95 % CI | MAD ms | stable | items/s | compile s | recompiled | peak MiB | +MiB | max abs err | max rel err | cosine | GFLOP/item | % of peak | matmul precision |",
   );
   lines.push(
-    "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
   );
   const failed: string[] = [];
   for (const c of (report.configs ?? []) as Any[]) {
@@ -55,6 +61,7 @@ export function renderReportMarkdown(report: Any): string {
     const l = c.latency_ms ?? {};
     lines.push(
       `| ${c.batch} | ${c.seq_len ?? "–"} | ${c.dtype} | ${c.mode} | ${num(l.p50)} | ${num(l.p90)} | ${num(l.p99)} | ${num(l.mean)} | ` +
+        `${ci(c.stability?.p50_ci_ms)} | ${num(c.stability?.mad_ms, 3)} | ${stable(c)} | ` +
         `${num(c.throughput_items_per_s, 1)} | ${c.mode === "compile" ? num(c.compile_s, 3) : "–"} | ${c.recompiled ? `**yes (${c.recompiles_in_window})**` : "no"} | ` +
         `${mib(c.peak_memory_bytes)} | ${mib(c.peak_memory_increase_bytes)} | ${sci(c.max_abs_error_vs_fp32)} | ${sci(c.max_rel_error_vs_fp32)} | ` +
         `${cos(c.cosine_similarity_vs_fp32)} | ${typeof c.flops_per_item === "number" ? (c.flops_per_item / 1e9).toFixed(3) : "–"} | ` +
@@ -72,6 +79,17 @@ export function renderReportMarkdown(report: Any): string {
       );
     }
   }
+  const unstable = ((report.configs ?? []) as Any[]).filter((c) => !c.error && unstableNote(c));
+  if (unstable.length) {
+    lines.push("", "Unstable configurations (their figures may move on a quiet host):");
+    for (const c of unstable) {
+      const st = c.stability;
+      lines.push(
+        `- batch ${c.batch}${c.seq_len ? `, seq ${c.seq_len}` : ""}, ${c.dtype}, ${c.mode}: ${unstableNote(c)}` +
+          ` (${c.iterations} iterations${st.extended ? `, extended from ${st.iterations_requested ?? "a duration"}` : ""})`,
+      );
+    }
+  }
   if (failed.length) lines.push("", "Failed configurations:", ...failed);
   const peaks = [
     ...new Set(((report.configs ?? []) as Any[]).map((c) => c.peak_flops_source).filter(Boolean)),
@@ -83,16 +101,18 @@ export function renderReportMarkdown(report: Any): string {
       "",
       `## Compared with ${cmp.baseline_id}`,
       "",
-      "Ratios are this report over the baseline (latency < 1 and throughput > 1 are better).",
+      "Ratios are this report over the baseline (latency < 1 and throughput > 1 are better). " +
+        "The p50 interval is this report's 95 % interval over the baseline's; where the two reports' " +
+        "intervals overlap there is no significant difference.",
       "",
     );
     lines.push(
-      "| batch | seq | dtype | mode | p50 | p90 | p99 | throughput | compile s | peak memory |",
+      "| batch | seq | dtype | mode | p50 | p50 interval | difference | p90 | p99 | throughput | compile s | peak memory |",
     );
-    lines.push("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|");
+    lines.push("|---:|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|");
     for (const r of cmp.ratios as Any[]) {
       lines.push(
-        `| ${r.batch} | ${r.seq_len ?? "–"} | ${r.dtype} | ${r.mode} | ${num(r.p50_ratio, 3)} | ${num(r.p90_ratio, 3)} | ${num(r.p99_ratio, 3)} | ${num(r.throughput_ratio, 3)} | ${num(r.compile_s_ratio, 3)} | ${num(r.peak_memory_ratio, 3)} |`,
+        `| ${r.batch} | ${r.seq_len ?? "–"} | ${r.dtype} | ${r.mode} | ${num(r.p50_ratio, 3)} | ${r.p50_ratio_ci ? `${num(r.p50_ratio_ci[0], 3)}–${num(r.p50_ratio_ci[1], 3)}` : "–"} | ${r.difference ?? "–"} | ${num(r.p90_ratio, 3)} | ${num(r.p99_ratio, 3)} | ${num(r.throughput_ratio, 3)} | ${num(r.compile_s_ratio, 3)} | ${num(r.peak_memory_ratio, 3)} |`,
       );
     }
     for (const w of cmp.warnings as string[]) lines.push(`- warning: ${w}`);

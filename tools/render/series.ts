@@ -10,6 +10,16 @@ export interface SeriesPoint {
   p99: number;
   /** null when the configuration reported no throughput. */
   tput: number | null;
+  /** The 95 % interval of p50 (ms); null in reports made before intervals were measured. */
+  ci: [number, number] | null;
+  /** Why the configuration was measured unstable; null when stable or not judged. */
+  unstable: string | null;
+}
+
+function intervalOf(v: unknown): [number, number] | null {
+  return Array.isArray(v) && v.length === 2 && v.every((x) => typeof x === "number" && x > 0)
+    ? [v[0], v[1]]
+    : null;
 }
 
 export function seriesOf(report: unknown): Map<string, SeriesPoint[]> {
@@ -26,6 +36,8 @@ export function seriesOf(report: unknown): Map<string, SeriesPoint[]> {
       p90: typeof l.p90 === "number" ? l.p90 : l.p50,
       p99: typeof l.p99 === "number" ? l.p99 : l.p50,
       tput: typeof c.throughput_items_per_s === "number" ? c.throughput_items_per_s : null,
+      ci: intervalOf(c.stability?.p50_ci_ms),
+      unstable: c.stability?.stable === false ? String(c.stability.reason ?? "unstable") : null,
     });
     groups.set(name, pts);
   }

@@ -1,5 +1,5 @@
 // The Benchmarks page: stored reports as charts and tables, one drawn against another.
-import { drawReports, reportTable, type Report } from "../chart.js";
+import { comparisonTable, drawReports, reportTable, type Report } from "../chart.js";
 import { api } from "../session.js";
 import { h, when, status, onLeave, type Json } from "../ui.js";
 
@@ -45,6 +45,16 @@ export async function benchmarksPage(root: HTMLElement) {
         { class: "scroll", tabindex: "0", role: "region", "aria-label": "report numbers" },
         reportTable(inputs),
       ),
+      ...(inputs.length === 2
+        ? [
+            h("h3", {}, `${inputs[0].label} against ${inputs[1].label}`),
+            h(
+              "div",
+              { class: "scroll", tabindex: "0", role: "region", "aria-label": "comparison" },
+              comparisonTable(inputs[0], inputs[1]),
+            ),
+          ]
+        : []),
     );
   };
   a.addEventListener("change", () => void draw());
@@ -62,7 +72,8 @@ export async function benchmarksPage(root: HTMLElement) {
     h(
       "p",
       { class: "hint" },
-      "Hover a chart for values; p50 solid, p90 dashed, p99 dotted; the compared report is drawn thinner.",
+      "Hover a chart for values; p50 solid with its 95 % interval as an error bar, p90 dashed, p99 dotted; " +
+        "a red ring marks a point measured unstable (the table says why); the compared report is drawn thinner.",
     ),
     charts,
     h("h2", {}, "Numbers"),

@@ -171,6 +171,7 @@ def test_bounds_come_from_the_request_not_from_worker_constants(shared_worker):
         ({"scenario": None}, "args.scenario is required"),
         ({"work": None}, "args.work is required"),
         ({"warmup": None}, "args.warmup is required"),
+        ({"extend_factor": None}, "args.extend_factor is required"),
         ({"iterations": None}, "args.iterations or args.duration_s is required"),
         ({"limits": None}, "args.limits is required"),
         ({"limits": {"max_warmup": None}}, "args.limits.max_warmup is required"),

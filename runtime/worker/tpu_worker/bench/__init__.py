@@ -4,7 +4,7 @@ CPU reference and achieved FLOP/s reported for every configuration.
 
 Arguments (the `benchmark` op): model, device?, batch_sizes, seq_lens?, dtypes, modes,
 scenario ("single-stream" | "offline"), work ("forward" | "generate"), iterations?, duration_s?,
-warmup, max_new_tokens?. The old spelling scenario="forward"/"generate" still means that work in
+warmup, max_new_tokens?, extend_factor. The old spelling scenario="forward"/"generate" still means that work in
 the single-stream scenario.
 
 Scenarios:
@@ -24,7 +24,9 @@ Result: {manifest, configs: [...], cancelled}. Each configuration:
   peak_memory_kind, matmul_precision, precision_reference, max_abs_error_vs_fp32,
   mean_abs_error_vs_fp32, max_rel_error_vs_fp32, cosine_similarity_vs_fp32, nonfinite_outputs,
   flops_per_item, achieved_flops_per_s, peak_flops_per_s, peak_flops_source, fraction_of_peak,
-  offline_skipped_batches (offline), error ({code, message, recoverable} or null).
+  offline_skipped_batches (offline), stability ({stable, reason, mad_ms, p50_ci_ms,
+  iterations_requested, extended, loadavg_1m, steal_pct, cpus}), error ({code, message,
+  recoverable} or null).
 
 Timing: every clock read is preceded by a device synchronize and the iteration's output is kept
 alive across it, so asynchronous backends (TPU, CUDA) are measured honestly. Warmup is never
@@ -35,7 +37,9 @@ TorchTPU, `xla_compiles_in_window` counts its own compile-cache misses in the wi
 compiles per op and shape; private API, null where absent) and flags `recompiled` as well.
 
 Layout: args.py checks the request (the server resolved every default and bound), engine.py
-walks the grid, measure.py times one configuration, reference.py computes the float32 outputs.
+walks the grid, measure.py times one configuration, reference.py computes the float32 outputs;
+stats.py (MAD, bootstrap CI), host.py (/proc load and steal) and stability.py (the verdict, and
+the extension of an unstable series) say how sure each configuration's figures are.
 """
 
 from .engine import run_benchmark

@@ -17,6 +17,7 @@ SCENARIOS = ("single-stream", "offline")
 WORKS = ("forward", "generate")
 MODES = ("eager", "compile")
 MAX_LIST = 16  # a sanity bound on the wire; the server's own is tighter
+MAX_EXTEND_FACTOR = 16
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class Plan:
     duration: float | None
     max_new: int | None
     matmul_precision: str | None
+    # An unstable series runs up to extend_factor x its requested window, within these bounds.
+    extend_factor: int
+    max_iterations: int
+    max_duration_s: float
 
     @property
     def configs(self) -> int:
@@ -93,6 +98,7 @@ def plan(entry, args: dict) -> Plan:
     max_new = None
     if work == "generate":
         max_new = _int(args, "max_new_tokens", 1, lim.max_new_tokens)
+    extend_factor = _int(args, "extend_factor", 1, MAX_EXTEND_FACTOR)
     grid = len(batch_sizes) * len(seq_lens) * len(dtypes) * len(modes)
     if grid > bounds.max_configs:
         raise invalid(f"{grid} configurations exceed the limit of {bounds.max_configs}; narrow the grid")
@@ -108,6 +114,9 @@ def plan(entry, args: dict) -> Plan:
         duration=duration,
         max_new=max_new,
         matmul_precision=args.get("matmul_precision"),
+        extend_factor=extend_factor,
+        max_iterations=int(bounds.max_iterations),
+        max_duration_s=float(bounds.max_duration_s),
     )
 
 

@@ -17,8 +17,10 @@ from ..memory import activation_bytes
 from ..platforms import platform_for
 from ..protocol import now_iso
 from .args import Plan, plan
+from .host import HostSource, ProcHost
 from .measure import SEED, measure, recompile_room
 from .reference import Reference
+from .stability import Goal
 
 
 def run_benchmark(worker, args: dict, ctx) -> dict:
@@ -34,6 +36,7 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
     cancelled = False
     done = 0
     reference = Reference(worker, entry, info, ctx.token)
+    host = ProcHost()
     ctx.progress(0, total, f"benchmarking {entry.id}: {total} configuration(s), {p.scenario}, {p.work}")
     try:
         for dtype, mode in [(d, m) for d in p.dtypes for m in p.modes]:
@@ -62,6 +65,7 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
                     plan=p,
                     reference=reference,
                     ctx=ctx,
+                    host=host,
                 )
                 for c in run.series():
                     if c is None:
@@ -110,6 +114,7 @@ def _manifest(worker, entry, info, device, p, precision_requested) -> dict:
         "warmup": p.warmup,
         "iterations": p.iterations,
         "duration_s": p.duration,
+        "extend_factor": p.extend_factor,
         "max_new_tokens": p.max_new if p.work == "generate" else None,
         "execution_mode": platform_for(device).execution_mode(device),
         "eager_mode": platform_for(device).eager_mode_report(device),
@@ -139,7 +144,9 @@ def _progress_line(c: dict) -> str:
     if c.get("error"):
         return f"{head}: {c['error']['code']}"
     lat = c["latency_ms"]
-    return f"{head}: p50 {lat['p50']:.3f} ms, {c['throughput_items_per_s']:.1f} items/s"
+    st = c.get("stability") or {}
+    unstable = f", unstable: {st['reason']}" if st.get("stable") is False else ""
+    return f"{head}: p50 {lat['p50']:.3f} ms, {c['throughput_items_per_s']:.1f} items/s{unstable}"
 
 
 def _failed(b, s, dtype, mode, scenario, work, device, exc: WorkerError) -> dict:
@@ -171,6 +178,7 @@ class _Run:
     plan: Plan
     reference: Reference
     ctx: Any
+    host: HostSource
 
     @property
     def adapter(self):
@@ -215,6 +223,11 @@ class _Run:
             else:
                 yield self.offline(sorted(self.plan.batch_sizes, reverse=True), s)
 
+    def goal(self) -> Goal:
+        """The measured window of one configuration: the request's, extended while unstable."""
+        p = self.plan
+        return Goal(p.iterations, p.duration, p.extend_factor, p.max_iterations, p.max_duration_s)
+
     def one(self, b: int, s: int | None) -> dict | None:
         """Measures one configuration; None when cancelled; a config with `error` when it failed."""
         try:
@@ -225,8 +238,8 @@ class _Run:
                 batch=b,
                 seq_len=s,
                 warmup=self.plan.warmup,
-                iterations=self.plan.iterations,
-                duration=self.plan.duration,
+                goal=self.goal(),
+                host=self.host,
                 max_new=self.plan.max_new,
                 token=self.ctx.token,
             )

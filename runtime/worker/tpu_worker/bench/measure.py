@@ -12,6 +12,9 @@ import torch
 from ..adapters import Adapter
 from ..memory import MemoryProbe
 from ..platforms import platform_for
+from .host import HostSource, HostWindow
+from .stability import Goal, settle
+from .stability import report as stability_report
 
 SEED = 0
 
@@ -89,12 +92,13 @@ def measure(
     batch: int,
     seq_len: int | None,
     warmup: int,
-    iterations: int | None,
-    duration: float | None,
+    goal: Goal,
+    host: HostSource,
     max_new: int,
     token,
 ) -> dict | None:
-    """Runs one configuration; returns None when cancelled."""
+    """Runs one configuration; returns None when cancelled. The window ends at `goal`, extended
+    while the series is unstable (stability.py)."""
     device = adapter.device
     plat = platform_for(device)
     inputs = adapter.example(batch, seq_len, seed=SEED)
@@ -136,34 +140,34 @@ def measure(
                 mem.sample()
         c1 = compile_counters()
         x1 = plat.compile_cache_misses()
-        samples: list[float] = []
         plat.synchronize(device)
-        start = end = time.perf_counter()
-        out = None
-        while True:
-            if iterations is not None and len(samples) >= iterations:
-                break
-            if duration is not None and samples and end - start >= duration:
-                break
-            if token.cancelled:
-                return None
-            out = None  # the previous output is freed before the next call, as a server would
+        last: dict[str, Any] = {"out": None}
+
+        def timed() -> float:
+            last["out"] = None  # the previous output is freed before the next call, as a server would
             plat.synchronize(device)
             t0 = time.perf_counter()
             out = step()  # kept alive until after the synchronize below
             plat.materialize(out, device)  # fused eager mode: run the deferred graph now
             plat.synchronize(device)
-            end = time.perf_counter()
-            samples.append(end - t0)
+            took = time.perf_counter() - t0
+            last["out"] = out
             mem.sample()
-            if first_call_s is None:
-                first_call_s = samples[-1]
+            return took
+
+        settled = settle(timed, goal, HostWindow(host), seed=SEED, stop=lambda: token.cancelled)
+        if settled is None:
+            return None
+        samples = settled.samples_s
+        out = last["out"]
+        if first_call_s is None:
+            first_call_s = samples[0]
         c2 = compile_counters()
         x2 = plat.compile_cache_misses()
         peak, increase, kind = mem.result()
     lat = latency_summary(samples)
     mean_s = sum(samples) / len(samples)
-    window = end - start
+    window = settled.window_s
     if scenario == "offline":
         throughput = batch * len(samples) / window if window > 0 else None
         basis = "items / wall time of the measured window"
@@ -188,6 +192,7 @@ def measure(
         "peak_memory_bytes": peak,
         "peak_memory_increase_bytes": increase,
         "peak_memory_kind": kind,
+        "stability": stability_report(settled),
     }
     if work == "generate":
         tokens = sum(len(r) for r in out) if out else 0
