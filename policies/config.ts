@@ -198,7 +198,10 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: rea
   // Only the defaults for tools this server has (a test may build the schema for a few).
   const defaults = DEFAULT_APPROVAL_RULES.filter((r) => names.includes(r.tool));
   return z.object({
-    rules: z.array(rule).default(() => defaults.map((r) => structuredClone(r))),
+    // Token assurance: with no config there is no passkey yet (an operator enrols one later).
+    rules: z
+      .array(rule)
+      .default(() => defaults.map((r) => ({ assurance: "token" as const, ...structuredClone(r) }))),
     notify: z.array(NotifySchema).max(16).default([]),
     ttl_s: z.number().positive().default(900),
     /** Pending requests one principal may hold; one more is refused `approval_limit`. */

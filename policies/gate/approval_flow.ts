@@ -16,6 +16,7 @@ import { PolicyError, isPolicyError } from "../errors.js";
 import { formatBytes } from "../../lib/units.js";
 import type { CostEstimate } from "../estimate.js";
 import type { DecisionEvidence } from "../passkeys/evidence.js";
+import { RequestStateError, type ApprovalState, type StateRefusal } from "../request_state.js";
 import { hasScope, type Principal } from "../scopes.js";
 import type { GateContext } from "./context.js";
 import type { ElicitAnswer, GateCall } from "./types.js";
@@ -87,6 +88,9 @@ export async function checkApproval(
   const rule = matchApprovalRule(cfg.rules, principal.id, tool, estimate);
   if (!rule) return undefined;
 
+  // The 2026-07-28 era: the user's answer comes back on a retry that echoes the sealed state.
+  if (call.inBand?.state !== undefined) return answerInBand(ctx, call, rule, digest, redacted);
+
   // Only a consumable approval counts. `confirm: true` or any other argument never does.
   const presented = call.args.approval_id;
   if (typeof presented === "string" && presented.length > 0) {
@@ -109,6 +113,10 @@ export async function checkApproval(
       ttl_s: cfg.ttl_s,
       max_pending: cfg.max_pending_per_principal,
     });
+  // The 2026-07-28 era asks in band by answering input_required: the same approval record, so an
+  // operator may still decide it out of band while the user has not answered.
+  if (call.inBand?.canAsk && cfg.elicitation && ctx.deps.requestStates && rec.status === "pending")
+    throw askInBand(ctx, call, rule, digest, rec);
 
   // Asked in the client when it can show a form and the policy allows it; never for a rule that
   // needs a passkey (only a signed decision in the console counts there).
@@ -177,6 +185,102 @@ function approvalRequired(
     ...extra,
     message,
   });
+}
+
+/** The input_required "refusal": the prompt and a state sealed to this principal, call and approval. */
+function askInBand(
+  ctx: GateContext,
+  call: GateCall,
+  rule: ApprovalRule,
+  digest: string,
+  rec: ApprovalRecord,
+): PolicyError {
+  const ttlMs = Math.min(
+    ctx.config.approvals.elicitation_timeout_s * 1000,
+    Math.max(0, Date.parse(rec.expires_at) - ctx.clock()),
+  );
+  const state = ctx.deps.requestStates!.seal(
+    { p: call.principal.id, t: call.tool, d: digest, a: rec.id },
+    ttlMs,
+  );
+  const message = `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
+  return new PolicyError("input_required", message, {
+    approval_id: rec.id,
+    request_state: state,
+    prompt: { tool: call.tool, args_preview: rec.args_preview, estimate: rec.estimate, message },
+    expires_at: new Date(ctx.clock() + ttlMs).toISOString(),
+  });
+}
+
+const STATE_REFUSALS: Record<StateRefusal, string> = {
+  malformed: "is not a requestState this server issued",
+  mac: "failed its integrity check (it was altered or not issued by this server)",
+  expired: "has expired",
+};
+
+/**
+ * The retry of an in-band approval: the state must open (MAC, expiry) and name this principal, this
+ * tool and these exact arguments; answering decides its approval, which can happen once only, so a
+ * replayed state is refused. An accepted approval is consumed by the gate like one presented by id.
+ */
+function answerInBand(
+  ctx: GateContext,
+  call: GateCall,
+  rule: ApprovalRule,
+  digest: string,
+  redacted: unknown,
+): string {
+  const { principal, tool } = call;
+  const refuse = (why: string, detail: string) =>
+    new PolicyError(
+      "invalid_request_state",
+      `The requestState of this retry ${detail}; the call was not run. Call ${tool} again without it to be asked again.`,
+      { why },
+    );
+  let s: ApprovalState;
+  try {
+    s = ctx.deps.requestStates!.open(call.inBand!.state);
+  } catch (e) {
+    const why = e instanceof RequestStateError ? e.why : "malformed";
+    throw refuse(why, STATE_REFUSALS[why]);
+  }
+  if (s.p !== principal.id) throw refuse("principal", "was issued to another principal");
+  if (s.t !== tool || s.d !== digest)
+    throw refuse("call", "was issued for another call (the tool or the arguments differ)");
+  const rec = ctx.deps.approvals.get(s.a);
+  if (!rec || rec.status !== "pending")
+    throw refuse("replayed", `answers approval ${s.a}, which was already decided (a state is single-use)`);
+  const answer = call.inBand!.answer;
+  // A retry that carries the state but no answer is asked again, for the same approval.
+  if (answer === undefined) throw askInBand(ctx, call, rule, digest, rec);
+  const approver = `elicitation:${principal.id}`;
+  try {
+    if (answer === "accept") ctx.deps.approvals.approve(s.a, approver);
+    else ctx.deps.approvals.deny(s.a, approver, `the user answered ${answer} in the client`);
+  } catch (e) {
+    // Decided between the read above and now (an operator, or a concurrent replay).
+    if (isPolicyError(e) && e.code === "approval_already_decided")
+      throw refuse("replayed", `answers approval ${s.a}, which was already decided (a state is single-use)`);
+    throw e;
+  }
+  ctx.audit({
+    principal: principal.id,
+    tool,
+    args_digest: digest,
+    args: redacted,
+    estimate: call.estimate ?? null,
+    outcome: answer === "accept" ? "approval_granted" : "approval_denied",
+    approver,
+    approval_id: s.a,
+    reason: `${answer === "accept" ? "accepted" : answer === "decline" ? "declined" : "cancelled"} in the client (${describeRule(rule)})`,
+  });
+  if (answer !== "accept")
+    throw new PolicyError(
+      "approval_declined",
+      `The user ${answer === "decline" ? "declined" : "cancelled"} the approval prompt; the call was not run.`,
+      { answer, approval_id: s.a },
+    );
+  return s.a;
 }
 
 type Answer = ElicitAnswer | "timeout" | null;

@@ -95,6 +95,22 @@ export class Gate {
     this.ctx.auditRefusal({ ...base, outcome: "denied", code, reason: message.slice(0, 500) });
   }
 
+  /**
+   * A request the protocol layer refused before it named a call the gate could run (headers that
+   * contradict the body, a 2026-07-28 request without its protocol version): audited under the
+   * request's method and coalesced like every refusal, so a flood leaves one line, not millions.
+   */
+  refuseRequest(principal: Principal, method: string, message: string): void {
+    this.ctx.auditRefusal({
+      principal: principal.id,
+      tool: `mcp:${method.slice(0, 64)}`,
+      args_digest: null,
+      outcome: "denied",
+      code: "invalid_request",
+      reason: message.slice(0, 500),
+    });
+  }
+
   /** Admits the call (or refuses it, audited), then runs `fn` under the gate's supervision. */
   async run<T>(
     call: GateCall,

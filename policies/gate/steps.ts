@@ -152,6 +152,7 @@ export const ADMISSION_STEPS: readonly AdmissionStep[] = [
 
 const OUTCOME_FOR_CODE: Partial<Record<PolicyErrorCode, AuditOutcome>> = {
   approval_required: "approval_requested",
+  input_required: "approval_requested",
   approval_expired: "approval_expired",
   approval_declined: "approval_denied",
 };

@@ -8,6 +8,7 @@ import type { CostEstimate } from "../estimate.js";
 import type { BudgetLedger } from "../limits/budget.js";
 import type { ConcurrencyLimiter } from "../limits/concurrency.js";
 import type { RateLimiter } from "../limits/rate.js";
+import type { RequestStateSealer } from "../request_state.js";
 import type { Principal } from "../scopes.js";
 import type { ToolPolicy } from "../tool_policy.js";
 
@@ -34,6 +35,19 @@ export interface ElicitPrompt {
  */
 export type Elicit = (prompt: ElicitPrompt, signal: AbortSignal) => Promise<ElicitAnswer>;
 
+/**
+ * In the 2026-07-28 era the server cannot push a question: the call answers input_required with a
+ * sealed requestState, and the client's retry carries the state back with the user's answer.
+ */
+export interface InBandApproval {
+  /** The client declared it can answer a form (its elicitation capability, per request). */
+  canAsk: boolean;
+  /** The retry's echoed requestState: attacker-controlled until opened by the sealer. */
+  state?: unknown;
+  /** The user's answer carried by the retry, when it carried one. */
+  answer?: ElicitAnswer;
+}
+
 export interface GateCall {
   principal: Principal;
   tool: string;
@@ -45,8 +59,10 @@ export interface GateCall {
   /** Makes the estimate once the caller is admitted (scope, rate); used when `estimate` is absent. */
   estimator?: () => Promise<CostEstimate | undefined>;
   signal?: AbortSignal;
-  /** Present only when the client can show an elicitation form. */
+  /** Present only when the client can show an elicitation form (the 2025 era's push). */
   elicit?: Elicit;
+  /** The 2026-07-28 era's in-band approval (input_required rounds); absent in the 2025 era. */
+  inBand?: InBandApproval;
   /** Where the call ran (the worker of a pool), read when its outcome is audited. */
   ranOn?: () => string | undefined;
   /** Stamps for the bench's decomposition (tools/support/trace.ts); absent unless tracing. */
@@ -64,6 +80,8 @@ export interface GateDeps {
   budget: BudgetLedger;
   clock?: Clock;
   logger: PolicyLogger;
+  /** Seals the in-band approval's requestState (2026-07-28 era); without it nothing is asked in band. */
+  requestStates?: RequestStateSealer;
   /** The command an operator runs to approve; defaults to defaultApproveCommand. */
   approveCommand?: ApproveCommand;
   /** Where operators decide in a browser, once known (approval_required names it). */

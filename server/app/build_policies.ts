@@ -10,6 +10,7 @@ import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import { PasskeyStore } from "../../policies/passkeys/store.js";
+import { RequestStateSealer } from "../../policies/request_state.js";
 import { openStoreDb } from "../../policies/sqlite.js";
 import { isAbsolute, relative } from "node:path";
 import { TOOL_POLICIES } from "../../tools/registry.js";
@@ -74,6 +75,7 @@ export function createPolicyServices(
     rateLimiter: new RateLimiter(policy.limits.rate_limit.per_principal_per_minute),
     budget,
     logger: logger.child({ component: "gate" }),
+    requestStates: new RequestStateSealer(key.key),
     approveCommand: approveCommand(config),
     // The CLI knows only the configured public address; the server adds the one it bound.
     consoleUrl: opts.consoleUrl ?? (() => publicConsoleUrl(config.http.resource_url)),

@@ -41,7 +41,7 @@ export async function runDoctor(
   };
   const sdk = JSON.parse(
     readFileSync(
-      join(config.paths.root, "node_modules/@modelcontextprotocol/sdk/package.json"),
+      join(config.paths.root, "node_modules/@modelcontextprotocol/server/package.json"),
       "utf8",
     ),
   ).version;

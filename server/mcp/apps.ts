@@ -1,14 +1,21 @@
-// MCP Apps (the io.modelcontextprotocol/ui extension, 2026-01-26), written by hand: SDK 1.32 has
-// no helper and ext-apps 2.x needs SDK v2. When a client advertises the extension, tools that
+// MCP Apps (the io.modelcontextprotocol/ui extension, 2026-01-26), with the official ext-apps
+// helpers for its names and the client's capability (the low-level Server registers the views
+// itself: ext-apps' registerAppTool needs the high-level McpServer). When a client advertises the
+// extension (per session in the 2025 era, per request in 2026-07-28), tools that
 // declare a view (run_benchmark, get_job) carry `_meta.ui.resourceUri` in tools/list, the view is
 // listed as a `text/html;profile=mcp-app` resource, and an approval_required result links the
 // same document as an informational status card. Clients without the extension see nothing new;
 // every result's text content is complete on its own.
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
+import {
+  EXTENSION_ID,
+  getUiCapability,
+  RESOURCE_MIME_TYPE,
+} from "@modelcontextprotocol/ext-apps/server";
 
-export const UI_EXTENSION = "io.modelcontextprotocol/ui";
-export const UI_MIME = "text/html;profile=mcp-app";
+export const UI_EXTENSION = EXTENSION_ID;
+export const UI_MIME = RESOURCE_MIME_TYPE;
 export const BENCHMARK_VIEW_URI = "ui://tpu-mcp/benchmark-view.html";
 export const APPROVAL_CARD_URI = "ui://tpu-mcp/approval-card.html";
 const VIEWS = [
@@ -26,7 +33,7 @@ const VIEWS = [
 
 /** Does the client render MCP Apps? (capabilities.extensions[UI_EXTENSION].mimeTypes) */
 export function clientSupportsUi(caps: Record<string, any> | undefined): boolean {
-  const ext = caps?.extensions?.[UI_EXTENSION];
+  const ext = getUiCapability(caps);
   if (!ext || typeof ext !== "object") return false;
   const types = (ext as { mimeTypes?: unknown }).mimeTypes;
   return !Array.isArray(types) || types.includes(UI_MIME);

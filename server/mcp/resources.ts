@@ -1,28 +1,28 @@
 // The tpu:// resources (model catalog, benchmark reports, full output tensors) and the ui:// views
 // of MCP Apps: listing, templates and reads, for one session's principal.
-import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import {
-  ListResourcesRequestSchema,
-  ListResourceTemplatesRequestSchema,
-  McpError,
-  ReadResourceRequestSchema,
-} from "@modelcontextprotocol/sdk/types.js";
+  ProtocolError,
+  ProtocolErrorCode,
+  type Server,
+  type ServerContext,
+} from "@modelcontextprotocol/server";
 import { hasScope, type Principal } from "../../policies/scopes.js";
 import { renderReportSvg } from "../../tools/render/report_chart.js";
 import { renderReportMarkdown } from "../../tools/render/report_format.js";
 import type { App } from "../app/app.js";
 import { readUiResource, uiResources } from "./apps.js";
 
-/** `ui()`: whether this session's client shows MCP Apps views (asked per request: it is known
+/** `ui(ctx)`: whether the requesting client shows MCP Apps views (asked per request: it is known
  * only after initialize). */
 export function registerResources(
   server: Server,
   app: App,
   principal: Principal,
-  ui: () => boolean,
+  ui: (ctx: ServerContext) => boolean,
+  era: "legacy" | "modern" = "legacy",
 ): void {
-  server.setRequestHandler(ListResourcesRequestSchema, async () => {
-    const views = ui() ? uiResources() : [];
+  server.setRequestHandler("resources/list", async (_req, ctx) => {
+    const views = ui(ctx) ? uiResources() : [];
     if (!hasScope(principal, "models:read")) return { resources: views };
     const reports = app.reports.list(20).map((r) => ({
       uri: `tpu://benchmarks/${r.id}`,
@@ -52,7 +52,7 @@ export function registerResources(
     };
   });
 
-  server.setRequestHandler(ListResourceTemplatesRequestSchema, async () => ({
+  server.setRequestHandler("resources/templates/list", async () => ({
     resourceTemplates: [
       {
         uriTemplate: "tpu://benchmarks/{id}",
@@ -81,9 +81,15 @@ export function registerResources(
     ],
   }));
 
-  server.setRequestHandler(ReadResourceRequestSchema, async (req) => {
+  server.setRequestHandler("resources/read", async (req) => {
     const uri = req.params.uri;
-    const notFound = () => new McpError(-32002, `Resource not found: ${uri.slice(0, 200)}`);
+    // 2026-07-28 made "not found" an invalid-params error; the 2025 era keeps its own code.
+    const notFound = () =>
+      new ProtocolError(
+        era === "modern" ? ProtocolErrorCode.InvalidParams : -32002,
+        `Resource not found: ${uri.slice(0, 200)}`,
+        { uri: uri.slice(0, 2000) },
+      );
     // The views hold no data (results reach them from the host), so any session may read them.
     if (uri.startsWith("ui://")) {
       const view = readUiResource(app.config.paths.root, uri);

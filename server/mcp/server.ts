@@ -1,17 +1,21 @@
-// One MCP server per session, bound to one principal. Built on the SDK's low-level Server so that
-// tools/list shows only what the principal may call, invalid arguments come back as tool results
-// with a stable code, and an unknown tool is a protocol error.
-import { Server } from "@modelcontextprotocol/sdk/server/index.js";
+// One MCP server bound to one principal, for either protocol era: a 2025-11-25 session (HTTP
+// session or stdio connection), or one 2026-07-28 request (stateless: a fresh instance per
+// request). Built on the SDK's low-level Server so that tools/list shows only what the principal
+// may call, invalid arguments come back as tool results with a stable code, and an unknown tool
+// is a protocol error. Both eras go through the same dispatch and gate; only how an approval is
+// asked in band differs (an elicitation request pushed in a session, or an input_required result
+// whose sealed requestState the client echoes with the answer).
 import {
-  CallToolRequestSchema,
-  ErrorCode,
-  ListToolsRequestSchema,
-  McpError,
-  type ServerNotification,
-  type ServerRequest,
-} from "@modelcontextprotocol/sdk/types.js";
-import type { RequestHandlerExtra } from "@modelcontextprotocol/sdk/shared/protocol.js";
+  CLIENT_CAPABILITIES_META_KEY,
+  inputRequired,
+  ProtocolError,
+  ProtocolErrorCode,
+  Server,
+  type ClientCapabilities,
+  type ServerContext,
+} from "@modelcontextprotocol/server";
 import { visibleTools, type Principal } from "../../policies/scopes.js";
+import type { ElicitAnswer, InBandApproval } from "../../policies/gate/types.js";
 import { dispatchTool, ERROR_META_KEY, type Elicit } from "../../tools/dispatch/dispatch.js";
 import { TRACE_META_KEY, tracerFor } from "../../tools/support/trace.js";
 import type { ToolAnnotations, ToolDefinition } from "../../tools/types.js";
@@ -21,7 +25,11 @@ import { APPROVAL_CARD_URI, UI_EXTENSION, clientSupportsUi } from "./apps.js";
 import { jsonSchema } from "./json_schema.js";
 import { registerResources } from "./resources.js";
 
-type Extra = RequestHandlerExtra<ServerRequest, ServerNotification>;
+type Extra = ServerContext;
+export type Era = "legacy" | "modern";
+
+/** The key of the approval form among an input_required result's inputRequests. */
+const APPROVAL_INPUT = "approval";
 
 /**
  * Annotations as published: a hint at its spec default (readOnly false, destructive true,
@@ -59,15 +67,15 @@ function toolListing(t: ToolDefinition<any, any>): Record<string, unknown> {
 }
 
 function progressSender(extra: Extra) {
-  const token = extra._meta?.progressToken;
+  const token = extra.mcpReq._meta?.progressToken;
   let last = -Infinity;
   return (progress: number, total?: number, message?: string) => {
     if (token === undefined) return;
     // The spec wants strictly increasing progress values.
     const value = progress > last ? progress : last + 1e-3;
     last = value;
-    extra
-      .sendNotification({
+    extra.mcpReq
+      .notify({
         method: "notifications/progress",
         params: {
           progressToken: token,
@@ -80,7 +88,48 @@ function progressSender(extra: Extra) {
   };
 }
 
-export function createMcpServer(app: App, principal: Principal): Server {
+/**
+ * The client's capabilities: declared once at initialize in the 2025 era, carried by every
+ * request's envelope in the 2026-07-28 era.
+ */
+function clientCaps(server: Server, extra: Extra | undefined): ClientCapabilities | undefined {
+  return (
+    ((extra?.mcpReq.envelope as Record<string, unknown> | undefined)?.[
+      CLIENT_CAPABILITIES_META_KEY
+    ] as ClientCapabilities | undefined) ??
+    server.getClientCapabilities()
+  );
+}
+
+function canAnswerForm(caps: ClientCapabilities | undefined): boolean {
+  const e = caps?.elicitation as { form?: unknown; url?: unknown } | undefined;
+  return !!e && (e.form !== undefined || e.url === undefined);
+}
+
+/** The user's answer in a retry's inputResponses (untrusted: anything odd is no answer). */
+function inBandAnswer(responses: Record<string, unknown> | undefined): ElicitAnswer | undefined {
+  const r = responses?.[APPROVAL_INPUT] as { action?: unknown; content?: any } | undefined;
+  if (!r || typeof r !== "object") return undefined;
+  if (r.action === "accept") return r.content?.approve === true ? "accept" : "decline";
+  if (r.action === "decline" || r.action === "cancel") return r.action;
+  return undefined;
+}
+
+function approvalForm(prompt: { tool: string; args_preview: unknown; estimate: unknown }) {
+  return {
+    type: "object" as const,
+    properties: {
+      approve: {
+        type: "boolean" as const,
+        title: `Approve ${prompt.tool}?`,
+        description: `Arguments: ${JSON.stringify(prompt.args_preview).slice(0, 500)}; estimate: ${JSON.stringify(prompt.estimate ?? {}).slice(0, 300)}`,
+      },
+    },
+    required: ["approve"],
+  };
+}
+
+export function createMcpServer(app: App, principal: Principal, era: Era = "legacy"): Server {
   const server = new Server(
     {
       name: SERVER_NAME,
@@ -110,11 +159,13 @@ export function createMcpServer(app: App, principal: Principal): Server {
       "MCP message dropped (protocol error)",
     );
 
-  const ui = () => clientSupportsUi(server.getClientCapabilities() as any);
+  const ui = (extra?: Extra) => clientSupportsUi(clientCaps(server, extra) as any);
 
-  server.setRequestHandler(ListToolsRequestSchema, async () => {
-    const withUi = ui();
+  server.setRequestHandler("tools/list", async (_req, extra) => {
+    const withUi = ui(extra);
     return {
+      // Per principal (the token decides what is listed), in the registry's fixed order.
+      ...(era === "modern" ? { cacheScope: "private" as const } : {}),
       // The same predicate as calls (scopes.canCall): a tool the principal may not call is not listed.
       tools: visibleTools(principal, app.tools).map((t) =>
         withUi && t.ui ? { ...toolListing(t), _meta: { ui: { ...t.ui } } } : toolListing(t),
@@ -122,11 +173,11 @@ export function createMcpServer(app: App, principal: Principal): Server {
     };
   });
 
-  server.setRequestHandler(CallToolRequestSchema, async (req, extra) => {
+  server.setRequestHandler("tools/call", async (req, extra) => {
     const tool = byName.get(req.params.name);
     if (!tool)
-      throw new McpError(
-        ErrorCode.InvalidParams,
+      throw new ProtocolError(
+        ProtocolErrorCode.InvalidParams,
         `Unknown tool: ${String(req.params.name).slice(0, 100)}`,
       );
     const t0 = performance.now();
@@ -137,10 +188,12 @@ export function createMcpServer(app: App, principal: Principal): Server {
       principal,
       gate: app.gate,
       base: services,
-      signal: extra.signal,
+      signal: extra.mcpReq.signal,
       progress: progressSender(extra),
-      progressRequested: extra._meta?.progressToken !== undefined,
-      elicit: elicitFor(server, extra),
+      progressRequested: extra.mcpReq._meta?.progressToken !== undefined,
+      ...(era === "legacy"
+        ? { elicit: elicitFor(server, extra) }
+        : { inBand: inBandFor(server, extra) }),
       logger: app.logger,
       softDeadlineS: app.config.policy.limits.soft_deadline_s,
       trace,
@@ -148,8 +201,21 @@ export function createMcpServer(app: App, principal: Principal): Server {
     const code = (result._meta?.[ERROR_META_KEY] as { code?: string } | undefined)?.code;
     app.metrics.calls.inc({ tool: tool.name, outcome: code ?? "ok" });
     app.metrics.latency.observe({ tool: tool.name }, (performance.now() - t0) / 1000);
+    // 2026-07-28: the approval is asked in band by an input_required result (policies/gate).
+    if (code === "input_required") {
+      const d = (result._meta?.[ERROR_META_KEY] as { details?: any }).details;
+      return inputRequired({
+        inputRequests: {
+          [APPROVAL_INPUT]: inputRequired.elicit({
+            message: d.prompt.message,
+            requestedSchema: approvalForm(d.prompt),
+          }),
+        },
+        requestState: d.request_state,
+      }) as any;
+    }
     // A host with MCP Apps may show the pending approval as a card; approving stays out of band.
-    if (code === "approval_required" && ui())
+    if (code === "approval_required" && ui(extra))
       result._meta = { ...result._meta, ui: { resourceUri: APPROVAL_CARD_URI } };
     if (trace) {
       trace.mark("s.handler_done");
@@ -158,16 +224,28 @@ export function createMcpServer(app: App, principal: Principal): Server {
     return result as any;
   });
 
-  registerResources(server, app, principal, ui);
+  registerResources(server, app, principal, ui, era);
 
-  // Worker restarts and failures reach every session as MCP log messages.
-  const onNotice = (level: "warning" | "error", data: Record<string, unknown>) => {
-    server.sendLoggingMessage({ level, logger: "tpu-mcp.runtime", data }).catch(() => {});
-  };
-  app.notices.on("notice", onNotice);
-  server.onclose = () => app.notices.off("notice", onNotice);
+  // Worker restarts and failures reach every 2025 session as MCP log messages (the 2026-07-28
+  // era has no session to send them on: its clients read get_runtime_status).
+  if (era === "legacy") {
+    const onNotice = (level: "warning" | "error", data: Record<string, unknown>) => {
+      server.sendLoggingMessage({ level, logger: "tpu-mcp.runtime", data }).catch(() => {});
+    };
+    app.notices.on("notice", onNotice);
+    server.onclose = () => app.notices.off("notice", onNotice);
+  }
 
   return server;
+}
+
+/** What a 2026-07-28 request brings to an in-band approval: whether it can ask, and the retry. */
+function inBandFor(server: Server, extra: Extra): InBandApproval {
+  const state = extra.mcpReq.requestState();
+  return {
+    canAsk: canAnswerForm(clientCaps(server, extra)),
+    ...(state !== undefined ? { state, answer: inBandAnswer(extra.mcpReq.inputResponses) } : {}),
+  };
 }
 
 /** The longest delay a Node timer takes (about 24.8 days); longer ones fire at once. */
@@ -178,10 +256,7 @@ const MAX_TIMER_MS = 2 ** 31 - 1;
  * the gate's (policies/gate/approval_flow.ts): it aborts `signal` when it stops waiting.
  */
 function elicitFor(server: Server, extra: Extra): Elicit | undefined {
-  const caps = server.getClientCapabilities()?.elicitation as
-    { form?: unknown; url?: unknown } | undefined;
-  const supportsForm = !!caps && (caps.form !== undefined || caps.url === undefined);
-  if (!supportsForm) return undefined;
+  if (!canAnswerForm(server.getClientCapabilities())) return undefined;
   return async (prompt, signal) => {
     const progress = progressSender(extra);
     let beats = 0;
@@ -195,20 +270,10 @@ function elicitFor(server: Server, extra: Extra): Elicit | undefined {
         {
           mode: "form",
           message: prompt.message,
-          requestedSchema: {
-            type: "object",
-            properties: {
-              approve: {
-                type: "boolean",
-                title: `Approve ${prompt.tool}?`,
-                description: `Arguments: ${JSON.stringify(prompt.args_preview).slice(0, 500)}; estimate: ${JSON.stringify(prompt.estimate ?? {}).slice(0, 300)}`,
-              },
-            },
-            required: ["approve"],
-          },
+          requestedSchema: approvalForm(prompt),
         },
         // The SDK's own request timeout (60 s by default) must never fire before the gate's.
-        { relatedRequestId: extra.requestId, signal, timeout: MAX_TIMER_MS },
+        { relatedRequestId: extra.mcpReq.id, signal, timeout: MAX_TIMER_MS },
       );
       if (res.action === "accept") return res.content?.approve === true ? "accept" : "decline";
       return res.action;

@@ -1,5 +1,7 @@
-// Streamable HTTP: stateful sessions (one MCP server per session, bound to the principal that
-// opened it), bearer auth, Origin and Host checks and CORS for every path, a body limit, session
+// Streamable HTTP in both protocol eras on one endpoint: 2025-era requests (initialize, then a
+// session) on stateful sessions (one MCP server per session, bound to the principal that opened
+// it), 2026-07-28 requests on the SDK's stateless handler (a fresh server per request, bound to
+// the principal of that request's token). In front of both: bearer auth, Origin and Host checks and CORS for every path, a body limit, session
 // caps per principal and a rate limit on `initialize`, and the operational endpoints /healthz,
 // /readyz and /metrics that answer without waiting on the worker. Every credential checked here or
 // in the console goes through one limiter for failed authentication (auth_limit.ts).
@@ -13,9 +15,18 @@ import {
   type ServerResponse,
 } from "node:http";
 import type { AddressInfo } from "node:net";
-import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
-import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
-import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import {
+  NodeStreamableHTTPServerTransport,
+  toNodeHandler,
+  toWebRequest,
+} from "@modelcontextprotocol/node";
+import {
+  createMcpHandler,
+  isInitializeRequest,
+  isLegacyRequest,
+  type AuthInfo,
+  type Server,
+} from "@modelcontextprotocol/server";
 import { RateLimiter } from "../../policies/limits/rate.js";
 import { canCall, hasScope, requiredScope, SCOPES, type Principal } from "../../policies/scopes.js";
 import type { App } from "../app/app.js";
@@ -32,7 +43,7 @@ export interface HttpOptions {
 }
 
 interface Session {
-  transport: StreamableHTTPServerTransport;
+  transport: NodeStreamableHTTPServerTransport;
   server: Server;
   principalId: string;
   lastSeen: number;
@@ -57,7 +68,7 @@ export function isLoopbackHost(host: string): boolean {
 
 /** Headers a browser may send (preflight) and read (responses) across origins. */
 const CORS_ALLOW_HEADERS =
-  "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID";
+  "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name";
 const CORS_EXPOSE_HEADERS = "Mcp-Session-Id, Mcp-Protocol-Version, WWW-Authenticate, Retry-After";
 const CORS_ALLOW_METHODS = "GET, POST, DELETE, OPTIONS";
 
@@ -84,6 +95,56 @@ function requestIds(body: unknown): (string | number)[] {
   return ids;
 }
 
+const ENVELOPE_PREFIX = "io.modelcontextprotocol/";
+const PROTOCOL_VERSION_KEY = `${ENVELOPE_PREFIX}protocolVersion`;
+
+/**
+ * A request that contradicts itself, refused before either era's handler sees it: the routing
+ * headers of 2026-07-28 must name what the body says (a proxy routes on them, the server acts on
+ * the body), and a request that speaks that era (its envelope or header) must say which version.
+ */
+export function contradiction(
+  headers: IncomingMessage["headers"],
+  body: unknown,
+): { code: number; message: string } | undefined {
+  if (!body || typeof body !== "object" || Array.isArray(body)) return undefined;
+  const msg = body as { method?: unknown; id?: unknown; params?: any };
+  if (typeof msg.method !== "string") return undefined;
+  const method = headers["mcp-method"];
+  if (typeof method === "string" && method !== msg.method)
+    return {
+      code: -32020,
+      message: `Mcp-Method header "${method.slice(0, 64)}" does not match the body's method "${msg.method.slice(0, 64)}"`,
+    };
+  const name = headers["mcp-name"];
+  const named = msg.method === "resources/read" ? msg.params?.uri : msg.params?.name;
+  if (typeof name === "string" && named !== undefined && name !== String(named))
+    return {
+      code: -32020,
+      message: `Mcp-Name header "${name.slice(0, 64)}" does not match the body's "${String(named).slice(0, 64)}"`,
+    };
+  const meta = msg.params?._meta;
+  const speaksModern =
+    (typeof headers["mcp-protocol-version"] === "string" &&
+      headers["mcp-protocol-version"] >= "2026") ||
+    (meta &&
+      typeof meta === "object" &&
+      Object.keys(meta).some((k) => k.startsWith(ENVELOPE_PREFIX)));
+  if (
+    msg.id !== undefined &&
+    msg.method !== "initialize" &&
+    headers["mcp-session-id"] === undefined &&
+    speaksModern &&
+    (!meta || typeof meta[PROTOCOL_VERSION_KEY] !== "string")
+  )
+    return {
+      // The revision's conformance suite: a missing envelope is invalid params, not a version mismatch.
+      code: -32602,
+      message: `a 2026-07-28 request must carry its protocol version in _meta["${PROTOCOL_VERSION_KEY}"]`,
+    };
+  return undefined;
+}
+
 export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHttp> {
   const cfg = app.config.http;
   const log = app.logger.child({ component: "http" });
@@ -100,6 +161,17 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     report: (lines) => lines.forEach(auditAuthFailures),
   });
   const consoleRoutes = createConsoleRoutes(app, { authLimiter });
+  // 2026-07-28 requests: stateless, one server per request for the principal this layer
+  // authenticated (handed over as the request's AuthInfo; the SDK never reads tokens itself).
+  // 2025-era requests never reach it (`reject`): they keep their sessions below.
+  const modern = toNodeHandler(
+    createMcpHandler(
+      (ctx) =>
+        createMcpServer(app, (ctx.authInfo?.extra as { principal: Principal }).principal, "modern"),
+      { legacy: "reject", maxRequestBodySize: cfg.max_body_bytes },
+    ),
+    { maxRequestBodySize: cfg.max_body_bytes },
+  );
   let baseUrl = "";
   const anonymous: Principal = {
     id: "anonymous",
@@ -322,6 +394,20 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       }
       checkScopes(principal, body);
     }
+    const bad = req.method === "POST" ? contradiction(req.headers, body) : undefined;
+    if (bad) {
+      app.gate.refuseRequest(principal, String((body as any).method), bad.message);
+      return jsonRpcError(res, 400, bad.code, bad.message, {}, (body as any).id ?? null);
+    }
+    if (req.method === "POST" && !(await isLegacyRequest(await toWebRequest(req, body)))) {
+      const auth: AuthInfo = {
+        token: "",
+        clientId: principal.id,
+        scopes: [...principal.scopes],
+        extra: { principal },
+      };
+      return modern(Object.assign(req, { auth }), res, body);
+    }
     const sid = req.headers["mcp-session-id"];
     if (typeof sid === "string") {
       const s = sessions.get(sid);
@@ -366,7 +452,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     // The session is registered before the first await, so concurrent initializes see each other.
     const id = randomUUID();
     const server = createMcpServer(app, principal);
-    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
+    const transport: NodeStreamableHTTPServerTransport = new NodeStreamableHTTPServerTransport({
       sessionIdGenerator: () => id,
     });
     const session: Session = {

@@ -3,8 +3,8 @@
 // deep to validate) without a reply, so such a caller waits for its own timeout; here each gets
 // a JSON-RPC error with its id, or with id null when no id can be read (JSON-RPC 2.0 §5.1).
 import process from "node:process";
-import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
-import { JSONRPCMessageSchema, type JSONRPCMessage } from "@modelcontextprotocol/sdk/types.js";
+import type { JSONRPCMessage, Transport } from "@modelcontextprotocol/server";
+import { parseJSONRPCMessage } from "@modelcontextprotocol/server";
 import { corkForTurn } from "../../runtime/wire/cork.js";
 import { TRACE_META_KEY, monotonicUs } from "../../tools/support/trace.js";
 
@@ -94,11 +94,11 @@ export class AnsweringStdioServerTransport implements Transport {
         this.reply(id, INVALID_REQUEST, "Invalid Request: batches are not supported");
       return;
     }
-    let parsed: ReturnType<typeof JSONRPCMessageSchema.safeParse> | undefined;
+    let parsed: { success: true; data: JSONRPCMessage } | undefined;
     try {
-      parsed = JSONRPCMessageSchema.safeParse(raw);
+      parsed = { success: true, data: parseJSONRPCMessage(raw) };
     } catch {
-      parsed = undefined; // e.g. nesting too deep for the validator's recursion
+      parsed = undefined; // not JSON-RPC, or nesting too deep for the validator's recursion
     }
     if (parsed?.success) {
       const msg = parsed.data as { method?: unknown; id?: unknown };

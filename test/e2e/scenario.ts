@@ -1,5 +1,6 @@
 // The same user journey and bad-input table, driven over stdio and over HTTP.
-import type { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import type { Client as ClientV1 } from "@modelcontextprotocol/sdk/client/index.js";
+import type { Client as ClientV2 } from "@modelcontextprotocol/client";
 import { expect } from "vitest";
 import { cosine, errorOf } from "../helpers/server.js";
 
@@ -9,11 +10,15 @@ export const SENTENCES = [
   "The stock market fell sharply today.",
 ];
 
+/** A 2025-era client (SDK 1.x) or an SDK v2 client in either era: the journeys run on all. */
+export type Client = ClientV1 | ClientV2;
+
 export async function call(client: Client, name: string, args: Record<string, unknown>, opts = {}) {
-  return (await client.callTool({ name, arguments: args }, undefined, {
-    timeout: 300_000,
-    ...opts,
-  })) as any;
+  const options = { timeout: 300_000, ...opts };
+  // v2's callTool takes (params, options); 1.x's takes (params, resultSchema, options).
+  if ("getProtocolEra" in client)
+    return (await client.callTool({ name, arguments: args }, options as any)) as any;
+  return (await client.callTool({ name, arguments: args }, undefined, options)) as any;
 }
 
 export async function coreJourney(client: Client) {

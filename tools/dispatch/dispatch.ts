@@ -28,6 +28,8 @@ export interface DispatchInput {
   /** The caller sent a progress token: `progress` reaches it (a generation then streams). */
   progressRequested?: boolean;
   elicit?: Elicit;
+  /** The 2026-07-28 era's in-band approval round (policies/gate/types.ts InBandApproval). */
+  inBand?: GateCall["inBand"];
   logger: Logger;
   /** Job tools still running after this many seconds answer with a job_id (0 or absent: never). */
   softDeadlineS?: number;
@@ -112,6 +114,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
         : {}),
       signal: input.signal,
       elicit: input.elicit,
+      inBand: input.inBand,
       // The workers the call's runtime calls ran on, from the placement's receipt.
       ranOn: () => placement.ran().join(",") || undefined,
       trace,
