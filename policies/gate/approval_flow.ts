@@ -115,7 +115,13 @@ export async function checkApproval(
     });
   // The 2026-07-28 era asks in band by answering input_required: the same approval record, so an
   // operator may still decide it out of band while the user has not answered.
-  if (call.inBand?.canAsk && cfg.elicitation && ctx.deps.requestStates && rec.status === "pending")
+  if (
+    call.inBand?.canAsk &&
+    cfg.elicitation &&
+    ctx.deps.requestStates &&
+    rec.status === "pending" &&
+    rec.assurance !== "passkey"
+  )
     throw askInBand(ctx, call, rule, digest, rec);
 
   // Asked in the client when it can show a form and the policy allows it; never for a rule that
@@ -248,8 +254,14 @@ function answerInBand(
   if (s.t !== tool || s.d !== digest)
     throw refuse("call", "was issued for another call (the tool or the arguments differ)");
   const rec = ctx.deps.approvals.get(s.a);
+  // A passkey rule is decided only by a signed decision in the console (never minted a state).
+  if (rec?.assurance === "passkey")
+    throw refuse("assurance", `answers approval ${s.a}, which needs an operator's passkey`);
   if (!rec || rec.status !== "pending")
-    throw refuse("replayed", `answers approval ${s.a}, which was already decided (a state is single-use)`);
+    throw refuse(
+      "replayed",
+      `answers approval ${s.a}, which was already decided (a state is single-use)`,
+    );
   const answer = call.inBand!.answer;
   // A retry that carries the state but no answer is asked again, for the same approval.
   if (answer === undefined) throw askInBand(ctx, call, rule, digest, rec);
@@ -260,7 +272,10 @@ function answerInBand(
   } catch (e) {
     // Decided between the read above and now (an operator, or a concurrent replay).
     if (isPolicyError(e) && e.code === "approval_already_decided")
-      throw refuse("replayed", `answers approval ${s.a}, which was already decided (a state is single-use)`);
+      throw refuse(
+        "replayed",
+        `answers approval ${s.a}, which was already decided (a state is single-use)`,
+      );
     throw e;
   }
   ctx.audit({

@@ -96,8 +96,7 @@ function clientCaps(server: Server, extra: Extra | undefined): ClientCapabilitie
   return (
     ((extra?.mcpReq.envelope as Record<string, unknown> | undefined)?.[
       CLIENT_CAPABILITIES_META_KEY
-    ] as ClientCapabilities | undefined) ??
-    server.getClientCapabilities()
+    ] as ClientCapabilities | undefined) ?? server.getClientCapabilities()
   );
 }
 

@@ -83,7 +83,7 @@ describe("demo policy over HTTP", () => {
 
       // The operator sees it and approves it out of band; agent cannot approve it.
       const list = await cli(config, "approvals", "list");
-      expect(list.stdout).toContain(id);
+      expect(list.stdout, list.stderr).toContain(id);
       const byAgent = await cli(config, "approvals", "approve", id, "--token", AGENT);
       expect(byAgent.code).not.toBe(0);
       const ok = await cli(config, "approvals", "approve", id, "--token", OPERATOR);

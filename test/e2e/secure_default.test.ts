@@ -52,7 +52,10 @@ describe("secure by default: no config, a benchmark waits for a human", () => {
     const ours = await cli(config, "config", "show");
     const policy = (s: string) => JSON.parse(s).policy;
     expect(policy(ours.stdout)).toEqual(policy(none.stdout));
-    expect(policy(none.stdout).approvals.rules).toContainEqual({ tool: "run_benchmark" });
+    expect(policy(none.stdout).approvals.rules).toContainEqual({
+      tool: "run_benchmark",
+      assurance: "token",
+    });
     expect(server.stderr()).not.toMatch(/approvals are OFF/);
   });
 

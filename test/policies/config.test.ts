@@ -53,9 +53,9 @@ describe("policy config", () => {
     // Secure by default: costly work asks a human unless the config says otherwise.
     expect(c.approvals).toEqual({
       rules: [
-        { tool: "run_benchmark" },
-        { tool: "load_model", when: { min_weight_bytes: 2 ** 30 } },
-        { tool: "check_model", when: { min_device_seconds: 30 } },
+        { tool: "run_benchmark", assurance: "token" },
+        { tool: "load_model", when: { min_weight_bytes: 2 ** 30 }, assurance: "token" },
+        { tool: "check_model", when: { min_device_seconds: 30 }, assurance: "token" },
       ],
       notify: [],
       ttl_s: 900,
