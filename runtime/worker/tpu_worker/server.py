@@ -203,7 +203,8 @@ class Server:
             if dup:
                 self.send_error(msg.id, WorkerError("protocol_error", f"request id {msg.id!r} is already in flight"))
                 return
-            if msg.op == "infer" and FAST_INFER:
+            # An engine's model (vLLM) answers from an op thread: its request streams over HTTP.
+            if msg.op == "infer" and FAST_INFER and self.worker.engine_model(msg.args.get("model")) is None:
                 self._fast_infer(msg, token)
                 return
             try:
@@ -245,12 +246,16 @@ class Server:
         self._reply(req, *infer_reply(future.result(), model))
 
     def _progress(self, msg_id: str):
-        def report(progress: float, total: float | None = None, message: str | None = None) -> None:
+        def report(
+            progress: float, total: float | None = None, message: str | None = None, delta: dict | None = None
+        ) -> None:
             header: dict[str, Any] = {"type": "progress", "id": msg_id, "progress": progress}
             if total is not None:
                 header["total"] = total
             if message:
                 header["message"] = message
+            if delta is not None:
+                header["delta"] = delta
             self.send(header)
 
         return report
