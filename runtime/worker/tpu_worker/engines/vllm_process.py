@@ -6,6 +6,7 @@ restart with backoff after a crash, up to `max_restarts` in `restart_window_s`."
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import secrets
 import signal
@@ -238,6 +239,10 @@ class VllmProcess:
             code = proc.wait()
             if self._stop.is_set():
                 return
+            # What the dead server left in its process group (its engine core, its worker) holds
+            # memory and cores: gone before a new one starts.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
             # A crash: restart it, as the control plane restarts a worker, unless it crash-loops.
             now = time.monotonic()
             self._crashes.append(now)
