@@ -19,7 +19,7 @@ export const CHAT = "tiny-gpt2-chat-vllm";
 const LIMITS = { max_batch: 16, max_seq_len: 64, max_new_tokens: 190, max_text_chars: 2048 };
 export const ENGINE = {
   python: VLLM_PYTHON,
-  args: ["--max-num-seqs", "2"],
+  args: ["--max-num-seqs", "1"],
   start_timeout_s: 400,
 };
 
@@ -62,7 +62,8 @@ export function engineOf(status: any, model = VLLM): any {
 
 /** vLLM's own count of requests it finished (any reason), from its /metrics. */
 export function engineTotal(engine: any): number {
-  return Object.values(engine.engine_requests ?? {}).reduce((a: number, b: any) => a + b, 0);
+  const m = engine.engine_metrics;
+  return Object.values(m.finished as Record<string, number>).reduce((a, b) => a + b, 0);
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

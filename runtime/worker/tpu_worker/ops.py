@@ -439,7 +439,7 @@ class Worker:
             "bytes_on_device": engine.bytes_on_device(),
             "estimated_bytes": engine.bytes_on_device(),
             **report,
-            "matmul_precision": None,
+            "matmul_precision": "vllm",  # the engine's own choice, not this process's setting
             "matmul_precision_requested": None,
             "compile_backend": None,
             "compile_dynamic": None,

@@ -133,20 +133,35 @@ class VllmEngine:
         except EngineHttpError:
             return "unreachable"
 
-    def engine_requests(self) -> dict | None:
-        """vLLM's own count of finished requests by reason (its /metrics), or None."""
+    def engine_metrics(self) -> dict | None:
+        """vLLM's own counters (its /metrics): requests finished by reason, requests running and
+        waiting now, tokens generated. Requests a client abandoned (a cancel) are not "finished"
+        there; they leave `running` and stop adding to `generation_tokens`."""
         try:
             status, body = self.endpoint.get("/metrics", timeout=2.0)
         except EngineHttpError:
             return None
         if status != 200:
             return None
-        out: dict[str, int] = {}
+        out: dict = {"finished": {}, "running": 0, "waiting": 0, "generation_tokens": 0}
         for line in body.decode("utf-8", "replace").splitlines():
-            if line.startswith("vllm:request_success_total{"):
-                labels, _, value = line.rpartition(" ")
+            if not line.startswith("vllm:"):
+                continue
+            labels, _, raw = line.rpartition(" ")
+            try:
+                value = int(float(raw))
+            except ValueError:
+                continue
+            name = labels.split("{", 1)[0]
+            if name == "vllm:request_success_total":
                 reason = labels.split('finished_reason="', 1)[-1].split('"', 1)[0]
-                out[reason] = out.get(reason, 0) + int(float(value))
+                out["finished"][reason] = out["finished"].get(reason, 0) + value
+            elif name == "vllm:num_requests_running":
+                out["running"] += value
+            elif name == "vllm:num_requests_waiting":
+                out["waiting"] += value
+            elif name == "vllm:generation_tokens_total":
+                out["generation_tokens"] += value
         return out
 
     def status(self) -> dict:
@@ -164,7 +179,7 @@ class VllmEngine:
             "failures": self.counters.failures,
             "in_flight": self.counters.in_flight,
             "completion_tokens": self.counters.completion_tokens,
-            "engine_requests": self.engine_requests(),
+            "engine_metrics": self.engine_metrics(),
         }
 
     # -- accounting (what `status` and `unload` report for any loaded model) ----------------------
