@@ -13,7 +13,7 @@ export const CHAT = "tiny-gpt2-chat-vllm";
 
 /**
  * Limits: max_new_tokens 190 with prompts of at most 64 tokens fills GPT-2's 256 positions, so a
- * 16-prompt request with vLLM at 2 sequences at a time (--max-num-seqs 2) runs for seconds: long
+ * 16-prompt request with vLLM at one sequence at a time (--max-num-seqs 1) runs for seconds: long
  * enough to cancel in the middle.
  */
 const LIMITS = { max_batch: 16, max_seq_len: 64, max_new_tokens: 190, max_text_chars: 2048 };
