@@ -47,7 +47,8 @@ export function writeCatalog(opts: { chat?: boolean } = {}): { dir: string; cata
       id: CHAT,
       engine: "vllm",
       limits: LIMITS,
-      source: { path: "tiny-gpt2-chat" },
+      // Absolute: a relative path is resolved against the first root only.
+      source: { path: chatDir },
     });
   }
   const catalog = join(dir, "catalog.json");

@@ -22,6 +22,8 @@ from tokenizers import Tokenizer
 from transformers import GPT2LMHeadModel
 d = sys.argv[1]
 tok = Tokenizer.from_file(d + "/tokenizer.json")
+tok.no_padding()  # MiniLM's tokenizer.json pads to 128 and truncates; the worker turns both off
+tok.no_truncation()
 model = GPT2LMHeadModel.from_pretrained(d, dtype=torch.float32).eval()
 out = []
 for p in json.loads(sys.argv[2]):

@@ -43,6 +43,7 @@ class _Seq:
     text: str = ""
     sent: int = 0  # characters already streamed
     finish: str | None = None
+    cut: bool = False  # finished by a stop sequence matched here
 
 
 @dataclass
@@ -259,8 +260,10 @@ class VllmEngine:
                     self._advance(seqs[i], ids, choice, g)
                     if g.stream:
                         self._send_delta(ctx, seqs, i, g)
-                if all(s.finish is not None for s in seqs):
-                    break  # closing the stream aborts whatever vLLM still runs
+                if all(s.finish is not None for s in seqs) and any(s.cut for s in seqs):
+                    # A stop sequence matched here, which vLLM does not know of: closing the
+                    # stream aborts what it still runs. Otherwise read on to its usage and [DONE].
+                    break
         except Cancelled:
             stopped = getattr(ctx.token, "reason", None) or "cancelled"
         except EngineHttpError as exc:
@@ -281,7 +284,7 @@ class VllmEngine:
         text = self.tokenizer.decode(s.ids, skip_special_tokens=True)
         cut = first_stop(text, g.stop) if g.stop else None
         if cut is not None:
-            s.text, s.finish = text[:cut], "stop"
+            s.text, s.finish, s.cut = text[:cut], "stop", True
             return
         s.text = text
         reason = choice.get("finish_reason")
