@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -52,6 +53,13 @@ class Counters:
     completion_tokens: int = 0
     failures: int = 0
     in_flight: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **deltas: int) -> None:
+        """Concurrent calls run on op threads: `+=` on a shared counter is not atomic."""
+        with self._lock:
+            for k, v in deltas.items():
+                setattr(self, k, getattr(self, k) + v)
 
 
 class VllmEngine:
@@ -243,8 +251,7 @@ class VllmEngine:
         t0 = time.perf_counter()
         first: float | None = None
         stopped: str | None = None
-        self.counters.requests += 1
-        self.counters.in_flight += 1
+        self.counters.add(requests=1, in_flight=1)
         try:
             for event in self.endpoint.stream(path, body, ctx.token):
                 usage = event.get("usage")
@@ -267,10 +274,10 @@ class VllmEngine:
         except Cancelled:
             stopped = getattr(ctx.token, "reason", None) or "cancelled"
         except EngineHttpError as exc:
-            self.counters.failures += 1
+            self.counters.add(failures=1)
             raise self._engine_error(exc) from None
         finally:
-            self.counters.in_flight -= 1
+            self.counters.add(in_flight=-1)
         elapsed = time.perf_counter() - t0
         for s in seqs:
             if s.finish is None:
@@ -330,7 +337,7 @@ class VllmEngine:
 
     def _result(self, seqs: list[_Seq], g: GenArgs, first: float | None, t0: float, elapsed: float) -> dict:
         completion = sum(len(s.ids) for s in seqs)
-        self.counters.completion_tokens += completion
+        self.counters.add(completion_tokens=completion)
         generations = []
         for s in seqs:
             gen: dict = {

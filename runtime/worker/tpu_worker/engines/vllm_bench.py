@@ -42,7 +42,7 @@ def _one(engine, prompts: list[list[int]], max_new: int, token) -> dict:
     path, body = engine.request(g, prompts, ignore_eos=True)
     arrivals: dict[int, list[float]] = {}
     t0 = time.perf_counter()
-    engine.counters.requests += 1
+    engine.counters.add(requests=1)
     try:
         for event in engine.endpoint.stream(path, body, token):
             now = time.perf_counter()
@@ -50,13 +50,13 @@ def _one(engine, prompts: list[list[int]], max_new: int, token) -> dict:
                 n = len(choice.get("token_ids") or [])
                 arrivals.setdefault(int(choice.get("index", 0)), []).extend([now] * n)
     except EngineHttpError as exc:
-        engine.counters.failures += 1
+        engine.counters.add(failures=1)
         raise engine._engine_error(exc) from None
     end = time.perf_counter()
     firsts = [ts[0] for ts in arrivals.values() if ts]
     gaps = [b - a for ts in arrivals.values() for a, b in itertools.pairwise(ts)]
     tokens = sum(len(ts) for ts in arrivals.values())
-    engine.counters.completion_tokens += tokens
+    engine.counters.add(completion_tokens=tokens)
     return {"wall": end - t0, "ttft": (min(firsts) - t0) if firsts else None, "gaps": gaps, "tokens": tokens}
 
 
