@@ -6,6 +6,7 @@ export default tseslint.config(
       "node_modules/",
       ".venv/",
       ".venv-tpu/",
+      ".venv-vllm/",
       ".data/",
       "coverage/",
       "dist/",

@@ -6,13 +6,15 @@ export default defineConfig({
     // The long hardening suites run with `npm run test:hardening` (vitest.hardening.config.ts),
     // the browser suite with `npm run test:browser` (vitest.browser.config.ts); test/ray needs a
     // loopback-only network namespace: `npm run test:ray` (vitest.ray.config.ts); test/tpu_sim
-    // needs the simulated TPU host: `npm run test:tpu-sim` (vitest.tpu-sim.config.ts).
+    // needs the simulated TPU host: `npm run test:tpu-sim` (vitest.tpu-sim.config.ts); test/vllm
+    // needs vLLM's own environment: `npm run test:vllm` (vitest.vllm.config.ts).
     exclude: [
       "**/node_modules/**",
       "test/hardening/**",
       "test/browser/**",
       "test/ray/**",
       "test/tpu_sim/**",
+      "test/vllm/**",
     ],
     // Creates the built-in model files once (a no-op when they exist).
     globalSetup: ["test/globalSetup.ts"],

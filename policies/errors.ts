@@ -198,6 +198,13 @@ export const ERROR_CATALOGUE = {
     http: 503,
     doc: "The worker process died during the call; it restarts by itself, loaded models must be loaded again.",
   },
+  // Recoverable (the policy list said no): a crashed engine is restarted by the worker, and a
+  // missing one is set up once (scripts/setup-vllm.sh); the same call then succeeds.
+  engine_unavailable: {
+    recoverable: true,
+    http: 503,
+    doc: "The model's engine (vLLM) is not serving: it is restarting after a crash (call again shortly) or is not set up (`scripts/setup-vllm.sh`, docs/vllm.md); get_runtime_status shows its health.",
+  },
   worker_unavailable: {
     recoverable: false,
     http: 503,

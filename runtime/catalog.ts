@@ -34,6 +34,11 @@ export const CatalogEntrySchema = z.object({
   batching: z
     .object({ max_batch: z.number().int().positive(), max_wait_ms: z.number().min(0) })
     .optional(),
+  /**
+   * Who runs the model: "torch" (the worker's own PyTorch, the default) or "vllm" (a vLLM server
+   * the worker starts and supervises; causal-lm in hf-safetensors only; docs/vllm.md).
+   */
+  engine: z.enum(["torch", "vllm"]).default("torch"),
 });
 
 export const CatalogSchema = z.object({

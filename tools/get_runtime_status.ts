@@ -66,6 +66,16 @@ const build = (env: ToolEnv) => {
             dtype: z.string(),
             mode: z.string(),
             queue_depth: z.number().int(),
+            engine: z
+              .object({
+                name: z.string(),
+                version: z.string().nullable(),
+                health: z.string(),
+                restarts: z.number().int(),
+              })
+              .passthrough()
+              .optional()
+              .describe("a model served by vLLM: its version, health and restarts"),
           })
           .passthrough(),
       ),
@@ -186,7 +196,7 @@ const build = (env: ToolEnv) => {
         ? `device status unavailable (${o.device_unavailable.code}: ${o.device_unavailable.message}); `
         : "") +
       `worker ${o.worker.state}${o.device ? ` on ${o.device.kind} (${o.device.name})` : ""}; torch ${o.torch_version}; ` +
-      `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}]`).join(", ") || "none"}` +
+      `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}${m.engine ? `, vLLM ${m.engine.version ?? "?"} ${m.engine.health}` : ""}]`).join(", ") || "none"}` +
       (o.worker.lost_models.length
         ? `; lost in a worker restart: ${o.worker.lost_models.join(", ")}`
         : "") +

@@ -18,6 +18,7 @@ import type { FleetState, Runtime } from "../../runtime/types.js";
 import type { RayFleet } from "../../runtime/fleet/ray.js";
 import type { ServerConfig } from "../config/config.js";
 import { attachRayFleet } from "../control/fleet.js";
+import { engineArgs } from "../config/engines.js";
 
 export interface RuntimeHooks {
   needBytes?: (model: string, dtype: string | undefined) => Promise<number | null>;
@@ -38,7 +39,7 @@ export function baseRuntimeOptions(config: ServerConfig, logger: Logger): Worker
     pythonPath: config.paths.python,
     catalogPath: config.paths.catalog,
     device: rt.device,
-    extraArgs: ["--threads", String(workerThreads(rt.threads))],
+    extraArgs: ["--threads", String(workerThreads(rt.threads)), ...engineArgs(rt.engines)],
     startMode: rt.start,
     requestTimeoutMs: rt.request_timeout_s * 1000,
     heartbeatIntervalMs: rt.heartbeat_interval_s * 1000,

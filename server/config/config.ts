@@ -6,6 +6,7 @@ import { z } from "zod";
 import { policyConfigSchema } from "../../policies/config.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
 import { RaySchema, resolveRayPaths } from "./ray.js";
+import { EnginesSchema, resolveVllmPaths } from "./engines.js";
 
 const DeviceSchema = z
   .string()
@@ -150,6 +151,12 @@ export const ServerConfigSchema = z
         workers: WorkersSchema.optional(),
         /** A Ray cluster that places more workers (server/config/ray.ts, README "Ray fleet"). */
         ray: RaySchema.optional(),
+        /**
+         * Engines beside the worker's PyTorch: `vllm` serves catalog entries with
+         * "engine": "vllm" (server/config/engines.ts, docs/vllm.md). Unset: vLLM from the
+         * repository's .venv-vllm with the defaults.
+         */
+        engines: EnginesSchema,
         /** Calls in flight one replica takes before routing looks elsewhere; then `busy`. */
         max_in_flight_per_replica: z.number().int().min(1).max(4096).default(16),
         busy_retry_after_ms: z.number().int().min(1).max(60_000).default(100),
@@ -266,7 +273,22 @@ export function parseConfig(
     : c.runtime.workers;
   const config: ServerConfig = {
     ...c,
-    runtime: { ...c.runtime, workers, ray: c.runtime.ray && resolveRayPaths(c.runtime.ray, base) },
+    runtime: {
+      ...c.runtime,
+      workers,
+      ray: c.runtime.ray && resolveRayPaths(c.runtime.ray, base),
+      engines: {
+        ...c.runtime.engines,
+        vllm:
+          c.runtime.engines.vllm &&
+          resolveVllmPaths(
+            c.runtime.engines.vllm,
+            base,
+            opts.root,
+            (raw as any)?.runtime?.engines?.vllm?.python !== undefined,
+          ),
+      },
+    },
     paths: {
       root: opts.root,
       data_dir,

@@ -9,6 +9,8 @@ import { WorkerRuntime, type WorkerRuntimeOptions } from "../../runtime/client.j
 import { checkWorkers } from "./workers.js";
 import { dataDirSituation, describeDataDir } from "./data_dir.js";
 import { checkFleet } from "./fleet.js";
+import { checkEngines } from "./engines.js";
+import { VllmEngineSchema } from "../config/engines.js";
 import type { ServerConfig } from "../config/config.js";
 import { runInventory } from "./tpu.js";
 import { terminalField } from "../terminal.js";
@@ -73,8 +75,9 @@ export async function runDoctor(
 
   if (!io.json) io.out("\ncatalog");
   let catalogOk = true;
+  let catalog: ReturnType<typeof readCatalog> | null = null;
   try {
-    const c = readCatalog(config.paths.catalog);
+    const c = (catalog = readCatalog(config.paths.catalog));
     ok(`${c.models.length} model(s): ${c.models.map((m) => m.id).join(", ")}`);
   } catch (e) {
     catalogOk = false;
@@ -91,6 +94,17 @@ export async function runDoctor(
       : { configured: false };
     if (!fleet) ok("not configured (no runtime.ray): no Ray cluster is used");
     else for (const c of fleet) (c.ok ? ok : bad)(`${c.name}: ${c.detail}`);
+  }
+  // Engines (vLLM) live in environments of their own: checked even without the worker's Python.
+  const engines = await checkEngines(
+    catalog,
+    config.runtime.engines.vllm ??
+      VllmEngineSchema.parse({ python: join(config.paths.root, ".venv-vllm/bin/python") }),
+  );
+  report.engines = engines ?? [];
+  if (engines) {
+    if (!io.json) io.out("\nengines");
+    for (const c of engines) (c.ok ? ok : bad)(`${c.name}: ${c.detail}`);
   }
   if (!existsSync(config.paths.python)) {
     bad(

@@ -70,6 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--tpu-eager", choices=("strict", "fused", "blocking"), default="strict", help="TorchTPU eager execution mode"
     )
+    p.add_argument(
+        "--engine-vllm",
+        default=None,
+        help="JSON of runtime.engines.vllm (python, args, url, key_file, ...) for catalog entries with engine vllm",
+    )
     return p.parse_args(argv)
 
 
@@ -123,7 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     for step in result.steps:
         logs.info("probe", **step)
 
-    worker = Worker(catalog, result, max_weight_bytes=args.max_weight_bytes or DEFAULT_MAX_WEIGHT_BYTES)
+    from .engines import parse_settings
+
+    try:
+        engine_settings = parse_settings(args.engine_vllm)
+    except (ValueError, TypeError) as exc:
+        logs.error("--engine-vllm rejected", error=str(exc))
+        return 2
+    worker = Worker(
+        catalog,
+        result,
+        max_weight_bytes=args.max_weight_bytes or DEFAULT_MAX_WEIGHT_BYTES,
+        engine_settings=engine_settings,
+    )
     server = Server(worker, sys.stdin.buffer, proto_out, max_body_bytes=args.max_body_bytes)
 
     def on_signal(signum, _frame):

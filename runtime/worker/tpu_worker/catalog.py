@@ -15,6 +15,9 @@ ARCHITECTURES = {
     "mnist-cnn": ("tensor", "classification"),
 }
 FORMATS = ("safetensors", "hf-safetensors", "pytorch")
+# Who runs the model: "torch" = this worker's own PyTorch adapters; "vllm" = a vLLM server the
+# worker starts and supervises (tpu_worker/engines), for causal LMs in Hugging Face layout.
+ENGINES = ("torch", "vllm")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 INPUT_DTYPES = ("float32", "float16", "bfloat16")
 MAX_LOGPROBS = 5  # the generation contract's bound on args.logprobs
@@ -71,6 +74,7 @@ class Entry:
     batching: Batching
     input: InputSpec | None
     labels: tuple[str, ...] | None = None
+    engine: str = "torch"
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,15 @@ def parse_entry(raw: Any, where: str) -> Entry:
         )
         labels = tuple(labels)
 
+    engine = raw.get("engine", "torch")
+    _need(engine in ENGINES, f"{where}.engine", f"expected one of {', '.join(ENGINES)}")
+    if engine == "vllm":
+        _need(
+            arch == "causal-lm" and fmt == "hf-safetensors",
+            f"{where}.engine",
+            'engine "vllm" serves causal-lm models in hf-safetensors format',
+        )
+
     description = raw.get("description", "")
     _need(isinstance(description, str), f"{where}.description", "expected a string")
     return Entry(
@@ -223,6 +236,7 @@ def parse_entry(raw: Any, where: str) -> Entry:
         batching,
         spec,
         labels,
+        engine,
     )
 
 

@@ -19,6 +19,7 @@ RECOVERABLE = {
     "unsupported_device": True,
     "unsupported_dtype": True,
     "cancelled": True,
+    "engine_unavailable": True,
     "internal": True,
 }
 ERROR_CODES = frozenset(RECOVERABLE)

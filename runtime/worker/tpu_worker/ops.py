@@ -29,6 +29,7 @@ from .bench import run_benchmark
 from .cancel import CancelToken
 from .catalog import Catalog, Entry
 from .check import run_check
+from .engines import VllmEngine, VllmSettings, run_engine_benchmark
 from .errors import WorkerError, invalid
 from .generation.loop import DecodeLoop
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
@@ -68,6 +69,19 @@ class Loaded:
 
 
 @dataclass
+class LoadedEngine:
+    """A model served by an engine process (tpu_worker/engines) instead of this worker's torch."""
+
+    entry: Entry
+    engine: VllmEngine
+    device: str
+    dtype: str
+    mode: str
+    loaded_at: str
+    load_report: dict
+
+
+@dataclass
 class Lease:
     """An adapter lent to one run (benchmark, check, the fp32 reference): the loaded model's own,
     or a temporary copy built for the run and released when it ends."""
@@ -95,6 +109,7 @@ class Worker:
         *,
         free_memory: FreeMemoryFn | None = None,
         max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
+        engine_settings: VllmSettings | None = None,
     ) -> None:
         self.catalog = catalog
         self.probe = probe
@@ -105,6 +120,8 @@ class Worker:
         self.max_weight_bytes = max_weight_bytes
         self.digests = DigestCache()
         self.loaded: dict[str, Loaded] = {}
+        self.engines: dict[str, LoadedEngine] = {}  # models served by an engine (vLLM)
+        self.engine_settings = engine_settings or VllmSettings()
         self._lock = threading.Lock()
         self._busy: set[str] = set()  # models being loaded or unloaded
         self._free_memory_override = free_memory
@@ -327,6 +344,8 @@ class Worker:
 
     def op_load(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))
+        if entry.engine != "torch":
+            return self._load_engine(entry, args, ctx), []
         device = self.target_device(args.get("device"))
         dtype = self.dtype_arg(entry, args.get("dtype"))
         mode = args.get("mode", "eager")
@@ -378,8 +397,67 @@ class Worker:
             "batching": batcher.describe(),
         }, []
 
+    def _load_engine(self, entry: Entry, args: dict, ctx: OpContext) -> dict:
+        """Starts the model's engine server (minutes the first time: see docs/vllm.md)."""
+        dtype = self.dtype_arg(entry, args.get("dtype"))
+        mode = args.get("mode", "eager")
+        if mode not in MODES:
+            raise invalid("args.mode must be 'eager' or 'compile'")
+        if args.get("device") not in (None, "auto", self.label(self.device), self.device_info["kind"]):
+            raise WorkerError(
+                "unsupported_device", f"model {entry.id!r} runs in a vLLM engine beside this worker; omit device"
+            )
+        if entry.id in self.engines:
+            m = self.engines[entry.id]
+            raise WorkerError(
+                "model_already_loaded",
+                f"model {entry.id!r} is already loaded ({m.dtype}, {m.mode}, engine vllm); use it or unload it first",
+            )
+        self._claim(entry.id)
+        try:
+            _, info = self.entry_and_weights(entry.id)
+            ctx.progress(0, 1, f"starting vLLM for {entry.id} ({dtype}, {mode})")
+            engine = VllmEngine(entry, self.catalog, info, self.engine_settings, dtype, mode)
+            report = engine.start(ctx.token)
+            dev = self.label(self.device)
+            self.engines[entry.id] = LoadedEngine(entry, engine, dev, dtype, mode, now_iso(), report)
+        finally:
+            self._release(entry.id)
+        logs.info("model loaded", model=entry.id, engine="vllm", version=engine.version, **report)
+        return {
+            "model": entry.id,
+            "device": dev,
+            "dtype": dtype,
+            "mode": mode,
+            "parameters": engine.parameters(),
+            "bytes_on_device": engine.bytes_on_device(),
+            "estimated_bytes": engine.bytes_on_device(),
+            **report,
+            "matmul_precision": "vllm",  # the engine's own choice, not this process's setting
+            "matmul_precision_requested": None,
+            "compile_backend": None,
+            "compile_dynamic": None,
+            "execution_mode": "vllm",
+            "eager_mode": None,
+            "batching": {"enabled": True, "kind": "vllm continuous batching"},
+            "engine": engine.status(),
+        }
+
+    def engine_model(self, model: Any) -> LoadedEngine | None:
+        """The engine serving `model`, when it is loaded on one (the infer fast path asks)."""
+        return self.engines.get(model) if isinstance(model, str) else None
+
     def op_unload(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))
+        if entry.id in self.engines:
+            self._claim(entry.id)
+            try:
+                m = self.engines.pop(entry.id)
+                m.engine.stop()
+            finally:
+                self._release(entry.id)
+            logs.info("model unloaded", model=entry.id, engine="vllm")
+            return {"model": entry.id, "freed_bytes": m.engine.bytes_on_device()}, []
         self._claim(entry.id)
         try:
             m = self.loaded.pop(entry.id, None)
@@ -420,6 +498,11 @@ class Worker:
         return m.batcher.submit(prepared, token, trace), entry.id
 
     def op_infer(self, args: dict, tensors, ctx: OpContext):
+        e = self.engine_model(args.get("model"))
+        if e is not None:
+            if tensors:
+                raise invalid(f"model {e.entry.id!r} takes texts or messages, not tensors")
+            return {**e.engine.infer(args, ctx), "model": e.entry.id}, []
         future, model = self.submit_infer(args, tensors, ctx.token, ctx.trace, progress=ctx.progress)
         # A generation answers a cancel with its partial text at the next token: wait for it.
         generation = isinstance(self.loaded[model].batcher, DecodeLoop) if model in self.loaded else False
@@ -429,6 +512,14 @@ class Worker:
         return infer_reply(out, model)
 
     def op_benchmark(self, args: dict, tensors, ctx: OpContext):
+        entry = self.catalog.get(args.get("model"))
+        if entry.engine != "torch":
+            e = self.engines.get(entry.id)
+            if e is None:
+                raise WorkerError(
+                    "model_not_loaded", f"model {entry.id!r} runs in a vLLM engine: load it first (load_model)"
+                )
+            return run_engine_benchmark(e, args, ctx), []
         return run_benchmark(self, args, ctx), []
 
     def op_check(self, args: dict, tensors, ctx: OpContext):
@@ -444,6 +535,9 @@ class Worker:
         for m in list(self.loaded.values()):
             m.batcher.close("the worker is shutting down")
         self.loaded.clear()
+        for e in list(self.engines.values()):
+            e.engine.stop()
+        self.engines.clear()
 
     def handle(self, op: str, args: dict, tensors: list[torch.Tensor], ctx: OpContext):
         run = OPS.get(op)

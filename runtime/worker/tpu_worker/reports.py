@@ -32,7 +32,8 @@ def describe_models(worker) -> dict:
             "limits": vars(entry.limits).copy(),
             "batching": vars(entry.batching).copy(),
             "input": {"shape": list(entry.input.shape), "dtype": entry.input.dtype} if entry.input else None,
-            "loaded": entry.id in worker.loaded,
+            "loaded": entry.id in worker.loaded or entry.id in worker.engines,
+            "engine": entry.engine,
             "available": True,
             "problem": None,
         }
@@ -64,6 +65,21 @@ def worker_status(worker) -> dict:
             "loaded_at": m.loaded_at,
         }
         for m in list(worker.loaded.values())
+    ]
+    loaded += [
+        {
+            "model": e.entry.id,
+            "device": e.device,
+            "dtype": e.dtype,
+            "mode": e.mode,
+            "parameters": e.engine.parameters(),
+            "bytes_on_device": e.engine.bytes_on_device(),
+            "queue_depth": e.engine.counters.in_flight,
+            "loaded_at": e.loaded_at,
+            # The engine, its version and health: what get_runtime_status and doctor show.
+            "engine": e.engine.status(),
+        }
+        for e in list(worker.engines.values())
     ]
     return {
         "device": device,

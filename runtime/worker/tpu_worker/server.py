@@ -203,7 +203,8 @@ class Server:
             if dup:
                 self.send_error(msg.id, WorkerError("protocol_error", f"request id {msg.id!r} is already in flight"))
                 return
-            if msg.op == "infer" and FAST_INFER:
+            # An engine's model (vLLM) answers from an op thread: its request streams over HTTP.
+            if msg.op == "infer" and FAST_INFER and self.worker.engine_model(msg.args.get("model")) is None:
                 self._fast_infer(msg, token)
                 return
             try:

@@ -1,0 +1,203 @@
+"""The vLLM engine adapter without vLLM: a scripted OpenAI-compatible server on loopback stands in
+for it, so the mapping (prompt ids, stop sequences, held-back streaming, finish reasons,
+cancellation, errors) is checked on every run; the real engine is `npm run test:vllm`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tpu_worker.cancel import CancelToken
+from tpu_worker.engines import VllmEngine, VllmSettings
+from tpu_worker.engines.gen_args import held_back
+from tpu_worker.errors import WorkerError
+from tpu_worker.loaders import inspect_weights
+from tpu_worker.ops import OpContext
+
+IDS = [2023, 2003, 1037, 3231, 1997, 2054, 2000, 2175]  # "this is a test of what to ..."
+
+
+class Fake(BaseHTTPRequestHandler):
+    requests: list = []  # noqa: RUF012 - shared by the test
+    delay = 0.0
+    status = 200
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        body = {"/version": {"version": "0.0-fake"}, "/v1/models": {"data": [{"id": "served"}]}}.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.end_headers()
+        self.wfile.write(json.dumps(body or {}).encode())
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Fake.requests.append({"path": self.path, "body": req, "auth": self.headers.get("Authorization")})
+        if Fake.status != 200:
+            self.send_response(Fake.status)
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": {"message": "bad request"}}).encode())
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        n = req["max_tokens"]
+        prompts = req.get("prompt") or [None]
+        try:
+            for step in range(n):
+                for i in range(len(prompts)):
+                    choice = {
+                        "index": i,
+                        "token_ids": [IDS[step % len(IDS)]],
+                        "finish_reason": "length" if step == n - 1 else None,
+                    }
+                    self.wfile.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+                    self.wfile.flush()
+                time.sleep(Fake.delay)
+            self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            Fake.requests[-1]["aborted"] = True
+
+
+@pytest.fixture
+def fake(tmp_path):
+    Fake.requests, Fake.delay, Fake.status = [], 0.0, 200
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    key = tmp_path / "key"
+    key.write_text("secret\n")
+    yield VllmSettings(url=f"http://127.0.0.1:{srv.server_address[1]}", key_file=str(key))
+    srv.shutdown()
+
+
+@pytest.fixture
+def engine(fake, catalog):
+    entry = dataclasses.replace(catalog.get("tiny-gpt2"), engine="vllm")
+    info = inspect_weights(entry, catalog)
+    e = VllmEngine(entry, catalog, info, fake, "float32", "eager")
+    e.start(CancelToken())
+    return e
+
+
+def test_prompts_are_token_ids_tokenized_like_the_torch_path(engine, catalog):
+    from tpu_worker.adapters import CausalLM
+
+    out = engine.infer({"texts": ["hello world", "x"], "max_new_tokens": 4}, OpContext("1"))
+    sent = Fake.requests[-1]
+    assert sent["path"] == "/v1/completions"
+    assert sent["auth"] == "Bearer secret"
+    assert sent["body"]["model"] == "served"  # an operator-run server names its model itself
+    expected = [engine.tokenizer.encode(t, add_special_tokens=False).ids for t in ["hello world", "x"]]
+    assert sent["body"]["prompt"] == expected
+    assert CausalLM.prepare  # the rule mirrored: no special tokens, the end of a long prompt kept
+    assert out["token_ids"] == [IDS[:4], IDS[:4]]
+    assert out["texts"][0] == engine.tokenizer.decode(IDS[:4], skip_special_tokens=True)
+    assert [g["finish_reason"] for g in out["generations"]] == ["length", "length"]
+    assert out["generations"][0]["usage"] == {"prompt_tokens": len(expected[0]), "completion_tokens": 4}
+
+
+def test_a_stop_sequence_cuts_the_text_and_closes_the_request(engine):
+    full = engine.tokenizer.decode(IDS, skip_special_tokens=True)
+    stop = full.split(" ")[3]
+    out = engine.infer({"texts": ["x"], "max_new_tokens": 8, "stop": [stop]}, OpContext("1"))
+    assert out["texts"][0] == full[: full.index(stop)]
+    assert out["generations"][0]["finish_reason"] == "stop"
+
+
+def test_streamed_deltas_never_hold_text_a_stop_may_still_cut(engine):
+    deltas = []
+    ctx = OpContext("1", progress=lambda *a, delta=None, **k: deltas.append(delta["text"]))
+    full = engine.tokenizer.decode(IDS, skip_special_tokens=True)
+    stop = full.split(" ")[4] + "zz"  # never matches, but its prefix does: held back, then sent
+    out = engine.infer({"texts": ["x"], "max_new_tokens": 8, "stop": [stop], "stream": True}, ctx)
+    assert "".join(deltas) == out["texts"][0] == full
+    assert held_back("abc", ("cde",)) == 1 and held_back("abc", ("zz",)) == 0
+
+
+def test_cancel_mid_stream_returns_the_partial_text_as_cancelled_and_aborts_the_request(engine):
+    Fake.delay = 0.05
+    token = CancelToken()
+    threading.Timer(0.2, token.cancel).start()
+    t0 = time.perf_counter()
+    out = engine.infer({"texts": ["x"], "max_new_tokens": 64}, OpContext("1", token=token))
+    assert time.perf_counter() - t0 < 2.0
+    assert out["generations"][0]["finish_reason"] == "cancelled"
+    assert 0 < out["new_tokens"][0] < 64
+    for _ in range(50):
+        if Fake.requests[-1].get("aborted"):
+            break
+        time.sleep(0.05)
+    assert Fake.requests[-1].get("aborted")
+    assert engine.counters.in_flight == 0
+
+
+def test_arguments_are_checked_before_any_request(engine):
+    n = len(Fake.requests)
+    for bad in (
+        {"texts": ["x"], "temperature": 3},
+        {"texts": ["x"], "top_p": 0},
+        {"texts": ["x"], "logprobs": 6},
+        {"texts": ["x"], "stop": ["a"] * 5},
+        {"texts": ["x"], "messages": [{"role": "user", "content": "x"}]},
+        {"messages": [{"role": "robot", "content": "x"}]},
+        {"messages": [{"role": "user", "content": "hi"}]},  # tiny-gpt2 has no chat template
+    ):
+        with pytest.raises(WorkerError) as exc:
+            engine.infer(bad, OpContext("1"))
+        assert exc.value.code == "invalid_argument", bad
+    assert len(Fake.requests) == n
+
+
+def test_sampling_arguments_and_a_picked_seed_reach_the_engine(engine):
+    out = engine.infer({"texts": ["x"], "max_new_tokens": 2, "temperature": 0.7, "top_k": 5}, OpContext("1"))
+    body = Fake.requests[-1]["body"]
+    assert body["temperature"] == 0.7 and body["top_k"] == 5 and body["seed"] == out["seed"]
+    engine.infer({"texts": ["x"], "max_new_tokens": 2}, OpContext("1"))
+    assert "seed" not in Fake.requests[-1]["body"] and Fake.requests[-1]["body"]["top_k"] == -1
+
+
+def test_engine_refusals_map_to_stable_codes(engine):
+    Fake.status = 400
+    with pytest.raises(WorkerError) as exc:
+        engine.infer({"texts": ["x"], "max_new_tokens": 2}, OpContext("1"))
+    assert exc.value.code == "invalid_argument"
+    Fake.status = 500
+    with pytest.raises(WorkerError) as exc:
+        engine.infer({"texts": ["x"], "max_new_tokens": 2}, OpContext("1"))
+    assert exc.value.code == "engine_unavailable" and exc.value.recoverable
+
+
+def test_a_missing_vllm_environment_is_a_clear_refusal(catalog, tmp_path):
+    from tpu_worker.engines.vllm_process import VllmProcess
+
+    p = VllmProcess(VllmSettings(python=str(tmp_path / "nope")), "/x", "m", "float32", 64, True)
+    with pytest.raises(WorkerError) as exc:
+        p.start(CancelToken())
+    assert exc.value.code == "engine_unavailable" and "setup-vllm.sh" in exc.value.message
+    assert "--api-key" not in p.command()  # the key travels in the environment only
+    assert p.environment()["VLLM_API_KEY"] == p.key
+
+
+def test_the_catalog_takes_engine_vllm_for_causal_lms_only(catalog):
+    from tpu_worker.catalog import CatalogError, parse_entry
+
+    raw = {
+        "id": "m",
+        "task": "tensor",
+        "architecture": "mnist-cnn",
+        "source": {"path": "m"},
+        "format": "safetensors",
+        "input": {"shape": [1]},
+        "engine": "vllm",
+    }
+    with pytest.raises(CatalogError, match="engine"):
+        parse_entry(raw, "models[0]")
+    with pytest.raises(CatalogError, match="engine"):
+        parse_entry({**raw, "engine": "tgi"}, "models[0]")
+    assert catalog.get("tiny-gpt2").engine == "torch"

@@ -1,0 +1,13 @@
+"""Engines: models served by another process beside the worker, behind the worker's ops (and so
+behind the same gate). Today one: vLLM (docs/vllm.md).
+
+Layout: settings.py (runtime.engines.vllm), vllm_process.py (start, supervise, stop the server),
+http.py (JSON and event streams on loopback, cancellable), gen_args.py (the generation
+arguments), vllm.py (infer on the engine), vllm_bench.py (benchmark on the engine).
+"""
+
+from .settings import VllmSettings, parse_settings
+from .vllm import VllmEngine
+from .vllm_bench import run_engine_benchmark
+
+__all__ = ["VllmEngine", "VllmSettings", "parse_settings", "run_engine_benchmark"]

@@ -1,0 +1,129 @@
+"""A small HTTP client for an OpenAI-compatible engine on loopback: JSON calls and server-sent
+event streams that a cancel token can cut at any moment (stdlib only: the worker's environment
+stays as it is)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..cancel import CancelToken
+from ..errors import Cancelled
+
+
+class EngineHttpError(Exception):
+    """The engine answered with an error status or could not be reached."""
+
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str  # http://host:port, no path
+    key: str | None
+
+    def _conn(self, timeout: float) -> http.client.HTTPConnection:
+        parts = urlsplit(self.url)
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(parts.hostname or "", parts.port or 443, timeout=timeout)
+        return http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=timeout)
+
+    def _headers(self, body: bool) -> dict[str, str]:
+        h = {"Accept": "application/json"}
+        if body:
+            h["Content-Type"] = "application/json"
+        if self.key:
+            h["Authorization"] = f"Bearer {self.key}"
+        return h
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        conn = self._conn(timeout)
+        try:
+            conn.request("GET", path, headers=self._headers(False))
+            resp = conn.getresponse()
+            return resp.status, resp.read(1 << 20)
+        except (OSError, http.client.HTTPException) as exc:
+            raise EngineHttpError(None, f"{type(exc).__name__}") from None
+        finally:
+            conn.close()
+
+    def get_json(self, path: str, timeout: float = 5.0) -> Any:
+        status, body = self.get(path, timeout)
+        if status != 200:
+            raise EngineHttpError(status, _error_text(body))
+        return json.loads(body)
+
+    def stream(self, path: str, payload: dict, token: CancelToken, timeout: float = 600.0) -> Iterator[dict]:
+        """POSTs `payload` and yields each `data:` event as a dict until `[DONE]`. A cancel on
+        `token` shuts the socket down, which ends the request in the engine (it aborts requests
+        whose client went away) and raises Cancelled here; so does closing the generator."""
+        conn = self._conn(timeout)
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                if token.wait(0.05):
+                    sock = conn.sock
+                    if sock is not None:
+                        with contextlib.suppress(OSError):
+                            sock.shutdown(socket.SHUT_RDWR)
+                    return
+
+        watcher = threading.Thread(target=watch, name="engine-cancel", daemon=True)
+        watcher.start()
+        try:
+            try:
+                conn.request("POST", path, body=json.dumps(payload).encode(), headers=self._headers(True))
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                token.check()
+                raise EngineHttpError(None, f"{type(exc).__name__}") from None
+            if resp.status != 200:
+                raise EngineHttpError(resp.status, _error_text(resp.read(1 << 16)))
+            while True:
+                try:
+                    line = resp.readline(1 << 22)
+                except (OSError, http.client.HTTPException) as exc:
+                    token.check()
+                    raise EngineHttpError(None, f"{type(exc).__name__}") from None
+                if not line:
+                    token.check()
+                    raise EngineHttpError(None, "the engine closed the stream before it finished")
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                event = json.loads(data)
+                if isinstance(event, dict) and "error" in event and "choices" not in event:
+                    raise EngineHttpError(None, _error_text(data))
+                yield event
+                if token.cancelled:
+                    raise Cancelled()
+        finally:
+            done.set()
+            conn.close()
+
+
+def _error_text(body: bytes) -> str:
+    """The engine's own error message, short (it is logged, never sent to the agent raw)."""
+    try:
+        obj = json.loads(body)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        msg = err.get("message") if isinstance(err, dict) else None
+        if msg is None and isinstance(obj, dict):
+            msg = obj.get("detail") or obj.get("message")
+        return str(msg or err)[:500]
+    except (ValueError, AttributeError):
+        return body[:500].decode("utf-8", "replace")

@@ -1,0 +1,393 @@
+"""vLLM as the engine of a catalog entry (`"engine": "vllm"`): the worker starts and supervises
+a vLLM server for the model (vllm_process.py) or reaches an operator-run one, and maps `infer`
+and `benchmark` onto its OpenAI-compatible API. The call path is unchanged (MCP -> dispatch ->
+gate -> pool -> this worker's op), so scopes, approvals, the budget, the audit trail and
+cancellation hold for the engine as for the worker's own models.
+
+Parity with the worker's own generation: the prompt is tokenized here, by the same tokenizer
+file and rules as tpu_worker.adapters.text.CausalLM (no special tokens added, the end of a long
+prompt kept), and sent as token ids; the generated ids come back (`return_token_ids`) and are
+decoded here, so in float32 greedy decoding the same prompt gives the same tokens and text.
+Stop sequences are applied here on that text (the text is cut before the first match), and the
+stream is closed as soon as every sequence is done, which aborts the request in vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .. import logs
+from ..adapters.build import read_config
+from ..adapters.text import load_tokenizer, safe_file, valid_id
+from ..catalog import Catalog, Entry
+from ..errors import Cancelled, WorkerError, invalid
+from ..loaders import WeightsInfo
+from .gen_args import GenArgs, first_stop, held_back, parse_gen_args
+from .http import Endpoint, EngineHttpError
+from .settings import VllmSettings
+from .vllm_process import VllmProcess
+
+ENGINE = "vllm"
+
+
+@dataclass
+class _Seq:
+    """One generated sequence while its stream runs."""
+
+    prompt_tokens: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0  # characters already streamed
+    finish: str | None = None
+    cut: bool = False  # finished by a stop sequence matched here
+
+
+@dataclass
+class Counters:
+    requests: int = 0  # requests this worker sent to the engine
+    completion_tokens: int = 0
+    failures: int = 0
+    in_flight: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **deltas: int) -> None:
+        """Concurrent calls run on op threads: `+=` on a shared counter is not atomic."""
+        with self._lock:
+            for k, v in deltas.items():
+                setattr(self, k, getattr(self, k) + v)
+
+
+class VllmEngine:
+    def __init__(
+        self,
+        entry: Entry,
+        catalog: Catalog,
+        info: WeightsInfo,
+        settings: VllmSettings,
+        dtype: str,
+        mode: str,
+    ) -> None:
+        self.entry = entry
+        self.info = info
+        self.dtype = dtype
+        self.mode = mode
+        self.settings = settings
+        self.tokenizer = load_tokenizer(info.model_dir, catalog, entry)
+        cfg = read_config(info.model_dir, catalog, entry)
+        vocab = int(cfg.get("vocab_size", 0) or 0)
+        self.n_positions = int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 1024)
+        self.max_len = min(entry.limits.max_seq_len, self.n_positions)
+        self.eos_id = valid_id(cfg.get("eos_token_id"), vocab, None)
+        self.bos_id = valid_id(cfg.get("bos_token_id"), vocab, self.eos_id if self.eos_id is not None else 0)
+        self.chat_template = _has_chat_template(info.model_dir, catalog, entry)
+        self.max_model_len = min(self.n_positions, entry.limits.max_seq_len + entry.limits.max_new_tokens)
+        self.counters = Counters()
+        self.process: VllmProcess | None = None
+        self.served_name = entry.id
+        self._endpoint: Endpoint | None = None
+        self.version: str | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, token) -> dict:
+        t0 = time.perf_counter()
+        if self.settings.url:
+            self._endpoint = Endpoint(self.settings.url, self.settings.endpoint_key())
+            self._connect()
+        else:
+            self.process = VllmProcess(
+                self.settings, self.info.model_dir, self.entry.id, self.dtype, self.max_model_len, self.mode == "eager"
+            )
+            self.process.start(token)
+            self.version = self.process.version
+        return {"load_s": round(time.perf_counter() - t0, 6), "compile_s": 0.0, "warmup_s": 0.0}
+
+    def _connect(self) -> None:
+        ep = self._endpoint
+        assert ep is not None
+        try:
+            models = ep.get_json("/v1/models").get("data") or []
+            self.version = str(ep.get_json("/version").get("version"))
+        except (EngineHttpError, ValueError, AttributeError):
+            raise WorkerError(
+                "engine_unavailable", "the vLLM endpoint (runtime.engines.vllm.url) did not answer; is it running?"
+            ) from None
+        names = [m.get("id") for m in models if isinstance(m, dict)]
+        if self.entry.id not in names:
+            if not names:
+                raise WorkerError("engine_unavailable", "the vLLM endpoint serves no model")
+            self.served_name = str(names[0])  # an operator-run server names its model its own way
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    @property
+    def endpoint(self) -> Endpoint:
+        if self._endpoint is not None:
+            return self._endpoint
+        assert self.process is not None
+        return self.process.endpoint
+
+    def health(self) -> str:
+        """ok | starting | restarting | failed | stopped | unreachable."""
+        if self.process is not None and self.process.state != "ready":
+            return self.process.state
+        try:
+            return "ok" if self.endpoint.get("/health", timeout=1.0)[0] == 200 else "unhealthy"
+        except EngineHttpError:
+            return "unreachable"
+
+    def engine_metrics(self) -> dict | None:
+        """vLLM's own counters (its /metrics): requests finished by reason, requests running and
+        waiting now, tokens generated. Requests a client abandoned (a cancel) are not "finished"
+        there; they leave `running` and stop adding to `generation_tokens`."""
+        try:
+            status, body = self.endpoint.get("/metrics", timeout=2.0)
+        except EngineHttpError:
+            return None
+        if status != 200:
+            return None
+        out: dict = {"finished": {}, "running": 0, "waiting": 0, "generation_tokens": 0}
+        for line in body.decode("utf-8", "replace").splitlines():
+            if not line.startswith("vllm:"):
+                continue
+            labels, _, raw = line.rpartition(" ")
+            try:
+                value = int(float(raw))
+            except ValueError:
+                continue
+            name = labels.split("{", 1)[0]
+            if name == "vllm:request_success_total":
+                reason = labels.split('finished_reason="', 1)[-1].split('"', 1)[0]
+                out["finished"][reason] = out["finished"].get(reason, 0) + value
+            elif name == "vllm:num_requests_running":
+                out["running"] += value
+            elif name == "vllm:num_requests_waiting":
+                out["waiting"] += value
+            elif name == "vllm:generation_tokens_total":
+                out["generation_tokens"] += value
+        return out
+
+    def status(self) -> dict:
+        p = self.process
+        return {
+            "name": ENGINE,
+            "version": self.version,
+            "health": self.health(),
+            "managed": p is not None,
+            "pid": p.pid if p else None,
+            "restarts": p.restarts if p else 0,
+            "last_error": p.last_error if p else None,
+            "ready_s": p.ready_s if p else None,
+            "requests_sent": self.counters.requests,
+            "failures": self.counters.failures,
+            "in_flight": self.counters.in_flight,
+            "completion_tokens": self.counters.completion_tokens,
+            "engine_metrics": self.engine_metrics(),
+        }
+
+    # -- accounting (what `status` and `unload` report for any loaded model) ----------------------
+    def parameters(self) -> int:
+        return int(self.info.parameters or 0)
+
+    def bytes_on_device(self) -> int:
+        # The weights live in the engine's process; their size is what the model occupies there.
+        return int(self.info.weight_bytes)
+
+    # -- generation -----------------------------------------------------------------------------
+    def encode(self, texts: list[str], max_new: int, seq_len: int | None) -> list[list[int]]:
+        """Prompt token ids, exactly as CausalLM.prepare makes them (parity with the HF path)."""
+        limit = min(seq_len or self.max_len, self.n_positions - max_new)
+        prompts = []
+        for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False):
+            ids = enc.ids[-limit:] if limit > 0 else []
+            prompts.append(ids or [self.bos_id])
+        return prompts
+
+    def request(self, g: GenArgs, prompts: list[list[int]] | None, *, ignore_eos: bool = False) -> tuple[str, dict]:
+        body: dict = {
+            "model": self.served_name,
+            "max_tokens": g.max_new_tokens,
+            "temperature": g.temperature,
+            "top_p": g.top_p,
+            "top_k": g.top_k if g.top_k > 0 else -1,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+            "skip_special_tokens": True,
+            "ignore_eos": ignore_eos,
+        }
+        if g.seed is not None:
+            body["seed"] = g.seed
+        if self.eos_id is not None and not ignore_eos:
+            body["stop_token_ids"] = [self.eos_id]
+        if g.messages is not None:
+            body["messages"] = g.messages
+            if g.logprobs:
+                body["logprobs"] = True
+                body["top_logprobs"] = g.logprobs
+            return "/v1/chat/completions", body
+        body["prompt"] = prompts
+        if g.logprobs:
+            body["logprobs"] = g.logprobs
+            body["return_tokens_as_token_ids"] = True
+        return "/v1/completions", body
+
+    def infer(self, args: dict, ctx) -> dict:
+        g = parse_gen_args(self.entry, args)
+        if g.messages is not None and not self.chat_template:
+            raise invalid(
+                f"model {self.entry.id!r} has no chat template (tokenizer_config.json chat_template or "
+                "chat_template.jinja); send texts instead of messages"
+            )
+        prompts = self.encode(g.texts, g.max_new_tokens, g.seq_len) if g.texts is not None else None
+        seqs = [_Seq(len(p)) for p in prompts] if prompts is not None else [_Seq(0)]
+        path, body = self.request(g, prompts)
+        t0 = time.perf_counter()
+        first: float | None = None
+        stopped: str | None = None
+        self.counters.add(requests=1, in_flight=1)
+        try:
+            for event in self.endpoint.stream(path, body, ctx.token):
+                usage = event.get("usage")
+                if usage and g.messages is not None:
+                    seqs[0].prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                for choice in event.get("choices") or []:
+                    i = int(choice.get("index", 0))
+                    if not 0 <= i < len(seqs) or seqs[i].finish is not None:
+                        continue  # a sequence already done here (a stop sequence matched)
+                    ids = choice.get("token_ids") or []
+                    if ids and first is None:
+                        first = time.perf_counter()
+                    self._advance(seqs[i], ids, choice, g)
+                    if g.stream:
+                        self._send_delta(ctx, seqs, i, g)
+                if all(s.finish is not None for s in seqs) and any(s.cut for s in seqs):
+                    # A stop sequence matched here, which vLLM does not know of: closing the
+                    # stream aborts what it still runs. Otherwise read on to its usage and [DONE].
+                    break
+        except Cancelled:
+            stopped = getattr(ctx.token, "reason", None) or "cancelled"
+        except EngineHttpError as exc:
+            self.counters.add(failures=1)
+            raise self._engine_error(exc) from None
+        finally:
+            self.counters.add(in_flight=-1)
+        elapsed = time.perf_counter() - t0
+        for s in seqs:
+            if s.finish is None:
+                s.finish = stopped or "length"
+        return self._result(seqs, g, first, t0, elapsed)
+
+    def _advance(self, s: _Seq, ids: list[int], choice: dict, g: GenArgs) -> None:
+        s.ids.extend(int(t) for t in ids)
+        if g.logprobs:
+            s.logprobs.extend(self._logprobs(choice, ids))
+        text = self.tokenizer.decode(s.ids, skip_special_tokens=True)
+        cut = first_stop(text, g.stop) if g.stop else None
+        if cut is not None:
+            s.text, s.finish, s.cut = text[:cut], "stop", True
+            return
+        s.text = text
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            # vLLM: "stop" = an EOS / stop token, "length" = max_tokens; "abort" cannot reach here.
+            s.finish = "stop" if reason == "stop" else "length"
+
+    def _send_delta(self, ctx, seqs: list[_Seq], i: int, g: GenArgs) -> None:
+        s = seqs[i]
+        final = len(s.text) if s.finish is not None else len(s.text) - held_back(s.text, g.stop)
+        if final <= s.sent:
+            return
+        delta = s.text[s.sent : final]
+        s.sent = final
+        done = sum(len(x.ids) for x in seqs)
+        ctx.progress(done, g.max_new_tokens * len(seqs), delta, delta={"index": i, "text": delta})
+
+    def _logprobs(self, choice: dict, ids: list[int]) -> list[dict]:
+        lp = choice.get("logprobs") or {}
+        out = []
+        if "content" in lp:  # chat: [{token, logprob, top_logprobs: [{token, logprob}]}]
+            for item, tid in zip(lp.get("content") or [], ids, strict=False):
+                out.append(
+                    {
+                        "token": self._token_text(tid),
+                        "logprob": item.get("logprob"),
+                        "top": [
+                            {"token": t.get("token"), "logprob": t.get("logprob")}
+                            for t in item.get("top_logprobs") or []
+                        ],
+                    }
+                )
+            return out
+        for tid, value, top in zip(ids, lp.get("token_logprobs") or [], lp.get("top_logprobs") or [], strict=False):
+            alts = sorted(((self._token_text(_id_of(k)), v) for k, v in (top or {}).items()), key=lambda kv: -kv[1])
+            out.append(
+                {"token": self._token_text(tid), "logprob": value, "top": [{"token": t, "logprob": v} for t, v in alts]}
+            )
+        return out
+
+    def _token_text(self, tid: int | None) -> str:
+        return "" if tid is None else self.tokenizer.decode([tid], skip_special_tokens=False)
+
+    def _result(self, seqs: list[_Seq], g: GenArgs, first: float | None, t0: float, elapsed: float) -> dict:
+        completion = sum(len(s.ids) for s in seqs)
+        self.counters.add(completion_tokens=completion)
+        generations = []
+        for s in seqs:
+            gen: dict = {
+                "text": s.text,
+                "finish_reason": s.finish,
+                "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": len(s.ids)},
+            }
+            if g.logprobs:
+                gen["logprobs"] = s.logprobs
+            generations.append(gen)
+        out: dict = {
+            "task": "text-generation",
+            "texts": [s.text for s in seqs],
+            "new_tokens": [len(s.ids) for s in seqs],
+            "token_ids": [s.ids for s in seqs],
+            "generations": generations,
+            "ttft_ms": round((first - t0) * 1000, 3) if first is not None else None,
+            "tokens_per_s": round(completion / elapsed, 3) if elapsed > 0 else None,
+            "engine": ENGINE,
+        }
+        if g.seed is not None:
+            out["seed"] = g.seed
+        return out
+
+    def _engine_error(self, exc: EngineHttpError) -> WorkerError:
+        if exc.status is not None and 400 <= exc.status < 500 and exc.status not in (401, 403):
+            logs.warn("vllm refused a request", model=self.entry.id, status=exc.status, error=exc.message)
+            return invalid(f"vLLM refused the request: {exc.message[:200]}")
+        state = self.process.state if self.process is not None else "external"
+        logs.error("vllm request failed", model=self.entry.id, status=exc.status, error=exc.message, state=state)
+        if state in ("restarting", "starting"):
+            return WorkerError("engine_unavailable", "the vLLM engine is restarting after a crash; call again shortly")
+        return WorkerError(
+            "engine_unavailable", f"the vLLM engine did not answer ({exc.message[:80]}); see get_runtime_status"
+        )
+
+
+def _id_of(key: str) -> int | None:
+    # return_tokens_as_token_ids spells tokens "token_id:123".
+    try:
+        return int(key.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _has_chat_template(model_dir: str, catalog: Catalog, entry: Entry) -> bool:
+    if os.path.isfile(os.path.join(model_dir, "chat_template.jinja")):
+        return True
+    try:
+        with open(safe_file(model_dir, "tokenizer_config.json", catalog, entry), encoding="utf-8") as fh:
+            return bool(json.load(fh).get("chat_template"))
+    except (WorkerError, OSError, ValueError, AttributeError):
+        return False

