@@ -13,12 +13,12 @@ import type { AuditLog } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
-import { formatBytes } from "../../lib/units.js";
 import type { CostEstimate } from "../estimate.js";
 import type { DecisionEvidence } from "../passkeys/evidence.js";
-import { RequestStateError, type ApprovalState, type StateRefusal } from "../request_state.js";
 import { hasScope, type Principal } from "../scopes.js";
 import type { GateContext } from "./context.js";
+import { describeEstimate, describeRule, recordAnswer } from "./answers.js";
+import { answerInBand, askInBand } from "./input_required.js";
 import type { ElicitAnswer, GateCall } from "./types.js";
 
 /** Does `rule` apply? Thresholds: ANY met is enough; with no estimate a threshold counts as met. */
@@ -51,21 +51,6 @@ export function matchApprovalRule(
   estimate: CostEstimate | undefined,
 ): ApprovalRule | undefined {
   return rules.find((r) => ruleApplies(r, principalId, tool, estimate));
-}
-
-function describeRule(rule: ApprovalRule): string {
-  const w = rule.when ?? {};
-  const parts = [
-    w.min_weight_bytes !== undefined ? `weights ≥ ${formatBytes(w.min_weight_bytes)}` : null,
-    w.min_device_seconds !== undefined ? `device time ≥ ${w.min_device_seconds} s` : null,
-    w.min_memory_bytes !== undefined ? `memory ≥ ${formatBytes(w.min_memory_bytes)}` : null,
-  ].filter(Boolean);
-  return parts.length ? `${rule.tool} when ${parts.join(" or ")}` : `every ${rule.tool} call`;
-}
-
-function describeEstimate(e: CostEstimate | undefined | null): string {
-  if (!e) return "no estimate";
-  return `~${e.device_seconds} device-seconds, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
 }
 
 /**
@@ -193,111 +178,6 @@ function approvalRequired(
   });
 }
 
-/** The input_required "refusal": the prompt and a state sealed to this principal, call and approval. */
-function askInBand(
-  ctx: GateContext,
-  call: GateCall,
-  rule: ApprovalRule,
-  digest: string,
-  rec: ApprovalRecord,
-): PolicyError {
-  const ttlMs = Math.min(
-    ctx.config.approvals.elicitation_timeout_s * 1000,
-    Math.max(0, Date.parse(rec.expires_at) - ctx.clock()),
-  );
-  const state = ctx.deps.requestStates!.seal(
-    { p: call.principal.id, t: call.tool, d: digest, a: rec.id },
-    ttlMs,
-  );
-  const message = `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
-  return new PolicyError("input_required", message, {
-    approval_id: rec.id,
-    request_state: state,
-    prompt: { tool: call.tool, args_preview: rec.args_preview, estimate: rec.estimate, message },
-    expires_at: new Date(ctx.clock() + ttlMs).toISOString(),
-  });
-}
-
-const STATE_REFUSALS: Record<StateRefusal, string> = {
-  malformed: "is not a requestState this server issued",
-  mac: "failed its integrity check (it was altered or not issued by this server)",
-  expired: "has expired",
-};
-
-/**
- * The retry of an in-band approval: the state must open (MAC, expiry) and name this principal, this
- * tool and these exact arguments; answering decides its approval, which can happen once only, so a
- * replayed state is refused. An accepted approval is consumed by the gate like one presented by id.
- */
-function answerInBand(
-  ctx: GateContext,
-  call: GateCall,
-  rule: ApprovalRule,
-  digest: string,
-  redacted: unknown,
-): string {
-  const { principal, tool } = call;
-  const refuse = (why: string, detail: string) =>
-    new PolicyError(
-      "invalid_request_state",
-      `The requestState of this retry ${detail}; the call was not run. Call ${tool} again without it to be asked again.`,
-      { why },
-    );
-  let s: ApprovalState;
-  try {
-    s = ctx.deps.requestStates!.open(call.inBand!.state);
-  } catch (e) {
-    const why = e instanceof RequestStateError ? e.why : "malformed";
-    throw refuse(why, STATE_REFUSALS[why]);
-  }
-  if (s.p !== principal.id) throw refuse("principal", "was issued to another principal");
-  if (s.t !== tool || s.d !== digest)
-    throw refuse("call", "was issued for another call (the tool or the arguments differ)");
-  const rec = ctx.deps.approvals.get(s.a);
-  // A passkey rule is decided only by a signed decision in the console (never minted a state).
-  if (rec?.assurance === "passkey")
-    throw refuse("assurance", `answers approval ${s.a}, which needs an operator's passkey`);
-  if (!rec || rec.status !== "pending")
-    throw refuse(
-      "replayed",
-      `answers approval ${s.a}, which was already decided (a state is single-use)`,
-    );
-  const answer = call.inBand!.answer;
-  // A retry that carries the state but no answer is asked again, for the same approval.
-  if (answer === undefined) throw askInBand(ctx, call, rule, digest, rec);
-  const approver = `elicitation:${principal.id}`;
-  try {
-    if (answer === "accept") ctx.deps.approvals.approve(s.a, approver);
-    else ctx.deps.approvals.deny(s.a, approver, `the user answered ${answer} in the client`);
-  } catch (e) {
-    // Decided between the read above and now (an operator, or a concurrent replay).
-    if (isPolicyError(e) && e.code === "approval_already_decided")
-      throw refuse(
-        "replayed",
-        `answers approval ${s.a}, which was already decided (a state is single-use)`,
-      );
-    throw e;
-  }
-  ctx.audit({
-    principal: principal.id,
-    tool,
-    args_digest: digest,
-    args: redacted,
-    estimate: call.estimate ?? null,
-    outcome: answer === "accept" ? "approval_granted" : "approval_denied",
-    approver,
-    approval_id: s.a,
-    reason: `${answer === "accept" ? "accepted" : answer === "decline" ? "declined" : "cancelled"} in the client (${describeRule(rule)})`,
-  });
-  if (answer !== "accept")
-    throw new PolicyError(
-      "approval_declined",
-      `The user ${answer === "decline" ? "declined" : "cancelled"} the approval prompt; the call was not run.`,
-      { answer, approval_id: s.a },
-    );
-  return s.a;
-}
-
 type Answer = ElicitAnswer | "timeout" | null;
 
 /**
@@ -387,26 +267,8 @@ async function askAndRecord(
     clearTimeout(timer);
   }
   if (answer === "timeout") return answer;
-  // The person at the client decides as `elicitation:<principal>`: never the principal itself.
-  const approver = `elicitation:${principal.id}`;
-  const reason =
-    answer === "accept"
-      ? `accepted in the client (${describeRule(rule)})`
-      : `${answer === "decline" ? "declined" : "dismissed"} in the client`;
   try {
-    if (answer === "accept") ctx.deps.approvals.approve(rec.id, approver);
-    else ctx.deps.approvals.deny(rec.id, approver, reason);
-    ctx.audit({
-      principal: principal.id,
-      tool,
-      args_digest: digest,
-      args: redacted,
-      estimate: estimate ?? null,
-      approval_id: rec.id,
-      outcome: answer === "accept" ? "approval_granted" : "approval_denied",
-      approver,
-      reason,
-    });
+    recordAnswer(ctx, call, rule, rec.id, answer, digest, redacted);
     return answer;
   } catch (e) {
     // Decided meanwhile (an operator in the console, or it expired): that decision stands.

@@ -1,0 +1,106 @@
+// The 2026-07-28 era's in-band approval. The server cannot push a question there: a call that
+// needs approval answers input_required with the form and a requestState sealed to the principal,
+// the tool, the argument digest and the approval (policies/request_state.ts); the client's retry
+// carries the state back with the user's answer, which decides that approval once (a replayed,
+// forged, expired or misplaced state is refused). The 2025 era's pushed prompt is in
+// approval_flow.ts; both record the answer the same way (recordAnswer).
+
+import type { ApprovalRecord } from "../approvals.js";
+import type { ApprovalRule } from "../config.js";
+import { PolicyError, isPolicyError } from "../errors.js";
+import { RequestStateError, type ApprovalState, type StateRefusal } from "../request_state.js";
+import { describeEstimate, describeRule, recordAnswer } from "./answers.js";
+import type { GateContext } from "./context.js";
+import type { GateCall } from "./types.js";
+
+/** The input_required "refusal": the prompt and a state sealed to this principal, call and approval. */
+export function askInBand(
+  ctx: GateContext,
+  call: GateCall,
+  rule: ApprovalRule,
+  digest: string,
+  rec: ApprovalRecord,
+): PolicyError {
+  const ttlMs = Math.min(
+    ctx.config.approvals.elicitation_timeout_s * 1000,
+    Math.max(0, Date.parse(rec.expires_at) - ctx.clock()),
+  );
+  const state = ctx.deps.requestStates!.seal(
+    { p: call.principal.id, t: call.tool, d: digest, a: rec.id },
+    ttlMs,
+  );
+  const message = `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
+  return new PolicyError("input_required", message, {
+    approval_id: rec.id,
+    request_state: state,
+    prompt: { tool: call.tool, args_preview: rec.args_preview, estimate: rec.estimate, message },
+    expires_at: new Date(ctx.clock() + ttlMs).toISOString(),
+  });
+}
+
+const STATE_REFUSALS: Record<StateRefusal, string> = {
+  malformed: "is not a requestState this server issued",
+  mac: "failed its integrity check (it was altered or not issued by this server)",
+  expired: "has expired",
+};
+
+/**
+ * The retry of an in-band approval: the state must open (MAC, expiry) and name this principal, this
+ * tool and these exact arguments; answering decides its approval, which can happen once only, so a
+ * replayed state is refused. An accepted approval is consumed by the gate like one presented by id.
+ */
+export function answerInBand(
+  ctx: GateContext,
+  call: GateCall,
+  rule: ApprovalRule,
+  digest: string,
+  redacted: unknown,
+): string {
+  const { principal, tool } = call;
+  const refuse = (why: string, detail: string) =>
+    new PolicyError(
+      "invalid_request_state",
+      `The requestState of this retry ${detail}; the call was not run. Call ${tool} again without it to be asked again.`,
+      { why },
+    );
+  let s: ApprovalState;
+  try {
+    s = ctx.deps.requestStates!.open(call.inBand!.state);
+  } catch (e) {
+    const why = e instanceof RequestStateError ? e.why : "malformed";
+    throw refuse(why, STATE_REFUSALS[why]);
+  }
+  if (s.p !== principal.id) throw refuse("principal", "was issued to another principal");
+  if (s.t !== tool || s.d !== digest)
+    throw refuse("call", "was issued for another call (the tool or the arguments differ)");
+  const rec = ctx.deps.approvals.get(s.a);
+  // A passkey rule is decided only by a signed decision in the console (never minted a state).
+  if (rec?.assurance === "passkey")
+    throw refuse("assurance", `answers approval ${s.a}, which needs an operator's passkey`);
+  if (!rec || rec.status !== "pending")
+    throw refuse(
+      "replayed",
+      `answers approval ${s.a}, which was already decided (a state is single-use)`,
+    );
+  const answer = call.inBand!.answer;
+  // A retry that carries the state but no answer is asked again, for the same approval.
+  if (answer === undefined) throw askInBand(ctx, call, rule, digest, rec);
+  try {
+    recordAnswer(ctx, call, rule, s.a, answer, digest, redacted);
+  } catch (e) {
+    // Decided between the read above and now (an operator, or a concurrent replay).
+    if (isPolicyError(e) && e.code === "approval_already_decided")
+      throw refuse(
+        "replayed",
+        `answers approval ${s.a}, which was already decided (a state is single-use)`,
+      );
+    throw e;
+  }
+  if (answer !== "accept")
+    throw new PolicyError(
+      "approval_declined",
+      `The user ${answer === "decline" ? "declined" : "cancelled"} the approval prompt; the call was not run.`,
+      { answer, approval_id: s.a },
+    );
+  return s.a;
+}
