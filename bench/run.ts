@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens runs a subset;
+// tokens,estimates runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -13,6 +13,7 @@ import { runAudit } from "./audit.js";
 import { runColdStart } from "./coldstart.js";
 import { runConcurrency } from "./concurrency.js";
 import { runDecompose } from "./decompose.js";
+import { runEstimates } from "./estimates.js";
 import {
   DirectPython,
   MODEL,
@@ -47,6 +48,7 @@ const SECTIONS = [
   "pool",
   "audit",
   "tokens",
+  "estimates",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
@@ -345,6 +347,12 @@ async function main() {
     });
   }
 
+  // Estimates against what the gate charged, on a fresh and on a warm data dir of their own.
+  if (want("estimates")) {
+    say("estimates (a corpus of real calls, fresh data dir then warm)…");
+    results.estimates = await runEstimates({ say });
+  }
+
   load.end = loadavg();
   const rows = Object.values(results).flatMap((r) => r.rows);
   const figures = Object.assign({}, ...Object.values(results).map((r) => r.figures)) as Record<
@@ -409,6 +417,19 @@ async function main() {
   writeFileSync(join(dir, dated), text);
   writeFileSync(join(dir, "latest.json"), text);
   say(`wrote bench/results/${dated} and bench/results/latest.json (${command})`);
+  // The estimate corpus case by case, shaped as its reference (bench/reference/estimates.json).
+  if (results.estimates?.data) {
+    const ref = {
+      command,
+      started_at: report.started_at,
+      machine: report.machine,
+      figures: results.estimates.figures,
+      notes: results.estimates.notes,
+      ...results.estimates.data,
+    };
+    writeFileSync(join(dir, "estimates.json"), JSON.stringify(ref, null, 2) + "\n");
+    say("wrote bench/results/estimates.json (copy to bench/reference/ to update the reference)");
+  }
 }
 
 main().catch((e) => {
