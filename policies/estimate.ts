@@ -34,6 +34,25 @@ export interface LatencyRecord {
   mean_latency_ms: number;
 }
 
+/**
+ * A call the gate measured: the work it was (workOf: the arguments an estimate reads, reduced, no
+ * texts or tensor data) and the device-seconds it took. Estimates scale the nearest such call of
+ * the same class by the model's own ratio between the two shapes (estimateCost).
+ */
+export interface CallRecord {
+  kind: EstimateKind;
+  model: string;
+  /** The device kind it ran on (cpu, cuda, tpu). */
+  device: string;
+  work: Work;
+  seconds: number;
+  /** When it started, ms since the epoch: calls since a model's load tell a cold call apart. */
+  at: number;
+}
+
+/** What an estimate reads of a call's arguments (workOf), JSON-safe, kept with its measurement. */
+export type Work = Record<string, unknown>;
+
 export interface EstimateInput {
   /** The shape of work, from the tool's record (policies/tool_policy.ts), never its name. */
   kind: EstimateKind;
@@ -44,6 +63,12 @@ export interface EstimateInput {
   loaded?: readonly { model: string; bytes: number }[];
   /** Past measurements (e.g. from benchmarks), so estimates learn from what really happened. */
   history?: readonly LatencyRecord[];
+  /** Calls of this model the gate measured (newest first or not: order does not matter). */
+  calls?: readonly CallRecord[];
+  /** Inference: how the model is loaded (a compiled model compiles each new shape once)... */
+  loaded_mode?: string;
+  /** ...and since when (ms since the epoch): a shape no call has run since is cold. */
+  loaded_at?: number;
   assumptions?: Partial<EstimateAssumptions>;
 }
 
@@ -193,12 +218,136 @@ export function latencyMs(
   return (flops / rate) * 1000 * dtypeCostFactor(kind, dtype, a) + a.call_overhead_s * 1000;
 }
 
-export function estimateCost(input: EstimateInput): CostEstimate {
+/** Powers of two, as the worker buckets shapes for compiled models. */
+function bucket(n: number): number {
+  return 2 ** Math.ceil(Math.log2(Math.max(1, n)));
+}
+
+/**
+ * The work a call is, reduced to what an estimate reads (JSON-safe: no texts, no tensor data):
+ * what a measured call is kept as, and what estimateCost models. An inference on a compiled model
+ * is `cold` when no call of its shape bucket has run since the model was loaded (it compiles).
+ */
+export function workOf(input: EstimateInput): Work {
   const a: EstimateAssumptions = { ...DEFAULT_ASSUMPTIONS, ...input.assumptions };
   const { args, model } = input;
+  const dtype = String(args.dtype ?? model?.default_dtype ?? "float32");
+  // The device too when named: it decides which history and FLOP rate apply.
+  const keep = (...keys: string[]): Work =>
+    Object.fromEntries(
+      ["device", ...keys].filter((k) => args[k] !== undefined).map((k) => [k, args[k]]),
+    );
+  switch (input.kind) {
+    case "load":
+      return { dtype, mode: String(args.mode ?? "eager"), ...keep("warmup_shapes", "warmup") };
+    case "check":
+      return {
+        dtype,
+        batch: num(args.batch) ?? 1,
+        seq_len: num(args.seq_len) ?? 128,
+        ...keep("attention", "mode"),
+      };
+    case "benchmark":
+      return {
+        dtype,
+        ...keep(
+          "batch_sizes",
+          "seq_lens",
+          "dtypes",
+          "modes",
+          "mode",
+          "scenario",
+          "work",
+          "max_new_tokens",
+          "iterations",
+          "duration_s",
+          "warmup",
+        ),
+      };
+    case "inference": {
+      // Already reduced (a stored call's work): as it is.
+      if (typeof args.items === "number") return { ...args };
+      const texts = Array.isArray(args.texts) ? args.texts : [];
+      const tensors = Array.isArray(args.tensors) ? args.tensors : [];
+      let items = texts.length;
+      let seq = 1;
+      if (texts.length > 0) {
+        const maxChars = Math.max(...texts.map((t) => (typeof t === "string" ? t.length : 0)));
+        seq = Math.max(1, Math.ceil(maxChars * a.tokens_per_char));
+      } else if (tensors.length > 0) {
+        const shape = nums((tensors[0] as Record<string, unknown>)?.shape);
+        items = shape[0] ?? 1;
+      }
+      items = Math.max(1, items);
+      const mode = input.loaded_mode ?? "eager";
+      const since = input.loaded_at;
+      const cold =
+        mode === "compile" &&
+        since !== undefined &&
+        !(input.calls ?? []).some(
+          (c) =>
+            c.kind === "inference" &&
+            c.model === model?.id &&
+            c.at >= since &&
+            bucket(Number(c.work.items)) === bucket(items) &&
+            bucket(Number(c.work.seq)) === bucket(seq),
+        );
+      return {
+        ...keep(),
+        dtype,
+        items,
+        seq,
+        max_new_tokens: num(args.max_new_tokens) ?? 0,
+        mode,
+        cold,
+      };
+    }
+  }
+}
+
+/** Calls of one class can stand for each other after scaling; other classes never do. */
+function classOf(kind: EstimateKind, w: Work): string {
+  const sorted = (v: unknown) => strs(v).slice().sort().join(",");
+  switch (kind) {
+    case "inference":
+      return [
+        kind,
+        w.dtype,
+        w.mode,
+        Number(w.max_new_tokens) > 0 ? "generate" : "forward",
+        w.cold ? "cold" : "warm",
+      ].join("|");
+    case "check":
+      return [kind, w.dtype, w.attention ?? "default"].join("|");
+    case "load":
+      return [kind, w.dtype, w.mode].join("|");
+    case "benchmark":
+      return [
+        kind,
+        w.dtype,
+        w.work ?? "forward",
+        w.scenario ?? "single-stream",
+        sorted(w.dtypes),
+        sorted(w.modes) || String(w.mode ?? "eager"),
+      ].join("|");
+  }
+}
+
+interface Modelled {
+  deviceSeconds: number;
+  compileS: number;
+  tokens: number;
+  weightBytes: number;
+  needsWeights: boolean;
+  dtype: string;
+}
+
+/** Device-seconds and the rest from the model of the device (FLOP/s, history of latencies). */
+function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Modelled {
+  const { model } = input;
+  input = { ...input, args };
   const kind = kindOf(input);
   const dtype = String(args.dtype ?? model?.default_dtype ?? "float32");
-  const params = model?.parameters ?? 0;
   const compileGraph = a.compile_s_per_graph[kind] ?? a.compile_s_per_graph.cpu ?? 10;
   const alreadyLoaded = (input.loaded ?? []).some((l) => l.model === model?.id);
 
@@ -207,7 +356,6 @@ export function estimateCost(input: EstimateInput): CostEstimate {
   let tokens = 1;
   let weightBytes = 0;
   let needsWeights = false;
-
   switch (input.kind) {
     case "load": {
       weightBytes = model?.weight_bytes ?? 0;
@@ -280,37 +428,75 @@ export function estimateCost(input: EstimateInput): CostEstimate {
       break;
     }
     case "inference": {
-      const texts = Array.isArray(args.texts) ? args.texts : [];
-      const tensors = Array.isArray(args.tensors) ? args.tensors : [];
-      let items = texts.length;
-      let seq = 1;
-      if (texts.length > 0) {
-        const maxChars = Math.max(...texts.map((t) => (typeof t === "string" ? t.length : 0)));
-        seq = Math.max(1, Math.ceil(maxChars * a.tokens_per_char));
-      } else if (tensors.length > 0) {
-        const shape = nums((tensors[0] as Record<string, unknown>)?.shape);
-        items = shape[0] ?? 1;
-      }
-      items = Math.max(1, items);
+      const items = num(args.items) ?? 1;
+      const seq = num(args.seq) ?? 1;
       const newTokens = num(args.max_new_tokens) ?? 0;
       // Decoding costs one forward over the batch per new token (with a KV cache: ~1 token each).
       deviceSeconds =
         latencyMs(input, items, seq, dtype, a) / 1000 +
         newTokens * (latencyMs(input, items, 1, dtype, a) / 1000);
+      // A compiled model's first call of a shape compiles it before it runs.
+      if (args.cold) {
+        compileS = compileGraph;
+        deviceSeconds += compileGraph;
+      }
       tokens = items * (seq + newTokens);
       break;
     }
   }
+  return { deviceSeconds, compileS, tokens, weightBytes, needsWeights, dtype };
+}
 
+/**
+ * From the calls the gate measured: those of the same class (kind, dtype, mode, forward or
+ * generate, cold or warm) whose modelled cost is nearest this call's, each scaled by the ratio of
+ * the two modelled costs (the model supplies how cost grows with batch, length and tokens; the
+ * measurement what a call really costs here, overheads included). Undefined without any.
+ */
+function fromCalls(
+  input: EstimateInput,
+  work: Work,
+  own: number,
+  a: EstimateAssumptions,
+): number | undefined {
+  if (!(own > 0)) return undefined;
+  const kind = kindOf(input);
+  const cls = classOf(input.kind, work);
+  const scored: { scaled: number; d: number }[] = [];
+  for (const c of input.calls ?? []) {
+    if (c.kind !== input.kind || c.model !== input.model?.id || !(c.seconds > 0)) continue;
+    if ((deviceKind(c.device) || c.device) !== kind || classOf(c.kind, c.work) !== cls) continue;
+    const m = modelled(input, c.work, a).deviceSeconds;
+    if (m > 0) scored.push({ scaled: (c.seconds * own) / m, d: Math.abs(Math.log(m / own)) });
+  }
+  if (scored.length === 0) return undefined;
+  // The nearest shape, and shapes about as near (a repeated call): their median, so one noisy
+  // measurement does not decide alone; the upper middle of an even count, erring high.
+  const best = Math.min(...scored.map((x) => x.d));
+  const near = scored
+    .filter((x) => x.d <= best + 0.1)
+    .map((x) => x.scaled)
+    .sort((x, y) => x - y);
+  return near[Math.floor(near.length / 2)];
+}
+
+export function estimateCost(input: EstimateInput): CostEstimate {
+  const a: EstimateAssumptions = { ...DEFAULT_ASSUMPTIONS, ...input.assumptions };
+  const work = workOf(input);
+  const m = modelled(input, work, a);
+  const { dtype, tokens, needsWeights } = m;
+  const params = input.model?.parameters ?? 0;
+  const deviceSeconds = fromCalls(input, work, m.deviceSeconds, a) ?? m.deviceSeconds;
   const memoryBytes = needsWeights
     ? memoryFor(params, dtype, tokens, a)
     : memoryFor(0, dtype, 0, a) +
       Math.ceil(tokens * a.activation_per_token_factor * Math.sqrt(params) * dtypeBytes(dtype));
   const est: CostEstimate = {
-    device_seconds: round3(deviceSeconds),
+    // Never 0: a call that uses the device is charged something, and a ratio needs a divisor.
+    device_seconds: Math.max(0.001, round3(deviceSeconds)),
     memory_bytes: memoryBytes,
-    compile_s: round3(compileS),
-    weight_bytes: weightBytes,
+    compile_s: round3(m.compileS),
+    weight_bytes: m.weightBytes,
     fits: true,
   };
   return withFit(est, input, dtype, tokens, needsWeights, a);

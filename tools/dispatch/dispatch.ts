@@ -8,6 +8,7 @@ import type { z } from "zod";
 import type { CallDeadline, Gate, GateCall } from "../../policies/gate/gate.js";
 import type { Principal } from "../../policies/scopes.js";
 import { ToolError, toToolError } from "../errors.js";
+import { measured } from "../support/estimate.js";
 import type { ToolContext, ToolDefinition, ToolServices } from "../types.js";
 import { runAsJob } from "./jobs.js";
 import { checkOutput, errorResult, successResult, type CallToolResultLike } from "./result.js";
@@ -114,13 +115,24 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       trace,
     };
 
+    // What the work took is kept with what it was: the next estimate learns from it.
+    const metered: ToolDefinition<any, any> = {
+      ...tool,
+      handler: (a, ctx) => measured(tool.policy, a, ctx, () => tool.handler(a, ctx)),
+    };
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
     let out: Record<string, unknown>;
     if (tool.policy.job && (args.wait === false || softMs > 0)) {
-      out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs);
+      out = await runAsJob(
+        { ...input, tool: metered },
+        call,
+        args,
+        ctxFor,
+        args.wait === false ? 0 : softMs,
+      );
     } else {
       out = await gate.run(call, (signal, deadline) =>
-        tool.handler(args, ctxFor(signal, input.progress, deadline)),
+        metered.handler(args, ctxFor(signal, input.progress, deadline)),
       );
     }
     trace?.mark("d.gate_done");

@@ -2,6 +2,10 @@
 // survive restarts, and so that cost estimates can learn from past runs.
 import Database from "better-sqlite3";
 import { randomBytes } from "node:crypto";
+import type { CallRecord } from "../../policies/estimate.js";
+
+/** Measured calls kept per (model, device kind): enough for every shape a deployment repeats. */
+const CALLS_KEPT = 200;
 
 export interface StoredReport {
   id: string;
@@ -31,6 +35,10 @@ export interface Reports {
   list(limit?: number): StoredReport[];
   /** Mean forward latency per configuration observed for a model on a device kind, newest reports first. */
   history(model: string, device: string): HistoryRecord[];
+  /** Keeps a call the gate measured (its work and device-seconds) for later estimates. */
+  recordCall(call: CallRecord): void;
+  /** The newest measured calls of a model on a device kind. */
+  calls(model: string, device: string): CallRecord[];
   close(): void;
 }
 
@@ -42,7 +50,11 @@ export class SqliteReports implements Reports {
     this.db.pragma("busy_timeout = 5000");
     this.db.exec(`CREATE TABLE IF NOT EXISTS benchmark_reports (
       id TEXT PRIMARY KEY, principal TEXT NOT NULL, model TEXT NOT NULL, device TEXT NOT NULL,
-      created_at TEXT NOT NULL, report TEXT NOT NULL)`);
+      created_at TEXT NOT NULL, report TEXT NOT NULL);
+      CREATE TABLE IF NOT EXISTS measured_calls (
+      id INTEGER PRIMARY KEY, model TEXT NOT NULL, device TEXT NOT NULL, kind TEXT NOT NULL,
+      work TEXT NOT NULL, seconds REAL NOT NULL, at INTEGER NOT NULL);
+      CREATE INDEX IF NOT EXISTS measured_by_model ON measured_calls (model, device, id);`);
   }
 
   put(
@@ -122,7 +134,74 @@ export class SqliteReports implements Reports {
     return out;
   }
 
+  // Inference records a call each time: the list in memory is the one estimates read, and rows
+  // are written at most once a second in one transaction (a commit per call, or per event-loop
+  // turn, would put a disk sync on the hot path).
+  private readonly callCache = new Map<string, CallRecord[]>();
+  private pendingCalls: CallRecord[] = [];
+
+  recordCall(call: CallRecord): void {
+    const list = this.calls(call.model, call.device);
+    list.unshift(call);
+    if (list.length > CALLS_KEPT) list.length = CALLS_KEPT;
+    this.pendingCalls.push(call);
+    if (this.pendingCalls.length === 1) setTimeout(this.flushCalls, 1000).unref();
+  }
+
+  calls(model: string, device: string): CallRecord[] {
+    const key = `${model}\u0000${device}`;
+    let list = this.callCache.get(key);
+    if (!list) {
+      const rows = this.db
+        .prepare(
+          `SELECT kind, work, seconds, at FROM measured_calls WHERE model = ? AND device = ? ORDER BY id DESC LIMIT ?`,
+        )
+        .all(model, device, CALLS_KEPT) as {
+        kind: string;
+        work: string;
+        seconds: number;
+        at: number;
+      }[];
+      list = rows.map((r) => ({
+        kind: r.kind as CallRecord["kind"],
+        model,
+        device,
+        work: JSON.parse(r.work),
+        seconds: r.seconds,
+        at: r.at,
+      }));
+      this.callCache.set(key, list);
+    }
+    return list;
+  }
+
+  private readonly flushCalls = (): void => {
+    if (this.pendingCalls.length === 0 || !this.db.open) return;
+    const rows = this.pendingCalls;
+    this.pendingCalls = [];
+    const insert = this.db.prepare(
+      `INSERT INTO measured_calls (model, device, kind, work, seconds, at) VALUES (?, ?, ?, ?, ?, ?)`,
+    );
+    // Older rows than any list could hold are never read again.
+    const prune = this.db.prepare(
+      `DELETE FROM measured_calls WHERE model = ? AND device = ? AND id <= (SELECT id FROM measured_calls WHERE model = ? AND device = ? ORDER BY id DESC LIMIT 1 OFFSET ?)`,
+    );
+    try {
+      this.db.transaction(() => {
+        for (const c of rows)
+          insert.run(c.model, c.device, c.kind, JSON.stringify(c.work), c.seconds, c.at);
+        for (const k of new Set(rows.map((c) => `${c.model}\u0000${c.device}`))) {
+          const [model, device] = k.split("\u0000");
+          prune.run(model, device, model, device, CALLS_KEPT);
+        }
+      })();
+    } catch {
+      // A full or read-only disk: estimates in this process still have the list in memory.
+    }
+  };
+
   close(): void {
+    this.flushCalls();
     this.db.close();
   }
 }
