@@ -2,6 +2,9 @@ import { describe, expect, it } from "vitest";
 import {
   DEFAULT_ASSUMPTIONS,
   estimateCost,
+  workOf,
+  type CallRecord,
+  type EstimateInput,
   memoryFor,
   type DeviceFacts,
   type LatencyRecord,
@@ -299,5 +302,132 @@ describe("estimateCost", () => {
     expect(formatBytes(512)).toBe("512 B");
     expect(formatBytes(3 * 2 ** 30)).toBe("3.0 GiB");
     expect(formatBytes(-2048)).toBe("-2.0 KiB");
+  });
+});
+
+// Issue 22 (item 2): estimates measured against a corpus of real calls (bench/estimates.ts). The
+// device model alone was off by 0.1–40× there; calls the gate measured make the estimate.
+describe("estimates from measured calls", () => {
+  const cpu: DeviceFacts = { kind: "cpu", memory_free_bytes: null, memory_total_bytes: null };
+  const base = { model: minilm, device: cpu, loaded: [{ model: minilm.id, bytes: 1 }] };
+  const est = (input: Omit<EstimateInput, "model" | "device">) =>
+    estimateCost({ ...base, ...input }).device_seconds;
+  /** A call of `kind` with these args that took `seconds`, as the tools layer keeps it. */
+  const call = (
+    kind: EstimateInput["kind"],
+    args: Record<string, unknown>,
+    seconds: number,
+    extra: Partial<EstimateInput> = {},
+    at = 1000,
+  ): CallRecord => ({
+    kind,
+    model: minilm.id,
+    device: "cpu",
+    work: workOf({ ...base, kind, args, ...extra }),
+    seconds,
+    at,
+  });
+  const texts = (n: number, chars: number) => Array(n).fill("x".repeat(chars));
+
+  it("takes a repeated call's measured cost, whatever the device model says", () => {
+    const args = { texts: texts(8, 200) };
+    const modelled = est({ kind: "inference", args });
+    const measured = est({ kind: "inference", args, calls: [call("inference", args, 0.75)] });
+    expect(modelled).not.toBeCloseTo(0.75, 2);
+    expect(measured).toBeCloseTo(0.75, 3);
+  });
+
+  it("scales the nearest measured call by batch and tokens as the device model does", () => {
+    const small = { texts: texts(2, 400) };
+    const large = { texts: texts(16, 400) };
+    const calls = [call("inference", small, 0.4)];
+    const ratio = est({ kind: "inference", args: large }) / est({ kind: "inference", args: small });
+    expect(ratio).toBeGreaterThan(4); // the model's growth from 2 to 16 items
+    const scaled = est({ kind: "inference", args: large, calls });
+    expect(Math.abs(scaled / (0.4 * ratio) - 1)).toBeLessThan(0.01);
+    // Of two measured sizes, the nearer one decides: 16 items from 16 items, not from 2.
+    const both = [...calls, call("inference", large, 1.1)];
+    expect(est({ kind: "inference", args: large, calls: both })).toBeCloseTo(1.1, 3);
+    // Generation too: more new tokens cost more than the measured call in proportion.
+    const gen = (n: number) => ({ texts: texts(1, 40), max_new_tokens: n });
+    const g = [call("inference", gen(16), 0.05)];
+    expect(est({ kind: "inference", args: gen(64), calls: g })).toBeGreaterThan(0.15);
+    expect(est({ kind: "inference", args: gen(64), calls: g })).toBeLessThan(0.25);
+  });
+
+  it("takes the median of repeats, so one slow measurement does not decide alone", () => {
+    const args = { batch_sizes: [1, 4], seq_lens: [32], iterations: 5, warmup: 1 };
+    const calls = [0.5, 9, 0.6].map((s) => call("benchmark", args, s));
+    expect(est({ kind: "benchmark", args, calls })).toBeCloseTo(0.6, 3);
+  });
+
+  it("never lets compile stand for eager, generation for a forward pass, or another dtype", () => {
+    const bench = { batch_sizes: [4], seq_lens: [32], iterations: 5, warmup: 1 };
+    const compiled = { ...bench, modes: ["compile"] };
+    const eagerAlone = est({ kind: "benchmark", args: bench });
+    // A 12 s compiled run says nothing of an eager one...
+    expect(
+      est({ kind: "benchmark", args: bench, calls: [call("benchmark", compiled, 12)] }),
+    ).toBeCloseTo(eagerAlone, 6);
+    // ...but does of the next compiled one.
+    expect(
+      est({ kind: "benchmark", args: compiled, calls: [call("benchmark", compiled, 12)] }),
+    ).toBeCloseTo(12, 3);
+    const fwd = { texts: texts(1, 40) };
+    const gen = { ...fwd, max_new_tokens: 16 };
+    expect(est({ kind: "inference", args: fwd, calls: [call("inference", gen, 3)] })).toBeCloseTo(
+      est({ kind: "inference", args: fwd }),
+      6,
+    );
+    const check = { batch: 4, seq_len: 64 };
+    expect(
+      est({
+        kind: "check",
+        args: { ...check, dtype: "float16" },
+        calls: [call("check", check, 5)],
+      }),
+    ).toBeLessThan(1);
+  });
+
+  it("prices a compiled model's first call of a shape with a compile, the next one without", () => {
+    const args = { texts: texts(1, 40) };
+    const compiled = { loaded_mode: "compile", loaded_at: 5000 };
+    const compileS = DEFAULT_ASSUMPTIONS.compile_s_per_graph.cpu!;
+    // Cold: nothing of this shape since the load (an eager call before it does not count).
+    const before = [call("inference", args, 0.02, {}, 4000)];
+    const cold = estimateCost({ ...base, kind: "inference", args, ...compiled, calls: before });
+    expect(cold.compile_s).toBe(compileS);
+    expect(cold.device_seconds).toBeGreaterThan(compileS);
+    // Warm: a call of the same bucket ran since the load (at 6000).
+    const since = [call("inference", args, 25, compiled, 6000)];
+    expect(workOf({ ...base, kind: "inference", args, ...compiled, calls: since }).cold).toBe(
+      false,
+    );
+    const warm = estimateCost({ ...base, kind: "inference", args, ...compiled, calls: since });
+    expect(warm.compile_s).toBe(0);
+    expect(warm.device_seconds).toBeLessThan(1);
+    // An eager model never compiles, and a measured cold call prices the next cold one.
+    expect(
+      workOf({ ...base, kind: "inference", args, loaded_mode: "eager", loaded_at: 0 }).cold,
+    ).toBe(false);
+    const coldCalls = [call("inference", args, 27, compiled, 4000)];
+    expect(est({ kind: "inference", args, ...compiled, calls: coldCalls })).toBeCloseTo(27, 3);
+  });
+
+  it("keeps no texts or tensor data in a call's work, and never estimates 0 s", () => {
+    const w = workOf({ ...base, kind: "inference", args: { texts: ["secret words"] } });
+    expect(JSON.stringify(w)).not.toContain("secret");
+    expect(w).toMatchObject({ items: 1, seq: 6, max_new_tokens: 0 });
+    const tiny = { kind: "inference" as const, args: { tensors: [{ shape: [1, 1] }] } };
+    expect(
+      estimateCost({ ...base, ...tiny, model: { ...minilm, parameters: 1 } }).device_seconds,
+    ).toBeGreaterThan(0);
+    expect(
+      estimateCost({
+        ...base,
+        ...tiny,
+        calls: [{ ...call("inference", tiny.args, 0.0001) }],
+      }).device_seconds,
+    ).toBe(0.001);
   });
 });

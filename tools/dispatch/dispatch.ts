@@ -8,7 +8,7 @@ import type { z } from "zod";
 import type { CallDeadline, Gate, GateCall } from "../../policies/gate/gate.js";
 import type { Principal } from "../../policies/scopes.js";
 import { ToolError, toToolError } from "../errors.js";
-import { measured } from "../support/estimate.js";
+import { measured, type EstimatedWork } from "../support/estimate.js";
 import type { ToolContext, ToolDefinition, ToolServices } from "../types.js";
 import { runAsJob } from "./jobs.js";
 import { checkOutput, errorResult, successResult, type CallToolResultLike } from "./result.js";
@@ -98,6 +98,8 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       ...(trace ? { trace } : {}),
     });
     const estimate = tool.estimate;
+    // The work the estimate saw, kept with what the call then takes: the next estimate learns.
+    let work: EstimatedWork | undefined;
     const call: GateCall = {
       principal,
       tool: tool.name,
@@ -106,7 +108,13 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       // Made only once the gate has admitted the caller (scope, rate): nothing before that
       // reaches the worker.
       ...(estimate
-        ? { estimator: () => estimate(args, ctxFor(input.signal, input.progress)) }
+        ? {
+            estimator: () =>
+              estimate(args, {
+                ...ctxFor(input.signal, input.progress),
+                onWork: (w) => (work = w),
+              }),
+          }
         : {}),
       signal: input.signal,
       elicit: input.elicit,
@@ -115,10 +123,14 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       trace,
     };
 
-    // What the work took is kept with what it was: the next estimate learns from it.
     const metered: ToolDefinition<any, any> = {
       ...tool,
-      handler: (a, ctx) => measured(tool.policy, a, ctx, () => tool.handler(a, ctx)),
+      handler: (a, ctx) =>
+        measured(
+          () => work,
+          ctx,
+          () => tool.handler(a, ctx),
+        ),
     };
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
     let out: Record<string, unknown>;

@@ -23,6 +23,7 @@ function callFacts(
   if (!entry || kind === null) return undefined;
   // Tensor models have no sequence: one "token" per item on both sides of the comparison.
   if (entry.task === "tensor" && kind === "benchmark") args = { ...args, seq_lens: [1] };
+  if (entry.task === "tensor" && kind === "check") args = { ...args, seq_len: 1 };
   // How the model is loaded, from what the runtime observed (no worker call on the hot path).
   const held = ctx.runtime.loadedModels().find((m) => m.model === entry.id);
   return {
@@ -72,7 +73,7 @@ export async function estimateFor(
     ...(h.mode ? { mode: h.mode } : {}),
     mean_latency_ms: h.latency_ms,
   }));
-  return estimateCost({
+  const input: EstimateInput = {
     ...facts,
     model: {
       id: entry.id,
@@ -91,36 +92,30 @@ export async function estimateFor(
       bytes: Number(m.bytes_on_device ?? 0),
     })),
     history,
-  });
+  };
+  // The work as estimated (defaults resolved by the tool, cold or not now) is what is kept with
+  // the time the call then takes.
+  ctx.onWork?.({ kind: facts.kind, model: entry.id, device: deviceKind, work: workOf(input) });
+  return estimateCost(input);
 }
 
+/** A call's work as its estimate saw it, waiting for the seconds it takes (measured). */
+export type EstimatedWork = Omit<CallRecord, "seconds" | "at">;
+
 /**
- * Runs a call's work and keeps what it took with the work it was (taken before it starts: a
- * compiled model's first call of a shape is cold, the next is not). The interval is the one the
- * gate charges: from the start of the work to its end. Calls that fail are not kept (what they
- * measured is not what the work costs).
+ * Runs a call's work and keeps what it took with the work its estimate saw. The interval is the
+ * one the gate charges: from the start of the work to its end. Calls that fail are not kept
+ * (what they measured is not what the work costs), nor calls that were not estimated.
  */
 export async function measured<T>(
-  tool: Pick<ToolPolicy, "estimate">,
-  args: Record<string, any>,
-  ctx: ToolServices,
+  estimated: () => EstimatedWork | undefined,
+  services: Pick<ToolServices, "reports">,
   work: () => Promise<T>,
 ): Promise<T> {
-  const deviceKind = String(ctx.runtime.hello?.device?.kind ?? "cpu");
-  const facts = tool.estimate ? callFacts(tool, args, ctx, deviceKind) : undefined;
-  if (!facts) return work();
-  const did = workOf(facts);
   const at = Date.now();
   const t0 = performance.now();
   const out = await work();
-  const record: CallRecord = {
-    kind: facts.kind,
-    model: String(args.model),
-    device: deviceKind,
-    work: did,
-    seconds: (performance.now() - t0) / 1000,
-    at,
-  };
-  ctx.reports.recordCall(record);
+  const did = estimated();
+  if (did) services.reports.recordCall({ ...did, seconds: (performance.now() - t0) / 1000, at });
   return out;
 }
