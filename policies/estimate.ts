@@ -48,6 +48,11 @@ export interface CallRecord {
   seconds: number;
   /** When it started, ms since the epoch: calls since a model's load tell a cold call apart. */
   at: number;
+  /**
+   * What measured calls said it would take (before the host's drift): how much slower or faster
+   * it really was tells how busy the host is now. Absent when only the device model priced it.
+   */
+  estimate_s?: number;
 }
 
 /** What an estimate reads of a call's arguments (workOf), JSON-safe, kept with its measurement. */
@@ -69,6 +74,8 @@ export interface EstimateInput {
   loaded_mode?: string;
   /** ...and since when (ms since the epoch): a shape no call has run since is cold. */
   loaded_at?: number;
+  /** Now, ms since the epoch: only recent calls say how busy the host is (absent: any). */
+  now?: number;
   assumptions?: Partial<EstimateAssumptions>;
 }
 
@@ -97,6 +104,12 @@ export interface EstimateAssumptions {
   compile_s_per_graph: Record<string, number>;
   /** Fixed per-call overhead (dispatch, tokenisation, transfer), seconds. */
   call_overhead_s: number;
+  /** Fixed overhead of one decoding step inside a generation (no dispatch, no transfer), s. */
+  decode_step_overhead_s: number;
+  /** Fixed cost of each configuration of a benchmark grid (set-up, memory reading, report), s. */
+  benchmark_config_overhead_s: number;
+  /** Fixed cost of a check_model call (the operator recorder, the report), seconds. */
+  check_overhead_s: number;
   default_iterations: number;
   default_warmup: number;
   /** Tokens per character of input text (English BPE is ~0.25; 0.5 stays on the safe side). */
@@ -117,6 +130,12 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   flops_per_s: { cpu: 100e9, cuda: 5e12, tpu: 20e12, xla: 20e12 },
   compile_s_per_graph: { cpu: 10, cuda: 20, tpu: 45, xla: 45 },
   call_overhead_s: 0.01,
+  // Measured on the corpus of bench/estimates.ts (2026-12-01, the 2-core development VM):
+  // tiny-gpt2 took 1–2 ms a new token, where a 10 ms call overhead per step priced 6–8× high;
+  // benchmarks took 0.2–0.5 s a configuration beyond their passes; checks 0.1–0.9 s however small.
+  decode_step_overhead_s: 0.001,
+  benchmark_config_overhead_s: 0.2,
+  check_overhead_s: 0.2,
   default_iterations: 20,
   default_warmup: 5,
   tokens_per_char: 0.5,
@@ -184,6 +203,7 @@ export function latencyMs(
   seqLen: number,
   dtype: string,
   a: EstimateAssumptions,
+  overheadS: number = a.call_overhead_s,
 ): number {
   const tokens = Math.max(1, batch) * Math.max(1, seqLen);
   const device = String(input.args.device ?? input.device?.kind ?? "cpu");
@@ -215,7 +235,7 @@ export function latencyMs(
   const params = input.model?.parameters ?? 0;
   const flops = 2 * params * tokens;
   const rate = a.flops_per_s[kind] ?? a.flops_per_s.cpu ?? 100e9;
-  return (flops / rate) * 1000 * dtypeCostFactor(kind, dtype, a) + a.call_overhead_s * 1000;
+  return (flops / rate) * 1000 * dtypeCostFactor(kind, dtype, a) + overheadS * 1000;
 }
 
 /** Powers of two, as the worker buckets shapes for compiled models. */
@@ -385,7 +405,10 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       tokens = b * l;
       // One recorded forward pass: operator interception costs about as much again.
       deviceSeconds =
-        weightBytes / a.load_bytes_per_s + compileS + (2 * latencyMs(input, b, l, dtype, a)) / 1000;
+        a.check_overhead_s +
+        weightBytes / a.load_bytes_per_s +
+        compileS +
+        (2 * latencyMs(input, b, l, dtype, a)) / 1000;
       break;
     }
     case "benchmark": {
@@ -403,8 +426,9 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       // Generation: the prompt's forward pass plus one decoding step (batch × 1 token, with a KV
       // cache) per new token, for every iteration, warmup and reference pass alike.
       const newTokens = args.work === "generate" ? (num(args.max_new_tokens) ?? 16) : 0;
+      const step = a.decode_step_overhead_s;
       const pass = (b: number, l: number, d: string) =>
-        (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a)) / 1000;
+        (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a, step)) / 1000;
       // Offline measures the largest batch per series only.
       const points = args.scenario === "offline" ? [Math.max(...bs)] : bs;
       for (const d of ds) {
@@ -415,7 +439,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
               const timed = duration !== undefined ? duration : iterations * per;
               const graph = m === "compile" ? compileGraph : 0;
               compileS += graph;
-              deviceSeconds += graph + warmup * per + timed;
+              deviceSeconds += graph + warmup * per + timed + a.benchmark_config_overhead_s;
             }
           }
         }
@@ -434,7 +458,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       // Decoding costs one forward over the batch per new token (with a KV cache: ~1 token each).
       deviceSeconds =
         latencyMs(input, items, seq, dtype, a) / 1000 +
-        newTokens * (latencyMs(input, items, 1, dtype, a) / 1000);
+        newTokens * (latencyMs(input, items, 1, dtype, a, a.decode_step_overhead_s) / 1000);
       // A compiled model's first call of a shape compiles it before it runs.
       if (args.cold) {
         compileS = compileGraph;
@@ -451,42 +475,90 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
  * From the calls the gate measured: those of the same class (kind, dtype, mode, forward or
  * generate, cold or warm) whose modelled cost is nearest this call's, each scaled by the ratio of
  * the two modelled costs (the model supplies how cost grows with batch, length and tokens; the
- * measurement what a call really costs here, overheads included). Undefined without any.
+ * measurement what a call really costs here, overheads included). Of a shape measured several
+ * times, the median of the newest three, so one noisy measurement does not decide alone (the
+ * upper middle of two, erring high). Undefined without any; `at` is when the newest of them ran.
  */
 function fromCalls(
   input: EstimateInput,
   work: Work,
   own: number,
   a: EstimateAssumptions,
-): number | undefined {
+): { seconds: number; at: number } | undefined {
   if (!(own > 0)) return undefined;
   const kind = kindOf(input);
   const cls = classOf(input.kind, work);
-  const scored: { scaled: number; d: number }[] = [];
+  const scored: { scaled: number; d: number; at: number }[] = [];
   for (const c of input.calls ?? []) {
     if (c.kind !== input.kind || c.model !== input.model?.id || !(c.seconds > 0)) continue;
     if ((deviceKind(c.device) || c.device) !== kind || classOf(c.kind, c.work) !== cls) continue;
     const m = modelled(input, c.work, a).deviceSeconds;
-    if (m > 0) scored.push({ scaled: (c.seconds * own) / m, d: Math.abs(Math.log(m / own)) });
+    if (m > 0)
+      scored.push({ scaled: (c.seconds * own) / m, d: Math.abs(Math.log(m / own)), at: c.at });
   }
   if (scored.length === 0) return undefined;
-  // The nearest shape, and shapes about as near (a repeated call): their median, so one noisy
-  // measurement does not decide alone; the upper middle of an even count, erring high.
   const best = Math.min(...scored.map((x) => x.d));
   const near = scored
     .filter((x) => x.d <= best + 0.1)
-    .map((x) => x.scaled)
+    .sort((x, y) => y.at - x.at)
+    .slice(0, 3);
+  const values = near.map((x) => x.scaled).sort((x, y) => x - y);
+  return { seconds: values[Math.floor(values.length / 2)], at: near[0].at };
+}
+
+/** Recent calls, newest first, that say how busy the host is; how long they stay recent. */
+const DRIFT_CALLS = 5;
+const DRIFT_WINDOW_MS = 10 * 60_000;
+
+/**
+ * How much slower (> 1) or faster the model's calls since `since` ran than measured calls said
+ * they would: on a shared host, neighbours' load comes and goes, and the calls that ran after the
+ * measurement an estimate rests on know how the host changed since. The median of the newest
+ * few (within ten minutes of `now`), bounded to 4× either way; 1 with fewer than two.
+ */
+export function hostDrift(input: EstimateInput, since = -Infinity): number {
+  const now = input.now;
+  const recent = (input.calls ?? [])
+    .filter(
+      (c) =>
+        c.model === input.model?.id &&
+        c.at > since &&
+        (c.estimate_s ?? 0) > 0 &&
+        c.seconds > 0 &&
+        (now === undefined || c.at >= now - DRIFT_WINDOW_MS),
+    )
+    .sort((x, y) => y.at - x.at)
+    .slice(0, DRIFT_CALLS)
+    .map((c) => c.seconds / c.estimate_s!)
     .sort((x, y) => x - y);
-  return near[Math.floor(near.length / 2)];
+  if (recent.length < 2) return 1;
+  return Math.min(4, Math.max(0.25, recent[Math.floor(recent.length / 2)]));
+}
+
+/** An estimate and what it was made of: the work, and what measured calls alone said. */
+export interface EstimateDetail {
+  estimate: CostEstimate;
+  work: Work;
+  /** From measured calls of the same class, before the host's drift; absent without any. */
+  measured_s?: number;
 }
 
 export function estimateCost(input: EstimateInput): CostEstimate {
+  return estimateDetail(input).estimate;
+}
+
+export function estimateDetail(input: EstimateInput): EstimateDetail {
   const a: EstimateAssumptions = { ...DEFAULT_ASSUMPTIONS, ...input.assumptions };
   const work = workOf(input);
   const m = modelled(input, work, a);
   const { dtype, tokens, needsWeights } = m;
   const params = input.model?.parameters ?? 0;
-  const deviceSeconds = fromCalls(input, work, m.deviceSeconds, a) ?? m.deviceSeconds;
+  const fromMeasured = fromCalls(input, work, m.deviceSeconds, a);
+  const measuredS = fromMeasured?.seconds;
+  const deviceSeconds =
+    fromMeasured !== undefined
+      ? fromMeasured.seconds * hostDrift(input, fromMeasured.at)
+      : m.deviceSeconds;
   const memoryBytes = needsWeights
     ? memoryFor(params, dtype, tokens, a)
     : memoryFor(0, dtype, 0, a) +
@@ -499,7 +571,11 @@ export function estimateCost(input: EstimateInput): CostEstimate {
     weight_bytes: m.weightBytes,
     fits: true,
   };
-  return withFit(est, input, dtype, tokens, needsWeights, a);
+  return {
+    estimate: withFit(est, input, dtype, tokens, needsWeights, a),
+    work,
+    ...(measuredS !== undefined ? { measured_s: measuredS } : {}),
+  };
 }
 
 function round3(x: number): number {

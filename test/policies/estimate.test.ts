@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import {
   DEFAULT_ASSUMPTIONS,
   estimateCost,
+  hostDrift,
   workOf,
   type CallRecord,
   type EstimateInput,
@@ -127,23 +128,28 @@ describe("estimateCost", () => {
   });
 
   it("scales benchmarks with grid size and iterations", () => {
+    // The passes alone (the fixed cost per configuration has a test of its own).
+    const assumptions = { benchmark_config_overhead_s: 0 };
     const one = estimateCost({
       kind: "benchmark",
       args: { batch_sizes: [8], seq_lens: [128], iterations: 10 },
       model: minilm,
       device: tpu(30),
+      assumptions,
     });
     const grid = estimateCost({
       kind: "benchmark",
       args: { batch_sizes: [8, 8], seq_lens: [128, 128], iterations: 10 },
       model: minilm,
       device: tpu(30),
+      assumptions,
     });
     const more = estimateCost({
       kind: "benchmark",
       args: { batch_sizes: [8], seq_lens: [128], iterations: 100 },
       model: minilm,
       device: tpu(30),
+      assumptions,
     });
     expect(grid.device_seconds).toBeGreaterThan(one.device_seconds * 3.5);
     expect(more.device_seconds).toBeGreaterThan(one.device_seconds * 5);
@@ -205,10 +211,15 @@ describe("estimateCost", () => {
       dtype,
       mean_latency_ms: ms,
     });
-    expect(check("float16", cpu, [at("float16", 500)])).toBeCloseTo(1, 6); // 2 × 0.5 s
+    // (the check's fixed cost, plus two passes)
+    const fixed = DEFAULT_ASSUMPTIONS.check_overhead_s;
+    expect(check("float16", cpu, [at("float16", 500)])).toBeCloseTo(fixed + 1, 6); // 2 × 0.5 s
     // ...and another dtype's is converted by the two factors.
-    expect(check("float16", cpu, [at("float32", 500)])).toBeCloseTo(4, 6);
-    expect(check("float16", cpu, [at("float32", 500), at("float16", 200)])).toBeCloseTo(0.4, 6);
+    expect(check("float16", cpu, [at("float32", 500)])).toBeCloseTo(fixed + 4, 6);
+    expect(check("float16", cpu, [at("float32", 500), at("float16", 200)])).toBeCloseTo(
+      fixed + 0.4,
+      6,
+    );
   });
 
   it("ships measured CPU factors: float16 above float32, no dtype assumed cheaper", () => {
@@ -241,22 +252,25 @@ describe("estimateCost", () => {
       args: { ...base, work: "forward" },
       model: minilm,
       device: tpu(30),
+      assumptions: { benchmark_config_overhead_s: 0 },
     });
     const generate = estimateCost({
       kind: "benchmark",
       args: { ...base, work: "generate", max_new_tokens: 64 },
       model: minilm,
       device: tpu(30),
+      assumptions: { benchmark_config_overhead_s: 0 },
     });
-    // Each pass is a prompt forward plus 64 one-token steps (each at least the call overhead).
-    expect(generate.device_seconds).toBeGreaterThan(forward.device_seconds * 30);
+    // Each pass is a prompt forward plus 64 one-token steps (each at least a step's overhead).
+    expect(generate.device_seconds).toBeGreaterThan(forward.device_seconds * 5);
     const shorter = estimateCost({
       kind: "benchmark",
       args: { ...base, work: "generate", max_new_tokens: 8 },
       model: minilm,
       device: tpu(30),
+      assumptions: { benchmark_config_overhead_s: 0 },
     });
-    expect(generate.device_seconds).toBeGreaterThan(shorter.device_seconds * 4);
+    expect(generate.device_seconds).toBeGreaterThan(shorter.device_seconds * 3);
   });
 
   it("estimates offline runs at the largest batch only, and check_model by its batch and length", () => {
@@ -280,6 +294,7 @@ describe("estimateCost", () => {
       model: big,
       device: tpu(30),
       loaded: [{ model: big.id, bytes: 1 }],
+      assumptions: { check_overhead_s: 0 },
     });
     const large = estimateCost({
       kind: "check",
@@ -287,6 +302,7 @@ describe("estimateCost", () => {
       model: big,
       device: tpu(30),
       loaded: [{ model: big.id, bytes: 1 }],
+      assumptions: { check_overhead_s: 0 },
     });
     expect(large.device_seconds).toBeGreaterThan(small.device_seconds * 50);
   });
@@ -302,6 +318,35 @@ describe("estimateCost", () => {
     expect(formatBytes(512)).toBe("512 B");
     expect(formatBytes(3 * 2 ** 30)).toBe("3.0 GiB");
     expect(formatBytes(-2048)).toBe("-2.0 KiB");
+  });
+});
+
+describe("fixed costs measured on the estimate corpus (bench/estimates.ts)", () => {
+  const cpu: DeviceFacts = { kind: "cpu", memory_free_bytes: null, memory_total_bytes: null };
+  const tiny: ModelFacts = { ...minilm, id: "tiny", parameters: 100_000 };
+  const est = (kind: EstimateInput["kind"], args: Record<string, unknown>) =>
+    estimateCost({ kind, args, model: tiny, device: cpu, loaded: [{ model: "tiny", bytes: 1 }] })
+      .device_seconds;
+
+  it("prices a decoding step at its own small overhead, not a whole call's", () => {
+    const fwd = est("inference", { texts: ["hello"] });
+    const gen = est("inference", { texts: ["hello"], max_new_tokens: 64 });
+    // 64 steps of a tiny model: about 64 × 1 ms, far from 64 × the 10 ms of a call.
+    expect(gen - fwd).toBeGreaterThan(64 * 0.0009);
+    expect(gen - fwd).toBeLessThan(64 * 0.002);
+  });
+
+  it("counts a fixed cost per benchmark configuration and per check, however small the model", () => {
+    const bench = (batch_sizes: number[]) =>
+      est("benchmark", { batch_sizes, seq_lens: [8], iterations: 1, warmup: 0 });
+    const perConfig = DEFAULT_ASSUMPTIONS.benchmark_config_overhead_s;
+    expect(perConfig).toBeGreaterThan(0);
+    expect(bench([1])).toBeGreaterThanOrEqual(perConfig);
+    expect(bench([1, 2, 4, 8]) - bench([1])).toBeGreaterThanOrEqual(3 * perConfig);
+    expect(est("check", { batch: 1, seq_len: 8 })).toBeGreaterThanOrEqual(
+      DEFAULT_ASSUMPTIONS.check_overhead_s,
+    );
+    expect(DEFAULT_ASSUMPTIONS.check_overhead_s).toBeGreaterThan(0);
   });
 });
 
@@ -351,7 +396,7 @@ describe("estimates from measured calls", () => {
     // Generation too: more new tokens cost more than the measured call in proportion.
     const gen = (n: number) => ({ texts: texts(1, 40), max_new_tokens: n });
     const g = [call("inference", gen(16), 0.05)];
-    expect(est({ kind: "inference", args: gen(64), calls: g })).toBeGreaterThan(0.15);
+    expect(est({ kind: "inference", args: gen(64), calls: g })).toBeGreaterThan(0.1);
     expect(est({ kind: "inference", args: gen(64), calls: g })).toBeLessThan(0.25);
   });
 
@@ -429,5 +474,31 @@ describe("estimates from measured calls", () => {
         calls: [{ ...call("inference", tiny.args, 0.0001) }],
       }).device_seconds,
     ).toBe(0.001);
+  });
+  it("follows the host: calls since the measurement running slower than estimated scale the next", () => {
+    const args = { texts: texts(8, 200) };
+    const other = { texts: texts(1, 40) };
+    const measuredThen = call("inference", args, 0.5, {}, 1000);
+    // Since then, three calls of another shape took twice what measured calls said they would.
+    const slow = [2000, 3000, 4000].map((at) => ({
+      ...call("inference", other, 0.2, {}, at),
+      estimate_s: 0.1,
+    }));
+    const now = 5000;
+    const calls = [measuredThen, ...slow];
+    expect(hostDrift({ ...base, kind: "inference", args, calls, now }, 1000)).toBeCloseTo(2, 6);
+    expect(est({ kind: "inference", args, calls, now })).toBeCloseTo(1.0, 3);
+    // A measurement newer than those calls already knows the host as it is: no drift on top.
+    const fresh = call("inference", args, 0.9, {}, 4500);
+    expect(est({ kind: "inference", args, calls: [...calls, fresh], now })).toBeCloseTo(0.9, 3);
+    // Calls priced by the device model alone, a single call, or old ones say nothing of the host.
+    const unpriced = slow.map(({ estimate_s: _, ...c }) => c);
+    expect(hostDrift({ ...base, kind: "inference", args, calls: unpriced, now })).toBe(1);
+    expect(hostDrift({ ...base, kind: "inference", args, calls: slow.slice(0, 1), now })).toBe(1);
+    const later = now + 11 * 60_000;
+    expect(hostDrift({ ...base, kind: "inference", args, calls, now: later })).toBe(1);
+    // Bounded: a stalled host does not make every estimate a hundred times larger.
+    const stalled = slow.map((c) => ({ ...c, seconds: 100 }));
+    expect(hostDrift({ ...base, kind: "inference", args, calls: stalled, now })).toBe(4);
   });
 });

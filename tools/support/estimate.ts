@@ -2,8 +2,7 @@
 // loaded models, past benchmarks, calls measured before) and hands them to the pure estimator in
 // policies/; and keeps what each call really took, so the next estimate learns from it.
 import {
-  estimateCost,
-  workOf,
+  estimateDetail,
   type CallRecord,
   type CostEstimate,
   type EstimateInput,
@@ -38,6 +37,7 @@ function callFacts(
       default_dtype: entry.default_dtype,
     },
     calls: ctx.reports.calls(entry.id, deviceKind),
+    now: Date.now(),
     ...(held?.mode ? { loaded_mode: held.mode, loaded_at: held.loadedAt } : {}),
   };
 }
@@ -93,10 +93,17 @@ export async function estimateFor(
     })),
     history,
   };
+  const d = estimateDetail(input);
   // The work as estimated (defaults resolved by the tool, cold or not now) is what is kept with
   // the time the call then takes.
-  ctx.onWork?.({ kind: facts.kind, model: entry.id, device: deviceKind, work: workOf(input) });
-  return estimateCost(input);
+  ctx.onWork?.({
+    kind: facts.kind,
+    model: entry.id,
+    device: deviceKind,
+    work: d.work,
+    ...(d.measured_s !== undefined ? { estimate_s: d.measured_s } : {}),
+  });
+  return d.estimate;
 }
 
 /** A call's work as its estimate saw it, waiting for the seconds it takes (measured). */
