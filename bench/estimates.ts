@@ -11,6 +11,8 @@ import { join } from "node:path";
 import { writeConfig } from "../test/helpers/server.js";
 import { PYTHON, ROOT, startStdio, tempDir, type McpServer } from "./lib/procs.js";
 import { section, type SectionResult } from "./lib/report.js";
+import { classOf } from "../policies/estimate.js";
+import type { EstimateKind } from "../policies/tool_policy.js";
 import { percentile } from "./lib/stats.js";
 
 export interface EstimatesBenchOptions {
@@ -29,6 +31,39 @@ export interface Measured {
   estimate_s: number;
   actual_s: number;
   ratio: number;
+  /** No call of its model and class was measured before it: priced without measured calls. */
+  first_of_class?: boolean;
+}
+
+const KIND: Record<string, EstimateKind> = {
+  check_model: "check",
+  load_model: "load",
+  run_inference: "inference",
+  run_benchmark: "benchmark",
+};
+
+/**
+ * Marks the calls of a pass that had no measured call of their class before them, from the
+ * server's own record of each call's work (reports.db, one row per measured call, in order).
+ */
+function markFirsts(reportsDb: string, out: Measured[], seen: Set<string>, fromId: number): number {
+  const db = new Database(reportsDb, { readonly: true, fileMustExist: true });
+  try {
+    const rows = db
+      .prepare("SELECT id, model, kind, work FROM measured_calls WHERE id > ? ORDER BY id")
+      .all(fromId) as { id: number; model: string; kind: EstimateKind; work: string }[];
+    // One row per estimated call that succeeded, in the order they ran.
+    if (rows.length === out.length && rows.every((r, i) => KIND[out[i].tool] === r.kind)) {
+      rows.forEach((r, i) => {
+        const key = `${r.model}|${classOf(r.kind, JSON.parse(r.work))}`;
+        out[i].first_of_class = !seen.has(key);
+        seen.add(key);
+      });
+    }
+    return rows.at(-1)?.id ?? fromId;
+  } finally {
+    db.close();
+  }
 }
 
 const SENTENCE = "The accelerator runs the model on a batch of sentences. ";
@@ -263,8 +298,13 @@ export async function runEstimates(opts: EstimatesBenchOptions): Promise<Section
   const cases = corpus();
   opts.say(`estimates: fresh data dir (no history), ${cases.length} calls…`);
   const fresh = await pass(config, dataDir, cases, opts.say);
+  const seen = new Set<string>();
+  const reportsDb = join(dataDir, "reports.db");
+  const lastId = markFirsts(reportsDb, fresh, seen, 0);
   opts.say("estimates: same data dir after a restart (history from the first pass)…");
   const warm = await pass(config, dataDir, cases, opts.say);
+  markFirsts(reportsDb, warm, seen, lastId);
+  const firsts = fresh.filter((m) => m.first_of_class);
 
   const fmt = (x: number) => (Number.isFinite(x) ? `${x.toFixed(2)}×` : "n/a");
   const show = (p: Spread) => `p10 ${fmt(p.p10)} p50 ${fmt(p.p50)} p90 ${fmt(p.p90)}`;
@@ -273,8 +313,10 @@ export async function runEstimates(opts: EstimatesBenchOptions): Promise<Section
   );
   for (const [name, runs] of [
     ["fresh", fresh],
+    ["no_history", firsts],
     ["warm", warm],
   ] as const) {
+    if (runs.length === 0) continue;
     const all = spread(runs.map((r) => r.ratio));
     const err = spread(runs.map((r) => errorFactor(r.ratio)));
     sec.fig(`${name}.p10`, all.p10);
@@ -289,20 +331,33 @@ export async function runEstimates(opts: EstimatesBenchOptions): Promise<Section
     );
     for (const t of tools) {
       const p = spread(runs.filter((r) => r.tool === t).map((r) => r.ratio));
+      if (p.n === 0) continue;
       sec.fig(`${name}.${t}.p50`, p.p50);
       sec.row(`${name}: ${t} (${p.n})`, fmt(p.p50), show(p));
     }
   }
+  // The floor: the same call twice on this host (warm actual / fresh actual). No estimate from
+  // one earlier measurement can be surer than the host is steady.
+  const repeat = spread(
+    fresh.flatMap((f) => {
+      const w = warm.find((x) => x.tool === f.tool && x.label === f.label);
+      return w ? [w.actual_s / f.actual_s] : [];
+    }),
+  );
+  sec.fig("repeat.p10", repeat.p10);
+  sec.fig("repeat.p50", repeat.p50);
+  sec.fig("repeat.p90", repeat.p90);
+  sec.row(`repeat: warm actual / fresh actual (${repeat.n})`, fmt(repeat.p50), show(repeat));
   for (const f of fresh) {
     const w = warm.find((x) => x.tool === f.tool && x.label === f.label);
     sec.row(
-      `${f.tool} ${f.label}`,
+      `${f.tool} ${f.label}${f.first_of_class ? " *" : ""}`,
       `${fmt(f.ratio)} → ${w ? fmt(w.ratio) : "n/a"}`,
       `fresh ${f.actual_s.toFixed(3)} s / ${f.estimate_s} s; warm ${w ? `${w.actual_s.toFixed(3)} s / ${w.estimate_s} s` : "n/a"}`,
     );
   }
   sec.note(
-    "estimates: ratio = device-seconds the gate charged (budget ledger) / the estimate it reserved (audit record); fresh = new data dir, warm = same data dir after a restart, history from the fresh pass; error factor = max(r, 1/r)",
+    "estimates: ratio = device-seconds the gate charged (budget ledger) / the estimate it reserved (audit record); fresh = new data dir (each call may learn from the calls before it in the pass); no_history = the fresh calls no call of their model and class preceded (marked *), priced by the device model; warm = same data dir after a restart, history from the fresh pass; repeat = the same call's charge in the warm pass over the fresh one (the host's own noise); error factor = max(r, 1/r)",
   );
   return { ...sec.result(), data: { fresh, warm } };
 }

@@ -326,7 +326,7 @@ export function workOf(input: EstimateInput): Work {
 }
 
 /** Calls of one class can stand for each other after scaling; other classes never do. */
-function classOf(kind: EstimateKind, w: Work): string {
+export function classOf(kind: EstimateKind, w: Work): string {
   const sorted = (v: unknown) => strs(v).slice().sort().join(",");
   switch (kind) {
     case "inference":
@@ -472,12 +472,12 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
 }
 
 /**
- * From the calls the gate measured: those of the same class (kind, dtype, mode, forward or
- * generate, cold or warm) whose modelled cost is nearest this call's, each scaled by the ratio of
- * the two modelled costs (the model supplies how cost grows with batch, length and tokens; the
- * measurement what a call really costs here, overheads included). Of a shape measured several
- * times, the median of the newest three, so one noisy measurement does not decide alone (the
- * upper middle of two, erring high). Undefined without any; `at` is when the newest of them ran.
+ * From the calls the gate measured, those of the same class (kind, dtype, mode, forward or
+ * generate, cold or warm): calls of this very work if any (the median of the newest three, so one
+ * noisy measurement does not decide alone; the upper middle of two, erring high), else the one
+ * whose modelled cost is nearest, scaled by the ratio of the two modelled costs (the model says
+ * how cost grows with batch, length and tokens; the measurement what a call costs here, overheads
+ * included). Undefined without any; `at` is when the newest of those used ran.
  */
 function fromCalls(
   input: EstimateInput,
@@ -488,22 +488,33 @@ function fromCalls(
   if (!(own > 0)) return undefined;
   const kind = kindOf(input);
   const cls = classOf(input.kind, work);
-  const scored: { scaled: number; d: number; at: number }[] = [];
-  for (const c of input.calls ?? []) {
-    if (c.kind !== input.kind || c.model !== input.model?.id || !(c.seconds > 0)) continue;
-    if ((deviceKind(c.device) || c.device) !== kind || classOf(c.kind, c.work) !== cls) continue;
-    const m = modelled(input, c.work, a).deviceSeconds;
-    if (m > 0)
-      scored.push({ scaled: (c.seconds * own) / m, d: Math.abs(Math.log(m / own)), at: c.at });
+  const same = (input.calls ?? []).filter(
+    (c) =>
+      c.kind === input.kind &&
+      c.model === input.model?.id &&
+      c.seconds > 0 &&
+      (deviceKind(c.device) || c.device) === kind &&
+      classOf(c.kind, c.work) === cls,
+  );
+  if (same.length === 0) return undefined;
+  const key = JSON.stringify(work);
+  const repeats = same.filter((c) => JSON.stringify(c.work) === key).sort((x, y) => y.at - x.at);
+  if (repeats.length > 0) {
+    const values = repeats
+      .slice(0, 3)
+      .map((c) => c.seconds)
+      .sort((x, y) => x - y);
+    return { seconds: values[Math.floor(values.length / 2)], at: repeats[0].at };
   }
-  if (scored.length === 0) return undefined;
-  const best = Math.min(...scored.map((x) => x.d));
-  const near = scored
-    .filter((x) => x.d <= best + 0.1)
-    .sort((x, y) => y.at - x.at)
-    .slice(0, 3);
-  const values = near.map((x) => x.scaled).sort((x, y) => x - y);
-  return { seconds: values[Math.floor(values.length / 2)], at: near[0].at };
+  let best: { seconds: number; at: number; d: number } | undefined;
+  for (const c of same) {
+    const m = modelled(input, c.work, a).deviceSeconds;
+    if (!(m > 0)) continue;
+    const d = Math.abs(Math.log(m / own));
+    if (!best || d < best.d || (d === best.d && c.at > best.at))
+      best = { seconds: (c.seconds * own) / m, at: c.at, d };
+  }
+  return best && { seconds: best.seconds, at: best.at };
 }
 
 /** Recent calls, newest first, that say how busy the host is; how long they stay recent. */

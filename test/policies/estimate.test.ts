@@ -400,6 +400,23 @@ describe("estimates from measured calls", () => {
     expect(est({ kind: "inference", args: gen(64), calls: g })).toBeLessThan(0.25);
   });
 
+  it("takes a repeat of the very work over another shape the model prices about the same", () => {
+    // Overhead-bound shapes (a tiny model): the model prices batch 1 and 64 alike, but the first
+    // check of a worker took 4.6 s and the batch-64 one 0.44 s.
+    const tiny = { ...base, model: { ...minilm, parameters: 1000 } };
+    const rec = (batch: number, seconds: number, at: number): CallRecord => ({
+      kind: "check",
+      model: minilm.id,
+      device: "cpu",
+      work: workOf({ ...tiny, kind: "check", args: { batch, seq_len: 1 } }),
+      seconds,
+      at,
+    });
+    const calls = [rec(1, 4.6, 1000), rec(64, 0.44, 2000)];
+    const e = estimateCost({ ...tiny, kind: "check", args: { batch: 64, seq_len: 1 }, calls });
+    expect(e.device_seconds).toBeCloseTo(0.44, 3);
+  });
+
   it("takes the median of repeats, so one slow measurement does not decide alone", () => {
     const args = { batch_sizes: [1, 4], seq_lens: [32], iterations: 5, warmup: 1 };
     const calls = [0.5, 9, 0.6].map((s) => call("benchmark", args, s));
