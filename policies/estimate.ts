@@ -520,12 +520,18 @@ function fromCalls(
 /** Recent calls, newest first, that say how busy the host is; how long they stay recent. */
 const DRIFT_CALLS = 5;
 const DRIFT_WINDOW_MS = 10 * 60_000;
+/**
+ * Calls estimated shorter than this say nothing of the host: a few milliseconds of scheduling
+ * jitter on a busy host make them 3–10× off either way (measured on the estimate corpus).
+ */
+const DRIFT_MIN_S = 0.05;
 
 /**
  * How much slower (> 1) or faster the model's calls since `since` ran than measured calls said
  * they would: on a shared host, neighbours' load comes and goes, and the calls that ran after the
  * measurement an estimate rests on know how the host changed since. The median of the newest
- * few (within ten minutes of `now`), bounded to 4× either way; 1 with fewer than two.
+ * few (within ten minutes of `now`, estimated at 50 ms or more), bounded to 4× either way; 1
+ * with fewer than three.
  */
 export function hostDrift(input: EstimateInput, since = -Infinity): number {
   const now = input.now;
@@ -534,7 +540,7 @@ export function hostDrift(input: EstimateInput, since = -Infinity): number {
       (c) =>
         c.model === input.model?.id &&
         c.at > since &&
-        (c.estimate_s ?? 0) > 0 &&
+        (c.estimate_s ?? 0) >= DRIFT_MIN_S &&
         c.seconds > 0 &&
         (now === undefined || c.at >= now - DRIFT_WINDOW_MS),
     )
@@ -542,7 +548,7 @@ export function hostDrift(input: EstimateInput, since = -Infinity): number {
     .slice(0, DRIFT_CALLS)
     .map((c) => c.seconds / c.estimate_s!)
     .sort((x, y) => x - y);
-  if (recent.length < 2) return 1;
+  if (recent.length < 3) return 1;
   return Math.min(4, Math.max(0.25, recent[Math.floor(recent.length / 2)]));
 }
 

@@ -508,10 +508,13 @@ describe("estimates from measured calls", () => {
     // A measurement newer than those calls already knows the host as it is: no drift on top.
     const fresh = call("inference", args, 0.9, {}, 4500);
     expect(est({ kind: "inference", args, calls: [...calls, fresh], now })).toBeCloseTo(0.9, 3);
-    // Calls priced by the device model alone, a single call, or old ones say nothing of the host.
+    // Calls priced by the device model alone, two calls, tiny calls (jitter) or old ones say
+    // nothing of the host.
     const unpriced = slow.map(({ estimate_s: _, ...c }) => c);
     expect(hostDrift({ ...base, kind: "inference", args, calls: unpriced, now })).toBe(1);
-    expect(hostDrift({ ...base, kind: "inference", args, calls: slow.slice(0, 1), now })).toBe(1);
+    expect(hostDrift({ ...base, kind: "inference", args, calls: slow.slice(0, 2), now })).toBe(1);
+    const tiny = slow.map((c) => ({ ...c, seconds: 0.02, estimate_s: 0.005 }));
+    expect(hostDrift({ ...base, kind: "inference", args, calls: tiny, now })).toBe(1);
     const later = now + 11 * 60_000;
     expect(hostDrift({ ...base, kind: "inference", args, calls, now: later })).toBe(1);
     // Bounded: a stalled host does not make every estimate a hundred times larger.
