@@ -581,8 +581,9 @@ export function estimateDetail(input: EstimateInput): EstimateDetail {
     : memoryFor(0, dtype, 0, a) +
       Math.ceil(tokens * a.activation_per_token_factor * Math.sqrt(params) * dtypeBytes(dtype));
   const est: CostEstimate = {
-    // Never 0: a call that uses the device is charged something, and a ratio needs a divisor.
-    device_seconds: Math.max(0.001, round3(deviceSeconds)),
+    // Never below one call's overhead: under it, a busy host's scheduling jitter decides (calls
+    // measured at 2–4 ms took 8–20 ms the next time on the estimate corpus).
+    device_seconds: Math.max(a.call_overhead_s, round3(deviceSeconds)),
     memory_bytes: memoryBytes,
     compile_s: round3(m.compileS),
     weight_bytes: m.weightBytes,

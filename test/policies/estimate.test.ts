@@ -476,7 +476,7 @@ describe("estimates from measured calls", () => {
     expect(est({ kind: "inference", args, ...compiled, calls: coldCalls })).toBeCloseTo(27, 3);
   });
 
-  it("keeps no texts or tensor data in a call's work, and never estimates 0 s", () => {
+  it("keeps no texts or tensor data in a call's work, and never estimates under a call's overhead", () => {
     const w = workOf({ ...base, kind: "inference", args: { texts: ["secret words"] } });
     expect(JSON.stringify(w)).not.toContain("secret");
     expect(w).toMatchObject({ items: 1, seq: 6, max_new_tokens: 0 });
@@ -490,7 +490,7 @@ describe("estimates from measured calls", () => {
         ...tiny,
         calls: [{ ...call("inference", tiny.args, 0.0001) }],
       }).device_seconds,
-    ).toBe(0.001);
+    ).toBe(DEFAULT_ASSUMPTIONS.call_overhead_s);
   });
   it("follows the host: calls since the measurement running slower than estimated scale the next", () => {
     const args = { texts: texts(8, 200) };
