@@ -53,6 +53,16 @@ export interface CallRecord {
    * it really was tells how busy the host is now. Absent when only the device model priced it.
    */
   estimate_s?: number;
+  /** workKey(kind, work), when the caller keeps it (estimates on the hot path read many calls). */
+  key?: string;
+}
+
+/**
+ * What makes two calls the same work (exact) and the same class (comparable), in one string:
+ * the class, then the work. Kept with a record so an estimate does not recompute it per call.
+ */
+export function workKey(kind: EstimateKind, work: Work): string {
+  return `${classOf(kind, work)}\u0000${JSON.stringify(work)}`;
 }
 
 /** What an estimate reads of a call's arguments (workOf), JSON-safe, kept with its measurement. */
@@ -487,19 +497,21 @@ function fromCalls(
 ): { seconds: number; at: number } | undefined {
   if (!(own > 0)) return undefined;
   const kind = kindOf(input);
-  const cls = classOf(input.kind, work);
-  const same = (input.calls ?? []).filter(
-    (c) =>
-      c.kind === input.kind &&
-      c.model === input.model?.id &&
-      c.seconds > 0 &&
-      (deviceKind(c.device) || c.device) === kind &&
-      classOf(c.kind, c.work) === cls,
-  );
+  const key = workKey(input.kind, work);
+  const cls = key.slice(0, key.indexOf("\u0000") + 1);
+  const same: CallRecord[] = [];
+  const repeats: CallRecord[] = [];
+  for (const c of input.calls ?? []) {
+    if (c.kind !== input.kind || c.model !== input.model?.id || !(c.seconds > 0)) continue;
+    if ((deviceKind(c.device) || c.device) !== kind) continue;
+    const k = c.key ?? workKey(c.kind, c.work);
+    if (!k.startsWith(cls)) continue;
+    same.push(c);
+    if (k === key) repeats.push(c);
+  }
   if (same.length === 0) return undefined;
-  const key = JSON.stringify(work);
-  const repeats = same.filter((c) => JSON.stringify(c.work) === key).sort((x, y) => y.at - x.at);
   if (repeats.length > 0) {
+    repeats.sort((x, y) => y.at - x.at);
     const values = repeats
       .slice(0, 3)
       .map((c) => c.seconds)

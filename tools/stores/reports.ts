@@ -2,10 +2,14 @@
 // survive restarts, and so that cost estimates can learn from past runs.
 import Database from "better-sqlite3";
 import { randomBytes } from "node:crypto";
-import type { CallRecord } from "../../policies/estimate.js";
+import { workKey, type CallRecord } from "../../policies/estimate.js";
 
 /** Measured calls kept per (model, device kind): enough for every shape a deployment repeats. */
 const CALLS_KEPT = 200;
+/** Of one work, the newest few (an estimate takes the median of three). */
+const REPEATS_KEPT = 3;
+/** Rows kept on disk: enough to fill the list after repeats are dropped. */
+const ROWS_KEPT = CALLS_KEPT * REPEATS_KEPT;
 
 export interface StoredReport {
   id: string;
@@ -53,7 +57,7 @@ export class SqliteReports implements Reports {
       created_at TEXT NOT NULL, report TEXT NOT NULL);
       CREATE TABLE IF NOT EXISTS measured_calls (
       id INTEGER PRIMARY KEY, model TEXT NOT NULL, device TEXT NOT NULL, kind TEXT NOT NULL,
-      work TEXT NOT NULL, seconds REAL NOT NULL, at INTEGER NOT NULL);
+      work TEXT NOT NULL, seconds REAL NOT NULL, at INTEGER NOT NULL, estimate_s REAL);
       CREATE INDEX IF NOT EXISTS measured_by_model ON measured_calls (model, device, id);`);
   }
 
@@ -142,34 +146,43 @@ export class SqliteReports implements Reports {
 
   recordCall(call: CallRecord): void {
     const list = this.calls(call.model, call.device);
-    list.unshift(call);
-    if (list.length > CALLS_KEPT) list.length = CALLS_KEPT;
+    const keyed = { ...call, key: workKey(call.kind, call.work) };
+    list.unshift(keyed);
+    condense(list);
     this.pendingCalls.push(call);
     if (this.pendingCalls.length === 1) setTimeout(this.flushCalls, 1000).unref();
   }
 
+  /** Newest first; of one work only the newest few, so an estimate reads few on the hot path. */
   calls(model: string, device: string): CallRecord[] {
     const key = `${model}\u0000${device}`;
     let list = this.callCache.get(key);
     if (!list) {
       const rows = this.db
         .prepare(
-          `SELECT kind, work, seconds, at FROM measured_calls WHERE model = ? AND device = ? ORDER BY id DESC LIMIT ?`,
+          `SELECT kind, work, seconds, at, estimate_s FROM measured_calls WHERE model = ? AND device = ? ORDER BY id DESC LIMIT ?`,
         )
-        .all(model, device, CALLS_KEPT) as {
-        kind: string;
+        .all(model, device, ROWS_KEPT) as {
+        kind: CallRecord["kind"];
         work: string;
         seconds: number;
         at: number;
+        estimate_s: number | null;
       }[];
-      list = rows.map((r) => ({
-        kind: r.kind as CallRecord["kind"],
-        model,
-        device,
-        work: JSON.parse(r.work),
-        seconds: r.seconds,
-        at: r.at,
-      }));
+      list = rows.map((r) => {
+        const work = JSON.parse(r.work);
+        return {
+          kind: r.kind,
+          model,
+          device,
+          work,
+          seconds: r.seconds,
+          at: r.at,
+          ...(r.estimate_s !== null ? { estimate_s: r.estimate_s } : {}),
+          key: workKey(r.kind, work),
+        };
+      });
+      condense(list);
       this.callCache.set(key, list);
     }
     return list;
@@ -180,7 +193,7 @@ export class SqliteReports implements Reports {
     const rows = this.pendingCalls;
     this.pendingCalls = [];
     const insert = this.db.prepare(
-      `INSERT INTO measured_calls (model, device, kind, work, seconds, at) VALUES (?, ?, ?, ?, ?, ?)`,
+      `INSERT INTO measured_calls (model, device, kind, work, seconds, at, estimate_s) VALUES (?, ?, ?, ?, ?, ?, ?)`,
     );
     // Older rows than any list could hold are never read again.
     const prune = this.db.prepare(
@@ -189,10 +202,18 @@ export class SqliteReports implements Reports {
     try {
       this.db.transaction(() => {
         for (const c of rows)
-          insert.run(c.model, c.device, c.kind, JSON.stringify(c.work), c.seconds, c.at);
+          insert.run(
+            c.model,
+            c.device,
+            c.kind,
+            JSON.stringify(c.work),
+            c.seconds,
+            c.at,
+            c.estimate_s ?? null,
+          );
         for (const k of new Set(rows.map((c) => `${c.model}\u0000${c.device}`))) {
           const [model, device] = k.split("\u0000");
-          prune.run(model, device, model, device, CALLS_KEPT);
+          prune.run(model, device, model, device, ROWS_KEPT);
         }
       })();
     } catch {
@@ -204,4 +225,16 @@ export class SqliteReports implements Reports {
     this.flushCalls();
     this.db.close();
   }
+}
+
+/** Drops, in place, all but the newest REPEATS_KEPT of each work, and all past CALLS_KEPT. */
+function condense(list: CallRecord[]): void {
+  const seen = new Map<string | undefined, number>();
+  let n = 0;
+  for (const c of list) {
+    const k = seen.get(c.key) ?? 0;
+    seen.set(c.key, k + 1);
+    if (k < REPEATS_KEPT && n < CALLS_KEPT) list[n++] = c;
+  }
+  list.length = n;
 }
