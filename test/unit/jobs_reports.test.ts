@@ -1,5 +1,6 @@
 // Jobs answer errors through the same catalogue and redaction as tool answers, and generated
 // benchmark runs never feed forward-pass latency history.
+import Database from "better-sqlite3";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -103,6 +104,28 @@ describe("measured calls", () => {
       expect(again.calls("mnist-cnn", "cuda")).toEqual([]);
     } finally {
       again.close();
+    }
+  });
+
+  it("opens a table of measured calls from before estimates were kept with them", () => {
+    const file = join(dir, "old-calls.db");
+    const old = new Database(file);
+    old.exec(`CREATE TABLE measured_calls (
+      id INTEGER PRIMARY KEY, model TEXT NOT NULL, device TEXT NOT NULL, kind TEXT NOT NULL,
+      work TEXT NOT NULL, seconds REAL NOT NULL, at INTEGER NOT NULL)`);
+    old
+      .prepare(
+        "INSERT INTO measured_calls (model, device, kind, work, seconds, at) VALUES (?, ?, ?, ?, ?, ?)",
+      )
+      .run("m", "cpu", "check", JSON.stringify({ batch: 1 }), 0.5, 1000);
+    old.close();
+    const reports = new SqliteReports(file);
+    try {
+      expect(reports.calls("m", "cpu").map((c) => [c.seconds, c.estimate_s])).toEqual([
+        [0.5, undefined],
+      ]);
+    } finally {
+      reports.close();
     }
   });
 });

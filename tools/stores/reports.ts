@@ -59,6 +59,10 @@ export class SqliteReports implements Reports {
       id INTEGER PRIMARY KEY, model TEXT NOT NULL, device TEXT NOT NULL, kind TEXT NOT NULL,
       work TEXT NOT NULL, seconds REAL NOT NULL, at INTEGER NOT NULL, estimate_s REAL);
       CREATE INDEX IF NOT EXISTS measured_by_model ON measured_calls (model, device, id);`);
+    // A table from before the estimate was kept gains its column (older rows: none).
+    const cols = this.db.prepare("PRAGMA table_info(measured_calls)").all() as { name: string }[];
+    if (!cols.some((c) => c.name === "estimate_s"))
+      this.db.exec("ALTER TABLE measured_calls ADD COLUMN estimate_s REAL");
   }
 
   put(
