@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,stability,generate runs a subset;
+// tokens,estimates,generate,stability runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -14,6 +14,7 @@ import { runColdStart } from "./coldstart.js";
 import { runConcurrency } from "./concurrency.js";
 import { runDecompose } from "./decompose.js";
 import { runGenerate } from "./generate.js";
+import { runEstimates } from "./estimates.js";
 import {
   DirectPython,
   MODEL,
@@ -49,6 +50,7 @@ const SECTIONS = [
   "pool",
   "audit",
   "tokens",
+  "estimates",
   "stability",
   "generate",
 ] as const;
@@ -361,6 +363,12 @@ async function main() {
     });
   }
 
+  // Estimates against what the gate charged, on a fresh and on a warm data dir of their own.
+  if (want("estimates")) {
+    say("estimates (a corpus of real calls, fresh data dir then warm)…");
+    results.estimates = await runEstimates({ say });
+  }
+
   // Generation on its own server, after the others: 8 callers and HF generate side by side.
   if (want("generate")) {
     say("generate (8 MCP callers vs 1, HF generate batch 8 and one prompt at a time, direct)…");
@@ -461,6 +469,19 @@ async function main() {
   writeFileSync(join(dir, dated), text);
   writeFileSync(join(dir, "latest.json"), text);
   say(`wrote bench/results/${dated} and bench/results/latest.json (${command})`);
+  // The estimate corpus case by case, shaped as its reference (bench/reference/estimates.json).
+  if (results.estimates?.data) {
+    const ref = {
+      command,
+      started_at: report.started_at,
+      machine: report.machine,
+      figures: results.estimates.figures,
+      notes: results.estimates.notes,
+      ...results.estimates.data,
+    };
+    writeFileSync(join(dir, "estimates.json"), JSON.stringify(ref, null, 2) + "\n");
+    say("wrote bench/results/estimates.json (copy to bench/reference/ to update the reference)");
+  }
 }
 
 main().catch((e) => {

@@ -34,6 +34,40 @@ export interface LatencyRecord {
   mean_latency_ms: number;
 }
 
+/**
+ * A call the gate measured: the work it was (workOf: the arguments an estimate reads, reduced, no
+ * texts or tensor data) and the device-seconds it took. Estimates scale the nearest such call of
+ * the same class by the model's own ratio between the two shapes (estimateCost).
+ */
+export interface CallRecord {
+  kind: EstimateKind;
+  model: string;
+  /** The device kind it ran on (cpu, cuda, tpu). */
+  device: string;
+  work: Work;
+  seconds: number;
+  /** When it started, ms since the epoch: calls since a model's load tell a cold call apart. */
+  at: number;
+  /**
+   * What measured calls said it would take (before the host's drift): how much slower or faster
+   * it really was tells how busy the host is now. Absent when only the device model priced it.
+   */
+  estimate_s?: number;
+  /** workKey(kind, work), when the caller keeps it (estimates on the hot path read many calls). */
+  key?: string;
+}
+
+/**
+ * What makes two calls the same work (exact) and the same class (comparable), in one string:
+ * the class, then the work. Kept with a record so an estimate does not recompute it per call.
+ */
+export function workKey(kind: EstimateKind, work: Work): string {
+  return `${classOf(kind, work)}\u0000${JSON.stringify(work)}`;
+}
+
+/** What an estimate reads of a call's arguments (workOf), JSON-safe, kept with its measurement. */
+export type Work = Record<string, unknown>;
+
 export interface EstimateInput {
   /** The shape of work, from the tool's record (policies/tool_policy.ts), never its name. */
   kind: EstimateKind;
@@ -44,6 +78,14 @@ export interface EstimateInput {
   loaded?: readonly { model: string; bytes: number }[];
   /** Past measurements (e.g. from benchmarks), so estimates learn from what really happened. */
   history?: readonly LatencyRecord[];
+  /** Calls of this model the gate measured (newest first or not: order does not matter). */
+  calls?: readonly CallRecord[];
+  /** Inference: how the model is loaded (a compiled model compiles each new shape once)... */
+  loaded_mode?: string;
+  /** ...and since when (ms since the epoch): a shape no call has run since is cold. */
+  loaded_at?: number;
+  /** Now, ms since the epoch: only recent calls say how busy the host is (absent: any). */
+  now?: number;
   assumptions?: Partial<EstimateAssumptions>;
 }
 
@@ -72,6 +114,12 @@ export interface EstimateAssumptions {
   compile_s_per_graph: Record<string, number>;
   /** Fixed per-call overhead (dispatch, tokenisation, transfer), seconds. */
   call_overhead_s: number;
+  /** Fixed overhead of one decoding step inside a generation (no dispatch, no transfer), s. */
+  decode_step_overhead_s: number;
+  /** Fixed cost of each configuration of a benchmark grid (set-up, memory reading, report), s. */
+  benchmark_config_overhead_s: number;
+  /** Fixed cost of a check_model call (the operator recorder, the report), seconds. */
+  check_overhead_s: number;
   default_iterations: number;
   default_warmup: number;
   /** Tokens per character of input text (English BPE is ~0.25; 0.5 stays on the safe side). */
@@ -92,6 +140,12 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   flops_per_s: { cpu: 100e9, cuda: 5e12, tpu: 20e12, xla: 20e12 },
   compile_s_per_graph: { cpu: 10, cuda: 20, tpu: 45, xla: 45 },
   call_overhead_s: 0.01,
+  // Measured on the corpus of bench/estimates.ts (2026-12-01, the 2-core development VM):
+  // tiny-gpt2 took 1–2 ms a new token, where a 10 ms call overhead per step priced 6–8× high;
+  // benchmarks took 0.2–0.5 s a configuration beyond their passes; checks 0.1–0.9 s however small.
+  decode_step_overhead_s: 0.001,
+  benchmark_config_overhead_s: 0.2,
+  check_overhead_s: 0.2,
   default_iterations: 20,
   default_warmup: 5,
   tokens_per_char: 0.5,
@@ -159,6 +213,7 @@ export function latencyMs(
   seqLen: number,
   dtype: string,
   a: EstimateAssumptions,
+  overheadS: number = a.call_overhead_s,
 ): number {
   const tokens = Math.max(1, batch) * Math.max(1, seqLen);
   const device = String(input.args.device ?? input.device?.kind ?? "cpu");
@@ -190,15 +245,139 @@ export function latencyMs(
   const params = input.model?.parameters ?? 0;
   const flops = 2 * params * tokens;
   const rate = a.flops_per_s[kind] ?? a.flops_per_s.cpu ?? 100e9;
-  return (flops / rate) * 1000 * dtypeCostFactor(kind, dtype, a) + a.call_overhead_s * 1000;
+  return (flops / rate) * 1000 * dtypeCostFactor(kind, dtype, a) + overheadS * 1000;
 }
 
-export function estimateCost(input: EstimateInput): CostEstimate {
+/** Powers of two, as the worker buckets shapes for compiled models. */
+function bucket(n: number): number {
+  return 2 ** Math.ceil(Math.log2(Math.max(1, n)));
+}
+
+/**
+ * The work a call is, reduced to what an estimate reads (JSON-safe: no texts, no tensor data):
+ * what a measured call is kept as, and what estimateCost models. An inference on a compiled model
+ * is `cold` when no call of its shape bucket has run since the model was loaded (it compiles).
+ */
+export function workOf(input: EstimateInput): Work {
   const a: EstimateAssumptions = { ...DEFAULT_ASSUMPTIONS, ...input.assumptions };
   const { args, model } = input;
+  const dtype = String(args.dtype ?? model?.default_dtype ?? "float32");
+  // The device too when named: it decides which history and FLOP rate apply.
+  const keep = (...keys: string[]): Work =>
+    Object.fromEntries(
+      ["device", ...keys].filter((k) => args[k] !== undefined).map((k) => [k, args[k]]),
+    );
+  switch (input.kind) {
+    case "load":
+      return { dtype, mode: String(args.mode ?? "eager"), ...keep("warmup_shapes", "warmup") };
+    case "check":
+      return {
+        dtype,
+        batch: num(args.batch) ?? 1,
+        seq_len: num(args.seq_len) ?? 128,
+        ...keep("attention", "mode"),
+      };
+    case "benchmark":
+      return {
+        dtype,
+        ...keep(
+          "batch_sizes",
+          "seq_lens",
+          "dtypes",
+          "modes",
+          "mode",
+          "scenario",
+          "work",
+          "max_new_tokens",
+          "iterations",
+          "duration_s",
+          "warmup",
+        ),
+      };
+    case "inference": {
+      // Already reduced (a stored call's work): as it is.
+      if (typeof args.items === "number") return { ...args };
+      const texts = Array.isArray(args.texts) ? args.texts : [];
+      const tensors = Array.isArray(args.tensors) ? args.tensors : [];
+      let items = texts.length;
+      let seq = 1;
+      if (texts.length > 0) {
+        const maxChars = Math.max(...texts.map((t) => (typeof t === "string" ? t.length : 0)));
+        seq = Math.max(1, Math.ceil(maxChars * a.tokens_per_char));
+      } else if (tensors.length > 0) {
+        const shape = nums((tensors[0] as Record<string, unknown>)?.shape);
+        items = shape[0] ?? 1;
+      }
+      items = Math.max(1, items);
+      const mode = input.loaded_mode ?? "eager";
+      const since = input.loaded_at;
+      const cold =
+        mode === "compile" &&
+        since !== undefined &&
+        !(input.calls ?? []).some(
+          (c) =>
+            c.kind === "inference" &&
+            c.model === model?.id &&
+            c.at >= since &&
+            bucket(Number(c.work.items)) === bucket(items) &&
+            bucket(Number(c.work.seq)) === bucket(seq),
+        );
+      return {
+        ...keep(),
+        dtype,
+        items,
+        seq,
+        max_new_tokens: num(args.max_new_tokens) ?? 0,
+        mode,
+        cold,
+      };
+    }
+  }
+}
+
+/** Calls of one class can stand for each other after scaling; other classes never do. */
+export function classOf(kind: EstimateKind, w: Work): string {
+  const sorted = (v: unknown) => strs(v).slice().sort().join(",");
+  switch (kind) {
+    case "inference":
+      return [
+        kind,
+        w.dtype,
+        w.mode,
+        Number(w.max_new_tokens) > 0 ? "generate" : "forward",
+        w.cold ? "cold" : "warm",
+      ].join("|");
+    case "check":
+      return [kind, w.dtype, w.attention ?? "default"].join("|");
+    case "load":
+      return [kind, w.dtype, w.mode].join("|");
+    case "benchmark":
+      return [
+        kind,
+        w.dtype,
+        w.work ?? "forward",
+        w.scenario ?? "single-stream",
+        sorted(w.dtypes),
+        sorted(w.modes) || String(w.mode ?? "eager"),
+      ].join("|");
+  }
+}
+
+interface Modelled {
+  deviceSeconds: number;
+  compileS: number;
+  tokens: number;
+  weightBytes: number;
+  needsWeights: boolean;
+  dtype: string;
+}
+
+/** Device-seconds and the rest from the model of the device (FLOP/s, history of latencies). */
+function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Modelled {
+  const { model } = input;
+  input = { ...input, args };
   const kind = kindOf(input);
   const dtype = String(args.dtype ?? model?.default_dtype ?? "float32");
-  const params = model?.parameters ?? 0;
   const compileGraph = a.compile_s_per_graph[kind] ?? a.compile_s_per_graph.cpu ?? 10;
   const alreadyLoaded = (input.loaded ?? []).some((l) => l.model === model?.id);
 
@@ -207,7 +386,6 @@ export function estimateCost(input: EstimateInput): CostEstimate {
   let tokens = 1;
   let weightBytes = 0;
   let needsWeights = false;
-
   switch (input.kind) {
     case "load": {
       weightBytes = model?.weight_bytes ?? 0;
@@ -237,7 +415,10 @@ export function estimateCost(input: EstimateInput): CostEstimate {
       tokens = b * l;
       // One recorded forward pass: operator interception costs about as much again.
       deviceSeconds =
-        weightBytes / a.load_bytes_per_s + compileS + (2 * latencyMs(input, b, l, dtype, a)) / 1000;
+        a.check_overhead_s +
+        weightBytes / a.load_bytes_per_s +
+        compileS +
+        (2 * latencyMs(input, b, l, dtype, a)) / 1000;
       break;
     }
     case "benchmark": {
@@ -255,8 +436,9 @@ export function estimateCost(input: EstimateInput): CostEstimate {
       // Generation: the prompt's forward pass plus one decoding step (batch × 1 token, with a KV
       // cache) per new token, for every iteration, warmup and reference pass alike.
       const newTokens = args.work === "generate" ? (num(args.max_new_tokens) ?? 16) : 0;
+      const step = a.decode_step_overhead_s;
       const pass = (b: number, l: number, d: string) =>
-        (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a)) / 1000;
+        (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a, step)) / 1000;
       // Offline measures the largest batch per series only.
       const points = args.scenario === "offline" ? [Math.max(...bs)] : bs;
       for (const d of ds) {
@@ -267,7 +449,7 @@ export function estimateCost(input: EstimateInput): CostEstimate {
               const timed = duration !== undefined ? duration : iterations * per;
               const graph = m === "compile" ? compileGraph : 0;
               compileS += graph;
-              deviceSeconds += graph + warmup * per + timed;
+              deviceSeconds += graph + warmup * per + timed + a.benchmark_config_overhead_s;
             }
           }
         }
@@ -280,40 +462,150 @@ export function estimateCost(input: EstimateInput): CostEstimate {
       break;
     }
     case "inference": {
-      const texts = Array.isArray(args.texts) ? args.texts : [];
-      const tensors = Array.isArray(args.tensors) ? args.tensors : [];
-      let items = texts.length;
-      let seq = 1;
-      if (texts.length > 0) {
-        const maxChars = Math.max(...texts.map((t) => (typeof t === "string" ? t.length : 0)));
-        seq = Math.max(1, Math.ceil(maxChars * a.tokens_per_char));
-      } else if (tensors.length > 0) {
-        const shape = nums((tensors[0] as Record<string, unknown>)?.shape);
-        items = shape[0] ?? 1;
-      }
-      items = Math.max(1, items);
+      const items = num(args.items) ?? 1;
+      const seq = num(args.seq) ?? 1;
       const newTokens = num(args.max_new_tokens) ?? 0;
       // Decoding costs one forward over the batch per new token (with a KV cache: ~1 token each).
       deviceSeconds =
         latencyMs(input, items, seq, dtype, a) / 1000 +
-        newTokens * (latencyMs(input, items, 1, dtype, a) / 1000);
+        newTokens * (latencyMs(input, items, 1, dtype, a, a.decode_step_overhead_s) / 1000);
+      // A compiled model's first call of a shape compiles it before it runs.
+      if (args.cold) {
+        compileS = compileGraph;
+        deviceSeconds += compileGraph;
+      }
       tokens = items * (seq + newTokens);
       break;
     }
   }
+  return { deviceSeconds, compileS, tokens, weightBytes, needsWeights, dtype };
+}
 
+/**
+ * From the calls the gate measured, those of the same class (kind, dtype, mode, forward or
+ * generate, cold or warm): calls of this very work if any (the median of the newest three, so one
+ * noisy measurement does not decide alone; the upper middle of two, erring high), else the one
+ * whose modelled cost is nearest, scaled by the ratio of the two modelled costs (the model says
+ * how cost grows with batch, length and tokens; the measurement what a call costs here, overheads
+ * included). Undefined without any; `at` is when the newest of those used ran.
+ */
+function fromCalls(
+  input: EstimateInput,
+  work: Work,
+  own: number,
+  a: EstimateAssumptions,
+): { seconds: number; at: number } | undefined {
+  if (!(own > 0)) return undefined;
+  const kind = kindOf(input);
+  const key = workKey(input.kind, work);
+  const cls = key.slice(0, key.indexOf("\u0000") + 1);
+  const same: CallRecord[] = [];
+  const repeats: CallRecord[] = [];
+  for (const c of input.calls ?? []) {
+    if (c.kind !== input.kind || c.model !== input.model?.id || !(c.seconds > 0)) continue;
+    if ((deviceKind(c.device) || c.device) !== kind) continue;
+    const k = c.key ?? workKey(c.kind, c.work);
+    if (!k.startsWith(cls)) continue;
+    same.push(c);
+    if (k === key) repeats.push(c);
+  }
+  if (same.length === 0) return undefined;
+  if (repeats.length > 0) {
+    repeats.sort((x, y) => y.at - x.at);
+    const values = repeats
+      .slice(0, 3)
+      .map((c) => c.seconds)
+      .sort((x, y) => x - y);
+    return { seconds: values[Math.floor(values.length / 2)], at: repeats[0].at };
+  }
+  let best: { seconds: number; at: number; d: number } | undefined;
+  for (const c of same) {
+    const m = modelled(input, c.work, a).deviceSeconds;
+    if (!(m > 0)) continue;
+    const d = Math.abs(Math.log(m / own));
+    if (!best || d < best.d || (d === best.d && c.at > best.at))
+      best = { seconds: (c.seconds * own) / m, at: c.at, d };
+  }
+  return best && { seconds: best.seconds, at: best.at };
+}
+
+/** Recent calls, newest first, that say how busy the host is; how long they stay recent. */
+const DRIFT_CALLS = 5;
+const DRIFT_WINDOW_MS = 10 * 60_000;
+/**
+ * Calls estimated shorter than this say nothing of the host: a few milliseconds of scheduling
+ * jitter on a busy host make them 3–10× off either way (measured on the estimate corpus).
+ */
+const DRIFT_MIN_S = 0.05;
+
+/**
+ * How much slower (> 1) or faster the model's calls since `since` ran than measured calls said
+ * they would: on a shared host, neighbours' load comes and goes, and the calls that ran after the
+ * measurement an estimate rests on know how the host changed since. The median of the newest
+ * few (within ten minutes of `now`, estimated at 50 ms or more), bounded to 4× either way; 1
+ * with fewer than three.
+ */
+export function hostDrift(input: EstimateInput, since = -Infinity): number {
+  const now = input.now;
+  const recent = (input.calls ?? [])
+    .filter(
+      (c) =>
+        c.model === input.model?.id &&
+        c.at > since &&
+        (c.estimate_s ?? 0) >= DRIFT_MIN_S &&
+        c.seconds > 0 &&
+        (now === undefined || c.at >= now - DRIFT_WINDOW_MS),
+    )
+    .sort((x, y) => y.at - x.at)
+    .slice(0, DRIFT_CALLS)
+    .map((c) => c.seconds / c.estimate_s!)
+    .sort((x, y) => x - y);
+  if (recent.length < 3) return 1;
+  return Math.min(4, Math.max(0.25, recent[Math.floor(recent.length / 2)]));
+}
+
+/** An estimate and what it was made of: the work, and what measured calls alone said. */
+export interface EstimateDetail {
+  estimate: CostEstimate;
+  work: Work;
+  /** From measured calls of the same class, before the host's drift; absent without any. */
+  measured_s?: number;
+}
+
+export function estimateCost(input: EstimateInput): CostEstimate {
+  return estimateDetail(input).estimate;
+}
+
+export function estimateDetail(input: EstimateInput): EstimateDetail {
+  const a: EstimateAssumptions = { ...DEFAULT_ASSUMPTIONS, ...input.assumptions };
+  const work = workOf(input);
+  const m = modelled(input, work, a);
+  const { dtype, tokens, needsWeights } = m;
+  const params = input.model?.parameters ?? 0;
+  const fromMeasured = fromCalls(input, work, m.deviceSeconds, a);
+  const measuredS = fromMeasured?.seconds;
+  const deviceSeconds =
+    fromMeasured !== undefined
+      ? fromMeasured.seconds * hostDrift(input, fromMeasured.at)
+      : m.deviceSeconds;
   const memoryBytes = needsWeights
     ? memoryFor(params, dtype, tokens, a)
     : memoryFor(0, dtype, 0, a) +
       Math.ceil(tokens * a.activation_per_token_factor * Math.sqrt(params) * dtypeBytes(dtype));
   const est: CostEstimate = {
-    device_seconds: round3(deviceSeconds),
+    // Never below one call's overhead: under it, a busy host's scheduling jitter decides (calls
+    // measured at 2–4 ms took 8–20 ms the next time on the estimate corpus).
+    device_seconds: Math.max(a.call_overhead_s, round3(deviceSeconds)),
     memory_bytes: memoryBytes,
-    compile_s: round3(compileS),
-    weight_bytes: weightBytes,
+    compile_s: round3(m.compileS),
+    weight_bytes: m.weightBytes,
     fits: true,
   };
-  return withFit(est, input, dtype, tokens, needsWeights, a);
+  return {
+    estimate: withFit(est, input, dtype, tokens, needsWeights, a),
+    work,
+    ...(measuredS !== undefined ? { measured_s: measuredS } : {}),
+  };
 }
 
 function round3(x: number): number {

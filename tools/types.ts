@@ -12,6 +12,7 @@ import type { Jobs } from "./stores/jobs.js";
 import type { Outputs } from "./stores/outputs.js";
 import type { Reports } from "./stores/reports.js";
 import type { ModelFactStore } from "./stores/facts.js";
+import type { EstimatedWork } from "./support/estimate.js";
 
 export interface ToolAnnotations {
   title?: string;
@@ -73,12 +74,14 @@ export interface ToolContext {
   progressRequested?: boolean;
   /** Stamps for the bench's decomposition when tracing is on for this call. */
   trace?: CallTrace;
+  /** Takes the work a call's estimate saw, so what the call then takes is kept with it. */
+  onWork?: (work: EstimatedWork) => void;
 }
 
 /** The long-lived services of a ToolContext, without anything per call. */
 export type ToolServices = Omit<
   ToolContext,
-  "signal" | "progress" | "progressRequested" | "principal" | "deadline" | "placement"
+  "signal" | "progress" | "progressRequested" | "principal" | "deadline" | "placement" | "onWork"
 >;
 
 export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.ZodType = z.ZodType> {

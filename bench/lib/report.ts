@@ -12,6 +12,8 @@ export interface SectionResult {
   /** Flat machine-readable figures, keyed like "overhead.b1.stdio_p50_ms". */
   figures: Record<string, number>;
   notes?: string[];
+  /** Per-case measurements a section keeps beside its figures (written to its own JSON file). */
+  data?: Record<string, unknown>;
 }
 
 export function section(name: string) {

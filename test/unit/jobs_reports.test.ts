@@ -1,5 +1,6 @@
 // Jobs answer errors through the same catalogue and redaction as tool answers, and generated
 // benchmark runs never feed forward-pass latency history.
+import Database from "better-sqlite3";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -63,6 +64,66 @@ describe("latency history", () => {
         configs: [{ ...cfg, latency_ms: { mean: 3 } }],
       });
       expect(reports.history("tiny-gpt2", "cpu").map((h) => h.latency_ms)).toEqual([3]);
+    } finally {
+      reports.close();
+    }
+  });
+});
+
+describe("measured calls", () => {
+  it("keeps the newest calls per model and device kind, in memory at once and on disk by close", () => {
+    const file = join(dir, "calls.db");
+    const call = (seconds: number, items: number, model = "mnist-cnn") => ({
+      kind: "inference" as const,
+      model,
+      device: "cpu",
+      work: { items, seq: 1, max_new_tokens: 0, mode: "eager", cold: false },
+      seconds,
+      at: 1000,
+    });
+    const first = new SqliteReports(file);
+    for (let i = 1; i <= 205; i++) first.recordCall(call(i, i));
+    first.recordCall(call(7, 1, "tiny-gpt2"));
+    // Estimates see a call as soon as it is recorded, newest first, at most 200 of them.
+    const mem = first.calls("mnist-cnn", "cpu");
+    expect(mem).toHaveLength(200);
+    expect(mem[0].seconds).toBe(205);
+    // Of one work, only the newest three (an estimate reads no more on the hot path).
+    for (const s of [1000, 1001, 1002, 1003]) first.recordCall(call(s, 5));
+    const fives = first.calls("mnist-cnn", "cpu").filter((c) => c.work.items === 5);
+    expect(fives.map((c) => c.seconds)).toEqual([1003, 1002, 1001]);
+    const kept = first.calls("mnist-cnn", "cpu").map((c) => c.seconds);
+    first.close();
+    // A restart keeps them (close writes what the timer had not yet).
+    const again = new SqliteReports(file);
+    try {
+      const disk = again.calls("mnist-cnn", "cpu");
+      expect(disk.map((c) => c.seconds)).toEqual(kept);
+      expect(disk[0].work).toEqual(call(1003, 5).work);
+      expect(again.calls("tiny-gpt2", "cpu").map((c) => c.seconds)).toEqual([7]);
+      expect(again.calls("mnist-cnn", "cuda")).toEqual([]);
+    } finally {
+      again.close();
+    }
+  });
+
+  it("opens a table of measured calls from before estimates were kept with them", () => {
+    const file = join(dir, "old-calls.db");
+    const old = new Database(file);
+    old.exec(`CREATE TABLE measured_calls (
+      id INTEGER PRIMARY KEY, model TEXT NOT NULL, device TEXT NOT NULL, kind TEXT NOT NULL,
+      work TEXT NOT NULL, seconds REAL NOT NULL, at INTEGER NOT NULL)`);
+    old
+      .prepare(
+        "INSERT INTO measured_calls (model, device, kind, work, seconds, at) VALUES (?, ?, ?, ?, ?, ?)",
+      )
+      .run("m", "cpu", "check", JSON.stringify({ batch: 1 }), 0.5, 1000);
+    old.close();
+    const reports = new SqliteReports(file);
+    try {
+      expect(reports.calls("m", "cpu").map((c) => [c.seconds, c.estimate_s])).toEqual([
+        [0.5, undefined],
+      ]);
     } finally {
       reports.close();
     }

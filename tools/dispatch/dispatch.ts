@@ -8,6 +8,7 @@ import type { z } from "zod";
 import type { CallDeadline, Gate, GateCall } from "../../policies/gate/gate.js";
 import type { Principal } from "../../policies/scopes.js";
 import { ToolError, toToolError } from "../errors.js";
+import { measured, type EstimatedWork } from "../support/estimate.js";
 import type { ToolContext, ToolDefinition, ToolServices } from "../types.js";
 import { runAsJob } from "./jobs.js";
 import { checkOutput, errorResult, successResult, type CallToolResultLike } from "./result.js";
@@ -102,6 +103,8 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       ...(trace ? { trace } : {}),
     });
     const estimate = tool.estimate;
+    // The work the estimate saw, kept with what the call then takes: the next estimate learns.
+    let work: EstimatedWork | undefined;
     const call: GateCall = {
       principal,
       tool: tool.name,
@@ -110,7 +113,13 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       // Made only once the gate has admitted the caller (scope, rate): nothing before that
       // reaches the worker.
       ...(estimate
-        ? { estimator: () => estimate(args, ctxFor(input.signal, input.progress)) }
+        ? {
+            estimator: () =>
+              estimate(args, {
+                ...ctxFor(input.signal, input.progress),
+                onWork: (w) => (work = w),
+              }),
+          }
         : {}),
       signal: input.signal,
       elicit: input.elicit,
@@ -120,13 +129,28 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       trace,
     };
 
+    const metered: ToolDefinition<any, any> = {
+      ...tool,
+      handler: (a, ctx) =>
+        measured(
+          () => work,
+          ctx,
+          () => tool.handler(a, ctx),
+        ),
+    };
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
     let out: Record<string, unknown>;
     if (tool.policy.job && (args.wait === false || softMs > 0)) {
-      out = await runAsJob(input, call, args, ctxFor, args.wait === false ? 0 : softMs);
+      out = await runAsJob(
+        { ...input, tool: metered },
+        call,
+        args,
+        ctxFor,
+        args.wait === false ? 0 : softMs,
+      );
     } else {
       out = await gate.run(call, (signal, deadline) =>
-        tool.handler(args, ctxFor(signal, input.progress, deadline)),
+        metered.handler(args, ctxFor(signal, input.progress, deadline)),
       );
     }
     trace?.mark("d.gate_done");

@@ -2,6 +2,14 @@
 // survive restarts, and so that cost estimates can learn from past runs.
 import Database from "better-sqlite3";
 import { randomBytes } from "node:crypto";
+import { workKey, type CallRecord } from "../../policies/estimate.js";
+
+/** Measured calls kept per (model, device kind): enough for every shape a deployment repeats. */
+const CALLS_KEPT = 200;
+/** Of one work, the newest few (an estimate takes the median of three). */
+const REPEATS_KEPT = 3;
+/** Rows kept on disk: enough to fill the list after repeats are dropped. */
+const ROWS_KEPT = CALLS_KEPT * REPEATS_KEPT;
 
 export interface StoredReport {
   id: string;
@@ -31,6 +39,10 @@ export interface Reports {
   list(limit?: number): StoredReport[];
   /** Mean forward latency per configuration observed for a model on a device kind, newest reports first. */
   history(model: string, device: string): HistoryRecord[];
+  /** Keeps a call the gate measured (its work and device-seconds) for later estimates. */
+  recordCall(call: CallRecord): void;
+  /** The newest measured calls of a model on a device kind. */
+  calls(model: string, device: string): CallRecord[];
   close(): void;
 }
 
@@ -42,7 +54,15 @@ export class SqliteReports implements Reports {
     this.db.pragma("busy_timeout = 5000");
     this.db.exec(`CREATE TABLE IF NOT EXISTS benchmark_reports (
       id TEXT PRIMARY KEY, principal TEXT NOT NULL, model TEXT NOT NULL, device TEXT NOT NULL,
-      created_at TEXT NOT NULL, report TEXT NOT NULL)`);
+      created_at TEXT NOT NULL, report TEXT NOT NULL);
+      CREATE TABLE IF NOT EXISTS measured_calls (
+      id INTEGER PRIMARY KEY, model TEXT NOT NULL, device TEXT NOT NULL, kind TEXT NOT NULL,
+      work TEXT NOT NULL, seconds REAL NOT NULL, at INTEGER NOT NULL, estimate_s REAL);
+      CREATE INDEX IF NOT EXISTS measured_by_model ON measured_calls (model, device, id);`);
+    // A table from before the estimate was kept gains its column (older rows: none).
+    const cols = this.db.prepare("PRAGMA table_info(measured_calls)").all() as { name: string }[];
+    if (!cols.some((c) => c.name === "estimate_s"))
+      this.db.exec("ALTER TABLE measured_calls ADD COLUMN estimate_s REAL");
   }
 
   put(
@@ -122,7 +142,103 @@ export class SqliteReports implements Reports {
     return out;
   }
 
+  // Inference records a call each time: the list in memory is the one estimates read, and rows
+  // are written at most once a second in one transaction (a commit per call, or per event-loop
+  // turn, would put a disk sync on the hot path).
+  private readonly callCache = new Map<string, CallRecord[]>();
+  private pendingCalls: CallRecord[] = [];
+
+  recordCall(call: CallRecord): void {
+    const list = this.calls(call.model, call.device);
+    const keyed = { ...call, key: workKey(call.kind, call.work) };
+    list.unshift(keyed);
+    condense(list);
+    this.pendingCalls.push(call);
+    if (this.pendingCalls.length === 1) setTimeout(this.flushCalls, 1000).unref();
+  }
+
+  /** Newest first; of one work only the newest few, so an estimate reads few on the hot path. */
+  calls(model: string, device: string): CallRecord[] {
+    const key = `${model}\u0000${device}`;
+    let list = this.callCache.get(key);
+    if (!list) {
+      const rows = this.db
+        .prepare(
+          `SELECT kind, work, seconds, at, estimate_s FROM measured_calls WHERE model = ? AND device = ? ORDER BY id DESC LIMIT ?`,
+        )
+        .all(model, device, ROWS_KEPT) as {
+        kind: CallRecord["kind"];
+        work: string;
+        seconds: number;
+        at: number;
+        estimate_s: number | null;
+      }[];
+      list = rows.map((r) => {
+        const work = JSON.parse(r.work);
+        return {
+          kind: r.kind,
+          model,
+          device,
+          work,
+          seconds: r.seconds,
+          at: r.at,
+          ...(r.estimate_s !== null ? { estimate_s: r.estimate_s } : {}),
+          key: workKey(r.kind, work),
+        };
+      });
+      condense(list);
+      this.callCache.set(key, list);
+    }
+    return list;
+  }
+
+  private readonly flushCalls = (): void => {
+    if (this.pendingCalls.length === 0 || !this.db.open) return;
+    const rows = this.pendingCalls;
+    this.pendingCalls = [];
+    const insert = this.db.prepare(
+      `INSERT INTO measured_calls (model, device, kind, work, seconds, at, estimate_s) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+    );
+    // Older rows than any list could hold are never read again.
+    const prune = this.db.prepare(
+      `DELETE FROM measured_calls WHERE model = ? AND device = ? AND id <= (SELECT id FROM measured_calls WHERE model = ? AND device = ? ORDER BY id DESC LIMIT 1 OFFSET ?)`,
+    );
+    try {
+      this.db.transaction(() => {
+        for (const c of rows)
+          insert.run(
+            c.model,
+            c.device,
+            c.kind,
+            JSON.stringify(c.work),
+            c.seconds,
+            c.at,
+            c.estimate_s ?? null,
+          );
+        for (const k of new Set(rows.map((c) => `${c.model}\u0000${c.device}`))) {
+          const [model, device] = k.split("\u0000");
+          prune.run(model, device, model, device, ROWS_KEPT);
+        }
+      })();
+    } catch {
+      // A full or read-only disk: estimates in this process still have the list in memory.
+    }
+  };
+
   close(): void {
+    this.flushCalls();
     this.db.close();
   }
+}
+
+/** Drops, in place, all but the newest REPEATS_KEPT of each work, and all past CALLS_KEPT. */
+function condense(list: CallRecord[]): void {
+  const seen = new Map<string | undefined, number>();
+  let n = 0;
+  for (const c of list) {
+    const k = seen.get(c.key) ?? 0;
+    seen.set(c.key, k + 1);
+    if (k < REPEATS_KEPT && n < CALLS_KEPT) list[n++] = c;
+  }
+  list.length = n;
 }

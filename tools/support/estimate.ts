@@ -1,8 +1,46 @@
 // Gathers the facts a cost estimate needs (catalog, weight headers via the worker, device memory,
-// loaded models, past benchmarks) and hands them to the pure estimator in policies/.
-import { estimateCost, type CostEstimate } from "../../policies/estimate.js";
+// loaded models, past benchmarks, calls measured before) and hands them to the pure estimator in
+// policies/; and keeps what each call really took, so the next estimate learns from it.
+import {
+  estimateDetail,
+  type CallRecord,
+  type CostEstimate,
+  type EstimateInput,
+} from "../../policies/estimate.js";
 import type { ToolPolicy } from "../../policies/tool_policy.js";
-import type { ToolContext } from "../types.js";
+import type { ToolContext, ToolServices } from "../types.js";
+
+/** What the estimator reads of a call besides models and devices: its work and its model's state. */
+function callFacts(
+  tool: Pick<ToolPolicy, "estimate">,
+  args: Record<string, any>,
+  ctx: ToolServices,
+  deviceKind: string,
+): Omit<EstimateInput, "device" | "loaded" | "history"> | undefined {
+  const kind = tool.estimate;
+  const entry = ctx.env.catalog.models.find((m) => m.id === args.model);
+  if (!entry || kind === null) return undefined;
+  // Tensor models have no sequence: one "token" per item on both sides of the comparison.
+  if (entry.task === "tensor" && kind === "benchmark") args = { ...args, seq_lens: [1] };
+  if (entry.task === "tensor" && kind === "check") args = { ...args, seq_len: 1 };
+  // How the model is loaded, from what the runtime observed (no worker call on the hot path).
+  const held = ctx.runtime.loadedModels().find((m) => m.model === entry.id);
+  return {
+    kind,
+    args,
+    // What the work needs of the model (estimateFor adds the rest).
+    model: {
+      id: entry.id,
+      parameters: 0,
+      weight_bytes: 0,
+      dtypes: entry.dtypes,
+      default_dtype: entry.default_dtype,
+    },
+    calls: ctx.reports.calls(entry.id, deviceKind),
+    now: Date.now(),
+    ...(held?.mode ? { loaded_mode: held.mode, loaded_at: held.loadedAt } : {}),
+  };
+}
 
 /** The estimate of a call of the tool whose record this is (none when it declares no estimate). */
 export async function estimateFor(
@@ -24,9 +62,8 @@ export async function estimateFor(
   ]);
   const dev = status.device ?? ctx.runtime.hello?.device;
   const deviceKind = String(dev?.kind ?? "cpu");
-  // Tensor models have no sequence: one "token" per item on both sides of the comparison.
+  const facts = callFacts(tool, args, ctx, deviceKind)!;
   const tensor = entry.task === "tensor";
-  if (tensor && kind === "benchmark") args = { ...args, seq_lens: [1] };
   const history = ctx.reports.history(entry.id, deviceKind).map((h) => ({
     model: entry.id,
     device: deviceKind,
@@ -36,9 +73,8 @@ export async function estimateFor(
     ...(h.mode ? { mode: h.mode } : {}),
     mean_latency_ms: h.latency_ms,
   }));
-  return estimateCost({
-    kind,
-    args,
+  const input: EstimateInput = {
+    ...facts,
     model: {
       id: entry.id,
       parameters: fact?.parameters ?? 0,
@@ -56,5 +92,37 @@ export async function estimateFor(
       bytes: Number(m.bytes_on_device ?? 0),
     })),
     history,
+  };
+  const d = estimateDetail(input);
+  // The work as estimated (defaults resolved by the tool, cold or not now) is what is kept with
+  // the time the call then takes.
+  ctx.onWork?.({
+    kind: facts.kind,
+    model: entry.id,
+    device: deviceKind,
+    work: d.work,
+    ...(d.measured_s !== undefined ? { estimate_s: d.measured_s } : {}),
   });
+  return d.estimate;
+}
+
+/** A call's work as its estimate saw it, waiting for the seconds it takes (measured). */
+export type EstimatedWork = Omit<CallRecord, "seconds" | "at">;
+
+/**
+ * Runs a call's work and keeps what it took with the work its estimate saw. The interval is the
+ * one the gate charges: from the start of the work to its end. Calls that fail are not kept
+ * (what they measured is not what the work costs), nor calls that were not estimated.
+ */
+export async function measured<T>(
+  estimated: () => EstimatedWork | undefined,
+  services: Pick<ToolServices, "reports">,
+  work: () => Promise<T>,
+): Promise<T> {
+  const at = Date.now();
+  const t0 = performance.now();
+  const out = await work();
+  const did = estimated();
+  if (did) services.reports.recordCall({ ...did, seconds: (performance.now() - t0) / 1000, at });
+  return out;
 }
