@@ -1,6 +1,8 @@
-// The budget lines a call is charged to, and the estimates held against them while admitted
-// calls run. The ledger (limits/budget.ts) records what calls cost; this adds what admitted
-// calls are expected to cost, so calls queued behind each other cannot all pass one check.
+// The budget lines a call is charged to, the estimates held against them while admitted calls
+// run, and the meter that stops a running call when a line runs out. The ledger
+// (limits/budget.ts) records what calls cost; this adds what admitted calls are expected to cost,
+// so calls queued behind each other cannot all pass one check, and what running calls use beyond
+// their estimates, so a budget is a cap rather than a reservation (limits/meter.ts).
 
 import type { Clock } from "../clock.js";
 import type { LimitsConfig } from "../config.js";
@@ -9,19 +11,40 @@ import type { CostEstimate } from "../estimate.js";
 import type { BudgetLedger } from "../limits/budget.js";
 import { requiredScope, type Principal, type Scope } from "../scopes.js";
 import type { ToolPolicy } from "../tool_policy.js";
+import { soonestStop, usedS, type LineState, type Runner } from "../limits/meter.js";
 
 /** Read-scoped tools that use the device draw on a small allowance of their own as well. */
 const READ_SCOPE: Scope = "models:read";
 const READ_KEY_SUFFIX = "\u0000read";
 
-/** What a capped call may use while it runs (BudgetLines.claimCap). */
-export interface Cap {
-  /** Seconds the call may run before the line runs out. */
-  seconds: number;
-  limit_s: number;
-  window_s: number;
-  /** Gives back the hold raised for the run. */
-  release: () => void;
+/** Which line stopped a metered call, and how it stood: for the call's budget_exceeded. */
+export interface CapStop {
+  /** The read allowance rather than the principal's budget. */
+  readAllowance: boolean;
+  /** Device-seconds the call had used when the line ran out (the stop is sent then). */
+  usedS: number;
+  limitS: number;
+  windowS: number;
+  /** Charged on the line in the window, plus what admitted calls hold, when it was stopped. */
+  lineUsedS: number;
+}
+
+/** A call being metered (BudgetLines.meter); `end` stops the metering, once. */
+export interface Metered {
+  end(): void;
+}
+
+/** Longest timer Node keeps (2^31 − 1 ms): a stop further away is looked at again then. */
+const MAX_TIMER_MS = 2_147_483_647;
+
+interface Running {
+  runner: Runner;
+  keys: { key: string; limit?: number }[];
+  onStop: (stop: CapStop) => void;
+  timer?: NodeJS.Timeout;
+  /** When the armed timer was due (the line ran out then, however late the timer fires). */
+  dueMs?: number;
+  stopped: boolean;
 }
 
 export class BudgetLines {
@@ -56,7 +79,7 @@ export class BudgetLines {
     if (!estimate) return;
     const need = estimate.device_seconds;
     for (const { key, limit } of this.lines(principal.id, tool)) {
-      const b = this.ledger.check(key, need, this.reserved.get(key) ?? 0, limit);
+      const b = this.ledger.check(key, need, this.held(key), limit);
       if (b.ok) continue;
       const what =
         key === principal.id ? "Device-time budget" : "Device-time allowance for read-scoped tools";
@@ -91,51 +114,129 @@ export class BudgetLines {
     const seconds = estimate?.device_seconds ?? 0;
     const keys = this.lines(principal, tool).map((k) => k.key);
     for (const k of keys) this.adjust(k, seconds);
+    this.rearm(keys.map((key) => ({ key })));
     let done = false;
     return () => {
       if (done) return;
       done = true;
       for (const k of keys) this.adjust(k, -seconds);
+      this.rearm(keys.map((key) => ({ key })));
     };
   }
 
   /**
-   * For a call about to run: the seconds it may use before a capped line of its own (the read
-   * allowance) runs out: the line's limit less what the window has charged and what every other
-   * admitted call holds. Undefined when no line of the call is capped, or it is not charged (no
-   * estimate). While the call runs its hold on those lines is raised to that many seconds, so
-   * calls running at once (on other lanes or workers) cannot spend the same seconds twice;
-   * `release` gives the extra hold back, once.
+   * Meters a call as it runs, on every line it is charged to: `onStop` is called (once) when its
+   * device time reaches its estimate plus what is left of a line, shared with the principal's
+   * other running calls (limits/meter.ts has the rule). Undefined for a call that is not charged
+   * (no estimate). The meter reads the gate's clock, not worker reports: the charge is the gate's
+   * wall time of the work, so the same clock bounds exactly what will be charged, also for an op
+   * that reports nothing for seconds (a load, a long forward) or a worker that hangs; progress
+   * messages would only say sooner what this clock already knows.
    */
-  claimCap(principal: string, tool: string, estimate: CostEstimate | undefined): Cap | undefined {
+  meter(
+    principal: string,
+    tool: string,
+    estimate: CostEstimate | undefined,
+    onStop: (stop: CapStop) => void,
+  ): Metered | undefined {
     if (!estimate) return undefined;
-    const own = estimate.device_seconds;
-    let cap: Cap | undefined;
-    const capped: string[] = [];
-    for (const { key, limit } of this.lines(principal, tool)) {
-      if (limit === undefined) continue;
-      capped.push(key);
-      const others = Math.max(0, (this.reserved.get(key) ?? 0) - own);
-      const b = this.ledger.check(key, 0, others, limit);
-      const left = Math.max(0, limit - b.used_s);
-      if (!cap || left < cap.seconds)
-        cap = { seconds: left, limit_s: b.limit_s, window_s: b.window_s, release: () => {} };
-    }
-    if (!cap) return undefined;
-    const extra = Math.max(0, cap.seconds - own);
-    for (const k of capped) this.adjust(k, extra);
-    let done = false;
-    cap.release = () => {
-      if (done) return;
-      done = true;
-      for (const k of capped) this.adjust(k, -extra);
+    const run: Running = {
+      runner: { startedMs: this.clock(), reservedS: estimate.device_seconds },
+      keys: this.lines(principal, tool),
+      onStop,
+      stopped: false,
     };
-    return cap;
+    for (const { key } of run.keys) {
+      let set = this.running.get(key);
+      if (!set) this.running.set(key, (set = new Set()));
+      set.add(run);
+    }
+    this.rearm(run.keys);
+    let ended = false;
+    return {
+      end: () => {
+        if (ended) return;
+        ended = true;
+        clearTimeout(run.timer);
+        for (const { key } of run.keys) {
+          const set = this.running.get(key);
+          set?.delete(run);
+          if (set?.size === 0) this.running.delete(key);
+        }
+        this.rearm(run.keys);
+      },
+    };
+  }
+
+  /** What admitted calls hold on a line: their estimates, and what running ones used beyond. */
+  private held(key: string): number {
+    let excess = 0;
+    const now = this.clock();
+    for (const r of this.running.get(key) ?? [])
+      excess += Math.max(0, usedS(r.runner, now) - r.runner.reservedS);
+    return (this.reserved.get(key) ?? 0) + excess;
+  }
+
+  /** Calls running on each line, metered. */
+  private readonly running = new Map<string, Set<Running>>();
+
+  /** The line as the meter sees it now. */
+  private state(key: string, limit: number | undefined): LineState & { windowS: number } {
+    const b = this.ledger.check(key, 0, 0, limit);
+    const runners = [...(this.running.get(key) ?? [])].map((r) => r.runner);
+    return {
+      limitS: b.limit_s,
+      chargedS: b.used_s,
+      reservedS: this.reserved.get(key) ?? 0,
+      runners,
+      windowS: b.window_s,
+    };
+  }
+
+  /** Looks again at when each call running on these lines must stop (something changed). */
+  private rearm(keys: readonly { key: string }[]): void {
+    const seen = new Set<Running>();
+    for (const { key } of keys)
+      for (const run of this.running.get(key) ?? []) {
+        if (seen.has(run)) continue;
+        seen.add(run);
+        this.arm(run);
+      }
+  }
+
+  private arm(run: Running): void {
+    clearTimeout(run.timer);
+    run.timer = undefined;
+    const due = run.dueMs;
+    run.dueMs = undefined;
+    if (run.stopped) return;
+    const now = this.clock();
+    const states = run.keys.map(({ key, limit }) => ({ key, limit, state: this.state(key, limit) }));
+    const { inMs, key } = soonestStop(states, run.runner, now);
+    if (inMs <= 1) {
+      const s = states.find((x) => x.key === key)!;
+      run.stopped = true;
+      run.onStop({
+        readAllowance: key !== run.keys[0].key,
+        usedS: usedS(run.runner, Math.min(now, due ?? now)),
+        limitS: s.state.limitS,
+        windowS: s.state.windowS,
+        lineUsedS: s.state.chargedS + s.state.reservedS,
+      });
+      return;
+    }
+    if (!Number.isFinite(inMs)) return;
+    // Looked at again when it fires: a charge may have left the window meanwhile.
+    run.dueMs = now + inMs;
+    run.timer = setTimeout(() => this.arm(run), Math.min(MAX_TIMER_MS, Math.ceil(inMs)));
+    run.timer.unref?.();
   }
 
   /** Charges what the call measured to every line of the call. */
   charge(principal: string, tool: string, seconds: number): void {
-    for (const { key } of this.lines(principal, tool)) this.ledger.charge(key, seconds, tool);
+    const keys = this.lines(principal, tool);
+    for (const { key } of keys) this.ledger.charge(key, seconds, tool);
+    this.rearm(keys);
   }
 
   private adjust(key: string, seconds: number): void {
