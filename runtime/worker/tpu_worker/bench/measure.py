@@ -139,13 +139,15 @@ def measure(
         samples: list[float] = []
         plat.synchronize(device)
         start = end = time.perf_counter()
-        out = None
+        out = kept = None
         while True:
             if iterations is not None and len(samples) >= iterations:
                 break
             if duration is not None and samples and end - start >= duration:
                 break
             if token.cancelled:
+                if token.stopped and samples:
+                    break  # stopped by the server (budget, timeout): what was measured stands
                 return None
             out = None  # the previous output is freed before the next call, as a server would
             plat.synchronize(device)
@@ -153,8 +155,15 @@ def measure(
             out = step()  # kept alive until after the synchronize below
             plat.materialize(out, device)  # fused eager mode: run the deferred graph now
             plat.synchronize(device)
+            if work == "generate" and token.cancelled:
+                # A generation cut short by the stop is no sample; the last whole one is kept.
+                if token.stopped and samples:
+                    out = kept
+                    break
+                return None
             end = time.perf_counter()
             samples.append(end - t0)
+            kept = out
             mem.sample()
             if first_call_s is None:
                 first_call_s = samples[-1]
