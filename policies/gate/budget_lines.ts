@@ -204,14 +204,19 @@ export class BudgetLines {
       }
   }
 
-  private arm(run: Running): void {
+  /** `fired`: its timer fired, so its due time has come whatever the (injected) clock says. */
+  private arm(run: Running, fired = false): void {
     clearTimeout(run.timer);
     run.timer = undefined;
     const due = run.dueMs;
     run.dueMs = undefined;
     if (run.stopped) return;
-    const now = this.clock();
-    const states = run.keys.map(({ key, limit }) => ({ key, limit, state: this.state(key, limit) }));
+    const now = fired && due !== undefined ? Math.max(this.clock(), due) : this.clock();
+    const states = run.keys.map(({ key, limit }) => ({
+      key,
+      limit,
+      state: this.state(key, limit),
+    }));
     const { inMs, key } = soonestStop(states, run.runner, now);
     if (inMs <= 1) {
       const s = states.find((x) => x.key === key)!;
@@ -228,7 +233,7 @@ export class BudgetLines {
     if (!Number.isFinite(inMs)) return;
     // Looked at again when it fires: a charge may have left the window meanwhile.
     run.dueMs = now + inMs;
-    run.timer = setTimeout(() => this.arm(run), Math.min(MAX_TIMER_MS, Math.ceil(inMs)));
+    run.timer = setTimeout(() => this.arm(run, true), Math.min(MAX_TIMER_MS, Math.ceil(inMs)));
     run.timer.unref?.();
   }
 

@@ -137,8 +137,9 @@ export async function supervise<T>(
     try {
       result = await Promise.race([work, gaveUp]);
     } catch (e) {
-      // A stopped call that ends in the worker's cancellation answers why it was stopped.
-      throw stopped && endedByStop(e) ? stopped : e;
+      // A stopped call that ends without an answer (the worker's cancellation, the runtime's
+      // hard cancel) answers why it was stopped.
+      throw stopped ?? e;
     }
     trace?.mark("g.work_done");
     await allowedCommitted;
@@ -225,12 +226,6 @@ function budgetStop(
     ? `${tool} was stopped after ${used} s: the device-time allowance for read-scoped tools ran out (${cap.limitS} s per ${cap.windowS} s window); it is charged the device time it used. Retry when the window frees up, or with a smaller batch or sequence.`
     : `${tool} was stopped after ${used} s of device time (estimated ${estimate?.device_seconds ?? "?"} s): the device-time budget of ${principal} ran out (${cap.limitS} s per ${cap.windowS} s window, counting its calls still running); it is charged the device time it used. Retry when the window frees up, or make the call smaller (fewer iterations, sizes or tokens).`;
   return stopError("budget_exceeded", message, details, "budget");
-}
-
-/** The work ended because it was stopped (the worker's or the runtime's cancellation). */
-function endedByStop(e: unknown): boolean {
-  const code = isPolicyError(e) ? e.code : (e as { code?: unknown })?.code;
-  return code === "cancelled" || code === "timeout" || code === "budget_exceeded";
 }
 
 function round3(x: number): number {
