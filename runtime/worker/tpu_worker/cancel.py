@@ -39,7 +39,7 @@ class CancelToken:
 
     @property
     def stopped(self) -> str | None:
-        """"budget" or "timeout" when the server stopped the call; None otherwise."""
+        """The server's stop ("budget" or "timeout"); None otherwise (not cancelled, or by the caller)."""
         r = self.reason
         return r if r in ("budget", "timeout") else None
 
