@@ -3,13 +3,14 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens runs a subset;
+// tokens,budget runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
 import { join } from "node:path";
 import { EventEmitter } from "node:events";
 import { runAudit } from "./audit.js";
+import { runBudget } from "./budget.js";
 import { runColdStart } from "./coldstart.js";
 import { runConcurrency } from "./concurrency.js";
 import { runDecompose } from "./decompose.js";
@@ -47,6 +48,7 @@ const SECTIONS = [
   "pool",
   "audit",
   "tokens",
+  "budget",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
@@ -168,6 +170,13 @@ function targets(f: Record<string, number>): Target[] {
     "audit.p99_ratio",
     (v) => v <= 1.2,
     "≤ 1.2× of the same traffic without views",
+  );
+  add(
+    "budget: 8 concurrent under-estimated benchmarks, charged − limit",
+    "budget.overrun_s",
+    (v) => v <= 1,
+    "≤ 1 s (one stop latency)",
+    (v) => `${v.toFixed(3)} s`,
   );
   add(
     "demo agent's tools/list (HTTP)",
@@ -343,6 +352,12 @@ async function main() {
       baselineCli: base ? join(base, "bin", "tpu-mcp.js") : undefined,
       say,
     });
+  }
+
+  // A budget is a cap: 8 concurrent under-estimated benchmarks, charged against the limit.
+  if (want("budget")) {
+    say("budget (8 concurrent benchmarks at ≥ 2.5× their estimate against 3.5 estimates)…");
+    results.budget = await runBudget();
   }
 
   load.end = loadavg();
