@@ -11,7 +11,7 @@ import type { CostEstimate } from "../estimate.js";
 import type { BudgetLedger } from "../limits/budget.js";
 import { requiredScope, type Principal, type Scope } from "../scopes.js";
 import type { ToolPolicy } from "../tool_policy.js";
-import { soonestStop, usedS, type LineState, type Runner } from "../limits/meter.js";
+import { dueNow, lineStopInMs, usedS, type LineState, type Runner } from "../limits/meter.js";
 
 /** Read-scoped tools that use the device draw on a small allowance of their own as well. */
 const READ_SCOPE: Scope = "models:read";
@@ -41,10 +41,16 @@ interface Running {
   runner: Runner;
   keys: { key: string; limit?: number }[];
   onStop: (stop: CapStop) => void;
-  timer?: NodeJS.Timeout;
-  /** When the armed timer was due (the line ran out then, however late the timer fires). */
-  dueMs?: number;
   stopped: boolean;
+}
+
+/** The calls running on one line, and the timer set for the first of them to stop. */
+interface Line {
+  limit?: number;
+  runs: Set<Running>;
+  timer?: NodeJS.Timeout;
+  /** When the timer was due (the line ran out then, however late the timer fires). */
+  dueMs?: number;
 }
 
 export class BudgetLines {
@@ -146,10 +152,10 @@ export class BudgetLines {
       onStop,
       stopped: false,
     };
-    for (const { key } of run.keys) {
-      let set = this.running.get(key);
-      if (!set) this.running.set(key, (set = new Set()));
-      set.add(run);
+    for (const { key, limit } of run.keys) {
+      let line = this.running.get(key);
+      if (!line) this.running.set(key, (line = { limit, runs: new Set() }));
+      line.runs.add(run);
     }
     this.rearm(run.keys);
     let ended = false;
@@ -157,11 +163,13 @@ export class BudgetLines {
       end: () => {
         if (ended) return;
         ended = true;
-        clearTimeout(run.timer);
         for (const { key } of run.keys) {
-          const set = this.running.get(key);
-          set?.delete(run);
-          if (set?.size === 0) this.running.delete(key);
+          const line = this.running.get(key);
+          line?.runs.delete(run);
+          if (line?.runs.size === 0) {
+            clearTimeout(line.timer);
+            this.running.delete(key);
+          }
         }
         this.rearm(run.keys);
       },
@@ -172,69 +180,81 @@ export class BudgetLines {
   private held(key: string): number {
     let excess = 0;
     const now = this.clock();
-    for (const r of this.running.get(key) ?? [])
+    for (const r of this.running.get(key)?.runs ?? [])
       excess += Math.max(0, usedS(r.runner, now) - r.runner.reservedS);
     return (this.reserved.get(key) ?? 0) + excess;
   }
 
   /** Calls running on each line, metered. */
-  private readonly running = new Map<string, Set<Running>>();
+  private readonly running = new Map<string, Line>();
 
   /** The line as the meter sees it now. */
-  private state(key: string, limit: number | undefined): LineState & { windowS: number } {
-    const b = this.ledger.check(key, 0, 0, limit);
-    const runners = [...(this.running.get(key) ?? [])].map((r) => r.runner);
+  private state(key: string, line: Line): LineState & { windowS: number } {
+    const b = this.ledger.check(key, 0, 0, line.limit);
     return {
       limitS: b.limit_s,
       chargedS: b.used_s,
       reservedS: this.reserved.get(key) ?? 0,
-      runners,
+      runners: [...line.runs].map((r) => r.runner),
       windowS: b.window_s,
     };
   }
 
-  /** Looks again at when each call running on these lines must stop (something changed). */
+  /** Something changed on these lines: looks again at when their next call must stop. */
   private rearm(keys: readonly { key: string }[]): void {
-    const seen = new Set<Running>();
-    for (const { key } of keys)
-      for (const run of this.running.get(key) ?? []) {
-        if (seen.has(run)) continue;
-        seen.add(run);
-        this.arm(run);
-      }
+    for (const { key } of keys) this.arm(key);
   }
 
-  /** `fired`: its timer fired, so its due time has come whatever the (injected) clock says. */
-  private arm(run: Running, fired = false): void {
-    clearTimeout(run.timer);
-    run.timer = undefined;
-    const due = run.dueMs;
-    run.dueMs = undefined;
-    if (run.stopped) return;
+  /**
+   * Stops the line's calls that are due, and sets one timer for the next: each event costs one
+   * walk over the line's running calls, however many run (inference runs dozens at once).
+   * `fired`: the timer fired, so its due time has come whatever the (injected) clock says.
+   */
+  private arm(key: string, fired = false): void {
+    const line = this.running.get(key);
+    if (!line) return;
+    clearTimeout(line.timer);
+    line.timer = undefined;
+    const due = line.dueMs;
+    line.dueMs = undefined;
     const now = fired && due !== undefined ? Math.max(this.clock(), due) : this.clock();
-    const states = run.keys.map(({ key, limit }) => ({
-      key,
-      limit,
-      state: this.state(key, limit),
-    }));
-    const { inMs, key } = soonestStop(states, run.runner, now);
-    if (inMs <= 1) {
-      const s = states.find((x) => x.key === key)!;
-      run.stopped = true;
-      run.onStop({
-        readAllowance: key !== run.keys[0].key,
-        usedS: usedS(run.runner, Math.min(now, due ?? now)),
-        limitS: s.state.limitS,
-        windowS: s.state.windowS,
-        lineUsedS: s.state.chargedS + s.state.reservedS,
-      });
-      return;
+    for (;;) {
+      const state = this.state(key, line);
+      const live = [...line.runs].filter((r) => !r.stopped);
+      const inMs = lineStopInMs(
+        state,
+        live.map((r) => r.runner),
+        now,
+      );
+      if (!Number.isFinite(inMs)) return;
+      if (inMs > 1) {
+        // Looked at again when it fires: a charge may have left the window meanwhile.
+        line.dueMs = now + inMs;
+        line.timer = setTimeout(() => this.arm(key, true), Math.min(MAX_TIMER_MS, Math.ceil(inMs)));
+        line.timer.unref?.();
+        return;
+      }
+      const stopping = live.filter((r) => dueNow(state, r.runner, now));
+      // Never spin: the soonest stop is now, so one is due; bar rounding, the nearest to its estimate.
+      if (stopping.length === 0)
+        stopping.push(
+          live.reduce((a, b) =>
+            usedS(b.runner, now) - b.runner.reservedS > usedS(a.runner, now) - a.runner.reservedS
+              ? b
+              : a,
+          ),
+        );
+      for (const r of stopping) r.stopped = true;
+      for (const r of stopping)
+        r.onStop({
+          readAllowance: key !== r.keys[0].key,
+          usedS: usedS(r.runner, Math.min(now, due ?? now)),
+          limitS: state.limitS,
+          windowS: state.windowS,
+          lineUsedS: state.chargedS + state.reservedS,
+        });
+      if (!this.running.has(key)) return;
     }
-    if (!Number.isFinite(inMs)) return;
-    // Looked at again when it fires: a charge may have left the window meanwhile.
-    run.dueMs = now + inMs;
-    run.timer = setTimeout(() => this.arm(run, true), Math.min(MAX_TIMER_MS, Math.ceil(inMs)));
-    run.timer.unref?.();
   }
 
   /** Charges what the call measured to every line of the call. */

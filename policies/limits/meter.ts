@@ -66,16 +66,44 @@ export function stopInMs(line: LineState, runner: Runner, nowMs: number): number
   return t + (gap / (1 + past)) * 1000 - nowMs;
 }
 
-/** The soonest stop over the lines a call is charged to, with the line that sets it. */
-export function soonestStop<K>(
-  lines: readonly { key: K; state: LineState }[],
-  runner: Runner,
+/**
+ * Milliseconds from `nowMs` until the first of `candidates` (running calls of the line not yet
+ * stopped) must stop: the minimum of stopInMs over them, in one walk. The candidate nearest to
+ * its estimate (the soonest to reach it) has the least headroom, so the line's gap is what is
+ * left less that headroom; it falls by 1 s/s per call past its estimate, plus 1 s/s until the
+ * nearest candidate reaches its own.
+ */
+export function lineStopInMs(
+  line: LineState,
+  candidates: readonly Runner[],
   nowMs: number,
-): { inMs: number; key: K | undefined } {
-  let best = { inMs: Infinity, key: undefined as K | undefined };
-  for (const { key, state } of lines) {
-    const inMs = stopInMs(state, runner, nowMs);
-    if (inMs < best.inMs) best = { inMs, key };
+): number {
+  if (candidates.length === 0) return Infinity;
+  let nearest = Infinity;
+  for (const r of candidates) nearest = Math.min(nearest, r.startedMs + r.reservedS * 1000);
+  let gap = leftS(line, nowMs) - Math.min(0, (nowMs - nearest) / 1000);
+  if (gap <= 0) return 0;
+  const crossings: number[] = [];
+  let past = 0;
+  for (const r of line.runners) {
+    const at = r.startedMs + r.reservedS * 1000;
+    if (at <= nowMs) past++;
+    else crossings.push(at);
   }
-  return best;
+  crossings.sort((x, y) => x - y);
+  let t = nowMs;
+  for (const at of crossings) {
+    const slope = past + (t < nearest ? 1 : 0);
+    const reach = t + (gap / slope) * 1000;
+    if (reach <= at) return reach - nowMs;
+    gap -= ((at - t) / 1000) * slope;
+    t = at;
+    past++;
+  }
+  return t + (gap / (past + (t < nearest ? 1 : 0))) * 1000 - nowMs;
+}
+
+/** Whether `runner` must stop now: what is left ≤ min(0, used − reserved), within `epsS`. */
+export function dueNow(line: LineState, runner: Runner, nowMs: number, epsS = 0.001): boolean {
+  return leftS(line, nowMs) - Math.min(0, usedS(runner, nowMs) - runner.reservedS) <= epsS;
 }
