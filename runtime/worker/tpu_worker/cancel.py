@@ -1,9 +1,9 @@
 """Cancellation tokens: `cancel` messages set them; long loops check them between steps.
 
-A token carries why it was cancelled: "cancelled" (the caller), or "budget" / "timeout" (the
-server's gate stopped the call: its device-time budget or its time limit ran out). A loop that
-can end with a partial result (a benchmark's grid, a generation's tokens) reads `reason` to mark
-it; everything else raises `Cancelled`, whose message says why.
+A token carries why it was stopped: "cancelled" (the caller's cancel), "budget" or "timeout"
+(the server's cap). A generation finishes its sequences with that reason as finish_reason; a
+benchmark ends its grid with what it measured, marked `stopped`; everything else raises
+`Cancelled`, whose message says why.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ class CancelToken:
         self._reason: str | None = None
 
     def cancel(self, reason: str = "cancelled") -> None:
-        # The first reason wins: a call stopped by its budget stays stopped by its budget.
         if reason not in REASONS:
-            reason = "cancelled"
-        if self._reason is None:
+            raise ValueError(f"unknown cancel reason {reason!r}")
+        if self._reason is None:  # the first reason wins
             self._reason = reason
         self._event.set()
 
@@ -34,7 +33,7 @@ class CancelToken:
 
     @property
     def reason(self) -> str | None:
-        """Why the token was cancelled ("cancelled", "budget", "timeout"); None while it is not."""
+        """Why the token was cancelled, or None while it is not."""
         return self._reason if self._event.is_set() else None
 
     @property
