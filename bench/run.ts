@@ -3,13 +3,14 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,generate,stability runs a subset;
+// tokens,estimates,budget,generate,stability runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
 import { join } from "node:path";
 import { EventEmitter } from "node:events";
 import { runAudit } from "./audit.js";
+import { runBudget } from "./budget.js";
 import { runColdStart } from "./coldstart.js";
 import { runConcurrency } from "./concurrency.js";
 import { runDecompose } from "./decompose.js";
@@ -51,6 +52,7 @@ const SECTIONS = [
   "audit",
   "tokens",
   "estimates",
+  "budget",
   "stability",
   "generate",
 ] as const;
@@ -174,6 +176,13 @@ function targets(f: Record<string, number>): Target[] {
     "audit.p99_ratio",
     (v) => v <= 1.2,
     "≤ 1.2× of the same traffic without views",
+  );
+  add(
+    "budget: 8 concurrent under-estimated benchmarks, charged − limit",
+    "budget.overrun_s",
+    (v) => v <= 1,
+    "≤ 1 s (one stop latency)",
+    (v) => `${v.toFixed(3)} s`,
   );
   add(
     "demo agent's tools/list (HTTP)",
@@ -361,6 +370,12 @@ async function main() {
       baselineCli: base ? join(base, "bin", "tpu-mcp.js") : undefined,
       say,
     });
+  }
+
+  // A budget is a cap: 8 concurrent under-estimated benchmarks, charged against the limit.
+  if (want("budget")) {
+    say("budget (8 concurrent benchmarks at ≥ 2.5× their estimate against 3.5 estimates)…");
+    results.budget = await runBudget();
   }
 
   // Estimates against what the gate charged, on a fresh and on a warm data dir of their own.

@@ -178,7 +178,7 @@ export const ERROR_CATALOGUE = {
   budget_exceeded: {
     recoverable: true,
     http: 429,
-    doc: "The device-seconds budget for the window is spent; wait for the window to reset.",
+    doc: "The device-seconds budget (or read allowance) is spent: refused before the call, or stopped while it ran (details.stopped_after_s); wait for the window or make the call smaller.",
   },
   busy: {
     recoverable: true,
@@ -188,7 +188,7 @@ export const ERROR_CATALOGUE = {
   timeout: {
     recoverable: true,
     http: 504,
-    doc: "The call ran past its time limit and was cancelled in the worker.",
+    doc: 'The call ran past call_timeout_s and was stopped in the worker; a benchmark answers with its partial report marked stopped: "timeout" instead.',
   },
   // Recoverable (the policy list said no): nothing is wrong with the call, its caller stopped
   // it; the worker (tpu_worker/errors.py) says the same. 499: "client closed request" (nginx).

@@ -14,7 +14,8 @@
 //   `model_not_loaded`.
 // - an aborted call sends `cancel` and rejects with `cancelled` when the worker ends the request
 //   (or after cancelGraceMs) — except an op that stops early and returns its finished part
-//   flagged `cancelled: true` (benchmarks): that result is resolved so partial work is kept;
+//   flagged `cancelled: true` or `stopped` (benchmarks): that result is resolved so partial work
+//   is kept; an abort whose reason carries `stop` (the gate's budget or timeout) sends it along;
 // - a worker that refuses its configuration before hello (exit 2/4: catalog, device) is not
 //   restarted: the runtime fails at once with the worker's reason.
 //
@@ -43,6 +44,9 @@ import {
   type RuntimeEvents,
   type WorkerHello,
   type WorkerState,
+  isPartialResult,
+  stopReasonOf,
+  type StopReason,
 } from "./types.js";
 import {
   CallTable,
@@ -263,7 +267,8 @@ export class WorkerRuntime {
         p.timer = setTimeout(() => this.onCallTimeout(p, timeoutMs), timeoutMs);
       }
       if (signal) {
-        const onAbort = () => this.onCallAbort(p);
+        // The gate's stop (budget, timeout) travels as the cancel's reason.
+        const onAbort = () => this.onCallAbort(p, stopReasonOf(signal.reason));
         signal.addEventListener("abort", onAbort, { once: true });
         p.detachAbort = () => signal.removeEventListener("abort", onAbort);
       }
@@ -620,8 +625,10 @@ export class WorkerRuntime {
       if (p.settled) return;
       const result = msg.result;
       // A long op that stopped early on the cancel returns its finished part (e.g. a benchmark's
-      // completed configurations, flagged cancelled: true): keep it rather than throw it away.
-      if (p.cancelRequested && (result as { cancelled?: unknown }).cancelled !== true)
+      // completed configurations, flagged cancelled: true or stopped: "budget"): keep it rather
+      // than throw it away.
+      // After the gate's stop (budget, timeout) any answer is the worker's partial result.
+      if (p.cancelRequested && !p.stopReason && !isPartialResult(result))
         return this.calls.settle(p, () => p.reject(cancelledError(p.op, "by the caller")));
       return this.calls.settle(p, () => p.resolve({ result, tensors: frame.tensors }));
     }
@@ -692,11 +699,12 @@ export class WorkerRuntime {
     this.probe(p.proc, `request ${p.id} (${p.op}) timed out`);
   }
 
-  private onCallAbort(p: Pending): void {
+  private onCallAbort(p: Pending, reason?: StopReason): void {
     if (p.settled || p.cancelRequested) return;
     p.cancelRequested = true;
+    p.stopReason = reason;
     clearTimeout(p.timer);
-    this.sendCancel(p);
+    this.sendCancel(p, reason);
     p.graceTimer = setTimeout(() => {
       if (!p.settled)
         this.calls.settle(p, () =>
@@ -705,8 +713,8 @@ export class WorkerRuntime {
     }, this.options.cancelGraceMs);
   }
 
-  private sendCancel(p: Pending): void {
-    if (!p.proc.gone) this.write(p.proc, encodeFrame(cancelMessage(p.id)));
+  private sendCancel(p: Pending, reason?: StopReason): void {
+    if (!p.proc.gone) this.write(p.proc, encodeFrame(cancelMessage(p.id, reason)));
   }
 
   private startHeartbeat(proc: WorkerProc): void {

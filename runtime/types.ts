@@ -238,3 +238,21 @@ export interface FleetState {
     node: string | null;
   }>;
 }
+
+/**
+ * Why the gate stopped a call (its budget ran out, or its time limit), as its abort signal's
+ * reason carries it (`{ stop: "budget" }`): the worker is told, and ends the call with what it
+ * has (a benchmark's measured part marked `stopped`) instead of discarding it.
+ */
+export type StopReason = "budget" | "timeout";
+
+export function stopReasonOf(reason: unknown): StopReason | undefined {
+  const stop = (reason as { stop?: unknown } | null | undefined)?.stop;
+  return stop === "budget" || stop === "timeout" ? stop : undefined;
+}
+
+/** A result that ends early with its finished part: cancelled, or stopped by the gate. */
+export function isPartialResult(result: unknown): boolean {
+  const r = result as { cancelled?: unknown; stopped?: unknown } | null | undefined;
+  return r?.cancelled === true || stopReasonOf({ stop: r?.stopped }) !== undefined;
+}

@@ -193,6 +193,8 @@ const Report = z.object({
   scenario: z.enum(["single-stream", "offline"]),
   work: z.enum(["forward", "generate"]),
   cancelled: z.boolean(),
+  /** Present when the gate stopped the run: its budget or time limit ran out; configs are what it measured. */
+  stopped: z.enum(["budget", "timeout"]).optional(),
   configs: z.array(Config),
   manifest: z.record(z.string(), z.unknown()),
   comparison: z
@@ -336,6 +338,7 @@ const build = (env: ToolEnv) => {
         scenario: args.scenario,
         work: args.work,
         cancelled: Boolean(result.cancelled),
+        ...(result.stopped ? { stopped: result.stopped } : {}),
         configs: result.configs ?? [],
         manifest: result.manifest ?? {},
         ...(baseline ? { comparison: compareReports(result, baseline.report, baseline.id) } : {}),
@@ -383,7 +386,7 @@ const build = (env: ToolEnv) => {
         ? `\nvs ${o.comparison.baseline_id}:\n${diffs.join("\n")}` +
           (o.comparison.warnings.length ? `\nwarnings: ${o.comparison.warnings.join("; ")}` : "")
         : "";
-      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${cmp}`;
+      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}${o.stopped ? `, stopped (${o.stopped}): partial` : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${cmp}`;
     },
   });
 };

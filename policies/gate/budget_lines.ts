@@ -1,6 +1,8 @@
-// The budget lines a call is charged to, and the estimates held against them while admitted
-// calls run. The ledger (limits/budget.ts) records what calls cost; this adds what admitted
-// calls are expected to cost, so calls queued behind each other cannot all pass one check.
+// The budget lines a call is charged to, the estimates held against them while admitted calls
+// run, and the meter that stops a running call when a line runs out. The ledger
+// (limits/budget.ts) records what calls cost; this adds what admitted calls are expected to cost,
+// so calls queued behind each other cannot all pass one check, and what running calls use beyond
+// their estimates, so a budget is a cap rather than a reservation (limits/meter.ts).
 
 import type { Clock } from "../clock.js";
 import type { LimitsConfig } from "../config.js";
@@ -9,19 +11,46 @@ import type { CostEstimate } from "../estimate.js";
 import type { BudgetLedger } from "../limits/budget.js";
 import { requiredScope, type Principal, type Scope } from "../scopes.js";
 import type { ToolPolicy } from "../tool_policy.js";
+import { dueNow, lineStopInMs, usedS, type LineState, type Runner } from "../limits/meter.js";
 
 /** Read-scoped tools that use the device draw on a small allowance of their own as well. */
 const READ_SCOPE: Scope = "models:read";
 const READ_KEY_SUFFIX = "\u0000read";
 
-/** What a capped call may use while it runs (BudgetLines.claimCap). */
-export interface Cap {
-  /** Seconds the call may run before the line runs out. */
-  seconds: number;
-  limit_s: number;
-  window_s: number;
-  /** Gives back the hold raised for the run. */
-  release: () => void;
+/** Which line stopped a metered call, and how it stood: for the call's budget_exceeded. */
+export interface CapStop {
+  /** The read allowance rather than the principal's budget. */
+  readAllowance: boolean;
+  /** Device-seconds the call had used when the line ran out (the stop is sent then). */
+  usedS: number;
+  limitS: number;
+  windowS: number;
+  /** Charged on the line in the window, plus what admitted calls hold, when it was stopped. */
+  lineUsedS: number;
+}
+
+/** A call being metered (BudgetLines.meter); `end` stops the metering, once. */
+export interface Metered {
+  end(): void;
+}
+
+/** Longest timer Node keeps (2^31 − 1 ms): a stop further away is looked at again then. */
+const MAX_TIMER_MS = 2_147_483_647;
+
+interface Running {
+  runner: Runner;
+  keys: { key: string; limit?: number }[];
+  onStop: (stop: CapStop) => void;
+  stopped: boolean;
+}
+
+/** The calls running on one line, and the timer set for the first of them to stop. */
+interface Line {
+  limit?: number;
+  runs: Set<Running>;
+  timer?: NodeJS.Timeout;
+  /** When the timer was due (the line ran out then, however late the timer fires). */
+  dueMs?: number;
 }
 
 export class BudgetLines {
@@ -56,7 +85,7 @@ export class BudgetLines {
     if (!estimate) return;
     const need = estimate.device_seconds;
     for (const { key, limit } of this.lines(principal.id, tool)) {
-      const b = this.ledger.check(key, need, this.reserved.get(key) ?? 0, limit);
+      const b = this.ledger.check(key, need, this.held(key), limit);
       if (b.ok) continue;
       const what =
         key === principal.id ? "Device-time budget" : "Device-time allowance for read-scoped tools";
@@ -91,51 +120,148 @@ export class BudgetLines {
     const seconds = estimate?.device_seconds ?? 0;
     const keys = this.lines(principal, tool).map((k) => k.key);
     for (const k of keys) this.adjust(k, seconds);
+    this.rearm(keys.map((key) => ({ key })));
     let done = false;
     return () => {
       if (done) return;
       done = true;
       for (const k of keys) this.adjust(k, -seconds);
+      this.rearm(keys.map((key) => ({ key })));
     };
   }
 
   /**
-   * For a call about to run: the seconds it may use before a capped line of its own (the read
-   * allowance) runs out: the line's limit less what the window has charged and what every other
-   * admitted call holds. Undefined when no line of the call is capped, or it is not charged (no
-   * estimate). While the call runs its hold on those lines is raised to that many seconds, so
-   * calls running at once (on other lanes or workers) cannot spend the same seconds twice;
-   * `release` gives the extra hold back, once.
+   * Meters a call as it runs, on every line it is charged to: `onStop` is called (once) when its
+   * device time reaches its estimate plus what is left of a line, shared with the principal's
+   * other running calls (limits/meter.ts has the rule). Undefined for a call that is not charged
+   * (no estimate). The meter reads the gate's clock, not worker reports: the charge is the gate's
+   * wall time of the work, so the same clock bounds exactly what will be charged, also for an op
+   * that reports nothing for seconds (a load, a long forward) or a worker that hangs; progress
+   * messages would only say sooner what this clock already knows.
    */
-  claimCap(principal: string, tool: string, estimate: CostEstimate | undefined): Cap | undefined {
+  meter(
+    principal: string,
+    tool: string,
+    estimate: CostEstimate | undefined,
+    onStop: (stop: CapStop) => void,
+  ): Metered | undefined {
     if (!estimate) return undefined;
-    const own = estimate.device_seconds;
-    let cap: Cap | undefined;
-    const capped: string[] = [];
-    for (const { key, limit } of this.lines(principal, tool)) {
-      if (limit === undefined) continue;
-      capped.push(key);
-      const others = Math.max(0, (this.reserved.get(key) ?? 0) - own);
-      const b = this.ledger.check(key, 0, others, limit);
-      const left = Math.max(0, limit - b.used_s);
-      if (!cap || left < cap.seconds)
-        cap = { seconds: left, limit_s: b.limit_s, window_s: b.window_s, release: () => {} };
-    }
-    if (!cap) return undefined;
-    const extra = Math.max(0, cap.seconds - own);
-    for (const k of capped) this.adjust(k, extra);
-    let done = false;
-    cap.release = () => {
-      if (done) return;
-      done = true;
-      for (const k of capped) this.adjust(k, -extra);
+    const run: Running = {
+      runner: { startedMs: this.clock(), reservedS: estimate.device_seconds },
+      keys: this.lines(principal, tool),
+      onStop,
+      stopped: false,
     };
-    return cap;
+    for (const { key, limit } of run.keys) {
+      let line = this.running.get(key);
+      if (!line) this.running.set(key, (line = { limit, runs: new Set() }));
+      line.runs.add(run);
+    }
+    this.rearm(run.keys);
+    let ended = false;
+    return {
+      end: () => {
+        if (ended) return;
+        ended = true;
+        for (const { key } of run.keys) {
+          const line = this.running.get(key);
+          line?.runs.delete(run);
+          if (line?.runs.size === 0) {
+            clearTimeout(line.timer);
+            this.running.delete(key);
+          }
+        }
+        this.rearm(run.keys);
+      },
+    };
+  }
+
+  /** What admitted calls hold on a line: their estimates, and what running ones used beyond. */
+  private held(key: string): number {
+    let excess = 0;
+    const now = this.clock();
+    for (const r of this.running.get(key)?.runs ?? [])
+      excess += Math.max(0, usedS(r.runner, now) - r.runner.reservedS);
+    return (this.reserved.get(key) ?? 0) + excess;
+  }
+
+  /** Calls running on each line, metered. */
+  private readonly running = new Map<string, Line>();
+
+  /** The line as the meter sees it now. */
+  private state(key: string, line: Line): LineState & { windowS: number } {
+    const b = this.ledger.check(key, 0, 0, line.limit);
+    return {
+      limitS: b.limit_s,
+      chargedS: b.used_s,
+      reservedS: this.reserved.get(key) ?? 0,
+      runners: [...line.runs].map((r) => r.runner),
+      windowS: b.window_s,
+    };
+  }
+
+  /** Something changed on these lines: looks again at when their next call must stop. */
+  private rearm(keys: readonly { key: string }[]): void {
+    for (const { key } of keys) this.arm(key);
+  }
+
+  /**
+   * Stops the line's calls that are due, and sets one timer for the next: each event costs one
+   * walk over the line's running calls, however many run (inference runs dozens at once).
+   * `fired`: the timer fired, so its due time has come whatever the (injected) clock says.
+   */
+  private arm(key: string, fired = false): void {
+    const line = this.running.get(key);
+    if (!line) return;
+    clearTimeout(line.timer);
+    line.timer = undefined;
+    const due = line.dueMs;
+    line.dueMs = undefined;
+    const now = fired && due !== undefined ? Math.max(this.clock(), due) : this.clock();
+    for (;;) {
+      const state = this.state(key, line);
+      const live = [...line.runs].filter((r) => !r.stopped);
+      const inMs = lineStopInMs(
+        state,
+        live.map((r) => r.runner),
+        now,
+      );
+      if (!Number.isFinite(inMs)) return;
+      if (inMs > 1) {
+        // Looked at again when it fires: a charge may have left the window meanwhile.
+        line.dueMs = now + inMs;
+        line.timer = setTimeout(() => this.arm(key, true), Math.min(MAX_TIMER_MS, Math.ceil(inMs)));
+        line.timer.unref?.();
+        return;
+      }
+      const stopping = live.filter((r) => dueNow(state, r.runner, now));
+      // Never spin: the soonest stop is now, so one is due; bar rounding, the nearest to its estimate.
+      if (stopping.length === 0)
+        stopping.push(
+          live.reduce((a, b) =>
+            usedS(b.runner, now) - b.runner.reservedS > usedS(a.runner, now) - a.runner.reservedS
+              ? b
+              : a,
+          ),
+        );
+      for (const r of stopping) r.stopped = true;
+      for (const r of stopping)
+        r.onStop({
+          readAllowance: key !== r.keys[0].key,
+          usedS: usedS(r.runner, Math.min(now, due ?? now)),
+          limitS: state.limitS,
+          windowS: state.windowS,
+          lineUsedS: state.chargedS + state.reservedS,
+        });
+      if (!this.running.has(key)) return;
+    }
   }
 
   /** Charges what the call measured to every line of the call. */
   charge(principal: string, tool: string, seconds: number): void {
-    for (const { key } of this.lines(principal, tool)) this.ledger.charge(key, seconds, tool);
+    const keys = this.lines(principal, tool);
+    for (const { key } of keys) this.ledger.charge(key, seconds, tool);
+    this.rearm(keys);
   }
 
   private adjust(key: string, seconds: number): void {

@@ -1,14 +1,16 @@
-// The supervisor of an admitted call: it records the admission, starts the work under one
-// deadline (the tool's timeout, or sooner what is left of a capped budget line: the read
-// allowance), races it against that deadline and the caller's cancellation, settles the slot and
-// the measured charge when the work really ends (which may be after a timed-out caller got its
-// answer), and records how the call ended.
+// The supervisor of an admitted call: it records the admission, starts the work under its
+// deadline (the tool's timeout) and its meter (every budget line it is charged to, see
+// BudgetLines.meter), stops it when either runs out (the worker is told why, and a benchmark
+// returns what it measured, marked `stopped`), races it against the caller's cancellation,
+// settles the slot and the measured charge when the work really ends (which may be after the
+// caller got its answer), and records how the call ended.
 
 import type { AuditRecord } from "../audit.js";
 import { toolTimeoutMs } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
-import type { Cap } from "./budget_lines.js";
+import type { CapStop, Metered } from "./budget_lines.js";
 import type { GateContext } from "./context.js";
+import type { CostEstimate } from "../estimate.js";
 import type { Admitted } from "./steps.js";
 import type { CallDeadline } from "./types.js";
 
@@ -28,14 +30,14 @@ export async function supervise<T>(
 
   let started = ctx.clock();
   let settled = false;
-  let cap: Cap | undefined = undefined;
+  let meter: Metered | undefined = undefined;
   const settle = () => {
     if (settled) return;
     settled = true;
     // The slot and the charge follow the real work, which may outlive a timed-out caller.
     a.release();
     a.reservation();
-    cap?.release();
+    meter?.end();
     if (estimate) ctx.lines.charge(principal.id, tool, (ctx.clock() - started) / 1000);
   };
 
@@ -71,53 +73,59 @@ export async function supervise<T>(
   trace?.mark("g.audit_allowed");
 
   const toolMs = toolTimeoutMs(ctx.config.limits, tool);
-  // The read allowance holds whatever the estimate said: the call is stopped when its device
-  // time reaches what is left of it (and charged what it used).
-  cap = ctx.lines.claimCap(principal.id, tool, estimate);
-  const capMs = cap ? Math.round(cap.seconds * 1000) : Infinity;
-  const timeoutMs = Math.min(toolMs, capMs);
-  const stop = (): PolicyError =>
-    capMs < toolMs
-      ? new PolicyError(
-          "budget_exceeded",
-          `${tool} was stopped after ${capMs / 1000} s: the device-time allowance for read-scoped tools ran out (${cap!.limit_s} s per ${cap!.window_s} s window); it is charged the device time it used. Retry when the window frees up, or with a smaller batch or sequence.`,
-          {
-            read_allowance: true,
-            stopped_after_s: capMs / 1000,
-            limit_s: cap!.limit_s,
-            window_s: cap!.window_s,
-          },
-        )
-      : new PolicyError(
-          "timeout",
-          `${tool} ran past its ${toolMs / 1000} s limit and was cancelled; use smaller inputs or fewer iterations.`,
-          { timeout_ms: toolMs },
-        );
   const ctrl = new AbortController();
-  // Nothing left of the allowance: stopped before it starts.
-  if (timeoutMs <= 0) ctrl.abort(stop());
-  const timer = setTimeout(() => ctrl.abort(stop()), Math.max(0, timeoutMs));
+  // Stopped (budget or timeout): the worker is told why and ends the call gracefully (a
+  // benchmark returns what it measured), so the caller waits for the work's own answer, up to
+  // STOP_GRACE_MS; the runtime's hard cancel (its cancel grace) ends a worker that does not stop.
+  let stopped: PolicyError | undefined;
+  let giveUp: (e: unknown) => void = () => {};
+  const gaveUp = new Promise<never>((_, reject) => (giveUp = reject));
+  gaveUp.catch(() => {});
+  let graceTimer: NodeJS.Timeout | undefined;
+  const stopCall = (err: PolicyError) => {
+    if (ctrl.signal.aborted) return;
+    stopped = err;
+    ctrl.abort(err);
+    graceTimer = setTimeout(() => giveUp(err), STOP_GRACE_MS);
+  };
+  // The caller's cancellation and a failed audit answer at once, as before.
+  const abortNow = (err: unknown) => {
+    if (!ctrl.signal.aborted) ctrl.abort(err);
+    giveUp(err);
+  };
+  const timer = setTimeout(
+    () =>
+      stopCall(
+        stopError(
+          "timeout",
+          `${tool} ran past its ${toolMs / 1000} s limit and was stopped; use smaller inputs or fewer iterations.`,
+          { timeout_ms: toolMs },
+          "timeout",
+        ),
+      ),
+    toolMs,
+  );
   const onCallerAbort = () =>
-    ctrl.abort(new PolicyError("cancelled", `${tool} was cancelled by the caller.`));
+    abortNow(new PolicyError("cancelled", `${tool} was cancelled by the caller.`));
   if (call.signal?.aborted) onCallerAbort();
   else call.signal?.addEventListener("abort", onCallerAbort, { once: true });
 
-  const aborted = new Promise<never>((_, reject) => {
-    if (ctrl.signal.aborted) reject(ctrl.signal.reason);
-    else ctrl.signal.addEventListener("abort", () => reject(ctrl.signal.reason), { once: true });
-  });
-  aborted.catch(() => {});
   // A call whose "allowed" record cannot be committed is cancelled and refused.
   allowedCommitted?.catch((e) => {
     logAuditFailure(e);
-    ctrl.abort(e);
+    abortNow(e);
   });
 
   started = ctx.clock();
-  // One deadline per call: what the gate enforces is what the runtime is told to wait for.
+  // Every line the call is charged to meters it from here (the charge's start): stopped when its
+  // device time reaches its estimate plus what is left of a line (at once when nothing is left).
+  meter = ctx.lines.meter(principal.id, tool, estimate, (cap) =>
+    stopCall(budgetStop(tool, principal.id, estimate, cap)),
+  );
+  // One deadline per call: the runtime waits for the work until the gate would give up on it.
   const deadline: CallDeadline = {
-    at: started + timeoutMs,
-    remainingMs: () => Math.max(1, started + timeoutMs - ctx.clock()),
+    at: started + toolMs,
+    remainingMs: () => Math.max(1, started + toolMs + STOP_GRACE_MS - ctx.clock()),
   };
   const work = ctrl.signal.aborted
     ? Promise.reject(ctrl.signal.reason)
@@ -125,7 +133,14 @@ export async function supervise<T>(
   work.then(settle, settle);
 
   try {
-    const result = await Promise.race([work, aborted]);
+    let result: T;
+    try {
+      result = await Promise.race([work, gaveUp]);
+    } catch (e) {
+      // A stopped call that ends without an answer (the worker's cancellation, the runtime's
+      // hard cancel) answers why it was stopped.
+      throw stopped ?? e;
+    }
     trace?.mark("g.work_done");
     await allowedCommitted;
     // Committed before the caller gets its answer: no answered call lacks its record.
@@ -135,7 +150,14 @@ export async function supervise<T>(
         ...base(),
         args_digest: digest,
         worker: call.ranOn?.(),
-        outcome: "executed",
+        // A stopped call answered with its partial result did not run as asked.
+        ...(stopped
+          ? {
+              outcome: "failed" as const,
+              code: stopped.code,
+              reason: `${stopped.message} Its partial result was returned.`,
+            }
+          : { outcome: "executed" as const }),
         duration_ms: ctx.clock() - started,
         approval_id: approvalId,
       })
@@ -164,6 +186,48 @@ export async function supervise<T>(
     throw e;
   } finally {
     clearTimeout(timer);
+    clearTimeout(graceTimer);
     call.signal?.removeEventListener("abort", onCallerAbort);
   }
+}
+
+/**
+ * How long a stopped call's own answer is waited for before the caller is answered without it.
+ * The runtime's hard cancel (cancelGraceMs, 2 s by default) normally ends the work sooner.
+ */
+export const STOP_GRACE_MS = 10_000;
+
+/** A gate error that stops a call: `stop` tells the runtime the reason to send the worker. */
+function stopError(
+  code: "timeout" | "budget_exceeded",
+  message: string,
+  details: Record<string, unknown>,
+  stop: "timeout" | "budget",
+): PolicyError {
+  return Object.assign(new PolicyError(code, message, details), { stop });
+}
+
+/** Why a call was stopped by one of its budget lines: what it used, the limit, what to do. */
+function budgetStop(
+  tool: string,
+  principal: string,
+  estimate: CostEstimate | undefined,
+  cap: CapStop,
+): PolicyError {
+  const used = round3(cap.usedS);
+  const details = {
+    read_allowance: cap.readAllowance,
+    stopped_after_s: used,
+    estimated_s: estimate?.device_seconds ?? null,
+    limit_s: cap.limitS,
+    window_s: cap.windowS,
+  };
+  const message = cap.readAllowance
+    ? `${tool} was stopped after ${used} s: the device-time allowance for read-scoped tools ran out (${cap.limitS} s per ${cap.windowS} s window); it is charged the device time it used. Retry when the window frees up, or with a smaller batch or sequence.`
+    : `${tool} was stopped after ${used} s of device time (estimated ${estimate?.device_seconds ?? "?"} s): the device-time budget of ${principal} ran out (${cap.limitS} s per ${cap.windowS} s window, counting its calls still running); it is charged the device time it used. Retry when the window frees up, or make the call smaller (fewer iterations, sizes or tokens).`;
+  return stopError("budget_exceeded", message, details, "budget");
+}
+
+function round3(x: number): number {
+  return Math.round(x * 1000) / 1000;
 }

@@ -14,8 +14,9 @@ import type { ToolPolicy } from "../tool_policy.js";
 
 /** The deadline of one admitted call, handed down to the runtime as its request timeout. */
 export interface CallDeadline {
-  /** Epoch ms at which the gate cancels the call. */
+  /** Epoch ms at which the gate stops the call (its tool's timeout). */
   at: number;
+  /** Until the gate gives up waiting for a stopped call's own answer (`at` + its stop grace). */
   remainingMs(): number;
 }
 

@@ -2,7 +2,7 @@
 // timers and abort wiring. A call is `settled` once its caller has an answer (result, error,
 // timeout, cancel); its entry stays until the worker ends the request (or dies), so a late
 // answer is recognised and dropped, and inFlight() counts only calls still waiting.
-import { RuntimeCallError, type CallOptions, type CallResult } from "../types.js";
+import { RuntimeCallError, type CallOptions, type CallResult, type StopReason } from "../types.js";
 import type { WorkerProc } from "./process.js";
 
 export interface Pending {
@@ -17,6 +17,8 @@ export interface Pending {
   /** The caller has its answer; the entry stays until the worker ends the request. */
   settled: boolean;
   cancelRequested: boolean;
+  /** The gate stopped the call (budget, timeout): the worker answers with what it has. */
+  stopReason?: StopReason;
   timer?: NodeJS.Timeout;
   graceTimer?: NodeJS.Timeout;
   detachAbort?: () => void;

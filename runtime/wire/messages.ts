@@ -3,7 +3,7 @@
 // add fields without breaking an older client.
 
 import { z } from "zod";
-import type { WorkerHello } from "../types.js";
+import type { StopReason, WorkerHello } from "../types.js";
 
 export const PROTOCOL_VERSION = 1;
 
@@ -113,8 +113,13 @@ export function requestMessage(id: string, op: string, args: Record<string, unkn
   return { type: "request" as const, id, op, args };
 }
 
-export function cancelMessage(id: string) {
-  return { type: "cancel" as const, id };
+/**
+ * Cancels a request. With a `reason` ("budget" or "timeout": the gate stopped the call) the
+ * worker ends it gracefully: a benchmark returns what it measured marked `stopped: reason`, a
+ * generation finishes with that finish_reason; without one it is a plain cancellation.
+ */
+export function cancelMessage(id: string, reason?: StopReason) {
+  return reason ? { type: "cancel" as const, id, reason } : { type: "cancel" as const, id };
 }
 
 export function pingMessage(id: string) {

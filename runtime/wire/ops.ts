@@ -173,6 +173,8 @@ export interface BenchmarkResult {
   /** One row per configuration. */
   configs: ReportRow[];
   cancelled: boolean;
+  /** The gate stopped it (cancel with a reason): `configs` are what it measured until then. */
+  stopped?: "budget" | "timeout";
   offline_skipped_batches?: number[];
 }
 

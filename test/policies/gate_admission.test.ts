@@ -7,6 +7,7 @@ import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config
 import { PolicyError } from "../../policies/errors.js";
 import type { CostEstimate } from "../../policies/estimate.js";
 import { Gate, type GateCall } from "../../policies/gate/gate.js";
+import { STOP_GRACE_MS } from "../../policies/gate/supervise.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
@@ -203,11 +204,14 @@ describe("admission before cost", () => {
 
   it("hands fn the deadline it enforces", async () => {
     const { gate, clock } = makeGate({ limits: { call_timeout_s: { run_benchmark: 30 } } });
+    const t0 = clock.now();
     const seen = await gate.run(bench(agent, 1), async (_s, d) => {
       clock.advance(10_000);
-      return d.remainingMs();
+      return { at: d.at, remaining: d.remainingMs() };
     });
-    expect(seen).toBe(20_000);
+    // Stopped at 30 s; the runtime waits until the gate gives up on a stopped call's answer.
+    expect(seen.at).toBe(t0 + 30_000);
+    expect(seen.remaining).toBe(20_000 + STOP_GRACE_MS);
   });
 });
 
@@ -306,9 +310,19 @@ describe("read-scoped device time", () => {
     const { gate, clock } = makeGate({
       limits: { budget: { device_seconds_per_window: 3600, read_device_seconds_per_window: 0.3 } },
     });
+    // Both start now; each runs (on the fake clock) until the moment it is stopped.
+    const t0 = clock.now();
+    const untilStopped = (signal: AbortSignal): Promise<never> =>
+      new Promise((_, reject) =>
+        signal.addEventListener("abort", () => {
+          const ranS = (signal.reason as PolicyError).details.stopped_after_s as number;
+          clock.ms = Math.max(clock.ms, t0 + ranS * 1000);
+          reject(signal.reason);
+        }),
+      );
     const [a, b] = await Promise.all([
-      settle(gate.run(check(0.01, "cpu"), untilCancelled(clock, 0))),
-      settle(gate.run(check(0.01, "cuda:0"), untilCancelled(clock, 0))),
+      settle(gate.run(check(0.01, "cpu"), untilStopped)),
+      settle(gate.run(check(0.01, "cuda:0"), untilStopped)),
     ]);
     // Each is stopped at what it may use (or refused before it starts, which uses nothing).
     const used = [a, b].map((r) => {

@@ -186,6 +186,29 @@ describe("worker contract (real worker, CPU)", () => {
     expect(rt.restarts()).toBe(0);
   });
 
+  it("stops a running benchmark for the gate's reason, answering what it measured marked stopped", async () => {
+    const ac = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    const { result } = await rt.call<{
+      cancelled: boolean;
+      stopped?: string;
+      configs: Array<{ iterations: number }>;
+    }>("benchmark", longBenchmark, {
+      signal: ac.signal,
+      // The gate's stop: an abort whose reason carries `stop`, sent on as the cancel's reason.
+      onProgress: () => {
+        timer ??= setTimeout(() => ac.abort({ stop: "budget" }), 1500);
+      },
+    });
+    clearTimeout(timer);
+    // A result, not a cancellation: stopped, with what it measured (well before duration_s).
+    expect(result.stopped).toBe("budget");
+    expect(result.cancelled).toBe(false);
+    expect(result.configs.length).toBeLessThanOrEqual(1);
+    for (const c of result.configs) expect(c.iterations).toBeGreaterThan(0);
+    expect(rt.inFlight()).toBe(0);
+  });
+
   it("refuses a benchmark that is not fully resolved, naming the missing field", async () => {
     // The server resolves every default and bound (tools/run_benchmark.ts); the worker has none.
     const { warmup: _w, ...noWarmup } = longBenchmark;

@@ -35,7 +35,8 @@ export function renderReportMarkdown(report: Any): string {
         ? `, backend ${m.backend ?? ""} ${m.backend_version}`
         : "") +
       (m.compile_backend ? `, compile backend ${m.compile_backend}` : "") +
-      (report.cancelled ? " — **cancelled: partial results**" : ""),
+      (report.cancelled ? " — **cancelled: partial results**" : "") +
+      (report.stopped ? ` — **stopped (${report.stopped}): partial results**` : ""),
   );
   lines.push("");
   lines.push(

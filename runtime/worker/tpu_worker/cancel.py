@@ -1,7 +1,9 @@
 """Cancellation tokens: `cancel` messages set them; long loops check them between steps.
 
 A token carries why it was stopped: "cancelled" (the caller's cancel), "budget" or "timeout"
-(the server's cap). A generation finishes its sequences with that reason as finish_reason.
+(the server's cap). A generation finishes its sequences with that reason as finish_reason; a
+benchmark ends its grid with what it measured, marked `stopped`; everything else raises
+`Cancelled`, whose message says why.
 """
 
 from __future__ import annotations
@@ -34,9 +36,15 @@ class CancelToken:
         """Why the token was cancelled, or None while it is not."""
         return self._reason if self._event.is_set() else None
 
+    @property
+    def stopped(self) -> str | None:
+        """The server's stop ("budget" or "timeout"); None otherwise (not cancelled, or by the caller)."""
+        r = self.reason
+        return r if r in ("budget", "timeout") else None
+
     def check(self) -> None:
         if self._event.is_set():
-            raise Cancelled()
+            raise Cancelled.because(self._reason or "cancelled")
 
     def wait(self, timeout: float) -> bool:
         return self._event.wait(timeout)

@@ -50,6 +50,16 @@ class Cancelled(WorkerError):
     def __init__(self, message: str = "the request was cancelled") -> None:
         super().__init__("cancelled", message)
 
+    @classmethod
+    def because(cls, reason: str) -> Cancelled:
+        """The cancellation for a token's reason; the server answers the caller with its own
+        budget_exceeded or timeout (what was used, the limit, what to do)."""
+        if reason == "budget":
+            return cls("the request was stopped: its device-time budget ran out")
+        if reason == "timeout":
+            return cls("the request was stopped: it ran past its time limit")
+        return cls()
+
 
 def invalid(message: str) -> WorkerError:
     return WorkerError("invalid_argument", message)

@@ -39,6 +39,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 MESSAGE_TYPES = ("request", "cancel", "ping")
+CANCEL_REASONS = ("cancelled", "budget", "timeout")
 _LITTLE = sys.byteorder == "little"
 
 
@@ -74,6 +75,8 @@ class Request:
 @dataclass(frozen=True)
 class Cancel:
     id: str
+    # "cancelled" (the caller), or "budget" / "timeout": the server stopped the call.
+    reason: str = "cancelled"
 
 
 @dataclass(frozen=True)
@@ -325,7 +328,10 @@ def parse_message(header: dict, body: bytearray) -> Message:
     if kind == "ping":
         return Ping(msg_id)
     if kind == "cancel":
-        return Cancel(msg_id)
+        reason = header.get("reason", "cancelled")
+        if reason not in CANCEL_REASONS:
+            raise ValueError(f"cancel.reason must be one of {', '.join(CANCEL_REASONS)}")
+        return Cancel(msg_id, reason)
     op = header.get("op")
     if not isinstance(op, str) or not op:
         raise ValueError("request.op must be a non-empty string")

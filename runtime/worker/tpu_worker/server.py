@@ -187,10 +187,10 @@ class Server:
                 token = self._tokens.get(msg.id)
                 future = self._futures.get(msg.id)
             if token is not None:
-                token.cancel()
+                token.cancel(msg.reason)
                 if future is not None:
                     future.cancel()  # still queued: answered `cancelled` now (see _infer_done)
-                logs.info("cancel requested", id=msg.id)
+                logs.info("cancel requested", id=msg.id, reason=msg.reason)
             else:
                 logs.debug("cancel for a request that is not running", id=msg.id)
         else:

@@ -74,6 +74,9 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
                     configs.append(c)
                     done += 1
                     ctx.progress(done, total, _progress_line(c))
+                    if ctx.token.stopped:  # the server stopped it: the grid ends here
+                        cancelled = True
+                        break
             if cancelled:
                 break
     finally:
@@ -82,7 +85,14 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
     if reference.unavailable:
         manifest["precision_reference"] = f"{precision.REFERENCE}: {reference.unavailable}"
     manifest["finished_at"] = now_iso()
-    return {"manifest": manifest, "configs": configs, "cancelled": cancelled}
+    # Stopped by the server (budget, timeout) rather than cancelled: the partial report says so.
+    stopped = ctx.token.stopped if cancelled else None
+    return {
+        "manifest": manifest,
+        "configs": configs,
+        "cancelled": cancelled and stopped is None,
+        **({"stopped": stopped} if stopped else {}),
+    }
 
 
 def _manifest(worker, entry, info, device, p, precision_requested) -> dict:

@@ -143,19 +143,32 @@ def measure(
         plat.synchronize(device)
         last: dict[str, Any] = {"out": None}
 
-        def timed() -> float:
-            last["out"] = None  # the previous output is freed before the next call, as a server would
+        def timed() -> float | None:
+            kept, last["out"] = last["out"], None  # the previous output is freed first, as a server would
             plat.synchronize(device)
             t0 = time.perf_counter()
             out = step()  # kept alive until after the synchronize below
             plat.materialize(out, device)  # fused eager mode: run the deferred graph now
             plat.synchronize(device)
             took = time.perf_counter() - t0
+            if work == "generate" and token.cancelled:
+                # A generation cut short by a stop is no sample; the last whole one is kept.
+                last["out"] = kept
+                return None
             last["out"] = out
             mem.sample()
             return took
 
-        settled = settle(timed, goal, HostWindow(host), seed=SEED, stop=lambda: token.cancelled)
+        # A caller's cancel drops the series; the server's stop (budget, timeout) keeps what was
+        # measured, which is then reported and charged.
+        settled = settle(
+            timed,
+            goal,
+            HostWindow(host),
+            seed=SEED,
+            stop=lambda: token.cancelled,
+            keep=lambda: token.stopped is not None,
+        )
         if settled is None:
             return None
         samples = settled.samples_s

@@ -45,6 +45,8 @@ class Reference:
         key = (batch, seq_len)
         if key in self.cache:
             return self.cache[key]
+        if self.token.stopped:  # out of budget or time: a stopped config goes without a reference
+            return None, None
         adapter = self._ensure()
         if adapter is None:
             return None, None

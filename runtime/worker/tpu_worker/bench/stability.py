@@ -111,10 +111,13 @@ def settle(
     *,
     seed: int,
     stop: Callable[[], bool] = lambda: False,
+    keep: Callable[[], bool] = lambda: False,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Settled | None:
-    """Runs `call` (one timed iteration; returns its seconds) until the goal is reached and the
-    series is stable, or its bound is; None when `stop` says the run was cancelled."""
+    """Runs `call` (one timed iteration; returns its seconds, or None when a stop cut it short)
+    until the goal is reached and the series is stable, or its bound is. When `stop` says the run
+    was stopped: None (cancelled), unless `keep` says the samples so far stand (the server's stop
+    for budget or time), and there are some."""
     samples: list[float] = []
     start = end = clock()
     extended = False
@@ -124,9 +127,13 @@ def settle(
             if verdict.stable or not goal.extend(len(samples), end - start):
                 break
             extended = True
-        if stop():
-            return None
-        samples.append(call())
+        took = None if stop() else call()
+        if took is None:
+            if not (keep() and samples):
+                return None
+            verdict = assess(samples, host.sample(), seed=seed)
+            break
+        samples.append(took)
         end = clock()
     return Settled(samples, end - start, verdict, goal.requested, extended)
 

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import time
+
+import torch
+
 from .base import Platform
+
+# Test knob (runtime/PROTOCOL.md, "Environment"): every synchronize() waits this long, as a host
+# waits for a slower device. The budget-cap tests use it to give work a known floor of device
+# time per benchmark iteration, whatever the host's load; 0 (the default) in production.
+DEVICE_WAIT_S = float(os.environ.get("TPU_WORKER_CPU_DEVICE_WAIT_S") or 0)
 
 
 def read_meminfo(path: str = "/proc/meminfo") -> tuple[int | None, int | None]:
@@ -26,3 +36,7 @@ class CpuPlatform(Platform):
 
     def memory_info(self, index: int | None) -> tuple[int | None, int | None]:
         return read_meminfo()
+
+    def synchronize(self, device: torch.device) -> None:
+        if DEVICE_WAIT_S > 0:
+            time.sleep(DEVICE_WAIT_S)

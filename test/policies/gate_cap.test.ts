@@ -1,0 +1,180 @@
+// The gate's cap (issue 22): a running call is stopped when its device time reaches its estimate
+// plus what is left of its principal's budget, told why through its abort signal's reason
+// (`stop`: "budget" or "timeout", which the runtime sends the worker), and answered with its own
+// partial result when it gives one; otherwise with budget_exceeded or timeout. A fake clock for
+// the ledger; the meter's timers are real and short.
+import { afterAll, describe, expect, it } from "vitest";
+import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteAuditLog } from "../../policies/audit.js";
+import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
+import { PolicyError } from "../../policies/errors.js";
+import type { CostEstimate } from "../../policies/estimate.js";
+import { Gate, type GateCall } from "../../policies/gate/gate.js";
+import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
+import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
+import { RateLimiter } from "../../policies/limits/rate.js";
+import type { Principal } from "../../policies/scopes.js";
+import { stopReasonOf } from "../../runtime/types.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
+import { captureLogger, FakeClock, flush, tempDir } from "./helpers.js";
+
+const tmp = tempDir();
+afterAll(() => tmp.cleanup());
+
+const agent: Principal = { id: "agent", scopes: ["benchmark:run", "jobs:read"], via: "token" };
+const est = (device_seconds: number): CostEstimate => ({
+  device_seconds,
+  memory_bytes: 1e6,
+  compile_s: 0,
+  weight_bytes: 0,
+  fits: true,
+});
+const bench = (seconds: number): GateCall => ({
+  principal: agent,
+  tool: "run_benchmark",
+  args: { model: "mnist-cnn", n: Math.random() },
+  device: "cpu",
+  estimate: est(seconds),
+});
+
+function makeGate(policy: PolicyConfigInput) {
+  const config = parsePolicyConfig(policy, TOOL_POLICIES);
+  const clock = new FakeClock();
+  const logger = captureLogger();
+  const file = tmp.file(`cap-${Math.random().toString(36).slice(2)}.db`);
+  const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
+  const audit = new SqliteAuditLog(file, { logger });
+  const gate = new Gate({
+    tools: TOOL_POLICIES,
+    config,
+    approvals: new SqliteApprovalStore(file, { clock: clock.now }),
+    audit,
+    limiter: new ConcurrencyLimiter(config.limits, clock.now),
+    rateLimiter: new RateLimiter(config.limits.rate_limit.per_principal_per_minute, clock.now),
+    budget,
+    clock: clock.now,
+    logger,
+  });
+  return { gate, clock, budget, audit };
+}
+
+/**
+ * Work that runs (on the fake clock) until it is stopped, then takes `stopMs` more and answers
+ * with a partial result marked with the stop's reason; the reason it saw is kept.
+ */
+function partialOnStop(clock: FakeClock, startedAt: number, stopMs: number) {
+  const seen: { reason?: unknown } = {};
+  const fn = (signal: AbortSignal): Promise<{ stopped: string | undefined }> =>
+    new Promise((resolve) =>
+      signal.addEventListener("abort", () => {
+        seen.reason = signal.reason;
+        const ran = ((signal.reason as PolicyError).details.stopped_after_s as number) ?? 0;
+        clock.ms = Math.max(clock.ms, startedAt + ran * 1000 + stopMs);
+        resolve({ stopped: stopReasonOf(signal.reason) });
+      }),
+    );
+  return { fn, seen };
+}
+
+describe("a budget is a cap", () => {
+  it("stops a call at its estimate plus what is left, answers its partial result, and charges what it used", async () => {
+    const { gate, clock, budget, audit } = makeGate({
+      limits: { budget: { device_seconds_per_window: 0.5, window_s: 3600 } },
+    });
+    // 0.1 s estimated, 0.4 s left beyond it: stopped at 0.5 s of device time.
+    const { fn, seen } = partialOnStop(clock, clock.now(), 30);
+    const out = await gate.run(bench(0.1), fn);
+    expect(out).toEqual({ stopped: "budget" });
+    const reason = seen.reason as PolicyError;
+    expect(stopReasonOf(reason)).toBe("budget");
+    expect(reason.code).toBe("budget_exceeded");
+    expect(reason.details).toMatchObject({ read_allowance: false, limit_s: 0.5, estimated_s: 0.1 });
+    expect(reason.details.stopped_after_s).toBeCloseTo(0.5, 2);
+    expect(reason.message).toMatch(/budget of agent ran out \(0\.5 s per 3600 s window/);
+    await flush();
+    // Charged what it used: up to the stop, plus the 30 ms it took to stop.
+    expect(budget.check("agent", 0).used_s).toBeCloseTo(0.53, 2);
+    // Recorded as stopped, its partial result returned.
+    expect(audit.tail(1)[0]).toMatchObject({ outcome: "failed", code: "budget_exceeded" });
+    expect(audit.tail(1)[0].reason).toMatch(/partial result was returned/);
+  }, 10_000);
+
+  it("answers budget_exceeded when the stopped work gives no result", async () => {
+    const { gate, clock } = makeGate({
+      limits: { budget: { device_seconds_per_window: 0.2, window_s: 3600 } },
+    });
+    const t0 = clock.now();
+    const e = await gate
+      .run(
+        bench(0.1),
+        (signal) =>
+          new Promise((_, reject) =>
+            signal.addEventListener("abort", () => {
+              clock.ms = t0 + 200;
+              reject(new Error("cancelled in the worker"));
+            }),
+          ),
+      )
+      .then(
+        () => undefined,
+        (x: unknown) => x as PolicyError,
+      );
+    expect(e?.code).toBe("budget_exceeded");
+    expect(e?.details.stopped_after_s).toBeCloseTo(0.2, 2);
+  }, 10_000);
+
+  it("shares what is left between a principal's calls running at once", async () => {
+    const { gate, clock, budget } = makeGate({
+      limits: {
+        budget: { device_seconds_per_window: 0.6, window_s: 3600 },
+        per_tool_concurrency: { run_benchmark: 2 },
+        device_exclusive_tools: [],
+      },
+    });
+    // Two calls of 0.1 s each on a 0.6 s budget: 0.4 s left to share, 0.3 s each at most.
+    const t0 = clock.now();
+    const a = partialOnStop(clock, t0, 0);
+    const b = partialOnStop(clock, t0, 0);
+    const [ra, rb] = await Promise.all([gate.run(bench(0.1), a.fn), gate.run(bench(0.1), b.fn)]);
+    expect(ra).toEqual({ stopped: "budget" });
+    expect(rb).toEqual({ stopped: "budget" });
+    const used = [a, b].map(
+      (x) => (x.seen.reason as PolicyError).details.stopped_after_s as number,
+    );
+    expect(used[0] + used[1]).toBeLessThanOrEqual(0.6 + 0.002);
+    await flush();
+    expect(budget.check("agent", 0).used_s).toBeLessThanOrEqual(0.6 + 0.002);
+  }, 10_000);
+
+  it("stops a call at call_timeout_s the same way: its partial result, marked timeout", async () => {
+    const { gate, clock } = makeGate({ limits: { call_timeout_s: { run_benchmark: 0.05 } } });
+    const { fn, seen } = partialOnStop(clock, clock.now(), 0);
+    const out = await gate.run(bench(0.01), fn);
+    expect(out).toEqual({ stopped: "timeout" });
+    expect((seen.reason as PolicyError).code).toBe("timeout");
+  }, 10_000);
+
+  it("stops a queued call before it starts when the call before it overran what it held", async () => {
+    const { gate, clock } = makeGate({
+      limits: { budget: { device_seconds_per_window: 1, window_s: 3600 } },
+    });
+    // Both admitted on 0.5 s each; the first (the device is exclusive) runs 1.05 s: the second's
+    // 0.5 s less the 0.55 s overrun leaves it nothing, so it never starts.
+    let ran = false;
+    const first = gate.run(bench(0.5), async () => {
+      clock.advance(1050);
+      return "done";
+    });
+    const second = gate
+      .run(bench(0.5), async () => {
+        ran = true;
+        return "ran";
+      })
+      .catch((x: PolicyError) => x);
+    expect(await first).toBe("done");
+    const e = (await second) as PolicyError;
+    expect(e.code).toBe("budget_exceeded");
+    expect(e.details.stopped_after_s).toBe(0);
+    expect(ran).toBe(false);
+  });
+});
