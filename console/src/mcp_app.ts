@@ -51,7 +51,8 @@ function renderReport(report: Report) {
     el(
       "p",
       `report ${report.report_id ?? "?"} · ${report.scenario ?? ""} · ${report.work ?? "forward"}` +
-        `${report.cancelled ? " · cancelled (partial)" : ""} · torch ${m.torch_version ?? "?"} · warmup not counted`,
+        `${report.cancelled ? " · cancelled (partial)" : ""}` +
+        `${report.stopped ? ` · stopped (${report.stopped}): partial` : ""} · torch ${m.torch_version ?? "?"} · warmup not counted`,
       "meta",
     ),
   );

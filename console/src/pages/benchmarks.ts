@@ -39,7 +39,20 @@ export async function benchmarksPage(root: HTMLElement) {
     }));
     undraw?.();
     undraw = drawReports(charts, inputs);
+    // A report cut short (the caller cancelled, or the budget or time limit stopped it) is partial.
+    const partial = inputs.flatMap(({ label, report }) =>
+      report.stopped || report.cancelled
+        ? [
+            h(
+              "p",
+              { class: "warning partial" },
+              `${label}: ${report.stopped ? `stopped (${report.stopped})` : "cancelled"} — partial results, only the configurations measured before it ended.`,
+            ),
+          ]
+        : [],
+    );
     details.replaceChildren(
+      ...partial,
       h(
         "div",
         { class: "scroll", tabindex: "0", role: "region", "aria-label": "report numbers" },
