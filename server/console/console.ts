@@ -597,7 +597,8 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       }
     },
     setBaseUrl(url) {
-      app.consoleUrl = `${url}/console/`;
+      // localhost, not 127.0.0.1: the links operators follow must be a secure context (passkeys).
+      app.consoleUrl = `${url.replace("//127.0.0.1:", "//localhost:")}/console/`;
     },
     sessions: () => sessions.size,
     close() {
