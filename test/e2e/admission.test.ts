@@ -197,7 +197,13 @@ describe("budgets, read allowance and checks before approval (demo policy, small
     const agent = await connectHttp(server.url, CHECKER);
     try {
       // 90 MB of weights: the rule applies. mnist-cnn's few hundred KB: it does not.
-      const big = await call(agent.client, "check_model", { model: "all-minilm-l6-v2" });
+      // A small shape: its device-time estimate stays inside the 1 s read allowance, so the
+      // budget step (before the approval step) lets it through to the rule.
+      const big = await call(agent.client, "check_model", {
+        model: "all-minilm-l6-v2",
+        batch: 1,
+        seq_len: 16,
+      });
       expect(errorOf(big)?.code).toBe("approval_required");
       const small = await call(agent.client, "check_model", { model: "mnist-cnn" });
       expect(errorOf(small)?.code).not.toBe("approval_required");
