@@ -597,7 +597,9 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       }
     },
     setBaseUrl(url) {
-      app.consoleUrl = `${url}/console/`;
+      // Links operators open (approval_required, approval_needs_passkey, webhooks) name localhost,
+      // as the banner does: a secure context with a host name, where passkeys work; 127.0.0.1 is not.
+      app.consoleUrl = `${url.replace("//127.0.0.1:", "//localhost:")}/console/`;
     },
     sessions: () => sessions.size,
     close() {

@@ -232,7 +232,8 @@ describe.skipIf(unavailable !== null)(title, () => {
     expect(r.sign_in_operator.status).toBe(200);
     for (const k of ["approve", "deny"]) {
       expect(r[k], k).toMatchObject({ status: 403, code: "approval_needs_passkey" });
-      expect(r[k].message, k).toMatch(/operator console/);
+      // It names where to decide: the console on localhost, a secure context for passkeys.
+      expect(r[k].message, k).toMatch(/operator console at http:\/\/localhost:\d+\/console\//);
     }
     // No passkey of its own: not from a token session, nor by a guessed enrolment code.
     expect(r.add_passkey).toMatchObject({ status: 403, code: "passkey_refused" });
@@ -246,6 +247,7 @@ describe.skipIf(unavailable !== null)(title, () => {
       code: "passkey_refused",
       claimed: enrolled.id,
     });
+    expect(r.forged_as_operator_credential.message).toMatch(/signature does not verify/);
     expect(r.forged_own_credential).toMatchObject({ status: 403, code: "passkey_refused" });
     expect(r.forged_own_credential.message).toMatch(/not enrolled/);
     expect(r.sign_in_soft_passkey).toMatchObject({ status: 403, code: "passkey_refused" });

@@ -141,7 +141,7 @@ describe("approval webhooks", () => {
       expect(retry.body.text).toMatch(
         new RegExp(`node bin/tpu-mcp\\.js approvals approve ${id} --config \\S+\\.json`),
       );
-      expect(retry.body.console_url).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/console\/$/);
+      expect(retry.body.console_url).toMatch(/^http:\/\/localhost:\d+\/console\/$/);
 
       // A decision made by another process (the CLI) is noticed and sent too.
       const denied = await cli(

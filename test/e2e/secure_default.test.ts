@@ -66,7 +66,10 @@ describe("secure by default: no config, a benchmark waits for a human", () => {
       const e = errorOf(first)!;
       expect(e.code).toBe("approval_required");
       const { approval_id: id, approve_command: command, console_url } = e.details;
-      expect(console_url).toBe(server.url.replace(/\/mcp$/, "/console/"));
+      // localhost, as the banner says: a secure context, where passkeys work too.
+      expect(console_url).toBe(
+        server.url.replace(/\/mcp$/, "/console/").replace("//127.0.0.1:", "//localhost:"),
+      );
       // The message has it too (paths scrubbed from messages; details keep the exact command).
       expect(e.message).toContain(`node bin/tpu-mcp.js approvals approve ${id}`);
       // Retrying before a decision does not run it either.
