@@ -597,8 +597,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       }
     },
     setBaseUrl(url) {
-      // Links operators open (approval_required, approval_needs_passkey, webhooks) name localhost,
-      // as the banner does: a secure context with a host name, where passkeys work; 127.0.0.1 is not.
+      // localhost, not 127.0.0.1: the links operators follow must be a secure context (passkeys).
       app.consoleUrl = `${url.replace("//127.0.0.1:", "//localhost:")}/console/`;
     },
     sessions: () => sessions.size,

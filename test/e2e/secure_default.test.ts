@@ -66,7 +66,6 @@ describe("secure by default: no config, a benchmark waits for a human", () => {
       const e = errorOf(first)!;
       expect(e.code).toBe("approval_required");
       const { approval_id: id, approve_command: command, console_url } = e.details;
-      // localhost, as the banner says: a secure context, where passkeys work too.
       expect(console_url).toBe(
         server.url.replace(/\/mcp$/, "/console/").replace("//127.0.0.1:", "//localhost:"),
       );
