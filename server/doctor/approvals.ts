@@ -35,7 +35,7 @@ export function describeApprovals(
           text:
             `${what} are only as strong as the server's user separation, and the data dir is owned by you: ` +
             "a process of yours (a coding agent with a shell included) can run `tpu-mcp operators enrol` and enrol a software authenticator, or write the credential store, then sign decisions itself. " +
-            `Run the server as its own user (${SEPARATE}).`,
+            `Run the server as its own user (${SEPARATE}); if this is that user (sudo -u tpu-mcp), run the doctor as the user your agents run as to see what they reach.`,
         });
         break;
       case "writable-by-others":

@@ -5,7 +5,8 @@
 // (approve, deny, enrol, remove), the server's files, the console API with a token session
 // (approve, deny, add or approve a passkey, a guessed enrolment code) and forged WebAuthn
 // assertions from a software authenticator that claims user verification: every way is refused
-// with a clear error, and the server audits each attempt it saw. Then the one way that works: the
+// with a clear error, and the server audits each attempt it saw; `tpu-mcp doctor`, run as that
+// user, says the passkey rule holds there. Then the one way that works: the
 // server's user prints an enrolment code, the operator enrols a passkey in chromium (the DevTools
 // virtual authenticator, user verification on) and approves with it; audit verify re-checks it.
 //
@@ -198,6 +199,17 @@ describe.skipIf(unavailable !== null)(title, () => {
     });
     expect(out.add_credential).not.toBe("DONE");
     expect(await passkeys()).toEqual([]);
+  });
+
+  it("has the doctor say, run as the agent's user, that the passkey rule holds here", async () => {
+    const r = await cliAs(attacker, config, ["doctor"]);
+    expect(r.stdout).toMatch(/ok +data dir .* belongs to another user/);
+    expect(r.stdout).toMatch(
+      /ok +passkey rule\(s\) \(unload_model\): decided only in the console with an enrolled, user-verified passkey/,
+    );
+    // Run as the server's own user it cannot tell that user from an agent's: it warns, and says so.
+    const own = await asServer("doctor");
+    expect(own.stdout).toMatch(/warn passkey rule\(s\) \(unload_model\) are only as strong/);
   });
 
   it("enrols the operator's passkey with a code only the server's user can print, in the browser", async () => {

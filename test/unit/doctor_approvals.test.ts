@@ -24,6 +24,8 @@ describe("the doctor on approval rules", () => {
     expect(line.text).toMatch(/owned by you/);
     expect(line.text).toMatch(/operators enrol/);
     expect(line.text).toMatch(/Run the server as its own user/);
+    // The doctor cannot tell the operator's user from a dedicated one: it says how to check.
+    expect(line.text).toMatch(/run the doctor as the user your agents run as/);
   });
 
   it("says passkey rules hold when the data dir is another user's (and what root still can)", () => {
