@@ -299,7 +299,10 @@ export class PasskeyCeremonies {
         requireUserVerification: true,
       }),
     );
-    if (!v.verified || !v.authenticationInfo.userVerified)
+    // The library answers a wrong signature with verified: false (a missing UV flag throws).
+    if (!v.verified)
+      throw refused("the signature does not verify with this passkey's enrolled public key");
+    if (!v.authenticationInfo.userVerified)
       throw refused("the assertion did not verify (user verification is required)");
     this.store.advanceCounter(credential.id, v.authenticationInfo.newCounter);
     return {

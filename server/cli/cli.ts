@@ -18,6 +18,7 @@ import { createLogger } from "../app/logger.js";
 import { startStdio } from "../transports/stdio.js";
 import { terminalText } from "../terminal.js";
 import { runWorkersCommand } from "./workers.js";
+import { checkDataDirAccess, isAccessDenied } from "./data_dir_access.js";
 
 /** The repository root: the first folder above this module with a package.json (the source sits
  * in server/cli/, the bundle in dist/, so a fixed number of ".." would be wrong for one of them). */
@@ -163,6 +164,16 @@ async function main(argv: string[]): Promise<number> {
     ? () => loadConfig(configFile, ROOT, { device: values.device })
     : undefined;
 
+  // The commands that work on the server's state refuse plainly when the data dir is another
+  // user's (the server running as its own user), rather than failing deep inside or listing nothing.
+  if (["approvals", "audit", "operators", "workers"].includes(command)) {
+    const refusal = checkDataDirAccess(config.paths.data_dir, command);
+    if (refusal) {
+      err(refusal);
+      return 1;
+    }
+  }
+
   switch (command) {
     case "stdio": {
       const app = createApp(config, logger, { loadConfig: reloadable });
@@ -292,7 +303,10 @@ async function main(argv: string[]): Promise<number> {
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (e) => {
-    err(`tpu-mcp: ${(e as Error)?.message ?? e}`);
+    const hint = isAccessDenied(e)
+      ? " (a file of another user: run the command as the server's user, docs/security.md)"
+      : "";
+    err(`tpu-mcp: ${(e as Error)?.message ?? e}${hint}`);
     process.exit(1);
   },
 );

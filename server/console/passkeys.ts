@@ -13,7 +13,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { TLSSocket } from "node:tls";
 import type { Logger } from "pino";
-import type { Decision } from "../../policies/passkeys/binding.js";
+import { refused, type Decision } from "../../policies/passkeys/binding.js";
 import type { PasskeyCeremonies, Site } from "../../policies/passkeys/ceremony.js";
 import type { DecisionEvidence } from "../../policies/passkeys/evidence.js";
 import type { PasskeyStore, StoredCredential } from "../../policies/passkeys/store.js";
@@ -105,12 +105,12 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
     return c;
   };
 
+  // A policy refusal, not a bare 403: a token session trying to add or approve a passkey is
+  // what an agent holding an operator's token would do, so the audit records it.
   function needPasskeySession(s: PasskeySessionView | null): PasskeySessionView {
     if (!s?.credential)
-      throw new HttpError(
-        403,
-        "sign in with a passkey first: only a passkey can add or approve another passkey",
-        { code: "passkey_refused" },
+      throw refused(
+        "sign in with a passkey first: only a passkey can add or approve another passkey, not a token",
       );
     return s;
   }

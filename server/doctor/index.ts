@@ -8,6 +8,7 @@ import { readCatalog } from "../../runtime/catalog.js";
 import { WorkerRuntime, type WorkerRuntimeOptions } from "../../runtime/client.js";
 import { checkWorkers } from "./workers.js";
 import { dataDirSituation, describeDataDir } from "./data_dir.js";
+import { describeApprovals } from "./approvals.js";
 import { checkFleet } from "./fleet.js";
 import { checkEngines } from "./engines.js";
 import { VllmEngineSchema } from "../config/engines.js";
@@ -66,8 +67,12 @@ export async function runDoctor(
     warn('approvals are OFF ("approvals": {"rules": []}): every call runs without asking a human');
   else
     ok(
-      `approval rules: ${p.approvals.rules.length} (${p.approvals.rules.map((r: any) => r.tool).join(", ")})`,
+      `approval rules: ${p.approvals.rules.length} (${p.approvals.rules.map((r) => `${r.tool} by ${r.assurance ?? "token"}`).join(", ")})`,
     );
+  // What those rules are worth given who owns the data dir (a passkey rule included).
+  const approvals = describeApprovals(p.approvals.rules, situation);
+  report.approvals = approvals;
+  for (const a of approvals) (a.level === "warn" ? warn : ok)(a.text);
   for (const t of p.tokens) {
     if (t.expires_at && Date.parse(t.expires_at) < Date.now())
       bad(`token of '${t.id}' expired at ${t.expires_at}`);
