@@ -382,6 +382,25 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     }
   }
 
+  /**
+   * Whether the SDK's own classifier routes this POST to the 2026-07-28 handler. A body it cannot
+   * classify (nesting too deep for its validator, say) goes to the 2025 transport, which answers
+   * malformed JSON-RPC with a 4xx as it always has.
+   */
+  async function isModernRequest(req: IncomingMessage, body: unknown): Promise<boolean> {
+    // 2026-07-28 has requests only (no batches, and no notifications from the client: it
+    // cancels by closing the stream); anything else is a 2025 session's, or malformed.
+    if (!body || typeof body !== "object" || Array.isArray(body) || !("id" in body)) return false;
+    const limit = { maxRequestBodySize: cfg.max_body_bytes };
+    try {
+      // The body is already parsed (and bounded by http.max_body_bytes): handed over as is.
+      return !(await isLegacyRequest(await toWebRequest(req, body, limit), body, limit));
+    } catch (e) {
+      log.debug({ err: String(e).slice(0, 200) }, "request not classifiable; served as 2025-era");
+      return false;
+    }
+  }
+
   async function handleMcp(req: IncomingMessage, res: ServerResponse) {
     const principal = await authenticate(req, "/mcp");
     let body: unknown;
@@ -399,7 +418,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       app.gate.refuseRequest(principal, String((body as any).method), bad.message);
       return jsonRpcError(res, 400, bad.code, bad.message, {}, (body as any).id ?? null);
     }
-    if (req.method === "POST" && !(await isLegacyRequest(await toWebRequest(req, body)))) {
+    if (req.method === "POST" && (await isModernRequest(req, body))) {
       const auth: AuthInfo = {
         token: "",
         clientId: principal.id,
