@@ -115,7 +115,7 @@ describe("a budget is a cap: running calls are stopped when it runs out, with th
       );
       expect(allowed.length).toBeGreaterThanOrEqual(2);
       expect(allowed.length).toBeLessThanOrEqual(3);
-      expect(allowed[0].estimate.device_seconds).toBeCloseTo(EST, 2);
+      for (const a of allowed) expect(a.estimate.device_seconds).toBeCloseTo(EST, 2);
       // ...the others refused before they ran.
       const refused = answers.filter((a) => a.isError);
       expect(refused.length).toBe(8 - allowed.length);
