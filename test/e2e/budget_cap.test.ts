@@ -72,7 +72,14 @@ describe("a budget is a cap: running calls are stopped when it runs out, with th
         const ch = charges(dataDir, "slow");
         return ch.length === 1 && ch;
       }, 30_000);
-      recordFigure("budget_cap_timeout", { timeout_s: TIMEOUT, charged_s: ended[0] });
+      // What the worker measured beside what was charged: a slow stop shows where it was spent.
+      const cfg = r.structuredContent.configs[0];
+      recordFigure("budget_cap_timeout", {
+        timeout_s: TIMEOUT,
+        charged_s: ended[0],
+        iterations: cfg?.iterations,
+        measured_s: cfg?.measured_s,
+      });
       expect(ended[0]).toBeLessThanOrEqual(TIMEOUT + STOP_LATENCY_S);
       const failed = await until(
         () =>
