@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { SqliteJobs } from "../../tools/stores/jobs.js";
 import { SqliteReports } from "../../tools/stores/reports.js";
+import { measured } from "../../tools/support/estimate.js";
 
 const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-jobs-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -124,6 +125,37 @@ describe("measured calls", () => {
       expect(reports.calls("m", "cpu").map((c) => [c.seconds, c.estimate_s])).toEqual([
         [0.5, undefined],
       ]);
+    } finally {
+      reports.close();
+    }
+  });
+
+  it("keeps what a call took, but not a call stopped or cancelled with a partial result", async () => {
+    const reports = new SqliteReports(join(dir, "measured.db"));
+    const work = { kind: "benchmark" as const, model: "mnist-cnn", device: "cpu", work: { n: 1 } };
+    try {
+      const done = new AbortController();
+      expect(
+        await measured(
+          () => work,
+          { reports, signal: done.signal },
+          async () => "all",
+        ),
+      ).toBe("all");
+      expect(reports.calls("mnist-cnn", "cpu")).toHaveLength(1);
+      // The gate stops the call (budget, call_timeout_s) by aborting its signal; the work then
+      // answers what it measured so far: that answer is kept, its seconds are not learned.
+      const stopped = new AbortController();
+      const partial = await measured(
+        () => work,
+        { reports, signal: stopped.signal },
+        async () => {
+          stopped.abort(new Error("budget"));
+          return "partial";
+        },
+      );
+      expect(partial).toBe("partial");
+      expect(reports.calls("mnist-cnn", "cpu")).toHaveLength(1);
     } finally {
       reports.close();
     }

@@ -112,17 +112,21 @@ export type EstimatedWork = Omit<CallRecord, "seconds" | "at">;
 /**
  * Runs a call's work and keeps what it took with the work its estimate saw. The interval is the
  * one the gate charges: from the start of the work to its end. Calls that fail are not kept
- * (what they measured is not what the work costs), nor calls that were not estimated.
+ * (what they measured is not what the work costs), nor calls that were not estimated, nor calls
+ * stopped or cancelled (their signal aborted: the budget, call_timeout_s, the caller) that still
+ * answered with a partial result: they took what they were allowed, not what the work costs,
+ * and an estimate that learned it would admit the next one as cheaper, to be stopped again.
  */
 export async function measured<T>(
   estimated: () => EstimatedWork | undefined,
-  services: Pick<ToolServices, "reports">,
+  ctx: Pick<ToolContext, "reports" | "signal">,
   work: () => Promise<T>,
 ): Promise<T> {
   const at = Date.now();
   const t0 = performance.now();
   const out = await work();
   const did = estimated();
-  if (did) services.reports.recordCall({ ...did, seconds: (performance.now() - t0) / 1000, at });
+  if (did && !ctx.signal.aborted)
+    ctx.reports.recordCall({ ...did, seconds: (performance.now() - t0) / 1000, at });
   return out;
 }
