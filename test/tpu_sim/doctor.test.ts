@@ -2,11 +2,16 @@
 // 0.2.0 wheel in .venv-tpu; only the PCI/VFIO scan and the accelerator memory/sync calls faked,
 // see runtime/worker/tpu_sim/hook/sitecustomize.py). Run by `npm run test:tpu-sim`.
 import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { pyRun, simEnv as simHostEnv, tpuPython as setupTpuPython } from "./sim.js";
+
+/** The built-in catalog's models: the doctor loads each (twice in strict mode: eager, compile). */
+const BUILTINS = JSON.parse(
+  readFileSync(resolve(import.meta.dirname, "../../runtime/catalog.builtin.json"), "utf8"),
+).models.length as number;
 
 /** The simulated host's environment for the CLI, its logs kept to errors. */
 const simEnv = (host: string) => simHostEnv(host, dir, { TPU_MCP_LOG_LEVEL: "error" });
@@ -91,7 +96,7 @@ describe("doctor --tpu on a simulated 2-chip TPU v6e host", () => {
           expect(l.detail).toContain("load failed with an internal error (RuntimeError)");
           expect(l.detail).toContain("TPU initialization failed: No jellyfish device found");
         }
-        expect(loads.length).toBe(mode === "strict" ? 6 : 3); // 3 built-in models (× compile in strict)
+        expect(loads.length).toBe(mode === "strict" ? 2 * BUILTINS : BUILTINS);
       }
     }
     expect(report.ok).toBe(false);
