@@ -60,14 +60,11 @@ export class SqliteBudgetLedger implements BudgetLedger {
    * call made each call slower the busier the server was). SQLite stays the record, read once
    * per principal per process, so a restart keeps the budget.
    */
-  private readonly windows = new Map<
-    string,
-    { t: number[]; s: number[]; head: number; sum: number }
-  >();
+  private readonly windows = new Map<string, ChargeWindow>();
   private lastPrune = 0;
   private insertCharge?: Statement<unknown[]>;
 
-  private window(principal: string, since: number) {
+  private window(principal: string, since: number): ChargeWindow {
     let w = this.windows.get(principal);
     if (!w) {
       const rows = this.db
@@ -75,17 +72,11 @@ export class SqliteBudgetLedger implements BudgetLedger {
           "SELECT time_ms, seconds FROM budget_charges WHERE principal = ? AND time_ms > ? ORDER BY time_ms",
         )
         .all(principal, since) as { time_ms: number; seconds: number }[];
-      w = { t: rows.map((r) => r.time_ms), s: rows.map((r) => r.seconds), head: 0, sum: 0 };
-      for (const x of w.s) w.sum += x;
+      w = new ChargeWindow();
+      for (const r of rows) w.push(r.time_ms, r.seconds);
       this.windows.set(principal, w);
     }
-    while (w.head < w.t.length && w.t[w.head] <= since) w.sum -= w.s[w.head++];
-    if (w.head > 1024 && w.head * 2 > w.t.length) {
-      w.t = w.t.slice(w.head);
-      w.s = w.s.slice(w.head);
-      w.head = 0;
-    }
-    if (w.head === w.t.length) w.sum = 0; // no float residue once the window is empty
+    w.dropUntil(since);
     return w;
   }
 
@@ -109,13 +100,13 @@ export class SqliteBudgetLedger implements BudgetLedger {
     if (seconds + reservedSeconds > limitS) return { ok: false, ...base };
     // Walk charges oldest first until enough of them have left the window.
     let left = used;
-    for (let i = w.head; i < w.t.length; i++) {
-      left -= w.s[i];
+    for (let i = w.head; i < w.end; i++) {
+      left -= w.seconds(i);
       if (left + seconds <= limitS) {
         return {
           ok: false,
           ...base,
-          retry_after_ms: Math.max(1, w.t[i] + this.windowMs - now + 1),
+          retry_after_ms: Math.max(1, w.time(i) + this.windowMs - now + 1),
         };
       }
     }
@@ -131,9 +122,7 @@ export class SqliteBudgetLedger implements BudgetLedger {
     // per call was most of what a charge cost.
     this.pending.push([principal, now, seconds, tool ?? null]);
     if (this.pending.length === 1) setImmediate(this.flushPending);
-    w.t.push(now);
-    w.s.push(seconds);
-    w.sum += seconds;
+    w.push(now, seconds);
     // Charges older than the window never count again; prune them now and then, not per call.
     if (now - this.lastPrune >= 10_000) {
       this.lastPrune = now;
@@ -172,6 +161,61 @@ export class SqliteBudgetLedger implements BudgetLedger {
     if (this.owned && this.db.open) this.db.close();
   }
 }
+
+/**
+ * One principal's charges inside the window, oldest first, with their running sum: time (ms) and
+ * seconds side by side in one Float64Array, 16 bytes a charge (two plain arrays boxed both
+ * numbers, ~48 bytes a charge: a busy window holds every charge of the last hour).
+ */
+class ChargeWindow {
+  private buf = new Float64Array(2 * MIN_SLOTS);
+  /** The oldest charge still in the window, and one past the newest. */
+  head = 0;
+  end = 0;
+  sum = 0;
+
+  time(i: number): number {
+    return this.buf[2 * i];
+  }
+
+  seconds(i: number): number {
+    return this.buf[2 * i + 1];
+  }
+
+  push(timeMs: number, seconds: number): void {
+    if (2 * (this.end + 1) > this.buf.length) this.refit(1);
+    this.buf[2 * this.end] = timeMs;
+    this.buf[2 * this.end + 1] = seconds;
+    this.end++;
+    this.sum += seconds;
+  }
+
+  /** Charges at or before `sinceMs` leave the window. */
+  dropUntil(sinceMs: number): void {
+    while (this.head < this.end && this.time(this.head) <= sinceMs)
+      this.sum -= this.seconds(this.head++);
+    // No float residue once the window is empty, and its space is reused from the start.
+    if (this.head === this.end) this.head = this.end = this.sum = 0;
+  }
+
+  /** Moves the live charges to the start of a buffer sized for them plus `more` (grown or shrunk). */
+  private refit(more: number): void {
+    const live = this.end - this.head;
+    let slots = this.buf.length / 2;
+    while (live + more > slots) slots *= 2;
+    while (slots > MIN_SLOTS && (live + more) * 4 < slots) slots /= 2;
+    if (slots === this.buf.length / 2) this.buf.copyWithin(0, 2 * this.head, 2 * this.end);
+    else {
+      const buf = new Float64Array(2 * slots);
+      buf.set(this.buf.subarray(2 * this.head, 2 * this.end));
+      this.buf = buf;
+    }
+    this.head = 0;
+    this.end = live;
+  }
+}
+
+const MIN_SLOTS = 64;
 
 function round3(x: number): number {
   return Math.round(x * 1000) / 1000;
