@@ -10,7 +10,7 @@ import torch
 
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
-from ..generation.chat import check_messages
+from ..generation.chat import ChatTemplate, check_messages, load_chat_template
 from ..generation.params import GenRequest, parse_params
 from ..loaders import inside
 from ..platforms import platform_for
@@ -306,6 +306,12 @@ def read_model_file(model_dir: str, name: str, catalog: Catalog, entry: Entry) -
         return None
     with open(safe_file(model_dir, name, catalog, entry), encoding="utf-8") as fh:
         return fh.read()
+
+
+def model_chat_template(model_dir: str, catalog: Catalog, entry: Entry) -> ChatTemplate | None:
+    """The model's chat template (None: it has none), read from inside the model roots. One
+    reading for the torch adapter, the vLLM engine and `describe`, so all three agree on it."""
+    return load_chat_template(lambda name: read_model_file(model_dir, name, catalog, entry))
 
 
 def valid_id(v: Any, vocab: int, default: int | None) -> int | None:

@@ -14,15 +14,13 @@ stream is closed as soon as every sequence is done, which aborts the request in 
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 from .. import logs
 from ..adapters.build import read_config
-from ..adapters.text import load_tokenizer, safe_file, valid_id
+from ..adapters.text import load_tokenizer, model_chat_template, valid_id
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..loaders import WeightsInfo
@@ -84,7 +82,8 @@ class VllmEngine:
         self.max_len = min(entry.limits.max_seq_len, self.n_positions)
         self.eos_id = valid_id(cfg.get("eos_token_id"), vocab, None)
         self.bos_id = valid_id(cfg.get("bos_token_id"), vocab, self.eos_id if self.eos_id is not None else 0)
-        self.chat_template = _has_chat_template(info.model_dir, catalog, entry)
+        # vLLM renders the conversation itself, from the same files: this only says whether it can.
+        self.chat_template = model_chat_template(info.model_dir, catalog, entry) is not None
         self.max_model_len = min(self.n_positions, entry.limits.max_seq_len + entry.limits.max_new_tokens)
         self.counters = Counters()
         self.process: VllmProcess | None = None
@@ -382,12 +381,3 @@ def _id_of(key: str) -> int | None:
     except (IndexError, ValueError):
         return None
 
-
-def _has_chat_template(model_dir: str, catalog: Catalog, entry: Entry) -> bool:
-    if os.path.isfile(os.path.join(model_dir, "chat_template.jinja")):
-        return True
-    try:
-        with open(safe_file(model_dir, "tokenizer_config.json", catalog, entry), encoding="utf-8") as fh:
-            return bool(json.load(fh).get("chat_template"))
-    except (WorkerError, OSError, ValueError, AttributeError):
-        return False
