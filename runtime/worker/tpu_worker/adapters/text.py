@@ -10,8 +10,9 @@ import torch
 
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
-from ..generation.chat import ChatTemplate, check_messages, load_chat_template
-from ..generation.params import GenRequest, parse_params
+from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
+from ..generation.params import GenRequest, parse_generation
+from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
 from .base import Adapter, Output, Prepared, StopFn, seq_bucket
@@ -33,28 +34,6 @@ def load_tokenizer(model_dir: str, catalog: Catalog, entry: Entry):
     tok.no_padding()
     tok.no_truncation()
     return tok
-
-
-def _check_texts(entry: Entry, args: dict) -> list[str]:
-    texts = args.get("texts")
-    lim = entry.limits
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise invalid(f"model {entry.id!r} needs args.texts: a non-empty list of strings")
-    if len(texts) > lim.max_batch:
-        raise invalid(f"{len(texts)} texts exceed this model's max_batch of {lim.max_batch}; split the request")
-    for i, t in enumerate(texts):
-        if len(t) > lim.max_text_chars:
-            raise invalid(f"texts[{i}] has {len(t)} characters; the limit is {lim.max_text_chars}")
-    return texts
-
-
-def _seq_len_arg(entry: Entry, args: dict, cap: int) -> int:
-    v = args.get("seq_len")
-    if v is None:
-        return cap
-    if not isinstance(v, int) or isinstance(v, bool) or not 2 <= v <= cap:
-        raise invalid(f"args.seq_len must be an integer in 2..{cap}")
-    return v
 
 
 def _random_ids(batch: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
@@ -91,8 +70,8 @@ class SentenceEmbedder(Adapter):
     def prepare(self, args, tensors) -> Prepared:
         if tensors:
             raise invalid(f"model {self.entry.id!r} takes texts, not tensors")
-        texts = _check_texts(self.entry, args)
-        limit = _seq_len_arg(self.entry, args, self.max_len)
+        texts = check_texts(self.entry, args)
+        limit = seq_len_arg(args, self.max_len)
         return Prepared(("embed",), len(texts), self._encode(texts, limit))
 
     def _pad(self, rows: list[list[int]], length: int) -> dict[str, torch.Tensor]:
@@ -170,29 +149,18 @@ class CausalLM(Adapter):
     def prepare(self, args, tensors) -> Prepared:
         if tensors:
             raise invalid(f"model {self.entry.id!r} takes texts or messages, not tensors")
-        has_texts, has_messages = args.get("texts") is not None, args.get("messages") is not None
-        if has_texts == has_messages:
-            raise invalid(f"model {self.entry.id!r} needs exactly one of args.texts or args.messages")
-        params = parse_params(self.entry, args)
-        n = params.max_new_tokens
-        limit = min(_seq_len_arg(self.entry, args, self.max_len), self.n_positions - n)
-        if has_messages:
-            prompts = [self._chat_prompt(args, limit, n)]
+        call = parse_generation(self.entry, args, self.max_len)
+        n = call.params.max_new_tokens
+        limit = min(call.seq_len, self.n_positions - n)
+        if call.messages is not None:
+            prompts = [self._chat_prompt(call.messages, args, limit, n)]
         else:
-            texts = _check_texts(self.entry, args)
-            prompts = []
-            for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False):
-                ids = enc.ids[-limit:] if limit > 0 else []  # keep the end of long prompts
-                prompts.append(ids or [self.bos_id])
-        return Prepared(("generate",), len(prompts), GenRequest(prompts, params))
+            prompts = prompt_ids(self.tokenizer, call.texts, limit, self.bos_id)
+        return Prepared(("generate",), len(prompts), GenRequest(prompts, call.params))
 
-    def _chat_prompt(self, args: dict, limit: int, max_new: int) -> list[int]:
-        messages = check_messages(args.get("messages"), self.entry.limits.max_text_chars)
+    def _chat_prompt(self, messages: list[dict], args: dict, limit: int, max_new: int) -> list[int]:
         if self.chat is None:
-            raise invalid(
-                f"model {self.entry.id!r} has no chat template (chat_template in tokenizer_config.json or "
-                "chat_template.jinja); send args.texts instead"
-            )
+            raise no_chat_template(self.entry)
         add = args.get("add_generation_prompt", True)
         if not isinstance(add, bool):
             raise invalid("args.add_generation_prompt must be true or false")
@@ -306,6 +274,17 @@ def read_model_file(model_dir: str, name: str, catalog: Catalog, entry: Entry) -
         return None
     with open(safe_file(model_dir, name, catalog, entry), encoding="utf-8") as fh:
         return fh.read()
+
+
+def prompt_ids(tokenizer, texts: list[str], limit: int, bos_id: int) -> list[list[int]]:
+    """Generation prompts as token ids: no special tokens added, the end of a long prompt kept
+    (`limit` tokens), an empty one given the BOS token. The torch path and the vLLM engine both
+    tokenize here, so the same text is the same prompt on either (greedy parity)."""
+    out = []
+    for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
+        ids = enc.ids[-limit:] if limit > 0 else []
+        out.append(ids or [bos_id])
+    return out
 
 
 def model_chat_template(model_dir: str, catalog: Catalog, entry: Entry) -> ChatTemplate | None:

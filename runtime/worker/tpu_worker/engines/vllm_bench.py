@@ -23,8 +23,8 @@ from .. import __version__
 from ..bench.args import plan
 from ..bench.measure import latency_summary
 from ..errors import Cancelled, WorkerError, invalid
+from ..generation.params import GenParams
 from ..protocol import now_iso
-from .gen_args import GenArgs
 from .http import EngineHttpError
 
 SEED = 0
@@ -38,7 +38,7 @@ def _prompts(batch: int, seq_len: int, vocab: int, seed: int) -> list[list[int]]
 
 def _one(engine, prompts: list[list[int]], max_new: int, token) -> dict:
     """One request: its wall time, time to first token, per-sequence token arrival times."""
-    g = GenArgs(None, None, max_new, 0.0, 1.0, 0, None, (), 0, False, None)
+    g = GenParams(max_new)
     path, body = engine.request(g, prompts, ignore_eos=True)
     arrivals: dict[int, list[float]] = {}
     t0 = time.perf_counter()
