@@ -11,7 +11,8 @@ import torch
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
-from ..generation.params import GenRequest, parse_generation
+from ..generation.params import GenParams, GenRequest, parse_generation
+from ..generation.sampling import sample, sequence_generator
 from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
@@ -204,17 +205,26 @@ class CausalLM(Adapter):
         logits, cache = self._forward(tokens[:, None], mask, pos, cache)
         return logits, cache, mask, pos
 
-    def generate(self, prompts: list[list[int]], max_new: int, should_stop: StopFn) -> tuple[list[list[int]], bool]:
-        """Greedy decoding of one fixed batch (the benchmark's work and the direct baseline):
-        returns (new token ids per prompt, stopped_early)."""
+    def generate(
+        self, prompts: list[list[int]], max_new: int, should_stop: StopFn, sampling: GenParams | None = None
+    ) -> tuple[list[list[int]], bool]:
+        """Decoding of one fixed batch (the benchmark's work and the direct baseline): greedy, or
+        sampled as the decode loop samples (prompt i with sequence_generator(seed, i), fresh on
+        every call, so a seed repeats its tokens). Returns (new token ids per prompt, stopped_early)."""
         b = len(prompts)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
         new: list[torch.Tensor] = []
         stopped = False
+        gens = [sequence_generator(sampling.seed, i) for i in range(b)] if sampling and not sampling.greedy else None
         with torch.no_grad():
             logits, cache, mask, pos = self.prefill(prompts, max_new)
             for i in range(max_new):
-                nxt = logits.argmax(-1)
+                if gens is None:
+                    nxt = logits.argmax(-1)
+                else:
+                    rows = logits.float().cpu()
+                    picked = [sample(rows[j], sampling, g) for j, g in enumerate(gens)]
+                    nxt = torch.tensor(picked, dtype=torch.long, device=self.device)
                 nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
                 new.append(nxt)
                 if self.eos_id is not None:
