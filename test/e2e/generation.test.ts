@@ -17,6 +17,7 @@ import {
   writeConfig,
   type HttpServerProc,
 } from "../helpers/server.js";
+import { progressOf, tapMessages } from "../helpers/progress.js";
 import { call } from "./scenario.js";
 
 /** tiny-gpt2 allowed to decode long enough that a cancel lands mid-stream. */
@@ -38,25 +39,6 @@ function testCatalog(dir: string): string {
   const file = join(dir, "catalog.json");
   writeFileSync(file, JSON.stringify(cat));
   return file;
-}
-
-/** Every message the client's transport receives, in order, for checks the SDK hides. */
-function tapMessages(client: Client): JSONRPCMessage[] {
-  const seen: JSONRPCMessage[] = [];
-  const transport = client.transport!;
-  const deliver = transport.onmessage!;
-  transport.onmessage = (message, extra) => {
-    seen.push(message);
-    deliver.call(transport, message, extra);
-  };
-  return seen;
-}
-
-/** The progress notifications among received messages: {progress, message}. */
-function progressOf(messages: JSONRPCMessage[]): { progress: number; message?: string }[] {
-  return messages
-    .filter((m) => "method" in m && m.method === "notifications/progress")
-    .map((m) => (m as any).params);
 }
 
 const chat = [
