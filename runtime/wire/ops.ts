@@ -94,9 +94,9 @@ export interface LoadResult {
   replica_errors?: Array<{ worker: string; error: string }>;
 }
 
-export interface InferArgs {
-  model: string;
-  texts?: string[];
+/** The generation arguments of `infer` (GENERATION_CONTRACT.md), all optional; the tools check
+ * and pass them under these names (tools/support/generation.ts). */
+export interface GenerationArgs {
   /** One conversation, rendered with the model's chat template (instead of texts). */
   messages?: Array<{ role: string; content: string }>;
   max_new_tokens?: number;
@@ -106,6 +106,11 @@ export interface InferArgs {
   seed?: number;
   stop?: string[];
   logprobs?: number;
+}
+
+export interface InferArgs extends GenerationArgs {
+  model: string;
+  texts?: string[];
   /** Set by the server when the MCP caller sent a progress token: progress messages carry deltas. */
   stream?: boolean;
   seq_len?: number;

@@ -17,6 +17,7 @@ import {
   writeConfig,
   type HttpServerProc,
 } from "../helpers/server.js";
+import { progressOf, tapMessages } from "../helpers/progress.js";
 import { call } from "./scenario.js";
 
 /** tiny-gpt2 allowed to decode long enough that a cancel lands mid-stream. */
@@ -38,25 +39,6 @@ function testCatalog(dir: string): string {
   const file = join(dir, "catalog.json");
   writeFileSync(file, JSON.stringify(cat));
   return file;
-}
-
-/** Every message the client's transport receives, in order, for checks the SDK hides. */
-function tapMessages(client: Client): JSONRPCMessage[] {
-  const seen: JSONRPCMessage[] = [];
-  const transport = client.transport!;
-  const deliver = transport.onmessage!;
-  transport.onmessage = (message, extra) => {
-    seen.push(message);
-    deliver.call(transport, message, extra);
-  };
-  return seen;
-}
-
-/** The progress notifications among received messages: {progress, message}. */
-function progressOf(messages: JSONRPCMessage[]): { progress: number; message?: string }[] {
-  return messages
-    .filter((m) => "method" in m && m.method === "notifications/progress")
-    .map((m) => (m as any).params);
 }
 
 const chat = [
@@ -117,11 +99,11 @@ describe.each(["stdio", "http"] as const)("generation over %s", (kind) => {
     const byId = new Map(r.structuredContent.models.map((m: any) => [m.id, m]));
     expect(byId.get("tiny-gpt2")).toMatchObject({ limits: { max_logprobs: 5 } });
     expect((byId.get("all-minilm-l6-v2") as any).limits.max_logprobs).toBeUndefined();
-    // Reported by the worker's describe once it says so; never claimed by the server itself.
-    for (const id of ["tiny-chat", "tiny-gpt2"]) {
-      const m = byId.get(id) as any;
-      if (m.chat_template !== undefined) expect(m.chat_template).toBe(id === "tiny-chat");
-    }
+    // Read by the worker's describe from the model files; never claimed by the server itself.
+    expect(byId.get("tiny-chat")).toMatchObject({ chat_template: true });
+    expect(byId.get("tiny-gpt2")).toMatchObject({ chat_template: false });
+    expect((byId.get("all-minilm-l6-v2") as any).chat_template).toBeUndefined();
+    expect(r.content[0].text).toMatch(/tiny-chat \(text-generation.*\[chat\]/);
   });
 
   it("chats with a model that has a chat template", async () => {
@@ -151,7 +133,9 @@ describe.each(["stdio", "http"] as const)("generation over %s", (kind) => {
     const r = await call(client, "run_inference", { model: "tiny-gpt2", messages: chat });
     expect(r.isError).toBe(true);
     expect(errorOf(r)?.code).toBe("invalid_argument");
-    expect(errorOf(r)?.message).toMatch(/chat template/);
+    // The server's own wording (the worker's starts "model 'tiny-gpt2' has no chat template"):
+    // refused from describe's chat_template before the call reaches the worker.
+    expect(errorOf(r)?.message).toMatch(/^messages: tiny-gpt2 has no chat template/);
   });
 
   it("repeats a sample with the same seed, and returns the seed it drew without one", async () => {

@@ -4,6 +4,7 @@
 // run_benchmark so that both spell and bound them the same way.
 import { z } from "zod";
 import type { CatalogEntry } from "../../runtime/catalog.js";
+import type { GenerationArgs } from "../../runtime/wire/ops.js";
 import { ToolError } from "../errors.js";
 import { wellFormedText } from "../schemas.js";
 import type { ToolEnv } from "../types.js";
@@ -56,18 +57,7 @@ export function messagesInput(env: ToolEnv, maxChars: number) {
     .max(env.limits.max_texts);
 }
 
-/** The generation arguments a request may carry, all optional. */
-export interface GenerationArgs {
-  messages?: { role: string; content: string }[];
-  max_new_tokens?: number;
-  temperature?: number;
-  top_p?: number;
-  top_k?: number;
-  seed?: number;
-  stop?: string[];
-  logprobs?: number;
-}
-
+/** Every generation argument, by its wire name: checked and passed on as the worker takes them. */
 const GENERATION_ONLY = [
   "messages",
   "temperature",
@@ -77,7 +67,7 @@ const GENERATION_ONLY = [
   "stop",
   "logprobs",
   "max_new_tokens",
-] as const;
+] as const satisfies readonly (keyof GenerationArgs)[];
 
 /**
  * Every check of the generation arguments against the chosen model, before the gate: arguments

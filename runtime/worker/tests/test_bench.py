@@ -108,6 +108,44 @@ def test_legacy_scenario_names_mean_the_work(shared_worker):
     assert c["flops_per_item"] is None
 
 
+def test_generate_work_samples_with_the_requests_temperature_and_seed(shared_worker, monkeypatch):
+    """run_benchmark's temperature and seed reach the decode: every timed call samples the same
+    tokens (the seed repeats them), other than greedy's, and the report says how it decoded."""
+    from tpu_worker.adapters.text import CausalLM
+    from tpu_worker.errors import WorkerError
+
+    calls = []
+    real = CausalLM.generate
+
+    def spy(self, prompts, max_new, should_stop, sampling=None):
+        out = real(self, prompts, max_new, should_stop, sampling)
+        calls.append((sampling, out[0]))
+        return out
+
+    monkeypatch.setattr(CausalLM, "generate", spy)
+    grid = {"model": "tiny-gpt2", "work": "generate", "seq_lens": [8], "max_new_tokens": 8, "iterations": 2}
+    sampled = run(shared_worker, **grid, temperature=1.5, seed=7)
+    assert sampled["manifest"]["sampling"] == {"temperature": 1.5, "seed": 7}
+    assert len(calls) == 3 and all(s is not None and (s.temperature, s.seed) == (1.5, 7) for s, _ in calls)
+    tokens = calls[0][1]
+    assert all(out == tokens for _, out in calls)  # warmup and window alike: the seed repeats
+    calls.clear()
+    greedy = run(shared_worker, **grid)
+    assert greedy["manifest"]["sampling"] == {"temperature": 0.0, "seed": None}
+    assert calls[0][0] is None and calls[0][1] != tokens
+    calls.clear()
+    other = run(shared_worker, **grid, temperature=1.5, seed=8)
+    assert calls[0][1] != tokens
+    assert other["configs"][0]["tokens_per_s"] > 0
+    picked = run(shared_worker, **grid, temperature=0.5)["manifest"]["sampling"]
+    assert picked["temperature"] == 0.5 and isinstance(picked["seed"], int)  # drawn, reported
+    assert run(shared_worker, batch_sizes=[1])["manifest"]["sampling"] is None  # forward: no decode
+    with pytest.raises(WorkerError, match="only work 'generate' samples"):
+        run(shared_worker, temperature=1.0)
+    with pytest.raises(WorkerError, match=r"args.temperature must be in 0\.\.2"):
+        run(shared_worker, **grid, temperature=3)
+
+
 def test_peak_table_knows_tpus_and_gpus():
     assert flops.peak_flops("tpu", "TPU v5 lite", "bfloat16", "default")[0] == 197e12
     assert flops.peak_flops("tpu", "TPU v6e", "float32", "default (one-pass bf16)")[0] == 918e12

@@ -140,6 +140,19 @@ def test_greedy_generation_equals_the_direct_batched_greedy_decode(shared_worker
     assert r["new_tokens"] == [len(ids) for ids in direct]
 
 
+def test_a_seeded_sample_equals_the_direct_decode_sampled_with_that_seed(shared_worker):
+    """The benchmark's decode (adapter.generate) samples as the decode loop does: one seed, one text."""
+    from tpu_worker.generation.params import GenParams
+
+    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    r = gen(shared_worker, {"texts": [PROMPT], "max_new_tokens": 12, "temperature": 1.3, "seed": 99})
+    prompt = adapter.tokenizer.encode(PROMPT, add_special_tokens=False).ids
+    direct, _ = adapter.generate([prompt], 12, lambda: False, GenParams(12, 1.3, seed=99))
+    assert r["texts"] == [adapter.decode(direct[0])]
+    greedy, _ = adapter.generate([prompt], 12, lambda: False)
+    assert greedy != direct
+
+
 def test_generation_stops_at_eos_with_finish_reason_stop(shared_worker):
     adapter = shared_worker.loaded["tiny-gpt2"].adapter
     real_eos = adapter.eos_id

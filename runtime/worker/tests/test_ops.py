@@ -45,6 +45,15 @@ def test_describe_reports_headers_digests_and_availability(worker):
     }
 
 
+def test_describe_says_which_generation_models_have_a_chat_template(worker):
+    models = {m["id"]: m for m in call(worker, "describe", {})["models"]}
+    assert models["tiny-chat"]["chat_template"] is True
+    assert models["tiny-gpt2"]["chat_template"] is False
+    # Only generation models chat: the others do not carry the field at all.
+    assert "chat_template" not in models["all-minilm-l6-v2"]
+    assert not any(m["loaded"] for m in models.values())  # read from the files, nothing loaded
+
+
 def test_describe_marks_missing_models_unavailable(tmp_path, cpu_probe):
     from tpu_worker.catalog import parse_catalog
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from . import logs
 from .adapters import Output, Prepared
 from .cancel import CancelToken
 from .errors import Cancelled, WorkerError
+from .inbox import Inbox
 from .protocol import now_us
 
 RunBatch = Callable[[list[Prepared], Callable[[], bool]], list[Output]]
@@ -45,10 +45,11 @@ class BatchStats:
     largest: int = 0
 
 
-class Batcher:
+class Batcher(Inbox):
     def __init__(
         self, name: str, run_batch: RunBatch, *, max_batch: int, max_wait_ms: float, enabled: bool = True
     ) -> None:
+        super().__init__()
         self.name = name
         self._run = run_batch
         # Batching off (or zero wait) means one request per forward, for honest on/off comparisons.
@@ -56,20 +57,9 @@ class Batcher:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.stats = BatchStats()
-        self._queue: deque[_Pending] = deque()
-        self._cond = threading.Condition()
-        self._closed: str | None = None
         self._concurrent = False
-        # Set by the server's fast path: a context around setting a batch's results, so the
-        # replies their callbacks send leave in one write instead of one per request.
-        self.reply_scope: Callable[[], contextlib.AbstractContextManager] | None = None
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{name}", daemon=True)
         self._thread.start()
-
-    @property
-    def queue_depth(self) -> int:
-        with self._cond:
-            return len(self._queue)
 
     def describe(self) -> dict:
         return {
@@ -81,13 +71,7 @@ class Batcher:
 
     def submit(self, prepared: Prepared, token: CancelToken, trace: list | None = None) -> Future:
         p = _Pending(prepared, token, trace=trace)
-        if trace is not None:
-            trace.append(["w.queued", now_us()])
-        with self._cond:
-            if self._closed:
-                raise WorkerError("model_not_loaded", self._closed)
-            self._queue.append(p)
-            self._cond.notify()
+        self._enqueue(p, trace)
         return p.future
 
     def close(self, reason: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from . import __version__
+from .adapters.text import model_chat_template
 from .errors import WorkerError
 from .memory import rss_bytes
 from .probe import refresh_memory
@@ -42,6 +43,10 @@ def describe_models(worker) -> dict:
             item["parameters"] = info.parameters or None
             item["weight_bytes"] = info.weight_bytes
             item["weight_digest"] = worker.digests.digest(info.files)
+            if entry.task == "text-generation":
+                # Read from the files, loaded or not: the server refuses `messages` for a model
+                # without one before the call reaches this worker, and list_models shows it.
+                item["chat_template"] = model_chat_template(info.model_dir, worker.catalog, entry) is not None
         except WorkerError as exc:
             item["available"], item["problem"] = False, exc.message
         models.append(item)

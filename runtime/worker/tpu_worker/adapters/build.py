@@ -9,11 +9,10 @@ import torch
 
 from ..catalog import Catalog, Entry
 from ..errors import WorkerError
-from ..generation.chat import load_chat_template
 from ..loaders import WeightsInfo, load_state_dict
 from .base import TORCH_DTYPES, Adapter
 from .tensor import MnistCNN, TensorModel
-from .text import CausalLM, SentenceEmbedder, load_tokenizer, read_model_file, safe_file, valid_id
+from .text import CausalLM, SentenceEmbedder, load_tokenizer, model_chat_template, safe_file, valid_id
 
 
 def read_config(model_dir: str, catalog: Catalog, entry: Entry) -> dict:
@@ -90,5 +89,5 @@ def build_adapter(entry: Entry, catalog: Catalog, info: WeightsInfo, device: tor
         return SentenceEmbedder(entry, model, device, dtype, tokenizer, max_len, pad)
     model = _hf_model("AutoModelForCausalLM", info.model_dir, tdtype, entry)
     model = model.to(device).eval()
-    chat = load_chat_template(lambda name: read_model_file(info.model_dir, name, catalog, entry))
+    chat = model_chat_template(info.model_dir, catalog, entry)
     return CausalLM(entry, model, device, dtype, tokenizer, entry.limits.max_seq_len, chat)

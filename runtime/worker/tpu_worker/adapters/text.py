@@ -10,8 +10,10 @@ import torch
 
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
-from ..generation.chat import check_messages
-from ..generation.params import GenRequest, parse_params
+from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
+from ..generation.params import GenParams, GenRequest, parse_generation
+from ..generation.sampling import sample, sequence_generator
+from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
 from .base import Adapter, Output, Prepared, StopFn, seq_bucket
@@ -33,28 +35,6 @@ def load_tokenizer(model_dir: str, catalog: Catalog, entry: Entry):
     tok.no_padding()
     tok.no_truncation()
     return tok
-
-
-def _check_texts(entry: Entry, args: dict) -> list[str]:
-    texts = args.get("texts")
-    lim = entry.limits
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise invalid(f"model {entry.id!r} needs args.texts: a non-empty list of strings")
-    if len(texts) > lim.max_batch:
-        raise invalid(f"{len(texts)} texts exceed this model's max_batch of {lim.max_batch}; split the request")
-    for i, t in enumerate(texts):
-        if len(t) > lim.max_text_chars:
-            raise invalid(f"texts[{i}] has {len(t)} characters; the limit is {lim.max_text_chars}")
-    return texts
-
-
-def _seq_len_arg(entry: Entry, args: dict, cap: int) -> int:
-    v = args.get("seq_len")
-    if v is None:
-        return cap
-    if not isinstance(v, int) or isinstance(v, bool) or not 2 <= v <= cap:
-        raise invalid(f"args.seq_len must be an integer in 2..{cap}")
-    return v
 
 
 def _random_ids(batch: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
@@ -91,8 +71,8 @@ class SentenceEmbedder(Adapter):
     def prepare(self, args, tensors) -> Prepared:
         if tensors:
             raise invalid(f"model {self.entry.id!r} takes texts, not tensors")
-        texts = _check_texts(self.entry, args)
-        limit = _seq_len_arg(self.entry, args, self.max_len)
+        texts = check_texts(self.entry, args)
+        limit = seq_len_arg(args, self.max_len)
         return Prepared(("embed",), len(texts), self._encode(texts, limit))
 
     def _pad(self, rows: list[list[int]], length: int) -> dict[str, torch.Tensor]:
@@ -170,29 +150,18 @@ class CausalLM(Adapter):
     def prepare(self, args, tensors) -> Prepared:
         if tensors:
             raise invalid(f"model {self.entry.id!r} takes texts or messages, not tensors")
-        has_texts, has_messages = args.get("texts") is not None, args.get("messages") is not None
-        if has_texts == has_messages:
-            raise invalid(f"model {self.entry.id!r} needs exactly one of args.texts or args.messages")
-        params = parse_params(self.entry, args)
-        n = params.max_new_tokens
-        limit = min(_seq_len_arg(self.entry, args, self.max_len), self.n_positions - n)
-        if has_messages:
-            prompts = [self._chat_prompt(args, limit, n)]
+        call = parse_generation(self.entry, args, self.max_len)
+        n = call.params.max_new_tokens
+        limit = min(call.seq_len, self.n_positions - n)
+        if call.messages is not None:
+            prompts = [self._chat_prompt(call.messages, args, limit, n)]
         else:
-            texts = _check_texts(self.entry, args)
-            prompts = []
-            for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False):
-                ids = enc.ids[-limit:] if limit > 0 else []  # keep the end of long prompts
-                prompts.append(ids or [self.bos_id])
-        return Prepared(("generate",), len(prompts), GenRequest(prompts, params))
+            prompts = prompt_ids(self.tokenizer, call.texts, limit, self.bos_id)
+        return Prepared(("generate",), len(prompts), GenRequest(prompts, call.params))
 
-    def _chat_prompt(self, args: dict, limit: int, max_new: int) -> list[int]:
-        messages = check_messages(args.get("messages"), self.entry.limits.max_text_chars)
+    def _chat_prompt(self, messages: list[dict], args: dict, limit: int, max_new: int) -> list[int]:
         if self.chat is None:
-            raise invalid(
-                f"model {self.entry.id!r} has no chat template (chat_template in tokenizer_config.json or "
-                "chat_template.jinja); send args.texts instead"
-            )
+            raise no_chat_template(self.entry)
         add = args.get("add_generation_prompt", True)
         if not isinstance(add, bool):
             raise invalid("args.add_generation_prompt must be true or false")
@@ -236,17 +205,26 @@ class CausalLM(Adapter):
         logits, cache = self._forward(tokens[:, None], mask, pos, cache)
         return logits, cache, mask, pos
 
-    def generate(self, prompts: list[list[int]], max_new: int, should_stop: StopFn) -> tuple[list[list[int]], bool]:
-        """Greedy decoding of one fixed batch (the benchmark's work and the direct baseline):
-        returns (new token ids per prompt, stopped_early)."""
+    def generate(
+        self, prompts: list[list[int]], max_new: int, should_stop: StopFn, sampling: GenParams | None = None
+    ) -> tuple[list[list[int]], bool]:
+        """Decoding of one fixed batch (the benchmark's work and the direct baseline): greedy, or
+        sampled as the decode loop samples (prompt i with sequence_generator(seed, i), fresh on
+        every call, so a seed repeats its tokens). Returns (new token ids per prompt, stopped_early)."""
         b = len(prompts)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
         new: list[torch.Tensor] = []
         stopped = False
+        gens = [sequence_generator(sampling.seed, i) for i in range(b)] if sampling and not sampling.greedy else None
         with torch.no_grad():
             logits, cache, mask, pos = self.prefill(prompts, max_new)
             for i in range(max_new):
-                nxt = logits.argmax(-1)
+                if gens is None:
+                    nxt = logits.argmax(-1)
+                else:
+                    rows = logits.float().cpu()
+                    picked = [sample(rows[j], sampling, g) for j, g in enumerate(gens)]
+                    nxt = torch.tensor(picked, dtype=torch.long, device=self.device)
                 nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
                 new.append(nxt)
                 if self.eos_id is not None:
@@ -306,6 +284,23 @@ def read_model_file(model_dir: str, name: str, catalog: Catalog, entry: Entry) -
         return None
     with open(safe_file(model_dir, name, catalog, entry), encoding="utf-8") as fh:
         return fh.read()
+
+
+def prompt_ids(tokenizer, texts: list[str], limit: int, bos_id: int) -> list[list[int]]:
+    """Generation prompts as token ids: no special tokens added, the end of a long prompt kept
+    (`limit` tokens), an empty one given the BOS token. The torch path and the vLLM engine both
+    tokenize here, so the same text is the same prompt on either (greedy parity)."""
+    out = []
+    for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
+        ids = enc.ids[-limit:] if limit > 0 else []
+        out.append(ids or [bos_id])
+    return out
+
+
+def model_chat_template(model_dir: str, catalog: Catalog, entry: Entry) -> ChatTemplate | None:
+    """The model's chat template (None: it has none), read from inside the model roots. One
+    reading for the torch adapter, the vLLM engine and `describe`, so all three agree on it."""
+    return load_chat_template(lambda name: read_model_file(model_dir, name, catalog, entry))
 
 
 def valid_id(v: Any, vocab: int, default: int | None) -> int | None:

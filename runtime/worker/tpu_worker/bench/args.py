@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import WorkerError, invalid
+from ..generation.params import GenParams, parse_sampling
 
 SCENARIOS = ("single-stream", "offline")
 WORKS = ("forward", "generate")
@@ -61,11 +62,29 @@ class Plan:
     iterations: int | None
     duration: float | None
     max_new: int | None
+    # work "generate" only: how each token is chosen (greedy unless args.temperature > 0; a
+    # sampled run always has a seed: every call decodes the same tokens, so runs compare).
+    temperature: float
+    seed: int | None
     matmul_precision: str | None
     # An unstable series runs up to extend_factor x its requested window, within these bounds.
     extend_factor: int
     max_iterations: int
     max_duration_s: float
+
+    @property
+    def sampling(self) -> GenParams | None:
+        """The decode's parameters when it samples (None: greedy)."""
+        if self.temperature == 0 or self.max_new is None:
+            return None
+        return GenParams(self.max_new, self.temperature, seed=self.seed)
+
+    @property
+    def sampling_report(self) -> dict | None:
+        """What the report says of the decode (work "generate"): temperature, and seed when sampled."""
+        if self.work != "generate":
+            return None
+        return {"temperature": self.temperature, "seed": self.seed}
 
     @property
     def configs(self) -> int:
@@ -96,8 +115,14 @@ def plan(entry, args: dict) -> Plan:
     if iterations is None and duration is None:
         raise invalid("args.iterations or args.duration_s is required (how long to measure each configuration)")
     max_new = None
+    temperature, seed = 0.0, None
     if work == "generate":
         max_new = _int(args, "max_new_tokens", 1, lim.max_new_tokens)
+        temperature, seed = parse_sampling(args)
+    else:
+        given = [k for k in ("temperature", "seed") if args.get(k) is not None]
+        if given:
+            raise invalid(f"args.{given[0]}: only work 'generate' samples")
     extend_factor = _int(args, "extend_factor", 1, MAX_EXTEND_FACTOR)
     grid = len(batch_sizes) * len(seq_lens) * len(dtypes) * len(modes)
     if grid > bounds.max_configs:
@@ -113,6 +138,8 @@ def plan(entry, args: dict) -> Plan:
         iterations=iterations,
         duration=duration,
         max_new=max_new,
+        temperature=temperature,
+        seed=seed,
         matmul_precision=args.get("matmul_precision"),
         extend_factor=extend_factor,
         max_iterations=int(bounds.max_iterations),

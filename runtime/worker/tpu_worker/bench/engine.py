@@ -126,6 +126,9 @@ def _manifest(worker, entry, info, device, p, precision_requested) -> dict:
         "duration_s": p.duration,
         "extend_factor": p.extend_factor,
         "max_new_tokens": p.max_new if p.work == "generate" else None,
+        # The decode of work "generate": {temperature, seed} (seed null when greedy); "seed" below
+        # is that of the synthetic inputs and the bootstrap.
+        "sampling": p.sampling_report,
         "execution_mode": platform_for(device).execution_mode(device),
         "eager_mode": platform_for(device).eager_mode_report(device),
         "compile_backend": platform_for(device).compile_backend(device) if "compile" in p.modes else None,
@@ -252,6 +255,7 @@ class _Run:
                 host=self.host,
                 max_new=self.plan.max_new,
                 token=self.ctx.token,
+                sampling=self.plan.sampling,
             )
         except WorkerError as exc:
             if exc.code == "cancelled":

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..adapters import Adapter
+from ..generation.params import GenParams
 from ..memory import MemoryProbe
 from ..platforms import platform_for
 from .host import HostSource, HostWindow
@@ -96,6 +97,7 @@ def measure(
     host: HostSource,
     max_new: int,
     token,
+    sampling: GenParams | None = None,
 ) -> dict | None:
     """Runs one configuration; returns None when cancelled. The window ends at `goal`, extended
     while the series is unstable (stability.py)."""
@@ -106,7 +108,7 @@ def measure(
         prompts = inputs.to("cpu").tolist()
 
         def step():
-            return adapter.generate(prompts, max_new, lambda: token.cancelled)[0]
+            return adapter.generate(prompts, max_new, lambda: token.cancelled, sampling)[0]
     else:
 
         def step():

@@ -2,8 +2,9 @@
 behind the same gate). Today one: vLLM (docs/vllm.md).
 
 Layout: settings.py (runtime.engines.vllm), vllm_process.py (start, supervise, stop the server),
-http.py (JSON and event streams on loopback, cancellable), gen_args.py (the generation
-arguments), vllm.py (infer on the engine), vllm_bench.py (benchmark on the engine).
+http.py (JSON and event streams on loopback, cancellable), vllm.py (infer on the engine: the
+arguments, text and stop sequences of generation/ as on the torch path), vllm_bench.py
+(benchmark on the engine).
 """
 
 from .settings import VllmSettings, parse_settings

@@ -8,25 +8,27 @@ Parity with the worker's own generation: the prompt is tokenized here, by the sa
 file and rules as tpu_worker.adapters.text.CausalLM (no special tokens added, the end of a long
 prompt kept), and sent as token ids; the generated ids come back (`return_token_ids`) and are
 decoded here, so in float32 greedy decoding the same prompt gives the same tokens and text.
-Stop sequences are applied here on that text (the text is cut before the first match), and the
-stream is closed as soon as every sequence is done, which aborts the request in vLLM.
+The arguments are checked by the torch path's parser (generation/params.py), and the generated
+ids go through its TextStream: the same text, the same stop-sequence cut and the same held-back
+streaming; the stream is closed as soon as every sequence is done, which aborts the request in
+vLLM.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 from .. import logs
 from ..adapters.build import read_config
-from ..adapters.text import load_tokenizer, safe_file, valid_id
+from ..adapters.text import load_tokenizer, model_chat_template, prompt_ids, valid_id
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
+from ..generation.chat import no_chat_template
+from ..generation.params import GenCall, GenParams, parse_generation
+from ..generation.textstream import TextStream
 from ..loaders import WeightsInfo
-from .gen_args import GenArgs, first_stop, held_back, parse_gen_args
 from .http import Endpoint, EngineHttpError
 from .settings import VllmSettings
 from .vllm_process import VllmProcess
@@ -39,12 +41,10 @@ class _Seq:
     """One generated sequence while its stream runs."""
 
     prompt_tokens: int
+    stream: TextStream
     ids: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
-    text: str = ""
-    sent: int = 0  # characters already streamed
     finish: str | None = None
-    cut: bool = False  # finished by a stop sequence matched here
 
 
 @dataclass
@@ -84,7 +84,8 @@ class VllmEngine:
         self.max_len = min(entry.limits.max_seq_len, self.n_positions)
         self.eos_id = valid_id(cfg.get("eos_token_id"), vocab, None)
         self.bos_id = valid_id(cfg.get("bos_token_id"), vocab, self.eos_id if self.eos_id is not None else 0)
-        self.chat_template = _has_chat_template(info.model_dir, catalog, entry)
+        # vLLM renders the conversation itself, from the same files: this only says whether it can.
+        self.chat_template = model_chat_template(info.model_dir, catalog, entry) is not None
         self.max_model_len = min(self.n_positions, entry.limits.max_seq_len + entry.limits.max_new_tokens)
         self.counters = Counters()
         self.process: VllmProcess | None = None
@@ -200,54 +201,50 @@ class VllmEngine:
         return int(self.info.weight_bytes)
 
     # -- generation -----------------------------------------------------------------------------
-    def encode(self, texts: list[str], max_new: int, seq_len: int | None) -> list[list[int]]:
+    def encode(self, texts: list[str], max_new: int, seq_len: int) -> list[list[int]]:
         """Prompt token ids, exactly as CausalLM.prepare makes them (parity with the HF path)."""
-        limit = min(seq_len or self.max_len, self.n_positions - max_new)
-        prompts = []
-        for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False):
-            ids = enc.ids[-limit:] if limit > 0 else []
-            prompts.append(ids or [self.bos_id])
-        return prompts
+        return prompt_ids(self.tokenizer, texts, min(seq_len, self.n_positions - max_new), self.bos_id)
 
-    def request(self, g: GenArgs, prompts: list[list[int]] | None, *, ignore_eos: bool = False) -> tuple[str, dict]:
+    def request(
+        self, p: GenParams, prompts: list[list[int]] | None, messages: list[dict] | None = None, *, ignore_eos=False
+    ) -> tuple[str, dict]:
         body: dict = {
             "model": self.served_name,
-            "max_tokens": g.max_new_tokens,
-            "temperature": g.temperature,
-            "top_p": g.top_p,
-            "top_k": g.top_k if g.top_k > 0 else -1,
+            "max_tokens": p.max_new_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k if p.top_k > 0 else -1,
             "stream": True,
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
             "skip_special_tokens": True,
             "ignore_eos": ignore_eos,
         }
-        if g.seed is not None:
-            body["seed"] = g.seed
+        if p.seed is not None:
+            body["seed"] = p.seed
         if self.eos_id is not None and not ignore_eos:
             body["stop_token_ids"] = [self.eos_id]
-        if g.messages is not None:
-            body["messages"] = g.messages
-            if g.logprobs:
+        if messages is not None:
+            body["messages"] = messages
+            if p.logprobs:
                 body["logprobs"] = True
-                body["top_logprobs"] = g.logprobs
+                body["top_logprobs"] = p.logprobs
             return "/v1/chat/completions", body
         body["prompt"] = prompts
-        if g.logprobs:
-            body["logprobs"] = g.logprobs
+        if p.logprobs:
+            body["logprobs"] = p.logprobs
             body["return_tokens_as_token_ids"] = True
         return "/v1/completions", body
 
     def infer(self, args: dict, ctx) -> dict:
-        g = parse_gen_args(self.entry, args)
+        g = parse_generation(self.entry, args, self.max_len)
+        p = g.params
         if g.messages is not None and not self.chat_template:
-            raise invalid(
-                f"model {self.entry.id!r} has no chat template (tokenizer_config.json chat_template or "
-                "chat_template.jinja); send texts instead of messages"
-            )
-        prompts = self.encode(g.texts, g.max_new_tokens, g.seq_len) if g.texts is not None else None
-        seqs = [_Seq(len(p)) for p in prompts] if prompts is not None else [_Seq(0)]
-        path, body = self.request(g, prompts)
+            raise no_chat_template(self.entry)
+        prompts = self.encode(g.texts, p.max_new_tokens, g.seq_len) if g.texts is not None else None
+        n = len(prompts) if prompts is not None else 1
+        seqs = [_Seq(len(prompts[i]) if prompts else 0, TextStream(self.decode, p.stop)) for i in range(n)]
+        path, body = self.request(p, prompts, g.messages)
         t0 = time.perf_counter()
         first: float | None = None
         stopped: str | None = None
@@ -261,13 +258,13 @@ class VllmEngine:
                     i = int(choice.get("index", 0))
                     if not 0 <= i < len(seqs) or seqs[i].finish is not None:
                         continue  # a sequence already done here (a stop sequence matched)
-                    ids = choice.get("token_ids") or []
+                    ids = [int(t) for t in choice.get("token_ids") or []]
                     if ids and first is None:
                         first = time.perf_counter()
-                    self._advance(seqs[i], ids, choice, g)
-                    if g.stream:
-                        self._send_delta(ctx, seqs, i, g)
-                if all(s.finish is not None for s in seqs) and any(s.cut for s in seqs):
+                    delta = self._advance(seqs[i], ids, choice, p)
+                    if p.stream and delta:
+                        self._send_delta(ctx, seqs, i, delta, p)
+                if all(s.finish is not None for s in seqs) and any(s.stream.stopped for s in seqs):
                     # A stop sequence matched here, which vLLM does not know of: closing the
                     # stream aborts what it still runs. Otherwise read on to its usage and [DONE].
                     break
@@ -282,32 +279,39 @@ class VllmEngine:
         for s in seqs:
             if s.finish is None:
                 s.finish = stopped or "length"
+                s.stream.finish()  # the text held back for a stop that can no longer match
         return self._result(seqs, g, first, t0, elapsed)
 
-    def _advance(self, s: _Seq, ids: list[int], choice: dict, g: GenArgs) -> None:
-        s.ids.extend(int(t) for t in ids)
-        if g.logprobs:
-            s.logprobs.extend(self._logprobs(choice, ids))
-        text = self.tokenizer.decode(s.ids, skip_special_tokens=True)
-        cut = first_stop(text, g.stop) if g.stop else None
-        if cut is not None:
-            s.text, s.finish, s.cut = text[:cut], "stop", True
-            return
-        s.text = text
+    def _advance(self, s: _Seq, ids: list[int], choice: dict, p: GenParams) -> str:
+        """Takes a chunk of generated ids as the decode loop takes tokens (generation/loop.py
+        `_accept`): EOS ends the sequence, a stop sequence cuts it (ids after the one that
+        completed it are dropped); returns the newly final text."""
+        lps = self._logprobs(choice, ids) if p.logprobs else []
+        out = ""
+        for k, t in enumerate(ids):
+            s.ids.append(t)
+            if k < len(lps):
+                s.logprobs.append(lps[k])
+            if t == self.eos_id:
+                s.finish = "stop"
+                return out + s.stream.finish()
+            out += s.stream.push(t)
+            if s.stream.stopped:
+                s.finish = "stop"
+                return out
         reason = choice.get("finish_reason")
         if reason is not None:
             # vLLM: "stop" = an EOS / stop token, "length" = max_tokens; "abort" cannot reach here.
             s.finish = "stop" if reason == "stop" else "length"
+            out += s.stream.finish()
+        return out
 
-    def _send_delta(self, ctx, seqs: list[_Seq], i: int, g: GenArgs) -> None:
-        s = seqs[i]
-        final = len(s.text) if s.finish is not None else len(s.text) - held_back(s.text, g.stop)
-        if final <= s.sent:
-            return
-        delta = s.text[s.sent : final]
-        s.sent = final
+    def _send_delta(self, ctx, seqs: list[_Seq], i: int, delta: str, p: GenParams) -> None:
         done = sum(len(x.ids) for x in seqs)
-        ctx.progress(done, g.max_new_tokens * len(seqs), delta, delta={"index": i, "text": delta})
+        ctx.progress(done, p.max_new_tokens * len(seqs), delta, delta={"index": i, "text": delta})
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _logprobs(self, choice: dict, ids: list[int]) -> list[dict]:
         lp = choice.get("logprobs") or {}
@@ -335,22 +339,22 @@ class VllmEngine:
     def _token_text(self, tid: int | None) -> str:
         return "" if tid is None else self.tokenizer.decode([tid], skip_special_tokens=False)
 
-    def _result(self, seqs: list[_Seq], g: GenArgs, first: float | None, t0: float, elapsed: float) -> dict:
+    def _result(self, seqs: list[_Seq], g: GenCall, first: float | None, t0: float, elapsed: float) -> dict:
         completion = sum(len(s.ids) for s in seqs)
         self.counters.add(completion_tokens=completion)
         generations = []
         for s in seqs:
             gen: dict = {
-                "text": s.text,
+                "text": s.stream.text,
                 "finish_reason": s.finish,
                 "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": len(s.ids)},
             }
-            if g.logprobs:
+            if g.params.logprobs:
                 gen["logprobs"] = s.logprobs
             generations.append(gen)
         out: dict = {
             "task": "text-generation",
-            "texts": [s.text for s in seqs],
+            "texts": [s.stream.text for s in seqs],
             "new_tokens": [len(s.ids) for s in seqs],
             "token_ids": [s.ids for s in seqs],
             "generations": generations,
@@ -358,8 +362,8 @@ class VllmEngine:
             "tokens_per_s": round(completion / elapsed, 3) if elapsed > 0 else None,
             "engine": ENGINE,
         }
-        if g.seed is not None:
-            out["seed"] = g.seed
+        if g.params.seed is not None:
+            out["seed"] = g.params.seed
         return out
 
     def _engine_error(self, exc: EngineHttpError) -> WorkerError:
@@ -381,13 +385,3 @@ def _id_of(key: str) -> int | None:
         return int(key.rsplit(":", 1)[1])
     except (IndexError, ValueError):
         return None
-
-
-def _has_chat_template(model_dir: str, catalog: Catalog, entry: Entry) -> bool:
-    if os.path.isfile(os.path.join(model_dir, "chat_template.jinja")):
-        return True
-    try:
-        with open(safe_file(model_dir, "tokenizer_config.json", catalog, entry), encoding="utf-8") as fh:
-            return bool(json.load(fh).get("chat_template"))
-    except (WorkerError, OSError, ValueError, AttributeError):
-        return False

@@ -8,7 +8,8 @@ inter-token latency (itl_ms, the gaps between a sequence's tokens as they arrive
     `batch` prompts of `seq_len` random tokens).
   * offline: the largest batch, all prompts in one request each iteration; throughput is items
     over the measured wall time.
-Every request decodes exactly max_new_tokens (EOS ignored) at temperature 0.
+Every request decodes exactly max_new_tokens (EOS ignored), greedy or sampled with the request's
+temperature and seed.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from .. import __version__
 from ..bench.args import plan
 from ..bench.measure import latency_summary
 from ..errors import Cancelled, WorkerError, invalid
+from ..generation.params import GenParams
 from ..protocol import now_iso
-from .gen_args import GenArgs
 from .http import EngineHttpError
 
 SEED = 0
@@ -36,9 +37,9 @@ def _prompts(batch: int, seq_len: int, vocab: int, seed: int) -> list[list[int]]
     return torch.randint(low, vocab, (batch, seq_len), generator=g).tolist()
 
 
-def _one(engine, prompts: list[list[int]], max_new: int, token) -> dict:
+def _one(engine, prompts: list[list[int]], p, token) -> dict:
     """One request: its wall time, time to first token, per-sequence token arrival times."""
-    g = GenArgs(None, None, max_new, 0.0, 1.0, 0, None, (), 0, False, None)
+    g = GenParams(p.max_new, p.temperature, seed=p.seed)
     path, body = engine.request(g, prompts, ignore_eos=True)
     arrivals: dict[int, list[float]] = {}
     t0 = time.perf_counter()
@@ -70,13 +71,13 @@ def _measure(e, p, batch: int, seq_len: int, scenario: str, ctx) -> dict:
     prompts = _prompts(batch, min(seq_len, engine.max_len), vocab, SEED)
     first_call = None
     for i in range(p.warmup):
-        r = _one(engine, prompts, p.max_new, ctx.token)
+        r = _one(engine, prompts, p, ctx.token)
         if i == 0:
             first_call = r["wall"]
     runs = []
     started = time.perf_counter()
     while True:
-        runs.append(_one(engine, prompts, p.max_new, ctx.token))
+        runs.append(_one(engine, prompts, p, ctx.token))
         elapsed = time.perf_counter() - started
         if p.iterations is not None and len(runs) >= p.iterations:
             break
@@ -149,6 +150,7 @@ def run_engine_benchmark(e, args: dict, ctx) -> dict:
         "iterations": p.iterations,
         "duration_s": p.duration,
         "max_new_tokens": p.max_new,
+        "sampling": p.sampling_report,
         "python_version": platform.python_version(),
         "worker_version": __version__,
         "seed": SEED,

@@ -13,7 +13,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from ..errors import invalid
+from ..errors import WorkerError, invalid
 
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 256
@@ -82,6 +82,15 @@ def load_chat_template(read_file) -> ChatTemplate | None:
         return None
     special = {k: t for k in _TOKEN_KEYS if (t := _token_text(config.get(k))) is not None}
     return ChatTemplate(source, special)
+
+
+def no_chat_template(entry) -> WorkerError:
+    """The refusal of `messages` for a model without a chat template (the worker's own models
+    and the vLLM engine alike; the server refuses first when describe has said so)."""
+    return invalid(
+        f"model {entry.id!r} has no chat template (chat_template in tokenizer_config.json or "
+        "chat_template.jinja); send args.texts instead"
+    )
 
 
 def check_messages(raw: Any, max_chars: int) -> list[dict]:

@@ -20,7 +20,6 @@ import contextlib
 import functools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from .. import logs
 from ..adapters.base import Output, Prepared
 from ..cancel import CancelToken
 from ..errors import WorkerError
+from ..inbox import Inbox
 from ..protocol import now_us
 from . import kv
 from .params import GenRequest
@@ -85,36 +85,27 @@ class _Seq:
         self.finish: str | None = None
 
 
-class DecodeLoop:
+class DecodeLoop(Inbox):
     def __init__(self, name: str, adapter, *, max_batch: int, enabled: bool = True) -> None:
+        super().__init__()
         self.name = name
         self.adapter = adapter
         self.max_batch = max(1, max_batch)
         self.enabled = enabled and self.max_batch > 1
         self.stats = LoopStats()
         self.mergeable: bool | None = None  # known after the first prefill
-        self._queue: deque[_Request] = deque()
-        self._cond = threading.Condition()
-        self._closed: str | None = None
         # The running batch: its sequences (row order) and tensors.
         self._rows: list[_Seq] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
         self._pos: torch.Tensor | None = None
         self._last: list[int] = []  # each row's newest token, not yet fed to the model
-        # Set by the server's fast path: a context that writes the replies (and progress) one
-        # iteration sends in one write. Results are set inside it, after that iteration's
-        # progress, so a request's deltas always precede its result on the wire.
-        self.reply_scope: Callable[[], contextlib.AbstractContextManager] | None = None
+        # reply_scope (Inbox): results are set inside it, after that iteration's progress, so a
+        # request's deltas always precede its result on the wire.
         self._thread = threading.Thread(target=self._run, name=f"decode-{name}", daemon=True)
         self._thread.start()
 
     # -- the Batcher's surface (ops.py, reports.py) -----------------------------------------
-    @property
-    def queue_depth(self) -> int:
-        with self._cond:
-            return len(self._queue)
-
     def describe(self) -> dict:
         return {"kind": "continuous", "enabled": self.enabled, "max_batch": self.max_batch}
 
@@ -123,13 +114,7 @@ class DecodeLoop:
     ) -> Future:
         req = _Request(prepared.payload, token, progress, trace)
         req.seqs = [_Seq(req, i, self.adapter.decode) for i in range(len(req.gen.prompts))]
-        if trace is not None:
-            trace.append(["w.queued", now_us()])
-        with self._cond:
-            if self._closed:
-                raise WorkerError("model_not_loaded", self._closed)
-            self._queue.append(req)
-            self._cond.notify()
+        self._enqueue(req, trace)
         return req.future
 
     def close(self, reason: str) -> None:

@@ -1,4 +1,6 @@
-"""Generation arguments (the shared generation contract), validated into one `GenParams`.
+"""Generation arguments (the shared generation contract), validated into one `GenParams`, and a
+whole generation call (texts or messages, seq_len, the params) into one `GenCall`: the one
+parser of the worker's own decode loop and of the vLLM engine.
 
 Bounds come from the contract and the catalog entry's limits (max_new_tokens, max_logprobs);
 every refusal is an `invalid_argument` that names the argument and its range.
@@ -13,6 +15,8 @@ from typing import Any
 
 from ..catalog import Entry
 from ..errors import invalid
+from ..inputs import check_texts, seq_len_arg
+from .chat import check_messages
 
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 1000
@@ -45,6 +49,17 @@ class GenRequest:
     params: GenParams
 
 
+@dataclass(frozen=True)
+class GenCall:
+    """A generation call's arguments, checked: exactly one of texts and messages (the prompt
+    before tokenization), the longest prompt in tokens, and how to generate."""
+
+    texts: list[str] | None
+    messages: list[dict] | None
+    seq_len: int
+    params: GenParams
+
+
 def _number(args: dict, key: str, default: float) -> float:
     v = args.get(key, default)
     if v is None:
@@ -66,14 +81,11 @@ def _integer(args: dict, key: str, lo: int, hi: int, default: int | None) -> int
 def parse_params(entry: Entry, args: dict[str, Any]) -> GenParams:
     lim = entry.limits
     n = _integer(args, "max_new_tokens", 1, lim.max_new_tokens, min(16, lim.max_new_tokens))
-    temperature = _number(args, "temperature", 0.0)
-    if not 0 <= temperature <= MAX_TEMPERATURE:
-        raise invalid(f"args.temperature must be in 0..{MAX_TEMPERATURE:g} (0 = greedy)")
+    temperature, seed = parse_sampling(args)
     top_p = _number(args, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise invalid("args.top_p must be in (0, 1]")
     top_k = _integer(args, "top_k", 0, MAX_TOP_K, 0)
-    seed = _integer(args, "seed", 0, MAX_SEED, None)
     stop = args.get("stop")
     if stop is None:
         stop = []
@@ -93,9 +105,31 @@ def parse_params(entry: Entry, args: dict[str, Any]) -> GenParams:
     stream = args.get("stream", False)
     if not isinstance(stream, bool):
         raise invalid("args.stream must be true or false")
-    if temperature > 0:
-        if seed is None:
-            seed = secrets.randbelow(MAX_SEED + 1)  # returned with the result, so the caller can replay it
-    else:
-        top_p, top_k, seed = 1.0, 0, None  # greedy: ignored, as the contract says
+    if temperature == 0:
+        top_p, top_k = 1.0, 0  # greedy: ignored, as the contract says (and the seed: None)
     return GenParams(n, temperature, top_p, top_k, seed, tuple(dict.fromkeys(stop)), logprobs, stream)
+
+
+def parse_sampling(args: dict[str, Any]) -> tuple[float, int | None]:
+    """temperature and seed (all the benchmark samples with): (0.0, None) is greedy; sampling
+    without a seed picks one, returned with the result so the caller can replay it."""
+    temperature = _number(args, "temperature", 0.0)
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise invalid(f"args.temperature must be in 0..{MAX_TEMPERATURE:g} (0 = greedy)")
+    seed = _integer(args, "seed", 0, MAX_SEED, None)
+    if temperature == 0:
+        return 0.0, None
+    return temperature, secrets.randbelow(MAX_SEED + 1) if seed is None else seed
+
+
+def parse_generation(entry: Entry, args: dict[str, Any], max_len: int) -> GenCall:
+    """Every argument of a generation call, checked before anything runs; `max_len` is the
+    model's longest prompt (args.seq_len may lower it)."""
+    has_texts, has_messages = args.get("texts") is not None, args.get("messages") is not None
+    if has_texts == has_messages:
+        raise invalid(f"model {entry.id!r} needs exactly one of args.texts or args.messages")
+    params = parse_params(entry, args)
+    seq_len = seq_len_arg(args, max_len)
+    if has_texts:
+        return GenCall(check_texts(entry, args), None, seq_len, params)
+    return GenCall(None, check_messages(args.get("messages"), entry.limits.max_text_chars), seq_len, params)
