@@ -13,6 +13,7 @@ import { readCatalog, type Catalog } from "../../runtime/catalog.js";
 import { memoryFor } from "../../policies/estimate.js";
 import type { Runtime } from "../../runtime/types.js";
 import { buildTools } from "../../tools/registry.js";
+import { inBandOnly } from "../../tools/support/approvable.js";
 import { WorkerModelFacts } from "../../tools/stores/facts.js";
 import { SqliteJobs } from "../../tools/stores/jobs.js";
 import { MemoryOutputs } from "../../tools/stores/outputs.js";
@@ -211,6 +212,11 @@ export function createApp(
   // Known now and fixed for the process: the published schemas name only what this runtime has.
   env.deployment = { pool: !runtime.single, fleet: fleet !== undefined };
   const tools = buildTools(env);
+  const inBand = inBandOnly(config.policy.approvals.rules, tools);
+  if (inBand.length)
+    logger.warn(
+      `approval rules name ${inBand.join(", ")}, which take no approval_id: such a call can be approved only in band (a client that shows the question), never from the console or the CLI. Gate a tool that takes approval_id, or rely on in-band answers (docs/policies-and-approvals.md).`,
+    );
 
   const approvalFeed = new ApprovalFeed(approvals, {
     onError: (e) => logger.warn({ err: String(e) }, "approval feed poll failed"),
