@@ -242,6 +242,21 @@ def test_a_missing_vllm_environment_is_a_clear_refusal(catalog, tmp_path):
     assert p.environment()["VLLM_API_KEY"] == p.key
 
 
+def test_the_abort_endpoint_is_turned_on_only_for_a_vllm_that_has_it():
+    import sys
+
+    from tpu_worker.engines.vllm_process import SCALE_OUT, VllmProcess
+
+    p = VllmProcess(VllmSettings(python=sys.executable), "/x", "m", "float32", 64, True)
+    assert not p.has_abort_endpoint()  # no vLLM here: an unknown flag would stop it starting
+    assert SCALE_OUT not in p.command()
+    p.abort_endpoint = True
+    assert p.command().count(SCALE_OUT) == 1
+    q = VllmProcess(VllmSettings(python=sys.executable, args=(SCALE_OUT,)), "/x", "m", "float32", 64, True)
+    q.abort_endpoint = True
+    assert q.command().count(SCALE_OUT) == 1
+
+
 def test_the_catalog_takes_engine_vllm_for_causal_lms_only(catalog):
     from tpu_worker.catalog import CatalogError, parse_entry
 

@@ -10,8 +10,8 @@ prompt kept), and sent as token ids; the generated ids come back (`return_token_
 decoded here, so in float32 greedy decoding the same prompt gives the same tokens and text.
 The arguments are checked by the torch path's parser (generation/params.py), and the generated
 ids go through its TextStream: the same text, the same stop-sequence cut and the same held-back
-streaming; the stream is closed as soon as every sequence is done, which aborts the request in
-vLLM.
+streaming; the stream is closed as soon as every sequence is done, and the request aborted in
+vLLM (VllmEngine.stream).
 """
 
 from __future__ import annotations
