@@ -123,7 +123,11 @@ class VllmProcess:
     def has_abort_endpoint(self) -> bool:
         try:
             run = subprocess.run(
-                [self.settings.python, "-c", _ABORT_PROBE], env=self.environment(), capture_output=True, timeout=60
+                [self.settings.python, "-c", _ABORT_PROBE],
+                check=False,
+                env=self.environment(),
+                capture_output=True,
+                timeout=60,
             )
         except (OSError, subprocess.TimeoutExpired):
             return False
