@@ -142,20 +142,10 @@ describe("the vLLM engine in the worker: the generation contract", () => {
     const ac = new AbortController();
     const deltas: string[] = [];
     const running = infer(
-      {
-        texts: Array.from({ length: 16 }, (_, i) => `p${i}`),
-        max_new_tokens: 190,
-        stream: true,
-        logprobs: 5, // large events: the socket's buffers fill after fewer tokens
-      },
+      { texts: Array.from({ length: 16 }, (_, i) => `p${i}`), max_new_tokens: 190, stream: true },
       {
         signal: ac.signal,
         onProgress: (p: any) => {
-          // The first delta: hold this thread (no CPU) so that nobody reads the worker's pipe,
-          // the worker stops reading its stream and vLLM waits for the socket to drain, as when
-          // a loaded worker falls behind; then cancel.
-          if (deltas.length === 0)
-            Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1000);
           deltas.push(p.message);
           ac.abort();
         },
@@ -163,9 +153,11 @@ describe("the vLLM engine in the worker: the generation contract", () => {
     );
     await expect(running).rejects.toMatchObject({ code: "cancelled" });
     expect(deltas.length).toBeGreaterThan(0);
-    // The worker closed the stream and aborted the request's 16 prompts by id (a closed socket
-    // alone leaves them all running when the disconnect reaches vLLM while it waits for the
-    // socket to drain), and vLLM took the abort (it has the endpoint: no refusal).
+    // The worker closed the stream and aborted the request's 16 prompts in vLLM by id, and vLLM
+    // took the abort (it has the endpoint). The closed socket alone is not enough: a disconnect
+    // that reaches vLLM while it waits for the socket to drain (a reader that fell behind) leaves
+    // every prompt running to its last token. That wait cannot be forced here without racing the
+    // tokens vLLM makes meanwhile, so the abort itself is what this checks, with vLLM's counters.
     const idle = (e: any) =>
       e.in_flight === 0 && e.engine_metrics.running + e.engine_metrics.waiting === 0;
     let e = await engine();
@@ -174,16 +166,11 @@ describe("the vLLM engine in the worker: the generation contract", () => {
       e = await engine();
     }
     expect(idle(e), JSON.stringify(e)).toBe(true);
-    // vLLM runs one sequence at a time: those that ended before the cancel came did (vLLM
-    // generates while nobody reads), the ones still queued then never ran to their end. A request
-    // only disconnected runs every prompt to its last token (16 x 190).
-    const ended = (x: any) =>
-      (x.engine_metrics.finished.length ?? 0) + (x.engine_metrics.finished.stop ?? 0);
-    expect(ended(e) - ended(before), JSON.stringify(e)).toBeLessThan(16);
-    expect(
-      e.engine_metrics.generation_tokens - before.engine_metrics.generation_tokens,
-    ).toBeLessThan(16 * 190);
     expect(e.aborts - before.aborts).toBe(1);
     expect(e.abort_refused).toBe(before.abort_refused);
+    // 16 x 190 tokens were asked for, one sequence at a time: stopped long before.
+    expect(
+      e.engine_metrics.generation_tokens - before.engine_metrics.generation_tokens,
+    ).toBeLessThan((16 * 190) / 2);
   });
 });
