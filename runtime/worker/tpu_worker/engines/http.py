@@ -9,7 +9,7 @@ import http.client
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -83,11 +83,14 @@ class Endpoint:
         token: CancelToken,
         timeout: float = 600.0,
         headers: dict[str, str] | None = None,
+        on_cancel: Callable[[], None] | None = None,
     ) -> Iterator[dict]:
         """POSTs `payload` and yields each `data:` event as a dict until `[DONE]`. A cancel on
         `token` shuts the socket down and raises Cancelled here; so does closing the generator.
         Nothing is sent once the token is cancelled. Closing the socket alone does not always
-        stop the request in vLLM (see VllmEngine.abort): the caller aborts it as well."""
+        stop the request in vLLM (see VllmEngine.stream): `on_cancel` runs on the watcher right
+        after the socket is shut, so the caller can abort it there, even while the thread that
+        reads the stream is held up elsewhere."""
         conn = self._conn(timeout)
         done = threading.Event()
 
@@ -102,6 +105,8 @@ class Endpoint:
                 if sock is not None:
                     with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
+                    if on_cancel is not None:
+                        on_cancel()
                     return
                 done.wait(0.01)
 

@@ -254,16 +254,22 @@ class VllmEngine:
         prompt of the request runs to its last token."""
         token.check()  # a call cancelled before it started sends nothing
         rid = f"tpu-mcp-{secrets.token_hex(12)}"
+        once = threading.Lock()  # one abort, from the cancel's watcher or from here
+
+        def abort() -> None:
+            if once.acquire(blocking=False):
+                self.abort(path, rid, n)
+
         finished = False
         try:
-            yield from self.endpoint.stream(path, body, token, headers={"X-Request-Id": rid})
+            yield from self.endpoint.stream(path, body, token, headers={"X-Request-Id": rid}, on_cancel=abort)
             finished = True
         except EngineHttpError as exc:
             finished = exc.status is not None  # refused with a status: vLLM runs nothing of it
             raise
         finally:
             if not finished:
-                self.abort(path, rid, n)
+                abort()
 
     def abort(self, path: str, rid: str, n: int) -> None:
         """Aborts the request `rid` (the X-Request-Id it was sent with) in vLLM: every prompt of
