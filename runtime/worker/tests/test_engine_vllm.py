@@ -23,6 +23,8 @@ IDS = [2023, 2003, 1037, 3231, 1997, 2054, 2000, 2175]  # "this is a test of wha
 
 class Fake(BaseHTTPRequestHandler):
     requests: list = []  # noqa: RUF012 - shared by the test
+    aborts: list = []  # noqa: RUF012
+    abort_status = 200
     delay = 0.0
     status = 200
 
@@ -37,7 +39,20 @@ class Fake(BaseHTTPRequestHandler):
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        Fake.requests.append({"path": self.path, "body": req, "auth": self.headers.get("Authorization")})
+        if self.path == "/inference/v1/abort_requests":  # vLLM's abort by request id
+            Fake.aborts.append({"ids": req["request_ids"], "auth": self.headers.get("Authorization")})
+            self.send_response(Fake.abort_status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        Fake.requests.append(
+            {
+                "path": self.path,
+                "body": req,
+                "auth": self.headers.get("Authorization"),
+                "id": self.headers.get("X-Request-Id"),
+            }
+        )
         if Fake.status != 200:
             self.send_response(Fake.status)
             self.end_headers()
@@ -66,7 +81,7 @@ class Fake(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake(tmp_path):
-    Fake.requests, Fake.delay, Fake.status = [], 0.0, 200
+    Fake.requests, Fake.aborts, Fake.delay, Fake.status, Fake.abort_status = [], [], 0.0, 200, 200
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     key = tmp_path / "key"
@@ -135,6 +150,51 @@ def test_cancel_mid_stream_returns_the_partial_text_as_cancelled_and_aborts_the_
     assert engine.counters.in_flight == 0
 
 
+def test_a_cancel_aborts_every_prompt_of_the_request_in_vllm_by_its_id(engine):
+    # Closing the socket does not always reach vLLM's request (a disconnect while it waits for
+    # the socket to drain leaves every prompt running): the worker aborts them by id as well.
+    Fake.delay = 0.05
+    token = CancelToken()
+    threading.Timer(0.2, token.cancel).start()
+    out = engine.infer({"texts": ["a", "b", "c"], "max_new_tokens": 64}, OpContext("1", token=token))
+    assert [g["finish_reason"] for g in out["generations"]] == ["cancelled"] * 3
+    rid = Fake.requests[-1]["id"]
+    assert rid and rid.startswith("tpu-mcp-")
+    assert Fake.aborts == [{"ids": [f"cmpl-{rid}-{i}" for i in range(3)], "auth": "Bearer secret"}]
+    assert engine.status()["aborts"] == 1
+
+
+def test_a_chat_or_a_stop_sequence_ended_here_is_aborted_too_and_a_finished_one_is_not(engine):
+    engine.chat_template = True
+    engine.infer({"texts": ["x"], "max_new_tokens": 4}, OpContext("1"))
+    assert Fake.aborts == []  # vLLM finished it ([DONE]): nothing to abort
+    full = engine.tokenizer.decode(IDS, skip_special_tokens=True)
+    engine.infer({"texts": ["x"], "max_new_tokens": 8, "stop": [full.split(" ")[3]]}, OpContext("1"))
+    assert Fake.aborts[-1]["ids"] == [f"cmpl-{Fake.requests[-1]['id']}-0"]
+    Fake.delay = 0.05
+    token = CancelToken()
+    threading.Timer(0.2, token.cancel).start()
+    engine.infer({"messages": [{"role": "user", "content": "hi"}], "max_new_tokens": 64}, OpContext("1", token=token))
+    assert Fake.aborts[-1]["ids"] == [f"chatcmpl-{Fake.requests[-1]['id']}"]
+
+
+def test_a_server_without_the_abort_endpoint_still_ends_the_call_as_cancelled(engine):
+    Fake.delay, Fake.abort_status = 0.05, 403  # vLLM without --enable-scale-out
+    token = CancelToken()
+    threading.Timer(0.2, token.cancel).start()
+    out = engine.infer({"texts": ["x"], "max_new_tokens": 64}, OpContext("1", token=token))
+    assert out["generations"][0]["finish_reason"] == "cancelled"
+    assert engine.status()["abort_refused"] == 1
+
+
+def test_a_call_cancelled_before_it_starts_sends_nothing(engine):
+    token = CancelToken()
+    token.cancel()
+    out = engine.infer({"texts": ["x"], "max_new_tokens": 8}, OpContext("1", token=token))
+    assert out["generations"][0]["finish_reason"] == "cancelled"
+    assert Fake.requests == [] and Fake.aborts == []
+
+
 def test_arguments_are_checked_before_any_request(engine):
     n = len(Fake.requests)
     for bad in (
@@ -180,6 +240,21 @@ def test_a_missing_vllm_environment_is_a_clear_refusal(catalog, tmp_path):
     assert exc.value.code == "engine_unavailable" and "setup-vllm.sh" in exc.value.message
     assert "--api-key" not in p.command()  # the key travels in the environment only
     assert p.environment()["VLLM_API_KEY"] == p.key
+
+
+def test_the_abort_endpoint_is_turned_on_only_for_a_vllm_that_has_it():
+    import sys
+
+    from tpu_worker.engines.vllm_process import SCALE_OUT, VllmProcess
+
+    p = VllmProcess(VllmSettings(python=sys.executable), "/x", "m", "float32", 64, True)
+    assert not p.has_abort_endpoint()  # no vLLM here: an unknown flag would stop it starting
+    assert SCALE_OUT not in p.command()
+    p.abort_endpoint = True
+    assert p.command().count(SCALE_OUT) == 1
+    q = VllmProcess(VllmSettings(python=sys.executable, args=(SCALE_OUT,)), "/x", "m", "float32", 64, True)
+    q.abort_endpoint = True
+    assert q.command().count(SCALE_OUT) == 1
 
 
 def test_the_catalog_takes_engine_vllm_for_causal_lms_only(catalog):

@@ -9,7 +9,7 @@ import http.client
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -63,27 +63,61 @@ class Endpoint:
             raise EngineHttpError(status, _error_text(body))
         return json.loads(body)
 
-    def stream(self, path: str, payload: dict, token: CancelToken, timeout: float = 600.0) -> Iterator[dict]:
+    def post(self, path: str, payload: dict, timeout: float = 5.0) -> int:
+        """POSTs `payload` and returns the status (the body is read and dropped)."""
+        conn = self._conn(timeout)
+        try:
+            conn.request("POST", path, body=json.dumps(payload).encode(), headers=self._headers(True))
+            resp = conn.getresponse()
+            resp.read(1 << 16)
+            return resp.status
+        except (OSError, http.client.HTTPException) as exc:
+            raise EngineHttpError(None, f"{type(exc).__name__}") from None
+        finally:
+            conn.close()
+
+    def stream(
+        self,
+        path: str,
+        payload: dict,
+        token: CancelToken,
+        timeout: float = 600.0,
+        headers: dict[str, str] | None = None,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> Iterator[dict]:
         """POSTs `payload` and yields each `data:` event as a dict until `[DONE]`. A cancel on
-        `token` shuts the socket down, which ends the request in the engine (it aborts requests
-        whose client went away) and raises Cancelled here; so does closing the generator."""
+        `token` shuts the socket down and raises Cancelled here; so does closing the generator.
+        Nothing is sent once the token is cancelled. Closing the socket alone does not always
+        stop the request in vLLM (see VllmEngine.stream): `on_cancel` runs on the watcher right
+        after the socket is shut, so the caller can abort it there, even while the thread that
+        reads the stream is held up elsewhere."""
         conn = self._conn(timeout)
         done = threading.Event()
 
         def watch() -> None:
-            while not done.is_set():
-                if token.wait(0.05):
-                    sock = conn.sock
-                    if sock is not None:
-                        with contextlib.suppress(OSError):
-                            sock.shutdown(socket.SHUT_RDWR)
+            while not token.wait(0.05):
+                if done.is_set():
                     return
+            # Cancelled: shut the socket as soon as there is one (a cancel that lands while it
+            # connects must still cut it), until the stream ends here.
+            while not done.is_set():
+                sock = conn.sock
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    if on_cancel is not None:
+                        on_cancel()
+                    return
+                done.wait(0.01)
 
         watcher = threading.Thread(target=watch, name="engine-cancel", daemon=True)
         watcher.start()
         try:
+            token.check()  # a call cancelled before it started sends nothing
             try:
-                conn.request("POST", path, body=json.dumps(payload).encode(), headers=self._headers(True))
+                conn.request(
+                    "POST", path, body=json.dumps(payload).encode(), headers={**self._headers(True), **(headers or {})}
+                )
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 token.check()

@@ -10,14 +10,16 @@ prompt kept), and sent as token ids; the generated ids come back (`return_token_
 decoded here, so in float32 greedy decoding the same prompt gives the same tokens and text.
 The arguments are checked by the torch path's parser (generation/params.py), and the generated
 ids go through its TextStream: the same text, the same stop-sequence cut and the same held-back
-streaming; the stream is closed as soon as every sequence is done, which aborts the request in
-vLLM.
+streaming; the stream is closed as soon as every sequence is done, and the request aborted in
+vLLM (VllmEngine.stream).
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .. import logs
@@ -34,6 +36,9 @@ from .settings import VllmSettings
 from .vllm_process import VllmProcess
 
 ENGINE = "vllm"
+# vLLM's abort by request id (guarded by its API key; served with --enable-scale-out, which the
+# worker passes to a server it starts when its vLLM has it: vllm_process.py).
+ABORT_PATH = "/inference/v1/abort_requests"
 
 
 @dataclass
@@ -53,6 +58,8 @@ class Counters:
     completion_tokens: int = 0
     failures: int = 0
     in_flight: int = 0
+    aborts: int = 0  # requests ended early here and aborted in vLLM by id
+    abort_refused: int = 0  # of those, aborts the server refused (no abort endpoint)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -188,6 +195,8 @@ class VllmEngine:
             "requests_sent": self.counters.requests,
             "failures": self.counters.failures,
             "in_flight": self.counters.in_flight,
+            "aborts": self.counters.aborts,
+            "abort_refused": self.counters.abort_refused,
             "completion_tokens": self.counters.completion_tokens,
             "engine_metrics": self.engine_metrics(),
         }
@@ -236,6 +245,47 @@ class VllmEngine:
             body["return_tokens_as_token_ids"] = True
         return "/v1/completions", body
 
+    def stream(self, path: str, body: dict, token, n: int) -> Iterator[dict]:
+        """The events of one request. A request that ends here before vLLM finished it (a cancel,
+        a stop sequence vLLM does not know of, an error) is aborted in vLLM by its id as well:
+        closing the socket is not enough. vLLM drops a request whose client went away only when
+        the disconnect reaches the request's generator; when it arrives while vLLM waits for the
+        socket to drain (a reader that fell behind), that generator is left behind and every
+        prompt of the request runs to its last token."""
+        token.check()  # a call cancelled before it started sends nothing
+        rid = f"tpu-mcp-{secrets.token_hex(12)}"
+        once = threading.Lock()  # one abort, from the cancel's watcher or from here
+
+        def abort() -> None:
+            if once.acquire(blocking=False):
+                self.abort(path, rid, n)
+
+        finished = False
+        try:
+            yield from self.endpoint.stream(path, body, token, headers={"X-Request-Id": rid}, on_cancel=abort)
+            finished = True
+        except EngineHttpError as exc:
+            finished = exc.status is not None  # refused with a status: vLLM runs nothing of it
+            raise
+        finally:
+            if not finished:
+                abort()
+
+    def abort(self, path: str, rid: str, n: int) -> None:
+        """Aborts the request `rid` (the X-Request-Id it was sent with) in vLLM: every prompt of
+        it, running or queued. A server without the abort endpoint (another vLLM, an operator's
+        server without --enable-scale-out) refuses it: the closed socket is then all there is."""
+        # vLLM's ids: "cmpl-<rid>-<prompt>" for a completion, "chatcmpl-<rid>" for a chat.
+        ids = [f"chatcmpl-{rid}"] if path.endswith("/chat/completions") else [f"cmpl-{rid}-{i}" for i in range(n)]
+        try:
+            status = self.endpoint.post(ABORT_PATH, {"request_ids": ids}, timeout=5.0)
+        except EngineHttpError as exc:
+            status = exc.status
+        self.counters.add(aborts=1)
+        if status != 200:
+            self.counters.add(abort_refused=1)
+            logs.debug("vllm abort refused", model=self.entry.id, status=status)
+
     def infer(self, args: dict, ctx) -> dict:
         g = parse_generation(self.entry, args, self.max_len)
         p = g.params
@@ -250,7 +300,7 @@ class VllmEngine:
         stopped: str | None = None
         self.counters.add(requests=1, in_flight=1)
         try:
-            for event in self.endpoint.stream(path, body, ctx.token):
+            for event in self.stream(path, body, ctx.token, n):
                 usage = event.get("usage")
                 if usage and g.messages is not None:
                     seqs[0].prompt_tokens = int(usage.get("prompt_tokens") or 0)

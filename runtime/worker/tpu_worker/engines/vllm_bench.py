@@ -45,7 +45,7 @@ def _one(engine, prompts: list[list[int]], p, token) -> dict:
     t0 = time.perf_counter()
     engine.counters.add(requests=1)
     try:
-        for event in engine.endpoint.stream(path, body, token):
+        for event in engine.stream(path, body, token, len(prompts)):
             now = time.perf_counter()
             for choice in event.get("choices") or []:
                 n = len(choice.get("token_ids") or [])

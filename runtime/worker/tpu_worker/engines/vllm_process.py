@@ -25,6 +25,21 @@ from .settings import VllmSettings
 # "vllm"); the module entry point is the same server on every platform.
 ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
 _PR_SET_PDEATHSIG = 1
+# Whether this vLLM serves the abort-by-id endpoint behind --enable-scale-out (VllmEngine.abort):
+# read from its sources, without importing vLLM (seconds) or passing a flag it does not know (it
+# would refuse to start).
+_ABORT_PROBE = """
+import importlib.util, os, sys
+spec = importlib.util.find_spec("vllm")
+root = list(spec.submodule_search_locations or [""])[0] if spec else ""
+def has(rel, text):
+    path = os.path.join(root, *rel.split("/"))
+    return os.path.isfile(path) and text in open(path, "rb").read()
+ok = has("entrypoints/launchers/cli_args.py", b"enable_scale_out") and has(
+    "entrypoints/scale_out/token_in_token_out/api_router.py", b"/inference/v1/abort_requests")
+sys.exit(0 if ok else 1)
+"""
+SCALE_OUT = "--enable-scale-out"
 
 
 def free_port() -> int:
@@ -69,6 +84,7 @@ class VllmProcess:
         self._crashes: collections.deque[float] = collections.deque()
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._thread: threading.Thread | None = None
+        self.abort_endpoint = False  # set by start(): the server is started with SCALE_OUT
 
     # -- what callers read ----------------------------------------------------------------------
     @property
@@ -100,7 +116,22 @@ class VllmProcess:
         ]
         if self.eager:
             cmd.append("--enforce-eager")  # load_model mode "eager": no torch.compile warm-up
+        if self.abort_endpoint and SCALE_OUT not in self.settings.args:
+            cmd.append(SCALE_OUT)  # the abort endpoint (and the key-guarded /inference/v1/generate)
         return [*cmd, *self.settings.args]
+
+    def has_abort_endpoint(self) -> bool:
+        try:
+            run = subprocess.run(
+                [self.settings.python, "-c", _ABORT_PROBE],
+                check=False,
+                env=self.environment(),
+                capture_output=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return run.returncode == 0
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_API_KEY")}
@@ -127,6 +158,7 @@ class VllmProcess:
                 "vLLM is not set up on this host: run scripts/setup-vllm.sh (or set runtime.engines.vllm.python)",
             )
         t0 = time.perf_counter()
+        self.abort_endpoint = self.has_abort_endpoint()
         self._thread = threading.Thread(target=self._supervise, name=f"vllm-{self.served_name}", daemon=True)
         self._thread.start()
         while not self._first.wait(0.1):
