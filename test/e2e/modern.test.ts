@@ -137,6 +137,10 @@ describe("2026-07-28 over HTTP", () => {
       expect(errorOf(await callModern(b.client, "cancel_job", { job_id: jobId }))?.code).toBe(
         "job_not_found",
       );
+      // Both refusals are in the audit trail, under the principal that tried.
+      const tail = await auditTail(config);
+      expect(tail).toMatch(/agent2 get_job .*job_not_found/);
+      expect(tail).toMatch(/agent2 cancel_job .*job_not_found/);
       await expect
         .poll(
           async () =>
@@ -384,6 +388,40 @@ describe("2026-07-28 over stdio", () => {
       const r = await callModern(c.client, "check_model", { model: "mnist-cnn" });
       expect(r.isError, JSON.stringify(r).slice(0, 300)).toBeFalsy();
       expect(asked).toBe(1);
+    } finally {
+      await c.close();
+    }
+  });
+});
+
+describe("2026-07-28 soft deadline", () => {
+  let srv: HttpServerProc;
+  beforeAll(async () => {
+    const config = writeConfig({
+      policy: { ...policy({ rules: [] }), limits: { ...policy({}).limits, soft_deadline_s: 3 } },
+    });
+    srv = await startHttpServer(config);
+  });
+  afterAll(async () => srv?.stop());
+
+  it("hands a call that outlives the soft deadline over to a job, which get_job follows", async () => {
+    const c = await connectModernHttp(srv.url, DEMO_TOKENS.agent);
+    try {
+      const r = await callModern(c.client, "run_benchmark", {
+        model: "mnist-cnn",
+        duration_s: 6,
+        warmup: 0,
+      });
+      expect(r.isError, JSON.stringify(r).slice(0, 300)).toBeFalsy();
+      const jobId = r.structuredContent.job_id;
+      expect(jobId).toMatch(/^job_/);
+      await expect
+        .poll(
+          async () =>
+            (await callModern(c.client, "get_job", { job_id: jobId })).structuredContent.status,
+          { timeout: 60_000, interval: 500 },
+        )
+        .toBe("succeeded");
     } finally {
       await c.close();
     }
