@@ -150,6 +150,18 @@ export async function startCapServer(dir: string): Promise<HttpServerProc> {
     if (before === undefined) delete process.env.TPU_WORKER_CPU_DEVICE_WAIT_S;
     else process.env.TPU_WORKER_CPU_DEVICE_WAIT_S = before;
   }
+  // A set-up that fails stops the server it started: no test owns it yet.
+  try {
+    await warmUp(server);
+  } catch (e) {
+    await server.stop();
+    throw e;
+  }
+  return server;
+}
+
+/** Loads the model and runs one offline benchmark as admin, so no case pays the first call. */
+async function warmUp(server: HttpServerProc): Promise<void> {
   const admin = await connectHttp(server.url, ADMIN);
   try {
     for (const [tool, args] of [
@@ -168,5 +180,4 @@ export async function startCapServer(dir: string): Promise<HttpServerProc> {
   } finally {
     await admin.close();
   }
-  return server;
 }
