@@ -42,28 +42,8 @@ export function leftS(line: LineState, nowMs: number): number {
  * of a falling piecewise-linear function, found segment by segment.
  */
 export function stopInMs(line: LineState, runner: Runner, nowMs: number): number {
-  let gap = leftS(line, nowMs) - Math.min(0, usedS(runner, nowMs) - runner.reservedS);
-  if (gap <= 0) return 0;
-  // When each other call passes its estimate (and starts drawing on what is left).
-  const crossings: number[] = [];
-  let past = 0;
-  for (const r of line.runners) {
-    if (r === runner) continue;
-    const at = r.startedMs + r.reservedS * 1000;
-    if (at <= nowMs) past++;
-    else crossings.push(at);
-  }
-  crossings.sort((x, y) => x - y);
-  let t = nowMs;
-  for (const at of crossings) {
-    const slope = 1 + past; // seconds of gap lost per second
-    const reach = t + (gap / slope) * 1000;
-    if (reach <= at) return reach - nowMs;
-    gap -= ((at - t) / 1000) * slope;
-    t = at;
-    past++;
-  }
-  return t + (gap / (1 + past)) * 1000 - nowMs;
+  // One candidate of the line's walk: the same falling gap, counted once.
+  return lineStopInMs(line, [runner], nowMs);
 }
 
 /**
