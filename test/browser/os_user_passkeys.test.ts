@@ -16,13 +16,13 @@
 // (a venv under /root), so, as test/e2e/os_user.test.ts does, the rule gates a call that reaches
 // the approval step without a worker (unload_model: no estimate); the test is about who can
 // decide, and the agent's retry running after a passkey approval is passkeys.test.ts's.
-import { chmodSync, chownSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { chromium, type Browser, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   cliAs,
+  deployFor,
   ensureUser,
   nodeAs,
   osUsersUnavailable,
@@ -39,6 +39,7 @@ import {
   startHttpServer,
   type HttpServerProc,
 } from "../helpers/server.js";
+import { enrolAndSignIn, passkeyPage } from "./passkey_page.js";
 import { chromiumPath } from "./setup.js";
 
 const unavailable = osUsersUnavailable();
@@ -63,32 +64,19 @@ describe.skipIf(unavailable !== null)(title, () => {
   beforeAll(async () => {
     server = ensureUser("tpumcp-test-srv");
     attacker = ensureUser("tpumcp-test-agent");
-    // As examples/deploy/tpu-mcp.service lays it out: a config everyone may read, a state dir
-    // only the server's user may enter.
-    dir = mkdtempSync(join(tmpdir(), "tpu-mcp-osuser-passkey-"));
-    chmodSync(dir, 0o755);
-    state = join(dir, "state");
-    mkdirSync(state, { mode: 0o700 });
-    chownSync(state, server.uid, server.gid);
-    config = join(dir, "config.json");
-    writeFileSync(
-      config,
-      JSON.stringify({
-        data_dir: state,
-        log_level: "warn",
-        runtime: { start: "lazy", device: "cpu" },
-        policy: {
-          ...DEMO_POLICY,
-          limits: { ...DEMO_POLICY.limits, rate_limit: { per_principal_per_minute: 6000 } },
-          approvals: {
-            ...DEMO_POLICY.approvals,
-            rules: [{ tool: "unload_model", principals: ["agent"], assurance: "passkey" }],
-            elicitation: false,
-          },
+    ({ dir, state, config } = deployFor(server, "tpu-mcp-osuser-passkey-", {
+      log_level: "warn",
+      runtime: { start: "lazy", device: "cpu" },
+      policy: {
+        ...DEMO_POLICY,
+        limits: { ...DEMO_POLICY.limits, rate_limit: { per_principal_per_minute: 6000 } },
+        approvals: {
+          ...DEMO_POLICY.approvals,
+          rules: [{ tool: "unload_model", principals: ["agent"], assurance: "passkey" }],
+          elicitation: false,
         },
-      }),
-      { mode: 0o644 },
-    );
+      },
+    }));
     srv = await startHttpServer(config, [], spawnAs(server, state));
     // localhost: a secure context with a host name, where browsers allow passkeys.
     base = srv.url.replace(/\/mcp$/, "").replace("127.0.0.1", "localhost");
@@ -96,20 +84,7 @@ describe.skipIf(unavailable !== null)(title, () => {
       executablePath: chromiumPath(),
       args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
     });
-    const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-    page = await ctx.newPage();
-    const cdp = await ctx.newCDPSession(page);
-    await cdp.send("WebAuthn.enable");
-    await cdp.send("WebAuthn.addVirtualAuthenticator", {
-      options: {
-        protocol: "ctap2",
-        transport: "internal",
-        hasResidentKey: true,
-        hasUserVerification: true,
-        isUserVerified: true,
-        automaticPresenceSimulation: true,
-      },
-    });
+    page = (await passkeyPage(browser)).page;
   });
 
   afterAll(async () => {
@@ -215,17 +190,7 @@ describe.skipIf(unavailable !== null)(title, () => {
   it("enrols the operator's passkey with a code only the server's user can print, in the browser", async () => {
     const r = await asServer("operators", "enrol", "operator");
     expect(r.code, r.stderr).toBe(0);
-    const code = /^\s+(\S+)$/m.exec(r.stdout)![1];
-    await page.goto(`${base}/console/`);
-    await page.click("#enrol summary");
-    await page.fill("#enrol-code", code);
-    await page.click("#enrol-button");
-    await expect
-      .poll(() => page.textContent("#signin-error"))
-      .toContain("Passkey enrolled for operator. Sign in with it.");
-    await page.click("#passkey-signin");
-    await page.waitForSelector("#signout");
-    expect(await page.textContent("#who")).toContain("operator · passkey");
+    await enrolAndSignIn(page, base, /^\s+(\S+)$/m.exec(r.stdout)![1], "operator");
     expect(await passkeys()).toMatchObject([{ operator: "operator", status: "active" }]);
   });
 

@@ -10,13 +10,7 @@ import { generateKeyPairSync, randomBytes } from "node:crypto";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import {
-  chromium,
-  type Browser,
-  type BrowserContext,
-  type CDPSession,
-  type Page,
-} from "playwright-core";
+import { chromium, type Browser, type CDPSession, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PasskeyStore } from "../../policies/passkeys/store.js";
 import {
@@ -29,6 +23,7 @@ import {
   writeConfig,
   type HttpServerProc,
 } from "../helpers/server.js";
+import { enrolAndSignIn, passkeyPage } from "./passkey_page.js";
 import { chromiumPath } from "./setup.js";
 
 const { agent: AGENT, operator: OPERATOR } = DEMO_TOKENS;
@@ -101,29 +96,7 @@ describe("passkey approvals in chromium", () => {
   /** The operator's credential id (base64url), once enrolled. */
   let operatorCredential = "";
 
-  async function newOperatorPage(): Promise<{
-    ctx: BrowserContext;
-    page: Page;
-    cdp: CDPSession;
-    id: string;
-  }> {
-    const c = await browser.newContext({ viewport: { width: 1280, height: 900 } });
-    await c.addInitScript(pageHelpers);
-    const p = await c.newPage();
-    const s = await c.newCDPSession(p);
-    await s.send("WebAuthn.enable");
-    const { authenticatorId: id } = await s.send("WebAuthn.addVirtualAuthenticator", {
-      options: {
-        protocol: "ctap2",
-        transport: "internal",
-        hasResidentKey: true,
-        hasUserVerification: true,
-        isUserVerified: true,
-        automaticPresenceSimulation: true,
-      },
-    });
-    return { ctx: c, page: p, cdp: s, id };
-  }
+  const newOperatorPage = () => passkeyPage(browser, pageHelpers);
 
   beforeAll(async () => {
     const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-passkeys-"));
@@ -190,17 +163,7 @@ describe("passkey approvals in chromium", () => {
   }
 
   it("enrols the first passkey with the CLI's one-time code, then signs in with it (no token)", async () => {
-    const code = await enrolmentCode("operator");
-    await page.goto(`${base}/console/`);
-    await page.click("#enrol summary");
-    await page.fill("#enrol-code", code);
-    await page.click("#enrol-button");
-    await expect
-      .poll(() => page.textContent("#signin-error"))
-      .toContain("Passkey enrolled for operator. Sign in with it.");
-    await page.click("#passkey-signin");
-    await page.waitForSelector("#signout");
-    expect(await page.textContent("#who")).toContain("operator · passkey");
+    await enrolAndSignIn(page, base, await enrolmentCode("operator"), "operator");
     const listed = JSON.parse((await cli(config, "operators", "list", "--json")).stdout);
     expect(listed).toMatchObject([{ operator: "operator", status: "active" }]);
     expect(listed[0].counter).toBeGreaterThan(0);

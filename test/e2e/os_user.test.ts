@@ -2,20 +2,12 @@
 // is private (0700), and a process of another user — where an agent with a shell runs — can
 // neither read a token there, nor write the approvals database, nor approve with the CLI. The
 // same CLI run as the server's user can (so the refusals are the separation, not a broken set-up).
-import {
-  chmodSync,
-  chownSync,
-  mkdirSync,
-  mkdtempSync,
-  rmSync,
-  statSync,
-  writeFileSync,
-} from "node:fs";
-import { tmpdir } from "node:os";
+import { rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   cliAs,
+  deployFor,
   ensureUser,
   nodeAs,
   osUsersUnavailable,
@@ -41,25 +33,17 @@ describe.skipIf(unavailable !== null)(title, () => {
   beforeAll(async () => {
     server = ensureUser("tpumcp-test-srv");
     attacker = ensureUser("tpumcp-test-agent");
-    // As the systemd unit lays it out: a config everyone may read, a state dir only the server's.
-    base = mkdtempSync(join(tmpdir(), "tpu-mcp-osuser-"));
-    chmodSync(base, 0o755);
-    state = join(base, "state");
-    mkdirSync(state, { mode: 0o700 });
-    chownSync(state, server.uid, server.gid);
-    config = join(base, "config.json");
-    writeFileSync(
+    ({
+      dir: base,
+      state,
       config,
-      JSON.stringify({
-        data_dir: state,
-        log_level: "warn",
-        // No worker needed to show the boundary (the Python of this machine may not be reachable
-        // by other users); the rule gates a call that never reaches one.
-        runtime: { start: "lazy", device: "cpu" },
-        policy: { approvals: { rules: [{ tool: "unload_model" }], elicitation: false } },
-      }),
-      { mode: 0o644 },
-    );
+    } = deployFor(server, "tpu-mcp-osuser-", {
+      log_level: "warn",
+      // No worker needed to show the boundary (the Python of this machine may not be reachable
+      // by other users); the rule gates a call that never reaches one.
+      runtime: { start: "lazy", device: "cpu" },
+      policy: { approvals: { rules: [{ tool: "unload_model" }], elicitation: false } },
+    }));
     srv = await startHttpServer(config, [], spawnAs(server, state));
     const agent = await connectHttp(srv.url, srv.token);
     try {

@@ -2,7 +2,9 @@
 // make a system user when missing, and run a command or the CLI as it. Needs root (tests and CI
 // run as root); `osUsersUnavailable` says why not otherwise, for describe.skipIf.
 import { execFile, execFileSync } from "node:child_process";
-import { existsSync } from "node:fs";
+import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { CLI, ROOT } from "./server.js";
 
 export interface OsUser {
@@ -42,6 +44,26 @@ export function ensureUser(name: string): OsUser {
     throw e;
   }
   return lookup(name)!;
+}
+
+/**
+ * A deployment laid out as examples/deploy/tpu-mcp.service lays it out: a config everyone may
+ * read (`data_dir` set to the state dir), and a state dir (0700) only the server's user may
+ * enter. `dir` holds both; the caller removes it.
+ */
+export function deployFor(
+  server: OsUser,
+  prefix: string,
+  settings: Record<string, unknown>,
+): { dir: string; state: string; config: string } {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  chmodSync(dir, 0o755);
+  const state = join(dir, "state");
+  mkdirSync(state, { mode: 0o700 });
+  chownSync(state, server.uid, server.gid);
+  const config = join(dir, "config.json");
+  writeFileSync(config, JSON.stringify({ data_dir: state, ...settings }), { mode: 0o644 });
+  return { dir, state, config };
 }
 
 /** A minimal environment for a process of `user` (no variable of the test's own user leaks). */
