@@ -391,6 +391,9 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     // 2026-07-28 has requests only (no batches, and no notifications from the client: it
     // cancels by closing the stream); anything else is a 2025 session's, or malformed.
     if (!body || typeof body !== "object" || Array.isArray(body) || !("id" in body)) return false;
+    // A 2025 session's requests name their session (2026-07-28 has none): no classifying needed
+    // on the hot path of every call in a session.
+    if (req.headers["mcp-session-id"] !== undefined) return false;
     const limit = { maxRequestBodySize: cfg.max_body_bytes };
     try {
       // The body is already parsed (and bounded by http.max_body_bytes): handed over as is.
