@@ -23,6 +23,11 @@ export function describeEstimate(e: CostEstimate | undefined | null): string {
   return `~${e.device_seconds} device-seconds, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
 }
 
+/** The question put to the person at the client, in either era. */
+export function promptMessage(call: GateCall, rule: ApprovalRule): string {
+  return `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
+}
+
 /**
  * The answer of the person at the client, in either era, recorded on its approval: decided as
  * `elicitation:<principal>` (never the principal itself) and audited. Throws what the store

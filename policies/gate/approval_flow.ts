@@ -17,7 +17,7 @@ import type { CostEstimate } from "../estimate.js";
 import type { DecisionEvidence } from "../passkeys/evidence.js";
 import { hasScope, type Principal } from "../scopes.js";
 import type { GateContext } from "./context.js";
-import { describeEstimate, describeRule, recordAnswer } from "./answers.js";
+import { describeEstimate, describeRule, promptMessage, recordAnswer } from "./answers.js";
 import { answerInBand, askInBand } from "./input_required.js";
 import type { ElicitAnswer, GateCall } from "./types.js";
 
@@ -238,9 +238,9 @@ async function askAndRecord(
   digest: string,
   redacted: unknown,
 ): Promise<Answer> {
-  const { principal, tool, estimate } = call;
+  const { tool, estimate } = call;
   const timeoutMs = ctx.config.approvals.elicitation_timeout_s * 1000;
-  const message = `${principal.id} wants to call ${tool} (${describeEstimate(estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once? (approval ${rec.id})`;
+  const message = `${promptMessage(call, rule)} (approval ${rec.id})`;
   const withdraw = new AbortController();
   let timer: ReturnType<typeof setTimeout> | undefined;
   let answer: Answer;

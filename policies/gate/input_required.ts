@@ -9,7 +9,7 @@ import type { ApprovalRecord } from "../approvals.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
 import { RequestStateError, type ApprovalState, type StateRefusal } from "../request_state.js";
-import { describeEstimate, describeRule, recordAnswer } from "./answers.js";
+import { promptMessage, recordAnswer } from "./answers.js";
 import type { GateContext } from "./context.js";
 import type { GateCall } from "./types.js";
 
@@ -29,7 +29,7 @@ export function askInBand(
     { p: call.principal.id, t: call.tool, d: digest, a: rec.id },
     ttlMs,
   );
-  const message = `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
+  const message = promptMessage(call, rule);
   return new PolicyError("input_required", message, {
     approval_id: rec.id,
     request_state: state,
