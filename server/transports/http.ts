@@ -1,10 +1,11 @@
 // Streamable HTTP in both protocol eras on one endpoint: 2025-era requests (initialize, then a
 // session) on stateful sessions (one MCP server per session, bound to the principal that opened
 // it), 2026-07-28 requests on the SDK's stateless handler (a fresh server per request, bound to
-// the principal of that request's token). In front of both: bearer auth, Origin and Host checks and CORS for every path, a body limit, session
-// caps per principal and a rate limit on `initialize`, and the operational endpoints /healthz,
-// /readyz and /metrics that answer without waiting on the worker. Every credential checked here or
-// in the console goes through one limiter for failed authentication (auth_limit.ts).
+// the principal of that request's token). In front of both: bearer auth, Origin and Host checks
+// and CORS for every path, a body limit, session caps per principal and a rate limit on
+// `initialize`, and the operational endpoints /healthz, /readyz and /metrics that answer without
+// waiting on the worker. Every credential checked here or in the console goes through one
+// limiter for failed authentication (auth_limit.ts).
 // Over 500 lines on purpose: one request's checks run in order (Host, Origin, CORS, auth, scope,
 // session, body), and keeping that order in one function is what makes it reviewable.
 import { randomUUID } from "node:crypto";
@@ -24,6 +25,7 @@ import {
   createMcpHandler,
   isInitializeRequest,
   isLegacyRequest,
+  PROTOCOL_VERSION_META_KEY,
   type AuthInfo,
   type Server,
 } from "@modelcontextprotocol/server";
@@ -95,8 +97,8 @@ function requestIds(body: unknown): (string | number)[] {
   return ids;
 }
 
+/** The reserved `_meta` keys of the 2026-07-28 envelope share this prefix. */
 const ENVELOPE_PREFIX = "io.modelcontextprotocol/";
-const PROTOCOL_VERSION_KEY = `${ENVELOPE_PREFIX}protocolVersion`;
 
 /**
  * A request that contradicts itself, refused before either era's handler sees it: the routing
@@ -135,12 +137,12 @@ export function contradiction(
     msg.method !== "initialize" &&
     headers["mcp-session-id"] === undefined &&
     speaksModern &&
-    (!meta || typeof meta[PROTOCOL_VERSION_KEY] !== "string")
+    (!meta || typeof meta[PROTOCOL_VERSION_META_KEY] !== "string")
   )
     return {
       // The revision's conformance suite: a missing envelope is invalid params, not a version mismatch.
       code: -32602,
-      message: `a 2026-07-28 request must carry its protocol version in _meta["${PROTOCOL_VERSION_KEY}"]`,
+      message: `a 2026-07-28 request must carry its protocol version in _meta["${PROTOCOL_VERSION_META_KEY}"]`,
     };
   return undefined;
 }
