@@ -230,6 +230,18 @@ def test_logprobs_give_the_chosen_token_and_its_top_alternatives(shared_worker):
     assert all(lp["logprob"] <= lp["top"][0]["logprob"] + 1e-6 for lp in s)
 
 
+def test_logprobs_are_of_the_model_distribution_not_the_tempered_one(shared_worker):
+    """The documented contract (sampling.py): logprobs before temperature, top-k and top-p. The
+    first token's distribution depends on the prompt only, so greedy and any temperature agree."""
+    first = gen(shared_worker, {"texts": [PROMPT], "max_new_tokens": 1, "logprobs": 5})["generations"][0]
+    want = [t["logprob"] for t in first["logprobs"][0]["top"]]
+    for temperature in (0.3, 1.7):
+        got = sampled(shared_worker, 8, temperature=temperature, top_k=3, logprobs=5)["generations"][0]
+        top = got["logprobs"][0]["top"]
+        assert [t["token"] for t in top] == [t["token"] for t in first["logprobs"][0]["top"]]
+        assert [t["logprob"] for t in top] == pytest.approx(want, abs=1e-5)
+
+
 # -- stop sequences ----------------------------------------------------------------------------
 def test_a_stop_sequence_cuts_the_text_before_its_first_match_even_across_tokens(shared_worker):
     base, seen = streamed(shared_worker, {"texts": [PROMPT], "max_new_tokens": 20})
