@@ -1,4 +1,5 @@
 import { defineConfig } from "vitest/config";
+import { scaled } from "./test/helpers/calibrate.js";
 
 export default defineConfig({
   test: {
@@ -18,8 +19,9 @@ export default defineConfig({
     ],
     // Creates the built-in model files once (a no-op when they exist).
     globalSetup: ["test/globalSetup.ts"],
-    testTimeout: 60_000,
-    hookTimeout: 120_000,
+    // As a quiet machine needs them, times this machine's measured slowdown (test/helpers/calibrate.ts).
+    testTimeout: scaled(60_000),
+    hookTimeout: scaled(120_000),
     // Tests spawn real Python workers with torch; two cores cannot run many at once.
     fileParallelism: false,
     pool: "forks",

@@ -1,4 +1,5 @@
 import { defineConfig } from "vitest/config";
+import { scaled } from "./test/helpers/calibrate.js";
 
 // The hardening suites (test/hardening): faults, bad input, access, load and protocol
 // conformance against real servers and workers. Long (minutes), so `npm test` leaves them out;
@@ -7,8 +8,8 @@ export default defineConfig({
   test: {
     include: ["test/hardening/**/*.test.ts"],
     globalSetup: ["test/globalSetup.ts"],
-    testTimeout: 300_000,
-    hookTimeout: 300_000,
+    testTimeout: scaled(300_000),
+    hookTimeout: scaled(300_000),
     fileParallelism: false,
     pool: "forks",
     // In CI (CI=true) a failed test runs once more: real workers on a shared 2-core VM make a few

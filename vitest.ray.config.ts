@@ -1,4 +1,5 @@
 import { defineConfig } from "vitest/config";
+import { scaled } from "./test/helpers/calibrate.js";
 
 // The Ray fleet end to end (test/ray): a real local Ray cluster with token auth, simulated TPU
 // hosts, a real server and MCP client. Only inside the loopback-only network namespace that
@@ -7,8 +8,8 @@ export default defineConfig({
   test: {
     include: ["test/ray/**/*.test.ts"],
     globalSetup: ["test/globalSetup.ts"],
-    testTimeout: 300_000,
-    hookTimeout: 300_000,
+    testTimeout: scaled(300_000),
+    hookTimeout: scaled(300_000),
     fileParallelism: false,
     pool: "forks",
     // In CI (CI=true) a failed test runs once more: real workers on a shared 2-core VM make a few

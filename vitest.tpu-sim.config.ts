@@ -1,12 +1,13 @@
 import { defineConfig } from "vitest/config";
+import { scaled } from "./test/helpers/calibrate.js";
 
 // The simulated-TPU suite (`npm run test:tpu-sim`): needs .venv-tpu (created on first use).
 export default defineConfig({
   test: {
     include: ["test/tpu_sim/**/*.test.ts"],
     globalSetup: ["test/globalSetup.ts"],
-    testTimeout: 600_000,
-    hookTimeout: 600_000,
+    testTimeout: scaled(600_000),
+    hookTimeout: scaled(600_000),
     fileParallelism: false,
     pool: "forks",
     // In CI (CI=true) a failed test runs once more: real workers on a shared 2-core VM make a few

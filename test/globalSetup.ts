@@ -5,6 +5,7 @@ import { spawnSync } from "node:child_process";
 import { existsSync, readFileSync, readdirSync, statSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { slowdown } from "./helpers/calibrate.js";
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -67,4 +68,7 @@ export function ensureBuiltinModels(root = repoRoot): void {
 
 export default function setup(): void {
   ensureBuiltinModels();
+  // Measured when the config was loaded (its timeouts are scaled by it), or here: every test
+  // process inherits it (test/helpers/calibrate.ts).
+  slowdown();
 }

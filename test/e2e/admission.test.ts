@@ -18,6 +18,7 @@ import {
   DEMO_TOKENS,
   cli,
 } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 import { call } from "./scenario.js";
 
 const { agent: AGENT, reader: READER, operator: OPERATOR } = DEMO_TOKENS;
@@ -81,221 +82,244 @@ describe("budgets, read allowance and checks before approval (demo policy, small
   let server: HttpServerProc;
   beforeAll(async () => {
     server = await startHttpServer(config);
-  }, 120_000);
+  }, scaled(120_000));
   afterAll(async () => {
     await server?.stop();
   });
 
-  it("runs only as many of 5 concurrent approved benchmarks (2 sessions, wait true and false) as the budget holds", async () => {
-    const a = await connectHttp(server.url, AGENT);
-    const b = await connectHttp(server.url, AGENT);
-    try {
-      const argsOf = (i: number) => ({
-        model: "mnist-cnn",
-        batch_sizes: [i + 1],
-        duration_s: 1,
-        warmup: 0,
-        wait: i % 2 === 0,
-      });
-      // Each call needs approval; the operator approves all five before any runs.
-      const ids: string[] = [];
-      let estimate = 0;
-      for (let i = 0; i < 5; i++) {
-        const asked = await call(a.client, "run_benchmark", argsOf(i));
-        expect(errorOf(asked)?.code, JSON.stringify(asked)).toBe("approval_required");
-        ids.push(errorOf(asked)!.details.approval_id);
-        estimate = Math.max(estimate, errorOf(asked)!.details.estimate.device_seconds);
-      }
-      expect(estimate).toBeGreaterThanOrEqual(1); // duration_s: 1 is the floor of the estimate
-      for (const id of ids) await approve(config, id);
-
-      const results = await Promise.all(
-        ids.map((id, i) =>
-          call(i % 2 === 0 ? a.client : b.client, "run_benchmark", {
-            ...argsOf(i),
-            approval_id: id,
-          }),
-        ),
-      );
-      // An admitted call that runs past what the budget has left is stopped (issue 22): it
-      // answers with its partial report (stopped: "budget"), or with budget_exceeded carrying
-      // stopped_after_s when it could not stop in time; a refusal at admission carries none.
-      const stopped = (r: any) => r.isError && errorOf(r)?.details?.stopped_after_s !== undefined;
-      const admitted = results.filter((r) => !r.isError || stopped(r));
-      const refused = results.filter((r) => r.isError && !stopped(r));
-      for (const r of refused) expect(errorOf(r)?.code, JSON.stringify(r)).toBe("budget_exceeded");
-      // Admission reserves each estimate: only floor(3 / estimate) calls can be admitted.
-      expect(admitted).toHaveLength(Math.floor(3 / estimate));
-      // Jobs among them finish and are charged; then nothing more fits.
-      for (const r of admitted) {
-        const jobId = r.structuredContent?.job_id;
-        if (!jobId) continue;
-        for (;;) {
-          const j = await call(a.client, "get_job", { job_id: jobId });
-          if (j.structuredContent.status !== "running") {
-            // Succeeded (its report marked stopped if the budget stopped it), or stopped before
-            // it could hand back a report.
-            const { status, error } = j.structuredContent;
-            expect(status === "succeeded" || error?.code === "budget_exceeded", status).toBe(true);
-            break;
-          }
-          await new Promise((r) => setTimeout(r, 200));
-        }
-      }
-      const after = await call(a.client, "run_benchmark", argsOf(0));
-      expect(errorOf(after)?.code).toBe("budget_exceeded");
-    } finally {
-      await a.close();
-      await b.close();
-    }
-  }, 400_000);
-
-  it("charges a reader's check_model calls and bounds them by the read allowance", async () => {
-    const reader = await connectHttp(server.url, READER);
-    try {
-      const results = await Promise.all(
-        [1, 2, 3, 4].map((batch) =>
-          call(reader.client, "check_model", { model: "all-minilm-l6-v2", batch, seq_len: 64 }),
-        ),
-      );
-      const ran = results.filter((r) => !r.isError);
-      const refused = results.filter((r) => r.isError);
-      expect(ran.length).toBeLessThanOrEqual(2);
-      expect(refused.length).toBeGreaterThanOrEqual(2);
-      for (const r of refused) {
-        expect(errorOf(r)?.code).toBe("budget_exceeded");
-        expect(errorOf(r)?.message).toMatch(/read-scoped/);
-      }
-      // A check stopped at the allowance is answered at once and charged when its work has
-      // stopped in the worker (issue 23): wait for the charge.
-      const readerCharge = () => {
-        const charged = new Database(join(dataDir, "policy.db"), { readonly: true });
-        try {
-          return (
-            charged
-              .prepare("SELECT SUM(seconds) AS s FROM budget_charges WHERE principal = 'reader'")
-              .get() as { s: number | null }
-          ).s;
-        } finally {
-          charged.close();
-        }
-      };
-      let s = readerCharge();
-      for (let i = 0; i < 50 && !s; i++) {
-        await new Promise((r) => setTimeout(r, 200));
-        s = readerCharge();
-      }
-      expect(s).toBeGreaterThan(0);
-      // Never more than the allowance (1 s here) plus the time the last check took to stop.
-      expect(s).toBeLessThan(1 + 2.5);
-    } finally {
-      await reader.close();
-    }
-  }, 300_000);
-
-  it("matches check_model against approval rules by its estimate", async () => {
-    const agent = await connectHttp(server.url, CHECKER);
-    try {
-      // 90 MB of weights: the rule applies. mnist-cnn's few hundred KB: it does not.
-      // A small shape: its device-time estimate stays inside the 1 s read allowance, so the
-      // budget step (before the approval step) lets it through to the rule.
-      const big = await call(agent.client, "check_model", {
-        model: "all-minilm-l6-v2",
-        batch: 1,
-        seq_len: 16,
-      });
-      expect(errorOf(big)?.code).toBe("approval_required");
-      const small = await call(agent.client, "check_model", { model: "mnist-cnn" });
-      expect(errorOf(small)?.code).not.toBe("approval_required");
-    } finally {
-      await agent.close();
-    }
-  }, 120_000);
-
-  it("refuses what can never run before any approval or job, for wait true and false alike", async () => {
-    const agent = await connectHttp(server.url, AGENT);
-    try {
-      for (const wait of [true, false]) {
-        const big = await call(agent.client, "run_benchmark", {
-          model: "tiny-gpt2",
-          batch_sizes: [32],
-          wait,
-        });
-        expect(errorOf(big)?.code, JSON.stringify(big)).toBe("invalid_argument");
-        expect(errorOf(big)?.message).toMatch(/takes at most 16/);
-        // A grid over benchmark.max_configs (4 here).
-        const grid = await call(agent.client, "run_benchmark", {
+  it(
+    "runs only as many of 5 concurrent approved benchmarks (2 sessions, wait true and false) as the budget holds",
+    async () => {
+      const a = await connectHttp(server.url, AGENT);
+      const b = await connectHttp(server.url, AGENT);
+      try {
+        const argsOf = (i: number) => ({
           model: "mnist-cnn",
-          batch_sizes: [1, 2, 3, 4, 5],
-          wait,
+          batch_sizes: [i + 1],
+          duration_s: 1,
+          warmup: 0,
+          wait: i % 2 === 0,
         });
-        expect(errorOf(grid)?.code).toBe("invalid_argument");
-        expect(errorOf(grid)?.message).toMatch(/limit is 4/);
-        // An estimate above the whole window: refused, not put to the operator.
-        const long = await call(agent.client, "run_benchmark", {
-          model: "mnist-cnn",
-          duration_s: 10,
-          wait,
-        });
-        expect(errorOf(long)?.code).toBe("budget_exceeded");
-      }
-      const pending = await cli(config, "approvals", "list");
-      expect(pending.code, pending.stderr).toBe(0);
-      expect(pending.stdout).not.toMatch(/batch_sizes.*32|duration_s.*10/);
-      const rows = auditRows(dataDir, "agent").filter((r) => r.outcome === "approval_requested");
-      for (const r of rows) expect(r.args_digest).toBeTruthy();
-      expect(
-        rows.filter((r) =>
-          /"duration_s":10|"batch_sizes":\[32\]|\[1,2,3,4,5\]/.test(JSON.stringify(r.args ?? {})),
-        ),
-      ).toHaveLength(0);
-    } finally {
-      await agent.close();
-    }
-  }, 120_000);
+        // Each call needs approval; the operator approves all five before any runs.
+        const ids: string[] = [];
+        let estimate = 0;
+        for (let i = 0; i < 5; i++) {
+          const asked = await call(a.client, "run_benchmark", argsOf(i));
+          expect(errorOf(asked)?.code, JSON.stringify(asked)).toBe("approval_required");
+          ids.push(errorOf(asked)!.details.approval_id);
+          estimate = Math.max(estimate, errorOf(asked)!.details.estimate.device_seconds);
+        }
+        expect(estimate).toBeGreaterThanOrEqual(1); // duration_s: 1 is the floor of the estimate
+        for (const id of ids) await approve(config, id);
 
-  it("audits refused input with its digest (repeats counted) and counts it against the rate limit", async () => {
-    const spam = await connectHttp(server.url, SPAMMER);
-    try {
-      const results = [];
-      const t0 = Date.now();
-      for (let i = 0; i < 100; i++) {
-        results.push(
-          await call(
-            spam.client,
-            "run_inference",
-            i % 2
-              ? { model: "no-such-model", texts: ["secret"] }
-              : { model: "tiny-gpt2", texts: 5 },
+        const results = await Promise.all(
+          ids.map((id, i) =>
+            call(i % 2 === 0 ? a.client : b.client, "run_benchmark", {
+              ...argsOf(i),
+              approval_id: id,
+            }),
           ),
         );
+        // An admitted call that runs past what the budget has left is stopped (issue 22): it
+        // answers with its partial report (stopped: "budget"), or with budget_exceeded carrying
+        // stopped_after_s when it could not stop in time; a refusal at admission carries none.
+        const stopped = (r: any) => r.isError && errorOf(r)?.details?.stopped_after_s !== undefined;
+        const admitted = results.filter((r) => !r.isError || stopped(r));
+        const refused = results.filter((r) => r.isError && !stopped(r));
+        for (const r of refused)
+          expect(errorOf(r)?.code, JSON.stringify(r)).toBe("budget_exceeded");
+        // Admission reserves each estimate: only floor(3 / estimate) calls can be admitted.
+        expect(admitted).toHaveLength(Math.floor(3 / estimate));
+        // Jobs among them finish and are charged; then nothing more fits.
+        for (const r of admitted) {
+          const jobId = r.structuredContent?.job_id;
+          if (!jobId) continue;
+          for (;;) {
+            const j = await call(a.client, "get_job", { job_id: jobId });
+            if (j.structuredContent.status !== "running") {
+              // Succeeded (its report marked stopped if the budget stopped it), or stopped before
+              // it could hand back a report.
+              const { status, error } = j.structuredContent;
+              expect(status === "succeeded" || error?.code === "budget_exceeded", status).toBe(
+                true,
+              );
+              break;
+            }
+            await new Promise((r) => setTimeout(r, 200));
+          }
+        }
+        const after = await call(a.client, "run_benchmark", argsOf(0));
+        expect(errorOf(after)?.code).toBe("budget_exceeded");
+      } finally {
+        await a.close();
+        await b.close();
       }
-      // The bucket holds 60 and refills one a second while the calls go out.
-      const refill = Math.ceil((Date.now() - t0) / 1000) + 1;
-      const codes = results.map((r) => errorOf(r)?.code);
-      const refusedInput = codes.filter((c) => c === "unknown_model" || c === "invalid_argument");
-      const limited = codes.filter((c) => c === "rate_limited");
-      expect(refusedInput.length + limited.length).toBe(100);
-      expect(codes.slice(0, 60).every((c) => c !== "rate_limited")).toBe(true);
-      expect(refusedInput.length).toBeLessThanOrEqual(60 + refill);
-      expect(limited.length).toBeGreaterThanOrEqual(40 - refill);
-      // Recorded at once: the first refusal of each kind (rate_limited, and each refused call);
-      // their repeats are counted into aggregates written when their window ends.
-      const firsts = new Map<string, string>();
-      codes.forEach((c, i) => {
-        const key = c === "rate_limited" ? c : `${c}:${i % 2}`;
-        if (!firsts.has(key)) firsts.set(key, c!);
-      });
-      const rows = auditRows(dataDir, "spammer");
-      expect(rows.map((r) => r.code)).toEqual([...firsts.values()]);
-      for (const r of rows) {
-        expect(r.args_digest).toMatch(/^[0-9a-f]{64}$/);
-        expect(JSON.stringify(r)).not.toContain("secret");
+    },
+    scaled(400_000),
+  );
+
+  it(
+    "charges a reader's check_model calls and bounds them by the read allowance",
+    async () => {
+      const reader = await connectHttp(server.url, READER);
+      try {
+        const results = await Promise.all(
+          [1, 2, 3, 4].map((batch) =>
+            call(reader.client, "check_model", { model: "all-minilm-l6-v2", batch, seq_len: 64 }),
+          ),
+        );
+        const ran = results.filter((r) => !r.isError);
+        const refused = results.filter((r) => r.isError);
+        expect(ran.length).toBeLessThanOrEqual(2);
+        expect(refused.length).toBeGreaterThanOrEqual(2);
+        for (const r of refused) {
+          expect(errorOf(r)?.code).toBe("budget_exceeded");
+          expect(errorOf(r)?.message).toMatch(/read-scoped/);
+        }
+        // A check stopped at the allowance is answered at once and charged when its work has
+        // stopped in the worker (issue 23): wait for the charge.
+        const readerCharge = () => {
+          const charged = new Database(join(dataDir, "policy.db"), { readonly: true });
+          try {
+            return (
+              charged
+                .prepare("SELECT SUM(seconds) AS s FROM budget_charges WHERE principal = 'reader'")
+                .get() as { s: number | null }
+            ).s;
+          } finally {
+            charged.close();
+          }
+        };
+        let s = readerCharge();
+        for (let i = 0; i < 50 && !s; i++) {
+          await new Promise((r) => setTimeout(r, 200));
+          s = readerCharge();
+        }
+        expect(s).toBeGreaterThan(0);
+        // Never more than the allowance (1 s here) plus the time the last check took to stop.
+        expect(s).toBeLessThan(1 + 2.5);
+      } finally {
+        await reader.close();
       }
-    } finally {
-      await spam.close();
-    }
-  }, 120_000);
+    },
+    scaled(300_000),
+  );
+
+  it(
+    "matches check_model against approval rules by its estimate",
+    async () => {
+      const agent = await connectHttp(server.url, CHECKER);
+      try {
+        // 90 MB of weights: the rule applies. mnist-cnn's few hundred KB: it does not.
+        // A small shape: its device-time estimate stays inside the 1 s read allowance, so the
+        // budget step (before the approval step) lets it through to the rule.
+        const big = await call(agent.client, "check_model", {
+          model: "all-minilm-l6-v2",
+          batch: 1,
+          seq_len: 16,
+        });
+        expect(errorOf(big)?.code).toBe("approval_required");
+        const small = await call(agent.client, "check_model", { model: "mnist-cnn" });
+        expect(errorOf(small)?.code).not.toBe("approval_required");
+      } finally {
+        await agent.close();
+      }
+    },
+    scaled(120_000),
+  );
+
+  it(
+    "refuses what can never run before any approval or job, for wait true and false alike",
+    async () => {
+      const agent = await connectHttp(server.url, AGENT);
+      try {
+        for (const wait of [true, false]) {
+          const big = await call(agent.client, "run_benchmark", {
+            model: "tiny-gpt2",
+            batch_sizes: [32],
+            wait,
+          });
+          expect(errorOf(big)?.code, JSON.stringify(big)).toBe("invalid_argument");
+          expect(errorOf(big)?.message).toMatch(/takes at most 16/);
+          // A grid over benchmark.max_configs (4 here).
+          const grid = await call(agent.client, "run_benchmark", {
+            model: "mnist-cnn",
+            batch_sizes: [1, 2, 3, 4, 5],
+            wait,
+          });
+          expect(errorOf(grid)?.code).toBe("invalid_argument");
+          expect(errorOf(grid)?.message).toMatch(/limit is 4/);
+          // An estimate above the whole window: refused, not put to the operator.
+          const long = await call(agent.client, "run_benchmark", {
+            model: "mnist-cnn",
+            duration_s: 10,
+            wait,
+          });
+          expect(errorOf(long)?.code).toBe("budget_exceeded");
+        }
+        const pending = await cli(config, "approvals", "list");
+        expect(pending.code, pending.stderr).toBe(0);
+        expect(pending.stdout).not.toMatch(/batch_sizes.*32|duration_s.*10/);
+        const rows = auditRows(dataDir, "agent").filter((r) => r.outcome === "approval_requested");
+        for (const r of rows) expect(r.args_digest).toBeTruthy();
+        expect(
+          rows.filter((r) =>
+            /"duration_s":10|"batch_sizes":\[32\]|\[1,2,3,4,5\]/.test(JSON.stringify(r.args ?? {})),
+          ),
+        ).toHaveLength(0);
+      } finally {
+        await agent.close();
+      }
+    },
+    scaled(120_000),
+  );
+
+  it(
+    "audits refused input with its digest (repeats counted) and counts it against the rate limit",
+    async () => {
+      const spam = await connectHttp(server.url, SPAMMER);
+      try {
+        const results = [];
+        const t0 = Date.now();
+        for (let i = 0; i < 100; i++) {
+          results.push(
+            await call(
+              spam.client,
+              "run_inference",
+              i % 2
+                ? { model: "no-such-model", texts: ["secret"] }
+                : { model: "tiny-gpt2", texts: 5 },
+            ),
+          );
+        }
+        // The bucket holds 60 and refills one a second while the calls go out.
+        const refill = Math.ceil((Date.now() - t0) / 1000) + 1;
+        const codes = results.map((r) => errorOf(r)?.code);
+        const refusedInput = codes.filter((c) => c === "unknown_model" || c === "invalid_argument");
+        const limited = codes.filter((c) => c === "rate_limited");
+        expect(refusedInput.length + limited.length).toBe(100);
+        expect(codes.slice(0, 60).every((c) => c !== "rate_limited")).toBe(true);
+        expect(refusedInput.length).toBeLessThanOrEqual(60 + refill);
+        expect(limited.length).toBeGreaterThanOrEqual(40 - refill);
+        // Recorded at once: the first refusal of each kind (rate_limited, and each refused call);
+        // their repeats are counted into aggregates written when their window ends.
+        const firsts = new Map<string, string>();
+        codes.forEach((c, i) => {
+          const key = c === "rate_limited" ? c : `${c}:${i % 2}`;
+          if (!firsts.has(key)) firsts.set(key, c!);
+        });
+        const rows = auditRows(dataDir, "spammer");
+        expect(rows.map((r) => r.code)).toEqual([...firsts.values()]);
+        for (const r of rows) {
+          expect(r.args_digest).toMatch(/^[0-9a-f]{64}$/);
+          expect(JSON.stringify(r)).not.toContain("secret");
+        }
+      } finally {
+        await spam.close();
+      }
+    },
+    scaled(120_000),
+  );
 });
 
 describe("soft deadline and one deadline per call", () => {
@@ -323,82 +347,94 @@ describe("soft deadline and one deadline per call", () => {
   let server: HttpServerProc;
   beforeAll(async () => {
     server = await startHttpServer(config);
-  }, 120_000);
+  }, scaled(120_000));
   afterAll(async () => {
     await server?.stop();
   });
 
-  it("answers a wait:true call that outlives the soft deadline with a job that get_job follows to its result", async () => {
-    const c = await connectHttp(server.url, RUNNER);
-    try {
-      const r = await call(c.client, "run_benchmark", {
-        model: "mnist-cnn",
-        duration_s: 8,
-        warmup: 0,
-      });
-      expect(r.isError, JSON.stringify(r)).toBeFalsy();
-      const jobId = r.structuredContent.job_id;
-      expect(jobId).toMatch(/^job_/);
-      expect(r.structuredContent.message).toMatch(/still running after 4 s/);
-      let job: any;
-      for (;;) {
-        job = (await call(c.client, "get_job", { job_id: jobId })).structuredContent;
-        if (job.status !== "running") break;
-        await new Promise((res) => setTimeout(res, 250));
+  it(
+    "answers a wait:true call that outlives the soft deadline with a job that get_job follows to its result",
+    async () => {
+      const c = await connectHttp(server.url, RUNNER);
+      try {
+        const r = await call(c.client, "run_benchmark", {
+          model: "mnist-cnn",
+          duration_s: 8,
+          warmup: 0,
+        });
+        expect(r.isError, JSON.stringify(r)).toBeFalsy();
+        const jobId = r.structuredContent.job_id;
+        expect(jobId).toMatch(/^job_/);
+        expect(r.structuredContent.message).toMatch(/still running after 4 s/);
+        let job: any;
+        for (;;) {
+          job = (await call(c.client, "get_job", { job_id: jobId })).structuredContent;
+          if (job.status !== "running") break;
+          await new Promise((res) => setTimeout(res, 250));
+        }
+        expect(job.status, JSON.stringify(job.error)).toBe("succeeded");
+        expect(job.result.report_id).toMatch(/^bench_/);
+        expect(job.result.configs[0].error).toBeNull();
+      } finally {
+        await c.close();
       }
-      expect(job.status, JSON.stringify(job.error)).toBe("succeeded");
-      expect(job.result.report_id).toMatch(/^bench_/);
-      expect(job.result.configs[0].error).toBeNull();
-    } finally {
-      await c.close();
-    }
-  }, 120_000);
+    },
+    scaled(120_000),
+  );
 
-  it("answers a short wait:true call with its result, not a job", async () => {
-    const c = await connectHttp(server.url, RUNNER);
-    try {
-      const r = await call(c.client, "run_benchmark", {
-        model: "mnist-cnn",
-        iterations: 1,
-        warmup: 0,
-      });
-      expect(r.isError, JSON.stringify(r)).toBeFalsy();
-      // Well inside the soft deadline (well under a second here): the report itself.
-      expect(r.structuredContent.report_id).toMatch(/^bench_/);
-    } finally {
-      await c.close();
-    }
-  }, 120_000);
-
-  it("cancels the work of a client that abandons its request before it holds a job id", async () => {
-    const c = await connectHttp(server.url, RUNNER);
-    try {
-      // The SDK gives up after its timeout and sends notifications/cancelled.
-      await expect(
-        call(
-          c.client,
-          "run_benchmark",
-          { model: "mnist-cnn", duration_s: 60, warmup: 0 },
-          { timeout: 1000 },
-        ),
-      ).rejects.toThrow(/timed out/i);
-      let failed: Record<string, any> | undefined;
-      for (let i = 0; i < 100 && !failed; i++) {
-        failed = auditRows(dataDir, "runner").find(
-          (r) => r.tool === "run_benchmark" && r.outcome === "failed" && r.code === "cancelled",
-        );
-        if (!failed) await new Promise((res) => setTimeout(res, 200));
+  it(
+    "answers a short wait:true call with its result, not a job",
+    async () => {
+      const c = await connectHttp(server.url, RUNNER);
+      try {
+        const r = await call(c.client, "run_benchmark", {
+          model: "mnist-cnn",
+          iterations: 1,
+          warmup: 0,
+        });
+        expect(r.isError, JSON.stringify(r)).toBeFalsy();
+        // Well inside the soft deadline (well under a second here): the report itself.
+        expect(r.structuredContent.report_id).toMatch(/^bench_/);
+      } finally {
+        await c.close();
       }
-      expect(failed).toBeDefined();
-      // The device is free again: a short benchmark runs at once.
-      const next = await call(c.client, "run_benchmark", {
-        model: "mnist-cnn",
-        iterations: 1,
-        warmup: 0,
-      });
-      expect(next.isError, JSON.stringify(next)).toBeFalsy();
-    } finally {
-      await c.close();
-    }
-  }, 120_000);
+    },
+    scaled(120_000),
+  );
+
+  it(
+    "cancels the work of a client that abandons its request before it holds a job id",
+    async () => {
+      const c = await connectHttp(server.url, RUNNER);
+      try {
+        // The SDK gives up after its timeout and sends notifications/cancelled.
+        await expect(
+          call(
+            c.client,
+            "run_benchmark",
+            { model: "mnist-cnn", duration_s: 60, warmup: 0 },
+            { timeout: 1000 },
+          ),
+        ).rejects.toThrow(/timed out/i);
+        let failed: Record<string, any> | undefined;
+        for (let i = 0; i < 100 && !failed; i++) {
+          failed = auditRows(dataDir, "runner").find(
+            (r) => r.tool === "run_benchmark" && r.outcome === "failed" && r.code === "cancelled",
+          );
+          if (!failed) await new Promise((res) => setTimeout(res, 200));
+        }
+        expect(failed).toBeDefined();
+        // The device is free again: a short benchmark runs at once.
+        const next = await call(c.client, "run_benchmark", {
+          model: "mnist-cnn",
+          iterations: 1,
+          warmup: 0,
+        });
+        expect(next.isError, JSON.stringify(next)).toBeFalsy();
+      } finally {
+        await c.close();
+      }
+    },
+    scaled(120_000),
+  );
 });

@@ -7,6 +7,7 @@ import { join } from "node:path";
 import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { compareReports } from "../../tools/render/compare.js";
+import { scaled } from "../helpers/calibrate.js";
 import { connectStdio, writeConfig } from "../helpers/server.js";
 import { call } from "./scenario.js";
 
@@ -39,34 +40,61 @@ function readCharges(dataDir: string): number[] {
   }
 }
 
+// These tests want each report itself, however slow the machine: no soft deadline.
+const POLICY = {
+  approvals: { rules: [] },
+  limits: { rate_limit: { per_principal_per_minute: 6000 }, soft_deadline_s: 0 },
+};
+
 describe("run_benchmark and check_model over MCP", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-bench-e2e-"));
   let conn: Awaited<ReturnType<typeof connectStdio>>;
   beforeAll(async () => {
-    // These tests want each report itself, however slow the machine: no soft deadline.
-    const policy = {
-      approvals: { rules: [] },
-      limits: { rate_limit: { per_principal_per_minute: 6000 }, soft_deadline_s: 0 },
-    };
-    conn = await connectStdio(writeConfig({ policy }, dir));
+    conn = await connectStdio(writeConfig({ policy: POLICY }, dir));
   });
   afterAll(async () => {
     await conn?.close();
   });
 
-  it("learns cost estimates from the calls it measured", async () => {
-    const args = { model: "mnist-cnn", batch_sizes: [4], iterations: 5, warmup: 1 };
-    const first = await call(conn.client, "run_benchmark", args);
-    expect(first.isError, JSON.stringify(first)).toBeFalsy();
-    const second = await call(conn.client, "run_benchmark", {
-      ...args,
-      baseline_id: first.structuredContent.report_id,
-    });
-    expect(second.isError, JSON.stringify(second)).toBeFalsy();
-    const [before, after] = estimates(join(dir, "data"));
+  /**
+   * A test that reads what its own calls left (the estimates learned, the graphs compiled) gets
+   * its own server and worker, so an earlier test or a failed attempt of it leaves it nothing.
+   */
+  async function withOwnServer(
+    name: string,
+    fn: (own: Awaited<ReturnType<typeof connectStdio>>, dataDir: string) => Promise<void>,
+  ) {
+    const ownDir = mkdtempSync(join(dir, `${name}-`));
+    const own = await connectStdio(writeConfig({ policy: POLICY }, ownDir));
+    try {
+      await fn(own, join(ownDir, "data"));
+    } finally {
+      await own.close();
+    }
+  }
+
+  it(
+    "learns cost estimates from the calls it measured",
+    () =>
+      withOwnServer("learns", async (own, dataDir) => {
+        const args = { model: "mnist-cnn", batch_sizes: [4], iterations: 5, warmup: 1 };
+        const first = await call(own.client, "run_benchmark", args);
+        expect(first.isError, JSON.stringify(first)).toBeFalsy();
+        const second = await call(own.client, "run_benchmark", {
+          ...args,
+          baseline_id: first.structuredContent.report_id,
+        });
+        expect(second.isError, JSON.stringify(second)).toBeFalsy();
+        learned(first, second, dataDir);
+      }),
+    scaled(120_000),
+  );
+
+  function learned(first: any, second: any, dataDir: string) {
+    const [before, after] = estimates(dataDir);
     // The same work again: what the first run took (the gate charged it), whatever the device
     // model or the latency history would say (policies/estimate.ts, measured calls).
-    const charges = readCharges(join(dir, "data"));
+    const charges = readCharges(dataDir);
     expect(after).toBeCloseTo(charges[0], 1);
     expect(after).not.toBe(before);
     // The second report compares itself with the first, like for like.
@@ -78,11 +106,20 @@ describe("run_benchmark and check_model over MCP", () => {
     expect(cmp.ratios[0].p50_ratio_ci).toHaveLength(2);
     // Like for like; only a verdict of this busy test machine may be warned about.
     expect(cmp.warnings.filter((w: string) => !/: unstable: /.test(w))).toEqual([]);
-  });
+  }
 
-  it("measures a dtype × mode grid: percentiles, precision vs fp32, compile apart, memory, FLOPs, progress", async () => {
+  it(
+    "measures a dtype × mode grid: percentiles, precision vs fp32, compile apart, memory, FLOPs, progress",
+    async () => {
+      // graphs_compiled counts what this call compiled: no earlier call may have compiled them.
+      await withOwnServer("grid", grid);
+    },
+    scaled(240_000),
+  );
+
+  async function grid(own: Awaited<ReturnType<typeof connectStdio>>) {
     const progress: string[] = [];
-    const r: any = await conn.client.callTool(
+    const r: any = await own.client.callTool(
       {
         name: "run_benchmark",
         arguments: {
@@ -95,7 +132,7 @@ describe("run_benchmark and check_model over MCP", () => {
         },
       },
       undefined,
-      { onprogress: (p) => progress.push(String(p.message)), timeout: 300_000 },
+      { onprogress: (p) => progress.push(String(p.message)), timeout: scaled(300_000) },
     );
     expect(r.isError, JSON.stringify(r)).toBeFalsy();
     const report = r.structuredContent;
@@ -174,23 +211,23 @@ describe("run_benchmark and check_model over MCP", () => {
 
     // JSON, Markdown and SVG resources.
     const json = JSON.parse(
-      ((await conn.client.readResource({ uri: report.resource_uri })).contents[0] as any).text,
+      ((await own.client.readResource({ uri: report.resource_uri })).contents[0] as any).text,
     );
     expect(json.configs).toHaveLength(8);
-    const md = ((await conn.client.readResource({ uri: report.markdown_uri })).contents[0] as any)
+    const md = ((await own.client.readResource({ uri: report.markdown_uri })).contents[0] as any)
       .text as string;
     expect(md).toContain("| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms |");
     expect(md.split("\n").filter((l) => /^\| [14] \|/.test(l))).toHaveLength(8);
-    const svg = (await conn.client.readResource({ uri: report.chart_uri })).contents[0] as any;
+    const svg = (await own.client.readResource({ uri: report.chart_uri })).contents[0] as any;
     expect(svg.mimeType).toBe("image/svg+xml");
     expect(svg.text).toMatch(/^<svg[^>]*xmlns="http:\/\/www.w3.org\/2000\/svg"/);
     expect((svg.text.match(/<path /g) ?? []).length).toBe(8); // 4 series × (latency, throughput)
     expect(svg.text).toContain("bfloat16 compile");
-    const templates = await conn.client.listResourceTemplates();
+    const templates = await own.client.listResourceTemplates();
     expect(templates.resourceTemplates.map((t) => t.uriTemplate)).toContain(
       "tpu://benchmarks/{id}.svg",
     );
-  });
+  }
 
   it("runs offline at the largest batch; its throughput is items ÷ wall time of the window", async () => {
     const r = await call(conn.client, "run_benchmark", {

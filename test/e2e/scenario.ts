@@ -2,6 +2,7 @@
 import type { Client as ClientV1 } from "@modelcontextprotocol/sdk/client/index.js";
 import type { Client as ClientV2 } from "@modelcontextprotocol/client";
 import { expect } from "vitest";
+import { scaled } from "../helpers/calibrate.js";
 import { cosine, errorOf } from "../helpers/server.js";
 
 export const SENTENCES = [
@@ -14,7 +15,7 @@ export const SENTENCES = [
 export type Client = ClientV1 | ClientV2;
 
 export async function call(client: Client, name: string, args: Record<string, unknown>, opts = {}) {
-  const options = { timeout: 300_000, ...opts };
+  const options = { timeout: scaled(300_000), ...opts };
   // v2's callTool takes (params, options); 1.x's takes (params, resultSchema, options).
   if ("getProtocolEra" in client)
     return (await client.callTool({ name, arguments: args }, options as any)) as any;

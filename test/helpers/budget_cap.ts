@@ -14,6 +14,7 @@ import Database from "better-sqlite3";
 import { hashToken } from "../../policies/config.js";
 import { workOf } from "../../policies/estimate.js";
 import { SqliteReports } from "../../tools/stores/reports.js";
+import { slowdown } from "./calibrate.js";
 import {
   connectHttp,
   errorOf,
@@ -24,15 +25,20 @@ import {
 
 /** How much cheaper the planted measurement says a benchmark is than its floor. */
 export const UNDER = 2.5;
-/** What each synchronize() of the worker waits (the test knob): two per iteration. */
-export const DEVICE_WAIT_S = 0.05;
+/**
+ * What each synchronize() of the worker waits (the test knob): two per iteration. Scaled with
+ * the machine's slowdown, and every figure below with it: the call timeout must leave the
+ * set-up's warm-up (a worker's first benchmark imports for seconds, more on a loaded machine)
+ * the time it needs, and stay a fixed multiple of the estimate.
+ */
+export const DEVICE_WAIT_S = Math.round(0.05 * slowdown() * 1000) / 1000;
 export const BATCH = 1;
 /** The timeout case's batch: its own work, so its call is never a repeat of the others'. */
 export const TIMEOUT_BATCH = 2;
 export const WARMUP = 1;
 /** Iterations per benchmark. */
 export const N = 80;
-/** The least a benchmark's requested window costs: (WARMUP + N) × 2 waits = 8.1 s. */
+/** The least a benchmark's requested window costs: (WARMUP + N) × 2 waits (8.1 s on a quiet machine). */
 export const FLOOR_S = Math.round((WARMUP + N) * 2 * DEVICE_WAIT_S * 1000) / 1000;
 /** The estimate: what the planted measured call of the same work took, FLOOR_S / UNDER. */
 export const EST = Math.round((FLOOR_S / UNDER) * 1000) / 1000;

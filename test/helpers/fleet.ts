@@ -6,6 +6,7 @@ import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
+import { scaled } from "./calibrate.js";
 import { ROOT } from "./server.js";
 
 export interface Certs {
@@ -160,7 +161,10 @@ export function startServe(certs: Certs, workerArgs: string[] = []): Promise<Ser
   );
   let err = "";
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`serve did not start:\n${err}`)), 30_000);
+    const timer = setTimeout(
+      () => reject(new Error(`serve did not start:\n${err}`)),
+      scaled(30_000),
+    );
     proc.stderr!.on("data", (d: Buffer) => {
       err += d.toString();
       const m = /"msg": "listening"[^\n]*"port": (\d+)/.exec(err);
@@ -250,7 +254,7 @@ export function startRayCluster(
   return new Promise((resolve, reject) => {
     const t = setTimeout(
       () => reject(new Error(`the Ray cluster did not start:\n${log}`)),
-      180_000,
+      scaled(180_000),
     );
     createInterface({ input: proc.stdout! }).once("line", (line) => {
       clearTimeout(t);

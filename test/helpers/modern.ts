@@ -3,6 +3,7 @@
 // client can record every request it sends, so hostile tests can replay or alter them.
 import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
+import { scaled } from "./calibrate.js";
 import { CLI, ROOT } from "./server.js";
 
 export const MODERN = "2026-07-28";
@@ -73,5 +74,5 @@ export async function callModern(
   args: Record<string, unknown>,
   opts: Record<string, unknown> = {},
 ): Promise<any> {
-  return client.callTool({ name, arguments: args }, { timeout: 300_000, ...opts } as any);
+  return client.callTool({ name, arguments: args }, { timeout: scaled(300_000), ...opts } as any);
 }

@@ -5,6 +5,7 @@ import { execFile, execFileSync } from "node:child_process";
 import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { scaled } from "./calibrate.js";
 import { CLI, ROOT } from "./server.js";
 
 export interface OsUser {
@@ -93,7 +94,7 @@ export function runAs(
         gid: user.gid,
         cwd: opts.cwd ?? ROOT,
         env: envFor(opts.home ?? "/nonexistent"),
-        timeout: opts.timeoutMs ?? 60_000,
+        timeout: opts.timeoutMs ?? scaled(60_000),
       },
       (err, stdout, stderr) => {
         const code = err ? (typeof err.code === "number" ? err.code : 1) : 0;

@@ -10,6 +10,7 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { scaled } from "./calibrate.js";
 
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const CLI = join(ROOT, "bin", "tpu-mcp.js");
@@ -31,7 +32,7 @@ export async function cli(config: string, ...args: string[]) {
   try {
     const r = await run(process.execPath, [CLI, ...args, "--config", config], {
       cwd: ROOT,
-      timeout: 60_000,
+      timeout: scaled(60_000),
     });
     return { code: 0, stdout: r.stdout, stderr: r.stderr };
   } catch (e: any) {
@@ -69,6 +70,20 @@ export function writeConfig(
   return file;
 }
 
+/**
+ * A request without its own timeout waits as long as this machine needs for what a quiet one
+ * does in the SDK's default 60 s (test/helpers/calibrate.ts).
+ */
+export function scaledRequests(client: Client): Client {
+  const request = client.request.bind(client);
+  client.request = ((req, schema, options) =>
+    request(req, schema, {
+      ...options,
+      timeout: options?.timeout ?? scaled(60_000),
+    })) as Client["request"];
+  return client;
+}
+
 export async function connectStdio(
   configFile: string,
   clientOpts: ConstructorParameters<typeof Client>[1] = {},
@@ -79,7 +94,7 @@ export async function connectStdio(
     cwd: ROOT,
     stderr: "pipe",
   });
-  const client = new Client({ name: "tpu-mcp-test", version: "0.0.0" }, clientOpts);
+  const client = scaledRequests(new Client({ name: "tpu-mcp-test", version: "0.0.0" }, clientOpts));
   await client.connect(transport);
   return { client, transport, close: () => client.close() };
 }
@@ -109,7 +124,10 @@ export function startHttpServer(
   );
   let err = "";
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${err}`)), 60_000);
+    const timer = setTimeout(
+      () => reject(new Error(`server did not start:\n${err}`)),
+      scaled(60_000),
+    );
     proc.stderr!.on("data", (d) => {
       err += d.toString();
       const m = /serving MCP \(Streamable HTTP\) at (\S+)/.exec(err);
@@ -145,7 +163,7 @@ export async function connectHttp(
   const transport = new StreamableHTTPClientTransport(new URL(url), {
     requestInit: token ? { headers: { Authorization: `Bearer ${token}` } } : {},
   });
-  const client = new Client({ name: "tpu-mcp-test", version: "0.0.0" }, clientOpts);
+  const client = scaledRequests(new Client({ name: "tpu-mcp-test", version: "0.0.0" }, clientOpts));
   await client.connect(transport);
   return { client, transport, close: () => client.close() };
 }
