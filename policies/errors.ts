@@ -11,7 +11,7 @@ export interface ErrorDoc {
    * between retrying (possibly changed) and giving up, and for both kinds retrying is right.
    */
   recoverable: boolean;
-  /** The status an HTTP surface answers with when it refuses with this code. */
+  /** The status an HTTP surface answers with when it refuses with this code (httpStatusOf). */
   http: number;
   doc: string;
 }
@@ -230,6 +230,11 @@ export type ErrorCode = keyof typeof ERROR_CATALOGUE;
 
 export function isErrorCode(code: string): code is ErrorCode {
   return Object.hasOwn(ERROR_CATALOGUE, code);
+}
+
+/** The HTTP status of a refusal with `code`: the catalogue's, the one mapping every surface uses. */
+export function httpStatusOf(code: string): number {
+  return isErrorCode(code) ? ERROR_CATALOGUE[code].http : 500;
 }
 
 /** The codes the policy layer raises (a subset of the catalogue, checked by the compiler). */

@@ -2,6 +2,12 @@
 // the model, the device and past benchmarks, and gets device-seconds, memory and compile time
 // back. The numbers are deliberately conservative: they drive approvals, budgets and refusals,
 // so erring high costs a prompt while erring low costs an out-of-memory crash on the device.
+import {
+  DEFAULT_ITERATIONS,
+  DEFAULT_MAX_NEW_TOKENS,
+  DEFAULT_SEQ_LEN,
+  DEFAULT_WARMUP,
+} from "../lib/benchmark_defaults.js";
 import { deviceKind } from "../lib/device.js";
 import { DTYPE_ITEMSIZE, isTensorDtype } from "../lib/dtypes.js";
 import { formatBytes } from "../lib/units.js";
@@ -120,8 +126,6 @@ export interface EstimateAssumptions {
   benchmark_config_overhead_s: number;
   /** Fixed cost of a check_model call (the operator recorder, the report), seconds. */
   check_overhead_s: number;
-  default_iterations: number;
-  default_warmup: number;
   /** Tokens per character of input text (English BPE is ~0.25; 0.5 stays on the safe side). */
   tokens_per_char: number;
   /**
@@ -146,8 +150,6 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   decode_step_overhead_s: 0.001,
   benchmark_config_overhead_s: 0.2,
   check_overhead_s: 0.2,
-  default_iterations: 20,
-  default_warmup: 5,
   tokens_per_char: 0.5,
   dtype_cost_factor: {
     // CPU, measured 2026-12-01 with bench/dtype_cost.py (the worker's own adapters and op
@@ -274,7 +276,7 @@ export function workOf(input: EstimateInput): Work {
       return {
         dtype,
         batch: num(args.batch) ?? 1,
-        seq_len: num(args.seq_len) ?? 128,
+        seq_len: num(args.seq_len) ?? DEFAULT_SEQ_LEN,
         ...keep("attention", "mode"),
       };
     case "benchmark":
@@ -393,12 +395,12 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       // Warmup shapes ({batch, seq_len}) under either name the tools layer may use.
       const listed = Array.isArray(args.warmup_shapes) ? args.warmup_shapes : args.warmup;
       const warmup = Array.isArray(listed) ? listed : [];
-      const shapes = warmup.length > 0 ? warmup : [{ batch: 1, seq_len: 128 }];
+      const shapes = warmup.length > 0 ? warmup : [{ batch: 1, seq_len: DEFAULT_SEQ_LEN }];
       let warm = 0;
       for (const s of shapes) {
         const sh = (s ?? {}) as Record<string, unknown>;
         const b = num(sh.batch) ?? 1;
-        const l = num(sh.seq_len) ?? 128;
+        const l = num(sh.seq_len) ?? DEFAULT_SEQ_LEN;
         tokens = Math.max(tokens, b * l);
         warm += latencyMs(input, b, l, dtype, a) / 1000;
       }
@@ -411,7 +413,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       needsWeights = !alreadyLoaded;
       compileS = args.mode === "compile" ? compileGraph : 0;
       const b = num(args.batch) ?? 1;
-      const l = num(args.seq_len) ?? 128;
+      const l = num(args.seq_len) ?? DEFAULT_SEQ_LEN;
       tokens = b * l;
       // One recorded forward pass: operator interception costs about as much again.
       deviceSeconds =
@@ -427,15 +429,16 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       const dtypes = strs(args.dtypes);
       const modes = strs(args.modes);
       const bs = batches.length ? batches : [1];
-      const ls = seqs.length ? seqs : [128];
+      const ls = seqs.length ? seqs : [DEFAULT_SEQ_LEN];
       const ds = dtypes.length ? dtypes : [dtype];
       const ms = modes.length ? modes : [String(args.mode ?? "eager")];
-      const iterations = num(args.iterations) ?? a.default_iterations;
-      const warmup = num(args.warmup) ?? a.default_warmup;
+      const iterations = num(args.iterations) ?? DEFAULT_ITERATIONS;
+      const warmup = num(args.warmup) ?? DEFAULT_WARMUP;
       const duration = num(args.duration_s);
       // Generation: the prompt's forward pass plus one decoding step (batch × 1 token, with a KV
       // cache) per new token, for every iteration, warmup and reference pass alike.
-      const newTokens = args.work === "generate" ? (num(args.max_new_tokens) ?? 16) : 0;
+      const newTokens =
+        args.work === "generate" ? (num(args.max_new_tokens) ?? DEFAULT_MAX_NEW_TOKENS) : 0;
       const step = a.decode_step_overhead_s;
       const pass = (b: number, l: number, d: string) =>
         (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a, step)) / 1000;

@@ -102,9 +102,11 @@ export type WorkerRuntimeEvents = Omit<RuntimeEvents, "restart"> & {
 type Listeners = { [E in keyof WorkerRuntimeEvents]: Array<WorkerRuntimeEvents[E]> };
 
 /**
- * Events go through this small emitter rather than node:events because a listener that throws
- * (a server-side log or metric) must not break the frame handling or supervision that emitted
- * the event: each listener is called in turn and a throw is logged, not propagated.
+ * One supervised worker process: starts it, frames calls to it and their answers, restarts it
+ * under the rules at the top of this file, and reports its state and events (`on`). Events go
+ * through a small emitter of its own (`emit`), not node:events: a listener that throws (a
+ * server-side log or metric) is logged and must not break the frame handling or supervision
+ * that emitted the event.
  */
 export class WorkerRuntime {
   readonly options: Readonly<ResolvedOptions>;

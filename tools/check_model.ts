@@ -2,11 +2,9 @@ import { z } from "zod";
 import { ToolError } from "./errors.js";
 import { approvalId, catalogMax, device, dtype, entryOf, modelId } from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
+import { MIN_SEQ_LEN } from "../lib/benchmark_defaults.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
-
-/** The shortest sequence a text model is run at (a special token plus one of text). */
-const MIN_SEQ_LEN = 2;
 
 /** The sequence length the worker checks at when none is given (check.py uses the same). */
 function defaultSeqLen(env: ToolEnv, model: string): number | undefined {
@@ -89,7 +87,6 @@ const build = (env: ToolEnv) => {
       idempotentHint: true,
       openWorldHint: false,
     },
-    device: (a) => a.device ?? "default",
     // It runs a forward pass and may load the weights: it holds the device, so it is estimated,
     // charged (to the budget and the read allowance) and can be matched by approval rules.
     estimate: (a, ctx) =>

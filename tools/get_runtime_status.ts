@@ -186,7 +186,7 @@ const build = (env: ToolEnv) => {
         matmul_precision: result.matmul_precision ?? null,
         loaded: result.loaded ?? [],
         jobs_running: ctx.jobs.running(),
-        // The default pool of one worker shows no pool, as before pools.
+        // The default pool of one worker shows no `workers` (its one worker is the status itself).
         ...(rt.single ? {} : { workers }),
         ...(ctx.fleet ? { fleet: ctx.fleet() } : {}),
       };

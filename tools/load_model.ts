@@ -97,7 +97,6 @@ const build = (env: ToolEnv) => {
       idempotentHint: false,
       openWorldHint: false,
     },
-    device: (a) => a.device ?? "default",
     estimate: (a, ctx) => estimateFor(policy, a, ctx),
     validate: (args, svc) => {
       const entry = entryOf(env, args.model);

@@ -12,6 +12,14 @@ import {
   modelId,
   wait,
 } from "./schemas.js";
+import {
+  DEFAULT_ITERATIONS,
+  DEFAULT_MAX_NEW_TOKENS,
+  DEFAULT_SEQ_LEN,
+  DEFAULT_WARMUP,
+  EXTEND_FACTOR,
+  MIN_SEQ_LEN,
+} from "../lib/benchmark_defaults.js";
 import { compareReports, unstableNote } from "./render/compare.js";
 import { estimateFor } from "./support/estimate.js";
 import { seed, temperature } from "./support/generation.js";
@@ -24,20 +32,17 @@ const measured = z.number().nullable().optional();
 /** Counts (iterations, graphs, bytes) are integers, so typed clients do not see 1.0. */
 const count = z.number().int().nullable().optional();
 
-// The benchmark's defaults live here only: the request reaches the worker fully resolved, with the
-// bounds in `limits`, and the worker asserts them (runtime/PROTOCOL.md, `benchmark`).
-/** The shortest sequence a text model is benchmarked at (a special token plus one of text). */
-export const MIN_SEQ_LEN = 2;
-/** Iterations per configuration when neither iterations nor duration_s is given. */
-export const DEFAULT_ITERATIONS = 20;
-/** Sequence length of a text model when seq_lens is not given (capped by the model's limit). */
-export const DEFAULT_SEQ_LEN = 128;
-/** New tokens per prompt for work "generate" (capped by the model's limit). */
-export const DEFAULT_MAX_NEW_TOKENS = 16;
-/** Uncounted calls before the measured window of each configuration. */
-export const DEFAULT_WARMUP = 3;
-/** An unstable configuration runs up to this many times its requested window (within the bounds). */
-export const EXTEND_FACTOR = 4;
+// The request reaches the worker fully resolved, its defaults (lib/benchmark_defaults.ts, which
+// the estimator reads too) filled in and its bounds in `limits`, and the worker asserts them
+// (runtime/PROTOCOL.md, `benchmark`).
+export {
+  DEFAULT_ITERATIONS,
+  DEFAULT_MAX_NEW_TOKENS,
+  DEFAULT_SEQ_LEN,
+  DEFAULT_WARMUP,
+  EXTEND_FACTOR,
+  MIN_SEQ_LEN,
+} from "../lib/benchmark_defaults.js";
 
 interface ResolvedBenchmark {
   dtypes: string[];
@@ -271,7 +276,6 @@ const build = (env: ToolEnv) => {
       idempotentHint: false,
       openWorldHint: false,
     },
-    device: (a) => a.device ?? "default",
     ui: { resourceUri: "ui://tpu-mcp/benchmark-view.html" },
     estimate: (a, ctx) => {
       const r = resolveBenchmark(env, a);

@@ -121,7 +121,6 @@ const build = (env: ToolEnv) => {
       idempotentHint: true,
       openWorldHint: false,
     },
-    device: () => "default",
     estimate: (a, ctx) => estimateFor(policy, estimateArgs(a), ctx),
     validate: (args) => {
       const entry = entryOf(env, args.model);

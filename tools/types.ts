@@ -102,8 +102,6 @@ export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.Zod
   /** The input schema tools/list publishes, without arguments only a pool has; absent: `input`. */
   listedInput?: z.ZodType;
   annotations: ToolAnnotations;
-  /** The device lane the call occupies (loads and benchmarks hold it exclusively). */
-  device?: (args: z.infer<I>) => string;
   /**
    * Every check of the arguments beyond the schema (per-model bounds, grid size, ...). Runs
    * before the gate: nothing that can never run becomes an approval request or a job.

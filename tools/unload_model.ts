@@ -38,7 +38,6 @@ const build = (env: ToolEnv) =>
       idempotentHint: true,
       openWorldHint: false,
     },
-    device: (a) => a.device ?? "default",
     async handler(args, ctx) {
       const { result } = await ctx.runtime.call(
         "unload",

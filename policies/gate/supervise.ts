@@ -88,7 +88,7 @@ export async function supervise<T>(
     ctrl.abort(err);
     graceTimer = setTimeout(() => giveUp(err), STOP_GRACE_MS);
   };
-  // The caller's cancellation and a failed audit answer at once, as before.
+  // The caller's cancellation and a failed audit answer at once: no stop grace is waited for.
   const abortNow = (err: unknown) => {
     if (!ctrl.signal.aborted) ctrl.abort(err);
     giveUp(err);

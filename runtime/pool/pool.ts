@@ -111,8 +111,8 @@ export class WorkerPool implements Runtime {
   private readonly pick: Pick;
 
   /**
-   * A pool of one local worker (the default): it places nothing, so it passes calls, answers,
-   * errors and events through unchanged, exactly as the one worker behaved before pools.
+   * A pool of one local worker (the default): it places nothing, so calls, answers, errors and
+   * events pass through unchanged: no worker names on them, no pool series, no pool fields.
    */
   static single(rt: WorkerRuntime, name = "w0"): WorkerPool {
     const pool = new WorkerPool({ entries: [] }, true);

@@ -1,5 +1,4 @@
-// How a pool's worker looks in get_runtime_status and /metrics (WorkerStatus), and the byte
-// formatting its placement errors use.
+// How a pool's worker looks in get_runtime_status and /metrics (WorkerStatus).
 import type { WorkerStatus } from "../types.js";
 import { isRemote } from "./entries.js";
 import type { Member } from "./member.js";

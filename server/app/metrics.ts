@@ -67,7 +67,7 @@ export class Metrics {
    * drained (gauges) and calls, failures, restarts (counters, monotonic in the pool).
    */
   observeWorkers(runtime: Runtime, fleet?: () => FleetRow): void {
-    // The default pool of one worker has no pool series, as before pools.
+    // The default pool of one worker publishes no per-worker series.
     if (runtime.single) return;
     const workers = () => runtime.workers();
     const labelNames = ["worker", "device"] as const;

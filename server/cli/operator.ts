@@ -119,7 +119,7 @@ function showApprovals(
   try {
     if (sub === "list") {
       const page = approvals.page({ ...paging, limit: paging.limit ?? 100 });
-      // JSON stays an array (of this page), as before paging.
+      // JSON is an array of this page's approvals (the page's cursor is not in it).
       if (io.json) {
         io.out(JSON.stringify(page.items, null, 2));
         return 0;

@@ -23,7 +23,7 @@ import { join } from "node:path";
 import type { ApprovalRecord } from "../../policies/approvals.js";
 import type { AuditOutcome } from "../../policies/audit.js";
 import { AuditVerifier } from "../../policies/audit_verify.js";
-import { isPolicyError } from "../../policies/errors.js";
+import { httpStatusOf, isPolicyError } from "../../policies/errors.js";
 import { hasScope, type Principal } from "../../policies/scopes.js";
 import { dispatchTool, ERROR_META_KEY } from "../../tools/dispatch/dispatch.js";
 import { toolServices, type App } from "../app/app.js";
@@ -352,18 +352,8 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       const rec = app.gate.decideApproval(id, s.principal, decision, reason, evidence ?? undefined);
       send(res, 200, approvalView(rec, s.principal));
     } catch (e) {
-      if (isPolicyError(e)) {
-        const status =
-          e.code === "approval_not_found"
-            ? 404
-            : e.code === "insufficient_scope" ||
-                e.code === "approval_self_grant" ||
-                e.code === "approval_needs_passkey" ||
-                e.code === "passkey_refused"
-              ? 403
-              : 409;
-        return send(res, status, { error: { code: e.code, message: e.message } });
-      }
+      if (isPolicyError(e))
+        return send(res, httpStatusOf(e.code), { error: { code: e.code, message: e.message } });
       throw e;
     }
   }
@@ -445,8 +435,11 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       { code: string; message: string } | undefined;
     // Refusals of the caller are HTTP refusals; other failures are the page's own answer.
     if (err?.code === "insufficient_scope")
-      throw new HttpError(403, `this page runs ${name}, and ${err.message}`, { code: err.code });
-    if (err?.code === "rate_limited") throw new HttpError(429, err.message, { code: err.code });
+      throw new HttpError(httpStatusOf(err.code), `this page runs ${name}, and ${err.message}`, {
+        code: err.code,
+      });
+    if (err?.code === "rate_limited")
+      throw new HttpError(httpStatusOf(err.code), err.message, { code: err.code });
     return err
       ? { out: null, error: err.message }
       : { out: outcome.result.structuredContent, error: null };

@@ -17,7 +17,7 @@ import { refused, type Decision } from "../../policies/passkeys/binding.js";
 import type { PasskeyCeremonies, Site } from "../../policies/passkeys/ceremony.js";
 import type { DecisionEvidence } from "../../policies/passkeys/evidence.js";
 import type { PasskeyStore, StoredCredential } from "../../policies/passkeys/store.js";
-import { isPolicyError } from "../../policies/errors.js";
+import { httpStatusOf, isPolicyError } from "../../policies/errors.js";
 import { hasScope, parseScopes, type Principal } from "../../policies/scopes.js";
 import type { App } from "../app/app.js";
 import { HttpError } from "../http_util.js";
@@ -48,11 +48,11 @@ export interface PasskeySessionView {
   credential?: string;
 }
 
-/** A refusal of the ceremony: 403 with the policy code, and a log line saying why. */
+/** A refusal of the ceremony: the code's status (404, 403, ...) and a log line saying why. */
 function asHttp(e: unknown, log: Logger, what: string): never {
   if (isPolicyError(e)) {
     log.warn({ code: e.code, reason: e.message }, `${what} refused`);
-    throw new HttpError(e.code === "approval_not_found" ? 404 : 403, e.message, { code: e.code });
+    throw new HttpError(httpStatusOf(e.code), e.message, { code: e.code });
   }
   throw e;
 }

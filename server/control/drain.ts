@@ -7,7 +7,7 @@ import type { ControlHandler } from "./channel.js";
 
 /** Applies the desired drain state and publishes every worker's state; null without a pool. */
 export function drainHandler(runtime: Runtime, logger: Logger): ControlHandler | null {
-  // The default pool of one worker has nothing to drain (and publishes nothing, as before).
+  // The default pool of one worker has nothing to drain and publishes no worker states.
   if (runtime.single) return null;
   const pool = runtime;
   return {

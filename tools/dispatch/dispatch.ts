@@ -100,7 +100,7 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
     // Where the call runs, chosen once: the gate queues device tools on its lane, the handler
     // hands the same ticket to runtime.call, and the audit record names where it ran.
     const placement = input.base.runtime.place(tool.policy.workerOp ?? tool.name, args);
-    const lane = tool.device ? placement.lane : undefined;
+    const lane = tool.policy.deviceMode ? placement.lane : undefined;
 
     const ctxFor = (
       signal: AbortSignal,
