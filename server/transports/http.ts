@@ -3,11 +3,13 @@
 // it), 2026-07-28 requests on the SDK's stateless handler (a fresh server per request, bound to
 // the principal of that request's token). In front of both: bearer auth, Origin and Host checks
 // and CORS for every path, a body limit, session caps per principal and a rate limit on
-// `initialize`, and the operational endpoints /healthz, /readyz and /metrics that answer without
-// waiting on the worker. Every credential checked here or in the console goes through one
-// limiter for failed authentication (auth_limit.ts).
-// Over 500 lines on purpose: one request's checks run in order (Host, Origin, CORS, auth, scope,
-// session, body), and keeping that order in one function is what makes it reviewable.
+// `initialize`, and the operational endpoints: /healthz and /readyz answer without asking the
+// worker; /metrics asks it for its queue depths and waits at most 500 ms for them. Every
+// credential checked here or in the console goes through one limiter for failed authentication
+// (auth_limit.ts).
+// Over 500 lines on purpose: one request's checks run in order (Host, Origin, CORS, then for
+// /mcp: auth, body (size, JSON), scope, header contradictions, era, session), and keeping that
+// order in `handle` and `handleMcp` is what makes it reviewable.
 import { randomUUID } from "node:crypto";
 import {
   createServer,
@@ -25,6 +27,7 @@ import {
   createMcpHandler,
   isInitializeRequest,
   isLegacyRequest,
+  localhostAllowedHostnames,
   PROTOCOL_VERSION_META_KEY,
   type AuthInfo,
   type Server,
@@ -196,10 +199,13 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   const allowedHosts = new Set(
     [
       opts.host,
-      ...(isLoopbackHost(opts.host) ? ["localhost", "127.0.0.1", "[::1]"] : []),
+      ...(isLoopbackHost(opts.host) ? localhostAllowedHostnames() : []),
       ...cfg.allowed_hosts,
     ].map((h) => h.toLowerCase()),
   );
+  // Not the SDK's validateHostHeader: it takes the hostname a URL parser reads from the header,
+  // port-agnostic, so it passes "localhost/x" or "x@localhost", and it has no "name:port" entry;
+  // here the header must be exactly an allowed name, or an allowed name:port.
   function checkHost(req: IncomingMessage) {
     const host = (req.headers.host ?? "").toLowerCase();
     const name = host.startsWith("[")
@@ -213,7 +219,11 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     }
   }
 
-  /** The request's Origin when it is allowed; undefined when there is none (not a browser). */
+  /**
+   * The request's Origin when it is allowed; undefined when there is none (not a browser). Not
+   * the SDK's validateOriginHeader, which compares hostnames only (any scheme, any port: another
+   * local app's page on localhost:6666 would pass): here an origin is allowed whole.
+   */
   function checkOrigin(req: IncomingMessage): string | undefined {
     const origin = req.headers.origin;
     if (origin === undefined) return undefined; // not a browser
@@ -535,6 +545,8 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     res.end(await app.metrics.registry.metrics());
   }
 
+  // Not the SDK's buildOAuthProtectedResourceMetadata: it needs an authorization server (static
+  // tokens have none) and refuses an http issuer outside localhost, which the config allows.
   function handleResourceMetadata(_req: IncomingMessage, res: ServerResponse) {
     const jwt = app.config.policy.jwt;
     sendJson(res, 200, {
