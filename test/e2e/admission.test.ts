@@ -140,9 +140,10 @@ describe("budgets, read allowance and checks before approval (demo policy, small
               // Succeeded (its report marked stopped if the budget stopped it), or stopped before
               // it could hand back a report.
               const { status, error } = j.structuredContent;
-              expect(status === "succeeded" || error?.code === "budget_exceeded", status).toBe(
-                true,
-              );
+              expect(
+                status === "succeeded" || error?.code === "budget_exceeded",
+                JSON.stringify(j.structuredContent).slice(0, 1000),
+              ).toBe(true);
               break;
             }
             await new Promise((r) => setTimeout(r, 200));

@@ -10,7 +10,7 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
-import { scaled } from "./calibrate.js";
+import { scaled, slowdown } from "./calibrate.js";
 
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const CLI = join(ROOT, "bin", "tpu-mcp.js");
@@ -57,6 +57,8 @@ export function writeConfig(
       python: join(ROOT, ".venv/bin/python"),
       catalog: join(ROOT, "runtime/catalog.builtin.json"),
       device: "cpu",
+      // A worker starved of CPU answers its heartbeat late, not never: not killed for it here.
+      heartbeat_timeout_s: Math.round(20 * slowdown()),
     },
     // Not about approvals: the one line that turns the default rules off (a test that is passes
     // its own policy).
