@@ -5,6 +5,7 @@
 // timings: the machine is shared). The full pass stays the CLI's: `tpu-mcp audit verify`.
 import Database from "better-sqlite3";
 import { mkdtempSync } from "node:fs";
+import { request } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
@@ -22,6 +23,27 @@ import { cli, DEMO_POLICY, DEMO_TOKENS, ROOT } from "../helpers/server.js";
 const ROWS = 100_000;
 /** The verifier's records per event-loop turn (AuditVerifier's default chunk). */
 const CHUNK = 500;
+
+/**
+ * A GET on a connection of its own, closed after the answer (no agent): the set-up blocks this
+ * process (server included) for seconds, and a kept-alive socket the server times out meanwhile
+ * answers ECONNRESET; fetch's pool reuses such sockets whatever the request's headers say.
+ */
+function get(url: string, headers: Record<string, string> = {}) {
+  return new Promise<{ status: number; json: () => Promise<any> }>((resolve, reject) => {
+    const req = request(url, { agent: false, headers }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (c: Buffer) => chunks.push(c));
+      res.on("end", () => {
+        const text = Buffer.concat(chunks).toString("utf8");
+        resolve({ status: res.statusCode ?? 0, json: async () => JSON.parse(text) });
+      });
+      res.on("error", reject);
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
 
 /** The verifier's walks, per event-loop turn (a turn ends at each run of a setImmediate ticker). */
 const walks = {
@@ -69,11 +91,7 @@ describe("console audit page over a large trail", () => {
     cookie = (r.headers.get("set-cookie") ?? "").split(";")[0];
     // The verifier's first pass (started with the server, over a near-empty trail) is over.
     for (;;) {
-      const v = (
-        await (
-          await fetch(`${base}/console/api/audit`, { headers: { cookie, connection: "close" } })
-        ).json()
-      ).verify;
+      const v = (await (await get(`${base}/console/api/audit`, { cookie })).json()).verify;
       if (!v.in_progress && v.verified_seq === v.head_seq) break;
       await new Promise((r) => setTimeout(r, 50));
     }
@@ -119,9 +137,8 @@ describe("console audit page over a large trail", () => {
       // What is guaranteed, not how far the verifier has got at some moment (that depends on the
       // machine, and on a pass the server may have started on its own): the page request itself
       // verifies nothing, its status is coherent, and the verification runs one bounded chunk per
-      // event-loop turn, with the loop's other work in between. Every request on a fresh
-      // connection: the set-up blocked this process (server included) for seconds, and a
-      // kept-alive socket the server timed out meanwhile answers ECONNRESET.
+      // event-loop turn, with the loop's other work in between (every request on a connection
+      // of its own: `get`).
       const fullPass = vi.spyOn(app.audit, "verify");
       // The page's handler runs synchronously from its search to its answer: a walk in between
       // would be verification on the request path.
@@ -137,9 +154,7 @@ describe("console audit page over a large trail", () => {
         if (inPage) walksInPage++;
       };
 
-      const page = await fetch(`${base}/console/api/audit?limit=5`, {
-        headers: { cookie, connection: "close" },
-      });
+      const page = await get(`${base}/console/api/audit?limit=5`, { cookie });
       expect(page.status).toBe(200);
       const body = await page.json();
       expect(fullPass).not.toHaveBeenCalled();
@@ -155,18 +170,12 @@ describe("console audit page over a large trail", () => {
       if (body.verify.verified_seq < head) expect(body.verify.in_progress).toBe(true);
 
       // Another request is answered whatever the verifier is doing.
-      expect((await fetch(`${base}/readyz`, { headers: { connection: "close" } })).status).toBe(
-        503,
-      ); // lazy worker: answered, not ready
+      expect((await get(`${base}/readyz`)).status).toBe(503); // lazy worker: answered, not ready
 
       let v = body.verify;
       while (v.verified_seq < head) {
         await new Promise((r) => setTimeout(r, 100));
-        v = (
-          await (
-            await fetch(`${base}/console/api/audit`, { headers: { cookie, connection: "close" } })
-          ).json()
-        ).verify;
+        v = (await (await get(`${base}/console/api/audit`, { cookie })).json()).verify;
         expect(v.ok).toBe(true);
       }
       walks.ticking = false;
@@ -196,11 +205,7 @@ describe("console audit page over a large trail", () => {
         row.record.replace('"agent"', '"mallory"'),
       );
       db.close();
-      const v = (
-        await (
-          await fetch(`${base}/console/api/audit`, { headers: { cookie, connection: "close" } })
-        ).json()
-      ).verify;
+      const v = (await (await get(`${base}/console/api/audit`, { cookie })).json()).verify;
       expect(v.ok).toBe(true); // the incremental verifier starts after the checkpoint
       const full = await cli(configFile, "audit", "verify");
       expect(full.code).not.toBe(0);

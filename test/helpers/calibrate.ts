@@ -62,11 +62,18 @@ t2 = time.perf_counter()
 print(json.dumps({"import_ms": (t1 - t0) * 1000, "work_ms": (t2 - t1) * 1000}))
 `;
 
-/** The torch workload in the venv's Python; null when there is no venv to run it (CPU ratio only). */
-function torchMs(): { importMs: number; workMs: number } | null {
+/** The torch workload's limit: a run past it is at least CEILING times slower than quiet. */
+const TORCH_LIMIT_MS = CEILING * (QUIET_MS.torchImport + QUIET_MS.torchWork);
+
+/**
+ * The torch workload in the venv's Python: its times, "slow" when it ran past TORCH_LIMIT_MS,
+ * null when there is no venv to run it in (the Node ratio alone then).
+ */
+function torchMs(): { importMs: number; workMs: number } | "slow" | null {
   const python = join(ROOT, ".venv", "bin", "python");
   if (!existsSync(python)) return null;
-  const r = spawnSync(python, ["-c", TORCH_WORK], { encoding: "utf8", timeout: 300_000 });
+  const r = spawnSync(python, ["-c", TORCH_WORK], { encoding: "utf8", timeout: TORCH_LIMIT_MS });
+  if (r.error && (r.error as NodeJS.ErrnoException).code === "ETIMEDOUT") return "slow";
   if (r.status !== 0) return null;
   try {
     const { import_ms, work_ms } = JSON.parse(r.stdout.trim().split("\n").pop()!);
@@ -78,16 +85,19 @@ function torchMs(): { importMs: number; workMs: number } | null {
 
 export function calibrate(): Calibration {
   const nodeMs = nodeWorkMs();
-  const torch = torchMs();
   const ratios = [nodeMs / QUIET_MS.node];
-  if (torch)
+  // Already at the ceiling: the torch run (tens of seconds then) would change nothing.
+  const torch = ratios[0] >= CEILING ? null : torchMs();
+  if (torch === "slow") ratios.push(CEILING);
+  else if (torch)
     ratios.push((torch.importMs + torch.workMs) / (QUIET_MS.torchImport + QUIET_MS.torchWork));
   const factor = Math.min(CEILING, Math.max(FLOOR, ...ratios));
+  const known = torch && torch !== "slow" ? torch : null;
   return {
     factor: Math.round(factor * 100) / 100,
     nodeMs: Math.round(nodeMs),
-    torchImportMs: torch ? Math.round(torch.importMs) : null,
-    torchWorkMs: torch ? Math.round(torch.workMs) : null,
+    torchImportMs: known ? Math.round(known.importMs) : null,
+    torchWorkMs: known ? Math.round(known.workMs) : null,
   };
 }
 
