@@ -100,8 +100,9 @@ function limitsSchema(tools: readonly ToolPolicy[], ToolSchema: z.ZodType<string
     default_call_timeout_s: z.number().positive().default(60),
     rate_limit: z.object({ per_principal_per_minute: PositiveInt.default(120) }).prefault({}),
     /**
-     * Calls of tools that can become jobs (load_model, run_benchmark) that are still running after
-     * this many seconds answer with a job_id instead of holding the request open; 0 = never.
+     * Calls of tools that can become jobs (load_model, run_benchmark) not done this many seconds
+     * after the request arrived (queued or waiting for an approval included) answer with a job_id
+     * instead of holding the request open; 0 = never.
      */
     soft_deadline_s: z.number().nonnegative().default(45),
     budget: z
