@@ -1,6 +1,6 @@
 // A call of a job tool (its record says job: true): answered with its result, or with a job id
 // when it was asked not to wait or outlives the soft deadline (dispatch.ts decides which).
-import type { CallDeadline, GateCall } from "../../policies/gate/gate.js";
+import { InputRequired, type CallDeadline, type GateCall } from "../../policies/gate/gate.js";
 import { ToolError } from "../errors.js";
 import type { JobRecord } from "../stores/jobs.js";
 import type { ToolContext } from "../types.js";
@@ -25,8 +25,8 @@ export interface JobHandOff {
  * gate admitted it keeps its place in the queue; the job then fails with the gate's refusal, if
  * any. Until the caller holds a job id, its cancellation or disconnect cancels the call: nobody
  * could ever collect it. The work keeps the gate's slot, reservation and deadline until it ends,
- * and the gate audits how it ended; a refusal (approval, budget, busy) before the hand-off still
- * comes back to this caller.
+ * and the gate audits how it ended; a refusal (approval, budget, busy) or an in-band question
+ * before the hand-off still comes back to this caller.
  */
 export function runAsJob(
   input: DispatchInput,
@@ -34,7 +34,7 @@ export function runAsJob(
   args: Record<string, any>,
   ctxFor: (s: AbortSignal, p: ToolContext["progress"], d?: CallDeadline) => ToolContext,
   handOff: JobHandOff,
-): Promise<Record<string, unknown>> {
+): Promise<Record<string, unknown> | InputRequired> {
   const { tool, principal } = input;
   const jobs = input.base.jobs;
   // Stops the gate's wait and the work: the caller's signal until it holds a job id, and
@@ -77,7 +77,7 @@ export function runAsJob(
       return outcome;
     }));
 
-  return new Promise<Record<string, unknown>>((resolve, reject) => {
+  return new Promise<Record<string, unknown> | InputRequired>((resolve, reject) => {
     let answered = false;
     const answer = (fn: () => void) => {
       if (answered) return;
@@ -133,7 +133,19 @@ export function runAsJob(
         return result;
       })
       .then(
-        (value) => answer(() => resolve(value)),
+        (value) => {
+          // A question for the user after the hand-off has nobody to ask: the job says how to
+          // get the approval out of band instead.
+          if (value instanceof InputRequired)
+            settle.reject(
+              new ToolError(
+                "approval_required",
+                `This call needs the user's approval (approval ${value.approvalId}), which a job cannot ask for: call ${tool.name} again with the same arguments, or with approval_id "${value.approvalId}" once an operator approved it.`,
+                { approval_id: value.approvalId },
+              ),
+            );
+          answer(() => resolve(value));
+        },
         (e) => {
           if (!started) settle.reject(e);
           answer(() => reject(e));
