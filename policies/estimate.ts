@@ -91,6 +91,11 @@ export interface EstimateInput {
 
 export interface CostEstimate {
   device_seconds: number;
+  /**
+   * A model's first check in a fresh worker: charged to the principal's budget, not to the read
+   * allowance (policies/gate/budget_lines.ts). Absent otherwise.
+   */
+  cold_start?: boolean;
   memory_bytes: number;
   compile_s: number;
   weight_bytes: number;
@@ -276,6 +281,7 @@ export function workOf(input: EstimateInput): Work {
         batch: num(args.batch) ?? 1,
         seq_len: num(args.seq_len) ?? 128,
         ...keep("attention", "mode"),
+        ...(args.cold === true ? { cold: true } : {}),
       };
     case "benchmark":
       return {
@@ -348,7 +354,8 @@ export function classOf(kind: EstimateKind, w: Work): string {
         w.cold ? "cold" : "warm",
       ].join("|");
     case "check":
-      return [kind, w.dtype, w.attention ?? "default"].join("|");
+      // A cold check (a fresh worker's first) is a class of its own; warm ones keep their key.
+      return [kind, w.dtype, w.attention ?? "default", ...(w.cold ? ["cold"] : [])].join("|");
     case "load":
       return [kind, w.dtype, w.mode].join("|");
     case "benchmark":

@@ -38,7 +38,7 @@ export async function supervise<T>(
     a.release();
     a.reservation();
     meter?.end();
-    if (estimate) ctx.lines.charge(principal.id, tool, (ctx.clock() - started) / 1000);
+    if (estimate) ctx.lines.charge(principal.id, tool, (ctx.clock() - started) / 1000, estimate);
   };
 
   const allowedRecord: AuditRecord = {

@@ -131,9 +131,9 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
       // reaches the worker.
       ...(estimate
         ? {
-            estimator: () =>
+            estimator: (signal?: AbortSignal) =>
               estimate(args, {
-                ...ctxFor(input.signal, input.progress),
+                ...ctxFor(signal ?? input.signal, input.progress),
                 onWork: (w) => (work = w),
               }),
           }

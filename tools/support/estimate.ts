@@ -23,6 +23,16 @@ function callFacts(
   // Tensor models have no sequence: one "token" per item on both sides of the comparison.
   if (entry.task === "tensor" && kind === "benchmark") args = { ...args, seq_lens: [1] };
   if (entry.task === "tensor" && kind === "check") args = { ...args, seq_len: 1 };
+  const calls = ctx.reports.calls(entry.id, deviceKind);
+  // A model's first plain check since this server started (a fresh worker: imports, first
+  // forward, allocator) costs many times a warm one: a work of its own, priced and learned apart.
+  // Only the plain one (check_model's defaults): a larger check is a reader's call like any.
+  if (
+    kind === "check" &&
+    args.plain === true &&
+    !calls.some((c) => c.kind === "check" && c.at >= ctx.reports.openedAt)
+  )
+    args = { ...args, cold: true };
   // How the model is loaded, from what the runtime observed (no worker call on the hot path).
   const held = ctx.runtime.loadedModels().find((m) => m.model === entry.id);
   return {
@@ -36,7 +46,7 @@ function callFacts(
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
     },
-    calls: ctx.reports.calls(entry.id, deviceKind),
+    calls,
     now: Date.now(),
     ...(held?.mode ? { loaded_mode: held.mode, loaded_at: held.loadedAt } : {}),
   };
@@ -103,7 +113,9 @@ export async function estimateFor(
     work: d.work,
     ...(d.measured_s !== undefined ? { estimate_s: d.measured_s } : {}),
   });
-  return d.estimate;
+  // The cold start is charged to the principal's budget, not to a reader's read allowance (a
+  // desktop session starts a fresh worker each time: its first checks would spend the allowance).
+  return facts.args.cold === true ? { ...d.estimate, cold_start: true } : d.estimate;
 }
 
 /** A call's work as its estimate saw it, waiting for the seconds it takes (measured). */
