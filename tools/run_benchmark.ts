@@ -163,6 +163,9 @@ const Config = z
     achieved_flops_per_s: measured,
     peak_flops_per_s: measured,
     fraction_of_peak: measured,
+    /** fraction_of_peak above 1: the peak figure is at fault (peak_suspect_reason says why). */
+    peak_suspect: z.boolean().optional(),
+    peak_suspect_reason: z.string().nullable().optional(),
     stability: z
       .object({
         stable: z.boolean(),

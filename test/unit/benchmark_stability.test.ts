@@ -155,3 +155,25 @@ describe("every rendering marks unstable configurations and shows the intervals"
     expect(text.split("\n").filter((l) => l.includes("unstable:"))).toHaveLength(1);
   });
 });
+
+describe("a fraction of peak that cannot be true", () => {
+  it("shows a suspect peak and its reason instead of a percentage above 100", () => {
+    const reason =
+      "achieved 3.75x the peak (measured: best float32 matmul on this CPU in this worker): no run beats its peak";
+    const md = renderReportMarkdown(
+      report([
+        {
+          ...cfg(1, 1.0, 0.95, 1.05),
+          fraction_of_peak: 3.75,
+          peak_suspect: true,
+          peak_suspect_reason: reason,
+        },
+        { ...cfg(2, 2.0, 1.9, 2.1), fraction_of_peak: 0.25, peak_suspect: false },
+      ]),
+    );
+    expect(md).not.toContain("375.00");
+    expect(md).toMatch(/\| suspect peak \|/);
+    expect(md).toContain(reason);
+    expect(md).toMatch(/\| 25\.00 \|/);
+  });
+});

@@ -58,7 +58,11 @@ export function runAsJob(
   });
   outcome.catch(() => {}); // nobody awaits it unless a job adopted the call
   let jobProgress: ToolContext["progress"] | undefined;
+  // The newest progress, so a job adopting running work starts from it (a one-configuration
+  // benchmark reports 0 of 1 at its start and nothing more until it ends).
+  let last: Parameters<ToolContext["progress"]> | undefined;
   const report: ToolContext["progress"] = (p, total, message) => {
+    last = [p, total, message];
     jobProgress?.(p, total, message);
     if (!handedOut) input.progress(p, total, message);
   };
@@ -66,7 +70,8 @@ export function runAsJob(
   const adopt = (): JobRecord =>
     (job ??= jobs.start(tool.name, principal.id, (jobSignal, progress) => {
       jobProgress = progress;
-      if (!started)
+      if (last) progress(...last);
+      else if (!started)
         progress(0, undefined, "waiting to start (for the device, the worker or an approval)");
       const stop = () => {
         jobCtl.abort(jobSignal.reason);

@@ -66,9 +66,15 @@ export function renderReportMarkdown(report: Any): string {
         `${num(c.throughput_items_per_s, 1)} | ${c.mode === "compile" ? num(c.compile_s, 3) : "–"} | ${c.recompiled ? `**yes (${c.recompiles_in_window})**` : "no"} | ` +
         `${mib(c.peak_memory_bytes)} | ${mib(c.peak_memory_increase_bytes)} | ${sci(c.max_abs_error_vs_fp32)} | ${sci(c.max_rel_error_vs_fp32)} | ` +
         `${cos(c.cosine_similarity_vs_fp32)} | ${typeof c.flops_per_item === "number" ? (c.flops_per_item / 1e9).toFixed(3) : "–"} | ` +
-        `${pct(c.fraction_of_peak)} | ${c.matmul_precision ?? "–"} |`,
+        `${c.peak_suspect ? "suspect peak" : pct(c.fraction_of_peak)} | ${c.matmul_precision ?? "–"} |`,
     );
   }
+  const suspect = ((report.configs ?? []) as Any[]).find((c) => !c.error && c.peak_suspect);
+  if (suspect)
+    lines.push(
+      "",
+      `% of peak not shown ("suspect peak"): ${suspect.peak_suspect_reason ?? "the measured throughput is above the peak figure"}.`,
+    );
   const offline = ((report.configs ?? []) as Any[]).filter(
     (c) => Array.isArray(c.offline_skipped_batches) && c.offline_skipped_batches.length,
   );

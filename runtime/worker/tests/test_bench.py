@@ -238,3 +238,13 @@ def test_the_shortest_sequence_comes_from_the_request(shared_worker):
 
     with pytest.raises(WorkerError, match=r"in 4\.\.256"):
         run(shared_worker, model="all-minilm-l6-v2", seq_lens=[3], limits={"min_seq_len": 4})
+
+
+def test_a_fraction_of_peak_above_one_is_flagged_as_a_peak_fault():
+    from tpu_worker.bench.engine import peak_suspect
+
+    assert peak_suspect(0.4, "table") == {"peak_suspect": False, "peak_suspect_reason": None}
+    assert peak_suspect(None, "unknown") == {"peak_suspect": False, "peak_suspect_reason": None}
+    flagged = peak_suspect(3.75, "measured: best float32 matmul on this CPU in this worker")
+    assert flagged["peak_suspect"] is True
+    assert "3.75x the peak" in flagged["peak_suspect_reason"]

@@ -328,6 +328,7 @@ class _Run:
             else (flops.peak_flops(self.kind, self.name, self.dtype, self.matmul_precision))
         )
         compile_s = max(0.0, res["first_call_s"] - mean_s) if self.mode == "compile" else 0.0
+        fraction = achieved / peak if achieved and peak else None
         return {
             **self.base(b, s),
             **res,
@@ -341,6 +342,21 @@ class _Run:
             "achieved_flops_per_s": round(achieved, 1) if achieved else None,
             "peak_flops_per_s": peak,
             "peak_flops_source": source,
-            "fraction_of_peak": round(achieved / peak, 6) if achieved and peak else None,
+            "fraction_of_peak": round(fraction, 6) if fraction is not None else None,
+            **peak_suspect(fraction, source),
             "error": None,
         }
+
+
+def peak_suspect(fraction: float | None, source: str) -> dict:
+    """A run cannot beat its device's peak: above 1, the peak figure is at fault (a CPU peak
+    measured while other work ran, or a table row for another device), not the run."""
+    if fraction is None or fraction <= 1:
+        return {"peak_suspect": False, "peak_suspect_reason": None}
+    return {
+        "peak_suspect": True,
+        "peak_suspect_reason": (
+            f"achieved {fraction:.2f}x the peak ({source}): no run beats its peak, so the peak figure "
+            "is wrong (on a CPU, measured while other work ran); fraction_of_peak is not a figure to use"
+        ),
+    }
