@@ -180,7 +180,7 @@ export interface BenchmarkResult {
   configs: ReportRow[];
   cancelled: boolean;
   /** The gate stopped it (cancel with a reason): `configs` are what it measured until then. */
-  stopped?: "budget" | "timeout";
+  stopped?: "budget" | "timeout" | "approval";
   offline_skipped_batches?: number[];
 }
 
