@@ -37,6 +37,8 @@ export interface StatusResult {
   eager_mode?: string | null;
   matmul_precision: string | null;
   loaded: LoadedEntry[];
+  /** Model libraries imported so far (["transformers"]): a first load needing one imports it. */
+  libraries?: string[];
   rss_bytes?: number;
   uptime_s?: number;
   worker_version?: string;
