@@ -211,8 +211,9 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
   let config: string;
   beforeAll(async () => {
     config = writeConfig({
+      // The opt-in: an answer in the client decides this rule (whoever answers the form).
       policy: policy({
-        rules: [{ tool: "load_model" }],
+        rules: [{ tool: "load_model", assurance: "client_form" }],
         elicitation: true,
         elicitation_timeout_s: 120,
       }),
@@ -373,7 +374,10 @@ describe("2026-07-28 over stdio", () => {
   it("pins the connection's era, runs the journey and asks in band", async () => {
     const config = writeConfig({
       policy: {
-        ...policy({ rules: [{ tool: "check_model" }], elicitation: true }),
+        ...policy({
+          rules: [{ tool: "check_model", assurance: "client_form" }],
+          elicitation: true,
+        }),
       },
     });
     const c = await connectModernStdio(config, { client: ELICIT_CAPS as any });
