@@ -56,9 +56,10 @@ export function clientFormRules(approvals: {
   return approvals.rules.filter((r) => r.assurance === "client_form").map((r) => r.tool);
 }
 
-/** The question put to the person at the client, in either era. */
+/** The question put to the person at the client, in either era: who, which tool, on which model. */
 export function promptMessage(call: GateCall, rule: ApprovalRule): string {
-  return `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
+  const model = typeof call.args.model === "string" ? ` on model ${call.args.model}` : "";
+  return `${call.principal.id} wants to call ${call.tool}${model} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
 }
 
 /**

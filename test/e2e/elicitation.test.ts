@@ -46,7 +46,7 @@ describe("approval by elicitation", () => {
     const r = await call(conn.client, "load_model", { model: "mnist-cnn" });
     expect(r.isError, JSON.stringify(r)).toBeFalsy();
     const p = prompts.at(-1);
-    expect(p.message).toMatch(/load_model/);
+    expect(p.message).toMatch(/load_model on model mnist-cnn/);
     expect(JSON.stringify(p.requestedSchema)).toMatch(/mnist-cnn/);
     await call(conn.client, "unload_model", { model: "mnist-cnn" });
   });
