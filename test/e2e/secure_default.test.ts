@@ -197,7 +197,7 @@ describe("secure by default: no config, a benchmark waits for a human", () => {
     });
     try {
       const before = await benchmarksRun();
-      const r = await call(agent.client, "run_benchmark", { ...BENCH, iterations: 4 });
+      const r = await call(agent.client, "run_benchmark", { ...BENCH, iterations: 14 });
       expectOutOfBand(r);
       expect(prompts).toEqual([]);
       expect(await benchmarksRun()).toBe(before);
@@ -217,7 +217,9 @@ describe("secure by default: no config, a benchmark waits for a human", () => {
     });
     try {
       const before = await benchmarksRun();
-      expectOutOfBand(await callModern(agent.client, "run_benchmark", { ...BENCH, iterations: 5 }));
+      expectOutOfBand(
+        await callModern(agent.client, "run_benchmark", { ...BENCH, iterations: 15 }),
+      );
       expect(asked).toBe(0);
       expect(await benchmarksRun()).toBe(before);
       // Nothing in the trail is decided by an answer in the client.
