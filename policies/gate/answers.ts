@@ -8,7 +8,7 @@ import type { ApprovalRecord } from "../approval_record.js";
 import type { ApprovalRule } from "../config.js";
 import type { CostEstimate } from "../estimate.js";
 import type { GateContext } from "./context.js";
-import type { ElicitAnswer, GateCall } from "./types.js";
+import type { ApprovalForm, ElicitAnswer, ElicitPrompt, GateCall } from "./types.js";
 
 export function describeRule(rule: ApprovalRule): string {
   const w = rule.when ?? {};
@@ -63,10 +63,57 @@ export function promptMessage(call: GateCall, rule: ApprovalRule): string {
 }
 
 /**
+ * The whole question, in either era: its wording (`suffix` appended, the 2025 prompt names its
+ * approval) and the form that takes the answer, which shows the arguments and the estimate.
+ */
+export function approvalPrompt(
+  call: GateCall,
+  rule: ApprovalRule,
+  argsPreview: unknown,
+  estimate: CostEstimate | null,
+  suffix = "",
+): ElicitPrompt {
+  return {
+    tool: call.tool,
+    args_preview: argsPreview,
+    estimate,
+    message: `${promptMessage(call, rule)}${suffix}`,
+    form: approvalForm(call.tool, argsPreview, estimate),
+  };
+}
+
+function approvalForm(tool: string, argsPreview: unknown, estimate: unknown): ApprovalForm {
+  return {
+    type: "object",
+    properties: {
+      approve: {
+        type: "boolean",
+        title: `Approve ${tool}?`,
+        description: `Arguments: ${JSON.stringify(argsPreview).slice(0, 500)}; estimate: ${JSON.stringify(estimate ?? {}).slice(0, 300)}`,
+      },
+    },
+    required: ["approve"],
+  };
+}
+
+/**
+ * The person's answer to the form, from the client's elicitation result (untrusted: an accept
+ * that does not tick `approve` declines; anything else unreadable is no answer).
+ */
+export function formAnswer(result: unknown): ElicitAnswer | undefined {
+  const r = result as { action?: unknown; content?: { approve?: unknown } } | undefined;
+  if (!r || typeof r !== "object") return undefined;
+  if (r.action === "accept") return r.content?.approve === true ? "accept" : "decline";
+  if (r.action === "decline" || r.action === "cancel") return r.action;
+  return undefined;
+}
+
+/**
  * The answer to the client's form, in either era, recorded on its approval: decided as
  * `client-form:<principal>` (whoever answered the form that principal's client showed, the agent
- * itself included; never the principal's own id) and audited with assurance "client_form". Throws what the store
- * throws when the approval was decided meanwhile (approval_already_decided) or expired.
+ * itself included; never the principal's own id) and audited with assurance "client_form". Throws
+ * what the store throws when the approval was decided meanwhile (approval_already_decided) or
+ * expired.
  */
 export function recordAnswer(
   ctx: GateContext,

@@ -18,14 +18,14 @@ import type { DecisionEvidence } from "../passkeys/evidence.js";
 import { hasScope, type Principal } from "../scopes.js";
 import type { GateContext } from "./context.js";
 import {
+  approvalPrompt,
   describeEstimate,
   describeRule,
   mayAnswerInBand,
-  promptMessage,
   recordAnswer,
 } from "./answers.js";
 import { answerInBand, askInBand } from "./input_required.js";
-import type { ElicitAnswer, GateCall } from "./types.js";
+import type { ElicitAnswer, GateCall, InputRequired } from "./types.js";
 
 /** Does `rule` apply? Thresholds: ANY met is enough; with no estimate a threshold counts as met. */
 export function ruleApplies(
@@ -60,9 +60,10 @@ export function matchApprovalRule(
 }
 
 /**
- * The approval step: returns the approval id to consume once a slot is held, or undefined when
- * no rule applies. Otherwise throws approval_declined, cancelled, or approval_required naming
- * the request an operator decides out of band.
+ * The approval step: returns the approval id to consume once a slot is held, undefined when no
+ * rule applies, or (2026-07-28 era) the question to answer the call with. Otherwise throws
+ * approval_declined, cancelled, or approval_required naming the request an operator decides out
+ * of band.
  *
  * Every path goes through one approval record, the in-band prompt included: the person's answer
  * is recorded on it whenever it comes, so an answer given after the client stopped waiting (SDK
@@ -73,7 +74,7 @@ export async function checkApproval(
   call: GateCall,
   digest: string,
   redacted: unknown,
-): Promise<string | undefined> {
+): Promise<string | InputRequired | undefined> {
   const { principal, tool, estimate } = call;
   const cfg = ctx.config.approvals;
   const rule = matchApprovalRule(cfg.rules, principal.id, tool, estimate);
@@ -111,7 +112,7 @@ export async function checkApproval(
   // The 2026-07-28 era asks in band by answering input_required: the same approval record, so an
   // operator may still decide it out of band while the user has not answered.
   if (call.inBand?.canAsk && inBand && ctx.deps.requestStates && rec.status === "pending")
-    throw askInBand(ctx, call, rule, digest, rec);
+    return askInBand(ctx, call, rule, digest, rec);
 
   // The 2025 era pushes the question to a client that can show a form.
   if (call.elicit && inBand) {
@@ -253,18 +254,21 @@ async function askAndRecord(
   digest: string,
   redacted: unknown,
 ): Promise<Answer> {
-  const { tool, estimate } = call;
+  const { tool } = call;
   const timeoutMs = ctx.config.approvals.elicitation_timeout_s * 1000;
-  const message = `${promptMessage(call, rule)} (approval ${rec.id})`;
+  const prompt = approvalPrompt(
+    call,
+    rule,
+    redacted,
+    call.estimate ?? null,
+    ` (approval ${rec.id})`,
+  );
   const withdraw = new AbortController();
   let timer: ReturnType<typeof setTimeout> | undefined;
   let answer: Answer;
   try {
     answer = await Promise.race([
-      call.elicit!(
-        { tool, args_preview: redacted, estimate: estimate ?? null, message },
-        withdraw.signal,
-      ),
+      call.elicit!(prompt, withdraw.signal),
       new Promise<"timeout">((resolve) => {
         timer = setTimeout(() => {
           withdraw.abort();

@@ -10,7 +10,7 @@ import { SqliteAuditLog } from "../../policies/audit.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
 import type { CostEstimate } from "../../policies/estimate.js";
-import { Gate, type GateCall } from "../../policies/gate/gate.js";
+import { Gate, InputRequired, type GateCall } from "../../policies/gate/gate.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
@@ -120,9 +120,9 @@ describe("an answer in the client decides only a client_form rule", () => {
 
   it("a client_form rule is asked in 2026-07-28; the retry with the state and a yes runs it", async () => {
     const { gate, audit } = makeGate(rules("client_form"));
-    const ask = await refusal(gate.run(bench({ inBand: { canAsk: true } }), async () => "ran"));
-    expect(ask.code).toBe("input_required");
-    const state = ask.details.request_state;
+    const ask = await gate.run(bench({ inBand: { canAsk: true } }), async () => "ran");
+    expect(ask).toBeInstanceOf(InputRequired);
+    const state = (ask as InputRequired).state;
     const retry = bench({ inBand: { canAsk: true, state, answer: "accept" } });
     await expect(gate.run(retry, async () => "ran")).resolves.toBe("ran");
     expect(audit.tail(5).find((r) => r.outcome === "approval_granted")).toMatchObject({
@@ -151,24 +151,25 @@ describe("an answer in the client decides only a client_form rule", () => {
 describe("a rule raised or lowered between the request and the answer", () => {
   it("a rule raised to token: the approval made under client_form is no longer asked, and its sealed state is refused", async () => {
     const before = makeGate(rules("client_form"));
-    const ask = await refusal(
-      before.gate.run(bench({ inBand: { canAsk: true } }), async () => "ran"),
-    );
-    expect(ask.code).toBe("input_required");
+    const ask = (await before.gate.run(
+      bench({ inBand: { canAsk: true } }),
+      async () => "ran",
+    )) as InputRequired;
+    expect(ask).toBeInstanceOf(InputRequired);
     // The operator reloads with the rule raised; the store (and the sealing key) are the same.
     const after = makeGate(rules("token"), before.file);
     const elicit = selfApprover();
     const again = await refusal(after.gate.run(bench({ elicit }), async () => "ran"));
     expect(again.code).toBe("approval_required");
-    expect(again.details.approval_id).toBe(ask.details.approval_id);
+    expect(again.details.approval_id).toBe(ask.approvalId);
     expect(elicit).not.toHaveBeenCalled();
     const retry = bench({
-      inBand: { canAsk: true, state: ask.details.request_state, answer: "accept" },
+      inBand: { canAsk: true, state: ask.state, answer: "accept" },
     });
     const e = await refusal(after.gate.run(retry, async () => "ran"));
     expect(e.code).toBe("invalid_request_state");
     expect(e.details.why).toBe("assurance");
-    expect(after.approvals.get(ask.details.approval_id as string)?.status).toBe("pending");
+    expect(after.approvals.get(ask.approvalId)?.status).toBe("pending");
   });
 
   it("a rule lowered to client_form: an approval made under token is still decided out of band", async () => {
