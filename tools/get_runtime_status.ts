@@ -30,7 +30,14 @@ const build = (env: ToolEnv) => {
     title: "Runtime status",
     description:
       "Use first, and when a call fails: devices and memory, torch version, loaded models and queues, worker health.",
-    input: z.object({}).strict(),
+    input: z
+      .object({
+        weights_checksum: z
+          .boolean()
+          .optional()
+          .describe("also a SHA-256 of each loaded model's weights (reads them all)"),
+      })
+      .strict(),
     output: z.object({
       worker: z.object({
         state: z.string(),
@@ -66,6 +73,10 @@ const build = (env: ToolEnv) => {
             dtype: z.string(),
             mode: z.string(),
             queue_depth: z.number().int(),
+            weights_checksum: z
+              .string()
+              .optional()
+              .describe("asked for: the weights in memory now, sha256"),
             engine: z
               .object({
                 name: z.string(),
@@ -151,14 +162,15 @@ const build = (env: ToolEnv) => {
       idempotentHint: true,
       openWorldHint: false,
     },
-    async handler(_args, ctx) {
+    async handler(args, ctx) {
       const rt = ctx.runtime;
       // The device part comes from a worker; when none can answer (all down, a crash loop, a
       // refused fleet) status still answers with what the control plane knows, and says why.
       let result: Partial<StatusResult> = {};
       let unavailable: { code: string; message: string } | null = null;
       try {
-        ({ result } = await rt.call("status", {}, { signal: ctx.signal }));
+        const ask = args.weights_checksum ? { weights_checksum: true } : {};
+        ({ result } = await rt.call("status", ask, { signal: ctx.signal }));
       } catch (e) {
         if (!(e instanceof RuntimeCallError) || !UNAVAILABLE.has(e.code)) throw e;
         unavailable = { code: e.code, message: e.message };

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from typing import Any
@@ -53,8 +54,19 @@ def describe_models(worker) -> dict:
     return {"models": models}
 
 
-def worker_status(worker) -> dict:
-    """The `status` op: device memory now, loaded models, versions, uptime."""
+def weights_checksum(module: torch.nn.Module) -> str:
+    """SHA-256 over the module's state (names, dtypes, shapes and bytes) as it is in memory now:
+    what `status` reports when asked, so a client can see that nothing wrote to a served model."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def worker_status(worker, *, checksums: bool = False) -> dict:
+    """The `status` op: device memory now, loaded models, versions, uptime; with `checksums`, a
+    checksum of each torch model's weights in memory (reads every weight: slow on large models)."""
     device = refresh_memory(worker.device_info)
     devices = [device if d["index"] == device["index"] else d for d in worker.probe.devices]
     loaded = [
@@ -68,6 +80,7 @@ def worker_status(worker) -> dict:
             "queue_depth": m.batcher.queue_depth,
             "batching": {**m.batcher.describe(), **vars(m.batcher.stats)},
             "loaded_at": m.loaded_at,
+            **({"weights_checksum": weights_checksum(m.adapter.eager_model)} if checksums else {}),
         }
         for m in list(worker.loaded.values())
     ]
