@@ -48,17 +48,22 @@ describe("run_benchmark work train_step over MCP", () => {
       const load = await call(conn.client, "load_model", { model });
       expect(load.isError, JSON.stringify(load)).toBeFalsy();
       const before = await checksum(conn.client, model);
-      const r = await call(conn.client, "run_benchmark", {
-        model,
-        work: "train_step",
-        optimizer,
-        batch_sizes: [2],
-        ...(seq_lens ? { seq_lens } : {}),
-        dtypes: ["float32", "bfloat16"],
-        modes: ["eager", "compile"],
-        iterations: 2,
-        warmup: 1,
-      });
+      const r = await call(
+        conn.client,
+        "run_benchmark",
+        {
+          model,
+          work: "train_step",
+          optimizer,
+          batch_sizes: [2],
+          ...(seq_lens ? { seq_lens } : {}),
+          dtypes: ["float32", "bfloat16"],
+          modes: ["eager", "compile"],
+          iterations: 2,
+          warmup: 1,
+        },
+        { timeout: 900_000 },
+      );
       expect(r.isError, JSON.stringify(r)).toBeFalsy();
       const o = r.structuredContent;
       expect(o.work).toBe("train_step");
@@ -83,17 +88,21 @@ describe("run_benchmark work train_step over MCP", () => {
         if (c.fraction_of_peak !== null) expect(c.fraction_of_peak).toBeLessThanOrEqual(1);
         else expect(c.fraction_of_peak_fault ?? c.peak_flops_per_s).toBeDefined();
         expect(c.stability.iterations_requested).toBe(2);
-        if (c.mode === "compile") {
-          expect(c.graphs_compiled).toBeGreaterThanOrEqual(1);
-          expect(c.train_steps).toBe(3);
-        }
+        // The warmup step (in compile mode the compiling one) and the window, which an unstable
+        // series extends past the 2 asked for.
+        expect(c.train_steps).toBe(c.iterations + 1);
+        if (c.mode === "compile") expect(c.graphs_compiled).toBeGreaterThanOrEqual(1);
       }
-      const drift = o.configs.filter((c: any) => c.dtype === "bfloat16");
-      expect(drift.map((c: any) => c.loss_drift_vs_fp32.steps)).toEqual([3, 3]);
+      // bfloat16 against the float32 run of the same mode, over the steps both took.
+      for (const c of o.configs.filter((x: any) => x.dtype === "bfloat16")) {
+        const fp32 = o.configs.find((x: any) => x.dtype === "float32" && x.mode === c.mode);
+        expect(c.loss_drift_vs_fp32.steps).toBe(Math.min(c.train_steps, fp32.train_steps));
+        expect(c.loss_drift_vs_fp32.max_abs).toBeGreaterThanOrEqual(0);
+      }
       // The text answer and the Markdown report show the training figures.
       const text = r.content.find((x: any) => x.type === "text")?.text ?? "";
       expect(text).toMatch(/ms\/step/);
-      expect(text).toMatch(/loss [\d.]+ → [\d.]+ over 3 steps/);
+      expect(text).toMatch(/loss [\d.]+ → [\d.]+ over \d+ steps/);
       const md = await conn.client.readResource({ uri: o.markdown_uri });
       const body = String((md.contents[0] as any).text);
       expect(body).toMatch(/\| p50 ms\/step \|/);
@@ -102,7 +111,8 @@ describe("run_benchmark work train_step over MCP", () => {
       expect(await checksum(conn.client, model)).toBe(before);
       const unload = await call(conn.client, "unload_model", { model });
       expect(unload.isError, JSON.stringify(unload)).toBeFalsy();
-    });
+      // No calibration helper on main yet: a generous bound for a loaded 2-core machine.
+    }, 900_000);
   }
 
   it("refuses what a training step cannot be, in words", async () => {
@@ -114,7 +124,7 @@ describe("run_benchmark work train_step over MCP", () => {
     for (const [args, words] of bad) {
       const r = await call(conn.client, "run_benchmark", { model: "mnist-cnn", ...args });
       expect(r.isError).toBe(true);
-      expect(JSON.stringify(r.content)).toMatch(words);
+      expect(r.content.map((x: any) => x.text).join("\n")).toMatch(words);
     }
   });
 });
