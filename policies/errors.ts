@@ -272,11 +272,22 @@ export type PolicyErrorCode = (typeof POLICY_ERROR_CODES)[number];
 export class PolicyError extends Error {
   readonly code: PolicyErrorCode;
   readonly details: Record<string, unknown>;
-  constructor(code: PolicyErrorCode, message: string, details: Record<string, unknown> = {}) {
+  /**
+   * Parts of the message the server composed to be used as written (the command an operator
+   * runs, the console link): the path scrub of a tool's answer (tools/errors.ts) leaves them.
+   */
+  readonly verbatim: readonly string[];
+  constructor(
+    code: PolicyErrorCode,
+    message: string,
+    details: Record<string, unknown> = {},
+    verbatim: readonly string[] = [],
+  ) {
     super(message);
     this.name = "PolicyError";
     this.code = code;
     this.details = details;
+    this.verbatim = verbatim;
   }
 
   toJSON(): { code: PolicyErrorCode; message: string; details: Record<string, unknown> } {

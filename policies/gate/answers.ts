@@ -23,9 +23,10 @@ export function describeEstimate(e: CostEstimate | undefined | null): string {
   return `~${e.device_seconds} device-seconds, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
 }
 
-/** The question put to the person at the client, in either era. */
+/** The question put to the person at the client, in either era: who, which tool, on which model. */
 export function promptMessage(call: GateCall, rule: ApprovalRule): string {
-  return `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
+  const model = typeof call.args.model === "string" ? ` on model ${call.args.model}` : "";
+  return `${call.principal.id} wants to call ${call.tool}${model} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
 }
 
 /**

@@ -162,20 +162,25 @@ function approvalRequired(
     rec.status === "approved"
       ? `This call was already approved (approval ${rec.id}). Call ${tool} again with the same arguments and approval_id "${rec.id}" before ${rec.expires_at}.`
       : `${lead}This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). ${how} Then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
-  return new PolicyError("approval_required", message, {
-    approval_id: rec.id,
-    tool,
-    args: rec.args_preview,
-    status: rec.status,
-    expires_at: rec.expires_at,
-    estimate: estimate ?? null,
-    assurance: rec.assurance,
-    ...(rec.assurance === "passkey" ? {} : { approve_command: command }),
-    ...(consoleUrl ? { console_url: consoleUrl } : {}),
-    ...(link ? { approval_url: link } : {}),
-    ...extra,
+  return new PolicyError(
+    "approval_required",
     message,
-  });
+    {
+      approval_id: rec.id,
+      tool,
+      args: rec.args_preview,
+      status: rec.status,
+      expires_at: rec.expires_at,
+      estimate: estimate ?? null,
+      assurance: rec.assurance,
+      ...(rec.assurance === "passkey" ? {} : { approve_command: command }),
+      ...(consoleUrl ? { console_url: consoleUrl } : {}),
+      ...(link ? { approval_url: link } : {}),
+      ...extra,
+      message,
+    },
+    [command, ...(link ? [link] : []), ...(consoleUrl ? [consoleUrl] : [])],
+  );
 }
 
 type Answer = ElicitAnswer | "timeout" | null;

@@ -67,7 +67,7 @@ def test_the_fp32_loss_after_n_steps_is_a_plain_pytorch_loops(shared_worker, mod
     r = train(shared_worker, model=model, optimizer=optimizer, batch_sizes=[2], seq_lens=[seq] if seq else None)
     (c,) = r["configs"]
     assert c["error"] is None, c
-    adapter = shared_worker.loaded[model].adapter
+    adapter = shared_worker.served[model].adapter
     batch = train_step.synthetic_batch(adapter, 2, seq, 0)
     expected = plain_loop(adapter.eager_model, adapter.entry.task, batch, optimizer, c["train_steps"])
     assert c["train_steps"] == 1 + 3  # warmup + the window
@@ -76,7 +76,7 @@ def test_the_fp32_loss_after_n_steps_is_a_plain_pytorch_loops(shared_worker, mod
 
 
 def test_the_served_model_is_unchanged_after_a_train_step_benchmark(shared_worker):
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     before = weights_digest(adapter.eager_model)
     r = train(shared_worker, model="tiny-gpt2", batch_sizes=[2], seq_lens=[8], optimizer="sgd")
     assert r["configs"][0]["error"] is None and r["configs"][0]["loss_final"] != r["configs"][0]["loss_first"]
@@ -95,7 +95,7 @@ def test_a_report_says_what_it_measured(shared_worker):
         assert c["throughput_items_per_s"] == pytest.approx(2 / (lat["mean"] / 1000), rel=1e-3)
         assert c["tokens_per_s"] == pytest.approx(2 * 8 / (lat["mean"] / 1000), rel=1e-3)
         split = c["memory_split"]
-        params = shared_worker.loaded["tiny-gpt2"].adapter.parameters()
+        params = shared_worker.served["tiny-gpt2"].adapter.parameters()
         assert 4 * params <= split["weights_bytes"] < 6 * params  # float32 weights (and buffers)
         assert split["gradients_bytes"] > 0 and split["optimizer_state_bytes"] >= 2 * split["gradients_bytes"]
         # Forward + backward, counted: about three forwards (the backward of a matmul is two).
@@ -151,3 +151,18 @@ def test_an_optimizer_outside_train_step_is_refused(shared_worker):
 
     with pytest.raises(WorkerError, match="only work 'train_step' takes an optimizer"):
         shared_worker.handle("benchmark", bench_args(optimizer="sgd"), [], OpContext("t"))
+
+
+def test_status_gives_a_weights_checksum_only_when_asked(shared_worker):
+    from tpu_worker.errors import WorkerError
+
+    def rows(args):
+        return {r["model"]: r for r in shared_worker.handle("status", args, [], OpContext("s"))[0]["loaded"]}
+
+    assert "weights_checksum" not in rows({})["mnist-cnn"]
+    first, again = rows({"weights_checksum": True}), rows({"weights_checksum": True})
+    assert first["mnist-cnn"]["weights_checksum"].startswith("sha256:")
+    assert first["mnist-cnn"]["weights_checksum"] == again["mnist-cnn"]["weights_checksum"]
+    assert first["mnist-cnn"]["weights_checksum"] != first["tiny-gpt2"]["weights_checksum"]
+    with pytest.raises(WorkerError, match="weights_checksum must be true or false"):
+        rows({"weights_checksum": "yes"})

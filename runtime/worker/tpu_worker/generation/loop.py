@@ -16,7 +16,6 @@ answers with the text it had, finish_reason = the token's reason (the generation
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import time
@@ -86,8 +85,8 @@ class _Seq:
 
 
 class DecodeLoop(Inbox):
-    def __init__(self, name: str, adapter, *, max_batch: int, enabled: bool = True) -> None:
-        super().__init__()
+    def __init__(self, name: str, adapter, *, max_batch: int, enabled: bool = True, reply_scope=None) -> None:
+        super().__init__(reply_scope)
         self.name = name
         self.adapter = adapter
         self.max_batch = max(1, max_batch)
@@ -142,7 +141,7 @@ class DecodeLoop(Inbox):
         self._reset()
 
     def _guarded(self, work: Callable[[], None], joining: list[_Request]) -> None:
-        with self.reply_scope() if self.reply_scope else contextlib.nullcontext():
+        with self.replies():
             try:
                 work()
                 self._compact()
