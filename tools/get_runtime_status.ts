@@ -32,10 +32,8 @@ const build = (env: ToolEnv) => {
       "Use first, and when a call fails: devices and memory, torch version, loaded models and queues, worker health.",
     input: z
       .object({
-        weights_checksum: z
-          .boolean()
-          .optional()
-          .describe("also a SHA-256 of each loaded model's weights (reads them all)"),
+        // sha256 of each torch model's weights as they are in memory (reads every weight)
+        weights_checksum: z.boolean().optional(),
       })
       .strict(),
     output: z.object({
@@ -73,10 +71,7 @@ const build = (env: ToolEnv) => {
             dtype: z.string(),
             mode: z.string(),
             queue_depth: z.number().int(),
-            weights_checksum: z
-              .string()
-              .optional()
-              .describe("asked for: the weights in memory now, sha256"),
+            weights_checksum: z.string().optional(),
             engine: z
               .object({
                 name: z.string(),

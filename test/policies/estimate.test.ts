@@ -196,9 +196,9 @@ describe("estimateCost", () => {
       model: { ...minilm, parameters: 1 },
       device: tpu(30),
     });
-    expect(matchApprovalRule(DEFAULT_APPROVAL_RULES, "agent", "run_benchmark", cheap)).toEqual({
-      tool: "run_benchmark",
-    });
+    // The config gives each default rule its assurance; matching reads tool, principals and when.
+    const rules = DEFAULT_APPROVAL_RULES.map((r) => ({ ...r, assurance: "token" as const }));
+    expect(matchApprovalRule(rules, "agent", "run_benchmark", cheap)?.tool).toBe("run_benchmark");
   });
 
   it("uses duration_s per grid point when given", () => {
