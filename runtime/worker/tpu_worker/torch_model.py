@@ -115,6 +115,7 @@ class TorchModel(Served):
             "execution_mode": plat.execution_mode(device),
             "eager_mode": plat.eager_mode_report(device),
             "batching": batcher.describe(),
+            "shape_plan": adapter.plan.report() if adapter.plan else None,
         }
         return cls(entry, adapter, batcher, w.label(device), lc.dtype, lc.mode, estimated, now_iso(), lc.info, report)
 
@@ -154,11 +155,19 @@ class TorchModel(Served):
             "bytes_on_device": self.adapter.bytes_on_device(),
             "queue_depth": self.batcher.queue_depth,
             "batching": {**self.batcher.describe(), **vars(self.batcher.stats)},
+            "shape_plan": self.adapter.plan.report() if self.adapter.plan else None,
+            "shapes": self.adapter.shapes.report(),
             "loaded_at": self.loaded_at,
         }
 
     def weights_checksum(self) -> str | None:
         return state_checksum(self.adapter.eager_model)
+
+    def describe(self) -> dict:
+        # How it is served now: for generation, whether the decode loop's KV cache is static
+        # (and why not, where it cannot be).
+        plan = self.adapter.plan
+        return {"serving": self.batcher.describe(), "shape_plan": plan.report() if plan else None}
 
     def lend(self, device: torch.device, dtype: str, mode: str) -> Lease | None:
         a = self.adapter
