@@ -9,7 +9,7 @@
 import { execFile } from "node:child_process";
 import { readFileSync, readdirSync, readlinkSync, statSync } from "node:fs";
 import { request } from "node:http";
-import { connect } from "node:net";
+import { connect, createServer, type AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -225,6 +225,23 @@ describe.skipIf(osUsersUnavailable() !== null)(
       const ports = processGroup(engine.pid).flatMap(tcpListeners);
       const probed = ports.filter((p) => !hostPorts.has(p.port));
 
+      // The probe itself reports a connection where there is one: as the worker's user, on the
+      // socket, and on a port that listens on the host's loopback.
+      const open = createServer((c) => c.destroy());
+      await new Promise<void>((r) => open.listen(0, "127.0.0.1", () => r()));
+      try {
+        const control = await probeAs(null, {
+          socketPath,
+          routes: [{ path: "/health", methods: ["GET"] }],
+          ports: [{ port: (open.address() as AddressInfo).port, v6: false }],
+        });
+        expect(control).toEqual({
+          routes: [{ route: "GET /health", got: "connected 200" }],
+          ports: [{ port: (open.address() as AddressInfo).port, got: "connected" }],
+        });
+      } finally {
+        open.close();
+      }
       const probe = await probeAs(attacker, { socketPath, routes, ports: probed });
       expect(probe.routes.length).toBeGreaterThanOrEqual(routes.length);
       expect(probe.ports.length).toBe(probed.length);
@@ -239,11 +256,12 @@ describe.skipIf(osUsersUnavailable() !== null)(
   },
 );
 
-/** PROBE as `user` (node -e PROBE ARG). */
-async function probeAs(user: OsUser, arg: unknown): Promise<any> {
-  const res = await runAs(user, process.execPath, ["-e", PROBE, JSON.stringify(arg)], {
-    timeoutMs: 300_000,
-  });
+/** PROBE as `user` (node -e PROBE ARG), or as this process's user for null. */
+async function probeAs(user: OsUser | null, arg: unknown): Promise<any> {
+  const args = ["-e", PROBE, JSON.stringify(arg)];
+  const res = user
+    ? await runAs(user, process.execPath, args, { timeoutMs: 300_000 })
+    : await run(process.execPath, args, { timeout: 300_000 }).then((r) => ({ code: 0, ...r }));
   expect(res.code, res.stderr).toBe(0);
   return JSON.parse(res.stdout.trim().split("\n").pop()!);
 }
