@@ -6,7 +6,7 @@ import { formatBytes } from "../../lib/units.js";
 import type { ApprovalRule } from "../config.js";
 import type { CostEstimate } from "../estimate.js";
 import type { GateContext } from "./context.js";
-import type { ElicitAnswer, GateCall } from "./types.js";
+import type { ApprovalForm, ElicitAnswer, ElicitPrompt, GateCall } from "./types.js";
 
 export function describeRule(rule: ApprovalRule): string {
   const w = rule.when ?? {};
@@ -23,9 +23,56 @@ export function describeEstimate(e: CostEstimate | undefined | null): string {
   return `~${e.device_seconds} device-seconds, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
 }
 
-/** The question put to the person at the client, in either era. */
+/** The question put to the person at the client, in either era: who, which tool, on which model. */
 export function promptMessage(call: GateCall, rule: ApprovalRule): string {
-  return `${call.principal.id} wants to call ${call.tool} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
+  const model = typeof call.args.model === "string" ? ` on model ${call.args.model}` : "";
+  return `${call.principal.id} wants to call ${call.tool}${model} (${describeEstimate(call.estimate)}). Approval is required for ${describeRule(rule)}. Allow this call once?`;
+}
+
+/**
+ * The whole question, in either era: its wording (`suffix` appended, the 2025 prompt names its
+ * approval) and the form that takes the answer, which shows the arguments and the estimate.
+ */
+export function approvalPrompt(
+  call: GateCall,
+  rule: ApprovalRule,
+  argsPreview: unknown,
+  estimate: CostEstimate | null,
+  suffix = "",
+): ElicitPrompt {
+  return {
+    tool: call.tool,
+    args_preview: argsPreview,
+    estimate,
+    message: `${promptMessage(call, rule)}${suffix}`,
+    form: approvalForm(call.tool, argsPreview, estimate),
+  };
+}
+
+function approvalForm(tool: string, argsPreview: unknown, estimate: unknown): ApprovalForm {
+  return {
+    type: "object",
+    properties: {
+      approve: {
+        type: "boolean",
+        title: `Approve ${tool}?`,
+        description: `Arguments: ${JSON.stringify(argsPreview).slice(0, 500)}; estimate: ${JSON.stringify(estimate ?? {}).slice(0, 300)}`,
+      },
+    },
+    required: ["approve"],
+  };
+}
+
+/**
+ * The person's answer to the form, from the client's elicitation result (untrusted: an accept
+ * that does not tick `approve` declines; anything else unreadable is no answer).
+ */
+export function formAnswer(result: unknown): ElicitAnswer | undefined {
+  const r = result as { action?: unknown; content?: { approve?: unknown } } | undefined;
+  if (!r || typeof r !== "object") return undefined;
+  if (r.action === "accept") return r.content?.approve === true ? "accept" : "decline";
+  if (r.action === "decline" || r.action === "cancel") return r.action;
+  return undefined;
 }
 
 /**

@@ -17,9 +17,9 @@ import type { CostEstimate } from "../estimate.js";
 import type { DecisionEvidence } from "../passkeys/evidence.js";
 import { hasScope, type Principal } from "../scopes.js";
 import type { GateContext } from "./context.js";
-import { describeEstimate, describeRule, promptMessage, recordAnswer } from "./answers.js";
+import { approvalPrompt, describeEstimate, describeRule, recordAnswer } from "./answers.js";
 import { answerInBand, askInBand } from "./input_required.js";
-import type { ElicitAnswer, GateCall } from "./types.js";
+import type { ElicitAnswer, GateCall, InputRequired } from "./types.js";
 
 /** Does `rule` apply? Thresholds: ANY met is enough; with no estimate a threshold counts as met. */
 export function ruleApplies(
@@ -54,9 +54,10 @@ export function matchApprovalRule(
 }
 
 /**
- * The approval step: returns the approval id to consume once a slot is held, or undefined when
- * no rule applies. Otherwise throws approval_declined, cancelled, or approval_required naming
- * the request an operator decides out of band.
+ * The approval step: returns the approval id to consume once a slot is held, undefined when no
+ * rule applies, or (2026-07-28 era) the question to answer the call with. Otherwise throws
+ * approval_declined, cancelled, or approval_required naming the request an operator decides out
+ * of band.
  *
  * Every path goes through one approval record, the in-band prompt included: the person's answer
  * is recorded on it whenever it comes, so an answer given after the client stopped waiting (SDK
@@ -67,7 +68,7 @@ export async function checkApproval(
   call: GateCall,
   digest: string,
   redacted: unknown,
-): Promise<string | undefined> {
+): Promise<string | InputRequired | undefined> {
   const { principal, tool, estimate } = call;
   const cfg = ctx.config.approvals;
   const rule = matchApprovalRule(cfg.rules, principal.id, tool, estimate);
@@ -107,7 +108,7 @@ export async function checkApproval(
     rec.status === "pending" &&
     rec.assurance !== "passkey"
   )
-    throw askInBand(ctx, call, rule, digest, rec);
+    return askInBand(ctx, call, rule, digest, rec);
 
   // Asked in the client when it can show a form and the policy allows it; never for a rule that
   // needs a passkey (only a signed decision in the console counts there).
@@ -162,20 +163,25 @@ function approvalRequired(
     rec.status === "approved"
       ? `This call was already approved (approval ${rec.id}). Call ${tool} again with the same arguments and approval_id "${rec.id}" before ${rec.expires_at}.`
       : `${lead}This call needs human approval (rule: ${describeRule(rule)}; estimate: ${describeEstimate(estimate)}). ${how} Then call ${tool} again with the same arguments and approval_id "${rec.id}". The request expires at ${rec.expires_at}.`;
-  return new PolicyError("approval_required", message, {
-    approval_id: rec.id,
-    tool,
-    args: rec.args_preview,
-    status: rec.status,
-    expires_at: rec.expires_at,
-    estimate: estimate ?? null,
-    assurance: rec.assurance,
-    ...(rec.assurance === "passkey" ? {} : { approve_command: command }),
-    ...(consoleUrl ? { console_url: consoleUrl } : {}),
-    ...(link ? { approval_url: link } : {}),
-    ...extra,
+  return new PolicyError(
+    "approval_required",
     message,
-  });
+    {
+      approval_id: rec.id,
+      tool,
+      args: rec.args_preview,
+      status: rec.status,
+      expires_at: rec.expires_at,
+      estimate: estimate ?? null,
+      assurance: rec.assurance,
+      ...(rec.assurance === "passkey" ? {} : { approve_command: command }),
+      ...(consoleUrl ? { console_url: consoleUrl } : {}),
+      ...(link ? { approval_url: link } : {}),
+      ...extra,
+      message,
+    },
+    [command, ...(link ? [link] : []), ...(consoleUrl ? [consoleUrl] : [])],
+  );
 }
 
 type Answer = ElicitAnswer | "timeout" | null;
@@ -238,18 +244,21 @@ async function askAndRecord(
   digest: string,
   redacted: unknown,
 ): Promise<Answer> {
-  const { tool, estimate } = call;
+  const { tool } = call;
   const timeoutMs = ctx.config.approvals.elicitation_timeout_s * 1000;
-  const message = `${promptMessage(call, rule)} (approval ${rec.id})`;
+  const prompt = approvalPrompt(
+    call,
+    rule,
+    redacted,
+    call.estimate ?? null,
+    ` (approval ${rec.id})`,
+  );
   const withdraw = new AbortController();
   let timer: ReturnType<typeof setTimeout> | undefined;
   let answer: Answer;
   try {
     answer = await Promise.race([
-      call.elicit!(
-        { tool, args_preview: redacted, estimate: estimate ?? null, message },
-        withdraw.signal,
-      ),
+      call.elicit!(prompt, withdraw.signal),
       new Promise<"timeout">((resolve) => {
         timer = setTimeout(() => {
           withdraw.abort();

@@ -82,7 +82,8 @@ export interface LoadResult {
   load_s: number;
   compile_s: number;
   warmup_s: number;
-  matmul_precision: string;
+  /** This process's float32 matmul precision; absent for a model an engine (vLLM) serves. */
+  matmul_precision?: string;
   matmul_precision_requested?: string | null;
   compile_backend?: string | null;
   compile_dynamic?: boolean | null;

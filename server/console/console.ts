@@ -427,7 +427,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     if (!tool) throw new HttpError(404, `no tool ${name}`, { code: "not_found" });
     const gone = new AbortController();
     res.once("close", () => gone.abort(new Error("the console page went away")));
-    const result = await dispatchTool({
+    const outcome = await dispatchTool({
       tool,
       rawArgs: args,
       principal: s.principal,
@@ -439,12 +439,17 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       progress: () => {},
       logger: app.logger,
     });
-    const err = result._meta?.[ERROR_META_KEY] as { code: string; message: string } | undefined;
+    // No in-band approval here (the console passes no inBand): a result or an error.
+    if (outcome.kind === "input_required") throw new Error(`${name} asked for an in-band approval`);
+    const err = outcome.result._meta?.[ERROR_META_KEY] as
+      { code: string; message: string } | undefined;
     // Refusals of the caller are HTTP refusals; other failures are the page's own answer.
     if (err?.code === "insufficient_scope")
       throw new HttpError(403, `this page runs ${name}, and ${err.message}`, { code: err.code });
     if (err?.code === "rate_limited") throw new HttpError(429, err.message, { code: err.code });
-    return err ? { out: null, error: err.message } : { out: result.structuredContent, error: null };
+    return err
+      ? { out: null, error: err.message }
+      : { out: outcome.result.structuredContent, error: null };
   }
 
   async function runtime(res: ServerResponse, s: ConsoleSession) {

@@ -338,6 +338,30 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
     });
     expect(n.status).toBe(400);
     expect((await n.json()).error.message).toMatch(/Mcp-Name/);
+    // For resources/read, Mcp-Name names the URI: another one is refused, the same one is read.
+    const read = (name: string, id: number) =>
+      fetch(srv.url, {
+        method: "POST",
+        headers: {
+          ...base.headers,
+          authorization: `Bearer ${DEMO_TOKENS.agent}`,
+          "mcp-method": "resources/read",
+          "mcp-name": name,
+        },
+        body: JSON.stringify({
+          jsonrpc: "2.0",
+          id,
+          method: "resources/read",
+          params: { uri: "ui://tpu-mcp/benchmark-view.html", _meta: retry.body.params._meta },
+        }),
+      });
+    const wrongUri = await read("ui://tpu-mcp/other.html", 80);
+    expect(wrongUri.status).toBe(400);
+    expect((await wrongUri.json()).error.message).toMatch(
+      /Mcp-Name header "ui:\/\/tpu-mcp\/other.html" does not match the body's "ui:\/\/tpu-mcp\/benchmark-view.html"/,
+    );
+    const sameUri = await read("ui://tpu-mcp/benchmark-view.html", 81);
+    expect(sameUri.status, await sameUri.clone().text()).toBe(200);
     const body = structuredClone(retry.body);
     delete body.params._meta["io.modelcontextprotocol/protocolVersion"];
     const v = await fetch(srv.url, {
@@ -349,6 +373,7 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
     expect((await v.json()).error.message).toMatch(/protocol version/);
     const tail = await auditTail(config);
     expect(tail).toMatch(/invalid_request.*Mcp-Method/);
+    expect(tail).toMatch(/invalid_request.*Mcp-Name header.*other\.html/);
     expect(tail).toMatch(/invalid_request.*protocol version/);
   });
 

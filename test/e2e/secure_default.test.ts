@@ -4,7 +4,7 @@
 import { execFile } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { promisify } from "node:util";
 import { ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -21,10 +21,18 @@ import {
 import { call } from "./scenario.js";
 
 const run = promisify(execFile);
+/** A shell's environment as a terminal has it: this Node first on PATH (`node …` commands). */
+const shellEnv = (extra: Record<string, string> = {}) => ({
+  ...process.env,
+  PATH: `${dirname(process.execPath)}:${process.env.PATH ?? ""}`,
+  ...extra,
+});
 const BENCH = { model: "mnist-cnn", batch_sizes: [1], iterations: 2, warmup: 1 };
 
 describe("secure by default: no config, a benchmark waits for a human", () => {
-  const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-default-"));
+  // A config outside the clone, in a folder whose name the shell would split: the command the
+  // refusal prints must still work pasted as it is.
+  const dir = mkdtempSync(join(tmpdir(), "tpu-mcp default "));
   // Only the data dir differs from `npm start` (the shared .data is not this test's to change);
   // the first test shows the effective policy is exactly the no-config one.
   const config = join(dir, "config.json");
@@ -59,32 +67,77 @@ describe("secure by default: no config, a benchmark waits for a human", () => {
     expect(server.stderr()).not.toMatch(/approvals are OFF/);
   });
 
-  it("out of band: approval_required with the console URL and the exact CLI command, then the retry runs", async () => {
+  it("out of band: approval_required with the console link and the CLI command a shell runs as shown, then the retry runs", async () => {
     const agent = await connectHttp(server.url, server.token);
     try {
       const first = await call(agent.client, "run_benchmark", BENCH);
       const e = errorOf(first)!;
       expect(e.code).toBe("approval_required");
-      const { approval_id: id, approve_command: command, console_url } = e.details;
+      const { approval_id: id, console_url } = e.details;
       expect(console_url).toBe(
         server.url.replace(/\/mcp$/, "/console/").replace("//127.0.0.1:", "//localhost:"),
       );
-      // The message has it too (paths scrubbed from messages; details keep the exact command).
-      expect(e.message).toContain(`node bin/tpu-mcp.js approvals approve ${id}`);
+      // What a host shows its user is the text content; _meta is not shown.
+      const shown = (first.content as { type: string; text?: string }[])[0].text!;
+      expect(shown).not.toContain("<path>");
+      expect(shown).toContain(`(${console_url}#/approvals/${id})`);
+      const command = /`([^`]+)`/.exec(shown)?.[1];
+      expect(command).toMatch(
+        new RegExp(`^node bin/tpu-mcp\\.js approvals approve ${id} --config `),
+      );
       // Retrying before a decision does not run it either.
       const early = await call(agent.client, "run_benchmark", { ...BENCH, approval_id: id });
       expect(errorOf(early)?.code).toBe("approval_pending");
       expect(await benchmarksRun()).toBe(0);
 
-      // The human runs the command exactly as given (the embedded default's operator token).
-      const [node, script, ...args] = command.split(" ");
-      expect([node, script]).toEqual(["node", "bin/tpu-mcp.js"]);
-      const decided = await run(process.execPath, [join(ROOT, script), ...args], { cwd: ROOT });
+      // The human pastes the command into a shell in the clone's root, exactly as shown (the
+      // embedded default's operator token; the config outside the clone, its path quoted).
+      const decided = await run("/bin/sh", ["-c", command!], { cwd: ROOT, env: shellEnv() });
       expect(decided.stdout).toMatch(/^approved: /);
 
       const ok = await call(agent.client, "run_benchmark", { ...BENCH, approval_id: id });
       expect(ok.isError, JSON.stringify(ok)).toBeFalsy();
       expect(await benchmarksRun()).toBe(1);
+    } finally {
+      await agent.close();
+    }
+  });
+
+  it("accepts the generated operator token passed explicitly, with --token or TPU_MCP_TOKEN", async () => {
+    const agent = await connectHttp(server.url, server.token);
+    try {
+      const request = async (iterations: number) =>
+        errorOf(await call(agent.client, "run_benchmark", { ...BENCH, iterations }))!.details
+          .approval_id as string;
+      const tokenFile = join(dir, "data", "operator-token");
+      const byFlag = await request(5);
+      const flag = await run(
+        "/bin/sh",
+        [
+          "-c",
+          `node bin/tpu-mcp.js approvals approve ${byFlag} --config "$CONFIG" --token "$(cat "$TOKEN_FILE")"`,
+        ],
+        { cwd: ROOT, env: shellEnv({ CONFIG: config, TOKEN_FILE: tokenFile }) },
+      );
+      expect(flag.stdout).toMatch(/^approved: /);
+      const byEnv = await request(6);
+      const env = await run(
+        "/bin/sh",
+        [
+          "-c",
+          `TPU_MCP_TOKEN="$(cat "$TOKEN_FILE")" node bin/tpu-mcp.js approvals approve ${byEnv} --config "$CONFIG"`,
+        ],
+        { cwd: ROOT, env: shellEnv({ CONFIG: config, TOKEN_FILE: tokenFile }) },
+      );
+      expect(env.stdout).toMatch(/^approved: /);
+      // A token that is not the operator's is still refused.
+      const wrong = await request(7);
+      await expect(
+        run(process.execPath, [CLI, "approvals", "approve", wrong, "--config", config], {
+          cwd: ROOT,
+          env: { ...process.env, TPU_MCP_TOKEN: server.token },
+        }),
+      ).rejects.toMatchObject({ stderr: expect.stringMatching(/approvals:grant|refused/) });
     } finally {
       await agent.close();
     }
@@ -147,7 +200,7 @@ describe("secure by default: no config, a benchmark waits for a human", () => {
       const yes = await call(agent.client, "run_benchmark", args);
       expect(yes.isError, JSON.stringify(yes)).toBeFalsy();
       expect(prompts).toHaveLength(2);
-      expect(prompts[1]).toMatch(/run_benchmark/);
+      expect(prompts[1]).toMatch(/run_benchmark on model mnist-cnn/);
       expect(await benchmarksRun()).toBe(before + 1);
     } finally {
       await agent.close();
