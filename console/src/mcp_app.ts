@@ -116,7 +116,14 @@ function renderApproval(err: Json) {
   );
   row("Expires", d.expires_at ? new Date(d.expires_at).toLocaleString() : "?");
   const passkey = d.assurance === "passkey";
-  row("Decision needs", passkey ? "an operator's passkey (in the console)" : "an operator token");
+  row(
+    "Decision needs",
+    passkey
+      ? "an operator's passkey (in the console)"
+      : d.assurance === "client_form"
+        ? "an operator token, or whoever answers the client's form"
+        : "an operator token",
+  );
   const args = el("pre", compactJson(d.args ?? {}), "args");
   box.replaceChildren(
     el("h1", "Waiting for an operator's approval"),
