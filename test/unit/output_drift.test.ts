@@ -51,7 +51,7 @@ async function call(answer: unknown, job?: { jobs: SqliteJobs }) {
     { level: "info" },
     { write: (line: string) => void logs.push(JSON.parse(line) as Record<string, unknown>) },
   );
-  const result = await dispatchTool({
+  const outcome = await dispatchTool({
     tool: toolAnswering(answer, job !== undefined),
     rawArgs: job ? { wait: false } : {},
     principal: { id: "p", scopes: ["admin"], via: "stdio" },
@@ -71,7 +71,8 @@ async function call(answer: unknown, job?: { jobs: SqliteJobs }) {
     progress: () => {},
     logger,
   });
-  return { result, logs };
+  if (outcome.kind === "input_required") throw new Error("no approval is asked here");
+  return { result: outcome.result, logs };
 }
 
 describe("output validation in dispatch", () => {

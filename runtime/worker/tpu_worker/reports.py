@@ -60,11 +60,18 @@ def describe_models(worker) -> dict:
     return {"models": models}
 
 
-def worker_status(worker) -> dict:
-    """The `status` op: device memory now, loaded models, versions, uptime."""
+def _status_row(m, checksums: bool) -> dict:
+    row = m.status_row()
+    digest = m.weights_checksum() if checksums else None  # None: no weights in this process
+    return {**row, "weights_checksum": digest} if digest else row
+
+
+def worker_status(worker, *, checksums: bool = False) -> dict:
+    """The `status` op: device memory now, loaded models, versions, uptime; with `checksums`, a
+    checksum of each torch model's weights in memory (reads every weight: slow on large models)."""
     device = refresh_memory(worker.device_info)
     devices = [device if d["index"] == device["index"] else d for d in worker.probe.devices]
-    loaded = [m.status_row() for m in list(worker.served.values())]
+    loaded = [_status_row(m, checksums) for m in list(worker.served.values())]
     return {
         "device": device,
         "devices": devices,

@@ -7,6 +7,7 @@ built and are the only thread a model's forward runs on for `infer`.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,7 @@ class TorchModel(Served):
             "execution_mode": plat.execution_mode(device),
             "eager_mode": plat.eager_mode_report(device),
             "batching": batcher.describe(),
+            "shape_plan": adapter.plan.report() if adapter.plan else None,
         }
         return cls(entry, adapter, batcher, w.label(device), lc.dtype, lc.mode, estimated, now_iso(), lc.info, report)
 
@@ -153,8 +155,19 @@ class TorchModel(Served):
             "bytes_on_device": self.adapter.bytes_on_device(),
             "queue_depth": self.batcher.queue_depth,
             "batching": {**self.batcher.describe(), **vars(self.batcher.stats)},
+            "shape_plan": self.adapter.plan.report() if self.adapter.plan else None,
+            "shapes": self.adapter.shapes.report(),
             "loaded_at": self.loaded_at,
         }
+
+    def weights_checksum(self) -> str | None:
+        return state_checksum(self.adapter.eager_model)
+
+    def describe(self) -> dict:
+        # How it is served now: for generation, whether the decode loop's KV cache is static
+        # (and why not, where it cannot be).
+        plan = self.adapter.plan
+        return {"serving": self.batcher.describe(), "shape_plan": plan.report() if plan else None}
 
     def lend(self, device: torch.device, dtype: str, mode: str) -> Lease | None:
         a = self.adapter
@@ -164,3 +177,13 @@ class TorchModel(Served):
 
     def bytes_on(self, device: torch.device) -> int:
         return self.adapter.bytes_on_device() if self.adapter is not None and self.adapter.device == device else 0
+
+
+def state_checksum(module: torch.nn.Module) -> str:
+    """SHA-256 over the module's state (names, dtypes, shapes and bytes) as it is in memory now:
+    what `status` reports when asked, so a client can see that nothing wrote to a served model."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return "sha256:" + h.hexdigest()
