@@ -166,3 +166,37 @@ def test_status_gives_a_weights_checksum_only_when_asked(shared_worker):
     assert first["mnist-cnn"]["weights_checksum"] != first["tiny-gpt2"]["weights_checksum"]
     with pytest.raises(WorkerError, match="weights_checksum must be true or false"):
         rows({"weights_checksum": "yes"})
+
+
+def _cancel_after(monkeypatch, token, steps: int, reason: str):
+    """Cancels `token` with `reason` once the training copy has taken `steps` steps."""
+    real = train_step.Trainer.step
+    taken = {"n": 0}
+
+    def step(self, batch):
+        taken["n"] += 1
+        if taken["n"] == steps:
+            token.cancel(reason)
+        return real(self, batch)
+
+    monkeypatch.setattr(train_step.Trainer, "step", step)
+    return taken
+
+
+def test_a_cancel_ends_the_grid_at_the_next_step(shared_worker, monkeypatch):
+    ctx = OpContext("c")
+    taken = _cancel_after(monkeypatch, ctx.token, 3, "cancelled")
+    args = bench_args(work="train_step", optimizer="sgd", batch_sizes=[1, 2], iterations=50, warmup=1)
+    r = shared_worker.handle("benchmark", args, [], ctx)[0]
+    assert r["cancelled"] is True and "stopped" not in r
+    assert r["configs"] == [] and taken["n"] == 3  # no step after the one that saw the cancel
+
+
+def test_a_budget_stop_keeps_the_steps_measured(shared_worker, monkeypatch):
+    ctx = OpContext("b")
+    _cancel_after(monkeypatch, ctx.token, 4, "budget")
+    args = bench_args(work="train_step", optimizer="sgd", batch_sizes=[1, 2], iterations=50, warmup=1)
+    r = shared_worker.handle("benchmark", args, [], ctx)[0]
+    assert r["stopped"] == "budget" and r["cancelled"] is False
+    (c,) = r["configs"]  # the grid ended with the configuration in progress
+    assert c["batch"] == 1 and c["iterations"] == 3 and c["train_steps"] == 4 and c["error"] is None
