@@ -157,23 +157,17 @@ describe("every rendering marks unstable configurations and shows the intervals"
 });
 
 describe("a fraction of peak that cannot be true", () => {
-  it("shows a suspect peak and its reason instead of a percentage above 100", () => {
-    const reason =
-      "achieved 3.75x the peak (measured: best float32 matmul on this CPU in this worker): no run beats its peak";
+  it("shows a fault and its reason instead of a percentage above 100", () => {
+    const fault =
+      "measured 3.75e+10 FLOP/s exceeds the peak of 1e+10 (measured: best float32 matmul on this CPU in this worker): a measurement fault";
     const md = renderReportMarkdown(
       report([
-        {
-          ...cfg(1, 1.0, 0.95, 1.05),
-          fraction_of_peak: 3.75,
-          peak_suspect: true,
-          peak_suspect_reason: reason,
-        },
-        { ...cfg(2, 2.0, 1.9, 2.1), fraction_of_peak: 0.25, peak_suspect: false },
+        { ...cfg(1, 1.0, 0.95, 1.05), fraction_of_peak: null, fraction_of_peak_fault: fault },
+        { ...cfg(2, 2.0, 1.9, 2.1), fraction_of_peak: 0.25, fraction_of_peak_fault: null },
       ]),
     );
-    expect(md).not.toContain("375.00");
-    expect(md).toMatch(/\| suspect peak \|/);
-    expect(md).toContain(reason);
+    expect(md).toMatch(/\| fault \|/);
+    expect(md).toContain(fault);
     expect(md).toMatch(/\| 25\.00 \|/);
   });
 });

@@ -1,10 +1,12 @@
 // A call of a job tool (its record says job: true): answered with its result, or with a job id
 // when it was asked not to wait or outlives the soft deadline (dispatch.ts decides which).
 import { InputRequired, type CallDeadline, type GateCall } from "../../policies/gate/gate.js";
+import { stopReasonOf } from "../../runtime/types.js";
 import { ToolError } from "../errors.js";
 import type { JobRecord } from "../stores/jobs.js";
 import type { ToolContext } from "../types.js";
 import type { DispatchInput } from "./dispatch.js";
+import { checkOutput } from "./result.js";
 
 export interface JobHandOff {
   /** wait: false: the job id is the answer as soon as the gate admits the call. */
@@ -79,7 +81,9 @@ export function runAsJob(
       };
       if (jobSignal.aborted) stop();
       else jobSignal.addEventListener("abort", stop, { once: true });
-      return outcome;
+      // What get_job serves is checked as a direct answer is: a result that drifted from the
+      // tool's output schema ends the job `internal` (logged with its fields).
+      return outcome.then((r) => checkOutput(tool, r, input.logger));
     }));
 
   return new Promise<Record<string, unknown> | InputRequired>((resolve, reject) => {
@@ -118,7 +122,12 @@ export function runAsJob(
         const work = Promise.resolve().then(() =>
           tool.handler(args, ctxFor(signal, report, deadline)),
         );
-        work.then(settle.resolve, settle.reject);
+        // A job the gate stopped (budget, timeout, approval) that ends without a partial result
+        // fails with the gate's reason, not with the worker's cancellation (never "cancelled by
+        // the caller": nobody cancelled it).
+        work.then(settle.resolve, (e) =>
+          settle.reject(stopReasonOf(gateSignal.reason) ? gateSignal.reason : e),
+        );
         if (handOff.atStart) handOut((id) => `started; ${follow(id)}`);
         // The gate audits how the work ended, whoever collects it.
         const result = await work;
