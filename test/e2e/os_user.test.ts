@@ -22,6 +22,8 @@ import { call } from "./scenario.js";
 
 const unavailable = osUsersUnavailable();
 const title = `the server as its own OS user${unavailable ? ` (skipped: ${unavailable})` : ""}`;
+// One line on the terminal: a skipped suite is otherwise easy to miss.
+if (unavailable) process.stderr.write(`os_user.test.ts: skipped: ${unavailable}\n`);
 
 describe.skipIf(unavailable !== null)(title, () => {
   let server: OsUser;
