@@ -3,7 +3,7 @@
 // (ui/initialize → ui/notifications/initialized, then the host's tool-input / tool-result
 // notifications) and draws what the tool returned: a benchmark report, a job's state, or an
 // informational approval card. It never calls tools: approval stays with the operator.
-import { compactJson, drawReports, reportTable, type Report } from "./chart.js";
+import { compactJson, drawReports, reportTable, trainTable, type Report } from "./chart.js";
 import { unstableNote } from "./report_data.js";
 import "./mcp_app.css";
 
@@ -61,7 +61,9 @@ function renderReport(report: Report) {
   box.append(charts);
   drawReports(charts, [{ label: "report", report }]);
   const wrap = el("div", undefined, "scroll");
-  wrap.append(reportTable([{ label: "report", report }]));
+  wrap.append(
+    report.work === "train_step" ? trainTable(report) : reportTable([{ label: "report", report }]),
+  );
   box.append(wrap);
   const unstable = ((report.configs ?? []) as Json[]).filter((c) => !c.error && unstableNote(c));
   if (unstable.length) {
