@@ -8,6 +8,7 @@ import {
   type EstimateInput,
 } from "../../policies/estimate.js";
 import type { ToolPolicy } from "../../policies/tool_policy.js";
+import { planSize } from "../../runtime/catalog.js";
 import type { ToolContext, ToolServices } from "../types.js";
 
 /** What the estimator reads of a call besides models and devices: its work and its model's state. */
@@ -35,6 +36,7 @@ function callFacts(
       weight_bytes: 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
+      compile_graphs: planSize(entry),
     },
     calls: ctx.reports.calls(entry.id, deviceKind),
     now: Date.now(),
@@ -81,6 +83,7 @@ export async function estimateFor(
       weight_bytes: fact?.weight_bytes ?? 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
+      compile_graphs: planSize(entry),
     },
     device: {
       kind: deviceKind,
