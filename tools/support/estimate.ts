@@ -11,6 +11,16 @@ import type { ToolPolicy } from "../../policies/tool_policy.js";
 import { planSize } from "../../runtime/catalog.js";
 import type { ToolContext, ToolServices } from "../types.js";
 
+/**
+ * The library the worker builds a model with: transformers for every architecture but the one it
+ * builds in plain torch (mnist-cnn, adapters/build.py); none for an engine's model (its own
+ * process).
+ */
+function libraryOf(entry: { architecture: string; engine?: string }): { library?: string } {
+  if (entry.engine === "vllm" || entry.architecture === "mnist-cnn") return {};
+  return { library: "transformers" };
+}
+
 /** What the estimator reads of a call besides models and devices: its work and its model's state. */
 function callFacts(
   tool: Pick<ToolPolicy, "estimate">,
@@ -37,6 +47,7 @@ function callFacts(
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
       compile_graphs: planSize(entry),
+      ...libraryOf(entry),
     },
     calls: ctx.reports.calls(entry.id, deviceKind),
     now: Date.now(),
@@ -84,7 +95,12 @@ export async function estimateFor(
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
       compile_graphs: planSize(entry),
+      ...libraryOf(entry),
     },
+    // What the worker has imported: the first load of a transformers model in it is cold.
+    ...("libraries" in status && Array.isArray(status.libraries)
+      ? { libraries_imported: status.libraries }
+      : {}),
     device: {
       kind: deviceKind,
       memory_free_bytes: dev?.memory_free_bytes ?? null,

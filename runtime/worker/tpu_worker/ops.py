@@ -280,7 +280,10 @@ class Worker:
         return describe_models(self), []
 
     def op_status(self, args: dict, tensors, ctx: OpContext):
-        return worker_status(self), []
+        checksums = args.get("weights_checksum", False)
+        if not isinstance(checksums, bool):
+            raise invalid("args.weights_checksum must be true or false")
+        return worker_status(self, checksums=checksums), []
 
     def op_load(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))

@@ -7,6 +7,7 @@ built and are the only thread a model's forward runs on for `infer`.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -187,6 +188,9 @@ class TorchModel(Served):
             "loaded_at": self.loaded_at,
         }
 
+    def weights_checksum(self) -> str | None:
+        return state_checksum(self.adapter.eager_model)
+
     def describe(self) -> dict:
         # How it is served now: for generation, whether the decode loop's KV cache is static
         # (and why not, where it cannot be).
@@ -201,3 +205,13 @@ class TorchModel(Served):
 
     def bytes_on(self, device: torch.device) -> int:
         return self.adapter.bytes_on_device() if self.adapter is not None and self.adapter.device == device else 0
+
+
+def state_checksum(module: torch.nn.Module) -> str:
+    """SHA-256 over the module's state (names, dtypes, shapes and bytes) as it is in memory now:
+    what `status` reports when asked, so a client can see that nothing wrote to a served model."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return "sha256:" + h.hexdigest()

@@ -45,6 +45,17 @@ def _random_ids(batch: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor
     return torch.randint(low, vocab, (batch, seq_len), generator=g)
 
 
+def pooled_embedding(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The encoder's last hidden state mean-pooled over the attention mask, L2-normalised (what
+    sentence-transformers computes); the benchmark's training loss pools the same way."""
+    hidden = model(**inputs).last_hidden_state
+    mask = inputs["attention_mask"].unsqueeze(-1).to(torch.float32)
+    # Pool in float32 so bf16/fp16 models lose no extra precision in the reduction.
+    summed = (hidden.to(torch.float32) * mask).sum(dim=1)
+    pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+
 class SentenceEmbedder(Adapter):
     """Transformer encoder + attention-mask mean pooling + L2 normalisation (sentence-transformers)."""
 
@@ -86,12 +97,7 @@ class SentenceEmbedder(Adapter):
         return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
 
     def _embed(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        hidden = self.model(**inputs).last_hidden_state
-        mask = inputs["attention_mask"].unsqueeze(-1).to(torch.float32)
-        # Pool in float32 so bf16/fp16 models lose no extra precision in the reduction.
-        summed = (hidden.to(torch.float32) * mask).sum(dim=1)
-        pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled_embedding(self.model, inputs)
 
     def run_batch(self, batch, should_stop) -> list[Output]:
         rows = [r for p in batch for r in p.payload]
