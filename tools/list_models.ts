@@ -9,6 +9,9 @@ export const ModelInfo = z.object({
   id: z.string(),
   task: z.string(),
   description: z.string(),
+  /** The weights' licence (SPDX id) and where they come from, when the catalog says. */
+  license: z.string().nullable(),
+  origin: z.string().nullable(),
   format: z.string(),
   parameters: z.number().int().nullable(),
   weight_bytes: z.number().int().nullable(),
@@ -70,6 +73,8 @@ const build = (env: ToolEnv) =>
             id: m.id,
             task: m.task,
             description: m.description,
+            license: m.license ?? null,
+            origin: m.origin ?? null,
             format: m.format,
             parameters: f?.parameters ?? null,
             weight_bytes: f?.weight_bytes ?? null,
