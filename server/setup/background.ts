@@ -85,13 +85,15 @@ export class SetupWatch {
     if (this.failure)
       return new RuntimeCallError(
         "worker_unavailable",
-        `The set-up of the Python environment failed (${this.failure}). Run \`tpu-mcp setup\` in a terminal to see why and retry; its log is ${log}.`,
+        `The set-up of the Python environment failed (${this.failure}). Run \`tpu-mcp setup\` in a terminal to see why and retry; get_runtime_status gives its log file.`,
         false,
+        { log },
       );
     const p = this.progress()!;
     return new RuntimeCallError(
       "runtime_setting_up",
-      `tpu-mcp is setting up its Python environment and model files (first start only, a few minutes): ${p.step}, ${p.percent}% done. Call again in a minute; get_runtime_status shows the progress, \`tpu-mcp setup\` in a terminal shows it live, the log is ${log}.`,
+      // Tool errors never carry paths (tools/errors.ts): the log's path is in details and status.
+      `tpu-mcp is setting up its Python environment and model files (first start only, a few minutes): ${p.step}, ${p.percent}% done. Call again in a minute; get_runtime_status shows the progress and the log file, \`tpu-mcp setup\` in a terminal shows it live.`,
       true,
       { percent: p.percent, step: p.step, log },
     );
