@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,budget,generate,stability runs a subset;
+// tokens,estimates,budget,generate,train,stability runs a subset;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -35,6 +35,7 @@ import { runPool } from "./pool.js";
 import { runSmall } from "./small.js";
 import { runStability } from "./stability.js";
 import { runTokens } from "./tokens.js";
+import { runTrain } from "./train.js";
 
 // 32 concurrent callers each wait for 'drain' on the SDK client's pipe when it is full: a
 // listener each is expected here, not a leak (Node warns from 11).
@@ -55,6 +56,7 @@ const SECTIONS = [
   "budget",
   "stability",
   "generate",
+  "train",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
@@ -403,6 +405,19 @@ async function main() {
     } finally {
       await server.close();
     }
+  }
+
+  if (want("train")) {
+    say("train (run_benchmark work train_step: eager vs compile, float32 vs bfloat16 autocast)…");
+    results.train = await runTrain({
+      config: writeBenchConfig().config,
+      model: "tiny-gpt2",
+      seqLen: 32,
+      batch: 4,
+      iterations: q(30, 5),
+      optimizer: "adamw",
+      say,
+    });
   }
 
   // Last: it loads the machine on purpose (CPU burners), which would disturb every other section.

@@ -7,3 +7,11 @@
 /** The set as the body of a regular-expression class (`[${UNPRINTABLE_CLASS}]`). */
 export const UNPRINTABLE_CLASS =
   "\\u0000-\\u001f\\u007f-\\u009f\\u061c\\u200e\\u200f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069";
+
+/**
+ * One word of a POSIX shell command line, as typed: as it is when it has nothing the shell would
+ * read (a path of letters, digits and `_@%+=:,./-`), otherwise in single quotes.
+ */
+export function shellWord(word: string): string {
+  return /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replace(/'/g, `'\\''`)}'`;
+}

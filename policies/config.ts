@@ -118,6 +118,9 @@ function limitsSchema(tools: readonly ToolPolicy[], ToolSchema: z.ZodType<string
   });
 }
 
+/** What a decision may be worth, weakest first (approval_record.ts has the type). */
+const ASSURANCES = ["client_form", "token", "passkey"] as const;
+
 function approvalRuleSchema(ToolOrAnySchema: z.ZodType<string>) {
   return z.object({
     tool: ToolOrAnySchema,
@@ -133,10 +136,13 @@ function approvalRuleSchema(ToolOrAnySchema: z.ZodType<string>) {
       .optional(),
     /**
      * What a decision on this rule's approvals must prove: "token" (anyone holding an operator
-     * token: CLI, API, token console session) or "passkey" (a WebAuthn assertion, user verified,
-     * bound to the exact call; policies/passkeys/).
+     * token: CLI, API, token console session), "passkey" (a WebAuthn assertion, user verified,
+     * bound to the exact call; policies/passkeys/), or "client_form": whoever answers the
+     * client's form decides too (in band), which is the agent itself wherever it answers its
+     * own client's prompts. Only this value lets an in-band answer decide; an operator may still
+     * decide such an approval out of band.
      */
-    assurance: z.enum(["token", "passkey"]).default("token"),
+    assurance: z.enum(ASSURANCES).default("token"),
   });
 }
 
@@ -208,6 +214,10 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: rea
     max_pending_per_principal: PositiveInt.default(20),
     /** How long an approval is kept after it is over (counted from its expiry), then deleted. */
     keep_decided_s: NonNegative.default(7 * 86_400),
+    /**
+     * Whether to ask in band at all (an elicitation in 2025, input_required in 2026-07-28). Only
+     * rules of `"assurance": "client_form"` are ever asked; false asks none of them either.
+     */
     elicitation: z.boolean().default(true),
     elicitation_timeout_s: z.number().positive().default(300),
   });

@@ -124,13 +124,6 @@ export const ERROR_CATALOGUE = {
     http: 403,
     doc: "The approval was granted for a different tool, principal or arguments; request one for this call.",
   },
-  // Not an error a caller sees as such: the 2026-07-28 era turns it into an input_required result
-  // (the approval form and a sealed requestState), and the client retries with the user's answer.
-  input_required: {
-    recoverable: true,
-    http: 403,
-    doc: "The call needs the user's approval in the client (2026-07-28 era); the client shows the form and retries with the answer and the requestState.",
-  },
   invalid_request_state: {
     recoverable: true,
     http: 400,
@@ -250,7 +243,6 @@ export const POLICY_ERROR_CODES = [
   "insufficient_memory",
   "approval_required",
   "approval_declined",
-  "input_required",
   "invalid_request_state",
   "approval_not_found",
   "approval_pending",
@@ -277,11 +269,22 @@ export type PolicyErrorCode = (typeof POLICY_ERROR_CODES)[number];
 export class PolicyError extends Error {
   readonly code: PolicyErrorCode;
   readonly details: Record<string, unknown>;
-  constructor(code: PolicyErrorCode, message: string, details: Record<string, unknown> = {}) {
+  /**
+   * Parts of the message the server composed to be used as written (the command an operator
+   * runs, the console link): the path scrub of a tool's answer (tools/errors.ts) leaves them.
+   */
+  readonly verbatim: readonly string[];
+  constructor(
+    code: PolicyErrorCode,
+    message: string,
+    details: Record<string, unknown> = {},
+    verbatim: readonly string[] = [],
+  ) {
     super(message);
     this.name = "PolicyError";
     this.code = code;
     this.details = details;
+    this.verbatim = verbatim;
   }
 
   toJSON(): { code: PolicyErrorCode; message: string; details: Record<string, unknown> } {

@@ -289,6 +289,7 @@ export function workOf(input: EstimateInput): Work {
           "scenario",
           "work",
           "max_new_tokens",
+          "optimizer",
           "iterations",
           "duration_s",
           "warmup",
@@ -365,6 +366,8 @@ export function classOf(kind: EstimateKind, w: Work): string {
 
 interface Modelled {
   deviceSeconds: number;
+  /** Bytes beyond weights and activations: a training copy's weights, gradients and optimizer state. */
+  extraBytes: number;
   compileS: number;
   tokens: number;
   weightBytes: number;
@@ -386,6 +389,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
   let tokens = 1;
   let weightBytes = 0;
   let needsWeights = false;
+  let extraBytes = 0;
   switch (input.kind) {
     case "load": {
       weightBytes = model?.weight_bytes ?? 0;
@@ -437,8 +441,16 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       // cache) per new token, for every iteration, warmup and reference pass alike.
       const newTokens = args.work === "generate" ? (num(args.max_new_tokens) ?? 16) : 0;
       const step = a.decode_step_overhead_s;
+      // A training step: forward, backward (about twice the forward) and the optimizer's update,
+      // a few elementwise passes over the float32 weights (AdamW ~4, SGD with momentum ~2).
+      const training = args.work === "train_step";
+      const params = input.model?.parameters ?? 0;
+      const rate = a.flops_per_s[kind] ?? a.flops_per_s.cpu ?? 100e9;
+      const optimizerS = training ? ((args.optimizer === "sgd" ? 2 : 4) * 4 * params) / rate : 0;
       const pass = (b: number, l: number, d: string) =>
-        (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a, step)) / 1000;
+        training
+          ? (3 * latencyMs(input, b, l, d, a)) / 1000 + optimizerS
+          : (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a, step)) / 1000;
       // Offline measures the largest batch per series only.
       const points = args.scenario === "offline" ? [Math.max(...bs)] : bs;
       for (const d of ds) {
@@ -454,8 +466,16 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
           }
         }
       }
-      // The fp32 reference for precision error: one eager pass per (batch, seq_len) point.
-      for (const b of points) for (const l of ls) deviceSeconds += pass(b, l, "float32");
+      // The fp32 reference for precision error: one eager pass per (batch, seq_len) point; a
+      // training grid counts the FLOPs of one forward and one forward + backward instead.
+      for (const b of points)
+        for (const l of ls)
+          deviceSeconds += training
+            ? (4 * latencyMs(input, b, l, "float32", a)) / 1000
+            : pass(b, l, "float32");
+      // A float32 copy of the weights, its gradients and the optimizer's state (AdamW two moments,
+      // SGD one momentum buffer), beside the served model.
+      if (training) extraBytes = params * 4 * (2 + (args.optimizer === "sgd" ? 1 : 2));
       tokens = Math.max(...bs) * (Math.max(...ls) + newTokens);
       needsWeights = !alreadyLoaded;
       weightBytes = alreadyLoaded ? 0 : (model?.weight_bytes ?? 0);
@@ -478,7 +498,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       break;
     }
   }
-  return { deviceSeconds, compileS, tokens, weightBytes, needsWeights, dtype };
+  return { deviceSeconds, extraBytes, compileS, tokens, weightBytes, needsWeights, dtype };
 }
 
 /**
@@ -588,10 +608,12 @@ export function estimateDetail(input: EstimateInput): EstimateDetail {
     fromMeasured !== undefined
       ? fromMeasured.seconds * hostDrift(input, fromMeasured.at)
       : m.deviceSeconds;
-  const memoryBytes = needsWeights
-    ? memoryFor(params, dtype, tokens, a)
-    : memoryFor(0, dtype, 0, a) +
-      Math.ceil(tokens * a.activation_per_token_factor * Math.sqrt(params) * dtypeBytes(dtype));
+  const memoryBytes =
+    m.extraBytes +
+    (needsWeights
+      ? memoryFor(params, dtype, tokens, a)
+      : memoryFor(0, dtype, 0, a) +
+        Math.ceil(tokens * a.activation_per_token_factor * Math.sqrt(params) * dtypeBytes(dtype)));
   const est: CostEstimate = {
     // Never below one call's overhead: under it, a busy host's scheduling jitter decides (calls
     // measured at 2–4 ms took 8–20 ms the next time on the estimate corpus).

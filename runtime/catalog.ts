@@ -43,6 +43,18 @@ export const CatalogEntrySchema = z.object({
    * the worker starts and supervises; causal-lm in hf-safetensors only; docs/vllm.md).
    */
   engine: z.enum(["torch", "vllm"]).default("torch"),
+  /**
+   * The shape plan's buckets (runtime/worker/tpu_worker/shapes.py): the batch sizes and sequence
+   * lengths a forward is padded to. Absent: 1, 2, 4, ... up to limits.max_batch and powers of two
+   * from 8 up to limits.max_seq_len.
+   */
+  shapes: z
+    .object({
+      batch_buckets: z.array(z.number().int().positive()).min(1).max(16).optional(),
+      length_buckets: z.array(z.number().int().positive()).min(1).max(16).optional(),
+    })
+    .strict()
+    .optional(),
 });
 
 export const CatalogSchema = z.object({

@@ -19,23 +19,54 @@ export class ToolError extends Error {
   }
 }
 
-// Paths and stack frames never leave the server: strip anything that looks like one.
+// Paths and stack frames never leave the server: strip anything that looks like one, except the
+// parts the server composed to be used as written (`verbatim`: an approval's command and link).
 const PATH_RE = /(?:\/[\w.@+-]+){2,}\/?/g;
-export function scrubMessage(message: string): string {
-  return message.replace(PATH_RE, "<path>").split("\n")[0].slice(0, 1000);
+export function scrubMessage(message: string, verbatim: readonly string[] = []): string {
+  const line = message.split("\n")[0];
+  const keep = verbatim.filter((v) => v.length > 0 && !v.includes("\n") && line.includes(v));
+  let out = "";
+  let rest = line;
+  while (rest.length > 0) {
+    // The earliest verbatim part (the longest of those starting there) passes as it is.
+    let at = -1;
+    let part = "";
+    for (const v of keep) {
+      const i = rest.indexOf(v);
+      if (i >= 0 && (at < 0 || i < at || (i === at && v.length > part.length))) {
+        at = i;
+        part = v;
+      }
+    }
+    if (at < 0) {
+      out += rest.replace(PATH_RE, "<path>");
+      break;
+    }
+    out += rest.slice(0, at).replace(PATH_RE, "<path>") + part;
+    rest = rest.slice(at + part.length);
+  }
+  return out.slice(0, 1000);
 }
 
 /** Maps any thrown value to a ToolError; unknown ones become `internal` with no details. */
 export function toToolError(e: unknown): ToolError {
   if (e instanceof ToolError) return e;
-  const err = e as { code?: unknown; message?: unknown; details?: unknown } | null;
+  const err = e as {
+    code?: unknown;
+    message?: unknown;
+    details?: unknown;
+    verbatim?: unknown;
+  } | null;
   const code = err?.code;
   if (err && typeof code === "string" && isErrorCode(code)) {
     const details =
       err.details && typeof err.details === "object"
         ? (err.details as Record<string, unknown>)
         : undefined;
-    return new ToolError(code, scrubMessage(String(err.message ?? code)), details);
+    const verbatim = Array.isArray(err.verbatim)
+      ? err.verbatim.filter((v): v is string => typeof v === "string")
+      : [];
+    return new ToolError(code, scrubMessage(String(err.message ?? code), verbatim), details);
   }
   return new ToolError(
     "internal",

@@ -30,7 +30,12 @@ const build = (env: ToolEnv) => {
     title: "Runtime status",
     description:
       "Use first, and when a call fails: devices and memory, torch version, loaded models and queues, worker health.",
-    input: z.object({}).strict(),
+    input: z
+      .object({
+        // sha256 of each torch model's weights as they are in memory (reads every weight)
+        weights_checksum: z.boolean().optional(),
+      })
+      .strict(),
     output: z.object({
       worker: z.object({
         state: z.string(),
@@ -79,6 +84,7 @@ const build = (env: ToolEnv) => {
             dtype: z.string(),
             mode: z.string(),
             queue_depth: z.number().int(),
+            weights_checksum: z.string().optional(),
             engine: z
               .object({
                 name: z.string(),
@@ -164,14 +170,15 @@ const build = (env: ToolEnv) => {
       idempotentHint: true,
       openWorldHint: false,
     },
-    async handler(_args, ctx) {
+    async handler(args, ctx) {
       const rt = ctx.runtime;
       // The device part comes from a worker; when none can answer (all down, a crash loop, a
       // refused fleet) status still answers with what the control plane knows, and says why.
       let result: Partial<StatusResult> = {};
       let unavailable: { code: string; message: string } | null = null;
       try {
-        ({ result } = await rt.call("status", {}, { signal: ctx.signal }));
+        const ask = args.weights_checksum ? { weights_checksum: true } : {};
+        ({ result } = await rt.call("status", ask, { signal: ctx.signal }));
       } catch (e) {
         if (!(e instanceof RuntimeCallError) || !UNAVAILABLE.has(e.code)) throw e;
         unavailable = { code: e.code, message: e.message };

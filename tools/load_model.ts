@@ -27,7 +27,12 @@ const LoadResult = z.object({
   load_s: z.number(),
   compile_s: z.number(),
   warmup_s: z.number(),
-  matmul_precision: z.string(),
+  matmul_precision: z
+    .string()
+    .optional()
+    .describe(
+      "this process's float32 matmul precision; absent for a model an engine (vLLM) serves",
+    ),
   placement: z
     .array(z.object({ worker: z.string(), device: z.string(), bytes_on_device: z.number().int() }))
     .optional()
@@ -142,7 +147,7 @@ const build = (env: ToolEnv) => {
     render: (o) =>
       "job_id" in o
         ? `started job ${o.job_id}; follow it with get_job`
-        : `loaded ${o.model} on ${o.placement ? o.placement.map((p) => `${p.worker} (${p.device})`).join(", ") : o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s, matmul precision ${o.matmul_precision}`,
+        : `loaded ${o.model} on ${o.placement ? o.placement.map((p) => `${p.worker} (${p.device})`).join(", ") : o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s${o.matmul_precision ? `, matmul precision ${o.matmul_precision}` : ""}`,
   });
   // Replicas are placed on a pool's workers: without a pool the argument is not published.
   if (env.deployment?.pool !== false) return tool;

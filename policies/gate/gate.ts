@@ -13,10 +13,11 @@ import { decideApproval } from "./approval_flow.js";
 import { gateContext, type GateContext } from "./context.js";
 import { admit, scopeRefusal, takeRate } from "./steps.js";
 import { supervise } from "./supervise.js";
-import type { CallDeadline, GateCall, GateDeps } from "./types.js";
+import { InputRequired, type CallDeadline, type GateCall, type GateDeps } from "./types.js";
 
 // The gate's public types, so a caller imports the gate from one module.
 export type {
+  ApprovalForm,
   CallDeadline,
   Elicit,
   ElicitAnswer,
@@ -24,6 +25,8 @@ export type {
   GateCall,
   GateDeps,
 } from "./types.js";
+export { InputRequired } from "./types.js";
+export { formAnswer } from "./answers.js";
 
 export class Gate {
   private readonly ctx: GateContext;
@@ -111,14 +114,27 @@ export class Gate {
     });
   }
 
-  /** Admits the call (or refuses it, audited), then runs `fn` under the gate's supervision. */
+  /**
+   * Admits the call (or refuses it, audited), then runs `fn` under the gate's supervision. A call
+   * whose approval is asked in band (2026-07-28 era) does not run: its question is the answer;
+   * a call without `inBand` is never asked so.
+   */
+  run<T>(
+    call: GateCall & { inBand?: undefined },
+    fn: (signal: AbortSignal, deadline: CallDeadline) => Promise<T>,
+  ): Promise<T>;
+  run<T>(
+    call: GateCall,
+    fn: (signal: AbortSignal, deadline: CallDeadline) => Promise<T>,
+  ): Promise<T | InputRequired>;
   async run<T>(
     call: GateCall,
     fn: (signal: AbortSignal, deadline: CallDeadline) => Promise<T>,
-  ): Promise<T> {
+  ): Promise<T | InputRequired> {
     call.trace?.mark("g.start");
     const redacted = redactArgs(call.args, this.ctx.config.audit.redact_args);
     const admitted = await admit(this.ctx, call, redacted);
+    if (admitted instanceof InputRequired) return admitted;
     return supervise(this.ctx, admitted, fn);
   }
 }

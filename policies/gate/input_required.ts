@@ -2,25 +2,26 @@
 // needs approval answers input_required with the form and a requestState sealed to the principal,
 // the tool, the argument digest and the approval (policies/request_state.ts); the client's retry
 // carries the state back with the user's answer, which decides that approval once (a replayed,
-// forged, expired or misplaced state is refused). The 2025 era's pushed prompt is in
-// approval_flow.ts; both record the answer the same way (recordAnswer).
+// forged, expired or misplaced state is refused). The question is returned, not thrown: it is an
+// outcome of the call (InputRequired), which the gate audits as approval_requested. The 2025 era's
+// pushed prompt is in approval_flow.ts; both record the answer the same way (recordAnswer).
 
 import type { ApprovalRecord } from "../approvals.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
 import { RequestStateError, type ApprovalState, type StateRefusal } from "../request_state.js";
-import { promptMessage, recordAnswer } from "./answers.js";
+import { approvalPrompt, mayAnswerInBand, recordAnswer } from "./answers.js";
 import type { GateContext } from "./context.js";
-import type { GateCall } from "./types.js";
+import { InputRequired, type GateCall } from "./types.js";
 
-/** The input_required "refusal": the prompt and a state sealed to this principal, call and approval. */
+/** The question: the prompt and a state sealed to this principal, call and approval. */
 export function askInBand(
   ctx: GateContext,
   call: GateCall,
   rule: ApprovalRule,
   digest: string,
   rec: ApprovalRecord,
-): PolicyError {
+): InputRequired {
   const ttlMs = Math.min(
     ctx.config.approvals.elicitation_timeout_s * 1000,
     Math.max(0, Date.parse(rec.expires_at) - ctx.clock()),
@@ -29,13 +30,12 @@ export function askInBand(
     { p: call.principal.id, t: call.tool, d: digest, a: rec.id },
     ttlMs,
   );
-  const message = promptMessage(call, rule);
-  return new PolicyError("input_required", message, {
-    approval_id: rec.id,
-    request_state: state,
-    prompt: { tool: call.tool, args_preview: rec.args_preview, estimate: rec.estimate, message },
-    expires_at: new Date(ctx.clock() + ttlMs).toISOString(),
-  });
+  return new InputRequired(
+    rec.id,
+    approvalPrompt(call, rule, rec.args_preview, rec.estimate),
+    state,
+    new Date(ctx.clock() + ttlMs).toISOString(),
+  );
 }
 
 const STATE_REFUSALS: Record<StateRefusal, string> = {
@@ -47,7 +47,8 @@ const STATE_REFUSALS: Record<StateRefusal, string> = {
 /**
  * The retry of an in-band approval: the state must open (MAC, expiry) and name this principal, this
  * tool and these exact arguments; answering decides its approval, which can happen once only, so a
- * replayed state is refused. An accepted approval is consumed by the gate like one presented by id.
+ * replayed state is refused. An accepted approval is consumed by the gate like one presented by id;
+ * a retry without an answer is asked again.
  */
 export function answerInBand(
   ctx: GateContext,
@@ -55,7 +56,7 @@ export function answerInBand(
   rule: ApprovalRule,
   digest: string,
   redacted: unknown,
-): string {
+): string | InputRequired {
   const { principal, tool } = call;
   const refuse = (why: string, detail: string) =>
     new PolicyError(
@@ -74,9 +75,13 @@ export function answerInBand(
   if (s.t !== tool || s.d !== digest)
     throw refuse("call", "was issued for another call (the tool or the arguments differ)");
   const rec = ctx.deps.approvals.get(s.a);
-  // A passkey rule is decided only by a signed decision in the console (never minted a state).
-  if (rec?.assurance === "passkey")
-    throw refuse("assurance", `answers approval ${s.a}, which needs an operator's passkey`);
+  // Only a client_form rule's approval is decided by the answer in the client (no other is ever
+  // sealed a state; a config that raised the rule since the state was sealed holds too).
+  if (rec && !mayAnswerInBand(rule, rec))
+    throw refuse(
+      "assurance",
+      `answers approval ${s.a}, which an operator decides out of band (${rec.assurance === "passkey" ? "with a passkey" : "its rule's assurance is not client_form"})`,
+    );
   if (!rec || rec.status !== "pending")
     throw refuse(
       "replayed",
@@ -84,7 +89,7 @@ export function answerInBand(
     );
   const answer = call.inBand!.answer;
   // A retry that carries the state but no answer is asked again, for the same approval.
-  if (answer === undefined) throw askInBand(ctx, call, rule, digest, rec);
+  if (answer === undefined) return askInBand(ctx, call, rule, digest, rec);
   try {
     recordAnswer(ctx, call, rule, s.a, answer, digest, redacted);
   } catch (e) {

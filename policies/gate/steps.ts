@@ -4,9 +4,11 @@
 //
 //   scope → rate → estimate → fit → budget → approval → reserve → slot → consume
 //
-// Each step either passes (filling in the admission) or throws a PolicyError. `admit` runs them,
-// audits a refusal with its code, and gives back what the call held so far (reservation, slot),
-// so every exit is closed: a call is admitted by passing every step, never by an error skipped.
+// Each step either passes (filling in the admission), throws a PolicyError, or (the approval step
+// in the 2026-07-28 era) answers with a question for the user (InputRequired). `admit` runs them,
+// audits a refusal with its code and a question as approval_requested, and gives back what the
+// call held so far (reservation, slot), so every exit is closed: a call is admitted by passing
+// every step, never by an error skipped.
 
 import type { AuditOutcome } from "../audit.js";
 import { argsDigest } from "../digest.js";
@@ -16,7 +18,7 @@ import type { Release } from "../limits/concurrency.js";
 import { canCall, requiredScope, type Principal } from "../scopes.js";
 import { checkApproval } from "./approval_flow.js";
 import type { GateContext } from "./context.js";
-import type { GateCall } from "./types.js";
+import { InputRequired, type GateCall } from "./types.js";
 
 /** A call on its way through admission: what the steps learned and what it holds. */
 export interface Admission {
@@ -27,6 +29,8 @@ export interface Admission {
   estimate?: CostEstimate;
   /** The approval to consume once a slot is held. */
   approvalId?: string;
+  /** The question the call answers with instead of running (set by the approval step). */
+  asked?: InputRequired;
   /** Gives back the estimate held against the budget. */
   reservation?: () => void;
   /** Gives back the concurrency slot. */
@@ -113,12 +117,14 @@ export const ADMISSION_STEPS: readonly AdmissionStep[] = [
   {
     name: "approval",
     run: async (ctx, a) => {
-      a.approvalId = await checkApproval(
+      const got = await checkApproval(
         ctx,
         { ...a.call, estimate: a.estimate },
         a.digest,
         a.redacted,
       );
+      if (got instanceof InputRequired) a.asked = got;
+      else a.approvalId = got;
     },
     mark: "g.approval",
   },
@@ -152,20 +158,20 @@ export const ADMISSION_STEPS: readonly AdmissionStep[] = [
 
 const OUTCOME_FOR_CODE: Partial<Record<PolicyErrorCode, AuditOutcome>> = {
   approval_required: "approval_requested",
-  input_required: "approval_requested",
   approval_expired: "approval_expired",
   approval_declined: "approval_denied",
 };
 
 /**
  * Runs the steps in order. A refusal (any PolicyError) gives back the slot and the reservation,
- * is audited with its code and thrown; anything else is thrown as it is.
+ * is audited with its code and thrown; anything else is thrown as it is. A question for the user
+ * ends admission there: audited as approval_requested (code input_required) and returned.
  */
 export async function admit(
   ctx: GateContext,
   call: GateCall,
   redacted: unknown,
-): Promise<Admitted> {
+): Promise<Admitted | InputRequired> {
   const a: Omit<Admission, "digest"> & { digest: string | null } = {
     call,
     redacted,
@@ -178,6 +184,7 @@ export async function admit(
     for (const step of ADMISSION_STEPS) {
       const pending = step.run(ctx, a as Admission);
       if (pending) await pending;
+      if (a.asked) break;
       if (step.mark) call.trace?.mark(step.mark);
     }
   } catch (e) {
@@ -198,6 +205,22 @@ export async function admit(
       });
     }
     throw e;
+  }
+  if (a.asked) {
+    a.release?.();
+    a.reservation?.();
+    ctx.auditRefusal({
+      principal: call.principal.id,
+      tool: call.tool,
+      args: redacted,
+      estimate: a.estimate ?? null,
+      args_digest: a.digest,
+      outcome: "approval_requested",
+      code: "input_required",
+      reason: a.asked.prompt.message,
+      approval_id: a.asked.approvalId,
+    });
+    return a.asked;
   }
   return a as Admitted;
 }

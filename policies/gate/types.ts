@@ -22,11 +22,37 @@ export interface CallDeadline {
 
 export type ElicitAnswer = "accept" | "decline" | "cancel";
 
+/** The one-field form an approval prompt asks the person to fill (an elicitation requestedSchema). */
+export type ApprovalForm = {
+  [k: string]: unknown;
+  type: "object";
+  properties: { approve: { type: "boolean"; title: string; description: string } };
+  required: string[];
+};
+
 export interface ElicitPrompt {
   tool: string;
   args_preview: unknown;
   estimate: CostEstimate | null;
   message: string;
+  /** What the client shows to take the answer (answers.ts builds it beside the message). */
+  form: ApprovalForm;
+}
+
+/**
+ * What a call that needs the user's approval answers in the 2026-07-28 era instead of running:
+ * the question and a requestState sealed to this principal, call and approval, which the client
+ * echoes with the answer. The gate returns it (it is not a refusal); the server turns it into
+ * the protocol's input_required result. A class, so that no handler's result can pass for one.
+ */
+export class InputRequired {
+  readonly kind = "input_required";
+  constructor(
+    readonly approvalId: string,
+    readonly prompt: ElicitPrompt,
+    readonly state: string,
+    readonly expiresAt: string,
+  ) {}
 }
 
 /**

@@ -19,6 +19,8 @@ export interface LoadedEntry {
   queue_depth: number;
   batching?: Record<string, unknown>;
   loaded_at?: string;
+  /** When status is asked for it: sha256 of the weights in memory now. */
+  weights_checksum?: string;
   /** Added by a pool of several workers. */
   worker?: string;
   [k: string]: unknown;
@@ -82,7 +84,8 @@ export interface LoadResult {
   load_s: number;
   compile_s: number;
   warmup_s: number;
-  matmul_precision: string;
+  /** This process's float32 matmul precision; absent for a model an engine (vLLM) serves. */
+  matmul_precision?: string;
   matmul_precision_requested?: string | null;
   compile_backend?: string | null;
   compile_dynamic?: boolean | null;
@@ -151,6 +154,8 @@ export interface BenchmarkArgs {
   /** Work "generate": sampling (greedy when absent) and its seed. */
   temperature?: number;
   seed?: number;
+  /** Work "train_step": the optimizer of every step. */
+  optimizer?: "adamw" | "sgd";
   matmul_precision?: MatmulPrecision;
   /** An unstable configuration runs up to this many times its requested window (1: never). */
   extend_factor: number;
@@ -208,7 +213,7 @@ type NoArgs = Record<string, never>;
 /** Every op: its args and its result. */
 export interface WorkerOps {
   describe: { args: NoArgs; result: { models: DescribedModel[] } };
-  status: { args: NoArgs; result: StatusResult };
+  status: { args: { weights_checksum?: boolean }; result: StatusResult };
   load: { args: LoadArgs; result: LoadResult };
   unload: {
     args: { model: string; device?: string };

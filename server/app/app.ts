@@ -7,6 +7,7 @@ import type { Logger } from "pino";
 import type { SqliteApprovalStore } from "../../policies/approvals.js";
 import type { SqliteAuditLog } from "../../policies/audit.js";
 import { Authenticator } from "../../policies/auth.js";
+import { clientFormRules, clientFormText } from "../../policies/gate/answers.js";
 import type { Gate } from "../../policies/gate/gate.js";
 import { ApprovalNotifier, type NotifyTarget } from "../../policies/notify.js";
 import { readCatalog, type Catalog } from "../../runtime/catalog.js";
@@ -112,6 +113,8 @@ export function createApp(
     logger.warn(
       'approvals are OFF: the config gives "policy": {"approvals": {"rules": []}}, so every call (benchmarks, large loads) runs without asking a human. Remove that line to get the default rules back (docs/policies-and-approvals.md).',
     );
+  const clientForm = clientFormRules(config.policy.approvals);
+  if (clientForm.length > 0) logger.warn(clientFormText(clientForm));
   const reports = new SqliteReports(layout.reportsDb);
   hooks.add("reports", () => reports.close());
 
@@ -232,7 +235,7 @@ export function createApp(
   const inBand = inBandOnly(config.policy.approvals.rules, tools);
   if (inBand.length)
     logger.warn(
-      `approval rules name ${inBand.join(", ")}, which take no approval_id: such a call can be approved only in band (a client that shows the question), never from the console or the CLI. Gate a tool that takes approval_id, or rely on in-band answers (docs/policies-and-approvals.md).`,
+      `approval rules name ${inBand.join(", ")}, which take no approval_id: such a call can be approved only in band, by whoever answers the client's form under a rule of "assurance": "client_form", never from the console or the CLI (under any other rule it never runs). Gate a tool that takes approval_id (docs/policies-and-approvals.md).`,
     );
 
   const approvalFeed = new ApprovalFeed(approvals, {

@@ -13,19 +13,22 @@ import { PasskeyStore } from "../../policies/passkeys/store.js";
 import { RequestStateSealer } from "../../policies/request_state.js";
 import { openStoreDb } from "../../policies/sqlite.js";
 import { isAbsolute, relative } from "node:path";
+import { shellWord } from "../../lib/text.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
 import type { ServerConfig } from "../config/config.js";
 import { createDataDir } from "../config/data_dir.js";
 
 /**
- * The command an operator runs to approve, as it works from the tpu-mcp folder: `tpu-mcp` is not
- * on a clone's PATH, and without the server's `--config` the operator's token is unknown.
+ * The command an operator runs to approve, as it works pasted into a shell in the tpu-mcp folder:
+ * `tpu-mcp` is not on a clone's PATH, and without the server's `--config` the operator's token is
+ * unknown. The config's path is quoted for the shell where it needs it.
  */
 export function approveCommand(config: ServerConfig): ApproveCommand {
   const file = config.paths.config_file;
   const rel = file && relative(config.paths.root, file);
   const where = file ? (rel && !rel.startsWith("..") && !isAbsolute(rel) ? rel : file) : undefined;
-  return (id) => `node bin/tpu-mcp.js approvals approve ${id}${where ? ` --config ${where}` : ""}`;
+  return (id) =>
+    `node bin/tpu-mcp.js approvals approve ${id}${where ? ` --config ${shellWord(where)}` : ""}`;
 }
 
 /** The console's public address from http.resource_url (`…/mcp` → `…/console/`), if set. */

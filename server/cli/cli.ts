@@ -270,10 +270,14 @@ async function main(argv: string[]): Promise<number> {
       return runDoctor(config, { out, err, json: values.json === true });
     case "approvals": {
       let token = values.token ?? process.env.TPU_MCP_TOKEN;
-      // The embedded default decides with its generated operator token (made on first use).
+      // The embedded default decides with its generated operator token (made on first use):
+      // the one it uses when none is given, and the one it knows when it is given explicitly.
       const deciding = positionals[0] === "approve" || positionals[0] === "deny";
-      if (!token && deciding && embeddedAuth(config))
-        ({ config, token } = withOperatorToken(config));
+      if (deciding && embeddedAuth(config)) {
+        const operator = withOperatorToken(config);
+        config = operator.config;
+        token ??= operator.token;
+      }
       return runApprovalsCommand(config, positionals, {
         token,
         reason: values.reason,

@@ -69,7 +69,7 @@ export async function runDoctor(
       `approval rules: ${p.approvals.rules.length} (${p.approvals.rules.map((r) => `${r.tool} by ${r.assurance ?? "token"}`).join(", ")})`,
     );
   // What those rules are worth given who owns the data dir (a passkey rule included).
-  const approvals = describeApprovals(p.approvals.rules, situation);
+  const approvals = describeApprovals(p.approvals.rules, situation, p.approvals.elicitation);
   report.approvals = approvals;
   for (const a of approvals) (a.level === "warn" ? warn : ok)(a.text);
   for (const t of p.tokens) {

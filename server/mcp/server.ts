@@ -15,8 +15,9 @@ import {
   type ServerContext,
 } from "@modelcontextprotocol/server";
 import { visibleTools, type Principal } from "../../policies/scopes.js";
+import { formAnswer } from "../../policies/gate/gate.js";
 import type { ElicitAnswer, InBandApproval } from "../../policies/gate/types.js";
-import { dispatchTool, ERROR_META_KEY, type Elicit } from "../../tools/dispatch/dispatch.js";
+import { dispatchTool, type Elicit } from "../../tools/dispatch/dispatch.js";
 import { TRACE_META_KEY, tracerFor } from "../../tools/support/trace.js";
 import type { ToolAnnotations, ToolDefinition } from "../../tools/types.js";
 import { toolServices, type App } from "../app/app.js";
@@ -107,25 +108,7 @@ function canAnswerForm(caps: ClientCapabilities | undefined): boolean {
 
 /** The user's answer in a retry's inputResponses (untrusted: anything odd is no answer). */
 function inBandAnswer(responses: Record<string, unknown> | undefined): ElicitAnswer | undefined {
-  const r = responses?.[APPROVAL_INPUT] as { action?: unknown; content?: any } | undefined;
-  if (!r || typeof r !== "object") return undefined;
-  if (r.action === "accept") return r.content?.approve === true ? "accept" : "decline";
-  if (r.action === "decline" || r.action === "cancel") return r.action;
-  return undefined;
-}
-
-function approvalForm(prompt: { tool: string; args_preview: unknown; estimate: unknown }) {
-  return {
-    type: "object" as const,
-    properties: {
-      approve: {
-        type: "boolean" as const,
-        title: `Approve ${prompt.tool}?`,
-        description: `Arguments: ${JSON.stringify(prompt.args_preview).slice(0, 500)}; estimate: ${JSON.stringify(prompt.estimate ?? {}).slice(0, 300)}`,
-      },
-    },
-    required: ["approve"],
-  };
+  return formAnswer(responses?.[APPROVAL_INPUT]);
 }
 
 export function createMcpServer(app: App, principal: Principal, era: Era = "legacy"): Server {
@@ -181,7 +164,7 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
       );
     const t0 = performance.now();
     const trace = tracerFor(app.config.trace_calls, req.params._meta);
-    const result = await dispatchTool({
+    const outcome = await dispatchTool({
       tool,
       rawArgs: req.params.arguments,
       principal,
@@ -197,24 +180,27 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
       softDeadlineS: app.config.policy.limits.soft_deadline_s,
       trace,
     });
-    const code = (result._meta?.[ERROR_META_KEY] as { code?: string } | undefined)?.code;
-    app.metrics.calls.inc({ tool: tool.name, outcome: code ?? "ok" });
+    app.metrics.calls.inc({
+      tool: tool.name,
+      outcome:
+        outcome.kind === "result" ? "ok" : outcome.kind === "error" ? outcome.code : outcome.kind,
+    });
     app.metrics.latency.observe({ tool: tool.name }, (performance.now() - t0) / 1000);
     // 2026-07-28: the approval is asked in band by an input_required result (policies/gate).
-    if (code === "input_required") {
-      const d = (result._meta?.[ERROR_META_KEY] as { details?: any }).details;
+    if (outcome.kind === "input_required") {
       return inputRequired({
         inputRequests: {
           [APPROVAL_INPUT]: inputRequired.elicit({
-            message: d.prompt.message,
-            requestedSchema: approvalForm(d.prompt),
+            message: outcome.prompt.message,
+            requestedSchema: outcome.prompt.form,
           }),
         },
-        requestState: d.request_state,
+        requestState: outcome.state,
       }) as any;
     }
+    const result = outcome.result;
     // A host with MCP Apps may show the pending approval as a card; approving stays out of band.
-    if (code === "approval_required" && ui(extra))
+    if (outcome.kind === "error" && outcome.code === "approval_required" && ui(extra))
       result._meta = { ...result._meta, ui: { resourceUri: APPROVAL_CARD_URI } };
     if (trace) {
       trace.mark("s.handler_done");
@@ -266,16 +252,11 @@ function elicitFor(server: Server, extra: Extra): Elicit | undefined {
     );
     try {
       const res = await server.elicitInput(
-        {
-          mode: "form",
-          message: prompt.message,
-          requestedSchema: approvalForm(prompt),
-        },
+        { mode: "form", message: prompt.message, requestedSchema: prompt.form },
         // The SDK's own request timeout (60 s by default) must never fire before the gate's.
         { relatedRequestId: extra.mcpReq.id, signal, timeout: MAX_TIMER_MS },
       );
-      if (res.action === "accept") return res.content?.approve === true ? "accept" : "decline";
-      return res.action;
+      return formAnswer(res) ?? "cancel";
     } finally {
       clearInterval(timer);
     }

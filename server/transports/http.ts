@@ -264,7 +264,16 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         headers: { "www-authenticate": challenge("") },
       });
     }
-    // Reserved before the token is checked (and before the body is read).
+    // A configured token (or a JWT verified lately) is known at once: never limited, so another
+    // process's wrong guesses from the same address cannot hold a valid client back.
+    let known: Principal | null;
+    try {
+      known = app.auth.recognize(m[1]);
+    } catch (e) {
+      throw unauthorized(e);
+    }
+    if (known) return known;
+    // Anything else is reserved before it is checked (and before the body is read).
     const slot = await authLimiter.admit(req.socket.remoteAddress, surface);
     if (!slot.ok) {
       throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s (http.auth_limit)`, {
@@ -278,15 +287,19 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       return principal;
     } catch (e) {
       slot.ticket.settle(false);
-      const err = e as { code?: string; description?: string; message?: string };
-      const code = err.code ?? "invalid_token";
-      const desc = (err.description ?? err.message ?? "invalid token").replace(/"/g, "'");
-      throw new HttpError(401, desc, {
-        headers: {
-          "www-authenticate": challenge(`error="${code}", error_description="${desc}"`),
-        },
-      });
+      throw unauthorized(e);
     }
+  }
+
+  function unauthorized(e: unknown): HttpError {
+    const err = e as { code?: string; description?: string; message?: string };
+    const code = err.code ?? "invalid_token";
+    const desc = (err.description ?? err.message ?? "invalid token").replace(/"/g, "'");
+    return new HttpError(401, desc, {
+      headers: {
+        "www-authenticate": challenge(`error="${code}", error_description="${desc}"`),
+      },
+    });
   }
 
   /** Over HTTP a tool the principal may not call is an HTTP 403 challenge naming the scope. */

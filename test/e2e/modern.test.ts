@@ -211,8 +211,9 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
   let config: string;
   beforeAll(async () => {
     config = writeConfig({
+      // The opt-in: an answer in the client decides this rule (whoever answers the form).
       policy: policy({
-        rules: [{ tool: "load_model" }],
+        rules: [{ tool: "load_model", assurance: "client_form" }],
         elicitation: true,
         elicitation_timeout_s: 120,
       }),
@@ -338,6 +339,30 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
     });
     expect(n.status).toBe(400);
     expect((await n.json()).error.message).toMatch(/Mcp-Name/);
+    // For resources/read, Mcp-Name names the URI: another one is refused, the same one is read.
+    const read = (name: string, id: number) =>
+      fetch(srv.url, {
+        method: "POST",
+        headers: {
+          ...base.headers,
+          authorization: `Bearer ${DEMO_TOKENS.agent}`,
+          "mcp-method": "resources/read",
+          "mcp-name": name,
+        },
+        body: JSON.stringify({
+          jsonrpc: "2.0",
+          id,
+          method: "resources/read",
+          params: { uri: "ui://tpu-mcp/benchmark-view.html", _meta: retry.body.params._meta },
+        }),
+      });
+    const wrongUri = await read("ui://tpu-mcp/other.html", 80);
+    expect(wrongUri.status).toBe(400);
+    expect((await wrongUri.json()).error.message).toMatch(
+      /Mcp-Name header "ui:\/\/tpu-mcp\/other.html" does not match the body's "ui:\/\/tpu-mcp\/benchmark-view.html"/,
+    );
+    const sameUri = await read("ui://tpu-mcp/benchmark-view.html", 81);
+    expect(sameUri.status, await sameUri.clone().text()).toBe(200);
     const body = structuredClone(retry.body);
     delete body.params._meta["io.modelcontextprotocol/protocolVersion"];
     const v = await fetch(srv.url, {
@@ -349,6 +374,7 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
     expect((await v.json()).error.message).toMatch(/protocol version/);
     const tail = await auditTail(config);
     expect(tail).toMatch(/invalid_request.*Mcp-Method/);
+    expect(tail).toMatch(/invalid_request.*Mcp-Name header.*other\.html/);
     expect(tail).toMatch(/invalid_request.*protocol version/);
   });
 
@@ -370,28 +396,35 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
 });
 
 describe("2026-07-28 over stdio", () => {
-  it("pins the connection's era, runs the journey and asks in band", async () => {
-    const config = writeConfig({
-      policy: {
-        ...policy({ rules: [{ tool: "check_model" }], elicitation: true }),
-      },
-    });
-    const c = await connectModernStdio(config, { client: ELICIT_CAPS as any });
-    try {
-      expect(c.client.getProtocolEra()).toBe("modern");
-      let asked = 0;
-      c.client.setRequestHandler("elicitation/create", async () => {
-        asked++;
-        return { action: "accept", content: { approve: true } } as any;
+  it(
+    "pins the connection's era, runs the journey and asks in band",
+    { timeout: 300_000 },
+    async () => {
+      const config = writeConfig({
+        policy: {
+          ...policy({
+            rules: [{ tool: "check_model", assurance: "client_form" }],
+            elicitation: true,
+          }),
+        },
       });
-      await coreJourney(c.client);
-      const r = await callModern(c.client, "check_model", { model: "mnist-cnn" });
-      expect(r.isError, JSON.stringify(r).slice(0, 300)).toBeFalsy();
-      expect(asked).toBe(1);
-    } finally {
-      await c.close();
-    }
-  });
+      const c = await connectModernStdio(config, { client: ELICIT_CAPS as any });
+      try {
+        expect(c.client.getProtocolEra()).toBe("modern");
+        let asked = 0;
+        c.client.setRequestHandler("elicitation/create", async () => {
+          asked++;
+          return { action: "accept", content: { approve: true } } as any;
+        });
+        await coreJourney(c.client);
+        const r = await callModern(c.client, "check_model", { model: "mnist-cnn" });
+        expect(r.isError, JSON.stringify(r).slice(0, 300)).toBeFalsy();
+        expect(asked).toBe(1);
+      } finally {
+        await c.close();
+      }
+    },
+  );
 });
 
 describe("2026-07-28 soft deadline", () => {

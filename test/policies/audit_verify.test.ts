@@ -116,6 +116,68 @@ describe("AuditVerifier", () => {
   });
 });
 
+describe("the checkpoint and the full verify (issue 33)", () => {
+  it("a full verify compares the trail with the checkpoint: a partial rollback is caught", async () => {
+    const t = trail(100);
+    const log = t.open();
+    // What a backup (or an attacker) kept at record 101: its rows and its head, MAC'd by the server.
+    const db = new Database(t.file);
+    const head = db.prepare("SELECT * FROM audit_head").get() as Record<string, unknown>;
+    db.close();
+    for (let i = 0; i < 50; i++) log.append(rec(i));
+    expect(await new AuditVerifier(log).run()).toMatchObject({ ok: true, verified_seq: 151 });
+    // Rolled back to the backup: the records after it gone, the head restored. Consistent on its
+    // own, but the checkpoint says record 151 was verified.
+    const raw = new Database(t.file);
+    raw.prepare("DELETE FROM audit_log WHERE seq > 101").run();
+    const cols = Object.keys(head);
+    raw.prepare(`UPDATE audit_head SET ${cols.map((c) => `${c} = @${c}`).join(", ")}`).run(head);
+    raw.close();
+    const v = log.verify();
+    expect(v).toMatchObject({ ok: false, first_bad_seq: 151 });
+    expect(v.reason).toMatch(/differs from the verification checkpoint/);
+    log.close();
+  });
+
+  it("the checkpoint's MAC covers its seq and hash: moving only those is caught", async () => {
+    const t = trail(300);
+    const log = t.open();
+    await new AuditVerifier(log, { chunkRows: 64 }).run();
+    for (let i = 0; i < 5; i++) log.append(rec(i));
+    // The checkpoint moved past records not yet verified, its verified_at and MAC left as they were.
+    const db = new Database(t.file);
+    const last = db.prepare("SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1").get() as {
+      seq: number;
+      hash: string;
+    };
+    db.prepare("UPDATE audit_checkpoint SET seq = ?, hash = ?").run(last.seq, last.hash);
+    db.close();
+    expect(log.readCheckpoint().forged?.reason).toMatch(/checkpoint.*MAC/);
+    const v = new AuditVerifier(log);
+    expect(v.status()).toMatchObject({ ok: false });
+    expect(log.verify()).toMatchObject({ ok: false });
+    log.close();
+  });
+
+  it("a long pass stores its checkpoint every checkpointEvery records, before its end", async () => {
+    const t = trail(1000);
+    const log = t.open();
+    const v = new AuditVerifier(log, { chunkRows: 100, checkpointEvery: 200 });
+    // The pass is stopped (a server shutting down) after about half the trail.
+    const stopAt = t.steps.length + 5;
+    const stopping = setInterval(() => t.steps.length >= stopAt && v.close(), 0);
+    try {
+      await v.run();
+    } finally {
+      clearInterval(stopping);
+    }
+    const cp = log.readCheckpoint().checkpoint;
+    expect(cp?.seq).toBeGreaterThanOrEqual(200);
+    expect(cp?.seq).toBeLessThan(1001);
+    log.close();
+  });
+});
+
 describe("SqliteAuditLog.search (the console's audit page)", () => {
   it("returns the first matches, oldest first, among the last `window` records", () => {
     const t = trail(0);

@@ -13,6 +13,8 @@ import {
   dtypeBytes,
 } from "../../policies/estimate.js";
 import { DTYPE_ITEMSIZE } from "../../lib/dtypes.js";
+import { DEFAULT_APPROVAL_RULES } from "../../policies/config.js";
+import { matchApprovalRule } from "../../policies/gate/approval_flow.js";
 import { formatBytes } from "../../lib/units.js";
 
 const GiB = 2 ** 30;
@@ -153,6 +155,50 @@ describe("estimateCost", () => {
     });
     expect(grid.device_seconds).toBeGreaterThan(one.device_seconds * 3.5);
     expect(more.device_seconds).toBeGreaterThan(one.device_seconds * 5);
+  });
+
+  it("prices a training step as three forwards plus the optimizer, and its memory as a copy with gradients and state", () => {
+    const assumptions = { benchmark_config_overhead_s: 0 };
+    const args = { batch_sizes: [8], seq_lens: [128], iterations: 10, warmup: 0 };
+    const at = (extra: Record<string, unknown>) =>
+      estimateCost({
+        kind: "benchmark",
+        args: { ...args, ...extra },
+        model: minilm,
+        // The CPU's FLOP rate: the optimizer's passes are milliseconds there, not rounded away.
+        device: { kind: "cpu", memory_free_bytes: 30 * GiB, memory_total_bytes: 32 * GiB },
+        loaded: [{ model: minilm.id, bytes: 1e8 }],
+        assumptions,
+      });
+    const forward = at({});
+    const adamw = at({ work: "train_step", optimizer: "adamw" });
+    const sgd = at({ work: "train_step", optimizer: "sgd" });
+    // 10 steps of 3 forwards each (and 4 forwards counting FLOPs) against 11 forwards.
+    expect(adamw.device_seconds).toBeGreaterThan(forward.device_seconds * 2.5);
+    expect(adamw.device_seconds).toBeGreaterThan(sgd.device_seconds);
+    // A float32 copy, its gradients and AdamW's two moments (SGD: one momentum buffer).
+    expect(adamw.memory_bytes - forward.memory_bytes).toBe(minilm.parameters * 4 * 4);
+    expect(sgd.memory_bytes - forward.memory_bytes).toBe(minilm.parameters * 4 * 3);
+    // The optimizer is part of the work an estimate learns from.
+    const work = workOf({
+      kind: "benchmark",
+      args: { ...args, work: "train_step", optimizer: "sgd" },
+      model: minilm,
+    });
+    expect(work.optimizer).toBe("sgd");
+  });
+
+  it("leaves no training step outside the default approval rules", () => {
+    // The rule names the tool alone: whatever its work or estimate, a run_benchmark asks first.
+    const cheap = estimateCost({
+      kind: "benchmark",
+      args: { batch_sizes: [1], iterations: 1, work: "train_step", optimizer: "sgd" },
+      model: { ...minilm, parameters: 1 },
+      device: tpu(30),
+    });
+    // The config gives each default rule its assurance; matching reads tool, principals and when.
+    const rules = DEFAULT_APPROVAL_RULES.map((r) => ({ ...r, assurance: "token" as const }));
+    expect(matchApprovalRule(rules, "agent", "run_benchmark", cheap)?.tool).toBe("run_benchmark");
   });
 
   it("uses duration_s per grid point when given", () => {

@@ -68,7 +68,13 @@ async function settle<T>(
   }
 }
 
-const bench = (principal: Principal, seconds: number, over: Partial<GateCall> = {}): GateCall => ({
+// No in-band approval round here (Gate.run then answers the handler's value or a refusal).
+type Call = GateCall & { inBand?: undefined };
+const bench = (
+  principal: Principal,
+  seconds: number,
+  over: Partial<Omit<GateCall, "inBand">> = {},
+): Call => ({
   principal,
   tool: "run_benchmark",
   args: { model: "tiny-gpt2", n: Math.random() },

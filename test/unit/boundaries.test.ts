@@ -8,6 +8,7 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
 import { describe, expect, it } from "vitest";
+import { importSites } from "../helpers/imports.js";
 import { ROOT } from "../helpers/server.js";
 
 /** Top-level rooms and the rooms each may import. */
@@ -56,14 +57,17 @@ function productFiles(room: string): string[] {
   return out;
 }
 
-/** Every relative import of a file (static, dynamic, re-export), as repository paths. */
+/** Every relative import of a file (static, dynamic, re-export, any quote), as repository paths. */
 function importsOf(file: string): Edge[] {
-  const src = readFileSync(join(ROOT, file), "utf8");
   const edges: Edge[] = [];
-  const re = /(?:\bfrom\s*|\bimport\s*\(\s*|^\s*import\s+)["'](\.{1,2}\/[^"']+)["']/gm;
-  for (const m of src.matchAll(re)) {
-    const to = relative(ROOT, resolve(ROOT, dirname(file), m[1]!)).replace(/\.js$/, ".ts");
-    edges.push({ from: file, to, line: src.slice(0, m.index).split("\n").length });
+  for (const site of importSites(readFileSync(join(ROOT, file), "utf8"))) {
+    // A computed specifier cannot be placed in a room: it is an edge to nowhere, refused below.
+    if (site.spec === null)
+      edges.push({ from: file, to: `(computed: ${site.text})`, line: site.line });
+    else if (/^\.{1,2}\//.test(site.spec)) {
+      const to = relative(ROOT, resolve(ROOT, dirname(file), site.spec)).replace(/\.js$/, ".ts");
+      edges.push({ from: file, to, line: site.line });
+    }
   }
   return edges;
 }
@@ -77,6 +81,8 @@ const level = (room: string) => SERVER_LEVELS.findIndex((l) => l.includes(room))
 
 /** Why an import breaks the direction, or null when it is allowed. */
 function violation(e: Edge): string | null {
+  if (e.to.startsWith("(computed"))
+    return "a computed import cannot be checked: import a literal path";
   const a = topRoom(e.from);
   const b = topRoom(e.to);
   if (a !== b) {
@@ -129,6 +135,40 @@ describe("dependency direction", () => {
     expect(at("policies/estimate.ts", "lib/device.ts")).toBeNull();
     expect(at("server/cli/cli.ts", "server/version.ts")).toBeNull();
     expect(at("server/app/app.ts", "tools/registry.ts")).toBeNull();
+  });
+
+  it("reads every form of import: static, re-export, side effect, type, dynamic, any quote", () => {
+    const src = [
+      'import { a } from "./a.js";',
+      "import type { B } from '../b.js';",
+      'export * from "./c.js";',
+      'import "./d.js";',
+      "const e = await import(`../e.js`);",
+      "const f = await import ( './f.js' );",
+      'const g = require("./g.js");',
+      "// a comment that says import(`./not-code.js`)",
+      "const h = await import(`./${name}.js`);",
+      "const i = await import(path);",
+    ].join("\n");
+    expect(importSites(src).map((s) => s.spec)).toEqual([
+      "./a.js",
+      "../b.js",
+      "./c.js",
+      "./d.js",
+      "../e.js",
+      "./f.js",
+      "./g.js",
+      null,
+      null,
+    ]);
+    // A template-string import up the rooms is an edge like any other; a computed one is refused.
+    const viaTemplate = importSites("await import(`../server/app/app.js`);")[0]!;
+    expect(
+      violation({ from: "tools/x.ts", to: `server/app/app.ts`, line: viaTemplate.line }),
+    ).toMatch(/tools\/ may import only/);
+    expect(violation({ from: "tools/x.ts", to: "(computed: import(p))", line: 1 })).toMatch(
+      /computed import/,
+    );
   });
 
   it("no product file imports console/src, bench/, scripts/ or test/", () => {

@@ -76,6 +76,19 @@ describe("error catalogue", () => {
     expect(scrubMessage("a /b/c d")).toBe("a <path> d");
   });
 
+  it("leaves the parts the server composed to be used as written, and scrubs the rest", () => {
+    const command = "node bin/tpu-mcp.js approvals approve apr_1 --config '/srv/my cfg/c.json'";
+    const link = "https://h.example/tpu/console/#/approvals/apr_1";
+    const e = toToolError({
+      code: "approval_required",
+      message: `from /home/alice/x.ts: open ${link} or run \`${command}\`\n  at f (/a/b.ts:1)`,
+      verbatim: [command, link, "/not/in/the/message"],
+    });
+    expect(e.message).toBe(`from <path>: open ${link} or run \`${command}\``);
+    // Without them, the same message loses both.
+    expect(scrubMessage(`open ${link}`)).toBe("open https:/<path>#<path>");
+  });
+
   it("keeps a policy refusal's code and its catalogue recoverability", () => {
     const e = toToolError({ code: "approval_required", message: "ask", details: { id: "a1" } });
     expect(e.code).toBe("approval_required");

@@ -46,7 +46,7 @@ async function call(answer: unknown) {
     { level: "info" },
     { write: (line: string) => void logs.push(JSON.parse(line) as Record<string, unknown>) },
   );
-  const result = await dispatchTool({
+  const outcome = await dispatchTool({
     tool: toolAnswering(answer),
     rawArgs: {},
     principal: { id: "p", scopes: ["admin"], via: "stdio" },
@@ -65,7 +65,8 @@ async function call(answer: unknown) {
     progress: () => {},
     logger,
   });
-  return { result, logs };
+  if (outcome.kind === "input_required") throw new Error("no approval is asked here");
+  return { result: outcome.result, logs };
 }
 
 describe("output validation in dispatch", () => {

@@ -22,7 +22,11 @@ vi.mock("../../tools/dispatch/dispatch.js", async (importOriginal) => ({
   // Records what the server hands over and answers at once: no worker, no clock.
   dispatchTool: async (input: DispatchInput) => {
     handed.push({ tool: input.tool.name, softDeadlineS: input.softDeadlineS });
-    return { content: [{ type: "text", text: "recorded" }], isError: true };
+    return {
+      kind: "error",
+      code: "internal",
+      result: { content: [{ type: "text", text: "recorded" }], isError: true },
+    };
   },
 }));
 

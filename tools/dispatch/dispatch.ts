@@ -1,13 +1,20 @@
 // The one path from a tools/call request to a handler: scope → input validation (schema and every
 // per-model bound; refusals audited and rate-counted) → the policy gate (rate, estimate, budget,
-// approval, reservation, concurrency, deadline, audit) → handler, or a job for long work → result.
-// Failures come back as `isError` results with a stable code; only an unknown tool is a protocol
+// approval, reservation, concurrency, deadline, audit) → handler, or a job for long work → outcome.
+// The outcome is a result, an `isError` result with a stable code, or (2026-07-28 era) the
+// question a call needing the user's approval answers with; only an unknown tool is a protocol
 // fault (the server raises that before calling here).
 import type { Logger } from "pino";
 import type { z } from "zod";
-import type { CallDeadline, Gate, GateCall } from "../../policies/gate/gate.js";
+import {
+  InputRequired,
+  type CallDeadline,
+  type ElicitPrompt,
+  type Gate,
+  type GateCall,
+} from "../../policies/gate/gate.js";
 import type { Principal } from "../../policies/scopes.js";
-import { ToolError, toToolError } from "../errors.js";
+import { ToolError, toToolError, type ErrorCode } from "../errors.js";
 import { measured, type EstimatedWork } from "../support/estimate.js";
 import type { ToolContext, ToolDefinition, ToolServices } from "../types.js";
 import { runAsJob } from "./jobs.js";
@@ -16,6 +23,13 @@ import { checkOutput, errorResult, successResult, type CallToolResultLike } from
 export { ERROR_META_KEY, type CallToolResultLike } from "./result.js";
 
 export type Elicit = NonNullable<GateCall["elicit"]>;
+
+/** How a call ended, for the surface that answers it. */
+export type DispatchOutcome =
+  | { kind: "result"; result: CallToolResultLike }
+  | { kind: "error"; code: ErrorCode; result: CallToolResultLike }
+  /** Not run: the user must answer `prompt` in the client, whose retry echoes `state`. */
+  | { kind: "input_required"; approvalId: string; prompt: ElicitPrompt; state: string };
 
 export interface DispatchInput {
   tool: ToolDefinition<any, any>;
@@ -65,7 +79,7 @@ function parseArgs(input: DispatchInput): Record<string, any> {
   throw new ToolError("invalid_argument", zodMessage(parsed.error));
 }
 
-export async function dispatchTool(input: DispatchInput): Promise<CallToolResultLike> {
+export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcome> {
   const { tool, principal, gate, logger, trace } = input;
   const t0 = performance.now();
   let outcome = "ok";
@@ -139,7 +153,7 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
         ),
     };
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
-    let out: Record<string, unknown>;
+    let out: Record<string, unknown> | InputRequired;
     if (tool.policy.job && (args.wait === false || softMs > 0)) {
       out = await runAsJob(
         { ...input, tool: metered },
@@ -154,16 +168,20 @@ export async function dispatchTool(input: DispatchInput): Promise<CallToolResult
       );
     }
     trace?.mark("d.gate_done");
+    if (out instanceof InputRequired) {
+      outcome = out.kind;
+      return { kind: out.kind, approvalId: out.approvalId, prompt: out.prompt, state: out.state };
+    }
     const res = successResult(tool, checkOutput(tool, out, logger));
     trace?.mark("d.result");
-    return res;
+    return { kind: "result", result: res };
   } catch (e) {
     const err = toToolError(e);
     outcome = err.code;
     // A drifted output (checkOutput) was logged with its fields already.
     if (err.code === "internal" && !(e instanceof ToolError))
       logger.error({ err: e, tool: tool.name }, "tool failed unexpectedly");
-    return errorResult(err);
+    return { kind: "error", code: err.code, result: errorResult(err) };
   } finally {
     logger.info(
       {

@@ -1,6 +1,6 @@
 // A call of a job tool (its record says job: true): answered with its result, or with a job id
 // when it was asked not to wait or outlives the soft deadline (dispatch.ts decides which).
-import type { CallDeadline, GateCall } from "../../policies/gate/gate.js";
+import type { CallDeadline, GateCall, InputRequired } from "../../policies/gate/gate.js";
 import { ToolError } from "../errors.js";
 import type { ToolContext } from "../types.js";
 import type { DispatchInput } from "./dispatch.js";
@@ -12,7 +12,7 @@ import type { DispatchInput } from "./dispatch.js";
  * goes on; get_job has its progress and then its result). Until the caller holds a job id, its
  * cancellation or disconnect cancels the work: nobody could ever collect it. The work keeps the
  * gate's slot, reservation and deadline until it ends, and the gate audits how it ended; a
- * refusal (approval, budget, busy) still comes back to this caller at once.
+ * refusal (approval, budget, busy) or an in-band question still comes back to this caller at once.
  */
 export function runAsJob(
   input: DispatchInput,
@@ -20,7 +20,7 @@ export function runAsJob(
   args: Record<string, any>,
   ctxFor: (s: AbortSignal, p: ToolContext["progress"], d?: CallDeadline) => ToolContext,
   softMs: number,
-): Promise<Record<string, unknown>> {
+): Promise<Record<string, unknown> | InputRequired> {
   const { tool, principal } = input;
   const jobs = input.base.jobs;
   // Mirrors the caller's signal only until the caller holds a job id.
@@ -32,7 +32,7 @@ export function runAsJob(
   if (input.signal.aborted) onCallerAbort();
   else input.signal.addEventListener("abort", onCallerAbort, { once: true });
 
-  return new Promise<Record<string, unknown>>((resolve, reject) => {
+  return new Promise<Record<string, unknown> | InputRequired>((resolve, reject) => {
     let answered = false;
     const answer = (fn: () => void) => {
       if (answered) return;

@@ -1,5 +1,6 @@
 // Markdown rendering of a stored benchmark report, for tpu://benchmarks/{id}.md and the README.
 import { unstableNote } from "./compare.js";
+import { TRAIN_HEADERS, trainNotes, trainRow } from "./train_rows.js";
 
 type Any = Record<string, any>;
 
@@ -45,18 +46,33 @@ export function renderReportMarkdown(report: Any): string {
       `peak memory: ${m.peak_memory_kind ?? "–"}.`,
   );
   lines.push("");
-  lines.push(
-    "| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms | mean ms | p50 95 % CI | MAD ms | stable | items/s | compile s | recompiled | peak MiB | +MiB | max abs err | max rel err | cosine | GFLOP/item | % of peak | matmul precision |",
-  );
-  lines.push(
-    "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
-  );
+  const training = (report.work ?? m.work) === "train_step";
+  if (training) {
+    const o = m.optimizer ?? {};
+    lines.push(
+      `Training: optimizer ${o.name ?? "?"} (lr ${o.lr ?? "?"}), loss ${m.train?.loss ?? "?"}; ${m.train?.weights ?? ""}; ${m.train?.precision ?? ""}.`,
+      "",
+      `| ${TRAIN_HEADERS.join(" | ")} |`,
+      `|${TRAIN_HEADERS.map((h) => (["dtype", "mode", "stable", "loss first → final", "bf16 drift (max, final)"].includes(h) ? "---" : "---:")).join("|")}|`,
+    );
+  } else {
+    lines.push(
+      "| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms | mean ms | p50 95 % CI | MAD ms | stable | items/s | compile s | recompiled | peak MiB | +MiB | max abs err | max rel err | cosine | GFLOP/item | % of peak | matmul precision |",
+    );
+    lines.push(
+      "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    );
+  }
   const failed: string[] = [];
   for (const c of (report.configs ?? []) as Any[]) {
     if (c.error) {
       failed.push(
         `- batch ${c.batch}${c.seq_len ? `, seq ${c.seq_len}` : ""}, ${c.dtype}, ${c.mode}: **${c.error.code}** — ${c.error.message}`,
       );
+      continue;
+    }
+    if (training) {
+      lines.push(`| ${trainRow(c).join(" | ")} |`);
       continue;
     }
     const l = c.latency_ms ?? {};
@@ -91,6 +107,8 @@ export function renderReportMarkdown(report: Any): string {
       );
     }
   }
+  const notes = training ? trainNotes((report.configs ?? []) as Any[]) : [];
+  if (notes.length) lines.push("", "Notes:", ...notes.map((n) => `- ${n}`));
   if (failed.length) lines.push("", "Failed configurations:", ...failed);
   const peaks = [
     ...new Set(((report.configs ?? []) as Any[]).map((c) => c.peak_flops_source).filter(Boolean)),

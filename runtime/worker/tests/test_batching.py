@@ -133,7 +133,7 @@ def test_close_fails_queued_requests_with_model_not_loaded():
 
 
 def test_worker_infer_coalesces_concurrent_callers_and_isolates_bad_input(shared_worker):
-    model = shared_worker.loaded["mnist-cnn"]
+    model = shared_worker.served["mnist-cnn"]
     gate = threading.Event()
     original = model.adapter.run_batch
 

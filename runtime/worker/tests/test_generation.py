@@ -13,7 +13,7 @@ from conftest import BUILTIN_CATALOG
 from tpu_worker.cancel import CancelToken
 from tpu_worker.catalog import Limits
 from tpu_worker.errors import WorkerError
-from tpu_worker.generation import kv
+from tpu_worker.generation import kv, rows
 from tpu_worker.generation.chat import load_chat_template
 from tpu_worker.generation.loop import DecodeLoop
 from tpu_worker.generation.params import GenParams, parse_params
@@ -121,7 +121,7 @@ def test_greedy_ignores_the_sampling_arguments_and_returns_no_seed(shared_worker
 # -- results -----------------------------------------------------------------------------------
 def test_a_generation_reports_text_finish_reason_usage_and_timing(shared_worker):
     r = gen(shared_worker, {"texts": [PROMPT, "a"], "max_new_tokens": 5})
-    prompt_ids = shared_worker.loaded["tiny-gpt2"].adapter.tokenizer.encode(PROMPT, add_special_tokens=False).ids
+    prompt_ids = shared_worker.served["tiny-gpt2"].adapter.tokenizer.encode(PROMPT, add_special_tokens=False).ids
     assert r["task"] == "text-generation" and len(r["generations"]) == 2
     g = r["generations"][0]
     assert g["text"] == r["texts"][0] and g["finish_reason"] == "length"
@@ -131,7 +131,7 @@ def test_a_generation_reports_text_finish_reason_usage_and_timing(shared_worker)
 
 
 def test_greedy_generation_equals_the_direct_batched_greedy_decode(shared_worker):
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     texts = [PROMPT, "hello", "a much longer prompt than the others, to pad the short ones"]
     r = gen(shared_worker, {"texts": texts, "max_new_tokens": 12})
     prompts = [e.ids for e in adapter.tokenizer.encode_batch(texts, add_special_tokens=False)]
@@ -144,7 +144,7 @@ def test_a_seeded_sample_equals_the_direct_decode_sampled_with_that_seed(shared_
     """The benchmark's decode (adapter.generate) samples as the decode loop does: one seed, one text."""
     from tpu_worker.generation.params import GenParams
 
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     r = gen(shared_worker, {"texts": [PROMPT], "max_new_tokens": 12, "temperature": 1.3, "seed": 99})
     prompt = adapter.tokenizer.encode(PROMPT, add_special_tokens=False).ids
     direct, _ = adapter.generate([prompt], 12, lambda: False, GenParams(12, 1.3, seed=99))
@@ -154,7 +154,7 @@ def test_a_seeded_sample_equals_the_direct_decode_sampled_with_that_seed(shared_
 
 
 def test_generation_stops_at_eos_with_finish_reason_stop(shared_worker):
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     real_eos = adapter.eos_id
     first = gen(shared_worker, {"texts": [PROMPT], "max_new_tokens": 6, "logprobs": 1})["generations"][0]
     ids = [adapter.tokenizer.token_to_id(lp["token"]) for lp in first["logprobs"]]
@@ -230,6 +230,18 @@ def test_logprobs_give_the_chosen_token_and_its_top_alternatives(shared_worker):
     assert all(lp["logprob"] <= lp["top"][0]["logprob"] + 1e-6 for lp in s)
 
 
+def test_logprobs_are_of_the_model_distribution_not_the_tempered_one(shared_worker):
+    """The documented contract (sampling.py): logprobs before temperature, top-k and top-p. The
+    first token's distribution depends on the prompt only, so greedy and any temperature agree."""
+    first = gen(shared_worker, {"texts": [PROMPT], "max_new_tokens": 1, "logprobs": 5})["generations"][0]
+    want = [t["logprob"] for t in first["logprobs"][0]["top"]]
+    for temperature in (0.3, 1.7):
+        got = sampled(shared_worker, 8, temperature=temperature, top_k=3, logprobs=5)["generations"][0]
+        top = got["logprobs"][0]["top"]
+        assert [t["token"] for t in top] == [t["token"] for t in first["logprobs"][0]["top"]]
+        assert [t["logprob"] for t in top] == pytest.approx(want, abs=1e-5)
+
+
 # -- stop sequences ----------------------------------------------------------------------------
 def test_a_stop_sequence_cuts_the_text_before_its_first_match_even_across_tokens(shared_worker):
     base, seen = streamed(shared_worker, {"texts": [PROMPT], "max_new_tokens": 20})
@@ -278,14 +290,14 @@ def test_chat_renders_the_models_template_and_generates_from_it(shared_worker):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
     r = gen(shared_worker, {"messages": messages, "max_new_tokens": 8}, model="tiny-chat")
     rendered = "[CLS]system: be brief [SEP] user: hello there [SEP] assistant:"
-    assert shared_worker.loaded["tiny-chat"].adapter.chat.render(messages) == rendered
+    assert shared_worker.served["tiny-chat"].adapter.chat.render(messages) == rendered
     same = gen(shared_worker, {"texts": [rendered], "max_new_tokens": 8}, model="tiny-chat")
     assert r["texts"] == same["texts"] and len(r["generations"]) == 1
-    ids = shared_worker.loaded["tiny-chat"].adapter.tokenizer.encode(rendered, add_special_tokens=False).ids
+    ids = shared_worker.served["tiny-chat"].adapter.tokenizer.encode(rendered, add_special_tokens=False).ids
     assert r["generations"][0]["usage"]["prompt_tokens"] == len(ids) and ids[0] == 101  # BOS from the template
     plain = gen(shared_worker, {"texts": ["hello there"], "max_new_tokens": 8}, model="tiny-chat")
     assert plain["texts"] != r["texts"]
-    no_prompt = shared_worker.loaded["tiny-chat"].adapter.chat.render(messages, add_generation_prompt=False)
+    no_prompt = shared_worker.served["tiny-chat"].adapter.chat.render(messages, add_generation_prompt=False)
     assert not no_prompt.endswith("assistant:")
 
 
@@ -366,8 +378,8 @@ def test_a_budget_or_timeout_stop_is_the_finish_reason(shared_worker, reason):
     token = CancelToken()
     token.cancel(reason)
     assert token.reason == reason
-    loop = shared_worker.loaded["tiny-gpt2"].batcher
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    loop = shared_worker.served["tiny-gpt2"].batcher
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     r = loop.submit(adapter.prepare({"texts": [PROMPT]}, []), token).result(timeout=60).result
     assert r["generations"][0] == {
         "text": "",
@@ -382,7 +394,7 @@ def loop_of(shared_worker):
     loops = []
 
     def make(model="tiny-gpt2", **kw):
-        loop = DecodeLoop(f"test-{model}", shared_worker.loaded[model].adapter, max_batch=kw.pop("max_batch", 16), **kw)
+        loop = DecodeLoop(f"test-{model}", shared_worker.served[model].adapter, max_batch=kw.pop("max_batch", 16), **kw)
         loops.append(loop)
         return loop
 
@@ -404,7 +416,7 @@ JOINERS = [
 
 
 def test_requests_joining_a_running_batch_get_the_same_tokens_as_alone(shared_worker, loop_of):
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     loop = loop_of()
     first = {"texts": ["hi"], "max_new_tokens": 40, "stream": True}
     expected = [run_alone(loop, adapter, a) for a in [first, *JOINERS]]
@@ -436,7 +448,7 @@ def test_requests_joining_a_running_batch_get_the_same_tokens_as_alone(shared_wo
 
 
 def test_finished_sequences_leave_and_free_their_rows(shared_worker, loop_of):
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     loop = loop_of(max_batch=2)
     rows = []
 
@@ -460,7 +472,7 @@ def test_finished_sequences_leave_and_free_their_rows(shared_worker, loop_of):
 
 
 def test_a_cancelled_sequence_leaves_without_disturbing_the_others(shared_worker, loop_of):
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     loop = loop_of()
     other_args = {"texts": ["the other request"], "max_new_tokens": 20}
     want = run_alone(loop, adapter, other_args)
@@ -485,7 +497,7 @@ def test_a_cancelled_sequence_leaves_without_disturbing_the_others(shared_worker
 
 
 def test_a_request_cancelled_while_queued_is_answered_without_running(shared_worker, loop_of):
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     loop = loop_of(max_batch=1)
     token = CancelToken()
     queued, answered_early = [], []
@@ -513,8 +525,10 @@ def test_a_request_cancelled_while_queued_is_answered_without_running(shared_wor
 
 
 def test_a_model_whose_cache_cannot_be_reshaped_runs_one_batch_at_a_time(shared_worker, loop_of, monkeypatch):
+    # The dynamic loop (a model whose cache cannot be static either: generation/rows.py).
+    monkeypatch.setattr(rows, "static_cache_problem", lambda model: "not static")
     monkeypatch.setattr(kv, "tensors_of", lambda cache: None)
-    adapter = shared_worker.loaded["tiny-gpt2"].adapter
+    adapter = shared_worker.served["tiny-gpt2"].adapter
     loop = loop_of()
     joiner = {"texts": ["joins only an empty batch"], "max_new_tokens": 6}
     first = {"texts": ["hi", "a longer second prompt"], "max_new_tokens": 20, "stream": True}
@@ -547,8 +561,8 @@ def test_status_reports_the_decode_loops_counters(shared_worker):
 
 def test_with_batching_off_requests_do_not_share_a_decode_batch(worker):
     worker.handle("load", {"model": "tiny-gpt2", "batching": False}, [], OpContext("l"))
-    loop = worker.loaded["tiny-gpt2"].batcher
-    adapter = worker.loaded["tiny-gpt2"].adapter
+    loop = worker.served["tiny-gpt2"].batcher
+    adapter = worker.served["tiny-gpt2"].adapter
     later = []
 
     calls = []
@@ -567,8 +581,8 @@ def test_with_batching_off_requests_do_not_share_a_decode_batch(worker):
 
 def test_unload_answers_the_requests_of_a_running_decode_batch(worker):
     worker.handle("load", {"model": "tiny-gpt2"}, [], OpContext("l"))
-    loop = worker.loaded["tiny-gpt2"].batcher
-    adapter = worker.loaded["tiny-gpt2"].adapter
+    loop = worker.served["tiny-gpt2"].batcher
+    adapter = worker.served["tiny-gpt2"].adapter
     started = threading.Event()
     release = threading.Event()
 

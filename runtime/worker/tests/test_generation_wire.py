@@ -45,7 +45,7 @@ def test_streamed_deltas_arrive_in_order_before_the_result_and_add_up_to_it(wire
 
 
 def test_a_cancel_on_the_wire_answers_with_the_partial_text(wire, worker):
-    adapter = worker.loaded["tiny-chat"].adapter
+    adapter = worker.served["tiny-chat"].adapter
     real_step, steps = adapter.step, []
 
     def step_after_the_cancel(*args):

@@ -144,7 +144,7 @@ def test_load_refuses_when_memory_is_short_and_names_a_dtype_that_fits(catalog, 
     err = error_of(w, "load", {"model": "all-minilm-l6-v2"})
     assert err.code == "insufficient_memory"
     assert "bfloat16" in err.message and "float32" in err.message
-    assert w.loaded == {}
+    assert w.served == {}
     r = call(w, "load", {"model": "all-minilm-l6-v2", "dtype": "bfloat16"})
     assert r["dtype"] == "bfloat16"
     w.close()
@@ -244,4 +244,4 @@ def test_check_on_an_unloaded_model_uses_a_temporary_copy(worker):
     assert r["verdict"] == "supported" and r["error"] is None, r["error"]
     assert r["dtype"] == "float16" and r["output_shape"] == [1, 10]
     assert r["ops"] and all(o["on_device"] == o["count"] and o["failed"] == 0 for o in r["ops"])
-    assert worker.loaded == {}
+    assert worker.served == {}

@@ -59,9 +59,12 @@ class Harness:
 
 @pytest.fixture
 def held(worker):
-    """mnist-cnn loaded with batching on; its forwards wait until `release` is set."""
+    """mnist-cnn loaded with batching on; its forwards wait until `release` is set. Loaded once
+    the server exists: a batcher takes the transport's reply grouping when it is built."""
+    h = Harness(worker)
     worker.handle("load", {"model": "mnist-cnn"}, [], OpContext("load"))
-    loaded = worker.loaded["mnist-cnn"]
+    loaded = worker.served["mnist-cnn"]
+    assert loaded.batcher.reply_scope == h.server._batch_replies
     release, entered = threading.Event(), threading.Event()
     batches: list[int] = []
     real = loaded.batcher._run
@@ -73,7 +76,6 @@ def held(worker):
         return real(batch, should_stop)
 
     loaded.batcher._run = gated
-    h = Harness(worker)
     yield h, release, entered, batches
     release.set()
     h.close()

@@ -11,7 +11,6 @@ request fails alone. The batcher thread is also the only place a model's forward
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -47,9 +46,16 @@ class BatchStats:
 
 class Batcher(Inbox):
     def __init__(
-        self, name: str, run_batch: RunBatch, *, max_batch: int, max_wait_ms: float, enabled: bool = True
+        self,
+        name: str,
+        run_batch: RunBatch,
+        *,
+        max_batch: int,
+        max_wait_ms: float,
+        enabled: bool = True,
+        reply_scope=None,
     ) -> None:
-        super().__init__()
+        super().__init__(reply_scope)
         self.name = name
         self._run = run_batch
         # Batching off (or zero wait) means one request per forward, for honest on/off comparisons.
@@ -69,7 +75,8 @@ class Batcher(Inbox):
             "max_wait_ms": self.max_wait_s * 1000,
         }
 
-    def submit(self, prepared: Prepared, token: CancelToken, trace: list | None = None) -> Future:
+    def submit(self, prepared: Prepared, token: CancelToken, trace: list | None = None, progress=None) -> Future:
+        """Queues one request (`progress` is the decode loop's; a forward here reports none)."""
         p = _Pending(prepared, token, trace=trace)
         self._enqueue(p, trace)
         return p.future
@@ -167,7 +174,7 @@ class Batcher(Inbox):
             return
         self._record(live)
         _stamp(live, "w.forward_done")
-        with self.reply_scope() if self.reply_scope else contextlib.nullcontext():
+        with self.replies():
             for p, out in zip(live, outputs, strict=True):
                 if p.token.cancelled:
                     p.future.set_exception(Cancelled())

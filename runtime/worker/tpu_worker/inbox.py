@@ -15,13 +15,16 @@ from .protocol import now_us
 
 
 class Inbox:
-    def __init__(self) -> None:
+    def __init__(self, reply_scope: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
         self._queue: deque[Any] = deque()
         self._cond = threading.Condition()
         self._closed: str | None = None  # why, once closed: callers are refused with it
-        # Set by the server's fast path: a context around setting results, so the replies (and
-        # progress) one pass of the serving thread sends leave in one write.
-        self.reply_scope: Callable[[], contextlib.AbstractContextManager] | None = None
+        # The transport's (served.ReplyScope): a context around setting results, so the replies
+        # (and progress) one pass of the serving thread sends leave in one write.
+        self.reply_scope = reply_scope
+
+    def replies(self) -> contextlib.AbstractContextManager:
+        return self.reply_scope() if self.reply_scope else contextlib.nullcontext()
 
     @property
     def queue_depth(self) -> int:

@@ -1,10 +1,11 @@
 """The worker's state and its operations (describe, status, load, unload, infer, ...).
 
 `Worker.handle` is called from op threads and runs the op named in `OPS` (the explicit table of
-the wire's ops); it returns (result, tensors) or raises WorkerError. `infer` has one path,
-`submit_infer`, which the transport's fast path takes too. Model forwards for `infer` run on each
-model's batcher thread; load/unload of one model are serialised by a per-model guard so
-concurrent calls cannot double-load. `adapter_for` lends benchmark, check and the float32
+the wire's ops); it returns (result, tensors) or raises WorkerError. Every loaded model is one
+`Served` (served.py) in `served`, whatever serves it; the ops call only that surface. `infer` has
+one path, `submit_infer`, which the transport's fast path takes too. Model forwards for `infer`
+run on each model's own serving thread; load/unload of one model are serialised by a per-model
+guard so concurrent calls cannot double-load. `adapter_for` lends benchmark, check and the float32
 reference the loaded model, or a temporary copy released after the run.
 """
 
@@ -23,27 +24,24 @@ from typing import Any
 import torch
 
 from . import PROTOCOL_VERSION, __version__, logs
-from .adapters import Adapter, CausalLM, build_adapter, read_config
-from .batching import Batcher, wait_result
-from .bench import run_benchmark
+from .adapters import Adapter, build_adapter, read_config
 from .cancel import CancelToken
 from .catalog import Catalog, Entry
 from .check import run_check
-from .engines import VllmEngine, VllmSettings, run_engine_benchmark
 from .errors import WorkerError, invalid
-from .generation.loop import DecodeLoop
+from .kinds import implementation_for
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
 from .memory import estimate_bytes, refusal_message
 from .platforms import PRECISIONS, platform_for, set_matmul_precision
 from .probe import ProbeResult, device_label, parse_device, refresh_memory, torch_device_string
-from .protocol import now_iso, now_us
 from .reports import describe_models, worker_status
 from .selftest import run_selftest
+from .served import Lease, LoadContext, ReplyScope, Served
 
 # progress(done, total=None, message=None, delta=None): delta is a generation's {index, text}.
 ProgressFn = Callable[..., None]
 FreeMemoryFn = Callable[[torch.device], int | None]
-MODES = ("eager", "compile")
+MODES = ("eager", "compile")  # every kind of model loads in one of these
 
 
 @dataclass
@@ -54,53 +52,6 @@ class OpContext:
     trace: list | None = None  # [stage, µs] stamps of a traced request (protocol.Request.trace)
 
 
-@dataclass
-class Loaded:
-    entry: Entry
-    adapter: Adapter
-    batcher: Batcher | DecodeLoop
-    device: str
-    dtype: str
-    mode: str
-    estimated_bytes: int
-    loaded_at: str
-    info: WeightsInfo
-    load_report: dict
-
-
-@dataclass
-class LoadedEngine:
-    """A model served by an engine process (tpu_worker/engines) instead of this worker's torch."""
-
-    entry: Entry
-    engine: VllmEngine
-    device: str
-    dtype: str
-    mode: str
-    loaded_at: str
-    load_report: dict
-
-
-@dataclass
-class Lease:
-    """An adapter lent to one run (benchmark, check, the fp32 reference): the loaded model's own,
-    or a temporary copy built for the run and released when it ends."""
-
-    adapter: Adapter | None
-    load_s: float | None
-    estimated_bytes: int
-    temporary: bool
-
-
-def _int_arg(args: dict, key: str, lo: int, hi: int, default: int | None = None) -> int | None:
-    v = args.get(key, default)
-    if v is None:
-        return None
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-        raise invalid(f"args.{key} must be an integer in {lo}..{hi}")
-    return v
-
-
 class Worker:
     def __init__(
         self,
@@ -109,7 +60,7 @@ class Worker:
         *,
         free_memory: FreeMemoryFn | None = None,
         max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES,
-        engine_settings: VllmSettings | None = None,
+        engine_settings: Any = None,  # engines.VllmSettings: how engine models are reached
     ) -> None:
         self.catalog = catalog
         self.probe = probe
@@ -119,9 +70,11 @@ class Worker:
         self.started = time.monotonic()
         self.max_weight_bytes = max_weight_bytes
         self.digests = DigestCache()
-        self.loaded: dict[str, Loaded] = {}
-        self.engines: dict[str, LoadedEngine] = {}  # models served by an engine (vLLM)
-        self.engine_settings = engine_settings or VllmSettings()
+        self.served: dict[str, Served] = {}  # the loaded models, whatever serves them
+        self.engine_settings = engine_settings
+        # The transport's reply grouping, given to every model's batcher when it is built; the
+        # transport that serves this worker (server.Server) sets it before any load.
+        self.reply_scope: ReplyScope = None
         self._lock = threading.Lock()
         self._busy: set[str] = set()  # models being loaded or unloaded
         self._free_memory_override = free_memory
@@ -192,7 +145,7 @@ class Worker:
         if total is None:
             return None
         # Backend reports no free figure (e.g. total from the HBM table): subtract what we hold.
-        used = sum(m.adapter.bytes_on_device() for m in self.loaded.values() if m.adapter.device == device)
+        used = sum(m.bytes_on(device) for m in list(self.served.values()))
         return total - used
 
     def entry_and_weights(self, model: Any) -> tuple[Entry, WeightsInfo]:
@@ -221,9 +174,9 @@ class Worker:
         if need > free:
             alternatives = {d: estimate_bytes(params, entry, config, d) for d in entry.dtypes}
             loaded = [
-                (m.entry.id, m.adapter.bytes_on_device())
-                for k, m in self.loaded.items()
-                if k != exclude and m.adapter.device == device
+                (m.entry.id, m.bytes_on(device))
+                for k, m in list(self.served.items())
+                if k != exclude and m.bytes_on(device)
             ]
             raise WorkerError(
                 "insufficient_memory",
@@ -282,9 +235,10 @@ class Worker:
     ) -> Iterator[Lease]:
         """The loaded model when it runs on `device` as `dtype` in `mode`; else a temporary copy
         (after the memory check), released with the device's cache when the block ends."""
-        m = self.loaded.get(entry.id)
-        if m is not None and m.adapter.device == device and m.dtype == dtype and m.mode == mode:
-            yield Lease(m.adapter, m.load_report.get("load_s"), m.estimated_bytes, temporary=False)
+        m = self.served.get(entry.id)
+        own = m.lend(device, dtype, mode) if m is not None else None
+        if own is not None:
+            yield own
             return
         estimated = self.check_memory(entry, info, dtype, device)
         adapter, report = self.build(entry, info, device, dtype, "eager", [], token)
@@ -297,24 +251,6 @@ class Worker:
         finally:
             lease.adapter = None  # the last reference: the copy is freed before the cache is emptied
             platform_for(device).release_memory(device)
-
-    def _warmup_shapes(self, entry: Entry, raw: Any) -> list[dict]:
-        if raw is None:
-            return []
-        if not isinstance(raw, list) or len(raw) > 16:
-            raise invalid("args.warmup_shapes must be a list of at most 16 {batch, seq_len?} objects")
-        shapes = []
-        for i, s in enumerate(raw):
-            if not isinstance(s, dict):
-                raise invalid(f"args.warmup_shapes[{i}] must be an object")
-            b = _int_arg(s, "batch", 1, entry.limits.max_batch)
-            if b is None:
-                raise invalid(f"args.warmup_shapes[{i}].batch is required")
-            seq = None
-            if entry.limits.max_seq_len:
-                seq = _int_arg(s, "seq_len", 2, entry.limits.max_seq_len)
-            shapes.append({"batch": b, "seq_len": seq})
-        return shapes
 
     def dtype_arg(self, entry: Entry, value: Any) -> str:
         dtype = entry.default_dtype if value is None else value
@@ -340,26 +276,19 @@ class Worker:
         return describe_models(self), []
 
     def op_status(self, args: dict, tensors, ctx: OpContext):
-        return worker_status(self), []
+        checksums = args.get("weights_checksum", False)
+        if not isinstance(checksums, bool):
+            raise invalid("args.weights_checksum must be true or false")
+        return worker_status(self, checksums=checksums), []
 
     def op_load(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))
-        if entry.engine != "torch":
-            return self._load_engine(entry, args, ctx), []
-        device = self.target_device(args.get("device"))
         dtype = self.dtype_arg(entry, args.get("dtype"))
         mode = args.get("mode", "eager")
         if mode not in MODES:
             raise invalid("args.mode must be 'eager' or 'compile'")
-        shapes = self._warmup_shapes(entry, args.get("warmup_shapes"))
-        batching = args.get("batching", True)
-        if not isinstance(batching, bool):
-            raise invalid("args.batching must be true or false")
-        precision_arg = args.get("matmul_precision")
-        if precision_arg is not None and precision_arg not in PRECISIONS:
-            self.matmul_precision_arg(precision_arg)  # raises the clear error
-        if entry.id in self.loaded:
-            m = self.loaded[entry.id]
+        if entry.id in self.served:
+            m = self.served[entry.id]
             raise WorkerError(
                 "model_already_loaded",
                 f"model {entry.id!r} is already loaded ({m.dtype}, {m.mode} on {m.device}); use it or unload it first",
@@ -367,160 +296,62 @@ class Worker:
         self._claim(entry.id)
         try:
             _, info = self.entry_and_weights(entry.id)
-            estimated = self.check_memory(entry, info, dtype, device)
-            self.matmul_precision_arg(precision_arg)
-            ctx.progress(0, 3, f"loading {entry.id} ({dtype}, {mode}) on {device}")
-            adapter, report = self.build(entry, info, device, dtype, mode, shapes, ctx.token)
-            batcher = make_batcher(entry, adapter, batching)
-            dev = self.label(device)
-            self.loaded[entry.id] = Loaded(
-                entry, adapter, batcher, dev, dtype, mode, estimated, now_iso(), info, report
-            )
+            m = implementation_for(entry).load(LoadContext(self, entry, info, args, dtype, mode, ctx, self.reply_scope))
+            self.served[entry.id] = m
         finally:
             self._release(entry.id)
-        logs.info("model loaded", model=entry.id, device=dev, dtype=dtype, mode=mode, **report)
-        return {
-            "model": entry.id,
-            "device": dev,
-            "dtype": dtype,
-            "mode": mode,
-            "parameters": adapter.parameters(),
-            "bytes_on_device": adapter.bytes_on_device(),
-            "estimated_bytes": estimated,
-            **report,
-            "matmul_precision": platform_for(device).matmul_precision(device),
-            "matmul_precision_requested": precision_arg,
-            "compile_backend": platform_for(device).compile_backend(device) if mode == "compile" else None,
-            "compile_dynamic": getattr(adapter, "compile_dynamic", None) if mode == "compile" else None,
-            "execution_mode": platform_for(device).execution_mode(device),
-            "eager_mode": platform_for(device).eager_mode_report(device),
-            "batching": batcher.describe(),
-        }, []
+        report = m.load_report()
+        logs.info(
+            "model loaded",
+            model=entry.id,
+            device=m.device,
+            dtype=dtype,
+            mode=mode,
+            engine=entry.engine,
+            **{k: report[k] for k in ("load_s", "compile_s", "warmup_s") if k in report},
+        )
+        return {"model": entry.id, "device": m.device, "dtype": dtype, "mode": mode, **report}, []
 
-    def _load_engine(self, entry: Entry, args: dict, ctx: OpContext) -> dict:
-        """Starts the model's engine server (minutes the first time: see docs/vllm.md)."""
-        dtype = self.dtype_arg(entry, args.get("dtype"))
-        mode = args.get("mode", "eager")
-        if mode not in MODES:
-            raise invalid("args.mode must be 'eager' or 'compile'")
-        if args.get("device") not in (None, "auto", self.label(self.device), self.device_info["kind"]):
-            raise WorkerError(
-                "unsupported_device", f"model {entry.id!r} runs in a vLLM engine beside this worker; omit device"
-            )
-        if entry.id in self.engines:
-            m = self.engines[entry.id]
-            raise WorkerError(
-                "model_already_loaded",
-                f"model {entry.id!r} is already loaded ({m.dtype}, {m.mode}, engine vllm); use it or unload it first",
-            )
-        self._claim(entry.id)
-        try:
-            _, info = self.entry_and_weights(entry.id)
-            ctx.progress(0, 1, f"starting vLLM for {entry.id} ({dtype}, {mode})")
-            engine = VllmEngine(entry, self.catalog, info, self.engine_settings, dtype, mode)
-            report = engine.start(ctx.token)
-            dev = self.label(self.device)
-            self.engines[entry.id] = LoadedEngine(entry, engine, dev, dtype, mode, now_iso(), report)
-        finally:
-            self._release(entry.id)
-        logs.info("model loaded", model=entry.id, engine="vllm", version=engine.version, **report)
-        return {
-            "model": entry.id,
-            "device": dev,
-            "dtype": dtype,
-            "mode": mode,
-            "parameters": engine.parameters(),
-            "bytes_on_device": engine.bytes_on_device(),
-            "estimated_bytes": engine.bytes_on_device(),
-            **report,
-            "matmul_precision": "vllm",  # the engine's own choice, not this process's setting
-            "matmul_precision_requested": None,
-            "compile_backend": None,
-            "compile_dynamic": None,
-            "execution_mode": "vllm",
-            "eager_mode": None,
-            "batching": {"enabled": True, "kind": "vllm continuous batching"},
-            "engine": engine.status(),
-        }
-
-    def engine_model(self, model: Any) -> LoadedEngine | None:
-        """The engine serving `model`, when it is loaded on one (the infer fast path asks)."""
-        return self.engines.get(model) if isinstance(model, str) else None
+    def model(self, model: Any) -> Served:
+        """The loaded model `model` names (model_not_loaded when it is not)."""
+        entry = self.catalog.get(model)
+        m = self.served.get(entry.id)
+        if m is None:
+            raise WorkerError("model_not_loaded", f"model {entry.id!r} is not loaded; load it first (load_model)")
+        return m
 
     def op_unload(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))
-        if entry.id in self.engines:
-            self._claim(entry.id)
-            try:
-                m = self.engines.pop(entry.id)
-                m.engine.stop()
-            finally:
-                self._release(entry.id)
-            logs.info("model unloaded", model=entry.id, engine="vllm")
-            return {"model": entry.id, "freed_bytes": m.engine.bytes_on_device()}, []
         self._claim(entry.id)
         try:
-            m = self.loaded.pop(entry.id, None)
+            m = self.served.pop(entry.id, None)
             if m is None:
                 raise WorkerError("model_not_loaded", f"model {entry.id!r} is not loaded")
-            freed = m.adapter.bytes_on_device()
-            m.batcher.close(f"model {entry.id!r} was unloaded")
-            device = m.adapter.device
+            freed = m.unload(f"model {entry.id!r} was unloaded")
             del m
-            platform_for(device).release_memory(device)
         finally:
             self._release(entry.id)
         logs.info("model unloaded", model=entry.id, freed_bytes=freed)
         return {"model": entry.id, "freed_bytes": freed}, []
 
     def submit_infer(
-        self,
-        args: dict,
-        tensors,
-        token: CancelToken,
-        trace: list | None = None,
-        reply_scope=None,
-        progress: ProgressFn | None = None,
+        self, args: dict, tensors, token: CancelToken, trace: list | None = None, progress: ProgressFn | None = None
     ) -> tuple[Future, str]:
-        """Validates an infer and queues it on its model's batcher: (future of the Output, model).
-        Both the op and the transport's fast path take this one path; `reply_scope` (the fast
-        path's) lets the batcher write a batch's replies together; `progress` receives a
+        """Validates an infer and queues it on its model: (future of the Output, model). Both
+        the op and the transport's fast path take this one path; `progress` receives a
         streaming generation's text deltas."""
-        entry = self.catalog.get(args.get("model"))
-        m = self.loaded.get(entry.id)
-        if m is None:
-            raise WorkerError("model_not_loaded", f"model {entry.id!r} is not loaded; load it first (load_model)")
-        prepared = m.adapter.prepare(args, tensors)
-        if reply_scope is not None and m.batcher.reply_scope is None:
-            m.batcher.reply_scope = reply_scope
-        if isinstance(m.batcher, DecodeLoop):
-            return m.batcher.submit(prepared, token, trace, progress), entry.id
-        return m.batcher.submit(prepared, token, trace), entry.id
+        m = self.model(args.get("model"))
+        return m.submit(args, tensors, token, trace, progress), m.entry.id
 
     def op_infer(self, args: dict, tensors, ctx: OpContext):
-        e = self.engine_model(args.get("model"))
-        if e is not None:
-            if tensors:
-                raise invalid(f"model {e.entry.id!r} takes texts or messages, not tensors")
-            return {**e.engine.infer(args, ctx), "model": e.entry.id}, []
-        future, model = self.submit_infer(args, tensors, ctx.token, ctx.trace, progress=ctx.progress)
-        # A generation answers a cancel with its partial text at the next token: wait for it.
-        generation = isinstance(self.loaded[model].batcher, DecodeLoop) if model in self.loaded else False
-        out = wait_result(future, ctx.token, early_cancel=not generation)
-        if ctx.trace is not None:
-            ctx.trace.append(["w.woke", now_us()])
-        return infer_reply(out, model)
+        return self.model(args.get("model")).infer(args, tensors, ctx)
 
     def op_benchmark(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))
-        if entry.engine != "torch":
-            e = self.engines.get(entry.id)
-            if e is None:
-                raise WorkerError(
-                    "model_not_loaded", f"model {entry.id!r} runs in a vLLM engine: load it first (load_model)"
-                )
-            return run_engine_benchmark(e, args, ctx), []
-        return run_benchmark(self, args, ctx), []
+        m = self.served.get(entry.id)
+        if m is not None:
+            return m.benchmark(self, args, ctx), []
+        return implementation_for(entry).benchmark_unloaded(self, entry, args, ctx), []
 
     def op_check(self, args: dict, tensors, ctx: OpContext):
         return run_check(self, args, ctx), []
@@ -532,12 +363,9 @@ class Worker:
         return {}, []
 
     def close(self) -> None:
-        for m in list(self.loaded.values()):
-            m.batcher.close("the worker is shutting down")
-        self.loaded.clear()
-        for e in list(self.engines.values()):
-            e.engine.stop()
-        self.engines.clear()
+        for m in list(self.served.values()):
+            m.unload("the worker is shutting down")
+        self.served.clear()
 
     def handle(self, op: str, args: dict, tensors: list[torch.Tensor], ctx: OpContext):
         run = OPS.get(op)
@@ -545,20 +373,6 @@ class Worker:
             raise invalid(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
         ctx.token.check()
         return run(self, args, tensors, ctx)
-
-
-def make_batcher(entry: Entry, adapter: Adapter, batching: bool) -> Batcher | DecodeLoop:
-    """Generation gets continuous batching (sequences join and leave at token boundaries);
-    every other model the dynamic batcher (whole requests coalesced into one forward)."""
-    if isinstance(adapter, CausalLM):
-        return DecodeLoop(entry.id, adapter, max_batch=entry.batching.max_batch, enabled=batching)
-    return Batcher(
-        entry.id,
-        adapter.run_batch,
-        max_batch=entry.batching.max_batch,
-        max_wait_ms=entry.batching.max_wait_ms,
-        enabled=batching,
-    )
 
 
 def infer_reply(out, model: str) -> tuple[dict, list[torch.Tensor]]:

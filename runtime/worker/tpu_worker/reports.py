@@ -33,7 +33,7 @@ def describe_models(worker) -> dict:
             "limits": vars(entry.limits).copy(),
             "batching": vars(entry.batching).copy(),
             "input": {"shape": list(entry.input.shape), "dtype": entry.input.dtype} if entry.input else None,
-            "loaded": entry.id in worker.loaded or entry.id in worker.engines,
+            "loaded": entry.id in worker.served,
             "engine": entry.engine,
             "available": True,
             "problem": None,
@@ -49,43 +49,25 @@ def describe_models(worker) -> dict:
                 item["chat_template"] = model_chat_template(info.model_dir, worker.catalog, entry) is not None
         except WorkerError as exc:
             item["available"], item["problem"] = False, exc.message
+        served = worker.served.get(entry.id)
+        if served is not None:
+            item.update(served.describe())
         models.append(item)
     return {"models": models}
 
 
-def worker_status(worker) -> dict:
-    """The `status` op: device memory now, loaded models, versions, uptime."""
+def _status_row(m, checksums: bool) -> dict:
+    row = m.status_row()
+    digest = m.weights_checksum() if checksums else None  # None: no weights in this process
+    return {**row, "weights_checksum": digest} if digest else row
+
+
+def worker_status(worker, *, checksums: bool = False) -> dict:
+    """The `status` op: device memory now, loaded models, versions, uptime; with `checksums`, a
+    checksum of each torch model's weights in memory (reads every weight: slow on large models)."""
     device = refresh_memory(worker.device_info)
     devices = [device if d["index"] == device["index"] else d for d in worker.probe.devices]
-    loaded = [
-        {
-            "model": m.entry.id,
-            "device": m.device,
-            "dtype": m.dtype,
-            "mode": m.mode,
-            "parameters": m.adapter.parameters(),
-            "bytes_on_device": m.adapter.bytes_on_device(),
-            "queue_depth": m.batcher.queue_depth,
-            "batching": {**m.batcher.describe(), **vars(m.batcher.stats)},
-            "loaded_at": m.loaded_at,
-        }
-        for m in list(worker.loaded.values())
-    ]
-    loaded += [
-        {
-            "model": e.entry.id,
-            "device": e.device,
-            "dtype": e.dtype,
-            "mode": e.mode,
-            "parameters": e.engine.parameters(),
-            "bytes_on_device": e.engine.bytes_on_device(),
-            "queue_depth": e.engine.counters.in_flight,
-            "loaded_at": e.loaded_at,
-            # The engine, its version and health: what get_runtime_status and doctor show.
-            "engine": e.engine.status(),
-        }
-        for e in list(worker.engines.values())
-    ]
+    loaded = [_status_row(m, checksums) for m in list(worker.served.values())]
     return {
         "device": device,
         "devices": devices,

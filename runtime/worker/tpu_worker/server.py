@@ -5,11 +5,12 @@ run. Every frame leaves through `send`, which holds one lock for the whole frame
 
 `infer` takes a fast path with one thread hand-off instead of three: the reader validates the
 input (`Worker.submit_infer`, the same path the `infer` op takes; `prepare` is cheap) and queues
-it on the model's batcher, and the batcher thread sends the reply from the future's callback as
-soon as the forward is done. An infer refused there (model not loaded, bad input) is answered
-from the reader with the error the op would give. Every thread hand-off waits for the GIL, which
-another thread may hold for a whole switch interval (5 ms by default), so each one removed is
-latency a lone caller no longer pays. Everything else (load, benchmark, ...) runs on the op pool.
+it on its model (`Served.submit`: a torch model's batcher, an engine model's request pool), whose
+thread sends the reply from the future's callback as soon as the work is done. An infer refused
+there (model not loaded, bad input) is answered from the reader with the error the op would
+give. Every thread hand-off waits for the GIL, which another thread may hold for a whole switch
+interval (5 ms by default), so each one removed is latency a lone caller no longer pays.
+Everything else (load, benchmark, ...) runs on the op pool.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class Server:
         self, worker: Worker, inp: IO[bytes], out: IO[bytes], *, max_body_bytes: int, max_threads: int = 128
     ) -> None:
         self.worker = worker
+        # Every model's batcher groups the replies of one pass into one write (given at its
+        # construction, so before any model is loaded).
+        worker.reply_scope = self._batch_replies
         self.reader = FrameReader(inp, max_body_bytes)
         self._out = out
         self._write_lock = threading.Lock()
@@ -203,8 +207,7 @@ class Server:
             if dup:
                 self.send_error(msg.id, WorkerError("protocol_error", f"request id {msg.id!r} is already in flight"))
                 return
-            # An engine's model (vLLM) answers from an op thread: its request streams over HTTP.
-            if msg.op == "infer" and FAST_INFER and self.worker.engine_model(msg.args.get("model")) is None:
+            if msg.op == "infer" and FAST_INFER:
                 self._fast_infer(msg, token)
                 return
             try:
@@ -221,9 +224,7 @@ class Server:
     def _fast_infer(self, req: Request, token: CancelToken) -> None:
         """Queues an infer on its model's batcher from the reader (the worker's one infer path)."""
         try:
-            future, model = self.worker.submit_infer(
-                req.args, req.tensors, token, req.trace, self._batch_replies, self._progress(req.id)
-            )
+            future, model = self.worker.submit_infer(req.args, req.tensors, token, req.trace, self._progress(req.id))
         except Exception as exc:  # noqa: BLE001 - not loaded, a refused input, the model being unloaded
             self._forget(req.id)
             self._fail(req, exc)

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..catalog import Entry
 from ..platforms import platform_for
+from ..shapes import ShapeCounter, ShapePlan
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MIN_BUCKET = 8
@@ -54,6 +55,9 @@ class Adapter:
         self.dtype = dtype
         self.torch_dtype = TORCH_DTYPES[dtype]
         self.mode = "eager"
+        # The shapes this model's forwards may take (set by the architecture) and those it took.
+        self.plan: ShapePlan | None = None
+        self.shapes = ShapeCounter()
 
     # -- accounting ---------------------------------------------------------------------------
     def _unique_tensors(self) -> list[torch.Tensor]:

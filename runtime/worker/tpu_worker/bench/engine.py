@@ -21,6 +21,7 @@ from .host import HostSource, ProcHost
 from .measure import SEED, measure, recompile_room
 from .reference import Reference
 from .stability import Goal
+from .train_bench import run_train
 
 
 def run_benchmark(worker, args: dict, ctx) -> dict:
@@ -32,6 +33,8 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
     precision_requested = worker.matmul_precision_arg(p.matmul_precision)
     _, info = worker.entry_and_weights(entry.id)
     manifest = _manifest(worker, entry, info, device, p, precision_requested)
+    if p.work == "train_step":
+        return _train_report(worker, entry, info, device, p, ctx, manifest)
     configs: list[dict] = []
     cancelled = False
     done = 0
@@ -91,6 +94,27 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
         "manifest": manifest,
         "configs": configs,
         "cancelled": cancelled and stopped is None,
+        **({"stopped": stopped} if stopped else {}),
+    }
+
+
+def _train_report(worker, entry, info, device, p, ctx, manifest) -> dict:
+    """Work "train_step" (train_bench.py): its grid trains copies; no float32 output reference."""
+    ctx.progress(0, p.configs, f"training {entry.id}: {p.configs} configuration(s), optimizer {p.optimizer}")
+    try:
+        configs, cut = run_train(worker, entry, info, device, p, ctx, manifest, _failed)
+    except WorkerError as exc:
+        if exc.code != "cancelled":
+            raise
+        configs, cut = [], True
+    manifest["precision_reference"] = "loss_drift_vs_fp32: the float32 loss series of the same shape and mode"
+    manifest["peak_memory_kind"] = next((c["peak_memory_kind"] for c in configs if c.get("peak_memory_kind")), None)
+    manifest["finished_at"] = now_iso()
+    stopped = ctx.token.stopped if cut else None
+    return {
+        "manifest": manifest,
+        "configs": configs,
+        "cancelled": cut and stopped is None,
         **({"stopped": stopped} if stopped else {}),
     }
 

@@ -1,0 +1,66 @@
+// Admission counts what running calls have used beyond their estimates (policies/gate/
+// budget_lines.ts, held): a call that overran takes the overrun off what a new call may be
+// admitted on, not only off the running calls' own shares.
+import { afterAll, describe, expect, it } from "vitest";
+import { parsePolicyConfig } from "../../policies/config.js";
+import type { CostEstimate } from "../../policies/estimate.js";
+import { PolicyError } from "../../policies/errors.js";
+import { BudgetLines } from "../../policies/gate/budget_lines.js";
+import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
+import type { Principal } from "../../policies/scopes.js";
+import { toolPolicyMap } from "../../policies/tool_policy.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
+import { FakeClock, tempDir } from "./helpers.js";
+
+const tmp = tempDir();
+afterAll(() => tmp.cleanup());
+
+const est = (device_seconds: number): CostEstimate => ({
+  device_seconds,
+  memory_bytes: 1e6,
+  compile_s: 0,
+  weight_bytes: 0,
+  fits: true,
+});
+const agent: Principal = { id: "agent", scopes: ["benchmark:run"], via: "token" };
+
+function lines(limitS: number) {
+  const config = parsePolicyConfig(
+    { approvals: { rules: [] }, limits: { budget: { device_seconds_per_window: limitS } } },
+    TOOL_POLICIES,
+  );
+  const clock = new FakeClock();
+  const ledger = new SqliteBudgetLedger(tmp.file(`lines-${Math.random()}.db`), {
+    ...config.limits.budget,
+    clock: clock.now,
+  });
+  return {
+    clock,
+    lines: new BudgetLines(config.limits, ledger, clock.now, toolPolicyMap(TOOL_POLICIES)),
+  };
+}
+
+const refusal = (fn: () => void) => {
+  try {
+    fn();
+  } catch (e) {
+    return e as PolicyError;
+  }
+  return undefined;
+};
+
+describe("admission on a budget line", () => {
+  it("refuses a call that fits the estimates but not what a running call overran", () => {
+    const { clock, lines: l } = lines(10);
+    // One call estimated at 1 s, running 5 s: 4 s past its estimate, 5 s of 10 left.
+    const release = l.reserve("agent", "run_benchmark", est(1));
+    const run = l.meter("agent", "run_benchmark", est(1), () => {})!;
+    clock.advance(5_000);
+    expect(refusal(() => l.check(agent, "run_benchmark", est(4.5)))).toBeUndefined();
+    const e = refusal(() => l.check(agent, "run_benchmark", est(6)));
+    expect(e?.code).toBe("budget_exceeded");
+    expect(e?.details.reserved_s).toBeCloseTo(5, 3); // its estimate and its overrun
+    run.end();
+    release();
+  });
+});
