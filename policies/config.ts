@@ -220,6 +220,12 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: rea
      */
     elicitation: z.boolean().default(true),
     elicitation_timeout_s: z.number().positive().default(300),
+    /**
+     * An approved call is stopped (approval_overrun) once its device time passes its approved
+     * estimate times this; 0 turns the bound off. Estimates err both ways (docs: p90 ~2× with
+     * history), so the default leaves that much room.
+     */
+    overrun_factor: NonNegative.default(2),
   });
 }
 

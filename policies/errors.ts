@@ -173,6 +173,11 @@ export const ERROR_CATALOGUE = {
     http: 429,
     doc: "The device-seconds budget (or read allowance) is spent: refused before the call, or stopped while it ran (details.stopped_after_s); wait for the window or make the call smaller.",
   },
+  approval_overrun: {
+    recoverable: true,
+    http: 429,
+    doc: "An approved call ran past its approved estimate times approvals.overrun_factor and was stopped (details.stopped_after_s, estimated_s); a benchmark answers its partial report marked stopped: approval. Ask for a new approval for a smaller call.",
+  },
   busy: {
     recoverable: true,
     http: 503,
@@ -257,6 +262,7 @@ export const POLICY_ERROR_CODES = [
   "approval_limit",
   "rate_limited",
   "budget_exceeded",
+  "approval_overrun",
   "busy",
   "timeout",
   "cancelled",

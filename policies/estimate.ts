@@ -15,6 +15,11 @@ export interface ModelFacts {
   /** Dtypes the catalog allows for this model; suggestions only name these. */
   dtypes: readonly string[];
   default_dtype?: string;
+  /**
+   * The library the worker builds the model with (transformers), whose first import in a worker
+   * costs seconds to a minute; absent: the worker builds it itself (plain torch).
+   */
+  library?: string;
 }
 
 export interface DeviceFacts {
@@ -86,6 +91,11 @@ export interface EstimateInput {
   loaded_at?: number;
   /** Now, ms since the epoch: only recent calls say how busy the host is (absent: any). */
   now?: number;
+  /**
+   * Libraries the worker has imported (its status): a load of a model whose library is not
+   * among them is cold, and pays the import. Absent: not known (priced warm).
+   */
+  libraries_imported?: readonly string[];
   assumptions?: Partial<EstimateAssumptions>;
 }
 
@@ -108,6 +118,12 @@ export interface EstimateAssumptions {
   activation_per_token_factor: number;
   /** Storage → host → device read rate for loads; low on purpose (cold caches, network disks). */
   load_bytes_per_s: number;
+  /**
+   * A cold load's first import of its model library (transformers) in the worker and its first
+   * model build, seconds, on any device (it is host work). A check of a model not loaded pays it
+   * too but is not priced so: the read allowance bounds it whatever its estimate.
+   */
+  library_import_s: number;
   /** Sustained matmul throughput, FLOP/s, by device kind; far below peak on purpose. */
   flops_per_s: Record<string, number>;
   /** Seconds to compile one graph (one shape bucket) in mode "compile", by device kind. */
@@ -137,6 +153,10 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   activation_base_bytes: 64 * 2 ** 20,
   activation_per_token_factor: 16,
   load_bytes_per_s: 200e6,
+  // Measured 2026-12-01 on the 2-core development VM: a fresh worker's first tiny-gpt2 load
+  // took 34–38 s at load average 17 (the next load of another transformers model 0.8–1.1 s,
+  // mnist-cnn 0.02–0.1 s); issue 33 saw 28.8 s. Measured cold loads then price the next ones.
+  library_import_s: 20,
   flops_per_s: { cpu: 100e9, cuda: 5e12, tpu: 20e12, xla: 20e12 },
   compile_s_per_graph: { cpu: 10, cuda: 20, tpu: 45, xla: 45 },
   call_overhead_s: 0.01,
@@ -269,7 +289,12 @@ export function workOf(input: EstimateInput): Work {
     );
   switch (input.kind) {
     case "load":
-      return { dtype, mode: String(args.mode ?? "eager"), ...keep("warmup_shapes", "warmup") };
+      return {
+        dtype,
+        mode: String(args.mode ?? "eager"),
+        ...keep("warmup_shapes", "warmup"),
+        ...(coldLibrary(input) ? { cold: true } : {}),
+      };
     case "check":
       return {
         dtype,
@@ -351,7 +376,7 @@ export function classOf(kind: EstimateKind, w: Work): string {
     case "check":
       return [kind, w.dtype, w.attention ?? "default"].join("|");
     case "load":
-      return [kind, w.dtype, w.mode].join("|");
+      return [kind, w.dtype, w.mode, w.cold ? "cold" : "warm"].join("|");
     case "benchmark":
       return [
         kind,
@@ -373,6 +398,14 @@ interface Modelled {
   weightBytes: number;
   needsWeights: boolean;
   dtype: string;
+}
+
+/** The model's library is not yet imported in the worker (known from its status). */
+function coldLibrary(input: EstimateInput): boolean {
+  const lib = input.model?.library;
+  return lib !== undefined && input.libraries_imported !== undefined
+    ? !input.libraries_imported.includes(lib)
+    : false;
 }
 
 /** Device-seconds and the rest from the model of the device (FLOP/s, history of latencies). */
@@ -407,7 +440,8 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
         warm += latencyMs(input, b, l, dtype, a) / 1000;
       }
       compileS = args.mode === "compile" ? compileGraph * shapes.length : 0;
-      deviceSeconds = weightBytes / a.load_bytes_per_s + compileS + warm;
+      deviceSeconds =
+        (args.cold ? a.library_import_s : 0) + weightBytes / a.load_bytes_per_s + compileS + warm;
       break;
     }
     case "check": {

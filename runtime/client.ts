@@ -709,12 +709,46 @@ export class WorkerRuntime {
     p.stopReason = reason;
     clearTimeout(p.timer);
     this.sendCancel(p, reason);
+    if (reason) return this.awaitStop(p, reason);
     p.graceTimer = setTimeout(() => {
       if (!p.settled)
         this.calls.settle(p, () =>
           p.reject(cancelledError(p.op, "by the caller (the worker did not confirm in time)")),
         );
     }, this.options.cancelGraceMs);
+  }
+
+  /**
+   * A call the gate stopped (budget, timeout) ends with the worker's own answer, a benchmark's
+   * partial report included, however slow the host: the budget charged it up to the stop, so the
+   * wait costs nobody's budget. A worker that does not answer a ping by cancelGraceMs is hung
+   * (the probe kills it); one still running the call after stopGraceMs ignores its cancel, and
+   * is restarted: the device must not stay held by work nobody waits for.
+   */
+  private awaitStop(p: Pending, reason: StopReason): void {
+    const what = `${p.op} (request ${p.id}, stopped: ${reason})`;
+    p.graceTimer = setTimeout(
+      () => this.probe(p.proc, `${what} has not ended yet`),
+      this.options.cancelGraceMs,
+    );
+    p.stopTimer = setTimeout(() => {
+      if (p.settled || p.proc.gone) return;
+      this.log.error(
+        { pid: p.proc.child.pid, op: p.op, reason, grace_ms: this.options.stopGraceMs },
+        "worker did not end a stopped call in time; restarting it",
+      );
+      this.calls.settle(p, () =>
+        p.reject(
+          new RuntimeCallError(
+            "worker_died",
+            `${p.op} was stopped (${reason === "budget" ? "its budget ran out" : reason === "timeout" ? "its time limit ran out" : "it ran past what was approved"}) and the worker did not end it within ${this.options.stopGraceMs / 1000} s, so the worker was restarted. Retry the call.`,
+            true,
+            { op: p.op, stopped: reason },
+          ),
+        ),
+      );
+      p.proc.child.kill("SIGKILL");
+    }, this.options.stopGraceMs);
   }
 
   private sendCancel(p: Pending, reason?: StopReason): void {

@@ -218,7 +218,7 @@ const Report = z.object({
   work: z.enum(["forward", "generate", "train_step"]),
   cancelled: z.boolean(),
   /** Present when the gate stopped the run: its budget or time limit ran out; configs are what it measured. */
-  stopped: z.enum(["budget", "timeout"]).optional(),
+  stopped: z.enum(["budget", "timeout", "approval"]).optional(),
   configs: z.array(Config),
   manifest: z.record(z.string(), z.unknown()),
   comparison: z

@@ -45,8 +45,18 @@ export interface WorkerRuntimeOptions {
   heartbeatIntervalMs?: number;
   /** A ping unanswered this long means the worker is hung: it is SIGKILLed and restarted. */
   heartbeatTimeoutMs?: number;
-  /** After an abort, how long to wait for the worker to confirm the cancel. Default: 2 s. */
+  /**
+   * After an abort, how long to wait for the worker to confirm the cancel (default 2 s). For a
+   * call the gate stopped (budget, timeout), the time after which the worker is pinged instead.
+   */
   cancelGraceMs?: number;
+  /**
+   * How long a call the gate stopped may take to end in the worker (default 8 s, under the
+   * gate's own 10 s): its answer (a benchmark's partial report) is waited for, since the budget
+   * charged it up to the stop; a worker still running it after this ignores cancels, and is
+   * restarted.
+   */
+  stopGraceMs?: number;
   restartBackoffBaseMs?: number;
   restartBackoffMaxMs?: number;
   /** More crashes than this within restartWindowMs puts the runtime in state `failed`. */
@@ -93,6 +103,7 @@ export function resolveRuntimeOptions(opts: WorkerRuntimeOptions = {}): Readonly
     heartbeatIntervalMs: opts.heartbeatIntervalMs ?? 5_000,
     heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? 15_000,
     cancelGraceMs: opts.cancelGraceMs ?? 2_000,
+    stopGraceMs: opts.stopGraceMs ?? 8_000,
     restartBackoffBaseMs: opts.restartBackoffBaseMs ?? 500,
     restartBackoffMaxMs: opts.restartBackoffMaxMs ?? 30_000,
     maxRestartsInWindow: opts.maxRestartsInWindow ?? 5,

@@ -39,6 +39,8 @@ export interface StatusResult {
   eager_mode?: string | null;
   matmul_precision: string | null;
   loaded: LoadedEntry[];
+  /** Model libraries imported so far (["transformers"]): a first load needing one imports it. */
+  libraries?: string[];
   rss_bytes?: number;
   uptime_s?: number;
   worker_version?: string;
@@ -184,7 +186,7 @@ export interface BenchmarkResult {
   configs: ReportRow[];
   cancelled: boolean;
   /** The gate stopped it (cancel with a reason): `configs` are what it measured until then. */
-  stopped?: "budget" | "timeout";
+  stopped?: "budget" | "timeout" | "approval";
   offline_skipped_batches?: number[];
 }
 

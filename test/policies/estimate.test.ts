@@ -568,3 +568,69 @@ describe("estimates from measured calls", () => {
     expect(hostDrift({ ...base, kind: "inference", args, calls: stalled, now })).toBe(4);
   });
 });
+
+describe("a cold load (issue 33: estimated 0.057 s, took 28.8 s)", () => {
+  const gpt2: ModelFacts = {
+    id: "tiny-gpt2",
+    parameters: 2_100_000,
+    weight_bytes: 8_400_000,
+    dtypes: ["float32"],
+    library: "transformers",
+  };
+  const cpu: DeviceFacts = {
+    kind: "cpu",
+    memory_free_bytes: 8 * GiB,
+    memory_total_bytes: 16 * GiB,
+  };
+  const load = (extra: Partial<EstimateInput> = {}): EstimateInput => ({
+    kind: "load",
+    args: { model: gpt2.id },
+    model: gpt2,
+    device: cpu,
+    ...extra,
+  });
+  const importS = DEFAULT_ASSUMPTIONS.library_import_s;
+
+  it("prices the worker's first import of the model's library, and only then", () => {
+    const warm = estimateCost(load({ libraries_imported: ["transformers"] })).device_seconds;
+    const cold = estimateCost(load({ libraries_imported: [] })).device_seconds;
+    expect(warm).toBeLessThan(1);
+    expect(cold).toBeGreaterThanOrEqual(importS);
+    expect(cold - warm).toBeCloseTo(importS, 3);
+    // Unknown (no status): priced as before; a plain-torch model never imports the library.
+    expect(estimateCost(load()).device_seconds).toBeCloseTo(warm, 3);
+    const { library: _l, ...torchOnly } = gpt2;
+    expect(
+      estimateCost(load({ model: torchOnly, libraries_imported: [] })).device_seconds,
+    ).toBeCloseTo(warm, 3);
+  });
+
+  it("prices the weight bytes it reads", () => {
+    const heavy = { ...gpt2, weight_bytes: 2e9 };
+    const warm = (m: ModelFacts) =>
+      estimateCost(load({ model: m, libraries_imported: ["transformers"] })).device_seconds;
+    expect(warm(heavy) - warm(gpt2)).toBeCloseTo(
+      (2e9 - gpt2.weight_bytes) / DEFAULT_ASSUMPTIONS.load_bytes_per_s,
+      1,
+    );
+  });
+
+  it("learns cold loads apart from warm ones", () => {
+    const rec = (cold: boolean, seconds: number): CallRecord => ({
+      kind: "load",
+      model: gpt2.id,
+      device: "cpu",
+      work: workOf(load({ libraries_imported: cold ? [] : ["transformers"] })),
+      seconds,
+      at: 1000,
+    });
+    expect(rec(true, 1).work.cold).toBe(true);
+    expect(rec(false, 1).work.cold).toBeUndefined();
+    // A measured cold load of 35 s prices the next cold load; a warm one's 0.05 s does not.
+    const calls = [rec(true, 35), rec(false, 0.05)];
+    expect(estimateCost(load({ libraries_imported: [], calls })).device_seconds).toBeCloseTo(35, 1);
+    expect(
+      estimateCost(load({ libraries_imported: ["transformers"], calls })).device_seconds,
+    ).toBeCloseTo(0.05, 2);
+  });
+});

@@ -1,9 +1,11 @@
 // A call of a job tool (its record says job: true): answered with its result, or with a job id
 // when it was asked not to wait or outlives the soft deadline (dispatch.ts decides which).
 import type { CallDeadline, GateCall, InputRequired } from "../../policies/gate/gate.js";
+import { stopReasonOf } from "../../runtime/types.js";
 import { ToolError } from "../errors.js";
 import type { ToolContext } from "../types.js";
 import type { DispatchInput } from "./dispatch.js";
+import { checkOutput } from "./result.js";
 
 /**
  * A job tool once the gate admits it. With wait: false (softMs 0) it becomes a job at once and
@@ -54,6 +56,12 @@ export function runAsJob(
           jobProgress?.(p, total, message);
           if (!handedOut) input.progress(p, total, message);
         };
+        // A job the gate stopped (budget, timeout, approval) that ends without a partial result
+        // fails with the gate's reason, not with the worker's cancellation (never "cancelled
+        // by the caller": nobody cancelled it).
+        const stopOf = (e: unknown) => {
+          throw stopReasonOf(gateSignal.reason) ? gateSignal.reason : e;
+        };
         const adopt = (work: Promise<Record<string, unknown>>) =>
           jobs.start(tool.name, principal.id, (jobSignal, progress) => {
             jobProgress = progress;
@@ -62,7 +70,9 @@ export function runAsJob(
               jobSignal.addEventListener("abort", () => jobCtl.abort(jobSignal.reason), {
                 once: true,
               });
-            return work;
+            // What get_job serves is checked as a direct answer is: a result that drifted from
+            // the tool's output schema ends the job `internal` (logged with its fields).
+            return work.then((r) => checkOutput(tool, r, input.logger), stopOf);
           });
         const signal = AbortSignal.any([gateSignal, jobCtl.signal]);
         // The handler starts on the next microtask, after a job (if any) has adopted it.

@@ -10,6 +10,16 @@ import {
 import type { ToolPolicy } from "../../policies/tool_policy.js";
 import type { ToolContext, ToolServices } from "../types.js";
 
+/**
+ * The library the worker builds a model with: transformers for every architecture but the one it
+ * builds in plain torch (mnist-cnn, adapters/build.py); none for an engine's model (its own
+ * process).
+ */
+function libraryOf(entry: { architecture: string; engine?: string }): { library?: string } {
+  if (entry.engine === "vllm" || entry.architecture === "mnist-cnn") return {};
+  return { library: "transformers" };
+}
+
 /** What the estimator reads of a call besides models and devices: its work and its model's state. */
 function callFacts(
   tool: Pick<ToolPolicy, "estimate">,
@@ -35,6 +45,7 @@ function callFacts(
       weight_bytes: 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
+      ...libraryOf(entry),
     },
     calls: ctx.reports.calls(entry.id, deviceKind),
     now: Date.now(),
@@ -81,7 +92,12 @@ export async function estimateFor(
       weight_bytes: fact?.weight_bytes ?? 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
+      ...libraryOf(entry),
     },
+    // What the worker has imported: the first load of a transformers model in it is cold.
+    ...("libraries" in status && Array.isArray(status.libraries)
+      ? { libraries_imported: status.libraries }
+      : {}),
     device: {
       kind: deviceKind,
       memory_free_bytes: dev?.memory_free_bytes ?? null,

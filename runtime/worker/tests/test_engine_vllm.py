@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from conftest import bench_args
 from tpu_worker.cancel import CancelToken
 from tpu_worker.engines import VllmEngine, VllmSettings
 from tpu_worker.engines.http import Endpoint
@@ -420,6 +421,20 @@ def test_the_abort_endpoint_is_turned_on_only_for_a_vllm_that_has_it():
     assert q.command().count(SCALE_OUT) == 1
     p.stop()
     q.stop()
+
+
+def test_a_benchmark_of_an_engine_model_reports_its_engine_figures(engine):
+    from tpu_worker.engines.served import EngineModel
+
+    model = EngineModel(engine.entry, engine, "cpu", "float32", "eager", "now", {"load_s": 1.5})
+    args = bench_args(
+        model="tiny-gpt2", work="generate", seq_lens=[8], iterations=2, warmup=0, max_new_tokens=4, temperature=0
+    )
+    out = model.benchmark(None, args, OpContext("1"))
+    (c,) = out["configs"]
+    assert c["error"] is None and c["engine"] == "vllm" and c["iterations"] == 2
+    assert c["load_s"] == 1.5 and c["tokens_per_s"] > 0 and c["ttft_ms"]["p50"] > 0
+    assert out["manifest"]["engine"] == "vllm"
 
 
 def test_the_catalog_takes_engine_vllm_for_causal_lms_only(catalog):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -13,6 +14,9 @@ from .adapters.text import model_chat_template
 from .errors import WorkerError
 from .memory import rss_bytes
 from .probe import refresh_memory
+
+# Libraries a model build may import on first use (adapters/build.py).
+MODEL_LIBRARIES = ("transformers",)
 
 
 def describe_models(worker) -> dict:
@@ -78,6 +82,9 @@ def worker_status(worker, *, checksums: bool = False) -> dict:
         "eager_mode": worker.platform.eager_mode_report(worker.device),
         "matmul_precision": worker.platform.matmul_precision(worker.device),
         "loaded": loaded,
+        # The model libraries imported so far: the first load that needs one pays its import
+        # (seconds to a minute on a busy host), which the server's estimate prices.
+        "libraries": sorted(lib for lib in MODEL_LIBRARIES if lib in sys.modules),
         "rss_bytes": rss_bytes(),
         "uptime_s": round(time.monotonic() - worker.started, 3),
         "worker_version": __version__,
