@@ -75,7 +75,7 @@ def test_smollm2_is_a_real_chat_model_that_answers_a_factual_question(models_dir
     try:
         w.handle("load", {"model": "smollm2-135m-instruct"}, [], OpContext("load"))
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        rendered = w.loaded["smollm2-135m-instruct"].adapter.chat.render(messages)
+        rendered = w.served["smollm2-135m-instruct"].adapter.chat.render(messages)
         assert rendered.startswith("<|im_start|>system") and rendered.endswith("<|im_start|>assistant\n")
         result, _ = w.handle(
             "infer",
