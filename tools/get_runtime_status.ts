@@ -2,6 +2,7 @@ import { z } from "zod";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { RuntimeCallError } from "../runtime/types.js";
 import type { StatusResult } from "../runtime/wire/ops.js";
+import { Compiles, ShapePlan, ShapesSeen } from "./schemas.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 const Device = z
@@ -95,6 +96,9 @@ const build = (env: ToolEnv) => {
               .passthrough()
               .optional()
               .describe("a model served by vLLM: its version, health and restarts"),
+            shape_plan: ShapePlan.nullable().optional(),
+            shapes: ShapesSeen.optional(),
+            compiles: Compiles.optional(),
           })
           .passthrough(),
       ),
@@ -221,7 +225,7 @@ const build = (env: ToolEnv) => {
         ? `device status unavailable (${o.device_unavailable.code}: ${o.device_unavailable.message}); `
         : "") +
       `worker ${o.worker.state}${o.device ? ` on ${o.device.kind} (${o.device.name})` : ""}; torch ${o.torch_version}; ` +
-      `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}${m.engine ? `, vLLM ${m.engine.version ?? "?"} ${m.engine.health}` : ""}]`).join(", ") || "none"}` +
+      `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}${m.engine ? `, vLLM ${m.engine.version ?? "?"} ${m.engine.health}` : ""}${shapesNote(m)}]`).join(", ") || "none"}` +
       (o.worker.lost_models.length
         ? `; lost in a worker restart: ${o.worker.lost_models.join(", ")}`
         : "") +
@@ -239,6 +243,22 @@ const build = (env: ToolEnv) => {
   };
   return { ...tool, listedOutput: tool.output.omit(absent) };
 };
+
+/** A loaded model's shapes in a few words: seen of the plan, padding, recompiles. */
+function shapesNote(m: {
+  shape_plan?: z.infer<typeof ShapePlan> | null;
+  shapes?: z.infer<typeof ShapesSeen>;
+  compiles?: z.infer<typeof Compiles>;
+}): string {
+  if (!m.shape_plan || !m.shapes) return "";
+  const waste = m.shapes.padding_waste;
+  const pad = waste === null ? "" : `, padding ${(waste * 100).toFixed(0)}%`;
+  const c = m.compiles;
+  const compiled = c
+    ? `, ${c.graphs_compiled ?? 0} graphs at load, ${c.recompiles_since_load} recompiles`
+    : "";
+  return `, shapes ${m.shapes.distinct_shapes}/${m.shape_plan.size}${pad}${compiled}`;
+}
 
 /** Errors that mean "no worker could answer": status reports them instead of failing. */
 const UNAVAILABLE = new Set(["worker_unavailable", "worker_died", "timeout", "runtime_setting_up"]);

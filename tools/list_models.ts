@@ -3,6 +3,7 @@ import { toToolError } from "./errors.js";
 import type { ModelFact } from "./stores/facts.js";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { maxLogprobsOf } from "./support/generation.js";
+import { ShapePlan } from "./schemas.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 export const ModelInfo = z.object({
@@ -32,6 +33,15 @@ export const ModelInfo = z.object({
   available: z.boolean(),
   problem: z.string().nullable(),
   loaded: z.boolean(),
+  shape_plan: ShapePlan.optional().describe(
+    "a loaded model: the batch and length buckets its forwards are padded to",
+  ),
+  decode_cache: z
+    .string()
+    .optional()
+    .describe(
+      'a loaded generation model: "static" (fixed slots, shapes of the plan only) or "dynamic" (why: in get_runtime_status)',
+    ),
 });
 
 /** What the server and its policies know of list_models (policies/tool_policy.ts). */
@@ -64,7 +74,7 @@ const build = (env: ToolEnv) =>
           .then((r) => r.result)
           .catch(() => ({ loaded: [], devices: [] })),
       ]);
-      const loaded = new Set<string>((status.loaded ?? []).map((m: any) => m.model));
+      const loadedRows = new Map<string, any>((status.loaded ?? []).map((m: any) => [m.model, m]));
       const devices = [...new Set<string>((status.devices ?? []).map((d: any) => d.kind))];
       return {
         models: env.catalog.models.map((m) => {
@@ -92,7 +102,13 @@ const build = (env: ToolEnv) =>
             ...(m.input ? { input: { shape: [...m.input.shape], dtype: m.input.dtype } } : {}),
             available: f?.available ?? false,
             problem: f?.problem ?? (f ? null : (down ?? "the worker did not describe this model")),
-            loaded: loaded.has(m.id),
+            loaded: loadedRows.has(m.id),
+            ...(loadedRows.get(m.id)?.shape_plan
+              ? { shape_plan: loadedRows.get(m.id).shape_plan }
+              : {}),
+            ...(typeof loadedRows.get(m.id)?.batching?.cache === "string"
+              ? { decode_cache: loadedRows.get(m.id).batching.cache }
+              : {}),
           };
         }),
       };
@@ -101,7 +117,7 @@ const build = (env: ToolEnv) =>
       o.models
         .map(
           (m) =>
-            `${m.id} (${m.task}, ${m.parameters ?? "?"} params, ${m.dtypes.join("/")})${m.chat_template ? " [chat]" : ""}${m.loaded ? " [loaded]" : ""}${m.available ? "" : ` [unavailable: ${m.problem}]`}`,
+            `${m.id} (${m.task}, ${m.parameters ?? "?"} params, ${m.dtypes.join("/")})${m.chat_template ? " [chat]" : ""}${m.loaded ? ` [loaded${m.shape_plan ? `, ${m.shape_plan.size} shapes` : ""}${m.decode_cache ? `, ${m.decode_cache} cache` : ""}]` : ""}${m.available ? "" : ` [unavailable: ${m.problem}]`}`,
         )
         .join("\n"),
   });

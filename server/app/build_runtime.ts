@@ -2,6 +2,7 @@
 // unchanged for a newcomer) or of several (one per chip, explicit local and remote workers), and
 // with runtime.ray the fleet that places more of them.
 import { availableParallelism } from "node:os";
+import { join } from "node:path";
 import type { Logger } from "pino";
 import { WorkerRuntime, type SpawnFn, type WorkerRuntimeOptions } from "../../runtime/client.js";
 import {
@@ -42,7 +43,14 @@ export function baseRuntimeOptions(config: ServerConfig, logger: Logger): Worker
     pythonPath: config.paths.python,
     catalogPath: config.paths.catalog,
     device: rt.device,
-    extraArgs: ["--threads", String(workerThreads(rt.threads)), ...engineArgs(rt.engines)],
+    extraArgs: [
+      "--threads",
+      String(workerThreads(rt.threads)),
+      // Compiled graphs (mode "compile") kept across worker restarts: a restart loads warm.
+      "--compile-cache",
+      join(config.paths.data_dir, "compile-cache"),
+      ...engineArgs(rt.engines),
+    ],
     startMode: rt.start,
     requestTimeoutMs: rt.request_timeout_s * 1000,
     heartbeatIntervalMs: rt.heartbeat_interval_s * 1000,
