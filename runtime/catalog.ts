@@ -14,6 +14,10 @@ export const CatalogEntrySchema = z.object({
   task: z.enum(["embedding", "text-generation", "classification", "tensor"]),
   architecture: z.string(),
   description: z.string().default(""),
+  /** The weights' licence (SPDX id), shown by list_models. */
+  license: z.string().min(1).optional(),
+  /** Where the weights come from (a hub id, a package), shown by list_models. */
+  origin: z.string().min(1).optional(),
   source: z.union([
     z.object({ path: z.string().min(1) }).strict(),
     z.object({ hub: z.string().min(1), revision: z.string().regex(/^[0-9a-f]{40}$/) }).strict(),

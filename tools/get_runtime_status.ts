@@ -57,6 +57,19 @@ const build = (env: ToolEnv) => {
         .describe(
           "set when no worker could answer: device, devices, versions and loaded are then empty, the rest is what the control plane knows",
         ),
+      setup: z
+        .object({
+          state: z.enum(["running", "done", "failed"]),
+          step: z.string(),
+          percent: z.number(),
+          message: z.string(),
+          log: z.string(),
+          error: z.string().nullable(),
+        })
+        .optional()
+        .describe(
+          "an installed package's first set-up (Python environment, model files) until it has finished: device tools answer runtime_setting_up meanwhile",
+        ),
       device: Device.nullable(),
       devices: z.array(Device),
       probe: z.array(z.object({ backend: z.string(), matched: z.boolean(), reason: z.string() })),
@@ -174,6 +187,7 @@ const build = (env: ToolEnv) => {
         if (!(e instanceof RuntimeCallError) || !UNAVAILABLE.has(e.code)) throw e;
         unavailable = { code: e.code, message: e.message };
       }
+      const setup = ctx.setup?.() ?? null;
       const workers = rt.workers();
       const down = workers.filter((w) => w.state !== "ready" && w.last_error);
       return {
@@ -188,6 +202,7 @@ const build = (env: ToolEnv) => {
             : down.map((w) => `${w.name}: ${w.last_error}`).join("; ") || null,
         },
         ...(unavailable ? { device_unavailable: unavailable } : {}),
+        ...(setup ? { setup } : {}),
         device: result.device ?? null,
         devices: result.devices ?? [],
         probe: result.probe ?? rt.hello?.probe ?? [],
@@ -203,6 +218,9 @@ const build = (env: ToolEnv) => {
       };
     },
     render: (o) =>
+      (o.setup
+        ? `setting up (${o.setup.state}, ${o.setup.percent}%: ${o.setup.step}; log ${o.setup.log}); `
+        : "") +
       (o.device_unavailable
         ? `device status unavailable (${o.device_unavailable.code}: ${o.device_unavailable.message}); `
         : "") +
@@ -221,6 +239,7 @@ const build = (env: ToolEnv) => {
   const absent = {
     ...(env.deployment?.pool === false ? { workers: true as const } : {}),
     ...(env.deployment?.fleet === false ? { fleet: true as const } : {}),
+    ...(env.deployment?.setup === false ? { setup: true as const } : {}),
   };
   return { ...tool, listedOutput: tool.output.omit(absent) };
 };
@@ -242,6 +261,6 @@ function shapesNote(m: {
 }
 
 /** Errors that mean "no worker could answer": status reports them instead of failing. */
-const UNAVAILABLE = new Set(["worker_unavailable", "worker_died", "timeout"]);
+const UNAVAILABLE = new Set(["worker_unavailable", "worker_died", "timeout", "runtime_setting_up"]);
 
 export const getRuntimeStatus: ToolFile = { policy, build };

@@ -10,6 +10,9 @@ export const ModelInfo = z.object({
   id: z.string(),
   task: z.string(),
   description: z.string(),
+  /** The weights' licence (SPDX id) and where they come from, when the catalog says. */
+  license: z.string().optional(),
+  origin: z.string().optional(),
   format: z.string(),
   parameters: z.number().int().nullable(),
   weight_bytes: z.number().int().nullable(),
@@ -80,6 +83,8 @@ const build = (env: ToolEnv) =>
             id: m.id,
             task: m.task,
             description: m.description,
+            ...(m.license ? { license: m.license } : {}),
+            ...(m.origin ? { origin: m.origin } : {}),
             format: m.format,
             parameters: f?.parameters ?? null,
             weight_bytes: f?.weight_bytes ?? null,

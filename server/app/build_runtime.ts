@@ -15,7 +15,7 @@ import {
   type RemoteRefusal,
   type WorkerEntry,
 } from "../../runtime/pool/index.js";
-import type { FleetState, Runtime } from "../../runtime/types.js";
+import type { FleetState, Runtime, RuntimeCallError } from "../../runtime/types.js";
 import type { RayFleet } from "../../runtime/fleet/ray.js";
 import type { ServerConfig } from "../config/config.js";
 import { attachRayFleet } from "../control/fleet.js";
@@ -31,12 +31,15 @@ export interface RuntimeHooks {
   hostHasChips?: () => boolean;
   /** Stands in for child_process.spawn for local workers (tests). */
   spawn?: SpawnFn;
+  /** Holds local workers back until it returns null (a package's set-up, server/setup/). */
+  prerequisite?: () => RuntimeCallError | null;
 }
 
 export function baseRuntimeOptions(config: ServerConfig, logger: Logger): WorkerRuntimeOptions {
   const rt = config.runtime;
   return {
     repoRoot: config.paths.root,
+    workerDir: config.paths.install.workerDir,
     pythonPath: config.paths.python,
     catalogPath: config.paths.catalog,
     device: rt.device,
@@ -98,6 +101,7 @@ export function buildRuntime(
   const base = {
     ...baseRuntimeOptions(config, logger),
     ...(hooks.spawn ? { spawn: hooks.spawn } : {}),
+    ...(hooks.prerequisite ? { prerequisite: hooks.prerequisite } : {}),
   };
   const mode = workersMode(config, hooks.hostHasChips);
   const ray = config.runtime.ray;
@@ -105,7 +109,11 @@ export function buildRuntime(
   if (mode === "single" && !ray) return { pool: WorkerPool.single(new WorkerRuntime(base)) };
   const inventory =
     hooks.inventory ??
-    workerInventory({ pythonPath: config.paths.python, repoRoot: config.paths.root });
+    workerInventory({
+      pythonPath: config.paths.python,
+      repoRoot: config.paths.root,
+      workerDir: config.paths.install.workerDir,
+    });
   const entries: WorkerEntry[] | (() => Promise<WorkerEntry[]>) =
     mode === "list"
       ? (config.runtime.workers as WorkerEntry[])
