@@ -152,7 +152,8 @@ export function verifyExport(lines: Iterable<string>, headExportHash: string): E
     } catch (e) {
       return fail(r.seq, `record ${r.seq}: ${(e as Error).message}`);
     }
-    const link = exportLink(r.export_prev, String(r.prev_hash), String(r.hash), body);
+    // Linked to what this verifier computed, never to what the line claims came before it.
+    const link = exportLink(prevExport ?? r.export_prev, String(r.prev_hash), String(r.hash), body);
     if (link !== r.export_hash)
       return fail(
         r.seq,

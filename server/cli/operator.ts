@@ -1,7 +1,7 @@
 // Operator commands that work beside a running server, on the same SQLite store:
 // `tpu-mcp approvals ...` and `tpu-mcp audit ...`. The operator is identified by a token checked
 // against the same config as the server's HTTP callers. The commands that only read (approvals
-// list/show, audit tail/head/verify) open the store read-only and never create it or the audit
+// list/show, audit tail/head/verify/export) open the store read-only and never create it or the audit
 // key: on a fresh data directory they answer as an empty store would, and say so on stderr.
 import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
 import Database from "better-sqlite3";

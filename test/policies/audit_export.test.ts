@@ -172,6 +172,17 @@ describe("audit export of 100,000 records", () => {
       /does not end at the head you were given/,
     ],
     [
+      "one line edited with its own export_hash recomputed",
+      () => {
+        const objs = parse(lines);
+        const r = objs[k]!.record as Line;
+        objs[k] = { ...objs[k]!, record: { ...r, principal: "someone-else" } };
+        return dump(rechain(objs.slice(0, k + 1), k)).concat(lines.slice(k + 1));
+      },
+      seqAt(k + 1),
+      /record \d+ does not follow record \d+ \(export_prev differs\)/,
+    ],
+    [
       "one line removed, the rest renumbered and rechained",
       () => {
         const objs = parse(lines.filter((_, i) => i !== k));
