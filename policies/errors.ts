@@ -203,6 +203,11 @@ export const ERROR_CATALOGUE = {
     http: 503,
     doc: "The model's engine (vLLM) is not serving: it is restarting after a crash (call again shortly) or is not set up (`scripts/setup-vllm.sh`, docs/vllm.md); get_runtime_status shows its health.",
   },
+  runtime_setting_up: {
+    recoverable: true,
+    http: 503,
+    doc: "An installed package is making its Python environment and model files (first start only, a few minutes); the message says what it is doing and how far it is. Call again in a minute; get_runtime_status shows the progress, `tpu-mcp setup` in a terminal shows it live.",
+  },
   worker_unavailable: {
     recoverable: false,
     http: 503,

@@ -15,6 +15,8 @@ export interface ModelFacts {
   /** Dtypes the catalog allows for this model; suggestions only name these. */
   dtypes: readonly string[];
   default_dtype?: string;
+  /** The graphs a load in mode "compile" warms (its shape plan's size); absent: one per warmup shape. */
+  compile_graphs?: number | null;
   /**
    * The library the worker builds the model with (transformers), whose first import in a worker
    * costs seconds to a minute; absent: the worker builds it itself (plain torch).
@@ -337,8 +339,10 @@ export function workOf(input: EstimateInput): Work {
       items = Math.max(1, items);
       const mode = input.loaded_mode ?? "eager";
       const since = input.loaded_at;
+      // A model with a shape plan compiled all of it at load: no call of it compiles.
       const cold =
         mode === "compile" &&
+        model?.compile_graphs == null &&
         since !== undefined &&
         !(input.calls ?? []).some(
           (c) =>
@@ -439,7 +443,9 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
         tokens = Math.max(tokens, b * l);
         warm += latencyMs(input, b, l, dtype, a) / 1000;
       }
-      compileS = args.mode === "compile" ? compileGraph * shapes.length : 0;
+      // A model with a shape plan compiles every shape of it at load (and none later).
+      const graphs = model?.compile_graphs ?? shapes.length;
+      compileS = args.mode === "compile" ? compileGraph * graphs : 0;
       deviceSeconds =
         (args.cold ? a.library_import_s : 0) + weightBytes / a.load_bytes_per_s + compileS + warm;
       break;

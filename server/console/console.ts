@@ -106,7 +106,7 @@ export interface ConsoleRoutes {
 
 export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }): ConsoleRoutes {
   const log = app.logger.child({ component: "console" });
-  const assetDir = join(app.config.paths.root, "dist", "console");
+  const assetDir = app.config.paths.install.consoleAssets;
   const sessions = new Map<string, ConsoleSession>();
   // Behind a TLS proxy the request itself is plain HTTP: the public URL says https.
   const publicHttps = app.config.http.resource_url?.startsWith("https:") ?? false;

@@ -97,6 +97,18 @@ function requestIds(body: unknown): (string | number)[] {
   return ids;
 }
 
+/** The request ids a body's `notifications/cancelled` messages name (a batch may hold several). */
+function cancelledIds(body: unknown): (string | number)[] {
+  const msgs = Array.isArray(body) ? body : [body];
+  const ids: (string | number)[] = [];
+  for (const m of msgs) {
+    if ((m as { method?: unknown } | null)?.method !== "notifications/cancelled") continue;
+    const id = (m as { params?: { requestId?: unknown } }).params?.requestId;
+    if (typeof id === "string" || (typeof id === "number" && Number.isFinite(id))) ids.push(id);
+  }
+  return ids;
+}
+
 /** The reserved `_meta` keys of the 2026-07-28 envelope share this prefix. */
 const ENVELOPE_PREFIX = "io.modelcontextprotocol/";
 
@@ -474,7 +486,11 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         s.lastSeen = Date.now();
         for (const id of ids) s.pendingIds.delete(id);
       });
-      return s.transport.handleRequest(req, res, body);
+      await s.transport.handleRequest(req, res, body);
+      // A cancelled request gets no answer (the protocol says so), so its stream would stay
+      // open and its session busy: closed once the cancellation has reached the handler.
+      for (const id of cancelledIds(body)) if (s.pendingIds.has(id)) s.transport.closeSSEStream(id);
+      return;
     }
     if (req.method !== "POST" || !isInitializeRequest(body)) {
       return jsonRpcError(

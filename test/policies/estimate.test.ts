@@ -58,6 +58,27 @@ describe("estimateCost", () => {
     expect(e.device_seconds).toBeGreaterThan(0);
   });
 
+  it("prices a compiled load of a model with a shape plan at one compile per shape of the plan", () => {
+    const device = { kind: "cpu", memory_free_bytes: 8 * GiB, memory_total_bytes: 16 * GiB };
+    const args = { model: minilm.id, device: "cpu", mode: "compile" };
+    const perGraph = DEFAULT_ASSUMPTIONS.compile_s_per_graph.cpu!;
+    const planned = estimateCost({
+      kind: "load",
+      args,
+      model: { ...minilm, compile_graphs: 20 },
+      device,
+    });
+    expect(planned.compile_s).toBe(20 * perGraph);
+    expect(estimateCost({ kind: "load", args, model: minilm, device }).compile_s).toBe(perGraph);
+    // ...and no call of it compiles afterwards (the warm-up covered every shape).
+    const call = { kind: "inference" as const, args: { texts: ["a b c"] }, device };
+    const loaded = { loaded_mode: "compile", loaded_at: 0 };
+    expect(workOf({ ...call, model: { ...minilm, compile_graphs: 20 }, ...loaded }).cold).toBe(
+      false,
+    );
+    expect(workOf({ ...call, model: minilm, ...loaded }).cold).toBe(true);
+  });
+
   it("refuses what does not fit and suggests bfloat16 when that fits", () => {
     const e = estimateCost({
       kind: "load",

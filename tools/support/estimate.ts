@@ -8,6 +8,7 @@ import {
   type EstimateInput,
 } from "../../policies/estimate.js";
 import type { ToolPolicy } from "../../policies/tool_policy.js";
+import { planSize } from "../../runtime/catalog.js";
 import type { ToolContext, ToolServices } from "../types.js";
 
 /**
@@ -45,6 +46,7 @@ function callFacts(
       weight_bytes: 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
+      compile_graphs: planSize(entry),
       ...libraryOf(entry),
     },
     calls: ctx.reports.calls(entry.id, deviceKind),
@@ -92,6 +94,7 @@ export async function estimateFor(
       weight_bytes: fact?.weight_bytes ?? 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
+      compile_graphs: planSize(entry),
       ...libraryOf(entry),
     },
     // What the worker has imported: the first load of a transformers model in it is cold.

@@ -110,6 +110,57 @@ def test_a_long_run_moves_the_cache_columns_and_keeps_the_tokens(static_loop):
         assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in want]
 
 
+def test_a_small_cache_keeps_moving_under_many_joins_and_the_tokens_stay_the_same(catalog, cpu_probe):
+    """A cache of 24 columns (max_seq_len 16 + max_new_tokens 8), 2 slots: the shared column
+    reaches the end while requests join, so every join moves the running slots."""
+    import json
+
+    from conftest import BUILTIN_CATALOG
+    from tpu_worker.catalog import parse_catalog
+    from tpu_worker.ops import OpContext, Worker
+
+    with open(BUILTIN_CATALOG, encoding="utf-8") as fh:
+        data = json.load(fh)
+    for m in data["models"]:
+        if m["id"] == "tiny-gpt2":
+            m["limits"].update(max_batch=2, max_seq_len=16, max_new_tokens=8)
+            m["batching"]["max_batch"] = 2
+    w = Worker(parse_catalog(data, BUILTIN_CATALOG), cpu_probe)
+    try:
+        w.handle("load", {"model": "tiny-gpt2"}, [], OpContext("l"))
+        m = w.served["tiny-gpt2"]
+        rng = __import__("random").Random(5)
+        requests = [
+            {"texts": [" ".join(["word"] * rng.randint(1, 30))], "max_new_tokens": rng.randint(1, 8), "logprobs": 1}
+            for _ in range(16)
+        ]
+        futures = [m.batcher.submit(m.adapter.prepare(a, []), CancelToken()) for a in requests]
+        for args, f in zip(requests, futures, strict=True):
+            got = f.result(timeout=120).result
+            prompt = m.adapter.prepare(args, []).payload.prompts[0]
+            want = hf_greedy(m.adapter, prompt, args["max_new_tokens"])
+            assert logprob_tokens(got)[0] == [m.adapter.token_text(t) for t in want]
+        assert m.batcher._batch.slots.shifts >= 2 and m.batcher.stats.joins >= 1
+    finally:
+        w.close()
+
+
+def test_a_join_when_the_shared_column_is_at_the_end_moves_left_then_right(shared_worker):
+    """The shared column at the cache's end and a joiner longer than what is left before it
+    after the move left: the running slot moves left, then right, and keeps its columns."""
+    from tpu_worker.generation.slots import SlotCache
+
+    adapter = shared_worker.served["tiny-gpt2"].adapter
+    s = SlotCache(adapter.eager_model, slots=2, length=24, buckets=(1, 2), dtype=torch.float32, device="cpu")
+    s.column = 24
+    s.mask[0, 14:24] = 1  # a running slot using the last 10 columns
+    s.keys[0][0, :, 14:24] = 7.0
+    s.make_room(16, 1)
+    assert s.column >= 16
+    assert int(s.mask[0].sum()) == 10 and bool(s.mask[0, s.column - 10 : s.column].all())
+    assert bool((s.keys[0][0, :, s.column - 10 : s.column] == 7.0).all())
+
+
 def test_every_forward_is_a_shape_of_the_plan(static_loop):
     loop, adapter = static_loop("tiny-gpt2")
     adapter.shapes.seen.clear()

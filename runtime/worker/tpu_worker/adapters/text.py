@@ -13,6 +13,7 @@ from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
 from ..generation.params import GenParams, GenRequest, parse_generation
 from ..generation.sampling import sample, sequence_generator
+from ..generation.slots import static_cache_problem
 from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
@@ -158,8 +159,11 @@ class CausalLM(Adapter):
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def _dynamic(self):
-        # The KV cache grows every step: let dynamo mark that dimension dynamic, where the
-        # backend allows it (TorchTPU does not: see TpuPlatform.compile_dynamic).
+        # The static decode loop's shapes are the plan's: one static graph each. A dynamic cache
+        # grows every step: let dynamo mark that dimension dynamic, where the backend allows it
+        # (TorchTPU does not: see TpuPlatform.compile_dynamic).
+        if static_cache_problem(self.eager_model) is None:
+            return False
         return platform_for(self.device).compile_dynamic
 
     def prepare(self, args, tensors) -> Prepared:

@@ -112,6 +112,10 @@ class DecodeLoop(Inbox):
         self._thread.start()
 
     # -- the Batcher's surface (ops.py, reports.py) -----------------------------------------
+    def warm(self, progress, token) -> int:
+        """Before the first request: every shape of the plan once (see rows.py)."""
+        return self._batch.warm(progress, token)
+
     @property
     def mergeable(self) -> bool | None:
         """Can requests join a running batch (None: not known before the first prefill)."""

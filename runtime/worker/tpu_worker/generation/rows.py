@@ -57,6 +57,9 @@ class DynamicRows:
         self.shapes.record("decode", len(tokens), self._mask.shape[1], len(tokens))
         return logits
 
+    def warm(self, progress, token) -> int:
+        return 0  # a dynamic cache has a new shape every step: nothing to warm ahead
+
     def keep(self, rows: list[int]) -> bool:
         """Keeps `rows` (in order); False when this cache cannot drop rows (they ride along)."""
         if not self.mergeable:
@@ -127,6 +130,28 @@ class StaticRows:
         logits = self.adapter.step_static(fed.to(self.slots.device), cache, mask, pos, column)
         self.shapes.record("decode", bucket, 1, n)
         return logits[:n]
+
+    def warm(self, progress, token) -> int:
+        """Runs every forward shape of the plan once, on an empty batch (a compiled model
+        compiles them now, not in a caller's request); returns how many."""
+        shapes = self.plan.forward_shapes()
+        pad = self.adapter.pad_id
+        for i, (kind, b, n) in enumerate(shapes):
+            token.check()
+            progress(
+                i, len(shapes), f"compiling the {kind} of batch {b}" + (f", length {n}" if kind == "prefill" else "")
+            )
+            with torch.no_grad():
+                if kind == "prefill":
+                    # Left padded, as nearly every real prompt is (a prompt filling its bucket exactly
+                    # takes the same graph: the mask is an input, not a branch).
+                    self.adapter.prefill_static([[pad] * max(n - 1, 1)] * b, b, n)
+                else:
+                    cache, mask, pos, column = self.slots.step(0, b)
+                    fed = torch.full((b,), pad, dtype=torch.long, device=self.slots.device)
+                    self.adapter.step_static(fed, cache, mask, pos, column)
+        self.slots.reset()
+        return len(shapes)
 
     def keep(self, rows: list[int]) -> bool:
         for j, i in enumerate(rows):  # rows ascend, so a source is never overwritten before it moves

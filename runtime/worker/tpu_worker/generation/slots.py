@@ -93,14 +93,15 @@ class SlotCache:
     def make_room(self, need_before: int, running: int) -> None:
         """Makes sure `need_before` columns precede the shared column (a joiner's prompt) and one
         column is left to write, moving the running slots' columns if they must."""
-        if self.column < need_before:
-            self._shift(self.column - need_before, running)
+        # Left first (it may leave fewer columns before the shared one), then right.
         if self.column >= self.length:
             used = self.mask[:running].any(dim=0) if running else torch.zeros(self.length, dtype=torch.bool)
             first = int(used.int().argmax()) if bool(used.any()) else self.column
             self._shift(first, running)
             if self.column >= self.length:  # pragma: no cover - a sequence longer than the cache
                 raise RuntimeError("the static KV cache is full")
+        if self.column < need_before:
+            self._shift(self.column - need_before, running)
 
     def _shift(self, by: int, running: int) -> None:
         """Moves every running slot's columns `by` to the left (negative: to the right)."""
@@ -139,4 +140,5 @@ class SlotCache:
 
     def reset(self) -> None:
         self.mask.zero_()
+        self.pos.zero_()
         self.column = 0
