@@ -25,9 +25,9 @@ import shutil
 import sys
 import time
 
+from .loaders import UNAVAILABLE_SUFFIX  # beside a model that could not be built: why
+
 MARKER = ".tpu-mcp-builtin.json"
-# Beside a model that could not be built: one line saying why (loaders.resolve_source reads it).
-UNAVAILABLE_SUFFIX = ".unavailable"
 BUILTIN_VERSION = 1
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 

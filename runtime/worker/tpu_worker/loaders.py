@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from .catalog import Catalog, Entry
 from .errors import WorkerError
 
+# Beside a model that set-up could not make: a file with this suffix holds the reason
+# (written by tpu_worker.builtin, read here so the load error says why).
+UNAVAILABLE_SUFFIX = ".unavailable"
+
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # The safetensors reference implementation caps the header at 100 MB; so do we.
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
@@ -98,8 +102,6 @@ def resolve_source(entry: Entry, catalog: Catalog) -> str:
 
 
 def _unavailable_note(real: str) -> str | None:
-    from .builtin import UNAVAILABLE_SUFFIX
-
     try:
         with open(real + UNAVAILABLE_SUFFIX, encoding="utf-8") as fh:
             return fh.read(500).strip() or None

@@ -12,6 +12,7 @@ from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
 from ..generation.params import GenParams, GenRequest, parse_generation
+from ..generation.rows import StaticRows
 from ..generation.sampling import sample, sequence_generator
 from ..generation.slots import static_cache_problem
 from ..inputs import check_texts, seq_len_arg
@@ -264,7 +265,23 @@ class CausalLM(Adapter):
         stopped = False
         gens = [sequence_generator(sampling.seed, i) for i in range(b)] if sampling and not sampling.greedy else None
         with torch.no_grad():
-            logits, cache, mask, pos = self.prefill(prompts, max_new)
+            # The plan's shapes, as the decode loop runs them (a compiled model compiled them at
+            # load), over a static cache of its own; a growing dynamic cache where it cannot be.
+            if self.plan is not None and static_cache_problem(self.eager_model) is None:
+                static = StaticRows(
+                    self, self.plan, self.shapes, self.plan.lengths[-1] + self.entry.limits.max_new_tokens
+                )
+                logits = static.join(prompts, max_new)
+
+                def advance(nxt):
+                    return static.step(nxt.tolist())
+            else:
+                logits, *state = self.prefill(prompts, max_new)
+
+                def advance(nxt):
+                    out, *state[:] = self.step(nxt, *state)
+                    return out
+
             for i in range(max_new):
                 if gens is None:
                     nxt = logits.argmax(-1)
@@ -281,7 +298,7 @@ class CausalLM(Adapter):
                 if should_stop():
                     stopped = True
                     break
-                logits, cache, mask, pos = self.step(nxt, cache, mask, pos)
+                logits = advance(nxt)
         tokens = torch.stack(new, dim=1).to("cpu").tolist() if new else [[] for _ in range(b)]
         result = []
         for row in tokens:
