@@ -23,6 +23,7 @@ import { startHttp } from "../transports/http.js";
 import { createLogger } from "../app/logger.js";
 import { startStdio } from "../transports/stdio.js";
 import { terminalText } from "../terminal.js";
+import { runVerifyExport } from "./verify_export.js";
 import { runWorkersCommand } from "./workers.js";
 import { checkDataDirAccess, isAccessDenied } from "./data_dir_access.js";
 
@@ -56,6 +57,11 @@ commands:
   audit tail [-n N] | head | verify [--head FILE]
                                 read the audit trail, export its head (store it elsewhere),
                                 verify the keyed chain (and that it still holds an exported head)
+  audit export --since SEQ|ISO-TIME [--format jsonl|ocsf] [--out FILE]
+                                the records from there on with their proof fields, then the head
+  audit verify-export FILE --head HASH|HEADFILE
+                                a receiver's check (no data dir, no key): FILE is a gap-free,
+                                unmodified segment of the chain ending at that head's export_hash
   operators enrol NAME | list | remove NAME
                                 operators' passkeys: a one-time code for NAME's first passkey
                                 (the console enrols it), the list, removal (lost passkey)
@@ -138,8 +144,15 @@ async function main(argv: string[]): Promise<number> {
       offset: { type: "string" },
       status: { type: "string" },
       home: { type: "string" },
+      since: { type: "string" },
+      format: { type: "string" },
+      out: { type: "string" },
     },
   });
+
+  // A receiver's check: no config, data dir or key.
+  if (command === "audit" && positionals[0] === "verify-export")
+    return runVerifyExport(positionals[1], values.head, { out, err, json: values.json === true });
 
   if (command === "token") {
     const [sub, plain] = positionals;
@@ -303,6 +316,9 @@ async function main(argv: string[]): Promise<number> {
       return runAuditCommand(config, positionals, {
         n: values.n ? Number(values.n) : 20,
         head: values.head,
+        since: values.since,
+        format: values.format,
+        outFile: values.out,
         json: values.json === true,
         out,
         err,
