@@ -8,7 +8,8 @@ export default defineConfig({
     // the browser suite with `npm run test:browser` (vitest.browser.config.ts); test/ray needs a
     // loopback-only network namespace: `npm run test:ray` (vitest.ray.config.ts); test/tpu_sim
     // needs the simulated TPU host: `npm run test:tpu-sim` (vitest.tpu-sim.config.ts); test/vllm
-    // needs vLLM's own environment: `npm run test:vllm` (vitest.vllm.config.ts).
+    // needs vLLM's own environment: `npm run test:vllm` (vitest.vllm.config.ts); test/package
+    // packs and installs the npm package: `npm run test:package` (vitest.package.config.ts).
     exclude: [
       "**/node_modules/**",
       "test/hardening/**",
@@ -16,6 +17,7 @@ export default defineConfig({
       "test/ray/**",
       "test/tpu_sim/**",
       "test/vllm/**",
+      "test/package/**",
     ],
     // Creates the built-in model files once (a no-op when they exist).
     globalSetup: ["test/globalSetup.ts"],

@@ -3,7 +3,8 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,budget,generate,stability runs a subset;
+// tokens,estimates,budget,generate,train,shapes,stability runs a subset (BENCH_SHAPES_REQUESTS
+// scales the shapes trace, 300 requests by default);
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -32,9 +33,11 @@ import { runMemory } from "./memory.js";
 import { runOverhead } from "./overhead.js";
 import { runPayload } from "./payload.js";
 import { runPool } from "./pool.js";
+import { runShapes } from "./shapes.js";
 import { runSmall } from "./small.js";
 import { runStability } from "./stability.js";
 import { runTokens } from "./tokens.js";
+import { runTrain } from "./train.js";
 
 // 32 concurrent callers each wait for 'drain' on the SDK client's pipe when it is full: a
 // listener each is expected here, not a leak (Node warns from 11).
@@ -55,6 +58,8 @@ const SECTIONS = [
   "budget",
   "stability",
   "generate",
+  "train",
+  "shapes",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
@@ -202,6 +207,15 @@ function targets(f: Record<string, number>): Target[] {
     "generate.sequential_ratio",
     (v) => v <= 1.2,
     "≤ 1.2×",
+  );
+  add("shapes: recompiles after load", "shapes.recompiles_after_load", (v) => v === 0, "= 0");
+  add("shapes: TTFT p99 / p50", "shapes.ttft_p99_over_p50", (v) => v <= 3, "≤ 3");
+  add("shapes: time per token p99 / p50", "shapes.tpot_p99_over_p50", (v) => v <= 3, "≤ 3");
+  add(
+    "shapes: compiled / eager tokens/s, 8 callers",
+    "shapes.compiled_over_eager_8",
+    (v) => v >= 1,
+    "≥ 1.0×",
   );
   return t;
 }
@@ -398,6 +412,36 @@ async function main() {
         newTokens: 32,
         perCaller: q(4, 1),
         rounds: q(3, 1),
+        say,
+      });
+    } finally {
+      await server.close();
+    }
+  }
+
+  if (want("train")) {
+    say("train (run_benchmark work train_step: eager vs compile, float32 vs bfloat16 autocast)…");
+    results.train = await runTrain({
+      config: writeBenchConfig().config,
+      model: "tiny-gpt2",
+      seqLen: 32,
+      batch: 4,
+      iterations: q(30, 5),
+      optimizer: "adamw",
+      say,
+    });
+  }
+
+  // The static decode loop and compile-once on a server of their own (issue 28).
+  if (want("shapes")) {
+    say("shapes (tiny-gpt2 compiled at load, a mixed trace of generations, compiled vs eager)…");
+    const server = await startStdio(writeBenchConfig().config);
+    try {
+      results.shapes = await runShapes({
+        mcp: server,
+        model: "tiny-gpt2",
+        requests: Number(process.env.BENCH_SHAPES_REQUESTS ?? q(300, 60)),
+        perCaller: q(3, 1),
         say,
       });
     } finally {

@@ -6,6 +6,9 @@ import { randomBytes } from "node:crypto";
 import { PolicyError } from "./errors.js";
 import type { CostEstimate } from "./estimate.js";
 
+/** What a decision on an approval must prove, weakest first (the rule's `assurance`). */
+export type ApprovalAssurance = "client_form" | "token" | "passkey";
+
 export type ApprovalStatus = "pending" | "approved" | "denied" | "used" | "expired";
 
 export interface ApprovalRecord {
@@ -16,8 +19,11 @@ export interface ApprovalRecord {
   /** Redacted arguments, for the operator deciding. */
   args_preview: unknown;
   estimate: CostEstimate | null;
-  /** What a decision must prove: "token" (any operator token) or "passkey" (a signed decision). */
-  assurance: "token" | "passkey";
+  /**
+   * What a decision must prove: "client_form" (the answer to the client's form counts too),
+   * "token" (any operator token) or "passkey" (a signed decision).
+   */
+  assurance: ApprovalAssurance;
   status: ApprovalStatus;
   created_at: string;
   /** Pending: decide before this. Approved: use before this (the TTL restarts on approval). */
@@ -35,7 +41,7 @@ export interface CreateApprovalRequest {
   args_preview: unknown;
   estimate?: CostEstimate | null;
   /** From the rule that asked for the approval; default "token". */
-  assurance?: "token" | "passkey";
+  assurance?: ApprovalAssurance;
   ttl_s: number;
   /**
    * The most pending approvals this principal may hold; a request over it is refused with

@@ -6,6 +6,7 @@
 import {
   approvalUsableError,
   newApprovalId,
+  type ApprovalAssurance,
   type ApprovalEvent,
   type ApprovalListener,
   type ApprovalListFilter,
@@ -26,6 +27,7 @@ export {
   approvalUsableError,
   defaultApproveCommand,
   newApprovalId,
+  type ApprovalAssurance,
   type ApprovalEvent,
   type ApprovalListener,
   type ApprovalListFilter,
@@ -44,7 +46,7 @@ interface Row {
   args_digest: string;
   args_preview: string;
   estimate: string | null;
-  assurance: "token" | "passkey" | null;
+  assurance: ApprovalAssurance | null;
   status: "pending" | "approved" | "denied" | "used";
   ttl_ms: number;
   created_ms: number;
@@ -121,7 +123,8 @@ export class SqliteApprovalStore implements ApprovalStore {
       args_digest: r.args_digest,
       args_preview: JSON.parse(r.args_preview),
       estimate: r.estimate ? (JSON.parse(r.estimate) as CostEstimate) : null,
-      assurance: r.assurance === "passkey" ? "passkey" : "token",
+      // Anything else (a store from before assurance) was token-decided.
+      assurance: r.assurance === "passkey" || r.assurance === "client_form" ? r.assurance : "token",
       status: expired ? "expired" : r.status,
       created_at: iso(r.created_ms)!,
       expires_at: iso(r.expires_ms)!,

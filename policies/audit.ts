@@ -34,6 +34,12 @@ import {
   type PreparedRecord,
   type StoredAuditRecord,
 } from "./audit_record.js";
+import {
+  exportHashAt,
+  exportTrail,
+  type ExportOptions,
+  type ExportSummary,
+} from "./audit_export.js";
 import { RefusalWindows, type RefusalScope } from "./audit_refusals.js";
 import { resolveDb, type SqliteDb } from "./sqlite.js";
 import type { Statement, Transaction } from "better-sqlite3";
@@ -319,6 +325,22 @@ export class SqliteAuditLog implements AuditLog {
 
   head(): AuditHead {
     return readHead(this.db, this.key && this.anchored ? this.key.id : null);
+  }
+
+  /**
+   * The head with the keyless export chain's hash at it (`tpu-mcp audit head`): what a receiver
+   * of an export is handed out of band. Hashes every record once (SHA-256, no key).
+   */
+  exportHead(): AuditHead & { export_hash: string } {
+    return this.snapshot(() => {
+      const h = this.head();
+      return { ...h, export_hash: exportHashAt(this.db, h.seq) };
+    });
+  }
+
+  /** `tpu-mcp audit export`: the records from `since` on and the head, one line per `write`. */
+  export(opts: Omit<ExportOptions, "keyId">, write: (line: string) => void): ExportSummary {
+    return exportTrail(this.db, { ...opts, keyId: this.head().key_id }, write);
   }
 
   /**

@@ -34,10 +34,11 @@ export interface AuditRecord {
   approval_id?: string;
   approver?: string;
   /**
-   * How the approver proved the decision: "token" (held an operator token) or "passkey" (signed
-   * it; `evidence` then holds the assertion, re-verified by `tpu-mcp audit verify`).
+   * How the approver proved the decision: "client_form" (answered the client's form: whoever
+   * that was, the agent included), "token" (held an operator token) or "passkey" (signed it;
+   * `evidence` then holds the assertion, re-verified by `tpu-mcp audit verify`).
    */
-  assurance?: "token" | "passkey";
+  assurance?: "client_form" | "token" | "passkey";
   evidence?: DecisionEvidence;
   /** On chain_keyed records: the id of the key that chains the records from here on. */
   key_id?: string;

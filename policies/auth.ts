@@ -53,8 +53,14 @@ function looksLikeJwt(token: string): boolean {
   return /^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$/.test(token);
 }
 
+/** How long a verified JWT is known without verifying it again (never past its `exp`). */
+const JWT_MEMORY_MS = 5 * 60_000;
+const MAX_PROVEN_JWTS = 4096;
+
 export class Authenticator {
   private readonly statics: StaticEntry[];
+  /** sha256 of a JWT verified lately → its principal (recognize()). */
+  private readonly provenJwts = new Map<string, { principal: Principal; untilMs: number }>();
   private readonly jwks: JWTVerifyGetKey | null;
   private readonly clock: Clock;
 
@@ -87,10 +93,52 @@ export class Authenticator {
   /** Resolves a bearer token to a principal; rejects with AuthError (HTTP 401). */
   async authenticate(token: string | undefined): Promise<Principal> {
     if (!token) throw new AuthError("invalid_token", "missing bearer token");
+    const known = this.recognize(token);
+    if (known) return known;
+    if (this.jwks && looksLikeJwt(token)) {
+      const p = await this.verifyJwt(token);
+      this.rememberJwt(token, p);
+      return p;
+    }
+    throw new AuthError("invalid_token", "unknown token");
+  }
+
+  /**
+   * The principal of a credential known without verifying anything: a static token (a hash
+   * compared in constant time, no I/O) or a JWT this process verified in the last
+   * JWT_MEMORY_MS and that has not expired. Null for anything else, which only `authenticate`
+   * can tell (the failed-auth limiter rations that, never this). Throws AuthError for an
+   * expired static token.
+   */
+  recognize(token: string): Principal | null {
     const fromStatic = this.matchStatic(token);
     if (fromStatic) return fromStatic;
-    if (this.jwks && looksLikeJwt(token)) return this.verifyJwt(token);
-    throw new AuthError("invalid_token", "unknown token");
+    const key = createHash("sha256").update(token, "utf8").digest("base64url");
+    const seen = this.provenJwts.get(key);
+    if (!seen) return null;
+    if (this.clock() >= seen.untilMs) {
+      this.provenJwts.delete(key);
+      return null;
+    }
+    return { ...seen.principal, scopes: [...seen.principal.scopes] };
+  }
+
+  private rememberJwt(token: string, principal: Principal): void {
+    const exp = (() => {
+      try {
+        return Number(JSON.parse(Buffer.from(token.split(".")[1], "base64url").toString()).exp);
+      } catch {
+        return NaN;
+      }
+    })();
+    const now = this.clock();
+    const untilMs = Math.min(now + JWT_MEMORY_MS, Number.isFinite(exp) ? exp * 1000 : now);
+    if (untilMs <= now) return;
+    // Bounded: the oldest goes first (a Map iterates in insertion order).
+    if (this.provenJwts.size >= MAX_PROVEN_JWTS)
+      this.provenJwts.delete(this.provenJwts.keys().next().value!);
+    const key = createHash("sha256").update(token, "utf8").digest("base64url");
+    this.provenJwts.set(key, { principal, untilMs });
   }
 
   private matchStatic(token: string): Principal | null {

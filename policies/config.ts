@@ -100,8 +100,9 @@ function limitsSchema(tools: readonly ToolPolicy[], ToolSchema: z.ZodType<string
     default_call_timeout_s: z.number().positive().default(60),
     rate_limit: z.object({ per_principal_per_minute: PositiveInt.default(120) }).prefault({}),
     /**
-     * Calls of tools that can become jobs (load_model, run_benchmark) that are still running after
-     * this many seconds answer with a job_id instead of holding the request open; 0 = never.
+     * Calls of tools that can become jobs (load_model, run_benchmark) not done this many seconds
+     * after the request arrived (queued or waiting for an approval included) answer with a job_id
+     * instead of holding the request open; 0 = never.
      */
     soft_deadline_s: z.number().nonnegative().default(45),
     budget: z
@@ -118,6 +119,9 @@ function limitsSchema(tools: readonly ToolPolicy[], ToolSchema: z.ZodType<string
   });
 }
 
+/** What a decision may be worth, weakest first (approval_record.ts has the type). */
+const ASSURANCES = ["client_form", "token", "passkey"] as const;
+
 function approvalRuleSchema(ToolOrAnySchema: z.ZodType<string>) {
   return z.object({
     tool: ToolOrAnySchema,
@@ -133,10 +137,13 @@ function approvalRuleSchema(ToolOrAnySchema: z.ZodType<string>) {
       .optional(),
     /**
      * What a decision on this rule's approvals must prove: "token" (anyone holding an operator
-     * token: CLI, API, token console session) or "passkey" (a WebAuthn assertion, user verified,
-     * bound to the exact call; policies/passkeys/).
+     * token: CLI, API, token console session), "passkey" (a WebAuthn assertion, user verified,
+     * bound to the exact call; policies/passkeys/), or "client_form": whoever answers the
+     * client's form decides too (in band), which is the agent itself wherever it answers its
+     * own client's prompts. Only this value lets an in-band answer decide; an operator may still
+     * decide such an approval out of band.
      */
-    assurance: z.enum(["token", "passkey"]).default("token"),
+    assurance: z.enum(ASSURANCES).default("token"),
   });
 }
 
@@ -208,8 +215,18 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: rea
     max_pending_per_principal: PositiveInt.default(20),
     /** How long an approval is kept after it is over (counted from its expiry), then deleted. */
     keep_decided_s: NonNegative.default(7 * 86_400),
+    /**
+     * Whether to ask in band at all (an elicitation in 2025, input_required in 2026-07-28). Only
+     * rules of `"assurance": "client_form"` are ever asked; false asks none of them either.
+     */
     elicitation: z.boolean().default(true),
     elicitation_timeout_s: z.number().positive().default(300),
+    /**
+     * An approved call is stopped (approval_overrun) once its device time passes its approved
+     * estimate times this; 0 turns the bound off. Estimates err both ways (docs: p90 ~2× with
+     * history), so the default leaves that much room.
+     */
+    overrun_factor: NonNegative.default(2),
   });
 }
 

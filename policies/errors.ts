@@ -173,6 +173,11 @@ export const ERROR_CATALOGUE = {
     http: 429,
     doc: "The device-seconds budget (or read allowance) is spent: refused before the call, or stopped while it ran (details.stopped_after_s); wait for the window or make the call smaller.",
   },
+  approval_overrun: {
+    recoverable: true,
+    http: 429,
+    doc: "An approved call ran past its approved estimate times approvals.overrun_factor and was stopped (details.stopped_after_s, estimated_s); a benchmark answers its partial report marked stopped: approval. Ask for a new approval for a smaller call.",
+  },
   busy: {
     recoverable: true,
     http: 503,
@@ -197,6 +202,11 @@ export const ERROR_CATALOGUE = {
     recoverable: true,
     http: 503,
     doc: "The model's engine (vLLM) is not serving: it is restarting after a crash (call again shortly) or is not set up (`scripts/setup-vllm.sh`, docs/vllm.md); get_runtime_status shows its health.",
+  },
+  runtime_setting_up: {
+    recoverable: true,
+    http: 503,
+    doc: "An installed package is making its Python environment and model files (first start only, a few minutes); the message says what it is doing and how far it is. Call again in a minute; get_runtime_status shows the progress, `tpu-mcp setup` in a terminal shows it live.",
   },
   worker_unavailable: {
     recoverable: false,
@@ -257,6 +267,7 @@ export const POLICY_ERROR_CODES = [
   "approval_limit",
   "rate_limited",
   "budget_exceeded",
+  "approval_overrun",
   "busy",
   "timeout",
   "cancelled",

@@ -21,6 +21,13 @@ export interface ModelFacts {
   /** Dtypes the catalog allows for this model; suggestions only name these. */
   dtypes: readonly string[];
   default_dtype?: string;
+  /** The graphs a load in mode "compile" warms (its shape plan's size); absent: one per warmup shape. */
+  compile_graphs?: number | null;
+  /**
+   * The library the worker builds the model with (transformers), whose first import in a worker
+   * costs seconds to a minute; absent: the worker builds it itself (plain torch).
+   */
+  library?: string;
 }
 
 export interface DeviceFacts {
@@ -92,11 +99,21 @@ export interface EstimateInput {
   loaded_at?: number;
   /** Now, ms since the epoch: only recent calls say how busy the host is (absent: any). */
   now?: number;
+  /**
+   * Libraries the worker has imported (its status): a load of a model whose library is not
+   * among them is cold, and pays the import. Absent: not known (priced warm).
+   */
+  libraries_imported?: readonly string[];
   assumptions?: Partial<EstimateAssumptions>;
 }
 
 export interface CostEstimate {
   device_seconds: number;
+  /**
+   * A model's first check in a fresh worker: charged to the principal's budget, not to the read
+   * allowance (policies/gate/budget_lines.ts). Absent otherwise.
+   */
+  cold_start?: boolean;
   memory_bytes: number;
   compile_s: number;
   weight_bytes: number;
@@ -114,6 +131,12 @@ export interface EstimateAssumptions {
   activation_per_token_factor: number;
   /** Storage → host → device read rate for loads; low on purpose (cold caches, network disks). */
   load_bytes_per_s: number;
+  /**
+   * A cold load's first import of its model library (transformers) in the worker and its first
+   * model build, seconds, on any device (it is host work). A check of a model not loaded pays it
+   * too but is not priced so: the read allowance bounds it whatever its estimate.
+   */
+  library_import_s: number;
   /** Sustained matmul throughput, FLOP/s, by device kind; far below peak on purpose. */
   flops_per_s: Record<string, number>;
   /** Seconds to compile one graph (one shape bucket) in mode "compile", by device kind. */
@@ -141,6 +164,10 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   activation_base_bytes: 64 * 2 ** 20,
   activation_per_token_factor: 16,
   load_bytes_per_s: 200e6,
+  // Measured 2026-12-01 on the 2-core development VM: a fresh worker's first tiny-gpt2 load
+  // took 34–38 s at load average 17 (the next load of another transformers model 0.8–1.1 s,
+  // mnist-cnn 0.02–0.1 s); issue 33 saw 28.8 s. Measured cold loads then price the next ones.
+  library_import_s: 20,
   flops_per_s: { cpu: 100e9, cuda: 5e12, tpu: 20e12, xla: 20e12 },
   compile_s_per_graph: { cpu: 10, cuda: 20, tpu: 45, xla: 45 },
   call_overhead_s: 0.01,
@@ -271,13 +298,19 @@ export function workOf(input: EstimateInput): Work {
     );
   switch (input.kind) {
     case "load":
-      return { dtype, mode: String(args.mode ?? "eager"), ...keep("warmup_shapes", "warmup") };
+      return {
+        dtype,
+        mode: String(args.mode ?? "eager"),
+        ...keep("warmup_shapes", "warmup"),
+        ...(coldLibrary(input) ? { cold: true } : {}),
+      };
     case "check":
       return {
         dtype,
         batch: num(args.batch) ?? 1,
         seq_len: num(args.seq_len) ?? DEFAULT_SEQ_LEN,
         ...keep("attention", "mode"),
+        ...(args.cold === true ? { cold: true } : {}),
       };
     case "benchmark":
       return {
@@ -291,6 +324,7 @@ export function workOf(input: EstimateInput): Work {
           "scenario",
           "work",
           "max_new_tokens",
+          "optimizer",
           "iterations",
           "duration_s",
           "warmup",
@@ -313,8 +347,10 @@ export function workOf(input: EstimateInput): Work {
       items = Math.max(1, items);
       const mode = input.loaded_mode ?? "eager";
       const since = input.loaded_at;
+      // A model with a shape plan compiled all of it at load: no call of it compiles.
       const cold =
         mode === "compile" &&
+        model?.compile_graphs == null &&
         since !== undefined &&
         !(input.calls ?? []).some(
           (c) =>
@@ -350,9 +386,10 @@ export function classOf(kind: EstimateKind, w: Work): string {
         w.cold ? "cold" : "warm",
       ].join("|");
     case "check":
-      return [kind, w.dtype, w.attention ?? "default"].join("|");
+      // A cold check (a fresh worker's first) is a class of its own; warm ones keep their key.
+      return [kind, w.dtype, w.attention ?? "default", ...(w.cold ? ["cold"] : [])].join("|");
     case "load":
-      return [kind, w.dtype, w.mode].join("|");
+      return [kind, w.dtype, w.mode, w.cold ? "cold" : "warm"].join("|");
     case "benchmark":
       return [
         kind,
@@ -367,11 +404,21 @@ export function classOf(kind: EstimateKind, w: Work): string {
 
 interface Modelled {
   deviceSeconds: number;
+  /** Bytes beyond weights and activations: a training copy's weights, gradients and optimizer state. */
+  extraBytes: number;
   compileS: number;
   tokens: number;
   weightBytes: number;
   needsWeights: boolean;
   dtype: string;
+}
+
+/** The model's library is not yet imported in the worker (known from its status). */
+function coldLibrary(input: EstimateInput): boolean {
+  const lib = input.model?.library;
+  return lib !== undefined && input.libraries_imported !== undefined
+    ? !input.libraries_imported.includes(lib)
+    : false;
 }
 
 /** Device-seconds and the rest from the model of the device (FLOP/s, history of latencies). */
@@ -388,6 +435,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
   let tokens = 1;
   let weightBytes = 0;
   let needsWeights = false;
+  let extraBytes = 0;
   switch (input.kind) {
     case "load": {
       weightBytes = model?.weight_bytes ?? 0;
@@ -404,8 +452,11 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
         tokens = Math.max(tokens, b * l);
         warm += latencyMs(input, b, l, dtype, a) / 1000;
       }
-      compileS = args.mode === "compile" ? compileGraph * shapes.length : 0;
-      deviceSeconds = weightBytes / a.load_bytes_per_s + compileS + warm;
+      // A model with a shape plan compiles every shape of it at load (and none later).
+      const graphs = model?.compile_graphs ?? shapes.length;
+      compileS = args.mode === "compile" ? compileGraph * graphs : 0;
+      deviceSeconds =
+        (args.cold ? a.library_import_s : 0) + weightBytes / a.load_bytes_per_s + compileS + warm;
       break;
     }
     case "check": {
@@ -440,8 +491,16 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       const newTokens =
         args.work === "generate" ? (num(args.max_new_tokens) ?? DEFAULT_MAX_NEW_TOKENS) : 0;
       const step = a.decode_step_overhead_s;
+      // A training step: forward, backward (about twice the forward) and the optimizer's update,
+      // a few elementwise passes over the float32 weights (AdamW ~4, SGD with momentum ~2).
+      const training = args.work === "train_step";
+      const params = input.model?.parameters ?? 0;
+      const rate = a.flops_per_s[kind] ?? a.flops_per_s.cpu ?? 100e9;
+      const optimizerS = training ? ((args.optimizer === "sgd" ? 2 : 4) * 4 * params) / rate : 0;
       const pass = (b: number, l: number, d: string) =>
-        (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a, step)) / 1000;
+        training
+          ? (3 * latencyMs(input, b, l, d, a)) / 1000 + optimizerS
+          : (latencyMs(input, b, l, d, a) + newTokens * latencyMs(input, b, 1, d, a, step)) / 1000;
       // Offline measures the largest batch per series only.
       const points = args.scenario === "offline" ? [Math.max(...bs)] : bs;
       for (const d of ds) {
@@ -457,8 +516,16 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
           }
         }
       }
-      // The fp32 reference for precision error: one eager pass per (batch, seq_len) point.
-      for (const b of points) for (const l of ls) deviceSeconds += pass(b, l, "float32");
+      // The fp32 reference for precision error: one eager pass per (batch, seq_len) point; a
+      // training grid counts the FLOPs of one forward and one forward + backward instead.
+      for (const b of points)
+        for (const l of ls)
+          deviceSeconds += training
+            ? (4 * latencyMs(input, b, l, "float32", a)) / 1000
+            : pass(b, l, "float32");
+      // A float32 copy of the weights, its gradients and the optimizer's state (AdamW two moments,
+      // SGD one momentum buffer), beside the served model.
+      if (training) extraBytes = params * 4 * (2 + (args.optimizer === "sgd" ? 1 : 2));
       tokens = Math.max(...bs) * (Math.max(...ls) + newTokens);
       needsWeights = !alreadyLoaded;
       weightBytes = alreadyLoaded ? 0 : (model?.weight_bytes ?? 0);
@@ -481,7 +548,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       break;
     }
   }
-  return { deviceSeconds, compileS, tokens, weightBytes, needsWeights, dtype };
+  return { deviceSeconds, extraBytes, compileS, tokens, weightBytes, needsWeights, dtype };
 }
 
 /**
@@ -591,10 +658,12 @@ export function estimateDetail(input: EstimateInput): EstimateDetail {
     fromMeasured !== undefined
       ? fromMeasured.seconds * hostDrift(input, fromMeasured.at)
       : m.deviceSeconds;
-  const memoryBytes = needsWeights
-    ? memoryFor(params, dtype, tokens, a)
-    : memoryFor(0, dtype, 0, a) +
-      Math.ceil(tokens * a.activation_per_token_factor * Math.sqrt(params) * dtypeBytes(dtype));
+  const memoryBytes =
+    m.extraBytes +
+    (needsWeights
+      ? memoryFor(params, dtype, tokens, a)
+      : memoryFor(0, dtype, 0, a) +
+        Math.ceil(tokens * a.activation_per_token_factor * Math.sqrt(params) * dtypeBytes(dtype)));
   const est: CostEstimate = {
     // Never below one call's overhead: under it, a busy host's scheduling jitter decides (calls
     // measured at 2–4 ms took 8–20 ms the next time on the estimate corpus).

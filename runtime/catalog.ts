@@ -14,6 +14,10 @@ export const CatalogEntrySchema = z.object({
   task: z.enum(["embedding", "text-generation", "classification", "tensor"]),
   architecture: z.string(),
   description: z.string().default(""),
+  /** The weights' licence (SPDX id), shown by list_models. */
+  license: z.string().min(1).optional(),
+  /** Where the weights come from (a hub id, a package), shown by list_models. */
+  origin: z.string().min(1).optional(),
   source: z.union([
     z.object({ path: z.string().min(1) }).strict(),
     z.object({ hub: z.string().min(1), revision: z.string().regex(/^[0-9a-f]{40}$/) }).strict(),
@@ -39,6 +43,18 @@ export const CatalogEntrySchema = z.object({
    * the worker starts and supervises; causal-lm in hf-safetensors only; docs/vllm.md).
    */
   engine: z.enum(["torch", "vllm"]).default("torch"),
+  /**
+   * The shape plan's buckets (runtime/worker/tpu_worker/shapes.py): the batch sizes and sequence
+   * lengths a forward is padded to. Absent: 1, 2, 4, ... up to limits.max_batch and powers of two
+   * from 8 up to limits.max_seq_len.
+   */
+  shapes: z
+    .object({
+      batch_buckets: z.array(z.number().int().positive()).min(1).max(16).optional(),
+      length_buckets: z.array(z.number().int().positive()).min(1).max(16).optional(),
+    })
+    .strict()
+    .optional(),
 });
 
 export const CatalogSchema = z.object({
@@ -83,4 +99,34 @@ export function readCatalog(path: string): Catalog {
     throw new CatalogError(`cannot read the catalog file: ${(e as Error).message}`);
   }
   return parseCatalog(raw, "catalog file");
+}
+
+/** 1, 2, 4, ... below `top`, then `top` (runtime/worker/tpu_worker/shapes.py's defaults). */
+function doubling(from: number, top: number): number[] {
+  const out: number[] = [];
+  for (let n = from; n < top; n *= 2) out.push(n);
+  out.push(top);
+  return out;
+}
+
+/** The given buckets up to `top`, ending at `top` (shapes.py ShapePlan.for_model). */
+function planBuckets(given: number[] | undefined, from: number, top: number): number[] {
+  const kept = (given ?? doubling(from, top)).filter((n) => n <= top);
+  return kept.length && kept[kept.length - 1] === top ? kept : [...kept, top];
+}
+
+/** Most sequences a generation's prefill takes at once (shapes.py PREFILL_BATCH_CAP). */
+const PREFILL_BATCH_CAP = 4;
+
+/**
+ * How many distinct forward shapes the worker's shape plan gives this entry, i.e. the graphs a
+ * load in mode "compile" warms; null where the worker keeps no plan (engine models, and forward
+ * models for now). Mirrors runtime/worker/tpu_worker/shapes.py.
+ */
+export function planSize(e: CatalogEntry): number | null {
+  if (e.engine !== "torch" || e.task !== "text-generation") return null;
+  const batches = planBuckets(e.shapes?.batch_buckets, 1, e.limits.max_batch);
+  const lengths = planBuckets(e.shapes?.length_buckets, 8, e.limits.max_seq_len);
+  const prefill = batches.filter((b) => b <= PREFILL_BATCH_CAP);
+  return prefill.length * lengths.length + batches.length;
 }

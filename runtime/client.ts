@@ -154,6 +154,8 @@ export class WorkerRuntime {
       // Deferred so the owner can attach its event listeners first (and close() cancels it).
       setImmediate(() => {
         if (this._state !== "stopped" || this.closing) return;
+        // Not startable yet (set-up running): whoever lifts the block starts it.
+        if (this.options.prerequisite()) return;
         this.start().catch((e: unknown) => {
           // A client that leaves during start-up (a short stdio session) closes the runtime
           // under the start: that is an ordinary end, not a failure.
@@ -204,6 +206,8 @@ export class WorkerRuntime {
   start(): Promise<WorkerHello> {
     if (this.closing) return Promise.reject(closedError());
     if (this._state === "ready" && this._hello) return Promise.resolve(this._hello);
+    const blocked = this.options.prerequisite();
+    if (blocked) return Promise.reject(blocked);
     if (this._state === "failed") {
       // An explicit start() is the operator's "try again": forget the crash history.
       this.crashTimes = [];
@@ -707,12 +711,46 @@ export class WorkerRuntime {
     p.stopReason = reason;
     clearTimeout(p.timer);
     this.sendCancel(p, reason);
+    if (reason) return this.awaitStop(p, reason);
     p.graceTimer = setTimeout(() => {
       if (!p.settled)
         this.calls.settle(p, () =>
           p.reject(cancelledError(p.op, "by the caller (the worker did not confirm in time)")),
         );
     }, this.options.cancelGraceMs);
+  }
+
+  /**
+   * A call the gate stopped (budget, timeout) ends with the worker's own answer, a benchmark's
+   * partial report included, however slow the host: the budget charged it up to the stop, so the
+   * wait costs nobody's budget. A worker that does not answer a ping by cancelGraceMs is hung
+   * (the probe kills it); one still running the call after stopGraceMs ignores its cancel, and
+   * is restarted: the device must not stay held by work nobody waits for.
+   */
+  private awaitStop(p: Pending, reason: StopReason): void {
+    const what = `${p.op} (request ${p.id}, stopped: ${reason})`;
+    p.graceTimer = setTimeout(
+      () => this.probe(p.proc, `${what} has not ended yet`),
+      this.options.cancelGraceMs,
+    );
+    p.stopTimer = setTimeout(() => {
+      if (p.settled || p.proc.gone) return;
+      this.log.error(
+        { pid: p.proc.child.pid, op: p.op, reason, grace_ms: this.options.stopGraceMs },
+        "worker did not end a stopped call in time; restarting it",
+      );
+      this.calls.settle(p, () =>
+        p.reject(
+          new RuntimeCallError(
+            "worker_died",
+            `${p.op} was stopped (${reason === "budget" ? "its budget ran out" : reason === "timeout" ? "its time limit ran out" : "it ran past what was approved"}) and the worker did not end it within ${this.options.stopGraceMs / 1000} s, so the worker was restarted. Retry the call.`,
+            true,
+            { op: p.op, stopped: reason },
+          ),
+        ),
+      );
+      p.proc.child.kill("SIGKILL");
+    }, this.options.stopGraceMs);
   }
 
   private sendCancel(p: Pending, reason?: StopReason): void {

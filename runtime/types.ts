@@ -188,6 +188,7 @@ export interface WorkerStatus {
 export const RUNTIME_ERROR_CODES = [
   "worker_died",
   "worker_unavailable",
+  "runtime_setting_up",
   "timeout",
   "cancelled",
   "protocol_error",
@@ -244,11 +245,11 @@ export interface FleetState {
  * reason carries it (`{ stop: "budget" }`): the worker is told, and ends the call with what it
  * has (a benchmark's measured part marked `stopped`) instead of discarding it.
  */
-export type StopReason = "budget" | "timeout";
+export type StopReason = "budget" | "timeout" | "approval";
 
 export function stopReasonOf(reason: unknown): StopReason | undefined {
   const stop = (reason as { stop?: unknown } | null | undefined)?.stop;
-  return stop === "budget" || stop === "timeout" ? stop : undefined;
+  return stop === "budget" || stop === "timeout" || stop === "approval" ? stop : undefined;
 }
 
 /** A result that ends early with its finished part: cancelled, or stopped by the gate. */

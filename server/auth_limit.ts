@@ -1,14 +1,17 @@
 // The one limiter for failed authentication, on every path that checks a credential: /mcp and
-// /metrics bearer tokens, the console's sign-in. A request reserves its evaluation on arrival,
-// before its body is read, so concurrent requests from one address cannot all be evaluated: an
-// evaluation in progress counts as a failure until it succeeds (requests beyond that wait their
-// turn, up to 64 per address, and are decided again when one ends).
+// /metrics bearer tokens, the console's sign-in (token or passkey) and its passkey enrolment
+// codes. It rations only what cannot be known without work: a credential recognised at once (a
+// configured token, a JWT verified lately: Authenticator.recognize) never reaches it, so a valid
+// credential is never refused because of failures that were not its own (on one machine every
+// client, attacker included, is 127.0.0.1). An unknown credential reserves its evaluation first,
+// so concurrent ones from one address cannot all be evaluated: an evaluation in progress counts
+// as a failure until it succeeds (requests beyond that wait their turn, up to 64 per address,
+// and are decided again when one ends). Checks without I/O that are made first (a passkey
+// assertion, an enrolment code) count their failures with fail().
 //
 // Per client address (an IPv6 address by its /64): `free` failures, then exponential back-off
 // (1 s, 2 s, 4 s, … up to `maxDelayMs`) with one evaluation at a time. Success never resets the
-// count (a valid low-privilege token would otherwise buy unlimited guesses at another one), so
-// after an attacker's failures the operator's correct token waits at most `maxDelayMs` instead
-// of a fixed lockout. Behind it, one server-wide budget of `perMinute` evaluations that fail,
+// count (a valid low-privilege token would otherwise buy unlimited guesses at another one). Behind it, one server-wide budget of `perMinute` evaluations that fail,
 // for attackers with many addresses. Refusals are answered 429 with Retry-After by the caller;
 // what happened is reported once per address and window (at most `maxReports` records), never
 // once per guess.
@@ -119,6 +122,24 @@ export class AuthLimiter {
       if (!busy || e.waiters.length >= MAX_WAITING) return this.decide(e, now, surface);
       await new Promise<void>((wake) => e.waiters.push(wake));
     }
+  }
+
+  /**
+   * Counts one failure that was evaluated without a reservation (a refused passkey assertion, a
+   * wrong enrolment code: checks with no I/O, made first so that a valid one is never refused
+   * by someone else's failures). Reported like any other; says how long the address now waits
+   * when this failure put it into back-off (the caller answers 429 then).
+   */
+  fail(address: string | undefined, surface: string): { retryAfterS: number } | null {
+    const now = this.clock();
+    const e = this.entry(addressKey(address), now);
+    this.budget.take(SERVER);
+    e.fails++;
+    e.failed++;
+    e.surfaces.add(surface);
+    e.lastFailAt = now;
+    const wait = this.delayMs(e.fails);
+    return wait > 0 ? { retryAfterS: Math.max(1, Math.ceil(wait / 1000)) } : null;
   }
 
   private decide(e: Entry, now: number, surface: string): Admission {

@@ -26,6 +26,8 @@ export function missingBuiltinModels(root = repoRoot): string[] {
     .filter((m) => {
       if (!m.source.path) return false;
       const p = join(modelRoot, m.source.path);
+      // The set-up could not make it here and left a note saying why (tpu_worker/builtin.py).
+      if (existsSync(`${p}.unavailable`)) return false;
       if (!existsSync(p)) return true;
       // A directory model is complete when it has weights and a config.
       if (statSync(p).isDirectory()) {

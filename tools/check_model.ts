@@ -88,9 +88,22 @@ const build = (env: ToolEnv) => {
       openWorldHint: false,
     },
     // It runs a forward pass and may load the weights: it holds the device, so it is estimated,
-    // charged (to the budget and the read allowance) and can be matched by approval rules.
+    // charged (to the budget and the read allowance) and can be matched by approval rules. The
+    // plain check of a model (its default shape, dtype and attention) may be a cold start.
     estimate: (a, ctx) =>
-      estimateFor(policy, { ...a, seq_len: a.seq_len ?? defaultSeqLen(env, a.model) }, ctx),
+      estimateFor(
+        policy,
+        {
+          ...a,
+          seq_len: a.seq_len ?? defaultSeqLen(env, a.model),
+          plain:
+            a.batch === 1 &&
+            a.seq_len === undefined &&
+            a.attention === "default" &&
+            (a.dtype === undefined || a.dtype === entryOf(env, a.model).default_dtype),
+        },
+        ctx,
+      ),
     validate: (args) => {
       const entry = entryOf(env, args.model);
       if (args.dtype && !entry.dtypes.includes(args.dtype)) {

@@ -2,6 +2,7 @@ import { z } from "zod";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { RuntimeCallError } from "../runtime/types.js";
 import type { StatusResult } from "../runtime/wire/ops.js";
+import { Compiles, ShapePlan, ShapesSeen } from "./schemas.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 const Device = z
@@ -30,7 +31,12 @@ const build = (env: ToolEnv) => {
     title: "Runtime status",
     description:
       "Use first, and when a call fails: devices and memory, torch version, loaded models and queues, worker health.",
-    input: z.object({}).strict(),
+    input: z
+      .object({
+        // sha256 of each torch model's weights as they are in memory (reads every weight)
+        weights_checksum: z.boolean().optional(),
+      })
+      .strict(),
     output: z.object({
       worker: z.object({
         state: z.string(),
@@ -51,6 +57,19 @@ const build = (env: ToolEnv) => {
         .describe(
           "set when no worker could answer: device, devices, versions and loaded are then empty, the rest is what the control plane knows",
         ),
+      setup: z
+        .object({
+          state: z.enum(["running", "done", "failed"]),
+          step: z.string(),
+          percent: z.number(),
+          message: z.string(),
+          log: z.string(),
+          error: z.string().nullable(),
+        })
+        .optional()
+        .describe(
+          "an installed package's first set-up (Python environment, model files) until it has finished: device tools answer runtime_setting_up meanwhile",
+        ),
       device: Device.nullable(),
       devices: z.array(Device),
       probe: z.array(z.object({ backend: z.string(), matched: z.boolean(), reason: z.string() })),
@@ -66,6 +85,7 @@ const build = (env: ToolEnv) => {
             dtype: z.string(),
             mode: z.string(),
             queue_depth: z.number().int(),
+            weights_checksum: z.string().optional(),
             engine: z
               .object({
                 name: z.string(),
@@ -76,6 +96,9 @@ const build = (env: ToolEnv) => {
               .passthrough()
               .optional()
               .describe("a model served by vLLM: its version, health and restarts"),
+            shape_plan: ShapePlan.nullable().optional(),
+            shapes: ShapesSeen.optional(),
+            compiles: Compiles.optional(),
           })
           .passthrough(),
       ),
@@ -151,18 +174,20 @@ const build = (env: ToolEnv) => {
       idempotentHint: true,
       openWorldHint: false,
     },
-    async handler(_args, ctx) {
+    async handler(args, ctx) {
       const rt = ctx.runtime;
       // The device part comes from a worker; when none can answer (all down, a crash loop, a
       // refused fleet) status still answers with what the control plane knows, and says why.
       let result: Partial<StatusResult> = {};
       let unavailable: { code: string; message: string } | null = null;
       try {
-        ({ result } = await rt.call("status", {}, { signal: ctx.signal }));
+        const ask = args.weights_checksum ? { weights_checksum: true } : {};
+        ({ result } = await rt.call("status", ask, { signal: ctx.signal }));
       } catch (e) {
         if (!(e instanceof RuntimeCallError) || !UNAVAILABLE.has(e.code)) throw e;
         unavailable = { code: e.code, message: e.message };
       }
+      const setup = ctx.setup?.() ?? null;
       const workers = rt.workers();
       const down = workers.filter((w) => w.state !== "ready" && w.last_error);
       return {
@@ -177,6 +202,7 @@ const build = (env: ToolEnv) => {
             : down.map((w) => `${w.name}: ${w.last_error}`).join("; ") || null,
         },
         ...(unavailable ? { device_unavailable: unavailable } : {}),
+        ...(setup ? { setup } : {}),
         device: result.device ?? null,
         devices: result.devices ?? [],
         probe: result.probe ?? rt.hello?.probe ?? [],
@@ -192,11 +218,14 @@ const build = (env: ToolEnv) => {
       };
     },
     render: (o) =>
+      (o.setup
+        ? `setting up (${o.setup.state}, ${o.setup.percent}%: ${o.setup.step}; log ${o.setup.log}); `
+        : "") +
       (o.device_unavailable
         ? `device status unavailable (${o.device_unavailable.code}: ${o.device_unavailable.message}); `
         : "") +
       `worker ${o.worker.state}${o.device ? ` on ${o.device.kind} (${o.device.name})` : ""}; torch ${o.torch_version}; ` +
-      `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}${m.engine ? `, vLLM ${m.engine.version ?? "?"} ${m.engine.health}` : ""}]`).join(", ") || "none"}` +
+      `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}${m.engine ? `, vLLM ${m.engine.version ?? "?"} ${m.engine.health}` : ""}${shapesNote(m)}]`).join(", ") || "none"}` +
       (o.worker.lost_models.length
         ? `; lost in a worker restart: ${o.worker.lost_models.join(", ")}`
         : "") +
@@ -210,11 +239,28 @@ const build = (env: ToolEnv) => {
   const absent = {
     ...(env.deployment?.pool === false ? { workers: true as const } : {}),
     ...(env.deployment?.fleet === false ? { fleet: true as const } : {}),
+    ...(env.deployment?.setup === false ? { setup: true as const } : {}),
   };
   return { ...tool, listedOutput: tool.output.omit(absent) };
 };
 
+/** A loaded model's shapes in a few words: seen of the plan, padding, recompiles. */
+function shapesNote(m: {
+  shape_plan?: z.infer<typeof ShapePlan> | null;
+  shapes?: z.infer<typeof ShapesSeen>;
+  compiles?: z.infer<typeof Compiles>;
+}): string {
+  if (!m.shape_plan || !m.shapes) return "";
+  const waste = m.shapes.padding_waste;
+  const pad = waste === null ? "" : `, padding ${(waste * 100).toFixed(0)}%`;
+  const c = m.compiles;
+  const compiled = c
+    ? `, ${c.graphs_compiled ?? 0} graphs at load, ${c.recompiles_since_load} recompiles`
+    : "";
+  return `, shapes ${m.shapes.distinct_shapes}/${m.shape_plan.size}${pad}${compiled}`;
+}
+
 /** Errors that mean "no worker could answer": status reports them instead of failing. */
-const UNAVAILABLE = new Set(["worker_unavailable", "worker_died", "timeout"]);
+const UNAVAILABLE = new Set(["worker_unavailable", "worker_died", "timeout", "runtime_setting_up"]);
 
 export const getRuntimeStatus: ToolFile = { policy, build };

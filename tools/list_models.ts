@@ -3,12 +3,16 @@ import { toToolError } from "./errors.js";
 import type { ModelFact } from "./stores/facts.js";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { maxLogprobsOf } from "./support/generation.js";
+import { ShapePlan } from "./schemas.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 export const ModelInfo = z.object({
   id: z.string(),
   task: z.string(),
   description: z.string(),
+  /** The weights' licence (SPDX id) and where they come from, when the catalog says. */
+  license: z.string().optional(),
+  origin: z.string().optional(),
   format: z.string(),
   parameters: z.number().int().nullable(),
   weight_bytes: z.number().int().nullable(),
@@ -29,6 +33,15 @@ export const ModelInfo = z.object({
   available: z.boolean(),
   problem: z.string().nullable(),
   loaded: z.boolean(),
+  shape_plan: ShapePlan.optional().describe(
+    "a loaded model: the batch and length buckets its forwards are padded to",
+  ),
+  decode_cache: z
+    .string()
+    .optional()
+    .describe(
+      'a loaded generation model: "static" (fixed slots, shapes of the plan only) or "dynamic" (why: in get_runtime_status)',
+    ),
 });
 
 /** What the server and its policies know of list_models (policies/tool_policy.ts). */
@@ -61,7 +74,7 @@ const build = (env: ToolEnv) =>
           .then((r) => r.result)
           .catch(() => ({ loaded: [], devices: [] })),
       ]);
-      const loaded = new Set<string>((status.loaded ?? []).map((m: any) => m.model));
+      const loadedRows = new Map<string, any>((status.loaded ?? []).map((m: any) => [m.model, m]));
       const devices = [...new Set<string>((status.devices ?? []).map((d: any) => d.kind))];
       return {
         models: env.catalog.models.map((m) => {
@@ -70,6 +83,8 @@ const build = (env: ToolEnv) =>
             id: m.id,
             task: m.task,
             description: m.description,
+            ...(m.license ? { license: m.license } : {}),
+            ...(m.origin ? { origin: m.origin } : {}),
             format: m.format,
             parameters: f?.parameters ?? null,
             weight_bytes: f?.weight_bytes ?? null,
@@ -87,7 +102,13 @@ const build = (env: ToolEnv) =>
             ...(m.input ? { input: { shape: [...m.input.shape], dtype: m.input.dtype } } : {}),
             available: f?.available ?? false,
             problem: f?.problem ?? (f ? null : (down ?? "the worker did not describe this model")),
-            loaded: loaded.has(m.id),
+            loaded: loadedRows.has(m.id),
+            ...(loadedRows.get(m.id)?.shape_plan
+              ? { shape_plan: loadedRows.get(m.id).shape_plan }
+              : {}),
+            ...(typeof loadedRows.get(m.id)?.batching?.cache === "string"
+              ? { decode_cache: loadedRows.get(m.id).batching.cache }
+              : {}),
           };
         }),
       };
@@ -96,7 +117,7 @@ const build = (env: ToolEnv) =>
       o.models
         .map(
           (m) =>
-            `${m.id} (${m.task}, ${m.parameters ?? "?"} params, ${m.dtypes.join("/")})${m.chat_template ? " [chat]" : ""}${m.loaded ? " [loaded]" : ""}${m.available ? "" : ` [unavailable: ${m.problem}]`}`,
+            `${m.id} (${m.task}, ${m.parameters ?? "?"} params, ${m.dtypes.join("/")})${m.chat_template ? " [chat]" : ""}${m.loaded ? ` [loaded${m.shape_plan ? `, ${m.shape_plan.size} shapes` : ""}${m.decode_cache ? `, ${m.decode_cache} cache` : ""}]` : ""}${m.available ? "" : ` [unavailable: ${m.problem}]`}`,
         )
         .join("\n"),
   });

@@ -9,6 +9,7 @@ import {
   matmulPrecision,
   mode,
   modelId,
+  ShapePlan,
   wait,
 } from "./schemas.js";
 import { estimateFor } from "./support/estimate.js";
@@ -39,6 +40,16 @@ const LoadResult = z.object({
     .describe("with a worker pool: the workers holding a replica"),
   matmul_precision_requested: z.string().nullable().optional(),
   execution_mode: z.string().optional(),
+  shape_plan: ShapePlan.nullable().optional(),
+  graphs_compiled: z
+    .number()
+    .int()
+    .optional()
+    .describe('mode "compile": graphs the warm-up compiled (every shape of the plan)'),
+  compile_cache: z
+    .object({ dir: z.string().nullable(), hits: z.number().int(), warm: z.boolean() })
+    .optional()
+    .describe("the on-disk compile cache: warm = graphs came from an earlier worker's compile"),
 });
 
 /** What the server and its policies know of load_model (policies/tool_policy.ts). */
@@ -146,7 +157,7 @@ const build = (env: ToolEnv) => {
     render: (o) =>
       "job_id" in o
         ? `started job ${o.job_id}; follow it with get_job`
-        : `loaded ${o.model} on ${o.placement ? o.placement.map((p) => `${p.worker} (${p.device})`).join(", ") : o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s${o.matmul_precision ? `, matmul precision ${o.matmul_precision}` : ""}`,
+        : `loaded ${o.model} on ${o.placement ? o.placement.map((p) => `${p.worker} (${p.device})`).join(", ") : o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s${o.graphs_compiled !== undefined ? ` (${o.graphs_compiled} graphs${o.compile_cache?.warm ? ", warm cache" : ""})` : ""}${o.shape_plan ? `, shape plan ${o.shape_plan.size} shapes` : ""}${o.matmul_precision ? `, matmul precision ${o.matmul_precision}` : ""}`,
   });
   // Replicas are placed on a pool's workers: without a pool the argument is not published.
   if (env.deployment?.pool !== false) return tool;

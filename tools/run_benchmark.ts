@@ -21,6 +21,7 @@ import {
   MIN_SEQ_LEN,
 } from "../lib/benchmark_defaults.js";
 import { compareReports, unstableNote } from "./render/compare.js";
+import { trainLine } from "./render/train_rows.js";
 import { estimateFor } from "./support/estimate.js";
 import { seed, temperature } from "./support/generation.js";
 import { JobRef } from "./stores/jobs.js";
@@ -43,12 +44,17 @@ export {
   EXTEND_FACTOR,
   MIN_SEQ_LEN,
 } from "../lib/benchmark_defaults.js";
+/** work "train_step": the optimizers, the default first (hyper-parameters: tpu_worker/bench/train_step.py). */
+export const OPTIMIZERS = ["adamw", "sgd"] as const;
+/** work "train_step": float32 weights, plain or under bfloat16 autocast (float16 would need a loss scaler). */
+export const TRAIN_DTYPES = ["float32", "bfloat16"] as const;
 
 interface ResolvedBenchmark {
   dtypes: string[];
   seqLens: number[] | undefined;
   iterations: number | undefined;
   maxNewTokens: number | undefined;
+  optimizer: (typeof OPTIMIZERS)[number] | undefined;
   grid: number;
 }
 
@@ -60,12 +66,26 @@ interface ResolvedBenchmark {
 function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenchmark {
   const b = env.limits.benchmark;
   const entry = entryOf(env, args.model);
-  const dtypes: string[] = args.dtypes ?? [entry.default_dtype];
-  const bad = dtypes.find((d) => !(entry.dtypes as readonly string[]).includes(d));
+  const training = args.work === "train_step";
+  const allowed: readonly string[] = training ? TRAIN_DTYPES : entry.dtypes;
+  const dtypes: string[] = args.dtypes ?? [training ? "float32" : entry.default_dtype];
+  const bad = dtypes.find((d) => !allowed.includes(d));
   if (bad)
     throw new ToolError(
       "unsupported_dtype",
-      `${args.model} allows ${entry.dtypes.join(", ")}, not ${bad}`,
+      training
+        ? `work "train_step" trains float32 weights, plain or under bfloat16 autocast: dtypes ${TRAIN_DTYPES.join(", ")}, not ${bad}`
+        : `${args.model} allows ${entry.dtypes.join(", ")}, not ${bad}`,
+    );
+  if (training && args.scenario === "offline")
+    throw new ToolError(
+      "invalid_argument",
+      `scenario: work "train_step" runs one step at a time; use scenario "single-stream"`,
+    );
+  if (args.optimizer !== undefined && !training)
+    throw new ToolError(
+      "invalid_argument",
+      `optimizer: only work "train_step" trains; add work: "train_step" or omit optimizer`,
     );
   const tooBig = (args.batch_sizes as number[]).find((x) => x > entry.limits.max_batch);
   if (tooBig)
@@ -124,6 +144,7 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
         ? (args.max_new_tokens ??
           Math.min(DEFAULT_MAX_NEW_TOKENS, entry.limits.max_new_tokens ?? 1))
         : undefined,
+    optimizer: training ? (args.optimizer ?? OPTIMIZERS[0]) : undefined,
     grid,
   };
 }
@@ -168,6 +189,9 @@ const Config = z
     achieved_flops_per_s: measured,
     peak_flops_per_s: measured,
     fraction_of_peak: measured,
+    // work "train_step" adds loss, drift, memory split, FLOPs per step (tpu_worker/bench/
+    // train_bench.py), passed through; a flagged fraction of peak is typed.
+    fraction_of_peak_fault: z.string().nullable().optional(),
     stability: z
       .object({
         stable: z.boolean(),
@@ -196,10 +220,10 @@ const Report = z.object({
   chart_uri: z.string(),
   model: z.string(),
   scenario: z.enum(["single-stream", "offline"]),
-  work: z.enum(["forward", "generate"]),
+  work: z.enum(["forward", "generate", "train_step"]),
   cancelled: z.boolean(),
   /** Present when the gate stopped the run: its budget or time limit ran out; configs are what it measured. */
-  stopped: z.enum(["budget", "timeout"]).optional(),
+  stopped: z.enum(["budget", "timeout", "approval"]).optional(),
   configs: z.array(Config),
   manifest: z.record(z.string(), z.unknown()),
   comparison: z
@@ -248,9 +272,10 @@ const build = (env: ToolEnv) => {
           .default("single-stream")
           .describe("offline: the largest batch that fits"),
         work: z
-          .enum(["forward", "generate"])
+          .enum(["forward", "generate", "train_step"])
           .default("forward")
           .describe("generate: text-generation models (temperature, seed)"),
+        optimizer: z.enum(OPTIMIZERS).optional(),
         max_new_tokens: z.number().int().min(1).max(maxNew).optional(),
         temperature: temperature.optional(),
         seed: seed.optional(),
@@ -287,6 +312,7 @@ const build = (env: ToolEnv) => {
           dtypes: r.dtypes,
           iterations: r.iterations,
           max_new_tokens: r.maxNewTokens,
+          optimizer: r.optimizer,
         },
         ctx,
       );
@@ -316,6 +342,7 @@ const build = (env: ToolEnv) => {
           scenario: args.scenario,
           work: args.work,
           ...(r.maxNewTokens ? { max_new_tokens: r.maxNewTokens } : {}),
+          ...(r.optimizer ? { optimizer: r.optimizer } : {}),
           // Sampling as in run_inference (greedy when absent); the seed makes runs repeatable.
           ...(args.temperature !== undefined ? { temperature: args.temperature } : {}),
           ...(args.seed !== undefined ? { seed: args.seed } : {}),
@@ -362,6 +389,7 @@ const build = (env: ToolEnv) => {
       const fmt = (v: unknown, d = 2) =>
         typeof v === "number" && Number.isFinite(v) ? v.toFixed(d) : "–";
       const rows = o.configs.map((c: any) => {
+        if (o.work === "train_step") return trainLine(c);
         const head = `  b=${c.batch}${c.seq_len ? ` s=${c.seq_len}` : ""} ${c.dtype} ${c.mode}`;
         if (c.error) return `${head}: ${c.error.code}`;
         const l = c.latency_ms ?? {};

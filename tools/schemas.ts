@@ -100,3 +100,32 @@ export function tensorInput(env: ToolEnv) {
 export const matmulPrecision = z
   .enum(["medium", "high", "highest"])
   .describe("float32 matmuls of the worker: TPU 1/3/6 bf16 passes");
+
+/** A loaded model's shape plan (runtime/worker/tpu_worker/shapes.py): the only shapes its forwards take. */
+export const ShapePlan = z
+  .object({
+    batch_buckets: z.array(z.number().int()),
+    length_buckets: z.array(z.number().int()),
+    prefill_batch_buckets: z.array(z.number().int()).optional(),
+    size: z.number().int().describe("distinct forward shapes the plan allows"),
+  })
+  .describe("the batch and length buckets every forward is padded to");
+
+/** The shapes a model's forwards ran at since its load, and the padding they cost. */
+export const ShapesSeen = z
+  .object({
+    distinct_shapes: z.number().int(),
+    forwards: z.number().int(),
+    real_tokens: z.number().int(),
+    padded_tokens: z.number().int(),
+    real_to_padded: z.number().nullable(),
+    padding_waste: z.number().nullable().describe("1 - real ÷ padded tokens"),
+  })
+  .passthrough();
+
+/** Mode "compile": the graphs the load's warm-up compiled, and any compile after it. */
+export const Compiles = z.object({
+  graphs_compiled: z.number().int().nullable(),
+  recompiles_since_load: z.number().int(),
+  recompiled: z.boolean().describe("true: a call compiled after the warm-up (see the worker log)"),
+});

@@ -41,6 +41,25 @@ export interface Deployment {
   pool: boolean;
   /** A Ray fleet (runtime.ray) adds workers to the pool. */
   fleet: boolean;
+  /** An installed package that sets itself up on first start (server/setup/); false from a clone. */
+  setup?: boolean;
+}
+
+/**
+ * An installed package's first set-up (the Python environment and the model files, made in the
+ * background by `tpu-mcp setup`), as get_runtime_status shows it.
+ */
+export interface SetupProgress {
+  state: "running" | "done" | "failed";
+  /** What it is doing now ("installing Python packages", "converting smollm2-135m-instruct"). */
+  step: string;
+  percent: number;
+  /** Its last line of output. */
+  message: string;
+  /** The file with its whole output. */
+  log: string;
+  /** Why it failed (state "failed"). */
+  error: string | null;
 }
 
 /** Static things a tool's schema is built from. */
@@ -57,6 +76,8 @@ export interface ToolContext {
   runtime: Runtime;
   /** The Ray fleet behind the pool (runtime.ray); absent without one. */
   fleet?: () => FleetState;
+  /** A package install's set-up while it has not finished; absent from a clone. */
+  setup?: () => SetupProgress | null;
   /** Where this call runs, chosen once before the gate (pass it to runtime.call). */
   placement?: Placement;
   jobs: Jobs;

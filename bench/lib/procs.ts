@@ -59,6 +59,9 @@ export function writeBenchConfig(dir = tempDir()): { config: string; catalog: st
       trace_calls: true,
       runtime: { python: PYTHON, catalog, device: "cpu" },
       policy: {
+        // Not what is measured: without this the default rules would stop every run_benchmark
+        // (the stability and train sections) at an approval no one is there to give.
+        approvals: { rules: [] },
         limits: {
           rate_limit: { per_principal_per_minute: 100_000_000 },
           budget: { device_seconds_per_window: 1e9, window_s: 3600 },

@@ -5,7 +5,15 @@
 // uPlot's legend shows the values under the cursor, with the interval and "unstable".
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
-import { compareReports, seriesOf, type Point, type Report } from "./report_data.js";
+import {
+  compareReports,
+  seriesOf,
+  TRAIN_HEADERS,
+  trainNotes,
+  trainRow,
+  type Point,
+  type Report,
+} from "./report_data.js";
 
 export { compactJson, seriesOf, type Report } from "./report_data.js";
 
@@ -269,6 +277,30 @@ export function reportTable(inputs: ChartInput[]): HTMLTableElement {
           row.insertCell().textContent = v;
       }
     }
+  }
+  return table;
+}
+
+/** A work "train_step" report's own table (step time, loss, bf16 drift, memory split, FLOPs). */
+export function trainTable(report: Report): HTMLTableElement {
+  const table = document.createElement("table");
+  table.className = "data train";
+  const head = table.createTHead().insertRow();
+  for (const h of TRAIN_HEADERS) {
+    const th = document.createElement("th");
+    th.textContent = h;
+    head.append(th);
+  }
+  const body = table.createTBody();
+  for (const c of (report.configs ?? []) as Record<string, any>[]) {
+    if (c.error) continue;
+    const row = body.insertRow();
+    if (c.fraction_of_peak_fault) row.className = "fault";
+    for (const v of trainRow(c)) row.insertCell().textContent = v;
+  }
+  if (trainNotes(report.configs ?? []).length) {
+    const cap = table.createCaption();
+    cap.textContent = trainNotes(report.configs ?? []).join("; ");
   }
   return table;
 }

@@ -3,7 +3,7 @@
 // (ui/initialize → ui/notifications/initialized, then the host's tool-input / tool-result
 // notifications) and draws what the tool returned: a benchmark report, a job's state, or an
 // informational approval card. It never calls tools: approval stays with the operator.
-import { compactJson, drawReports, reportTable, type Report } from "./chart.js";
+import { compactJson, drawReports, reportTable, trainTable, type Report } from "./chart.js";
 import { unstableNote } from "./report_data.js";
 import "./mcp_app.css";
 
@@ -61,7 +61,9 @@ function renderReport(report: Report) {
   box.append(charts);
   drawReports(charts, [{ label: "report", report }]);
   const wrap = el("div", undefined, "scroll");
-  wrap.append(reportTable([{ label: "report", report }]));
+  wrap.append(
+    report.work === "train_step" ? trainTable(report) : reportTable([{ label: "report", report }]),
+  );
   box.append(wrap);
   const unstable = ((report.configs ?? []) as Json[]).filter((c) => !c.error && unstableNote(c));
   if (unstable.length) {
@@ -116,7 +118,14 @@ function renderApproval(err: Json) {
   );
   row("Expires", d.expires_at ? new Date(d.expires_at).toLocaleString() : "?");
   const passkey = d.assurance === "passkey";
-  row("Decision needs", passkey ? "an operator's passkey (in the console)" : "an operator token");
+  row(
+    "Decision needs",
+    passkey
+      ? "an operator's passkey (in the console)"
+      : d.assurance === "client_form"
+        ? "an operator token, or whoever answers the client's form"
+        : "an operator token",
+  );
   const args = el("pre", compactJson(d.args ?? {}), "args");
   box.replaceChildren(
     el("h1", "Waiting for an operator's approval"),

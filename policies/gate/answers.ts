@@ -1,8 +1,10 @@
-// How an approval is put to a person (the rule and the estimate in words) and how that person's
-// answer in the client is recorded, for both protocol eras (approval_flow.ts pushes the question
-// in a 2025 session, input_required.ts asks it in a 2026-07-28 result).
+// How an approval is put to a person (the rule and the estimate in words), whether the answer in
+// the client may decide it, and how that answer is recorded, for both protocol eras
+// (approval_flow.ts pushes the question in a 2025 session, input_required.ts asks it in a
+// 2026-07-28 result).
 
 import { formatBytes } from "../../lib/units.js";
+import type { ApprovalRecord } from "../approval_record.js";
 import type { ApprovalRule } from "../config.js";
 import type { CostEstimate } from "../estimate.js";
 import type { GateContext } from "./context.js";
@@ -21,6 +23,37 @@ export function describeRule(rule: ApprovalRule): string {
 export function describeEstimate(e: CostEstimate | undefined | null): string {
   if (!e) return "no estimate";
   return `~${e.device_seconds} device-seconds, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
+}
+
+/**
+ * May the answer to the client's form decide this approval? Only when the rule asks for no more
+ * (`"assurance": "client_form"`) and so did the rule when the approval was made: a config that
+ * raised the rule since still holds for approvals made before.
+ */
+export function mayAnswerInBand(rule: ApprovalRule, rec: ApprovalRecord): boolean {
+  return rule.assurance === "client_form" && rec.assurance === "client_form";
+}
+
+/**
+ * What a client_form rule is worth, in the words of the start-up banner and `tpu-mcp doctor`
+ * (docs/security.md says the same): whoever answers the client's form approves, and an agent
+ * that answers its own client's prompts is that someone.
+ */
+export function clientFormText(tools: readonly string[]): string {
+  return (
+    `client_form rule(s) (${tools.join(", ")}): approved by whoever answers the client's form — ` +
+    "an agent that answers its own client's prompts approves its own calls. Keep it only for a desktop host whose own dialog a person answers; " +
+    'use "assurance": "token" or "passkey" where an agent may answer'
+  );
+}
+
+/** The tools of the rules an answer in the client decides (none with elicitation off). */
+export function clientFormRules(approvals: {
+  rules: readonly ApprovalRule[];
+  elicitation: boolean;
+}): string[] {
+  if (!approvals.elicitation) return [];
+  return approvals.rules.filter((r) => r.assurance === "client_form").map((r) => r.tool);
 }
 
 /** The question put to the person at the client, in either era: who, which tool, on which model. */
@@ -76,9 +109,11 @@ export function formAnswer(result: unknown): ElicitAnswer | undefined {
 }
 
 /**
- * The answer of the person at the client, in either era, recorded on its approval: decided as
- * `elicitation:<principal>` (never the principal itself) and audited. Throws what the store
- * throws when the approval was decided meanwhile (approval_already_decided) or expired.
+ * The answer to the client's form, in either era, recorded on its approval: decided as
+ * `client-form:<principal>` (whoever answered the form that principal's client showed, the agent
+ * itself included; never the principal's own id) and audited with assurance "client_form". Throws
+ * what the store throws when the approval was decided meanwhile (approval_already_decided) or
+ * expired.
  */
 export function recordAnswer(
   ctx: GateContext,
@@ -90,7 +125,7 @@ export function recordAnswer(
   redacted: unknown,
 ): void {
   const { principal, tool, estimate } = call;
-  const approver = `elicitation:${principal.id}`;
+  const approver = `client-form:${principal.id}`;
   const reason =
     answer === "accept"
       ? `accepted in the client (${describeRule(rule)})`
@@ -106,6 +141,7 @@ export function recordAnswer(
     approval_id: id,
     outcome: answer === "accept" ? "approval_granted" : "approval_denied",
     approver,
+    assurance: "client_form",
     reason,
   });
 }

@@ -1,6 +1,6 @@
 // Approvals: which rule makes a call need one, how the gate obtains it (a consumable approval
-// the caller presents, the user's answer to an elicitation prompt, or an out-of-band request an
-// operator decides), and the operator's decision itself. Whether to elicit and how long to wait
+// the caller presents, the answer to the client's form where the rule allows it, or an
+// out-of-band request an operator decides), and the operator's decision itself. Whether to elicit and how long to wait
 // for the answer are decided here and nowhere else: the transport only sends the prompt.
 
 import {
@@ -17,7 +17,13 @@ import type { CostEstimate } from "../estimate.js";
 import type { DecisionEvidence } from "../passkeys/evidence.js";
 import { hasScope, type Principal } from "../scopes.js";
 import type { GateContext } from "./context.js";
-import { approvalPrompt, describeEstimate, describeRule, recordAnswer } from "./answers.js";
+import {
+  approvalPrompt,
+  describeEstimate,
+  describeRule,
+  mayAnswerInBand,
+  recordAnswer,
+} from "./answers.js";
 import { answerInBand, askInBand } from "./input_required.js";
 import type { ElicitAnswer, GateCall, InputRequired } from "./types.js";
 
@@ -99,20 +105,17 @@ export async function checkApproval(
       ttl_s: cfg.ttl_s,
       max_pending: cfg.max_pending_per_principal,
     });
+  // In band only where both the rule and the record say an answer in the client decides
+  // (`client_form`): whoever answers the form may be the agent itself, so a token or passkey
+  // rule is never asked there, whatever the client can show.
+  const inBand = cfg.elicitation && mayAnswerInBand(rule, rec);
   // The 2026-07-28 era asks in band by answering input_required: the same approval record, so an
   // operator may still decide it out of band while the user has not answered.
-  if (
-    call.inBand?.canAsk &&
-    cfg.elicitation &&
-    ctx.deps.requestStates &&
-    rec.status === "pending" &&
-    rec.assurance !== "passkey"
-  )
+  if (call.inBand?.canAsk && inBand && ctx.deps.requestStates && rec.status === "pending")
     return askInBand(ctx, call, rule, digest, rec);
 
-  // Asked in the client when it can show a form and the policy allows it; never for a rule that
-  // needs a passkey (only a signed decision in the console counts there).
-  if (call.elicit && cfg.elicitation && rec.assurance !== "passkey") {
+  // The 2025 era pushes the question to a client that can show a form.
+  if (call.elicit && inBand) {
     const answer = await waitForAnswer(ctx, call, rule, rec, digest, redacted);
     if (answer === "accept") return rec.id;
     if (answer === "decline" || answer === "cancel") {
@@ -134,7 +137,14 @@ export async function checkApproval(
       );
     }
   }
-  throw approvalRequired(ctx, call, rule, rec);
+  // A client that could have asked is told why it was not: the rule wants an operator.
+  const couldAsk = call.elicit !== undefined || call.inBand?.canAsk === true;
+  throw approvalRequired(ctx, call, rule, rec, couldAsk && !inBand ? notInBand(rec) : "");
+}
+
+/** Why a client that can show a form was not asked (the rule needs more than its answer). */
+function notInBand(rec: ApprovalRecord): string {
+  return `An answer in the client cannot decide this approval (its rule's assurance is "${rec.assurance}", not "client_form"): an operator decides it out of band. `;
 }
 
 function approvalRequired(
@@ -231,7 +241,7 @@ async function waitForAnswer(
 
 /**
  * Shows the prompt and records its answer on the approval (approved or denied by
- * `elicitation:<principal>`, audited). The one timeout of an elicitation is here
+ * `client-form:<principal>`, audited). The one timeout of an elicitation is here
  * (approvals.elicitation_timeout_s): then the prompt is withdrawn (its signal aborted, which
  * cancels the request on the wire) and the approval stays pending for an operator. Resolves
  * null when the prompt could not be shown (fall back to out of band). Never rejects.

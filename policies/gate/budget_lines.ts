@@ -80,10 +80,17 @@ export class BudgetLines {
     private readonly tools: ReadonlyMap<string, ToolPolicy>,
   ) {}
 
-  /** The principal's line, and for read-scoped tools its read allowance. */
-  private lines(principal: string, tool: string): { key: string; limit?: number }[] {
+  /**
+   * The principal's line, and for read-scoped tools its read allowance (but for a cold start:
+   * a model's first check in a fresh worker is charged to the budget only).
+   */
+  private lines(
+    principal: string,
+    tool: string,
+    estimate?: CostEstimate,
+  ): { key: string; limit?: number }[] {
     const keys: { key: string; limit?: number }[] = [{ key: principal }];
-    if (requiredScope(this.tools.get(tool)) === READ_SCOPE) {
+    if (requiredScope(this.tools.get(tool)) === READ_SCOPE && !estimate?.cold_start) {
       keys.push({
         key: `${principal}${READ_KEY_SUFFIX}`,
         limit: this.limits.budget.read_device_seconds_per_window,
@@ -96,7 +103,7 @@ export class BudgetLines {
   check(principal: Principal, tool: string, estimate: CostEstimate | undefined): void {
     if (!estimate) return;
     const need = estimate.device_seconds;
-    for (const { key, limit } of this.lines(principal.id, tool)) {
+    for (const { key, limit } of this.lines(principal.id, tool, estimate)) {
       const b = this.ledger.check(key, need, this.held(key), limit);
       if (b.ok) continue;
       const what =
@@ -130,7 +137,7 @@ export class BudgetLines {
   /** Holds the estimate against every line of the call; the returned function releases it once. */
   reserve(principal: string, tool: string, estimate: CostEstimate | undefined): () => void {
     const seconds = estimate?.device_seconds ?? 0;
-    const keys = this.lines(principal, tool).map((k) => k.key);
+    const keys = this.lines(principal, tool, estimate).map((k) => k.key);
     for (const k of keys) this.adjust(k, seconds);
     this.rearm(keys.map((key) => ({ key })));
     let done = false;
@@ -160,7 +167,7 @@ export class BudgetLines {
     if (!estimate) return undefined;
     const run: Running = {
       runner: { startedMs: this.clock(), reservedS: estimate.device_seconds },
-      keys: this.lines(principal, tool),
+      keys: this.lines(principal, tool, estimate),
       onStop,
       stopped: false,
     };
@@ -269,8 +276,8 @@ export class BudgetLines {
   }
 
   /** Charges what the call measured to every line of the call. */
-  charge(principal: string, tool: string, seconds: number): void {
-    const keys = this.lines(principal, tool);
+  charge(principal: string, tool: string, seconds: number, estimate?: CostEstimate): void {
+    const keys = this.lines(principal, tool, estimate);
     for (const { key } of keys) this.ledger.charge(key, seconds, tool);
     this.rearm(keys);
   }

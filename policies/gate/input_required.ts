@@ -10,7 +10,7 @@ import type { ApprovalRecord } from "../approvals.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
 import { RequestStateError, type ApprovalState, type StateRefusal } from "../request_state.js";
-import { approvalPrompt, recordAnswer } from "./answers.js";
+import { approvalPrompt, mayAnswerInBand, recordAnswer } from "./answers.js";
 import type { GateContext } from "./context.js";
 import { InputRequired, type GateCall } from "./types.js";
 
@@ -75,9 +75,13 @@ export function answerInBand(
   if (s.t !== tool || s.d !== digest)
     throw refuse("call", "was issued for another call (the tool or the arguments differ)");
   const rec = ctx.deps.approvals.get(s.a);
-  // A passkey rule is decided only by a signed decision in the console (never minted a state).
-  if (rec?.assurance === "passkey")
-    throw refuse("assurance", `answers approval ${s.a}, which needs an operator's passkey`);
+  // Only a client_form rule's approval is decided by the answer in the client (no other is ever
+  // sealed a state; a config that raised the rule since the state was sealed holds too).
+  if (rec && !mayAnswerInBand(rule, rec))
+    throw refuse(
+      "assurance",
+      `answers approval ${s.a}, which an operator decides out of band (${rec.assurance === "passkey" ? "with a passkey" : "its rule's assurance is not client_form"})`,
+    );
   if (!rec || rec.status !== "pending")
     throw refuse(
       "replayed",

@@ -104,7 +104,7 @@ export const ADMISSION_STEPS: readonly AdmissionStep[] = [
     // Only an admitted caller makes the estimate (which may ask the worker for free memory).
     name: "estimate",
     run: async (_ctx, a) => {
-      if (!a.estimate && a.call.estimator) a.estimate = await a.call.estimator();
+      if (!a.estimate && a.call.estimator) a.estimate = await a.call.estimator(a.call.signal);
     },
     mark: "g.estimate",
   },

@@ -1,9 +1,11 @@
 // The supervisor of an admitted call: it records the admission, starts the work under its
-// deadline (the tool's timeout) and its meter (every budget line it is charged to, see
-// BudgetLines.meter), stops it when either runs out (the worker is told why, and a benchmark
+// deadline (the tool's timeout), its meter (every budget line it is charged to, see
+// BudgetLines.meter) and, for an approved call, the bound of what was approved (its estimate ×
+// approvals.overrun_factor); stops it when one runs out (the worker is told why, and a benchmark
 // returns what it measured, marked `stopped`), races it against the caller's cancellation,
-// settles the slot and the measured charge when the work really ends (which may be after the
-// caller got its answer), and records how the call ended.
+// charges a stopped call up to the moment of its stop and any other when its work ends, settles
+// the slot when the work really ends (which may be after the caller got its answer), and records
+// how the call ended.
 
 import type { AuditRecord } from "../audit.js";
 import { toolTimeoutMs } from "../config.js";
@@ -31,14 +33,24 @@ export async function supervise<T>(
   let started = ctx.clock();
   let settled = false;
   let meter: Metered | undefined = undefined;
+  // The budget's part of a call ends once: at its stop, charged up to the moment the stop was
+  // decided (how long the worker then takes to stop is the runtime supervisor's to bound: it
+  // restarts a worker that does not), or else when its work ends, charged what it took.
+  let budgetEnded = false;
+  const endBudget = (atMs: number) => {
+    if (budgetEnded) return;
+    budgetEnded = true;
+    a.reservation();
+    meter?.end();
+    if (estimate)
+      ctx.lines.charge(principal.id, tool, Math.max(0, atMs - started) / 1000, estimate);
+  };
   const settle = () => {
     if (settled) return;
     settled = true;
-    // The slot and the charge follow the real work, which may outlive a timed-out caller.
+    // The slot follows the real work, which may outlive a stopped or timed-out caller.
     a.release();
-    a.reservation();
-    meter?.end();
-    if (estimate) ctx.lines.charge(principal.id, tool, (ctx.clock() - started) / 1000);
+    endBudget(ctx.clock());
   };
 
   const allowedRecord: AuditRecord = {
@@ -82,10 +94,13 @@ export async function supervise<T>(
   const gaveUp = new Promise<never>((_, reject) => (giveUp = reject));
   gaveUp.catch(() => {});
   let graceTimer: NodeJS.Timeout | undefined;
-  const stopCall = (err: PolicyError) => {
+  /** Stops the call for `err`, decided at `atMs` (a late timer does not charge its lateness). */
+  const stopCall = (err: PolicyError, atMs: number) => {
     if (ctrl.signal.aborted) return;
     stopped = err;
     ctrl.abort(err);
+    // After the turn: a budget stop comes from inside the meter's walk of its line.
+    queueMicrotask(() => endBudget(atMs));
     graceTimer = setTimeout(() => giveUp(err), STOP_GRACE_MS);
   };
   // The caller's cancellation and a failed audit answer at once: no stop grace is waited for.
@@ -102,9 +117,38 @@ export async function supervise<T>(
           { timeout_ms: toolMs },
           "timeout",
         ),
+        started + toolMs,
       ),
     toolMs,
   );
+  // An approval is for the estimate it showed: an approved call that runs past it by more than
+  // approvals.overrun_factor is stopped as a budget stop is (0 turns the bound off).
+  const factor = ctx.config.approvals.overrun_factor;
+  const approvedMs =
+    approvalId && estimate && factor > 0
+      ? Math.max(1, Math.ceil(estimate.device_seconds * factor * 1000))
+      : undefined;
+  const overrunTimer =
+    approvedMs === undefined
+      ? undefined
+      : setTimeout(
+          () =>
+            stopCall(
+              stopError(
+                "approval_overrun",
+                `${tool} was stopped after ${round3(approvedMs / 1000)} s of device time: it was approved for an estimate of ${estimate!.device_seconds} s and may run ${factor}× that; it is charged the device time it used. Ask for a new approval with a smaller call, or an operator can raise approvals.overrun_factor.`,
+                {
+                  stopped_after_s: round3(approvedMs / 1000),
+                  estimated_s: estimate!.device_seconds,
+                  overrun_factor: factor,
+                  approval_id: approvalId,
+                },
+                "approval",
+              ),
+              started + approvedMs,
+            ),
+          approvedMs,
+        );
   const onCallerAbort = () =>
     abortNow(new PolicyError("cancelled", `${tool} was cancelled by the caller.`));
   if (call.signal?.aborted) onCallerAbort();
@@ -120,7 +164,7 @@ export async function supervise<T>(
   // Every line the call is charged to meters it from here (the charge's start): stopped when its
   // device time reaches its estimate plus what is left of a line (at once when nothing is left).
   meter = ctx.lines.meter(principal.id, tool, estimate, (cap) =>
-    stopCall(budgetStop(tool, principal.id, estimate, cap)),
+    stopCall(budgetStop(tool, principal.id, estimate, cap), started + cap.usedS * 1000),
   );
   // One deadline per call: the runtime waits for the work until the gate would give up on it.
   const deadline: CallDeadline = {
@@ -186,6 +230,7 @@ export async function supervise<T>(
     throw e;
   } finally {
     clearTimeout(timer);
+    clearTimeout(overrunTimer);
     clearTimeout(graceTimer);
     call.signal?.removeEventListener("abort", onCallerAbort);
   }
@@ -199,10 +244,10 @@ export const STOP_GRACE_MS = 10_000;
 
 /** A gate error that stops a call: `stop` tells the runtime the reason to send the worker. */
 function stopError(
-  code: "timeout" | "budget_exceeded",
+  code: "timeout" | "budget_exceeded" | "approval_overrun",
   message: string,
   details: Record<string, unknown>,
-  stop: "timeout" | "budget",
+  stop: "timeout" | "budget" | "approval",
 ): PolicyError {
   return Object.assign(new PolicyError(code, message, details), { stop });
 }

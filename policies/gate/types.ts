@@ -83,8 +83,11 @@ export interface GateCall {
   /** Target device ("tpu", "cuda:1", "cpu"); device-bound tools take its lane. */
   device?: string;
   estimate?: CostEstimate;
-  /** Makes the estimate once the caller is admitted (scope, rate); used when `estimate` is absent. */
-  estimator?: () => Promise<CostEstimate | undefined>;
+  /**
+   * Makes the estimate once the caller is admitted (scope, rate); used when `estimate` is absent.
+   * Handed the call's `signal` (a job's own once a job adopted the call, not the request's).
+   */
+  estimator?: (signal?: AbortSignal) => Promise<CostEstimate | undefined>;
   signal?: AbortSignal;
   /** Present only when the client can show an elicitation form (the 2025 era's push). */
   elicit?: Elicit;

@@ -4,10 +4,10 @@
 // the operator was shown, approve or deny) plus a single-use nonce, and the server recomputes it
 // from the approval as stored before it records anything. An assertion made for another
 // approval, another decision or an older nonce then carries a different challenge and is refused.
-// Pure functions and a small in-memory book of nonces (clock injected): no SQLite, no crypto
-// verification here (ceremony.ts does that).
+// Pure functions, a small in-memory book of nonces and the sealed sign-in challenges (clock
+// injected): no SQLite, no WebAuthn verification here (ceremony.ts does that).
 
-import { createHash, randomBytes } from "node:crypto";
+import { createHash, createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 import { canonicalJson } from "../digest.js";
 import type { CostEstimate } from "../estimate.js";
 import { PolicyError } from "../errors.js";
@@ -142,5 +142,59 @@ export class ChallengeBook {
   private sweep() {
     const now = this.clock();
     for (const [k, v] of this.issued) if (now >= v.expires) this.issued.delete(k);
+  }
+}
+
+/**
+ * Sign-in challenges that need no entry until they are answered: the nonce carries its expiry
+ * and a MAC under a key of this process, so asking for sign-in options stores nothing and no
+ * number of requests from one address (on one machine, every process's) can evict an operator's
+ * pending sign-in. Each is still answered once: a nonce seen back is remembered until it expires
+ * (at most `maxUsed` at once; then answers are refused until some expire).
+ */
+export class SealedChallenges {
+  private readonly key = randomBytes(32);
+  private readonly used = new Map<string, number>();
+  constructor(
+    private readonly ttlMs: number,
+    private readonly clock: Clock = systemClock,
+    private readonly maxUsed = 100_000,
+  ) {}
+
+  issue(): { nonce: string; challenge: string } {
+    const body = `${newNonce()}.${(this.clock() + this.ttlMs).toString(36)}`;
+    const nonce = `${body}.${this.mac(body)}`;
+    return { nonce, challenge: challengeFor("sign_in", { nonce }) };
+  }
+
+  /** The challenge of a nonce this process issued, unexpired and not seen before (single use). */
+  take(nonce: unknown): string {
+    const unknown = () =>
+      refused(
+        "this passkey challenge is unknown or already used (each is answered once); start again",
+      );
+    if (typeof nonce !== "string" || nonce.length > 200) throw unknown();
+    const cut = nonce.lastIndexOf(".");
+    const body = nonce.slice(0, cut);
+    const want = Buffer.from(this.mac(body));
+    const got = Buffer.from(nonce.slice(cut + 1));
+    if (cut < 0 || want.length !== got.length || !timingSafeEqual(want, got)) throw unknown();
+    const expires = parseInt(body.split(".")[1] ?? "", 36);
+    const now = this.clock();
+    if (!(now < expires))
+      throw refused("this passkey challenge expired before it was answered; start again");
+    // Insertion order is expiry order (one TTL): the expired ones are at the front.
+    for (const [k, until] of this.used) {
+      if (now < until) break;
+      this.used.delete(k);
+    }
+    if (this.used.has(nonce)) throw unknown();
+    if (this.used.size >= this.maxUsed) throw refused("too many passkey sign-ins in flight");
+    this.used.set(nonce, expires);
+    return challengeFor("sign_in", { nonce });
+  }
+
+  private mac(body: string): string {
+    return createHmac("sha256", this.key).update(body).digest("base64url").slice(0, 32);
   }
 }

@@ -28,6 +28,7 @@ import {
   decisionBinding,
   decisionChallenge,
   refused,
+  SealedChallenges,
   type Decision,
   type DecisionBinding,
   type EnrolmentBinding,
@@ -67,6 +68,7 @@ function asResponse<T>(x: unknown): T {
 
 export class PasskeyCeremonies {
   private readonly book: ChallengeBook;
+  private readonly signIns: SealedChallenges;
   private readonly clock: Clock;
 
   constructor(
@@ -76,6 +78,7 @@ export class PasskeyCeremonies {
   ) {
     this.clock = opts.clock ?? systemClock;
     this.book = new ChallengeBook(config.challenge_ttl_s * 1000, this.clock);
+    this.signIns = new SealedChallenges(config.challenge_ttl_s * 1000, this.clock);
   }
 
   get passkeyCount(): number {
@@ -174,15 +177,18 @@ export class PasskeyCeremonies {
     });
   }
 
-  /** Sign-in: any enrolled, active passkey (discoverable: the authenticator offers its own). */
-  async signInOptions(owner: string, site: Site) {
-    const { nonce, challenge } = this.book.issue("sign_in", owner, (n) => ({ nonce: n }));
+  /**
+   * Sign-in: any enrolled, active passkey (discoverable: the authenticator offers its own). The
+   * challenge is sealed, not booked: asking for options before any session stores nothing, so
+   * nobody's requests can evict the operator's pending sign-in.
+   */
+  async signInOptions(site: Site) {
+    const { nonce, challenge } = this.signIns.issue();
     return { nonce, options: await this.requestOptions(site, challenge) };
   }
 
-  async signIn(owner: string, site: Site, nonce: unknown, raw: unknown) {
-    const entry = this.book.take(nonce, "sign_in", owner);
-    return this.verifyAssertion(site, entry.challenge, raw);
+  async signIn(site: Site, nonce: unknown, raw: unknown) {
+    return this.verifyAssertion(site, this.signIns.take(nonce), raw);
   }
 
   /** A decision on `approval`: the challenge commits to the approval as stored and the decision. */

@@ -21,6 +21,8 @@ export interface Pending {
   stopReason?: StopReason;
   timer?: NodeJS.Timeout;
   graceTimer?: NodeJS.Timeout;
+  /** A stopped call's last chance to end before its worker is restarted (stopGraceMs). */
+  stopTimer?: NodeJS.Timeout;
   detachAbort?: () => void;
 }
 
@@ -70,6 +72,7 @@ export class CallTable {
 export function clearTimers(p: Pending): void {
   clearTimeout(p.timer);
   clearTimeout(p.graceTimer);
+  clearTimeout(p.stopTimer);
   p.detachAbort?.();
   p.detachAbort = undefined;
 }

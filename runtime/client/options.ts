@@ -5,6 +5,7 @@ import { dirname, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { pino } from "pino";
 import { DEFAULT_MAX_BODY_BYTES } from "../wire/framing.js";
+import type { RuntimeCallError } from "../types.js";
 
 type LogFn = (obj: Record<string, unknown>, msg?: string) => void;
 
@@ -27,6 +28,8 @@ export interface WorkerRuntimeOptions {
   repoRoot?: string;
   /** Python interpreter. Default: `.venv/bin/python` under repoRoot. */
   pythonPath?: string;
+  /** The worker's Python package folder (PYTHONPATH). Default: runtime/worker under repoRoot. */
+  workerDir?: string;
   /** Catalog JSON passed to the worker. Default: runtime/catalog.builtin.json. */
   catalogPath?: string;
   /** Device the worker serves: auto | cpu | cuda[:N] | tpu[:N] | xla[:N]. Default: auto. */
@@ -42,8 +45,18 @@ export interface WorkerRuntimeOptions {
   heartbeatIntervalMs?: number;
   /** A ping unanswered this long means the worker is hung: it is SIGKILLed and restarted. */
   heartbeatTimeoutMs?: number;
-  /** After an abort, how long to wait for the worker to confirm the cancel. Default: 2 s. */
+  /**
+   * After an abort, how long to wait for the worker to confirm the cancel (default 2 s). For a
+   * call the gate stopped (budget, timeout), the time after which the worker is pinged instead.
+   */
   cancelGraceMs?: number;
+  /**
+   * How long a call the gate stopped may take to end in the worker (default 8 s, under the
+   * gate's own 10 s): its answer (a benchmark's partial report) is waited for, since the budget
+   * charged it up to the stop; a worker still running it after this ignores cancels, and is
+   * restarted.
+   */
+  stopGraceMs?: number;
   restartBackoffBaseMs?: number;
   restartBackoffMaxMs?: number;
   /** More crashes than this within restartWindowMs puts the runtime in state `failed`. */
@@ -55,6 +68,12 @@ export interface WorkerRuntimeOptions {
   maxBodyBytes?: number;
   /** Extra worker arguments (e.g. `--heartbeat-s 30`). */
   extraArgs?: string[];
+  /**
+   * Asked before each start: an error means the worker cannot start yet (an installed package
+   * still setting up its Python environment); the start and the calls waiting on it get that
+   * error, nothing is spawned and no restart is counted. Default: never blocked.
+   */
+  prerequisite?: () => RuntimeCallError | null;
   logger?: RuntimeLogger;
   /** child_process.spawn or a stand-in (tests). */
   spawn?: SpawnFn;
@@ -74,6 +93,7 @@ export function resolveRuntimeOptions(opts: WorkerRuntimeOptions = {}): Readonly
   return Object.freeze({
     repoRoot,
     pythonPath: abs(opts.pythonPath ?? join(".venv", "bin", "python")),
+    workerDir: abs(opts.workerDir ?? join("runtime", "worker")),
     catalogPath: abs(opts.catalogPath ?? join("runtime", "catalog.builtin.json")),
     device: opts.device ?? "auto",
     env: opts.env ?? process.env,
@@ -83,6 +103,7 @@ export function resolveRuntimeOptions(opts: WorkerRuntimeOptions = {}): Readonly
     heartbeatIntervalMs: opts.heartbeatIntervalMs ?? 5_000,
     heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? 15_000,
     cancelGraceMs: opts.cancelGraceMs ?? 2_000,
+    stopGraceMs: opts.stopGraceMs ?? 8_000,
     restartBackoffBaseMs: opts.restartBackoffBaseMs ?? 500,
     restartBackoffMaxMs: opts.restartBackoffMaxMs ?? 30_000,
     maxRestartsInWindow: opts.maxRestartsInWindow ?? 5,
@@ -91,6 +112,7 @@ export function resolveRuntimeOptions(opts: WorkerRuntimeOptions = {}): Readonly
     killTimeoutMs: opts.killTimeoutMs ?? 2_000,
     maxBodyBytes: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
     extraArgs: opts.extraArgs ?? [],
+    prerequisite: opts.prerequisite ?? (() => null),
     logger: opts.logger ?? pino({ name: "tpu-mcp-runtime" }, pino.destination(2)),
     spawn: opts.spawn ?? (nodeSpawn as SpawnFn),
   });

@@ -2,7 +2,6 @@
 // about it while it lives, and waiting for it to be gone. The supervision rules that decide
 // when to start, restart or give up are in runtime/client.ts.
 import type { ChildProcess } from "node:child_process";
-import { join } from "node:path";
 import type { WorkerHello } from "../types.js";
 import { DEFAULT_MAX_BODY_BYTES, type FrameDecoder } from "../wire/framing.js";
 import type { ResolvedOptions } from "./options.js";
@@ -43,7 +42,7 @@ export function workerCommand(o: Readonly<ResolvedOptions>): {
   if (o.maxBodyBytes !== DEFAULT_MAX_BODY_BYTES)
     args.push("--max-body-bytes", String(o.maxBodyBytes));
   args.push(...o.extraArgs);
-  const workerPath = join(o.repoRoot, "runtime", "worker");
+  const workerPath = o.workerDir;
   const env: NodeJS.ProcessEnv = {
     ...o.env,
     PYTHONPATH: o.env.PYTHONPATH ? `${workerPath}:${o.env.PYTHONPATH}` : workerPath,

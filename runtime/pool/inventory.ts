@@ -20,12 +20,14 @@ export type InventoryFn = () => Promise<Inventory>;
 export function workerInventory(opts: {
   pythonPath: string;
   repoRoot: string;
+  /** The worker's Python package folder. Default: runtime/worker under repoRoot. */
+  workerDir?: string;
   env?: NodeJS.ProcessEnv;
   timeoutMs?: number;
 }): InventoryFn {
   return () =>
     new Promise((resolve, reject) => {
-      const workerPath = join(opts.repoRoot, "runtime", "worker");
+      const workerPath = opts.workerDir ?? join(opts.repoRoot, "runtime", "worker");
       const base = opts.env ?? process.env;
       const child = spawn(opts.pythonPath, ["-m", "tpu_worker", "inventory"], {
         cwd: opts.repoRoot,

@@ -460,11 +460,15 @@ export class WorkerPool implements Runtime {
     );
     let first: Record<string, unknown> | null = null;
     const loaded: Array<Record<string, unknown>> = [];
+    // A library counts as imported only where every worker has it: a call may land on any.
+    let libraries: string[] | undefined;
     answers.forEach((a, i) => {
       if (a.status !== "fulfilled") return;
       const m = ready[i]!;
       const r = a.value.result;
       first ??= r;
+      const libs = Array.isArray(r.libraries) ? (r.libraries as string[]) : [];
+      libraries = libraries ? libraries.filter((l) => libs.includes(l)) : libs;
       const dev = r.device as DeviceInfo | undefined;
       if (dev) {
         m.lastFree = dev.memory_free_bytes;
@@ -478,7 +482,12 @@ export class WorkerPool implements Runtime {
       throw e?.reason ?? this.noWorker(undefined);
     }
     return {
-      result: { ...(first as Record<string, unknown>), loaded, workers: this.workers() },
+      result: {
+        ...(first as Record<string, unknown>),
+        loaded,
+        libraries: libraries ?? [],
+        workers: this.workers(),
+      },
       tensors: [],
     };
   }

@@ -19,6 +19,8 @@ export interface LoadedEntry {
   queue_depth: number;
   batching?: Record<string, unknown>;
   loaded_at?: string;
+  /** When status is asked for it: sha256 of the weights in memory now. */
+  weights_checksum?: string;
   /** Added by a pool of several workers. */
   worker?: string;
   [k: string]: unknown;
@@ -37,6 +39,8 @@ export interface StatusResult {
   eager_mode?: string | null;
   matmul_precision: string | null;
   loaded: LoadedEntry[];
+  /** Model libraries imported so far (["transformers"]): a first load needing one imports it. */
+  libraries?: string[];
   rss_bytes?: number;
   uptime_s?: number;
   worker_version?: string;
@@ -152,6 +156,8 @@ export interface BenchmarkArgs {
   /** Work "generate": sampling (greedy when absent) and its seed. */
   temperature?: number;
   seed?: number;
+  /** Work "train_step": the optimizer of every step. */
+  optimizer?: "adamw" | "sgd";
   matmul_precision?: MatmulPrecision;
   /** An unstable configuration runs up to this many times its requested window (1: never). */
   extend_factor: number;
@@ -180,7 +186,7 @@ export interface BenchmarkResult {
   configs: ReportRow[];
   cancelled: boolean;
   /** The gate stopped it (cancel with a reason): `configs` are what it measured until then. */
-  stopped?: "budget" | "timeout";
+  stopped?: "budget" | "timeout" | "approval";
   offline_skipped_batches?: number[];
 }
 
@@ -209,7 +215,7 @@ type NoArgs = Record<string, never>;
 /** Every op: its args and its result. */
 export interface WorkerOps {
   describe: { args: NoArgs; result: { models: DescribedModel[] } };
-  status: { args: NoArgs; result: StatusResult };
+  status: { args: { weights_checksum?: boolean }; result: StatusResult };
   load: { args: LoadArgs; result: LoadResult };
   unload: {
     args: { model: string; device?: string };

@@ -7,6 +7,7 @@ import type { Logger } from "pino";
 import type { SqliteApprovalStore } from "../../policies/approvals.js";
 import type { SqliteAuditLog } from "../../policies/audit.js";
 import { Authenticator } from "../../policies/auth.js";
+import { clientFormRules, clientFormText } from "../../policies/gate/answers.js";
 import type { Gate } from "../../policies/gate/gate.js";
 import { ApprovalNotifier, type NotifyTarget } from "../../policies/notify.js";
 import { readCatalog, type Catalog } from "../../runtime/catalog.js";
@@ -31,6 +32,7 @@ import { ControlChannel, watchControl, type ControlHandler } from "../control/ch
 import { drainHandler } from "../control/drain.js";
 import { fleetHandler } from "../control/fleet.js";
 import { createReloader, reloadHandler, type ReloadResult } from "../control/reload.js";
+import type { SetupWatch } from "../setup/background.js";
 
 /** The tool services (runtime, stores, env, logger) live here once; toolServices() projects them. */
 export interface App extends ToolServices {
@@ -42,6 +44,8 @@ export interface App extends ToolServices {
   runtime: Runtime;
   /** The Ray fleet adding workers to the pool (runtime.ray); absent without one. */
   ray?: BuiltRuntime["fleet"];
+  /** An installed package's set-up, while the server waits for it; absent from a clone. */
+  setupWatch?: SetupWatch;
   gate: Gate;
   auth: Authenticator;
   approvals: SqliteApprovalStore;
@@ -78,6 +82,8 @@ export function createApp(
     loadConfig?: () => ServerConfig;
     /** The config as the file gave it, when `config` adds to it (a generated token). */
     fileConfig?: ServerConfig;
+    /** An installed package's set-up in progress: the worker waits for it (server/setup/). */
+    setup?: SetupWatch;
   } = {},
 ): App {
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
@@ -107,6 +113,8 @@ export function createApp(
     logger.warn(
       'approvals are OFF: the config gives "policy": {"approvals": {"rules": []}}, so every call (benchmarks, large loads) runs without asking a human. Remove that line to get the default rules back (docs/policies-and-approvals.md).',
     );
+  const clientForm = clientFormRules(config.policy.approvals);
+  if (clientForm.length > 0) logger.warn(clientFormText(clientForm));
   const reports = new SqliteReports(layout.reportsDb);
   hooks.add("reports", () => reports.close());
 
@@ -158,10 +166,22 @@ export function createApp(
               model: r.model,
             });
         },
+        ...(opts.setup ? { prerequisite: () => opts.setup!.blocked() } : {}),
         ...opts.hooks,
       });
   const { pool: runtime, fleet } = built;
   hooks.add("runtime", () => runtime.close());
+  if (opts.setup) {
+    const setup = opts.setup;
+    hooks.add("set-up watch", () => setup.stop());
+    setup.onReady(() => {
+      if (config.runtime.start === "eager")
+        runtime
+          .start()
+          .catch((e: unknown) => rtLog.error({ err: String(e) }, "worker start failed"));
+    });
+    setup.start();
+  }
   const metrics = new Metrics();
   const notices: App["notices"] = new EventEmitter();
   notices.setMaxListeners(0); // one listener per open session
@@ -210,12 +230,12 @@ export function createApp(
   );
   hooks.add("control poller", () => control.close());
   // Known now and fixed for the process: the published schemas name only what this runtime has.
-  env.deployment = { pool: !runtime.single, fleet: fleet !== undefined };
+  env.deployment = { pool: !runtime.single, fleet: fleet !== undefined, setup: !!opts.setup };
   const tools = buildTools(env);
   const inBand = inBandOnly(config.policy.approvals.rules, tools);
   if (inBand.length)
     logger.warn(
-      `approval rules name ${inBand.join(", ")}, which take no approval_id: such a call can be approved only in band (a client that shows the question), never from the console or the CLI. Gate a tool that takes approval_id, or rely on in-band answers (docs/policies-and-approvals.md).`,
+      `approval rules name ${inBand.join(", ")}, which take no approval_id: such a call can be approved only in band, by whoever answers the client's form under a rule of "assurance": "client_form", never from the console or the CLI (under any other rule it never runs). Gate a tool that takes approval_id (docs/policies-and-approvals.md).`,
     );
 
   const approvalFeed = new ApprovalFeed(approvals, {
@@ -245,6 +265,7 @@ export function createApp(
     tools,
     runtime,
     ...(fleet ? { ray: fleet, fleet: fleet.state } : {}),
+    ...(opts.setup ? { setupWatch: opts.setup, setup: () => opts.setup!.progress() } : {}),
     gate,
     auth,
     approvals,
@@ -274,8 +295,18 @@ export { publicConsoleUrl } from "./build_policies.js";
 
 /** What every tool handler gets besides the per-call parts (MCP calls, the console). */
 export function toolServices(app: App): ToolServices {
-  const { runtime, fleet, jobs, outputs, reports, facts, env, logger } = app;
-  return { runtime, ...(fleet ? { fleet } : {}), jobs, outputs, reports, facts, env, logger };
+  const { runtime, fleet, setup, jobs, outputs, reports, facts, env, logger } = app;
+  return {
+    runtime,
+    ...(fleet ? { fleet } : {}),
+    ...(setup ? { setup } : {}),
+    jobs,
+    outputs,
+    reports,
+    facts,
+    env,
+    logger,
+  };
 }
 
 /** Webhook targets with their secrets read now, so a missing secret stops the start-up. */

@@ -2,6 +2,7 @@
 // unchanged for a newcomer) or of several (one per chip, explicit local and remote workers), and
 // with runtime.ray the fleet that places more of them.
 import { availableParallelism } from "node:os";
+import { join } from "node:path";
 import type { Logger } from "pino";
 import { WorkerRuntime, type SpawnFn, type WorkerRuntimeOptions } from "../../runtime/client.js";
 import {
@@ -14,7 +15,7 @@ import {
   type RemoteRefusal,
   type WorkerEntry,
 } from "../../runtime/pool/index.js";
-import type { FleetState, Runtime } from "../../runtime/types.js";
+import type { FleetState, Runtime, RuntimeCallError } from "../../runtime/types.js";
 import type { RayFleet } from "../../runtime/fleet/ray.js";
 import type { ServerConfig } from "../config/config.js";
 import { attachRayFleet } from "../control/fleet.js";
@@ -30,16 +31,26 @@ export interface RuntimeHooks {
   hostHasChips?: () => boolean;
   /** Stands in for child_process.spawn for local workers (tests). */
   spawn?: SpawnFn;
+  /** Holds local workers back until it returns null (a package's set-up, server/setup/). */
+  prerequisite?: () => RuntimeCallError | null;
 }
 
 export function baseRuntimeOptions(config: ServerConfig, logger: Logger): WorkerRuntimeOptions {
   const rt = config.runtime;
   return {
     repoRoot: config.paths.root,
+    workerDir: config.paths.install.workerDir,
     pythonPath: config.paths.python,
     catalogPath: config.paths.catalog,
     device: rt.device,
-    extraArgs: ["--threads", String(workerThreads(rt.threads)), ...engineArgs(rt.engines)],
+    extraArgs: [
+      "--threads",
+      String(workerThreads(rt.threads)),
+      // Compiled graphs (mode "compile") kept across worker restarts: a restart loads warm.
+      "--compile-cache",
+      join(config.paths.data_dir, "compile-cache"),
+      ...engineArgs(rt.engines),
+    ],
     startMode: rt.start,
     requestTimeoutMs: rt.request_timeout_s * 1000,
     heartbeatIntervalMs: rt.heartbeat_interval_s * 1000,
@@ -90,6 +101,7 @@ export function buildRuntime(
   const base = {
     ...baseRuntimeOptions(config, logger),
     ...(hooks.spawn ? { spawn: hooks.spawn } : {}),
+    ...(hooks.prerequisite ? { prerequisite: hooks.prerequisite } : {}),
   };
   const mode = workersMode(config, hooks.hostHasChips);
   const ray = config.runtime.ray;
@@ -97,7 +109,11 @@ export function buildRuntime(
   if (mode === "single" && !ray) return { pool: WorkerPool.single(new WorkerRuntime(base)) };
   const inventory =
     hooks.inventory ??
-    workerInventory({ pythonPath: config.paths.python, repoRoot: config.paths.root });
+    workerInventory({
+      pythonPath: config.paths.python,
+      repoRoot: config.paths.root,
+      workerDir: config.paths.install.workerDir,
+    });
   const entries: WorkerEntry[] | (() => Promise<WorkerEntry[]>) =
     mode === "list"
       ? (config.runtime.workers as WorkerEntry[])

@@ -1,4 +1,5 @@
 // `tpu-mcp` command line: the only place that reads argv and process.env or calls process.exit.
+import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, readFileSync, writeFileSync, chmodSync } from "node:fs";
 import { dirname, join } from "node:path";
@@ -7,6 +8,11 @@ import { parseArgs } from "node:util";
 import type { ApprovalStatus } from "../../policies/approvals.js";
 import { hashToken } from "../../policies/config.js";
 import { ConfigError, loadConfig, withToken, type ServerConfig } from "../config/config.js";
+import { installLayout, type InstallLayout } from "../config/install_layout.js";
+import { SetupWatch } from "../setup/background.js";
+import { needsSetup, runSetup } from "../setup/run.js";
+import { writeUserCatalog } from "../setup/user_catalog.js";
+import { SERVER_VERSION } from "../version.js";
 import { checkSecretFile, createDataDir, dataDir } from "../config/data_dir.js";
 import { createApp, type App } from "../app/app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
@@ -17,6 +23,7 @@ import { startHttp } from "../transports/http.js";
 import { createLogger } from "../app/logger.js";
 import { startStdio } from "../transports/stdio.js";
 import { terminalText } from "../terminal.js";
+import { runVerifyExport } from "./verify_export.js";
 import { runWorkersCommand } from "./workers.js";
 import { checkDataDirAccess, isAccessDenied } from "./data_dir_access.js";
 
@@ -35,6 +42,8 @@ const USAGE = `usage: tpu-mcp <command> [options]
 
 commands:
   stdio                         serve MCP over stdin/stdout (desktop assistants)
+  setup [--home DIR]            make the Python environment and the built-in model files
+                                (an installed package: in the per-user folder; progress on stderr)
   http [--host H] [--port P]    serve MCP over Streamable HTTP (default 127.0.0.1:7801)
        [--no-auth]              no bearer token (loopback only; for local experiments)
   doctor                        versions, devices found and why, catalog and config problems
@@ -48,6 +57,11 @@ commands:
   audit tail [-n N] | head | verify [--head FILE]
                                 read the audit trail, export its head (store it elsewhere),
                                 verify the keyed chain (and that it still holds an exported head)
+  audit export --since SEQ|ISO-TIME [--format jsonl|ocsf] [--out FILE]
+                                the records from there on with their proof fields, then the head
+  audit verify-export FILE --head HASH|HEADFILE
+                                a receiver's check (no data dir, no key): FILE is a gap-free,
+                                unmodified segment of the chain ending at that head's export_hash
   operators enrol NAME | list | remove NAME
                                 operators' passkeys: a one-time code for NAME's first passkey
                                 (the console enrols it), the list, removal (lost passkey)
@@ -61,6 +75,8 @@ commands:
 common options:
   --config FILE                 JSON config (see README); defaults serve the built-in CPU catalog
   --device D                    auto, cpu, cuda[:N], tpu[:N] or xla[:N] (overrides the config)
+  --home DIR                    an installed package's per-user folder (venv, models, data);
+                                default $TPU_MCP_HOME, else $XDG_DATA_HOME/tpu-mcp
 `;
 
 // Every line the CLI prints passes through terminalText: no caller-made text can drive the terminal.
@@ -127,8 +143,16 @@ async function main(argv: string[]): Promise<number> {
       limit: { type: "string" },
       offset: { type: "string" },
       status: { type: "string" },
+      home: { type: "string" },
+      since: { type: "string" },
+      format: { type: "string" },
+      out: { type: "string" },
     },
   });
+
+  // A receiver's check: no config, data dir or key.
+  if (command === "audit" && positionals[0] === "verify-export")
+    return runVerifyExport(positionals[1], values.head, { out, err, json: values.json === true });
 
   if (command === "token") {
     const [sub, plain] = positionals;
@@ -145,11 +169,18 @@ async function main(argv: string[]): Promise<number> {
     return 2;
   }
 
+  const layout = installLayout(ROOT, { env: process.env, home: values.home });
+  if (command === "setup") return runSetupCommand(layout);
+  // An installed package reads the shipped catalog with its model roots in the per-user folder.
+  writeUserCatalog(layout);
   let config: ServerConfig;
   try {
-    config = loadConfig(values.config ?? process.env.TPU_MCP_CONFIG, ROOT, {
-      device: values.device,
-    });
+    config = loadConfig(
+      values.config ?? process.env.TPU_MCP_CONFIG,
+      ROOT,
+      { device: values.device },
+      layout,
+    );
   } catch (e) {
     if (e instanceof ConfigError) {
       err(e.message);
@@ -161,7 +192,7 @@ async function main(argv: string[]): Promise<number> {
   // A reload reads the same file with the same command-line overrides (none without a file).
   const configFile = values.config ?? process.env.TPU_MCP_CONFIG;
   const reloadable = configFile
-    ? () => loadConfig(configFile, ROOT, { device: values.device })
+    ? () => loadConfig(configFile, ROOT, { device: values.device }, layout)
     : undefined;
 
   // The commands that work on the server's state refuse plainly when the data dir is another
@@ -176,7 +207,10 @@ async function main(argv: string[]): Promise<number> {
 
   switch (command) {
     case "stdio": {
-      const app = createApp(config, logger, { loadConfig: reloadable });
+      const app = createApp(config, logger, {
+        loadConfig: reloadable,
+        ...setupWatch(layout, config, logger),
+      });
       const stopHup = onSighup(app);
       const { closed } = await startStdio(app);
       await closed;
@@ -205,7 +239,11 @@ async function main(argv: string[]): Promise<number> {
         config = withOperatorToken(config).config;
         operatorFile = dataDir(config).operatorToken;
       }
-      const app = createApp(config, logger, { loadConfig: reloadable, fileConfig });
+      const app = createApp(config, logger, {
+        loadConfig: reloadable,
+        fileConfig,
+        ...setupWatch(layout, config, logger),
+      });
       const stopHup = onSighup(app);
       let running;
       try {
@@ -278,6 +316,9 @@ async function main(argv: string[]): Promise<number> {
       return runAuditCommand(config, positionals, {
         n: values.n ? Number(values.n) : 20,
         head: values.head,
+        since: values.since,
+        format: values.format,
+        outFile: values.out,
         json: values.json === true,
         out,
         err,
@@ -314,6 +355,40 @@ main(process.argv.slice(2)).then(
     process.exit(1);
   },
 );
+
+/** `tpu-mcp setup`: an installed package's Python environment and model files; a clone's set-up. */
+async function runSetupCommand(layout: InstallLayout): Promise<number> {
+  if (layout.kind === "clone") {
+    const r = spawnSync(process.execPath, [join(layout.root, "scripts", "setup.mjs")], {
+      stdio: ["ignore", process.stderr, process.stderr],
+    });
+    return r.status ?? 1;
+  }
+  const ok = await runSetup(layout, {
+    say: err,
+    env: process.env,
+    version: SERVER_VERSION,
+  });
+  return ok ? 0 : 1;
+}
+
+/**
+ * A server of an installed package that has not been set up: it serves at once and sets up in
+ * the background (server/setup/background.ts). Nothing from a clone, or once set up.
+ */
+function setupWatch(
+  layout: InstallLayout,
+  config: ServerConfig,
+  logger: ReturnType<typeof createLogger>,
+): { setup?: SetupWatch } {
+  // A config that names its own Python has its own environment: nothing to set up here.
+  if (config.paths.python !== layout.python || !needsSetup(layout, SERVER_VERSION)) return {};
+  const command = [process.execPath, process.argv[1], "setup"];
+  if (layout.home) command.push("--home", layout.home);
+  return {
+    setup: new SetupWatch(layout, { version: SERVER_VERSION, command, env: process.env, logger }),
+  };
+}
 
 /** SIGHUP re-reads the config file (README: Config reload); returns the un-registration. */
 function onSighup(app: App): () => void {

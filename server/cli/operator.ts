@@ -1,9 +1,9 @@
 // Operator commands that work beside a running server, on the same SQLite store:
 // `tpu-mcp approvals ...` and `tpu-mcp audit ...`. The operator is identified by a token checked
 // against the same config as the server's HTTP callers. The commands that only read (approvals
-// list/show, audit tail/head/verify) open the store read-only and never create it or the audit
+// list/show, audit tail/head/verify/export) open the store read-only and never create it or the audit
 // key: on a fresh data directory they answer as an empty store would, and say so on stderr.
-import { readFileSync } from "node:fs";
+import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
 import Database from "better-sqlite3";
 import type { Logger } from "pino";
 import {
@@ -12,6 +12,7 @@ import {
   type ApprovalStatus,
 } from "../../policies/approvals.js";
 import { SqliteAuditLog, type AuditHead } from "../../policies/audit.js";
+import { parseSince, type ExportFormat } from "../../policies/audit_export.js";
 import { readAuditKey, type AuditKey } from "../../policies/audit_key.js";
 import { Authenticator } from "../../policies/auth.js";
 import { PasskeyStore } from "../../policies/passkeys/store.js";
@@ -198,7 +199,7 @@ async function decide(
 export async function runAuditCommand(
   config: ServerConfig,
   positionals: string[],
-  io: Io & { n: number; head?: string },
+  io: Io & { n: number; head?: string; since?: string; format?: string; outFile?: string },
 ): Promise<number> {
   let key;
   try {
@@ -234,9 +235,11 @@ export async function runAuditCommand(
     }
     if (sub === "head") {
       // One JSON line, to keep somewhere the database's writers cannot reach.
-      io.out(JSON.stringify({ ...audit.head(), exported_at: new Date().toISOString() }));
+      // export_hash: the keyless chain's head, what a receiver of `audit export` checks against.
+      io.out(JSON.stringify({ ...audit.exportHead(), exported_at: new Date().toISOString() }));
       return 0;
     }
+    if (sub === "export") return exportCommand(audit, io);
     if (sub === "verify") {
       let head: AuditHead | undefined;
       if (io.head !== undefined) {
@@ -271,10 +274,61 @@ export async function runAuditCommand(
       }
       return v.ok && signed.ok ? 0 : 1;
     }
-    io.err("usage: tpu-mcp audit tail [-n N] | head | verify [--head FILE]");
+    io.err(
+      "usage: tpu-mcp audit tail [-n N] | head | verify [--head FILE] | export --since SEQ|TIME [--format jsonl|ocsf] [--out FILE] | verify-export FILE --head HASH",
+    );
     return 2;
   } finally {
     store.close();
+  }
+}
+
+/** `audit export`: to --out FILE (written in 1 MiB chunks) or stdout; the head on stderr. */
+function exportCommand(
+  audit: SqliteAuditLog,
+  io: Io & { since?: string; format?: string; outFile?: string },
+): number {
+  const format = (io.format ?? "jsonl") as ExportFormat;
+  if (format !== "jsonl" && format !== "ocsf") {
+    io.err(`--format ${io.format}: use jsonl or ocsf`);
+    return 2;
+  }
+  if (io.since === undefined) {
+    io.err("audit export needs --since SEQ|ISO-TIME (--since 1: the whole trail)");
+    return 2;
+  }
+  let since: number | string;
+  try {
+    since = parseSince(io.since);
+  } catch (e) {
+    io.err((e as Error).message);
+    return 2;
+  }
+  const fd = io.outFile !== undefined ? openSync(io.outFile, "w", 0o600) : null;
+  let pending: string[] = [];
+  let size = 0;
+  const flush = () => {
+    if (fd === null) for (const l of pending) io.out(l);
+    else writeSync(fd, pending.join("\n") + "\n");
+    pending = [];
+    size = 0;
+  };
+  try {
+    const s = audit.export({ since, format }, (line) => {
+      pending.push(line);
+      size += line.length;
+      if (size >= 1 << 20) flush();
+    });
+    flush();
+    io.err(
+      s.records === 0
+        ? `no records from ${io.since} on; head #${s.head.seq} export_hash ${s.head.export_hash}`
+        : `exported records ${s.first_seq}..${s.head.seq} (${s.records}); head #${s.head.seq} export_hash ${s.head.export_hash}` +
+            " — hand the receiver this head out of band (or `tpu-mcp audit head`)",
+    );
+    return 0;
+  } finally {
+    if (fd !== null) closeSync(fd);
   }
 }
 

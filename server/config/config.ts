@@ -7,6 +7,7 @@ import { policyConfigSchema } from "../../policies/config.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
 import { RaySchema, resolveRayPaths } from "./ray.js";
 import { EnginesSchema, resolveVllmPaths } from "./engines.js";
+import { layoutOf, type InstallLayout } from "./install_layout.js";
 
 const DeviceSchema = z
   .string()
@@ -197,7 +198,10 @@ export const ServerConfigSchema = z
 export type ServerConfig = z.infer<typeof ServerConfigSchema> & {
   /** Absolute paths derived from the file's location; filled by loadConfig. */
   readonly paths: {
+    /** The code's folder (the checkout or the installed package): install.root. */
     root: string;
+    /** Where code assets, the Python environment and the built-in models live. */
+    install: InstallLayout;
     data_dir: string;
     catalog: string;
     python: string;
@@ -228,12 +232,13 @@ function deepFreeze<T>(o: T): T {
 }
 
 /**
- * Parses a config object. `root` is the repository root (for the built-in catalog and venv);
- * relative paths in a config file are resolved against the file's own folder.
+ * Parses a config object. `root` is the code's folder; `layout` (by default a clone's at `root`)
+ * gives the defaults of the built-in catalog, the venv and data_dir. Relative paths in a config
+ * file are resolved against the file's own folder.
  */
 export function parseConfig(
   raw: unknown,
-  opts: { root: string; base?: string; source?: string; file?: string },
+  opts: { root: string; layout?: InstallLayout; base?: string; source?: string; file?: string },
 ) {
   const parsed = ServerConfigSchema.safeParse(raw ?? {});
   if (!parsed.success) {
@@ -244,15 +249,14 @@ export function parseConfig(
   }
   const c = parsed.data;
   const base = opts.base ?? opts.root;
+  const layout = opts.layout ?? layoutOf("clone", opts.root);
   const abs = (p: string, from: string) => (isAbsolute(p) ? p : resolve(from, p));
-  // Defaults point inside the repository; values the user wrote are relative to their file.
-  const fromRoot = (key: "catalog" | "python") =>
-    (raw as any)?.runtime?.[key] !== undefined
-      ? abs(c.runtime[key], base)
-      : abs(c.runtime[key], opts.root);
+  // Defaults come from the install layout; values the user wrote are relative to their file.
+  const defaults = { catalog: layout.catalog, python: layout.python };
+  const fromLayout = (key: "catalog" | "python") =>
+    (raw as any)?.runtime?.[key] !== undefined ? abs(c.runtime[key], base) : defaults[key];
   // The device given on the command line overrides the file (applyOverrides put it in raw).
-  const data_dir =
-    (raw as any)?.data_dir !== undefined ? abs(c.data_dir, base) : abs(c.data_dir, opts.root);
+  const data_dir = (raw as any)?.data_dir !== undefined ? abs(c.data_dir, base) : layout.dataDir;
   const keyFile = c.policy.audit.key_file;
   // Certificate and token paths of remote workers are relative to the config file too.
   const workers = Array.isArray(c.runtime.workers)
@@ -284,16 +288,17 @@ export function parseConfig(
           resolveVllmPaths(
             c.runtime.engines.vllm,
             base,
-            opts.root,
+            layout.vllmPython,
             (raw as any)?.runtime?.engines?.vllm?.python !== undefined,
           ),
       },
     },
     paths: {
       root: opts.root,
+      install: layout,
       data_dir,
-      catalog: fromRoot("catalog"),
-      python: fromRoot("python"),
+      catalog: fromLayout("catalog"),
+      python: fromLayout("python"),
       config_dir: base,
       config_file: opts.file ?? null,
       audit_key: keyFile ? abs(keyFile, base) : resolve(data_dir, "audit.key"),
@@ -317,8 +322,10 @@ export function loadConfig(
   file: string | undefined,
   root: string,
   overrides: ConfigOverrides = {},
+  layout?: InstallLayout,
 ): ServerConfig {
-  if (!file) return parseConfig(applyOverrides({}, overrides), { root, source: "(defaults)" });
+  if (!file)
+    return parseConfig(applyOverrides({}, overrides), { root, layout, source: "(defaults)" });
   const path = resolve(file);
   let text: string;
   try {
@@ -336,6 +343,7 @@ export function loadConfig(
   }
   return parseConfig(applyOverrides(raw, overrides), {
     root,
+    layout,
     base: dirname(path),
     source: file,
     file: path,

@@ -39,13 +39,14 @@ export type VllmEngineConfig = z.infer<typeof VllmEngineSchema>;
 export function resolveVllmPaths(
   v: VllmEngineConfig,
   base: string,
-  root: string,
+  /** The install layout's vLLM interpreter, used when the file names none. */
+  defaultPython: string,
   pythonGiven: boolean,
 ): VllmEngineConfig {
   const abs = (p: string, from: string) => (isAbsolute(p) ? p : resolve(from, p));
   return {
     ...v,
-    python: abs(v.python, pythonGiven ? base : root),
+    python: pythonGiven ? abs(v.python, base) : defaultPython,
     key_file: v.key_file && abs(v.key_file, base),
   };
 }

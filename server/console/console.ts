@@ -106,7 +106,7 @@ export interface ConsoleRoutes {
 
 export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }): ConsoleRoutes {
   const log = app.logger.child({ component: "console" });
-  const assetDir = join(app.config.paths.root, "dist", "console");
+  const assetDir = app.config.paths.install.consoleAssets;
   const sessions = new Map<string, ConsoleSession>();
   // Behind a TLS proxy the request itself is plain HTTP: the public URL says https.
   const publicHttps = app.config.http.resource_url?.startsWith("https:") ?? false;
@@ -187,38 +187,48 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
   async function signIn(req: IncomingMessage, res: ServerResponse) {
     checkWrite(req, null);
     const addr = remote(req);
-    // Reserved on arrival, before the body: concurrent sign-ins from one address each take a
-    // slot, so no more of them are evaluated than the limiter allows.
-    const slot = await opts.authLimiter.admit(req.socket.remoteAddress, "/console");
-    if (!slot.ok) {
-      throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s`, {
-        code: "rate_limited",
-        headers: { "retry-after": String(slot.retryAfterS) },
-      });
-    }
-    // A body that never comes must not hold the slot: the request is cut, the slot counts as failed.
-    const late = setTimeout(() => req.destroy(), SIGNIN_BODY_MS);
     const fail = (status: number, code: string, msg: string, reason: string) => {
       log.warn({ remote: addr, reason }, "console sign-in refused");
       return new HttpError(status, msg, { code });
     };
-    let principal: Principal;
+    // A body that never comes is cut off: it must not hold a connection (nor, below, a slot).
+    const late = setTimeout(() => req.destroy(), SIGNIN_BODY_MS);
     let token: string;
     try {
       const body = await readJson(req);
-      clearTimeout(late);
       token = typeof body?.token === "string" ? body.token.trim() : "";
-      if (!token) throw fail(400, "bad_request", "paste an operator token", "no token");
-      try {
-        principal = await app.auth.authenticate(token);
-      } catch (e) {
-        throw fail(401, "invalid_token", "the token was refused", (e as Error).message);
-      }
-      // A valid token is not a guess, whatever its scopes.
-      slot.ticket.settle(true);
     } finally {
       clearTimeout(late);
-      slot.ticket.settle(false);
+    }
+    if (!token) throw fail(400, "bad_request", "paste an operator token", "no token");
+    // A configured token is known at once and never limited: another process guessing from
+    // this address (on one machine, every process) cannot keep the operator out.
+    let principal: Principal;
+    let known: Principal | null;
+    try {
+      known = app.auth.recognize(token);
+    } catch (e) {
+      throw fail(401, "invalid_token", "the token was refused", (e as Error).message);
+    }
+    if (known) principal = known;
+    else {
+      // Anything else is a guess until proven: the failed-auth limiter rations its evaluation.
+      const slot = await opts.authLimiter.admit(req.socket.remoteAddress, "/console");
+      if (!slot.ok) {
+        throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s`, {
+          code: "rate_limited",
+          headers: { "retry-after": String(slot.retryAfterS) },
+        });
+      }
+      try {
+        principal = await app.auth.authenticate(token);
+        // A valid token is not a guess, whatever its scopes.
+        slot.ticket.settle(true);
+      } catch (e) {
+        throw fail(401, "invalid_token", "the token was refused", (e as Error).message);
+      } finally {
+        slot.ticket.settle(false);
+      }
     }
     const now = Date.now();
     if (!hasScope(principal, "approvals:grant")) {
@@ -277,6 +287,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     publicHttps,
     readJson,
     send: (res, status, body) => send(res, status, body),
+    failedAuth: (req, surface) => opts.authLimiter.fail(req.socket.remoteAddress, surface),
     openSession: (req, res, principal, credential) =>
       openSession(req, res, principal, Date.now() + MAX_AGE_MS, credential),
   });

@@ -31,6 +31,13 @@ export interface PasskeyRouteDeps {
   publicHttps: boolean;
   readJson(req: IncomingMessage): Promise<any>;
   send(res: ServerResponse, status: number, body: unknown): void;
+  /**
+   * Counts a refusal before any session (a wrong enrolment code, a refused sign-in assertion) as
+   * one failed authentication of the request's address: the failed-auth limiter reports those
+   * once per address and window instead of one audit record each. Says how long the address now
+   * waits when the failure put it into back-off.
+   */
+  failedAuth(req: IncomingMessage, surface: string): { retryAfterS: number } | null;
   /** Opens a console session for a principal proven by a passkey (sets the cookie, answers). */
   openSession(
     req: IncomingMessage,
@@ -95,9 +102,6 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
     const scopes = t ? parseScopes(t.scopes) : parseScopes(["approvals:grant"]);
     return { id: operator, scopes, via: "passkey" };
   }
-
-  /** Before any session, a sign-in ceremony belongs to the address that started it. */
-  const signInOwner = (req: IncomingMessage) => `sign-in:${req.socket.remoteAddress ?? "?"}`;
 
   const code = (body: any): string => {
     const c = typeof body?.code === "string" ? body.code.trim() : "";
@@ -181,12 +185,12 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
         return true;
       }
       if (api === "passkeys/sign-in/options") {
-        d.send(res, 200, await ceremonies.signInOptions(signInOwner(req), site(req)));
+        d.send(res, 200, await ceremonies.signInOptions(site(req)));
         return true;
       }
       if (api === "passkeys/sign-in") {
         const body = await d.readJson(req);
-        const a = await ceremonies.signIn(signInOwner(req), site(req), body?.nonce, body?.response);
+        const a = await ceremonies.signIn(site(req), body?.nonce, body?.response);
         const principal = operatorPrincipal(a.operator);
         if (!hasScope(principal, "approvals:grant"))
           throw new HttpError(
@@ -258,7 +262,19 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
       }
     } catch (e) {
       if (!isPolicyError(e)) throw e;
-      audit(s?.principal.id ?? "anonymous", "denied", `passkey ${api}: ${e.message}`);
+      // Before a session nobody is known: a refusal is a failed authentication (a wrong code is
+      // a guess), counted and reported by the limiter, never one audit record per request.
+      if (!s) {
+        const wait = d.failedAuth(req, `/console/api/${api}`);
+        if (wait) {
+          log.warn({ code: e.code, reason: e.message }, `passkey ${api} refused`);
+          throw new HttpError(
+            429,
+            `${e.message} Too many failed authentications from this address: retry after ${wait.retryAfterS} s.`,
+            { code: "rate_limited", headers: { "retry-after": String(wait.retryAfterS) } },
+          );
+        }
+      } else audit(s.principal.id, "denied", `passkey ${api}: ${e.message}`);
       asHttp(e, log, `passkey ${api}`);
     }
     return false;

@@ -3,7 +3,6 @@
 // count into the control channel (desired state, so it survives a restart); on each tick the
 // server asks the driver to scale (removals drain in the pool first) and writes back what the
 // fleet reports, which the CLI waits on.
-import { join } from "node:path";
 import type { Logger } from "pino";
 import { RayFleet, type FleetPool, type FleetStatus } from "../../runtime/fleet/ray.js";
 import type { ServerConfig } from "../config/config.js";
@@ -25,7 +24,7 @@ export function attachRayFleet(
     tokenFile: ray.channel.token_file,
     stateDir: dataDir(config).fleetState,
     pythonPath: config.paths.python,
-    workerDir: join(config.paths.root, "runtime", "worker"),
+    workerDir: config.paths.install.workerDir,
     drainTimeoutMs: ray.drain_timeout_s * 1000,
     logger: logger.child({ component: "ray-fleet" }),
   });

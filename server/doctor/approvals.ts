@@ -3,11 +3,12 @@
 // the data dir can add its own credential to the store or run `tpu-mcp operators enrol` and enrol
 // a software authenticator. A token rule holds against whoever lacks an approvals:grant token,
 // wherever the server runs. So the doctor says, per assurance, what the situation means.
+import { clientFormText } from "../../policies/gate/answers.js";
 import type { DataDirSituation } from "./data_dir.js";
 
 export interface RuleView {
   tool: string;
-  assurance?: "token" | "passkey";
+  assurance?: "client_form" | "token" | "passkey";
 }
 
 export interface ApprovalsFinding {
@@ -21,11 +22,18 @@ const SEPARATE = "docs/security.md, 'Run the server as its own user'";
 export function describeApprovals(
   rules: readonly RuleView[],
   situation: DataDirSituation,
+  /** `approvals.elicitation`: false asks nobody in band, so a client_form rule is a token one. */
+  elicitation = true,
 ): ApprovalsFinding[] {
   if (rules.length === 0) return [];
+  if (!elicitation)
+    rules = rules.map((r) => (r.assurance === "client_form" ? { ...r, assurance: "token" } : r));
   const passkey = rules.filter((r) => r.assurance === "passkey").map((r) => r.tool);
-  const token = rules.filter((r) => r.assurance !== "passkey").map((r) => r.tool);
+  const token = rules.filter((r) => (r.assurance ?? "token") === "token").map((r) => r.tool);
+  const clientForm = rules.filter((r) => r.assurance === "client_form").map((r) => r.tool);
   const out: ApprovalsFinding[] = [];
+  // Wherever the server runs: the agent answers its own client's form unless a person does.
+  if (clientForm.length > 0) out.push({ level: "warn", text: clientFormText(clientForm) });
   if (passkey.length > 0) {
     const what = `passkey rule(s) (${passkey.join(", ")})`;
     switch (situation.kind) {

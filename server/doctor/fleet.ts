@@ -32,7 +32,7 @@ function py(
   return new Promise((resolve) => {
     const child = spawn(config.paths.python, args, {
       stdio: ["ignore", "pipe", "pipe"],
-      env: { ...env, PYTHONPATH: join(config.paths.root, "runtime", "worker") },
+      env: { ...env, PYTHONPATH: config.paths.install.workerDir },
     });
     let out = "";
     let err = "";

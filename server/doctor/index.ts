@@ -13,6 +13,7 @@ import { checkFleet } from "./fleet.js";
 import { checkEngines } from "./engines.js";
 import { VllmEngineSchema } from "../config/engines.js";
 import type { ServerConfig } from "../config/config.js";
+import { nodePackageDir, setupCommand } from "../config/install_layout.js";
 import { runInventory } from "./tpu.js";
 import { terminalField } from "../terminal.js";
 import { SERVER_VERSION } from "../version.js";
@@ -42,12 +43,10 @@ export async function runDoctor(
     problems.push(s);
     if (!io.json) io.out(`  FAIL ${terminalField(s)}`);
   };
-  const sdk = JSON.parse(
-    readFileSync(
-      join(config.paths.root, "node_modules/@modelcontextprotocol/server/package.json"),
-      "utf8",
-    ),
-  ).version;
+  const sdkDir = nodePackageDir(config.paths.install, "@modelcontextprotocol/server");
+  const sdk = sdkDir
+    ? JSON.parse(readFileSync(join(sdkDir, "package.json"), "utf8")).version
+    : "not found";
   report.versions = { tpu_mcp: SERVER_VERSION, node: process.version, mcp_sdk: sdk };
   if (!io.json)
     io.out(`tpu-mcp ${SERVER_VERSION}, node ${process.version}, MCP SDK ${sdk}\n\nconfig`);
@@ -70,7 +69,7 @@ export async function runDoctor(
       `approval rules: ${p.approvals.rules.length} (${p.approvals.rules.map((r) => `${r.tool} by ${r.assurance ?? "token"}`).join(", ")})`,
     );
   // What those rules are worth given who owns the data dir (a passkey rule included).
-  const approvals = describeApprovals(p.approvals.rules, situation);
+  const approvals = describeApprovals(p.approvals.rules, situation, p.approvals.elicitation);
   report.approvals = approvals;
   for (const a of approvals) (a.level === "warn" ? warn : ok)(a.text);
   for (const t of p.tokens) {
@@ -104,7 +103,7 @@ export async function runDoctor(
   const engines = await checkEngines(
     catalog,
     config.runtime.engines.vllm ??
-      VllmEngineSchema.parse({ python: join(config.paths.root, ".venv-vllm/bin/python") }),
+      VllmEngineSchema.parse({ python: config.paths.install.vllmPython }),
   );
   report.engines = engines ?? [];
   if (engines) {
@@ -113,7 +112,7 @@ export async function runDoctor(
   }
   if (!existsSync(config.paths.python)) {
     bad(
-      `Python not found at ${config.paths.python}: run \`npm run setup\` (creates .venv with torch)`,
+      `Python not found at ${config.paths.python}: run \`${setupCommand(config.paths.install)}\` (creates the Python environment with torch)`,
     );
     await fleetSection();
     if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));

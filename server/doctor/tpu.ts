@@ -50,7 +50,7 @@ export function runInventory(
   config: ServerConfig,
   env: NodeJS.ProcessEnv = process.env,
 ): Promise<{ inventory: Record<string, unknown> | null; error: string | null }> {
-  const workerPath = `${config.paths.root}/runtime/worker`;
+  const workerPath = config.paths.install.workerDir;
   return new Promise((resolve) => {
     const child = spawn(config.paths.python, ["-m", "tpu_worker", "inventory"], {
       cwd: config.paths.root,

@@ -46,9 +46,9 @@ export function uiResources() {
 let cached: { file: string; html: string } | undefined;
 
 /** The built view (dist/console/mcp-app.html), one self-contained document for both URIs. */
-export function readUiResource(root: string, uri: string) {
+export function readUiResource(assetDir: string, uri: string) {
   if (!VIEWS.some((v) => v.uri === uri)) return undefined;
-  const file = join(root, "dist", "console", "mcp-app.html");
+  const file = join(assetDir, "mcp-app.html");
   if (!cached || cached.file !== file) {
     if (!existsSync(file))
       throw new Error("the MCP App view is not built; run `npm run setup` on the server");

@@ -92,7 +92,7 @@ export function registerResources(
       );
     // The views hold no data (results reach them from the host), so any session may read them.
     if (uri.startsWith("ui://")) {
-      const view = readUiResource(app.config.paths.root, uri);
+      const view = readUiResource(app.config.paths.install.consoleAssets, uri);
       if (!view) throw notFound();
       return view as any;
     }

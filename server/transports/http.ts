@@ -100,6 +100,18 @@ function requestIds(body: unknown): (string | number)[] {
   return ids;
 }
 
+/** The request ids a body's `notifications/cancelled` messages name (a batch may hold several). */
+function cancelledIds(body: unknown): (string | number)[] {
+  const msgs = Array.isArray(body) ? body : [body];
+  const ids: (string | number)[] = [];
+  for (const m of msgs) {
+    if ((m as { method?: unknown } | null)?.method !== "notifications/cancelled") continue;
+    const id = (m as { params?: { requestId?: unknown } }).params?.requestId;
+    if (typeof id === "string" || (typeof id === "number" && Number.isFinite(id))) ids.push(id);
+  }
+  return ids;
+}
+
 /** The reserved `_meta` keys of the 2026-07-28 envelope share this prefix. */
 const ENVELOPE_PREFIX = "io.modelcontextprotocol/";
 
@@ -274,7 +286,16 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         headers: { "www-authenticate": challenge("") },
       });
     }
-    // Reserved before the token is checked (and before the body is read).
+    // A configured token (or a JWT verified lately) is known at once: never limited, so another
+    // process's wrong guesses from the same address cannot hold a valid client back.
+    let known: Principal | null;
+    try {
+      known = app.auth.recognize(m[1]);
+    } catch (e) {
+      throw unauthorized(e);
+    }
+    if (known) return known;
+    // Anything else is reserved before it is checked (and before the body is read).
     const slot = await authLimiter.admit(req.socket.remoteAddress, surface);
     if (!slot.ok) {
       throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s (http.auth_limit)`, {
@@ -288,15 +309,19 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       return principal;
     } catch (e) {
       slot.ticket.settle(false);
-      const err = e as { code?: string; description?: string; message?: string };
-      const code = err.code ?? "invalid_token";
-      const desc = (err.description ?? err.message ?? "invalid token").replace(/"/g, "'");
-      throw new HttpError(401, desc, {
-        headers: {
-          "www-authenticate": challenge(`error="${code}", error_description="${desc}"`),
-        },
-      });
+      throw unauthorized(e);
     }
+  }
+
+  function unauthorized(e: unknown): HttpError {
+    const err = e as { code?: string; description?: string; message?: string };
+    const code = err.code ?? "invalid_token";
+    const desc = (err.description ?? err.message ?? "invalid token").replace(/"/g, "'");
+    return new HttpError(401, desc, {
+      headers: {
+        "www-authenticate": challenge(`error="${code}", error_description="${desc}"`),
+      },
+    });
   }
 
   /** Over HTTP a tool the principal may not call is an HTTP 403 challenge naming the scope. */
@@ -471,7 +496,11 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         s.lastSeen = Date.now();
         for (const id of ids) s.pendingIds.delete(id);
       });
-      return s.transport.handleRequest(req, res, body);
+      await s.transport.handleRequest(req, res, body);
+      // A cancelled request gets no answer (the protocol says so), so its stream would stay
+      // open and its session busy: closed once the cancellation has reached the handler.
+      for (const id of cancelledIds(body)) if (s.pendingIds.has(id)) s.transport.closeSSEStream(id);
+      return;
     }
     if (req.method !== "POST" || !isInitializeRequest(body)) {
       return jsonRpcError(

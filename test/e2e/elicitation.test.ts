@@ -1,5 +1,7 @@
-// Approval through MCP form elicitation, for clients that support it: only an explicit accept
-// runs the call.
+// Approval through MCP form elicitation, where the operator opted in (a rule of "assurance":
+// "client_form", for a desktop host whose user answers the host's own dialog) and the client
+// supports it: only an explicit accept runs the call, recorded as decided by whoever answered the
+// client's form, and the start-up banner says what such a rule is worth.
 import { ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { cli, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
@@ -12,18 +14,31 @@ describe("approval by elicitation", () => {
   beforeAll(async () => {
     const config = writeConfig({
       policy: {
-        approvals: { rules: [{ tool: "load_model" }], elicitation: true },
+        // The desktop host's opt-in: its user answers the host's own dialog.
+        approvals: { rules: [{ tool: "load_model", assurance: "client_form" }], elicitation: true },
         limits: { rate_limit: { per_principal_per_minute: 6000 } },
       },
     });
     conn = await connectStdio(config, { capabilities: { elicitation: { form: {} } } });
+    conn.transport.stderr?.on("data", (d) => (banner += d.toString()));
     conn.client.setRequestHandler(ElicitRequestSchema, async (req) => {
       prompts.push(req.params);
       return answer;
     });
   });
+  let banner = "";
   afterAll(async () => {
     await conn?.close();
+  });
+
+  it("says at start-up who approves such a rule: whoever answers the client's form", async () => {
+    // The banner is written before the first call is answered.
+    expect((await call(conn.client, "list_models", {})).isError).toBeFalsy();
+    await expect
+      .poll(() => banner)
+      .toMatch(
+        /client_form rule\(s\) \(load_model\): approved by whoever answers the client's form — an agent that answers its own client's prompts approves its own calls/,
+      );
   });
 
   it("runs the call when the user accepts, showing the tool, arguments and estimate", async () => {
@@ -31,7 +46,7 @@ describe("approval by elicitation", () => {
     const r = await call(conn.client, "load_model", { model: "mnist-cnn" });
     expect(r.isError, JSON.stringify(r)).toBeFalsy();
     const p = prompts.at(-1);
-    expect(p.message).toMatch(/load_model/);
+    expect(p.message).toMatch(/load_model on model mnist-cnn/);
     expect(JSON.stringify(p.requestedSchema)).toMatch(/mnist-cnn/);
     await call(conn.client, "unload_model", { model: "mnist-cnn" });
   });
@@ -58,7 +73,11 @@ describe("approval by elicitation, when the person is slower than the client", (
   beforeAll(async () => {
     config = writeConfig({
       policy: {
-        approvals: { rules: [{ tool: "load_model" }], elicitation: true, elicitation_timeout_s: 3 },
+        approvals: {
+          rules: [{ tool: "load_model", assurance: "client_form" }],
+          elicitation: true,
+          elicitation_timeout_s: 3,
+        },
         limits: { rate_limit: { per_principal_per_minute: 6000 } },
       },
     });
@@ -98,7 +117,7 @@ describe("approval by elicitation, when the person is slower than the client", (
     for (let i = 0; i < 50 && (await status(id)).status === "pending"; i++);
     expect(await status(id)).toMatchObject({
       status: "approved",
-      decided_by: "elicitation:local-user",
+      decided_by: "client-form:local-user",
     });
     // The agent's retry without the id is told it, without asking the person again.
     const again = await call(conn.client, "load_model", args);

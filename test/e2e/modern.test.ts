@@ -211,8 +211,9 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
   let config: string;
   beforeAll(async () => {
     config = writeConfig({
+      // The opt-in: an answer in the client decides this rule (whoever answers the form).
       policy: policy({
-        rules: [{ tool: "load_model" }],
+        rules: [{ tool: "load_model", assurance: "client_form" }],
         elicitation: true,
         elicitation_timeout_s: 120,
       }),
@@ -395,28 +396,35 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
 });
 
 describe("2026-07-28 over stdio", () => {
-  it("pins the connection's era, runs the journey and asks in band", async () => {
-    const config = writeConfig({
-      policy: {
-        ...policy({ rules: [{ tool: "check_model" }], elicitation: true }),
-      },
-    });
-    const c = await connectModernStdio(config, { client: ELICIT_CAPS as any });
-    try {
-      expect(c.client.getProtocolEra()).toBe("modern");
-      let asked = 0;
-      c.client.setRequestHandler("elicitation/create", async () => {
-        asked++;
-        return { action: "accept", content: { approve: true } } as any;
+  it(
+    "pins the connection's era, runs the journey and asks in band",
+    { timeout: 300_000 },
+    async () => {
+      const config = writeConfig({
+        policy: {
+          ...policy({
+            rules: [{ tool: "check_model", assurance: "client_form" }],
+            elicitation: true,
+          }),
+        },
       });
-      await coreJourney(c.client);
-      const r = await callModern(c.client, "check_model", { model: "mnist-cnn" });
-      expect(r.isError, JSON.stringify(r).slice(0, 300)).toBeFalsy();
-      expect(asked).toBe(1);
-    } finally {
-      await c.close();
-    }
-  });
+      const c = await connectModernStdio(config, { client: ELICIT_CAPS as any });
+      try {
+        expect(c.client.getProtocolEra()).toBe("modern");
+        let asked = 0;
+        c.client.setRequestHandler("elicitation/create", async () => {
+          asked++;
+          return { action: "accept", content: { approve: true } } as any;
+        });
+        await coreJourney(c.client);
+        const r = await callModern(c.client, "check_model", { model: "mnist-cnn" });
+        expect(r.isError, JSON.stringify(r).slice(0, 300)).toBeFalsy();
+        expect(asked).toBe(1);
+      } finally {
+        await c.close();
+      }
+    },
+  );
 });
 
 describe("2026-07-28 soft deadline", () => {

@@ -15,11 +15,15 @@ import {
   spawnAs,
   type OsUser,
 } from "../helpers/os_user.js";
+import { ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import { callModern, connectModernHttp } from "../helpers/modern.js";
 import { connectHttp, errorOf, startHttpServer, type HttpServerProc } from "../helpers/server.js";
 import { call } from "./scenario.js";
 
 const unavailable = osUsersUnavailable();
 const title = `the server as its own OS user${unavailable ? ` (skipped: ${unavailable})` : ""}`;
+// One line on the terminal: a skipped suite is otherwise easy to miss.
+if (unavailable) process.stderr.write(`os_user.test.ts: skipped: ${unavailable}\n`);
 
 describe.skipIf(unavailable !== null)(title, () => {
   let server: OsUser;
@@ -42,7 +46,9 @@ describe.skipIf(unavailable !== null)(title, () => {
       // No worker needed to show the boundary (the Python of this machine may not be reachable
       // by other users); the rule gates a call that never reaches one.
       runtime: { start: "lazy", device: "cpu" },
-      policy: { approvals: { rules: [{ tool: "unload_model" }], elicitation: false } },
+      // elicitation left on (the default): the rule's token assurance alone keeps the agent's
+      // own client from being asked.
+      policy: { approvals: { rules: [{ tool: "unload_model" }] } },
     }));
     srv = await startHttpServer(config, [], spawnAs(server, state));
     const agent = await connectHttp(srv.url, srv.token);
@@ -126,6 +132,38 @@ describe.skipIf(unavailable !== null)(title, () => {
     const list = await cliAs(attacker, config, ["approvals", "list"]);
     expect(list.stdout).not.toContain(approvalId);
     expect(await statusAsServer()).toBe("pending");
+  });
+
+  it("does not let the agent approve by answering its own client's form, in either era (issue 33)", async () => {
+    // The agent holds nothing but its token; its clients say yes to any form they are shown.
+    const legacy = await connectHttp(srv.url, srv.token, {
+      capabilities: { elicitation: { form: {} } },
+    });
+    let asked = 0;
+    legacy.client.setRequestHandler(ElicitRequestSchema, async () => {
+      asked++;
+      return { action: "accept", content: { approve: true } };
+    });
+    const modern = await connectModernHttp(srv.url, srv.token, {
+      client: { capabilities: { elicitation: { form: {} } } } as any,
+    });
+    modern.client.setRequestHandler("elicitation/create", async () => {
+      asked++;
+      return { action: "accept", content: { approve: true } } as any;
+    });
+    try {
+      const a = errorOf(await call(legacy.client, "unload_model", { model: "mnist-cnn" }));
+      const b = errorOf(await callModern(modern.client, "unload_model", { model: "mnist-cnn" }));
+      for (const e of [a, b]) {
+        expect(e?.code).toBe("approval_required");
+        expect(e?.details.approval_id).toBe(approvalId);
+      }
+      expect(asked).toBe(0);
+      expect(await statusAsServer()).toBe("pending");
+    } finally {
+      await legacy.close();
+      await modern.close();
+    }
   });
 
   it("lets the server's own user approve (the boundary is the user, not a broken set-up)", async () => {

@@ -22,7 +22,12 @@ const SCRIPT = join(ROOT, "test/e2e/py_client.py");
 const POLICY = {
   ...DEMO_POLICY,
   limits: { ...DEMO_POLICY.limits, rate_limit: { per_principal_per_minute: 6000 } },
-  approvals: { rules: [{ tool: "load_model" }], elicitation: true, elicitation_timeout_s: 120 },
+  // The opt-in that lets the client's form decide (issue 33: no rule of the default does).
+  approvals: {
+    rules: [{ tool: "load_model", assurance: "client_form" }],
+    elicitation: true,
+    elicitation_timeout_s: 120,
+  },
 };
 
 async function py(args: string[]) {

@@ -1,6 +1,8 @@
 // Secure by default: a server with no config (what `npm start` serves, on a fresh data dir and
-// a random 127.0.0.1 port) runs no benchmark until a human approves it, in band (an elicitation
-// answered in the client) or out of band (the CLI command the refusal names, or the console).
+// a random 127.0.0.1 port) runs no benchmark until an operator approves it out of band (the CLI
+// command the refusal names, or the console). An answer in the client never decides a default
+// rule (issue 33): the agent may be the one answering its client's form, so in neither era and
+// on neither transport is it asked, however willingly it would say yes.
 import { execFile } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -13,12 +15,14 @@ import {
   ROOT,
   cli,
   connectHttp,
+  connectStdio,
   errorOf,
   startHttpServer,
   writeConfig,
   type HttpServerProc,
 } from "../helpers/server.js";
 import { call } from "./scenario.js";
+import { callModern, connectModernHttp, connectModernStdio } from "../helpers/modern.js";
 
 const run = promisify(execFile);
 /** A shell's environment as a terminal has it: this Node first on PATH (`node …` commands). */
@@ -180,28 +184,112 @@ describe("secure by default: no config, a benchmark waits for a human", () => {
     }
   });
 
-  it("in band: a client that can ask its user gets the question; only a yes runs it", async () => {
+  // The agent holds only the generated local token and answers "yes" to every form its client
+  // is shown: under the default rules (assurance "token") nobody asks it, in either era.
+  it("in band, 2025 era: a client that answers forms itself is never asked; approval_required names the console and the CLI", async () => {
     const agent = await connectHttp(server.url, server.token, {
       capabilities: { elicitation: { form: {} } },
     });
     const prompts: string[] = [];
-    let approve = false;
     agent.client.setRequestHandler(ElicitRequestSchema, async (req) => {
       prompts.push(req.params.message);
-      return { action: "accept", content: { approve } };
+      return { action: "accept", content: { approve: true } };
     });
     try {
-      const args = { ...BENCH, iterations: 4 };
       const before = await benchmarksRun();
-      const no = await call(agent.client, "run_benchmark", args);
-      expect(errorOf(no)?.code).toBe("approval_declined");
+      const r = await call(agent.client, "run_benchmark", { ...BENCH, iterations: 14 });
+      expectOutOfBand(r);
+      expect(prompts).toEqual([]);
       expect(await benchmarksRun()).toBe(before);
-      approve = true;
-      const yes = await call(agent.client, "run_benchmark", args);
-      expect(yes.isError, JSON.stringify(yes)).toBeFalsy();
-      expect(prompts).toHaveLength(2);
-      expect(prompts[1]).toMatch(/run_benchmark on model mnist-cnn/);
-      expect(await benchmarksRun()).toBe(before + 1);
+    } finally {
+      await agent.close();
+    }
+  });
+
+  it("in band, 2026-07-28 era: no input_required, no requestState to answer; approval_required instead", async () => {
+    const agent = await connectModernHttp(server.url, server.token, {
+      client: { capabilities: { elicitation: { form: {} } } } as any,
+    });
+    let asked = 0;
+    agent.client.setRequestHandler("elicitation/create", async () => {
+      asked++;
+      return { action: "accept", content: { approve: true } } as any;
+    });
+    try {
+      const before = await benchmarksRun();
+      expectOutOfBand(
+        await callModern(agent.client, "run_benchmark", { ...BENCH, iterations: 15 }),
+      );
+      expect(asked).toBe(0);
+      expect(await benchmarksRun()).toBe(before);
+      // Nothing in the trail is decided by an answer in the client.
+      const trail = await cli(config, "audit", "tail", "-n", "1000", "--json");
+      expect(trail.stdout).not.toMatch(/client-form:|elicitation:/);
+    } finally {
+      await agent.close();
+    }
+  });
+
+  it("says nothing at start-up about answers in the client: no rule allows them", () => {
+    expect(server.stderr()).not.toMatch(/whoever answers the client's form/);
+  });
+});
+
+/** The default rules' answer to an agent that could have been asked: an operator decides. */
+function expectOutOfBand(r: any) {
+  const e = errorOf(r)!;
+  expect(e?.code, JSON.stringify(r).slice(0, 400)).toBe("approval_required");
+  expect(e.details.assurance).toBe("token");
+  expect(e.details.request_state).toBeUndefined();
+  expect(e.details.approve_command).toMatch(/^node bin\/tpu-mcp\.js approvals approve apr_/);
+  expect(e.details.console_url).toMatch(/\/console\/$/);
+  expect(e.message).toMatch(/An answer in the client cannot decide this approval/);
+}
+
+describe("secure by default over stdio: the agent's own client is never asked", () => {
+  const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-default-stdio-"));
+  const config = join(dir, "config.json");
+  writeFileSync(config, JSON.stringify({ data_dir: join(dir, "data") }));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it("2025 era: elicitation capable, answering yes itself; the call is not run", async () => {
+    const agent = await connectStdio(config, { capabilities: { elicitation: { form: {} } } });
+    let asked = 0;
+    agent.client.setRequestHandler(ElicitRequestSchema, async () => {
+      asked++;
+      return { action: "accept", content: { approve: true } };
+    });
+    try {
+      const r = await call(agent.client, "run_benchmark", BENCH);
+      const e = errorOf(r)!;
+      expect(e?.code, JSON.stringify(r).slice(0, 400)).toBe("approval_required");
+      expect(e.details.approve_command).toMatch(/approvals approve apr_/);
+      expect(asked).toBe(0);
+    } finally {
+      await agent.close();
+    }
+  });
+
+  it("2026-07-28 era: answered approval_required, not input_required", async () => {
+    const agent = await connectModernStdio(config, {
+      client: { capabilities: { elicitation: { form: {} } } } as any,
+    });
+    let asked = 0;
+    agent.client.setRequestHandler("elicitation/create", async () => {
+      asked++;
+      return { action: "accept", content: { approve: true } } as any;
+    });
+    try {
+      const r = await callModern(agent.client, "run_benchmark", { ...BENCH, iterations: 3 });
+      const e = errorOf(r)!;
+      expect(e?.code, JSON.stringify(r).slice(0, 400)).toBe("approval_required");
+      expect(asked).toBe(0);
+      const trail = await cli(config, "audit", "tail", "-n", "1000", "--json");
+      const rows = JSON.parse(trail.stdout);
+      expect(
+        rows.filter((a: any) => a.tool === "run_benchmark" && a.outcome === "executed"),
+      ).toEqual([]);
+      expect(rows.filter((a: any) => a.outcome === "approval_granted")).toEqual([]);
     } finally {
       await agent.close();
     }

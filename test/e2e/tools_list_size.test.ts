@@ -1,4 +1,4 @@
-// An agent reads tools/list in every conversation: the demo agent's list stays under 12 KB
+// An agent reads tools/list in every conversation: the demo agent's list stays under 12.3 KB
 // (about 3,000 tokens at 4 bytes a token), measured as the server sends it to the SDK's real
 // client over HTTP; and get_runtime_status publishes pool and fleet fields only where the
 // deployment has them (the server still checks every answer against the full schema).
@@ -21,8 +21,11 @@ import {
 } from "../helpers/server.js";
 import { wireSize } from "../helpers/wire.js";
 
-/** The target of issue 22: the demo agent's tools/list, in bytes of JSON. */
-const AGENT_LIST_MAX_BYTES = 12_000;
+/**
+ * The target of issue 22 (12,000 B), plus what issue 29's real chat model costs in every list:
+ * its id in five model enums (+120 B) and list_models' licence and origin (+55 B).
+ */
+const AGENT_LIST_MAX_BYTES = 12_300;
 
 const mentions = (schema: unknown, field: string) =>
   new RegExp(`\\b${field}\\b`).test(JSON.stringify(schema));

@@ -4,6 +4,8 @@
 // CLI cannot answer a form, so in-band approval is covered by the SDK clients
 // (test/e2e/modern.test.ts, test/e2e/python_client.test.ts).
 import { execFile } from "node:child_process";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -140,4 +142,45 @@ describe("the MCP Inspector over stdio", () => {
     expect(result.isError).toBeFalsy();
     expect(result._meta?.[SERVER_INFO] !== undefined).toBe(era === "modern");
   });
+});
+
+describe("the README's Inspector commands, as written", () => {
+  let srv: HttpServerProc;
+  beforeAll(async () => {
+    // What `npm start` serves: no tokens in the config, so the server generates the agent's.
+    const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-readme-inspector-"));
+    const config = join(dir, "config.json");
+    writeFileSync(config, JSON.stringify({ data_dir: join(dir, "data") }));
+    srv = await startHttpServer(config);
+  }, 120_000);
+  afterAll(async () => srv?.stop());
+
+  it(
+    "runs each scripts/inspector.sh command of the README against a running server",
+    { timeout: 600_000 },
+    async () => {
+      const readme = readFileSync(join(ROOT, "README.md"), "utf8");
+      const block = /```sh\n(TOKEN=\$\(cat \.data\/local-token\)[^\n]*\n[\s\S]*?)```/.exec(readme);
+      expect(block, "the README's Inspector block").not.toBeNull();
+      const commands = block![1]
+        .replace(/\\\n\s*/g, " ")
+        .split("\n")
+        .filter((l) => l.startsWith("scripts/inspector.sh"));
+      expect(commands.length).toBeGreaterThan(0);
+      for (const command of commands) {
+        const r = await run(
+          "bash",
+          ["-c", command.replaceAll("http://127.0.0.1:7801/mcp", srv.url)],
+          {
+            cwd: ROOT,
+            env: { ...process.env, TOKEN: srv.token! },
+            timeout: 240_000,
+            maxBuffer: 64 * 1024 * 1024,
+          },
+        );
+        // Exit 0 (a tool error exits 5): the call ran and answered.
+        expect(r.stdout.length, command).toBeGreaterThan(0);
+      }
+    },
+  );
 });

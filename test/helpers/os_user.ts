@@ -2,9 +2,17 @@
 // make a system user when missing, and run a command or the CLI as it. Needs root (tests and CI
 // run as root); `osUsersUnavailable` says why not otherwise, for describe.skipIf.
 import { execFile, execFileSync } from "node:child_process";
-import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  chownSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { scaled } from "./calibrate.js";
 import { CLI, ROOT } from "./server.js";
 
@@ -15,10 +23,25 @@ export interface OsUser {
 }
 
 /** Why these tests cannot run here, or null when they can. */
-export function osUsersUnavailable(): string | null {
+export function osUsersUnavailable(root = ROOT): string | null {
   if (process.platform !== "linux") return "needs Linux (useradd, uid switching)";
   if (process.getuid?.() !== 0) return "needs root to create users and switch to them";
   if (!existsSync("/usr/sbin/useradd")) return "useradd is not installed";
+  return closedToOthers(root);
+}
+
+/**
+ * The other users run the clone's own CLI: in a clone they cannot reach (a private home, a
+ * `mktemp -d` parent: mode 0700) they cannot, and the suite says so instead of failing on it.
+ */
+function closedToOthers(root: string): string | null {
+  for (let dir = root; ; dir = dirname(dir)) {
+    if (!(statSync(dir).mode & 0o001))
+      return `the clone is inside ${dir}, which other users cannot enter (mode ${(statSync(dir).mode & 0o777).toString(8)}); clone where they can to run it`;
+    if (dirname(dir) === dir) break;
+  }
+  const cli = join(root, "bin", "tpu-mcp.js");
+  if (!(statSync(cli).mode & 0o004)) return `other users cannot read ${cli}`;
   return null;
 }
 

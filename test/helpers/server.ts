@@ -7,7 +7,10 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import {
+  getDefaultEnvironment,
+  StdioClientTransport,
+} from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { scaled, slowdown } from "./calibrate.js";
@@ -89,12 +92,15 @@ export function scaledRequests(client: Client): Client {
 export async function connectStdio(
   configFile: string,
   clientOpts: ConstructorParameters<typeof Client>[1] = {},
+  /** Variables added to the SDK's default environment of the server (and so of its worker). */
+  env?: Record<string, string>,
 ) {
   const transport = new StdioClientTransport({
     command: process.execPath,
     args: [CLI, "stdio", "--config", configFile],
     cwd: ROOT,
     stderr: "pipe",
+    ...(env ? { env: { ...getDefaultEnvironment(), ...env } } : {}),
   });
   const client = scaledRequests(new Client({ name: "tpu-mcp-test", version: "0.0.0" }, clientOpts));
   await client.connect(transport);

@@ -209,6 +209,17 @@ describe("SqliteApprovalStore: paging, the pending cap, pruning", () => {
     store.close();
   });
 
+  it("does not count expired requests against the cap: once they expire, new ones are taken", () => {
+    const clock = new FakeClock();
+    const store = new SqliteApprovalStore(tmp.file(`x-${Math.random()}.db`), { clock: clock.now });
+    for (let i = 0; i < 3; i++) store.create(request("agent", i, { max_pending: 3 }));
+    clock.advance(900_000); // all three expire now (ttl_s 900)
+    expect(store.list({ status: "expired" })).toHaveLength(3);
+    const next = store.create(request("agent", 3, { max_pending: 3 }));
+    expect(next.status).toBe("pending");
+    store.close();
+  });
+
   it("prunes approvals keep_decided_s after they are over, and never an open one", () => {
     const clock = new FakeClock();
     const file = tmp.file(`k-${Math.random()}.db`);

@@ -40,6 +40,11 @@ describe("static tokens", () => {
     { clock: clock.now },
   );
 
+  it("recognises a configured token at once, and nothing else", () => {
+    expect(auth.recognize("right-token")).toMatchObject({ id: "agent", via: "token" });
+    expect(auth.recognize("wrong-token")).toBeNull();
+  });
+
   it("maps the right token to its principal", async () => {
     await expect(auth.authenticate("right-token")).resolves.toEqual({
       id: "agent",
@@ -160,6 +165,17 @@ describe("JWT", () => {
   it("refuses an expired token with token_expired", async () => {
     const e = await authErr(auth.authenticate(await sign({ exp: now() - 3600 })));
     expect(e.code).toBe("token_expired");
+  });
+
+  it("recognises a JWT it verified (no I/O, for the failed-auth limiter), only until its exp", async () => {
+    const t = await sign({ exp: now() + 60 });
+    expect(auth.recognize(t)).toBeNull(); // never verified: unknown
+    await auth.authenticate(t);
+    expect(auth.recognize(t)).toMatchObject({ id: "jwt:alice", via: "jwt" });
+    // A token that differs in one character is not recognised.
+    expect(auth.recognize(t.slice(0, -1) + (t.endsWith("A") ? "B" : "A"))).toBeNull();
+    clock.advance(61_000);
+    expect(auth.recognize(t)).toBeNull();
   });
 
   it("names its principal jwt:<sub>, apart from any static token id", async () => {

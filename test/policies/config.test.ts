@@ -63,6 +63,7 @@ describe("policy config", () => {
       keep_decided_s: 604_800,
       elicitation: true,
       elicitation_timeout_s: 300,
+      overrun_factor: 2,
     });
     expect(c.audit.redact_args).toEqual(["texts", "messages", "tensors"]);
   });

@@ -13,6 +13,8 @@ import {
   dtypeBytes,
 } from "../../policies/estimate.js";
 import { DTYPE_ITEMSIZE } from "../../lib/dtypes.js";
+import { DEFAULT_APPROVAL_RULES } from "../../policies/config.js";
+import { matchApprovalRule } from "../../policies/gate/approval_flow.js";
 import { formatBytes } from "../../lib/units.js";
 
 const GiB = 2 ** 30;
@@ -54,6 +56,27 @@ describe("estimateCost", () => {
     expect(e.weight_bytes).toBe(90_900_000);
     expect(e.compile_s).toBe(0);
     expect(e.device_seconds).toBeGreaterThan(0);
+  });
+
+  it("prices a compiled load of a model with a shape plan at one compile per shape of the plan", () => {
+    const device = { kind: "cpu", memory_free_bytes: 8 * GiB, memory_total_bytes: 16 * GiB };
+    const args = { model: minilm.id, device: "cpu", mode: "compile" };
+    const perGraph = DEFAULT_ASSUMPTIONS.compile_s_per_graph.cpu!;
+    const planned = estimateCost({
+      kind: "load",
+      args,
+      model: { ...minilm, compile_graphs: 20 },
+      device,
+    });
+    expect(planned.compile_s).toBe(20 * perGraph);
+    expect(estimateCost({ kind: "load", args, model: minilm, device }).compile_s).toBe(perGraph);
+    // ...and no call of it compiles afterwards (the warm-up covered every shape).
+    const call = { kind: "inference" as const, args: { texts: ["a b c"] }, device };
+    const loaded = { loaded_mode: "compile", loaded_at: 0 };
+    expect(workOf({ ...call, model: { ...minilm, compile_graphs: 20 }, ...loaded }).cold).toBe(
+      false,
+    );
+    expect(workOf({ ...call, model: minilm, ...loaded }).cold).toBe(true);
   });
 
   it("refuses what does not fit and suggests bfloat16 when that fits", () => {
@@ -153,6 +176,50 @@ describe("estimateCost", () => {
     });
     expect(grid.device_seconds).toBeGreaterThan(one.device_seconds * 3.5);
     expect(more.device_seconds).toBeGreaterThan(one.device_seconds * 5);
+  });
+
+  it("prices a training step as three forwards plus the optimizer, and its memory as a copy with gradients and state", () => {
+    const assumptions = { benchmark_config_overhead_s: 0 };
+    const args = { batch_sizes: [8], seq_lens: [128], iterations: 10, warmup: 0 };
+    const at = (extra: Record<string, unknown>) =>
+      estimateCost({
+        kind: "benchmark",
+        args: { ...args, ...extra },
+        model: minilm,
+        // The CPU's FLOP rate: the optimizer's passes are milliseconds there, not rounded away.
+        device: { kind: "cpu", memory_free_bytes: 30 * GiB, memory_total_bytes: 32 * GiB },
+        loaded: [{ model: minilm.id, bytes: 1e8 }],
+        assumptions,
+      });
+    const forward = at({});
+    const adamw = at({ work: "train_step", optimizer: "adamw" });
+    const sgd = at({ work: "train_step", optimizer: "sgd" });
+    // 10 steps of 3 forwards each (and 4 forwards counting FLOPs) against 11 forwards.
+    expect(adamw.device_seconds).toBeGreaterThan(forward.device_seconds * 2.5);
+    expect(adamw.device_seconds).toBeGreaterThan(sgd.device_seconds);
+    // A float32 copy, its gradients and AdamW's two moments (SGD: one momentum buffer).
+    expect(adamw.memory_bytes - forward.memory_bytes).toBe(minilm.parameters * 4 * 4);
+    expect(sgd.memory_bytes - forward.memory_bytes).toBe(minilm.parameters * 4 * 3);
+    // The optimizer is part of the work an estimate learns from.
+    const work = workOf({
+      kind: "benchmark",
+      args: { ...args, work: "train_step", optimizer: "sgd" },
+      model: minilm,
+    });
+    expect(work.optimizer).toBe("sgd");
+  });
+
+  it("leaves no training step outside the default approval rules", () => {
+    // The rule names the tool alone: whatever its work or estimate, a run_benchmark asks first.
+    const cheap = estimateCost({
+      kind: "benchmark",
+      args: { batch_sizes: [1], iterations: 1, work: "train_step", optimizer: "sgd" },
+      model: { ...minilm, parameters: 1 },
+      device: tpu(30),
+    });
+    // The config gives each default rule its assurance; matching reads tool, principals and when.
+    const rules = DEFAULT_APPROVAL_RULES.map((r) => ({ ...r, assurance: "token" as const }));
+    expect(matchApprovalRule(rules, "agent", "run_benchmark", cheap)?.tool).toBe("run_benchmark");
   });
 
   it("uses duration_s per grid point when given", () => {
@@ -520,5 +587,71 @@ describe("estimates from measured calls", () => {
     // Bounded: a stalled host does not make every estimate a hundred times larger.
     const stalled = slow.map((c) => ({ ...c, seconds: 100 }));
     expect(hostDrift({ ...base, kind: "inference", args, calls: stalled, now })).toBe(4);
+  });
+});
+
+describe("a cold load (issue 33: estimated 0.057 s, took 28.8 s)", () => {
+  const gpt2: ModelFacts = {
+    id: "tiny-gpt2",
+    parameters: 2_100_000,
+    weight_bytes: 8_400_000,
+    dtypes: ["float32"],
+    library: "transformers",
+  };
+  const cpu: DeviceFacts = {
+    kind: "cpu",
+    memory_free_bytes: 8 * GiB,
+    memory_total_bytes: 16 * GiB,
+  };
+  const load = (extra: Partial<EstimateInput> = {}): EstimateInput => ({
+    kind: "load",
+    args: { model: gpt2.id },
+    model: gpt2,
+    device: cpu,
+    ...extra,
+  });
+  const importS = DEFAULT_ASSUMPTIONS.library_import_s;
+
+  it("prices the worker's first import of the model's library, and only then", () => {
+    const warm = estimateCost(load({ libraries_imported: ["transformers"] })).device_seconds;
+    const cold = estimateCost(load({ libraries_imported: [] })).device_seconds;
+    expect(warm).toBeLessThan(1);
+    expect(cold).toBeGreaterThanOrEqual(importS);
+    expect(cold - warm).toBeCloseTo(importS, 3);
+    // Unknown (no status): priced as before; a plain-torch model never imports the library.
+    expect(estimateCost(load()).device_seconds).toBeCloseTo(warm, 3);
+    const { library: _l, ...torchOnly } = gpt2;
+    expect(
+      estimateCost(load({ model: torchOnly, libraries_imported: [] })).device_seconds,
+    ).toBeCloseTo(warm, 3);
+  });
+
+  it("prices the weight bytes it reads", () => {
+    const heavy = { ...gpt2, weight_bytes: 2e9 };
+    const warm = (m: ModelFacts) =>
+      estimateCost(load({ model: m, libraries_imported: ["transformers"] })).device_seconds;
+    expect(warm(heavy) - warm(gpt2)).toBeCloseTo(
+      (2e9 - gpt2.weight_bytes) / DEFAULT_ASSUMPTIONS.load_bytes_per_s,
+      1,
+    );
+  });
+
+  it("learns cold loads apart from warm ones", () => {
+    const rec = (cold: boolean, seconds: number): CallRecord => ({
+      kind: "load",
+      model: gpt2.id,
+      device: "cpu",
+      work: workOf(load({ libraries_imported: cold ? [] : ["transformers"] })),
+      seconds,
+      at: 1000,
+    });
+    expect(rec(true, 1).work.cold).toBe(true);
+    expect(rec(false, 1).work.cold).toBeUndefined();
+    // A measured cold load of 35 s prices the next cold load; a warm one's 0.05 s does not.
+    const calls = [rec(true, 35), rec(false, 0.05)];
+    expect(estimateCost(load({ libraries_imported: [], calls })).device_seconds).toBeCloseTo(35, 1);
+    expect(
+      estimateCost(load({ libraries_imported: ["transformers"], calls })).device_seconds,
+    ).toBeCloseTo(0.05, 2);
   });
 });

@@ -331,17 +331,21 @@ describe("Gate", () => {
     expect(gate.decideApproval(id, operator, "approve").status).toBe("approved");
   });
 
-  it("uses elicitation when the client supports it and the config allows it", async () => {
+  it("uses elicitation when the client supports it and the rule allows it (client_form)", async () => {
     const { gate, audit } = makeGate({
       ...demoPolicy,
-      approvals: { ...demoPolicy.approvals, elicitation: true },
+      approvals: {
+        ...demoPolicy.approvals,
+        rules: demoPolicy.approvals!.rules!.map((r) => ({ ...r, assurance: "client_form" })),
+        elicitation: true,
+      },
     });
     const fn = vi.fn(async () => "ok");
     const elicit = vi.fn<(p: ElicitPrompt) => Promise<"accept">>(async () => "accept");
     await expect(gate.run(loadMinilm({ elicit }), fn)).resolves.toBe("ok");
     expect(elicit.mock.calls[0]![0]).toMatchObject({ tool: "load_model" });
     expect(audit.tail(3)).toMatchObject([
-      { outcome: "approval_granted", approver: "elicitation:agent" },
+      { outcome: "approval_granted", approver: "client-form:agent", assurance: "client_form" },
       { outcome: "allowed" },
       { outcome: "executed" },
     ]);

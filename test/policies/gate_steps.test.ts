@@ -145,7 +145,11 @@ describe("one audited scope check per call", () => {
 
 describe("elicitation: decided and timed by the gate", () => {
   const policy = (elicitation: boolean): PolicyConfigInput => ({
-    approvals: { rules: [{ tool: "load_model" }], elicitation, elicitation_timeout_s: 0.05 },
+    approvals: {
+      rules: [{ tool: "load_model", assurance: "client_form" }],
+      elicitation,
+      elicitation_timeout_s: 0.05,
+    },
   });
   const load = (over: Partial<GateCall> = {}): GateCall => ({
     principal: agent,
@@ -176,7 +180,10 @@ describe("elicitation: decided and timed by the gate", () => {
 
   it("ends a cancelled call but keeps its prompt up: a late answer is recorded, and the retry with its id runs", async () => {
     const { gate, approvals } = makeGate({
-      approvals: { rules: [{ tool: "load_model" }], elicitation_timeout_s: 60 },
+      approvals: {
+        rules: [{ tool: "load_model", assurance: "client_form" }],
+        elicitation_timeout_s: 60,
+      },
     });
     const caller = new AbortController();
     let withdrawn: AbortSignal | undefined;
@@ -196,7 +203,7 @@ describe("elicitation: decided and timed by the gate", () => {
     await flush();
     expect(approvals.get(id)).toMatchObject({
       status: "approved",
-      decided_by: "elicitation:agent",
+      decided_by: "client-form:agent",
     });
     const retry = load({ args: { model: "tiny-gpt2", approval_id: id } });
     await expect(gate.run(retry, async () => "ran")).resolves.toBe("ran");
@@ -205,7 +212,10 @@ describe("elicitation: decided and timed by the gate", () => {
 
   it("lets a retry join the prompt still up instead of asking twice; a decline is recorded", async () => {
     const { gate, approvals } = makeGate({
-      approvals: { rules: [{ tool: "load_model" }], elicitation_timeout_s: 60 },
+      approvals: {
+        rules: [{ tool: "load_model", assurance: "client_form" }],
+        elicitation_timeout_s: 60,
+      },
     });
     const caller = new AbortController();
     let asked = 0;
@@ -226,7 +236,7 @@ describe("elicitation: decided and timed by the gate", () => {
     expect(e.code).toBe("approval_declined");
     expect(approvals.get(e.details.approval_id as string)).toMatchObject({
       status: "denied",
-      decided_by: "elicitation:agent",
+      decided_by: "client-form:agent",
     });
   });
 

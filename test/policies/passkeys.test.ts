@@ -9,6 +9,7 @@ import type { PolicyError } from "../../policies/errors.js";
 import { decideApproval } from "../../policies/gate/approval_flow.js";
 import {
   ChallengeBook,
+  SealedChallenges,
   decisionBinding,
   decisionChallenge,
   enrolmentChallenge,
@@ -246,6 +247,12 @@ describe("decisions on a passkey rule", () => {
         decideApproval(deps, rec.id, signer, "approve", undefined, evidence(rec.id, "deny")),
       ).code,
     ).toBe("passkey_refused");
+    // Evidence signed by another operator's passkey is not this approver's decision.
+    const bobs = { ...evidence(rec.id, "approve"), operator: "bob" };
+    expect(
+      thrown(() => decideApproval(deps, rec.id, signer, "approve", undefined, bobs)).code,
+    ).toBe("passkey_refused");
+    expect(deps.approvals.get(rec.id)!.status).toBe("pending");
     const ok = decideApproval(deps, rec.id, signer, "deny", "no", evidence(rec.id, "deny"));
     expect(ok.status).toBe("denied");
     expect(audit.tail(1)[0]).toMatchObject({
@@ -253,5 +260,33 @@ describe("decisions on a passkey rule", () => {
       assurance: "passkey",
       evidence: { credential_id: "cred", binding: { approval_id: rec.id, decision: "deny" } },
     });
+  });
+});
+
+describe("sealed sign-in challenges", () => {
+  it("are answered once, expire, and are refused when forged", () => {
+    const clock = new FakeClock();
+    const seals = new SealedChallenges(60_000, clock.now);
+    const a = seals.issue();
+    expect(seals.take(a.nonce)).toBe(a.challenge);
+    expect(thrown(() => seals.take(a.nonce)).message).toMatch(/unknown or already used/);
+    const b = seals.issue();
+    const forged = b.nonce.replace(/\.[^.]+\./, `.${(clock.ms + 3_600_000).toString(36)}.`);
+    expect(thrown(() => seals.take(forged)).message).toMatch(/unknown or already used/);
+    expect(thrown(() => seals.take("junk")).code).toBe("passkey_refused");
+    clock.advance(60_000);
+    expect(thrown(() => seals.take(b.nonce)).message).toMatch(/expired/);
+    // Another process (a restart) does not know this one's nonces.
+    const c = seals.issue();
+    expect(thrown(() => new SealedChallenges(60_000, clock.now).take(c.nonce)).code).toBe(
+      "passkey_refused",
+    );
+  });
+
+  it("store nothing when issued: a flood of sign-in options cannot evict a pending one", () => {
+    const seals = new SealedChallenges(60_000);
+    const operators = seals.issue();
+    for (let i = 0; i < 10_000; i++) seals.issue();
+    expect(seals.take(operators.nonce)).toBe(operators.challenge);
   });
 });

@@ -155,4 +155,25 @@ describe("AuthLimiter", async () => {
     l.flush(); // nothing new: nothing reported
     expect(lines).toHaveLength(1);
   });
+
+  it("counts failures checked without a reservation (fail), into the same back-off and report", async () => {
+    const reports: AuthLimitReport[][] = [];
+    const l = limiter({ report: (r) => reports.push(r) });
+    for (let i = 0; i < 4; i++)
+      expect(l.fail("10.0.0.7", "/console/api/passkeys/enrol")).toBeNull();
+    // The fifth failure starts the back-off: the caller answers 429 with this Retry-After.
+    expect(l.fail("10.0.0.7", "/console/api/passkeys/sign-in")).toEqual({ retryAfterS: 1 });
+    // An unknown credential from that address now waits like any other guess.
+    expect((await l.admit("10.0.0.7", "/mcp")).ok).toBe(false);
+    l.flush();
+    expect(reports.at(-1)).toEqual([
+      {
+        address: "10.0.0.7",
+        addresses: 1,
+        failed: 5,
+        refused: 1,
+        surfaces: ["/console/api/passkeys/enrol", "/console/api/passkeys/sign-in", "/mcp"],
+      },
+    ]);
+  });
 });

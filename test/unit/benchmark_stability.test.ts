@@ -155,3 +155,19 @@ describe("every rendering marks unstable configurations and shows the intervals"
     expect(text.split("\n").filter((l) => l.includes("unstable:"))).toHaveLength(1);
   });
 });
+
+describe("a fraction of peak that cannot be true", () => {
+  it("shows a fault and its reason instead of a percentage above 100", () => {
+    const fault =
+      "measured 3.75e+10 FLOP/s exceeds the peak of 1e+10 (measured: best float32 matmul on this CPU in this worker): a measurement fault";
+    const md = renderReportMarkdown(
+      report([
+        { ...cfg(1, 1.0, 0.95, 1.05), fraction_of_peak: null, fraction_of_peak_fault: fault },
+        { ...cfg(2, 2.0, 1.9, 2.1), fraction_of_peak: 0.25, fraction_of_peak_fault: null },
+      ]),
+    );
+    expect(md).toMatch(/\| fault \|/);
+    expect(md).toContain(fault);
+    expect(md).toMatch(/\| 25\.00 \|/);
+  });
+});

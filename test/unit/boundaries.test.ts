@@ -31,6 +31,7 @@ const SERVER_LEVELS: string[][] = [
   ["transports"],
   ["console", "mcp"],
   ["app"],
+  ["setup"],
   ["control"],
   ["config"],
   ["(root)"],

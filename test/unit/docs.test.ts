@@ -228,10 +228,11 @@ describe("docs snippets run as written", () => {
     expect(r.out).toContain("name: 'embeddings'");
   }, 120_000);
 
-  it("stdio from code: starts its own server, calls the tools and exits", async () => {
-    const r = await runSnippet(snippet("run stdio"), {}, 90_000);
-    expect(r.timedOut, `still running after 90 s:\n${r.out}`).toBe(false);
+  it("a first chat: starts its own server, asks the built-in chat model, gets a true answer", async () => {
+    // Loading SmolLM2 (269 MB) on a loaded 2-core VM takes tens of seconds: a generous bound.
+    const r = await runSnippet(snippet("run stdio"), {}, 240_000);
+    expect(r.timedOut, `still running after 240 s:\n${r.out}`).toBe(false);
     expect(r.code, r.out).toBe(0);
-    expect(r.out).toContain("name: 'logits'");
-  }, 120_000);
+    expect(r.out).toContain("Paris");
+  }, 300_000);
 });

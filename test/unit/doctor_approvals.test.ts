@@ -70,4 +70,20 @@ describe("the doctor on approval rules", () => {
     ]);
     expect(describeApprovals([], own)).toEqual([]);
   });
+
+  it("says a client_form rule is approved by whoever answers the client's form, wherever the server runs", () => {
+    const formRule = { tool: "check_model", assurance: "client_form" as const };
+    for (const where of [own, other]) {
+      const [line] = describeApprovals([formRule], where);
+      expect(line.level).toBe("warn");
+      expect(line.text).toMatch(/^client_form rule\(s\) \(check_model\)/);
+      expect(line.text).toMatch(/approved by whoever answers the client's form/);
+      expect(line.text).toMatch(
+        /an agent that answers its own client's prompts approves its own calls/,
+      );
+    }
+    // With approvals.elicitation false nobody is asked in band: it is a token rule then.
+    const [off] = describeApprovals([formRule], other, false);
+    expect(off.text).toMatch(/^token rule\(s\) \(check_model\)/);
+  });
 });

@@ -51,7 +51,12 @@ describe("the doctors' worker options", () => {
     expect(seen).toHaveLength(1);
     const { logger: _x, ...doctor } = seen[0]!;
     expect(doctor).toEqual({ ...server, ...DOCTOR_OVERRIDES });
-    expect(doctor.extraArgs).toEqual(["--threads", "3"]);
+    expect(doctor.extraArgs).toEqual([
+      "--threads",
+      "3",
+      "--compile-cache",
+      `${config.paths.data_dir}/compile-cache`,
+    ]);
     expect(doctor.heartbeatTimeoutMs).toBe(33_000);
   });
 
@@ -69,7 +74,14 @@ describe("the doctors' worker options", () => {
       ...DOCTOR_OVERRIDES,
       device: "tpu:1",
       env,
-      extraArgs: ["--threads", "3", "--tpu-eager", "fused"],
+      extraArgs: [
+        "--threads",
+        "3",
+        "--compile-cache",
+        `${config.paths.data_dir}/compile-cache`,
+        "--tpu-eager",
+        "fused",
+      ],
     });
   });
 });

@@ -18,6 +18,8 @@ describe("runtime.engines.vllm", () => {
     expect(baseRuntimeOptions(c, pino({ level: "silent" })).extraArgs).toEqual([
       "--threads",
       expect.any(String),
+      "--compile-cache",
+      `${c.paths.data_dir}/compile-cache`,
     ]);
   });
 

@@ -2,21 +2,25 @@
 // handler (a mistyped or missing field, a wrong shape) answers `internal` and is logged with the
 // tool's name, never delivered as a silent wrong answer. Fields the schema does not name pass,
 // as the published (open) output schema promises.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import pino from "pino";
-import { describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it } from "vitest";
 import { z } from "zod";
 import { dispatchTool, ERROR_META_KEY } from "../../tools/dispatch/dispatch.js";
+import { JobRef, SqliteJobs } from "../../tools/stores/jobs.js";
 import { defineTool, type ToolServices } from "../../tools/types.js";
 
 const Out = z.object({ count: z.number().int(), items: z.array(z.object({ id: z.string() })) });
 
-function toolAnswering(answer: unknown) {
+function toolAnswering(answer: unknown, job = false) {
   return defineTool(
     {
       name: "drift_probe",
       scope: "models:read",
       workerOp: null,
-      job: false,
+      job,
       deviceMode: null,
       timeoutS: null,
       concurrency: null,
@@ -26,8 +30,9 @@ function toolAnswering(answer: unknown) {
     {
       title: "drift probe",
       description: "answers whatever the test says",
-      input: z.object({}).strict(),
-      output: Out,
+      input: z.object({ wait: z.boolean().optional() }).strict(),
+      // A job tool answers its result or a job reference (run_benchmark's and load_model's way).
+      output: job ? z.union([Out, JobRef]) : Out,
       annotations: {
         readOnlyHint: true,
         destructiveHint: false,
@@ -40,15 +45,15 @@ function toolAnswering(answer: unknown) {
   );
 }
 
-async function call(answer: unknown) {
+async function call(answer: unknown, job?: { jobs: SqliteJobs }) {
   const logs: Record<string, unknown>[] = [];
   const logger = pino(
     { level: "info" },
     { write: (line: string) => void logs.push(JSON.parse(line) as Record<string, unknown>) },
   );
   const outcome = await dispatchTool({
-    tool: toolAnswering(answer),
-    rawArgs: {},
+    tool: toolAnswering(answer, job !== undefined),
+    rawArgs: job ? { wait: false } : {},
     principal: { id: "p", scopes: ["admin"], via: "stdio" },
     gate: {
       enforceScope: () => {},
@@ -60,6 +65,7 @@ async function call(answer: unknown) {
     base: {
       runtime: { place: () => ({ lane: undefined, ran: () => [] }) },
       env: { catalog: { models: [] } },
+      ...(job ? { jobs: job.jobs } : {}),
     } as unknown as ToolServices,
     signal: new AbortController().signal,
     progress: () => {},
@@ -91,5 +97,34 @@ describe("output validation in dispatch", () => {
     const drift = logs.find((l) => l.msg === "tool output does not match its output schema");
     expect(drift?.tool).toBe("drift_probe");
     expect(JSON.stringify(drift?.problems)).toContain(field);
+  });
+});
+
+describe("output validation of job results (what get_job serves)", () => {
+  const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-drift-"));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it.each([
+    ["a conforming result", { count: 1, items: [{ id: "a" }] }, "succeeded"],
+    ["a drifted result", { count: "1", items: [] }, "failed"],
+  ])("checks %s of a job against the tool's output schema", async (_what, answer, status) => {
+    const jobs = new SqliteJobs(join(dir, `jobs-${status}.db`));
+    try {
+      const { result, logs } = await call(answer, { jobs });
+      const jobId = result.structuredContent?.job_id as string;
+      expect(jobId).toMatch(/^job_/);
+      await jobs.settled(jobId);
+      const job = jobs.get(jobId, "p")!;
+      expect(job.status).toBe(status);
+      if (status === "succeeded") expect(job.result).toEqual(answer);
+      else {
+        expect(job.result).toBeNull();
+        expect(job.error?.code).toBe("internal");
+        const drift = logs.find((l) => l.msg === "tool output does not match its output schema");
+        expect(drift?.tool).toBe("drift_probe");
+      }
+    } finally {
+      jobs.close();
+    }
   });
 });

@@ -46,7 +46,10 @@ export interface DispatchInput {
   /** The 2026-07-28 era's in-band approval round (policies/gate/types.ts InBandApproval). */
   inBand?: GateCall["inBand"];
   logger: Logger;
-  /** Job tools still running after this many seconds answer with a job_id (0 or absent: never). */
+  /**
+   * Job tools not done this many seconds after the request arrived (queued or waiting for an
+   * approval included) answer with a job_id (0 or absent: never).
+   */
   softDeadlineS?: number;
   /** Stamps for the bench's decomposition; absent unless tracing (tools/support/trace.ts). */
   trace?: ToolContext["trace"];
@@ -128,9 +131,9 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
       // reaches the worker.
       ...(estimate
         ? {
-            estimator: () =>
+            estimator: (signal?: AbortSignal) =>
               estimate(args, {
-                ...ctxFor(input.signal, input.progress),
+                ...ctxFor(signal ?? input.signal, input.progress),
                 onWork: (w) => (work = w),
               }),
           }
@@ -155,13 +158,11 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
     let out: Record<string, unknown> | InputRequired;
     if (tool.policy.job && (args.wait === false || softMs > 0)) {
-      out = await runAsJob(
-        { ...input, tool: metered },
-        call,
-        args,
-        ctxFor,
-        args.wait === false ? 0 : softMs,
-      );
+      out = await runAsJob({ ...input, tool: metered }, call, args, ctxFor, {
+        atStart: args.wait === false,
+        softMs,
+        arrivedAt: t0,
+      });
     } else {
       out = await gate.run(call, (signal, deadline) =>
         metered.handler(args, ctxFor(signal, input.progress, deadline)),

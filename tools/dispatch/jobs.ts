@@ -1,36 +1,90 @@
 // A call of a job tool (its record says job: true): answered with its result, or with a job id
 // when it was asked not to wait or outlives the soft deadline (dispatch.ts decides which).
-import type { CallDeadline, GateCall, InputRequired } from "../../policies/gate/gate.js";
+import { InputRequired, type CallDeadline, type GateCall } from "../../policies/gate/gate.js";
+import { stopReasonOf } from "../../runtime/types.js";
 import { ToolError } from "../errors.js";
+import type { JobRecord } from "../stores/jobs.js";
 import type { ToolContext } from "../types.js";
 import type { DispatchInput } from "./dispatch.js";
+import { checkOutput } from "./result.js";
+
+export interface JobHandOff {
+  /** wait: false: the job id is the answer as soon as the gate admits the call. */
+  atStart: boolean;
+  /** The soft deadline in ms (0: none), counted from `arrivedAt`. */
+  softMs: number;
+  /** When the request arrived (performance.now()). */
+  arrivedAt: number;
+}
 
 /**
- * A job tool once the gate admits it. With wait: false (softMs 0) it becomes a job at once and
- * the job id is the answer. With wait: true the result is the answer if it comes within the soft
- * deadline; otherwise the running work is adopted by a new job and its id is the answer (the work
- * goes on; get_job has its progress and then its result). Until the caller holds a job id, its
- * cancellation or disconnect cancels the work: nobody could ever collect it. The work keeps the
- * gate's slot, reservation and deadline until it ends, and the gate audits how it ended; a
- * refusal (approval, budget, busy) or an in-band question still comes back to this caller at once.
+ * A job tool's call. With wait: false it becomes a job once the gate admits it and the job id is
+ * the answer. With wait: true the result is the answer if it comes within the soft deadline;
+ * otherwise the call is adopted by a new job and its id is the answer (the call goes on; get_job
+ * has its progress and then its result). The soft deadline counts from the request's arrival, so
+ * time spent queued behind other calls or waiting for an approval in the client is part of it: a
+ * client's own request timeout (60 s in the SDKs) counts from there too. A call adopted before the
+ * gate admitted it keeps its place in the queue; the job then fails with the gate's refusal, if
+ * any. Until the caller holds a job id, its cancellation or disconnect cancels the call: nobody
+ * could ever collect it. The work keeps the gate's slot, reservation and deadline until it ends,
+ * and the gate audits how it ended; a refusal (approval, budget, busy) or an in-band question
+ * before the hand-off still comes back to this caller.
  */
 export function runAsJob(
   input: DispatchInput,
   call: GateCall,
   args: Record<string, any>,
   ctxFor: (s: AbortSignal, p: ToolContext["progress"], d?: CallDeadline) => ToolContext,
-  softMs: number,
+  handOff: JobHandOff,
 ): Promise<Record<string, unknown> | InputRequired> {
   const { tool, principal } = input;
   const jobs = input.base.jobs;
-  // Mirrors the caller's signal only until the caller holds a job id.
-  const callerCtl = new AbortController();
+  // Stops the gate's wait and the work: the caller's signal until it holds a job id, and
+  // cancel_job on a job that has not started yet.
+  const ctl = new AbortController();
+  // cancel_job reaches the running work through this one (the gate records how it ended).
+  const jobCtl = new AbortController();
   let handedOut = false;
   const onCallerAbort = () => {
-    if (!handedOut) callerCtl.abort(input.signal.reason);
+    if (!handedOut) ctl.abort(input.signal.reason);
   };
   if (input.signal.aborted) onCallerAbort();
   else input.signal.addEventListener("abort", onCallerAbort, { once: true });
+
+  // What a job adopts: the handler's result once it runs (a benchmark stopped early hands back its
+  // finished part), or the gate's refusal when it never ran.
+  let started = false;
+  let settle!: { resolve: (v: Record<string, unknown>) => void; reject: (e: unknown) => void };
+  const outcome = new Promise<Record<string, unknown>>((resolve, reject) => {
+    settle = { resolve, reject };
+  });
+  outcome.catch(() => {}); // nobody awaits it unless a job adopted the call
+  let jobProgress: ToolContext["progress"] | undefined;
+  // The newest progress, so a job adopting running work starts from it (a one-configuration
+  // benchmark reports 0 of 1 at its start and nothing more until it ends).
+  let last: Parameters<ToolContext["progress"]> | undefined;
+  const report: ToolContext["progress"] = (p, total, message) => {
+    last = [p, total, message];
+    jobProgress?.(p, total, message);
+    if (!handedOut) input.progress(p, total, message);
+  };
+  let job: JobRecord | undefined;
+  const adopt = (): JobRecord =>
+    (job ??= jobs.start(tool.name, principal.id, (jobSignal, progress) => {
+      jobProgress = progress;
+      if (last) progress(...last);
+      else if (!started)
+        progress(0, undefined, "waiting to start (for the device, the worker or an approval)");
+      const stop = () => {
+        jobCtl.abort(jobSignal.reason);
+        if (!started) ctl.abort(jobSignal.reason);
+      };
+      if (jobSignal.aborted) stop();
+      else jobSignal.addEventListener("abort", stop, { once: true });
+      // What get_job serves is checked as a direct answer is: a result that drifted from the
+      // tool's output schema ends the job `internal` (logged with its fields).
+      return outcome.then((r) => checkOutput(tool, r, input.logger));
+    }));
 
   return new Promise<Record<string, unknown> | InputRequired>((resolve, reject) => {
     let answered = false;
@@ -39,55 +93,42 @@ export function runAsJob(
       answered = true;
       fn();
     };
-    const handOut = (jobId: string, message: string) => {
+    const handOut = (message: (jobId: string) => string) => {
+      if (answered) return;
+      const { job_id } = adopt();
       handedOut = true;
       input.signal.removeEventListener("abort", onCallerAbort);
-      answer(() => resolve({ job_id: jobId, status: "running", message }));
+      answer(() => resolve({ job_id, status: "running", message: message(job_id) }));
     };
+    const follow = (id: string) => `follow it with get_job (job_id ${id}), stop it with cancel_job`;
+    const { softMs } = handOff;
+    const timer =
+      softMs > 0
+        ? setTimeout(
+            () =>
+              handOut(
+                (id) =>
+                  `${started ? "still running" : "still waiting to start (for the device, the worker or an approval)"} after ${softMs / 1000} s, so this call answers with a job instead of holding the request open; ${follow(id)}`,
+              ),
+            Math.max(0, softMs - (performance.now() - handOff.arrivedAt)),
+          )
+        : undefined;
 
     input.gate
-      .run({ ...call, signal: callerCtl.signal }, async (gateSignal, deadline) => {
-        // cancel_job reaches the work through this controller once a job owns it.
-        const jobCtl = new AbortController();
-        let jobProgress: ToolContext["progress"] | undefined;
-        const report: ToolContext["progress"] = (p, total, message) => {
-          jobProgress?.(p, total, message);
-          if (!handedOut) input.progress(p, total, message);
-        };
-        const adopt = (work: Promise<Record<string, unknown>>) =>
-          jobs.start(tool.name, principal.id, (jobSignal, progress) => {
-            jobProgress = progress;
-            if (jobSignal.aborted) jobCtl.abort(jobSignal.reason);
-            else
-              jobSignal.addEventListener("abort", () => jobCtl.abort(jobSignal.reason), {
-                once: true,
-              });
-            return work;
-          });
+      .run({ ...call, signal: ctl.signal }, async (gateSignal, deadline) => {
+        started = true;
         const signal = AbortSignal.any([gateSignal, jobCtl.signal]);
         // The handler starts on the next microtask, after a job (if any) has adopted it.
         const work = Promise.resolve().then(() =>
           tool.handler(args, ctxFor(signal, report, deadline)),
         );
-        if (softMs === 0) {
-          const job = adopt(work);
-          handOut(
-            job.job_id,
-            `started; follow it with get_job (job_id ${job.job_id}), stop it with cancel_job`,
-          );
-        } else {
-          const timer = setTimeout(() => {
-            const job = adopt(work);
-            handOut(
-              job.job_id,
-              `still running after ${softMs / 1000} s, so this call answers with a job instead of holding the request open; follow it with get_job (job_id ${job.job_id}), stop it with cancel_job`,
-            );
-          }, softMs);
-          work.then(
-            () => clearTimeout(timer),
-            () => clearTimeout(timer),
-          );
-        }
+        // A job the gate stopped (budget, timeout, approval) that ends without a partial result
+        // fails with the gate's reason, not with the worker's cancellation (never "cancelled by
+        // the caller": nobody cancelled it).
+        work.then(settle.resolve, (e) =>
+          settle.reject(stopReasonOf(gateSignal.reason) ? gateSignal.reason : e),
+        );
+        if (handOff.atStart) handOut((id) => `started; ${follow(id)}`);
         // The gate audits how the work ended, whoever collects it.
         const result = await work;
         // A job stopped by cancel_job or an operator hands back its finished part (a benchmark's
@@ -106,10 +147,28 @@ export function runAsJob(
         return result;
       })
       .then(
-        (value) => answer(() => resolve(value)),
-        (e) => answer(() => reject(e)),
+        (value) => {
+          // A question for the user after the hand-off has nobody to ask: the job says how to
+          // get the approval out of band instead.
+          if (value instanceof InputRequired)
+            settle.reject(
+              new ToolError(
+                "approval_required",
+                `This call needs the user's approval (approval ${value.approvalId}), which a job cannot ask for: call ${tool.name} again with the same arguments, or with approval_id "${value.approvalId}" once an operator approved it.`,
+                { approval_id: value.approvalId },
+              ),
+            );
+          answer(() => resolve(value));
+        },
+        (e) => {
+          if (!started) settle.reject(e);
+          answer(() => reject(e));
+        },
       )
-      .finally(() => input.signal.removeEventListener("abort", onCallerAbort));
+      .finally(() => {
+        clearTimeout(timer);
+        input.signal.removeEventListener("abort", onCallerAbort);
+      });
   });
 }
 

@@ -1,5 +1,6 @@
 // Markdown rendering of a stored benchmark report, for tpu://benchmarks/{id}.md and the README.
 import { unstableNote } from "./compare.js";
+import { TRAIN_HEADERS, trainNotes, trainRow } from "./train_rows.js";
 
 type Any = Record<string, any>;
 
@@ -45,18 +46,33 @@ export function renderReportMarkdown(report: Any): string {
       `peak memory: ${m.peak_memory_kind ?? "–"}.`,
   );
   lines.push("");
-  lines.push(
-    "| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms | mean ms | p50 95 % CI | MAD ms | stable | items/s | compile s | recompiled | peak MiB | +MiB | max abs err | max rel err | cosine | GFLOP/item | % of peak | matmul precision |",
-  );
-  lines.push(
-    "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
-  );
+  const training = (report.work ?? m.work) === "train_step";
+  if (training) {
+    const o = m.optimizer ?? {};
+    lines.push(
+      `Training: optimizer ${o.name ?? "?"} (lr ${o.lr ?? "?"}), loss ${m.train?.loss ?? "?"}; ${m.train?.weights ?? ""}; ${m.train?.precision ?? ""}.`,
+      "",
+      `| ${TRAIN_HEADERS.join(" | ")} |`,
+      `|${TRAIN_HEADERS.map((h) => (["dtype", "mode", "stable", "loss first → final", "bf16 drift (max, final)"].includes(h) ? "---" : "---:")).join("|")}|`,
+    );
+  } else {
+    lines.push(
+      "| batch | seq | dtype | mode | p50 ms | p90 ms | p99 ms | mean ms | p50 95 % CI | MAD ms | stable | items/s | compile s | recompiled | peak MiB | +MiB | max abs err | max rel err | cosine | GFLOP/item | % of peak | matmul precision |",
+    );
+    lines.push(
+      "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    );
+  }
   const failed: string[] = [];
   for (const c of (report.configs ?? []) as Any[]) {
     if (c.error) {
       failed.push(
         `- batch ${c.batch}${c.seq_len ? `, seq ${c.seq_len}` : ""}, ${c.dtype}, ${c.mode}: **${c.error.code}** — ${c.error.message}`,
       );
+      continue;
+    }
+    if (training) {
+      lines.push(`| ${trainRow(c).join(" | ")} |`);
       continue;
     }
     const l = c.latency_ms ?? {};
@@ -66,9 +82,12 @@ export function renderReportMarkdown(report: Any): string {
         `${num(c.throughput_items_per_s, 1)} | ${c.mode === "compile" ? num(c.compile_s, 3) : "–"} | ${c.recompiled ? `**yes (${c.recompiles_in_window})**` : "no"} | ` +
         `${mib(c.peak_memory_bytes)} | ${mib(c.peak_memory_increase_bytes)} | ${sci(c.max_abs_error_vs_fp32)} | ${sci(c.max_rel_error_vs_fp32)} | ` +
         `${cos(c.cosine_similarity_vs_fp32)} | ${typeof c.flops_per_item === "number" ? (c.flops_per_item / 1e9).toFixed(3) : "–"} | ` +
-        `${pct(c.fraction_of_peak)} | ${c.matmul_precision ?? "–"} |`,
+        `${c.fraction_of_peak_fault ? "fault" : pct(c.fraction_of_peak)} | ${c.matmul_precision ?? "–"} |`,
     );
   }
+  // A fraction of peak above 1 is a measurement fault (the worker says which): never a figure.
+  const fault = ((report.configs ?? []) as Any[]).find((c) => !c.error && c.fraction_of_peak_fault);
+  if (fault) lines.push("", `% of peak not shown ("fault"): ${fault.fraction_of_peak_fault}.`);
   const offline = ((report.configs ?? []) as Any[]).filter(
     (c) => Array.isArray(c.offline_skipped_batches) && c.offline_skipped_batches.length,
   );
@@ -91,6 +110,8 @@ export function renderReportMarkdown(report: Any): string {
       );
     }
   }
+  const notes = training ? trainNotes((report.configs ?? []) as Any[]) : [];
+  if (notes.length) lines.push("", "Notes:", ...notes.map((n) => `- ${n}`));
   if (failed.length) lines.push("", "Failed configurations:", ...failed);
   const peaks = [
     ...new Set(((report.configs ?? []) as Any[]).map((c) => c.peak_flops_source).filter(Boolean)),

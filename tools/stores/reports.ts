@@ -43,11 +43,14 @@ export interface Reports {
   recordCall(call: CallRecord): void;
   /** The newest measured calls of a model on a device kind. */
   calls(model: string, device: string): CallRecord[];
+  /** When this process opened the store (ms since the epoch): calls since then ran on its workers. */
+  readonly openedAt: number;
   close(): void;
 }
 
 export class SqliteReports implements Reports {
   private readonly db: Database.Database;
+  readonly openedAt = Date.now();
   constructor(file: string) {
     this.db = new Database(file);
     this.db.pragma("journal_mode = WAL");

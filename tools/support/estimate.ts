@@ -8,7 +8,18 @@ import {
   type EstimateInput,
 } from "../../policies/estimate.js";
 import type { ToolPolicy } from "../../policies/tool_policy.js";
+import { planSize } from "../../runtime/catalog.js";
 import type { ToolContext, ToolServices } from "../types.js";
+
+/**
+ * The library the worker builds a model with: transformers for every architecture but the one it
+ * builds in plain torch (mnist-cnn, adapters/build.py); none for an engine's model (its own
+ * process).
+ */
+function libraryOf(entry: { architecture: string; engine?: string }): { library?: string } {
+  if (entry.engine === "vllm" || entry.architecture === "mnist-cnn") return {};
+  return { library: "transformers" };
+}
 
 /** What the estimator reads of a call besides models and devices: its work and its model's state. */
 function callFacts(
@@ -23,6 +34,16 @@ function callFacts(
   // Tensor models have no sequence: one "token" per item on both sides of the comparison.
   if (entry.task === "tensor" && kind === "benchmark") args = { ...args, seq_lens: [1] };
   if (entry.task === "tensor" && kind === "check") args = { ...args, seq_len: 1 };
+  const calls = ctx.reports.calls(entry.id, deviceKind);
+  // A model's first plain check since this server started (a fresh worker: imports, first
+  // forward, allocator) costs many times a warm one: a work of its own, priced and learned apart.
+  // Only the plain one (check_model's defaults): a larger check is a reader's call like any.
+  if (
+    kind === "check" &&
+    args.plain === true &&
+    !calls.some((c) => c.kind === "check" && c.at >= ctx.reports.openedAt)
+  )
+    args = { ...args, cold: true };
   // How the model is loaded, from what the runtime observed (no worker call on the hot path).
   const held = ctx.runtime.loadedModels().find((m) => m.model === entry.id);
   return {
@@ -35,8 +56,10 @@ function callFacts(
       weight_bytes: 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
+      compile_graphs: planSize(entry),
+      ...libraryOf(entry),
     },
-    calls: ctx.reports.calls(entry.id, deviceKind),
+    calls,
     now: Date.now(),
     ...(held?.mode ? { loaded_mode: held.mode, loaded_at: held.loadedAt } : {}),
   };
@@ -81,7 +104,13 @@ export async function estimateFor(
       weight_bytes: fact?.weight_bytes ?? 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
+      compile_graphs: planSize(entry),
+      ...libraryOf(entry),
     },
+    // What the worker has imported: the first load of a transformers model in it is cold.
+    ...("libraries" in status && Array.isArray(status.libraries)
+      ? { libraries_imported: status.libraries }
+      : {}),
     device: {
       kind: deviceKind,
       memory_free_bytes: dev?.memory_free_bytes ?? null,
@@ -103,7 +132,9 @@ export async function estimateFor(
     work: d.work,
     ...(d.measured_s !== undefined ? { estimate_s: d.measured_s } : {}),
   });
-  return d.estimate;
+  // The cold start is charged to the principal's budget, not to a reader's read allowance (a
+  // desktop session starts a fresh worker each time: its first checks would spend the allowance).
+  return facts.args.cold === true ? { ...d.estimate, cold_start: true } : d.estimate;
 }
 
 /** A call's work as its estimate saw it, waiting for the seconds it takes (measured). */

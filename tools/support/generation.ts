@@ -123,7 +123,7 @@ const Logprob = z.object({ token: z.string(), logprob: z.number() });
 /** One generated sequence of the worker's answer (runtime/PROTOCOL.md, `infer`). */
 export const Generation = z.object({
   text: z.string(),
-  finish_reason: z.enum(["stop", "length", "cancelled", "budget", "timeout"]),
+  finish_reason: z.enum(["stop", "length", "cancelled", "budget", "timeout", "approval"]),
   usage: z.object({
     prompt_tokens: z.number().int(),
     completion_tokens: z.number().int(),

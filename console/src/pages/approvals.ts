@@ -57,7 +57,9 @@ function approvalCard(a: Json, refresh: () => void): HTMLElement {
         { class: `assurance ${a.assurance}` },
         a.assurance === "passkey"
           ? "a passkey (signed in this console; a token or the CLI is refused)"
-          : "an operator token or a passkey",
+          : a.assurance === "client_form"
+            ? "an operator token or a passkey, or whoever answers the client's form (the agent itself can)"
+            : "an operator token or a passkey",
       ),
       h("dt", {}, "Requested"),
       h("dd", {}, when(a.created_at)),

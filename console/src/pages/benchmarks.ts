@@ -1,5 +1,5 @@
 // The Benchmarks page: stored reports as charts and tables, one drawn against another.
-import { comparisonTable, drawReports, reportTable, type Report } from "../chart.js";
+import { comparisonTable, drawReports, reportTable, trainTable, type Report } from "../chart.js";
 import { api } from "../session.js";
 import { h, when, status, onLeave, type Json } from "../ui.js";
 
@@ -58,6 +58,16 @@ export async function benchmarksPage(root: HTMLElement) {
         { class: "scroll", tabindex: "0", role: "region", "aria-label": "report numbers" },
         reportTable(inputs),
       ),
+      // A training report's own figures: loss, bf16 drift, memory split, FLOPs per step.
+      ...inputs
+        .filter(({ report }) => report.work === "train_step")
+        .map(({ label, report }) =>
+          h(
+            "div",
+            { class: "scroll", tabindex: "0", role: "region", "aria-label": `${label} training` },
+            trainTable(report),
+          ),
+        ),
       ...(inputs.length === 2
         ? [
             h("h3", {}, `${inputs[0].label} against ${inputs[1].label}`),

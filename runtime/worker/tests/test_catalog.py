@@ -39,6 +39,9 @@ def test_builtin_catalog_parses_and_roots_are_relative_to_the_file():
         (lambda d: d["models"].append(copy.deepcopy(d["models"][0])), "duplicate"),
         (lambda d: d.update(model_roots=[]), "model_roots"),
         (lambda d: d["models"][0].update(trusted="yes"), "trusted"),
+        (lambda d: d["models"][1].update(shapes={"batch_buckets": [4, 2]}), "shapes.batch_buckets"),
+        (lambda d: d["models"][1].update(shapes={"length_buckets": [8, 4096]}), "shapes.length_buckets"),
+        (lambda d: d["models"][1].update(shapes={"batch": [1]}), "shapes"),
     ],
 )
 def test_invalid_fields_are_named(mutate, fragment):
@@ -56,3 +59,18 @@ def test_unreadable_and_non_json_catalogs(tmp_path):
     bad.write_text("{")
     with pytest.raises(CatalogError, match="not valid JSON"):
         load_catalog(str(bad))
+
+
+def test_a_shape_plan_comes_from_the_entry_or_the_defaults():
+    from tpu_worker.shapes import ShapePlan
+
+    data = builtin_data()
+    gpt2 = next(m for m in data["models"] if m["id"] == "tiny-gpt2")
+    gpt2["shapes"] = {"batch_buckets": [1, 8], "length_buckets": [32, 128]}
+    entry = parse_catalog(data, BUILTIN_CATALOG).entries["tiny-gpt2"]
+    plan = ShapePlan.for_model(entry.shapes.batch_buckets, entry.shapes.length_buckets, max_batch=16, max_len=128)
+    assert plan.batches == (1, 8, 16) and plan.lengths == (32, 128)  # max_batch is always a bucket
+    default = ShapePlan.for_model(None, None, max_batch=16, max_len=128, generation=True)
+    assert default.batches == (1, 2, 4, 8, 16) and default.lengths == (8, 16, 32, 64, 128)
+    assert default.prefill_batches == (1, 2, 4)
+    assert default.size == 3 * 5 + 5 and default.batch(3) == 4 and default.length(100) == 128

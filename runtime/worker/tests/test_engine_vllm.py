@@ -6,14 +6,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
+import socket
+import socketserver
+import stat
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from conftest import bench_args
 from tpu_worker.cancel import CancelToken
 from tpu_worker.engines import VllmEngine, VllmSettings
+from tpu_worker.engines.http import Endpoint
 from tpu_worker.errors import WorkerError
 from tpu_worker.loaders import inspect_weights
 from tpu_worker.ops import OpContext
@@ -178,6 +188,161 @@ def test_a_chat_or_a_stop_sequence_ended_here_is_aborted_too_and_a_finished_one_
     assert Fake.aborts[-1]["ids"] == [f"chatcmpl-{Fake.requests[-1]['id']}"]
 
 
+def test_the_abort_leaves_from_the_cancels_watcher_while_the_reader_is_held_up(engine):
+    # The thread that reads the stream may be stuck elsewhere (here: sending a progress message
+    # that does not return) when the cancel arrives; the abort by id must not wait for it.
+    Fake.delay = 0.05
+    token = CancelToken()
+    released = threading.Event()
+    seen_while_held: list[bool] = []
+
+    def progress(*_a, **_k):
+        if seen_while_held:
+            return
+        token.cancel()
+        for _ in range(400):  # up to 20 s; with the abort on the watcher, a few ms
+            if Fake.aborts:
+                break
+            time.sleep(0.05)
+        seen_while_held.append(bool(Fake.aborts))
+        released.set()
+
+    out = engine.infer(
+        {"texts": ["x"], "max_new_tokens": 64, "stream": True}, OpContext("1", token=token, progress=progress)
+    )
+    assert released.is_set()
+    assert seen_while_held == [True]  # vLLM was told while the reader was still held up
+    assert len(Fake.aborts) == 1 and out["generations"][0]["finish_reason"] == "cancelled"
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def test_the_endpoint_speaks_http_over_a_unix_socket_streams_and_aborts_there(engine):
+    # The server the worker starts listens on a Unix socket only (isolation.py): the same calls,
+    # the same stream, the same cancel and abort over it.
+    d = tempfile.mkdtemp(dir="/tmp")
+    path = os.path.join(d, "engine.sock")
+    srv = _UnixHTTPServer(path, Fake)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        engine._endpoint = Endpoint("http://localhost", "secret", uds=path)
+        assert engine.endpoint.get_json("/version") == {"version": "0.0-fake"}
+        out = engine.infer({"texts": ["x"], "max_new_tokens": 4}, OpContext("1"))
+        assert out["token_ids"] == [IDS[:4]] and Fake.requests[-1]["auth"] == "Bearer secret"
+        Fake.delay = 0.05
+        token = CancelToken()
+        threading.Timer(0.2, token.cancel).start()
+        cut = engine.infer({"texts": ["x"], "max_new_tokens": 64}, OpContext("1", token=token))
+        assert cut["generations"][0]["finish_reason"] == "cancelled"
+        assert Fake.aborts[-1]["ids"] == [f"cmpl-{Fake.requests[-1]['id']}-0"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_started_server_listens_on_a_unix_socket_in_a_private_directory_and_no_tcp_port():
+    from tpu_worker.engines.vllm_process import VllmProcess
+
+    p = VllmProcess(VllmSettings(python=sys.executable), "/x", "m", "float32", 64, True)
+    try:
+        cmd = p.command()
+        assert "--host" not in cmd and "--port" not in cmd
+        sock = cmd[cmd.index("--uds") + 1]
+        assert sock == p.socket_path == p.endpoint.uds
+        d = os.path.dirname(sock)
+        st = os.lstat(d)
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+        assert stat.S_IMODE(st.st_mode) == 0o700  # nobody else may enter it, so nor reach the socket
+        assert len(sock.encode()) + 1 + 36 < 108  # vLLM's ZMQ sockets beside it fit sun_path too
+        assert p.environment()["VLLM_RPC_BASE_PATH"] == d  # its internal sockets: not in /tmp
+    finally:
+        p.stop()
+    assert not os.path.exists(d)
+
+
+def test_the_server_is_spawned_in_its_own_network_namespace_with_umask_077(tmp_path):
+    # A stand-in for vLLM's Python: says where it runs, then waits to be stopped.
+    from tpu_worker.engines.vllm_process import VllmProcess
+
+    out = tmp_path / "where"
+    fake = tmp_path / "python"
+    fake.write_text(
+        f"#!/bin/sh\necho $(readlink /proc/self/ns/net) $(umask) > {out}.tmp && mv {out}.tmp {out}\nexec sleep 60\n"
+    )
+    fake.chmod(0o755)
+    p = VllmProcess(VllmSettings(python=str(fake)), "/x", "m", "float32", 64, True)
+    proc = p._spawn()
+    try:
+        for _ in range(200):
+            if out.exists():
+                break
+            time.sleep(0.05)
+        ns, umask = out.read_text().split()
+        if p.network == "host":
+            pytest.skip("this system refuses network namespaces")
+        assert p.network == "private" and ns != os.readlink("/proc/self/ns/net")
+        assert umask == "0077"
+    finally:
+        proc.kill()
+        proc.wait()
+        p.stop()
+
+
+@pytest.mark.parametrize("user", ["self", "unprivileged"])
+def test_the_servers_processes_get_a_network_namespace_of_their_own(user):
+    # The server's worker listens on TCP ports of its own (torch.distributed: a store and gloo)
+    # on 127.0.0.1: in the server's own namespace, out of the host's reach. A worker without
+    # CAP_SYS_ADMIN (the deployment's own user) gets it through a user namespace of its own.
+    from tpu_worker.engines.vllm_process import _child_setup
+
+    python, setup = sys.executable, _child_setup(True)
+    if user == "unprivileged":
+        if os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK):
+            pytest.skip("needs root (to become nobody) and /usr/bin/python3")
+        python, inner = "/usr/bin/python3", setup
+
+        def setup():
+            import ctypes
+
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            # A uid change leaves the process undumpable (its /proc files root's): a worker
+            # started as its user, as a service starts it, is not.
+            ctypes.CDLL(None).prctl(4, 1)  # PR_SET_DUMPABLE
+            inner()
+
+    probe = (
+        "import os, socket, sys\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        "print(os.readlink('/proc/self/ns/net'), s.getsockname()[1], oct(os.umask(0)), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    try:
+        child = subprocess.Popen(
+            [python, "-c", probe],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+            preexec_fn=setup,  # noqa: PLW1509
+        )
+    except subprocess.SubprocessError as exc:
+        pytest.skip(f"this system refuses network namespaces: {exc}")
+    try:
+        ns, port, umask = child.stdout.readline().split()
+        assert ns != os.readlink("/proc/self/ns/net")
+        assert umask == "0o77"
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", int(port)), timeout=5).close()
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_server_without_the_abort_endpoint_still_ends_the_call_as_cancelled(engine):
     Fake.delay, Fake.abort_status = 0.05, 403  # vLLM without --enable-scale-out
     token = CancelToken()
@@ -240,11 +405,10 @@ def test_a_missing_vllm_environment_is_a_clear_refusal(catalog, tmp_path):
     assert exc.value.code == "engine_unavailable" and "setup-vllm.sh" in exc.value.message
     assert "--api-key" not in p.command()  # the key travels in the environment only
     assert p.environment()["VLLM_API_KEY"] == p.key
+    p.stop()
 
 
 def test_the_abort_endpoint_is_turned_on_only_for_a_vllm_that_has_it():
-    import sys
-
     from tpu_worker.engines.vllm_process import SCALE_OUT, VllmProcess
 
     p = VllmProcess(VllmSettings(python=sys.executable), "/x", "m", "float32", 64, True)
@@ -255,6 +419,22 @@ def test_the_abort_endpoint_is_turned_on_only_for_a_vllm_that_has_it():
     q = VllmProcess(VllmSettings(python=sys.executable, args=(SCALE_OUT,)), "/x", "m", "float32", 64, True)
     q.abort_endpoint = True
     assert q.command().count(SCALE_OUT) == 1
+    p.stop()
+    q.stop()
+
+
+def test_a_benchmark_of_an_engine_model_reports_its_engine_figures(engine):
+    from tpu_worker.engines.served import EngineModel
+
+    model = EngineModel(engine.entry, engine, "cpu", "float32", "eager", "now", {"load_s": 1.5})
+    args = bench_args(
+        model="tiny-gpt2", work="generate", seq_lens=[8], iterations=2, warmup=0, max_new_tokens=4, temperature=0
+    )
+    out = model.benchmark(None, args, OpContext("1"))
+    (c,) = out["configs"]
+    assert c["error"] is None and c["engine"] == "vllm" and c["iterations"] == 2
+    assert c["load_s"] == 1.5 and c["tokens_per_s"] > 0 and c["ttft_ms"]["p50"] > 0
+    assert out["manifest"]["engine"] == "vllm"
 
 
 def test_the_catalog_takes_engine_vllm_for_causal_lms_only(catalog):

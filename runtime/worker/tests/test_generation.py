@@ -13,7 +13,7 @@ from conftest import BUILTIN_CATALOG
 from tpu_worker.cancel import CancelToken
 from tpu_worker.catalog import Limits
 from tpu_worker.errors import WorkerError
-from tpu_worker.generation import kv
+from tpu_worker.generation import kv, rows
 from tpu_worker.generation.chat import load_chat_template
 from tpu_worker.generation.loop import DecodeLoop
 from tpu_worker.generation.params import GenParams, parse_params
@@ -525,6 +525,8 @@ def test_a_request_cancelled_while_queued_is_answered_without_running(shared_wor
 
 
 def test_a_model_whose_cache_cannot_be_reshaped_runs_one_batch_at_a_time(shared_worker, loop_of, monkeypatch):
+    # The dynamic loop (a model whose cache cannot be static either: generation/rows.py).
+    monkeypatch.setattr(rows, "static_cache_problem", lambda model: "not static")
     monkeypatch.setattr(kv, "tensors_of", lambda cache: None)
     adapter = shared_worker.served["tiny-gpt2"].adapter
     loop = loop_of()

@@ -123,3 +123,20 @@ def test_stray_prints_and_native_writes_go_to_stderr_not_the_protocol():
     assert p.returncode == 0, p.stderr
     assert p.stdout == b"FRAME"
     assert b"stray python print" in p.stderr and b"native write to fd 1" in p.stderr
+
+
+def test_status_names_the_model_libraries_imported_so_far(catalog_path):
+    """A fresh worker has not imported transformers (its first text-model load pays that, which
+    the server's load estimate prices); after that load its status says so."""
+    w = WorkerProcess(catalog_path, "--device", "cpu")
+    try:
+        h, _ = w.call("status", {}, id="st0")
+        assert h["result"]["libraries"] == []
+        h, _ = w.call("load", {"model": "mnist-cnn"}, id="ld0")
+        assert h["type"] == "result"
+        assert w.call("status", {}, id="st1")[0]["result"]["libraries"] == []  # plain torch
+        h, _ = w.call("load", {"model": "tiny-gpt2"}, id="ld1")
+        assert h["type"] == "result", h
+        assert w.call("status", {}, id="st2")[0]["result"]["libraries"] == ["transformers"]
+    finally:
+        w.close()

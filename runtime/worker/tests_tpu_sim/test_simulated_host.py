@@ -297,3 +297,49 @@ def test_the_worker_reexecs_itself_with_the_allocator_preloaded(tpu_python, cata
         assert env[b"LD_PRELOAD"] == lib.encode() and env[b"TPU_WORKER_TCMALLOC_PRELOADED"] == lib.encode()
     finally:
         assert w.close() == 0
+
+
+def test_train_step_compiles_for_the_tpu_and_times_each_step_to_its_synchronize(tpu_python, sim_host, tmp_path):
+    """The benchmark's work "train_step" on the simulated host: its compile call reaches
+    torch.compile (as TorchTPU patched it) with backend "tpu" and dynamic=False, and every
+    measured step ends at the platform's synchronize, which finds 0.05 s of device work queued:
+    a step timed without it would take about a millisecond. The model runs on the host (no kernel
+    runs on `tpu` here); the device object, platform and clock reads are the TPU path's."""
+    log = str(tmp_path / "calls.log")
+    script = r"""
+import json, torch, torch_tpu._loader as L
+from tpu_worker import adapters
+from tpu_worker.bench import train_bench, train_step
+from tpu_worker.bench.host import ProcHost
+from tpu_worker.bench.stability import Goal
+from tpu_worker.cancel import CancelToken
+seen = []
+L._torch_compile = lambda *a, **k: seen.append({"backend": k.get("backend"), "dynamic": k.get("dynamic")}) or a[0]
+source = object.__new__(adapters.TensorModel)
+source.device, source.eager_model = torch.device("tpu:0"), adapters.MnistCNN()
+trainer = train_step.Trainer(source, "float32", "compile", "sgd")
+g = torch.Generator().manual_seed(0)
+batch = {"x": torch.randn((2, 1, 28, 28), generator=g), "labels": torch.tensor([1, 7])}
+res = train_bench.measure_train(
+    trainer, batch, warmup=1, goal=Goal(3, None, 1, 10, 60.0), host=ProcHost(), token=CancelToken()
+)
+print(json.dumps({
+    "seen": seen, "backend": trainer.compile_backend, "platform": type(trainer.platform).__name__,
+    "iterations": res["iterations"], "p50_ms": res["latency_ms"]["p50"], "steps": res["train_steps"],
+    "peak_kind": res["peak_memory_kind"], "loss": [res["loss_first"], res["loss_final"]],
+}))
+"""
+    env = make_env(sim_host, log, TPU_SIM_SYNC_WORK_S="0.05")
+    p = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
+        [tpu_python, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=WORKER_DIR
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["seen"] == [{"backend": "tpu", "dynamic": False}] and out["backend"] == "tpu"
+    assert out["platform"] == "TpuPlatform"
+    assert out["iterations"] == 3 and out["steps"] == 4 and out["loss"][0] != out["loss"][1]
+    assert out["p50_ms"] >= 50  # the queued device work, waited for before the clock was read
+    calls = [line.split()[1:] for line in _read(log).splitlines()]
+    syncs = [c for c in calls if c[:1] == ["_accelerator_synchronizeDevice"]]
+    assert len(syncs) >= 2 * out["steps"], calls  # before and after every step
+    assert out["peak_kind"] != "cpu_peak_rss"  # the device's memory, not the host's

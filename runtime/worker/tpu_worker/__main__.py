@@ -68,6 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-weight-bytes", type=int, default=None, help="refuse weights larger than this")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     p.add_argument(
+        "--compile-cache",
+        default=None,
+        help="folder for compiled graphs kept across restarts (mode compile; the server's data_dir/compile-cache)",
+    )
+    p.add_argument(
         "--tpu-eager", choices=("strict", "fused", "blocking"), default="strict", help="TorchTPU eager execution mode"
     )
     p.add_argument(
@@ -111,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.compile_cache:
+        from .compiles import CACHE_ENV
+
+        os.environ[CACHE_ENV] = args.compile_cache
     try:
         catalog = load_catalog(args.catalog)
     except CatalogError as exc:

@@ -54,10 +54,12 @@ class Batcher(Inbox):
         max_wait_ms: float,
         enabled: bool = True,
         reply_scope=None,
+        warm=None,
     ) -> None:
         super().__init__(reply_scope)
         self.name = name
         self._run = run_batch
+        self._warm = warm
         # Batching off (or zero wait) means one request per forward, for honest on/off comparisons.
         self.enabled = enabled and max_wait_ms > 0 and max_batch > 1
         self.max_batch = max_batch
@@ -80,6 +82,10 @@ class Batcher(Inbox):
         p = _Pending(prepared, token, trace=trace)
         self._enqueue(p, trace)
         return p.future
+
+    def warm(self, progress, token) -> int:
+        """Before the first request: every shape of the adapter's plan once."""
+        return self._warm(progress, token) if self._warm is not None else 0
 
     def close(self, reason: str) -> None:
         with self._cond:

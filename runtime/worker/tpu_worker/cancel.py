@@ -1,9 +1,9 @@
 """Cancellation tokens: `cancel` messages set them; long loops check them between steps.
 
-A token carries why it was stopped: "cancelled" (the caller's cancel), "budget" or "timeout"
-(the server's cap). A generation finishes its sequences with that reason as finish_reason; a
-benchmark ends its grid with what it measured, marked `stopped`; everything else raises
-`Cancelled`, whose message says why.
+A token carries why it was stopped: "cancelled" (the caller's cancel), "budget", "timeout" or
+"approval" (the server's cap; "approval": the call ran past what was approved). A generation
+finishes its sequences with that reason as finish_reason; a benchmark ends its grid with what it
+measured, marked `stopped`; everything else raises `Cancelled`, whose message says why.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import threading
 
 from .errors import Cancelled
 
-REASONS = ("cancelled", "budget", "timeout")
+REASONS = ("cancelled", "budget", "timeout", "approval")
+STOPS = ("budget", "timeout", "approval")
 
 
 class CancelToken:
@@ -38,9 +39,10 @@ class CancelToken:
 
     @property
     def stopped(self) -> str | None:
-        """The server's stop ("budget" or "timeout"); None otherwise (not cancelled, or by the caller)."""
+        """The server's stop ("budget", "timeout" or "approval"); None otherwise (not cancelled, or
+        by the caller)."""
         r = self.reason
-        return r if r in ("budget", "timeout") else None
+        return r if r in STOPS else None
 
     def check(self) -> None:
         if self._event.is_set():

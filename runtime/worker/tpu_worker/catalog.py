@@ -47,6 +47,14 @@ class Batching:
 
 
 @dataclass(frozen=True)
+class Shapes:
+    """The entry's shape plan buckets (tpu_worker/shapes.py); None: the defaults."""
+
+    batch_buckets: tuple[int, ...] | None = None
+    length_buckets: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Source:
     path: str | None = None
     hub: str | None = None
@@ -75,6 +83,7 @@ class Entry:
     input: InputSpec | None
     labels: tuple[str, ...] | None = None
     engine: str = "torch"
+    shapes: Shapes = Shapes()
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,8 @@ def parse_entry(raw: Any, where: str) -> Entry:
             'engine "vllm" serves causal-lm models in hf-safetensors format',
         )
 
+    shapes = _shapes(raw.get("shapes"), f"{where}.shapes", limits)
+
     description = raw.get("description", "")
     _need(isinstance(description, str), f"{where}.description", "expected a string")
     return Entry(
@@ -237,6 +248,33 @@ def parse_entry(raw: Any, where: str) -> Entry:
         spec,
         labels,
         engine,
+        shapes,
+    )
+
+
+def _buckets(raw: Any, where: str, top: int) -> tuple[int, ...] | None:
+    if raw is None:
+        return None
+    _need(
+        isinstance(raw, list)
+        and 0 < len(raw) <= 16
+        and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= top for v in raw)
+        and raw == sorted(set(raw)),
+        where,
+        f"expected 1-16 ascending distinct integers in 1..{top}",
+    )
+    return tuple(raw)
+
+
+def _shapes(raw: Any, where: str, limits: Limits) -> Shapes:
+    if raw is None:
+        return Shapes()
+    _need(isinstance(raw, dict), where, "expected an object {batch_buckets?, length_buckets?}")
+    unknown = set(raw) - {"batch_buckets", "length_buckets"}
+    _need(not unknown, where, f"unknown key {sorted(unknown)[0] if unknown else ''!r}")
+    return Shapes(
+        _buckets(raw.get("batch_buckets"), f"{where}.batch_buckets", limits.max_batch),
+        _buckets(raw.get("length_buckets"), f"{where}.length_buckets", max(limits.max_seq_len, 1)),
     )
 
 

@@ -58,6 +58,8 @@ class Cancelled(WorkerError):
             return cls("the request was stopped: its device-time budget ran out")
         if reason == "timeout":
             return cls("the request was stopped: it ran past its time limit")
+        if reason == "approval":
+            return cls("the request was stopped: it ran past the estimate it was approved for")
         return cls()
 
 

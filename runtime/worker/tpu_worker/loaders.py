@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from .catalog import Catalog, Entry
 from .errors import WorkerError
 
+# Beside a model that set-up could not make: a file with this suffix holds the reason
+# (written by tpu_worker.builtin, read here so the load error says why).
+UNAVAILABLE_SUFFIX = ".unavailable"
+
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # The safetensors reference implementation caps the header at 100 MB; so do we.
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
@@ -85,12 +89,24 @@ def resolve_source(entry: Entry, catalog: Catalog) -> str:
             "(through '..', an absolute path or a symlink); move the files under a model root",
         )
     if not os.path.exists(real):
+        # The set-up leaves a note beside a built-in it could not make (tpu_worker.builtin).
+        note = _unavailable_note(real)
+        if note:
+            raise WorkerError("weights_missing", f"model {entry.id!r} is unavailable: {note}")
         raise WorkerError(
             "weights_missing",
             f"model {entry.id!r}: {_display(entry)} does not exist under the model root; for the "
             "built-in models run `npm run setup` (python -m tpu_worker.builtin --out .data/models)",
         )
     return real
+
+
+def _unavailable_note(real: str) -> str | None:
+    try:
+        with open(real + UNAVAILABLE_SUFFIX, encoding="utf-8") as fh:
+            return fh.read(500).strip() or None
+    except OSError:
+        return None
 
 
 def _check_inside(real: str, catalog: Catalog, entry: Entry, name: str) -> None:

@@ -28,6 +28,7 @@ from .adapters import Adapter, build_adapter, read_config
 from .cancel import CancelToken
 from .catalog import Catalog, Entry
 from .check import run_check
+from .compiles import CompileCounter
 from .errors import WorkerError, invalid
 from .kinds import implementation_for
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
@@ -201,8 +202,10 @@ class Worker:
         mode: str,
         warmup_shapes: list[dict],
         token: CancelToken,
+        counter: CompileCounter | None = None,
     ) -> tuple[Adapter, dict]:
-        """Creates an adapter and runs compile + warmup; returns it with timing figures."""
+        """Creates an adapter and runs compile + warmup; returns it with timing figures. An
+        adapter with a shape plan compiles nothing here: its server warms the plan (TorchModel)."""
         t0 = time.perf_counter()
         adapter = build_adapter(entry, self.catalog, info, device, dtype)
         platform_for(device).synchronize(device)
@@ -211,7 +214,8 @@ class Worker:
         compile_s = 0.0
         shapes = list(warmup_shapes)
         if mode == "compile":
-            adapter.compile()
+            adapter.compile(counter)
+        if mode == "compile" and adapter.plan is None:
             first = shapes.pop(0) if shapes else {"batch": 1, "seq_len": adapter.default_seq_len()}
             t1 = time.perf_counter()
             with torch.no_grad():
@@ -276,7 +280,10 @@ class Worker:
         return describe_models(self), []
 
     def op_status(self, args: dict, tensors, ctx: OpContext):
-        return worker_status(self), []
+        checksums = args.get("weights_checksum", False)
+        if not isinstance(checksums, bool):
+            raise invalid("args.weights_checksum must be true or false")
+        return worker_status(self, checksums=checksums), []
 
     def op_load(self, args: dict, tensors, ctx: OpContext):
         entry = self.catalog.get(args.get("model"))

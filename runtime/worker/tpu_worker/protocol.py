@@ -39,7 +39,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 MESSAGE_TYPES = ("request", "cancel", "ping")
-CANCEL_REASONS = ("cancelled", "budget", "timeout")
+CANCEL_REASONS = ("cancelled", "budget", "timeout", "approval")
 _LITTLE = sys.byteorder == "little"
 
 
@@ -75,7 +75,8 @@ class Request:
 @dataclass(frozen=True)
 class Cancel:
     id: str
-    # "cancelled" (the caller), or "budget" / "timeout": the server stopped the call.
+    # "cancelled" (the caller), or "budget" / "timeout" / "approval" (past what was approved):
+    # the server stopped the call.
     reason: str = "cancelled"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -13,6 +14,9 @@ from .adapters.text import model_chat_template
 from .errors import WorkerError
 from .memory import rss_bytes
 from .probe import refresh_memory
+
+# Libraries a model build may import on first use (adapters/build.py).
+MODEL_LIBRARIES = ("transformers",)
 
 
 def describe_models(worker) -> dict:
@@ -56,11 +60,18 @@ def describe_models(worker) -> dict:
     return {"models": models}
 
 
-def worker_status(worker) -> dict:
-    """The `status` op: device memory now, loaded models, versions, uptime."""
+def _status_row(m, checksums: bool) -> dict:
+    row = m.status_row()
+    digest = m.weights_checksum() if checksums else None  # None: no weights in this process
+    return {**row, "weights_checksum": digest} if digest else row
+
+
+def worker_status(worker, *, checksums: bool = False) -> dict:
+    """The `status` op: device memory now, loaded models, versions, uptime; with `checksums`, a
+    checksum of each torch model's weights in memory (reads every weight: slow on large models)."""
     device = refresh_memory(worker.device_info)
     devices = [device if d["index"] == device["index"] else d for d in worker.probe.devices]
-    loaded = [m.status_row() for m in list(worker.served.values())]
+    loaded = [_status_row(m, checksums) for m in list(worker.served.values())]
     return {
         "device": device,
         "devices": devices,
@@ -71,6 +82,9 @@ def worker_status(worker) -> dict:
         "eager_mode": worker.platform.eager_mode_report(worker.device),
         "matmul_precision": worker.platform.matmul_precision(worker.device),
         "loaded": loaded,
+        # The model libraries imported so far: the first load that needs one pays its import
+        # (seconds to a minute on a busy host), which the server's estimate prices.
+        "libraries": sorted(lib for lib in MODEL_LIBRARIES if lib in sys.modules),
         "rss_bytes": rss_bytes(),
         "uptime_s": round(time.monotonic() - worker.started, 3),
         "worker_version": __version__,

@@ -84,6 +84,11 @@ class Served(ABC):
     def describe(self) -> dict:
         return {}
 
+    def weights_checksum(self) -> str | None:
+        """A checksum of the weights this process holds for the model as they are now (None:
+        it holds none, e.g. an engine's)."""
+        return None
+
     def lend(self, device: torch.device, dtype: str, mode: str) -> Lease | None:
         """This model's adapter lent to a run on `device` as `dtype` in `mode` (benchmark, check,
         the fp32 reference) when it has one that matches; None: the run builds its own copy."""

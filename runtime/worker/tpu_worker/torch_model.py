@@ -7,6 +7,8 @@ built and are the only thread a model's forward runs on for `infer`.
 
 from __future__ import annotations
 
+import hashlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,7 @@ from .adapters import Adapter, CausalLM
 from .batching import Batcher
 from .bench import run_benchmark
 from .catalog import Entry
+from .compiles import CompileCounter, cache_hits, use_cache_dir
 from .errors import invalid
 from .generation.loop import DecodeLoop
 from .loaders import WeightsInfo
@@ -68,6 +71,7 @@ def make_batcher(entry: Entry, adapter: Adapter, batching: bool, reply_scope: Re
         max_wait_ms=entry.batching.max_wait_ms,
         enabled=batching,
         reply_scope=reply_scope,
+        warm=adapter.warm,
     )
 
 
@@ -83,6 +87,7 @@ class TorchModel(Served):
     loaded_at: str
     info: WeightsInfo
     report: dict
+    compiles: CompileCounter | None = None  # mode "compile": graphs at load, recompiles since
 
     @classmethod
     def load(cls, lc: LoadContext) -> TorchModel:
@@ -98,10 +103,25 @@ class TorchModel(Served):
         estimated = w.check_memory(entry, lc.info, lc.dtype, device)
         w.matmul_precision_arg(precision_arg)
         ctx.progress(0, 3, f"loading {entry.id} ({lc.dtype}, {lc.mode}) on {device}")
-        adapter, timings = w.build(entry, lc.info, device, lc.dtype, lc.mode, shapes, ctx.token)
+        compiled = lc.mode == "compile"
+        counter = CompileCounter(entry.id) if compiled else None
+        cache_dir = use_cache_dir() if compiled else None
+        hits = cache_hits()
+        adapter, timings = w.build(entry, lc.info, device, lc.dtype, lc.mode, shapes, ctx.token, counter)
         batcher = make_batcher(entry, adapter, batching, lc.reply_scope)
         plat = platform_for(device)
-        compiled = lc.mode == "compile"
+        warmed = 0
+        if counter is not None:
+            # Compile once, at load: every shape of the plan now, none in a caller's request.
+            t0 = time.perf_counter()
+            try:
+                warmed = batcher.warm(ctx.progress, ctx.token)
+                plat.synchronize(device)
+            except BaseException:
+                batcher.close(f"loading {entry.id!r} failed")
+                raise
+            timings["compile_s"] = round(timings["compile_s"] + time.perf_counter() - t0, 6)
+            counter.loaded()
         report = {
             "parameters": adapter.parameters(),
             "bytes_on_device": adapter.bytes_on_device(),
@@ -114,8 +134,17 @@ class TorchModel(Served):
             "execution_mode": plat.execution_mode(device),
             "eager_mode": plat.eager_mode_report(device),
             "batching": batcher.describe(),
+            "shape_plan": adapter.plan.report() if adapter.plan else None,
         }
-        return cls(entry, adapter, batcher, w.label(device), lc.dtype, lc.mode, estimated, now_iso(), lc.info, report)
+        if counter is not None:
+            hit = cache_hits() - hits
+            report["graphs_compiled"] = counter.at_load
+            report["shapes_warmed"] = warmed
+            # Warm: inductor found compiled graphs on disk (a restarted worker, the same model).
+            report["compile_cache"] = {"dir": cache_dir, "hits": hit, "warm": hit > 0}
+        return cls(
+            entry, adapter, batcher, w.label(device), lc.dtype, lc.mode, estimated, now_iso(), lc.info, report, counter
+        )
 
     @property
     def answers_cancel(self) -> bool:  # type: ignore[override]
@@ -153,8 +182,20 @@ class TorchModel(Served):
             "bytes_on_device": self.adapter.bytes_on_device(),
             "queue_depth": self.batcher.queue_depth,
             "batching": {**self.batcher.describe(), **vars(self.batcher.stats)},
+            "shape_plan": self.adapter.plan.report() if self.adapter.plan else None,
+            "shapes": self.adapter.shapes.report(),
+            **({"compiles": self.compiles.report()} if self.compiles is not None else {}),
             "loaded_at": self.loaded_at,
         }
+
+    def weights_checksum(self) -> str | None:
+        return state_checksum(self.adapter.eager_model)
+
+    def describe(self) -> dict:
+        # How it is served now: for generation, whether the decode loop's KV cache is static
+        # (and why not, where it cannot be).
+        plan = self.adapter.plan
+        return {"serving": self.batcher.describe(), "shape_plan": plan.report() if plan else None}
 
     def lend(self, device: torch.device, dtype: str, mode: str) -> Lease | None:
         a = self.adapter
@@ -164,3 +205,13 @@ class TorchModel(Served):
 
     def bytes_on(self, device: torch.device) -> int:
         return self.adapter.bytes_on_device() if self.adapter is not None and self.adapter.device == device else 0
+
+
+def state_checksum(module: torch.nn.Module) -> str:
+    """SHA-256 over the module's state (names, dtypes, shapes and bytes) as it is in memory now:
+    what `status` reports when asked, so a client can see that nothing wrote to a served model."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return "sha256:" + h.hexdigest()

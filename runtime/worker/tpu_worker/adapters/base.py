@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from ..catalog import Entry
+from ..compiles import CompileCounter, allow_graphs, counted_backend
 from ..platforms import platform_for
+from ..shapes import ShapeCounter, ShapePlan
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MIN_BUCKET = 8
@@ -54,6 +56,9 @@ class Adapter:
         self.dtype = dtype
         self.torch_dtype = TORCH_DTYPES[dtype]
         self.mode = "eager"
+        # The shapes this model's forwards may take (set by the architecture) and those it took.
+        self.plan: ShapePlan | None = None
+        self.shapes = ShapeCounter()
 
     # -- accounting ---------------------------------------------------------------------------
     def _unique_tensors(self) -> list[torch.Tensor]:
@@ -77,11 +82,32 @@ class Adapter:
         return sum(t.numel() * t.element_size() for t in self._unique_tensors())
 
     # -- execution ----------------------------------------------------------------------------
-    def compile(self) -> None:
-        backend = platform_for(self.device).compile_backend(self.device)
+    def compile(self, counter: CompileCounter | None = None) -> None:
+        """torch.compile with the platform's backend (counting each graph into `counter`)."""
+        name = platform_for(self.device).compile_backend(self.device)
         self.compile_dynamic = self._dynamic()
+        backend = counted_backend(name, counter) if counter is not None else name
+        if self.plan is not None:
+            # One graph per shape of the plan for the same code: dynamo must keep them all
+            # rather than fall back to eager after its default of 8.
+            allow_graphs(self.plan.size + 8)
         self.model = torch.compile(self.eager_model, backend=backend, dynamic=self.compile_dynamic)
         self.mode = "compile"
+
+    def warm(self, progress, token) -> int:
+        """Runs every forward shape of the plan once (a compiled model compiles them now, not in
+        a caller's request); returns how many. Architectures without a plan warm nothing."""
+        if self.plan is None:
+            return 0
+        shapes = self.plan.forward_shapes()
+        for i, (_, b, n) in enumerate(shapes):
+            token.check()
+            progress(i, len(shapes), f"warming batch {b}" + (f", length {n}" if n else ""))
+            with torch.no_grad():
+                out = self.forward_example(self.example(b, n or None))
+            platform_for(self.device).synchronize(self.device)
+            del out
+        return len(shapes)
 
     def _dynamic(self) -> bool | None:
         return False  # shapes are bucketed, so static graphs are reused

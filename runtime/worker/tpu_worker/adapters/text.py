@@ -12,10 +12,13 @@ from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
 from ..generation.params import GenParams, GenRequest, parse_generation
+from ..generation.rows import StaticRows
 from ..generation.sampling import sample, sequence_generator
+from ..generation.slots import static_cache_problem
 from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
+from ..shapes import ShapePlan
 from .base import Adapter, Output, Prepared, StopFn, seq_bucket
 
 
@@ -41,6 +44,17 @@ def _random_ids(batch: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor
     g = torch.Generator().manual_seed(seed)
     low = min(1000, max(vocab - 1, 1))
     return torch.randint(low, vocab, (batch, seq_len), generator=g)
+
+
+def pooled_embedding(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The encoder's last hidden state mean-pooled over the attention mask, L2-normalised (what
+    sentence-transformers computes); the benchmark's training loss pools the same way."""
+    hidden = model(**inputs).last_hidden_state
+    mask = inputs["attention_mask"].unsqueeze(-1).to(torch.float32)
+    # Pool in float32 so bf16/fp16 models lose no extra precision in the reduction.
+    summed = (hidden.to(torch.float32) * mask).sum(dim=1)
+    pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
 
 class SentenceEmbedder(Adapter):
@@ -84,12 +98,7 @@ class SentenceEmbedder(Adapter):
         return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
 
     def _embed(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        hidden = self.model(**inputs).last_hidden_state
-        mask = inputs["attention_mask"].unsqueeze(-1).to(torch.float32)
-        # Pool in float32 so bf16/fp16 models lose no extra precision in the reduction.
-        summed = (hidden.to(torch.float32) * mask).sum(dim=1)
-        pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled_embedding(self.model, inputs)
 
     def run_batch(self, batch, should_stop) -> list[Output]:
         rows = [r for p in batch for r in p.payload]
@@ -134,6 +143,14 @@ class CausalLM(Adapter):
         self.vocab = int(cfg.vocab_size)
         self.n_positions = int(getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", 1024))
         self.max_len = min(max_len, self.n_positions)
+        shapes = entry.shapes
+        self.plan = ShapePlan.for_model(
+            shapes.batch_buckets,
+            shapes.length_buckets,
+            max_batch=entry.limits.max_batch,
+            max_len=self.max_len,
+            generation=True,
+        )
         self.pad_id = valid_id(cfg.pad_token_id, self.vocab, 0)
         self.eos_id = valid_id(cfg.eos_token_id, self.vocab, None)
         self.bos_id = valid_id(cfg.bos_token_id, self.vocab, self.eos_id if self.eos_id is not None else 0)
@@ -143,8 +160,11 @@ class CausalLM(Adapter):
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def _dynamic(self):
-        # The KV cache grows every step: let dynamo mark that dimension dynamic, where the
-        # backend allows it (TorchTPU does not: see TpuPlatform.compile_dynamic).
+        # The static decode loop's shapes are the plan's: one static graph each. A dynamic cache
+        # grows every step: let dynamo mark that dimension dynamic, where the backend allows it
+        # (TorchTPU does not: see TpuPlatform.compile_dynamic).
+        if static_cache_problem(self.eager_model) is None:
+            return False
         return platform_for(self.device).compile_dynamic
 
     def prepare(self, args, tensors) -> Prepared:
@@ -175,11 +195,39 @@ class CausalLM(Adapter):
         return ids or [self.bos_id]
 
     # -- the decode loop's steps ------------------------------------------------------------
-    def _forward(self, ids, mask, pos, cache=None):
+    def _forward(self, ids, mask, pos, cache=None, cache_position=None):
         kw = {self._cache_kw: cache} if cache is not None else {}
+        if cache_position is not None:
+            kw["cache_position"] = cache_position
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kw, **self._last_only)
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         return out.logits[:, -1, :], cache
+
+    def padded_prompts(self, prompts: list[list[int]], batch: int, length: int):
+        """`prompts` left padded to [batch, length] (rows past the prompts hold one pad token, so
+        no row of the attention is empty): (ids, mask, positions) on the device."""
+        ids = torch.full((batch, length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, length), dtype=torch.long)
+        mask[len(prompts) :, -1] = 1
+        for i, p in enumerate(prompts):
+            ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, length - len(p) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def prefill_static(self, prompts: list[list[int]], batch: int, length: int):
+        """A prefill at one of the plan's shapes [batch, length]: (last logits [batch, vocab],
+        per-layer keys and values [batch, heads, length, dim], mask, last positions [batch, 1])."""
+        ids, mask, pos = self.padded_prompts(prompts, batch, length)
+        logits, cache = self._forward(ids, mask, pos)
+        keys = [layer.keys for layer in cache.layers]
+        values = [layer.values for layer in cache.layers]
+        return logits, keys, values, mask, pos[:, -1:]
+
+    def step_static(self, tokens: torch.Tensor, cache, mask: torch.Tensor, pos: torch.Tensor, column: torch.Tensor):
+        """One token per slot of a static cache view (generation/slots.py): logits [slots, vocab]."""
+        logits, _ = self._forward(tokens[:, None], mask, pos, cache, cache_position=column)
+        return logits
 
     def prefill(self, prompts: list[list[int]], room: int):
         """Runs the prompts (left padded to a bucket, leaving `room` positions to generate):
@@ -217,7 +265,23 @@ class CausalLM(Adapter):
         stopped = False
         gens = [sequence_generator(sampling.seed, i) for i in range(b)] if sampling and not sampling.greedy else None
         with torch.no_grad():
-            logits, cache, mask, pos = self.prefill(prompts, max_new)
+            # The plan's shapes, as the decode loop runs them (a compiled model compiled them at
+            # load), over a static cache of its own; a growing dynamic cache where it cannot be.
+            if self.plan is not None and static_cache_problem(self.eager_model) is None:
+                static = StaticRows(
+                    self, self.plan, self.shapes, self.plan.lengths[-1] + self.entry.limits.max_new_tokens
+                )
+                logits = static.join(prompts, max_new)
+
+                def advance(nxt):
+                    return static.step(nxt.tolist())
+            else:
+                logits, *state = self.prefill(prompts, max_new)
+
+                def advance(nxt):
+                    out, *state[:] = self.step(nxt, *state)
+                    return out
+
             for i in range(max_new):
                 if gens is None:
                     nxt = logits.argmax(-1)
@@ -234,7 +298,7 @@ class CausalLM(Adapter):
                 if should_stop():
                     stopped = True
                     break
-                logits, cache, mask, pos = self.step(nxt, cache, mask, pos)
+                logits = advance(nxt)
         tokens = torch.stack(new, dim=1).to("cpu").tolist() if new else [[] for _ in range(b)]
         result = []
         for row in tokens:

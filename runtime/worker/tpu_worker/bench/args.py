@@ -13,9 +13,10 @@ from typing import Any
 
 from ..errors import WorkerError, invalid
 from ..generation.params import GenParams, parse_sampling
+from .train_step import OPTIMIZERS, TRAIN_PRECISIONS
 
 SCENARIOS = ("single-stream", "offline")
-WORKS = ("forward", "generate")
+WORKS = ("forward", "generate", "train_step")
 MODES = ("eager", "compile")
 MAX_LIST = 16  # a sanity bound on the wire; the server's own is tighter
 MAX_EXTEND_FACTOR = 16
@@ -67,6 +68,8 @@ class Plan:
     temperature: float
     seed: int | None
     matmul_precision: str | None
+    # work "train_step" only: the optimizer of every step (None for other works).
+    optimizer: str | None
     # An unstable series runs up to extend_factor x its requested window, within these bounds.
     extend_factor: int
     max_iterations: int
@@ -104,7 +107,9 @@ def plan(entry, args: dict) -> Plan:
         raise invalid(f"args.seq_lens: model {entry.id!r} takes tensors, not sequences; omit seq_lens")
     else:
         seq_lens = [None]
-    dtypes = _str_list(args, "dtypes", entry.dtypes, "unsupported_dtype")
+    # Training keeps float32 weights; bfloat16 is autocast over them (float16 would need a scaler).
+    allowed = tuple(TRAIN_PRECISIONS) if work == "train_step" else entry.dtypes
+    dtypes = _str_list(args, "dtypes", allowed, "unsupported_dtype")
     dtypes.sort(key=lambda d: d != "float32")  # the float32 reference is built first
     modes = _str_list(args, "modes", MODES)
     warmup = _int(args, "warmup", 0, bounds.max_warmup)
@@ -123,6 +128,13 @@ def plan(entry, args: dict) -> Plan:
         given = [k for k in ("temperature", "seed") if args.get(k) is not None]
         if given:
             raise invalid(f"args.{given[0]}: only work 'generate' samples")
+    optimizer = None
+    if work == "train_step":
+        optimizer = _required(args, "optimizer")
+        if optimizer not in OPTIMIZERS:
+            raise invalid(f"args.optimizer must be one of {', '.join(OPTIMIZERS)}")
+    elif args.get("optimizer") is not None:
+        raise invalid("args.optimizer: only work 'train_step' takes an optimizer")
     extend_factor = _int(args, "extend_factor", 1, MAX_EXTEND_FACTOR)
     grid = len(batch_sizes) * len(seq_lens) * len(dtypes) * len(modes)
     if grid > bounds.max_configs:
@@ -141,6 +153,7 @@ def plan(entry, args: dict) -> Plan:
         temperature=temperature,
         seed=seed,
         matmul_precision=args.get("matmul_precision"),
+        optimizer=optimizer,
         extend_factor=extend_factor,
         max_iterations=int(bounds.max_iterations),
         max_duration_s=float(bounds.max_duration_s),
@@ -204,4 +217,6 @@ def _scenario_and_work(args: dict, entry) -> tuple[str, str]:
         raise invalid(f"args.work must be one of {', '.join(WORKS)}")
     if work == "generate" and entry.task != "text-generation":
         raise invalid("work 'generate' needs a text-generation model")
+    if work == "train_step" and scenario != "single-stream":
+        raise invalid("work 'train_step' runs in the single-stream scenario only (one step at a time)")
     return scenario, work

@@ -21,6 +21,7 @@ from .host import HostSource, ProcHost
 from .measure import SEED, measure, recompile_room
 from .reference import Reference
 from .stability import Goal
+from .train_bench import run_train
 
 
 def run_benchmark(worker, args: dict, ctx) -> dict:
@@ -32,6 +33,8 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
     precision_requested = worker.matmul_precision_arg(p.matmul_precision)
     _, info = worker.entry_and_weights(entry.id)
     manifest = _manifest(worker, entry, info, device, p, precision_requested)
+    if p.work == "train_step":
+        return _train_report(worker, entry, info, device, p, ctx, manifest)
     configs: list[dict] = []
     cancelled = False
     done = 0
@@ -91,6 +94,27 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
         "manifest": manifest,
         "configs": configs,
         "cancelled": cancelled and stopped is None,
+        **({"stopped": stopped} if stopped else {}),
+    }
+
+
+def _train_report(worker, entry, info, device, p, ctx, manifest) -> dict:
+    """Work "train_step" (train_bench.py): its grid trains copies; no float32 output reference."""
+    ctx.progress(0, p.configs, f"training {entry.id}: {p.configs} configuration(s), optimizer {p.optimizer}")
+    try:
+        configs, cut = run_train(worker, entry, info, device, p, ctx, manifest, _failed)
+    except WorkerError as exc:
+        if exc.code != "cancelled":
+            raise
+        configs, cut = [], True
+    manifest["precision_reference"] = "loss_drift_vs_fp32: the float32 loss series of the same shape and mode"
+    manifest["peak_memory_kind"] = next((c["peak_memory_kind"] for c in configs if c.get("peak_memory_kind")), None)
+    manifest["finished_at"] = now_iso()
+    stopped = ctx.token.stopped if cut else None
+    return {
+        "manifest": manifest,
+        "configs": configs,
+        "cancelled": cut and stopped is None,
         **({"stopped": stopped} if stopped else {}),
     }
 
@@ -328,6 +352,7 @@ class _Run:
             else (flops.peak_flops(self.kind, self.name, self.dtype, self.matmul_precision))
         )
         compile_s = max(0.0, res["first_call_s"] - mean_s) if self.mode == "compile" else 0.0
+        fraction, fault = fraction_of_peak(achieved, peak, source)
         return {
             **self.base(b, s),
             **res,
@@ -341,6 +366,20 @@ class _Run:
             "achieved_flops_per_s": round(achieved, 1) if achieved else None,
             "peak_flops_per_s": peak,
             "peak_flops_source": source,
-            "fraction_of_peak": round(achieved / peak, 6) if achieved and peak else None,
+            "fraction_of_peak": round(fraction, 6) if fraction is not None else None,
+            "fraction_of_peak_fault": fault,
             "error": None,
         }
+
+
+def fraction_of_peak(achieved: float | None, peak: float | None, source: str) -> tuple[float | None, str | None]:
+    """(the fraction of peak, the fault when it cannot be true). No run beats its device's peak:
+    above 1 the figure is a measurement fault (on a CPU, a peak measured while other work ran),
+    flagged and never reported as a fraction, as train_bench.py does for training steps."""
+    fraction = achieved / peak if achieved and peak else None
+    if fraction is None or fraction <= 1:
+        return fraction, None
+    return None, (
+        f"measured {achieved:.3g} FLOP/s exceeds the peak of {peak:.3g} ({source}): a measurement fault "
+        "(on a CPU, a peak measured while other work ran), so no fraction is reported"
+    )

@@ -1,6 +1,7 @@
-"""A small HTTP client for an OpenAI-compatible engine on loopback: JSON calls and server-sent
-event streams that a cancel token can cut at any moment (stdlib only: the worker's environment
-stays as it is)."""
+"""A small HTTP client for an OpenAI-compatible engine: JSON calls and server-sent event streams
+that a cancel token can cut at any moment, over TCP (an operator-run server) or a Unix domain
+socket (the server the worker starts: vllm_process.py). Stdlib only: the worker's environment
+stays as it is."""
 
 from __future__ import annotations
 
@@ -27,12 +28,33 @@ class EngineHttpError(Exception):
         self.message = message
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over a Unix domain socket (the Host header says "localhost")."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    url: str  # http://host:port, no path
+    url: str  # http://host:port, no path (with `uds`: only the scheme counts)
     key: str | None
+    uds: str | None = None  # the path of the server's Unix domain socket, instead of host:port
 
     def _conn(self, timeout: float) -> http.client.HTTPConnection:
+        if self.uds is not None:
+            return _UnixConnection(self.uds, timeout)
         parts = urlsplit(self.url)
         if parts.scheme == "https":
             return http.client.HTTPSConnection(parts.hostname or "", parts.port or 443, timeout=timeout)
@@ -93,6 +115,9 @@ class Endpoint:
         reads the stream is held up elsewhere."""
         conn = self._conn(timeout)
         done = threading.Event()
+        # The request's socket once sent: a response that closes the connection at its end
+        # (HTTP/1.0, "Connection: close") takes it from conn.sock, which is then None.
+        sent: list[socket.socket] = []
 
         def watch() -> None:
             while not token.wait(0.05):
@@ -101,7 +126,7 @@ class Endpoint:
             # Cancelled: shut the socket as soon as there is one (a cancel that lands while it
             # connects must still cut it), until the stream ends here.
             while not done.is_set():
-                sock = conn.sock
+                sock = conn.sock or (sent[0] if sent else None)
                 if sock is not None:
                     with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
@@ -118,6 +143,8 @@ class Endpoint:
                 conn.request(
                     "POST", path, body=json.dumps(payload).encode(), headers={**self._headers(True), **(headers or {})}
                 )
+                if conn.sock is not None:
+                    sent.append(conn.sock)
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 token.check()

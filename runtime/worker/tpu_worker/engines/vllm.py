@@ -192,6 +192,9 @@ class VllmEngine:
             "restarts": p.restarts if p else 0,
             "last_error": p.last_error if p else None,
             "ready_s": p.ready_s if p else None,
+            # Where a started server's internal ports are: "private" (its own network namespace)
+            # or "host" (the system refused one). Its HTTP is a Unix socket only this user reaches.
+            "network": p.network if p else None,
             "requests_sent": self.counters.requests,
             "failures": self.counters.failures,
             "in_flight": self.counters.in_flight,
@@ -255,10 +258,16 @@ class VllmEngine:
         token.check()  # a call cancelled before it started sends nothing
         rid = f"tpu-mcp-{secrets.token_hex(12)}"
         once = threading.Lock()  # one abort, from the cancel's watcher or from here
+        sent = threading.Event()
 
         def abort() -> None:
             if once.acquire(blocking=False):
-                self.abort(path, rid, n)
+                try:
+                    self.abort(path, rid, n)
+                finally:
+                    sent.set()
+            else:
+                sent.wait(10.0)  # the call ends once vLLM was told (the watcher's abort in flight)
 
         finished = False
         try:

@@ -111,7 +111,7 @@ def _measure(e, p, batch: int, seq_len: int, scenario: str, ctx) -> dict:
         "compile_s": None,
         "graphs_compiled": None,
         "recompiles_in_window": None,
-        "load_s": e.load_report.get("load_s"),
+        "load_s": e.load_report().get("load_s"),
         "peak_memory_bytes": None,
         "peak_memory_increase_bytes": None,
         "max_abs_error_vs_fp32": None,

@@ -1,5 +1,6 @@
 """One vLLM OpenAI-compatible API server that this worker starts for one model and supervises
-like the control plane supervises a worker: loopback only, a random port and a random API key
+like the control plane supervises a worker: reachable by this user only (a Unix domain socket in
+a 0700 directory, no TCP, a network namespace of its own: isolation.py), a random API key as well
 (passed in the environment, never on the command line), its log through the worker's log, and a
 restart with backoff after a crash, up to `max_restarts` in `restart_window_s`."""
 
@@ -10,7 +11,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -18,6 +18,7 @@ import time
 from .. import logs
 from ..cancel import CancelToken
 from ..errors import Cancelled, WorkerError
+from . import isolation
 from .http import Endpoint, EngineHttpError
 from .settings import VllmSettings
 
@@ -42,12 +43,6 @@ sys.exit(0 if ok else 1)
 SCALE_OUT = "--enable-scale-out"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     # SIGTERM the server when the thread that started it (the supervisor) dies, e.g. the worker
     # is SIGKILLed: no orphaned engine keeps memory and cores.
@@ -57,6 +52,16 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
+
+
+def _child_setup(private_network: bool):
+    def setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+        os.umask(0o077)  # what the server makes (its sockets, caches) is this user's alone
+        _die_with_parent()
+        if private_network:
+            isolation.enter_private_network()
+
+    return setup
 
 
 class VllmProcess:
@@ -72,7 +77,10 @@ class VllmProcess:
         self.max_model_len = max_model_len
         self.eager = eager
         self.key = secrets.token_urlsafe(32)
-        self.port = 0
+        self.socket_dir: str | None = None  # 0700, made at the first start, removed by stop()
+        # "private": the server's own network namespace; "host": the system refused one (a
+        # warning in the log), so its internal TCP ports are on the host's loopback.
+        self.network: str | None = None
         self.state = "starting"
         self.restarts = 0
         self.last_error: str | None = None
@@ -88,8 +96,14 @@ class VllmProcess:
 
     # -- what callers read ----------------------------------------------------------------------
     @property
+    def socket_path(self) -> str:
+        if self.socket_dir is None:
+            self.socket_dir = isolation.private_dir()
+        return os.path.join(self.socket_dir, isolation.SOCKET_NAME)
+
+    @property
     def endpoint(self) -> Endpoint:
-        return Endpoint(f"http://127.0.0.1:{self.port}", self.key)
+        return Endpoint("http://localhost", self.key, uds=self.socket_path)
 
     @property
     def pid(self) -> int | None:
@@ -104,10 +118,8 @@ class VllmProcess:
             self.model_dir,
             "--served-model-name",
             self.served_name,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
+            "--uds",  # instead of a TCP port: only this user may enter the socket's directory
+            self.socket_path,
             "--dtype",
             self.dtype,
             "--max-model-len",
@@ -143,6 +155,8 @@ class VllmProcess:
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
                 "PYTHONUNBUFFERED": "1",
+                # The ZMQ sockets between its own processes: beside the HTTP socket, not in /tmp.
+                "VLLM_RPC_BASE_PATH": os.path.dirname(self.socket_path),
             }
         )
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.settings.kv_cache_gib:g}")
@@ -180,6 +194,7 @@ class VllmProcess:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(grace_s + 5)
         self.state = "stopped"
+        isolation.remove_dir(self.socket_dir)
 
     def _terminate(self, grace_s: float) -> None:
         p = self._proc
@@ -199,19 +214,37 @@ class VllmProcess:
 
     # -- the supervisor thread ---------------------------------------------------------------------
     def _spawn(self) -> subprocess.Popen:
-        self.port = free_port()
-        proc = subprocess.Popen(
+        isolation.unlink_stale(self.socket_path)
+        proc = None
+        if self.network != "host":
+            try:
+                proc = self._popen(private_network=True)
+                self.network = "private"
+            except subprocess.SubprocessError as exc:  # the namespace was refused in the child
+                self.network = "host"
+                logs.warn(
+                    "vllm: no network namespace of its own (the system refused one); its internal "
+                    "TCP ports are on the host's loopback",
+                    model=self.served_name,
+                    error=str(exc),
+                )
+        if proc is None:
+            proc = self._popen(private_network=False)
+        threading.Thread(target=self._pump, args=(proc,), name="vllm-log", daemon=True).start()
+        logs.info("vllm starting", model=self.served_name, pid=proc.pid, socket=self.socket_path, network=self.network)
+        return proc
+
+    def _popen(self, private_network: bool) -> subprocess.Popen:
+        return subprocess.Popen(
             self.command(),
             env=self.environment(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only sets the parent-death signal
+            # The umask, the parent-death signal and the network namespace; nothing else.
+            preexec_fn=_child_setup(private_network),  # noqa: PLW1509
         )
-        threading.Thread(target=self._pump, args=(proc,), name="vllm-log", daemon=True).start()
-        logs.info("vllm starting", model=self.served_name, pid=proc.pid, port=self.port)
-        return proc
 
     def _pump(self, proc: subprocess.Popen) -> None:
         """vLLM's own log: kept (the last lines explain a crash); warnings and errors forwarded."""

@@ -2,13 +2,14 @@
 
 Every prompt of a request is one sequence. Sequences join and leave one running decode batch
 at token boundaries: a joining request is prefilled on its own, its first tokens chosen, and
-its KV cache rows merged into the running batch (generation/kv.py); a finished sequence (EOS,
-a stop sequence, max_new_tokens, or its request's cancel token) leaves at once and frees its
-row. Each sequence keeps its own sampling state (parameters, generator, text stream), so its
-tokens do not depend on its company. Requests wait in FIFO order for room (at most
-`max_batch` sequences decode together); a request larger than that runs when the batch is
-empty. With batching off, or for a model whose cache cannot be reshaped, a request joins only
-an empty batch. This thread is the only place the model's forward runs for `infer`.
+its keys and values written into the running batch's cache (generation/rows.py: a static cache
+with fixed slots, at the shape plan's buckets, or a dynamic one where the model's cache cannot
+be static); a finished sequence (EOS, a stop sequence, max_new_tokens, or its request's cancel
+token) leaves at once and frees its row. Each sequence keeps its own sampling state
+(parameters, generator, text stream), so its tokens do not depend on its company. Requests
+wait in FIFO order for room (at most `max_batch` sequences decode together); a request larger
+than that runs when the batch is empty. With batching off, or for a model whose cache cannot be
+reshaped, a request joins only an empty batch. This thread is the only place the model's forward runs for `infer`.
 
 A generation request's future always gets a result, never a cancellation: a cancelled request
 answers with the text it had, finish_reason = the token's reason (the generation contract).
@@ -32,8 +33,8 @@ from ..cancel import CancelToken
 from ..errors import WorkerError
 from ..inbox import Inbox
 from ..protocol import now_us
-from . import kv
 from .params import GenRequest
+from .rows import rows_for
 from .sampling import sample, sequence_generator, top_logprobs
 from .textstream import TextStream
 
@@ -85,19 +86,25 @@ class _Seq:
 
 
 class DecodeLoop(Inbox):
-    def __init__(self, name: str, adapter, *, max_batch: int, enabled: bool = True, reply_scope=None) -> None:
+    def __init__(
+        self,
+        name: str,
+        adapter,
+        *,
+        max_batch: int,
+        enabled: bool = True,
+        reply_scope=None,
+    ) -> None:
         super().__init__(reply_scope)
         self.name = name
         self.adapter = adapter
         self.max_batch = max(1, max_batch)
         self.enabled = enabled and self.max_batch > 1
         self.stats = LoopStats()
-        self.mergeable: bool | None = None  # known after the first prefill
-        # The running batch: its sequences (row order) and tensors.
+        # The running batch: its sequences (row order) and their tensors (the KV cache), at the
+        # adapter's shape plan.
         self._rows: list[_Seq] = []
-        self._cache: Any = None
-        self._mask: torch.Tensor | None = None
-        self._pos: torch.Tensor | None = None
+        self._batch = rows_for(adapter, max_new_tokens=adapter.entry.limits.max_new_tokens)
         self._last: list[int] = []  # each row's newest token, not yet fed to the model
         # reply_scope (Inbox): results are set inside it, after that iteration's progress, so a
         # request's deltas always precede its result on the wire.
@@ -105,8 +112,17 @@ class DecodeLoop(Inbox):
         self._thread.start()
 
     # -- the Batcher's surface (ops.py, reports.py) -----------------------------------------
+    def warm(self, progress, token) -> int:
+        """Before the first request: every shape of the plan once (see rows.py)."""
+        return self._batch.warm(progress, token)
+
+    @property
+    def mergeable(self) -> bool | None:
+        """Can requests join a running batch (None: not known before the first prefill)."""
+        return self._batch.mergeable
+
     def describe(self) -> dict:
-        return {"kind": "continuous", "enabled": self.enabled, "max_batch": self.max_batch}
+        return {"kind": "continuous", "enabled": self.enabled, "max_batch": self.max_batch, **self._batch.describe()}
 
     def submit(
         self, prepared: Prepared, token: CancelToken, trace: list | None = None, progress: Progress | None = None
@@ -162,7 +178,7 @@ class DecodeLoop(Inbox):
             for r in taken:
                 self._queue.remove(r)
             rows = len(self._rows)
-            if rows and not (self.enabled and self.mergeable):
+            if rows and not (self.enabled and self._batch.can_join()):
                 return taken
             while self._queue:
                 n = len(self._queue[0].gen.prompts)
@@ -197,37 +213,27 @@ class DecodeLoop(Inbox):
     def _prefill(self, live: list[_Request]) -> None:
         seqs = [s for r in live for s in r.seqs]
         room = max(s.params.max_new_tokens for s in seqs)
+        joining = bool(self._rows)
         with torch.no_grad():
-            logits, cache, mask, pos = self.adapter.prefill([s.req.gen.prompts[s.index] for s in seqs], room)
+            logits = self._batch.join([s.req.gen.prompts[s.index] for s in seqs], room)
         self.stats.prefills += 1
         ids = self._choose(seqs, logits)
         now = time.perf_counter()
         for r in live:
             r.t_first = now
-        if self._rows:
-            self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
-            self._pos = torch.cat([self._pos, pos], dim=0)
+        if joining:
             self.stats.joins += len(live)
-        else:
-            if self.mergeable is None:
-                self.mergeable = kv.tensors_of(cache) is not None
-                if not self.mergeable:
-                    logs.info(
-                        "this model's KV cache cannot be reshaped: requests join an empty batch only", model=self.name
-                    )
-            self._cache, self._mask, self._pos = cache, mask, pos
+        elif not self._batch.can_join():
+            logs.info("this model's KV cache cannot be reshaped: requests join an empty batch only", model=self.name)
         self._rows.extend(seqs)
         self._last.extend(ids)
         self.stats.running = sum(1 for s in self._rows if s.finish is None)
         self._accept(seqs, ids)
 
     def _step(self) -> None:
-        dev = self._mask.device
         fed = [t if s.finish is None else self.adapter.pad_id for s, t in zip(self._rows, self._last, strict=True)]
         with torch.no_grad():
-            logits, self._cache, self._mask, self._pos = self.adapter.step(
-                torch.tensor(fed, dtype=torch.long, device=dev), self._cache, self._mask, self._pos
-            )
+            logits = self._batch.step(fed)
         st = self.stats
         st.steps += 1
         st.largest = max(st.largest, len(self._rows))
@@ -337,9 +343,7 @@ class DecodeLoop(Inbox):
         if not keep:
             self._reset()
             return
-        if self.mergeable:
-            self._cache, self._mask = kv.select(self._cache, self._mask, keep)
-            self._pos = self._pos[keep]
+        if self._batch.keep(keep):
             self._rows = [self._rows[i] for i in keep]
             self._last = [self._last[i] for i in keep]
         # else: finished rows ride along (fed padding) until the whole batch is done
@@ -347,7 +351,7 @@ class DecodeLoop(Inbox):
 
     def _reset(self) -> None:
         self._rows, self._last = [], []
-        self._cache = self._mask = self._pos = None
+        self._batch.reset()
         self.stats.running = 0
 
     def _fail(self, reqs: set[_Request], exc: BaseException) -> None:

@@ -1,0 +1,225 @@
+"""One training step of a catalog model, for the benchmark's work "train_step": forward, the loss
+head of the model's task, backward and an optimizer step, on a deep copy of the lent model, so
+the model an agent loaded is never written to.
+
+Loss heads (synthetic inputs and targets from a fixed seed):
+  * text-generation: causal LM loss, next-token cross-entropy over the random ids themselves;
+  * embedding: MSE of the pooled, normalised embedding to fixed random unit vectors;
+  * tensor (mnist-cnn): cross-entropy on random class labels.
+
+The copy stays in eval mode (dropout off), so a step is a function of the weights and the batch
+alone: the loss series of bfloat16 compares with float32 step for step, and a plain PyTorch loop
+of the same steps reproduces the float32 one. Weights stay float32 (the master copy); "bfloat16"
+is autocast over them, as mixed-precision training runs. Compile mode compiles the model and its
+loss head as one module (forward and backward graphs); the optimizer step runs eagerly.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..adapters import Adapter, CausalLM, SentenceEmbedder
+from ..adapters.text import pooled_embedding
+from ..platforms import platform_for
+
+OPTIMIZERS = ("adamw", "sgd")
+# Fixed hyper-parameters (the figures are of the step's cost, not of a fit): in the manifest.
+OPTIMIZER_SETTINGS = {
+    "adamw": {"lr": 1e-4, "weight_decay": 0.01, "betas": (0.9, 0.999), "eps": 1e-8},
+    "sgd": {"lr": 1e-2, "momentum": 0.9},
+}
+# What each dtype of the grid means for training: float32 weights, optionally autocast.
+TRAIN_PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
+TARGET_SEED_OFFSET = 1  # targets and labels are drawn apart from the inputs' seed
+
+
+def make_optimizer(name: str, params) -> torch.optim.Optimizer:
+    s = OPTIMIZER_SETTINGS[name]
+    if name == "adamw":
+        return torch.optim.AdamW(params, **s)
+    return torch.optim.SGD(params, **s)
+
+
+def optimizer_report(name: str) -> dict:
+    return {"name": name, **{k: list(v) if isinstance(v, tuple) else v for k, v in OPTIMIZER_SETTINGS[name].items()}}
+
+
+class CausalLMLoss(nn.Module):
+    """Next-token cross-entropy of a causal LM over its input ids (labels = ids shifted by one)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        ids = batch["input_ids"]
+        logits = self.model(input_ids=ids, use_cache=False).logits
+        return nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+class EmbeddingMSELoss(nn.Module):
+    """MSE of the sentence embedding (mean-pooled, normalised) to a fixed target vector per row."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        emb = pooled_embedding(self.model, {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]})
+        return nn.functional.mse_loss(emb, batch["target"])
+
+
+class ClassifierLoss(nn.Module):
+    """Cross-entropy of a classifier's logits on synthetic class labels."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.model(batch["x"]).float(), batch["labels"])
+
+
+def loss_head(adapter: Adapter, model: nn.Module) -> nn.Module:
+    """The loss of the adapter's task around `model` (a copy of the adapter's module)."""
+    if isinstance(adapter, CausalLM):
+        return CausalLMLoss(model)
+    if isinstance(adapter, SentenceEmbedder):
+        return EmbeddingMSELoss(model)
+    return ClassifierLoss(model)
+
+
+def loss_name(adapter: Adapter) -> str:
+    if isinstance(adapter, CausalLM):
+        return "causal LM cross-entropy (next token of the synthetic ids)"
+    if isinstance(adapter, SentenceEmbedder):
+        return "MSE of the normalised embedding to fixed random unit vectors"
+    return "cross-entropy on synthetic class labels"
+
+
+def synthetic_batch(adapter: Adapter, batch: int, seq_len: int | None, seed: int) -> dict:
+    """The inputs of one step (the adapter's own synthetic example) and the targets of its loss."""
+    inputs = adapter.example(batch, seq_len, seed=seed)
+    g = torch.Generator().manual_seed(seed + TARGET_SEED_OFFSET)
+    if isinstance(adapter, CausalLM):
+        return {"input_ids": inputs}
+    if isinstance(adapter, SentenceEmbedder):
+        width = int(adapter.eager_model.config.hidden_size)
+        target = nn.functional.normalize(torch.randn((batch, width), generator=g), dim=1)
+        return {**inputs, "target": target.to(adapter.device)}
+    classes = int(adapter.eager_model.fc.out_features) if hasattr(adapter.eager_model, "fc") else 10
+    labels = torch.randint(0, classes, (batch,), generator=g)
+    return {"x": inputs.to(torch.float32), "labels": labels.to(adapter.device)}
+
+
+def tokens_in(batch: dict) -> int | None:
+    ids = batch.get("input_ids")
+    return int(ids.numel()) if ids is not None else None
+
+
+def _bytes(tensors) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
+
+
+@dataclass
+class MemorySplit:
+    weights_bytes: int
+    gradients_bytes: int | None
+    optimizer_state_bytes: int | None
+
+
+class Trainer:
+    """A deep copy of `adapter`'s module with its loss head and optimizer, on the adapter's device;
+    `step(batch)` runs one training step and returns the loss (a device tensor, detached)."""
+
+    def __init__(self, adapter: Adapter, precision: str, mode: str, optimizer: str) -> None:
+        self.device = adapter.device
+        self.platform = platform_for(self.device)
+        # The served module is never trained: a copy, float32, gradients on.
+        model = copy.deepcopy(adapter.eager_model).to(torch.float32).eval()
+        for p in model.parameters():
+            p.requires_grad_(True)
+        self.module = loss_head(adapter, model)
+        self.autocast_dtype = TRAIN_PRECISIONS[precision]
+        self.mode = mode
+        self.compile_backend = None
+        self.run = self.module
+        if mode == "compile":
+            self.compile_backend = self.platform.compile_backend(self.device)
+            self.run = torch.compile(self.module, backend=self.compile_backend, dynamic=False)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(optimizer, self.params)
+
+    def _loss(self, batch: dict, run) -> torch.Tensor:
+        if self.autocast_dtype is None:
+            return run(batch)
+        with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype):
+            return run(batch)
+
+    def step(self, batch: dict) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._loss(batch, self.run)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def count_flops(self, batch: dict) -> tuple[int, int]:
+        """(FLOPs of forward + backward, of the forward alone) on the eager module, float32; the
+        gradients are dropped after, so the first real step starts from none."""
+        from .. import flops
+
+        with torch.no_grad():
+            _, forward = flops.count_flops(lambda: self.module(batch))
+
+        def fwd_bwd():
+            self.module(batch).backward()
+
+        _, total = flops.count_flops(fwd_bwd)
+        self.optimizer.zero_grad(set_to_none=True)
+        return total, forward
+
+    def memory_split(self) -> MemorySplit:
+        """Bytes held by the weights, the gradients and the optimizer's state (after a step)."""
+        weights = _bytes(self.params) + _bytes(self.module.buffers())
+        grads = [p.grad for p in self.params if p.grad is not None]
+        state = [v for s in self.optimizer.state.values() for v in s.values()]
+        return MemorySplit(
+            weights_bytes=weights,
+            gradients_bytes=_bytes(grads) if grads else None,
+            optimizer_state_bytes=_bytes(state),
+        )
+
+
+def loss_drift(losses: list[float], reference: list[float] | None) -> dict | None:
+    """How far a loss series strays from the float32 one over the steps both ran."""
+    if not reference:
+        return None
+    n = min(len(losses), len(reference))
+    if n == 0:
+        return None
+    diffs = [abs(a - b) for a, b in zip(losses[:n], reference[:n], strict=True)]
+    final_ref = reference[n - 1]
+    return {
+        "steps": n,
+        "max_abs": _round(max(diffs)),
+        "final_abs": _round(diffs[-1]),
+        "final_rel": _round(diffs[-1] / abs(final_ref)) if final_ref else None,
+    }
+
+
+def _round(x: float) -> float | None:
+    return float(f"{x:.6g}") if math.isfinite(x) else None
+
+
+def loss_curve(losses: list[float], cap: int = 256) -> dict:
+    """Every step's loss, or every k-th one past `cap` steps (the last always kept)."""
+    stride = max(1, math.ceil(len(losses) / cap))
+    picked = losses[::stride]
+    if losses and (len(losses) - 1) % stride:
+        picked.append(losses[-1])
+    return {"stride": stride, "values": [_round(v) for v in picked]}

@@ -1,0 +1,109 @@
+"""Counting a model's compiles, and keeping compile artefacts across worker restarts.
+
+`counted_backend` wraps the platform's compile backend (platforms/: inductor on the CPU, "tpu"
+on TorchTPU) so that every graph dynamo hands it for this model is counted: the graphs a load's
+warm-up compiled, and any compile after it (a recompile: a shape outside the warmed plan, or a
+guard that failed), which is logged as a warning and flagged in status. These counts are the
+CPU's proxy for TPU compiles (docs/tpu-vm.md): a graph dynamo compiles on the CPU is a graph
+TorchTPU would compile too.
+
+`use_cache_dir` points inductor's FX graph cache (and its other on-disk caches) at a folder the
+server keeps under its data_dir (TPU_WORKER_COMPILE_CACHE), so a restarted worker loads compiled
+graphs from disk instead of compiling them again; `cache_hits` says whether a load was warm.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+from . import logs
+
+CACHE_ENV = "TPU_WORKER_COMPILE_CACHE"
+
+
+@dataclass
+class CompileCounter:
+    model: str
+    graphs: int = 0  # graphs compiled since load began
+    at_load: int | None = None  # graphs compiled by the end of the load's warm-up
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self) -> None:
+        with self._lock:
+            self.graphs += 1
+            after = self.at_load is not None
+        if after:
+            logs.warn(
+                "recompile after warm-up: a forward took a shape or path the load did not warm",
+                model=self.model,
+                recompiles_since_load=self.recompiles_since_load,
+            )
+
+    def loaded(self) -> None:
+        with self._lock:
+            self.at_load = self.graphs
+
+    @property
+    def recompiles_since_load(self) -> int:
+        return self.graphs - (self.at_load or 0) if self.at_load is not None else 0
+
+    def report(self) -> dict:
+        n = self.recompiles_since_load
+        return {"graphs_compiled": self.at_load, "recompiles_since_load": n, "recompiled": n > 0}
+
+
+def counted_backend(name: str, counter: CompileCounter):
+    """The compile backend `name` (a torch.compile backend name), counting each graph."""
+    import torch._dynamo
+
+    inner = torch._dynamo.lookup_backend(name)
+
+    def backend(gm, example_inputs):
+        counter.count()
+        return inner(gm, example_inputs)
+
+    return backend
+
+
+def allow_graphs(n: int) -> None:
+    """Lets dynamo keep `n` graphs of one function (one per shape) before it gives up on it."""
+    import torch._dynamo.config as cfg
+
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < n:
+            setattr(cfg, name, n)
+
+
+_cache_dir: str | None = None
+
+
+def use_cache_dir() -> str | None:
+    """Points inductor's on-disk caches at $TPU_WORKER_COMPILE_CACHE (once per process); returns
+    the folder, or None when none is set."""
+    global _cache_dir
+    path = os.environ.get(CACHE_ENV)
+    if not path:
+        return None
+    if _cache_dir is None:
+        os.makedirs(path, exist_ok=True)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(path, "inductor"))
+        try:
+            import torch._inductor.config as inductor_config
+
+            inductor_config.fx_graph_cache = True
+        except Exception:  # noqa: BLE001 - a torch without inductor: nothing to persist
+            pass
+        _cache_dir = path
+    return _cache_dir
+
+
+def cache_hits() -> int:
+    """Inductor's FX graph cache hits so far in this process."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["inductor"]["fxgraph_cache_hit"])
+    except Exception:  # noqa: BLE001
+        return 0

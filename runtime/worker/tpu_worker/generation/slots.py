@@ -1,0 +1,144 @@
+"""A preallocated KV cache with fixed slots, for the static decode loop (generation/loop.py).
+
+One key and one value tensor per layer, [slots, heads, length, head_dim], allocated once at the
+model's load. Every running sequence owns one slot; the running ones are kept in slots
+0..n-1, so a decode step runs on the first `bucket` slots (a view: the shape is one of the
+plan's batch buckets whatever joins or leaves). All slots write the same column at a step
+(transformers' StaticLayer keeps one write position): a sequence's tokens are a contiguous run
+of columns ending at that column, left padded and masked by `mask`, its positions its own
+(`pos`). A joining sequence is prefilled on its own at its length bucket and its keys and values
+copied into a free slot so that they end at the shared column; a finished one frees its slot
+(the last running slot moves into it). When the shared column reaches the end, every slot
+moves left by the columns no running sequence uses; a joiner longer than the columns before
+the shared column moves every slot right. Moves copy data within the tensors, so no shape
+changes. The buckets' caches are transformers StaticCache objects whose layers are views of
+these tensors (StaticCache is what the model code supports for a fixed-size cache).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def static_cache_problem(model) -> str | None:
+    """Why this model's cache cannot be static (None: it can)."""
+    try:
+        from transformers.cache_utils import StaticCache, StaticLayer
+    except ImportError:  # pragma: no cover - transformers without StaticCache
+        return "this transformers has no StaticCache"
+    if not getattr(model, "_can_compile_fullgraph", False):
+        return f"{type(model).__name__} does not support transformers' StaticCache"
+    try:
+        probe = StaticCache(config=model.config, max_cache_len=8)
+    except Exception as exc:  # noqa: BLE001 - any refusal means: not static
+        return f"StaticCache refused this model's config ({type(exc).__name__})"
+    if not probe.layers or not all(type(layer) is StaticLayer for layer in probe.layers):
+        return "its attention layers are not all full attention (sliding windows or other cache layers)"
+    return None
+
+
+class SlotCache:
+    def __init__(self, model, *, slots: int, length: int, buckets: tuple[int, ...], dtype, device) -> None:
+        from transformers.cache_utils import StaticCache
+
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        n_layers = int(cfg.num_hidden_layers)
+        self.slots, self.length, self.device = slots, length, device
+        shape = (slots, heads, length, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.mask = torch.zeros((slots, length), dtype=torch.long, device=device)
+        self.pos = torch.zeros((slots, 1), dtype=torch.long, device=device)  # each slot's newest position
+        self.column = 0  # the next column every slot writes
+        self.shifts = 0  # times every slot's columns moved (left at the end, right for a joiner)
+        # Each layer's write position (StaticLayer.cumulative_length, which its update advances),
+        # shared by that layer's view in every bucket.
+        self._written = [torch.zeros((), dtype=torch.long, device=device) for _ in range(n_layers)]
+        self.views: dict[int, Any] = {}
+        for b in buckets:
+            cache = StaticCache(config=model.config, max_cache_len=length)
+            for i, layer in enumerate(cache.layers):
+                layer.keys, layer.values = self.keys[i][:b], self.values[i][:b]
+                layer.device, layer.batch_size, layer.num_heads = device, b, heads
+                layer.k_head_dim = layer.v_head_dim = head_dim
+                layer.cumulative_length = self._written[i]
+                layer.is_initialized = True
+            self.views[b] = cache
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.keys, *self.values])
+
+    # -- a step -------------------------------------------------------------------------------
+    def step(self, running: int, bucket: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Advances the first `bucket` slots by one column for a decode step: (their cache
+        view, mask, positions, the column written as cache_position). Every slot of the bucket
+        attends to the column it writes (a free slot to that alone, at position 0, so no row of
+        the attention is empty)."""
+        self.make_room(0, running)
+        c = self.column
+        self.mask[:bucket, c] = 1
+        self.pos[:running] += 1
+        self.pos[running:bucket] = 0
+        for w in self._written:
+            w.fill_(c)
+        self.column += 1
+        column = torch.tensor([c], dtype=torch.long, device=self.device)
+        return self.views[bucket], self.mask[:bucket], self.pos[:bucket], column
+
+    # -- joins and leaves ---------------------------------------------------------------------
+    def make_room(self, need_before: int, running: int) -> None:
+        """Makes sure `need_before` columns precede the shared column (a joiner's prompt) and one
+        column is left to write, moving the running slots' columns if they must."""
+        # Left first (it may leave fewer columns before the shared one), then right.
+        if self.column >= self.length:
+            used = self.mask[:running].any(dim=0) if running else torch.zeros(self.length, dtype=torch.bool)
+            first = int(used.int().argmax()) if bool(used.any()) else self.column
+            self._shift(first, running)
+            if self.column >= self.length:  # pragma: no cover - a sequence longer than the cache
+                raise RuntimeError("the static KV cache is full")
+        if self.column < need_before:
+            self._shift(self.column - need_before, running)
+
+    def _shift(self, by: int, running: int) -> None:
+        """Moves every running slot's columns `by` to the left (negative: to the right)."""
+        if by == 0:
+            return
+        for t in [*self.keys, *self.values]:
+            t[:running].copy_(torch.roll(t[:running], -by, dims=2))
+        m = torch.roll(self.mask[:running], -by, dims=1)
+        if by > 0:
+            m[:, self.length - by :] = 0
+        else:
+            m[:, :-by] = 0
+        self.mask[:running] = m
+        self.column -= by
+        self.shifts += 1
+
+    def write(self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor], row: int, mask_row, pos) -> None:
+        """Copies row `row` of a prefill's cache (per-layer [n, heads, P, dim]) into `slot`, its
+        P columns ending just before the shared column; `mask_row` [P] and `pos` its mask and
+        last position."""
+        p = keys[0].shape[-2]
+        c = self.column
+        for i in range(len(self.keys)):
+            self.keys[i][slot, :, c - p : c] = keys[i][row]
+            self.values[i][slot, :, c - p : c] = values[i][row]
+        self.mask[slot].zero_()
+        self.mask[slot, c - p : c] = mask_row
+        self.pos[slot] = pos
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot `src` takes slot `dst`'s place (dst is free)."""
+        for t in [*self.keys, *self.values]:
+            t[dst] = t[src]
+        self.mask[dst] = self.mask[src]
+        self.pos[dst] = self.pos[src]
+
+    def reset(self) -> None:
+        self.mask.zero_()
+        self.pos.zero_()
+        self.column = 0

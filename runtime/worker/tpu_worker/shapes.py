@@ -1,0 +1,136 @@
+"""A loaded model's shape plan: the batch sizes and sequence lengths its forwards may take.
+
+On a TPU every new tensor shape is a compile (TorchTPU compiles per op and shape even in eager
+mode, and `torch.compile(backend="tpu")` refuses dynamic shapes), so a model serves a bounded
+set of shapes chosen at load: a request's batch is padded up to the next batch bucket and its
+sequence up to the next length bucket, and no request creates a shape outside the plan. The
+buckets come from the catalog entry (`shapes.batch_buckets`, `shapes.length_buckets`) or the
+defaults below; `ShapeCounter` records what was run, so status and the reports can say how many
+distinct shapes were seen and how much of the padded work was real (padding waste).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from .errors import WorkerError
+
+MIN_LENGTH = 8  # the shortest length bucket (as adapters.base.seq_bucket always padded)
+# A generation's prefill batches: joiners are prefilled in groups of at most the largest of these
+# (a burst of joiners pays a few prefills, but the plan stays small enough to compile at load).
+PREFILL_BATCH_CAP = 4
+
+
+def default_batches(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, ... up to max_batch (max_batch itself always included)."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    out.append(max_batch)
+    return tuple(out)
+
+
+def default_lengths(max_len: int) -> tuple[int, ...]:
+    """Powers of two from MIN_LENGTH up to max_len (max_len itself always included)."""
+    if max_len <= 0:
+        return ()
+    out, n = [], MIN_LENGTH
+    while n < max_len:
+        out.append(n)
+        n *= 2
+    out.append(max_len)
+    return tuple(out)
+
+
+def _bucket(buckets: tuple[int, ...], n: int, what: str) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise WorkerError(
+        "invalid_argument", f"{what} {n} is above the largest bucket of this model's shape plan ({buckets[-1]})"
+    )
+
+
+@dataclass(frozen=True)
+class ShapePlan:
+    batches: tuple[int, ...]
+    lengths: tuple[int, ...]  # () for a model whose items have a fixed shape (tensor models)
+    prefill_batches: tuple[int, ...] = ()  # generation only: the batches a prefill may take
+
+    @classmethod
+    def for_model(
+        cls, batch_buckets, length_buckets, *, max_batch: int, max_len: int, generation: bool = False
+    ) -> ShapePlan:
+        batches = tuple(b for b in (batch_buckets or default_batches(max_batch)) if b <= max_batch)
+        if not batches or batches[-1] < max_batch:
+            batches = (*batches, max_batch)
+        lengths = tuple(n for n in (length_buckets or default_lengths(max_len)) if n <= max_len)
+        if max_len > 0 and (not lengths or lengths[-1] < max_len):
+            lengths = (*lengths, max_len)
+        prefill = tuple(b for b in batches if b <= PREFILL_BATCH_CAP) if generation else ()
+        return cls(batches, lengths, prefill)
+
+    def batch(self, n: int) -> int:
+        """The batch bucket a forward of `n` items runs at."""
+        return _bucket(self.batches, n, "a batch of")
+
+    def length(self, n: int) -> int:
+        """The length bucket a sequence of `n` tokens is padded to."""
+        return _bucket(self.lengths, max(n, 1), "a sequence of")
+
+    def prefill_batch(self, n: int) -> int:
+        return _bucket(self.prefill_batches, n, "a prefill of")
+
+    def forward_shapes(self) -> list[tuple[str, int, int]]:
+        """Every (kind, batch, length) forward the plan allows: what a compile warms at load."""
+        if self.prefill_batches:  # generation: prefills at (batch, length), decode steps at batch
+            return [("prefill", b, n) for b in self.prefill_batches for n in self.lengths] + [
+                ("decode", b, 1) for b in self.batches
+            ]
+        return [("forward", b, n) for b in self.batches for n in (self.lengths or (0,))]
+
+    @property
+    def size(self) -> int:
+        return len(self.forward_shapes())
+
+    def report(self) -> dict:
+        out = {"batch_buckets": list(self.batches), "length_buckets": list(self.lengths), "size": self.size}
+        if self.prefill_batches:
+            out["prefill_batch_buckets"] = list(self.prefill_batches)
+        return out
+
+
+@dataclass
+class ShapeCounter:
+    """The shapes a model's forwards ran at, and how much of the padded work was real."""
+
+    seen: dict[tuple, int] = field(default_factory=dict)  # (kind, batch, length) -> forwards
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, kind: str, batch: int, length: int, real: int) -> None:
+        """One forward at (batch, length) whose real (unpadded) items x tokens were `real`."""
+        with self._lock:
+            key = (kind, batch, length)
+            self.seen[key] = self.seen.get(key, 0) + 1
+            self.real_tokens += real
+            self.padded_tokens += batch * max(length, 1)
+
+    def report(self) -> dict:
+        with self._lock:
+            padded = self.padded_tokens
+            return {
+                "distinct_shapes": len(self.seen),
+                "forwards": sum(self.seen.values()),
+                "real_tokens": self.real_tokens,
+                "padded_tokens": padded,
+                # real ÷ padded tokens: 1.0 is no padding; padding_waste is the rest.
+                "real_to_padded": round(self.real_tokens / padded, 4) if padded else None,
+                "padding_waste": round(1 - self.real_tokens / padded, 4) if padded else None,
+                "shapes": [
+                    {"kind": k, "batch": b, "length": n, "forwards": c} for (k, b, n), c in sorted(self.seen.items())
+                ],
+            }
