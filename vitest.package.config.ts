@@ -1,4 +1,5 @@
 import { defineConfig } from "vitest/config";
+import { scaled } from "./test/helpers/calibrate.js";
 
 // tpu-mcp as an installed package (test/package): `npm pack`, the tarball installed into a
 // temporary prefix with a fresh HOME, the bin started as a desktop host starts it, its set-up, a
@@ -8,8 +9,8 @@ export default defineConfig({
   test: {
     include: ["test/package/**/*.test.ts"],
     globalSetup: ["test/globalSetup.ts"],
-    testTimeout: 300_000,
-    hookTimeout: 1_200_000,
+    testTimeout: scaled(300_000),
+    hookTimeout: scaled(1_200_000),
     fileParallelism: false,
     pool: "forks",
     retry: process.env.CI ? 1 : 0,
