@@ -2,7 +2,7 @@
 // validated config. Transports (stdio, HTTP) ask it for one MCP server per session.
 import { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
-import { resolve } from "node:path";
+import { basename, resolve } from "node:path";
 import type { Logger } from "pino";
 import type { SqliteApprovalStore } from "../../policies/approvals.js";
 import type { SqliteAuditLog } from "../../policies/audit.js";
@@ -90,6 +90,12 @@ export function createApp(
   // Before anything starts: a webhook without its secret is a configuration error.
   const notifyTargets = readNotifyTargets(config);
   const catalog = readCatalog(config.paths.catalog);
+  // A catalog of one's own replaces the built-in one (no merge): said at start, so a missing
+  // built-in model is not a surprise later.
+  if (basename(config.paths.catalog) !== "catalog.builtin.json")
+    logger.warn(
+      `the catalog ${config.paths.catalog} replaces the built-in one: only its ${catalog.models.length} model(s) are served (${catalog.models.map((m) => m.id).join(", ")}); copy entries of runtime/catalog.builtin.json into it to keep built-in ones`,
+    );
   const env: ToolEnv = {
     catalog,
     limits: {
