@@ -227,6 +227,11 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: rea
      * history), so the default leaves that much room.
      */
     overrun_factor: NonNegative.default(2),
+    /**
+     * …and past it by at least this many seconds: a 0.25 s estimate on a loaded 2-core host may
+     * take a few seconds without anyone having approved more than they saw.
+     */
+    overrun_min_s: NonNegative.default(30),
   });
 }
 

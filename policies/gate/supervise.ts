@@ -122,11 +122,18 @@ export async function supervise<T>(
     toolMs,
   );
   // An approval is for the estimate it showed: an approved call that runs past it by more than
-  // approvals.overrun_factor is stopped as a budget stop is (0 turns the bound off).
+  // approvals.overrun_factor, and by at least approvals.overrun_min_s (a small estimate on a
+  // loaded host is not an overrun), is stopped as a budget stop is (factor 0 turns it off).
   const factor = ctx.config.approvals.overrun_factor;
+  const floorS = ctx.config.approvals.overrun_min_s;
   const approvedMs =
     approvalId && estimate && factor > 0
-      ? Math.max(1, Math.ceil(estimate.device_seconds * factor * 1000))
+      ? Math.max(
+          1,
+          Math.ceil(
+            Math.max(estimate.device_seconds * factor, estimate.device_seconds + floorS) * 1000,
+          ),
+        )
       : undefined;
   const overrunTimer =
     approvedMs === undefined
@@ -136,11 +143,12 @@ export async function supervise<T>(
             stopCall(
               stopError(
                 "approval_overrun",
-                `${tool} was stopped after ${round3(approvedMs / 1000)} s of device time: it was approved for an estimate of ${estimate!.device_seconds} s and may run ${factor}× that; it is charged the device time it used. Ask for a new approval with a smaller call, or an operator can raise approvals.overrun_factor.`,
+                `${tool} was stopped after ${round3(approvedMs / 1000)} s of device time: it was approved for an estimate of ${estimate!.device_seconds} s and may run ${factor}× that (at least ${floorS} s more); it is charged the device time it used. Ask for a new approval with a smaller call, or an operator can raise approvals.overrun_factor.`,
                 {
                   stopped_after_s: round3(approvedMs / 1000),
                   estimated_s: estimate!.device_seconds,
                   overrun_factor: factor,
+                  overrun_min_s: floorS,
                   approval_id: approvalId,
                 },
                 "approval",

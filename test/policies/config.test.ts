@@ -64,6 +64,7 @@ describe("policy config", () => {
       elicitation: true,
       elicitation_timeout_s: 300,
       overrun_factor: 2,
+      overrun_min_s: 30,
     });
     expect(c.audit.redact_args).toEqual(["texts", "messages", "tensors"]);
   });

@@ -179,8 +179,11 @@ describe("a budget is a cap", () => {
       made.gate.decideApproval(id, operator, "approve");
       return { ...made, call: { ...call, args: { ...call.args, approval_id: id } } };
     };
-    // The default factor 2: stopped at 0.1 s of a 0.05 s estimate, told why, charged to the stop.
-    const a = await approved({});
+    // Factor 2 (the default) with no floor: stopped at 0.1 s of a 0.05 s estimate, told why,
+    // charged to the stop.
+    const a = await approved({
+      approvals: { rules: [{ tool: "run_benchmark" }], overrun_min_s: 0 },
+    });
     const { fn, seen } = partialOnStop(a.clock, a.clock.now(), 40);
     expect(await a.gate.run(a.call, fn)).toEqual({ stopped: "approval" });
     const reason = seen.reason as PolicyError;
@@ -191,6 +194,15 @@ describe("a budget is a cap", () => {
     await flush();
     expect(a.budget.check("agent", 0).used_s).toBeCloseTo(0.1, 2);
     expect(a.audit.tail(1)[0]).toMatchObject({ outcome: "failed", code: "approval_overrun" });
+    // The floor: past the estimate by at least overrun_min_s, whatever the factor gives.
+    const f = await approved({
+      approvals: { rules: [{ tool: "run_benchmark" }], overrun_min_s: 0.2 },
+    });
+    const floored = partialOnStop(f.clock, f.clock.now(), 40);
+    expect(await f.gate.run(f.call, floored.fn)).toEqual({ stopped: "approval" });
+    expect((floored.seen.reason as PolicyError).details).toMatchObject({ overrun_min_s: 0.2 });
+    await flush();
+    expect(f.budget.check("agent", 0).used_s).toBeCloseTo(0.25, 2);
     // overrun_factor 0 turns the bound off: the same call runs to its end.
     const b = await approved({
       approvals: { rules: [{ tool: "run_benchmark" }], overrun_factor: 0 },
