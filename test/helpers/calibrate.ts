@@ -17,12 +17,10 @@ const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const SLOWDOWN_ENV = "TPU_MCP_TEST_SLOWDOWN";
 
 /**
- * A quiet machine's times, in ms, on the 2-core AMD EPYC development VM. Node's is the least of 30
- * runs there (61 ms); torch's import is never quiet on that shared VM (4.6–8.8 s at load 12–15), so
- * its 1.5 s is an estimate of a quiet one, kept low on purpose: a low reference only makes the
- * timeouts longer, a high one would make them too short.
+ * A quiet machine's times, in ms: the 2-core AMD EPYC development VM at load 0.25 (2026-12-02),
+ * the least of 90 Node runs (22 ms) and of two torch runs (import 1,046 and 1,494 ms; work 35 ms).
  */
-export const QUIET_MS = { node: 60, torchImport: 1_500, torchWork: 120 } as const;
+export const QUIET_MS = { node: 23, torchImport: 1_000, torchWork: 35 } as const;
 
 /** Never below 1 (a fast machine keeps the written timeouts), never above 12 (a hung run still ends). */
 const FLOOR = 1;
