@@ -160,6 +160,8 @@ const OUTCOME_FOR_CODE: Partial<Record<PolicyErrorCode, AuditOutcome>> = {
   approval_required: "approval_requested",
   approval_expired: "approval_expired",
   approval_declined: "approval_denied",
+  // A call the caller cancelled is failed however far it got (docs/errors.md: cancelled).
+  cancelled: "failed",
 };
 
 /**
@@ -187,9 +189,18 @@ export async function admit(
       if (a.asked) break;
       if (step.mark) call.trace?.mark(step.mark);
     }
-  } catch (e) {
+  } catch (caught) {
     a.release?.();
     a.reservation?.();
+    // The caller's cancel that reached a step as its own abort (the estimator's worker call, a
+    // queue) is the caller's cancel, audited as such, not an unrecorded failure.
+    const e =
+      !isPolicyError(caught) && call.signal?.aborted
+        ? new PolicyError(
+            "cancelled",
+            `${call.tool} was cancelled by the caller before it started.`,
+          )
+        : caught;
     if (isPolicyError(e)) {
       // Approval outcomes and first refusals are recorded at once; repeats are counted.
       ctx.auditRefusal({
