@@ -248,7 +248,9 @@ function checkAnswer(tool: string, args: unknown, r: any) {
   tally(tool, r);
   if (r.protocolError) return;
   const what = `${tool} ${safeJson(args).slice(0, 200)}`;
-  const text = JSON.stringify(r.content ?? []);
+  // The one path an answer may carry: the operator's own approve command (its --config), which
+  // must stay runnable as shown (issue 34, trip 1). Everything else is scrubbed.
+  const text = JSON.stringify(r.content ?? []).replace(/`[^`]*approvals approve [^`]*`/g, "`cmd`");
   expect(text, what).not.toMatch(LEAK_RE);
   if (!r.isError) return;
   const e = errorOf(r);
