@@ -16,7 +16,13 @@ def builtin_data() -> dict:
 
 def test_builtin_catalog_parses_and_roots_are_relative_to_the_file():
     cat = load_catalog(BUILTIN_CATALOG)
-    assert set(cat.entries) == {"all-minilm-l6-v2", "tiny-gpt2", "mnist-cnn", "tiny-chat"}
+    assert set(cat.entries) == {
+        "all-minilm-l6-v2",
+        "tiny-gpt2",
+        "mnist-cnn",
+        "tiny-chat",
+        "smollm2-135m-instruct",
+    }
     assert cat.roots[0].endswith("/.data/models")
     assert cat.entries["mnist-cnn"].input.shape == (1, 28, 28)
 
