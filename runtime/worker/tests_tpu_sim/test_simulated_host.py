@@ -177,7 +177,7 @@ backend = platform_for(dev).compile_backend(dev)
 out = {"registered": "tpu" in torch._dynamo.list_backends(), "backend": backend, "calls": []}
 for cls in (adapters.SentenceEmbedder, adapters.CausalLM, adapters.TensorModel):
     a = object.__new__(cls)
-    a.device, a.eager_model = dev, torch.nn.Linear(2, 2)
+    a.device, a.eager_model, a.plan = dev, torch.nn.Linear(2, 2), None
     a.compile()
     out["calls"].append({"adapter": cls.__name__, "dynamic": a.compile_dynamic})
 out["seen"] = seen
