@@ -66,26 +66,18 @@ if (!existsSync(marker) || readFileSync(marker, "utf8").trim() !== want) {
   say(
     `installing Python packages (${reqs.map((r) => r.slice(root.length + 1)).join(", ")}); the first time takes a few minutes…`,
   );
-  run(py, [
-    "-m",
-    "pip",
-    "install",
-    "--disable-pip-version-check",
-    "--progress-bar",
-    "off",
-    ...reqs.flatMap((r) => ["-r", r]),
-  ]);
-  run(py, [
-    "-m",
-    "pip",
-    "install",
-    "--disable-pip-version-check",
-    "--progress-bar",
-    "off",
-    "--no-deps",
-    "-r",
-    noDeps,
-  ]);
+  const pipInstall = (...args) =>
+    run(py, [
+      "-m",
+      "pip",
+      "install",
+      "--disable-pip-version-check",
+      "--progress-bar",
+      "off",
+      ...args,
+    ]);
+  pipInstall(...reqs.flatMap((r) => ["-r", r]));
+  pipInstall("--no-deps", "-r", noDeps);
   writeFileSync(marker, want + "\n");
 }
 
