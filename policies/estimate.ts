@@ -29,6 +29,11 @@ export interface ModelFacts {
    * costs seconds to a minute; absent: the worker builds it itself (plain torch).
    */
   library?: string;
+  /**
+   * The engine that serves the model (vllm), whose benchmark measures what was asked and never
+   * extends an unstable series; absent: the worker's own benchmark, which does.
+   */
+  engine?: string;
 }
 
 export interface DeviceFacts {
@@ -579,7 +584,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
               const more = extensionS(
                 duration !== undefined ? { duration_s: duration } : { iterations },
                 per,
-                EXTEND_FACTOR,
+                model?.engine ? 1 : EXTEND_FACTOR,
                 input.max_duration_s,
               );
               if (duration !== undefined) extension.wallS += more;

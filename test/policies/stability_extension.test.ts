@@ -96,6 +96,15 @@ describe("the stability extension's worst case, as the worker runs it", () => {
       2 * (5 - 2),
       6,
     );
+    // An engine's benchmark (vLLM) measures what was asked and never extends a series.
+    const engine = estimateCost({
+      kind: "benchmark",
+      args: { warmup: 0, batch_sizes: [1, 2], duration_s: 2 },
+      model: { ...model, engine: "vllm" },
+      device,
+    });
+    expect(engine.stability_extension_s).toBe(0);
+    expect(engine.device_seconds).toBeCloseTo(timed.device_seconds - 12, 6);
     // Iterations: the factor times the passes asked.
     const counted = at({ batch_sizes: [1], iterations: 40 });
     expect(counted.stability_extension_s).toBeGreaterThan(0);

@@ -66,6 +66,7 @@ function callFacts(
       default_dtype: entry.default_dtype,
       compile_graphs: planSize(entry),
       ...libraryOf(entry),
+      ...(entry.engine ? { engine: entry.engine } : {}),
     },
     calls,
     now: Date.now(),
@@ -114,6 +115,7 @@ export async function estimateFor(
       default_dtype: entry.default_dtype,
       compile_graphs: planSize(entry),
       ...libraryOf(entry),
+      ...(entry.engine ? { engine: entry.engine } : {}),
     },
     // What the worker has imported: the first load of a transformers model in it is cold.
     ...("libraries" in status && Array.isArray(status.libraries)
