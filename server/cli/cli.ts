@@ -105,11 +105,15 @@ const embeddedAuth = (config: ServerConfig) =>
   config.policy.tokens.length === 0 && !config.policy.jwt;
 
 /**
- * The embedded default's operator: someone other than the agent who may decide approvals. Its
+ * The embedded default's operator: someone other than the agent who may decide approvals, and
+ * read the runtime (the console's Runtime page calls get_runtime_status through the gate). Its
  * token lives in the data dir, so whoever can read that folder can approve: run the server as
  * its own user to keep an agent out (docs/security.md).
  */
-const LOCAL_OPERATOR = { id: "local-operator", scopes: ["approvals:grant" as const] };
+const LOCAL_OPERATOR = {
+  id: "local-operator",
+  scopes: ["approvals:grant" as const, "models:read" as const],
+};
 
 function withOperatorToken(config: ServerConfig): { config: ServerConfig; token: string } {
   const token = generatedToken(config, dataDir(config).operatorToken, "the operator token");
