@@ -20,7 +20,7 @@ import { runOperatorsCommand } from "./operators.js";
 import { runDoctor } from "../doctor/index.js";
 import { runTpuSelfTest } from "../doctor/tpu.js";
 import { startHttp } from "../transports/http.js";
-import { createLogger } from "../app/logger.js";
+import { createLogger, isLogFormat } from "../app/logger.js";
 import { startStdio } from "../transports/stdio.js";
 import { terminalText } from "../terminal.js";
 import { runVerifyExport } from "./verify_export.js";
@@ -192,7 +192,16 @@ async function main(argv: string[]): Promise<number> {
     }
     throw e;
   }
-  const logger = createLogger(process.env.TPU_MCP_LOG_LEVEL ?? config.log_level);
+  const logFormat = process.env.TPU_MCP_LOG_FORMAT ?? config.log_format;
+  if (!isLogFormat(logFormat)) {
+    err(`TPU_MCP_LOG_FORMAT must be auto, json or pretty, got ${JSON.stringify(logFormat)}`);
+    return 2;
+  }
+  const logger = createLogger(
+    process.env.TPU_MCP_LOG_LEVEL ?? config.log_level,
+    process.stderr,
+    logFormat,
+  );
   // A reload reads the same file with the same command-line overrides (none without a file).
   const configFile = values.config ?? process.env.TPU_MCP_CONFIG;
   const reloadable = configFile
