@@ -37,6 +37,7 @@ export async function supervise<T>(
   // decided (how long the worker then takes to stop is the runtime supervisor's to bound: it
   // restarts a worker that does not), or else when its work ends, charged what it took.
   let budgetEnded = false;
+  let inFlight: string | undefined;
   const endBudget = (atMs: number) => {
     if (budgetEnded) return;
     budgetEnded = true;
@@ -44,6 +45,8 @@ export async function supervise<T>(
     meter?.end();
     if (estimate)
       ctx.lines.charge(principal.id, tool, Math.max(0, atMs - started) / 1000, estimate);
+    // Right after the charge, in one transaction with it: charged, or left for the restart.
+    if (inFlight) ctx.deps.calls?.end(inFlight);
   };
   const settle = () => {
     if (settled) return;
@@ -66,6 +69,21 @@ export async function supervise<T>(
       "audit append failed; call refused",
     );
   };
+  // Kept until charged, from before its "allowed" record: a kill leaves it for the restart.
+  try {
+    inFlight = ctx.deps.calls?.begin({
+      principal: principal.id,
+      tool,
+      args_digest: digest,
+      args: a.redacted,
+      estimate: estimate ?? null,
+      approval_id: approvalId,
+    });
+  } catch (e) {
+    settle();
+    logAuditFailure(e);
+    throw e;
+  }
   // Committed before the work starts, or (the tool's runWhileRecording: its work may start
   // while its "allowed" record commits; the answer still waits for it) alongside it.
   let allowedCommitted: Promise<void> | undefined;

@@ -22,6 +22,8 @@ export interface BudgetLedger {
   /** `limitS` overrides the configured limit for this line (e.g. a read allowance). */
   check(principal: string, seconds: number, reservedSeconds?: number, limitS?: number): BudgetCheck;
   charge(principal: string, seconds: number, tool?: string): void;
+  /** Writes the charges queued so far now (inside the caller's transaction, if any). */
+  flush?(): void;
   close(): void;
 }
 
@@ -132,6 +134,10 @@ export class SqliteBudgetLedger implements BudgetLedger {
 
   private pending: [string, number, number, string | null][] = [];
   private writePending?: Transaction<(rows: [string, number, number, string | null][]) => void>;
+
+  flush(): void {
+    this.flushPending();
+  }
 
   /** Writes the charges of this turn (also on close, so none is lost to a clean shutdown). */
   private readonly flushPending = (): void => {
