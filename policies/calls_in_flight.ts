@@ -1,15 +1,16 @@
 // The calls the gate has admitted and not yet charged, kept in policy.db so that a server killed
 // mid-call (kill -9, a power cut of the process) leaves a row behind: on restart, reconcile.ts
 // turns each row into an `interrupted` audit record, a charge and, where the call had consumed
-// an approval, that approval usable again. A row is written before the call's `allowed` record
-// and deleted in the same transaction as the call's charge, so a call is either charged or left
-// here, never both and never neither. While calls run, a heartbeat stamps their rows with the last
+// an approval, that approval usable again. A row is written in the transaction of the call's
+// `allowed` record and deleted in the transaction of the call's charge, so an allowed call is
+// either charged or left here, never both and never neither. While calls run, a heartbeat stamps their rows with the last
 // moment this process was known alive: all a restart can honestly know of how long they ran.
 
 import type { CostEstimate } from "./estimate.js";
 import { systemClock, type Clock } from "./clock.js";
 import { resolveDb, type SqliteDb } from "./sqlite.js";
 import { randomBytes } from "node:crypto";
+import type { Statement } from "better-sqlite3";
 
 /** How often the rows of running calls are stamped alive (the charge's precision after a kill). */
 export const HEARTBEAT_MS = 2_000;
@@ -36,8 +37,12 @@ export interface CallInFlight extends CallStart {
 
 /** The gate's view: begin at admission, end when the call is charged. */
 export interface CallsInFlight {
-  begin(call: CallStart): string;
-  /** Deletes the row, in one transaction with the charges this turn queued (the ledger's flush). */
+  /**
+   * The call's id and the write of its row, which the gate runs inside the transaction of the
+   * call's `allowed` record (both are committed, or neither); nothing is written before that.
+   */
+  begin(call: CallStart): { id: string; write: () => void };
+  /** Deletes the row, in the transaction that writes the charges queued in this turn. */
   end(id: string): void;
 }
 
@@ -57,18 +62,21 @@ export class SqliteCallsInFlight implements CallsInFlight {
   private readonly db: SqliteDb;
   private readonly owned: boolean;
   private readonly clock: Clock;
-  private readonly flushCharges: () => void;
+  private readonly withCharges: (write: () => void) => void;
   private readonly live = new Set<string>();
   private heartbeat?: NodeJS.Timeout;
 
-  /** `flushCharges` writes the budget ledger's queued charges (called inside `end`'s transaction). */
+  /**
+   * `withCharges` runs a write in the transaction of the budget ledger's next flush (the ledger's
+   * `alongside`); without it a row is deleted at once.
+   */
   constructor(
     pathOrDb: string | SqliteDb,
-    opts: { clock?: Clock; flushCharges?: () => void } = {},
+    opts: { clock?: Clock; withCharges?: (write: () => void) => void } = {},
   ) {
     ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
     this.clock = opts.clock ?? systemClock;
-    this.flushCharges = opts.flushCharges ?? (() => {});
+    this.withCharges = opts.withCharges ?? ((write) => write());
     this.db.exec(`CREATE TABLE IF NOT EXISTS calls_in_flight (
       id TEXT PRIMARY KEY,
       principal TEXT NOT NULL,
@@ -82,41 +90,43 @@ export class SqliteCallsInFlight implements CallsInFlight {
     )`);
   }
 
-  begin(call: CallStart): string {
+  begin(call: CallStart): { id: string; write: () => void } {
     const id = `call_${randomBytes(12).toString("hex")}`;
     const now = this.clock();
-    // Committed at once (not batched): the row must exist before the call's work can start.
-    this.db
-      .prepare(
-        `INSERT INTO calls_in_flight (id, principal, tool, args_digest, args, estimate, approval_id, started_ms, alive_ms)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-      )
-      .run(
-        id,
-        call.principal,
-        call.tool,
-        call.args_digest,
-        JSON.stringify(call.args ?? null),
-        call.estimate ? JSON.stringify(call.estimate) : null,
-        call.approval_id ?? null,
-        now,
-        now,
-      );
     this.live.add(id);
     this.heartbeat ??= setInterval(() => this.stampAlive(), HEARTBEAT_MS);
     this.heartbeat.unref?.();
-    return id;
+    this.insert ??= this.db.prepare(
+      `INSERT INTO calls_in_flight (id, principal, tool, args_digest, args, estimate, approval_id, started_ms, alive_ms)
+       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+    );
+    const insert = this.insert;
+    const values = [
+      id,
+      call.principal,
+      call.tool,
+      call.args_digest,
+      JSON.stringify(call.args ?? null),
+      call.estimate ? JSON.stringify(call.estimate) : null,
+      call.approval_id ?? null,
+      now,
+      now,
+    ];
+    return { id, write: () => void insert.run(...values) };
   }
 
   end(id: string): void {
     if (!this.live.delete(id)) return;
     if (this.live.size === 0) this.stopHeartbeat();
-    if (!this.db.open) return;
-    this.db.transaction(() => {
-      this.flushCharges();
-      this.db.prepare("DELETE FROM calls_in_flight WHERE id = ?").run(id);
-    })();
+    this.remove ??= this.db.prepare("DELETE FROM calls_in_flight WHERE id = ?");
+    const remove = this.remove;
+    this.withCharges(() => {
+      if (this.db.open) remove.run(id);
+    });
   }
+
+  private insert?: Statement;
+  private remove?: Statement;
 
   /** Stamps this process's running calls alive now: one statement, every HEARTBEAT_MS. */
   stampAlive(): void {

@@ -30,6 +30,15 @@ export async function supervise<T>(
     estimate: estimate ?? null,
   });
 
+  // Kept until charged, written with its "allowed" record: a kill leaves it for the restart.
+  const flight = ctx.deps.calls?.begin({
+    principal: principal.id,
+    tool,
+    args_digest: digest,
+    args: a.redacted,
+    estimate: estimate ?? null,
+    approval_id: approvalId,
+  });
   let started = ctx.clock();
   let settled = false;
   let meter: Metered | undefined = undefined;
@@ -37,7 +46,6 @@ export async function supervise<T>(
   // decided (how long the worker then takes to stop is the runtime supervisor's to bound: it
   // restarts a worker that does not), or else when its work ends, charged what it took.
   let budgetEnded = false;
-  let inFlight: string | undefined;
   const endBudget = (atMs: number) => {
     if (budgetEnded) return;
     budgetEnded = true;
@@ -46,7 +54,7 @@ export async function supervise<T>(
     if (estimate)
       ctx.lines.charge(principal.id, tool, Math.max(0, atMs - started) / 1000, estimate);
     // Right after the charge, in one transaction with it: charged, or left for the restart.
-    if (inFlight) ctx.deps.calls?.end(inFlight);
+    if (flight) ctx.deps.calls?.end(flight.id);
   };
   const settle = () => {
     if (settled) return;
@@ -69,30 +77,15 @@ export async function supervise<T>(
       "audit append failed; call refused",
     );
   };
-  // Kept until charged, from before its "allowed" record: a kill leaves it for the restart.
-  try {
-    inFlight = ctx.deps.calls?.begin({
-      principal: principal.id,
-      tool,
-      args_digest: digest,
-      args: a.redacted,
-      estimate: estimate ?? null,
-      approval_id: approvalId,
-    });
-  } catch (e) {
-    settle();
-    logAuditFailure(e);
-    throw e;
-  }
   // Committed before the work starts, or (the tool's runWhileRecording: its work may start
   // while its "allowed" record commits; the answer still waits for it) alongside it.
   let allowedCommitted: Promise<void> | undefined;
   if (ctx.tools.get(tool)?.runWhileRecording) {
-    allowedCommitted = ctx.auditDurable(allowedRecord);
+    allowedCommitted = ctx.auditDurable(allowedRecord, flight?.write);
     allowedCommitted.catch(() => {}); // observed below, by the abort and before the answer
   } else {
     try {
-      await ctx.auditDurable(allowedRecord);
+      await ctx.auditDurable(allowedRecord, flight?.write);
     } catch (e) {
       // Fail closed: a call that cannot be recorded does not run.
       settle();

@@ -72,7 +72,7 @@ export function createPolicyServices(
   });
   const budget = new SqliteBudgetLedger(db, policy.limits.budget);
   const passkeys = new PasskeyStore(db);
-  const calls = new SqliteCallsInFlight(db, { flushCharges: () => budget.flush() });
+  const calls = new SqliteCallsInFlight(db, { withCharges: (write) => budget.alongside(write) });
   const gate = new Gate({
     config: policy,
     tools: TOOL_POLICIES,

@@ -51,7 +51,7 @@ function serverOn(file: string, clock: FakeClock) {
   const budget = new SqliteBudgetLedger(db, { ...config.limits.budget, clock: clock.now });
   const calls = new SqliteCallsInFlight(db, {
     clock: clock.now,
-    flushCharges: () => budget.flush(),
+    withCharges: (write) => budget.alongside(write),
   });
   const gate = new Gate({
     tools: TOOL_POLICIES,
