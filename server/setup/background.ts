@@ -66,16 +66,19 @@ export class SetupWatch {
   /** What get_runtime_status shows; null once done. */
   progress(): SetupProgress | null {
     if (this.done) return null;
-    return (
-      this.last ?? {
-        state: "running",
-        step: "starting the set-up",
-        percent: 0,
-        message: "",
-        log: this.layout.setupLog!,
-        error: null,
-      }
-    );
+    return this.last ?? this.starting();
+  }
+
+  /** The progress of a set-up that has not written its own record yet. */
+  private starting(): SetupProgress {
+    return {
+      state: "running",
+      step: "starting the set-up",
+      percent: 0,
+      message: "",
+      log: this.layout.setupLog!,
+      error: null,
+    };
   }
 
   /** The runtime's prerequisite: why the worker cannot start yet, or null. */
@@ -119,12 +122,7 @@ export class SetupWatch {
       if (child.pid) {
         mkdirSync(this.layout.home!, { recursive: true, mode: 0o700 });
         writeSetupRecord(this.layout.setupProgress!, {
-          state: "running",
-          step: "starting the set-up",
-          percent: 0,
-          message: "",
-          log: this.layout.setupLog!,
-          error: null,
+          ...this.starting(),
           digest: setupDigest(this.layout, this.opts.version),
           pid: child.pid,
           updated_at: new Date().toISOString(),
