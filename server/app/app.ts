@@ -227,6 +227,18 @@ export function createApp(
     fleet?.fleet,
     logger.child({ component: "reload" }),
     channel,
+    {
+      current: () => env.catalog,
+      async apply(next) {
+        await runtime.call("reload_catalog", {});
+        // The published schemas name the catalog's models: rebuilt, so a new one is accepted and
+        // listed (every session reads app.tools per request).
+        env.catalog = next;
+        app.catalog = next;
+        app.tools = buildTools(env);
+        facts.invalidate();
+      },
+    },
   );
   const control = watchControl(
     channel,
