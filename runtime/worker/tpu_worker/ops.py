@@ -38,6 +38,7 @@ from .probe import ProbeResult, device_label, parse_device, refresh_memory, torc
 from .reports import describe_models, worker_status
 from .selftest import run_selftest
 from .served import Lease, LoadContext, ReplyScope, Served
+from .shapes import ShapeCounter
 
 # progress(done, total=None, message=None, delta=None): delta is a generation's {index, text}.
 ProgressFn = Callable[..., None]
@@ -227,7 +228,8 @@ class Worker:
         for shape in shapes:
             token.check()
             with torch.no_grad():
-                out = adapter.forward_example(adapter.example(shape["batch"], shape.get("seq_len")))
+                # At the plan's bucket, as a request of this shape runs.
+                out = adapter.forward_planned(adapter.example(shape["batch"], shape.get("seq_len")), ShapeCounter())
             platform_for(device).synchronize(device)
             del out
         warmup_s = time.perf_counter() - t2
