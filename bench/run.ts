@@ -441,7 +441,8 @@ async function main() {
         mcp: server,
         model: "tiny-gpt2",
         requests: Number(process.env.BENCH_SHAPES_REQUESTS ?? q(300, 60)),
-        perCaller: q(3, 1),
+        perCaller: q(2, 1),
+        rounds: q(3, 1),
         say,
       });
     } finally {

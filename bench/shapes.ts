@@ -6,17 +6,37 @@
 // time per output token (target ≤ 3 each: no call waits for a compile), padding waste, and
 // tokens/s of the compiled model against the eager one at 8 callers (target ≥ 1.0×). The
 // compile counts are the CPU's proxy for TPU compiles (docs/tpu-vm.md).
+import { cpus, loadavg } from "node:os";
 import type { McpServer } from "./lib/procs.js";
 import { section, type SectionResult } from "./lib/report.js";
+import { median, readCpuTimes, stealPct, verdict } from "./lib/stats.js";
 
 export interface ShapesBenchOptions {
   mcp: McpServer;
   model: string;
   /** Requests of the mixed trace (the issue's figure: at least 300). */
   requests: number;
-  /** Calls per caller on each side of the compiled-against-eager comparison. */
+  /** Calls per caller in one round of the compiled-against-eager comparison. */
   perCaller: number;
+  /** Rounds on each side of that comparison (its median is compared, its spread shown). */
+  rounds: number;
   say: (msg: string) => void;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** load_model, followed to its result when the server answers it as a job (a slow load: the
+ * warm-up of every shape of the plan can outlast the server's soft deadline). */
+async function load(mcp: McpServer, args: Record<string, unknown>): Promise<any> {
+  let r = await mcp.call("load_model", args);
+  for (const id = r.job_id; id && r.job_id === id;) {
+    await sleep(1000);
+    const j = await mcp.call("get_job", { job_id: id });
+    if (j.status === "succeeded") r = j.result;
+    else if (j.status !== "running")
+      throw new Error(`load_model job ${j.status}: ${JSON.stringify(j.error)}`);
+  }
+  return r;
 }
 
 /** A deterministic pseudo-random sequence (the trace is the same in every run). */
@@ -95,34 +115,57 @@ async function throughput(mcp: McpServer, model: string, callers: number, perCal
   return tokens / ((performance.now() - t0) / 1000);
 }
 
+/** `rounds` throughput rounds of 8 callers: their tokens/s, the host's load and steal meanwhile. */
+async function rounds(mcp: McpServer, model: string, n: number, perCaller: number) {
+  const t = readCpuTimes();
+  const rates: number[] = [];
+  for (let i = 0; i < n; i++) rates.push(await throughput(mcp, model, 8, perCaller));
+  return { rates, median: median(rates), steal: stealPct(t, readCpuTimes()), load: loadavg()[0] };
+}
+
+/** "p50 ± MAD, CI of p50, verdict" of one series, as the other benches print it. */
+function spread(xs: number[], host: { load: number; steal: number | null }, unit: string) {
+  const v = verdict(xs, { loadavg1m: host.load, cpus: cpus().length, steal: host.steal });
+  const d = unit === "ms" ? 2 : 0;
+  const text =
+    `MAD ${v.mad.toFixed(d)} ${unit}, p50 CI [${v.ci[0].toFixed(d)}, ${v.ci[1].toFixed(d)}] (${v.ciPct.toFixed(0)} % of p50), ` +
+    `load ${host.load.toFixed(2)}, steal ${host.steal === null ? "n/a" : `${host.steal.toFixed(1)} %`}, ` +
+    (v.stable ? "stable" : `unstable: ${v.reason}`);
+  return { v, text };
+}
+
 export async function runShapes(opts: ShapesBenchOptions): Promise<SectionResult> {
   const sec = section("shapes");
   const { mcp, model } = opts;
   opts.say(`shapes: loading ${model} with mode "compile" (every shape of its plan compiles now)…`);
   const t0 = performance.now();
-  const load = await mcp.call("load_model", { model, mode: "compile" });
+  const loaded = await load(mcp, { model, mode: "compile" });
   const loadS = (performance.now() - t0) / 1000;
-  let compiledRate = 0;
+  let compiled: Awaited<ReturnType<typeof rounds>> | undefined;
   let status: any;
   try {
     opts.say(`shapes: the mixed trace (${opts.requests} requests)…`);
+    const cpu0 = readCpuTimes();
+    const tTrace = performance.now();
     const calls = await trace(mcp, model, opts.requests);
-    opts.say("shapes: compiled, 8 callers…");
-    compiledRate = await throughput(mcp, model, 8, opts.perCaller);
+    const traceS = (performance.now() - tTrace) / 1000;
+    const traceHost = { load: loadavg()[0], steal: stealPct(cpu0, readCpuTimes()) };
+    opts.say(`shapes: trace done in ${traceS.toFixed(0)} s; compiled, 8 callers…`);
+    compiled = await rounds(mcp, model, opts.rounds, opts.perCaller);
     status = await mcp.call("get_runtime_status", {});
     const row = (status.loaded ?? []).find((m: { model: string }) => m.model === model);
     const ttft = calls.map((c) => c.ttftMs);
     const tpot = calls.flatMap((c) => (c.tpotMs === null ? [] : [c.tpotMs]));
     const ttftRatio = quantile(ttft, 0.99) / quantile(ttft, 0.5);
     const tpotRatio = quantile(tpot, 0.99) / quantile(tpot, 0.5);
-    const plan = load.shape_plan?.size ?? NaN;
+    const plan = loaded.shape_plan?.size ?? NaN;
     const distinct = row?.shapes?.distinct_shapes ?? NaN;
     const recompiles = row?.compiles?.recompiles_since_load ?? NaN;
     const waste = row?.shapes?.padding_waste ?? NaN;
     sec.row(
       "graphs compiled at load",
-      String(load.graphs_compiled),
-      `${loadS.toFixed(0)} s load, compile ${load.compile_s.toFixed(1)} s, plan of ${plan} shapes${load.compile_cache?.warm ? ", warm compile cache" : ""}`,
+      String(loaded.graphs_compiled),
+      `${loadS.toFixed(0)} s load (warm-up ${Number(loaded.warmup_s).toFixed(1)} s, compile ${Number(loaded.compile_s).toFixed(1)} s), plan of ${plan} shapes${loaded.compile_cache?.warm ? ", warm compile cache" : ""}`,
     );
     sec.row("recompiles after load", String(recompiles), "target 0");
     sec.row("distinct forward shapes", `${distinct} of ${plan}`, "target ≤ the plan's size");
@@ -136,12 +179,16 @@ export async function runShapes(opts: ShapesBenchOptions): Promise<SectionResult
       `${quantile(tpot, 0.5).toFixed(2)} / ${quantile(tpot, 0.99).toFixed(2)} ms`,
       `p99 ÷ p50 ${tpotRatio.toFixed(2)}, target ≤ 3`,
     );
+    const ttftSpread = spread(ttft, traceHost, "ms");
+    const tpotSpread = spread(tpot, traceHost, "ms");
+    sec.row("  TTFT stability", ttftSpread.v.stable ? "stable" : "unstable", ttftSpread.text);
+    sec.row("  per-token stability", tpotSpread.v.stable ? "stable" : "unstable", tpotSpread.text);
     sec.row(
       "padding waste",
       `${(waste * 100).toFixed(1)}%`,
       "1 - real ÷ padded tokens, all forwards",
     );
-    sec.fig("graphs_compiled_at_load", load.graphs_compiled);
+    sec.fig("graphs_compiled_at_load", loaded.graphs_compiled);
     sec.fig("load_s", loadS);
     sec.fig("plan_size", plan);
     sec.fig("recompiles_after_load", recompiles);
@@ -150,21 +197,38 @@ export async function runShapes(opts: ShapesBenchOptions): Promise<SectionResult
     sec.fig("tpot_p99_over_p50", tpotRatio);
     sec.fig("padding_waste", waste);
     sec.fig("requests", calls.length);
+    sec.fig("trace_s", traceS);
+    sec.fig("trace_loadavg_1m", traceHost.load);
+    sec.fig("ttft_p50_ms", ttftSpread.v.p50);
+    sec.fig("ttft_mad_ms", ttftSpread.v.mad);
+    sec.fig("tpot_p50_ms", tpotSpread.v.p50);
+    sec.fig("tpot_mad_ms", tpotSpread.v.mad);
+    sec.fig("tpot_p50_ci_pct", tpotSpread.v.ciPct);
   } finally {
     await mcp.call("unload_model", { model }).catch(() => {});
   }
   opts.say("shapes: eager, 8 callers…");
-  await mcp.call("load_model", { model });
+  await load(mcp, { model });
   try {
-    const eagerRate = await throughput(mcp, model, 8, opts.perCaller);
-    const ratio = compiledRate / eagerRate;
+    const eager = await rounds(mcp, model, opts.rounds, opts.perCaller);
+    const c = compiled!;
+    const ratio = c.median / eager.median;
     sec.row(
       "compiled / eager tokens/s, 8 callers",
       `${ratio.toFixed(2)}×`,
-      `${compiledRate.toFixed(0)} vs ${eagerRate.toFixed(0)} tokens/s, target ≥ 1.0×`,
+      `medians of ${opts.rounds} rounds: ${c.median.toFixed(0)} vs ${eager.median.toFixed(0)} tokens/s, target ≥ 1.0×`,
     );
-    sec.fig("compiled_tokens_per_s_8", compiledRate);
-    sec.fig("eager_tokens_per_s_8", eagerRate);
+    for (const [name, side] of [
+      ["compiled", c],
+      ["eager", eager],
+    ] as const)
+      sec.row(
+        `  ${name} rounds`,
+        side.rates.map((r) => r.toFixed(0)).join(", "),
+        `tokens/s; load ${side.load.toFixed(2)}, steal ${side.steal === null ? "n/a" : `${side.steal.toFixed(1)} %`}`,
+      );
+    sec.fig("compiled_tokens_per_s_8", c.median);
+    sec.fig("eager_tokens_per_s_8", eager.median);
     sec.fig("compiled_over_eager_8", ratio);
   } finally {
     await mcp.call("unload_model", { model }).catch(() => {});

@@ -98,7 +98,7 @@ export function readCatalog(path: string): Catalog {
   } catch (e) {
     throw new CatalogError(`cannot read the catalog file: ${(e as Error).message}`);
   }
-  return parseCatalog(raw, "catalog file");
+  return parseCatalog(raw, `catalog file ${path}`);
 }
 
 /** 1, 2, 4, ... below `top`, then `top` (runtime/worker/tpu_worker/shapes.py's defaults). */

@@ -1,4 +1,5 @@
 // Small statistics and formatting helpers shared by the bench modules.
+import { readFileSync } from "node:fs";
 
 /** Nearest-rank percentile (p in 0..100) of unsorted samples; NaN for no samples. */
 export function percentile(samples: readonly number[], p: number): number {
@@ -51,4 +52,64 @@ export async function withCallers(
     while (next < total) await fn(next++);
   };
   await Promise.all(Array.from({ length: callers }, loop));
+}
+
+/** Median absolute deviation from the median (unscaled), as the worker's bench/stats.py. */
+export function mad(samples: readonly number[]): number {
+  const m = median(samples);
+  return median(samples.map((x) => Math.abs(x - m)));
+}
+
+/** Percentile-bootstrap 95 % interval of the median, from a seeded generator (the same samples
+ * give the same interval), as the worker's bench/stats.py. */
+export function medianCI(samples: readonly number[], seed = 0, resamples = 1000): [number, number] {
+  if (samples.length < 2) return [samples[0] ?? NaN, samples[0] ?? NaN];
+  let s = seed >>> 0;
+  const next = () => (s = (s * 1664525 + 1013904223) >>> 0);
+  const medians = Array.from({ length: resamples }, () =>
+    median(Array.from({ length: samples.length }, () => samples[next() % samples.length])),
+  );
+  return [percentile(medians, 2.5), percentile(medians, 97.5)];
+}
+
+/** CPU time stolen by the hypervisor between two readings of /proc/stat (null off Linux). */
+export function readCpuTimes(): number[] | null {
+  try {
+    const line = readFileSync("/proc/stat", "utf8").split("\n")[0];
+    return line.trim().split(/\s+/).slice(1).map(Number);
+  } catch {
+    return null;
+  }
+}
+
+export function stealPct(before: number[] | null, after: number[] | null): number | null {
+  if (!before || !after) return null;
+  const d = after.map((v, i) => v - (before[i] ?? 0));
+  const total = d.reduce((a, b) => a + b, 0);
+  return total > 0 ? (100 * (d[7] ?? 0)) / total : null;
+}
+
+/** The worker's verdict rule (bench/stability.py): stable when the interval of p50 is within
+ * 10 % of p50, steal is at most 5 % and the 1-minute load average is at most the core count. */
+export function verdict(
+  samples: readonly number[],
+  host: { loadavg1m: number; cpus: number; steal: number | null },
+) {
+  const p50 = median(samples);
+  const ci = medianCI(samples);
+  const ciPct = (100 * (ci[1] - ci[0])) / p50;
+  const reasons: string[] = [];
+  if (samples.length < 10) reasons.push(`only ${samples.length} samples`);
+  else if (ciPct > 10) reasons.push(`CI of p50 wider than 10 % of p50 (${ciPct.toFixed(0)} %)`);
+  if (host.steal !== null && host.steal > 5) reasons.push(`steal ${host.steal.toFixed(1)} %`);
+  if (host.loadavg1m > host.cpus)
+    reasons.push(`load above cores (${host.loadavg1m.toFixed(2)} on ${host.cpus} CPUs)`);
+  return {
+    p50,
+    mad: mad(samples),
+    ci,
+    ciPct,
+    stable: reasons.length === 0,
+    reason: reasons.join("; "),
+  };
 }

@@ -20,7 +20,7 @@ import { runOperatorsCommand } from "./operators.js";
 import { runDoctor } from "../doctor/index.js";
 import { runTpuSelfTest } from "../doctor/tpu.js";
 import { startHttp } from "../transports/http.js";
-import { createLogger } from "../app/logger.js";
+import { createLogger, isLogFormat } from "../app/logger.js";
 import { startStdio } from "../transports/stdio.js";
 import { terminalText } from "../terminal.js";
 import { runVerifyExport } from "./verify_export.js";
@@ -105,11 +105,15 @@ const embeddedAuth = (config: ServerConfig) =>
   config.policy.tokens.length === 0 && !config.policy.jwt;
 
 /**
- * The embedded default's operator: someone other than the agent who may decide approvals. Its
+ * The embedded default's operator: someone other than the agent who may decide approvals, and
+ * read the runtime (the console's Runtime page calls get_runtime_status through the gate). Its
  * token lives in the data dir, so whoever can read that folder can approve: run the server as
  * its own user to keep an agent out (docs/security.md).
  */
-const LOCAL_OPERATOR = { id: "local-operator", scopes: ["approvals:grant" as const] };
+const LOCAL_OPERATOR = {
+  id: "local-operator",
+  scopes: ["approvals:grant" as const, "models:read" as const],
+};
 
 function withOperatorToken(config: ServerConfig): { config: ServerConfig; token: string } {
   const token = generatedToken(config, dataDir(config).operatorToken, "the operator token");
@@ -188,7 +192,16 @@ async function main(argv: string[]): Promise<number> {
     }
     throw e;
   }
-  const logger = createLogger(process.env.TPU_MCP_LOG_LEVEL ?? config.log_level);
+  const logFormat = process.env.TPU_MCP_LOG_FORMAT ?? config.log_format;
+  if (!isLogFormat(logFormat)) {
+    err(`TPU_MCP_LOG_FORMAT must be auto, json or pretty, got ${JSON.stringify(logFormat)}`);
+    return 2;
+  }
+  const logger = createLogger(
+    process.env.TPU_MCP_LOG_LEVEL ?? config.log_level,
+    process.stderr,
+    logFormat,
+  );
   // A reload reads the same file with the same command-line overrides (none without a file).
   const configFile = values.config ?? process.env.TPU_MCP_CONFIG;
   const reloadable = configFile
@@ -390,7 +403,7 @@ function setupWatch(
   };
 }
 
-/** SIGHUP re-reads the config file (README: Config reload); returns the un-registration. */
+/** SIGHUP re-reads the config file (docs/fleet-and-ray.md, "Config reload"); returns the un-registration. */
 function onSighup(app: App): () => void {
   const fn = () => void app.reload("SIGHUP");
   process.on("SIGHUP", fn);

@@ -76,6 +76,8 @@ export const ServerConfigSchema = z
     log_level: z
       .enum(["trace", "debug", "info", "warn", "error", "fatal", "silent"])
       .default("info"),
+    /** auto: short text lines when stderr is a terminal, JSON lines otherwise (server/app/logger.ts). */
+    log_format: z.enum(["auto", "json", "pretty"]).default("auto"),
     /** Per-call timestamps for `npm run bench`'s decomposition, returned to callers that ask
      * with `_meta["tpu-mcp/trace"]`. Off by default: a measurement aid, not a feature. */
     trace_calls: z.boolean().default(false),

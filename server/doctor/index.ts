@@ -35,13 +35,17 @@ export async function runDoctor(
 ): Promise<number> {
   const report: Record<string, unknown> = {};
   const problems: string[] = [];
-  // One line per check, whatever a config value or an error message holds.
-  const ok = (s: string) => !io.json && io.out(`  ok   ${terminalField(s)}`);
+  // One check per entry, whatever a config value or an error message holds: a text of several
+  // lines (a catalog's list of problems) keeps its line breaks, each line escaped on its own and
+  // indented under the first, so no line of it can pass for a check of its own.
+  const check = (tag: string, s: string) =>
+    io.out(`  ${tag} ${s.split("\n").map(terminalField).join("\n       ")}`);
+  const ok = (s: string) => !io.json && check("ok  ", s);
   // Said plainly, not counted as a problem: the embedded default is in this situation.
-  const warn = (s: string) => !io.json && io.out(`  warn ${terminalField(s)}`);
+  const warn = (s: string) => !io.json && check("warn", s);
   const bad = (s: string) => {
     problems.push(s);
-    if (!io.json) io.out(`  FAIL ${terminalField(s)}`);
+    if (!io.json) check("FAIL", s);
   };
   const sdkDir = nodePackageDir(config.paths.install, "@modelcontextprotocol/server");
   const sdk = sdkDir

@@ -3,11 +3,11 @@
 // stdio session and writes its progress to <home>/setup.json), and holds the worker back until
 // the set-up is done. Meanwhile device tools answer runtime_setting_up with the progress.
 import { spawn } from "node:child_process";
-import { openSync, closeSync } from "node:fs";
+import { closeSync, mkdirSync, openSync } from "node:fs";
 import type { Logger } from "pino";
 import { RuntimeCallError } from "../../runtime/types.js";
 import type { InstallLayout } from "../config/install_layout.js";
-import { alive, readSetupRecord, type SetupProgress } from "./progress.js";
+import { alive, readSetupRecord, writeSetupRecord, type SetupProgress } from "./progress.js";
 import { needsSetup, setupDigest } from "./run.js";
 
 const POLL_MS = 1000;
@@ -66,16 +66,19 @@ export class SetupWatch {
   /** What get_runtime_status shows; null once done. */
   progress(): SetupProgress | null {
     if (this.done) return null;
-    return (
-      this.last ?? {
-        state: "running",
-        step: "starting the set-up",
-        percent: 0,
-        message: "",
-        log: this.layout.setupLog!,
-        error: null,
-      }
-    );
+    return this.last ?? this.starting();
+  }
+
+  /** The progress of a set-up that has not written its own record yet. */
+  private starting(): SetupProgress {
+    return {
+      state: "running",
+      step: "starting the set-up",
+      percent: 0,
+      message: "",
+      log: this.layout.setupLog!,
+      error: null,
+    };
   }
 
   /** The runtime's prerequisite: why the worker cannot start yet, or null. */
@@ -114,6 +117,17 @@ export class SetupWatch {
         this.failure = `cannot start \`tpu-mcp setup\`: ${e.message}`;
       });
       child.unref();
+      // Recorded at once, with the child's pid: until the set-up writes its own record, a second
+      // server (or whoever stops it) would otherwise see no set-up running and start another.
+      if (child.pid) {
+        mkdirSync(this.layout.home!, { recursive: true, mode: 0o700 });
+        writeSetupRecord(this.layout.setupProgress!, {
+          ...this.starting(),
+          digest: setupDigest(this.layout, this.opts.version),
+          pid: child.pid,
+          updated_at: new Date().toISOString(),
+        });
+      }
       this.opts.logger.info(
         { pid: child.pid, log: this.layout.setupLog },
         "setting up in the background",

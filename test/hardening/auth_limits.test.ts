@@ -7,19 +7,9 @@
 // The default http.auth_limit applies: 10 free failures per address, back-off up to 15 s.
 import { request } from "node:http";
 import { connect } from "node:net";
-import { join } from "node:path";
-import { writeFileSync } from "node:fs";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { INITIALIZE, startHttpServer, type HttpServerProc } from "../helpers/server.js";
-import {
-  auditRows,
-  baseConfig,
-  cleanupTemp,
-  DEMO_POLICY,
-  sleep,
-  tempDir,
-  TOKENS,
-} from "./helpers.js";
+import { INITIALIZE, type HttpServerProc } from "../helpers/server.js";
+import { auditRows, cleanupTemp, sleep, startLazyDemoServer, TOKENS } from "./helpers.js";
 
 const FREE = 10; // http.auth_limit.free_failures' default
 const MAX_BACKOFF_S = 15; // http.auth_limit.max_backoff_s' default
@@ -108,14 +98,7 @@ describe("one limiter for failed authentication, on every path", () => {
   let dataDir: string;
 
   beforeAll(async () => {
-    const dir = tempDir();
-    dataDir = join(dir, "data");
-    const cfg = join(dir, "config.json");
-    writeFileSync(
-      cfg,
-      JSON.stringify(baseConfig(dir, { policy: DEMO_POLICY, runtime: { start: "lazy" } })),
-    );
-    server = await startHttpServer(cfg);
+    ({ server, dataDir } = await startLazyDemoServer());
   });
   afterAll(async () => {
     await server?.stop();

@@ -13,7 +13,15 @@ import type { Principal } from "../../policies/scopes.js";
 import { createApp, type App } from "../../server/app/app.js";
 import { parseConfig } from "../../server/config/config.js";
 import { createMcpServer } from "../../server/mcp/server.js";
-import { CLI, DEMO_POLICY, DEMO_TOKENS, ROOT, cli } from "../helpers/server.js";
+import {
+  CLI,
+  DEMO_POLICY,
+  DEMO_TOKENS,
+  ROOT,
+  cli,
+  startHttpServer,
+  type HttpServerProc,
+} from "../helpers/server.js";
 
 export { CLI, DEMO_POLICY, ROOT, cli };
 export const DATA = join(ROOT, "test", "hardening", "data");
@@ -173,4 +181,18 @@ export function recordFigure(name: string, value: unknown): void {
   cur[name] = value;
   writeFileSync(file, JSON.stringify(cur, null, 2) + "\n");
   process.stderr.write(`[figure] ${name}: ${JSON.stringify(value)}\n`);
+}
+
+/**
+ * A real HTTP server with the demo policy and a lazy worker (the auth suites never start one),
+ * its folder made by tempDir and removed by cleanupTemp.
+ */
+export async function startLazyDemoServer(): Promise<{ server: HttpServerProc; dataDir: string }> {
+  const dir = tempDir();
+  const cfg = join(dir, "config.json");
+  writeFileSync(
+    cfg,
+    JSON.stringify(baseConfig(dir, { policy: DEMO_POLICY, runtime: { start: "lazy" } })),
+  );
+  return { server: await startHttpServer(cfg), dataDir: join(dir, "data") };
 }

@@ -5,13 +5,12 @@
 // calling with the agent's valid token, and the operator signs in to the console and uses the
 // session. Each valid request must be answered; the guesser is still throttled (429).
 import { spawn, type ChildProcess } from "node:child_process";
-import { writeFileSync } from "node:fs";
 import { connect } from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { callModern, connectModernHttp } from "../helpers/modern.js";
-import { connectHttp, startHttpServer, type HttpServerProc } from "../helpers/server.js";
-import { baseConfig, cleanupTemp, DEMO_POLICY, ROOT, TOKENS, tempDir } from "./helpers.js";
+import { connectHttp, type HttpServerProc } from "../helpers/server.js";
+import { cleanupTemp, ROOT, startLazyDemoServer, TOKENS } from "./helpers.js";
 
 const CALLS = 20;
 
@@ -21,13 +20,7 @@ describe("a token-less guesser on 127.0.0.1 does not lock out valid credentials"
   let guesses = "";
 
   beforeAll(async () => {
-    const dir = tempDir();
-    const cfg = join(dir, "config.json");
-    writeFileSync(
-      cfg,
-      JSON.stringify(baseConfig(dir, { policy: DEMO_POLICY, runtime: { start: "lazy" } })),
-    );
-    server = await startHttpServer(cfg);
+    ({ server } = await startLazyDemoServer());
     const base = server.url.replace(/\/mcp$/, "");
     guesser = spawn(
       process.execPath,

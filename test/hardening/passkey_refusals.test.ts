@@ -5,11 +5,9 @@
 // for 50,000 requests); a wrong enrolment code is a guess like a wrong token. And a flood of
 // sign-in options from the operator's own address does not evict the operator's pending sign-in.
 import { request } from "node:http";
-import { writeFileSync } from "node:fs";
-import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startHttpServer, type HttpServerProc } from "../helpers/server.js";
-import { auditRows, baseConfig, cleanupTemp, DEMO_POLICY, tempDir } from "./helpers.js";
+import type { HttpServerProc } from "../helpers/server.js";
+import { auditRows, cleanupTemp, startLazyDemoServer } from "./helpers.js";
 
 const FLOOD = 300;
 
@@ -59,14 +57,7 @@ describe("passkey routes before a session, attacked without a token", () => {
   let server: HttpServerProc;
   let dataDir: string;
   beforeAll(async () => {
-    const dir = tempDir();
-    dataDir = join(dir, "data");
-    const cfg = join(dir, "config.json");
-    writeFileSync(
-      cfg,
-      JSON.stringify(baseConfig(dir, { policy: DEMO_POLICY, runtime: { start: "lazy" } })),
-    );
-    server = await startHttpServer(cfg);
+    ({ server, dataDir } = await startLazyDemoServer());
   });
   afterAll(async () => {
     await server?.stop();

@@ -33,6 +33,23 @@ function trail(n: number) {
   return { file, open, steps };
 }
 
+/**
+ * A trail of 300 verified records and 5 appended after the checkpoint, with a raw handle on its
+ * database (for forging the checkpoint) and the last record's seq and hash.
+ */
+async function verifiedThenAppended() {
+  const t = trail(300);
+  const log = t.open();
+  await new AuditVerifier(log, { chunkRows: 64 }).run();
+  for (let i = 0; i < 5; i++) log.append(rec(i));
+  const db = new Database(t.file);
+  const last = db.prepare("SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1").get() as {
+    seq: number;
+    hash: string;
+  };
+  return { log, db, last };
+}
+
 describe("AuditVerifier", () => {
   it("verifies in bounded steps, stores a checkpoint, then verifies only the newer records", async () => {
     const t = trail(1000);
@@ -56,16 +73,8 @@ describe("AuditVerifier", () => {
   });
 
   it("catches a checkpoint written without the key, and so does the full verify", async () => {
-    const t = trail(300);
-    const log = t.open();
-    await new AuditVerifier(log, { chunkRows: 64 }).run();
-    for (let i = 0; i < 5; i++) log.append(rec(i));
     // Someone who can write the database moves the checkpoint past records not yet verified.
-    const db = new Database(t.file);
-    const last = db.prepare("SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1").get() as {
-      seq: number;
-      hash: string;
-    };
+    const { log, db, last } = await verifiedThenAppended();
     db.prepare("UPDATE audit_checkpoint SET seq = ?, hash = ?, verified_at = ?").run(
       last.seq,
       last.hash,
@@ -140,16 +149,8 @@ describe("the checkpoint and the full verify (issue 33)", () => {
   });
 
   it("the checkpoint's MAC covers its seq and hash: moving only those is caught", async () => {
-    const t = trail(300);
-    const log = t.open();
-    await new AuditVerifier(log, { chunkRows: 64 }).run();
-    for (let i = 0; i < 5; i++) log.append(rec(i));
     // The checkpoint moved past records not yet verified, its verified_at and MAC left as they were.
-    const db = new Database(t.file);
-    const last = db.prepare("SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1").get() as {
-      seq: number;
-      hash: string;
-    };
+    const { log, db, last } = await verifiedThenAppended();
     db.prepare("UPDATE audit_checkpoint SET seq = ?, hash = ?").run(last.seq, last.hash);
     db.close();
     expect(log.readCheckpoint().forged?.reason).toMatch(/checkpoint.*MAC/);

@@ -343,3 +343,109 @@ print(json.dumps({
     syncs = [c for c in calls if c[:1] == ["_accelerator_synchronizeDevice"]]
     assert len(syncs) >= 2 * out["steps"], calls  # before and after every step
     assert out["peak_kind"] != "cpu_peak_rss"  # the device's memory, not the host's
+
+
+def test_the_static_decode_loop_compiles_for_the_tpu_and_warms_each_shape_to_its_synchronize(
+    tpu_python, catalog_path, sim_host, tmp_path
+):
+    """The static-cache decode loop of tiny-gpt2 with its adapter on `tpu:0`: its compile call
+    reaches torch.compile (as TorchTPU patched it) with dynamic=False and the counting backend of
+    TorchTPU's "tpu", and the load's warm-up of every shape of the plan ends each forward at the
+    platform's synchronize (0.02 s of device work queued each). No kernel can run on `tpu` here,
+    so tensors the worker puts on `tpu` stay on the host (a TorchFunctionMode in this script, in
+    the loop's thread too); the loop then decodes requests that join mid-decode and gives the
+    tokens the same loop gives on the CPU."""
+    log = str(tmp_path / "calls.log")
+    script = r"""
+import json, sys, time, torch, torch_tpu._loader as L
+from torch.overrides import TorchFunctionMode
+from tpu_worker.cancel import CancelToken
+from tpu_worker.catalog import load_catalog
+from tpu_worker.compiles import CompileCounter
+from tpu_worker.generation.loop import DecodeLoop
+from tpu_worker.ops import OpContext, Worker
+from tpu_worker.platforms import platform_for
+from tpu_worker.probe import probe
+
+TPU = torch.device("tpu:0")
+seen = []
+L._torch_compile = lambda *a, **k: seen.append(
+    {"backend": getattr(k.get("backend"), "platform_backend", None), "dynamic": k.get("dynamic")}
+) or a[0]
+
+def on_tpu(d):
+    return isinstance(d, (str, torch.device)) and torch.device(d).type == "tpu"
+
+class OnHost(TorchFunctionMode):
+    # What the worker asks to put on `tpu` stays on the host (no chip to run it on).
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if on_tpu(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to and len(args) > 1 and on_tpu(args[1]):
+            args = (args[0], *args[2:])
+        return func(*args, **kwargs)
+
+run = DecodeLoop._run
+def run_on_host(self):
+    with OnHost():
+        run(self)
+DecodeLoop._run = run_on_host
+
+REQS = [
+    {"texts": ["the first request decodes for a long while"], "max_new_tokens": 24},
+    {"texts": ["a"], "max_new_tokens": 3},
+    {"texts": ["a longer prompt than the first one, by quite a few tokens " * 2], "max_new_tokens": 9},
+]
+
+def decode(loop, adapter):
+    futures = []
+    def join(p, total=None, message=None, delta=None):
+        if p == 3:  # the first request is decoding: the others join at the next boundary
+            futures.extend(loop.submit(adapter.prepare(a, []), CancelToken()) for a in REQS[1:])
+    head = loop.submit(adapter.prepare({**REQS[0], "stream": True}, []), CancelToken(), progress=join)
+    out = [head.result(timeout=300).result] + [f.result(timeout=300).result for f in futures]
+    return [r["texts"] for r in out], loop.stats.joins
+
+w = Worker(load_catalog(sys.argv[1]), probe("cpu"))
+w.handle("load", {"model": "tiny-gpt2"}, [], OpContext("l"))
+adapter = w.served["tiny-gpt2"].adapter
+cpu_loop = DecodeLoop("cpu", adapter, max_batch=16)
+on_cpu = decode(cpu_loop, adapter)
+cpu_loop.close("done")
+
+adapter.device = TPU
+adapter.compile(CompileCounter("tiny-gpt2"))
+with OnHost():
+    loop = DecodeLoop("tpu", adapter, max_batch=16)
+    t0 = time.perf_counter()
+    warmed = loop.warm(lambda *a, **k: None, CancelToken())
+    warm_s = time.perf_counter() - t0
+on_tpu_path = decode(loop, adapter)
+print(json.dumps({
+    "seen": seen, "dynamic": adapter.compile_dynamic, "platform": type(platform_for(adapter.device)).__name__,
+    "cache": loop.describe()["cache"], "warmed": warmed, "plan": adapter.plan.size, "warm_s": warm_s,
+    "same_tokens": on_tpu_path == on_cpu, "joins": on_tpu_path[1],
+}))
+loop.close("done")
+w.close()
+"""
+    env = make_env(sim_host, log, TPU_SIM_SYNC_WORK_S="0.02")
+    p = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
+        [tpu_python, "-c", script, catalog_path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=WORKER_DIR,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["seen"] == [{"backend": "tpu", "dynamic": False}] and out["dynamic"] is False
+    assert out["platform"] == "TpuPlatform" and out["cache"] == "static"
+    assert out["warmed"] == out["plan"] > 0
+    calls = [line.split()[1:] for line in _read(log).splitlines()]
+    syncs = [c for c in calls if c[:1] == ["_accelerator_synchronizeDevice"]]
+    assert len(syncs) >= out["plan"], calls  # one after every warmed shape
+    assert out["warm_s"] >= 0.02 * out["plan"]  # the queued device work, waited for each time
+    assert out["same_tokens"] and out["joins"] == 2, out  # the two requests joined mid-decode

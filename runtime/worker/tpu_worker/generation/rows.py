@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..platforms import platform_for
 from ..shapes import ShapeCounter, ShapePlan
 from . import kv
 from .slots import SlotCache, static_cache_problem
@@ -136,6 +137,7 @@ class StaticRows:
         compiles them now, not in a caller's request); returns how many."""
         shapes = self.plan.forward_shapes()
         pad = self.adapter.pad_id
+        platform = platform_for(self.adapter.device)
         for i, (kind, b, n) in enumerate(shapes):
             token.check()
             progress(
@@ -150,6 +152,8 @@ class StaticRows:
                     cache, mask, pos, column = self.slots.step(0, b)
                     fed = torch.full((b,), pad, dtype=torch.long, device=self.slots.device)
                     self.adapter.step_static(fed, cache, mask, pos, column)
+            # The warm-up's time is the compiles' and their first runs' (the device's queue included).
+            platform.synchronize(self.adapter.device)
         self.slots.reset()
         return len(shapes)
 
