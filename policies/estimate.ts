@@ -31,7 +31,7 @@ export interface ModelFacts {
   library?: string;
   /**
    * The engine that serves the model (vllm), whose benchmark measures what was asked and never
-   * extends an unstable series; absent: the worker's own benchmark, which does.
+   * extends an unstable series; absent (or torch): the worker's own benchmark, which does.
    */
   engine?: string;
 }
@@ -584,7 +584,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
               const more = extensionS(
                 duration !== undefined ? { duration_s: duration } : { iterations },
                 per,
-                model?.engine ? 1 : EXTEND_FACTOR,
+                model?.engine && model.engine !== "torch" ? 1 : EXTEND_FACTOR,
                 input.max_duration_s,
               );
               if (duration !== undefined) extension.wallS += more;

@@ -21,6 +21,11 @@ function libraryOf(entry: { architecture: string; engine?: string }): { library?
   return { library: "transformers" };
 }
 
+/** The engine that serves the model, when it is not the worker's own torch (vllm). */
+function engineOf(entry: { engine?: string }): { engine?: string } {
+  return entry.engine && entry.engine !== "torch" ? { engine: entry.engine } : {};
+}
+
 /** What the estimator reads of a call besides models and devices: its work and its model's state. */
 function callFacts(
   tool: Pick<ToolPolicy, "estimate">,
@@ -66,7 +71,7 @@ function callFacts(
       default_dtype: entry.default_dtype,
       compile_graphs: planSize(entry),
       ...libraryOf(entry),
-      ...(entry.engine ? { engine: entry.engine } : {}),
+      ...engineOf(entry),
     },
     calls,
     now: Date.now(),
@@ -115,7 +120,7 @@ export async function estimateFor(
       default_dtype: entry.default_dtype,
       compile_graphs: planSize(entry),
       ...libraryOf(entry),
-      ...(entry.engine ? { engine: entry.engine } : {}),
+      ...engineOf(entry),
     },
     // What the worker has imported: the first load of a transformers model in it is cold.
     ...("libraries" in status && Array.isArray(status.libraries)
