@@ -89,6 +89,13 @@ export interface ApprovalStore {
   consume(id: string, principal: string, tool: string, digest: string): ApprovalRecord;
   /** Calls `fn` after every change this store makes; returns the unsubscribe function. */
   subscribe?(fn: ApprovalListener): () => void;
+  /** Makes a used approval usable again after its call was interrupted (SqliteApprovalStore). */
+  restoreUsed?(
+    id: string,
+    principal: string,
+    tool: string,
+    digest: string,
+  ): ApprovalRecord | undefined;
   close(): void;
 }
 

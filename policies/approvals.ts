@@ -410,6 +410,26 @@ export class SqliteApprovalStore implements ApprovalStore {
     return this.emit("used", this.get(id)!);
   }
 
+  /**
+   * Gives an approval back after the call that consumed it was interrupted (reconcile.ts): only
+   * one that is `used`, still bound to this principal, tool and digest, and not past its expiry,
+   * which stays as it was. Undefined when none qualifies (the approval stays as it is).
+   */
+  restoreUsed(
+    id: string,
+    principal: string,
+    tool: string,
+    digest: string,
+  ): ApprovalRecord | undefined {
+    const changed = this.db
+      .prepare(
+        `UPDATE approvals SET status = 'approved', used_ms = NULL WHERE id = ? AND status = 'used'
+         AND principal = ? AND tool = ? AND args_digest = ? AND expires_ms > ?`,
+      )
+      .run(id, principal, tool, digest, this.clock()).changes;
+    return changed === 1 ? this.get(id) : undefined;
+  }
+
   close(): void {
     if (this.owned && this.db.open) this.db.close();
   }

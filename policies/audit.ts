@@ -54,9 +54,10 @@ export interface AuditLog {
   /**
    * Group commit: resolves once the record is committed, in one transaction with the other
    * records appended in the same event-loop turn (concurrent calls share a commit). Optional;
-   * the gate falls back to `append`.
+   * the gate falls back to `append`. `alongside` runs inside that transaction, before the record
+   * (the call's calls_in_flight row: committed with its `allowed` record or not at all).
    */
-  appendDurable?(record: AuditRecord): Promise<StoredAuditRecord>;
+  appendDurable?(record: AuditRecord, alongside?: () => void): Promise<StoredAuditRecord>;
   /**
    * A refusal: recorded at once, or counted into the aggregate of its window when it repeats one
    * (the rule is in audit_refusals.ts); null when counted. `per` names the window's key for a
@@ -234,9 +235,14 @@ export class SqliteAuditLog implements AuditLog {
     return out;
   }
 
-  private tx?: Transaction<(records: PreparedRecord[]) => StoredAuditRecord[]>;
+  private tx?: Transaction<
+    (records: PreparedRecord[], alongside?: (() => void)[]) => StoredAuditRecord[]
+  >;
   private appendTx(key: AuditKey) {
-    this.tx ??= this.db.transaction((records: PreparedRecord[]) => this.chainInsert(key, records));
+    this.tx ??= this.db.transaction((records: PreparedRecord[], alongside?: (() => void)[]) => {
+      for (const fn of alongside ?? []) fn();
+      return this.chainInsert(key, records);
+    });
     return this.tx;
   }
 
@@ -257,12 +263,13 @@ export class SqliteAuditLog implements AuditLog {
   // WAL with synchronous=NORMAL), and a lone caller waits one setImmediate, not a timer.
   private queued: Array<{
     prepared: PreparedRecord;
+    alongside?: () => void;
     resolve: (r: StoredAuditRecord) => void;
     reject: (e: unknown) => void;
   }> = [];
   private flushScheduled = false;
 
-  appendDurable(record: AuditRecord): Promise<StoredAuditRecord> {
+  appendDurable(record: AuditRecord, alongside?: () => void): Promise<StoredAuditRecord> {
     let prepared: PreparedRecord;
     try {
       prepared = prepareRecord(record);
@@ -270,7 +277,7 @@ export class SqliteAuditLog implements AuditLog {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      this.queued.push({ prepared, resolve, reject });
+      this.queued.push({ prepared, alongside, resolve, reject });
       if (!this.flushScheduled) {
         this.flushScheduled = true;
         setImmediate(() => this.flush());
@@ -285,7 +292,11 @@ export class SqliteAuditLog implements AuditLog {
     let stored: StoredAuditRecord[];
     try {
       if (!this.key) throw new Error("the audit key is missing: this audit log is read-only");
-      stored = this.appendTx(this.key).immediate(batch.map((b) => b.prepared));
+      const alongside = batch.flatMap((b) => (b.alongside ? [b.alongside] : []));
+      stored = this.appendTx(this.key).immediate(
+        batch.map((b) => b.prepared),
+        alongside,
+      );
     } catch (e) {
       for (const b of batch) b.reject(e);
       return;

@@ -90,7 +90,7 @@ export function parseSince(text: string): number | string {
 }
 
 const SUCCESS = new Set(["allowed", "executed", "approval_granted", "chain_keyed"]);
-const FAILURE = new Set(["denied", "failed", "approval_denied", "approval_expired"]);
+const FAILURE = new Set(["denied", "failed", "approval_denied", "approval_expired", "interrupted"]);
 const PRODUCT = { name: "tpu-mcp", vendor_name: "tpu-mcp" };
 
 /** An OCSF API Activity (6003) event for one record; the proof fields stay in `unmapped`. */

@@ -16,6 +16,8 @@ export type AuditOutcome =
   | "approval_expired"
   | "executed"
   | "failed"
+  /** A call the server stopped running by stopping itself (a kill): written when it starts again. */
+  | "interrupted"
   /** The first record under a key: from here on every record is HMAC'd with that key. */
   | "chain_keyed";
 

@@ -24,8 +24,11 @@ export interface GateContext {
    * audit_refusals.ts); never throws, like `audit`.
    */
   auditRefusal(rec: Omit<AuditRecord, "time">): void;
-  /** Appends and waits for the commit (group commit when the store offers it); may throw. */
-  auditDurable(rec: AuditRecord): Promise<void>;
+  /**
+   * Appends and waits for the commit (group commit when the store offers it); may throw.
+   * `alongside` is written in the same transaction where the store offers it (else just before).
+   */
+  auditDurable(rec: AuditRecord, alongside?: () => void): Promise<void>;
 }
 
 export function gateContext(deps: GateDeps): GateContext {
@@ -55,10 +58,13 @@ export function gateContext(deps: GateDeps): GateContext {
         deps.logger.error({ err: String(e), audit: rec }, "audit append failed");
       }
     },
-    async auditDurable(rec) {
+    async auditDurable(rec, alongside) {
       const a = deps.audit;
-      if (a.appendDurable) await a.appendDurable(rec);
-      else a.append(rec);
+      if (a.appendDurable) await a.appendDurable(rec, alongside);
+      else {
+        alongside?.();
+        a.append(rec);
+      }
     },
   };
 }

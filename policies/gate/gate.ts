@@ -13,6 +13,8 @@ import { decideApproval } from "./approval_flow.js";
 import { gateContext, type GateContext } from "./context.js";
 import { admit, scopeRefusal, takeRate } from "./steps.js";
 import { supervise } from "./supervise.js";
+import { reconcileInterrupted, type LeftBehind } from "./reconcile.js";
+import type { AuditRecord } from "../audit.js";
 import { InputRequired, type CallDeadline, type GateCall, type GateDeps } from "./types.js";
 
 // The gate's public types, so a caller imports the gate from one module.
@@ -112,6 +114,14 @@ export class Gate {
       code: "invalid_request",
       reason: message.slice(0, 500),
     });
+  }
+
+  /**
+   * Settles the calls a killed process left running (reconcile.ts): at start, before any call.
+   * Each gets an `interrupted` record, its charge and, if it had consumed one, its approval back.
+   */
+  reconcileInterrupted(store: LeftBehind): AuditRecord[] {
+    return reconcileInterrupted(this.ctx, store);
   }
 
   /**

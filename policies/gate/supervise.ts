@@ -30,6 +30,15 @@ export async function supervise<T>(
     estimate: estimate ?? null,
   });
 
+  // Kept until charged, written with its "allowed" record: a kill leaves it for the restart.
+  const flight = ctx.deps.calls?.begin({
+    principal: principal.id,
+    tool,
+    args_digest: digest,
+    args: a.redacted,
+    estimate: estimate ?? null,
+    approval_id: approvalId,
+  });
   let started = ctx.clock();
   let settled = false;
   let meter: Metered | undefined = undefined;
@@ -44,6 +53,8 @@ export async function supervise<T>(
     meter?.end();
     if (estimate)
       ctx.lines.charge(principal.id, tool, Math.max(0, atMs - started) / 1000, estimate);
+    // Right after the charge, in one transaction with it: charged, or left for the restart.
+    if (flight) ctx.deps.calls?.end(flight.id);
   };
   const settle = () => {
     if (settled) return;
@@ -70,11 +81,11 @@ export async function supervise<T>(
   // while its "allowed" record commits; the answer still waits for it) alongside it.
   let allowedCommitted: Promise<void> | undefined;
   if (ctx.tools.get(tool)?.runWhileRecording) {
-    allowedCommitted = ctx.auditDurable(allowedRecord);
+    allowedCommitted = ctx.auditDurable(allowedRecord, flight?.write);
     allowedCommitted.catch(() => {}); // observed below, by the abort and before the answer
   } else {
     try {
-      await ctx.auditDurable(allowedRecord);
+      await ctx.auditDurable(allowedRecord, flight?.write);
     } catch (e) {
       // Fail closed: a call that cannot be recorded does not run.
       settle();

@@ -6,6 +6,7 @@ import type { Clock } from "../clock.js";
 import type { PolicyConfig } from "../config.js";
 import type { CostEstimate } from "../estimate.js";
 import type { BudgetLedger } from "../limits/budget.js";
+import type { CallsInFlight } from "../calls_in_flight.js";
 import type { ConcurrencyLimiter } from "../limits/concurrency.js";
 import type { RateLimiter } from "../limits/rate.js";
 import type { RequestStateSealer } from "../request_state.js";
@@ -108,6 +109,8 @@ export interface GateDeps {
   limiter: ConcurrencyLimiter;
   rateLimiter: RateLimiter;
   budget: BudgetLedger;
+  /** Where admitted calls are kept until charged, so a restart can settle them (reconcile.ts). */
+  calls?: CallsInFlight;
   clock?: Clock;
   logger: PolicyLogger;
   /** Seals the in-band approval's requestState (2026-07-28 era); without it nothing is asked in band. */

@@ -22,6 +22,13 @@ export interface BudgetLedger {
   /** `limitS` overrides the configured limit for this line (e.g. a read allowance). */
   check(principal: string, seconds: number, reservedSeconds?: number, limitS?: number): BudgetCheck;
   charge(principal: string, seconds: number, tool?: string): void;
+  /** Writes the charges queued so far now (inside the caller's transaction, if any). */
+  flush?(): void;
+  /**
+   * Runs `write` in the transaction of the next flush: with the charges queued in this turn (a
+   * call's calls_in_flight row is deleted with its charge, or not at all).
+   */
+  alongside?(write: () => void): void;
   close(): void;
 }
 
@@ -121,7 +128,7 @@ export class SqliteBudgetLedger implements BudgetLedger {
     // written with the others charged in this event-loop turn, in one transaction: a commit
     // per call was most of what a charge cost.
     this.pending.push([principal, now, seconds, tool ?? null]);
-    if (this.pending.length === 1) setImmediate(this.flushPending);
+    this.scheduleFlush();
     w.push(now, seconds);
     // Charges older than the window never count again; prune them now and then, not per call.
     if (now - this.lastPrune >= 10_000) {
@@ -131,28 +138,55 @@ export class SqliteBudgetLedger implements BudgetLedger {
   }
 
   private pending: [string, number, number, string | null][] = [];
-  private writePending?: Transaction<(rows: [string, number, number, string | null][]) => void>;
+  private writePending?: Transaction<
+    (rows: [string, number, number, string | null][], also: (() => void)[]) => void
+  >;
+
+  flush(): void {
+    this.flushPending();
+  }
+
+  alongside(write: () => void): void {
+    this.pendingWrites.push(write);
+    this.scheduleFlush();
+  }
+
+  private flushScheduled = false;
+  private scheduleFlush(): void {
+    if (this.flushScheduled) return;
+    this.flushScheduled = true;
+    setImmediate(() => {
+      this.flushScheduled = false;
+      this.flushPending();
+    });
+  }
+
+  private pendingWrites: (() => void)[] = [];
 
   /** Writes the charges of this turn (also on close, so none is lost to a clean shutdown). */
   private readonly flushPending = (): void => {
-    if (this.pending.length === 0 || !this.db.open) return;
+    if ((this.pending.length === 0 && this.pendingWrites.length === 0) || !this.db.open) return;
     const rows = this.pending;
+    const writes = this.pendingWrites;
     this.pending = [];
+    this.pendingWrites = [];
     this.insertCharge ??= this.db.prepare(
       "INSERT INTO budget_charges (principal, time_ms, seconds, tool) VALUES (?, ?, ?, ?)",
     );
     const insert = this.insertCharge;
     this.writePending ??= this.db.transaction(
-      (batch: [string, number, number, string | null][]) => {
+      (batch: [string, number, number, string | null][], also: (() => void)[]) => {
         for (const r of batch) insert.run(...r);
+        for (const w of also) w();
       },
     );
     try {
-      this.writePending.immediate(rows);
+      this.writePending.immediate(rows, writes);
     } catch {
       // A full or read-only disk: the window in memory still holds the charges (budgets stay
       // enforced in this process); the rows wait for the next charge's write, bounded.
       this.pending = rows.concat(this.pending).slice(-MAX_PENDING_CHARGES);
+      this.pendingWrites = writes.concat(this.pendingWrites).slice(-MAX_PENDING_CHARGES);
     }
   };
 

@@ -40,7 +40,7 @@ import {
   type WorkerStatus,
 } from "../types.js";
 import { namesChip } from "../../lib/device.js";
-import type { OpArgs, OpName, OpResult } from "../wire/ops.js";
+import type { OpArgs, OpName, OpResult, ReloadCatalogResult } from "../wire/ops.js";
 import { chipEnv, isRemote, type WorkerEntry } from "./entries.js";
 import { Member } from "./member.js";
 import {
@@ -282,6 +282,7 @@ export class WorkerPool implements Runtime {
     type T = OpResult<O>;
     // The pool reads args generically; the op table typed them for the caller.
     const args = opArgs as Record<string, unknown>;
+    if (op === "reload_catalog") return (await this.reloadCatalog(opts)) as CallResult<T>;
     // One worker: nothing to place; its answers and errors pass through as they are.
     if (this.single) {
       // Status never waits on a worker in a crash loop (a failed one throws its own reason).
@@ -451,6 +452,34 @@ export class WorkerPool implements Runtime {
     };
   }
 
+  /**
+   * Every running worker re-reads its catalog file (a config reload). One not started yet, or
+   * started again later, reads the file as it is then; one still starting is asked once ready
+   * (it may have read the file before the change). Fails when any worker refuses.
+   */
+  private async reloadCatalog(opts: CallOptions): Promise<CallResult> {
+    const running = this.members.filter((m) =>
+      ["ready", "starting", "restarting"].includes(m.rt.state),
+    );
+    const answers = await Promise.all(
+      running.map(async (m) => {
+        if (m.rt.state !== "ready") await m.rt.ready();
+        const { result } = await this.send<ReloadCatalogResult>(m, "reload_catalog", {}, opts);
+        return { ...result, worker: m.name };
+      }),
+    );
+    const union = (key: keyof ReloadCatalogResult) => [...new Set(answers.flatMap((a) => a[key]))];
+    return {
+      result: {
+        added: union("added"),
+        changed: union("changed"),
+        removed: union("removed"),
+        workers: answers,
+      },
+      tensors: [],
+    };
+  }
+
   private async status(args: Record<string, unknown>, opts: CallOptions): Promise<CallResult> {
     const ready = await this.answering(opts.signal);
     const answers = await Promise.allSettled(
@@ -585,8 +614,8 @@ export class WorkerPool implements Runtime {
     args: Record<string, unknown>,
     opts: CallOptions,
   ): Promise<CallResult<T>> {
-    // Counters are about work: the pool's own status and describe reads are not counted.
-    const counted = op !== "status" && op !== "describe";
+    // Counters are about work: the pool's own status, describe and catalog reads are not counted.
+    const counted = op !== "status" && op !== "describe" && op !== "reload_catalog";
     if (counted) {
       m.calls++;
       // The call's receipt: the audit record names the workers its work ran on.

@@ -226,7 +226,19 @@ export interface WorkerOps {
   selftest: { args: NoArgs; result: SelftestResult };
   benchmark: { args: BenchmarkArgs; result: BenchmarkResult };
   check: { args: CheckArgs; result: CheckResult };
+  /** Re-reads the worker's catalog file: new models are added; changed and removed ones are
+   *  only named (a restart applies them). `workers`: added by a pool (one answer per worker). */
+  reload_catalog: {
+    args: NoArgs;
+    result: ReloadCatalogResult & { workers?: Array<ReloadCatalogResult & { worker: string }> };
+  };
   shutdown: { args: NoArgs; result: Record<string, never> };
+}
+
+export interface ReloadCatalogResult {
+  added: string[];
+  changed: string[];
+  removed: string[];
 }
 
 export type OpName = keyof WorkerOps;

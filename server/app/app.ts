@@ -6,6 +6,7 @@ import { basename, resolve } from "node:path";
 import type { Logger } from "pino";
 import type { SqliteApprovalStore } from "../../policies/approvals.js";
 import type { SqliteAuditLog } from "../../policies/audit.js";
+import type { SqliteCallsInFlight } from "../../policies/calls_in_flight.js";
 import { Authenticator } from "../../policies/auth.js";
 import { clientFormRules, clientFormText } from "../../policies/gate/answers.js";
 import type { Gate } from "../../policies/gate/gate.js";
@@ -115,6 +116,8 @@ export function createApp(
   });
   hooks.add("policy stores", () => policy.close());
   const { gate, approvals, audit } = policy;
+  // Before the server accepts a call: the calls a killed server left running are settled.
+  reconcileAtStart(gate, policy.calls, logger);
   if (config.policy.approvals.rules.length === 0)
     logger.warn(
       'approvals are OFF: the config gives "policy": {"approvals": {"rules": []}}, so every call (benchmarks, large loads) runs without asking a human. Remove that line to get the default rules back (docs/policies-and-approvals.md).',
@@ -224,6 +227,18 @@ export function createApp(
     fleet?.fleet,
     logger.child({ component: "reload" }),
     channel,
+    {
+      current: () => env.catalog,
+      async apply(next) {
+        await runtime.call("reload_catalog", {});
+        // The published schemas name the catalog's models: rebuilt, so a new one is accepted and
+        // listed (every session reads app.tools per request).
+        env.catalog = next;
+        app.catalog = next;
+        app.tools = buildTools(env);
+        facts.invalidate();
+      },
+    },
   );
   const control = watchControl(
     channel,
@@ -298,6 +313,32 @@ export function createApp(
  */
 // Defined beside the policy services (the gate names the console in its refusals).
 export { publicConsoleUrl } from "./build_policies.js";
+
+/**
+ * Settles what a server killed mid-call left (policies/gate/reconcile.ts). A write that fails
+ * (a full disk) is logged and leaves the rows for the next start; the server still starts.
+ */
+function reconcileAtStart(gate: Gate, calls: SqliteCallsInFlight, logger: Logger): void {
+  try {
+    const settled = gate.reconcileInterrupted(calls);
+    if (settled.length > 0)
+      logger.warn(
+        {
+          calls: settled.map((r) => ({
+            tool: r.tool,
+            principal: r.principal,
+            approval_id: r.approval_id,
+          })),
+        },
+        `${settled.length} call(s) were running when the server last stopped: recorded interrupted, charged, their approvals given back (tpu-mcp audit tail)`,
+      );
+  } catch (e) {
+    logger.error(
+      { err: String(e) },
+      "could not settle the calls the last run left running; retried at the next start",
+    );
+  }
+}
 
 /** What every tool handler gets besides the per-call parts (MCP calls, the console). */
 export function toolServices(app: App): ToolServices {

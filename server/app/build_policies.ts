@@ -4,6 +4,7 @@
 import type { Logger } from "pino";
 import { SqliteApprovalStore, type ApproveCommand } from "../../policies/approvals.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteCallsInFlight } from "../../policies/calls_in_flight.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
 import { Gate } from "../../policies/gate/gate.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
@@ -45,6 +46,8 @@ export interface PolicyServices {
   audit: SqliteAuditLog;
   budget: SqliteBudgetLedger;
   passkeys: PasskeyStore;
+  /** Admitted calls not yet charged; the server settles what a killed one left (reconcile). */
+  calls: SqliteCallsInFlight;
   close(): void;
 }
 
@@ -69,6 +72,7 @@ export function createPolicyServices(
   });
   const budget = new SqliteBudgetLedger(db, policy.limits.budget);
   const passkeys = new PasskeyStore(db);
+  const calls = new SqliteCallsInFlight(db, { withCharges: (write) => budget.alongside(write) });
   const gate = new Gate({
     config: policy,
     tools: TOOL_POLICIES,
@@ -77,6 +81,7 @@ export function createPolicyServices(
     limiter: new ConcurrencyLimiter(policy.limits),
     rateLimiter: new RateLimiter(policy.limits.rate_limit.per_principal_per_minute),
     budget,
+    calls,
     logger: logger.child({ component: "gate" }),
     requestStates: new RequestStateSealer(key.key),
     approveCommand: approveCommand(config),
@@ -89,7 +94,9 @@ export function createPolicyServices(
     audit,
     budget,
     passkeys,
+    calls,
     close() {
+      calls.close();
       passkeys.close();
       approvals.close();
       audit.close();

@@ -403,7 +403,7 @@ function setupWatch(
   };
 }
 
-/** SIGHUP re-reads the config file (README: Config reload); returns the un-registration. */
+/** SIGHUP re-reads the config file (docs/fleet-and-ray.md, "Config reload"); returns the un-registration. */
 function onSighup(app: App): () => void {
   const fn = () => void app.reload("SIGHUP");
   process.on("SIGHUP", fn);

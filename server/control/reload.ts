@@ -4,7 +4,13 @@
 // actor count, through the `workers scale` path, so removals drain first). An invalid file is
 // refused with a clear log line and nothing changes; other changed settings are logged as
 // needing a restart.
+//
+// The catalog file is read again too: models added to it are served at once (every running worker
+// adds them, then the tools list and accept them); a changed or removed entry needs a restart (a
+// loaded model must not change under its callers). A catalog that does not validate is refused
+// like an invalid config.
 import type { Logger } from "pino";
+import { readCatalog, type Catalog } from "../../runtime/catalog.js";
 import type { RayFleet } from "../../runtime/fleet/ray.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
 import { diffConfig } from "../config/diff.js";
@@ -23,6 +29,37 @@ export interface ReloadResult {
   error?: string;
 }
 
+/** The catalog the server serves, and how a reload makes a grown one served (server/app). */
+export interface CatalogReload {
+  current(): Catalog;
+  /** The workers first, then the tools: a model listed is one a worker can load. */
+  apply(next: Catalog): Promise<void>;
+}
+
+/** What the file adds to the served catalog, and what only a restart would change. */
+export function diffCatalog(
+  served: Catalog,
+  file: Catalog,
+): { next: Catalog; added: string[]; changed: string[]; removed: string[] } {
+  const before = new Map(served.models.map((m) => [m.id, m]));
+  const after = new Map(file.models.map((m) => [m.id, m]));
+  const added = file.models.filter((m) => !before.has(m.id));
+  const changed = served.models
+    .filter((m) => after.has(m.id) && JSON.stringify(after.get(m.id)) !== JSON.stringify(m))
+    .map((m) => m.id);
+  const removed = served.models.filter((m) => !after.has(m.id)).map((m) => m.id);
+  const roots = [
+    ...served.model_roots,
+    ...file.model_roots.filter((r) => !served.model_roots.includes(r)),
+  ];
+  return {
+    next: { ...served, model_roots: roots, models: [...served.models, ...added] },
+    added: added.map((m) => m.id),
+    changed,
+    removed,
+  };
+}
+
 export interface Reloader {
   reload(by: string): Promise<ReloadResult>;
 }
@@ -39,6 +76,8 @@ export function createReloader(
   fleet: RayFleet | undefined,
   logger: Logger,
   channel: ControlChannel,
+  /** Absent: the catalog is not read again (a test's app without one). */
+  catalog?: CatalogReload,
 ): Reloader {
   let current = running;
   let busy: Promise<ReloadResult> | null = null;
@@ -58,6 +97,19 @@ export function createReloader(
     }
     const diff = diffConfig(current, next);
     const result: ReloadResult = { ok: true, applied: [], restart: diff.restart };
+    // Another catalog file needs a restart (diffConfig says so); the same one may have grown.
+    let grown: ReturnType<typeof diffCatalog> | undefined;
+    if (catalog && !diff.restart.includes("paths.catalog")) {
+      try {
+        grown = diffCatalog(catalog.current(), readCatalog(next.paths.catalog));
+      } catch (e) {
+        const error = (e as Error).message;
+        logger.error({ by }, `config reload refused, nothing changed: ${error}`);
+        return { ok: false, applied: [], restart: [], error };
+      }
+      for (const id of grown.changed) result.restart.push(`catalog: ${id} (changed)`);
+      for (const id of grown.removed) result.restart.push(`catalog: ${id} (removed)`);
+    }
     if (diff.fleet_count !== undefined) {
       const count =
         diff.fleet_count === "capacity" ? (fleet?.status().capacity ?? 0) : diff.fleet_count;
@@ -81,6 +133,16 @@ export function createReloader(
           }),
         }),
       }) as ServerConfig;
+    }
+    if (catalog && grown?.added.length) {
+      try {
+        await catalog.apply(grown.next);
+        result.applied.push(`catalog: added ${grown.added.join(", ")}`);
+      } catch (e) {
+        result.ok = false;
+        result.error = `the catalog's new models (${grown.added.join(", ")}) were not added: ${(e as Error).message}`;
+        logger.error({ by }, `config reload: ${result.error}`);
+      }
     }
     logger.warn(
       { by, applied: result.applied, needs_restart: result.restart },

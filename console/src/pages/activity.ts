@@ -8,6 +8,7 @@ export async function activityPage(root: HTMLElement) {
     "allowed",
     "executed",
     "failed",
+    "interrupted",
     "denied",
     "approval_requested",
     "approval_granted",

@@ -118,8 +118,8 @@ def test_generate_work_samples_with_the_requests_temperature_and_seed(shared_wor
     calls = []
     real = CausalLM.generate
 
-    def spy(self, prompts, max_new, should_stop, sampling=None):
-        out = real(self, prompts, max_new, should_stop, sampling)
+    def spy(self, prompts, max_new, should_stop, sampling=None, **kw):
+        out = real(self, prompts, max_new, should_stop, sampling, **kw)
         calls.append((sampling, out[0]))
         return out
 

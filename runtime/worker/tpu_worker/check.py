@@ -28,6 +28,7 @@ from .cancel import NEVER, CancelToken
 from .errors import WorkerError, invalid
 from .memory import MemoryProbe
 from .platforms import platform_for
+from .shapes import ShapeCounter
 
 _PATH_RE = re.compile(r"(/[\w.+-]+){2,}")
 
@@ -162,7 +163,19 @@ def run_check(worker, args: dict, ctx) -> dict:
         "forward_s": ran["forward_s"],
         "output_shape": ran["output_shape"],
         "fallback_detection": platform_for(device).fallback_detection,
+        "shape_report": _shape_report(ran["shapes"]),
         "error": ran["error"],
+    }
+
+
+def _shape_report(shapes: dict) -> dict:
+    """The shapes the check's forward ran at (the plan's bucket for its batch and length) and how
+    much of that padded work was real."""
+    return {
+        "distinct_shapes": shapes["distinct_shapes"],
+        "shapes": [[s["batch"], s["length"]] for s in shapes["shapes"]],
+        "real_to_padded": shapes["real_to_padded"],
+        "padding_waste": shapes["padding_waste"],
     }
 
 
@@ -176,11 +189,20 @@ def _record(
     probe = MemoryProbe(device)
     probe.start()
     t0 = time.perf_counter()
+    shapes = ShapeCounter()
     try:
         inputs = adapter.example(batch, seq_len, seed=0)
+        # The forward a request of this shape runs: padded to the plan's bucket (outside the
+        # recorder, as the batcher pads before the forward), the padding cut from its output.
+        padded = inputs
+        if adapter.plan is not None:
+            padded, bucket, length, real = adapter.pad_to_plan(inputs)
+            shapes.record("forward", bucket, length, real)
         with torch.no_grad(), _attention(attention), recorder:
-            out = adapter.forward_example(inputs)
+            out = adapter.forward_example(padded)
         platform_for(device).synchronize(device)
+        if adapter.plan is not None:
+            out = adapter.unpad(out, inputs)
         if isinstance(out, torch.Tensor):
             output_shape = list(out.shape)
     except Exception as exc:
@@ -208,5 +230,6 @@ def _record(
         "memory_kind": memory_kind,
         "forward_s": round(forward_s, 6),
         "output_shape": output_shape,
+        "shapes": shapes.report(),
         "error": error,
     }

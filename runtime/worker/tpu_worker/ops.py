@@ -26,7 +26,7 @@ import torch
 from . import PROTOCOL_VERSION, __version__, logs
 from .adapters import Adapter, build_adapter, read_config
 from .cancel import CancelToken
-from .catalog import Catalog, Entry
+from .catalog import Catalog, CatalogError, Entry, load_catalog
 from .check import run_check
 from .compiles import CompileCounter
 from .errors import WorkerError, invalid
@@ -38,6 +38,7 @@ from .probe import ProbeResult, device_label, parse_device, refresh_memory, torc
 from .reports import describe_models, worker_status
 from .selftest import run_selftest
 from .served import Lease, LoadContext, ReplyScope, Served
+from .shapes import ShapeCounter
 
 # progress(done, total=None, message=None, delta=None): delta is a generation's {index, text}.
 ProgressFn = Callable[..., None]
@@ -227,7 +228,8 @@ class Worker:
         for shape in shapes:
             token.check()
             with torch.no_grad():
-                out = adapter.forward_example(adapter.example(shape["batch"], shape.get("seq_len")))
+                # At the plan's bucket, as a request of this shape runs.
+                out = adapter.forward_planned(adapter.example(shape["batch"], shape.get("seq_len")), ShapeCounter())
             platform_for(device).synchronize(device)
             del out
         warmup_s = time.perf_counter() - t2
@@ -363,6 +365,24 @@ class Worker:
     def op_selftest(self, args: dict, tensors, ctx: OpContext):
         return run_selftest(self), []
 
+    def op_reload_catalog(self, args: dict, tensors, ctx: OpContext):
+        """Re-reads this worker's catalog file and adds the models it did not have (SIGHUP on the
+        server). An entry already here keeps its definition, even where the file now differs (a
+        loaded model must not change under its callers): that, and a removal, needs a restart."""
+        try:
+            fresh = load_catalog(self.catalog.path)
+        except CatalogError as exc:
+            raise invalid(f"the catalog file is refused, nothing changed: {exc}") from None
+        old = self.catalog
+        added = [i for i in fresh.entries if i not in old.entries]
+        if added:
+            # New roots are added (a new entry may live there); none is taken away before a restart.
+            roots = old.roots + tuple(r for r in fresh.roots if r not in old.roots)
+            self.catalog = Catalog(old.path, roots, {**old.entries, **{i: fresh.entries[i] for i in added}})
+        kept = [i for i in old.entries if i in fresh.entries and fresh.entries[i] != old.entries[i]]
+        removed = [i for i in old.entries if i not in fresh.entries]
+        return {"added": added, "changed": kept, "removed": removed}, []
+
     def op_shutdown(self, args: dict, tensors, ctx: OpContext):
         return {}, []
 
@@ -394,5 +414,6 @@ OPS: dict[str, Callable[..., tuple[dict, list]]] = {
     "benchmark": Worker.op_benchmark,
     "check": Worker.op_check,
     "selftest": Worker.op_selftest,
+    "reload_catalog": Worker.op_reload_catalog,
     "shutdown": Worker.op_shutdown,
 }

@@ -124,6 +124,26 @@ class Adapter:
     def forward_example(self, inputs: Any) -> Any:
         raise NotImplementedError
 
+    def pad_to_plan(self, inputs: Any) -> tuple[Any, int, int, int]:
+        """`example` inputs padded up to the plan's bucket: (padded inputs, batch bucket, length
+        bucket (0: items of a fixed shape), real items x tokens). Padded rows and tokens are masked
+        or dropped by `unpad`, so the answer is the unpadded one."""
+        raise NotImplementedError
+
+    def unpad(self, out: Any, inputs: Any) -> Any:
+        """A forward's output at the bucket cut back to the unpadded `inputs`."""
+        raise NotImplementedError
+
+    def forward_planned(self, inputs: Any, shapes: ShapeCounter) -> Any:
+        """`forward_example` at the plan's bucket for `inputs` (recorded on `shapes`), its padding
+        dropped from the output: what the check and the benchmark run, so they see the shapes a
+        request would. Without a plan, the inputs as they are."""
+        if self.plan is None:
+            return self.forward_example(inputs)
+        padded, batch, length, real = self.pad_to_plan(inputs)
+        shapes.record("forward", batch, length, real)
+        return self.unpad(self.forward_example(padded), inputs)
+
     def items_per_example(self, batch: int, seq_len: int | None) -> int:
         return batch
 

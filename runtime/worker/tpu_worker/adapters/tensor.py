@@ -12,6 +12,7 @@ except ImportError:  # optional for torch; transformers brings it in practice
 
 from ..errors import invalid
 from ..protocol import DTYPE_NAMES
+from ..shapes import ShapePlan
 from .base import Adapter, Output, Prepared
 
 
@@ -41,8 +42,23 @@ def _all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all())
 
 
+def pad_rows(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """`x` with zero items appended up to `batch` (each item is computed on its own: a CNN's
+    items never mix, so the padding rows change no real item and are dropped after)."""
+    if x.shape[0] == batch:
+        return x
+    return torch.cat([x, x.new_zeros((batch - x.shape[0], *x.shape[1:]))])
+
+
 class TensorModel(Adapter):
+    """Items of one fixed shape: the plan has batch buckets only, the items padded with zeros."""
+
     architecture = "mnist-cnn"
+
+    def __init__(self, entry, model, device, dtype) -> None:
+        super().__init__(entry, model, device, dtype)
+        shapes = entry.shapes
+        self.plan = ShapePlan.for_model(shapes.batch_buckets, (), max_batch=entry.limits.max_batch, max_len=0)
 
     def prepare(self, args, tensors) -> Prepared:
         spec = self.entry.input
@@ -57,7 +73,11 @@ class TensorModel(Adapter):
         if tuple(x.shape[1:]) != spec.shape or x.shape[0] < 1:
             raise invalid(f"input tensor has shape {list(x.shape)}; expected [N, {', '.join(map(str, spec.shape))}]")
         if x.shape[0] > self.entry.limits.max_batch:
-            raise invalid(f"batch of {x.shape[0]} exceeds this model's max_batch of {self.entry.limits.max_batch}")
+            most = self.entry.limits.max_batch
+            raise invalid(
+                f"batch of {x.shape[0]} exceeds this model's max_batch of {most} (its largest batch bucket); "
+                f"split it into requests of at most {most} items"
+            )
         if not x.is_floating_point():
             raise invalid(f"input tensor must be floating point (got {DTYPE_NAMES.get(x.dtype, x.dtype)})")
         if not _all_finite(x):
@@ -65,9 +85,12 @@ class TensorModel(Adapter):
         return Prepared(("tensor",), int(x.shape[0]), x)
 
     def run_batch(self, batch, should_stop) -> list[Output]:
-        x = torch.cat([p.payload for p in batch]).to(self.device, self.torch_dtype)
+        x = torch.cat([p.payload for p in batch])
+        n = int(x.shape[0])
+        bucket = self.plan.batch(n)
         with torch.no_grad():
-            logits = self.model(x).to("cpu", torch.float32)
+            logits = self.model(pad_rows(x, bucket).to(self.device, self.torch_dtype))[:n].to("cpu", torch.float32)
+        self.shapes.record("forward", bucket, 0, n)
         outs, pos = [], 0
         for p in batch:
             part = logits[pos : pos + p.items].contiguous()
@@ -89,3 +112,11 @@ class TensorModel(Adapter):
 
     def forward_example(self, inputs):
         return self.model(inputs)
+
+    def pad_to_plan(self, inputs):
+        n = int(inputs.shape[0])
+        bucket = self.plan.batch(n)
+        return pad_rows(inputs, bucket), bucket, 0, n
+
+    def unpad(self, out, inputs):
+        return out[: inputs.shape[0]]

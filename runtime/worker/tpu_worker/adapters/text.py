@@ -18,7 +18,7 @@ from ..generation.slots import static_cache_problem
 from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
-from ..shapes import ShapePlan
+from ..shapes import ShapeCounter, ShapePlan
 from .base import Adapter, Output, Prepared, StopFn, seq_bucket
 
 
@@ -71,6 +71,10 @@ class SentenceEmbedder(Adapter):
         ids = tokenizer.encode("").ids  # special tokens the post-processor wraps around text
         self.cls_id = ids[0] if ids else None
         self.sep_id = ids[-1] if len(ids) > 1 else None
+        shapes = entry.shapes
+        self.plan = ShapePlan.for_model(
+            shapes.batch_buckets, shapes.length_buckets, max_batch=entry.limits.max_batch, max_len=max_len
+        )
 
     def _encode(self, texts: list[str], limit: int) -> list[list[int]]:
         out = []
@@ -89,9 +93,13 @@ class SentenceEmbedder(Adapter):
         limit = seq_len_arg(args, self.max_len)
         return Prepared(("embed",), len(texts), self._encode(texts, limit))
 
-    def _pad(self, rows: list[list[int]], length: int) -> dict[str, torch.Tensor]:
-        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
+    def _pad(self, rows: list[list[int]], length: int, batch: int) -> dict[str, torch.Tensor]:
+        """`rows` right padded to [batch, length]; rows past them hold one pad token (so no row of
+        the attention is empty) and are dropped from the answer. Each row attends to its own
+        tokens alone and pools over its mask, so the padding changes no real row."""
+        ids = torch.full((batch, length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, length), dtype=torch.long)
+        mask[len(rows) :, 0] = 1
         for i, r in enumerate(rows):
             ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             mask[i, : len(r)] = 1
@@ -102,9 +110,11 @@ class SentenceEmbedder(Adapter):
 
     def run_batch(self, batch, should_stop) -> list[Output]:
         rows = [r for p in batch for r in p.payload]
-        length = seq_bucket(max(len(r) for r in rows), self.max_len)
+        length = self.plan.length(max(len(r) for r in rows))
+        bucket = self.plan.batch(len(rows))
         with torch.no_grad():
-            emb = self._embed(self._pad(rows, length)).to("cpu")
+            emb = self._embed(self._pad(rows, length, bucket)).to("cpu")
+        self.shapes.record("forward", bucket, length, sum(len(r) for r in rows))
         outs, pos = [], 0
         for p in batch:
             part = emb[pos : pos + p.items].contiguous()
@@ -123,6 +133,16 @@ class SentenceEmbedder(Adapter):
 
     def forward_example(self, inputs):
         return self._embed(inputs)
+
+    def pad_to_plan(self, inputs):
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        n, s = ids.shape
+        batch, length = self.plan.batch(n), self.plan.length(s)
+        rows = [r[m.bool()].tolist() for r, m in zip(ids.cpu(), mask.cpu(), strict=True)]
+        return self._pad(rows, length, batch), batch, length, int(mask.sum())
+
+    def unpad(self, out, inputs):
+        return out[: inputs["input_ids"].shape[0]]
 
     def default_seq_len(self):
         return min(128, self.max_len)
@@ -254,11 +274,17 @@ class CausalLM(Adapter):
         return logits, cache, mask, pos
 
     def generate(
-        self, prompts: list[list[int]], max_new: int, should_stop: StopFn, sampling: GenParams | None = None
+        self,
+        prompts: list[list[int]],
+        max_new: int,
+        should_stop: StopFn,
+        sampling: GenParams | None = None,
+        shapes: ShapeCounter | None = None,
     ) -> tuple[list[list[int]], bool]:
         """Decoding of one fixed batch (the benchmark's work and the direct baseline): greedy, or
         sampled as the decode loop samples (prompt i with sequence_generator(seed, i), fresh on
-        every call, so a seed repeats its tokens). Returns (new token ids per prompt, stopped_early)."""
+        every call, so a seed repeats its tokens). Its forwards are recorded on `shapes` (the
+        benchmark's own counter), else on the model's. Returns (new token ids per prompt, stopped_early)."""
         b = len(prompts)
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
         new: list[torch.Tensor] = []
@@ -268,9 +294,8 @@ class CausalLM(Adapter):
             # The plan's shapes, as the decode loop runs them (a compiled model compiled them at
             # load), over a static cache of its own; a growing dynamic cache where it cannot be.
             if self.plan is not None and static_cache_problem(self.eager_model) is None:
-                static = StaticRows(
-                    self, self.plan, self.shapes, self.plan.lengths[-1] + self.entry.limits.max_new_tokens
-                )
+                counter = self.shapes if shapes is None else shapes
+                static = StaticRows(self, self.plan, counter, self.plan.lengths[-1] + self.entry.limits.max_new_tokens)
                 logits = static.join(prompts, max_new)
 
                 def advance(nxt):
@@ -337,6 +362,18 @@ class CausalLM(Adapter):
 
     def forward_example(self, inputs):
         return self.model(input_ids=inputs, use_cache=False).logits
+
+    def pad_to_plan(self, inputs):
+        """Right padded with pad tokens, and pad rows: attention is causal, so no real position
+        sees a padded one, and `unpad` cuts the padded rows and positions off the logits."""
+        n, s = inputs.shape
+        batch, length = self.plan.batch(n), self.plan.length(s)
+        padded = torch.full((batch, length), self.pad_id, dtype=inputs.dtype, device=inputs.device)
+        padded[:n, :s] = inputs
+        return padded, batch, length, n * s
+
+    def unpad(self, out, inputs):
+        return out[: inputs.shape[0], : inputs.shape[1]]
 
     def default_seq_len(self):
         return min(64, self.max_len)

@@ -344,7 +344,9 @@ class _Run:
         ref, n_flops = self.reference.get(b, s)
         err = precision.compare(out, ref)
         mean_s = res["latency_ms"]["mean"] / 1000.0
-        per_item = n_flops / b if n_flops and self.work == "forward" else None
+        # The FLOPs are the padded forward's (what ran): per item of the batch bucket.
+        plan = self.adapter.plan
+        per_item = n_flops / (plan.batch(b) if plan else b) if n_flops and self.work == "forward" else None
         achieved = n_flops / mean_s if per_item and mean_s > 0 else None
         peak, source = (
             (None, "not counted for generate work")

@@ -13,6 +13,7 @@ from ..adapters import Adapter
 from ..generation.params import GenParams
 from ..memory import MemoryProbe
 from ..platforms import platform_for
+from ..shapes import ShapeCounter
 from .host import HostSource, HostWindow
 from .stability import Goal, settle
 from .stability import report as stability_report
@@ -104,15 +105,17 @@ def measure(
     device = adapter.device
     plat = platform_for(device)
     inputs = adapter.example(batch, seq_len, seed=SEED)
+    # This configuration's forwards, at the plan's buckets as a request's would be: the shape report.
+    shapes = ShapeCounter()
     if work == "generate":
         prompts = inputs.to("cpu").tolist()
 
         def step():
-            return adapter.generate(prompts, max_new, lambda: token.cancelled, sampling)[0]
+            return adapter.generate(prompts, max_new, lambda: token.cancelled, sampling, shapes=shapes)[0]
     else:
 
         def step():
-            return adapter.forward_example(inputs)
+            return adapter.forward_planned(inputs, shapes)
 
     mem = MemoryProbe(device)
     first_call_s = None
@@ -208,12 +211,26 @@ def measure(
         "peak_memory_increase_bytes": increase,
         "peak_memory_kind": kind,
         "stability": stability_report(settled),
+        "shape_report": shape_report(shapes, _delta(c0, c2, "graphs")),
     }
     if work == "generate":
         tokens = sum(len(r) for r in out) if out else 0
         res["tokens_per_s"] = round(tokens / mean_s, 4) if mean_s > 0 else None
         with torch.no_grad():  # outputs to compare with the reference: the prompt's forward
-            res["_output"] = as_float_cpu(adapter.forward_example(inputs))
+            res["_output"] = as_float_cpu(adapter.forward_planned(inputs, ShapeCounter()))
     else:
         res["_output"] = as_float_cpu(out)
     return res
+
+
+def shape_report(shapes: ShapeCounter, compiles: int) -> dict:
+    """What a TPU would compile for this configuration: the distinct shapes its forwards ran at
+    (the plan's buckets), the graphs compiled, and how much of the padded work was real."""
+    r = shapes.report()
+    return {
+        "distinct_shapes": r["distinct_shapes"],
+        "shapes": [[s["kind"], s["batch"], s["length"]] for s in r["shapes"]],
+        "compiles": compiles,
+        "real_to_padded": r["real_to_padded"],
+        "padding_waste": r["padding_waste"],
+    }

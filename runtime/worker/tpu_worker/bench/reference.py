@@ -9,6 +9,7 @@ import torch
 
 from .. import flops, logs
 from ..errors import WorkerError
+from ..shapes import ShapeCounter
 from .measure import SEED, as_float_cpu
 
 REFERENCE_MAX_ELEMENTS = 16_000_000
@@ -52,7 +53,8 @@ class Reference:
             return None, None
         inputs = adapter.example(batch, seq_len, seed=SEED)
         with torch.no_grad():
-            out, n = flops.count_flops(lambda: adapter.forward_example(inputs))
+            # At the plan's bucket, as the measured forward ran: the FLOPs of the padded work.
+            out, n = flops.count_flops(lambda: adapter.forward_planned(inputs, ShapeCounter()))
         ref = as_float_cpu(out)
         if ref is not None and ref.numel() > REFERENCE_MAX_ELEMENTS:
             ref = None
