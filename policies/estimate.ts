@@ -223,6 +223,13 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   },
 };
 
+/** A benchmark's estimate is its worst case: say how much of it an unstable series may add. */
+export function extensionNote(e: CostEstimate): string {
+  return e.stability_extension_s
+    ? ` (up to ${e.stability_extension_s} s of it if unstable series are extended)`
+    : "";
+}
+
 export function dtypeBytes(dtype: string): number {
   return isTensorDtype(dtype) ? DTYPE_ITEMSIZE[dtype] : 4;
 }

@@ -115,6 +115,8 @@ describe("budgets, read allowance and checks before approval (demo policy, small
           expect(errorOf(asked)?.code, JSON.stringify(asked)).toBe("approval_required");
           ids.push(errorOf(asked)!.details.approval_id);
           shown.push(errorOf(asked)!.details.estimate);
+          // The message the operator and the agent read says so too.
+          expect(errorOf(asked)!.message).toMatch(/if unstable series are extended/);
           estimate = Math.max(estimate, errorOf(asked)!.details.estimate.device_seconds);
         }
         // The window asked, and the worst case of its stability extension (issue 33): the worker
