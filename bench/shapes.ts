@@ -57,6 +57,9 @@ interface Call {
   ttftMs: number;
   tpotMs: number | null;
   tokens: number;
+  /** Arrived with the other first calls of its segment, all at once (else: when its caller's
+   * previous call ended, so at most a few arrive within one decode step). */
+  burst?: boolean;
 }
 
 /** One generation: the worker's time to first token, and the time per output token after it. */
@@ -85,15 +88,19 @@ async function trace(mcp: McpServer, model: string, n: number): Promise<Call[]> 
   for (let seg = 0; issued < n; seg++) {
     const c = concurrency[seg % concurrency.length];
     const todo = Math.min(n - issued, c * 3);
-    const queue = Array.from({ length: todo }, () => ({
+    const queue = Array.from({ length: todo }, (_, i) => ({
       words: rand(3, 200),
       maxNew: rand(1, 64),
       tag: issued++,
+      burst: c > 1 && i < c,
     }));
     await Promise.all(
       Array.from({ length: c }, async () => {
         for (let job = queue.shift(); job; job = queue.shift())
-          calls.push(await generate(mcp, model, job.words, job.maxNew, job.tag));
+          calls.push({
+            ...(await generate(mcp, model, job.words, job.maxNew, job.tag)),
+            burst: job.burst,
+          });
       }),
     );
   }
@@ -179,6 +186,24 @@ export async function runShapes(opts: ShapesBenchOptions): Promise<SectionResult
       `${quantile(tpot, 0.5).toFixed(2)} / ${quantile(tpot, 0.99).toFixed(2)} ms`,
       `p99 ÷ p50 ${tpotRatio.toFixed(2)}, target ≤ 3`,
     );
+    // Where a high TTFT comes from: the calls that arrived together at a segment's start wait for
+    // each other's prefills (groups of at most 4 sequences, one after another), the others not.
+    const staggered = calls.filter((c) => !c.burst).map((c) => c.ttftMs);
+    const burst = calls.filter((c) => c.burst).map((c) => c.ttftMs);
+    const staggeredRatio = quantile(staggered, 0.99) / quantile(staggered, 0.5);
+    sec.row(
+      "  TTFT, arrivals one by one",
+      `${quantile(staggered, 0.5).toFixed(1)} / ${quantile(staggered, 0.99).toFixed(1)} ms`,
+      `p50 / p99, p99 ÷ p50 ${staggeredRatio.toFixed(2)} (${staggered.length} calls)`,
+    );
+    sec.row(
+      "  TTFT, arrivals all at once",
+      `${quantile(burst, 0.5).toFixed(1)} / ${quantile(burst, 0.99).toFixed(1)} ms`,
+      `p50 / p99 (${burst.length} calls, 2–16 arriving together at a segment's start)`,
+    );
+    sec.fig("ttft_staggered_p99_over_p50", staggeredRatio);
+    sec.fig("ttft_burst_p50_ms", quantile(burst, 0.5));
+    sec.fig("ttft_max_ms", Math.max(...ttft));
     const ttftSpread = spread(ttft, traceHost, "ms");
     const tpotSpread = spread(tpot, traceHost, "ms");
     sec.row("  TTFT stability", ttftSpread.v.stable ? "stable" : "unstable", ttftSpread.text);

@@ -63,8 +63,12 @@ export interface App extends ToolServices {
   notifier: ApprovalNotifier;
   /** Where the operator console is served, once an HTTP server runs (for webhook messages). */
   consoleUrl?: string;
-  /** Runtime notices ("worker restarted", "worker failed") for MCP logging in every session. */
-  notices: EventEmitter<{ notice: [level: "warning" | "error", data: Record<string, unknown>] }>;
+  /** Runtime notices ("worker restarted", "worker failed") for MCP logging in every session, and
+   *  `tools_changed` when a reload rebuilt the tools (a grown catalog). */
+  notices: EventEmitter<{
+    notice: [level: "warning" | "error", data: Record<string, unknown>];
+    tools_changed: [];
+  }>;
   /** Re-reads the config file and applies what can change at run time (SIGHUP, workers reload). */
   reload(by: string): Promise<ReloadResult>;
   /** Registers a close hook (fastify's onClose): hooks run last-registered first. */
@@ -237,6 +241,7 @@ export function createApp(
         app.catalog = next;
         app.tools = buildTools(env);
         facts.invalidate();
+        notices.emit("tools_changed");
       },
     },
   );

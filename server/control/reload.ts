@@ -6,9 +6,9 @@
 // needing a restart.
 //
 // The catalog file is read again too: models added to it are served at once (every running worker
-// adds them, then the tools list and accept them); a changed or removed entry needs a restart (a
-// loaded model must not change under its callers). A catalog that does not validate is refused
-// like an invalid config.
+// adds them, then the tools list and accept them, and 2025 sessions get tools/list_changed); a
+// changed or removed entry needs a restart (a loaded model must not change under its callers).
+// A catalog that does not validate is refused like an invalid config.
 import type { Logger } from "pino";
 import { readCatalog, type Catalog } from "../../runtime/catalog.js";
 import type { RayFleet } from "../../runtime/fleet/ray.js";

@@ -120,7 +120,8 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
     },
     {
       capabilities: {
-        tools: { listChanged: false },
+        // A reload that grows the catalog changes the tools' schemas: said to 2025 sessions.
+        tools: { listChanged: era === "legacy" },
         resources: {},
         logging: {},
         extensions: { [UI_EXTENSION]: {} },
@@ -211,14 +212,20 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
 
   registerResources(server, app, principal, ui, era);
 
-  // Worker restarts and failures reach every 2025 session as MCP log messages (the 2026-07-28
-  // era has no session to send them on: its clients read get_runtime_status).
+  // Worker restarts and failures reach every 2025 session as MCP log messages, and a rebuilt tool
+  // list as tools/list_changed (the 2026-07-28 era has no session to send them on: its clients
+  // read get_runtime_status, and list the tools again).
   if (era === "legacy") {
     const onNotice = (level: "warning" | "error", data: Record<string, unknown>) => {
       server.sendLoggingMessage({ level, logger: "tpu-mcp.runtime", data }).catch(() => {});
     };
+    const onToolsChanged = () => void server.sendToolListChanged().catch(() => {});
     app.notices.on("notice", onNotice);
-    server.onclose = () => app.notices.off("notice", onNotice);
+    app.notices.on("tools_changed", onToolsChanged);
+    server.onclose = () => {
+      app.notices.off("notice", onNotice);
+      app.notices.off("tools_changed", onToolsChanged);
+    };
   }
 
   return server;

@@ -29,6 +29,7 @@ import {
   DEMO_TOKENS,
 } from "../helpers/server.js";
 import { chromiumPath } from "./setup.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const { agent: AGENT, reader: READER, operator: OPERATOR } = DEMO_TOKENS;
 const SELF_OP = "console-self-operator-token";
@@ -368,7 +369,7 @@ describe("operator console in chromium", () => {
       await p.goto(`${base}/console/#/jobs`);
       const row = p.locator("#jobs tr", { hasText: jobId });
       await row.locator("button", { hasText: "Cancel" }).click();
-      await expect.poll(() => row.innerText(), { timeout: 60_000 }).toMatch(/cancelled/);
+      await expect.poll(() => row.innerText(), { timeout: scaled(60_000) }).toMatch(/cancelled/);
       await p.screenshot({ path: join(SHOTS, "console-jobs.png") });
     } finally {
       await ctx.close();
@@ -507,7 +508,7 @@ describe("operator console in chromium", () => {
             job = await admin.client.callTool({ name: "get_job", arguments: { job_id: jobId } });
             return (job.structuredContent as any).status;
           },
-          { timeout: 90_000, interval: 500 },
+          { timeout: scaled(90_000), interval: 500 },
         )
         .toBe("succeeded");
       const approval = await withUi.client.callTool({

@@ -25,6 +25,7 @@ import {
 } from "../helpers/server.js";
 import { enrolAndSignIn, passkeyPage } from "./passkey_page.js";
 import { chromiumPath } from "./setup.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const { agent: AGENT, operator: OPERATOR } = DEMO_TOKENS;
 const BENCH = { model: "mnist-cnn", batch_sizes: [1], iterations: 2, warmup: 1 };
@@ -57,7 +58,7 @@ function pageHelpers() {
         publicKey: {
           challenge: bytes(opts.challenge),
           rpId: opts.rpId,
-          timeout: 30_000,
+          timeout: scaled(30_000),
           userVerification: opts.userVerification,
           allowCredentials: (opts.allowCredentials ?? []).map((c: any) => ({
             type: "public-key",
@@ -248,9 +249,11 @@ describe("passkey approvals in chromium", () => {
       await page.click('tr:has-text("second") .approve-passkey');
       await expect.poll(() => page.textContent("#passkeys-status")).toContain("approved");
       await second.page.click("#passkey-signin");
-      await second.page.waitForSelector("#signout", { timeout: 10_000 }).catch(async (e) => {
-        throw new Error(`${e}: ${await second.page.textContent("#signin-error")}`);
-      });
+      await second.page
+        .waitForSelector("#signout", { timeout: scaled(10_000) })
+        .catch(async (e) => {
+          throw new Error(`${e}: ${await second.page.textContent("#signin-error")}`);
+        });
       expect(await second.page.textContent("#who")).toContain("second · passkey");
     } finally {
       await second.ctx.close();

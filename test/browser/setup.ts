@@ -3,6 +3,7 @@
 // elsewhere the error says what to run. Then the console is built if console/ changed.
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
+import { scaled } from "../helpers/calibrate.js";
 
 const CANDIDATES = ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"];
 
@@ -16,7 +17,7 @@ function apt(args: string[]) {
   const r = spawnSync("apt-get", args, {
     stdio: ["ignore", "inherit", "inherit"],
     env: { ...process.env, DEBIAN_FRONTEND: "noninteractive" },
-    timeout: 900_000,
+    timeout: scaled(900_000),
   });
   return r.status === 0;
 }

@@ -1,10 +1,12 @@
 // A model added to the catalog file of a running server is served after SIGHUP (README: Config
 // reload): the running worker adds it, list_models lists it, load_model's schema accepts it and
-// the load runs, in a session opened before the reload and in a new one. A real server over
+// the load runs, in a session opened before the reload (told by tools/list_changed) and in a new
+// one. A real server over
 // HTTP with its worker started before the change, and a real MCP client.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { ToolListChangedNotificationSchema } from "@modelcontextprotocol/sdk/types.js";
 import { afterAll, describe, expect, it } from "vitest";
 import { scaled } from "../helpers/calibrate.js";
 import { ROOT, connectHttp, errorOf, startHttpServer, writeConfig } from "../helpers/server.js";
@@ -43,6 +45,10 @@ describe("SIGHUP with models added to the catalog", () => {
     );
     const server = await startHttpServer(config);
     const agent = await connectHttp(server.url, server.token);
+    let listChanged = 0;
+    agent.client.setNotificationHandler(ToolListChangedNotificationSchema, () => {
+      listChanged++;
+    });
     try {
       // The worker is running and has read the catalog as it was.
       const loaded = await call(agent.client, "load_model", { model: "mnist-cnn" });
@@ -56,7 +62,8 @@ describe("SIGHUP with models added to the catalog", () => {
       await until("reload", () => /config reload/.test(since()), since);
       expect(since()).toMatch(/config reloaded: applied catalog: added tiny-gpt2/);
 
-      // The session opened before the reload.
+      // The session opened before the reload: told its tools changed, and served the model.
+      await until("tools/list_changed", () => listChanged === 1, since);
       expect(ids(await call(agent.client, "list_models", {}))).toEqual(["mnist-cnn", "tiny-gpt2"]);
       const load = await call(agent.client, "load_model", { model: "tiny-gpt2" });
       expect(errorOf(load), JSON.stringify(load)).toBeUndefined();
@@ -77,6 +84,7 @@ describe("SIGHUP with models added to the catalog", () => {
       server.proc.kill("SIGHUP");
       await until("reload", () => /config reload/.test(server.stderr().slice(again)), since);
       expect(server.stderr().slice(again)).toMatch(/config reloaded: no change/);
+      expect(listChanged).toBe(1);
     } finally {
       await agent.close();
       await server.stop();

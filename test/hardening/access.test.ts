@@ -25,15 +25,18 @@ import {
   TOKENS,
   until,
 } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
-const T = { timeout: 300_000 };
+const T = { timeout: scaled(300_000) };
 const AGENT2 = "hardening-agent2-token";
 const EXPIRED = "hardening-expired-token";
 const AUD = "https://tpu-mcp.hardening.test/mcp";
 const ISS = "https://issuer.hardening.test";
 const INIT = INITIALIZE;
 const call = (client: any, name: string, args: Record<string, unknown> = {}) =>
-  client.callTool({ name, arguments: args }, undefined, { timeout: 120_000 }) as Promise<any>;
+  client.callTool({ name, arguments: args }, undefined, {
+    timeout: scaled(120_000),
+  }) as Promise<any>;
 
 describe("access control over HTTP", () => {
   let server: HttpServerProc;

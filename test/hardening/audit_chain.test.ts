@@ -7,8 +7,9 @@ import Database from "better-sqlite3";
 import { afterAll, describe, expect, it } from "vitest";
 import { connectHttp, startHttpServer } from "../helpers/server.js";
 import { baseConfig, cleanupTemp, cli, DEMO_POLICY, tempDir, TOKENS } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
-const T = { timeout: 300_000 };
+const T = { timeout: scaled(300_000) };
 afterAll(() => cleanupTemp());
 
 describe("keyed audit trail, exported head", () => {

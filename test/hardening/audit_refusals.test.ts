@@ -18,8 +18,9 @@ import {
   tempDir,
   TOKENS,
 } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
-const T = { timeout: 300_000 };
+const T = { timeout: scaled(300_000) };
 const RATE = 20;
 /** check_model calls: RATE of them within the rate, the rest (2,000 or more) over it. */
 const CHECKS = 2_050;

@@ -32,8 +32,9 @@ import { InMemoryTransport } from "@modelcontextprotocol/sdk/inMemory.js";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { McpError } from "@modelcontextprotocol/sdk/types.js";
 import pino from "pino";
+import { scaled } from "../helpers/calibrate.js";
 
-const T = { timeout: 300_000 };
+const T = { timeout: scaled(300_000) };
 const ADMIN = { id: "fuzzer", scopes: ["admin"] as any, via: "stdio" as const };
 /** Every valid call to a costly tool needs an approval here, so fuzzing can never load or run. */
 const FUZZ_POLICY = {
@@ -223,7 +224,7 @@ const isRecord = (v: unknown) => !!v && typeof v === "object" && !Array.isArray(
 async function fuzzCall(client: Client, tool: string, args: unknown): Promise<any> {
   try {
     return await client.callTool({ name: tool, arguments: args as any }, undefined, {
-      timeout: 60_000,
+      timeout: scaled(60_000),
     });
   } catch (e) {
     if (!isRecord(args) && e instanceof McpError && [-32602, -32603].includes(e.code))
@@ -822,7 +823,7 @@ describe("texts that are not valid Unicode, and tensor batches out of range", ()
           const r: any = await c.callTool(
             { name: "load_model", arguments: { model, approval_id: undefined } },
             undefined,
-            { timeout: 120_000 },
+            { timeout: scaled(120_000) },
           );
           // FUZZ_POLICY wants an approval for every load: grant it as an operator would.
           const id = errorOf(r)?.details?.approval_id;
@@ -831,7 +832,7 @@ describe("texts that are not valid Unicode, and tensor batches out of range", ()
             const again: any = await c.callTool(
               { name: "load_model", arguments: { model, approval_id: id } },
               undefined,
-              { timeout: 120_000 },
+              { timeout: scaled(120_000) },
             );
             expect(again.isError, JSON.stringify(again).slice(0, 300)).toBeFalsy();
           }

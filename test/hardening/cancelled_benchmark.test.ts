@@ -15,6 +15,7 @@ import {
 } from "../helpers/server.js";
 import { call } from "../e2e/scenario.js";
 import { cleanupTemp, sleep, tempDir, until } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const RUNNER = "runner-token-0123456789";
 const SCOPES = ["models:read", "benchmark:run", "jobs:read"];
@@ -38,7 +39,7 @@ describe("a cancelled wait:true benchmark is audited as cancelled, not executed"
       dir,
     );
     server = await startHttpServer(config);
-  }, 120_000);
+  }, scaled(120_000));
 
   afterAll(async () => {
     await server?.stop();
@@ -54,55 +55,71 @@ describe("a cancelled wait:true benchmark is audited as cancelled, not executed"
     );
   }
 
-  it("records a benchmark the client cancels (notifications/cancelled) as failed: cancelled", async () => {
-    const c = await connectHttp(server.url, RUNNER);
-    try {
-      const before = (await endings()).length;
-      const abort = new AbortController();
-      const running = call(c.client, "run_benchmark", LONG, { signal: abort.signal });
-      // Cancelled while it runs, before the soft deadline turns it into a job.
-      await sleep(1000);
-      abort.abort("the user pressed stop");
-      await expect(running).rejects.toThrow();
-      const ended = await until(async () => {
-        const e = (await endings()).slice(before);
-        return e.length > 0 && e;
-      }, 30_000);
-      expect(ended).toHaveLength(1);
-      expect(ended[0]).toMatchObject({ principal: "runner", outcome: "failed", code: "cancelled" });
-    } finally {
-      await c.close();
-    }
-  }, 120_000);
+  it(
+    "records a benchmark the client cancels (notifications/cancelled) as failed: cancelled",
+    async () => {
+      const c = await connectHttp(server.url, RUNNER);
+      try {
+        const before = (await endings()).length;
+        const abort = new AbortController();
+        const running = call(c.client, "run_benchmark", LONG, { signal: abort.signal });
+        // Cancelled while it runs, before the soft deadline turns it into a job.
+        await sleep(1000);
+        abort.abort("the user pressed stop");
+        await expect(running).rejects.toThrow();
+        const ended = await until(async () => {
+          const e = (await endings()).slice(before);
+          return e.length > 0 && e;
+        }, 30_000);
+        expect(ended).toHaveLength(1);
+        expect(ended[0]).toMatchObject({
+          principal: "runner",
+          outcome: "failed",
+          code: "cancelled",
+        });
+      } finally {
+        await c.close();
+      }
+    },
+    scaled(120_000),
+  );
 
-  it("records a soft-deadline job stopped with cancel_job as failed: cancelled, and keeps its finished part", async () => {
-    const c = await connectHttp(server.url, RUNNER);
-    try {
-      const before = (await endings()).length;
-      // wait:true (the default): past the soft deadline the answer is a job id.
-      const r = await call(c.client, "run_benchmark", LONG);
-      expect(r.isError, JSON.stringify(r)).toBeFalsy();
-      const jobId = r.structuredContent.job_id as string;
-      expect(jobId).toMatch(/^job_/);
-      const cancelled = await call(c.client, "cancel_job", { job_id: jobId });
-      expect(cancelled.isError, JSON.stringify(cancelled)).toBeFalsy();
-      const job = await until(async () => {
-        const j = (await call(c.client, "get_job", { job_id: jobId })).structuredContent;
-        return j.status !== "running" && j;
-      }, 60_000);
-      // The job keeps what it measured before the cancel...
-      expect(job.status).toBe("cancelled");
-      expect(job.result?.cancelled).toBe(true);
-      // ...and the trail says the call was cancelled, not executed.
-      const ended = await until(async () => {
-        const e = (await endings()).slice(before);
-        return e.length > 0 && e;
-      }, 30_000);
-      expect(ended).toHaveLength(1);
-      expect(ended[0]).toMatchObject({ principal: "runner", outcome: "failed", code: "cancelled" });
-      expect(ended[0].reason).toMatch(/cancelled by cancel_job/);
-    } finally {
-      await c.close();
-    }
-  }, 120_000);
+  it(
+    "records a soft-deadline job stopped with cancel_job as failed: cancelled, and keeps its finished part",
+    async () => {
+      const c = await connectHttp(server.url, RUNNER);
+      try {
+        const before = (await endings()).length;
+        // wait:true (the default): past the soft deadline the answer is a job id.
+        const r = await call(c.client, "run_benchmark", LONG);
+        expect(r.isError, JSON.stringify(r)).toBeFalsy();
+        const jobId = r.structuredContent.job_id as string;
+        expect(jobId).toMatch(/^job_/);
+        const cancelled = await call(c.client, "cancel_job", { job_id: jobId });
+        expect(cancelled.isError, JSON.stringify(cancelled)).toBeFalsy();
+        const job = await until(async () => {
+          const j = (await call(c.client, "get_job", { job_id: jobId })).structuredContent;
+          return j.status !== "running" && j;
+        }, 60_000);
+        // The job keeps what it measured before the cancel...
+        expect(job.status).toBe("cancelled");
+        expect(job.result?.cancelled).toBe(true);
+        // ...and the trail says the call was cancelled, not executed.
+        const ended = await until(async () => {
+          const e = (await endings()).slice(before);
+          return e.length > 0 && e;
+        }, 30_000);
+        expect(ended).toHaveLength(1);
+        expect(ended[0]).toMatchObject({
+          principal: "runner",
+          outcome: "failed",
+          code: "cancelled",
+        });
+        expect(ended[0].reason).toMatch(/cancelled by cancel_job/);
+      } finally {
+        await c.close();
+      }
+    },
+    scaled(120_000),
+  );
 });

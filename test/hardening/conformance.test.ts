@@ -7,6 +7,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { recordFigure, ROOT } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
 /** Scenarios that apply to this server, per era: each must pass every check. */
 const MUST_PASS: Record<string, string[]> = {
@@ -35,7 +36,7 @@ const MUST_PASS: Record<string, string[]> = {
 describe.each(Object.keys(MUST_PASS))("MCP conformance suite, %s", (era) => {
   it(
     "passes every applicable server scenario, and fails only the baselined checks",
-    { timeout: 600_000 },
+    { timeout: scaled(600_000) },
     async () => {
       const out = join(ROOT, "test", "hardening", ".results", `conformance-${era}`);
       const { code, log } = await new Promise<{ code: number | null; log: string }>((resolve) => {

@@ -27,11 +27,12 @@ import {
   TOKENS,
   until,
 } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
-const T = { timeout: 300_000 };
+const T = { timeout: scaled(300_000) };
 const call = (client: any, name: string, args: Record<string, unknown> = {}, opts = {}) =>
   client.callTool({ name, arguments: args }, undefined, {
-    timeout: 300_000,
+    timeout: scaled(300_000),
     ...opts,
   }) as Promise<any>;
 
@@ -161,7 +162,7 @@ describe("worker hung (SIGSTOP)", () => {
           c,
           "run_inference",
           { model: "mnist-cnn", tensors: [x] },
-          { timeout: 60_000 },
+          { timeout: scaled(60_000) },
         );
         const answeredMs = Date.now() - t0;
         expectCleanError(r, ["worker_died", "timeout"]);
@@ -370,7 +371,7 @@ describe.skipIf(!canMount)("SQLite stores on a full or read-only disk (tmpfs)", 
           const r = spawnSync(
             process.execPath,
             [join(ROOT, "bin/tpu-mcp.js"), "stdio", "--config", roCfg],
-            { input: init + "\n", timeout: 60_000, encoding: "utf8" },
+            { input: init + "\n", timeout: scaled(60_000), encoding: "utf8" },
           );
           // Refused at start with a one-line reason: no stack trace, nothing served half-broken.
           expect(r.status).not.toBe(0);

@@ -22,6 +22,7 @@ import {
   startHttpServer,
   type HttpServerProc,
 } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 export { CLI, DEMO_POLICY, ROOT, cli };
 export const DATA = join(ROOT, "test", "hardening", "data");
@@ -153,16 +154,18 @@ export function jobRows(dataDir: string): Array<Record<string, any>> {
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** Polls `fn` until it is truthy; `timeoutMs` is what a quiet machine needs, scaled to this one. */
 export async function until<T>(
   fn: () => Promise<T | undefined | false> | T | undefined | false,
   timeoutMs: number,
   stepMs = 100,
 ): Promise<T> {
   const t0 = Date.now();
+  const limit = scaled(timeoutMs);
   for (;;) {
     const v = await fn();
     if (v) return v as T;
-    if (Date.now() - t0 > timeoutMs) throw new Error(`condition not met within ${timeoutMs} ms`);
+    if (Date.now() - t0 > limit) throw new Error(`condition not met within ${limit} ms`);
     await sleep(stepMs);
   }
 }

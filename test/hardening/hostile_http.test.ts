@@ -13,8 +13,9 @@ import {
   type HttpServerProc,
 } from "../helpers/server.js";
 import { baseConfig, cleanupTemp, DEMO_POLICY, sha256, sleep, tempDir, TOKENS } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
-const T = { timeout: 300_000 };
+const T = { timeout: scaled(300_000) };
 const AGENT2 = "hostile-agent2-token";
 const SCRAPER = "hostile-scraper-token";
 const ALLOWED_ORIGIN = "https://console.example";

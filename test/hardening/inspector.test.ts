@@ -19,6 +19,7 @@ import {
   type HttpServerProc,
 } from "../helpers/server.js";
 import { ROOT } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const run = promisify(execFile);
 const SERVER_INFO = "io.modelcontextprotocol/serverInfo";
@@ -30,7 +31,7 @@ async function inspector(args: string[]): Promise<any> {
       [join(ROOT, "scripts/inspector.sh"), "--format", "json", "-q", ...args],
       {
         cwd: ROOT,
-        timeout: 240_000,
+        timeout: scaled(240_000),
         maxBuffer: 64 * 1024 * 1024,
       },
     );
@@ -56,7 +57,7 @@ describe.each(["legacy", "modern"])("the MCP Inspector, %s era, over HTTP", (era
       },
     });
     srv = await startHttpServer(config);
-  }, 120_000);
+  }, scaled(120_000));
   afterAll(async () => srv?.stop());
 
   const toolCall = async (tool: string, args: Record<string, unknown> = {}) => {
@@ -90,35 +91,40 @@ describe.each(["legacy", "modern"])("the MCP Inspector, %s era, over HTTP", (era
     return id as string;
   };
 
-  it("uses every tool, with a benchmark approved out of band", { timeout: 600_000 }, async () => {
-    const status = await toolCall("get_runtime_status");
-    expect(status.isError, JSON.stringify(status).slice(0, 300)).toBeFalsy();
-    expect(status.structuredContent).toBeDefined();
-    const models = (await toolCall("list_models")).structuredContent.models.map((m: any) => m.id);
-    expect(models).toContain("mnist-cnn");
-    expect((await toolCall("check_model", { model: "mnist-cnn" })).isError).toBeFalsy();
-    expect((await toolCall("load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
-    const image = { dtype: "float32", shape: [1, 1, 28, 28], data: new Array(784).fill(0) };
-    const inf = await toolCall("run_inference", { model: "mnist-cnn", tensors: [image] });
-    expect(inf.isError, JSON.stringify(inf).slice(0, 300)).toBeFalsy();
+  it(
+    "uses every tool, with a benchmark approved out of band",
+    { timeout: scaled(600_000) },
+    async () => {
+      const status = await toolCall("get_runtime_status");
+      expect(status.isError, JSON.stringify(status).slice(0, 300)).toBeFalsy();
+      expect(status.structuredContent).toBeDefined();
+      const models = (await toolCall("list_models")).structuredContent.models.map((m: any) => m.id);
+      expect(models).toContain("mnist-cnn");
+      expect((await toolCall("check_model", { model: "mnist-cnn" })).isError).toBeFalsy();
+      expect((await toolCall("load_model", { model: "mnist-cnn" })).isError).toBeFalsy();
+      const image = { dtype: "float32", shape: [1, 1, 28, 28], data: new Array(784).fill(0) };
+      const inf = await toolCall("run_inference", { model: "mnist-cnn", tensors: [image] });
+      expect(inf.isError, JSON.stringify(inf).slice(0, 300)).toBeFalsy();
 
-    const bench = { model: "mnist-cnn", batch_sizes: [1], iterations: 3, warmup: 1 };
-    const id = await approve(await toolCall("run_benchmark", bench));
-    const ran = await toolCall("run_benchmark", { ...bench, approval_id: id });
-    expect(ran.isError, JSON.stringify(ran).slice(0, 300)).toBeFalsy();
-    expect(ran.structuredContent.configs).toHaveLength(1);
+      const bench = { model: "mnist-cnn", batch_sizes: [1], iterations: 3, warmup: 1 };
+      const id = await approve(await toolCall("run_benchmark", bench));
+      const ran = await toolCall("run_benchmark", { ...bench, approval_id: id });
+      expect(ran.isError, JSON.stringify(ran).slice(0, 300)).toBeFalsy();
+      expect(ran.structuredContent.configs).toHaveLength(1);
 
-    const long = { model: "mnist-cnn", batch_sizes: [1, 2, 4], iterations: 5000, wait: false };
-    const id2 = await approve(await toolCall("run_benchmark", long));
-    const job = (await toolCall("run_benchmark", { ...long, approval_id: id2 })).structuredContent;
-    expect(job.job_id).toMatch(/^job_/);
-    expect((await toolCall("get_job", { job_id: job.job_id })).structuredContent.job_id).toBe(
-      job.job_id,
-    );
-    const cancelled = await toolCall("cancel_job", { job_id: job.job_id });
-    expect(cancelled.isError, JSON.stringify(cancelled).slice(0, 300)).toBeFalsy();
-    expect((await toolCall("unload_model", { model: "mnist-cnn" })).isError).toBeFalsy();
-  });
+      const long = { model: "mnist-cnn", batch_sizes: [1, 2, 4], iterations: 5000, wait: false };
+      const id2 = await approve(await toolCall("run_benchmark", long));
+      const job = (await toolCall("run_benchmark", { ...long, approval_id: id2 }))
+        .structuredContent;
+      expect(job.job_id).toMatch(/^job_/);
+      expect((await toolCall("get_job", { job_id: job.job_id })).structuredContent.job_id).toBe(
+        job.job_id,
+      );
+      const cancelled = await toolCall("cancel_job", { job_id: job.job_id });
+      expect(cancelled.isError, JSON.stringify(cancelled).slice(0, 300)).toBeFalsy();
+      expect((await toolCall("unload_model", { model: "mnist-cnn" })).isError).toBeFalsy();
+    },
+  );
 });
 
 describe("the MCP Inspector over stdio", () => {
@@ -152,12 +158,12 @@ describe("the README's Inspector commands, as written", () => {
     const config = join(dir, "config.json");
     writeFileSync(config, JSON.stringify({ data_dir: join(dir, "data") }));
     srv = await startHttpServer(config);
-  }, 120_000);
+  }, scaled(120_000));
   afterAll(async () => srv?.stop());
 
   it(
     "runs each scripts/inspector.sh command of the README against a running server",
-    { timeout: 600_000 },
+    { timeout: scaled(600_000) },
     async () => {
       const readme = readFileSync(join(ROOT, "README.md"), "utf8");
       const block = /```sh\n(TOKEN=\$\(cat \.data\/local-token\)[^\n]*\n[\s\S]*?)```/.exec(readme);
@@ -174,7 +180,7 @@ describe("the README's Inspector commands, as written", () => {
           {
             cwd: ROOT,
             env: { ...process.env, TOKEN: srv.token! },
-            timeout: 240_000,
+            timeout: scaled(240_000),
             maxBuffer: 64 * 1024 * 1024,
           },
         );

@@ -15,6 +15,7 @@ import {
   sleep,
   tempDir,
 } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const DURATION_S = Number(process.env.HARDENING_LOAD_S ?? 30);
 const PRINCIPALS = ["load-a", "load-b", "load-c"];
@@ -65,7 +66,7 @@ describe("bounded load over HTTP", () => {
           const r: any = await setup.client.callTool(
             { name: "load_model", arguments: { model } },
             undefined,
-            { timeout: 300_000 },
+            { timeout: scaled(300_000) },
           );
           expect(r.isError, JSON.stringify(r).slice(0, 300)).toBeFalsy();
         }
@@ -126,7 +127,7 @@ describe("bounded load over HTTP", () => {
                 const r: any = await c.client.callTool(
                   { name: tool, arguments: argsFor(tool, i) },
                   undefined,
-                  { timeout: 120_000 },
+                  { timeout: scaled(120_000) },
                 );
                 const ms = performance.now() - t0;
                 const code = errorOf(r)?.code;

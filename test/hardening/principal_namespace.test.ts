@@ -15,11 +15,14 @@ import {
   writeConfig,
   type HttpServerProc,
 } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const ISS = "https://issuer.namespace.test";
 const AUD = "https://tpu-mcp.namespace.test/mcp";
 const call = (client: any, name: string, args: Record<string, unknown> = {}) =>
-  client.callTool({ name, arguments: args }, undefined, { timeout: 120_000 }) as Promise<any>;
+  client.callTool({ name, arguments: args }, undefined, {
+    timeout: scaled(120_000),
+  }) as Promise<any>;
 
 describe("JWT principals live in their own namespace", () => {
   let server: HttpServerProc;
@@ -55,62 +58,70 @@ describe("JWT principals live in their own namespace", () => {
       },
     });
     server = await startHttpServer(config);
-  }, 120_000);
+  }, scaled(120_000));
 
   afterAll(async () => {
     await server?.stop();
   });
 
-  it("a JWT with sub `agent` cannot see the static principal agent's job or use its approval", async () => {
-    const agent = await connectHttp(server.url, DEMO_TOKENS.agent);
-    const started = await call(agent.client, "load_model", { model: "mnist-cnn", wait: false });
-    expect(errorOf(started), JSON.stringify(started)).toBeUndefined();
-    const jobId = started.structuredContent.job_id as string;
-    expect(jobId).toMatch(/^job_/);
-    const own = await call(agent.client, "get_job", { job_id: jobId });
-    expect(errorOf(own)).toBeUndefined();
-    // The static agent's approval request (the demo policy asks one for a 87 MiB model).
-    const asked = await call(agent.client, "load_model", { model: "all-minilm-l6-v2" });
-    expect(errorOf(asked)?.code).toBe("approval_required");
-    const approvalId = errorOf(asked)!.details.approval_id;
+  it(
+    "a JWT with sub `agent` cannot see the static principal agent's job or use its approval",
+    async () => {
+      const agent = await connectHttp(server.url, DEMO_TOKENS.agent);
+      const started = await call(agent.client, "load_model", { model: "mnist-cnn", wait: false });
+      expect(errorOf(started), JSON.stringify(started)).toBeUndefined();
+      const jobId = started.structuredContent.job_id as string;
+      expect(jobId).toMatch(/^job_/);
+      const own = await call(agent.client, "get_job", { job_id: jobId });
+      expect(errorOf(own)).toBeUndefined();
+      // The static agent's approval request (the demo policy asks one for a 87 MiB model).
+      const asked = await call(agent.client, "load_model", { model: "all-minilm-l6-v2" });
+      expect(errorOf(asked)?.code).toBe("approval_required");
+      const approvalId = errorOf(asked)!.details.approval_id;
 
-    const impostor = await connectHttp(server.url, await sign("agent"));
-    const seen = await call(impostor.client, "get_job", { job_id: jobId });
-    expect(errorOf(seen)?.code).toBe("job_not_found");
-    const cancel = await call(impostor.client, "cancel_job", { job_id: jobId });
-    expect(errorOf(cancel)?.code).toBe("job_not_found");
-    const reuse = await call(impostor.client, "load_model", {
-      model: "all-minilm-l6-v2",
-      approval_id: approvalId,
-    });
-    expect(errorOf(reuse)?.code).toBe("approval_not_found");
-
-    // A config rule names the JWT principal: it applies to jwt:agent, not to the token agent.
-    const jwtList = await call(impostor.client, "list_models");
-    expect(errorOf(jwtList)?.code).toBe("approval_required");
-    expect(errorOf(jwtList)!.message).toMatch(/list_models/);
-    const tokenList = await call(agent.client, "list_models");
-    expect(errorOf(tokenList)).toBeUndefined();
-    await impostor.close();
-    await agent.close();
-  }, 180_000);
-
-  it("refuses a subject holding a control character or of unreasonable length with 401", async () => {
-    for (const sub of ["agent\u0000", "a\u001b[2Kb", "x\u202e", "s".repeat(257)]) {
-      const r = await fetch(server.url, {
-        method: "POST",
-        headers: {
-          authorization: `Bearer ${await sign(sub)}`,
-          "content-type": "application/json",
-          accept: "application/json, text/event-stream",
-        },
-        body: JSON.stringify(INITIALIZE),
+      const impostor = await connectHttp(server.url, await sign("agent"));
+      const seen = await call(impostor.client, "get_job", { job_id: jobId });
+      expect(errorOf(seen)?.code).toBe("job_not_found");
+      const cancel = await call(impostor.client, "cancel_job", { job_id: jobId });
+      expect(errorOf(cancel)?.code).toBe("job_not_found");
+      const reuse = await call(impostor.client, "load_model", {
+        model: "all-minilm-l6-v2",
+        approval_id: approvalId,
       });
-      expect(r.status, JSON.stringify(sub)).toBe(401);
-      expect(r.headers.get("www-authenticate")).toMatch(/invalid_token/);
-    }
-    // A plain subject of the longest accepted length still connects.
-    const ok = await connectHttp(server.url, await sign("s".repeat(256)));
-    await ok.close();
-  }, 60_000);
+      expect(errorOf(reuse)?.code).toBe("approval_not_found");
+
+      // A config rule names the JWT principal: it applies to jwt:agent, not to the token agent.
+      const jwtList = await call(impostor.client, "list_models");
+      expect(errorOf(jwtList)?.code).toBe("approval_required");
+      expect(errorOf(jwtList)!.message).toMatch(/list_models/);
+      const tokenList = await call(agent.client, "list_models");
+      expect(errorOf(tokenList)).toBeUndefined();
+      await impostor.close();
+      await agent.close();
+    },
+    scaled(180_000),
+  );
+
+  it(
+    "refuses a subject holding a control character or of unreasonable length with 401",
+    async () => {
+      for (const sub of ["agent\u0000", "a\u001b[2Kb", "x\u202e", "s".repeat(257)]) {
+        const r = await fetch(server.url, {
+          method: "POST",
+          headers: {
+            authorization: `Bearer ${await sign(sub)}`,
+            "content-type": "application/json",
+            accept: "application/json, text/event-stream",
+          },
+          body: JSON.stringify(INITIALIZE),
+        });
+        expect(r.status, JSON.stringify(sub)).toBe(401);
+        expect(r.headers.get("www-authenticate")).toMatch(/invalid_token/);
+      }
+      // A plain subject of the longest accepted length still connects.
+      const ok = await connectHttp(server.url, await sign("s".repeat(256)));
+      await ok.close();
+    },
+    scaled(60_000),
+  );
 });

@@ -26,6 +26,7 @@ import {
   type HttpServerProc,
 } from "../helpers/server.js";
 import { call } from "../e2e/scenario.js";
+import { scaled } from "../helpers/calibrate.js";
 import { auditRows, cleanupTemp, PYTHON, recordFigure, ROOT, tempDir, until } from "./helpers.js";
 
 const ADMIN = "admin-token-0123456789abcdef";
@@ -160,73 +161,78 @@ describe("a reader's device time is capped by its read allowance, whatever the e
       dir,
     );
     server = await startHttpServer(config);
-  }, 120_000);
+  }, scaled(120_000));
 
   afterAll(async () => {
     await server?.stop();
     cleanupTemp();
   });
 
-  it("stops a float16 check at the allowance, answers budget_exceeded, and frees the device for an admin", async () => {
-    const admin = await connectHttp(server.url, ADMIN);
-    const reader = await connectHttp(server.url, DEMO_TOKENS.reader);
-    try {
-      const loaded = await call(admin.client, "load_model", { model: MODEL });
-      expect(loaded.isError, JSON.stringify(loaded)).toBeFalsy();
+  it(
+    "stops a float16 check at the allowance, answers budget_exceeded, and frees the device for an admin",
+    async () => {
+      const admin = await connectHttp(server.url, ADMIN);
+      const reader = await connectHttp(server.url, DEMO_TOKENS.reader);
+      try {
+        const loaded = await call(admin.client, "load_model", { model: MODEL });
+        expect(loaded.isError, JSON.stringify(loaded)).toBeFalsy();
 
-      const checking = call(reader.client, "check_model", CHECK);
-      // The check holds the device once its "allowed" record is written; then the admin asks.
-      await until(
-        () =>
-          auditRows(dataDir).some(
-            (r) => r.principal === "reader" && r.tool === "check_model" && r.outcome === "allowed",
-          ),
-        60_000,
-      );
-      const inferring = call(admin.client, "run_inference", { model: MODEL, texts: ["hello"] });
+        const checking = call(reader.client, "check_model", CHECK);
+        // The check holds the device once its "allowed" record is written; then the admin asks.
+        await until(
+          () =>
+            auditRows(dataDir).some(
+              (r) =>
+                r.principal === "reader" && r.tool === "check_model" && r.outcome === "allowed",
+            ),
+          60_000,
+        );
+        const inferring = call(admin.client, "run_inference", { model: MODEL, texts: ["hello"] });
 
-      const checked = await checking;
-      // Admitted: the estimate fits the allowance (a check's fixed 0.2 s included).
-      const allowed = auditRows(dataDir).find(
-        (r) => r.principal === "reader" && r.tool === "check_model" && r.outcome === "allowed",
-      )!;
-      expect(allowed.estimate.device_seconds).toBeLessThan(ALLOWANCE);
-      // ...and stopped when the allowance ran out, not run to its end.
-      const err = errorOf(checked);
-      expect(err?.code, JSON.stringify(checked).slice(0, 500)).toBe("budget_exceeded");
-      expect(err?.message).toMatch(/allowance for read-scoped tools ran out/);
-      expect(err?.details?.stopped_after_s).toBeLessThanOrEqual(ALLOWANCE);
+        const checked = await checking;
+        // Admitted: the estimate fits the allowance (a check's fixed 0.2 s included).
+        const allowed = auditRows(dataDir).find(
+          (r) => r.principal === "reader" && r.tool === "check_model" && r.outcome === "allowed",
+        )!;
+        expect(allowed.estimate.device_seconds).toBeLessThan(ALLOWANCE);
+        // ...and stopped when the allowance ran out, not run to its end.
+        const err = errorOf(checked);
+        expect(err?.code, JSON.stringify(checked).slice(0, 500)).toBe("budget_exceeded");
+        expect(err?.message).toMatch(/allowance for read-scoped tools ran out/);
+        expect(err?.details?.stopped_after_s).toBeLessThanOrEqual(ALLOWANCE);
 
-      // The admin's inference ran once the check was stopped in the worker.
-      const inferred = await inferring;
-      expect(inferred.isError, JSON.stringify(inferred)).toBeFalsy();
-      // Its slot was freed when the check's work ended, and the check was charged then: what it
-      // used, from the allowance (it ran until the cap) to the time it took to stop, well before
-      // the forward would have ended on its own (FULL, four allowances).
-      const used = charged(dataDir, "reader\u0000read");
-      recordFigure("read_allowance_charged_over_allowance", used / ALLOWANCE);
-      expect(used).toBeGreaterThanOrEqual(ALLOWANCE * 0.95);
-      expect(used).toBeLessThanOrEqual((ALLOWANCE + FULL) / 2);
-      expect(charged(dataDir, "reader")).toBeCloseTo(used, 3);
+        // The admin's inference ran once the check was stopped in the worker.
+        const inferred = await inferring;
+        expect(inferred.isError, JSON.stringify(inferred)).toBeFalsy();
+        // Its slot was freed when the check's work ended, and the check was charged then: what it
+        // used, from the allowance (it ran until the cap) to the time it took to stop, well before
+        // the forward would have ended on its own (FULL, four allowances).
+        const used = charged(dataDir, "reader\u0000read");
+        recordFigure("read_allowance_charged_over_allowance", used / ALLOWANCE);
+        expect(used).toBeGreaterThanOrEqual(ALLOWANCE * 0.95);
+        expect(used).toBeLessThanOrEqual((ALLOWANCE + FULL) / 2);
+        expect(charged(dataDir, "reader")).toBeCloseTo(used, 3);
 
-      const failed = await until(
-        () =>
-          auditRows(dataDir).find(
-            (r) => r.principal === "reader" && r.tool === "check_model" && r.outcome === "failed",
-          ),
-        10_000,
-      );
-      expect(failed.code).toBe("budget_exceeded");
+        const failed = await until(
+          () =>
+            auditRows(dataDir).find(
+              (r) => r.principal === "reader" && r.tool === "check_model" && r.outcome === "failed",
+            ),
+          10_000,
+        );
+        expect(failed.code).toBe("budget_exceeded");
 
-      // Nothing is left of the allowance: the next check is refused before it starts. (Not a
-      // model's first plain check since start: that cold start is charged to the budget alone,
-      // docs/policies-and-approvals.md, so this one names a batch.)
-      const again = await call(reader.client, "check_model", { model: "mnist-cnn", batch: 2 });
-      expect(errorOf(again)?.code).toBe("budget_exceeded");
-      expect(errorOf(again)?.message).toMatch(/read-scoped tools exceeded/);
-    } finally {
-      await reader.close();
-      await admin.close();
-    }
-  }, 300_000);
+        // Nothing is left of the allowance: the next check is refused before it starts. (Not a
+        // model's first plain check since start: that cold start is charged to the budget alone,
+        // docs/policies-and-approvals.md, so this one names a batch.)
+        const again = await call(reader.client, "check_model", { model: "mnist-cnn", batch: 2 });
+        expect(errorOf(again)?.code).toBe("budget_exceeded");
+        expect(errorOf(again)?.message).toMatch(/read-scoped tools exceeded/);
+      } finally {
+        await reader.close();
+        await admin.close();
+      }
+    },
+    scaled(300_000),
+  );
 });

@@ -15,6 +15,7 @@ import {
 } from "../helpers/server.js";
 import { auditRows, sha256 } from "./helpers.js";
 import { dirname, join } from "node:path";
+import { scaled } from "../helpers/calibrate.js";
 
 // A principal id an operator may well configure (config refuses only C0/C1 in ids).
 const MALLORY = "mallory\u202e\u2028";
@@ -58,54 +59,63 @@ describe("terminal output cannot be forged through argument names", () => {
     });
     expect(r.isError).toBe(true);
     await agent.close();
-  }, 120_000);
+  }, scaled(120_000));
 
   afterAll(async () => {
     await server?.stop();
   });
 
-  it("`audit tail` prints one line per record and no raw control character", async () => {
-    const dataDir = join(dirname(config), "data");
-    const rows = auditRows(dataDir);
-    // The record keeps what was sent (the escape is only on the way to a terminal).
-    const forged = rows.find((r) => String(r.reason ?? "").includes("\u001b[2K"));
-    expect(forged, JSON.stringify(rows.map((r) => r.reason))).toBeDefined();
-    expect(forged!.reason).toContain("\n#999");
+  it(
+    "`audit tail` prints one line per record and no raw control character",
+    async () => {
+      const dataDir = join(dirname(config), "data");
+      const rows = auditRows(dataDir);
+      // The record keeps what was sent (the escape is only on the way to a terminal).
+      const forged = rows.find((r) => String(r.reason ?? "").includes("\u001b[2K"));
+      expect(forged, JSON.stringify(rows.map((r) => r.reason))).toBeDefined();
+      expect(forged!.reason).toContain("\n#999");
 
-    const tail = await cli(config, "audit", "tail", "-n", "100");
-    expect(tail.code, tail.stderr).toBe(0);
-    const lines = tail.stdout.replace(/\n$/, "").split("\n");
-    expect(lines).toHaveLength(rows.length);
-    for (const [i, line] of lines.entries()) expect(line).toMatch(new RegExp(`^#${rows[i].seq} `));
-    expect(tail.stdout).not.toMatch(RAW_CONTROL);
-    expect(tail.stderr).not.toMatch(RAW_CONTROL);
-    // No line of the output is a record the server did not write.
-    expect(lines.filter((l) => /approval_granted/.test(l.split(" — ")[0]))).toHaveLength(0);
-    // The escapes are visible instead.
-    expect(tail.stdout).toContain("\\u000a#999");
-    expect(tail.stdout).toContain("\\u001b[2K");
+      const tail = await cli(config, "audit", "tail", "-n", "100");
+      expect(tail.code, tail.stderr).toBe(0);
+      const lines = tail.stdout.replace(/\n$/, "").split("\n");
+      expect(lines).toHaveLength(rows.length);
+      for (const [i, line] of lines.entries())
+        expect(line).toMatch(new RegExp(`^#${rows[i].seq} `));
+      expect(tail.stdout).not.toMatch(RAW_CONTROL);
+      expect(tail.stderr).not.toMatch(RAW_CONTROL);
+      // No line of the output is a record the server did not write.
+      expect(lines.filter((l) => /approval_granted/.test(l.split(" — ")[0]))).toHaveLength(0);
+      // The escapes are visible instead.
+      expect(tail.stdout).toContain("\\u000a#999");
+      expect(tail.stdout).toContain("\\u001b[2K");
 
-    // --json stays valid JSON with the same values, and carries no raw control character either.
-    const json = await cli(config, "audit", "tail", "-n", "100", "--json");
-    expect(json.stdout).not.toMatch(RAW_CONTROL);
-    const parsed = JSON.parse(json.stdout);
-    expect(parsed.some((r: any) => r.reason === forged!.reason)).toBe(true);
-  }, 60_000);
+      // --json stays valid JSON with the same values, and carries no raw control character either.
+      const json = await cli(config, "audit", "tail", "-n", "100", "--json");
+      expect(json.stdout).not.toMatch(RAW_CONTROL);
+      const parsed = JSON.parse(json.stdout);
+      expect(parsed.some((r: any) => r.reason === forged!.reason)).toBe(true);
+    },
+    scaled(60_000),
+  );
 
-  it("`approvals list|show`, `audit verify|head` and `workers list` pass their text through the same escape", async () => {
-    const list = await cli(config, "approvals", "list");
-    expect(list.stdout).toContain("mallory\\u202e\\u2028");
-    const id = /apr_[0-9a-f]{32}/.exec(list.stdout)![0];
-    for (const args of [
-      ["approvals", "list"],
-      ["approvals", "list", "--json"],
-      ["approvals", "show", id],
-      ["audit", "verify"],
-      ["audit", "head"],
-      ["workers", "list"],
-    ]) {
-      const r = await cli(config, ...args);
-      expect(r.stdout + r.stderr, args.join(" ")).not.toMatch(RAW_CONTROL);
-    }
-  }, 60_000);
+  it(
+    "`approvals list|show`, `audit verify|head` and `workers list` pass their text through the same escape",
+    async () => {
+      const list = await cli(config, "approvals", "list");
+      expect(list.stdout).toContain("mallory\\u202e\\u2028");
+      const id = /apr_[0-9a-f]{32}/.exec(list.stdout)![0];
+      for (const args of [
+        ["approvals", "list"],
+        ["approvals", "list", "--json"],
+        ["approvals", "show", id],
+        ["audit", "verify"],
+        ["audit", "head"],
+        ["workers", "list"],
+      ]) {
+        const r = await cli(config, ...args);
+        expect(r.stdout + r.stderr, args.join(" ")).not.toMatch(RAW_CONTROL);
+      }
+    },
+    scaled(60_000),
+  );
 });

@@ -45,6 +45,7 @@ def _inject():
         time.sleep(0.05)
 threading.Thread(target=_inject, daemon=True).start()
 `;
+import { scaled } from "../helpers/calibrate.js";
 
 const CASES: [string, Buffer][] = [
   // Stray output on fd 1: the worker points fd 1 at stderr, so the protocol never sees it.
@@ -70,77 +71,81 @@ function frame(header: unknown): Buffer {
 }
 
 describe("stray bytes on the worker's stdout", () => {
-  it("never leaves a caller hanging and the server recovers", { timeout: 300_000 }, async () => {
-    const dir = tempDir();
-    const inject = join(dir, "inject");
-    mkdirSync(inject);
-    writeFileSync(join(inject, "sitecustomize.py"), SITECUSTOMIZE);
-    const trigger = join(dir, "trigger");
-    const python = pythonWrapper(
-      dir,
-      `export PYTHONPATH="${inject}:$PYTHONPATH"\nexport TPU_HARDENING_TRIGGER="${trigger}"\nexec ${PYTHON} "$@"`,
-    );
-    const h = await inProcess(
-      baseConfig(dir, { runtime: { python, heartbeat_interval_s: 1, heartbeat_timeout_s: 3 } }),
-    );
-    const seen: Record<string, string> = {};
-    try {
-      const c = await h.connect({ id: "t", scopes: ["admin"], via: "stdio" });
-      const x = { dtype: "float32", shape: [1, 1, 28, 28], data: Array(784).fill(0.1) };
-      for (const [what, bytes] of CASES) {
-        const loaded: any = await c.callTool({
-          name: "load_model",
-          arguments: { model: "mnist-cnn" },
-        });
-        expect(
-          !loaded.isError || errorOf(loaded)!.code === "model_already_loaded",
-          JSON.stringify(loaded).slice(0, 300),
-        ).toBe(true);
-        const restartsBefore = h.app.runtime.restarts();
-        writeFileSync(trigger, bytes);
-        await until(() => !existsSync(trigger), 10_000, 50);
-        // Calls right after the corruption: each gets an answer or a clean error, in bounded time.
-        for (let i = 0; i < 3; i++) {
-          const t0 = Date.now();
-          const r: any = await c.callTool(
-            { name: "run_inference", arguments: { model: "mnist-cnn", tensors: [x] } },
-            undefined,
-            { timeout: 60_000 },
-          );
-          expect(Date.now() - t0, what).toBeLessThan(30_000);
-          if (r.isError) {
-            expect(Object.keys(ERROR_CATALOGUE)).toContain(errorOf(r)!.code);
-            expect(
-              ["protocol_error", "worker_died", "model_not_loaded"],
-              `${what}: ${errorOf(r)!.code}`,
-            ).toContain(errorOf(r)!.code);
-            expect(r.content[0].text).not.toMatch(LEAK_RE);
+  it(
+    "never leaves a caller hanging and the server recovers",
+    { timeout: scaled(300_000) },
+    async () => {
+      const dir = tempDir();
+      const inject = join(dir, "inject");
+      mkdirSync(inject);
+      writeFileSync(join(inject, "sitecustomize.py"), SITECUSTOMIZE);
+      const trigger = join(dir, "trigger");
+      const python = pythonWrapper(
+        dir,
+        `export PYTHONPATH="${inject}:$PYTHONPATH"\nexport TPU_HARDENING_TRIGGER="${trigger}"\nexec ${PYTHON} "$@"`,
+      );
+      const h = await inProcess(
+        baseConfig(dir, { runtime: { python, heartbeat_interval_s: 1, heartbeat_timeout_s: 3 } }),
+      );
+      const seen: Record<string, string> = {};
+      try {
+        const c = await h.connect({ id: "t", scopes: ["admin"], via: "stdio" });
+        const x = { dtype: "float32", shape: [1, 1, 28, 28], data: Array(784).fill(0.1) };
+        for (const [what, bytes] of CASES) {
+          const loaded: any = await c.callTool({
+            name: "load_model",
+            arguments: { model: "mnist-cnn" },
+          });
+          expect(
+            !loaded.isError || errorOf(loaded)!.code === "model_already_loaded",
+            JSON.stringify(loaded).slice(0, 300),
+          ).toBe(true);
+          const restartsBefore = h.app.runtime.restarts();
+          writeFileSync(trigger, bytes);
+          await until(() => !existsSync(trigger), 10_000, 50);
+          // Calls right after the corruption: each gets an answer or a clean error, in bounded time.
+          for (let i = 0; i < 3; i++) {
+            const t0 = Date.now();
+            const r: any = await c.callTool(
+              { name: "run_inference", arguments: { model: "mnist-cnn", tensors: [x] } },
+              undefined,
+              { timeout: scaled(60_000) },
+            );
+            expect(Date.now() - t0, what).toBeLessThan(30_000);
+            if (r.isError) {
+              expect(Object.keys(ERROR_CATALOGUE)).toContain(errorOf(r)!.code);
+              expect(
+                ["protocol_error", "worker_died", "model_not_loaded"],
+                `${what}: ${errorOf(r)!.code}`,
+              ).toContain(errorOf(r)!.code);
+              expect(r.content[0].text).not.toMatch(LEAK_RE);
+            }
+            seen[`${what} #${i}`] = r.isError ? errorOf(r)!.code : "ok";
           }
-          seen[`${what} #${i}`] = r.isError ? errorOf(r)!.code : "ok";
+          // Recovered: ready again, and a reload + inference works.
+          await until(
+            async () => {
+              const s: any = await c.callTool({ name: "get_runtime_status", arguments: {} });
+              return !s.isError && s.structuredContent.worker.state === "ready";
+            },
+            60_000,
+            250,
+          );
+          // Stray prints on fd 1 never reach the protocol; a desynchronised pipe costs one restart.
+          if (what.includes("fd 1")) expect(h.app.runtime.restarts(), what).toBe(restartsBefore);
+          if (/text line in|0xffffffff in/.test(what))
+            expect(h.app.runtime.restarts(), what).toBe(restartsBefore + 1);
+          await c.callTool({ name: "load_model", arguments: { model: "mnist-cnn" } });
+          const ok: any = await c.callTool({
+            name: "run_inference",
+            arguments: { model: "mnist-cnn", tensors: [x] },
+          });
+          expect(ok.isError, `${what}: ${JSON.stringify(ok).slice(0, 300)}`).toBeFalsy();
         }
-        // Recovered: ready again, and a reload + inference works.
-        await until(
-          async () => {
-            const s: any = await c.callTool({ name: "get_runtime_status", arguments: {} });
-            return !s.isError && s.structuredContent.worker.state === "ready";
-          },
-          60_000,
-          250,
-        );
-        // Stray prints on fd 1 never reach the protocol; a desynchronised pipe costs one restart.
-        if (what.includes("fd 1")) expect(h.app.runtime.restarts(), what).toBe(restartsBefore);
-        if (/text line in|0xffffffff in/.test(what))
-          expect(h.app.runtime.restarts(), what).toBe(restartsBefore + 1);
-        await c.callTool({ name: "load_model", arguments: { model: "mnist-cnn" } });
-        const ok: any = await c.callTool({
-          name: "run_inference",
-          arguments: { model: "mnist-cnn", tensors: [x] },
-        });
-        expect(ok.isError, `${what}: ${JSON.stringify(ok).slice(0, 300)}`).toBeFalsy();
+        recordFigure("worker_stdout_garbage", seen);
+      } finally {
+        await h.close();
       }
-      recordFigure("worker_stdout_garbage", seen);
-    } finally {
-      await h.close();
-    }
-  });
+    },
+  );
 });

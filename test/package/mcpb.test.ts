@@ -15,6 +15,7 @@ import { mcpbCli, packBundle, stageBundle } from "../../scripts/mcpb.js";
 import { ROOT, errorOf } from "../helpers/server.js";
 import { call } from "../e2e/scenario.js";
 import { stopBackgroundSetup } from "./background.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const work = mkdtempSync(join(tmpdir(), "tpu-mcp-mcpb-test-"));
 const home = join(work, "home");
@@ -31,7 +32,7 @@ beforeAll(() => {
   mkdirSync(home);
   staged = stageBundle(join(work, "staged"));
   bundle = packBundle(staged, work);
-}, 900_000);
+}, scaled(900_000));
 
 afterAll(async () => {
   await stopBackgroundSetup(join(home, ".local", "share", "tpu-mcp"));
@@ -60,48 +61,54 @@ describe("the .mcpb bundle", () => {
     }
   });
 
-  it("unpacks and starts the server over stdio as its manifest says", async () => {
-    const out = join(work, "unpacked");
-    const r = mcpb("unpack", bundle, out);
-    expect(r.code, r.out).toBe(0);
-    const manifest = JSON.parse(readFileSync(join(out, "manifest.json"), "utf8"));
-    const cfg = manifest.server.mcp_config;
-    // What the host does: ${__dirname} is the bundle, unset user_config values are empty.
-    const sub = (s: string) =>
-      s.replace("${__dirname}", out).replace(/\$\{user_config\.\w+\}/g, "");
-    const env: Record<string, string> = {
-      HOME: home,
-      PATH: "/usr/bin:/bin",
-      TPU_MCP_VENV: join(ROOT, ".venv"),
-      ...Object.fromEntries(
-        Object.entries(cfg.env as Record<string, string>).map(([k, v]) => [k, sub(v)]),
-      ),
-    };
-    const client = new Client({ name: "mcpb-test", version: "0" });
-    const transport = new StdioClientTransport({
-      command: cfg.command,
-      args: cfg.args.map(sub),
-      env,
-      cwd: home,
-      stderr: "pipe",
-    });
-    let stderr = "";
-    transport.stderr?.on("data", (d) => (stderr += d));
-    await client.connect(transport);
-    try {
-      expect(client.getServerVersion()?.version).toBe(manifest.version);
-      const tools = await client.listTools();
-      expect(tools.tools.map((t) => t.name).sort()).toEqual(
-        manifest.tools.map((t: { name: string }) => t.name).sort(),
-      );
-      const load = await call(client as any, "load_model", { model: "smollm2-135m-instruct" });
-      expect(errorOf(load)?.code, JSON.stringify(load.content)).toBe("runtime_setting_up");
-    } finally {
-      await client.close();
-    }
-    expect(stderr).not.toMatch(/\n\s+at .+\(.+:\d+:\d+\)/);
-    // The bundle carries no build tools and no TypeScript loader.
-    const listed = execFileSync("ls", [join(out, "server", "node_modules")], { encoding: "utf8" });
-    expect(listed.split("\n")).not.toContain("tsx");
-  }, 120_000);
+  it(
+    "unpacks and starts the server over stdio as its manifest says",
+    { timeout: scaled(120_000) },
+    async () => {
+      const out = join(work, "unpacked");
+      const r = mcpb("unpack", bundle, out);
+      expect(r.code, r.out).toBe(0);
+      const manifest = JSON.parse(readFileSync(join(out, "manifest.json"), "utf8"));
+      const cfg = manifest.server.mcp_config;
+      // What the host does: ${__dirname} is the bundle, unset user_config values are empty.
+      const sub = (s: string) =>
+        s.replace("${__dirname}", out).replace(/\$\{user_config\.\w+\}/g, "");
+      const env: Record<string, string> = {
+        HOME: home,
+        PATH: "/usr/bin:/bin",
+        TPU_MCP_VENV: join(ROOT, ".venv"),
+        ...Object.fromEntries(
+          Object.entries(cfg.env as Record<string, string>).map(([k, v]) => [k, sub(v)]),
+        ),
+      };
+      const client = new Client({ name: "mcpb-test", version: "0" });
+      const transport = new StdioClientTransport({
+        command: cfg.command,
+        args: cfg.args.map(sub),
+        env,
+        cwd: home,
+        stderr: "pipe",
+      });
+      let stderr = "";
+      transport.stderr?.on("data", (d) => (stderr += d));
+      await client.connect(transport);
+      try {
+        expect(client.getServerVersion()?.version).toBe(manifest.version);
+        const tools = await client.listTools();
+        expect(tools.tools.map((t) => t.name).sort()).toEqual(
+          manifest.tools.map((t: { name: string }) => t.name).sort(),
+        );
+        const load = await call(client as any, "load_model", { model: "smollm2-135m-instruct" });
+        expect(errorOf(load)?.code, JSON.stringify(load.content)).toBe("runtime_setting_up");
+      } finally {
+        await client.close();
+      }
+      expect(stderr).not.toMatch(/\n\s+at .+\(.+:\d+:\d+\)/);
+      // The bundle carries no build tools and no TypeScript loader.
+      const listed = execFileSync("ls", [join(out, "server", "node_modules")], {
+        encoding: "utf8",
+      });
+      expect(listed.split("\n")).not.toContain("tsx");
+    },
+  );
 });

@@ -23,6 +23,7 @@ import { connectModernHttp } from "../helpers/modern.js";
 import { ROOT, errorOf, writeConfig } from "../helpers/server.js";
 import { call } from "../e2e/scenario.js";
 import { stopBackgroundSetup } from "./background.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const run = promisify(execFile);
 const VERSION = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")).version;
@@ -99,7 +100,7 @@ beforeAll(async () => {
       maxBuffer: 16 << 20,
     },
   );
-}, 1_200_000);
+}, scaled(1_200_000));
 
 afterAll(async () => {
   for (const p of started) if (p.exitCode === null) p.kill("SIGTERM");
@@ -128,110 +129,128 @@ describe("the npm package", () => {
       expect(installed).not.toContain(devOnly);
   });
 
-  it("before set-up: serves at once, answers runtime_setting_up, shows the set-up in status", async () => {
-    // Calibration: the checkout's own bundle answering tools/list on this machine, now.
-    const base = await toolsListMs(
-      [process.execPath, join(ROOT, "dist", "cli.mjs"), "stdio", "--config", writeConfig()],
-      { ...(process.env as Record<string, string>) },
-      ROOT,
-    );
-    await base.client.close();
-    const s = await toolsListMs([bin, "stdio"], hostEnv, home);
-    try {
-      // "within 5 s" on an idle machine; here, a few times what the checkout takes right now.
-      const budget = Math.max(5_000, 4 * base.ms);
-      console.log(`tools/list: package ${s.ms.toFixed(0)} ms, checkout ${base.ms.toFixed(0)} ms`);
-      expect(s.ms).toBeLessThan(budget);
-      expect(s.tools.tools.map((t) => t.name)).toContain("run_inference");
-      const load = await call(s.client as any, "load_model", { model: MODEL });
-      const e = errorOf(load);
-      expect(e?.code, JSON.stringify(load.content)).toBe("runtime_setting_up");
-      expect(e?.message).toMatch(/setting up its Python environment.*\d+% done/);
-      expect(e?.details).toMatchObject({ log: join(dataHome, "setup.log") });
-      const status = await call(s.client as any, "get_runtime_status", {});
-      expect(status.isError).toBeFalsy();
-      expect(status.structuredContent.setup).toMatchObject({ state: "running" });
-      expect(status.structuredContent.device_unavailable.code).toBe("runtime_setting_up");
-    } finally {
-      await s.client.close();
-    }
-    noStackTrace(s.stderr());
-    // The per-user folder, not the package, holds what set-up makes.
-    expect(existsSync(join(dataHome, "catalog.builtin.json"))).toBe(true);
-  }, 120_000);
+  it(
+    "before set-up: serves at once, answers runtime_setting_up, shows the set-up in status",
+    { timeout: scaled(120_000) },
+    async () => {
+      // Calibration: the checkout's own bundle answering tools/list on this machine, now.
+      const base = await toolsListMs(
+        [process.execPath, join(ROOT, "dist", "cli.mjs"), "stdio", "--config", writeConfig()],
+        { ...(process.env as Record<string, string>) },
+        ROOT,
+      );
+      await base.client.close();
+      const s = await toolsListMs([bin, "stdio"], hostEnv, home);
+      try {
+        // "within 5 s" on an idle machine; here, a few times what the checkout takes right now.
+        const budget = Math.max(5_000, 4 * base.ms);
+        console.log(`tools/list: package ${s.ms.toFixed(0)} ms, checkout ${base.ms.toFixed(0)} ms`);
+        expect(s.ms).toBeLessThan(budget);
+        expect(s.tools.tools.map((t) => t.name)).toContain("run_inference");
+        const load = await call(s.client as any, "load_model", { model: MODEL });
+        const e = errorOf(load);
+        expect(e?.code, JSON.stringify(load.content)).toBe("runtime_setting_up");
+        expect(e?.message).toMatch(/setting up its Python environment.*\d+% done/);
+        expect(e?.details).toMatchObject({ log: join(dataHome, "setup.log") });
+        const status = await call(s.client as any, "get_runtime_status", {});
+        expect(status.isError).toBeFalsy();
+        expect(status.structuredContent.setup).toMatchObject({ state: "running" });
+        expect(status.structuredContent.device_unavailable.code).toBe("runtime_setting_up");
+      } finally {
+        await s.client.close();
+      }
+      noStackTrace(s.stderr());
+      // The per-user folder, not the package, holds what set-up makes.
+      expect(existsSync(join(dataHome, "catalog.builtin.json"))).toBe(true);
+    },
+  );
 
-  it("`tpu-mcp setup` shows its progress on stderr and finishes", async () => {
-    const r = await run(bin, ["setup"], { env: hostEnv, cwd: home, maxBuffer: 64 << 20 });
-    expect(r.stdout).toBe(""); // stdout may be an MCP channel: nothing goes there
-    expect(r.stderr).toMatch(/\[setup\] .*\d+%/);
-    expect(r.stderr).toMatch(/\[setup\] (ready|100% ready)/);
-    noStackTrace(r.stderr);
-    const record = JSON.parse(readFileSync(join(dataHome, "setup.json"), "utf8"));
-    expect(record).toMatchObject({ state: "done", percent: 100 });
-    expect(existsSync(join(dataHome, "models", MODEL, "model.safetensors"))).toBe(true);
-  }, 900_000);
+  it(
+    "`tpu-mcp setup` shows its progress on stderr and finishes",
+    { timeout: scaled(900_000) },
+    async () => {
+      const r = await run(bin, ["setup"], { env: hostEnv, cwd: home, maxBuffer: 64 << 20 });
+      expect(r.stdout).toBe(""); // stdout may be an MCP channel: nothing goes there
+      expect(r.stderr).toMatch(/\[setup\] .*\d+%/);
+      expect(r.stderr).toMatch(/\[setup\] (ready|100% ready)/);
+      noStackTrace(r.stderr);
+      const record = JSON.parse(readFileSync(join(dataHome, "setup.json"), "utf8"));
+      expect(record).toMatchObject({ state: "done", percent: 100 });
+      expect(existsSync(join(dataHome, "models", MODEL, "model.safetensors"))).toBe(true);
+    },
+  );
 
-  it("after set-up: a real MCP client loads smollm2 and gets a correct answer over stdio", async () => {
-    const s = await toolsListMs([bin, "stdio"], hostEnv, home);
-    try {
-      const load = await call(s.client as any, "load_model", { model: MODEL });
-      expect(load.isError, JSON.stringify(load.content)).toBeFalsy();
-      const r = await call(s.client as any, "run_inference", {
-        model: MODEL,
-        messages: QUESTION,
-        max_new_tokens: 24,
-        temperature: 0,
-      });
-      expect(r.isError, JSON.stringify(r.content)).toBeFalsy();
-      expect(r.structuredContent.generations[0].text).toContain("Paris");
-      const status = await call(s.client as any, "get_runtime_status", {});
-      expect(status.structuredContent.setup).toBeUndefined();
-    } finally {
-      await s.client.close();
-    }
-    noStackTrace(s.stderr());
-  }, 300_000);
+  it(
+    "after set-up: a real MCP client loads smollm2 and gets a correct answer over stdio",
+    { timeout: scaled(300_000) },
+    async () => {
+      const s = await toolsListMs([bin, "stdio"], hostEnv, home);
+      try {
+        const load = await call(s.client as any, "load_model", { model: MODEL });
+        expect(load.isError, JSON.stringify(load.content)).toBeFalsy();
+        const r = await call(s.client as any, "run_inference", {
+          model: MODEL,
+          messages: QUESTION,
+          max_new_tokens: 24,
+          temperature: 0,
+        });
+        expect(r.isError, JSON.stringify(r.content)).toBeFalsy();
+        expect(r.structuredContent.generations[0].text).toContain("Paris");
+        const status = await call(s.client as any, "get_runtime_status", {});
+        expect(status.structuredContent.setup).toBeUndefined();
+      } finally {
+        await s.client.close();
+      }
+      noStackTrace(s.stderr());
+    },
+  );
 
-  it("after set-up: the same over HTTP (2026-07-28 client, the generated token)", async () => {
-    const proc = spawn(bin, ["http", "--port", "0"], {
-      env: hostEnv,
-      cwd: home,
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    started.push(proc);
-    let err = "";
-    const { url, token } = await new Promise<{ url: string; token: string }>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no HTTP server:\n${err}`)), 120_000);
-      proc.stderr!.on("data", (d) => {
-        err += d;
-        const u = /serving MCP \(Streamable HTTP\) at (\S+)/.exec(err);
-        const t = /bearer token[^\n]*:\n\s+(\S+)/.exec(err);
-        if (u && t) {
-          clearTimeout(timer);
-          resolve({ url: u[1], token: t[1] });
-        }
+  it(
+    "after set-up: the same over HTTP (2026-07-28 client, the generated token)",
+    { timeout: scaled(300_000) },
+    async () => {
+      const proc = spawn(bin, ["http", "--port", "0"], {
+        env: hostEnv,
+        cwd: home,
+        stdio: ["ignore", "pipe", "pipe"],
       });
-      proc.once("exit", (code) => reject(new Error(`exited ${code}:\n${err}`)));
-    });
-    // The data dir is the per-user one, not the package's folder.
-    expect(existsSync(join(dataHome, "data", "local-token"))).toBe(true);
-    const { client, close } = await connectModernHttp(url, token);
-    try {
-      const load = await call(client as any, "load_model", { model: MODEL });
-      expect(load.isError, JSON.stringify(load.content)).toBeFalsy();
-      const r = await call(client as any, "run_inference", {
-        model: MODEL,
-        messages: QUESTION,
-        max_new_tokens: 24,
-        temperature: 0,
-      });
-      expect(r.structuredContent.generations[0].text).toContain("Paris");
-    } finally {
-      await close();
-      proc.kill("SIGTERM");
-    }
-    noStackTrace(err);
-  }, 300_000);
+      started.push(proc);
+      let err = "";
+      const { url, token } = await new Promise<{ url: string; token: string }>(
+        (resolve, reject) => {
+          const timer = setTimeout(() => reject(new Error(`no HTTP server:\n${err}`)), 120_000);
+          proc.stderr!.on("data", (d) => {
+            err += d;
+            const u = /serving MCP \(Streamable HTTP\) at (\S+)/.exec(err);
+            const t = /bearer token[^\n]*:\n\s+(\S+)/.exec(err);
+            if (u && t) {
+              clearTimeout(timer);
+              resolve({ url: u[1], token: t[1] });
+            }
+          });
+          proc.once("exit", (code) => reject(new Error(`exited ${code}:\n${err}`)));
+        },
+      );
+      // The data dir is the per-user one, not the package's folder.
+      expect(existsSync(join(dataHome, "data", "local-token"))).toBe(true);
+      const { client, close } = await connectModernHttp(url, token);
+      try {
+        const load = await call(client as any, "load_model", { model: MODEL });
+        expect(load.isError, JSON.stringify(load.content)).toBeFalsy();
+        const r = await call(client as any, "run_inference", {
+          model: MODEL,
+          messages: QUESTION,
+          max_new_tokens: 24,
+          temperature: 0,
+        });
+        expect(r.structuredContent.generations[0].text).toContain("Paris");
+      } finally {
+        await close();
+        proc.kill("SIGTERM");
+      }
+      noStackTrace(err);
+    },
+  );
 });
 
 function readdirNames(dir: string): string[] {

@@ -12,6 +12,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { CLI, ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { call } from "../e2e/scenario.js";
 import { startRayCluster } from "../helpers/fleet.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const PY = join(ROOT, ".venv/bin/python");
 const MODEL = "all-minilm-l6-v2";
@@ -104,12 +105,12 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     spawnSync(process.execPath, [CLI, ...args, "--config", configFile, "--token", ADMIN_TOKEN], {
       cwd: ROOT,
       encoding: "utf8",
-      timeout: 240_000,
+      timeout: scaled(240_000),
     });
   // The same, without freezing the event loop: for commands that must overlap the traffic.
   const cliAsync = (...args: string[]) =>
     run(process.execPath, [CLI, ...args, "--config", configFile, "--token", ADMIN_TOKEN], {
-      timeout: 240_000,
+      timeout: scaled(240_000),
     });
   const infer = async (text: string) => {
     const r = await call(conn.client, "run_inference", { model: MODEL, texts: [text] });
@@ -251,7 +252,7 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
         victim.ray_name,
       ],
       {
-        timeout: 60_000,
+        timeout: scaled(60_000),
         env: {
           ...process.env,
           RAY_AUTH_MODE: "token",
@@ -297,7 +298,7 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
         const t = await run(
           process.execPath,
           [CLI, "audit", "tail", "-n", "500", "--config", configFile],
-          { timeout: 60_000 },
+          { timeout: scaled(60_000) },
         );
         return / control-plane load_model executed/.test(t.stdout) ? true : undefined;
       },

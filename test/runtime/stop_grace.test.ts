@@ -11,6 +11,7 @@ import { RuntimeCallError } from "../../runtime/types.js";
 import { parseConfig } from "../../server/config/config.js";
 import { MIN_SEQ_LEN } from "../../tools/run_benchmark.js";
 import { cpuRuntime, repoRoot, waitFor } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const benchmark = {
   model: "mnist-cnn",
@@ -41,37 +42,45 @@ function stoppedBenchmark(r: WorkerRuntime) {
 }
 
 describe("a stopped call in the runtime", () => {
-  it("waits past the cancel grace for the worker's partial report", async () => {
-    // Each iteration sleeps 2 × 1 s: the worker's answer comes about a second after the stop,
-    // twenty times the cancel grace.
-    rt = cpuRuntime({
-      env: { ...process.env, TPU_WORKER_CPU_DEVICE_WAIT_S: "1" },
-      cancelGraceMs: 50,
-      stopGraceMs: 60_000,
-    });
-    const { result } = await stoppedBenchmark(rt);
-    expect(result.stopped).toBe("budget");
-    expect(result.cancelled).toBe(false);
-    expect(rt.restarts()).toBe(0);
-  }, 180_000);
+  it(
+    "waits past the cancel grace for the worker's partial report",
+    { timeout: scaled(180_000) },
+    async () => {
+      // Each iteration sleeps 2 × 1 s: the worker's answer comes about a second after the stop,
+      // twenty times the cancel grace.
+      rt = cpuRuntime({
+        env: { ...process.env, TPU_WORKER_CPU_DEVICE_WAIT_S: "1" },
+        cancelGraceMs: 50,
+        stopGraceMs: 60_000,
+      });
+      const { result } = await stoppedBenchmark(rt);
+      expect(result.stopped).toBe("budget");
+      expect(result.cancelled).toBe(false);
+      expect(rt.restarts()).toBe(0);
+    },
+  );
 
-  it("restarts a worker that has not ended a stopped call after stopGraceMs", async () => {
-    rt = cpuRuntime({
-      env: { ...process.env, TPU_WORKER_CPU_DEVICE_WAIT_S: "20" },
-      cancelGraceMs: 50,
-      stopGraceMs: 500,
-    });
-    await rt.start();
-    const before = rt.pid;
-    const err = await stoppedBenchmark(rt).then(
-      () => undefined,
-      (e: unknown) => e as RuntimeCallError,
-    );
-    expect(err).toBeInstanceOf(RuntimeCallError);
-    expect(err?.code).toBe("worker_died");
-    // Named for what stopped it, never "cancelled by the caller".
-    expect(err?.message).toMatch(/stopped \(its budget ran out\).*restarted/);
-    expect(err?.message).not.toMatch(/by the caller/);
-    await waitFor(() => rt!.restarts() === 1 && rt!.pid !== before, 120_000);
-  }, 240_000);
+  it(
+    "restarts a worker that has not ended a stopped call after stopGraceMs",
+    { timeout: scaled(240_000) },
+    async () => {
+      rt = cpuRuntime({
+        env: { ...process.env, TPU_WORKER_CPU_DEVICE_WAIT_S: "20" },
+        cancelGraceMs: 50,
+        stopGraceMs: 500,
+      });
+      await rt.start();
+      const before = rt.pid;
+      const err = await stoppedBenchmark(rt).then(
+        () => undefined,
+        (e: unknown) => e as RuntimeCallError,
+      );
+      expect(err).toBeInstanceOf(RuntimeCallError);
+      expect(err?.code).toBe("worker_died");
+      // Named for what stopped it, never "cancelled by the caller".
+      expect(err?.message).toMatch(/stopped \(its budget ran out\).*restarted/);
+      expect(err?.message).not.toMatch(/by the caller/);
+      await waitFor(() => rt!.restarts() === 1 && rt!.pid !== before, 120_000);
+    },
+  );
 });

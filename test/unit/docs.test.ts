@@ -16,6 +16,7 @@ import { dirname, join, relative, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ServerConfigSchema } from "../../server/config/config.js";
 import { ROOT, startHttpServer, writeConfig, type HttpServerProc } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const PAGES = [
   join(ROOT, "README.md"),
@@ -217,7 +218,7 @@ describe("docs snippets run as written", () => {
     await server?.stop();
   });
 
-  it("HTTP from code: calls the tools and exits", async () => {
+  it("HTTP from code: calls the tools and exits", { timeout: scaled(120_000) }, async () => {
     const r = await runSnippet(
       snippet("run http"),
       { TPU_MCP_URL: server.url, TPU_MCP_TOKEN: server.token! },
@@ -226,13 +227,17 @@ describe("docs snippets run as written", () => {
     expect(r.timedOut, `still running after 90 s:\n${r.out}`).toBe(false);
     expect(r.code, r.out).toBe(0);
     expect(r.out).toContain("name: 'embeddings'");
-  }, 120_000);
+  });
 
-  it("a first chat: starts its own server, asks the built-in chat model, gets a true answer", async () => {
-    // Loading SmolLM2 (269 MB) on a loaded 2-core VM takes tens of seconds: a generous bound.
-    const r = await runSnippet(snippet("run stdio"), {}, 240_000);
-    expect(r.timedOut, `still running after 240 s:\n${r.out}`).toBe(false);
-    expect(r.code, r.out).toBe(0);
-    expect(r.out).toContain("Paris");
-  }, 300_000);
+  it(
+    "a first chat: starts its own server, asks the built-in chat model, gets a true answer",
+    { timeout: scaled(300_000) },
+    async () => {
+      // Loading SmolLM2 (269 MB) on a loaded 2-core VM takes tens of seconds: a generous bound.
+      const r = await runSnippet(snippet("run stdio"), {}, 240_000);
+      expect(r.timedOut, `still running after 240 s:\n${r.out}`).toBe(false);
+      expect(r.code, r.out).toBe(0);
+      expect(r.out).toContain("Paris");
+    },
+  );
 });

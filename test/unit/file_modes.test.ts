@@ -22,6 +22,7 @@ import { createPolicyServices } from "../../server/app/build_policies.js";
 import { parseConfig } from "../../server/config/config.js";
 import { createDataDir, FileModeError } from "../../server/config/data_dir.js";
 import { ROOT, startHttpServer, writeConfig } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const posix = process.platform !== "win32";
 const mode = (p: string) => statSync(p).mode & 0o777;
@@ -125,16 +126,20 @@ describe.skipIf(!posix)("file modes of the data directory", () => {
     expect(() => createApp(config, silent)).toThrow(/webhook secret .*\(mode 644\).*chmod 600/);
   });
 
-  it("`tpu-mcp http` makes its generated token 0600 and refuses one others may read", async () => {
-    const dir = fresh();
-    const cfg = writeConfig({ runtime: { start: "lazy", device: "cpu" }, policy: {} }, dir);
-    const server = await startHttpServer(cfg);
-    await server.stop();
-    const data = join(dir, "data");
-    expect(mode(data)).toBe(0o700);
-    expect(mode(join(data, "local-token"))).toBe(0o600);
-    expect(mode(join(data, "policy.db"))).toBe(0o600);
-    chmodSync(join(data, "local-token"), 0o644);
-    await expect(startHttpServer(cfg)).rejects.toThrow(/generated bearer token .* chmod 600/);
-  }, 120_000);
+  it(
+    "`tpu-mcp http` makes its generated token 0600 and refuses one others may read",
+    { timeout: scaled(120_000) },
+    async () => {
+      const dir = fresh();
+      const cfg = writeConfig({ runtime: { start: "lazy", device: "cpu" }, policy: {} }, dir);
+      const server = await startHttpServer(cfg);
+      await server.stop();
+      const data = join(dir, "data");
+      expect(mode(data)).toBe(0o700);
+      expect(mode(join(data, "local-token"))).toBe(0o600);
+      expect(mode(join(data, "policy.db"))).toBe(0o600);
+      chmodSync(join(data, "local-token"), 0o644);
+      await expect(startHttpServer(cfg)).rejects.toThrow(/generated bearer token .* chmod 600/);
+    },
+  );
 });

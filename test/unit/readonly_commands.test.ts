@@ -13,6 +13,7 @@ import { runWorkersCommand } from "../../server/cli/workers.js";
 import { loadConfig } from "../../server/config/config.js";
 import { runDoctor } from "../../server/doctor/index.js";
 import { cli, ROOT, writeConfig } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const READ_ONLY = [
   "approvals list",
@@ -82,12 +83,12 @@ describe("read-only commands on a fresh data directory", () => {
     expect(verify.stdout).toMatch(/^ok: 0 record/);
   });
 
-  it("through the real CLI too", async () => {
+  it("through the real CLI too", { timeout: scaled(60_000) }, async () => {
     const r = await cli(config, "approvals", "list");
     expect(r.code).toBe(0);
     expect(r.stdout).toMatch(/no approvals/);
     expect(existsSync(data)).toBe(false);
-  }, 60_000);
+  });
 });
 
 describe("read-only commands on a store without an audit key", () => {

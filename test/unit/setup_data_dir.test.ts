@@ -7,18 +7,23 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { describe, expect, it } from "vitest";
 import { ROOT } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const run = promisify(execFile);
 
 describe.skipIf(process.platform === "win32")("set-up", () => {
-  it("leaves the data folder private (0700), also one an earlier set-up left readable", async () => {
-    const data = join(ROOT, ".data");
-    chmodSync(data, 0o755);
-    const r = await run(process.execPath, [join(ROOT, "scripts/setup.mjs")], {
-      cwd: ROOT,
-      timeout: 300_000,
-    });
-    expect(r.stderr).toMatch(/ready/);
-    expect((statSync(data).mode & 0o777).toString(8)).toBe("700");
-  }, 300_000);
+  it(
+    "leaves the data folder private (0700), also one an earlier set-up left readable",
+    { timeout: scaled(300_000) },
+    async () => {
+      const data = join(ROOT, ".data");
+      chmodSync(data, 0o755);
+      const r = await run(process.execPath, [join(ROOT, "scripts/setup.mjs")], {
+        cwd: ROOT,
+        timeout: scaled(300_000),
+      });
+      expect(r.stderr).toMatch(/ready/);
+      expect((statSync(data).mode & 0o777).toString(8)).toBe("700");
+    },
+  );
 });

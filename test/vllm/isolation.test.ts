@@ -18,6 +18,7 @@ import { ROOT } from "../helpers/server.js";
 import { cpuRuntime } from "../runtime/helpers.js";
 import { VllmEngineSchema, engineArgs } from "../../server/config/engines.js";
 import { ENGINE, VLLM, VLLM_PYTHON, writeCatalog } from "./fixture.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const run = promisify(execFile);
 const ENTRY = ["-m", "vllm.entrypoints.openai.api_server"];
@@ -111,7 +112,7 @@ const out = { routes: [], ports: [] };
 const tryRoute = (r, m) => new Promise((done) => {
   const body = m === "GET" ? undefined : JSON.stringify({ prompt: "hi", max_tokens: 4, model: "x" });
   const req = http.request({ socketPath, path: r.path.replace(/\\{[^}]+\\}/g, "x"), method: m,
-    headers: body ? { "content-type": "application/json" } : {}, timeout: 10000 }, (res) => {
+    headers: body ? { "content-type": "application/json" } : {}, timeout: scaled(10000) }, (res) => {
     res.resume(); done("connected " + res.statusCode);
   });
   req.on("error", (e) => done(e.code || String(e)));
@@ -119,7 +120,7 @@ const tryRoute = (r, m) => new Promise((done) => {
   req.end(body);
 });
 const tryPort = (host, port) => new Promise((done) => {
-  const s = net.connect({ host, port, timeout: 5000 });
+  const s = net.connect({ host, port, timeout: scaled(5000) });
   s.on("connect", () => { s.destroy(); done("connected"); });
   s.on("timeout", () => { s.destroy(); done("TIMEOUT"); });
   s.on("error", (e) => done(e.code || String(e)));
@@ -152,7 +153,7 @@ describe.skipIf(osUsersUnavailable() !== null)(
       engine = status.result.loaded.find((m: any) => m.model === VLLM).engine;
       cmdline = readFileSync(`/proc/${engine.pid}/cmdline`, "utf8").split("\0").filter(Boolean);
       socketPath = cmdline[cmdline.indexOf("--uds") + 1];
-    }, 600_000);
+    }, scaled(600_000));
     afterAll(async () => {
       await rt.close();
     });
@@ -180,79 +181,83 @@ describe.skipIf(osUsersUnavailable() !== null)(
       }
     });
 
-    it("every route vLLM registers, and every port its processes listen on, is out of reach of another OS user and of any TCP client", async () => {
-      // The routes of this very server: vLLM's build_app on its command line, and its live schema.
-      const serverArgs = cmdline.slice(cmdline.indexOf(ENTRY[1]) + 1);
-      const { stdout } = await run(
-        VLLM_PYTHON,
-        [join(ROOT, "test/vllm/vllm_routes.py"), ...serverArgs],
-        {
-          env: {
-            PATH: process.env.PATH,
-            HF_HUB_OFFLINE: "1",
-            VLLM_NO_USAGE_STATS: "1",
-            DO_NOT_TRACK: "1",
+    it(
+      "every route vLLM registers, and every port its processes listen on, is out of reach of another OS user and of any TCP client",
+      { timeout: scaled(600_000) },
+      async () => {
+        // The routes of this very server: vLLM's build_app on its command line, and its live schema.
+        const serverArgs = cmdline.slice(cmdline.indexOf(ENTRY[1]) + 1);
+        const { stdout } = await run(
+          VLLM_PYTHON,
+          [join(ROOT, "test/vllm/vllm_routes.py"), ...serverArgs],
+          {
+            env: {
+              PATH: process.env.PATH,
+              HF_HUB_OFFLINE: "1",
+              VLLM_NO_USAGE_STATS: "1",
+              DO_NOT_TRACK: "1",
+            },
+            timeout: scaled(420_000),
+            maxBuffer: 1 << 24,
           },
-          timeout: 420_000,
-          maxBuffer: 1 << 24,
-        },
-      );
-      const routes: Route[] = JSON.parse(stdout.trim().split("\n").pop()!);
-      const schema = JSON.parse((await getOverSocket(socketPath, "/openapi.json")).body);
-      for (const [path, ops] of Object.entries<Record<string, unknown>>(schema.paths)) {
-        const methods = Object.keys(ops).map((m) => m.toUpperCase());
-        if (!routes.some((r) => r.path === path)) routes.push({ path, methods });
-      }
-      const paths = routes.map((r) => r.path);
-      // What the attack of issue 33 used, among the rest.
-      for (const p of [
-        "/invocations",
-        "/tokenize",
-        "/detokenize",
-        "/metrics",
-        "/docs",
-        "/openapi.json",
-        "/v1/completions",
-        "/v1/chat/completions",
-        "/inference/v1/abort_requests",
-        "/health",
-      ])
-        expect(paths).toContain(p);
-      // Every TCP port the server's processes listen on (in their own namespace): tried from the
-      // host's loopback. One that some other program of the host happens to listen on as well is
-      // not the engine's (its processes are not in the host's namespace: the test above).
-      const hostPorts = new Set(tcpListeners(process.pid).map((p) => p.port));
-      const ports = processGroup(engine.pid).flatMap(tcpListeners);
-      const probed = ports.filter((p) => !hostPorts.has(p.port));
-
-      // The probe itself reports a connection where there is one: as the worker's user, on the
-      // socket, and on a port that listens on the host's loopback.
-      const open = createServer((c) => c.destroy());
-      await new Promise<void>((r) => open.listen(0, "127.0.0.1", () => r()));
-      try {
-        const control = await probeAs(null, {
-          socketPath,
-          routes: [{ path: "/health", methods: ["GET"] }],
-          ports: [{ port: (open.address() as AddressInfo).port, v6: false }],
-        });
-        expect(control).toEqual({
-          routes: [{ route: "GET /health", got: "connected 200" }],
-          ports: [{ port: (open.address() as AddressInfo).port, got: "connected" }],
-        });
-      } finally {
-        open.close();
-      }
-      const probe = await probeAs(attacker, { socketPath, routes, ports: probed });
-      expect(probe.routes.length).toBeGreaterThanOrEqual(routes.length);
-      expect(probe.ports.length).toBe(probed.length);
-      for (const a of probe.routes) expect(a.got, a.route).toBe("EACCES");
-      for (const p of probe.ports) expect(p.got, `port ${p.port}`).toBe("ECONNREFUSED");
-      // And as a process of the worker's own user without the key, over TCP: no port either.
-      for (const p of probed)
-        expect(await tcpConnect(p.v6 ? "::1" : "127.0.0.1", p.port), `port ${p.port}`).toBe(
-          "ECONNREFUSED",
         );
-    }, 600_000);
+        const routes: Route[] = JSON.parse(stdout.trim().split("\n").pop()!);
+        const schema = JSON.parse((await getOverSocket(socketPath, "/openapi.json")).body);
+        for (const [path, ops] of Object.entries<Record<string, unknown>>(schema.paths)) {
+          const methods = Object.keys(ops).map((m) => m.toUpperCase());
+          if (!routes.some((r) => r.path === path)) routes.push({ path, methods });
+        }
+        const paths = routes.map((r) => r.path);
+        // What the attack of issue 33 used, among the rest.
+        for (const p of [
+          "/invocations",
+          "/tokenize",
+          "/detokenize",
+          "/metrics",
+          "/docs",
+          "/openapi.json",
+          "/v1/completions",
+          "/v1/chat/completions",
+          "/inference/v1/abort_requests",
+          "/health",
+        ])
+          expect(paths).toContain(p);
+        // Every TCP port the server's processes listen on (in their own namespace): tried from the
+        // host's loopback. One that some other program of the host happens to listen on as well is
+        // not the engine's (its processes are not in the host's namespace: the test above).
+        const hostPorts = new Set(tcpListeners(process.pid).map((p) => p.port));
+        const ports = processGroup(engine.pid).flatMap(tcpListeners);
+        const probed = ports.filter((p) => !hostPorts.has(p.port));
+
+        // The probe itself reports a connection where there is one: as the worker's user, on the
+        // socket, and on a port that listens on the host's loopback.
+        const open = createServer((c) => c.destroy());
+        await new Promise<void>((r) => open.listen(0, "127.0.0.1", () => r()));
+        try {
+          const control = await probeAs(null, {
+            socketPath,
+            routes: [{ path: "/health", methods: ["GET"] }],
+            ports: [{ port: (open.address() as AddressInfo).port, v6: false }],
+          });
+          expect(control).toEqual({
+            routes: [{ route: "GET /health", got: "connected 200" }],
+            ports: [{ port: (open.address() as AddressInfo).port, got: "connected" }],
+          });
+        } finally {
+          open.close();
+        }
+        const probe = await probeAs(attacker, { socketPath, routes, ports: probed });
+        expect(probe.routes.length).toBeGreaterThanOrEqual(routes.length);
+        expect(probe.ports.length).toBe(probed.length);
+        for (const a of probe.routes) expect(a.got, a.route).toBe("EACCES");
+        for (const p of probe.ports) expect(p.got, `port ${p.port}`).toBe("ECONNREFUSED");
+        // And as a process of the worker's own user without the key, over TCP: no port either.
+        for (const p of probed)
+          expect(await tcpConnect(p.v6 ? "::1" : "127.0.0.1", p.port), `port ${p.port}`).toBe(
+            "ECONNREFUSED",
+          );
+      },
+    );
   },
 );
 
@@ -261,7 +266,10 @@ async function probeAs(user: OsUser | null, arg: unknown): Promise<any> {
   const args = ["-e", PROBE, JSON.stringify(arg)];
   const res = user
     ? await runAs(user, process.execPath, args, { timeoutMs: 300_000 })
-    : await run(process.execPath, args, { timeout: 300_000 }).then((r) => ({ code: 0, ...r }));
+    : await run(process.execPath, args, { timeout: scaled(300_000) }).then((r) => ({
+        code: 0,
+        ...r,
+      }));
   expect(res.code, res.stderr).toBe(0);
   return JSON.parse(res.stdout.trim().split("\n").pop()!);
 }
@@ -269,7 +277,7 @@ async function probeAs(user: OsUser | null, arg: unknown): Promise<any> {
 /** A TCP connection attempt from this process: "connected" or the error's code. */
 function tcpConnect(host: string, port: number): Promise<string> {
   return new Promise((done) => {
-    const s = connect({ host, port, timeout: 5000 });
+    const s = connect({ host, port, timeout: scaled(5000) });
     s.on("connect", () => {
       s.destroy();
       done("connected");

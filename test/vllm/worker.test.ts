@@ -10,6 +10,7 @@ import { ROOT } from "../helpers/server.js";
 import { cpuRuntime } from "../runtime/helpers.js";
 import { VllmEngineSchema, engineArgs } from "../../server/config/engines.js";
 import { CHAT, ENGINE, HF, writeCatalog } from "./fixture.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const run = promisify(execFile);
 const PROMPTS = ["The quick brown fox", "hello", "Systolic arrays multiply matrices.", "a b c"];
@@ -37,7 +38,10 @@ print(json.dumps(out))
   const { stdout } = await run(
     join(ROOT, ".venv/bin/python"),
     ["-c", script, join(ROOT, ".data/models", HF), JSON.stringify(prompts), String(maxNew)],
-    { env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" }, timeout: 120_000 },
+    {
+      env: { ...process.env, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1" },
+      timeout: scaled(120_000),
+    },
   );
   return JSON.parse(stdout.trim().split("\n").pop()!);
 }
@@ -56,7 +60,7 @@ describe("the vLLM engine in the worker: the generation contract", () => {
 
   beforeAll(async () => {
     await rt.call("load", { model: CHAT }, { timeoutMs: 600_000 });
-  }, 600_000);
+  }, scaled(600_000));
   afterAll(async () => {
     await rt.close();
   });
