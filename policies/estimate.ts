@@ -7,6 +7,7 @@ import {
   DEFAULT_MAX_NEW_TOKENS,
   DEFAULT_SEQ_LEN,
   DEFAULT_WARMUP,
+  EXTEND_FACTOR,
 } from "../lib/benchmark_defaults.js";
 import { deviceKind } from "../lib/device.js";
 import { DTYPE_ITEMSIZE, isTensorDtype } from "../lib/dtypes.js";
@@ -28,6 +29,11 @@ export interface ModelFacts {
    * costs seconds to a minute; absent: the worker builds it itself (plain torch).
    */
   library?: string;
+  /**
+   * The engine that serves the model (vllm), whose benchmark measures what was asked and never
+   * extends an unstable series; absent (or torch): the worker's own benchmark, which does.
+   */
+  engine?: string;
 }
 
 export interface DeviceFacts {
@@ -104,11 +110,27 @@ export interface EstimateInput {
    * among them is cold, and pays the import. Absent: not known (priced warm).
    */
   libraries_imported?: readonly string[];
+  /**
+   * Models the worker has built since it started (its status): 0 makes a load cold (its first
+   * model build: torch's own first-use set-up, its first forward). Absent: not known (warm).
+   */
+  models_built?: number;
+  /**
+   * Benchmarks: the server's benchmark.max_duration_s, which also bounds a configuration's
+   * stability extension (stability.py); absent: the extension is bounded by its factor alone.
+   */
+  max_duration_s?: number;
   assumptions?: Partial<EstimateAssumptions>;
 }
 
 export interface CostEstimate {
   device_seconds: number;
+  /**
+   * Benchmarks: the part of device_seconds that is the worst case of the stability extension
+   * (every configuration unstable and run to its bound, EXTEND_FACTOR × its window); absent
+   * for other work.
+   */
+  stability_extension_s?: number;
   /**
    * A model's first check in a fresh worker: charged to the principal's budget, not to the read
    * allowance (policies/gate/budget_lines.ts). Absent otherwise.
@@ -137,6 +159,11 @@ export interface EstimateAssumptions {
    * too but is not priced so: the read allowance bounds it whatever its estimate.
    */
   library_import_s: number;
+  /**
+   * A load in a worker that has built no model yet (plain torch: torch's first module set-up,
+   * allocator and first forward), seconds, until a cold load of the model has been measured.
+   */
+  first_build_s: number;
   /** Sustained matmul throughput, FLOP/s, by device kind; far below peak on purpose. */
   flops_per_s: Record<string, number>;
   /** Seconds to compile one graph (one shape bucket) in mode "compile", by device kind. */
@@ -168,6 +195,10 @@ export const DEFAULT_ASSUMPTIONS: EstimateAssumptions = {
   // took 34–38 s at load average 17 (the next load of another transformers model 0.8–1.1 s,
   // mnist-cnn 0.02–0.1 s); issue 33 saw 28.8 s. Measured cold loads then price the next ones.
   library_import_s: 20,
+  // Measured 2026-12-02 on the same VM: a fresh worker's first mnist-cnn load was charged 1.06 s
+  // at slowdown 1.0 and 2.46 s at 2.6 (the next load after it 3 ms); issue 34 saw cold-worker
+  // mnist-cnn checks of 8–16 s at load 6–10.
+  first_build_s: 5,
   flops_per_s: { cpu: 100e9, cuda: 5e12, tpu: 20e12, xla: 20e12 },
   compile_s_per_graph: { cpu: 10, cuda: 20, tpu: 45, xla: 45 },
   call_overhead_s: 0.01,
@@ -302,7 +333,7 @@ export function workOf(input: EstimateInput): Work {
         dtype,
         mode: String(args.mode ?? "eager"),
         ...keep("warmup_shapes", "warmup"),
-        ...(coldLibrary(input) ? { cold: true } : {}),
+        ...(coldLibrary(input) || freshWorker(input) ? { cold: true } : {}),
       };
     case "check":
       return {
@@ -410,7 +441,14 @@ export function classOf(kind: EstimateKind, w: Work): string {
 }
 
 interface Modelled {
+  /** As asked: every configuration's requested window (a benchmark's stable case). */
   deviceSeconds: number;
+  /**
+   * A benchmark's worst-case stability extension beyond that: of timed passes (which scale with
+   * what measured calls say a pass costs here), and of wall time (duration_s windows, which do
+   * not).
+   */
+  extension: { passesS: number; wallS: number };
   /** Bytes beyond weights and activations: a training copy's weights, gradients and optimizer state. */
   extraBytes: number;
   compileS: number;
@@ -428,6 +466,32 @@ function coldLibrary(input: EstimateInput): boolean {
     : false;
 }
 
+/** The worker has built no model since it started (known from its status). */
+function freshWorker(input: EstimateInput): boolean {
+  return input.models_built === 0;
+}
+
+/**
+ * The worst case of a configuration's stability extension beyond its requested window, as the
+ * worker's Goal (tpu_worker/bench/stability.py) bounds it: an unstable series doubles its window
+ * until it reaches `factor` × what was asked, and never past max_duration_s from its start (an
+ * iteration run is bounded in time too once extended). `passS` is one timed pass.
+ */
+export function extensionS(
+  window: { iterations?: number; duration_s?: number },
+  passS: number,
+  factor: number,
+  maxDurationS = Infinity,
+): number {
+  if (factor <= 1) return 0;
+  if (window.duration_s !== undefined) {
+    const d = window.duration_s;
+    return Math.max(0, Math.min(maxDurationS, factor * d) - d);
+  }
+  const asked = (window.iterations ?? DEFAULT_ITERATIONS) * passS;
+  return Math.max(0, Math.min((factor - 1) * asked, maxDurationS - asked));
+}
+
 /** Device-seconds and the rest from the model of the device (FLOP/s, history of latencies). */
 function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Modelled {
   const { model } = input;
@@ -443,6 +507,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
   let weightBytes = 0;
   let needsWeights = false;
   let extraBytes = 0;
+  const extension = { passesS: 0, wallS: 0 };
   switch (input.kind) {
     case "load": {
       weightBytes = model?.weight_bytes ?? 0;
@@ -462,8 +527,10 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       // A model with a shape plan compiles every shape of it at load (and none later).
       const graphs = model?.compile_graphs ?? shapes.length;
       compileS = args.mode === "compile" ? compileGraph * graphs : 0;
-      deviceSeconds =
-        (args.cold ? a.library_import_s : 0) + weightBytes / a.load_bytes_per_s + compileS + warm;
+      // A cold load: the worker's first import of the model's library (which includes its first
+      // build), or else the worker's first model build at all.
+      const coldS = args.cold ? (model?.library ? a.library_import_s : a.first_build_s) : 0;
+      deviceSeconds = coldS + weightBytes / a.load_bytes_per_s + compileS + warm;
       break;
     }
     case "check": {
@@ -521,6 +588,16 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
               const graph = m === "compile" ? compileGraph : 0;
               compileS += graph;
               deviceSeconds += graph + warmup * per + timed + a.benchmark_config_overhead_s;
+              // An unstable configuration runs longer (the worker's stability extension): its
+              // worst case is part of what is approved and reserved.
+              const more = extensionS(
+                duration !== undefined ? { duration_s: duration } : { iterations },
+                per,
+                model?.engine && model.engine !== "torch" ? 1 : EXTEND_FACTOR,
+                input.max_duration_s,
+              );
+              if (duration !== undefined) extension.wallS += more;
+              else extension.passesS += more;
             }
           }
         }
@@ -557,7 +634,16 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       break;
     }
   }
-  return { deviceSeconds, extraBytes, compileS, tokens, weightBytes, needsWeights, dtype };
+  return {
+    deviceSeconds,
+    extension,
+    extraBytes,
+    compileS,
+    tokens,
+    weightBytes,
+    needsWeights,
+    dtype,
+  };
 }
 
 /**
@@ -663,10 +749,15 @@ export function estimateDetail(input: EstimateInput): EstimateDetail {
   const params = input.model?.parameters ?? 0;
   const fromMeasured = fromCalls(input, work, m.deviceSeconds, a);
   const measuredS = fromMeasured?.seconds;
-  const deviceSeconds =
-    fromMeasured !== undefined
-      ? fromMeasured.seconds * hostDrift(input, fromMeasured.at)
-      : m.deviceSeconds;
+  // Measured calls say what the work as asked costs here (the drift: how busy the host is now);
+  // a pass of the extension costs what the measured passes did, by the same ratio to the model.
+  const scale =
+    fromMeasured !== undefined && m.deviceSeconds > 0
+      ? (fromMeasured.seconds * hostDrift(input, fromMeasured.at)) / m.deviceSeconds
+      : 1;
+  const asked = m.deviceSeconds * scale;
+  const extensionSeconds = m.extension.passesS * scale + m.extension.wallS;
+  const deviceSeconds = asked + extensionSeconds;
   const memoryBytes =
     m.extraBytes +
     (needsWeights
@@ -677,6 +768,7 @@ export function estimateDetail(input: EstimateInput): EstimateDetail {
     // Never below one call's overhead: under it, a busy host's scheduling jitter decides (calls
     // measured at 2–4 ms took 8–20 ms the next time on the estimate corpus).
     device_seconds: Math.max(a.call_overhead_s, round3(deviceSeconds)),
+    ...(input.kind === "benchmark" ? { stability_extension_s: round3(extensionSeconds) } : {}),
     memory_bytes: memoryBytes,
     compile_s: round3(m.compileS),
     weight_bytes: m.weightBytes,

@@ -491,6 +491,8 @@ export class WorkerPool implements Runtime {
     const loaded: Array<Record<string, unknown>> = [];
     // A library counts as imported only where every worker has it: a call may land on any.
     let libraries: string[] | undefined;
+    // Likewise the fewest models any worker has built: a fresh one's first load is cold.
+    let modelsBuilt: number | undefined;
     answers.forEach((a, i) => {
       if (a.status !== "fulfilled") return;
       const m = ready[i]!;
@@ -498,6 +500,8 @@ export class WorkerPool implements Runtime {
       first ??= r;
       const libs = Array.isArray(r.libraries) ? (r.libraries as string[]) : [];
       libraries = libraries ? libraries.filter((l) => libs.includes(l)) : libs;
+      if (typeof r.models_built === "number")
+        modelsBuilt = Math.min(modelsBuilt ?? Infinity, r.models_built);
       const dev = r.device as DeviceInfo | undefined;
       if (dev) {
         m.lastFree = dev.memory_free_bytes;
@@ -515,6 +519,7 @@ export class WorkerPool implements Runtime {
         ...(first as Record<string, unknown>),
         loaded,
         libraries: libraries ?? [],
+        ...(modelsBuilt !== undefined ? { models_built: modelsBuilt } : {}),
         workers: this.workers(),
       },
       tensors: [],

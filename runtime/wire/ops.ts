@@ -41,6 +41,8 @@ export interface StatusResult {
   loaded: LoadedEntry[];
   /** Model libraries imported so far (["transformers"]): a first load needing one imports it. */
   libraries?: string[];
+  /** Models built since the worker started: 0 means the next load is its first (a cold load). */
+  models_built?: number;
   rss_bytes?: number;
   uptime_s?: number;
   worker_version?: string;

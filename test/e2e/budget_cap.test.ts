@@ -8,7 +8,8 @@
 //
 // A real HTTP server and worker, real SDK clients (test/helpers/budget_cap.ts has the scenario:
 // a worker test knob gives every benchmark iteration a floor of device time, and the store of
-// measured calls says the same work took UNDER times less, so the real cost is at least
+// measured calls says the same work took so little that its estimate, the worst case of its
+// stability extension included, is UNDER times less than that floor, so the real cost is at least
 // UNDER × the estimate; extending an unstable series only adds to it).
 // Assertions are on outcomes and on the seconds the budget charged (policy.db), with one stop
 // latency (STOP_LATENCY_S, docs/policies-and-approvals.md) as the tolerance, never on wall times.

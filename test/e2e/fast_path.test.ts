@@ -2,13 +2,15 @@
 // server, the SDK's real Client, a real worker. Inference starts while its "allowed" record is
 // being committed and frames and answers leave corked per event-loop turn; none of that may cost
 // an audit record, a budget charge, a refusal, a cancellation or batching.
-import { mkdtempSync, readFileSync } from "node:fs";
+import { closeSync, mkdirSync, mkdtempSync, openSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argsDigest } from "../../policies/digest.js";
 import { hashToken } from "../../policies/config.js";
+import { workOf } from "../../policies/estimate.js";
+import { SqliteReports } from "../../tools/stores/reports.js";
 import {
   cli,
   connectHttp,
@@ -30,6 +32,34 @@ const input = (i: number) => ({
 
 function dataDirOf(configFile: string): string {
   return JSON.parse(readFileSync(configFile, "utf8")).data_dir;
+}
+
+/** Keeps, through the server's own store, a measured cold load of `model` that took `seconds`. */
+function plantColdLoad(dataDir: string, model: string, seconds: number): void {
+  // Private as the server makes its stores (SQLite gives its -wal and -shm files this mode).
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  const file = join(dataDir, "reports.db");
+  closeSync(openSync(file, "a", 0o600));
+  const reports = new SqliteReports(file);
+  try {
+    const facts = { id: model, parameters: 0, weight_bytes: 0, dtypes: ["float32"] };
+    reports.recordCall({
+      kind: "load",
+      model,
+      device: "cpu",
+      // The work as load_model's estimate sees it (a tensor model's warm-up at one item).
+      work: workOf({
+        kind: "load",
+        args: { model, warmup_shapes: [{ batch: 1, seq_len: 1 }] },
+        model: { ...facts, default_dtype: "float32" },
+        models_built: 0,
+      }),
+      seconds,
+      at: Date.now() - 60_000,
+    });
+  } finally {
+    reports.close();
+  }
 }
 
 /** The store as another process reads it (what survives a crash of the server). */
@@ -220,6 +250,11 @@ describe("small calls past the rate limit and the budget", () => {
       },
       mkdtempSync(join(tmpdir(), "tpu-mcp-fast-budget-")),
     );
+    // The loader's load is a fresh worker's first model build, a cold load (issue 33), priced
+    // from the cold loads measured before (a deployment that ran has them) or else at a floor
+    // above this line: one measured at a third of the line, so it is admitted (and, like any
+    // call, stopped at the line should it run longer).
+    plantColdLoad(dataDirOf(config), "mnist-cnn", budgetS / 3);
     const server = await startHttpServer(config);
     const loader = await connectHttp(server.url, "fast-loader");
     const conn = await connectHttp(server.url, "fast-agent");

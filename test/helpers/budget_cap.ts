@@ -5,14 +5,16 @@
 // synchronize() waits DEVICE_WAIT_S, as a host waits for a slower device: two per benchmark
 // iteration, so each costs at least 2 × DEVICE_WAIT_S whatever the host's load), and the store
 // of measured calls, which estimates read first (policies/estimate.ts, fromCalls), holds a call
-// of the scenario's exact work that took FLOOR_S / UNDER. An unstable series is extended past
-// its N iterations (stability.py): that only adds to the real cost, and every stop here comes
-// before the N asked are done, so the reports are partial whatever the host's load.
+// of the scenario's exact work that took so little that, with the worst case of its stability
+// extension (EXTEND_FACTOR × its iterations, priced from a planted pass latency of the knob's
+// floor), it is estimated at EST = FLOOR_S / UNDER. An unstable series is extended past its N
+// iterations (stability.py): that only adds to the real cost, and every stop here comes before
+// the N asked are done, so the reports are partial whatever the host's load.
 import { closeSync, mkdirSync, openSync } from "node:fs";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import { hashToken } from "../../policies/config.js";
-import { workOf } from "../../policies/estimate.js";
+import { estimateCost, workOf, type EstimateInput } from "../../policies/estimate.js";
 import { SqliteReports } from "../../tools/stores/reports.js";
 import { slowdown } from "./calibrate.js";
 import {
@@ -36,6 +38,8 @@ export const BATCH = 1;
 /** The timeout case's batch: its own work, so its call is never a repeat of the others'. */
 export const TIMEOUT_BATCH = 2;
 export const WARMUP = 1;
+/** The set-up's warm-up batch: its report is history too, but never the nearest to a case's. */
+const WARM_BATCH = 16;
 /** Iterations per benchmark. */
 export const N = 80;
 /** The least a benchmark's requested window costs: (WARMUP + N) × 2 waits (8.1 s on a quiet machine). */
@@ -60,36 +64,87 @@ export const TOKENS = {
 };
 const ADMIN = "admin-token-0123456789abc";
 
+/** A pass's latency the planted report says (the knob's floor of two waits), ms. */
+const PASS_MS = 2 * DEVICE_WAIT_S * 1000;
+
 /**
- * Keeps, through the server's own store, one measured call of BENCH's exact work at `batch`
- * that took `seconds`: the work as run_benchmark's estimate sees it (its defaults resolved; a
- * tensor model's sequence is 1), so the next call of that work is estimated at `seconds`.
+ * Keeps, through the server's own store, a benchmark report of one pass at batch 1 taking
+ * PASS_MS (the latency history estimates price a pass from; the set-up's warm-up measures batch
+ * WARM_BATCH, farther from the cases' batches than this one), and one measured call of BENCH's
+ * exact work at each batch: the work as run_benchmark's estimate sees it (its defaults resolved;
+ * a tensor model's sequence is 1), taking what makes the next call of that work, with the worst
+ * case of its extension, estimated at `estimate` (the estimator itself says how much of it the
+ * extension is).
  */
-function plantCall(dataDir: string, batch: number, seconds: number): void {
+function plantCalls(dataDir: string, batches: number[], estimate: number): void {
   // Private as the server makes its stores (SQLite gives its -wal and -shm files this mode).
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
   const file = join(dataDir, "reports.db");
   closeSync(openSync(file, "a", 0o600));
   const reports = new SqliteReports(file);
   try {
-    const args = {
-      ...BENCH,
-      batch_sizes: [batch],
-      modes: ["eager"],
-      scenario: "single-stream",
-      work: "forward",
-      seq_lens: [1],
-      dtypes: ["float32"],
-    };
-    const model = { id: BENCH.model, parameters: 0, weight_bytes: 0, dtypes: ["float32"] };
-    reports.recordCall({
-      kind: "benchmark",
+    reports.put("setup", BENCH.model, "cpu", {
       model: BENCH.model,
-      device: "cpu",
-      work: workOf({ kind: "benchmark", args, model: { ...model, default_dtype: "float32" } }),
-      seconds,
-      at: Date.now() - 60_000,
+      work: "forward",
+      configs: [
+        {
+          batch: 1,
+          seq_len: null,
+          dtype: "float32",
+          mode: "eager",
+          work: "forward",
+          latency_ms: { mean: PASS_MS, p50: PASS_MS },
+          error: null,
+        },
+      ],
     });
+    for (const batch of batches) {
+      const input: EstimateInput = {
+        kind: "benchmark",
+        args: {
+          ...BENCH,
+          batch_sizes: [batch],
+          modes: ["eager"],
+          scenario: "single-stream",
+          work: "forward",
+          seq_lens: [1],
+          dtypes: ["float32"],
+        },
+        model: {
+          id: BENCH.model,
+          parameters: 0,
+          weight_bytes: 0,
+          dtypes: ["float32"],
+          default_dtype: "float32",
+        },
+        history: [
+          {
+            model: BENCH.model,
+            device: "cpu",
+            batch: 1,
+            seq_len: 1,
+            dtype: "float32",
+            mode: "eager",
+            mean_latency_ms: PASS_MS,
+          },
+        ],
+      };
+      const work = workOf(input);
+      const at = Date.now() - 60_000;
+      // Linear in the measured seconds: what a call of 1 s makes the estimate.
+      const perSecond = estimateCost({
+        ...input,
+        calls: [{ kind: "benchmark", model: BENCH.model, device: "cpu", work, seconds: 1, at }],
+      }).device_seconds;
+      reports.recordCall({
+        kind: "benchmark",
+        model: BENCH.model,
+        device: "cpu",
+        work,
+        seconds: estimate / perSecond,
+        at,
+      });
+    }
   } finally {
     reports.close();
   }
@@ -122,8 +177,7 @@ export function charges(dataDir: string, line: string): number[] {
  */
 export async function startCapServer(dir: string): Promise<HttpServerProc> {
   const dataDir = join(dir, "data");
-  plantCall(dataDir, BATCH, EST);
-  plantCall(dataDir, TIMEOUT_BATCH, EST);
+  plantCalls(dataDir, [BATCH, TIMEOUT_BATCH], EST);
   const config = writeConfig(
     {
       policy: {
@@ -174,7 +228,13 @@ async function warmUp(server: HttpServerProc): Promise<void> {
       ["load_model", { model: "mnist-cnn" }],
       [
         "run_benchmark",
-        { model: BENCH.model, scenario: "offline", batch_sizes: [1], iterations: 1, warmup: 0 },
+        {
+          model: BENCH.model,
+          scenario: "offline",
+          batch_sizes: [WARM_BATCH],
+          iterations: 1,
+          warmup: 0,
+        },
       ],
     ] as const) {
       const r = await admin.client.callTool({ name: tool, arguments: args });

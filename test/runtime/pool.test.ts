@@ -323,6 +323,22 @@ describe("routing", () => {
     await pool.close();
   });
 
+  it("answers a status of many workers with what a call on any of them meets: the libraries all have imported, the fewest models built", async () => {
+    const { pool, fakes } = fakePool(2, 4);
+    const answers = [
+      { libraries: ["transformers"], models_built: 3 },
+      { libraries: [], models_built: 0 },
+    ];
+    fakes.forEach((f, i) => {
+      (f.rt as any).call = async () => ({ result: answers[i], tensors: [] });
+    });
+    const { result } = await pool.call("status", {});
+    // A load may land on the fresh one: it is cold there (policies/estimate.ts prices it so).
+    expect(result.libraries).toEqual([]);
+    expect(result.models_built).toBe(0);
+    await pool.close();
+  });
+
   it("skips a drained replica, and says so when only drained replicas hold the model", async () => {
     const { pool, fakes } = fakePool(2, 4);
     pool.drain("w0");

@@ -21,6 +21,11 @@ function libraryOf(entry: { architecture: string; engine?: string }): { library?
   return { library: "transformers" };
 }
 
+/** The engine that serves the model, when it is not the worker's own torch (vllm). */
+function engineOf(entry: { engine?: string }): { engine?: string } {
+  return entry.engine && entry.engine !== "torch" ? { engine: entry.engine } : {};
+}
+
 /** What the estimator reads of a call besides models and devices: its work and its model's state. */
 function callFacts(
   tool: Pick<ToolPolicy, "estimate">,
@@ -34,6 +39,14 @@ function callFacts(
   // Tensor models have no sequence: one "token" per item on both sides of the comparison.
   if (entry.task === "tensor" && kind === "benchmark") args = { ...args, seq_lens: [1] };
   if (entry.task === "tensor" && kind === "check") args = { ...args, seq_len: 1 };
+  // A load's warm-up shapes too (absent: one at batch 1, as the estimator assumes).
+  if (entry.task === "tensor" && kind === "load")
+    args = {
+      ...args,
+      warmup_shapes: ((args.warmup_shapes as Record<string, unknown>[] | undefined) ?? [{}]).map(
+        (s) => ({ batch: 1, ...s, seq_len: 1 }),
+      ),
+    };
   const calls = ctx.reports.calls(entry.id, deviceKind);
   // A model's first plain check since this server started (a fresh worker: imports, first
   // forward, allocator) costs many times a warm one: a work of its own, priced and learned apart.
@@ -58,6 +71,7 @@ function callFacts(
       default_dtype: entry.default_dtype,
       compile_graphs: planSize(entry),
       ...libraryOf(entry),
+      ...engineOf(entry),
     },
     calls,
     now: Date.now(),
@@ -106,11 +120,18 @@ export async function estimateFor(
       default_dtype: entry.default_dtype,
       compile_graphs: planSize(entry),
       ...libraryOf(entry),
+      ...engineOf(entry),
     },
     // What the worker has imported: the first load of a transformers model in it is cold.
     ...("libraries" in status && Array.isArray(status.libraries)
       ? { libraries_imported: status.libraries }
       : {}),
+    // How many models the worker has built: none yet makes a load cold whatever its library.
+    ...("models_built" in status && typeof status.models_built === "number"
+      ? { models_built: status.models_built }
+      : {}),
+    // The bound of a benchmark configuration's stability extension (with its factor).
+    ...(kind === "benchmark" ? { max_duration_s: ctx.env.limits.benchmark.max_duration_s } : {}),
     device: {
       kind: deviceKind,
       memory_free_bytes: dev?.memory_free_bytes ?? null,

@@ -132,9 +132,12 @@ def test_status_names_the_model_libraries_imported_so_far(catalog_path):
     try:
         h, _ = w.call("status", {}, id="st0")
         assert h["result"]["libraries"] == []
+        # No model built yet: the next load is this worker's first (a cold load for any model).
+        assert h["result"]["models_built"] == 0
         h, _ = w.call("load", {"model": "mnist-cnn"}, id="ld0")
         assert h["type"] == "result"
-        assert w.call("status", {}, id="st1")[0]["result"]["libraries"] == []  # plain torch
+        st = w.call("status", {}, id="st1")[0]["result"]
+        assert st["libraries"] == [] and st["models_built"] == 1  # plain torch
         h, _ = w.call("load", {"model": "tiny-gpt2"}, id="ld1")
         assert h["type"] == "result", h
         assert w.call("status", {}, id="st2")[0]["result"]["libraries"] == ["transformers"]

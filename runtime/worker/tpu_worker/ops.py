@@ -70,6 +70,9 @@ class Worker:
         self.device = torch.device(torch_device_string(probe.device))
         self.platform = platform_for(self.device)  # picked once, from the probe's decision
         self.started = time.monotonic()
+        # Models built since start (loads and temporary copies): the first pays torch's first-use
+        # set-up, which the server's load estimate prices as a cold load (reports.worker_status).
+        self.models_built = 0
         self.max_weight_bytes = max_weight_bytes
         self.digests = DigestCache()
         self.served: dict[str, Served] = {}  # the loaded models, whatever serves them
@@ -233,6 +236,7 @@ class Worker:
             platform_for(device).synchronize(device)
             del out
         warmup_s = time.perf_counter() - t2
+        self.models_built += 1
         return adapter, {"load_s": round(load_s, 6), "compile_s": round(compile_s, 6), "warmup_s": round(warmup_s, 6)}
 
     @contextlib.contextmanager

@@ -85,6 +85,8 @@ def worker_status(worker, *, checksums: bool = False) -> dict:
         # The model libraries imported so far: the first load that needs one pays its import
         # (seconds to a minute on a busy host), which the server's estimate prices.
         "libraries": sorted(lib for lib in MODEL_LIBRARIES if lib in sys.modules),
+        # None yet: the next load is this worker's first model build (priced as cold too).
+        "models_built": worker.models_built,
         "rss_bytes": rss_bytes(),
         "uptime_s": round(time.monotonic() - worker.started, 3),
         "worker_version": __version__,
