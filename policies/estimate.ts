@@ -349,6 +349,7 @@ export function workOf(input: EstimateInput): Work {
         seq_len: num(args.seq_len) ?? DEFAULT_SEQ_LEN,
         ...keep("attention", "mode"),
         ...(args.cold === true ? { cold: true } : {}),
+        ...(args.shape_audit === true ? { shape_audit: true } : {}),
       };
     case "benchmark":
       return {
@@ -425,7 +426,13 @@ export function classOf(kind: EstimateKind, w: Work): string {
       ].join("|");
     case "check":
       // A cold check (a fresh worker's first) is a class of its own; warm ones keep their key.
-      return [kind, w.dtype, w.attention ?? "default", ...(w.cold ? ["cold"] : [])].join("|");
+      return [
+        kind,
+        w.dtype,
+        w.attention ?? "default",
+        ...(w.cold ? ["cold"] : []),
+        ...(w.shape_audit ? ["audit"] : []),
+      ].join("|");
     case "load":
       return [kind, w.dtype, w.mode, w.cold ? "cold" : "warm"].join("|");
     case "benchmark":
@@ -540,11 +547,13 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       const b = num(args.batch) ?? 1;
       const l = num(args.seq_len) ?? DEFAULT_SEQ_LEN;
       tokens = b * l;
-      // One recorded forward pass: operator interception costs about as much again.
+      // One recorded forward pass: operator interception costs about as much again. A shape
+      // audit (a dynamo trace, no code generated) is charged as one graph's compile.
       deviceSeconds =
         a.check_overhead_s +
         weightBytes / a.load_bytes_per_s +
         compileS +
+        (args.shape_audit === true ? compileGraph : 0) +
         (2 * latencyMs(input, b, l, dtype, a)) / 1000;
       break;
     }

@@ -43,6 +43,7 @@ const build = (env: ToolEnv) => {
           .enum(["default", "math"])
           .default("default")
           .describe("math: unfused, as without a fused kernel"),
+        shape_audit: z.boolean().optional(), // a dynamo trace: the shape-stability verdict
         approval_id: approvalId,
       })
       .strict(),
@@ -78,6 +79,15 @@ const build = (env: ToolEnv) => {
         forward_s: z.number(),
         output_shape: z.array(z.number().int()).nullable(),
         fallback_detection: z.string(),
+        shape_report: z
+          .object({
+            shapes: z.array(z.array(z.number().int())), // [batch, length] of the forward
+            padding_waste: z.number().nullable(),
+            shape_stable: z.boolean().nullable(), // one dynamo graph; null: see `unaudited`
+            breaks: z.array(z.object({ kind: z.string(), reason: z.string() }).passthrough()),
+          })
+          .passthrough()
+          .optional(),
         error: z.string().nullable(),
       })
       .passthrough(),
@@ -100,6 +110,7 @@ const build = (env: ToolEnv) => {
             a.batch === 1 &&
             a.seq_len === undefined &&
             a.attention === "default" &&
+            !a.shape_audit &&
             (a.dtype === undefined || a.dtype === entryOf(env, a.model).default_dtype),
         },
         ctx,
@@ -143,6 +154,7 @@ const build = (env: ToolEnv) => {
           ...(args.dtype ? { dtype: args.dtype } : {}),
           ...(args.seq_len ? { seq_len: args.seq_len } : {}),
           attention: args.attention,
+          ...(args.shape_audit ? { shape_audit: true } : {}),
         },
         { placement: ctx.placement, signal: ctx.signal, timeoutMs: ctx.deadline?.remainingMs() },
       );
@@ -157,8 +169,27 @@ const build = (env: ToolEnv) => {
           (x) =>
             `  ${x.op} [${x.category}] ×${x.count}${x.fell_back ? `, ${x.fell_back} fell back` : ""}${x.failed ? `, ${x.failed} failed` : ""}`,
         )
-        .join("\n")}${o.error ? `\nerror: ${o.error}` : ""}`,
+        .join("\n")}${shapeNote(o.shape_report)}${o.error ? `\nerror: ${o.error}` : ""}`,
   });
 };
+
+/** The shape report in a line: the bucket run, its padding and the shape-stability verdict. */
+function shapeNote(r?: {
+  shapes: number[][];
+  padding_waste: number | null;
+  shape_stable: boolean | null;
+  breaks: { kind: string; reason: string }[];
+  unaudited?: string;
+}): string {
+  if (!r) return "";
+  const pad = r.padding_waste === null ? "" : `, padding ${(r.padding_waste * 100).toFixed(0)}%`;
+  const verdict =
+    r.shape_stable === null
+      ? `not traced (${r.unaudited ?? "unknown"})`
+      : r.shape_stable
+        ? "shape-stable (one graph)"
+        : `NOT shape-stable: ${r.breaks.map((b) => `${b.kind}: ${b.reason}`).join("; ")}`;
+  return `\nshapes ${r.shapes.map((s) => s.join("×")).join(", ")}${pad}; ${verdict}`;
+}
 
 export const checkModel: ToolFile = { policy, build };

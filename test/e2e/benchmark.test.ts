@@ -307,4 +307,26 @@ describe("run_benchmark and check_model over MCP", () => {
     });
     expect(fused.structuredContent.categories.attention).toBe(6);
   });
+
+  it("check_model's shape report: the plan's bucket, its padding and a shape-stable verdict", async () => {
+    const r = await call(conn.client, "check_model", {
+      model: "mnist-cnn",
+      batch: 3,
+      shape_audit: true,
+    });
+    expect(r.isError, JSON.stringify(r)).toBeFalsy();
+    const out = r.structuredContent;
+    // 3 items ran at the batch bucket 4 (the answer cut back to 3), traced by dynamo as one graph.
+    expect(out.output_shape).toEqual([3, 10]);
+    expect(out.shape_report).toMatchObject({
+      distinct_shapes: 1,
+      shapes: [[4, 0]],
+      padding_waste: 0.25,
+      shape_stable: true,
+      graphs: 1,
+      graph_breaks: 0,
+      breaks: [],
+    });
+    expect(JSON.stringify(r.content)).toContain("shape-stable (one graph)");
+  });
 });

@@ -420,6 +420,12 @@ describe("fixed costs measured on the estimate corpus (bench/estimates.ts)", () 
     );
     expect(DEFAULT_ASSUMPTIONS.check_overhead_s).toBeGreaterThan(0);
   });
+
+  it("charges a check's shape audit (a dynamo trace) as one graph's compile", () => {
+    const plain = est("check", { batch: 1, seq_len: 8 });
+    const traced = est("check", { batch: 1, seq_len: 8, shape_audit: true });
+    expect(traced - plain).toBeCloseTo(DEFAULT_ASSUMPTIONS.compile_s_per_graph.cpu, 6);
+  });
 });
 
 // Issue 22 (item 2): estimates measured against a corpus of real calls (bench/estimates.ts). The

@@ -4,7 +4,9 @@ every ATen op, whether it ran on the device, fell back to the host, or failed.
 Result: {model, device, dtype, batch, seq_len, attention, ops: [{op, category, count, on_device,
 fell_back, failed}], categories: {category: calls}, total_ops, unique_ops, verdict,
 estimated_memory_bytes, measured_peak_memory_bytes, measured_memory_kind, parameters,
-weight_bytes, forward_s, output_shape, fallback_detection, error}. `on_device`, `fell_back` and
+weight_bytes, forward_s, output_shape, fallback_detection, shape_report, error}. The forward runs
+at the shape plan's bucket; `shape_report` is that shape, its padding and the shape-stability
+verdict of shape_audit.py. `on_device`, `fell_back` and
 `failed` are call counts per op (0 = never). verdict: "supported" (every op ran on the device),
 "partial" (some ops fell back to the host) or "unsupported" (the forward failed).
 
@@ -28,6 +30,7 @@ from .cancel import NEVER, CancelToken
 from .errors import WorkerError, invalid
 from .memory import MemoryProbe
 from .platforms import platform_for
+from .shape_audit import audit, unaudited
 from .shapes import ShapeCounter
 
 _PATH_RE = re.compile(r"(/[\w.+-]+){2,}")
@@ -138,11 +141,24 @@ def run_check(worker, args: dict, ctx) -> dict:
     attention = args.get("attention", "default")
     if attention not in ATTENTION:
         raise invalid(f"args.attention must be one of {', '.join(ATTENTION)}")
+    # The dynamo trace costs seconds (more than the forward itself): it runs only when asked.
+    traced = args.get("shape_audit", False)
+    if not isinstance(traced, bool):
+        raise invalid("args.shape_audit must be true or false")
     _, info = worker.entry_and_weights(entry.id)
     with worker.adapter_for(entry, info, device, dtype, "eager", ctx.token) as lease:
         ctx.token.check()
         ran = _record(lease.adapter, device, batch, seq_len, attention, entry.id, ctx.token)
         parameters = lease.adapter.parameters()
+        if not traced:
+            stability = unaudited("not asked (shape_audit: true traces the forward with dynamo)")
+        elif ran["error"] is not None:
+            stability = unaudited("the forward failed")
+        else:
+            stability = audit(
+                lease.adapter.forward_example, ran["at_bucket"], token=ctx.token, blocked=_audit_blocked(worker)
+            )
+    ctx.token.check()
     return {
         "model": entry.id,
         "device": str(device),
@@ -163,9 +179,20 @@ def run_check(worker, args: dict, ctx) -> dict:
         "forward_s": ran["forward_s"],
         "output_shape": ran["output_shape"],
         "fallback_detection": platform_for(device).fallback_detection,
-        "shape_report": _shape_report(ran["shapes"]),
+        "shape_report": {**_shape_report(ran["shapes"]), **stability},
         "error": ran["error"],
     }
+
+
+def _audit_blocked(worker) -> str | None:
+    """Why the dynamo trace cannot run now: it resets every compiled graph of the process."""
+    compiled = sorted(k for k, m in list(worker.served.items()) if getattr(m, "mode", None) == "compile")
+    if not compiled:
+        return None
+    return (
+        f"not traced while {', '.join(compiled)} is served compiled (dynamo's trace would drop its graphs); "
+        "unload it, or check on a worker without one"
+    )
 
 
 def _shape_report(shapes: dict) -> dict:
@@ -190,6 +217,7 @@ def _record(
     probe.start()
     t0 = time.perf_counter()
     shapes = ShapeCounter()
+    padded = None
     try:
         inputs = adapter.example(batch, seq_len, seed=0)
         # The forward a request of this shape runs: padded to the plan's bucket (outside the
@@ -231,5 +259,6 @@ def _record(
         "forward_s": round(forward_s, 6),
         "output_shape": output_shape,
         "shapes": shapes.report(),
+        "at_bucket": padded,
         "error": error,
     }
