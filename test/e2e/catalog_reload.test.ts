@@ -28,66 +28,76 @@ describe("SIGHUP with models added to the catalog", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-catalog-reload-"));
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-  it("serves the new model at once: listed, accepted and loaded by the running worker", async () => {
-    const catalog = join(dir, "catalog.json");
-    const write = (models: string[]) =>
-      writeFileSync(
-        catalog,
-        JSON.stringify({ model_roots: [join(ROOT, ".data", "models")], models: models.map(entry) }),
+  it(
+    "serves the new model at once: listed, accepted and loaded by the running worker",
+    { timeout: scaled(240_000) },
+    async () => {
+      const catalog = join(dir, "catalog.json");
+      const write = (models: string[]) =>
+        writeFileSync(
+          catalog,
+          JSON.stringify({
+            model_roots: [join(ROOT, ".data", "models")],
+            models: models.map(entry),
+          }),
+        );
+      write(["mnist-cnn"]);
+      const config = writeConfig(
+        {
+          log_level: "info",
+          runtime: { device: "cpu", catalog, python: join(ROOT, ".venv/bin/python") },
+        },
+        dir,
       );
-    write(["mnist-cnn"]);
-    const config = writeConfig(
-      {
-        log_level: "info",
-        runtime: { device: "cpu", catalog, python: join(ROOT, ".venv/bin/python") },
-      },
-      dir,
-    );
-    const server = await startHttpServer(config);
-    const agent = await connectHttp(server.url, server.token);
-    let listChanged = 0;
-    agent.client.setNotificationHandler(ToolListChangedNotificationSchema, () => {
-      listChanged++;
-    });
-    try {
-      // The worker is running and has read the catalog as it was.
-      const loaded = await call(agent.client, "load_model", { model: "mnist-cnn" });
-      expect(errorOf(loaded), JSON.stringify(loaded)).toBeUndefined();
-      expect(ids(await call(agent.client, "list_models", {}))).toEqual(["mnist-cnn"]);
-
-      write(["mnist-cnn", "tiny-gpt2"]);
-      const before = server.stderr().length;
-      server.proc.kill("SIGHUP");
-      const since = () => server.stderr().slice(before);
-      await until("reload", () => /config reload/.test(since()), since);
-      expect(since()).toMatch(/config reloaded: applied catalog: added tiny-gpt2/);
-
-      // The session opened before the reload: told its tools changed, and served the model.
-      await until("tools/list_changed", () => listChanged === 1, since);
-      expect(ids(await call(agent.client, "list_models", {}))).toEqual(["mnist-cnn", "tiny-gpt2"]);
-      const load = await call(agent.client, "load_model", { model: "tiny-gpt2" });
-      expect(errorOf(load), JSON.stringify(load)).toBeUndefined();
-      expect(load.structuredContent.model).toBe("tiny-gpt2");
-
-      // A new session: its load_model schema names the model.
-      const fresh = await connectHttp(server.url, server.token);
+      const server = await startHttpServer(config);
+      const agent = await connectHttp(server.url, server.token);
+      let listChanged = 0;
+      agent.client.setNotificationHandler(ToolListChangedNotificationSchema, () => {
+        listChanged++;
+      });
       try {
-        const { tools } = await fresh.client.listTools();
-        const schema = tools.find((t) => t.name === "load_model")!.inputSchema as any;
-        expect(schema.properties.model.enum).toContain("tiny-gpt2");
-      } finally {
-        await fresh.close();
-      }
+        // The worker is running and has read the catalog as it was.
+        const loaded = await call(agent.client, "load_model", { model: "mnist-cnn" });
+        expect(errorOf(loaded), JSON.stringify(loaded)).toBeUndefined();
+        expect(ids(await call(agent.client, "list_models", {}))).toEqual(["mnist-cnn"]);
 
-      // Nothing new: a second SIGHUP says so.
-      const again = server.stderr().length;
-      server.proc.kill("SIGHUP");
-      await until("reload", () => /config reload/.test(server.stderr().slice(again)), since);
-      expect(server.stderr().slice(again)).toMatch(/config reloaded: no change/);
-      expect(listChanged).toBe(1);
-    } finally {
-      await agent.close();
-      await server.stop();
-    }
-  }, 240_000);
+        write(["mnist-cnn", "tiny-gpt2"]);
+        const before = server.stderr().length;
+        server.proc.kill("SIGHUP");
+        const since = () => server.stderr().slice(before);
+        await until("reload", () => /config reload/.test(since()), since);
+        expect(since()).toMatch(/config reloaded: applied catalog: added tiny-gpt2/);
+
+        // The session opened before the reload: told its tools changed, and served the model.
+        await until("tools/list_changed", () => listChanged === 1, since);
+        expect(ids(await call(agent.client, "list_models", {}))).toEqual([
+          "mnist-cnn",
+          "tiny-gpt2",
+        ]);
+        const load = await call(agent.client, "load_model", { model: "tiny-gpt2" });
+        expect(errorOf(load), JSON.stringify(load)).toBeUndefined();
+        expect(load.structuredContent.model).toBe("tiny-gpt2");
+
+        // A new session: its load_model schema names the model.
+        const fresh = await connectHttp(server.url, server.token);
+        try {
+          const { tools } = await fresh.client.listTools();
+          const schema = tools.find((t) => t.name === "load_model")!.inputSchema as any;
+          expect(schema.properties.model.enum).toContain("tiny-gpt2");
+        } finally {
+          await fresh.close();
+        }
+
+        // Nothing new: a second SIGHUP says so.
+        const again = server.stderr().length;
+        server.proc.kill("SIGHUP");
+        await until("reload", () => /config reload/.test(server.stderr().slice(again)), since);
+        expect(server.stderr().slice(again)).toMatch(/config reloaded: no change/);
+        expect(listChanged).toBe(1);
+      } finally {
+        await agent.close();
+        await server.stop();
+      }
+    },
+  );
 });

@@ -6,6 +6,7 @@ import { ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { cli, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { call } from "./scenario.js";
+import { scaled } from "../helpers/calibrate.js";
 
 describe("approval by elicitation", () => {
   let conn: Awaited<ReturnType<typeof connectStdio>>;
@@ -107,7 +108,7 @@ describe("approval by elicitation, when the person is slower than the client", (
       return { action: "accept", content: { approve: true } };
     };
     const args = { model: "mnist-cnn", dtype: "float16" };
-    await expect(call(conn.client, "load_model", args, { timeout: 2000 })).rejects.toThrow(
+    await expect(call(conn.client, "load_model", args, { timeout: scaled(2000) })).rejects.toThrow(
       /timed out/i,
     );
     timedOut();

@@ -19,6 +19,7 @@ import {
 } from "../helpers/server.js";
 import { progressOf, tapMessages } from "../helpers/progress.js";
 import { call } from "./scenario.js";
+import { scaled } from "../helpers/calibrate.js";
 
 /** tiny-gpt2 allowed to decode long enough that a cancel lands mid-stream. */
 const LONG = "tiny-gpt2-long";
@@ -87,7 +88,7 @@ describe.each(["stdio", "http"] as const)("generation over %s", (kind) => {
       const r = await call(client, "load_model", { model });
       expect(r.isError, JSON.stringify(r)).toBeFalsy();
     }
-  }, 300_000);
+  }, scaled(300_000));
 
   afterAll(async () => {
     await close?.();
@@ -215,7 +216,7 @@ describe.each(["stdio", "http"] as const)("generation over %s", (kind) => {
         arguments: { model: "tiny-chat", messages: chat, max_new_tokens: 40, temperature: 0 },
       },
       undefined,
-      { timeout: 300_000, onprogress: (p) => heard.push(p.message ?? "") },
+      { timeout: scaled(300_000), onprogress: (p) => heard.push(p.message ?? "") },
     )) as any;
     expect(r.isError, JSON.stringify(r)).toBeFalsy();
     const text = r.structuredContent.texts[0];
@@ -256,7 +257,7 @@ describe.each(["stdio", "http"] as const)("generation over %s", (kind) => {
     const before = seen.length;
     let deltas = 0;
     const pending = client.callTool({ name: "run_inference", arguments: args }, undefined, {
-      timeout: 300_000,
+      timeout: scaled(300_000),
       signal: abort.signal,
       onprogress: () => {
         // Cancel as soon as text arrives: the rest of the 200 tokens must not be decoded.

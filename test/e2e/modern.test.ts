@@ -23,6 +23,7 @@ import {
   type HttpServerProc,
 } from "../helpers/server.js";
 import { BAD_INPUTS, coreJourney } from "./scenario.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const AGENT2 = "demo-agent2-token";
 const sha = (t: string) => createHash("sha256").update(t).digest("hex");
@@ -113,7 +114,7 @@ describe("2026-07-28 over HTTP", () => {
       // The device is free again: the cancelled benchmark does not hold its slot.
       const next = await callModern(c.client, "check_model", { model: "mnist-cnn" });
       expect(next.isError, JSON.stringify(next).slice(0, 300)).toBeFalsy();
-      await expect.poll(() => auditTail(config), { timeout: 30_000 }).toMatch(/cancelled/);
+      await expect.poll(() => auditTail(config), { timeout: scaled(30_000) }).toMatch(/cancelled/);
     } finally {
       await c.close();
     }
@@ -145,7 +146,7 @@ describe("2026-07-28 over HTTP", () => {
         .poll(
           async () =>
             (await callModern(a.client, "get_job", { job_id: jobId })).structuredContent.status,
-          { timeout: 60_000 },
+          { timeout: scaled(60_000) },
         )
         .toBe("succeeded");
     } finally {
@@ -398,7 +399,7 @@ describe("2026-07-28 approvals and hostile retries (HTTP)", () => {
 describe("2026-07-28 over stdio", () => {
   it(
     "pins the connection's era, runs the journey and asks in band",
-    { timeout: 300_000 },
+    { timeout: scaled(300_000) },
     async () => {
       const config = writeConfig({
         policy: {
@@ -452,7 +453,7 @@ describe("2026-07-28 soft deadline", () => {
         .poll(
           async () =>
             (await callModern(c.client, "get_job", { job_id: jobId })).structuredContent.status,
-          { timeout: 60_000, interval: 500 },
+          { timeout: scaled(60_000), interval: 500 },
         )
         .toBe("succeeded");
     } finally {

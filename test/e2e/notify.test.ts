@@ -8,6 +8,7 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { scaled } from "../helpers/calibrate.js";
 import { verifyWebhook } from "../../policies/notify.js";
 import {
   connectHttp,
@@ -74,7 +75,7 @@ function startReceiver() {
 }
 
 async function until<T>(fn: () => T | undefined | false, what: string, ms = 30_000): Promise<T> {
-  const end = Date.now() + ms;
+  const end = Date.now() + scaled(ms);
   for (;;) {
     const v = fn();
     if (v) return v;

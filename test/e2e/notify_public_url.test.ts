@@ -17,6 +17,7 @@ import {
   writeConfig,
   type HttpServerProc,
 } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 describe("webhook console links", () => {
   const bodies: any[] = [];
@@ -55,25 +56,29 @@ describe("webhook console links", () => {
       dir,
     );
     server = await startHttpServer(config);
-  }, 120_000);
+  }, scaled(120_000));
 
   afterAll(async () => {
     await server?.stop();
     await new Promise<void>((r) => (rx ? rx.close(() => r()) : r()));
   });
 
-  it("point at the public resource_url's console, not the bound address", async () => {
-    const agent = await connectHttp(server.url, DEMO_TOKENS.agent);
-    const r = await agent.client.callTool({ name: "list_models", arguments: {} });
-    expect(errorOf(r)?.code).toBe("approval_required");
-    await agent.close();
-    const end = Date.now() + 30_000;
-    while (bodies.length === 0 && Date.now() < end) await new Promise((f) => setTimeout(f, 50));
-    expect(bodies).toHaveLength(1);
-    expect(bodies[0].console_url).toBe("https://tpu.example.com/ml/console/");
-    expect(bodies[0].text).toContain("https://tpu.example.com/ml/console/");
-    expect(JSON.stringify(bodies[0])).not.toMatch(/127\.0\.0\.1/);
-  }, 60_000);
+  it(
+    "point at the public resource_url's console, not the bound address",
+    { timeout: scaled(60_000) },
+    async () => {
+      const agent = await connectHttp(server.url, DEMO_TOKENS.agent);
+      const r = await agent.client.callTool({ name: "list_models", arguments: {} });
+      expect(errorOf(r)?.code).toBe("approval_required");
+      await agent.close();
+      const end = Date.now() + 30_000;
+      while (bodies.length === 0 && Date.now() < end) await new Promise((f) => setTimeout(f, 50));
+      expect(bodies).toHaveLength(1);
+      expect(bodies[0].console_url).toBe("https://tpu.example.com/ml/console/");
+      expect(bodies[0].text).toContain("https://tpu.example.com/ml/console/");
+      expect(JSON.stringify(bodies[0])).not.toMatch(/127\.0\.0\.1/);
+    },
+  );
 
   it("derive the console URL from resource_url's path", () => {
     expect(publicConsoleUrl(undefined)).toBeUndefined();

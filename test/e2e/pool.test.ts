@@ -19,6 +19,7 @@ import {
   type HttpServerProc,
   cli,
 } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const MINILM = "all-minilm-l6-v2";
 const ALL_SCOPES = [
@@ -35,7 +36,7 @@ const ALL_SCOPES = [
 type Conn = Awaited<ReturnType<typeof connectHttp>>;
 
 async function call(conn: Conn, name: string, args: Record<string, unknown> = {}): Promise<any> {
-  return conn.client.callTool({ name, arguments: args }, undefined, { timeout: 600_000 });
+  return conn.client.callTool({ name, arguments: args }, undefined, { timeout: scaled(600_000) });
 }
 
 async function workers(conn: Conn): Promise<Record<string, any>> {
@@ -45,7 +46,7 @@ async function workers(conn: Conn): Promise<Record<string, any>> {
 }
 
 async function until<T>(what: string, fn: () => Promise<T | undefined | false>, ms = 120_000) {
-  const end = Date.now() + ms;
+  const end = Date.now() + scaled(ms);
   for (;;) {
     const v = await fn();
     if (v) return v;
@@ -75,7 +76,7 @@ if (!hasOpenssl && process.env.CI === "true")
 // Loads and restarts of real workers on a shared 2-core machine: generous time, no timing asserts.
 describe.skipIf(!hasOpenssl)(
   "a pool of two local workers and one remote worker",
-  { timeout: 300_000 },
+  { timeout: scaled(300_000) },
   () => {
     const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-pool-"));
     const adminToken = `tpu_${randomBytes(18).toString("base64url")}`;
@@ -124,7 +125,7 @@ describe.skipIf(!hasOpenssl)(
         const ws = await workers(conn);
         return Object.values(ws).every((w) => w.state === "ready");
       });
-    }, 300_000);
+    }, scaled(300_000));
 
     afterAll(async () => {
       await conn?.close().catch(() => {});
@@ -288,7 +289,7 @@ describe.skipIf(!hasOpenssl)(
           arguments: { model: "mnist-cnn", device: "r0", duration_s: 60, warmup: 1 },
         },
         undefined,
-        { timeout: 600_000, onprogress: () => (started = true) },
+        { timeout: scaled(600_000), onprogress: () => (started = true) },
       );
       await until("the benchmark to run on r0", async () => started);
       relay.cut();

@@ -14,6 +14,7 @@ import {
   writeConfig,
   type HttpServerProc,
 } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const run = promisify(execFile);
 const PY = join(ROOT, ".venv/bin/python");
@@ -32,7 +33,7 @@ const POLICY = {
 
 async function py(args: string[]) {
   try {
-    const r = await run(PY, [SCRIPT, ...args], { cwd: ROOT, timeout: 240_000 });
+    const r = await run(PY, [SCRIPT, ...args], { cwd: ROOT, timeout: scaled(240_000) });
     return JSON.parse(r.stdout.trim().split("\n").at(-1)!);
   } catch (e: any) {
     throw new Error(

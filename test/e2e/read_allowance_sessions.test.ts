@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { call } from "./scenario.js";
+import { scaled } from "../helpers/calibrate.js";
 
 describe("check_model across desktop (stdio) sessions", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-read-sessions-"));
@@ -29,20 +30,24 @@ describe("check_model across desktop (stdio) sessions", () => {
   );
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-  it("runs each session's first check of a model (its cold start) without spending the read allowance; warm checks still draw on it", async () => {
-    for (let session = 1; session <= 3; session++) {
-      const s = await connectStdio(config);
-      try {
-        const cold = await call(s.client, "check_model", { model: "mnist-cnn" });
-        expect(cold.isError, `session ${session}: ${JSON.stringify(cold)}`).toBeFalsy();
-        expect(cold.structuredContent.verdict).toBe("supported");
-        // The same check again is warm: a reader's call like any other, refused by the allowance.
-        const warm = errorOf(await call(s.client, "check_model", { model: "mnist-cnn" }));
-        expect(warm?.code, `session ${session}`).toBe("budget_exceeded");
-        expect(warm?.message).toMatch(/allowance for read-scoped tools/);
-      } finally {
-        await s.close();
+  it(
+    "runs each session's first check of a model (its cold start) without spending the read allowance; warm checks still draw on it",
+    { timeout: scaled(300_000) },
+    async () => {
+      for (let session = 1; session <= 3; session++) {
+        const s = await connectStdio(config);
+        try {
+          const cold = await call(s.client, "check_model", { model: "mnist-cnn" });
+          expect(cold.isError, `session ${session}: ${JSON.stringify(cold)}`).toBeFalsy();
+          expect(cold.structuredContent.verdict).toBe("supported");
+          // The same check again is warm: a reader's call like any other, refused by the allowance.
+          const warm = errorOf(await call(s.client, "check_model", { model: "mnist-cnn" }));
+          expect(warm?.code, `session ${session}`).toBe("budget_exceeded");
+          expect(warm?.message).toMatch(/allowance for read-scoped tools/);
+        } finally {
+          await s.close();
+        }
       }
-    }
-  }, 300_000);
+    },
+  );
 });

@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { callModern, connectModernStdio } from "../helpers/modern.js";
 import { call } from "./scenario.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const MODEL = "smollm2-135m-instruct";
 const QUESTION = [{ role: "user", content: "What is the capital of France?" }];
@@ -25,7 +26,7 @@ describe("smollm2-135m-instruct over stdio (2025-11-25)", () => {
     const r = await call(client, "load_model", { model: MODEL });
     expect(r.isError, JSON.stringify(r.content)).toBeFalsy();
     expect(r.structuredContent, JSON.stringify(r.content)).toMatchObject({ model: MODEL });
-  }, 300_000);
+  }, scaled(300_000));
   afterAll(async () => {
     await close?.();
   });
@@ -46,60 +47,72 @@ describe("smollm2-135m-instruct over stdio (2025-11-25)", () => {
     expect(m.parameters).toBeLessThan(135_000_000);
   });
 
-  it("answers a factual question correctly (greedy), and ends its turn", async () => {
-    const r = await call(client, "run_inference", {
-      model: MODEL,
-      messages: QUESTION,
-      max_new_tokens: 24,
-      temperature: 0,
-    });
-    const g = generation(r);
-    expect(g.text).toContain("Paris");
-    // <|im_end|> is the model's end of turn: a short answer stops, it does not run to the cap.
-    expect(g.finish_reason).toBe("stop");
-  }, 120_000);
+  it(
+    "answers a factual question correctly (greedy), and ends its turn",
+    { timeout: scaled(120_000) },
+    async () => {
+      const r = await call(client, "run_inference", {
+        model: MODEL,
+        messages: QUESTION,
+        max_new_tokens: 24,
+        temperature: 0,
+      });
+      const g = generation(r);
+      expect(g.text).toContain("Paris");
+      // <|im_end|> is the model's end of turn: a short answer stops, it does not run to the cap.
+      expect(g.finish_reason).toBe("stop");
+    },
+  );
 
-  it("samples with a seed that repeats, and stops at a stop sequence", async () => {
-    const args = {
-      model: MODEL,
-      messages: [{ role: "user", content: "Name a colour." }],
-      max_new_tokens: 12,
-      temperature: 0.8,
-      top_p: 0.9,
-      seed: 7,
-    };
-    const a = generation(await call(client, "run_inference", args));
-    const b = generation(await call(client, "run_inference", args));
-    expect(a.text).toBe(b.text);
-    const cut = await call(client, "run_inference", {
-      model: MODEL,
-      messages: QUESTION,
-      max_new_tokens: 24,
-      stop: ["Paris"],
-    });
-    const g = generation(cut);
-    expect(g.finish_reason).toBe("stop");
-    expect(g.text).not.toContain("Paris");
-  }, 180_000);
+  it(
+    "samples with a seed that repeats, and stops at a stop sequence",
+    { timeout: scaled(180_000) },
+    async () => {
+      const args = {
+        model: MODEL,
+        messages: [{ role: "user", content: "Name a colour." }],
+        max_new_tokens: 12,
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: 7,
+      };
+      const a = generation(await call(client, "run_inference", args));
+      const b = generation(await call(client, "run_inference", args));
+      expect(a.text).toBe(b.text);
+      const cut = await call(client, "run_inference", {
+        model: MODEL,
+        messages: QUESTION,
+        max_new_tokens: 24,
+        stop: ["Paris"],
+      });
+      const g = generation(cut);
+      expect(g.finish_reason).toBe("stop");
+      expect(g.text).not.toContain("Paris");
+    },
+  );
 
-  it("streams its answer as progress messages that add up to the text", async () => {
-    const heard: string[] = [];
-    const r: any = await client.callTool(
-      {
-        name: "run_inference",
-        arguments: { model: MODEL, messages: QUESTION, max_new_tokens: 24, temperature: 0 },
-      },
-      undefined,
-      { timeout: 300_000, onprogress: (p) => heard.push(p.message ?? "") },
-    );
-    expect(errorOf(r)).toBeUndefined();
-    expect(heard.length).toBeGreaterThan(1);
-    expect(heard.join("")).toBe(r.structuredContent.generations[0].text);
-  }, 120_000);
+  it(
+    "streams its answer as progress messages that add up to the text",
+    { timeout: scaled(120_000) },
+    async () => {
+      const heard: string[] = [];
+      const r: any = await client.callTool(
+        {
+          name: "run_inference",
+          arguments: { model: MODEL, messages: QUESTION, max_new_tokens: 24, temperature: 0 },
+        },
+        undefined,
+        { timeout: scaled(300_000), onprogress: (p) => heard.push(p.message ?? "") },
+      );
+      expect(errorOf(r)).toBeUndefined();
+      expect(heard.length).toBeGreaterThan(1);
+      expect(heard.join("")).toBe(r.structuredContent.generations[0].text);
+    },
+  );
 });
 
 describe("smollm2-135m-instruct over stdio (2026-07-28)", () => {
-  it("answers the same question in the stateless era", async () => {
+  it("answers the same question in the stateless era", { timeout: scaled(300_000) }, async () => {
     const { client, close } = await connectModernStdio(writeConfig());
     try {
       // Stateless: every call stands alone, so the load and the chat are one server's two calls.
@@ -115,5 +128,5 @@ describe("smollm2-135m-instruct over stdio (2026-07-28)", () => {
     } finally {
       await close();
     }
-  }, 300_000);
+  });
 });

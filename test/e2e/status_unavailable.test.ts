@@ -6,13 +6,14 @@ import { chmodSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { scaled } from "../helpers/calibrate.js";
 import { connectStdio, writeConfig } from "../helpers/server.js";
 import { call } from "./scenario.js";
 
 type Conn = Awaited<ReturnType<typeof connectStdio>>;
 
 async function until<T>(what: string, fn: () => Promise<T | undefined>, ms = 60_000): Promise<T> {
-  const end = Date.now() + ms;
+  const end = Date.now() + scaled(ms);
   for (;;) {
     const v = await fn();
     if (v !== undefined) return v;

@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { spawn } from "node:child_process";
 import { CLI, INITIALIZE, ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { badInputs, call, coreJourney } from "./scenario.js";
+import { scaled } from "../helpers/calibrate.js";
 
 describe("tpu-mcp stdio", () => {
   let conn: Awaited<ReturnType<typeof connectStdio>>;
@@ -84,7 +85,7 @@ describe("tpu-mcp stdio", () => {
         arguments: { model: "mnist-cnn", batch_sizes: [1, 2], iterations: 3, warmup: 0 },
       },
       undefined,
-      { onprogress: (p) => progress.push(p.progress), timeout: 120_000 },
+      { onprogress: (p) => progress.push(p.progress), timeout: scaled(120_000) },
     );
     expect(r.isError).toBeFalsy();
     expect(progress.length).toBeGreaterThanOrEqual(2);
@@ -152,7 +153,7 @@ describe("tpu-mcp stdio", () => {
         },
       },
       undefined,
-      { signal: ctrl.signal, timeout: 120_000 },
+      { signal: ctrl.signal, timeout: scaled(120_000) },
     );
     await new Promise((r) => setTimeout(r, 1500));
     ctrl.abort();
@@ -206,47 +207,51 @@ describe("stdio sessions at the edges", () => {
     expect(errors).toEqual([]);
   });
 
-  it("answers each of three concurrent requests that reuse one id: one result, two errors", async () => {
-    const { proc, out, exited, send } = rawStdio();
-    const lines = () =>
-      out()
-        .split("\n")
-        .filter((l) => l.trim())
-        .map((l) => JSON.parse(l));
-    const until = async (pred: () => boolean) => {
-      for (let i = 0; i < 1200 && !pred(); i++) await new Promise((r) => setTimeout(r, 50));
-    };
-    try {
-      send(INITIALIZE);
-      await until(() => lines().some((m) => m.id === 1));
-      send({ jsonrpc: "2.0", method: "notifications/initialized" });
-      // load_model waits for the worker to start: the first call is in progress for seconds.
-      const load = {
-        jsonrpc: "2.0",
-        id: 7,
-        method: "tools/call",
-        params: { name: "load_model", arguments: { model: "mnist-cnn" } },
+  it(
+    "answers each of three concurrent requests that reuse one id: one result, two errors",
+    { timeout: scaled(120_000) },
+    async () => {
+      const { proc, out, exited, send } = rawStdio();
+      const lines = () =>
+        out()
+          .split("\n")
+          .filter((l) => l.trim())
+          .map((l) => JSON.parse(l));
+      const until = async (pred: () => boolean) => {
+        for (let i = 0; i < 1200 && !pred(); i++) await new Promise((r) => setTimeout(r, 50));
       };
-      send(load);
-      send(load);
-      send(load);
-      await until(() => lines().filter((m) => m.id === 7).length >= 3);
-      const answers = lines().filter((m) => m.id === 7);
-      expect(answers).toHaveLength(3);
-      expect(answers.filter((m) => m.result && !m.result.isError)).toHaveLength(1);
-      const dup = answers.filter((m) => m.error);
-      expect(dup).toHaveLength(2);
-      for (const d of dup) {
-        expect(d.error.code).toBe(-32600);
-        expect(d.error.message).toMatch(/already used by a request in progress/);
+      try {
+        send(INITIALIZE);
+        await until(() => lines().some((m) => m.id === 1));
+        send({ jsonrpc: "2.0", method: "notifications/initialized" });
+        // load_model waits for the worker to start: the first call is in progress for seconds.
+        const load = {
+          jsonrpc: "2.0",
+          id: 7,
+          method: "tools/call",
+          params: { name: "load_model", arguments: { model: "mnist-cnn" } },
+        };
+        send(load);
+        send(load);
+        send(load);
+        await until(() => lines().filter((m) => m.id === 7).length >= 3);
+        const answers = lines().filter((m) => m.id === 7);
+        expect(answers).toHaveLength(3);
+        expect(answers.filter((m) => m.result && !m.result.isError)).toHaveLength(1);
+        const dup = answers.filter((m) => m.error);
+        expect(dup).toHaveLength(2);
+        for (const d of dup) {
+          expect(d.error.code).toBe(-32600);
+          expect(d.error.message).toMatch(/already used by a request in progress/);
+        }
+        // Answered: the id may be used again.
+        send({ ...load, params: { name: "get_runtime_status", arguments: {} } });
+        await until(() => lines().filter((m) => m.id === 7).length >= 4);
+        expect(lines().filter((m) => m.id === 7)[3].result).toBeDefined();
+      } finally {
+        proc.stdin.end();
+        await exited;
       }
-      // Answered: the id may be used again.
-      send({ ...load, params: { name: "get_runtime_status", arguments: {} } });
-      await until(() => lines().filter((m) => m.id === 7).length >= 4);
-      expect(lines().filter((m) => m.id === 7)[3].result).toBeDefined();
-    } finally {
-      proc.stdin.end();
-      await exited;
-    }
-  }, 120_000);
+    },
+  );
 });

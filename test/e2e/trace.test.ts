@@ -4,6 +4,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TRACE_META_KEY } from "../../tools/support/trace.js";
 import { connectStdio, writeConfig } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const args = {
   model: "mnist-cnn",
@@ -23,7 +24,7 @@ describe("trace_calls", () => {
       on.client.callTool({ name: "load_model", arguments: { model: "mnist-cnn" } }),
       off.client.callTool({ name: "load_model", arguments: { model: "mnist-cnn" } }),
     ]);
-  }, 120_000);
+  }, scaled(120_000));
   afterAll(async () => {
     await Promise.allSettled([on?.close(), off?.close()]);
   });

@@ -8,6 +8,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectStdio, writeConfig } from "../helpers/server.js";
 import { call } from "./scenario.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const MODELS = [
   { model: "tiny-gpt2", seq_lens: [8], optimizer: "adamw", loss: /^causal LM/ },
@@ -44,75 +45,79 @@ describe("run_benchmark work train_step over MCP", () => {
   });
 
   for (const { model, seq_lens, optimizer, loss } of MODELS) {
-    it(`trains a copy of ${model} in both modes and precisions and leaves the served one as it was`, async () => {
-      const load = await call(conn.client, "load_model", { model });
-      expect(load.isError, JSON.stringify(load)).toBeFalsy();
-      const before = await checksum(conn.client, model);
-      const r = await call(
-        conn.client,
-        "run_benchmark",
-        {
-          model,
-          work: "train_step",
-          optimizer,
-          batch_sizes: [2],
-          ...(seq_lens ? { seq_lens } : {}),
-          dtypes: ["float32", "bfloat16"],
-          modes: ["eager", "compile"],
-          iterations: 2,
-          warmup: 1,
-        },
-        { timeout: 900_000 },
-      );
-      expect(r.isError, JSON.stringify(r)).toBeFalsy();
-      const o = r.structuredContent;
-      expect(o.work).toBe("train_step");
-      expect(o.manifest.optimizer.name).toBe(optimizer);
-      expect(o.manifest.train.loss).toMatch(loss);
-      expect(o.manifest.compile_backend).toBe("aot_eager");
-      expect(o.configs).toHaveLength(4);
-      for (const c of o.configs) {
-        expect(c.error, JSON.stringify(c.error)).toBeNull();
-        expect(c.latency_ms.p50).toBeGreaterThan(0);
-        expect(c.throughput_items_per_s).toBeGreaterThan(0);
-        if (seq_lens) expect(c.tokens_per_s).toBeCloseTo(c.throughput_items_per_s * 8, 0);
-        else expect(c.tokens_per_s).toBeNull();
-        expect(Number.isFinite(c.loss_final)).toBe(true);
-        expect(c.memory_split.weights_bytes).toBeGreaterThan(0);
-        // Every parameter has a gradient; the weights add the model's buffers.
-        expect(c.memory_split.gradients_bytes).toBeGreaterThan(0);
-        expect(c.memory_split.gradients_bytes).toBeLessThanOrEqual(c.memory_split.weights_bytes);
-        expect(c.memory_split.optimizer_state_bytes).toBeGreaterThan(0);
-        expect(c.flops_per_step).toBeGreaterThan(0);
-        // A fraction is a figure in (0, 1], or flagged as a fault and never printed.
-        if (c.fraction_of_peak !== null) expect(c.fraction_of_peak).toBeLessThanOrEqual(1);
-        else expect(c.fraction_of_peak_fault ?? c.peak_flops_per_s).toBeDefined();
-        expect(c.stability.iterations_requested).toBe(2);
-        // The warmup step (in compile mode the compiling one) and the window, which an unstable
-        // series extends past the 2 asked for.
-        expect(c.train_steps).toBe(c.iterations + 1);
-        if (c.mode === "compile") expect(c.graphs_compiled).toBeGreaterThanOrEqual(1);
-      }
-      // bfloat16 against the float32 run of the same mode, over the steps both took.
-      for (const c of o.configs.filter((x: any) => x.dtype === "bfloat16")) {
-        const fp32 = o.configs.find((x: any) => x.dtype === "float32" && x.mode === c.mode);
-        expect(c.loss_drift_vs_fp32.steps).toBe(Math.min(c.train_steps, fp32.train_steps));
-        expect(c.loss_drift_vs_fp32.max_abs).toBeGreaterThanOrEqual(0);
-      }
-      // The text answer and the Markdown report show the training figures.
-      const text = r.content.find((x: any) => x.type === "text")?.text ?? "";
-      expect(text).toMatch(/ms\/step/);
-      expect(text).toMatch(/loss [\d.]+ → [\d.]+ over \d+ steps/);
-      const md = await conn.client.readResource({ uri: o.markdown_uri });
-      const body = String((md.contents[0] as any).text);
-      expect(body).toMatch(/\| p50 ms\/step \|/);
-      expect(body).toMatch(/bf16 drift/);
-      // The model an agent loaded was never trained.
-      expect(await checksum(conn.client, model)).toBe(before);
-      const unload = await call(conn.client, "unload_model", { model });
-      expect(unload.isError, JSON.stringify(unload)).toBeFalsy();
-      // No calibration helper on main yet: a generous bound for a loaded 2-core machine.
-    }, 900_000);
+    it(
+      `trains a copy of ${model} in both modes and precisions and leaves the served one as it was`,
+      { timeout: scaled(900_000) },
+      async () => {
+        const load = await call(conn.client, "load_model", { model });
+        expect(load.isError, JSON.stringify(load)).toBeFalsy();
+        const before = await checksum(conn.client, model);
+        const r = await call(
+          conn.client,
+          "run_benchmark",
+          {
+            model,
+            work: "train_step",
+            optimizer,
+            batch_sizes: [2],
+            ...(seq_lens ? { seq_lens } : {}),
+            dtypes: ["float32", "bfloat16"],
+            modes: ["eager", "compile"],
+            iterations: 2,
+            warmup: 1,
+          },
+          { timeout: scaled(900_000) },
+        );
+        expect(r.isError, JSON.stringify(r)).toBeFalsy();
+        const o = r.structuredContent;
+        expect(o.work).toBe("train_step");
+        expect(o.manifest.optimizer.name).toBe(optimizer);
+        expect(o.manifest.train.loss).toMatch(loss);
+        expect(o.manifest.compile_backend).toBe("aot_eager");
+        expect(o.configs).toHaveLength(4);
+        for (const c of o.configs) {
+          expect(c.error, JSON.stringify(c.error)).toBeNull();
+          expect(c.latency_ms.p50).toBeGreaterThan(0);
+          expect(c.throughput_items_per_s).toBeGreaterThan(0);
+          if (seq_lens) expect(c.tokens_per_s).toBeCloseTo(c.throughput_items_per_s * 8, 0);
+          else expect(c.tokens_per_s).toBeNull();
+          expect(Number.isFinite(c.loss_final)).toBe(true);
+          expect(c.memory_split.weights_bytes).toBeGreaterThan(0);
+          // Every parameter has a gradient; the weights add the model's buffers.
+          expect(c.memory_split.gradients_bytes).toBeGreaterThan(0);
+          expect(c.memory_split.gradients_bytes).toBeLessThanOrEqual(c.memory_split.weights_bytes);
+          expect(c.memory_split.optimizer_state_bytes).toBeGreaterThan(0);
+          expect(c.flops_per_step).toBeGreaterThan(0);
+          // A fraction is a figure in (0, 1], or flagged as a fault and never printed.
+          if (c.fraction_of_peak !== null) expect(c.fraction_of_peak).toBeLessThanOrEqual(1);
+          else expect(c.fraction_of_peak_fault ?? c.peak_flops_per_s).toBeDefined();
+          expect(c.stability.iterations_requested).toBe(2);
+          // The warmup step (in compile mode the compiling one) and the window, which an unstable
+          // series extends past the 2 asked for.
+          expect(c.train_steps).toBe(c.iterations + 1);
+          if (c.mode === "compile") expect(c.graphs_compiled).toBeGreaterThanOrEqual(1);
+        }
+        // bfloat16 against the float32 run of the same mode, over the steps both took.
+        for (const c of o.configs.filter((x: any) => x.dtype === "bfloat16")) {
+          const fp32 = o.configs.find((x: any) => x.dtype === "float32" && x.mode === c.mode);
+          expect(c.loss_drift_vs_fp32.steps).toBe(Math.min(c.train_steps, fp32.train_steps));
+          expect(c.loss_drift_vs_fp32.max_abs).toBeGreaterThanOrEqual(0);
+        }
+        // The text answer and the Markdown report show the training figures.
+        const text = r.content.find((x: any) => x.type === "text")?.text ?? "";
+        expect(text).toMatch(/ms\/step/);
+        expect(text).toMatch(/loss [\d.]+ → [\d.]+ over \d+ steps/);
+        const md = await conn.client.readResource({ uri: o.markdown_uri });
+        const body = String((md.contents[0] as any).text);
+        expect(body).toMatch(/\| p50 ms\/step \|/);
+        expect(body).toMatch(/bf16 drift/);
+        // The model an agent loaded was never trained.
+        expect(await checksum(conn.client, model)).toBe(before);
+        const unload = await call(conn.client, "unload_model", { model });
+        expect(unload.isError, JSON.stringify(unload)).toBeFalsy();
+        // No calibration helper on main yet: a generous bound for a loaded 2-core machine.
+      },
+    );
   }
 
   it("refuses what a training step cannot be, in words", async () => {

@@ -9,6 +9,7 @@ import {
   type SpawnFn,
   type WorkerRuntimeOptions,
 } from "../../runtime/client.js";
+import { scaled } from "../helpers/calibrate.js";
 
 export const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 
@@ -68,8 +69,9 @@ export function alive(pid: number): boolean {
   }
 }
 
+/** Polls `cond`; `timeoutMs` is what a quiet machine needs, scaled to this one. */
 export async function waitFor(cond: () => boolean, timeoutMs = 30_000, stepMs = 20): Promise<void> {
-  const end = Date.now() + timeoutMs;
+  const end = Date.now() + scaled(timeoutMs);
   while (!cond()) {
     if (Date.now() > end) throw new Error("condition not met in time");
     await new Promise((r) => setTimeout(r, stepMs));
