@@ -401,6 +401,10 @@ const build = (env: ToolEnv) => {
           (c.max_abs_error_vs_fp32 != null
             ? `, max err ${c.max_abs_error_vs_fp32.toExponential(2)}`
             : "") +
+          // The shape plan's padding of this configuration (shape_report in the JSON report).
+          (c.shape_report?.padding_waste
+            ? `, padding ${(c.shape_report.padding_waste * 100).toFixed(0)}%`
+            : "") +
           (c.stability?.p50_ci_ms
             ? `, p50 CI ${fmt(c.stability.p50_ci_ms[0])}–${fmt(c.stability.p50_ci_ms[1])} ms`
             : "") +

@@ -269,6 +269,24 @@ describe("run_benchmark and check_model over MCP", () => {
     expect(Math.abs(c.throughput_items_per_s - expected)).toBeLessThanOrEqual(rounding);
   });
 
+  it("reports each configuration's shapes and padding at the model's shape plan", async () => {
+    const r = await call(conn.client, "run_benchmark", {
+      model: "mnist-cnn",
+      batch_sizes: [3],
+      iterations: 2,
+      warmup: 0,
+    });
+    expect(r.isError, JSON.stringify(r)).toBeFalsy();
+    const [c] = r.structuredContent.configs;
+    // A batch of 3 runs at the batch bucket 4: a quarter of the forward is padding.
+    expect(c.shape_report).toMatchObject({
+      distinct_shapes: 1,
+      shapes: [["forward", 4, 0]],
+      padding_waste: 0.25,
+    });
+    expect(JSON.stringify(r.content)).toContain("padding 25%");
+  });
+
   it("check_model lists MiniLM's matmul, layer-norm and softmax operators with counts", async () => {
     const r = await call(conn.client, "check_model", {
       model: "all-minilm-l6-v2",
