@@ -440,7 +440,7 @@ describe("soft deadline and one deadline per call", () => {
           c.client,
           "run_benchmark",
           { model: "mnist-cnn", iterations: 1, warmup: 0 },
-          { timeout: 12_000 },
+          { timeout: scaled(12_000) },
         );
         expect(queued.isError, JSON.stringify(queued)).toBeFalsy();
         const jobId = queued.structuredContent.job_id;
@@ -489,7 +489,7 @@ describe("soft deadline and one deadline per call", () => {
             c.client,
             "run_benchmark",
             { model: "mnist-cnn", duration_s: 60, warmup: 0 },
-            { timeout: 1000 },
+            { timeout: scaled(1000) },
           ),
         ).rejects.toThrow(/timed out/i);
         let failed: Record<string, any> | undefined;

@@ -21,6 +21,7 @@ import {
 } from "../helpers/server.js";
 import { slowdown } from "../helpers/calibrate.js";
 import { call } from "./scenario.js";
+import { scaled } from "../helpers/calibrate.js";
 
 /** A distinct mnist-cnn input per call, so each call has its own argument digest. */
 const input = (i: number) => ({
@@ -150,7 +151,7 @@ describe("small calls on the fast path", () => {
     const ctrl = new AbortController();
     const pending = conn.client.callTool({ name: "run_inference", arguments: args }, undefined, {
       signal: ctrl.signal,
-      timeout: 60_000,
+      timeout: scaled(60_000),
     });
     // Aborted as soon as the allowed record is committed (the call is running by then).
     const digest = argsDigest("run_inference", args);

@@ -10,6 +10,7 @@ import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js"
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CLI, ROOT, errorOf } from "../helpers/server.js";
 import { pyRun, simEnv, tpuPython as setupTpuPython } from "./sim.js";
+import { scaled } from "../helpers/calibrate.js";
 
 let dir: string;
 let tpuPython: string;
@@ -128,13 +129,17 @@ beforeAll(() => {
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe("one worker per chip on a simulated TPU v6e host", () => {
-  it('runtime.workers: "per-device" on 3 chips', async () => {
+  it('runtime.workers: "per-device" on 3 chips', { timeout: scaled(600_000) }, async () => {
     const host = pyRun(["-m", "tpu_sim.host", join(dir, "host3"), "3", "v6e"]);
     await checkPool(host, { workers: "per-device" }, 3);
-  }, 600_000);
+  });
 
-  it("runtime.workers unset with device auto (the default) on 2 chips", async () => {
-    const host = pyRun(["-m", "tpu_sim.host", join(dir, "host2"), "2", "v6e"]);
-    await checkPool(host, { device: "auto" }, 2);
-  }, 600_000);
+  it(
+    "runtime.workers unset with device auto (the default) on 2 chips",
+    { timeout: scaled(600_000) },
+    async () => {
+      const host = pyRun(["-m", "tpu_sim.host", join(dir, "host2"), "2", "v6e"]);
+      await checkPool(host, { device: "auto" }, 2);
+    },
+  );
 });
