@@ -12,11 +12,14 @@ export const VLLM = "tiny-gpt2-vllm";
 export const CHAT = "tiny-gpt2-chat-vllm";
 
 /**
- * Limits: max_new_tokens 190 with prompts of at most 64 tokens fills GPT-2's 256 positions, so a
- * 16-prompt request with vLLM at one sequence at a time (--max-num-seqs 1) runs for seconds: long
- * enough to cancel in the middle.
+ * Limits: max_new_tokens 190 with prompts of at most 64 tokens fills GPT-2's 256 positions. With
+ * vLLM at one sequence at a time (--max-num-seqs 1), a request of CANCEL_PROMPTS prompts runs
+ * long enough to cancel in the middle even when a status poll takes seconds (16 prompts, 3,040
+ * tokens, ran to their end between two polls on a loaded machine).
  */
 const LIMITS = { max_batch: 16, max_seq_len: 64, max_new_tokens: 190, max_text_chars: 2048 };
+/** As many prompts as a call may carry (limits.max_texts, 64 by default). */
+export const CANCEL_PROMPTS = 64;
 export const ENGINE = {
   python: VLLM_PYTHON,
   args: ["--max-num-seqs", "1"],
@@ -30,7 +33,13 @@ export function writeCatalog(opts: { chat?: boolean } = {}): { dir: string; cata
   const tiny = builtin.models.find((m: any) => m.id === HF);
   const models: any[] = [
     { ...tiny, limits: LIMITS },
-    { ...tiny, id: VLLM, engine: "vllm", limits: LIMITS, description: "tiny-gpt2 on vLLM" },
+    {
+      ...tiny,
+      id: VLLM,
+      engine: "vllm",
+      limits: { ...LIMITS, max_batch: CANCEL_PROMPTS },
+      description: "tiny-gpt2 on vLLM",
+    },
   ];
   const roots = [join(ROOT, ".data", "models")];
   if (opts.chat) {
