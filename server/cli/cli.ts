@@ -358,16 +358,32 @@ async function main(argv: string[]): Promise<number> {
   }
 }
 
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e) => {
-    const hint = isAccessDenied(e)
-      ? " (a file of another user: run the command as the server's user, docs/security.md)"
-      : "";
-    err(`tpu-mcp: ${(e as Error)?.message ?? e}${hint}`);
-    process.exit(1);
-  },
-);
+/**
+ * Exits once what was written to stdout and stderr has left the process: writes to a pipe are
+ * asynchronous, and process.exit drops those still queued (an `audit export` piped to a slow
+ * reader lost its last records). An empty write's callback runs after every write before it. A
+ * stream whose reader is gone (EPIPE) counts as flushed; a reader that takes nothing for a minute
+ * is given up on, so a stuck pipe never keeps the process alive.
+ */
+function exitWhenFlushed(code: number): void {
+  const streams = [process.stdout, process.stderr].filter((s) => s.writable && !s.destroyed);
+  let open = streams.length;
+  const flushed = () => --open <= 0 && process.exit(code);
+  if (open === 0) process.exit(code);
+  setTimeout(() => process.exit(code), 60_000);
+  for (const s of streams) {
+    s.once("error", flushed);
+    s.write("", flushed);
+  }
+}
+
+main(process.argv.slice(2)).then(exitWhenFlushed, (e) => {
+  const hint = isAccessDenied(e)
+    ? " (a file of another user: run the command as the server's user, docs/security.md)"
+    : "";
+  err(`tpu-mcp: ${(e as Error)?.message ?? e}${hint}`);
+  exitWhenFlushed(1);
+});
 
 /** `tpu-mcp setup`: an installed package's Python environment and model files; a clone's set-up. */
 async function runSetupCommand(layout: InstallLayout): Promise<number> {

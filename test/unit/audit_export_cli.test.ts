@@ -1,7 +1,7 @@
 // `tpu-mcp audit head | export | verify-export` through the real bin, and the receiver's verifier
 // bundled on its own (dist/verify-export.mjs's recipe) and run by plain node from a folder with
 // no tpu-mcp, no node_modules, no data dir and no key.
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -10,7 +10,7 @@ import { build } from "esbuild";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
-import { cli, ROOT, writeConfig } from "../helpers/server.js";
+import { CLI, cli, ROOT, writeConfig } from "../helpers/server.js";
 
 const run = promisify(execFile);
 const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-export-"));
@@ -82,6 +82,30 @@ describe("audit export through the CLI", () => {
     );
     expect(bad.code).toBe(1);
     expect(bad.stdout).toContain("BROKEN at record #301: record 301 was modified");
+  });
+
+  it("a reader that falls behind still gets every record from stdout", async () => {
+    // A SIEM shipper reading slower than the export writes: the pipe fills, and the CLI must not
+    // exit with records still queued (process.exit drops them).
+    const { seq } = JSON.parse((await cli(config, "audit", "head")).stdout) as { seq: number };
+    const child = spawn(
+      process.execPath,
+      [CLI, "audit", "export", "--since", "1", "--format", "ocsf", "--config", config],
+      { cwd: ROOT, stdio: ["ignore", "pipe", "ignore"] },
+    );
+    child.stdout.pause();
+    const exited = new Promise<number | null>((r) => child.once("exit", r));
+    // Sequencing only: the export is far larger than a pipe's buffer, so it waits on the reader.
+    await new Promise((r) => setTimeout(r, 1_500));
+    const chunks: Buffer[] = [];
+    child.stdout.on("data", (c: Buffer) => chunks.push(c));
+    child.stdout.resume();
+    await new Promise((r) => child.stdout.once("end", r));
+    expect(await exited).toBe(0);
+    const lines = Buffer.concat(chunks).toString("utf8").trim().split("\n");
+    // Every record, then the head line the export ends with.
+    expect(lines.length).toBe(seq + 1);
+    expect(JSON.parse(lines[seq - 1]!)).toMatchObject({ metadata: { uid: String(seq) } });
   });
 
   it("exports OCSF on stdout from a seq; bad options say what to give", async () => {
