@@ -54,16 +54,19 @@ describe("tpu-mcp stdio", () => {
       wait: false,
     });
     const jobId = started.structuredContent.job_id;
-    // Let it finish at least its first configuration.
-    for (let i = 0; i < 600; i++) {
+    // Let it finish at least its first configuration (up to 4 x 3 s when its series is extended).
+    const firstDone = Date.now() + scaled(60_000);
+    for (;;) {
       const j = (await call(conn.client, "get_job", { job_id: jobId })).structuredContent;
       if ((j.progress ?? 0) >= 1 || j.status !== "running") break;
+      expect(Date.now(), "the first configuration never finished").toBeLessThan(firstDone);
       await new Promise((r) => setTimeout(r, 100));
     }
     const cancelled = await call(conn.client, "cancel_job", { job_id: jobId });
     expect(cancelled.isError, JSON.stringify(cancelled)).toBeFalsy();
     let job: any = cancelled.structuredContent;
-    for (let i = 0; i < 300 && job.status === "running"; i++) {
+    const stopped = Date.now() + scaled(30_000);
+    while (job.status === "running" && Date.now() < stopped) {
       await new Promise((r) => setTimeout(r, 100));
       job = (await call(conn.client, "get_job", { job_id: jobId })).structuredContent;
     }
