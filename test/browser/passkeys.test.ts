@@ -58,7 +58,8 @@ function pageHelpers() {
         publicKey: {
           challenge: bytes(opts.challenge),
           rpId: opts.rpId,
-          timeout: scaled(30_000),
+          // In the page (serialised there, no imports): the authenticator's own timeout.
+          timeout: 30_000,
           userVerification: opts.userVerification,
           allowCredentials: (opts.allowCredentials ?? []).map((c: any) => ({
             type: "public-key",
