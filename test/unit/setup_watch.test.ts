@@ -9,6 +9,7 @@ import pino from "pino";
 import { afterAll, describe, expect, it } from "vitest";
 import { installLayout } from "../../server/config/install_layout.js";
 import { SetupWatch } from "../../server/setup/background.js";
+import { alive, readSetupRecord } from "../../server/setup/progress.js";
 import { needsSetup, setupDigest } from "../../server/setup/run.js";
 
 const REPO = resolve(import.meta.dirname, "..", "..");
@@ -86,6 +87,29 @@ describe("SetupWatch", () => {
       expect(needsSetup(layout, "9.9.10")).toBe(true);
     } finally {
       watch.stop();
+    }
+  });
+
+  it("records the set-up it spawned, with its pid, before the set-up writes anything", () => {
+    // Whoever comes next (a second server, a test's clean-up) must see a set-up running from the
+    // first moment: this one writes nothing for its whole life.
+    const layout = packageLayout();
+    rmSync(layout.setupProgress!, { force: true });
+    const watch = new SetupWatch(layout, {
+      version: "9.9.8",
+      command: [process.execPath, "-e", "setTimeout(() => {}, 60_000)"],
+      env: process.env,
+      logger: pino({ level: "silent" }),
+    });
+    watch.start();
+    const r = readSetupRecord(layout.setupProgress!);
+    try {
+      expect(r).toMatchObject({ state: "running", step: "starting the set-up" });
+      expect(r!.pid).not.toBe(process.pid);
+      expect(alive(r!.pid)).toBe(true);
+    } finally {
+      watch.stop();
+      if (r?.pid) process.kill(r.pid, "SIGKILL");
     }
   });
 
