@@ -112,7 +112,7 @@ const out = { routes: [], ports: [] };
 const tryRoute = (r, m) => new Promise((done) => {
   const body = m === "GET" ? undefined : JSON.stringify({ prompt: "hi", max_tokens: 4, model: "x" });
   const req = http.request({ socketPath, path: r.path.replace(/\\{[^}]+\\}/g, "x"), method: m,
-    headers: body ? { "content-type": "application/json" } : {}, timeout: scaled(10000) }, (res) => {
+    headers: body ? { "content-type": "application/json" } : {}, timeout: ${scaled(10_000)} }, (res) => {
     res.resume(); done("connected " + res.statusCode);
   });
   req.on("error", (e) => done(e.code || String(e)));
@@ -120,7 +120,7 @@ const tryRoute = (r, m) => new Promise((done) => {
   req.end(body);
 });
 const tryPort = (host, port) => new Promise((done) => {
-  const s = net.connect({ host, port, timeout: scaled(5000) });
+  const s = net.connect({ host, port, timeout: ${scaled(5_000)} });
   s.on("connect", () => { s.destroy(); done("connected"); });
   s.on("timeout", () => { s.destroy(); done("TIMEOUT"); });
   s.on("error", (e) => done(e.code || String(e)));
