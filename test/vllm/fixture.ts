@@ -20,6 +20,7 @@ export const CHAT = "tiny-gpt2-chat-vllm";
 const LIMITS = { max_batch: 16, max_seq_len: 64, max_new_tokens: 190, max_text_chars: 2048 };
 /** As many prompts as a call may carry (limits.max_texts, 64 by default). */
 export const CANCEL_PROMPTS = 64;
+const ENGINE_LIMITS = { ...LIMITS, max_batch: CANCEL_PROMPTS };
 export const ENGINE = {
   python: VLLM_PYTHON,
   args: ["--max-num-seqs", "1"],
@@ -37,7 +38,7 @@ export function writeCatalog(opts: { chat?: boolean } = {}): { dir: string; cata
       ...tiny,
       id: VLLM,
       engine: "vllm",
-      limits: { ...LIMITS, max_batch: CANCEL_PROMPTS },
+      limits: ENGINE_LIMITS,
       description: "tiny-gpt2 on vLLM",
     },
   ];
@@ -55,7 +56,7 @@ export function writeCatalog(opts: { chat?: boolean } = {}): { dir: string; cata
       ...tiny,
       id: CHAT,
       engine: "vllm",
-      limits: LIMITS,
+      limits: ENGINE_LIMITS,
       // Absolute: a relative path is resolved against the first root only.
       source: { path: chatDir },
     });

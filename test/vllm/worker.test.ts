@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOT } from "../helpers/server.js";
 import { cpuRuntime } from "../runtime/helpers.js";
 import { VllmEngineSchema, engineArgs } from "../../server/config/engines.js";
-import { CHAT, ENGINE, HF, writeCatalog } from "./fixture.js";
+import { CANCEL_PROMPTS, CHAT, ENGINE, HF, writeCatalog } from "./fixture.js";
 import { scaled } from "../helpers/calibrate.js";
 
 const run = promisify(execFile);
@@ -146,7 +146,11 @@ describe("the vLLM engine in the worker: the generation contract", () => {
     const ac = new AbortController();
     const deltas: string[] = [];
     const running = infer(
-      { texts: Array.from({ length: 16 }, (_, i) => `p${i}`), max_new_tokens: 190, stream: true },
+      {
+        texts: Array.from({ length: CANCEL_PROMPTS }, (_, i) => `p${i}`),
+        max_new_tokens: 190,
+        stream: true,
+      },
       {
         signal: ac.signal,
         onProgress: (p: any) => {
@@ -157,7 +161,7 @@ describe("the vLLM engine in the worker: the generation contract", () => {
     );
     await expect(running).rejects.toMatchObject({ code: "cancelled" });
     expect(deltas.length).toBeGreaterThan(0);
-    // The worker closed the stream and aborted the request's 16 prompts in vLLM by id, and vLLM
+    // The worker closed the stream and aborted the request's prompts in vLLM by id, and vLLM
     // took the abort (it has the endpoint). The closed socket alone is not enough: a disconnect
     // that reaches vLLM while it waits for the socket to drain (a reader that fell behind) leaves
     // every prompt running to its last token. That wait cannot be forced here without racing the
@@ -172,9 +176,9 @@ describe("the vLLM engine in the worker: the generation contract", () => {
     expect(idle(e), JSON.stringify(e)).toBe(true);
     expect(e.aborts - before.aborts).toBe(1);
     expect(e.abort_refused).toBe(before.abort_refused);
-    // 16 x 190 tokens were asked for, one sequence at a time: stopped long before.
+    // CANCEL_PROMPTS x 190 tokens were asked for, one sequence at a time: stopped long before.
     expect(
       e.engine_metrics.generation_tokens - before.engine_metrics.generation_tokens,
-    ).toBeLessThan((16 * 190) / 2);
+    ).toBeLessThan((CANCEL_PROMPTS * 190) / 2);
   });
 });
