@@ -294,20 +294,27 @@ describe("small calls past the rate limit and the budget", () => {
       expect(answered.length).toBeGreaterThan(0);
       expect(refused.length).toBeGreaterThan(0);
       for (const r of refused) expect(errorOf(r)?.code).toBe("budget_exceeded");
-      await new Promise((r) => setTimeout(r, 50));
-      const charges = readPolicyDb(
-        dataDirOf(config),
-        (db) =>
-          (
-            db
-              .prepare("SELECT COUNT(*) AS c FROM budget_charges WHERE tool = 'run_inference'")
-              .get() as { c: number }
-          ).c,
-      );
+      const countCharges = () =>
+        readPolicyDb(
+          dataDirOf(config),
+          (db) =>
+            (
+              db
+                .prepare("SELECT COUNT(*) AS c FROM budget_charges WHERE tool = 'run_inference'")
+                .get() as { c: number }
+            ).c,
+        );
       // A call admitted and then stopped by the cap (issue 22: it ran past what the budget had
       // left) is charged what it used and answered budget_exceeded with stopped_after_s.
       const stopped = refused.filter((r) => errorOf(r)?.details?.stopped_after_s !== undefined);
-      expect(charges).toBe(answered.length + stopped.length);
+      // The rows are written in batches after the answers (a few may still be pending when the
+      // last answer arrives): wait for them, then none more may come.
+      const want = answered.length + stopped.length;
+      const written = Date.now() + scaled(5_000);
+      while (countCharges() < want && Date.now() < written)
+        await new Promise((r) => setTimeout(r, 50));
+      await new Promise((r) => setTimeout(r, 200));
+      expect(countCharges()).toBe(want);
       // Spent: calls keep being refused (after at most the few the rest of the budget admits).
       let code: string | undefined;
       for (let i = 0; i < 10 && code === undefined; i++)
