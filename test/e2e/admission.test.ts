@@ -21,6 +21,7 @@ import {
 import { EXTEND_FACTOR } from "../../lib/benchmark_defaults.js";
 import { scaled } from "../helpers/calibrate.js";
 import { call } from "./scenario.js";
+import { auditRows } from "../helpers/audit_rows.js";
 
 const { agent: AGENT, reader: READER, operator: OPERATOR } = DEMO_TOKENS;
 
@@ -49,16 +50,9 @@ async function approve(config: string, id: string) {
   return r.stdout;
 }
 
-function auditRows(dataDir: string, principal: string) {
-  const db = new Database(join(dataDir, "policy.db"), { readonly: true });
-  try {
-    return (db.prepare("SELECT record FROM audit_log ORDER BY seq").all() as { record: string }[])
-      .map((r) => JSON.parse(r.record) as Record<string, any>)
-      .filter((r) => r.principal === principal);
-  } finally {
-    db.close();
-  }
-}
+/** A principal's audit records, in order. */
+const auditOf = (dataDir: string, principal: string) =>
+  auditRows(dataDir).filter((r) => r.principal === principal);
 
 describe("budgets, read allowance and checks before approval (demo policy, small budget)", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-admission-"));
@@ -284,7 +278,7 @@ describe("budgets, read allowance and checks before approval (demo policy, small
         const pending = await cli(config, "approvals", "list");
         expect(pending.code, pending.stderr).toBe(0);
         expect(pending.stdout).not.toMatch(/batch_sizes.*32|duration_s.*10/);
-        const rows = auditRows(dataDir, "agent").filter((r) => r.outcome === "approval_requested");
+        const rows = auditOf(dataDir, "agent").filter((r) => r.outcome === "approval_requested");
         for (const r of rows) expect(r.args_digest).toBeTruthy();
         expect(
           rows.filter((r) =>
@@ -332,7 +326,7 @@ describe("budgets, read allowance and checks before approval (demo policy, small
           const key = c === "rate_limited" ? c : `${c}:${i % 2}`;
           if (!firsts.has(key)) firsts.set(key, c!);
         });
-        const rows = auditRows(dataDir, "spammer");
+        const rows = auditOf(dataDir, "spammer");
         expect(rows.map((r) => r.code)).toEqual([...firsts.values()]);
         for (const r of rows) {
           expect(r.args_digest).toMatch(/^[0-9a-f]{64}$/);
@@ -495,7 +489,7 @@ describe("soft deadline and one deadline per call", () => {
         ).rejects.toThrow(/timed out/i);
         let failed: Record<string, any> | undefined;
         for (let i = 0; i < 100 && !failed; i++) {
-          failed = auditRows(dataDir, "runner").find(
+          failed = auditOf(dataDir, "runner").find(
             (r) => r.tool === "run_benchmark" && r.outcome === "failed" && r.code === "cancelled",
           );
           if (!failed) await new Promise((res) => setTimeout(res, 200));

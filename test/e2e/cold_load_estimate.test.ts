@@ -6,7 +6,6 @@
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import Database from "better-sqlite3";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DEFAULT_ASSUMPTIONS } from "../../policies/estimate.js";
 import { scaled } from "../helpers/calibrate.js";
@@ -21,17 +20,7 @@ import {
   type HttpServerProc,
 } from "../helpers/server.js";
 import { call } from "./scenario.js";
-
-function auditOf(dataDir: string, tool: string): Record<string, any>[] {
-  const db = new Database(join(dataDir, "policy.db"), { readonly: true });
-  try {
-    return (db.prepare("SELECT record FROM audit_log ORDER BY seq").all() as { record: string }[])
-      .map((r) => JSON.parse(r.record) as Record<string, any>)
-      .filter((r) => r.tool === tool);
-  } finally {
-    db.close();
-  }
-}
+import { auditRows } from "../helpers/audit_rows.js";
 
 describe("a cold load is estimated as one (mnist-cnn in a fresh worker)", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-cold-load-"));
@@ -79,7 +68,9 @@ describe("a cold load is estimated as one (mnist-cnn in a fresh worker)", () => 
         expect(unloaded.isError, JSON.stringify(unloaded)).toBeFalsy();
         const again = await call(agent.client, "load_model", { model: "mnist-cnn" });
         expect(again.isError, JSON.stringify(again)).toBeFalsy();
-        const allowed = auditOf(dataDir, "load_model").filter((r) => r.outcome === "allowed");
+        const allowed = auditRows(dataDir).filter(
+          (r) => r.tool === "load_model" && r.outcome === "allowed",
+        );
         expect(allowed).toHaveLength(2);
         expect(allowed[0].estimate.device_seconds).toBe(estimate.device_seconds);
         expect(allowed[1].estimate.device_seconds).toBeLessThan(1);

@@ -20,6 +20,7 @@ import {
   cli,
 } from "../helpers/server.js";
 import { scaled } from "../helpers/calibrate.js";
+import { auditRows } from "../helpers/audit_rows.js";
 
 const MINILM = "all-minilm-l6-v2";
 const ALL_SCOPES = [
@@ -52,17 +53,6 @@ async function until<T>(what: string, fn: () => Promise<T | undefined | false>, 
     if (v) return v;
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 250));
-  }
-}
-
-function auditRecords(dataDir: string): any[] {
-  const db = new Database(join(dataDir, "policy.db"), { readonly: true });
-  try {
-    return (
-      db.prepare("SELECT record FROM audit_log ORDER BY seq").all() as { record: string }[]
-    ).map((r) => JSON.parse(r.record));
-  } finally {
-    db.close();
   }
 }
 
@@ -180,11 +170,11 @@ describe.skipIf(!hasOpenssl)(
       expect(after.r0.calls).toBeGreaterThan(before.r0.calls);
       expect(after.w0.calls).toBe(before.w0.calls);
       // The audit trail names the worker each call ran on.
-      const recs = auditRecords(join(dir, "data")).filter((r) => r.outcome === "executed");
+      const recs = auditRows(join(dir, "data")).filter((r) => r.outcome === "executed");
       const inferOn = new Set(recs.filter((r) => r.tool === "run_inference").map((r) => r.worker));
       expect([...inferOn].sort()).toEqual(["r0", "w1"]);
       const load = recs.find((r) => r.tool === "load_model" && r.args.model === MINILM);
-      expect(load.worker.split(",").sort()).toEqual(["r0", "w1"]);
+      expect(load!.worker.split(",").sort()).toEqual(["r0", "w1"]);
     });
 
     it("holds only the target worker's lane: inference on the replicas finishes while w0 benchmarks", async () => {

@@ -23,6 +23,9 @@ import {
   type HttpServerProc,
 } from "../helpers/server.js";
 import { scaled } from "../helpers/calibrate.js";
+import { auditRows } from "../helpers/audit_rows.js";
+
+export { auditRows };
 
 export { CLI, DEMO_POLICY, ROOT, cli };
 export const DATA = join(ROOT, "test", "hardening", "data");
@@ -128,20 +131,6 @@ export const errorOf = (
 /** Nothing that looks like a server path, a stack frame or a Python traceback. */
 export const LEAK_RE =
   /\/work\/|\/tmp\/|\/home\/|\/usr\/|\.venv|node_modules|\bat [\w.<>]+ \(|\.ts:\d+|\.py", line|Traceback/;
-
-export function auditRows(dataDir: string): Array<Record<string, any>> {
-  const db = new Database(join(dataDir, "policy.db"), { readonly: true, fileMustExist: true });
-  try {
-    return (db.prepare("SELECT seq, record FROM audit_log ORDER BY seq").all() as any[]).map(
-      (r) => ({
-        seq: r.seq,
-        ...JSON.parse(r.record),
-      }),
-    );
-  } finally {
-    db.close();
-  }
-}
 
 export function jobRows(dataDir: string): Array<Record<string, any>> {
   const db = new Database(join(dataDir, "jobs.db"), { readonly: true, fileMustExist: true });
