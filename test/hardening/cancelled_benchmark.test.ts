@@ -55,6 +55,17 @@ describe("a cancelled wait:true benchmark is audited as cancelled, not executed"
     );
   }
 
+  /** The one ending recorded after `before` endings: the runner's call, failed as cancelled. */
+  async function cancelledEnding(before: number): Promise<Record<string, any>> {
+    const ended = await until(async () => {
+      const e = (await endings()).slice(before);
+      return e.length > 0 && e;
+    }, 30_000);
+    expect(ended).toHaveLength(1);
+    expect(ended[0]).toMatchObject({ principal: "runner", outcome: "failed", code: "cancelled" });
+    return ended[0]!;
+  }
+
   it(
     "records a benchmark the client cancels (notifications/cancelled) as failed: cancelled",
     async () => {
@@ -67,16 +78,7 @@ describe("a cancelled wait:true benchmark is audited as cancelled, not executed"
         await sleep(1000);
         abort.abort("the user pressed stop");
         await expect(running).rejects.toThrow();
-        const ended = await until(async () => {
-          const e = (await endings()).slice(before);
-          return e.length > 0 && e;
-        }, 30_000);
-        expect(ended).toHaveLength(1);
-        expect(ended[0]).toMatchObject({
-          principal: "runner",
-          outcome: "failed",
-          code: "cancelled",
-        });
+        await cancelledEnding(before);
       } finally {
         await c.close();
       }
@@ -105,17 +107,8 @@ describe("a cancelled wait:true benchmark is audited as cancelled, not executed"
         expect(job.status).toBe("cancelled");
         expect(job.result?.cancelled).toBe(true);
         // ...and the trail says the call was cancelled, not executed.
-        const ended = await until(async () => {
-          const e = (await endings()).slice(before);
-          return e.length > 0 && e;
-        }, 30_000);
-        expect(ended).toHaveLength(1);
-        expect(ended[0]).toMatchObject({
-          principal: "runner",
-          outcome: "failed",
-          code: "cancelled",
-        });
-        expect(ended[0].reason).toMatch(/cancelled by cancel_job/);
+        const ended = await cancelledEnding(before);
+        expect(ended.reason).toMatch(/cancelled by cancel_job/);
       } finally {
         await c.close();
       }
