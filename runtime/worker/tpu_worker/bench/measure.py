@@ -21,6 +21,20 @@ from .stability import report as stability_report
 SEED = 0
 
 
+def settle_series(timed, goal: Goal, host: HostSource, token):
+    """One configuration's timed series, settled (stability.settle) over `host`'s window. A
+    caller's cancel drops the series; the server's stop (budget, timeout) keeps what was
+    measured, which is then reported and charged."""
+    return settle(
+        timed,
+        goal,
+        HostWindow(host),
+        seed=SEED,
+        stop=lambda: token.cancelled,
+        keep=lambda: token.stopped is not None,
+    )
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Linear-interpolated percentile of an ascending list (q in 0..100)."""
     if not sorted_values:
@@ -164,16 +178,7 @@ def measure(
             mem.sample()
             return took
 
-        # A caller's cancel drops the series; the server's stop (budget, timeout) keeps what was
-        # measured, which is then reported and charged.
-        settled = settle(
-            timed,
-            goal,
-            HostWindow(host),
-            seed=SEED,
-            stop=lambda: token.cancelled,
-            keep=lambda: token.stopped is not None,
-        )
+        settled = settle_series(timed, goal, host, token)
         if settled is None:
             return None
         samples = settled.samples_s

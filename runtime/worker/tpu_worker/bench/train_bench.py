@@ -20,9 +20,9 @@ from .. import flops, logs
 from ..errors import WorkerError, is_oom
 from ..memory import MemoryProbe
 from ..platforms import platform_for
-from .host import HostSource, HostWindow, ProcHost
-from .measure import SEED, compile_counters, latency_summary, recompile_room
-from .stability import Goal, settle
+from .host import HostSource, ProcHost
+from .measure import SEED, compile_counters, latency_summary, recompile_room, settle_series
+from .stability import Goal
 from .stability import report as stability_report
 from .train_step import Trainer, loss_curve, loss_drift, loss_name, optimizer_report, synthetic_batch, tokens_in
 
@@ -195,14 +195,7 @@ def measure_train(trainer: Trainer, batch: dict, *, warmup: int, goal: Goal, hos
         mem.sample()
         return took
 
-    settled = settle(
-        timed,
-        goal,
-        HostWindow(host),
-        seed=SEED,
-        stop=lambda: token.cancelled,
-        keep=lambda: token.stopped is not None,
-    )
+    settled = settle_series(timed, goal, host, token)
     if settled is None:
         return None
     samples = settled.samples_s
