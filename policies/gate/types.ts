@@ -89,6 +89,8 @@ export interface GateCall {
    * Handed the call's `signal` (a job's own once a job adopted the call, not the request's).
    */
   estimator?: (signal?: AbortSignal) => Promise<CostEstimate | undefined>;
+  /** The device kind (cpu, cuda, tpu) the estimate priced, once it is made: what `pricing` reads. */
+  deviceKind?: () => string | undefined;
   signal?: AbortSignal;
   /** Present only when the client can show an elicitation form (the 2025 era's push). */
   elicit?: Elicit;

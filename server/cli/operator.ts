@@ -11,6 +11,7 @@ import { parseSince, type ExportFormat } from "../../policies/audit_export.js";
 import { readAuditKey, type AuditKey } from "../../policies/audit_key.js";
 import { Authenticator } from "../../policies/auth.js";
 import { verifySignedDecisions } from "../../policies/passkeys/verify_trail.js";
+import { costNote } from "../../policies/limits/pricing.js";
 import { createPolicyServices } from "../app/build_policies.js";
 import { readApprovals, readAuditTrail } from "../app/storage.js";
 import type { ServerConfig } from "../config/config.js";
@@ -26,7 +27,7 @@ interface Io {
 /** Three lines per approval; each line passes terminalField, so a caller's text stays inside it. */
 function describe(a: ApprovalRecord): string {
   const est = a.estimate
-    ? ` estimate: ${a.estimate.device_seconds.toFixed(1)} device-s, ${(a.estimate.memory_bytes / 2 ** 20).toFixed(0)} MiB memory, ${(a.estimate.weight_bytes / 2 ** 20).toFixed(0)} MiB weights`
+    ? ` estimate: ${a.estimate.device_seconds.toFixed(1)} device-s${costNote(a.estimate)}, ${(a.estimate.memory_bytes / 2 ** 20).toFixed(0)} MiB memory, ${(a.estimate.weight_bytes / 2 ** 20).toFixed(0)} MiB weights`
     : "";
   const decided = a.decided_by
     ? `  ${a.status === "denied" ? "denied" : "decided"} by ${a.decided_by}${a.reason ? `: ${a.reason}` : ""}`

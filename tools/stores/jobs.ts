@@ -5,6 +5,7 @@ import { randomBytes } from "node:crypto";
 import { z } from "zod";
 import { resolveDb, type SqliteDb } from "../../policies/sqlite.js";
 import { toToolError } from "../errors.js";
+import { keepPartialCancel } from "../../runtime/types.js";
 
 export type JobStatus = "running" | "succeeded" | "failed" | "cancelled" | "interrupted";
 
@@ -163,7 +164,7 @@ export class SqliteJobs implements Jobs {
   cancel(jobId: string, principal: string): JobRecord | undefined {
     const r = this.row(jobId);
     if (!r || r.principal !== principal) return undefined;
-    this.live.get(jobId)?.ctrl.abort(new Error("cancelled by cancel_job"));
+    this.live.get(jobId)?.ctrl.abort(keepPartialCancel("cancelled by cancel_job"));
     return this.toRecord(r);
   }
 
@@ -179,7 +180,7 @@ export class SqliteJobs implements Jobs {
   cancelAny(jobId: string): JobRecord | undefined {
     const r = this.row(jobId);
     if (!r) return undefined;
-    this.live.get(jobId)?.ctrl.abort(new Error("cancelled by an operator"));
+    this.live.get(jobId)?.ctrl.abort(keepPartialCancel("cancelled by an operator"));
     return this.toRecord(r);
   }
 
