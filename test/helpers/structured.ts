@@ -83,3 +83,16 @@ export function generationOf(r: any): {
   if (r.isError) throw new Error(JSON.stringify(r.content));
   return r.structuredContent.generations[0];
 }
+
+/**
+ * fn(0..n-1), `wave` calls at a time: concurrent enough to batch, within run_inference's
+ * concurrency and queue (32 running, a bounded queue: 50 at once are refused busy).
+ */
+export async function inWaves<T>(n: number, wave: number, fn: (i: number) => Promise<T>) {
+  const out: T[] = [];
+  for (let start = 0; start < n; start += wave) {
+    const ids = [...Array(Math.min(wave, n - start)).keys()].map((k) => start + k);
+    out.push(...(await Promise.all(ids.map(fn))));
+  }
+  return out;
+}

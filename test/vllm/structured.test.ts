@@ -18,6 +18,7 @@ import {
   SMOLLM2,
   choiceMessages,
   generationOf,
+  inWaves,
   isChoice,
   isPattern,
   isPerson,
@@ -30,6 +31,7 @@ import { VLLM_PYTHON } from "./fixture.js";
 
 const MODEL = "smollm2-vllm";
 const PROMPTS = 50;
+const WAVE = 16;
 
 function writeCatalog(dir: string): string {
   const builtin = JSON.parse(readFileSync(join(ROOT, "runtime/catalog.builtin.json"), "utf8"));
@@ -80,16 +82,15 @@ describe("structured output through the vLLM engine (smollm2-135m-instruct on vl
     `${PROMPTS} prompts with a JSON schema: every answer validates; unconstrained ones mostly do not`,
     { timeout: scaled(900_000) },
     async () => {
-      const ids = [...Array(PROMPTS).keys()];
       const asked = (i: number) => ({ messages: personMessages(i), max_new_tokens: PERSON_TOKENS });
-      const rs = await Promise.all(
-        ids.map((i) => run({ ...asked(i), response_format: personFormat })),
+      const rs = await inWaves(PROMPTS, WAVE, (i) =>
+        run({ ...asked(i), response_format: personFormat }),
       );
       const valid = rs.filter((r) => isPerson(generationOf(r).text)).length;
       for (const r of rs)
         expect(generationOf(r), generationOf(r).text).toMatchObject({ grammar_complete: true });
       expect(valid).toBe(PROMPTS);
-      const free = await Promise.all(ids.map((i) => run(asked(i))));
+      const free = await inWaves(PROMPTS, WAVE, (i) => run(asked(i)));
       const invalid = free.filter((r) => !isPerson(generationOf(r).text)).length;
       process.stderr.write(
         `[structured vllm] unconstrained: ${invalid}/${PROMPTS} do not validate\n`,
@@ -102,25 +103,20 @@ describe("structured output through the vLLM engine (smollm2-135m-instruct on vl
     `${PROMPTS} prompts with a choice and with a regex: every answer follows it`,
     { timeout: scaled(900_000) },
     async () => {
-      const ids = [...Array(PROMPTS).keys()];
-      const choices = await Promise.all(
-        ids.map((i) =>
-          run({
-            messages: choiceMessages(i),
-            max_new_tokens: 8,
-            response_format: { type: "choice", choices: CHOICES },
-          }),
-        ),
+      const choices = await inWaves(PROMPTS, WAVE, (i) =>
+        run({
+          messages: choiceMessages(i),
+          max_new_tokens: 8,
+          response_format: { type: "choice", choices: CHOICES },
+        }),
       );
       expect(choices.filter((r) => isChoice(generationOf(r).text)).length).toBe(PROMPTS);
-      const regexes = await Promise.all(
-        ids.map((i) =>
-          run({
-            messages: regexMessages(i),
-            max_new_tokens: 16,
-            response_format: { type: "regex", pattern: PATTERN },
-          }),
-        ),
+      const regexes = await inWaves(PROMPTS, WAVE, (i) =>
+        run({
+          messages: regexMessages(i),
+          max_new_tokens: 16,
+          response_format: { type: "regex", pattern: PATTERN },
+        }),
       );
       expect(regexes.filter((r) => isPattern(generationOf(r).text)).length).toBe(PROMPTS);
     },

@@ -40,9 +40,10 @@ MAX_CHOICE_CHARS = 256
 COMPILE_TIMEOUT_S = 5.0
 KINDS = ("json_schema", "json_object", "regex", "choice")
 
-# JSON is written compactly (no free whitespace): a small model cannot wander into endless
-# newlines between the fields, and the text stays short.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON is written compactly (no whitespace at all): a small model cannot wander into endless
+# newlines between the fields, the text stays short, and it is what vLLM's llguidance backend
+# writes with disable_any_whitespace (engines/vllm_process.py), so both engines agree.
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 
 def refused(message: str) -> WorkerError:
@@ -130,7 +131,8 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
         or not all(isinstance(c, str) and 1 <= len(c) <= MAX_CHOICE_CHARS for c in choices)
     ):
         raise refused(
-            f"response_format.choices must be 1..{MAX_CHOICES} strings of 1..{MAX_CHOICE_CHARS} characters each"
+            f"response_format.choices must be 1..{MAX_CHOICES} strings of 1..{MAX_CHOICE_CHARS} characters each: "
+            "use fewer or shorter choices"
         )
     # A Lark rule of string literals (JSON string escapes are Lark's): exactly one of them.
     unique = list(dict.fromkeys(choices))
