@@ -197,3 +197,18 @@ def test_a_wordpiece_tokenizer_is_refused_naming_a_model_that_works(shared_worke
             OpContext("w"),
         )
     assert err.value.code == "response_format_refused" and "smollm2-135m-instruct" in err.value.message
+
+
+def test_masks_forbid_exactly_what_each_row_s_bits_forbid_and_leave_other_rows_alone():
+    import torch
+
+    logits = torch.zeros((3, 70))
+    bits = torch.full((3, 2), -1, dtype=torch.int32)  # 64 tokens of bits: 64..69 past the mask
+    bits[0] = torch.tensor([0b101, 0], dtype=torch.int32)  # row 0: tokens 0 and 2 only
+    bits[1, 1] = 0  # row 1: tokens 32..63 forbidden
+    out = grammar.apply_masks(logits, bits, torch.arange(32, dtype=torch.int32))
+    allowed = ~torch.isinf(out)
+    assert allowed[0].nonzero().flatten().tolist() == [0, 2]
+    assert allowed[1].nonzero().flatten().tolist() == list(range(32))
+    assert allowed[2].nonzero().flatten().tolist() == list(range(64))
+    assert not torch.isinf(logits).any()  # the model's logits are not written to
