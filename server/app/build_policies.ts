@@ -6,7 +6,9 @@ import { SqliteApprovalStore, type ApproveCommand } from "../../policies/approva
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { SqliteCallsInFlight } from "../../policies/calls_in_flight.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
-import { Gate } from "../../policies/gate/gate.js";
+import { Gate, type GateObserver } from "../../policies/gate/gate.js";
+import { SqliteAlertStore } from "../../policies/alerts/store.js";
+import { SqliteSuspensionStore } from "../../policies/suspensions.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
@@ -48,13 +50,17 @@ export interface PolicyServices {
   passkeys: PasskeyStore;
   /** Admitted calls not yet charged; the server settles what a killed one left (reconcile). */
   calls: SqliteCallsInFlight;
+  /** Suspended principals (policy.db), which the gate refuses. */
+  suspensions: SqliteSuspensionStore;
+  /** The alerts that fired (policy.db), and each rule's quiet time per subject. */
+  alertStore: SqliteAlertStore;
   close(): void;
 }
 
 export function createPolicyServices(
   config: ServerConfig,
   logger: Logger,
-  opts: { consoleUrl?: () => string | undefined } = {},
+  opts: { consoleUrl?: () => string | undefined; observer?: GateObserver } = {},
 ): PolicyServices {
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
@@ -73,6 +79,8 @@ export function createPolicyServices(
   const budget = new SqliteBudgetLedger(db, policy.limits.budget);
   const passkeys = new PasskeyStore(db);
   const calls = new SqliteCallsInFlight(db, { withCharges: (write) => budget.alongside(write) });
+  const suspensions = new SqliteSuspensionStore(db);
+  const alertStore = new SqliteAlertStore(db);
   const gate = new Gate({
     config: policy,
     tools: TOOL_POLICIES,
@@ -82,6 +90,8 @@ export function createPolicyServices(
     rateLimiter: new RateLimiter(policy.limits.rate_limit.per_principal_per_minute),
     budget,
     calls,
+    suspensions,
+    observer: opts.observer,
     logger: logger.child({ component: "gate" }),
     requestStates: new RequestStateSealer(key.key),
     approveCommand: approveCommand(config),
@@ -95,7 +105,11 @@ export function createPolicyServices(
     budget,
     passkeys,
     calls,
+    suspensions,
+    alertStore,
     close() {
+      suspensions.close();
+      alertStore.close();
       calls.close();
       passkeys.close();
       approvals.close();
