@@ -114,10 +114,55 @@ function limitsSchema(tools: readonly ToolPolicy[], ToolSchema: z.ZodType<string
          * on top of being charged to its budget: a reader cannot take the device for long.
          */
         read_device_seconds_per_window: z.number().nonnegative().default(30),
+        /**
+         * The principal's budget in money (the `pricing` currency) per window instead of
+         * device-seconds: its line is metered and capped at each call's device-kind price, and
+         * device_seconds_per_window no longer applies to it. Needs `pricing`.
+         */
+        money_per_window: z.number().positive().optional(),
       })
       .prefault({}),
   });
 }
+
+/** Device kinds a price can be given for, as the runtime names them (lib/device.ts). */
+const PRICED_KINDS = ["cpu", "cuda", "tpu"] as const;
+const Price = z.number().positive().finite();
+const PricesByKind = z.partialRecord(z.enum(PRICED_KINDS), Price).default({});
+
+/**
+ * Device time in money (policies/limits/pricing.ts): estimates, charges, budget lines, approval
+ * cards, webhooks, the console and benchmark reports show money beside device-seconds.
+ */
+const PricingSchema = z
+  .object({
+    currency: z
+      .string()
+      .regex(/^[A-Z]{3}$/, "an ISO 4217 currency code in capitals, e.g. USD or EUR"),
+    per_device_second: PricesByKind,
+    per_chip_hour: PricesByKind,
+  })
+  .superRefine((p, ctx) => {
+    for (const kind of Object.keys(p.per_chip_hour)) {
+      if (kind in p.per_device_second)
+        ctx.addIssue({
+          code: "custom",
+          path: ["per_chip_hour", kind],
+          message: `${kind} is priced twice (per_device_second and per_chip_hour); keep one`,
+        });
+    }
+    if (Object.keys(p.per_chip_hour).length + Object.keys(p.per_device_second).length === 0)
+      ctx.addIssue({
+        code: "custom",
+        path: ["per_chip_hour"],
+        message: `give a price for at least one device kind (${PRICED_KINDS.join(", ")})`,
+      });
+  })
+  .transform((p) => ({
+    currency: p.currency,
+    per_device_second: p.per_device_second as Record<string, number>,
+    per_chip_hour: p.per_chip_hour as Record<string, number>,
+  }));
 
 /** What a decision may be worth, weakest first (approval_record.ts has the type). */
 const ASSURANCES = ["client_form", "token", "passkey"] as const;
@@ -373,8 +418,16 @@ export function policyConfigSchema(tools: readonly ToolPolicy[]) {
       audit: AuditSchema.prefault({}),
       alerts: AlertsSchema.prefault({}),
       passkeys: PasskeysSchema.prefault({}),
+      pricing: PricingSchema.optional(),
     })
     .superRefine((c, ctx) => {
+      if (c.limits.budget.money_per_window !== undefined && !c.pricing)
+        ctx.addIssue({
+          code: "custom",
+          path: ["limits", "budget", "money_per_window"],
+          message:
+            "a budget in money needs prices: add a pricing section (currency and a price per device-second or per chip-hour for each device kind)",
+        });
       const hashes = new Set<string>();
       c.tokens.forEach((t, i) => {
         if (hashes.has(t.token_sha256)) {

@@ -19,6 +19,7 @@ import {
 import type { PolicyLogger } from "./audit.js";
 import { formatBytes } from "../lib/units.js";
 import { extensionNote } from "./estimate.js";
+import { costNote } from "./limits/pricing.js";
 
 export const WEBHOOK_TOLERANCE_S = 300;
 export type NotifyEventKind = "requested" | "decided";
@@ -74,7 +75,7 @@ export function verifyWebhook(
 function estimateText(r: ApprovalRecord): string {
   const e = r.estimate;
   if (!e) return "no estimate";
-  return `~${e.device_seconds} device-s${extensionNote(e)}, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
+  return `~${e.device_seconds} device-s${costNote(e)}${extensionNote(e)}, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
 }
 
 /** Slack's mrkdwn treats <, > and & specially; names and reasons come from callers. */

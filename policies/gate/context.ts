@@ -44,7 +44,7 @@ export function gateContext(deps: GateDeps): GateContext {
     tools,
     prompts: new Map(),
     running: new Map(),
-    lines: new BudgetLines(deps.config.limits, deps.budget, clock, tools),
+    lines: new BudgetLines(deps.config.limits, deps.budget, clock, tools, deps.config.pricing),
     audit(rec) {
       try {
         deps.audit.append({ time: new Date(clock()).toISOString(), ...rec });

@@ -10,6 +10,7 @@
 import type { AuditRecord } from "../audit.js";
 import { toolTimeoutMs } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
+import { formatAmount, formatMoney } from "../limits/pricing.js";
 import type { CapStop, Metered } from "./budget_lines.js";
 import type { GateContext } from "./context.js";
 import type { CostEstimate } from "../estimate.js";
@@ -289,6 +290,7 @@ function budgetStop(
   cap: CapStop,
 ): PolicyError {
   const used = round3(cap.usedS);
+  if (cap.currency) return moneyStop(tool, principal, estimate, cap);
   const details = {
     read_allowance: cap.readAllowance,
     stopped_after_s: used,
@@ -299,6 +301,30 @@ function budgetStop(
   const message = cap.readAllowance
     ? `${tool} was stopped after ${used} s: the device-time allowance for read-scoped tools ran out (${cap.limitS} s per ${cap.windowS} s window); it is charged the device time it used. Retry when the window frees up, or with a smaller batch or sequence.`
     : `${tool} was stopped after ${used} s of device time (estimated ${estimate?.device_seconds ?? "?"} s): the device-time budget of ${principal} ran out (${cap.limitS} s per ${cap.windowS} s window, counting its calls still running); it is charged the device time it used. Retry when the window frees up, or make the call smaller (fewer iterations, sizes or tokens).`;
+  return stopError("budget_exceeded", message, details, "budget");
+}
+
+/** A stop by a budget in money: the limit and the line in money, the call's use in both. */
+function moneyStop(
+  tool: string,
+  principal: string,
+  estimate: CostEstimate | undefined,
+  cap: CapStop,
+): PolicyError {
+  const used = round3(cap.usedS);
+  const cur = cap.currency!;
+  const limit = formatMoney(cap.limitS, cur);
+  const cost = estimate?.cost;
+  const details = {
+    read_allowance: false,
+    stopped_after_s: used,
+    estimated_s: estimate?.device_seconds ?? null,
+    currency: cur,
+    estimated: cost?.amount ?? null,
+    limit: formatAmount(cap.limitS),
+    window_s: cap.windowS,
+  };
+  const message = `${tool} was stopped after ${used} s of device time (estimated ${estimate?.device_seconds ?? "?"} s, ${cost ? formatMoney(cost.amount_micros, cur) : "?"}): the budget of ${principal} ran out (${limit} per ${cap.windowS} s window, counting its calls still running); it is charged what it used at its device's price. Retry when the window frees up, or make the call smaller (fewer iterations, sizes or tokens).`;
   return stopError("budget_exceeded", message, details, "budget");
 }
 

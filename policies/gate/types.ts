@@ -8,7 +8,7 @@ import type { CostEstimate } from "../estimate.js";
 import type { BudgetLedger } from "../limits/budget.js";
 import type { CallsInFlight } from "../calls_in_flight.js";
 import type { ConcurrencyLimiter } from "../limits/concurrency.js";
-import type { RateLimiter } from "../limits/rate.js";
+import type { RateLimit } from "../limits/rate.js";
 import type { RequestStateSealer } from "../request_state.js";
 import type { Principal } from "../scopes.js";
 import type { SuspensionStore } from "../suspensions.js";
@@ -90,6 +90,8 @@ export interface GateCall {
    * Handed the call's `signal` (a job's own once a job adopted the call, not the request's).
    */
   estimator?: (signal?: AbortSignal) => Promise<CostEstimate | undefined>;
+  /** The device kind (cpu, cuda, tpu) the estimate priced, once it is made: what `pricing` reads. */
+  deviceKind?: () => string | undefined;
   signal?: AbortSignal;
   /** Present only when the client can show an elicitation form (the 2025 era's push). */
   elicit?: Elicit;
@@ -116,7 +118,7 @@ export interface GateDeps {
   approvals: ApprovalStore;
   audit: AuditLog;
   limiter: ConcurrencyLimiter;
-  rateLimiter: RateLimiter;
+  rateLimiter: RateLimit;
   budget: BudgetLedger;
   /** Where admitted calls are kept until charged, so a restart can settle them (reconcile.ts). */
   calls?: CallsInFlight;

@@ -4,9 +4,9 @@ import { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
 import { basename, resolve } from "node:path";
 import type { Logger } from "pino";
-import type { SqliteApprovalStore } from "../../policies/approvals.js";
-import type { SqliteAuditLog } from "../../policies/audit.js";
-import type { SqliteCallsInFlight } from "../../policies/calls_in_flight.js";
+import type { ApprovalQueue } from "../../policies/approvals.js";
+import type { AuditTrail } from "../../policies/audit.js";
+import type { LeftBehind } from "../../policies/gate/reconcile.js";
 import { Authenticator } from "../../policies/auth.js";
 import { clientFormRules, clientFormText } from "../../policies/gate/answers.js";
 import type { Gate } from "../../policies/gate/gate.js";
@@ -18,19 +18,20 @@ import type { Runtime } from "../../runtime/types.js";
 import { buildTools } from "../../tools/registry.js";
 import { inBandOnly } from "../../tools/support/approvable.js";
 import { WorkerModelFacts } from "../../tools/stores/facts.js";
-import { SqliteJobs } from "../../tools/stores/jobs.js";
-import { MemoryOutputs } from "../../tools/stores/outputs.js";
-import { SqliteReports } from "../../tools/stores/reports.js";
+import type { Jobs } from "../../tools/stores/jobs.js";
+import type { Outputs } from "../../tools/stores/outputs.js";
+import type { Reports } from "../../tools/stores/reports.js";
 import type { ToolDefinition, ToolEnv, ToolServices } from "../../tools/types.js";
 import { ApprovalFeed } from "./approval_feed.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
-import { checkSecretFile, createDataDir } from "../config/data_dir.js";
+import { checkSecretFile } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
-import type { PasskeyStore } from "../../policies/passkeys/store.js";
+import type { Passkeys } from "../../policies/passkeys/store.js";
+import { openServerStores, type Storage } from "./storage.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
-import { ControlChannel, watchControl, type ControlHandler } from "../control/channel.js";
+import { watchControl, type ControlHandler } from "../control/channel.js";
 import { drainHandler } from "../control/drain.js";
 import { fleetHandler } from "../control/fleet.js";
 import { createReloader, reloadHandler, type ReloadResult } from "../control/reload.js";
@@ -50,13 +51,15 @@ export interface App extends ToolServices {
   setupWatch?: SetupWatch;
   gate: Gate;
   auth: Authenticator;
-  approvals: SqliteApprovalStore;
-  audit: SqliteAuditLog;
-  /** Operators' passkeys (policy.db), for the console's WebAuthn ceremonies. */
-  passkeys: PasskeyStore;
-  jobs: SqliteJobs;
-  outputs: MemoryOutputs;
-  reports: SqliteReports;
+  /** Every store and shared counter, from the config's `storage` (server/app/storage.ts). */
+  storage: Storage;
+  approvals: ApprovalQueue;
+  audit: AuditTrail;
+  /** Operators' passkeys, for the console's WebAuthn ceremonies. */
+  passkeys: Passkeys;
+  jobs: Jobs;
+  outputs: Outputs;
+  reports: Reports;
   facts: WorkerModelFacts;
   metrics: Metrics;
   /** Approval events (this process and the CLI beside it), for the console and webhooks. */
@@ -94,7 +97,6 @@ export function createApp(
     setup?: SetupWatch;
   } = {},
 ): App {
-  const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   // Before anything starts: a webhook without its secret is a configuration error.
   const notifyTargets = readNotifyTargets(config);
   const alertTargets = readAlertTargets(config);
@@ -158,8 +160,19 @@ export function createApp(
     );
   const clientForm = clientFormRules(config.policy.approvals);
   if (clientForm.length > 0) logger.warn(clientFormText(clientForm));
-  const reports = new SqliteReports(layout.reportsDb);
+  const served = openServerStores(config, logger);
+  const { reports, jobs, outputs, channel } = served;
+  // Closed where they always were: reports after the runtime (a call in flight writes its
+  // measurement), jobs and the channel before it (a running job is aborted, not failed).
   hooks.add("reports", () => reports.close());
+  const storage: Storage = {
+    ...policy,
+    ...served,
+    close() {
+      served.close();
+      policy.close();
+    },
+  };
 
   const rtLog = logger.child({ component: "runtime" });
   // Late-bound: the pool's placement needs model facts, which are read through the runtime.
@@ -244,17 +257,12 @@ export function createApp(
   });
 
   const auth = new Authenticator(config.policy);
-  const jobs = new SqliteJobs(layout.jobsDb, {
-    onError: (err) => logger.error({ err }, "job failed unexpectedly"),
-  });
   hooks.add("jobs", () => jobs.close());
-  const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
   const facts = new WorkerModelFacts(runtime);
   factsRef = facts;
   metrics.observeWorkers(runtime, fleet?.state);
 
   // workers.db: `tpu-mcp workers drain|scale|reload` beside this server, one poller for all.
-  const channel = ControlChannel.open(layout.workersDb);
   hooks.add("control channel", () => channel.close());
   const reloader = createReloader(
     opts.fileConfig ?? config,
@@ -325,6 +333,7 @@ export function createApp(
     ...(opts.setup ? { setupWatch: opts.setup, setup: () => opts.setup!.progress() } : {}),
     gate,
     auth,
+    storage,
     approvals,
     audit,
     passkeys: policy.passkeys,
@@ -355,7 +364,7 @@ export { publicConsoleUrl } from "./build_policies.js";
  * Settles what a server killed mid-call left (policies/gate/reconcile.ts). A write that fails
  * (a full disk) is logged and leaves the rows for the next start; the server still starts.
  */
-function reconcileAtStart(gate: Gate, calls: SqliteCallsInFlight, logger: Logger): void {
+function reconcileAtStart(gate: Gate, calls: LeftBehind, logger: Logger): void {
   try {
     const settled = gate.reconcileInterrupted(calls);
     if (settled.length > 0)

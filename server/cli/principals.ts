@@ -1,14 +1,13 @@
 // `tpu-mcp principals list | suspended | resume ID`: who may call (the config's principals) and
 // who an alert rule suspended (policy.db, beside a running server). Resuming is an operator's
 // decision, made with a token holding approvals:grant or admin and audited as such.
-import Database from "better-sqlite3";
 import type { Logger } from "pino";
 import { Authenticator } from "../../policies/auth.js";
 import { hasScope } from "../../policies/scopes.js";
-import { SqliteSuspensionStore, type Suspension } from "../../policies/suspensions.js";
+import type { Suspension } from "../../policies/suspensions.js";
 import { createPolicyServices } from "../app/build_policies.js";
 import type { ServerConfig } from "../config/config.js";
-import { dataDir, openExisting } from "../config/data_dir.js";
+import { readSuspensions } from "../app/storage.js";
 import { terminalField } from "../terminal.js";
 
 interface Io {
@@ -38,23 +37,8 @@ export async function runPrincipalsCommand(
   return 2;
 }
 
-/** The suspensions in force, read-only (an empty list when no server has run here). */
-function readSuspensions(config: ServerConfig): Suspension[] {
-  const db = openExisting(dataDir(config).policyDb) ?? new Database(":memory:");
-  try {
-    const table = db
-      .prepare(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'principal_suspensions'",
-      )
-      .get();
-    return table ? new SqliteSuspensionStore(db).list(Date.now()) : [];
-  } finally {
-    db.close();
-  }
-}
-
 function show(config: ServerConfig, sub: "list" | "suspended", io: Io): number {
-  const suspended = readSuspensions(config);
+  const suspended = readSuspensions(config, Date.now());
   if (sub === "suspended") {
     if (io.json) io.out(JSON.stringify(suspended, null, 2));
     else
