@@ -115,6 +115,7 @@ export function createApp(
       max_tensor_elements: config.inference.max_tensor_elements,
       benchmark: { ...config.benchmark },
     },
+    ...(config.policy.pricing ? { pricing: config.policy.pricing } : {}),
   };
   // Each resource registers its close where it is opened; close() runs them last-opened first,
   // so the stores a call in flight writes to (audit, reports) outlive the runtime.
