@@ -108,3 +108,61 @@ export function costOf(p: PricingConfig, kind: string, seconds: number): MoneyCo
 export function costNote(e: { cost?: MoneyCost } | null | undefined): string {
   return e?.cost ? ` (~${e.cost.amount} ${e.cost.currency})` : "";
 }
+
+/** A benchmark configuration as reportCost reads it. */
+interface MeasuredConfig {
+  measured_s?: unknown;
+  throughput_items_per_s?: unknown;
+  error?: unknown;
+}
+
+/** A benchmark report's device time in money: in all, and per configuration (run_benchmark). */
+export interface ReportCost {
+  currency: string;
+  device_kind: string;
+  price_per_chip_hour: string;
+  /** The configurations' measured device time (measured_s) in money. */
+  measured: string;
+  measured_s: number;
+  /** Per configuration, in order (null for one that failed): its measured time, and 1000 items. */
+  configs: ({ measured: string; per_1k_items: string | null } | null)[];
+}
+
+/**
+ * What a benchmark's measured windows cost on `kind`, and what 1000 items cost at each
+ * configuration's throughput (rounded to the micro-unit from the rate, not exact: a throughput
+ * is a float). Undefined when the kind has no price.
+ */
+export function reportCost(
+  p: PricingConfig,
+  kind: string,
+  configs: readonly MeasuredConfig[],
+): ReportCost | undefined {
+  const rate = nanosPerChipHour(p, kind);
+  if (rate === undefined) return undefined;
+  let totalMicros = 0;
+  let totalS = 0;
+  const rows = configs.map((c) => {
+    const s = typeof c.measured_s === "number" && c.measured_s > 0 ? c.measured_s : undefined;
+    if (c.error || s === undefined) return null;
+    const micros = costMicros(s, rate);
+    totalMicros += micros;
+    totalS += s;
+    const tput = c.throughput_items_per_s;
+    return {
+      measured: formatAmount(micros),
+      per_1k_items:
+        typeof tput === "number" && tput > 0
+          ? formatAmount(Math.round((microsPerSecond(rate) * 1000) / tput))
+          : null,
+    };
+  });
+  return {
+    currency: p.currency,
+    device_kind: kind,
+    price_per_chip_hour: formatRate(rate),
+    measured: formatAmount(totalMicros),
+    measured_s: Math.round(totalS * 1e6) / 1e6,
+    configs: rows,
+  };
+}

@@ -18,6 +18,12 @@ import { SqliteBudgetLedger, type BudgetLedger } from "../../policies/limits/bud
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter, type RateLimit } from "../../policies/limits/rate.js";
 import { PasskeyStore, type Passkeys } from "../../policies/passkeys/store.js";
+import { SqliteAlertStore, type AlertStore } from "../../policies/alerts/store.js";
+import {
+  SqliteSuspensionStore,
+  type Suspension,
+  type SuspensionStore,
+} from "../../policies/suspensions.js";
 import {
   emptyStoreDb,
   openStoreDb,
@@ -54,6 +60,10 @@ export interface PolicyStores {
   calls: CallsInFlight & LeftBehind;
   /** SHARED: operators' passkeys and their signature counters. */
   passkeys: Passkeys;
+  /** SHARED: principals an alert rule suspended (the gate refuses them; the CLI resumes them). */
+  suspensions: SuspensionStore;
+  /** SHARED: the alerts that fired, and each rule's quiet time per subject (once per window). */
+  alertStore: AlertStore;
   /**
    * SHARED: calls per minute per principal. (SQLite: this process's token buckets; a restart
    * refills them, which a per-minute allowance can afford.)
@@ -108,6 +118,8 @@ export function openPolicyStores(config: ServerConfig, logger: Logger): PolicySt
   const budget = new SqliteBudgetLedger(db, policy.limits.budget);
   const passkeys = new PasskeyStore(db);
   const calls = new SqliteCallsInFlight(db, { withCharges: (write) => budget.alongside(write) });
+  const suspensions = new SqliteSuspensionStore(db);
+  const alertStore = new SqliteAlertStore(db);
   return {
     backend: "sqlite",
     approvals,
@@ -116,9 +128,13 @@ export function openPolicyStores(config: ServerConfig, logger: Logger): PolicySt
     budget,
     calls,
     passkeys,
+    suspensions,
+    alertStore,
     rateLimiter: new RateLimiter(policy.limits.rate_limit.per_principal_per_minute),
     limiter: new ConcurrencyLimiter(policy.limits),
     close() {
+      suspensions.close();
+      alertStore.close();
       calls.close();
       passkeys.close();
       approvals.close();
@@ -230,6 +246,22 @@ export function readAuditTrail(
         passkeys.close();
       },
     };
+  }
+}
+
+/** The suspensions in force, read-only (`principals list|suspended`); none without a store. */
+export function readSuspensions(config: ServerConfig, nowMs: number): Suspension[] {
+  const db = openStoreDbReadOnly(dataDir(config).policyDb);
+  if (!db) return [];
+  try {
+    const table = db
+      .prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'principal_suspensions'",
+      )
+      .get();
+    return table ? new SqliteSuspensionStore(db).list(nowMs) : [];
+  } finally {
+    db.close();
   }
 }
 

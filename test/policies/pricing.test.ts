@@ -7,6 +7,7 @@ import { SqliteAuditLog } from "../../policies/audit.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
 import type { CostEstimate } from "../../policies/estimate.js";
+import { approvalPrompt } from "../../policies/gate/answers.js";
 import { MONEY_KEY_SUFFIX } from "../../policies/gate/budget_lines.js";
 import { Gate, type GateCall } from "../../policies/gate/gate.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
@@ -18,11 +19,13 @@ import {
   formatAmount,
   formatMoney,
   microsPerSecond,
+  reportCost,
   nanosPerChipHour,
   toMicros,
   type PricingConfig,
 } from "../../policies/limits/pricing.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
+import { webhookText } from "../../policies/notify.js";
 import type { Principal } from "../../policies/scopes.js";
 import { stopReasonOf } from "../../runtime/types.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
@@ -93,6 +96,30 @@ describe("the conversion", () => {
       price_per_chip_hour: "45.00",
     });
     expect(costOf(PRICING, "cuda", 2)).toBeUndefined();
+  });
+});
+
+describe("a benchmark report in money", () => {
+  it("prices each configuration's measured window and 1000 items at its throughput", () => {
+    const cost = reportCost(PRICING, "cpu", [
+      { measured_s: 2, throughput_items_per_s: 500 },
+      { error: { code: "out_of_memory" } },
+      { measured_s: 0.5, throughput_items_per_s: 4000 },
+    ]);
+    expect(cost).toEqual({
+      currency: "USD",
+      device_kind: "cpu",
+      price_per_chip_hour: "45.00",
+      measured: "0.03125",
+      measured_s: 2.5,
+      // 1000 items at 500/s: 2 s = 0.025; at 4000/s: 0.25 s = 0.003125.
+      configs: [
+        { measured: "0.025", per_1k_items: "0.025" },
+        null,
+        { measured: "0.00625", per_1k_items: "0.003125" },
+      ],
+    });
+    expect(reportCost(PRICING, "cuda", [])).toBeUndefined();
   });
 });
 
@@ -254,5 +281,28 @@ describe("a budget in money is a cap", () => {
     const { gate, audit } = makeGate({});
     await gate.run(bench(0.1), async () => "ran");
     expect(audit.tail(2)[0].estimate).toEqual(est(0.1));
+  });
+});
+
+describe("money beside device-seconds in the words a person reads", () => {
+  const priced = { ...est(2), cost: costOf(PRICING, "cpu", 2) };
+  const rule = { tool: "run_benchmark", assurance: "token" } as const;
+  it("puts the cost in the approval question both eras ask (approvalPrompt)", () => {
+    const p = approvalPrompt({ ...bench(2), estimate: priced }, rule as never, {}, priced);
+    expect(p.message).toMatch(/\(~2 device-seconds \(~0\.025 USD\), /);
+    // Without pricing, the words are as they were.
+    const plain = approvalPrompt({ ...bench(2), estimate: est(2) }, rule as never, {}, est(2));
+    expect(plain.message).toMatch(/\(~2 device-seconds, 976.6 KiB memory\)/);
+  });
+  it("puts it in the webhook's text", () => {
+    const rec = {
+      id: "apr_x",
+      principal: "agent",
+      tool: "run_benchmark",
+      estimate: priced,
+      expires_at: "2026-12-02T00:00:00Z",
+      assurance: "token",
+    };
+    expect(webhookText("approval.requested", rec as never)).toMatch(/~2 device-s \(~0\.025 USD\)/);
   });
 });
