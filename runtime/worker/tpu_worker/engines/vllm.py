@@ -28,7 +28,7 @@ from ..adapters.text import load_tokenizer, model_chat_template, prompt_ids, val
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import no_chat_template
-from ..generation.params import GenCall, GenParams, parse_generation
+from ..generation.params import GenCall, GenParams, parse_generation, parse_prefix_key
 from ..generation.textstream import TextStream
 from ..loaders import WeightsInfo
 from .http import Endpoint, EngineHttpError
@@ -324,6 +324,10 @@ class VllmEngine:
         n = len(prompts) if prompts is not None else 1
         seqs = [_Seq(len(prompts[i]) if prompts else 0, TextStream(self.decode, p.stop)) for i in range(n)]
         path, body = self.request(p, prompts, g.messages)
+        salt = parse_prefix_key(args)
+        if salt:
+            # vLLM's prefix cache partitioned as the worker's own is: by the caller's key.
+            body["cache_salt"] = salt
         t0 = time.perf_counter()
         first: float | None = None
         stopped: str | None = None
