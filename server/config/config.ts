@@ -190,6 +190,12 @@ export const ServerConfigSchema = z
           .int()
           .min(0)
           .default(512 * 1024 * 1024),
+        /**
+         * One prefix cache partition for every principal (generation reuses another principal's
+         * prompt prefix). Off by default: a shared cache is a timing side channel, a hit answering
+         * faster tells a caller that someone sent that prefix (docs/security.md).
+         */
+        prefix_cache_shared: z.boolean().default(false),
       })
       .strict()
       .prefault({}),
