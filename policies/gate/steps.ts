@@ -2,7 +2,7 @@
 // nothing that costs work (an estimate may ask the worker; an approval involves a human) before
 // the caller is known to be allowed and under its rate:
 //
-//   scope → rate → estimate → fit → budget → approval → reserve → slot → consume
+//   suspended → scope → rate → estimate → fit → budget → approval → reserve → slot → consume
 //
 // Each step either passes (filling in the admission), throws a PolicyError, or (the approval step
 // in the 2026-07-28 era) answers with a question for the user (InputRequired). `admit` runs them,
@@ -17,6 +17,7 @@ import type { CostEstimate } from "../estimate.js";
 import type { Release } from "../limits/concurrency.js";
 import { costOf } from "../limits/pricing.js";
 import { canCall, requiredScope, type Principal } from "../scopes.js";
+import { suspendedError } from "../suspensions.js";
 import { deviceKind } from "../../lib/device.js";
 import { checkApproval } from "./approval_flow.js";
 import type { GateContext } from "./context.js";
@@ -65,6 +66,12 @@ export function scopeRefusal(
   );
 }
 
+/** principal_suspended when an alert rule suspended the principal (policies/suspensions.ts). */
+export function checkSuspended(ctx: GateContext, principal: Principal): void {
+  const s = ctx.deps.suspensions?.active(principal.id, ctx.clock());
+  if (s) throw suspendedError(s);
+}
+
 /** Takes one call from the principal's rate; throws rate_limited when it is over. */
 export function takeRate(ctx: GateContext, principal: Principal): void {
   const d = ctx.deps.rateLimiter.take(principal.id);
@@ -109,6 +116,11 @@ function priced(ctx: GateContext, call: GateCall, estimate: CostEstimate): CostE
 }
 
 export const ADMISSION_STEPS: readonly AdmissionStep[] = [
+  {
+    // A suspended principal is refused everything, before anything else is looked at.
+    name: "suspended",
+    run: (ctx, a) => checkSuspended(ctx, a.call.principal),
+  },
   {
     name: "scope",
     run: (ctx, a) => {

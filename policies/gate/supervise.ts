@@ -52,8 +52,10 @@ export async function supervise<T>(
     budgetEnded = true;
     a.reservation();
     meter?.end();
-    if (estimate)
+    if (estimate) {
       ctx.lines.charge(principal.id, tool, Math.max(0, atMs - started) / 1000, estimate);
+      ctx.deps.observer?.charged(principal.id);
+    }
     // Right after the charge, in one transaction with it: charged, or left for the restart.
     if (flight) ctx.deps.calls?.end(flight.id);
   };
@@ -169,6 +171,11 @@ export async function supervise<T>(
             ),
           approvedMs,
         );
+  // A suspension of the principal stops the call as a budget stop does (Gate.suspendPrincipal).
+  const stopForSuspension = (err: PolicyError) => stopCall(err, ctx.clock());
+  let running = ctx.running.get(principal.id);
+  if (!running) ctx.running.set(principal.id, (running = new Set()));
+  running.add(stopForSuspension);
   const onCallerAbort = () =>
     abortNow(new PolicyError("cancelled", `${tool} was cancelled by the caller.`));
   if (call.signal?.aborted) onCallerAbort();
@@ -253,6 +260,9 @@ export async function supervise<T>(
     clearTimeout(overrunTimer);
     clearTimeout(graceTimer);
     call.signal?.removeEventListener("abort", onCallerAbort);
+    running.delete(stopForSuspension);
+    if (running.size === 0 && ctx.running.get(principal.id) === running)
+      ctx.running.delete(principal.id);
   }
 }
 
@@ -263,8 +273,8 @@ export async function supervise<T>(
 export const STOP_GRACE_MS = 10_000;
 
 /** A gate error that stops a call: `stop` tells the runtime the reason to send the worker. */
-function stopError(
-  code: "timeout" | "budget_exceeded" | "approval_overrun",
+export function stopError(
+  code: "timeout" | "budget_exceeded" | "approval_overrun" | "principal_suspended",
   message: string,
   details: Record<string, unknown>,
   stop: "timeout" | "budget" | "approval",

@@ -11,6 +11,7 @@ import type { ConcurrencyLimiter } from "../limits/concurrency.js";
 import type { RateLimit } from "../limits/rate.js";
 import type { RequestStateSealer } from "../request_state.js";
 import type { Principal } from "../scopes.js";
+import type { SuspensionStore } from "../suspensions.js";
 import type { ToolPolicy } from "../tool_policy.js";
 
 /** The deadline of one admitted call, handed down to the runtime as its request timeout. */
@@ -102,6 +103,14 @@ export interface GateCall {
   trace?: { mark(stage: string): void };
 }
 
+/** Told what the gate counts, for the alert rules (policies/alerts/); never blocks a call. */
+export interface GateObserver {
+  /** Every refusal, before repeats are aggregated in the audit trail. */
+  refused(principal: string, code: string): void;
+  /** A call's device time was charged to `principal`'s budget. */
+  charged(principal: string): void;
+}
+
 export interface GateDeps {
   config: PolicyConfig;
   /** Every tool's record (scope, run-while-recording, ...); a tool without one needs admin. */
@@ -119,6 +128,9 @@ export interface GateDeps {
   requestStates?: RequestStateSealer;
   /** The command an operator runs to approve; defaults to defaultApproveCommand. */
   approveCommand?: ApproveCommand;
+  /** Suspended principals (refused principal_suspended); absent: nobody is ever suspended. */
+  suspensions?: SuspensionStore;
+  observer?: GateObserver;
   /** Where operators decide in a browser, once known (approval_required names it). */
   consoleUrl?: () => string | undefined;
 }
