@@ -18,7 +18,7 @@ import type { Release } from "../limits/concurrency.js";
 import { canCall, requiredScope, type Principal } from "../scopes.js";
 import { checkApproval } from "./approval_flow.js";
 import type { GateContext } from "./context.js";
-import { InputRequired, type GateCall } from "./types.js";
+import { InputRequired, traceIds, type GateCall } from "./types.js";
 
 /** A call on its way through admission: what the steps learned and what it holds. */
 export interface Admission {
@@ -184,8 +184,16 @@ export async function admit(
     a.digest = argsDigest(call.tool, call.args);
     call.trace?.mark("g.digest");
     for (const step of ADMISSION_STEPS) {
-      const pending = step.run(ctx, a as Admission);
-      if (pending) await pending;
+      // A step that may wait (rate, estimate, budget, approval, slot) is a span of its own.
+      const span = step.mark ? call.trace?.child(`gate.${step.mark.slice(2)}`) : undefined;
+      try {
+        const pending = step.run(ctx, a as Admission);
+        if (pending) await pending;
+      } catch (e) {
+        span?.end(isPolicyError(e) ? e.code : "internal");
+        throw e;
+      }
+      span?.end();
       if (a.asked) break;
       if (step.mark) call.trace?.mark(step.mark);
     }
@@ -209,6 +217,7 @@ export async function admit(
         args: redacted,
         estimate: a.estimate ?? null,
         args_digest: a.digest,
+        ...traceIds(call),
         outcome: OUTCOME_FOR_CODE[e.code] ?? "denied",
         code: e.code,
         reason: e.message,
@@ -226,6 +235,7 @@ export async function admit(
       args: redacted,
       estimate: a.estimate ?? null,
       args_digest: a.digest,
+      ...traceIds(call),
       outcome: "approval_requested",
       code: "input_required",
       reason: a.asked.prompt.message,

@@ -26,6 +26,7 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { checkSecretFile, createDataDir } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
+import { startTelemetry } from "./telemetry.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
 import type { PasskeyStore } from "../../policies/passkeys/store.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
@@ -113,6 +114,8 @@ export function createApp(
   // Each resource registers its close where it is opened; close() runs them last-opened first,
   // so the stores a call in flight writes to (audit, reports) outlive the runtime.
   const hooks = new CloseHooks(logger);
+  // First opened, last closed: the spans of everything closing are flushed.
+  hooks.add("telemetry", startTelemetry(config.telemetry, logger));
 
   const policy = createPolicyServices(config, logger, {
     // Late-bound: the HTTP server learns its address after the app is built.
