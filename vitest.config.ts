@@ -9,7 +9,8 @@ export default defineConfig({
     // loopback-only network namespace: `npm run test:ray` (vitest.ray.config.ts); test/tpu_sim
     // needs the simulated TPU host: `npm run test:tpu-sim` (vitest.tpu-sim.config.ts); test/vllm
     // needs vLLM's own environment: `npm run test:vllm` (vitest.vllm.config.ts); test/package
-    // packs and installs the npm package: `npm run test:package` (vitest.package.config.ts).
+    // packs and installs the npm package: `npm run test:package` (vitest.package.config.ts); test/postgres
+    // starts real PostgreSQL clusters: `npm run test:postgres` (vitest.postgres.config.ts).
     exclude: [
       "**/node_modules/**",
       "test/hardening/**",
@@ -18,6 +19,7 @@ export default defineConfig({
       "test/tpu_sim/**",
       "test/vllm/**",
       "test/package/**",
+      "test/postgres/**",
     ],
     // Creates the built-in model files once (a no-op when they exist).
     globalSetup: ["test/globalSetup.ts"],

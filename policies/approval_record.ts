@@ -99,6 +99,27 @@ export interface ApprovalStore {
   close(): void;
 }
 
+/**
+ * The approvals store as the server, its console and the CLI use it (shared across replicas: an
+ * approval requested through one is listed, decided and consumed through any other). A decision
+ * and a use each happen once, however many callers race for them.
+ */
+export interface ApprovalQueue extends ApprovalStore {
+  /** One page of list(): its items and the cursor of the next page. */
+  page(filter?: ApprovalListFilter): ApprovalPage;
+  /** Changes when any approval was created, decided or used (also by another process). */
+  changeMark(): string;
+  subscribe(fn: ApprovalListener): () => void;
+  restoreUsed(
+    id: string,
+    principal: string,
+    tool: string,
+    digest: string,
+  ): ApprovalRecord | undefined;
+  /** Deletes approvals over for longer than the configured keep; how many went. */
+  prune(): number;
+}
+
 /** 'apr_' + 128 random bits in hex: unguessable, and safe in a shell command line. */
 export function newApprovalId(): string {
   return `apr_${randomBytes(16).toString("hex")}`;

@@ -11,9 +11,9 @@ import {
   type ApprovalListener,
   type ApprovalListFilter,
   type ApprovalPage,
+  type ApprovalQueue,
   type ApprovalRecord,
   type ApprovalStatus,
-  type ApprovalStore,
   type CreateApprovalRequest,
 } from "./approval_record.js";
 import { PolicyError } from "./errors.js";
@@ -32,6 +32,7 @@ export {
   type ApprovalListener,
   type ApprovalListFilter,
   type ApprovalPage,
+  type ApprovalQueue,
   type ApprovalRecord,
   type ApprovalStatus,
   type ApprovalStore,
@@ -59,7 +60,7 @@ interface Row {
 
 const iso = (ms: number | null): string | null => (ms === null ? null : new Date(ms).toISOString());
 
-export class SqliteApprovalStore implements ApprovalStore {
+export class SqliteApprovalStore implements ApprovalQueue {
   private readonly db: SqliteDb;
   private readonly owned: boolean;
   private readonly clock: Clock;

@@ -71,6 +71,33 @@ export interface AuditLog {
   close(): void;
 }
 
+/**
+ * The audit trail and its checkpoint as the server, the console and the CLI use them (shared
+ * across replicas: one hash chain with one head, so every append takes the head in turn).
+ */
+export interface AuditTrail extends AuditLog {
+  appendDurable(record: AuditRecord, alongside?: () => void): Promise<StoredAuditRecord>;
+  appendRefusal(record: AuditRecord, opts?: { per?: RefusalScope }): StoredAuditRecord | null;
+  /** Refusals counted into an open window, not yet written. */
+  pendingRefusals(): number;
+  /** Writes every open refusal window's aggregate now. */
+  flushRefusals(): void;
+  search(q: AuditSearch): { records: StoredAuditRecord[]; scanned: number };
+  /** The decisions signed with a passkey, oldest first (their evidence is re-checked). */
+  signedDecisions(): IterableIterator<StoredAuditRecord>;
+  exportHead(): AuditHead & { export_hash: string };
+  export(opts: Omit<ExportOptions, "keyId">, write: (line: string) => void): ExportSummary;
+  /** A verification resumable in bounded steps from a checkpoint (audit_verify.ts). */
+  cursorAt(cp: AuditCheckpoint | null): VerifyCursor;
+  walk(cur: VerifyCursor, maxRows: number): AuditVerifyResult | null;
+  checkEnd(cur: VerifyCursor, exported?: AuditHead): AuditVerifyResult | null;
+  success(cur: VerifyCursor, exported?: AuditHead): AuditVerifyResult;
+  readCheckpoint(): { checkpoint?: AuditCheckpoint; forged?: { seq: number; reason: string } };
+  writeCheckpoint(cur: VerifyCursor, verifiedAt: string): AuditCheckpoint | null;
+  /** Runs `fn` in one read transaction (rows and head from one snapshot). */
+  snapshot<T>(fn: () => T): T;
+}
+
 /** The part of a pino logger the policies use; a pino Logger satisfies it. */
 export interface PolicyLogger {
   info(obj: object, msg?: string): void;
@@ -99,7 +126,7 @@ export interface AuditLogOptions {
   now?: () => number;
 }
 
-export class SqliteAuditLog implements AuditLog {
+export class SqliteAuditLog implements AuditTrail {
   private readonly db: SqliteDb;
   private readonly owned: boolean;
   private readonly logger?: PolicyLogger;

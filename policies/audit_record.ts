@@ -19,7 +19,13 @@ export type AuditOutcome =
   /** A call the server stopped running by stopping itself (a kill): written when it starts again. */
   | "interrupted"
   /** The first record under a key: from here on every record is HMAC'd with that key. */
-  | "chain_keyed";
+  | "chain_keyed"
+  /** An alert rule fired (policies/alerts/): `code` is the rule's kind, `args.rule` its name. */
+  | "alert"
+  /** A principal was suspended (by an alert rule): every call refused principal_suspended. */
+  | "suspended"
+  /** A suspension was lifted by an operator (`approver`). */
+  | "resumed";
 
 export interface AuditRecord {
   time: string;

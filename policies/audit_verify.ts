@@ -5,7 +5,7 @@
 // with a yield to the event loop between them, and moves the checkpoint on. Readers (the
 // console's audit page) get its status at once and may ask for a catch-up. The full pass stays
 // on demand: `tpu-mcp audit verify`.
-import type { AuditVerifyResult, SqliteAuditLog, VerifyCursor } from "./audit.js";
+import type { AuditTrail, AuditVerifyResult, VerifyCursor } from "./audit.js";
 import type { PolicyLogger } from "./audit.js";
 
 export interface AuditVerifyStatus extends AuditVerifyResult {
@@ -44,7 +44,7 @@ export class AuditVerifier {
   private progress = 0;
 
   constructor(
-    private readonly log: SqliteAuditLog,
+    private readonly log: AuditTrail,
     private readonly opts: AuditVerifierOptions = {},
   ) {
     this.chunkRows = Math.max(1, opts.chunkRows ?? 500);

@@ -114,10 +114,55 @@ function limitsSchema(tools: readonly ToolPolicy[], ToolSchema: z.ZodType<string
          * on top of being charged to its budget: a reader cannot take the device for long.
          */
         read_device_seconds_per_window: z.number().nonnegative().default(30),
+        /**
+         * The principal's budget in money (the `pricing` currency) per window instead of
+         * device-seconds: its line is metered and capped at each call's device-kind price, and
+         * device_seconds_per_window no longer applies to it. Needs `pricing`.
+         */
+        money_per_window: z.number().positive().optional(),
       })
       .prefault({}),
   });
 }
+
+/** Device kinds a price can be given for, as the runtime names them (lib/device.ts). */
+const PRICED_KINDS = ["cpu", "cuda", "tpu"] as const;
+const Price = z.number().positive().finite();
+const PricesByKind = z.partialRecord(z.enum(PRICED_KINDS), Price).default({});
+
+/**
+ * Device time in money (policies/limits/pricing.ts): estimates, charges, budget lines, approval
+ * cards, webhooks, the console and benchmark reports show money beside device-seconds.
+ */
+const PricingSchema = z
+  .object({
+    currency: z
+      .string()
+      .regex(/^[A-Z]{3}$/, "an ISO 4217 currency code in capitals, e.g. USD or EUR"),
+    per_device_second: PricesByKind,
+    per_chip_hour: PricesByKind,
+  })
+  .superRefine((p, ctx) => {
+    for (const kind of Object.keys(p.per_chip_hour)) {
+      if (kind in p.per_device_second)
+        ctx.addIssue({
+          code: "custom",
+          path: ["per_chip_hour", kind],
+          message: `${kind} is priced twice (per_device_second and per_chip_hour); keep one`,
+        });
+    }
+    if (Object.keys(p.per_chip_hour).length + Object.keys(p.per_device_second).length === 0)
+      ctx.addIssue({
+        code: "custom",
+        path: ["per_chip_hour"],
+        message: `give a price for at least one device kind (${PRICED_KINDS.join(", ")})`,
+      });
+  })
+  .transform((p) => ({
+    currency: p.currency,
+    per_device_second: p.per_device_second as Record<string, number>,
+    per_chip_hour: p.per_chip_hour as Record<string, number>,
+  }));
 
 /** What a decision may be worth, weakest first (approval_record.ts has the type). */
 const ASSURANCES = ["client_form", "token", "passkey"] as const;
@@ -235,6 +280,115 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: rea
   });
 }
 
+/** An alert rule's name: it keys the once-per-window latch and shows in webhooks and the console. */
+const AlertNameSchema = z
+  .string()
+  .regex(/^[a-z0-9][a-z0-9_.-]{0,63}$/, "a name of lower-case letters, digits, _ . - (64 at most)");
+
+/** What a rule does beyond the log line, the webhook and the console (which every rule does). */
+const AlertActionSchema = {
+  /** "suspend": the principal is refused every call (principal_suspended), its running calls stopped. */
+  action: z.enum(["notify", "suspend"]).default("notify"),
+  /** How long a suspension lasts; 0: until an operator runs `tpu-mcp principals resume ID`. */
+  suspend_s: NonNegative.default(900),
+};
+
+/** The rules over what the gate counts (policies/alerts/); docs/policies-and-approvals.md. */
+const AlertRuleSchema = z.discriminatedUnion("kind", [
+  z
+    .object({
+      name: AlertNameSchema,
+      /** Refused calls of one principal (any code but principal_suspended) within window_s. */
+      kind: z.literal("refusals"),
+      threshold: PositiveInt,
+      window_s: z.number().positive().default(60),
+      ...AlertActionSchema,
+    })
+    .strict(),
+  z
+    .object({
+      name: AlertNameSchema,
+      /** A principal's device-seconds in its budget window reached `percent` of its budget. */
+      kind: z.literal("budget"),
+      percent: z.number().positive().max(100),
+      ...AlertActionSchema,
+    })
+    .strict(),
+  z
+    .object({
+      name: AlertNameSchema,
+      /** An approval request still pending `after_s` after it was made. */
+      kind: z.literal("approval_waiting"),
+      after_s: z.number().positive(),
+    })
+    .strict(),
+  z
+    .object({
+      name: AlertNameSchema,
+      /** A worker restarted `threshold` times within window_s (a crash loop in the making). */
+      kind: z.literal("worker_restarts"),
+      threshold: PositiveInt,
+      window_s: z.number().positive().default(600),
+    })
+    .strict(),
+]);
+
+/**
+ * The alert rules that apply when the config names none (printed by `tpu-mcp config show`); a
+ * config's own `rules` replace them, `"rules": []` turns alerts off.
+ * - refusal-flood: 1,000 refused calls of one principal within a minute suspend it for 15 min
+ *   (a well-behaved agent at the default 120 calls/min cannot get there; one ignoring its
+ *   refusals does within seconds);
+ * - budget-80: a principal reached 80 % of its device-time budget;
+ * - approval-waiting: an approval request has waited 10 min for an operator (of the 15 it lives);
+ * - worker-crash-loop: a worker restarted 3 times in 10 min.
+ */
+export const DEFAULT_ALERT_RULES = [
+  {
+    name: "refusal-flood",
+    kind: "refusals",
+    threshold: 1000,
+    window_s: 60,
+    action: "suspend",
+    suspend_s: 900,
+  },
+  { name: "budget-80", kind: "budget", percent: 80, action: "notify", suspend_s: 900 },
+  { name: "approval-waiting", kind: "approval_waiting", after_s: 600 },
+  { name: "worker-crash-loop", kind: "worker_restarts", threshold: 3, window_s: 600 },
+] as const;
+
+/** A webhook for alerts: signed as the approval webhooks are (policies/notify.ts). */
+const AlertNotifySchema = z
+  .object({
+    url: z.url({ protocol: /^https?$/, error: "url must be an http:// or https:// URL" }),
+    /** A file holding the HMAC secret (at least 16 bytes); relative to the config file. */
+    secret_file: z.string().min(1),
+  })
+  .strict();
+
+const AlertsSchema = z
+  .object({
+    rules: z
+      .array(AlertRuleSchema)
+      .default(() => structuredClone(DEFAULT_ALERT_RULES) as never)
+      .superRefine((rules, ctx) => {
+        const seen = new Set<string>();
+        rules.forEach((r, i) => {
+          if (seen.has(r.name))
+            ctx.addIssue({
+              code: "custom",
+              path: [i, "name"],
+              message: "two rules have this name",
+            });
+          seen.add(r.name);
+        });
+      }),
+    notify: z.array(AlertNotifySchema).max(16).default([]),
+    /** How often pending approvals are looked at (approval_waiting rules). */
+    check_interval_s: z.number().positive().default(15),
+  })
+  .strict();
+
 const AuditSchema = z.object({
   redact_args: z.array(z.string().min(1)).default(["texts", "messages", "tensors"]),
   /** The chain's HMAC key file (made 0600 at first start); default `<data_dir>/audit.key`. */
@@ -262,9 +416,18 @@ export function policyConfigSchema(tools: readonly ToolPolicy[]) {
       limits: limitsSchema(tools, ToolSchema).prefault({}),
       approvals: approvalsSchema(approvalRuleSchema(ToolOrAnySchema), names).prefault({}),
       audit: AuditSchema.prefault({}),
+      alerts: AlertsSchema.prefault({}),
       passkeys: PasskeysSchema.prefault({}),
+      pricing: PricingSchema.optional(),
     })
     .superRefine((c, ctx) => {
+      if (c.limits.budget.money_per_window !== undefined && !c.pricing)
+        ctx.addIssue({
+          code: "custom",
+          path: ["limits", "budget", "money_per_window"],
+          message:
+            "a budget in money needs prices: add a pricing section (currency and a price per device-second or per chip-hour for each device kind)",
+        });
       const hashes = new Set<string>();
       c.tokens.forEach((t, i) => {
         if (hashes.has(t.token_sha256)) {
@@ -288,6 +451,8 @@ export type JwtConfig = NonNullable<PolicyConfig["jwt"]>;
 export type LimitsConfig = PolicyConfig["limits"];
 export type PasskeysConfig = PolicyConfig["passkeys"];
 export type Assurance = ApprovalRule["assurance"];
+export type AlertsConfig = PolicyConfig["alerts"];
+export type AlertRule = AlertsConfig["rules"][number];
 
 /** Parses a policy section for these tools (throws zod's error with paths on invalid input). */
 export function parsePolicyConfig(input: unknown, tools: readonly ToolPolicy[]): PolicyConfig {

@@ -13,6 +13,7 @@ import { deviceKind } from "../lib/device.js";
 import { DTYPE_ITEMSIZE, isTensorDtype } from "../lib/dtypes.js";
 import { formatBytes } from "../lib/units.js";
 import type { EstimateKind } from "./tool_policy.js";
+import type { MoneyCost } from "./limits/pricing.js";
 
 export interface ModelFacts {
   id: string;
@@ -136,6 +137,8 @@ export interface CostEstimate {
    * allowance (policies/gate/budget_lines.ts). Absent otherwise.
    */
   cold_start?: boolean;
+  /** device_seconds in money at its device kind's price; present only with `pricing` set. */
+  cost?: MoneyCost;
   memory_bytes: number;
   compile_s: number;
   weight_bytes: number;

@@ -15,7 +15,8 @@
 // - an aborted call sends `cancel` and rejects with `cancelled` when the worker ends the request
 //   (or after cancelGraceMs) — except an op that stops early and returns its finished part
 //   flagged `cancelled: true` or `stopped` (benchmarks): that result is resolved so partial work
-//   is kept; an abort whose reason carries `stop` (the gate's budget or timeout) sends it along;
+//   is kept; an abort whose reason carries `stop` (the gate's budget or timeout) sends it along,
+//   and one that carries `stop` or `keepPartial` (cancel_job) waits for the worker's own answer;
 // - a worker that refuses its configuration before hello (exit 2/4: catalog, device) is not
 //   restarted: the runtime fails at once with the worker's reason.
 //
@@ -45,6 +46,7 @@ import {
   type WorkerHello,
   type WorkerState,
   isPartialResult,
+  keepsPartial,
   stopReasonOf,
   type StopReason,
 } from "./types.js";
@@ -295,7 +297,7 @@ export class WorkerRuntime {
       }
       if (signal) {
         // The gate's stop (budget, timeout) travels as the cancel's reason.
-        const onAbort = () => this.onCallAbort(p, stopReasonOf(signal.reason));
+        const onAbort = () => this.onCallAbort(p, signal.reason);
         signal.addEventListener("abort", onAbort, { once: true });
         p.detachAbort = () => signal.removeEventListener("abort", onAbort);
       }
@@ -651,7 +653,7 @@ export class WorkerRuntime {
       // completed configurations, flagged cancelled: true or stopped: "budget"): keep it rather
       // than throw it away.
       // After the gate's stop (budget, timeout) any answer is the worker's partial result.
-      if (p.cancelRequested && !p.stopReason && !isPartialResult(result))
+      if (p.cancelRequested && !p.stopReason && !p.keepPartial && !isPartialResult(result))
         return this.calls.settle(p, () => p.reject(cancelledError(p.op, "by the caller")));
       return this.calls.settle(p, () => p.resolve({ result, tensors: frame.tensors }));
     }
@@ -722,13 +724,15 @@ export class WorkerRuntime {
     this.probe(p.proc, `request ${p.id} (${p.op}) timed out`);
   }
 
-  private onCallAbort(p: Pending, reason?: StopReason): void {
+  private onCallAbort(p: Pending, abortReason: unknown): void {
     if (p.settled || p.cancelRequested) return;
+    const reason = stopReasonOf(abortReason);
     p.cancelRequested = true;
     p.stopReason = reason;
+    p.keepPartial = keepsPartial(abortReason);
     clearTimeout(p.timer);
     this.sendCancel(p, reason);
-    if (reason) return this.awaitStop(p, reason);
+    if (reason || p.keepPartial) return this.awaitStop(p, reason);
     p.graceTimer = setTimeout(() => {
       if (!p.settled)
         this.calls.settle(p, () =>
@@ -738,14 +742,14 @@ export class WorkerRuntime {
   }
 
   /**
-   * A call the gate stopped (budget, timeout) ends with the worker's own answer, a benchmark's
-   * partial report included, however slow the host: the budget charged it up to the stop, so the
-   * wait costs nobody's budget. A worker that does not answer a ping by cancelGraceMs is hung
+   * A call the gate stopped (budget, timeout), or a job cancelled to keep its finished part, ends
+   * with the worker's own answer, a benchmark's partial report included, however slow the host:
+   * the budget charged it up to the stop, so the wait costs nobody's budget. A worker that does not answer a ping by cancelGraceMs is hung
    * (the probe kills it); one still running the call after stopGraceMs ignores its cancel, and
    * is restarted: the device must not stay held by work nobody waits for.
    */
-  private awaitStop(p: Pending, reason: StopReason): void {
-    const what = `${p.op} (request ${p.id}, stopped: ${reason})`;
+  private awaitStop(p: Pending, reason: StopReason | undefined): void {
+    const what = `${p.op} (request ${p.id}, ${reason ? `stopped: ${reason}` : "cancelled, keeping its finished part"})`;
     p.graceTimer = setTimeout(
       () => this.probe(p.proc, `${what} has not ended yet`),
       this.options.cancelGraceMs,
@@ -760,7 +764,7 @@ export class WorkerRuntime {
         p.reject(
           new RuntimeCallError(
             "worker_died",
-            `${p.op} was stopped (${reason === "budget" ? "its budget ran out" : reason === "timeout" ? "its time limit ran out" : "it ran past what was approved"}) and the worker did not end it within ${this.options.stopGraceMs / 1000} s, so the worker was restarted. Retry the call.`,
+            `${p.op} was ${reason ? `stopped (${reason === "budget" ? "its budget ran out" : reason === "timeout" ? "its time limit ran out" : "it ran past what was approved"})` : "cancelled"} and the worker did not end it within ${this.options.stopGraceMs / 1000} s, so the worker was restarted. Retry the call.`,
             true,
             { op: p.op, stopped: reason },
           ),

@@ -270,6 +270,20 @@ export function stopReasonOf(reason: unknown): StopReason | undefined {
   return stop === "budget" || stop === "timeout" || stop === "approval" ? stop : undefined;
 }
 
+/**
+ * A cancel whose caller keeps the finished part (cancel_job on a running job): its abort reason
+ * carries `keepPartial: true`, so the runtime waits for the worker's own answer as it does after
+ * a stop, rather than giving up after its cancel grace: a loaded host can take longer than that
+ * to reach the next step boundary, and the job would lose what it had measured.
+ */
+export function keepPartialCancel(message: string): Error {
+  return Object.assign(new Error(message), { keepPartial: true as const });
+}
+
+export function keepsPartial(reason: unknown): boolean {
+  return (reason as { keepPartial?: unknown } | null | undefined)?.keepPartial === true;
+}
+
 /** A result that ends early with its finished part: cancelled, or stopped by the gate. */
 export function isPartialResult(result: unknown): boolean {
   const r = result as { cancelled?: unknown; stopped?: unknown } | null | undefined;

@@ -26,7 +26,14 @@ import { estimateFor } from "./support/estimate.js";
 import { seed, temperature } from "./support/generation.js";
 import { JobRef } from "./stores/jobs.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
+import { reportCost, type ReportCost } from "../policies/limits/pricing.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
+
+/** `{cost}` for a report with `pricing` set and its device kind priced; `{}` otherwise. */
+function costOfReport(env: ToolEnv, kind: string, configs: unknown[]): { cost?: ReportCost } {
+  const cost = env.pricing && reportCost(env.pricing, kind, configs as object[]);
+  return cost ? { cost } : {};
+}
 
 /** A measured quantity the worker may not report (null or absent). */
 const measured = z.number().nullable().optional();
@@ -226,6 +233,19 @@ const Report = z.object({
   stopped: z.enum(["budget", "timeout", "approval"]).optional(),
   configs: z.array(Config),
   manifest: z.record(z.string(), z.unknown()),
+  cost: z
+    .object({
+      currency: z.string(),
+      device_kind: z.string(),
+      price_per_chip_hour: z.string(),
+      measured: z.string(),
+      measured_s: z.number(),
+      configs: z.array(
+        z.object({ measured: z.string(), per_1k_items: z.string().nullable() }).nullable(),
+      ),
+    })
+    .optional()
+    .describe("with the server's pricing set: the measured device time in money"),
   comparison: z
     .object({
       baseline_id: z.string(),
@@ -372,6 +392,8 @@ const build = (env: ToolEnv) => {
         ...(result.stopped ? { stopped: result.stopped } : {}),
         configs: result.configs ?? [],
         manifest: result.manifest ?? {},
+        // The measured device time in money, with `pricing` set and the kind priced.
+        ...costOfReport(env, deviceKind, result.configs ?? []),
         ...(baseline ? { comparison: compareReports(result, baseline.report, baseline.id) } : {}),
       };
       const stored = ctx.reports.put(ctx.principal.id, args.model, deviceKind, body);

@@ -13,6 +13,7 @@ import type { Outputs } from "./stores/outputs.js";
 import type { Reports } from "./stores/reports.js";
 import type { ModelFactStore } from "./stores/facts.js";
 import type { EstimatedWork } from "./support/estimate.js";
+import type { PricingConfig } from "../policies/limits/pricing.js";
 
 export interface ToolAnnotations {
   title?: string;
@@ -66,6 +67,8 @@ export interface SetupProgress {
 export interface ToolEnv {
   catalog: Catalog;
   limits: Limits;
+  /** The `pricing` config: reports show device time in money too; absent without it. */
+  pricing?: PricingConfig;
   /** Absent (a tool built without a server): every optional part is published. */
   deployment?: Deployment;
 }

@@ -113,7 +113,7 @@ function renderApproval(err: Json) {
   row(
     "Estimate",
     e
-      ? `${e.device_seconds} device-s, ${Math.round((e.memory_bytes ?? 0) / 2 ** 20)} MiB memory`
+      ? `${e.device_seconds} device-s${e.cost ? ` (~${e.cost.amount} ${e.cost.currency})` : ""}, ${Math.round((e.memory_bytes ?? 0) / 2 ** 20)} MiB memory`
       : "none",
   );
   row("Expires", d.expires_at ? new Date(d.expires_at).toLocaleString() : "?");

@@ -53,6 +53,8 @@ export function estimateText(e: Json | null): string {
   if (!e) return "no estimate";
   return [
     `${e.device_seconds} device-s`,
+    // Present only with the server's `pricing` set.
+    e.cost ? `~${e.cost.amount} ${e.cost.currency}` : "",
     `${bytes(e.memory_bytes)} memory`,
     e.weight_bytes ? `${bytes(e.weight_bytes)} weights` : "",
     e.compile_s ? `${e.compile_s} s compile` : "no compile",

@@ -7,6 +7,7 @@ import { formatBytes } from "../../lib/units.js";
 import type { ApprovalRecord } from "../approval_record.js";
 import type { ApprovalRule } from "../config.js";
 import { extensionNote, type CostEstimate } from "../estimate.js";
+import { costNote } from "../limits/pricing.js";
 import type { GateContext } from "./context.js";
 import type { ApprovalForm, ElicitAnswer, ElicitPrompt, GateCall } from "./types.js";
 
@@ -22,7 +23,7 @@ export function describeRule(rule: ApprovalRule): string {
 
 export function describeEstimate(e: CostEstimate | undefined | null): string {
   if (!e) return "no estimate";
-  return `~${e.device_seconds} device-seconds${extensionNote(e)}, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
+  return `~${e.device_seconds} device-seconds${costNote(e)}${extensionNote(e)}, ${formatBytes(e.memory_bytes)} memory${e.compile_s ? `, ${e.compile_s} s compile` : ""}`;
 }
 
 /**

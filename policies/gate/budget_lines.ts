@@ -11,11 +11,32 @@ import type { CostEstimate } from "../estimate.js";
 import type { BudgetLedger } from "../limits/budget.js";
 import { requiredScope, type Principal, type Scope } from "../scopes.js";
 import type { ToolPolicy } from "../tool_policy.js";
-import { dueNow, lineStopInMs, usedS, type LineState, type Runner } from "../limits/meter.js";
+import {
+  dueNow,
+  lineStopInMs,
+  usedOf,
+  usedS,
+  type LineState,
+  type Runner,
+} from "../limits/meter.js";
+import {
+  costMicros,
+  formatAmount,
+  formatMoney,
+  microsPerSecond,
+  nanosPerChipHour,
+  toMicros,
+  type PricingConfig,
+} from "../limits/pricing.js";
 
 /** Read-scoped tools that use the device draw on a small allowance of their own as well. */
 const READ_SCOPE: Scope = "models:read";
 const READ_KEY_SUFFIX = "\u0000read";
+/**
+ * The principal's line when its budget is set in money (limits.budget.money_per_window): its own
+ * key, so its charges (micro-units) never mix with device-seconds charged before the change.
+ */
+export const MONEY_KEY_SUFFIX = "\u0000money";
 
 /** Which line stopped a metered call, and how it stood: for the call's budget_exceeded. */
 export interface CapStop {
@@ -27,6 +48,16 @@ export interface CapStop {
   windowS: number;
   /** Charged on the line in the window, plus what admitted calls hold, when it was stopped. */
   lineUsedS: number;
+  /** A line in money: limitS and lineUsedS are micro-units of this currency. */
+  currency?: string;
+}
+
+/** One line a call is charged to: its ledger key, its limit (absent: the ledger's), its unit. */
+interface LineKey {
+  key: string;
+  limit?: number;
+  /** Counted in money (micro-units), at the price of the call's device kind. */
+  money?: boolean;
 }
 
 /** A call being metered (BudgetLines.meter); `end` stops the metering, once. */
@@ -50,8 +81,11 @@ function clearLineTimer(line: Line): void {
 const MAX_TIMER_MS = 2_147_483_647;
 
 interface Running {
+  /** Per line: in a money line, the estimate's cost at its kind's rate. */
+  runners: Map<string, Runner>;
+  /** Device-seconds: when it started and its estimate (the stop's usedS reads it). */
   runner: Runner;
-  keys: { key: string; limit?: number }[];
+  keys: LineKey[];
   onStop: (stop: CapStop) => void;
   stopped: boolean;
 }
@@ -78,18 +112,36 @@ export class BudgetLines {
     private readonly ledger: BudgetLedger,
     private readonly clock: Clock,
     private readonly tools: ReadonlyMap<string, ToolPolicy>,
-  ) {}
+    private readonly pricing?: PricingConfig,
+  ) {
+    const money = limits.budget.money_per_window;
+    this.moneyLimit = money !== undefined && pricing ? toMicros(money) : undefined;
+  }
+
+  /** The principal's budget in micro-units when it is set in money; absent: in device-seconds. */
+  private readonly moneyLimit?: number;
+
+  /** What the estimate holds on a line, in its unit (a money line: the cost's micro-units). */
+  private amount(line: LineKey, estimate: CostEstimate): number {
+    return line.money ? (estimate.cost?.amount_micros ?? 0) : estimate.device_seconds;
+  }
+
+  /** Micro-units per device-second of the estimate's kind (0 when it has no price). */
+  private rateOf(estimate: CostEstimate): bigint {
+    const kind = estimate.cost?.device_kind;
+    return (kind !== undefined && this.pricing && nanosPerChipHour(this.pricing, kind)) || 0n;
+  }
 
   /**
    * The principal's line, and for read-scoped tools its read allowance (but for a cold start:
    * a model's first check in a fresh worker is charged to the budget only).
    */
-  private lines(
-    principal: string,
-    tool: string,
-    estimate?: CostEstimate,
-  ): { key: string; limit?: number }[] {
-    const keys: { key: string; limit?: number }[] = [{ key: principal }];
+  private lines(principal: string, tool: string, estimate?: CostEstimate): LineKey[] {
+    const keys: LineKey[] = [
+      this.moneyLimit !== undefined
+        ? { key: `${principal}${MONEY_KEY_SUFFIX}`, limit: this.moneyLimit, money: true }
+        : { key: principal },
+    ];
     if (requiredScope(this.tools.get(tool)) === READ_SCOPE && !estimate?.cold_start) {
       keys.push({
         key: `${principal}${READ_KEY_SUFFIX}`,
@@ -102,10 +154,12 @@ export class BudgetLines {
   /** Throws budget_exceeded when a line cannot take the estimate now (charges plus reservations). */
   check(principal: Principal, tool: string, estimate: CostEstimate | undefined): void {
     if (!estimate) return;
-    const need = estimate.device_seconds;
-    for (const { key, limit } of this.lines(principal.id, tool, estimate)) {
+    for (const line of this.lines(principal.id, tool, estimate)) {
+      const { key, limit } = line;
+      const need = this.amount(line, estimate);
       const b = this.ledger.check(key, need, this.held(key), limit);
       if (b.ok) continue;
+      if (line.money) throw this.moneyRefusal(need, b);
       const what =
         key === principal.id ? "Device-time budget" : "Device-time allowance for read-scoped tools";
       const when =
@@ -134,18 +188,50 @@ export class BudgetLines {
     }
   }
 
+  /** budget_exceeded for a budget in money, in money (micro-units on the ledger). */
+  private moneyRefusal(need: number, b: ReturnType<BudgetLedger["check"]>): PolicyError {
+    const cur = this.pricing!.currency;
+    const m = (x: number) => formatMoney(x, cur);
+    const when =
+      b.retry_after_ms !== undefined
+        ? `enough frees up in ${Math.ceil(b.retry_after_ms / 1000)} s`
+        : b.reserved_s > 0 && need <= b.limit_s
+          ? `calls of yours already admitted hold ${m(b.reserved_s)} of it; retry when they finish`
+          : `it can never fit (the whole budget is ${m(b.limit_s)}); make the call smaller`;
+    return new PolicyError(
+      "budget_exceeded",
+      `Budget exceeded: this call costs ~${m(need)}, ${m(b.remaining_s)} of ${m(b.limit_s)} per ${b.window_s} s window remain; ${when}.`,
+      {
+        currency: cur,
+        needed: formatAmount(need),
+        remaining: formatAmount(b.remaining_s),
+        used: formatAmount(b.used_s),
+        reserved: formatAmount(b.reserved_s),
+        limit: formatAmount(b.limit_s),
+        window_s: b.window_s,
+        retry_after_ms: b.retry_after_ms ?? null,
+        resets_at:
+          b.retry_after_ms !== undefined
+            ? new Date(this.clock() + b.retry_after_ms).toISOString()
+            : null,
+      },
+    );
+  }
+
   /** Holds the estimate against every line of the call; the returned function releases it once. */
   reserve(principal: string, tool: string, estimate: CostEstimate | undefined): () => void {
-    const seconds = estimate?.device_seconds ?? 0;
-    const keys = this.lines(principal, tool, estimate).map((k) => k.key);
-    for (const k of keys) this.adjust(k, seconds);
-    this.rearm(keys.map((key) => ({ key })));
+    const held = this.lines(principal, tool, estimate).map((l) => ({
+      key: l.key,
+      amount: estimate ? this.amount(l, estimate) : 0,
+    }));
+    for (const h of held) this.adjust(h.key, h.amount);
+    this.rearm(held);
     let done = false;
     return () => {
       if (done) return;
       done = true;
-      for (const k of keys) this.adjust(k, -seconds);
-      this.rearm(keys.map((key) => ({ key })));
+      for (const h of held) this.adjust(h.key, -h.amount);
+      this.rearm(held);
     };
   }
 
@@ -165,9 +251,18 @@ export class BudgetLines {
     onStop: (stop: CapStop) => void,
   ): Metered | undefined {
     if (!estimate) return undefined;
+    const runner: Runner = { startedMs: this.clock(), reservedS: estimate.device_seconds };
+    const keys = this.lines(principal, tool, estimate);
+    const rate = microsPerSecond(this.rateOf(estimate));
     const run: Running = {
-      runner: { startedMs: this.clock(), reservedS: estimate.device_seconds },
-      keys: this.lines(principal, tool, estimate),
+      runner,
+      runners: new Map(
+        keys.map((l) => [
+          l.key,
+          l.money ? { ...runner, reservedS: this.amount(l, estimate), rate } : runner,
+        ]),
+      ),
+      keys,
       onStop,
       stopped: false,
     };
@@ -199,8 +294,10 @@ export class BudgetLines {
   private held(key: string): number {
     let excess = 0;
     const now = this.clock();
-    for (const r of this.running.get(key)?.runs ?? [])
-      excess += Math.max(0, usedS(r.runner, now) - r.runner.reservedS);
+    for (const run of this.running.get(key)?.runs ?? []) {
+      const r = run.runners.get(key)!;
+      excess += Math.max(0, usedOf(r, now) - r.reservedS);
+    }
     return (this.reserved.get(key) ?? 0) + excess;
   }
 
@@ -214,7 +311,7 @@ export class BudgetLines {
       limitS: b.limit_s,
       chargedS: b.used_s,
       reservedS: this.reserved.get(key) ?? 0,
-      runners: [...line.runs].map((r) => r.runner),
+      runners: [...line.runs].map((r) => r.runners.get(key)!),
       windowS: b.window_s,
     };
   }
@@ -241,7 +338,7 @@ export class BudgetLines {
       const live = [...line.runs].filter((r) => !r.stopped);
       const inMs = lineStopInMs(
         state,
-        live.map((r) => r.runner),
+        live.map((r) => r.runners.get(key)!),
         now,
       );
       if (!Number.isFinite(inMs)) return;
@@ -252,16 +349,16 @@ export class BudgetLines {
         line.timer.unref?.();
         return;
       }
-      const stopping = live.filter((r) => dueNow(state, r.runner, now));
+      const on = (r: Running) => r.runners.get(key)!;
+      const stopping = live.filter((r) => dueNow(state, on(r), now));
       // Never spin: the soonest stop is now, so one is due; bar rounding, the nearest to its estimate.
       if (stopping.length === 0)
         stopping.push(
           live.reduce((a, b) =>
-            usedS(b.runner, now) - b.runner.reservedS > usedS(a.runner, now) - a.runner.reservedS
-              ? b
-              : a,
+            usedOf(on(b), now) - on(b).reservedS > usedOf(on(a), now) - on(a).reservedS ? b : a,
           ),
         );
+      const money = stopping[0].keys.find((k) => k.key === key)?.money === true;
       for (const r of stopping) r.stopped = true;
       for (const r of stopping)
         r.onStop({
@@ -270,15 +367,24 @@ export class BudgetLines {
           limitS: state.limitS,
           windowS: state.windowS,
           lineUsedS: state.chargedS + state.reservedS,
+          ...(money && this.pricing ? { currency: this.pricing.currency } : {}),
         });
       if (!this.running.has(key)) return;
     }
   }
 
-  /** Charges what the call measured to every line of the call. */
+  /**
+   * Charges what the call measured to every line of the call: a money line its cost at its
+   * device kind's price (whole micro-units, limits/pricing.ts).
+   */
   charge(principal: string, tool: string, seconds: number, estimate?: CostEstimate): void {
     const keys = this.lines(principal, tool, estimate);
-    for (const { key } of keys) this.ledger.charge(key, seconds, tool);
+    for (const l of keys)
+      this.ledger.charge(
+        l.key,
+        l.money && estimate ? costMicros(seconds, this.rateOf(estimate)) : seconds,
+        tool,
+      );
     this.rearm(keys);
   }
 

@@ -2,7 +2,7 @@
 // nothing that costs work (an estimate may ask the worker; an approval involves a human) before
 // the caller is known to be allowed and under its rate:
 //
-//   scope → rate → estimate → fit → budget → approval → reserve → slot → consume
+//   suspended → scope → rate → estimate → fit → budget → approval → reserve → slot → consume
 //
 // Each step either passes (filling in the admission), throws a PolicyError, or (the approval step
 // in the 2026-07-28 era) answers with a question for the user (InputRequired). `admit` runs them,
@@ -15,7 +15,10 @@ import { argsDigest } from "../digest.js";
 import { PolicyError, isPolicyError, type PolicyErrorCode } from "../errors.js";
 import type { CostEstimate } from "../estimate.js";
 import type { Release } from "../limits/concurrency.js";
+import { costOf } from "../limits/pricing.js";
 import { canCall, requiredScope, type Principal } from "../scopes.js";
+import { suspendedError } from "../suspensions.js";
+import { deviceKind } from "../../lib/device.js";
 import { checkApproval } from "./approval_flow.js";
 import type { GateContext } from "./context.js";
 import { InputRequired, traceIds, type GateCall } from "./types.js";
@@ -63,6 +66,12 @@ export function scopeRefusal(
   );
 }
 
+/** principal_suspended when an alert rule suspended the principal (policies/suspensions.ts). */
+export function checkSuspended(ctx: GateContext, principal: Principal): void {
+  const s = ctx.deps.suspensions?.active(principal.id, ctx.clock());
+  if (s) throw suspendedError(s);
+}
+
 /** Takes one call from the principal's rate; throws rate_limited when it is over. */
 export function takeRate(ctx: GateContext, principal: Principal): void {
   const d = ctx.deps.rateLimiter.take(principal.id);
@@ -86,7 +95,32 @@ export function checkFits(estimate: CostEstimate | undefined): void {
   }
 }
 
+/**
+ * The estimate with its cost in money at its device kind's price (kept if it has one: a job's
+ * estimate was priced when the call was first admitted). A kind without a price under a budget
+ * in money is refused: the line could not meter it.
+ */
+function priced(ctx: GateContext, call: GateCall, estimate: CostEstimate): CostEstimate {
+  const pricing = ctx.config.pricing!;
+  if (estimate.cost) return estimate;
+  const kind = call.deviceKind?.() ?? deviceKind(call.device ?? "cpu");
+  const cost = costOf(pricing, kind, estimate.device_seconds);
+  if (cost) return { ...estimate, cost };
+  if (ctx.config.limits.budget.money_per_window !== undefined)
+    throw new PolicyError(
+      "budget_exceeded",
+      `${call.tool} would run on a ${kind} device, which has no price, and the budget is set in money (limits.budget.money_per_window); an operator adds pricing.per_chip_hour.${kind} (or per_device_second.${kind}), or call on a priced device.`,
+      { device_kind: kind },
+    );
+  return estimate;
+}
+
 export const ADMISSION_STEPS: readonly AdmissionStep[] = [
+  {
+    // A suspended principal is refused everything, before anything else is looked at.
+    name: "suspended",
+    run: (ctx, a) => checkSuspended(ctx, a.call.principal),
+  },
   {
     name: "scope",
     run: (ctx, a) => {
@@ -103,8 +137,9 @@ export const ADMISSION_STEPS: readonly AdmissionStep[] = [
   {
     // Only an admitted caller makes the estimate (which may ask the worker for free memory).
     name: "estimate",
-    run: async (_ctx, a) => {
+    run: async (ctx, a) => {
       if (!a.estimate && a.call.estimator) a.estimate = await a.call.estimator(a.call.signal);
+      if (a.estimate && ctx.config.pricing) a.estimate = priced(ctx, a.call, a.estimate);
     },
     mark: "g.estimate",
   },

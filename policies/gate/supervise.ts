@@ -10,6 +10,7 @@
 import type { AuditRecord } from "../audit.js";
 import { toolTimeoutMs } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
+import { formatAmount, formatMoney } from "../limits/pricing.js";
 import type { CapStop, Metered } from "./budget_lines.js";
 import type { GateContext } from "./context.js";
 import type { CostEstimate } from "../estimate.js";
@@ -52,8 +53,10 @@ export async function supervise<T>(
     budgetEnded = true;
     a.reservation();
     meter?.end();
-    if (estimate)
+    if (estimate) {
       ctx.lines.charge(principal.id, tool, Math.max(0, atMs - started) / 1000, estimate);
+      ctx.deps.observer?.charged(principal.id);
+    }
     // Right after the charge, in one transaction with it: charged, or left for the restart.
     if (flight) ctx.deps.calls?.end(flight.id);
   };
@@ -169,6 +172,11 @@ export async function supervise<T>(
             ),
           approvedMs,
         );
+  // A suspension of the principal stops the call as a budget stop does (Gate.suspendPrincipal).
+  const stopForSuspension = (err: PolicyError) => stopCall(err, ctx.clock());
+  let running = ctx.running.get(principal.id);
+  if (!running) ctx.running.set(principal.id, (running = new Set()));
+  running.add(stopForSuspension);
   const onCallerAbort = () =>
     abortNow(new PolicyError("cancelled", `${tool} was cancelled by the caller.`));
   if (call.signal?.aborted) onCallerAbort();
@@ -253,6 +261,9 @@ export async function supervise<T>(
     clearTimeout(overrunTimer);
     clearTimeout(graceTimer);
     call.signal?.removeEventListener("abort", onCallerAbort);
+    running.delete(stopForSuspension);
+    if (running.size === 0 && ctx.running.get(principal.id) === running)
+      ctx.running.delete(principal.id);
   }
 }
 
@@ -263,8 +274,8 @@ export async function supervise<T>(
 export const STOP_GRACE_MS = 10_000;
 
 /** A gate error that stops a call: `stop` tells the runtime the reason to send the worker. */
-function stopError(
-  code: "timeout" | "budget_exceeded" | "approval_overrun",
+export function stopError(
+  code: "timeout" | "budget_exceeded" | "approval_overrun" | "principal_suspended",
   message: string,
   details: Record<string, unknown>,
   stop: "timeout" | "budget" | "approval",
@@ -280,6 +291,7 @@ function budgetStop(
   cap: CapStop,
 ): PolicyError {
   const used = round3(cap.usedS);
+  if (cap.currency) return moneyStop(tool, principal, estimate, cap);
   const details = {
     read_allowance: cap.readAllowance,
     stopped_after_s: used,
@@ -290,6 +302,30 @@ function budgetStop(
   const message = cap.readAllowance
     ? `${tool} was stopped after ${used} s: the device-time allowance for read-scoped tools ran out (${cap.limitS} s per ${cap.windowS} s window); it is charged the device time it used. Retry when the window frees up, or with a smaller batch or sequence.`
     : `${tool} was stopped after ${used} s of device time (estimated ${estimate?.device_seconds ?? "?"} s): the device-time budget of ${principal} ran out (${cap.limitS} s per ${cap.windowS} s window, counting its calls still running); it is charged the device time it used. Retry when the window frees up, or make the call smaller (fewer iterations, sizes or tokens).`;
+  return stopError("budget_exceeded", message, details, "budget");
+}
+
+/** A stop by a budget in money: the limit and the line in money, the call's use in both. */
+function moneyStop(
+  tool: string,
+  principal: string,
+  estimate: CostEstimate | undefined,
+  cap: CapStop,
+): PolicyError {
+  const used = round3(cap.usedS);
+  const cur = cap.currency!;
+  const limit = formatMoney(cap.limitS, cur);
+  const cost = estimate?.cost;
+  const details = {
+    read_allowance: false,
+    stopped_after_s: used,
+    estimated_s: estimate?.device_seconds ?? null,
+    currency: cur,
+    estimated: cost?.amount ?? null,
+    limit: formatAmount(cap.limitS),
+    window_s: cap.windowS,
+  };
+  const message = `${tool} was stopped after ${used} s of device time (estimated ${estimate?.device_seconds ?? "?"} s, ${cost ? formatMoney(cost.amount_micros, cur) : "?"}): the budget of ${principal} ran out (${limit} per ${cap.windowS} s window, counting its calls still running); it is charged what it used at its device's price. Retry when the window frees up, or make the call smaller (fewer iterations, sizes or tokens).`;
   return stopError("budget_exceeded", message, details, "budget");
 }
 

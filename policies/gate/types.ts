@@ -8,9 +8,10 @@ import type { CostEstimate } from "../estimate.js";
 import type { BudgetLedger } from "../limits/budget.js";
 import type { CallsInFlight } from "../calls_in_flight.js";
 import type { ConcurrencyLimiter } from "../limits/concurrency.js";
-import type { RateLimiter } from "../limits/rate.js";
+import type { RateLimit } from "../limits/rate.js";
 import type { RequestStateSealer } from "../request_state.js";
 import type { Principal } from "../scopes.js";
+import type { SuspensionStore } from "../suspensions.js";
 import type { ToolPolicy } from "../tool_policy.js";
 
 /** The deadline of one admitted call, handed down to the runtime as its request timeout. */
@@ -89,6 +90,8 @@ export interface GateCall {
    * Handed the call's `signal` (a job's own once a job adopted the call, not the request's).
    */
   estimator?: (signal?: AbortSignal) => Promise<CostEstimate | undefined>;
+  /** The device kind (cpu, cuda, tpu) the estimate priced, once it is made: what `pricing` reads. */
+  deviceKind?: () => string | undefined;
   signal?: AbortSignal;
   /** Present only when the client can show an elicitation form (the 2025 era's push). */
   elicit?: Elicit;
@@ -112,6 +115,14 @@ export function traceIds(call: Pick<GateCall, "trace">): { trace_id?: string; sp
   return call.trace?.ids() ?? {};
 }
 
+/** Told what the gate counts, for the alert rules (policies/alerts/); never blocks a call. */
+export interface GateObserver {
+  /** Every refusal, before repeats are aggregated in the audit trail. */
+  refused(principal: string, code: string): void;
+  /** A call's device time was charged to `principal`'s budget. */
+  charged(principal: string): void;
+}
+
 export interface GateDeps {
   config: PolicyConfig;
   /** Every tool's record (scope, run-while-recording, ...); a tool without one needs admin. */
@@ -119,7 +130,7 @@ export interface GateDeps {
   approvals: ApprovalStore;
   audit: AuditLog;
   limiter: ConcurrencyLimiter;
-  rateLimiter: RateLimiter;
+  rateLimiter: RateLimit;
   budget: BudgetLedger;
   /** Where admitted calls are kept until charged, so a restart can settle them (reconcile.ts). */
   calls?: CallsInFlight;
@@ -129,6 +140,9 @@ export interface GateDeps {
   requestStates?: RequestStateSealer;
   /** The command an operator runs to approve; defaults to defaultApproveCommand. */
   approveCommand?: ApproveCommand;
+  /** Suspended principals (refused principal_suspended); absent: nobody is ever suspended. */
+  suspensions?: SuspensionStore;
+  observer?: GateObserver;
   /** Where operators decide in a browser, once known (approval_required names it). */
   consoleUrl?: () => string | undefined;
 }

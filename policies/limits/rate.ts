@@ -5,8 +5,15 @@ import { systemClock, type Clock } from "../clock.js";
 
 export type RateDecision = { ok: true; remaining: number } | { ok: false; retry_after_ms: number };
 
+/** A per-principal allowance of calls per minute (the gate's rate step). */
+export interface RateLimit {
+  take(principal: string, cost?: number): RateDecision;
+  /** Gives `cost` back (a reservation that turned out not to count), up to the allowance. */
+  refund(principal: string, cost?: number): void;
+}
+
 /** Token bucket per principal: bursts up to the per-minute allowance, refilled continuously. */
-export class RateLimiter {
+export class RateLimiter implements RateLimit {
   private readonly buckets = new Map<string, { tokens: number; at: number }>();
   private readonly capacity: number;
   private readonly perMs: number;

@@ -34,7 +34,7 @@ import {
   type EnrolmentBinding,
 } from "./binding.js";
 import type { DecisionEvidence } from "./evidence.js";
-import type { PasskeyStore, StoredCredential } from "./store.js";
+import type { Passkeys, StoredCredential } from "./store.js";
 
 /** Where a ceremony runs: the console's origin and the RP ID (its host name). */
 export interface Site {
@@ -72,7 +72,7 @@ export class PasskeyCeremonies {
   private readonly clock: Clock;
 
   constructor(
-    private readonly store: PasskeyStore,
+    private readonly store: Passkeys,
     private readonly config: PasskeysConfig,
     opts: { clock?: Clock } = {},
   ) {

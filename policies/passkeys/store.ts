@@ -45,7 +45,27 @@ interface Row {
 const iso = (ms: number | null) => (ms === null ? null : new Date(ms).toISOString());
 const hashCode = (code: string) => createHash("sha256").update(code, "utf8").digest("hex");
 
-export class PasskeyStore {
+/**
+ * Operators' passkeys, their enrolment codes and signature counters (shared across replicas: a
+ * counter advanced through one refuses the replayed assertion on every other).
+ */
+export interface Passkeys {
+  get(id: string): StoredCredential | undefined;
+  list(operator?: string): StoredCredential[];
+  activeCount(operator?: string): number;
+  createEnrolmentCode(operator: string, ttlS: number): { code: string; expires_at: string };
+  peekEnrolmentCode(code: string): string;
+  addCredential(
+    c: Omit<StoredCredential, "status" | "enrolled_by" | "created_at" | "last_used_at">,
+    via: { code: string } | { session: string },
+  ): StoredCredential;
+  activate(id: string, approver: string): StoredCredential;
+  advanceCounter(id: string, counter: number): void;
+  removeOperator(operator: string): number;
+  close(): void;
+}
+
+export class PasskeyStore implements Passkeys {
   private readonly db: SqliteDb;
   private readonly owned: boolean;
   private readonly clock: Clock;

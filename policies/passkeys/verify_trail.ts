@@ -4,7 +4,7 @@
 
 import type { StoredAuditRecord } from "../audit_record.js";
 import { verifyDecisionEvidence, type EvidenceCheck } from "./evidence.js";
-import type { PasskeyStore } from "./store.js";
+import type { Passkeys } from "./store.js";
 
 export interface TrailEvidenceResult {
   ok: boolean;
@@ -14,7 +14,7 @@ export interface TrailEvidenceResult {
 
 export async function verifySignedDecisions(
   records: Iterable<StoredAuditRecord>,
-  store: Pick<PasskeyStore, "get">,
+  store: Pick<Passkeys, "get">,
 ): Promise<TrailEvidenceResult> {
   const failures: EvidenceCheck[] = [];
   let checked = 0;

@@ -20,6 +20,8 @@ export interface Pending {
   cancelRequested: boolean;
   /** The gate stopped the call (budget, timeout): the worker answers with what it has. */
   stopReason?: StopReason;
+  /** Cancelled by a caller that keeps the finished part (cancel_job): any answer is kept. */
+  keepPartial?: boolean;
   timer?: NodeJS.Timeout;
   graceTimer?: NodeJS.Timeout;
   /** A stopped call's last chance to end before its worker is restarted (stopGraceMs). */

@@ -4,33 +4,35 @@ import { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
 import { basename, resolve } from "node:path";
 import type { Logger } from "pino";
-import type { SqliteApprovalStore } from "../../policies/approvals.js";
-import type { SqliteAuditLog } from "../../policies/audit.js";
-import type { SqliteCallsInFlight } from "../../policies/calls_in_flight.js";
+import type { ApprovalQueue } from "../../policies/approvals.js";
+import type { AuditTrail } from "../../policies/audit.js";
+import type { LeftBehind } from "../../policies/gate/reconcile.js";
 import { Authenticator } from "../../policies/auth.js";
 import { clientFormRules, clientFormText } from "../../policies/gate/answers.js";
 import type { Gate } from "../../policies/gate/gate.js";
 import { ApprovalNotifier, type NotifyTarget } from "../../policies/notify.js";
+import { Alerts } from "../../policies/alerts/alerts.js";
 import { readCatalog, type Catalog } from "../../runtime/catalog.js";
 import { memoryFor } from "../../policies/estimate.js";
 import type { Runtime } from "../../runtime/types.js";
 import { buildTools } from "../../tools/registry.js";
 import { inBandOnly } from "../../tools/support/approvable.js";
 import { WorkerModelFacts } from "../../tools/stores/facts.js";
-import { SqliteJobs } from "../../tools/stores/jobs.js";
-import { MemoryOutputs } from "../../tools/stores/outputs.js";
-import { SqliteReports } from "../../tools/stores/reports.js";
+import type { Jobs } from "../../tools/stores/jobs.js";
+import type { Outputs } from "../../tools/stores/outputs.js";
+import type { Reports } from "../../tools/stores/reports.js";
 import type { ToolDefinition, ToolEnv, ToolServices } from "../../tools/types.js";
 import { ApprovalFeed } from "./approval_feed.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
-import { checkSecretFile, createDataDir } from "../config/data_dir.js";
+import { checkSecretFile } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
 import { startTelemetry } from "./telemetry.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
-import type { PasskeyStore } from "../../policies/passkeys/store.js";
+import type { Passkeys } from "../../policies/passkeys/store.js";
+import { openServerStores, type Storage } from "./storage.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
-import { ControlChannel, watchControl, type ControlHandler } from "../control/channel.js";
+import { watchControl, type ControlHandler } from "../control/channel.js";
 import { drainHandler } from "../control/drain.js";
 import { fleetHandler } from "../control/fleet.js";
 import { createReloader, reloadHandler, type ReloadResult } from "../control/reload.js";
@@ -50,18 +52,22 @@ export interface App extends ToolServices {
   setupWatch?: SetupWatch;
   gate: Gate;
   auth: Authenticator;
-  approvals: SqliteApprovalStore;
-  audit: SqliteAuditLog;
-  /** Operators' passkeys (policy.db), for the console's WebAuthn ceremonies. */
-  passkeys: PasskeyStore;
-  jobs: SqliteJobs;
-  outputs: MemoryOutputs;
-  reports: SqliteReports;
+  /** Every store and shared counter, from the config's `storage` (server/app/storage.ts). */
+  storage: Storage;
+  approvals: ApprovalQueue;
+  audit: AuditTrail;
+  /** Operators' passkeys, for the console's WebAuthn ceremonies. */
+  passkeys: Passkeys;
+  jobs: Jobs;
+  outputs: Outputs;
+  reports: Reports;
   facts: WorkerModelFacts;
   metrics: Metrics;
   /** Approval events (this process and the CLI beside it), for the console and webhooks. */
   approvalFeed: ApprovalFeed;
   notifier: ApprovalNotifier;
+  /** The alert rules at work (policy.alerts): the console lists what fired. */
+  alerts: Alerts;
   /** Where the operator console is served, once an HTTP server runs (for webhook messages). */
   consoleUrl?: string;
   /** Runtime notices ("worker restarted", "worker failed") for MCP logging in every session, and
@@ -92,9 +98,9 @@ export function createApp(
     setup?: SetupWatch;
   } = {},
 ): App {
-  const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   // Before anything starts: a webhook without its secret is a configuration error.
   const notifyTargets = readNotifyTargets(config);
+  const alertTargets = readAlertTargets(config);
   const catalog = readCatalog(config.paths.catalog);
   // A catalog of one's own replaces the built-in one (no merge): said at start, so a missing
   // built-in model is not a surprise later.
@@ -110,6 +116,7 @@ export function createApp(
       max_tensor_elements: config.inference.max_tensor_elements,
       benchmark: { ...config.benchmark },
     },
+    ...(config.policy.pricing ? { pricing: config.policy.pricing } : {}),
   };
   // Each resource registers its close where it is opened; close() runs them last-opened first,
   // so the stores a call in flight writes to (audit, reports) outlive the runtime.
@@ -117,12 +124,38 @@ export function createApp(
   // First opened, last closed: the spans of everything closing are flushed.
   hooks.add("telemetry", startTelemetry(config.telemetry, logger));
 
+  // Late-bound: the gate tells the alert rules what it counts; they act through the gate.
+  const alertsRef: { current?: Alerts } = {};
   const policy = createPolicyServices(config, logger, {
     // Late-bound: the HTTP server learns its address after the app is built.
     consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
+    observer: {
+      refused: (principal, code) => alertsRef.current?.refused(principal, code),
+      charged: (principal) => alertsRef.current?.charged(principal),
+    },
   });
   hooks.add("policy stores", () => policy.close());
   const { gate, approvals, audit } = policy;
+  const alertLog = logger.child({ component: "alerts" });
+  const alerts = new Alerts({
+    rules: config.policy.alerts.rules,
+    store: policy.alertStore,
+    logger: alertLog,
+    suspend: (s) => gate.suspendPrincipal(s),
+    audit: (rec) => {
+      try {
+        audit.append({ time: new Date().toISOString(), ...rec });
+      } catch (e) {
+        alertLog.error({ err: String(e), audit: rec }, "audit append failed");
+      }
+    },
+    budgetUse: (principal) => policy.budget.check(principal, 0),
+    pendingApprovals: () => approvals.list({ status: "pending", limit: 500 }),
+    webhooks: alertTargets,
+    checkIntervalMs: config.policy.alerts.check_interval_s * 1000,
+  });
+  alertsRef.current = alerts;
+  hooks.add("alerts", () => alerts.close());
   // Before the server accepts a call: the calls a killed server left running are settled.
   reconcileAtStart(gate, policy.calls, logger);
   if (config.policy.approvals.rules.length === 0)
@@ -131,8 +164,19 @@ export function createApp(
     );
   const clientForm = clientFormRules(config.policy.approvals);
   if (clientForm.length > 0) logger.warn(clientFormText(clientForm));
-  const reports = new SqliteReports(layout.reportsDb);
+  const served = openServerStores(config, logger);
+  const { reports, jobs, outputs, channel } = served;
+  // Closed where they always were: reports after the runtime (a call in flight writes its
+  // measurement), jobs and the channel before it (a running job is aborted, not failed).
   hooks.add("reports", () => reports.close());
+  const storage: Storage = {
+    ...policy,
+    ...served,
+    close() {
+      served.close();
+      policy.close();
+    },
+  };
 
   const rtLog = logger.child({ component: "runtime" });
   // Late-bound: the pool's placement needs model facts, which are read through the runtime.
@@ -203,6 +247,7 @@ export function createApp(
   notices.setMaxListeners(0); // one listener per open session
   runtime.on("restart", (info) => {
     metrics.workerRestarts.inc();
+    alerts.workerRestarted((info as { worker?: string }).worker ?? "worker");
     const msg = "worker restarted; loaded models were lost and must be loaded again";
     rtLog.warn(info, msg);
     notices.emit("notice", "warning", { message: msg, ...info });
@@ -216,17 +261,12 @@ export function createApp(
   });
 
   const auth = new Authenticator(config.policy);
-  const jobs = new SqliteJobs(layout.jobsDb, {
-    onError: (err) => logger.error({ err }, "job failed unexpectedly"),
-  });
   hooks.add("jobs", () => jobs.close());
-  const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
   const facts = new WorkerModelFacts(runtime);
   factsRef = facts;
   metrics.observeWorkers(runtime, fleet?.state);
 
   // workers.db: `tpu-mcp workers drain|scale|reload` beside this server, one poller for all.
-  const channel = ControlChannel.open(layout.workersDb);
   hooks.add("control channel", () => channel.close());
   const reloader = createReloader(
     opts.fileConfig ?? config,
@@ -297,6 +337,7 @@ export function createApp(
     ...(opts.setup ? { setupWatch: opts.setup, setup: () => opts.setup!.progress() } : {}),
     gate,
     auth,
+    storage,
     approvals,
     audit,
     passkeys: policy.passkeys,
@@ -307,6 +348,7 @@ export function createApp(
     metrics,
     approvalFeed,
     notifier,
+    alerts,
     notices,
     reload: (by) => reloader.reload(by),
     onClose: (name, fn) => hooks.add(name, fn),
@@ -326,7 +368,7 @@ export { publicConsoleUrl } from "./build_policies.js";
  * Settles what a server killed mid-call left (policies/gate/reconcile.ts). A write that fails
  * (a full disk) is logged and leaves the rows for the next start; the server still starts.
  */
-function reconcileAtStart(gate: Gate, calls: SqliteCallsInFlight, logger: Logger): void {
+function reconcileAtStart(gate: Gate, calls: LeftBehind, logger: Logger): void {
   try {
     const settled = gate.reconcileInterrupted(calls);
     if (settled.length > 0)
@@ -366,29 +408,43 @@ export function toolServices(app: App): ToolServices {
 
 /** Webhook targets with their secrets read now, so a missing secret stops the start-up. */
 function readNotifyTargets(config: ServerConfig): NotifyTarget[] {
-  return config.policy.approvals.notify.map((n, i) => {
-    const file = resolve(config.paths.config_dir, n.secret_file);
+  return config.policy.approvals.notify.map((n, i) => ({
+    url: n.url,
+    secret: readWebhookSecret(config, n.secret_file, `policy.approvals.notify.${i}`),
+    events: n.events,
+  }));
+}
+
+/** The alert webhooks (policy.alerts.notify), read as the approval ones are. */
+function readAlertTargets(config: ServerConfig): { url: string; secret: Buffer }[] {
+  return config.policy.alerts.notify.map((n, i) => ({
+    url: n.url,
+    secret: readWebhookSecret(config, n.secret_file, `policy.alerts.notify.${i}`),
+  }));
+}
+
+function readWebhookSecret(config: ServerConfig, secretFile: string, where: string): Buffer {
+  {
+    const file = resolve(config.paths.config_dir, secretFile);
     let secret: Buffer;
     try {
       secret = Buffer.from(readFileSync(file, "utf8").trim(), "utf8");
     } catch (e) {
       throw new ConfigError("(config)", [
-        `policy.approvals.notify.${i}.secret_file: cannot read ${file} (${(e as NodeJS.ErrnoException).code ?? e})`,
+        `${where}.secret_file: cannot read ${file} (${(e as NodeJS.ErrnoException).code ?? e})`,
       ]);
     }
     if (secret.length < 16) {
       throw new ConfigError("(config)", [
-        `policy.approvals.notify.${i}.secret_file: the secret in ${file} is shorter than 16 bytes; use \`tpu-mcp token new\` to make one`,
+        `${where}.secret_file: the secret in ${file} is shorter than 16 bytes; use \`tpu-mcp token new\` to make one`,
       ]);
     }
     // Whoever reads it can sign webhooks the receivers trust: owner-only, as ssh wants keys.
     try {
       checkSecretFile(file, "the webhook secret");
     } catch (e) {
-      throw new ConfigError("(config)", [
-        `policy.approvals.notify.${i}.secret_file: ${(e as Error).message}`,
-      ]);
+      throw new ConfigError("(config)", [`${where}.secret_file: ${(e as Error).message}`]);
     }
-    return { url: n.url, secret, events: n.events };
-  });
+    return secret;
+  }
 }

@@ -2,11 +2,7 @@
 // process arrive at once through the store's hook; changes made beside it (the `tpu-mcp
 // approvals` CLI on the same SQLite file) and expiries are found by a cheap poll. Each
 // (approval, status) pair is announced once, whichever path sees it first.
-import type {
-  ApprovalRecord,
-  ApprovalStatus,
-  SqliteApprovalStore,
-} from "../../policies/approvals.js";
+import type { ApprovalQueue, ApprovalRecord, ApprovalStatus } from "../../policies/approvals.js";
 
 export type FeedEventType = "created" | "decided" | "used" | "expired";
 export interface FeedEvent {
@@ -32,7 +28,7 @@ export class ApprovalFeed {
   private nextExpiry = Infinity;
 
   constructor(
-    private readonly store: SqliteApprovalStore,
+    private readonly store: ApprovalQueue,
     private readonly opts: { pollMs?: number; onError?: (e: unknown) => void } = {},
   ) {
     this.snapshot(false);

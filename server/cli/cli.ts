@@ -17,6 +17,7 @@ import { checkSecretFile, createDataDir, dataDir } from "../config/data_dir.js";
 import { createApp, type App } from "../app/app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
 import { runOperatorsCommand } from "./operators.js";
+import { runPrincipalsCommand } from "./principals.js";
 import { runDoctor } from "../doctor/index.js";
 import { runTpuSelfTest } from "../doctor/tpu.js";
 import { startHttp } from "../transports/http.js";
@@ -62,6 +63,9 @@ commands:
   audit verify-export FILE --head HASH|HEADFILE
                                 a receiver's check (no data dir, no key): FILE is a gap-free,
                                 unmodified segment of the chain ending at that head's export_hash
+  principals list | suspended | resume ID [--token T]
+                                the config's principals and who an alert rule suspended;
+                                resume lifts a suspension (operator token, audited)
   operators enrol NAME | list | remove NAME
                                 operators' passkeys: a one-time code for NAME's first passkey
                                 (the console enrols it), the list, removal (lost passkey)
@@ -210,7 +214,7 @@ async function main(argv: string[]): Promise<number> {
 
   // The commands that work on the server's state refuse plainly when the data dir is another
   // user's (the server running as its own user), rather than failing deep inside or listing nothing.
-  if (["approvals", "audit", "operators", "workers"].includes(command)) {
+  if (["approvals", "audit", "operators", "workers", "principals"].includes(command)) {
     const refusal = checkDataDirAccess(config.paths.data_dir, command);
     if (refusal) {
       err(refusal);
@@ -337,6 +341,22 @@ async function main(argv: string[]): Promise<number> {
         err,
         logger,
       });
+    case "principals": {
+      let token = values.token ?? process.env.TPU_MCP_TOKEN;
+      // As approvals approve: the embedded default resumes with its generated operator token.
+      if (positionals[0] === "resume" && embeddedAuth(config)) {
+        const operator = withOperatorToken(config);
+        config = operator.config;
+        token ??= operator.token;
+      }
+      return runPrincipalsCommand(config, positionals, {
+        token,
+        json: values.json === true,
+        out,
+        err,
+        logger,
+      });
+    }
     case "operators":
       return runOperatorsCommand(config, positionals, {
         json: values.json === true,

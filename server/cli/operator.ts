@@ -4,23 +4,17 @@
 // list/show, audit tail/head/verify/export) open the store read-only and never create it or the audit
 // key: on a fresh data directory they answer as an empty store would, and say so on stderr.
 import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
-import Database from "better-sqlite3";
 import type { Logger } from "pino";
-import {
-  SqliteApprovalStore,
-  type ApprovalRecord,
-  type ApprovalStatus,
-} from "../../policies/approvals.js";
-import { SqliteAuditLog, type AuditHead } from "../../policies/audit.js";
+import type { ApprovalRecord, ApprovalStatus } from "../../policies/approvals.js";
+import type { AuditHead, AuditTrail } from "../../policies/audit.js";
 import { parseSince, type ExportFormat } from "../../policies/audit_export.js";
 import { readAuditKey, type AuditKey } from "../../policies/audit_key.js";
 import { Authenticator } from "../../policies/auth.js";
-import { PasskeyStore } from "../../policies/passkeys/store.js";
 import { verifySignedDecisions } from "../../policies/passkeys/verify_trail.js";
-import type { SqliteDb } from "../../policies/sqlite.js";
+import { costNote } from "../../policies/limits/pricing.js";
 import { createPolicyServices } from "../app/build_policies.js";
+import { readApprovals, readAuditTrail } from "../app/storage.js";
 import type { ServerConfig } from "../config/config.js";
-import { dataDir, openExisting } from "../config/data_dir.js";
 import { terminalField } from "../terminal.js";
 
 interface Io {
@@ -33,7 +27,7 @@ interface Io {
 /** Three lines per approval; each line passes terminalField, so a caller's text stays inside it. */
 function describe(a: ApprovalRecord): string {
   const est = a.estimate
-    ? ` estimate: ${a.estimate.device_seconds.toFixed(1)} device-s, ${(a.estimate.memory_bytes / 2 ** 20).toFixed(0)} MiB memory, ${(a.estimate.weight_bytes / 2 ** 20).toFixed(0)} MiB weights`
+    ? ` estimate: ${a.estimate.device_seconds.toFixed(1)} device-s${costNote(a.estimate)}, ${(a.estimate.memory_bytes / 2 ** 20).toFixed(0)} MiB memory, ${(a.estimate.weight_bytes / 2 ** 20).toFixed(0)} MiB weights`
     : "";
   const decided = a.decided_by
     ? `  ${a.status === "denied" ? "denied" : "decided"} by ${a.decided_by}${a.reason ? `: ${a.reason}` : ""}`
@@ -45,24 +39,6 @@ function describe(a: ApprovalRecord): string {
   ]
     .map(terminalField)
     .join("\n");
-}
-
-/**
- * The policy store as it is, read-only. None yet (no server or decision has used this data
- * directory): an empty in-memory store answers instead, so the output is what an empty store
- * gives, and a note on stderr says why; nothing is created.
- */
-function readPolicyDb(config: ServerConfig, io: Io): SqliteDb {
-  const path = dataDir(config).policyDb;
-  const db = openExisting(path);
-  if (db) return db;
-  io.err(`(no policy store yet at ${path}: no server has run on this data directory)`);
-  return new Database(":memory:");
-}
-
-/** An existing store from before the current schema: migrate it as the server would. */
-function isReadOnlyRefusal(e: unknown): boolean {
-  return (e as { code?: string })?.code === "SQLITE_READONLY";
 }
 
 /** Paging of `approvals list`: pending first (all of them, page by page), then the rest. */
@@ -107,16 +83,8 @@ function showApprovals(
   io: Io,
   paging: ListPaging,
 ): number {
-  const db = readPolicyDb(config, io);
-  let approvals: SqliteApprovalStore;
-  try {
-    approvals = new SqliteApprovalStore(db);
-  } catch (e) {
-    db.close();
-    if (!isReadOnlyRefusal(e)) throw e;
-    // A policy.db without the approvals table yet: there is nothing to show.
-    approvals = new SqliteApprovalStore(new Database(":memory:"));
-  }
+  const store = readApprovals(config, io.err);
+  const { approvals } = store;
   try {
     if (sub === "list") {
       const page = approvals.page({ ...paging, limit: paging.limit ?? 100 });
@@ -153,8 +121,7 @@ function showApprovals(
     io.out(io.json ? JSON.stringify(a, null, 2) : describe(a));
     return 0;
   } finally {
-    approvals.close();
-    if (db.open) db.close();
+    store.close();
   }
 }
 
@@ -285,7 +252,7 @@ export async function runAuditCommand(
 
 /** `audit export`: to --out FILE (written in 1 MiB chunks) or stdout; the head on stderr. */
 function exportCommand(
-  audit: SqliteAuditLog,
+  audit: AuditTrail,
   io: Io & { since?: string; format?: string; outFile?: string },
 ): number {
   const format = (io.format ?? "jsonl") as ExportFormat;
@@ -332,42 +299,9 @@ function exportCommand(
   }
 }
 
-/**
- * The audit trail read-only. A store from before the keyed head (its schema needs a column) is
- * opened for writing, as the server would on start, to add it; a missing store is an empty
- * trail in memory.
- */
-function openAudit(
-  config: ServerConfig,
-  key: AuditKey | null,
-  io: Io,
-): { audit: SqliteAuditLog; passkeys: PasskeyStore; close(): void } {
-  const opts = { logger: io.logger, key };
-  const db = readPolicyDb(config, io);
-  try {
-    const audit = new SqliteAuditLog(db, opts);
-    return {
-      audit,
-      passkeys: new PasskeyStore(db),
-      close() {
-        audit.close();
-        if (db.open) db.close();
-      },
-    };
-  } catch (e) {
-    if (db.open) db.close();
-    if (!isReadOnlyRefusal(e)) throw e;
-    const audit = new SqliteAuditLog(dataDir(config).policyDb, opts);
-    const passkeys = new PasskeyStore(dataDir(config).policyDb);
-    return {
-      audit,
-      passkeys,
-      close: () => {
-        audit.close();
-        passkeys.close();
-      },
-    };
-  }
+/** The audit trail read-only (server/app/storage.ts): never made here. */
+function openAudit(config: ServerConfig, key: AuditKey | null, io: Io) {
+  return readAuditTrail(config, { key, logger: io.logger }, io.err);
 }
 
 /** A head exported by `tpu-mcp audit head` (the last JSON line of the file). */

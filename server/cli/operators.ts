@@ -8,11 +8,10 @@
 //   remove  retires NAME's passkeys (kept for audit verify, never sign again): the recovery for a
 //           lost authenticator (audited).
 import type { Logger } from "pino";
-import { PasskeyStore } from "../../policies/passkeys/store.js";
 import { isPolicyError } from "../../policies/errors.js";
 import { createPolicyServices, publicConsoleUrl } from "../app/build_policies.js";
+import { readPasskeys } from "../app/storage.js";
 import type { ServerConfig } from "../config/config.js";
-import { dataDir, openExisting } from "../config/data_dir.js";
 import { terminalField } from "../terminal.js";
 
 interface Io {
@@ -99,14 +98,13 @@ export async function runOperatorsCommand(
 }
 
 function list(config: ServerConfig, io: Io): number {
-  const db = openExisting(dataDir(config).policyDb);
-  if (!db) {
+  const store = readPasskeys(config);
+  if (!store) {
     io.out(io.json ? "[]" : "no passkeys");
     return 0;
   }
-  const store = new PasskeyStore(db);
   try {
-    const all = store.list().map((c) => ({
+    const all = store.passkeys.list().map((c) => ({
       id: c.id,
       operator: c.operator,
       status: c.status,
@@ -127,6 +125,5 @@ function list(config: ServerConfig, io: Io): number {
     return 0;
   } finally {
     store.close();
-    db.close();
   }
 }

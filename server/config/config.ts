@@ -73,6 +73,12 @@ export const ServerConfigSchema = z
   .object({
     /** Where SQLite stores (approvals, audit, jobs, reports) and generated files live. */
     data_dir: z.string().default(".data"),
+    /** Which backend holds the stores and the counters shared across calls (server/app/storage.ts):
+     *  `{"sqlite": {}}`, the files in data_dir. */
+    storage: z
+      .object({ sqlite: z.object({}).strict() })
+      .strict()
+      .prefault({ sqlite: {} }),
     log_level: z
       .enum(["trace", "debug", "info", "warn", "error", "fatal", "silent"])
       .default("info"),

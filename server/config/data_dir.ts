@@ -4,8 +4,6 @@
 // a store or a key, so looking at a fresh data directory leaves it as it was.
 import { chmodSync, closeSync, existsSync, mkdirSync, openSync, statSync } from "node:fs";
 import { join } from "node:path";
-import Database from "better-sqlite3";
-import type { SqliteDb } from "../../policies/sqlite.js";
 import type { ServerConfig } from "./config.js";
 
 export interface DataDir {
@@ -113,14 +111,5 @@ export function createDataDir(
   return layout;
 }
 
-/**
- * A store as it is, read-only; null when nothing has made it yet. (SQLite may add its -wal and
- * -shm files beside a store in WAL mode; the store itself is never created or changed.)
- */
-export function openExisting(path: string): SqliteDb | null {
-  if (!existsSync(path)) return null;
-  const db = new Database(path, { readonly: true, fileMustExist: true });
-  // The server may be writing: wait for it as the writers do (policies/sqlite.ts).
-  db.pragma("busy_timeout = 5000");
-  return db;
-}
+/** A store as it is, read-only; null when nothing has made it yet (policies/sqlite.ts). */
+export { openStoreDbReadOnly as openExisting } from "../../policies/sqlite.js";

@@ -16,7 +16,7 @@ import type { Logger } from "pino";
 import { refused, type Decision } from "../../policies/passkeys/binding.js";
 import type { PasskeyCeremonies, Site } from "../../policies/passkeys/ceremony.js";
 import type { DecisionEvidence } from "../../policies/passkeys/evidence.js";
-import type { PasskeyStore, StoredCredential } from "../../policies/passkeys/store.js";
+import type { Passkeys, StoredCredential } from "../../policies/passkeys/store.js";
 import { httpStatusOf, isPolicyError } from "../../policies/errors.js";
 import { hasScope, parseScopes, type Principal } from "../../policies/scopes.js";
 import type { App } from "../app/app.js";
@@ -26,7 +26,7 @@ import { HttpError } from "../http_util.js";
 export interface PasskeyRouteDeps {
   app: App;
   ceremonies: PasskeyCeremonies;
-  store: PasskeyStore;
+  store: Passkeys;
   log: Logger;
   publicHttps: boolean;
   readJson(req: IncomingMessage): Promise<any>;

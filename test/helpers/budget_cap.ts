@@ -62,7 +62,18 @@ export const TOKENS = {
   runner: "runner-token-0123456789ab",
   slow: "slow-token-0123456789abcd",
 };
-const ADMIN = "admin-token-0123456789abc";
+export const ADMIN = "admin-token-0123456789abc";
+
+/** What the money twin (budget_cap_money.test.ts) changes in the scenario's server. */
+export interface CapServerOptions {
+  /** Replaces limits.budget (device_seconds_per_window: LIMIT). */
+  budget?: Record<string, unknown>;
+  pricing?: Record<string, unknown>;
+  /** Principals beside the scenario's, with its scopes. */
+  tokens?: Record<string, string>;
+  /** Replaces the approvals section (no rules, no elicitation). */
+  approvals?: Record<string, unknown>;
+}
 
 /** A pass's latency the planted report says (the knob's floor of two waits), ms. */
 const PASS_MS = 2 * DEVICE_WAIT_S * 1000;
@@ -175,14 +186,17 @@ export function charges(dataDir: string, line: string): number[] {
  * of the host's drift either (policies/estimate.ts). One iteration asked (at most 4 once
  * extended) keeps it far within TIMEOUT.
  */
-export async function startCapServer(dir: string): Promise<HttpServerProc> {
+export async function startCapServer(
+  dir: string,
+  opts: CapServerOptions = {},
+): Promise<HttpServerProc> {
   const dataDir = join(dir, "data");
   plantCalls(dataDir, [BATCH, TIMEOUT_BATCH], EST);
   const config = writeConfig(
     {
       policy: {
         tokens: [
-          ...Object.entries(TOKENS).map(([id, token]) => ({
+          ...Object.entries({ ...TOKENS, ...opts.tokens }).map(([id, token]) => ({
             id,
             token_sha256: hashToken(token),
             scopes: SCOPES,
@@ -193,9 +207,10 @@ export async function startCapServer(dir: string): Promise<HttpServerProc> {
           rate_limit: { per_principal_per_minute: 6000 },
           soft_deadline_s: 0,
           call_timeout_s: { run_benchmark: TIMEOUT },
-          budget: { device_seconds_per_window: LIMIT, window_s: 3600 },
+          budget: opts.budget ?? { device_seconds_per_window: LIMIT, window_s: 3600 },
         },
-        approvals: { rules: [], elicitation: false },
+        approvals: opts.approvals ?? { rules: [], elicitation: false },
+        ...(opts.pricing ? { pricing: opts.pricing } : {}),
       },
     },
     dir,

@@ -3,11 +3,11 @@
 // gate/supervise.ts), so waiting costs nobody's budget, and a benchmark's partial report is kept
 // (issue 33, row 5: it was lost to the 2 s cancel grace under load, and the call was answered
 // "cancelled by the caller"). A worker still running a stopped call after stopGraceMs ignores
-// its cancel: it is restarted. The real worker; its test knob TPU_WORKER_CPU_DEVICE_WAIT_S makes
+// its cancel: it is restarted. A job cancelled by cancel_job keeps its finished part the same way. The real worker; its test knob TPU_WORKER_CPU_DEVICE_WAIT_S makes
 // every synchronize (two per benchmark iteration) sleep, so the next check is seconds away.
 import { afterEach, describe, expect, it } from "vitest";
 import type { WorkerRuntime } from "../../runtime/client.js";
-import { RuntimeCallError } from "../../runtime/types.js";
+import { RuntimeCallError, keepPartialCancel } from "../../runtime/types.js";
 import { parseConfig } from "../../server/config/config.js";
 import { MIN_SEQ_LEN } from "../../tools/run_benchmark.js";
 import { cpuRuntime, repoRoot, waitFor } from "./helpers.js";
@@ -31,13 +31,13 @@ afterEach(async () => {
   rt = undefined;
 });
 
-/** Runs the benchmark and stops it for the budget at its first progress message. */
-function stoppedBenchmark(r: WorkerRuntime) {
+/** Runs the benchmark and aborts it with `reason` (a budget stop by default) at its first progress. */
+function stoppedBenchmark(r: WorkerRuntime, reason: unknown = { stop: "budget" }) {
   const ac = new AbortController();
   return r.call<{ stopped?: string; cancelled: boolean; configs: { iterations: number }[] }>(
     "benchmark",
     benchmark,
-    { signal: ac.signal, onProgress: () => ac.abort({ stop: "budget" }) },
+    { signal: ac.signal, onProgress: () => ac.abort(reason) },
   );
 }
 
@@ -56,6 +56,24 @@ describe("a stopped call in the runtime", () => {
       const { result } = await stoppedBenchmark(rt);
       expect(result.stopped).toBe("budget");
       expect(result.cancelled).toBe(false);
+      expect(rt.restarts()).toBe(0);
+    },
+  );
+
+  it(
+    "waits past the cancel grace for a cancelled job's finished part (cancel_job)",
+    { timeout: scaled(180_000) },
+    async () => {
+      // cancel_job keeps what was measured: seen lost under four CPU burners (issue 34), when the
+      // worker's answer came after the 2 s grace and the job ended cancelled with no result.
+      rt = cpuRuntime({
+        env: { ...process.env, TPU_WORKER_CPU_DEVICE_WAIT_S: "1" },
+        cancelGraceMs: 50,
+        stopGraceMs: 60_000,
+      });
+      const { result } = await stoppedBenchmark(rt, keepPartialCancel("cancelled by cancel_job"));
+      expect(result.cancelled).toBe(true);
+      expect(result.stopped).toBeUndefined();
       expect(rt.restarts()).toBe(0);
     },
   );

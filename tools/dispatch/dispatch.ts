@@ -138,6 +138,8 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
               }),
           }
         : {}),
+      // The kind the estimate read (pricing prices the estimate by it).
+      deviceKind: () => work?.device,
       signal: input.signal,
       elicit: input.elicit,
       inBand: input.inBand,

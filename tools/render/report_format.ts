@@ -40,6 +40,13 @@ export function renderReportMarkdown(report: Any): string {
       (report.stopped ? ` — **stopped (${report.stopped}): partial results**` : ""),
   );
   lines.push("");
+  // With the server's pricing set: what the measured device time cost.
+  const cost: Any = report.cost;
+  if (cost)
+    lines.push(
+      `Cost: ${cost.measured} ${cost.currency} for ${cost.measured_s} s measured on ${cost.device_kind} at ${cost.price_per_chip_hour} ${cost.currency} per chip-hour.`,
+      "",
+    );
   lines.push(
     `Warmup ${m.warmup ?? "?"} (never counted), ${m.iterations ? `${m.iterations} iterations` : `${m.duration_s} s`} per configuration; ` +
       `${m.torch_threads ?? "?"} torch threads; seed ${m.seed ?? "?"}; precision reference: ${m.precision_reference ?? "–"}; ` +

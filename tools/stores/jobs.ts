@@ -1,10 +1,11 @@
 // Long work (loads, benchmarks) that outlives a client's request timeout. Jobs are persisted in
 // SQLite so a restart never loses a result and never runs a job twice: a job that was running
 // when the server stopped is marked `interrupted`, not resumed.
-import Database from "better-sqlite3";
 import { randomBytes } from "node:crypto";
 import { z } from "zod";
+import { resolveDb, type SqliteDb } from "../../policies/sqlite.js";
 import { toToolError } from "../errors.js";
+import { keepPartialCancel } from "../../runtime/types.js";
 
 export type JobStatus = "running" | "succeeded" | "failed" | "cancelled" | "interrupted";
 
@@ -27,10 +28,19 @@ type Runner = (
   progress: (p: number, total?: number, message?: string) => void,
 ) => Promise<Record<string, unknown>>;
 
+/**
+ * Long jobs and their results. SQLite: node-local (a job runs in the process that started it,
+ * and a start marks every `running` row interrupted, so the file must not be shared by two
+ * running servers).
+ */
 export interface Jobs {
   start(tool: string, principal: string, run: Runner): JobRecord;
   get(jobId: string, principal: string): JobRecord | undefined;
   cancel(jobId: string, principal: string): JobRecord | undefined;
+  /** Every principal's jobs, newest first: for the operator console, never for a tool. */
+  listAll(limit?: number): JobRecord[];
+  /** An operator's cancel (console, admin scope): any principal's running job. */
+  cancelAny(jobId: string): JobRecord | undefined;
   /** Resolves when the job leaves `running` (or at once). */
   settled(jobId: string): Promise<void>;
   running(): number;
@@ -52,17 +62,19 @@ interface Row {
 }
 
 export class SqliteJobs implements Jobs {
-  private readonly db: Database.Database;
+  private readonly db: SqliteDb;
+  private readonly owned: boolean;
   private readonly live = new Map<string, { ctrl: AbortController; done: Promise<void> }>();
   private readonly now: () => Date;
   private readonly onError?: (e: unknown) => void;
 
-  constructor(file: string, opts: { now?: () => Date; onError?: (e: unknown) => void } = {}) {
+  constructor(
+    pathOrDb: string | SqliteDb,
+    opts: { now?: () => Date; onError?: (e: unknown) => void } = {},
+  ) {
     this.now = opts.now ?? (() => new Date());
     this.onError = opts.onError;
-    this.db = new Database(file);
-    this.db.pragma("journal_mode = WAL");
-    this.db.pragma("busy_timeout = 5000");
+    ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
     this.db.exec(`CREATE TABLE IF NOT EXISTS jobs (
       job_id TEXT PRIMARY KEY, tool TEXT NOT NULL, principal TEXT NOT NULL, status TEXT NOT NULL,
       progress REAL, total REAL, message TEXT, result TEXT, error TEXT,
@@ -152,7 +164,7 @@ export class SqliteJobs implements Jobs {
   cancel(jobId: string, principal: string): JobRecord | undefined {
     const r = this.row(jobId);
     if (!r || r.principal !== principal) return undefined;
-    this.live.get(jobId)?.ctrl.abort(new Error("cancelled by cancel_job"));
+    this.live.get(jobId)?.ctrl.abort(keepPartialCancel("cancelled by cancel_job"));
     return this.toRecord(r);
   }
 
@@ -168,7 +180,7 @@ export class SqliteJobs implements Jobs {
   cancelAny(jobId: string): JobRecord | undefined {
     const r = this.row(jobId);
     if (!r) return undefined;
-    this.live.get(jobId)?.ctrl.abort(new Error("cancelled by an operator"));
+    this.live.get(jobId)?.ctrl.abort(keepPartialCancel("cancelled by an operator"));
     return this.toRecord(r);
   }
 
@@ -182,7 +194,7 @@ export class SqliteJobs implements Jobs {
 
   close(): void {
     for (const { ctrl } of this.live.values()) ctrl.abort(new Error("server shutting down"));
-    this.db.close();
+    if (this.owned && this.db.open) this.db.close();
   }
 }
 

@@ -1,8 +1,8 @@
 // Benchmark reports, persisted so that `baseline_id` comparisons and tpu://benchmarks/{id}
 // survive restarts, and so that cost estimates can learn from past runs.
-import Database from "better-sqlite3";
 import { randomBytes } from "node:crypto";
 import { workKey, type CallRecord } from "../../policies/estimate.js";
+import { resolveDb, type SqliteDb } from "../../policies/sqlite.js";
 
 /** Measured calls kept per (model, device kind): enough for every shape a deployment repeats. */
 const CALLS_KEPT = 200;
@@ -49,12 +49,11 @@ export interface Reports {
 }
 
 export class SqliteReports implements Reports {
-  private readonly db: Database.Database;
+  private readonly db: SqliteDb;
+  private readonly owned: boolean;
   readonly openedAt = Date.now();
-  constructor(file: string) {
-    this.db = new Database(file);
-    this.db.pragma("journal_mode = WAL");
-    this.db.pragma("busy_timeout = 5000");
+  constructor(pathOrDb: string | SqliteDb) {
+    ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
     this.db.exec(`CREATE TABLE IF NOT EXISTS benchmark_reports (
       id TEXT PRIMARY KEY, principal TEXT NOT NULL, model TEXT NOT NULL, device TEXT NOT NULL,
       created_at TEXT NOT NULL, report TEXT NOT NULL);
@@ -230,7 +229,7 @@ export class SqliteReports implements Reports {
 
   close(): void {
     this.flushCalls();
-    this.db.close();
+    if (this.owned && this.db.open) this.db.close();
   }
 }
 

@@ -1,0 +1,118 @@
+// The Postgres schema, versioned: each migration runs once, in its own transaction, in order,
+// when a replica starts (or `tpu-mcp storage migrate`). Replicas starting together take one
+// advisory lock, so one migrates and the others find the work done. A database whose schema is
+// newer than this code knows is refused: an older replica must not write rows a newer one reads
+// differently.
+import type { PgClient, PgPool } from "./pool.js";
+
+/** Session-level advisory lock key of the migration (any constant, distinct from the per-principal ones). */
+const MIGRATION_LOCK = 7_801_000_001;
+
+export const MIGRATIONS: readonly { version: number; name: string; sql: string }[] = [
+  {
+    version: 1,
+    name: "budget, approvals, request states, audit chain, jobs",
+    sql: `
+      CREATE TABLE budget_charges (
+        id BIGSERIAL PRIMARY KEY, principal TEXT NOT NULL, time_ms BIGINT NOT NULL,
+        seconds DOUBLE PRECISION NOT NULL, tool TEXT, replica TEXT NOT NULL);
+      CREATE INDEX budget_charges_by_principal ON budget_charges (principal, time_ms);
+      CREATE TABLE budget_reservations (
+        id TEXT PRIMARY KEY, principal TEXT NOT NULL, seconds DOUBLE PRECISION NOT NULL,
+        replica TEXT NOT NULL, created_ms BIGINT NOT NULL, expires_ms BIGINT NOT NULL);
+      CREATE INDEX budget_reservations_by_principal ON budget_reservations (principal);
+      CREATE TABLE approvals (
+        id TEXT PRIMARY KEY, principal TEXT NOT NULL, tool TEXT NOT NULL, args_digest TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending','approved','denied','used','expired')),
+        created_ms BIGINT NOT NULL, expires_ms BIGINT NOT NULL,
+        approver TEXT, reason TEXT, decided_ms BIGINT, used_ms BIGINT, used_by TEXT);
+      CREATE TABLE consumed_states (nonce TEXT PRIMARY KEY, consumed_ms BIGINT NOT NULL, replica TEXT NOT NULL);
+      CREATE TABLE audit_records (
+        seq BIGINT PRIMARY KEY, record TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
+        replica TEXT NOT NULL);
+      CREATE TABLE audit_head (id INT PRIMARY KEY CHECK (id = 1), seq BIGINT NOT NULL, hash TEXT NOT NULL);
+      INSERT INTO audit_head VALUES (1, 0, '');
+      CREATE TABLE jobs (
+        job_id TEXT PRIMARY KEY, tool TEXT NOT NULL, principal TEXT NOT NULL, status TEXT NOT NULL,
+        owner TEXT NOT NULL, lease_until_ms BIGINT NOT NULL, cancel_requested BOOLEAN NOT NULL DEFAULT false,
+        result JSONB, error JSONB, created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL);
+      CREATE INDEX jobs_running_by_lease ON jobs (lease_until_ms) WHERE status = 'running';`,
+  },
+];
+
+/** The newest schema this code knows. */
+export const SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
+
+export class SchemaError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "SchemaError";
+  }
+}
+
+/** The database's schema version (0: none yet). */
+export async function schemaVersion(pool: PgPool): Promise<number> {
+  const t = await pool.query("SELECT to_regclass('tpu_mcp_schema') AS t");
+  if (!t.rows[0].t) return 0;
+  const r = await pool.query("SELECT COALESCE(MAX(version), 0) AS v FROM tpu_mcp_schema");
+  return Number(r.rows[0].v);
+}
+
+/** Refuses a schema newer than this code's. */
+function refuseNewer(found: number): void {
+  if (found > SCHEMA_VERSION)
+    throw new SchemaError(
+      `the database's schema is version ${found}, newer than this tpu-mcp knows (${SCHEMA_VERSION}): a newer replica migrated it; run that version here too (an older one must not write to it)`,
+    );
+}
+
+/** Applies every migration the database lacks; returns the versions applied now. */
+export async function migrate(pool: PgPool): Promise<number[]> {
+  const c = await pool.connect();
+  try {
+    await c.query("SELECT pg_advisory_lock($1)", [MIGRATION_LOCK]);
+    await c.query(
+      "CREATE TABLE IF NOT EXISTS tpu_mcp_schema (version INT PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    );
+    const found = await schemaVersion(pool);
+    refuseNewer(found);
+    const applied: number[] = [];
+    for (const m of MIGRATIONS) {
+      if (m.version <= found) continue;
+      await inTransactionOn(c, async () => {
+        await c.query(m.sql);
+        await c.query("INSERT INTO tpu_mcp_schema (version, name) VALUES ($1, $2)", [
+          m.version,
+          m.name,
+        ]);
+      });
+      applied.push(m.version);
+    }
+    return applied;
+  } finally {
+    await c.query("SELECT pg_advisory_unlock($1)", [MIGRATION_LOCK]).catch(() => {});
+    c.release();
+  }
+}
+
+/** At start without migrating (`storage check`): the version must be this code's. */
+export async function checkSchema(pool: PgPool): Promise<number> {
+  const found = await schemaVersion(pool);
+  refuseNewer(found);
+  if (found < SCHEMA_VERSION)
+    throw new SchemaError(
+      `the database's schema is version ${found}; this tpu-mcp needs ${SCHEMA_VERSION}: run \`tpu-mcp storage migrate\``,
+    );
+  return found;
+}
+
+async function inTransactionOn(c: PgClient, fn: () => Promise<void>): Promise<void> {
+  await c.query("BEGIN");
+  try {
+    await fn();
+    await c.query("COMMIT");
+  } catch (e) {
+    await c.query("ROLLBACK").catch(() => {});
+    throw e;
+  }
+}

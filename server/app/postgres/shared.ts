@@ -1,0 +1,276 @@
+// The state replicas must agree on, in Postgres: each promise is one transaction, so it holds
+// however many replicas race for it.
+//
+// - Budget admission: a call's estimate is reserved under the principal's advisory lock, after
+//   reading the window's charges and every replica's live reservations in the same transaction;
+//   two replicas admitting for one principal take turns, so the cap is the cap across all of them.
+//   The window is the database's clock (replicas' clocks may disagree; the database's is one).
+// - An approval is decided once and used once: a conditional UPDATE on its status.
+// - A request state's nonce is consumed once: its INSERT conflicts on every replay.
+// - The audit trail has ONE chain with one head row: an append takes the head under a row lock,
+//   so records from every replica are in one total order, and `audit verify` and an export
+//   check one head, as with SQLite. (Per-replica chains would spare that lock, but a verifier
+//   would have to be told every replica's head, and a replica removed from the deployment could
+//   drop its chain's tail unseen; the lock costs one round trip per append.)
+import { createHmac, randomBytes } from "node:crypto";
+import { inTransaction, type PgClient, type PgPool } from "./pool.js";
+
+const NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+export interface AdmitResult {
+  ok: boolean;
+  /** The reservation to settle, when admitted. */
+  id?: string;
+  charged_s: number;
+  reserved_s: number;
+  limit_s: number;
+}
+
+/** Device-seconds per principal over a sliding window, shared by every replica. */
+export class PgBudget {
+  constructor(
+    private readonly pool: PgPool,
+    private readonly opts: {
+      limitS: number;
+      windowS: number;
+      replica: string;
+      /** A reservation left by a replica that died is dropped after this long (its call's deadline). */
+      reservationTtlS?: number;
+    },
+  ) {}
+
+  /**
+   * Reserves `needS` for `principal` if the window's charges plus every live reservation leave
+   * room: one transaction, under the principal's advisory lock.
+   */
+  admit(principal: string, needS: number, limitS = this.opts.limitS): Promise<AdmitResult> {
+    return inTransaction(this.pool, async (c) => {
+      await c.query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7801))", [principal]);
+      return this.decide(c, principal, needS, limitS);
+    });
+  }
+
+  /**
+   * The same decision without the lock or the transaction: each read is its own snapshot, so
+   * two replicas can both read the room before either reserves it. Kept to show (test/postgres)
+   * that the lock is what makes the cap hold; never used by the server.
+   */
+  admitOnStaleRead(
+    principal: string,
+    needS: number,
+    limitS = this.opts.limitS,
+  ): Promise<AdmitResult> {
+    return this.decide(this.pool, principal, needS, limitS);
+  }
+
+  private async decide(
+    c: PgClient | PgPool,
+    principal: string,
+    needS: number,
+    limitS: number,
+  ): Promise<AdmitResult> {
+    const r = await c.query(
+      `SELECT ${NOW_MS} AS now_ms,
+        (SELECT COALESCE(SUM(seconds), 0) FROM budget_charges
+          WHERE principal = $1 AND time_ms > ${NOW_MS} - $2::bigint) AS charged,
+        (SELECT COALESCE(SUM(seconds), 0) FROM budget_reservations
+          WHERE principal = $1 AND expires_ms > ${NOW_MS}) AS reserved`,
+      [principal, Math.round(this.opts.windowS * 1000)],
+    );
+    const charged = Number(r.rows[0].charged);
+    const reserved = Number(r.rows[0].reserved);
+    const base = { charged_s: charged, reserved_s: reserved, limit_s: limitS };
+    if (charged + reserved + needS > limitS + 1e-9) return { ok: false, ...base };
+    const id = `res_${randomBytes(12).toString("hex")}`;
+    const ttl = Math.round((this.opts.reservationTtlS ?? 3600) * 1000);
+    await c.query(
+      `INSERT INTO budget_reservations (id, principal, seconds, replica, created_ms, expires_ms)
+       VALUES ($1, $2, $3, $4, ${NOW_MS}, ${NOW_MS} + $5::bigint)`,
+      [id, principal, needS, this.opts.replica, ttl],
+    );
+    return { ok: true, id, ...base };
+  }
+
+  /** The call ended: its reservation becomes its measured charge, in one transaction. */
+  settle(id: string, principal: string, chargedS: number, tool?: string): Promise<void> {
+    return inTransaction(this.pool, async (c) => {
+      await c.query("DELETE FROM budget_reservations WHERE id = $1", [id]);
+      if (chargedS > 0)
+        await c.query(
+          `INSERT INTO budget_charges (principal, time_ms, seconds, tool, replica)
+           VALUES ($1, ${NOW_MS}, $2, $3, $4)`,
+          [principal, chargedS, tool ?? null, this.opts.replica],
+        );
+    });
+  }
+
+  /** Charged seconds inside the window now. */
+  async charged(principal: string): Promise<number> {
+    const r = await this.pool.query(
+      `SELECT COALESCE(SUM(seconds), 0) AS s FROM budget_charges
+       WHERE principal = $1 AND time_ms > ${NOW_MS} - $2::bigint`,
+      [principal, Math.round(this.opts.windowS * 1000)],
+    );
+    return Number(r.rows[0].s);
+  }
+}
+
+export type Decision = "approve" | "deny";
+
+/** Approvals decided once and used once, whichever replica asks. */
+export class PgApprovals {
+  constructor(private readonly pool: PgPool) {}
+
+  async create(req: {
+    principal: string;
+    tool: string;
+    args_digest: string;
+    ttlS: number;
+  }): Promise<string> {
+    const id = `apr_${randomBytes(16).toString("hex")}`;
+    await this.pool.query(
+      `INSERT INTO approvals (id, principal, tool, args_digest, status, created_ms, expires_ms)
+       VALUES ($1, $2, $3, $4, 'pending', ${NOW_MS}, ${NOW_MS} + $5::bigint)`,
+      [id, req.principal, req.tool, req.args_digest, Math.round(req.ttlS * 1000)],
+    );
+    return id;
+  }
+
+  async get(
+    id: string,
+  ): Promise<{ id: string; status: string; approver: string | null } | undefined> {
+    const r = await this.pool.query("SELECT id, status, approver FROM approvals WHERE id = $1", [
+      id,
+    ]);
+    return r.rows[0];
+  }
+
+  /** The one decision: true for the caller whose UPDATE found it pending, false for every other. */
+  async decide(
+    id: string,
+    decision: Decision,
+    approver: string,
+    reason?: string,
+  ): Promise<boolean> {
+    const r = await this.pool.query(
+      `UPDATE approvals SET status = $2, approver = $3, reason = $4, decided_ms = ${NOW_MS}
+       WHERE id = $1 AND status = 'pending' AND expires_ms > ${NOW_MS}`,
+      [id, decision === "approve" ? "approved" : "denied", approver, reason ?? null],
+    );
+    return r.rowCount === 1;
+  }
+
+  /** Uses an approved approval for exactly this call, once: true for the one caller that did. */
+  async consume(
+    id: string,
+    principal: string,
+    tool: string,
+    digest: string,
+    by: string,
+  ): Promise<boolean> {
+    const r = await this.pool.query(
+      `UPDATE approvals SET status = 'used', used_ms = ${NOW_MS}, used_by = $5
+       WHERE id = $1 AND status = 'approved' AND principal = $2 AND tool = $3 AND args_digest = $4
+         AND expires_ms > ${NOW_MS}`,
+      [id, principal, tool, digest, by],
+    );
+    return r.rowCount === 1;
+  }
+}
+
+/** Request-state nonces, each consumed once across every replica. */
+export class PgRequestStates {
+  constructor(
+    private readonly pool: PgPool,
+    private readonly replica: string,
+  ) {}
+
+  /** True the first time `nonce` is presented anywhere; false on every replay. */
+  async consume(nonce: string): Promise<boolean> {
+    const r = await this.pool.query(
+      `INSERT INTO consumed_states (nonce, consumed_ms, replica) VALUES ($1, ${NOW_MS}, $2)
+       ON CONFLICT (nonce) DO NOTHING`,
+      [nonce, this.replica],
+    );
+    return r.rowCount === 1;
+  }
+}
+
+export interface ChainVerify {
+  ok: boolean;
+  checked: number;
+  /** The first record that does not chain, with why. */
+  bad?: { seq: number; reason: string };
+}
+
+/** The audit trail as one HMAC chain with one head row, appended by every replica in turn. */
+export class PgAuditChain {
+  constructor(
+    private readonly pool: PgPool,
+    private readonly key: Buffer,
+    private readonly replica: string,
+  ) {}
+
+  private link(prev: string, seq: number, record: string): string {
+    return createHmac("sha256", this.key).update(`${seq}\n${prev}\n${record}`).digest("hex");
+  }
+
+  /** Appends under the head's row lock: the record's seq and link are the head's successors. */
+  append(record: Record<string, unknown>): Promise<{ seq: number; hash: string }> {
+    const text = JSON.stringify(record);
+    return inTransaction(this.pool, async (c) => {
+      const h = await c.query("SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE");
+      const seq = Number(h.rows[0].seq) + 1;
+      const prev = h.rows[0].hash as string;
+      const hash = this.link(prev, seq, text);
+      await c.query(
+        "INSERT INTO audit_records (seq, record, prev_hash, hash, replica) VALUES ($1, $2, $3, $4, $5)",
+        [seq, text, prev, hash, this.replica],
+      );
+      await c.query("UPDATE audit_head SET seq = $1, hash = $2 WHERE id = 1", [seq, hash]);
+      return { seq, hash };
+    });
+  }
+
+  /** Walks the whole chain in one snapshot: every link recomputed, the last one the head's. */
+  verify(): Promise<ChainVerify> {
+    return inTransaction(this.pool, async (c) => {
+      await c.query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+      const head = (await c.query("SELECT seq, hash FROM audit_head WHERE id = 1")).rows[0];
+      const rows = (
+        await c.query("SELECT seq, record, prev_hash, hash FROM audit_records ORDER BY seq")
+      ).rows as { seq: string; record: string; prev_hash: string; hash: string }[];
+      let prev = "";
+      let checked = 0;
+      for (const r of rows) {
+        const seq = Number(r.seq);
+        if (seq !== checked + 1)
+          return { ok: false, checked, bad: { seq, reason: "a record is missing before it" } };
+        if (r.prev_hash !== prev)
+          return {
+            ok: false,
+            checked,
+            bad: { seq, reason: "its link to the previous record is wrong" },
+          };
+        if (this.link(prev, seq, r.record) !== r.hash)
+          return {
+            ok: false,
+            checked,
+            bad: { seq, reason: "its content does not match its hash (edited)" },
+          };
+        prev = r.hash;
+        checked++;
+      }
+      if (Number(head.seq) !== checked || head.hash !== prev)
+        return {
+          ok: false,
+          checked,
+          bad: {
+            seq: checked,
+            reason: "the head does not name the last record (records were removed)",
+          },
+        };
+      return { ok: true, checked };
+    });
+  }
+}

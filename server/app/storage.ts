@@ -1,0 +1,275 @@
+// The storage port: every store that persists and every counter that must agree across calls,
+// built here, in one place, from the config's one `storage` setting. The rest of the server, the
+// console and the CLI hold the interfaces below, never a store's class, so a second backend is
+// a second builder in this file, not an edit across the tree.
+//
+// Each member says whether it is SHARED (replicas of one deployment must see the same state:
+// a shared backend keeps it in the database) or NODE-LOCAL (each process keeps its own, and
+// sharing it would be wrong or pointless). With SQLite (the default, one process and the CLI
+// beside it) every store is the data directory's file it always was, opened through
+// policies/sqlite.ts with the same pragmas; the counters are this process's memory.
+import type { Logger } from "pino";
+import { SqliteApprovalStore, type ApprovalQueue } from "../../policies/approvals.js";
+import { SqliteAuditLog, type AuditTrail } from "../../policies/audit.js";
+import { loadOrCreateAuditKey, type AuditKey } from "../../policies/audit_key.js";
+import { SqliteCallsInFlight, type CallsInFlight } from "../../policies/calls_in_flight.js";
+import type { LeftBehind } from "../../policies/gate/reconcile.js";
+import { SqliteBudgetLedger, type BudgetLedger } from "../../policies/limits/budget.js";
+import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
+import { RateLimiter, type RateLimit } from "../../policies/limits/rate.js";
+import { PasskeyStore, type Passkeys } from "../../policies/passkeys/store.js";
+import { SqliteAlertStore, type AlertStore } from "../../policies/alerts/store.js";
+import {
+  SqliteSuspensionStore,
+  type Suspension,
+  type SuspensionStore,
+} from "../../policies/suspensions.js";
+import {
+  emptyStoreDb,
+  openStoreDb,
+  openStoreDbReadOnly,
+  type SqliteDb,
+} from "../../policies/sqlite.js";
+import { SqliteJobs, type Jobs } from "../../tools/stores/jobs.js";
+import { MemoryOutputs, type Outputs } from "../../tools/stores/outputs.js";
+import { SqliteReports, type Reports } from "../../tools/stores/reports.js";
+import type { ServerConfig } from "../config/config.js";
+import { createDataDir, dataDir } from "../config/data_dir.js";
+import { ControlChannel } from "../control/channel.js";
+
+/** What the gate's admission and the decisions need: opened by the server and the writing CLI. */
+export interface PolicyStores {
+  /** Which backend the config chose. */
+  readonly backend: "sqlite";
+  /** SHARED: approvals, decided once and consumed once wherever asked. */
+  approvals: ApprovalQueue;
+  /** SHARED: the audit trail, its one chained head and its verification checkpoint. */
+  audit: AuditTrail;
+  /** The key of the audit chain and of the request state: replicas must hold the same one. */
+  auditKey: { key: AuditKey; created: boolean };
+  /**
+   * SHARED: device-seconds charged per budget line over the window. (SQLite: the rows in
+   * policy.db and this process's mirror of them, the one writer of the file.)
+   */
+  budget: BudgetLedger;
+  /**
+   * SHARED: admitted calls not yet charged, settled at start when a killed process left them
+   * (SQLite: every row is this data directory's one server's).
+   */
+  calls: CallsInFlight & LeftBehind;
+  /** SHARED: operators' passkeys and their signature counters. */
+  passkeys: Passkeys;
+  /** SHARED: principals an alert rule suspended (the gate refuses them; the CLI resumes them). */
+  suspensions: SuspensionStore;
+  /** SHARED: the alerts that fired, and each rule's quiet time per subject (once per window). */
+  alertStore: AlertStore;
+  /**
+   * SHARED: calls per minute per principal. (SQLite: this process's token buckets; a restart
+   * refills them, which a per-minute allowance can afford.)
+   */
+  rateLimiter: RateLimit;
+  /**
+   * NODE-LOCAL: slots on this process's devices and the per-principal pending caps of its
+   * queues. Admission order on one device is the device owner's, so a replica queues only for
+   * the devices it reaches.
+   */
+  limiter: ConcurrencyLimiter;
+  close(): void;
+}
+
+/** The server's stores: the policy stores and those only a running server opens. */
+export interface Storage extends PolicyStores {
+  /**
+   * Long jobs (SQLite: NODE-LOCAL, jobs.db: a job runs in the process that started it, and a
+   * start marks every `running` row interrupted, so two servers must not share the file).
+   */
+  jobs: Jobs;
+  /** SHARED: benchmark reports and measured calls (estimates learn from every replica's). */
+  reports: Reports;
+  /** NODE-LOCAL: tensors kept for a later call, in memory, bounded; lost on restart. */
+  outputs: Outputs;
+  /** SHARED: workers' desired state and what the server observes (the CLI's control channel). */
+  channel: ControlChannel;
+}
+
+/**
+ * The policy stores for writing: the server, and the CLI commands that decide or change state
+ * (approve, deny, workers drain/scale/reload). Makes the data directory and the audit key when
+ * missing; read-only commands use the read* openers below instead.
+ */
+export function openPolicyStores(config: ServerConfig, logger: Logger): PolicyStores {
+  const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
+  const policy = config.policy;
+  // One handle for the stores of policy.db (they share the file, and close with it).
+  const db = openStoreDb(layout.policyDb);
+  const approvals = new SqliteApprovalStore(db, { keepDecidedS: policy.approvals.keep_decided_s });
+  const auditKey = loadOrCreateAuditKey(layout.auditKey);
+  const audit = new SqliteAuditLog(db, {
+    logger: logger.child({ component: "audit" }),
+    key: auditKey.key,
+    keyCreated: auditKey.created,
+    refusalWindowMs: policy.audit.refusal_window_s * 1000,
+  });
+  const budget = new SqliteBudgetLedger(db, policy.limits.budget);
+  const passkeys = new PasskeyStore(db);
+  const calls = new SqliteCallsInFlight(db, { withCharges: (write) => budget.alongside(write) });
+  const suspensions = new SqliteSuspensionStore(db);
+  const alertStore = new SqliteAlertStore(db);
+  return {
+    backend: "sqlite",
+    approvals,
+    audit,
+    auditKey,
+    budget,
+    calls,
+    passkeys,
+    suspensions,
+    alertStore,
+    rateLimiter: new RateLimiter(policy.limits.rate_limit.per_principal_per_minute),
+    limiter: new ConcurrencyLimiter(policy.limits),
+    close() {
+      suspensions.close();
+      alertStore.close();
+      calls.close();
+      passkeys.close();
+      approvals.close();
+      audit.close();
+      budget.close();
+      if (db.open) db.close();
+    },
+  };
+}
+
+/** Every store a running server holds (the policy stores are built by createPolicyServices). */
+export function openServerStores(
+  config: ServerConfig,
+  logger: Logger,
+): Omit<Storage, keyof PolicyStores> & { close(): void } {
+  // Each store also closes on its own: the server closes them at their own points of its shutdown.
+  const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
+  const reports = new SqliteReports(layout.reportsDb);
+  const jobs = new SqliteJobs(layout.jobsDb, {
+    onError: (err) => logger.error({ err }, "job failed unexpectedly"),
+  });
+  const channel = ControlChannel.open(layout.workersDb);
+  return {
+    jobs,
+    reports,
+    outputs: new MemoryOutputs(config.inference.outputs_max_bytes),
+    channel,
+    close() {
+      channel.close();
+      jobs.close();
+      reports.close();
+    },
+  };
+}
+
+/** An existing store from before the current schema: opened for writing, as the server would. */
+function isReadOnlyRefusal(e: unknown): boolean {
+  return (e as { code?: string })?.code === "SQLITE_READONLY";
+}
+
+/**
+ * The policy store as it is, read-only. None yet (no server or decision has used this data
+ * directory): an empty in-memory store answers instead, so the output is what an empty store
+ * gives, and `note` says why; nothing is created.
+ */
+function readPolicyDb(config: ServerConfig, note: (msg: string) => void): SqliteDb {
+  const path = dataDir(config).policyDb;
+  const db = openStoreDbReadOnly(path);
+  if (db) return db;
+  note(`(no policy store yet at ${path}: no server has run on this data directory)`);
+  return emptyStoreDb();
+}
+
+/** The approvals, read-only (`approvals list|show`): never makes the store or the audit key. */
+export function readApprovals(
+  config: ServerConfig,
+  note: (msg: string) => void,
+): { approvals: ApprovalQueue; close(): void } {
+  const db = readPolicyDb(config, note);
+  let approvals: SqliteApprovalStore;
+  try {
+    approvals = new SqliteApprovalStore(db);
+  } catch (e) {
+    db.close();
+    if (!isReadOnlyRefusal(e)) throw e;
+    // A policy.db without the approvals table yet: there is nothing to show.
+    approvals = new SqliteApprovalStore(emptyStoreDb());
+  }
+  return {
+    approvals,
+    close() {
+      approvals.close();
+      if (db.open) db.close();
+    },
+  };
+}
+
+/**
+ * The audit trail read-only, with the passkeys its signed decisions are checked against. A store
+ * from before the keyed head (its schema needs a column) is opened for writing, as the server
+ * would on start, to add it; a missing store is an empty trail in memory.
+ */
+export function readAuditTrail(
+  config: ServerConfig,
+  opts: { key: AuditKey | null; logger?: Logger },
+  note: (msg: string) => void,
+): { audit: AuditTrail; passkeys: Passkeys; close(): void } {
+  const db = readPolicyDb(config, note);
+  try {
+    const audit = new SqliteAuditLog(db, opts);
+    return {
+      audit,
+      passkeys: new PasskeyStore(db),
+      close() {
+        audit.close();
+        if (db.open) db.close();
+      },
+    };
+  } catch (e) {
+    if (db.open) db.close();
+    if (!isReadOnlyRefusal(e)) throw e;
+    const audit = new SqliteAuditLog(dataDir(config).policyDb, opts);
+    const passkeys = new PasskeyStore(dataDir(config).policyDb);
+    return {
+      audit,
+      passkeys,
+      close: () => {
+        audit.close();
+        passkeys.close();
+      },
+    };
+  }
+}
+
+/** The suspensions in force, read-only (`principals list|suspended`); none without a store. */
+export function readSuspensions(config: ServerConfig, nowMs: number): Suspension[] {
+  const db = openStoreDbReadOnly(dataDir(config).policyDb);
+  if (!db) return [];
+  try {
+    const table = db
+      .prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'principal_suspensions'",
+      )
+      .get();
+    return table ? new SqliteSuspensionStore(db).list(nowMs) : [];
+  } finally {
+    db.close();
+  }
+}
+
+/** The passkeys read-only (`operators list`); null when no store exists yet. */
+export function readPasskeys(config: ServerConfig): { passkeys: Passkeys; close(): void } | null {
+  const db = openStoreDbReadOnly(dataDir(config).policyDb);
+  if (!db) return null;
+  const store = new PasskeyStore(db);
+  return {
+    passkeys: store,
+    close() {
+      store.close();
+      if (db.open) db.close();
+    },
+  };
+}

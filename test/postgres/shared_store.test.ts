@@ -1,0 +1,191 @@
+// The promises replicas must keep together, on a real PostgreSQL: three replicas (three pools,
+// each its own connections, as three processes would hold) racing for one principal's budget,
+// one approval, one request state and the one audit chain.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { openPool, redactError, redactUrl, type PgPool } from "../../server/app/postgres/pool.js";
+import {
+  checkSchema,
+  migrate,
+  SCHEMA_VERSION,
+  SchemaError,
+  schemaVersion,
+} from "../../server/app/postgres/schema.js";
+import {
+  PgApprovals,
+  PgAuditChain,
+  PgBudget,
+  PgRequestStates,
+} from "../../server/app/postgres/shared.js";
+import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
+
+let db: TestPostgres;
+let replicas: PgPool[];
+const NAMES = ["a", "b", "c"];
+
+beforeAll(async () => {
+  db = await startPostgres();
+  replicas = NAMES.map((n) => openPool(db.url, { max: 8, application: `tpu-mcp-${n}` }));
+  // Three replicas starting at once: one migrates, the others find it done.
+  const applied = await Promise.all(replicas.map((p) => migrate(p)));
+  expect(applied.flat()).toEqual([SCHEMA_VERSION]);
+});
+
+afterAll(async () => {
+  await Promise.all((replicas ?? []).map((p) => p.end()));
+  await db?.stop();
+});
+
+describe("schema", () => {
+  it("is applied once, then is this code's version; a newer one is refused", async () => {
+    expect(await migrate(replicas[0]!)).toEqual([]);
+    expect(await checkSchema(replicas[1]!)).toBe(SCHEMA_VERSION);
+    await replicas[0]!.query("INSERT INTO tpu_mcp_schema (version, name) VALUES (999, 'future')");
+    try {
+      expect(await schemaVersion(replicas[0]!)).toBe(999);
+      await expect(migrate(replicas[1]!)).rejects.toThrow(SchemaError);
+      await expect(checkSchema(replicas[2]!)).rejects.toThrow(
+        /version 999, newer than this tpu-mcp knows/,
+      );
+    } finally {
+      await replicas[0]!.query("DELETE FROM tpu_mcp_schema WHERE version = 999");
+    }
+  });
+});
+
+/** 8 agents on each replica, each admitting 1 s calls until refused; what was charged. */
+async function race(
+  principal: string,
+  limitS: number,
+  admit: (b: PgBudget, p: string) => ReturnType<PgBudget["admit"]>,
+): Promise<{ admitted: number; charged: number }> {
+  const budgets = replicas.map(
+    (p, i) => new PgBudget(p, { limitS, windowS: 3600, replica: NAMES[i]! }),
+  );
+  let admitted = 0;
+  const agent = async (b: PgBudget) => {
+    for (;;) {
+      const r = await admit(b, principal);
+      if (!r.ok) return;
+      admitted++;
+      await b.settle(r.id!, principal, 1, "run_inference");
+    }
+  };
+  await Promise.all(budgets.flatMap((b) => Array.from({ length: 8 }, () => agent(b))));
+  return { admitted, charged: await budgets[0]!.charged(principal) };
+}
+
+describe("budget across replicas", () => {
+  it("24 agents on 3 replicas against one 10 s budget: charged ≤ the limit", async () => {
+    const { admitted, charged } = await race("alice", 10, (b, p) => b.admit(p, 1));
+    expect(admitted).toBe(10);
+    expect(charged).toBeLessThanOrEqual(10 + 1);
+  });
+
+  it("admitting on a stale read (no lock, no transaction) breaks the cap: what the lock prevents", async () => {
+    const { charged } = await race("mallory", 10, (b, p) => b.admitOnStaleRead(p, 1));
+    expect(charged).toBeGreaterThan(10 + 1);
+  });
+});
+
+describe("an approval across replicas", () => {
+  it("requested through A, decided once though B and C race, used once though all three race", async () => {
+    const [a, b, c] = replicas.map((p) => new PgApprovals(p));
+    const id = await a!.create({
+      principal: "alice",
+      tool: "run_benchmark",
+      args_digest: "d1",
+      ttlS: 600,
+    });
+    const decided = await Promise.all([
+      b!.decide(id, "approve", "ops-1"),
+      c!.decide(id, "deny", "ops-2"),
+      b!.decide(id, "approve", "ops-3"),
+    ]);
+    expect(decided.filter(Boolean)).toHaveLength(1);
+    const rec = await a!.get(id);
+    const winner = decided.indexOf(true);
+    expect(rec!.approver).toBe(["ops-1", "ops-2", "ops-3"][winner]);
+    if (rec!.status !== "approved") return; // denied won: nothing to use
+    const used = await Promise.all(
+      [a, b, c].map((s, i) => s!.consume(id, "alice", "run_benchmark", "d1", NAMES[i]!)),
+    );
+    expect(used.filter(Boolean)).toHaveLength(1);
+    expect((await c!.get(id))!.status).toBe("used");
+  });
+
+  it("an approval for other arguments is not used by this call", async () => {
+    const s = new PgApprovals(replicas[0]!);
+    const id = await s.create({
+      principal: "alice",
+      tool: "run_benchmark",
+      args_digest: "d2",
+      ttlS: 600,
+    });
+    expect(await new PgApprovals(replicas[1]!).decide(id, "approve", "ops")).toBe(true);
+    expect(await s.consume(id, "alice", "run_benchmark", "other", "a")).toBe(false);
+    expect(await s.consume(id, "bob", "run_benchmark", "d2", "a")).toBe(false);
+    expect(await s.consume(id, "alice", "run_benchmark", "d2", "a")).toBe(true);
+  });
+});
+
+describe("a request state across replicas", () => {
+  it("is consumed once: a replay is refused on every replica", async () => {
+    const states = replicas.map((p, i) => new PgRequestStates(p, NAMES[i]!));
+    const first = await Promise.all(states.map((s) => s.consume("nonce-1")));
+    expect(first.filter(Boolean)).toHaveLength(1);
+    for (const s of states) expect(await s.consume("nonce-1")).toBe(false);
+  });
+});
+
+describe("the audit chain across replicas", () => {
+  const key = Buffer.from("k".repeat(32));
+
+  it("one head: 3 replicas × 20 concurrent appends verify as one chain; a one-row edit fails it", async () => {
+    const chains = replicas.map((p, i) => new PgAuditChain(p, key, NAMES[i]!));
+    await Promise.all(
+      chains.flatMap((ch, i) =>
+        Array.from({ length: 20 }, (_, n) =>
+          ch.append({ replica: NAMES[i], n, outcome: "executed" }),
+        ),
+      ),
+    );
+    const ok = await chains[1]!.verify();
+    expect(ok).toEqual({ ok: true, checked: 60 });
+    const seqs = (await replicas[0]!.query("SELECT seq FROM audit_records ORDER BY seq")).rows.map(
+      (r) => Number(r.seq),
+    );
+    expect(seqs).toEqual(Array.from({ length: 60 }, (_, i) => i + 1));
+
+    await replicas[2]!.query(
+      "UPDATE audit_records SET record = replace(record, 'executed', 'denied') WHERE seq = 17",
+    );
+    const edited = await chains[0]!.verify();
+    expect(edited.ok).toBe(false);
+    expect(edited.bad).toEqual({ seq: 17, reason: expect.stringMatching(/edited/) });
+  });
+
+  it("a verifier with another key finds the chain forged", async () => {
+    const other = new PgAuditChain(replicas[0]!, Buffer.from("x".repeat(32)), "a");
+    expect((await other.verify()).ok).toBe(false);
+  });
+});
+
+describe("credentials", () => {
+  it("never appear in what names the database or in a refused connection's error", async () => {
+    expect(redactUrl(db.url)).not.toContain(db.password);
+    expect(redactUrl(db.url)).toContain("***");
+    const wrong = db.url.replace(encodeURIComponent(db.password), "not-the-password");
+    const pool = openPool(wrong, { max: 1 });
+    try {
+      const err = await pool.query("SELECT 1").then(
+        () => null,
+        (e: unknown) => redactError(e, wrong),
+      );
+      expect(err).not.toBeNull();
+      expect(err!.message).toMatch(/password authentication failed/);
+      expect(err!.message).not.toContain("not-the-password");
+    } finally {
+      await pool.end();
+    }
+  });
+});
