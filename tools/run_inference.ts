@@ -15,6 +15,7 @@ import {
   checkGeneration,
   generationArgs,
   messagesInput,
+  prefixKey,
   samplingInput,
 } from "./support/generation.js";
 import { elementCount, inlineValues, summarise, tensorFromArg } from "./support/tensors.js";
@@ -215,6 +216,9 @@ const build = (env: ToolEnv) => {
           model: args.model,
           ...(args.texts ? { texts: args.texts } : {}),
           ...generationArgs(args),
+          ...(entry.task === "text-generation"
+            ? { prefix_key: prefixKey(ctx.principal.id, env.limits.prefix_cache_shared) }
+            : {}),
           ...(onDelta ? { stream: true } : {}),
         },
         {

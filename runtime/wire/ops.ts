@@ -121,6 +121,8 @@ export interface InferArgs extends GenerationArgs {
   /** Set by the server when the MCP caller sent a progress token: progress messages carry deltas. */
   stream?: boolean;
   seq_len?: number;
+  /** The caller's prefix cache partition (tools/support/generation.ts prefixKey). */
+  prefix_key?: string;
 }
 
 export interface InferResult {
@@ -134,6 +136,8 @@ export interface InferResult {
   seed?: number;
   ttft_ms?: number;
   tokens_per_s?: number | null;
+  /** Prompt tokens taken from the prefix cache, all prompts together. */
+  prefix_cached_tokens?: number;
   labels?: string[];
   scores?: number[];
   outputs?: Array<{ name: string }>;

@@ -114,6 +114,7 @@ export function createApp(
       max_texts: config.inference.max_texts,
       inline_max_elements: config.inference.inline_max_elements,
       max_tensor_elements: config.inference.max_tensor_elements,
+      prefix_cache_shared: config.inference.prefix_cache_shared,
       benchmark: { ...config.benchmark },
     },
     ...(config.policy.pricing ? { pricing: config.policy.pricing } : {}),

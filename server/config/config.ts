@@ -74,10 +74,13 @@ export const ServerConfigSchema = z
     /** Where SQLite stores (approvals, audit, jobs, reports) and generated files live. */
     data_dir: z.string().default(".data"),
     /** Which backend holds the stores and the counters shared across calls (server/app/storage.ts):
-     *  `{"sqlite": {}}`, the files in data_dir. */
+     *  `{"sqlite": {}}`, the files in data_dir, or `{"postgres": {"url": …}}` (the URL, with its
+     *  password, may come from TPU_MCP_DATABASE_URL instead; docs/storage.md). */
     storage: z
-      .object({ sqlite: z.object({}).strict() })
-      .strict()
+      .union([
+        z.object({ sqlite: z.object({}).strict() }).strict(),
+        z.object({ postgres: z.object({ url: z.string().min(1).optional() }).strict() }).strict(),
+      ])
       .prefault({ sqlite: {} }),
     log_level: z
       .enum(["trace", "debug", "info", "warn", "error", "fatal", "silent"])
@@ -199,6 +202,12 @@ export const ServerConfigSchema = z
           .int()
           .min(0)
           .default(512 * 1024 * 1024),
+        /**
+         * One prefix cache partition for every principal (generation reuses another principal's
+         * prompt prefix). Off by default: a shared cache is a timing side channel, a hit answering
+         * faster tells a caller that someone sent that prefix (docs/security.md).
+         */
+        prefix_cache_shared: z.boolean().default(false),
       })
       .strict()
       .prefault({}),

@@ -190,6 +190,7 @@ class TorchModel(Served):
             "shape_plan": self.adapter.plan.report() if self.adapter.plan else None,
             "shapes": self.adapter.shapes.report(),
             **({"compiles": self.compiles.report()} if self.compiles is not None else {}),
+            **({"prefix_cache": self.batcher.prefix_report()} if hasattr(self.batcher, "prefix_report") else {}),
             "loaded_at": self.loaded_at,
         }
 

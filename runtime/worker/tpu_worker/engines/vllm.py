@@ -28,7 +28,7 @@ from ..adapters.text import load_tokenizer, model_chat_template, prompt_ids, val
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import no_chat_template
-from ..generation.params import GenCall, GenParams, parse_generation
+from ..generation.params import GenCall, GenParams, parse_generation, parse_prefix_key
 from ..generation.textstream import TextStream
 from ..loaders import WeightsInfo
 from .http import Endpoint, EngineHttpError
@@ -60,6 +60,9 @@ class Counters:
     in_flight: int = 0
     aborts: int = 0  # requests ended early here and aborted in vLLM by id
     abort_refused: int = 0  # of those, aborts the server refused (no abort endpoint)
+    prefix_lookups: int = 0  # requests whose usage said how many prompt tokens vLLM had cached
+    prefix_hits: int = 0  # of those, requests with at least one
+    prefix_cached_tokens: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -180,6 +183,23 @@ class VllmEngine:
             elif name == "vllm:generation_tokens_total":
                 out["generation_tokens"] += value
         return out
+
+    def prefix_report(self) -> dict:
+        """vLLM's prefix caching as its answers report it (the bytes are inside vLLM's own KV
+        cache, which it does not report per prefix)."""
+        c = self.counters
+        if self.settings.url:  # a server started elsewhere: on if its answers carry the count
+            enabled = c.prefix_lookups > 0
+        else:
+            enabled = "--no-enable-prefix-caching" not in self.settings.args
+        return {
+            "enabled": enabled,
+            "engine": ENGINE,
+            "lookups": c.prefix_lookups,
+            "hits": c.prefix_hits,
+            "hit_rate": round(c.prefix_hits / c.prefix_lookups, 4) if c.prefix_lookups else None,
+            "cached_tokens": c.prefix_cached_tokens,
+        }
 
     def status(self) -> dict:
         p = self.process
@@ -304,15 +324,22 @@ class VllmEngine:
         n = len(prompts) if prompts is not None else 1
         seqs = [_Seq(len(prompts[i]) if prompts else 0, TextStream(self.decode, p.stop)) for i in range(n)]
         path, body = self.request(p, prompts, g.messages)
+        salt = parse_prefix_key(args)
+        if salt:
+            # vLLM's prefix cache partitioned as the worker's own is: by the caller's key.
+            body["cache_salt"] = salt
         t0 = time.perf_counter()
         first: float | None = None
         stopped: str | None = None
+        cached: int | None = None  # vLLM's prompt tokens from its prefix cache (one count per request)
         self.counters.add(requests=1, in_flight=1)
         try:
             for event in self.stream(path, body, ctx.token, n):
                 usage = event.get("usage")
                 if usage and g.messages is not None:
                     seqs[0].prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                if usage and _cached_tokens(usage) is not None:
+                    cached = _cached_tokens(usage)
                 for choice in event.get("choices") or []:
                     i = int(choice.get("index", 0))
                     if not 0 <= i < len(seqs) or seqs[i].finish is not None:
@@ -339,7 +366,7 @@ class VllmEngine:
             if s.finish is None:
                 s.finish = stopped or "length"
                 s.stream.finish()  # the text held back for a stop that can no longer match
-        return self._result(seqs, g, first, t0, elapsed)
+        return self._result(seqs, g, first, t0, elapsed, cached)
 
     def _advance(self, s: _Seq, ids: list[int], choice: dict, p: GenParams) -> str:
         """Takes a chunk of generated ids as the decode loop takes tokens (generation/loop.py
@@ -398,7 +425,9 @@ class VllmEngine:
     def _token_text(self, tid: int | None) -> str:
         return "" if tid is None else self.tokenizer.decode([tid], skip_special_tokens=False)
 
-    def _result(self, seqs: list[_Seq], g: GenCall, first: float | None, t0: float, elapsed: float) -> dict:
+    def _result(
+        self, seqs: list[_Seq], g: GenCall, first: float | None, t0: float, elapsed: float, cached: int | None
+    ) -> dict:
         completion = sum(len(s.ids) for s in seqs)
         self.counters.add(completion_tokens=completion)
         generations = []
@@ -410,6 +439,8 @@ class VllmEngine:
             }
             if g.params.logprobs:
                 gen["logprobs"] = s.logprobs
+            if cached is not None and len(seqs) == 1:
+                gen["prefix_cached_tokens"] = cached
             generations.append(gen)
         out: dict = {
             "task": "text-generation",
@@ -421,6 +452,10 @@ class VllmEngine:
             "tokens_per_s": round(completion / elapsed, 3) if elapsed > 0 else None,
             "engine": ENGINE,
         }
+        if cached is not None:
+            # vLLM's streamed usage counts the first prompt's cached tokens (one number a request).
+            out["prefix_cached_tokens"] = cached
+            self.counters.add(prefix_lookups=1, prefix_hits=int(cached > 0), prefix_cached_tokens=cached)
         if g.params.seed is not None:
             out["seed"] = g.params.seed
         return out
@@ -436,6 +471,13 @@ class VllmEngine:
         return WorkerError(
             "engine_unavailable", f"the vLLM engine did not answer ({exc.message[:80]}); see get_runtime_status"
         )
+
+
+def _cached_tokens(usage: dict) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` (vLLM with --enable-prompt-tokens-details)."""
+    details = usage.get("prompt_tokens_details") or {}
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _id_of(key: str) -> int | None:
