@@ -12,6 +12,8 @@ import { clientFormRules, clientFormText } from "../../policies/gate/answers.js"
 import type { Gate } from "../../policies/gate/gate.js";
 import { ApprovalNotifier, type NotifyTarget } from "../../policies/notify.js";
 import { Alerts } from "../../policies/alerts/alerts.js";
+import { AuditSink } from "../../policies/audit_sink.js";
+import { fileSinkTarget, httpSinkTarget } from "../../policies/audit_sink_targets.js";
 import { readCatalog, type Catalog } from "../../runtime/catalog.js";
 import { memoryFor } from "../../policies/estimate.js";
 import type { Runtime } from "../../runtime/types.js";
@@ -68,6 +70,8 @@ export interface App extends ToolServices {
   notifier: ApprovalNotifier;
   /** The alert rules at work (policy.alerts): the console lists what fired. */
   alerts: Alerts;
+  /** The streaming audit sink (policy.audit.sink); absent when none is configured. */
+  auditSink?: AuditSink;
   /** Where the operator console is served, once an HTTP server runs (for webhook messages). */
   consoleUrl?: string;
   /** Runtime notices ("worker restarted", "worker failed") for MCP logging in every session, and
@@ -137,6 +141,14 @@ export function createApp(
   });
   hooks.add("policy stores", () => policy.close());
   const { gate, approvals, audit } = policy;
+  const auditSink = startAuditSink(config, audit, logger);
+  if (auditSink) {
+    const off = audit.onAppended((records) => auditSink.offer(records));
+    hooks.add("audit sink", async () => {
+      off();
+      await auditSink.close();
+    });
+  }
   const alertLog = logger.child({ component: "alerts" });
   const alerts = new Alerts({
     rules: config.policy.alerts.rules,
@@ -244,6 +256,7 @@ export function createApp(
     setup.start();
   }
   const metrics = new Metrics();
+  if (auditSink) metrics.observeAuditSink(() => auditSink.status());
   const notices: App["notices"] = new EventEmitter();
   notices.setMaxListeners(0); // one listener per open session
   runtime.on("restart", (info) => {
@@ -350,6 +363,7 @@ export function createApp(
     approvalFeed,
     notifier,
     alerts,
+    ...(auditSink ? { auditSink } : {}),
     notices,
     reload: (by) => reloader.reload(by),
     onClose: (name, fn) => hooks.add(name, fn),
@@ -414,6 +428,38 @@ function readNotifyTargets(config: ServerConfig): NotifyTarget[] {
     secret: readWebhookSecret(config, n.secret_file, `policy.approvals.notify.${i}`),
     events: n.events,
   }));
+}
+
+/**
+ * The streaming audit sink of policy.audit.sink, started at the trail's head (what came before
+ * is `tpu-mcp audit export`'s); a secret file that cannot be read stops the start-up.
+ */
+function startAuditSink(
+  config: ServerConfig,
+  audit: App["audit"],
+  logger: Logger,
+): AuditSink | undefined {
+  const c = config.policy.audit.sink;
+  if (!c) return undefined;
+  const target =
+    c.kind === "file"
+      ? fileSinkTarget(resolve(config.paths.config_dir, c.path), c.max_bytes, c.keep)
+      : httpSinkTarget(c.url, {
+          ...(c.secret_file
+            ? { secret: readWebhookSecret(config, c.secret_file, "policy.audit.sink") }
+            : {}),
+        });
+  const head = audit.exportHead();
+  return new AuditSink({
+    target,
+    logger: logger.child({ component: "audit-sink" }),
+    maxQueue: c.max_queue,
+    start: { seq: head.seq, export_hash: head.export_hash },
+    readRange: (from, to) => audit.readRange(from, to),
+    ...(c.kind === "http"
+      ? { batch: c.batch, retryBaseMs: c.retry_base_ms, maxBackoffMs: c.max_backoff_s * 1000 }
+      : {}),
+  });
 }
 
 /** The alert webhooks (policy.alerts.notify), read as the approval ones are. */

@@ -102,6 +102,34 @@ export class Metrics {
    * Per-worker series for a pool, read from the pool when /metrics is scraped: in flight, up,
    * drained (gauges) and calls, failures, restarts (counters, monotonic in the pool).
    */
+  /** The streaming audit sink's counts (policy.audit.sink), read at each scrape. */
+  observeAuditSink(status: () => { sent: number; dropped: number; queued: number }): void {
+    const gauge = (name: string, help: string, value: () => number) =>
+      new Gauge({
+        name,
+        help,
+        registers: [this.registry],
+        collect() {
+          this.set(value());
+        },
+      });
+    gauge(
+      "tpu_mcp_audit_sink_sent_records",
+      "Audit records the sink has delivered.",
+      () => status().sent,
+    );
+    gauge(
+      "tpu_mcp_audit_sink_dropped_records",
+      "Audit records the sink dropped because its queue was full (each gap is also a line in the stream).",
+      () => status().dropped,
+    );
+    gauge(
+      "tpu_mcp_audit_sink_queued_records",
+      "Audit records waiting in the sink's queue.",
+      () => status().queued,
+    );
+  }
+
   observeWorkers(runtime: Runtime, fleet?: () => FleetRow): void {
     // The default pool of one worker publishes no per-worker series.
     if (runtime.single) return;
