@@ -15,7 +15,7 @@ import type { CapStop, Metered } from "./budget_lines.js";
 import type { GateContext } from "./context.js";
 import type { CostEstimate } from "../estimate.js";
 import type { Admitted } from "./steps.js";
-import type { CallDeadline } from "./types.js";
+import { traceIds, type CallDeadline } from "./types.js";
 
 export async function supervise<T>(
   ctx: GateContext,
@@ -29,6 +29,7 @@ export async function supervise<T>(
     tool,
     args: a.redacted,
     estimate: estimate ?? null,
+    ...traceIds(call),
   });
 
   // Kept until charged, written with its "allowed" record: a kill leaves it for the restart.
