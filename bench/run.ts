@@ -3,8 +3,9 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,budget,generate,train,shapes,stability,structured runs a subset (BENCH_SHAPES_REQUESTS
-// scales the shapes trace, 300 requests by default);
+// tokens,estimates,budget,generate,train,shapes,prefix,stability,structured runs a subset (BENCH_SHAPES_REQUESTS
+// scales the shapes trace, 300 requests by default; BENCH_PREFIX_SMOLLM2=0 leaves the real
+// SmolLM2 model out of the prefix section);
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";
@@ -34,6 +35,7 @@ import { runOverhead } from "./overhead.js";
 import { runPayload } from "./payload.js";
 import { runPool } from "./pool.js";
 import { runShapes } from "./shapes.js";
+import { runPrefix, writePrefixCatalog } from "./prefix.js";
 import { runSmall } from "./small.js";
 import { runStability } from "./stability.js";
 import { runStructured } from "./structured.js";
@@ -62,6 +64,7 @@ const SECTIONS = [
   "train",
   "shapes",
   "structured",
+  "prefix",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
 const quick = process.env.BENCH_QUICK === "1";
@@ -216,6 +219,20 @@ function targets(f: Record<string, number>): Target[] {
     (v) => v <= 1.2,
     "≤ 1.2×",
   );
+  for (const m of ["tiny_chat", "smollm2_135m_instruct"]) {
+    add(
+      `prefix: TTFT with reuse / without, 8 callers (${m})`,
+      `prefix.${m}.ttft_ratio`,
+      (v) => v <= 0.5,
+      "≤ 0.5×",
+    );
+    add(
+      `prefix: greedy outputs identical with and without reuse (${m})`,
+      `prefix.${m}.identical`,
+      (v) => v === 1,
+      "= 1",
+    );
+  }
   add("shapes: recompiles after load", "shapes.recompiles_after_load", (v) => v === 0, "= 0");
   add("shapes: TTFT p99 / p50", "shapes.ttft_p99_over_p50", (v) => v <= 3, "≤ 3");
   add("shapes: time per token p99 / p50", "shapes.tpot_p99_over_p50", (v) => v <= 3, "≤ 3");
@@ -467,6 +484,29 @@ async function main() {
         requests: Number(process.env.BENCH_SHAPES_REQUESTS ?? q(300, 60)),
         perCaller: q(2, 1),
         rounds: q(3, 1),
+        say,
+      });
+    } finally {
+      await server.close();
+    }
+  }
+
+  // Prefix reuse against a twin without a prefix cache, on a server of its own (issue 32):
+  // tiny-chat (a 200-token system prompt: its 256 positions hold no more) and SmolLM2 (400).
+  if (want("prefix")) {
+    say("prefix (8 callers behind one long system prompt, prefix cache on vs off)…");
+    const { config, catalog } = writeBenchConfig();
+    const models: Record<string, number> = { "tiny-chat": 200 };
+    if (process.env.BENCH_PREFIX_SMOLLM2 !== "0") models["smollm2-135m-instruct"] = 400;
+    writePrefixCatalog(catalog, { "tiny-chat": 240, "smollm2-135m-instruct": 1024 });
+    const server = await startStdio(config);
+    try {
+      results.prefix = await runPrefix({
+        mcp: server,
+        models,
+        callers: 8,
+        rounds: q(3, 1),
+        maxNewTokens: 16,
         say,
       });
     } finally {

@@ -19,7 +19,13 @@ export type AuditOutcome =
   /** A call the server stopped running by stopping itself (a kill): written when it starts again. */
   | "interrupted"
   /** The first record under a key: from here on every record is HMAC'd with that key. */
-  | "chain_keyed";
+  | "chain_keyed"
+  /** An alert rule fired (policies/alerts/): `code` is the rule's kind, `args.rule` its name. */
+  | "alert"
+  /** A principal was suspended (by an alert rule): every call refused principal_suspended. */
+  | "suspended"
+  /** A suspension was lifted by an operator (`approver`). */
+  | "resumed";
 
 export interface AuditRecord {
   time: string;
@@ -46,6 +52,9 @@ export interface AuditRecord {
   key_id?: string;
   /** The worker(s) of a pool the call ran on (comma-separated). */
   worker?: string;
+  /** The call's OpenTelemetry trace and SERVER span (hex), when spans were exported. */
+  trace_id?: string;
+  span_id?: string;
   /**
    * On an aggregate of repeated refusals (audit_refusals.ts): how many refusals it stands for,
    * beyond the record at `first_seq` that opened its window; `since`/`until` are the times of the

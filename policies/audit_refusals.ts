@@ -8,7 +8,8 @@
 // (`count`, `first_seq`, `since`, `until`; `tools` for a rate window) when the window ends or the
 // server closes — appended and hash-chained like every record. Sum `count` (1 for a record
 // without it) over the denied records and you get the refusals.
-//   - rate_limited per principal (any tool, any arguments), and insufficient_scope per principal
+//   - rate_limited and principal_suspended per principal (any tool, any arguments; a suspended
+//     principal is refused before its rate), and insufficient_scope per principal
 //     and tool (which tool was tried is worth a record; tools are a fixed set): the refusals made
 //     at or before the rate step, which nothing else bounds;
 //   - any other refusal of a call repeated with the same tool and argument digest, per
@@ -43,7 +44,7 @@ const MAX_OPEN = 10_000;
 function scopeOf(rec: AuditRecord, per?: Scope): Scope | null {
   if (rec.outcome !== "denied" || !rec.code) return null;
   if (per) return per === "call" && !rec.args_digest ? null : per;
-  if (rec.code === "rate_limited") return "principal";
+  if (rec.code === "rate_limited" || rec.code === "principal_suspended") return "principal";
   if (rec.code === "insufficient_scope") return "tool";
   if (rec.code.startsWith("approval_") || !rec.args_digest) return null;
   return "call";

@@ -280,7 +280,151 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: rea
   });
 }
 
+/** An alert rule's name: it keys the once-per-window latch and shows in webhooks and the console. */
+const AlertNameSchema = z
+  .string()
+  .regex(/^[a-z0-9][a-z0-9_.-]{0,63}$/, "a name of lower-case letters, digits, _ . - (64 at most)");
+
+/** What a rule does beyond the log line, the webhook and the console (which every rule does). */
+const AlertActionSchema = {
+  /** "suspend": the principal is refused every call (principal_suspended), its running calls stopped. */
+  action: z.enum(["notify", "suspend"]).default("notify"),
+  /** How long a suspension lasts; 0: until an operator runs `tpu-mcp principals resume ID`. */
+  suspend_s: NonNegative.default(900),
+};
+
+/** The rules over what the gate counts (policies/alerts/); docs/policies-and-approvals.md. */
+const AlertRuleSchema = z.discriminatedUnion("kind", [
+  z
+    .object({
+      name: AlertNameSchema,
+      /** Refused calls of one principal (any code but principal_suspended) within window_s. */
+      kind: z.literal("refusals"),
+      threshold: PositiveInt,
+      window_s: z.number().positive().default(60),
+      ...AlertActionSchema,
+    })
+    .strict(),
+  z
+    .object({
+      name: AlertNameSchema,
+      /** A principal's device-seconds in its budget window reached `percent` of its budget. */
+      kind: z.literal("budget"),
+      percent: z.number().positive().max(100),
+      ...AlertActionSchema,
+    })
+    .strict(),
+  z
+    .object({
+      name: AlertNameSchema,
+      /** An approval request still pending `after_s` after it was made. */
+      kind: z.literal("approval_waiting"),
+      after_s: z.number().positive(),
+    })
+    .strict(),
+  z
+    .object({
+      name: AlertNameSchema,
+      /** A worker restarted `threshold` times within window_s (a crash loop in the making). */
+      kind: z.literal("worker_restarts"),
+      threshold: PositiveInt,
+      window_s: z.number().positive().default(600),
+    })
+    .strict(),
+]);
+
+/**
+ * The alert rules that apply when the config names none (printed by `tpu-mcp config show`); a
+ * config's own `rules` replace them, `"rules": []` turns alerts off.
+ * - refusal-flood: 1,000 refused calls of one principal within a minute suspend it for 15 min
+ *   (a well-behaved agent at the default 120 calls/min cannot get there; one ignoring its
+ *   refusals does within seconds);
+ * - budget-80: a principal reached 80 % of its device-time budget;
+ * - approval-waiting: an approval request has waited 10 min for an operator (of the 15 it lives);
+ * - worker-crash-loop: a worker restarted 3 times in 10 min.
+ */
+export const DEFAULT_ALERT_RULES = [
+  {
+    name: "refusal-flood",
+    kind: "refusals",
+    threshold: 1000,
+    window_s: 60,
+    action: "suspend",
+    suspend_s: 900,
+  },
+  { name: "budget-80", kind: "budget", percent: 80, action: "notify", suspend_s: 900 },
+  { name: "approval-waiting", kind: "approval_waiting", after_s: 600 },
+  { name: "worker-crash-loop", kind: "worker_restarts", threshold: 3, window_s: 600 },
+] as const;
+
+/** A webhook for alerts: signed as the approval webhooks are (policies/notify.ts). */
+const AlertNotifySchema = z
+  .object({
+    url: z.url({ protocol: /^https?$/, error: "url must be an http:// or https:// URL" }),
+    /** A file holding the HMAC secret (at least 16 bytes); relative to the config file. */
+    secret_file: z.string().min(1),
+  })
+  .strict();
+
+const AlertsSchema = z
+  .object({
+    rules: z
+      .array(AlertRuleSchema)
+      .default(() => structuredClone(DEFAULT_ALERT_RULES) as never)
+      .superRefine((rules, ctx) => {
+        const seen = new Set<string>();
+        rules.forEach((r, i) => {
+          if (seen.has(r.name))
+            ctx.addIssue({
+              code: "custom",
+              path: [i, "name"],
+              message: "two rules have this name",
+            });
+          seen.add(r.name);
+        });
+      }),
+    notify: z.array(AlertNotifySchema).max(16).default([]),
+    /** How often pending approvals are looked at (approval_waiting rules). */
+    check_interval_s: z.number().positive().default(15),
+  })
+  .strict();
+
+/** The streaming audit sink (policies/audit_sink.ts): a rotating file or an HTTP endpoint. */
+const AuditSinkSchema = z
+  .discriminatedUnion("kind", [
+    z
+      .object({
+        kind: z.literal("file"),
+        /** The file records are appended to (relative to the config file); rotated by size. */
+        path: z.string().min(1),
+        /** Rotated to `path.1` once it would pass this many bytes. */
+        max_bytes: PositiveInt.default(64 * 2 ** 20),
+        /** Rotated files kept (`path.1` … `path.N`). */
+        keep: PositiveInt.max(100).default(5),
+        max_queue: PositiveInt.default(10_000),
+      })
+      .strict(),
+    z
+      .object({
+        kind: z.literal("http"),
+        url: z.url({ protocol: /^https?$/, error: "url must be an http:// or https:// URL" }),
+        /** Optional: each POST signed as the webhooks are, with this file's secret. */
+        secret_file: z.string().min(1).optional(),
+        /** Records per POST. */
+        batch: PositiveInt.max(10_000).default(500),
+        /** A POST not taken is sent again after this, doubling up to max_backoff_s. */
+        retry_base_ms: PositiveInt.default(500),
+        max_backoff_s: z.number().positive().default(30),
+        /** Records that may wait while the endpoint is slow or down; more are dropped. */
+        max_queue: PositiveInt.default(10_000),
+      })
+      .strict(),
+  ])
+  .optional();
+
 const AuditSchema = z.object({
+  /** Absent: no sink (the trail is read with `audit tail/search/export`). */
+  sink: AuditSinkSchema,
   redact_args: z.array(z.string().min(1)).default(["texts", "messages", "tensors"]),
   /** The chain's HMAC key file (made 0600 at first start); default `<data_dir>/audit.key`. */
   key_file: z.string().min(1).optional(),
@@ -307,6 +451,7 @@ export function policyConfigSchema(tools: readonly ToolPolicy[]) {
       limits: limitsSchema(tools, ToolSchema).prefault({}),
       approvals: approvalsSchema(approvalRuleSchema(ToolOrAnySchema), names).prefault({}),
       audit: AuditSchema.prefault({}),
+      alerts: AlertsSchema.prefault({}),
       passkeys: PasskeysSchema.prefault({}),
       pricing: PricingSchema.optional(),
     })
@@ -341,6 +486,9 @@ export type JwtConfig = NonNullable<PolicyConfig["jwt"]>;
 export type LimitsConfig = PolicyConfig["limits"];
 export type PasskeysConfig = PolicyConfig["passkeys"];
 export type Assurance = ApprovalRule["assurance"];
+export type AlertsConfig = PolicyConfig["alerts"];
+export type AuditSinkConfig = NonNullable<PolicyConfig["audit"]["sink"]>;
+export type AlertRule = AlertsConfig["rules"][number];
 
 /** Parses a policy section for these tools (throws zod's error with paths on invalid input). */
 export function parsePolicyConfig(input: unknown, tools: readonly ToolPolicy[]): PolicyConfig {

@@ -173,6 +173,13 @@ export const ERROR_CATALOGUE = {
     http: 429,
     doc: "Too many calls in a short time; wait retry_after_ms and call again.",
   },
+  // Recoverable (the policy list said no): the suspension ends at its time or when an operator
+  // resumes the principal, and the same call then succeeds.
+  principal_suspended: {
+    recoverable: true,
+    http: 403,
+    doc: "An alert rule suspended this principal (e.g. a flood of refused calls); every call is refused and running ones were stopped. The message says why and how it ends: at details.until, or when an operator runs `tpu-mcp principals resume ID`.",
+  },
   budget_exceeded: {
     recoverable: true,
     http: 429,
@@ -271,6 +278,7 @@ export const POLICY_ERROR_CODES = [
   "passkey_refused",
   "approval_limit",
   "rate_limited",
+  "principal_suspended",
   "budget_exceeded",
   "approval_overrun",
   "busy",

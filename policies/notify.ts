@@ -115,6 +115,79 @@ export function webhookEventFor(type: string, r: ApprovalRecord): WebhookEvent |
   return r.decided_by ? "approval.approved" : null;
 }
 
+export interface SignedPostOptions {
+  logger: PolicyLogger;
+  onAttemptFailed?: () => void;
+  maxAttempts?: number;
+  retryBaseMs?: number;
+  attemptTimeoutMs?: number;
+  /** True once the sender is closing: no retry is started then. */
+  closed?: () => boolean;
+  /** Added to the log lines (the approval id, the alert id). */
+  logFields?: Record<string, unknown>;
+}
+
+/**
+ * One signed POST of `body` (the signature and headers above), retried with exponential backoff
+ * on network errors, timeouts, 5xx, 408 and 429; a receiver's other refusals are final. Every
+ * failure is logged; never throws.
+ */
+export async function postSignedWebhook(
+  target: { url: string; secret: Buffer },
+  event: string,
+  body: string,
+  opts: SignedPostOptions,
+): Promise<{ outcome: "delivered" | "failed"; attempts: number }> {
+  const delivery = (JSON.parse(body) as { delivery?: string }).delivery ?? randomUUID();
+  const max = opts.maxAttempts ?? 5;
+  const base = opts.retryBaseMs ?? 1000;
+  const log = opts.logger;
+  let last = "";
+  let attempts = 0;
+  for (let attempt = 1; attempt <= max; attempt++) {
+    if (opts.closed?.() && attempt > 1) break;
+    attempts = attempt;
+    const ts = String(Math.floor(Date.now() / 1000));
+    let retryable = true;
+    try {
+      const res = await fetch(target.url, {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          "user-agent": "tpu-mcp-webhook/0.1",
+          "x-tpu-mcp-event": event,
+          "x-tpu-mcp-delivery": delivery,
+          "x-tpu-mcp-timestamp": ts,
+          "x-tpu-mcp-signature": `v1=${signWebhook(target.secret, ts, body)}`,
+        },
+        body,
+        redirect: "error",
+        signal: AbortSignal.timeout(opts.attemptTimeoutMs ?? 10_000),
+      });
+      await res.arrayBuffer().catch(() => {});
+      if (res.ok) return { outcome: "delivered", attempts: attempt };
+      last = `HTTP ${res.status}`;
+      // A receiver that refuses the request (bad signature, gone) will refuse it again.
+      retryable = res.status >= 500 || res.status === 429 || res.status === 408;
+    } catch (e) {
+      last = (e as Error).name === "TimeoutError" ? "timed out" : String((e as Error).message);
+    }
+    opts.onAttemptFailed?.();
+    if (!retryable || attempt === max) break;
+    const wait = base * 2 ** (attempt - 1);
+    log.warn(
+      { url: target.url, event, ...opts.logFields, attempt, error: last, retry_in_ms: wait },
+      "webhook delivery failed; retrying",
+    );
+    await sleep(wait);
+  }
+  log.error(
+    { url: target.url, event, ...opts.logFields, error: last },
+    "webhook delivery failed; giving up",
+  );
+  return { outcome: "failed", attempts };
+}
+
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms).unref?.());
 
 export class ApprovalNotifier {
@@ -166,55 +239,11 @@ export class ApprovalNotifier {
         ? { console_url: consoleUrl, approval_url: approvalUrl(consoleUrl, r.id) }
         : {}),
     });
-    const max = this.opts.maxAttempts ?? 5;
-    const base = this.opts.retryBaseMs ?? 1000;
-    const log = this.opts.logger;
-    let last = "";
-    let attempts = 0;
-    for (let attempt = 1; attempt <= max; attempt++) {
-      if (this.closed && attempt > 1) break;
-      attempts = attempt;
-      const ts = String(Math.floor(Date.now() / 1000));
-      let retryable = true;
-      try {
-        const res = await fetch(target.url, {
-          method: "POST",
-          headers: {
-            "content-type": "application/json",
-            "user-agent": "tpu-mcp-webhook/0.1",
-            "x-tpu-mcp-event": event,
-            "x-tpu-mcp-delivery": delivery,
-            "x-tpu-mcp-timestamp": ts,
-            "x-tpu-mcp-signature": `v1=${signWebhook(target.secret, ts, body)}`,
-          },
-          body,
-          redirect: "error",
-          signal: AbortSignal.timeout(this.opts.attemptTimeoutMs ?? 10_000),
-        });
-        await res.arrayBuffer().catch(() => {});
-        if (res.ok) {
-          this.opts.onOutcome?.("delivered", attempt);
-          return;
-        }
-        last = `HTTP ${res.status}`;
-        // A receiver that refuses the request (bad signature, gone) will refuse it again.
-        retryable = res.status >= 500 || res.status === 429 || res.status === 408;
-      } catch (e) {
-        last = (e as Error).name === "TimeoutError" ? "timed out" : String((e as Error).message);
-      }
-      this.opts.onAttemptFailed?.();
-      if (!retryable || attempt === max) break;
-      const wait = base * 2 ** (attempt - 1);
-      log.warn(
-        { url: target.url, event, approval_id: r.id, attempt, error: last, retry_in_ms: wait },
-        "webhook delivery failed; retrying",
-      );
-      await sleep(wait);
-    }
-    this.opts.onOutcome?.("failed", attempts);
-    log.error(
-      { url: target.url, event, approval_id: r.id, error: last },
-      "webhook delivery failed; giving up",
-    );
+    const { outcome, attempts } = await postSignedWebhook(target, event, body, {
+      ...this.opts,
+      closed: () => this.closed,
+      logFields: { approval_id: r.id },
+    });
+    this.opts.onOutcome?.(outcome, attempts);
   }
 }

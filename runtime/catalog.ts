@@ -55,6 +55,18 @@ export const CatalogEntrySchema = z.object({
     })
     .strict()
     .optional(),
+  /**
+   * Text generation on the worker's PyTorch: the bytes of prompt-prefix keys and values kept for
+   * reuse (runtime/worker/tpu_worker/generation/prefix.py; 0 turns it off; counted in the load's
+   * memory estimate) and the block size in tokens. Absent: 64 MiB in blocks of 16 tokens.
+   */
+  prefix_cache: z
+    .object({
+      max_bytes: z.number().int().min(0).optional(),
+      block_tokens: z.number().int().min(1).max(1024).optional(),
+    })
+    .strict()
+    .optional(),
 });
 
 export const CatalogSchema = z.object({
@@ -128,5 +140,7 @@ export function planSize(e: CatalogEntry): number | null {
   const batches = planBuckets(e.shapes?.batch_buckets, 1, e.limits.max_batch);
   const lengths = planBuckets(e.shapes?.length_buckets, 8, e.limits.max_seq_len);
   const prefill = batches.filter((b) => b <= PREFILL_BATCH_CAP);
-  return prefill.length * lengths.length + batches.length;
+  // A prefix cache adds the one-sequence prefills behind a cached prefix at every length but the last.
+  const cached = (e.prefix_cache?.max_bytes ?? 1) > 0 ? lengths.length - 1 : 0;
+  return prefill.length * lengths.length + cached + batches.length;
 }

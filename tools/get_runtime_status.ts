@@ -2,7 +2,7 @@ import { z } from "zod";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { RuntimeCallError } from "../runtime/types.js";
 import type { StatusResult } from "../runtime/wire/ops.js";
-import { Compiles, ShapePlan, ShapesSeen } from "./schemas.js";
+import { Compiles, PrefixCacheStatus, ShapePlan, ShapesSeen } from "./schemas.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 const Device = z
@@ -99,6 +99,8 @@ const build = (env: ToolEnv) => {
             shape_plan: ShapePlan.nullable().optional(),
             shapes: ShapesSeen.optional(),
             compiles: Compiles.optional(),
+            // prefix_cache (PrefixCacheStatus) passes through, like batching: not listed, to keep
+            // tools/list small.
           })
           .passthrough(),
       ),
@@ -225,7 +227,7 @@ const build = (env: ToolEnv) => {
         ? `device status unavailable (${o.device_unavailable.code}: ${o.device_unavailable.message}); `
         : "") +
       `worker ${o.worker.state}${o.device ? ` on ${o.device.kind} (${o.device.name})` : ""}; torch ${o.torch_version}; ` +
-      `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}${m.engine ? `, vLLM ${m.engine.version ?? "?"} ${m.engine.health}` : ""}${shapesNote(m)}]`).join(", ") || "none"}` +
+      `loaded: ${o.loaded.map((m) => `${m.model} [${m.dtype}, ${m.mode}, queue ${m.queue_depth}${m.engine ? `, vLLM ${m.engine.version ?? "?"} ${m.engine.health}` : ""}${shapesNote(m)}${prefixNote((m as { prefix_cache?: PrefixCacheStatus }).prefix_cache)}]`).join(", ") || "none"}` +
       (o.worker.lost_models.length
         ? `; lost in a worker restart: ${o.worker.lost_models.join(", ")}`
         : "") +
@@ -258,6 +260,15 @@ function shapesNote(m: {
     ? `, ${c.graphs_compiled ?? 0} graphs at load, ${c.recompiles_since_load} recompiles`
     : "";
   return `, shapes ${m.shapes.distinct_shapes}/${m.shape_plan.size}${pad}${compiled}`;
+}
+
+/** A loaded model's prefix cache in a few words: its hit rate and size. */
+function prefixNote(p: PrefixCacheStatus | undefined): string {
+  if (!p?.enabled) return "";
+  const rate =
+    typeof p.hit_rate === "number" ? `${(p.hit_rate * 100).toFixed(0)}% hits` : "no lookups";
+  const size = typeof p.bytes === "number" ? `, ${(p.bytes / 2 ** 20).toFixed(1)} MiB` : "";
+  return `, prefix cache ${rate}${size}`;
 }
 
 /** Errors that mean "no worker could answer": status reports them instead of failing. */

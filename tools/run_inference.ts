@@ -16,6 +16,7 @@ import {
   generationArgs,
   messagesInput,
   responseFormatInput,
+  prefixKey,
   samplingInput,
 } from "./support/generation.js";
 import { elementCount, inlineValues, summarise, tensorFromArg } from "./support/tensors.js";
@@ -226,6 +227,9 @@ const build = (env: ToolEnv) => {
           model: args.model,
           ...(args.texts ? { texts: args.texts } : {}),
           ...generationArgs(args),
+          ...(entry.task === "text-generation"
+            ? { prefix_key: prefixKey(ctx.principal.id, env.limits.prefix_cache_shared) }
+            : {}),
           ...(onDelta ? { stream: true } : {}),
         },
         {

@@ -107,9 +107,23 @@ export const ShapePlan = z
     batch_buckets: z.array(z.number().int()),
     length_buckets: z.array(z.number().int()),
     prefill_batch_buckets: z.array(z.number().int()).optional(),
+    prefill_cached_length_buckets: z.array(z.number().int()).optional(),
     size: z.number().int().describe("distinct forward shapes the plan allows"),
   })
   .describe("the batch and length buckets every forward is padded to");
+
+/** A loaded generation model's prefix cache: its bound, size and hit rate since the load. */
+export const PrefixCacheStatus = z
+  .object({
+    enabled: z.boolean(),
+    max_bytes: z.number().int().optional(),
+    bytes: z.number().int().optional(),
+    hit_rate: z.number().nullable().optional(),
+    token_hit_rate: z.number().nullable().optional(),
+    cached_tokens: z.number().int().optional(),
+  })
+  .passthrough();
+export type PrefixCacheStatus = z.infer<typeof PrefixCacheStatus>;
 
 /** The shapes a model's forwards ran at since its load, and the padding they cost. */
 export const ShapesSeen = z

@@ -27,6 +27,8 @@ export interface Limits {
   max_texts: number;
   inline_max_elements: number;
   max_tensor_elements: number;
+  /** Every principal shares one prefix cache partition (config inference.prefix_cache_shared). */
+  prefix_cache_shared?: boolean;
   /** The one source of the benchmark bounds: schemas, handler checks and the worker read these. */
   benchmark: {
     max_configs: number;

@@ -4,6 +4,7 @@
 import type { AuditRecord } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
 import type { PolicyConfig } from "../config.js";
+import type { PolicyError } from "../errors.js";
 import { toolPolicyMap, type ToolPolicy } from "../tool_policy.js";
 import { BudgetLines } from "./budget_lines.js";
 import type { ElicitAnswer, GateDeps } from "./types.js";
@@ -15,6 +16,8 @@ export interface GateContext {
   readonly lines: BudgetLines;
   /** Every tool's record by name (scope, run-while-recording, ...); a tool without one needs admin. */
   readonly tools: ReadonlyMap<string, ToolPolicy>;
+  /** The stops of the calls running now, by principal (a suspension stops them all). */
+  readonly running: Map<string, Set<(err: PolicyError) => void>>;
   /** In-band prompts being shown, by approval id (approval_flow.ts): a retry joins, never re-asks. */
   readonly prompts: Map<string, Promise<ElicitAnswer | "timeout" | null>>;
   /** Appends a decision's record; losing it is logged loudly, never thrown: the decision stands. */
@@ -40,6 +43,7 @@ export function gateContext(deps: GateDeps): GateContext {
     clock,
     tools,
     prompts: new Map(),
+    running: new Map(),
     lines: new BudgetLines(deps.config.limits, deps.budget, clock, tools, deps.config.pricing),
     audit(rec) {
       try {
@@ -57,6 +61,7 @@ export function gateContext(deps: GateDeps): GateContext {
       } catch (e) {
         deps.logger.error({ err: String(e), audit: rec }, "audit append failed");
       }
+      if (rec.outcome === "denied" && rec.code) deps.observer?.refused(rec.principal, rec.code);
     },
     async auditDurable(rec, alongside) {
       const a = deps.audit;

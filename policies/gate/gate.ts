@@ -11,11 +11,19 @@ import type { DecisionEvidence } from "../passkeys/evidence.js";
 import type { Principal } from "../scopes.js";
 import { decideApproval } from "./approval_flow.js";
 import { gateContext, type GateContext } from "./context.js";
-import { admit, scopeRefusal, takeRate } from "./steps.js";
+import { admit, checkSuspended, scopeRefusal, takeRate } from "./steps.js";
+import { stopError } from "./supervise.js";
+import { resumeCommand, type Suspension } from "../suspensions.js";
 import { supervise } from "./supervise.js";
 import { reconcileInterrupted, type LeftBehind } from "./reconcile.js";
 import type { AuditRecord } from "../audit.js";
-import { InputRequired, type CallDeadline, type GateCall, type GateDeps } from "./types.js";
+import {
+  InputRequired,
+  traceIds,
+  type CallDeadline,
+  type GateCall,
+  type GateDeps,
+} from "./types.js";
 
 // The gate's public types, so a caller imports the gate from one module.
 export type {
@@ -26,6 +34,7 @@ export type {
   ElicitPrompt,
   GateCall,
   GateDeps,
+  GateObserver,
 } from "./types.js";
 export { InputRequired } from "./types.js";
 export { formAnswer } from "./answers.js";
@@ -54,8 +63,14 @@ export class Gate {
    * nothing (a listing refuses nobody).
    */
   enforceScope(principal: Principal, tool: string, via?: string): void {
-    const refusal = scopeRefusal(this.ctx, principal, tool);
+    let refusal = scopeRefusal(this.ctx, principal, tool);
     if (!refusal) return;
+    // A suspended principal learns that it is suspended, as its every call does.
+    try {
+      checkSuspended(this.ctx, principal);
+    } catch (e) {
+      if (isPolicyError(e)) refusal = e;
+    }
     this.ctx.auditRefusal({
       principal: principal.id,
       tool,
@@ -80,6 +95,7 @@ export class Gate {
     rawArgs: unknown,
     code: string,
     message: string,
+    trace?: GateCall["trace"],
   ): void {
     let digest: string | null = null;
     try {
@@ -87,8 +103,9 @@ export class Gate {
     } catch {
       digest = null; // unhashable input (non-finite numbers, cycles): recorded without a digest
     }
-    const base = { principal: principal.id, tool, args_digest: digest };
+    const base = { principal: principal.id, tool, args_digest: digest, ...traceIds({ trace }) };
     try {
+      checkSuspended(this.ctx, principal);
       const refusal = scopeRefusal(this.ctx, principal, tool);
       if (refusal) throw refusal;
       takeRate(this.ctx, principal);
@@ -114,6 +131,60 @@ export class Gate {
       code: "invalid_request",
       reason: message.slice(0, 500),
     });
+  }
+
+  /**
+   * Suspends a principal (an alert rule of "action": "suspend"): recorded in the suspension
+   * store, audited, and every call it has running stopped as a budget stop is (a benchmark
+   * returns what it measured, generation stops at the next token), answered principal_suspended.
+   */
+  suspendPrincipal(s: Suspension): void {
+    const store = this.ctx.deps.suspensions;
+    if (!store) throw new Error("this gate has no suspension store");
+    store.suspend(s);
+    const running = [...(this.ctx.running.get(s.principal) ?? [])];
+    this.ctx.audit({
+      principal: s.principal,
+      tool: "principal.suspend",
+      args_digest: null,
+      args: { rule: s.rule, since: s.since, until: s.until, running_calls_stopped: running.length },
+      outcome: "suspended",
+      code: "principal_suspended",
+      reason: `${s.reason}; ${s.until ? `until ${s.until}` : "until resumed"} (\`${resumeCommand(s.principal)}\`)`,
+    });
+    const msg = `the call was stopped: ${s.principal} was suspended by the alert rule ${s.rule} (${s.reason}); it is charged the device time it used. ${s.until ? `The suspension ends at ${s.until}, or earlier when an operator runs \`${resumeCommand(s.principal)}\`.` : `An operator ends it with \`${resumeCommand(s.principal)}\`.`}`;
+    for (const stop of running)
+      stop(
+        stopError(
+          "principal_suspended",
+          msg,
+          { rule: s.rule, since: s.since, until: s.until },
+          "budget",
+        ),
+      );
+  }
+
+  /** Lifts a principal's suspension (`tpu-mcp principals resume ID`), audited; null if none. */
+  resumePrincipal(id: string, by: Principal): Suspension | null {
+    const store = this.ctx.deps.suspensions;
+    if (!store) throw new Error("this gate has no suspension store");
+    const was = store.resume(id, this.ctx.clock());
+    if (was)
+      this.ctx.audit({
+        principal: id,
+        tool: "principal.resume",
+        args_digest: null,
+        args: { rule: was.rule, since: was.since, until: was.until },
+        outcome: "resumed",
+        approver: by.id,
+        reason: `suspension by ${was.rule} lifted by ${by.id}`,
+      });
+    return was;
+  }
+
+  /** The principals suspended now. */
+  suspended(): Suspension[] {
+    return this.ctx.deps.suspensions?.list(this.ctx.clock()) ?? [];
   }
 
   /**

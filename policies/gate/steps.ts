@@ -2,7 +2,7 @@
 // nothing that costs work (an estimate may ask the worker; an approval involves a human) before
 // the caller is known to be allowed and under its rate:
 //
-//   scope → rate → estimate → fit → budget → approval → reserve → slot → consume
+//   suspended → scope → rate → estimate → fit → budget → approval → reserve → slot → consume
 //
 // Each step either passes (filling in the admission), throws a PolicyError, or (the approval step
 // in the 2026-07-28 era) answers with a question for the user (InputRequired). `admit` runs them,
@@ -17,10 +17,11 @@ import type { CostEstimate } from "../estimate.js";
 import type { Release } from "../limits/concurrency.js";
 import { costOf } from "../limits/pricing.js";
 import { canCall, requiredScope, type Principal } from "../scopes.js";
+import { suspendedError } from "../suspensions.js";
 import { deviceKind } from "../../lib/device.js";
 import { checkApproval } from "./approval_flow.js";
 import type { GateContext } from "./context.js";
-import { InputRequired, type GateCall } from "./types.js";
+import { InputRequired, traceIds, type GateCall } from "./types.js";
 
 /** A call on its way through admission: what the steps learned and what it holds. */
 export interface Admission {
@@ -63,6 +64,12 @@ export function scopeRefusal(
     `${tool} needs the ${scope} scope, which ${principal.id} does not have; ask for a token that grants it.`,
     { required_scope: scope, tool },
   );
+}
+
+/** principal_suspended when an alert rule suspended the principal (policies/suspensions.ts). */
+export function checkSuspended(ctx: GateContext, principal: Principal): void {
+  const s = ctx.deps.suspensions?.active(principal.id, ctx.clock());
+  if (s) throw suspendedError(s);
 }
 
 /** Takes one call from the principal's rate; throws rate_limited when it is over. */
@@ -109,6 +116,11 @@ function priced(ctx: GateContext, call: GateCall, estimate: CostEstimate): CostE
 }
 
 export const ADMISSION_STEPS: readonly AdmissionStep[] = [
+  {
+    // A suspended principal is refused everything, before anything else is looked at.
+    name: "suspended",
+    run: (ctx, a) => checkSuspended(ctx, a.call.principal),
+  },
   {
     name: "scope",
     run: (ctx, a) => {
@@ -207,8 +219,16 @@ export async function admit(
     a.digest = argsDigest(call.tool, call.args);
     call.trace?.mark("g.digest");
     for (const step of ADMISSION_STEPS) {
-      const pending = step.run(ctx, a as Admission);
-      if (pending) await pending;
+      // A step that may wait (rate, estimate, budget, approval, slot) is a span of its own.
+      const span = step.mark ? call.trace?.child(`gate.${step.mark.slice(2)}`) : undefined;
+      try {
+        const pending = step.run(ctx, a as Admission);
+        if (pending) await pending;
+      } catch (e) {
+        span?.end(isPolicyError(e) ? e.code : "internal");
+        throw e;
+      }
+      span?.end();
       if (a.asked) break;
       if (step.mark) call.trace?.mark(step.mark);
     }
@@ -232,6 +252,7 @@ export async function admit(
         args: redacted,
         estimate: a.estimate ?? null,
         args_digest: a.digest,
+        ...traceIds(call),
         outcome: OUTCOME_FOR_CODE[e.code] ?? "denied",
         code: e.code,
         reason: e.message,
@@ -249,6 +270,7 @@ export async function admit(
       args: redacted,
       estimate: a.estimate ?? null,
       args_digest: a.digest,
+      ...traceIds(call),
       outcome: "approval_requested",
       code: "input_required",
       reason: a.asked.prompt.message,

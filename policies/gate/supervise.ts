@@ -10,12 +10,12 @@
 import type { AuditRecord } from "../audit.js";
 import { toolTimeoutMs } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
-import { formatAmount, formatMoney } from "../limits/pricing.js";
+import { costNote, formatAmount, formatMoney } from "../limits/pricing.js";
 import type { CapStop, Metered } from "./budget_lines.js";
 import type { GateContext } from "./context.js";
 import type { CostEstimate } from "../estimate.js";
 import type { Admitted } from "./steps.js";
-import type { CallDeadline } from "./types.js";
+import { traceIds, type CallDeadline } from "./types.js";
 
 export async function supervise<T>(
   ctx: GateContext,
@@ -29,6 +29,7 @@ export async function supervise<T>(
     tool,
     args: a.redacted,
     estimate: estimate ?? null,
+    ...traceIds(call),
   });
 
   // Kept until charged, written with its "allowed" record: a kill leaves it for the restart.
@@ -52,8 +53,10 @@ export async function supervise<T>(
     budgetEnded = true;
     a.reservation();
     meter?.end();
-    if (estimate)
+    if (estimate) {
       ctx.lines.charge(principal.id, tool, Math.max(0, atMs - started) / 1000, estimate);
+      ctx.deps.observer?.charged(principal.id);
+    }
     // Right after the charge, in one transaction with it: charged, or left for the restart.
     if (flight) ctx.deps.calls?.end(flight.id);
   };
@@ -155,7 +158,7 @@ export async function supervise<T>(
             stopCall(
               stopError(
                 "approval_overrun",
-                `${tool} was stopped after ${round3(approvedMs / 1000)} s of device time: it was approved for an estimate of ${estimate!.device_seconds} s and may run ${factor}× that (at least ${floorS} s more); it is charged the device time it used. Ask for a new approval with a smaller call, or an operator can raise approvals.overrun_factor.`,
+                `${tool} was stopped after ${round3(approvedMs / 1000)} s of device time: it was approved for an estimate of ${estimate!.device_seconds} s${costNote(estimate)} and may run ${factor}× that (at least ${floorS} s more); it is charged the device time it used. Ask for a new approval with a smaller call, or an operator can raise approvals.overrun_factor.`,
                 {
                   stopped_after_s: round3(approvedMs / 1000),
                   estimated_s: estimate!.device_seconds,
@@ -169,6 +172,11 @@ export async function supervise<T>(
             ),
           approvedMs,
         );
+  // A suspension of the principal stops the call as a budget stop does (Gate.suspendPrincipal).
+  const stopForSuspension = (err: PolicyError) => stopCall(err, ctx.clock());
+  let running = ctx.running.get(principal.id);
+  if (!running) ctx.running.set(principal.id, (running = new Set()));
+  running.add(stopForSuspension);
   const onCallerAbort = () =>
     abortNow(new PolicyError("cancelled", `${tool} was cancelled by the caller.`));
   if (call.signal?.aborted) onCallerAbort();
@@ -253,6 +261,9 @@ export async function supervise<T>(
     clearTimeout(overrunTimer);
     clearTimeout(graceTimer);
     call.signal?.removeEventListener("abort", onCallerAbort);
+    running.delete(stopForSuspension);
+    if (running.size === 0 && ctx.running.get(principal.id) === running)
+      ctx.running.delete(principal.id);
   }
 }
 
@@ -263,8 +274,8 @@ export async function supervise<T>(
 export const STOP_GRACE_MS = 10_000;
 
 /** A gate error that stops a call: `stop` tells the runtime the reason to send the worker. */
-function stopError(
-  code: "timeout" | "budget_exceeded" | "approval_overrun",
+export function stopError(
+  code: "timeout" | "budget_exceeded" | "approval_overrun" | "principal_suspended",
   message: string,
   details: Record<string, unknown>,
   stop: "timeout" | "budget" | "approval",

@@ -11,6 +11,7 @@ import type { ConcurrencyLimiter } from "../limits/concurrency.js";
 import type { RateLimit } from "../limits/rate.js";
 import type { RequestStateSealer } from "../request_state.js";
 import type { Principal } from "../scopes.js";
+import type { SuspensionStore } from "../suspensions.js";
 import type { ToolPolicy } from "../tool_policy.js";
 
 /** The deadline of one admitted call, handed down to the runtime as its request timeout. */
@@ -98,8 +99,28 @@ export interface GateCall {
   inBand?: InBandApproval;
   /** Where the call ran (the worker of a pool), read when its outcome is audited. */
   ranOn?: () => string | undefined;
-  /** Stamps for the bench's decomposition (tools/support/trace.ts); absent unless tracing. */
-  trace?: { mark(stage: string): void };
+  /** The call's trace (tools/support/trace.ts); absent unless tracing. */
+  trace?: GateTrace;
+}
+
+/** What the gate does with a call's trace: stamps, a span per waiting step, ids to audit. */
+export interface GateTrace {
+  mark(stage: string): void;
+  child(name: string): { end(errorType?: string): void };
+  ids(): { trace_id: string; span_id: string } | undefined;
+}
+
+/** The trace and span ids an audit record names, so an auditor finds the call's trace. */
+export function traceIds(call: Pick<GateCall, "trace">): { trace_id?: string; span_id?: string } {
+  return call.trace?.ids() ?? {};
+}
+
+/** Told what the gate counts, for the alert rules (policies/alerts/); never blocks a call. */
+export interface GateObserver {
+  /** Every refusal, before repeats are aggregated in the audit trail. */
+  refused(principal: string, code: string): void;
+  /** A call's device time was charged to `principal`'s budget. */
+  charged(principal: string): void;
 }
 
 export interface GateDeps {
@@ -119,6 +140,9 @@ export interface GateDeps {
   requestStates?: RequestStateSealer;
   /** The command an operator runs to approve; defaults to defaultApproveCommand. */
   approveCommand?: ApproveCommand;
+  /** Suspended principals (refused principal_suspended); absent: nobody is ever suspended. */
+  suspensions?: SuspensionStore;
+  observer?: GateObserver;
   /** Where operators decide in a browser, once known (approval_required names it). */
   consoleUrl?: () => string | undefined;
 }

@@ -129,6 +129,8 @@ export interface InferArgs extends GenerationArgs {
   /** Set by the server when the MCP caller sent a progress token: progress messages carry deltas. */
   stream?: boolean;
   seq_len?: number;
+  /** The caller's prefix cache partition (tools/support/generation.ts prefixKey). */
+  prefix_key?: string;
 }
 
 export interface InferResult {
@@ -144,6 +146,8 @@ export interface InferResult {
   tokens_per_s?: number | null;
   /** With a response_format: the grammar's compile time in the worker. */
   grammar_compile_ms?: number;
+  /** Prompt tokens taken from the prefix cache, all prompts together. */
+  prefix_cached_tokens?: number;
   labels?: string[];
   scores?: number[];
   outputs?: Array<{ name: string }>;

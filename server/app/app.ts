@@ -11,6 +11,9 @@ import { Authenticator } from "../../policies/auth.js";
 import { clientFormRules, clientFormText } from "../../policies/gate/answers.js";
 import type { Gate } from "../../policies/gate/gate.js";
 import { ApprovalNotifier, type NotifyTarget } from "../../policies/notify.js";
+import { Alerts } from "../../policies/alerts/alerts.js";
+import { AuditSink } from "../../policies/audit_sink.js";
+import { fileSinkTarget, httpSinkTarget } from "../../policies/audit_sink_targets.js";
 import { readCatalog, type Catalog } from "../../runtime/catalog.js";
 import { memoryFor } from "../../policies/estimate.js";
 import type { Runtime } from "../../runtime/types.js";
@@ -26,6 +29,7 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { checkSecretFile } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
+import { startTelemetry } from "./telemetry.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
 import type { Passkeys } from "../../policies/passkeys/store.js";
 import { openServerStores, type Storage } from "./storage.js";
@@ -64,6 +68,10 @@ export interface App extends ToolServices {
   /** Approval events (this process and the CLI beside it), for the console and webhooks. */
   approvalFeed: ApprovalFeed;
   notifier: ApprovalNotifier;
+  /** The alert rules at work (policy.alerts): the console lists what fired. */
+  alerts: Alerts;
+  /** The streaming audit sink (policy.audit.sink); absent when none is configured. */
+  auditSink?: AuditSink;
   /** Where the operator console is served, once an HTTP server runs (for webhook messages). */
   consoleUrl?: string;
   /** Runtime notices ("worker restarted", "worker failed") for MCP logging in every session, and
@@ -96,6 +104,7 @@ export function createApp(
 ): App {
   // Before anything starts: a webhook without its secret is a configuration error.
   const notifyTargets = readNotifyTargets(config);
+  const alertTargets = readAlertTargets(config);
   const catalog = readCatalog(config.paths.catalog);
   // A catalog of one's own replaces the built-in one (no merge): said at start, so a missing
   // built-in model is not a surprise later.
@@ -109,6 +118,7 @@ export function createApp(
       max_texts: config.inference.max_texts,
       inline_max_elements: config.inference.inline_max_elements,
       max_tensor_elements: config.inference.max_tensor_elements,
+      prefix_cache_shared: config.inference.prefix_cache_shared,
       benchmark: { ...config.benchmark },
     },
     ...(config.policy.pricing ? { pricing: config.policy.pricing } : {}),
@@ -116,13 +126,49 @@ export function createApp(
   // Each resource registers its close where it is opened; close() runs them last-opened first,
   // so the stores a call in flight writes to (audit, reports) outlive the runtime.
   const hooks = new CloseHooks(logger);
+  // First opened, last closed: the spans of everything closing are flushed.
+  hooks.add("telemetry", startTelemetry(config.telemetry, logger));
 
+  // Late-bound: the gate tells the alert rules what it counts; they act through the gate.
+  const alertsRef: { current?: Alerts } = {};
   const policy = createPolicyServices(config, logger, {
     // Late-bound: the HTTP server learns its address after the app is built.
     consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
+    observer: {
+      refused: (principal, code) => alertsRef.current?.refused(principal, code),
+      charged: (principal) => alertsRef.current?.charged(principal),
+    },
   });
   hooks.add("policy stores", () => policy.close());
   const { gate, approvals, audit } = policy;
+  const auditSink = startAuditSink(config, audit, logger);
+  if (auditSink) {
+    const off = audit.onAppended((records) => auditSink.offer(records));
+    hooks.add("audit sink", async () => {
+      off();
+      await auditSink.close();
+    });
+  }
+  const alertLog = logger.child({ component: "alerts" });
+  const alerts = new Alerts({
+    rules: config.policy.alerts.rules,
+    store: policy.alertStore,
+    logger: alertLog,
+    suspend: (s) => gate.suspendPrincipal(s),
+    audit: (rec) => {
+      try {
+        audit.append({ time: new Date().toISOString(), ...rec });
+      } catch (e) {
+        alertLog.error({ err: String(e), audit: rec }, "audit append failed");
+      }
+    },
+    budgetUse: (principal) => policy.budget.check(principal, 0),
+    pendingApprovals: () => approvals.list({ status: "pending", limit: 500 }),
+    webhooks: alertTargets,
+    checkIntervalMs: config.policy.alerts.check_interval_s * 1000,
+  });
+  alertsRef.current = alerts;
+  hooks.add("alerts", () => alerts.close());
   // Before the server accepts a call: the calls a killed server left running are settled.
   reconcileAtStart(gate, policy.calls, logger);
   if (config.policy.approvals.rules.length === 0)
@@ -210,10 +256,12 @@ export function createApp(
     setup.start();
   }
   const metrics = new Metrics();
+  if (auditSink) metrics.observeAuditSink(() => auditSink.status());
   const notices: App["notices"] = new EventEmitter();
   notices.setMaxListeners(0); // one listener per open session
   runtime.on("restart", (info) => {
     metrics.workerRestarts.inc();
+    alerts.workerRestarted((info as { worker?: string }).worker ?? "worker");
     const msg = "worker restarted; loaded models were lost and must be loaded again";
     rtLog.warn(info, msg);
     notices.emit("notice", "warning", { message: msg, ...info });
@@ -314,6 +362,8 @@ export function createApp(
     metrics,
     approvalFeed,
     notifier,
+    alerts,
+    ...(auditSink ? { auditSink } : {}),
     notices,
     reload: (by) => reloader.reload(by),
     onClose: (name, fn) => hooks.add(name, fn),
@@ -373,29 +423,75 @@ export function toolServices(app: App): ToolServices {
 
 /** Webhook targets with their secrets read now, so a missing secret stops the start-up. */
 function readNotifyTargets(config: ServerConfig): NotifyTarget[] {
-  return config.policy.approvals.notify.map((n, i) => {
-    const file = resolve(config.paths.config_dir, n.secret_file);
+  return config.policy.approvals.notify.map((n, i) => ({
+    url: n.url,
+    secret: readWebhookSecret(config, n.secret_file, `policy.approvals.notify.${i}`),
+    events: n.events,
+  }));
+}
+
+/**
+ * The streaming audit sink of policy.audit.sink, started at the trail's head (what came before
+ * is `tpu-mcp audit export`'s); a secret file that cannot be read stops the start-up.
+ */
+function startAuditSink(
+  config: ServerConfig,
+  audit: App["audit"],
+  logger: Logger,
+): AuditSink | undefined {
+  const c = config.policy.audit.sink;
+  if (!c) return undefined;
+  const target =
+    c.kind === "file"
+      ? fileSinkTarget(resolve(config.paths.config_dir, c.path), c.max_bytes, c.keep)
+      : httpSinkTarget(c.url, {
+          ...(c.secret_file
+            ? { secret: readWebhookSecret(config, c.secret_file, "policy.audit.sink") }
+            : {}),
+        });
+  const head = audit.exportHead();
+  return new AuditSink({
+    target,
+    logger: logger.child({ component: "audit-sink" }),
+    maxQueue: c.max_queue,
+    start: { seq: head.seq, export_hash: head.export_hash },
+    readRange: (from, to) => audit.readRange(from, to),
+    ...(c.kind === "http"
+      ? { batch: c.batch, retryBaseMs: c.retry_base_ms, maxBackoffMs: c.max_backoff_s * 1000 }
+      : {}),
+  });
+}
+
+/** The alert webhooks (policy.alerts.notify), read as the approval ones are. */
+function readAlertTargets(config: ServerConfig): { url: string; secret: Buffer }[] {
+  return config.policy.alerts.notify.map((n, i) => ({
+    url: n.url,
+    secret: readWebhookSecret(config, n.secret_file, `policy.alerts.notify.${i}`),
+  }));
+}
+
+function readWebhookSecret(config: ServerConfig, secretFile: string, where: string): Buffer {
+  {
+    const file = resolve(config.paths.config_dir, secretFile);
     let secret: Buffer;
     try {
       secret = Buffer.from(readFileSync(file, "utf8").trim(), "utf8");
     } catch (e) {
       throw new ConfigError("(config)", [
-        `policy.approvals.notify.${i}.secret_file: cannot read ${file} (${(e as NodeJS.ErrnoException).code ?? e})`,
+        `${where}.secret_file: cannot read ${file} (${(e as NodeJS.ErrnoException).code ?? e})`,
       ]);
     }
     if (secret.length < 16) {
       throw new ConfigError("(config)", [
-        `policy.approvals.notify.${i}.secret_file: the secret in ${file} is shorter than 16 bytes; use \`tpu-mcp token new\` to make one`,
+        `${where}.secret_file: the secret in ${file} is shorter than 16 bytes; use \`tpu-mcp token new\` to make one`,
       ]);
     }
     // Whoever reads it can sign webhooks the receivers trust: owner-only, as ssh wants keys.
     try {
       checkSecretFile(file, "the webhook secret");
     } catch (e) {
-      throw new ConfigError("(config)", [
-        `policy.approvals.notify.${i}.secret_file: ${(e as Error).message}`,
-      ]);
+      throw new ConfigError("(config)", [`${where}.secret_file: ${(e as Error).message}`]);
     }
-    return { url: n.url, secret, events: n.events };
-  });
+    return secret;
+  }
 }

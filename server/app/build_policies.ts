@@ -3,7 +3,7 @@
 // the audit key when missing; read-only commands never come here (cli/operator.ts).
 import type { Logger } from "pino";
 import type { ApproveCommand } from "../../policies/approvals.js";
-import { Gate } from "../../policies/gate/gate.js";
+import { Gate, type GateObserver } from "../../policies/gate/gate.js";
 import { RequestStateSealer } from "../../policies/request_state.js";
 import { isAbsolute, relative } from "node:path";
 import { shellWord } from "../../lib/text.js";
@@ -40,7 +40,7 @@ export interface PolicyServices extends PolicyStores {
 export function createPolicyServices(
   config: ServerConfig,
   logger: Logger,
-  opts: { consoleUrl?: () => string | undefined } = {},
+  opts: { consoleUrl?: () => string | undefined; observer?: GateObserver } = {},
 ): PolicyServices {
   const stores = openPolicyStores(config, logger);
   const gate = new Gate({
@@ -52,6 +52,8 @@ export function createPolicyServices(
     rateLimiter: stores.rateLimiter,
     budget: stores.budget,
     calls: stores.calls,
+    suspensions: stores.suspensions,
+    observer: opts.observer,
     logger: logger.child({ component: "gate" }),
     // Sealed with the audit key: every replica holding the key opens what another sealed.
     requestStates: new RequestStateSealer(stores.auditKey.key.key),

@@ -18,6 +18,12 @@ import { SqliteBudgetLedger, type BudgetLedger } from "../../policies/limits/bud
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter, type RateLimit } from "../../policies/limits/rate.js";
 import { PasskeyStore, type Passkeys } from "../../policies/passkeys/store.js";
+import { SqliteAlertStore, type AlertStore } from "../../policies/alerts/store.js";
+import {
+  SqliteSuspensionStore,
+  type Suspension,
+  type SuspensionStore,
+} from "../../policies/suspensions.js";
 import {
   emptyStoreDb,
   openStoreDb,
@@ -27,7 +33,8 @@ import {
 import { SqliteJobs, type Jobs } from "../../tools/stores/jobs.js";
 import { MemoryOutputs, type Outputs } from "../../tools/stores/outputs.js";
 import { SqliteReports, type Reports } from "../../tools/stores/reports.js";
-import type { ServerConfig } from "../config/config.js";
+import { ConfigError, type ServerConfig } from "../config/config.js";
+import { redactUrl } from "./postgres/pool.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
 import { ControlChannel } from "../control/channel.js";
 
@@ -53,6 +60,10 @@ export interface PolicyStores {
   calls: CallsInFlight & LeftBehind;
   /** SHARED: operators' passkeys and their signature counters. */
   passkeys: Passkeys;
+  /** SHARED: principals an alert rule suspended (the gate refuses them; the CLI resumes them). */
+  suspensions: SuspensionStore;
+  /** SHARED: the alerts that fired, and each rule's quiet time per subject (once per window). */
+  alertStore: AlertStore;
   /**
    * SHARED: calls per minute per principal. (SQLite: this process's token buckets; a restart
    * refills them, which a per-minute allowance can afford.)
@@ -88,6 +99,10 @@ export interface Storage extends PolicyStores {
  * missing; read-only commands use the read* openers below instead.
  */
 export function openPolicyStores(config: ServerConfig, logger: Logger): PolicyStores {
+  if (databaseUrl(config) !== null)
+    throw new ConfigError("(config)", [
+      "storage.postgres: the server does not serve on Postgres yet (its gate's stores answer synchronously, which only SQLite does); `tpu-mcp storage migrate|check` work against it. Use storage.sqlite (the default) to serve (docs/storage.md).",
+    ]);
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
   // One handle for the stores of policy.db (they share the file, and close with it).
@@ -103,6 +118,8 @@ export function openPolicyStores(config: ServerConfig, logger: Logger): PolicySt
   const budget = new SqliteBudgetLedger(db, policy.limits.budget);
   const passkeys = new PasskeyStore(db);
   const calls = new SqliteCallsInFlight(db, { withCharges: (write) => budget.alongside(write) });
+  const suspensions = new SqliteSuspensionStore(db);
+  const alertStore = new SqliteAlertStore(db);
   return {
     backend: "sqlite",
     approvals,
@@ -111,9 +128,13 @@ export function openPolicyStores(config: ServerConfig, logger: Logger): PolicySt
     budget,
     calls,
     passkeys,
+    suspensions,
+    alertStore,
     rateLimiter: new RateLimiter(policy.limits.rate_limit.per_principal_per_minute),
     limiter: new ConcurrencyLimiter(policy.limits),
     close() {
+      suspensions.close();
+      alertStore.close();
       calls.close();
       passkeys.close();
       approvals.close();
@@ -228,6 +249,22 @@ export function readAuditTrail(
   }
 }
 
+/** The suspensions in force, read-only (`principals list|suspended`); none without a store. */
+export function readSuspensions(config: ServerConfig, nowMs: number): Suspension[] {
+  const db = openStoreDbReadOnly(dataDir(config).policyDb);
+  if (!db) return [];
+  try {
+    const table = db
+      .prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'principal_suspensions'",
+      )
+      .get();
+    return table ? new SqliteSuspensionStore(db).list(nowMs) : [];
+  } finally {
+    db.close();
+  }
+}
+
 /** The passkeys read-only (`operators list`); null when no store exists yet. */
 export function readPasskeys(config: ServerConfig): { passkeys: Passkeys; close(): void } | null {
   const db = openStoreDbReadOnly(dataDir(config).policyDb);
@@ -240,4 +277,24 @@ export function readPasskeys(config: ServerConfig): { passkeys: Passkeys; close(
       if (db.open) db.close();
     },
   };
+}
+
+/** The Postgres URL of a `storage.postgres` config (the file's, else TPU_MCP_DATABASE_URL); null with SQLite. */
+export function databaseUrl(
+  config: Pick<ServerConfig, "storage">,
+  env: NodeJS.ProcessEnv = process.env,
+): string | null {
+  if (!("postgres" in config.storage)) return null;
+  const url = config.storage.postgres.url ?? env.TPU_MCP_DATABASE_URL;
+  if (!url)
+    throw new ConfigError("(config)", [
+      "storage.postgres: no database URL: give storage.postgres.url or set TPU_MCP_DATABASE_URL (postgres://USER:PASSWORD@HOST:PORT/DB)",
+    ]);
+  return url;
+}
+
+/** The config as printed (`config show`): the database URL's password replaced by "***". */
+export function redactedConfig<T extends Pick<ServerConfig, "storage">>(config: T): T {
+  if (!("postgres" in config.storage) || !config.storage.postgres.url) return config;
+  return { ...config, storage: { postgres: { url: redactUrl(config.storage.postgres.url) } } };
 }

@@ -17,6 +17,7 @@ import { checkSecretFile, createDataDir, dataDir } from "../config/data_dir.js";
 import { createApp, type App } from "../app/app.js";
 import { runApprovalsCommand, runAuditCommand } from "./operator.js";
 import { runOperatorsCommand } from "./operators.js";
+import { runPrincipalsCommand } from "./principals.js";
 import { runDoctor } from "../doctor/index.js";
 import { runTpuSelfTest } from "../doctor/tpu.js";
 import { startHttp } from "../transports/http.js";
@@ -25,6 +26,8 @@ import { startStdio } from "../transports/stdio.js";
 import { terminalText } from "../terminal.js";
 import { runVerifyExport } from "./verify_export.js";
 import { runWorkersCommand } from "./workers.js";
+import { runStorageCommand } from "./storage.js";
+import { redactedConfig } from "../app/storage.js";
 import { checkDataDirAccess, isAccessDenied } from "./data_dir_access.js";
 
 /** The repository root: the first folder above this module with a package.json (the source sits
@@ -62,12 +65,17 @@ commands:
   audit verify-export FILE --head HASH|HEADFILE
                                 a receiver's check (no data dir, no key): FILE is a gap-free,
                                 unmodified segment of the chain ending at that head's export_hash
+  principals list | suspended | resume ID [--token T]
+                                the config's principals and who an alert rule suspended;
+                                resume lifts a suspension (operator token, audited)
   operators enrol NAME | list | remove NAME
                                 operators' passkeys: a one-time code for NAME's first passkey
                                 (the console enrols it), the list, removal (lost passkey)
   token new | hash TOKEN        make a token and print its sha256 for the config
   config show                   the effective config as JSON: the file over the defaults
                                 (e.g. the approval rules that apply when the file names none)
+  storage migrate | check       the shared store (storage.postgres): apply its schema; check it is
+                                reachable, its schema version and this machine's clock against it
   workers [list] | drain NAME | undrain NAME | scale N | reload [--token T]
                                 the worker pool: state, placement; drain (admin token) stops
                                 routing to a worker and waits for its calls in flight
@@ -210,7 +218,7 @@ async function main(argv: string[]): Promise<number> {
 
   // The commands that work on the server's state refuse plainly when the data dir is another
   // user's (the server running as its own user), rather than failing deep inside or listing nothing.
-  if (["approvals", "audit", "operators", "workers"].includes(command)) {
+  if (["approvals", "audit", "operators", "workers", "principals"].includes(command)) {
     const refusal = checkDataDirAccess(config.paths.data_dir, command);
     if (refusal) {
       err(refusal);
@@ -323,7 +331,7 @@ async function main(argv: string[]): Promise<number> {
         err("usage: tpu-mcp config show [--config FILE]");
         return 2;
       }
-      out(JSON.stringify(config, null, 2));
+      out(JSON.stringify(redactedConfig(config), null, 2));
       return 0;
     case "audit":
       return runAuditCommand(config, positionals, {
@@ -337,8 +345,31 @@ async function main(argv: string[]): Promise<number> {
         err,
         logger,
       });
+    case "principals": {
+      let token = values.token ?? process.env.TPU_MCP_TOKEN;
+      // As approvals approve: the embedded default resumes with its generated operator token.
+      if (positionals[0] === "resume" && embeddedAuth(config)) {
+        const operator = withOperatorToken(config);
+        config = operator.config;
+        token ??= operator.token;
+      }
+      return runPrincipalsCommand(config, positionals, {
+        token,
+        json: values.json === true,
+        out,
+        err,
+        logger,
+      });
+    }
     case "operators":
       return runOperatorsCommand(config, positionals, {
+        json: values.json === true,
+        out,
+        err,
+        logger,
+      });
+    case "storage":
+      return runStorageCommand(config, positionals, {
         json: values.json === true,
         out,
         err,

@@ -44,6 +44,9 @@ describe("repeated refusals", () => {
             limits: { ...DEMO_POLICY.limits, rate_limit: { per_principal_per_minute: RATE } },
             // One window for the whole test, however slow the machine: its end is the close.
             audit: { ...DEMO_POLICY.audit, refusal_window_s: 600 },
+            // 2,250 refusals are what this test counts: the default refusal-flood rule (1,000 a
+            // minute) would suspend the reader half-way and turn the rest into principal_suspended.
+            alerts: { rules: [] },
           },
           // No call here reaches the worker: every one is refused before it would run.
           runtime: { start: "lazy" },

@@ -67,6 +67,7 @@ const known = { tools: toolPolicyMap(TOOL_POLICIES) };
 describe("admission steps", () => {
   it("run in the documented order", () => {
     expect(ADMISSION_STEPS.map((s) => s.name)).toEqual([
+      "suspended",
       "scope",
       "rate",
       "estimate",

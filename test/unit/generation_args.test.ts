@@ -7,6 +7,7 @@ import { describe, expect, it } from "vitest";
 import { parseCatalog, readCatalog } from "../../runtime/catalog.js";
 import type { CallOptions } from "../../runtime/types.js";
 import { buildTools } from "../../tools/registry.js";
+import { prefixKey } from "../../tools/support/generation.js";
 import type { ToolContext, ToolDefinition, ToolEnv } from "../../tools/types.js";
 import { ROOT } from "../helpers/server.js";
 
@@ -151,6 +152,7 @@ function fakeContext(progressRequested: boolean, deltas: string[]) {
   };
   const ctx = {
     runtime,
+    principal: { id: "agent" },
     facts: { get: async () => ({ chat_template: true }) },
     signal: new AbortController().signal,
     progress: (p: number, _t?: number, message?: string) => progress.push({ progress: p, message }),
@@ -200,7 +202,15 @@ describe("run_inference → worker", () => {
     };
     const out = await infer.handler(infer.input.parse(given), ctx);
     const { model: _m, ...rest } = given;
-    expect(sent[0].args).toEqual({ model: "tiny-gpt2", ...rest });
+    // The worker gets the caller's prefix cache partition: a hash of the principal, not its id.
+    expect(sent[0].args).toEqual({
+      model: "tiny-gpt2",
+      ...rest,
+      prefix_key: prefixKey("agent", false),
+    });
+    expect(sent[0].args.prefix_key).toMatch(/^[0-9a-f]{32}$/);
+    expect(prefixKey("agent2", false)).not.toBe(sent[0].args.prefix_key);
+    expect(prefixKey("agent", true)).toBe(prefixKey("agent2", true));
     expect(out).toMatchObject({ seed: 42, items: 1, generations: [{ finish_reason: "length" }] });
     expect(infer.output.safeParse(out).success).toBe(true);
     expect(infer.render(out)).toMatch(/1 new tokens, finish length, 100\.0 tokens\/s, seed 42/);

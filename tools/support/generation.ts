@@ -2,6 +2,7 @@
 // messages, sampling with a seed, stop sequences, log-probabilities; the bounds, the checks
 // against a model's catalog entry and the answer's shape, shared by run_inference and
 // run_benchmark so that both spell and bound them the same way.
+import { createHash } from "node:crypto";
 import { z } from "zod";
 import type { CatalogEntry } from "../../runtime/catalog.js";
 import type { GenerationArgs } from "../../runtime/wire/ops.js";
@@ -166,6 +167,19 @@ export function checkGeneration(entry: CatalogEntry, args: GenerationArgs): void
   }
 }
 
+/**
+ * The prefix cache partition of a caller (runtime/worker/tpu_worker/generation/prefix.py): a hash
+ * of the principal's id, so the worker never sees the id itself, or one key for everyone where
+ * the operator shares the cache (config inference.prefix_cache_shared).
+ */
+export function prefixKey(principalId: string, shared: boolean | undefined): string {
+  if (shared) return "shared";
+  return createHash("sha256")
+    .update(`tpu-mcp prefix cache\0${principalId}`)
+    .digest("hex")
+    .slice(0, 32);
+}
+
 /** The generation arguments as the worker takes them (the same names), without absent ones. */
 export function generationArgs(args: GenerationArgs): Record<string, unknown> {
   const out: Record<string, unknown> = {};
@@ -187,5 +201,6 @@ export const Generation = z.object({
   /** With a response_format: whether the text is a complete sentence of its grammar. */
   grammar_complete: z.boolean().optional(),
   grammar_error: z.string().optional(),
+  prefix_cached_tokens: z.number().int().optional(),
 });
 export type Generation = z.infer<typeof Generation>;

@@ -2,8 +2,9 @@
 plan, after which no request compiles (the counts are the CPU's proxy for TPU compiles), and a
 second worker on the same compile cache loads warm.
 
-The plan is kept small (a catalog entry with max_batch 2 and max_seq_len 16: 6 graphs), since
-each inductor compile costs seconds on the CPU."""
+The plan is kept small (a catalog entry with max_batch 2 and max_seq_len 16: 7 graphs, one of
+them the prefill behind a cached prefix, with prefix blocks of 4 tokens so that such prompts fit),
+since each inductor compile costs seconds on the CPU."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def small_catalog():
         if m["id"] == "tiny-gpt2":
             m["limits"].update(max_batch=2, max_seq_len=16, max_new_tokens=8)
             m["batching"]["max_batch"] = 2
+            m["prefix_cache"] = {"block_tokens": 4}
     return parse_catalog(data, BUILTIN_CATALOG)
 
 
@@ -56,13 +58,14 @@ def test_a_compiled_load_warms_every_shape_of_the_plan(compiled):
         "batch_buckets": [1, 2],
         "length_buckets": [8, 16],
         "prefill_batch_buckets": [1, 2],
-        "size": 6,
+        "prefill_cached_length_buckets": [8],
+        "size": 7,
     }
-    assert report["shapes_warmed"] == 6
+    assert report["shapes_warmed"] == 7
     # One graph per shape at least (a graph break would add more; none in tiny-gpt2's forward).
-    assert report["graphs_compiled"] >= 6
+    assert report["graphs_compiled"] >= 7
     assert report["compile_cache"]["dir"] == cache
-    assert sum(1 for a in seen if len(a) > 2 and str(a[2]).startswith("compiling")) == 6
+    assert sum(1 for a in seen if len(a) > 2 and str(a[2]).startswith("compiling")) == 7
 
 
 def test_after_the_warm_up_no_request_compiles(compiled):
@@ -79,6 +82,10 @@ def test_after_the_warm_up_no_request_compiles(compiled):
         t.start()
     for t in threads:
         t.join()
+    # Prompts behind a cached prefix (8 of 12 tokens) take the warmed prefill_cached shape.
+    shared = {"texts": ["one two three four five six seven eight nine ten"], "max_new_tokens": 2}
+    cached = [m.batcher.submit(m.adapter.prepare(shared, []), CancelToken()).result(600).result for _ in range(2)]
+    assert cached[1]["prefix_cached_tokens"] > 0 and cached[1]["texts"] == cached[0]["texts"]
     status, _ = w.handle("status", {}, [], OpContext("s"))
     (row,) = status["loaded"]
     assert row["compiles"] == {

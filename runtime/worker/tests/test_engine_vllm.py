@@ -37,6 +37,7 @@ class Fake(BaseHTTPRequestHandler):
     abort_status = 200
     delay = 0.0
     status = 200
+    cached: int | None = None  # prompt tokens vLLM's prefix cache held (usage.prompt_tokens_details)
 
     def log_message(self, *a):
         pass
@@ -84,6 +85,9 @@ class Fake(BaseHTTPRequestHandler):
                     self.wfile.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
                     self.wfile.flush()
                 time.sleep(Fake.delay)
+            if Fake.cached is not None:  # the final usage chunk (stream_options.include_usage)
+                usage = {"prompt_tokens": 8, "prompt_tokens_details": {"cached_tokens": Fake.cached}}
+                self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
             self.wfile.write(b"data: [DONE]\n\n")
         except (BrokenPipeError, ConnectionResetError):
             Fake.requests[-1]["aborted"] = True
@@ -92,6 +96,7 @@ class Fake(BaseHTTPRequestHandler):
 @pytest.fixture
 def fake(tmp_path):
     Fake.requests, Fake.aborts, Fake.delay, Fake.status, Fake.abort_status = [], [], 0.0, 200, 200
+    Fake.cached = None
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     key = tmp_path / "key"
@@ -383,6 +388,32 @@ def test_sampling_arguments_and_a_picked_seed_reach_the_engine(engine):
     assert body["temperature"] == 0.7 and body["top_k"] == 5 and body["seed"] == out["seed"]
     engine.infer({"texts": ["x"], "max_new_tokens": 2}, OpContext("1"))
     assert "seed" not in Fake.requests[-1]["body"] and Fake.requests[-1]["body"]["top_k"] == -1
+
+
+def test_the_callers_prefix_key_salts_vllms_prefix_cache_and_its_cached_count_is_reported(engine):
+    Fake.cached = 48
+    out = engine.infer({"texts": ["x"], "max_new_tokens": 2, "prefix_key": "k" * 32}, OpContext("1"))
+    assert Fake.requests[-1]["body"]["cache_salt"] == "k" * 32
+    assert out["prefix_cached_tokens"] == 48 and out["generations"][0]["prefix_cached_tokens"] == 48
+    Fake.cached = 0
+    engine.infer({"texts": ["x"], "max_new_tokens": 2}, OpContext("1"))
+    assert "cache_salt" not in Fake.requests[-1]["body"]  # no key: vLLM's own partition
+    report = engine.prefix_report()
+    assert report["enabled"] and report["lookups"] == 2 and report["hits"] == 1 and report["hit_rate"] == 0.5
+    assert report["cached_tokens"] == 48
+
+
+def test_vllm_is_started_with_prefix_caching_unless_the_operator_turns_it_off():
+    from tpu_worker.engines.vllm_process import PREFIX_CACHING, VllmProcess
+
+    p = VllmProcess(VllmSettings(python=sys.executable), "/x", "m", "float32", 64, True)
+    assert all(p.command().count(flag) == 1 for flag in PREFIX_CACHING)
+    off = VllmProcess(
+        VllmSettings(python=sys.executable, args=("--no-enable-prefix-caching",)), "/x", "m", "float32", 64, True
+    )
+    assert not any(flag in off.command() for flag in PREFIX_CACHING)
+    p.stop()
+    off.stop()
 
 
 def test_engine_refusals_map_to_stable_codes(engine):

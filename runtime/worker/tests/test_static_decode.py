@@ -210,4 +210,4 @@ def test_the_loaded_model_reports_its_plan_and_cache(shared_worker):
     assert "distinct_shapes" in m["shapes"]
     described, _ = shared_worker.handle("describe", {}, [], OpContext("d"))
     (d,) = [m for m in described["models"] if m["id"] == "tiny-gpt2"]
-    assert d["serving"]["cache"] == "static" and d["shape_plan"]["size"] == 20
+    assert d["serving"]["cache"] == "static" and d["shape_plan"]["size"] == 24

@@ -54,6 +54,18 @@ class Shapes:
     length_buckets: tuple[int, ...] | None = None
 
 
+# A text-generation model's prefix cache (generation/prefix.py): the bytes of prompt-prefix keys
+# and values kept for reuse (0 turns it off), in blocks of `block_tokens` tokens.
+DEFAULT_PREFIX_CACHE_BYTES = 64 * 1024**2
+DEFAULT_PREFIX_BLOCK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class PrefixCacheSpec:
+    max_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
+    block_tokens: int = DEFAULT_PREFIX_BLOCK_TOKENS
+
+
 @dataclass(frozen=True)
 class Source:
     path: str | None = None
@@ -84,6 +96,7 @@ class Entry:
     labels: tuple[str, ...] | None = None
     engine: str = "torch"
     shapes: Shapes = Shapes()
+    prefix_cache: PrefixCacheSpec = PrefixCacheSpec()
 
 
 @dataclass(frozen=True)
@@ -230,6 +243,7 @@ def parse_entry(raw: Any, where: str) -> Entry:
         )
 
     shapes = _shapes(raw.get("shapes"), f"{where}.shapes", limits)
+    prefix_cache = _prefix_cache(raw.get("prefix_cache"), f"{where}.prefix_cache")
 
     description = raw.get("description", "")
     _need(isinstance(description, str), f"{where}.description", "expected a string")
@@ -249,6 +263,7 @@ def parse_entry(raw: Any, where: str) -> Entry:
         labels,
         engine,
         shapes,
+        prefix_cache,
     )
 
 
@@ -276,6 +291,17 @@ def _shapes(raw: Any, where: str, limits: Limits) -> Shapes:
         _buckets(raw.get("batch_buckets"), f"{where}.batch_buckets", limits.max_batch),
         _buckets(raw.get("length_buckets"), f"{where}.length_buckets", max(limits.max_seq_len, 1)),
     )
+
+
+def _prefix_cache(raw: Any, where: str) -> PrefixCacheSpec:
+    if raw is None:
+        return PrefixCacheSpec()
+    _need(isinstance(raw, dict), where, "expected an object {max_bytes?, block_tokens?}")
+    unknown = set(raw) - {"max_bytes", "block_tokens"}
+    _need(not unknown, where, f"unknown key {sorted(unknown)[0] if unknown else ''!r}")
+    block = _int(raw, "block_tokens", where, minimum=1, default=DEFAULT_PREFIX_BLOCK_TOKENS)
+    _need(block <= 1024, f"{where}.block_tokens", "expected 1..1024 tokens")
+    return PrefixCacheSpec(_int(raw, "max_bytes", where, default=DEFAULT_PREFIX_CACHE_BYTES), block)
 
 
 def parse_catalog(data: Any, path: str) -> Catalog:

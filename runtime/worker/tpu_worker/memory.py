@@ -37,6 +37,8 @@ def activation_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
         if entry.task == "text-generation":
             act += 2 * layers * tokens * hidden * b
             act += lim.max_batch * int(cfg.get("vocab_size", 32000)) * 4 * 2  # logits of the last step
+            if entry.engine == "torch":
+                act += entry.prefix_cache.max_bytes  # the prefix cache at its bound (generation/prefix.py)
         return int(act)
     items = 1
     for d in entry.input.shape if entry.input else (1,):

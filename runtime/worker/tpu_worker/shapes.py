@@ -58,10 +58,20 @@ class ShapePlan:
     batches: tuple[int, ...]
     lengths: tuple[int, ...]  # () for a model whose items have a fixed shape (tensor models)
     prefill_batches: tuple[int, ...] = ()  # generation only: the batches a prefill may take
+    # generation with a prefix cache: the lengths of a one-sequence prefill behind a cached
+    # prefix (generation/prefix.py), every length bucket but the largest (that one saves nothing)
+    cached_lengths: tuple[int, ...] = ()
 
     @classmethod
     def for_model(
-        cls, batch_buckets, length_buckets, *, max_batch: int, max_len: int, generation: bool = False
+        cls,
+        batch_buckets,
+        length_buckets,
+        *,
+        max_batch: int,
+        max_len: int,
+        generation: bool = False,
+        prefix_cache: bool = False,
     ) -> ShapePlan:
         batches = tuple(b for b in (batch_buckets or default_batches(max_batch)) if b <= max_batch)
         if not batches or batches[-1] < max_batch:
@@ -70,7 +80,8 @@ class ShapePlan:
         if max_len > 0 and (not lengths or lengths[-1] < max_len):
             lengths = (*lengths, max_len)
         prefill = tuple(b for b in batches if b <= PREFILL_BATCH_CAP) if generation else ()
-        return cls(batches, lengths, prefill)
+        cached = lengths[:-1] if generation and prefix_cache else ()
+        return cls(batches, lengths, prefill, cached)
 
     def batch(self, n: int) -> int:
         """The batch bucket a forward of `n` items runs at."""
@@ -86,9 +97,11 @@ class ShapePlan:
     def forward_shapes(self) -> list[tuple[str, int, int]]:
         """Every (kind, batch, length) forward the plan allows: what a compile warms at load."""
         if self.prefill_batches:  # generation: prefills at (batch, length), decode steps at batch
-            return [("prefill", b, n) for b in self.prefill_batches for n in self.lengths] + [
-                ("decode", b, 1) for b in self.batches
-            ]
+            return (
+                [("prefill", b, n) for b in self.prefill_batches for n in self.lengths]
+                + [("prefill_cached", 1, n) for n in self.cached_lengths]
+                + [("decode", b, 1) for b in self.batches]
+            )
         return [("forward", b, n) for b in self.batches for n in (self.lengths or (0,))]
 
     @property
@@ -99,6 +112,8 @@ class ShapePlan:
         out = {"batch_buckets": list(self.batches), "length_buckets": list(self.lengths), "size": self.size}
         if self.prefill_batches:
             out["prefill_batch_buckets"] = list(self.prefill_batches)
+        if self.cached_lengths:
+            out["prefill_cached_length_buckets"] = list(self.cached_lengths)
         return out
 
 

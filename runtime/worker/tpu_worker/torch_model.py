@@ -23,8 +23,9 @@ from .errors import invalid
 from .generation.loop import DecodeLoop
 from .loaders import WeightsInfo
 from .platforms import PRECISIONS, platform_for
-from .protocol import now_iso
+from .protocol import now_iso, now_us
 from .served import Lease, LoadContext, ReplyScope, Served
+from .spans import span
 
 MODES = ("eager", "compile")
 
@@ -115,8 +116,12 @@ class TorchModel(Served):
             # Compile once, at load: every shape of the plan now, none in a caller's request.
             t0 = time.perf_counter()
             try:
+                c0 = now_us()
                 warmed = batcher.warm(ctx.progress, ctx.token)
+                s0 = now_us()
+                span(ctx.trace, "compile", c0, s0, model=entry.id, shapes=warmed)
                 plat.synchronize(device)
+                span(ctx.trace, "device.synchronize", s0, now_us())
             except BaseException:
                 batcher.close(f"loading {entry.id!r} failed")
                 raise
@@ -185,6 +190,7 @@ class TorchModel(Served):
             "shape_plan": self.adapter.plan.report() if self.adapter.plan else None,
             "shapes": self.adapter.shapes.report(),
             **({"compiles": self.compiles.report()} if self.compiles is not None else {}),
+            **({"prefix_cache": self.batcher.prefix_report()} if hasattr(self.batcher, "prefix_report") else {}),
             "loaded_at": self.loaded_at,
         }
 

@@ -12,7 +12,7 @@ from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
 from ..generation.grammar import Grammars
-from ..generation.params import GenParams, GenRequest, parse_generation
+from ..generation.params import GenParams, GenRequest, parse_generation, parse_prefix_key
 from ..generation.rows import StaticRows
 from ..generation.sampling import sample, sequence_generator
 from ..generation.slots import static_cache_problem
@@ -171,6 +171,7 @@ class CausalLM(Adapter):
             max_batch=entry.limits.max_batch,
             max_len=self.max_len,
             generation=True,
+            prefix_cache=entry.prefix_cache.max_bytes > 0,
         )
         self.pad_id = valid_id(cfg.pad_token_id, self.vocab, 0)
         self.eos_id = valid_id(cfg.eos_token_id, self.vocab, None)
@@ -200,7 +201,7 @@ class CausalLM(Adapter):
         else:
             prompts = prompt_ids(self.tokenizer, call.texts, limit, self.bos_id)
         grammar = self.grammars.compile(call.params.response_format) if call.params.response_format else None
-        return Prepared(("generate",), len(prompts), GenRequest(prompts, call.params, grammar))
+        return Prepared(("generate",), len(prompts), GenRequest(prompts, call.params, parse_prefix_key(args), grammar))
 
     def _chat_prompt(self, messages: list[dict], args: dict, limit: int, max_new: int) -> list[int]:
         if self.chat is None:
@@ -250,6 +251,12 @@ class CausalLM(Adapter):
     def step_static(self, tokens: torch.Tensor, cache, mask: torch.Tensor, pos: torch.Tensor, column: torch.Tensor):
         """One token per slot of a static cache view (generation/slots.py): logits [slots, vocab]."""
         logits, _ = self._forward(tokens[:, None], mask, pos, cache, cache_position=column)
+        return logits
+
+    def extend_static(self, ids: torch.Tensor, cache, mask: torch.Tensor, pos: torch.Tensor, columns: torch.Tensor):
+        """Several tokens [1, n] into one slot's static cache view, after the keys and values
+        already there (a prompt behind its cached prefix): last logits [1, vocab]."""
+        logits, _ = self._forward(ids, mask, pos, cache, cache_position=columns)
         return logits
 
     def prefill(self, prompts: list[list[int]], room: int):

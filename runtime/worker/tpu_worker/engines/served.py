@@ -105,4 +105,5 @@ class EngineModel(Served):
             "loaded_at": self.loaded_at,
             # The engine, its version and health: what get_runtime_status and doctor show.
             "engine": e.status(),
+            "prefix_cache": e.prefix_report(),
         }

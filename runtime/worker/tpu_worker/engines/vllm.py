@@ -29,7 +29,7 @@ from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import no_chat_template
 from ..generation.grammar import Constraint, Grammars
-from ..generation.params import GenCall, GenParams, parse_generation
+from ..generation.params import GenCall, GenParams, parse_generation, parse_prefix_key
 from ..generation.textstream import TextStream
 from ..loaders import WeightsInfo
 from .http import Endpoint, EngineHttpError
@@ -62,6 +62,9 @@ class Counters:
     in_flight: int = 0
     aborts: int = 0  # requests ended early here and aborted in vLLM by id
     abort_refused: int = 0  # of those, aborts the server refused (no abort endpoint)
+    prefix_lookups: int = 0  # requests whose usage said how many prompt tokens vLLM had cached
+    prefix_hits: int = 0  # of those, requests with at least one
+    prefix_cached_tokens: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -183,6 +186,23 @@ class VllmEngine:
             elif name == "vllm:generation_tokens_total":
                 out["generation_tokens"] += value
         return out
+
+    def prefix_report(self) -> dict:
+        """vLLM's prefix caching as its answers report it (the bytes are inside vLLM's own KV
+        cache, which it does not report per prefix)."""
+        c = self.counters
+        if self.settings.url:  # a server started elsewhere: on if its answers carry the count
+            enabled = c.prefix_lookups > 0
+        else:
+            enabled = "--no-enable-prefix-caching" not in self.settings.args
+        return {
+            "enabled": enabled,
+            "engine": ENGINE,
+            "lookups": c.prefix_lookups,
+            "hits": c.prefix_hits,
+            "hit_rate": round(c.prefix_hits / c.prefix_lookups, 4) if c.prefix_lookups else None,
+            "cached_tokens": c.prefix_cached_tokens,
+        }
 
     def status(self) -> dict:
         p = self.process
@@ -317,15 +337,22 @@ class VllmEngine:
             for s, m in zip(seqs, compiled.matchers(n), strict=True):
                 s.constraint = Constraint(compiled.kind, m)
             body["structured_outputs"] = p.response_format.structured_outputs
+        salt = parse_prefix_key(args)
+        if salt:
+            # vLLM's prefix cache partitioned as the worker's own is: by the caller's key.
+            body["cache_salt"] = salt
         t0 = time.perf_counter()
         first: float | None = None
         stopped: str | None = None
+        cached: int | None = None  # vLLM's prompt tokens from its prefix cache (one count per request)
         self.counters.add(requests=1, in_flight=1)
         try:
             for event in self.stream(path, body, ctx.token, n):
                 usage = event.get("usage")
                 if usage and g.messages is not None:
                     seqs[0].prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                if usage and _cached_tokens(usage) is not None:
+                    cached = _cached_tokens(usage)
                 for choice in event.get("choices") or []:
                     i = int(choice.get("index", 0))
                     if not 0 <= i < len(seqs) or seqs[i].finish is not None:
@@ -352,7 +379,7 @@ class VllmEngine:
             if s.finish is None:
                 s.finish = stopped or "length"
                 s.stream.finish()  # the text held back for a stop that can no longer match
-        out = self._result(seqs, g, first, t0, elapsed)
+        out = self._result(seqs, g, first, t0, elapsed, cached)
         if compile_ms is not None:
             out["grammar_compile_ms"] = compile_ms
         return out
@@ -416,7 +443,9 @@ class VllmEngine:
     def _token_text(self, tid: int | None) -> str:
         return "" if tid is None else self.tokenizer.decode([tid], skip_special_tokens=False)
 
-    def _result(self, seqs: list[_Seq], g: GenCall, first: float | None, t0: float, elapsed: float) -> dict:
+    def _result(
+        self, seqs: list[_Seq], g: GenCall, first: float | None, t0: float, elapsed: float, cached: int | None
+    ) -> dict:
         completion = sum(len(s.ids) for s in seqs)
         self.counters.add(completion_tokens=completion)
         generations = []
@@ -430,6 +459,8 @@ class VllmEngine:
                 gen["logprobs"] = s.logprobs
             if s.constraint is not None:
                 gen.update(s.constraint.report(cut=s.stream.stopped))
+            if cached is not None and len(seqs) == 1:
+                gen["prefix_cached_tokens"] = cached
             generations.append(gen)
         out: dict = {
             "task": "text-generation",
@@ -441,6 +472,10 @@ class VllmEngine:
             "tokens_per_s": round(completion / elapsed, 3) if elapsed > 0 else None,
             "engine": ENGINE,
         }
+        if cached is not None:
+            # vLLM's streamed usage counts the first prompt's cached tokens (one number a request).
+            out["prefix_cached_tokens"] = cached
+            self.counters.add(prefix_lookups=1, prefix_hits=int(cached > 0), prefix_cached_tokens=cached)
         if g.params.seed is not None:
             out["seed"] = g.params.seed
         return out
@@ -456,6 +491,13 @@ class VllmEngine:
         return WorkerError(
             "engine_unavailable", f"the vLLM engine did not answer ({exc.message[:80]}); see get_runtime_status"
         )
+
+
+def _cached_tokens(usage: dict) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` (vLLM with --enable-prompt-tokens-details)."""
+    details = usage.get("prompt_tokens_details") or {}
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _id_of(key: str) -> int | None:

@@ -43,6 +43,10 @@ ok = has("entrypoints/launchers/cli_args.py", b"enable_scale_out") and has(
 sys.exit(0 if ok else 1)
 """
 SCALE_OUT = "--enable-scale-out"
+# Prefix caching on (vLLM reuses the KV blocks of a shared prompt prefix), and the cached-token
+# count of each request in its usage (`prompt_tokens_details.cached_tokens`: prefix_cached_tokens).
+# An operator's own `--no-enable-prefix-caching` in runtime.engines.vllm.args turns it off.
+PREFIX_CACHING = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -134,6 +138,8 @@ class VllmProcess:
             # Structured outputs with llguidance, JSON without free whitespace: the worker's own
             # grammar (generation/grammar.py), so both engines constrain alike.
             cmd += [STRUCTURED, json.dumps({"backend": "guidance", "disable_any_whitespace": True})]
+        if "--no-enable-prefix-caching" not in self.settings.args:
+            cmd.extend(a for a in PREFIX_CACHING if a not in self.settings.args)
         if self.abort_endpoint and SCALE_OUT not in self.settings.args:
             cmd.append(SCALE_OUT)  # the abort endpoint (and the key-guarded /inference/v1/generate)
         return [*cmd, *self.settings.args]

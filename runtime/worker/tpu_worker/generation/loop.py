@@ -33,6 +33,7 @@ from ..cancel import CancelToken
 from ..errors import WorkerError
 from ..inbox import Inbox
 from ..protocol import now_us
+from ..spans import span_since
 from .grammar import Constraint, MaskBuilder
 from .params import GenRequest
 from .rows import rows_for
@@ -85,6 +86,7 @@ class _Seq:
         self.logprobs: list[dict] | None = [] if p.logprobs else None
         self.finish: str | None = None
         self.constraint = constraint  # its response_format's grammar, or None
+        self.prefix_cached: int | None = None  # prompt tokens taken from the prefix cache (None: never prefilled)
 
 
 class DecodeLoop(Inbox):
@@ -126,6 +128,11 @@ class DecodeLoop(Inbox):
 
     def describe(self) -> dict:
         return {"kind": "continuous", "enabled": self.enabled, "max_batch": self.max_batch, **self._batch.describe()}
+
+    def prefix_report(self) -> dict:
+        """The prefix cache's size and hit rate (get_runtime_status)."""
+        prefix = self._batch.prefix
+        return prefix.report() if prefix is not None else {"enabled": False}
 
     def submit(
         self, prepared: Prepared, token: CancelToken, trace: list | None = None, progress: Progress | None = None
@@ -207,6 +214,7 @@ class DecodeLoop(Inbox):
         live = []
         for r in joining:
             _stamp(r, "w.taken")
+            span_since(r.trace, "queue", "w.queued")
             if r.token.cancelled:
                 for s in r.seqs:
                     self._end(s, r.token.reason or "cancelled", "")
@@ -224,12 +232,18 @@ class DecodeLoop(Inbox):
         room = max(s.params.max_new_tokens for s in seqs)
         joining = bool(self._rows)
         with torch.no_grad():
-            logits = self._batch.join([s.req.gen.prompts[s.index] for s in seqs], room)
+            logits = self._batch.join(
+                [s.req.gen.prompts[s.index] for s in seqs], room, [s.req.gen.prefix_key for s in seqs]
+            )
+        for s, cached in zip(seqs, self._batch.joined_cached, strict=True):
+            s.prefix_cached = cached
         self.stats.prefills += 1
         ids = self._choose(seqs, logits)
         now = time.perf_counter()
         for r in live:
             r.t_first = now
+            span_since(r.trace, "prefill", "w.taken", batched_with=len(live))
+            _stamp(r, "w.first_token")
         if joining:
             self.stats.joins += len(live)
         elif not self._batch.can_join():
@@ -333,6 +347,8 @@ class DecodeLoop(Inbox):
                 "finish_reason": s.finish,
                 "usage": {"prompt_tokens": s.prompt_len, "completion_tokens": len(s.tokens)},
             }
+            if s.prefix_cached is not None:
+                g["prefix_cached_tokens"] = s.prefix_cached
             if s.logprobs is not None:
                 g["logprobs"] = s.logprobs
             if s.constraint is not None:
@@ -348,6 +364,7 @@ class DecodeLoop(Inbox):
             # Time to first token and tokens/s are measured from submission (queueing included).
             "ttft_ms": round(((r.t_first or done) - r.t_submit) * 1000, 3),
             "tokens_per_s": round(completion / elapsed, 3) if elapsed > 0 else None,
+            "prefix_cached_tokens": sum(s.prefix_cached or 0 for s in r.seqs),
             "batched_with": r.batched_with,
             "batch_items": max(r.batch_items, len(r.seqs)),
         }
@@ -356,6 +373,7 @@ class DecodeLoop(Inbox):
         if r.gen.grammar is not None:
             result["grammar_compile_ms"] = round(r.gen.grammar.compile_s * 1000, 3)
         self.stats.requests += 1
+        span_since(r.trace, "decode", "w.first_token", new_tokens=completion)
         _stamp(r, "w.forward_done")
         r.future.set_result(Output(result, []))
 

@@ -49,6 +49,9 @@ class GenRequest:
 
     prompts: list[list[int]]
     params: GenParams
+    # The prefix cache's partition (generation/prefix.py): the caller's principal key, one shared
+    # key where the operator allows sharing, or "" for a call that names none.
+    prefix_key: str = ""
     grammar: Any = None  # grammar.Compiled when params.response_format is set
 
 
@@ -112,6 +115,18 @@ def parse_params(entry: Entry, args: dict[str, Any]) -> GenParams:
         top_p, top_k = 1.0, 0  # greedy: ignored, as the contract says (and the seed: None)
     fmt = parse_response_format(args.get("response_format"))
     return GenParams(n, temperature, top_p, top_k, seed, tuple(dict.fromkeys(stop)), logprobs, stream, fmt)
+
+
+MAX_PREFIX_KEY_CHARS = 128
+
+
+def parse_prefix_key(args: dict[str, Any]) -> str:
+    key = args.get("prefix_key", "")
+    if key is None:
+        return ""
+    if not isinstance(key, str) or len(key) > MAX_PREFIX_KEY_CHARS:
+        raise invalid(f"args.prefix_key must be a string of at most {MAX_PREFIX_KEY_CHARS} characters")
+    return key
 
 
 def parse_sampling(args: dict[str, Any]) -> tuple[float, int | None]:

@@ -17,6 +17,7 @@ import torch
 from ..platforms import platform_for
 from ..shapes import ShapeCounter, ShapePlan
 from . import kv
+from .prefix import PrefixCache
 from .slots import SlotCache, static_cache_problem
 
 
@@ -29,6 +30,8 @@ class DynamicRows:
         self.reason = reason  # why the cache is not static
         self.mergeable: bool | None = None  # can rows join a running batch: known after a prefill
         self.rows = 0
+        self.prefix = None  # no prefix reuse over a dynamic cache
+        self.joined_cached: list[int] = []
         self._cache = self._mask = self._pos = None
 
     def describe(self) -> dict:
@@ -37,7 +40,9 @@ class DynamicRows:
     def can_join(self) -> bool:
         return bool(self.mergeable)
 
-    def join(self, prompts: list[list[int]], room: int) -> torch.Tensor:
+    def join(self, prompts: list[list[int]], room: int, partitions: list[str] | None = None) -> torch.Tensor:
+        """Prefills `prompts` into the batch (no prefix reuse here: `joined_cached` is all 0)."""
+        self.joined_cached = [0] * len(prompts)
         logits, cache, mask, pos = self.adapter.prefill(prompts, room)
         self.shapes.record("prefill", mask.shape[0], mask.shape[1], sum(len(p) for p in prompts))
         if self.rows:
@@ -78,12 +83,16 @@ class DynamicRows:
 class StaticRows:
     kind = "static"
 
-    def __init__(self, adapter, plan: ShapePlan, shapes: ShapeCounter, cache_length: int) -> None:
+    def __init__(
+        self, adapter, plan: ShapePlan, shapes: ShapeCounter, cache_length: int, prefix: PrefixCache | None = None
+    ) -> None:
         self.adapter = adapter
         self.plan = plan
         self.shapes = shapes
+        self.prefix = prefix  # the model's prefix cache (generation/prefix.py), or None: no reuse
         self.mergeable = True
         self.rows = 0
+        self.joined_cached: list[int] = []
         self.slots = SlotCache(
             adapter.eager_model,
             slots=plan.batches[-1],
@@ -99,28 +108,91 @@ class StaticRows:
             "cache_slots": self.slots.slots,
             "cache_length": self.slots.length,
             "cache_bytes": self.slots.nbytes(),
+            "prefix_cache": self.prefix is not None,
         }
 
     def can_join(self) -> bool:
         return True
 
-    def join(self, prompts: list[list[int]], room: int) -> torch.Tensor:
-        """Prefills `prompts` in groups of the plan's prefill batches, each at its length bucket,
-        into the next free slots; returns their last logits [len(prompts), vocab]."""
-        out = []
+    def join(self, prompts: list[list[int]], room: int, partitions: list[str] | None = None) -> torch.Tensor:
+        """Prefills `prompts` into the next free slots, in order: in groups of the plan's prefill
+        batches, each at its length bucket, or one at a time behind its cached prefix where the
+        prefix cache holds one for its partition (`partitions`, one per prompt; None: no reuse).
+        Returns their last logits [len(prompts), vocab]; `joined_cached` says, per prompt, how
+        many of its tokens came from the prefix cache."""
+        out: list[torch.Tensor] = []
+        self.joined_cached = []
+        group: list[tuple[list[int], str | None]] = []
         cap = self.plan.prefill_batches[-1]
-        for start in range(0, len(prompts), cap):
-            group = prompts[start : start + cap]
-            batch = self.plan.prefill_batch(len(group))
-            length = self.plan.length(max(len(p) for p in group))
-            logits, keys, values, mask, pos = self.adapter.prefill_static(group, batch, length)
-            self.shapes.record("prefill", batch, length, sum(len(p) for p in group))
-            self.slots.make_room(length, self.rows)
-            for i in range(len(group)):
-                self.slots.write(self.rows, keys, values, i, mask[i], pos[i])
-                self.rows += 1
-            out.append(logits[: len(group)])
+        for i, p in enumerate(prompts):
+            part = partitions[i] if partitions is not None and self.prefix is not None else None
+            blocks = self._cached_blocks(part, p) if part is not None else []
+            if blocks:
+                if group:
+                    out.append(self._prefill_group(group))
+                    group = []
+                out.append(self._prefill_behind(p, part, blocks))
+                continue
+            group.append((p, part))
+            self.joined_cached.append(0)
+            if len(group) == cap:
+                out.append(self._prefill_group(group))
+                group = []
+        if group:
+            out.append(self._prefill_group(group))
+        if self.prefix is not None and partitions is not None:
+            for p, cached in zip(prompts, self.joined_cached, strict=True):
+                self.prefix.count(len(p), cached)
         return torch.cat(out, dim=0)
+
+    def _cached_blocks(self, partition: str, prompt: list[int]) -> list:
+        """The prompt's cached prefix blocks, when prefilling behind them runs a shorter bucket."""
+        blocks = self.prefix.lookup(partition, prompt)
+        if not blocks:
+            return []
+        rest = len(prompt) - len(blocks) * self.prefix.block
+        if self.plan.length(rest) >= self.plan.length(len(prompt)):
+            return []  # the same bucket either way: nothing saved
+        self.joined_cached.append(len(blocks) * self.prefix.block)
+        return blocks
+
+    def _prefill_group(self, group: list[tuple[list[int], str | None]]) -> torch.Tensor:
+        prompts = [p for p, _ in group]
+        batch = self.plan.prefill_batch(len(prompts))
+        length = self.plan.length(max(len(p) for p in prompts))
+        logits, keys, values, mask, pos = self.adapter.prefill_static(prompts, batch, length)
+        self.shapes.record("prefill", batch, length, sum(len(p) for p in prompts))
+        self.slots.make_room(length, self.rows)
+        for i, (p, part) in enumerate(group):
+            self.slots.write(self.rows, keys, values, i, mask[i], pos[i])
+            self._keep_prefix(part, p)
+            self.rows += 1
+        return logits[: len(prompts)]
+
+    def _prefill_behind(self, prompt: list[int], partition: str, blocks: list) -> torch.Tensor:
+        """One prompt whose first blocks are cached: they are copied into its slot and only the
+        rest is prefilled, at the rest's length bucket (after the cached columns)."""
+        n, cached = len(prompt), len(blocks) * self.prefix.block
+        window = self.plan.length(n - cached)
+        self.slots.make_room(max(n, window), self.rows)
+        slot = self.rows
+        cache, mask, columns = self.slots.write_prefix(slot, blocks, n, window)
+        fed = prompt[max(0, n - window) :]
+        pad = window - len(fed)
+        ids = torch.tensor([[self.adapter.pad_id] * pad + fed], dtype=torch.long, device=self.slots.device)
+        pos = torch.tensor([[0] * pad + list(range(n - len(fed), n))], dtype=torch.long, device=self.slots.device)
+        logits = self.adapter.extend_static(ids, cache, mask, pos, columns)
+        self.shapes.record("prefill_cached", 1, window, n - cached)
+        self._keep_prefix(partition, prompt)
+        self.rows += 1
+        return logits
+
+    def _keep_prefix(self, partition: str | None, prompt: list[int]) -> None:
+        """Offers the prompt's blocks, now in slot `self.rows`, to the prefix cache."""
+        if partition is None or self.prefix is None:
+            return
+        slot, block = self.rows, self.prefix.block
+        self.prefix.store(partition, prompt, lambda i: self.slots.read_block(slot, len(prompt), block, i))
 
     def step(self, tokens: list[int]) -> torch.Tensor:
         n = len(tokens)
@@ -148,6 +220,12 @@ class StaticRows:
                     # Left padded, as nearly every real prompt is (a prompt filling its bucket exactly
                     # takes the same graph: the mask is an input, not a branch).
                     self.adapter.prefill_static([[pad] * max(n - 1, 1)] * b, b, n)
+                elif kind == "prefill_cached":
+                    self.slots.make_room(n, 0)
+                    cache, mask, columns = self.slots.write_prefix(0, [], n, n)
+                    ids = torch.full((1, n), pad, dtype=torch.long, device=self.slots.device)
+                    pos = torch.arange(n, device=self.slots.device)[None]
+                    self.adapter.extend_static(ids, cache, mask, pos, columns)
                 else:
                     cache, mask, pos, column = self.slots.step(0, b)
                     fed = torch.full((b,), pad, dtype=torch.long, device=self.slots.device)
@@ -176,4 +254,6 @@ def rows_for(adapter, *, max_new_tokens: int) -> StaticRows | DynamicRows:
     problem = "no shape plan" if plan is None else static_cache_problem(adapter.eager_model)
     if problem is not None:
         return DynamicRows(adapter, adapter.shapes, problem)
-    return StaticRows(adapter, plan, adapter.shapes, plan.lengths[-1] + max_new_tokens)
+    spec = adapter.entry.prefix_cache
+    prefix = PrefixCache(spec.max_bytes, spec.block_tokens) if plan.cached_lengths else None
+    return StaticRows(adapter, plan, adapter.shapes, plan.lengths[-1] + max_new_tokens, prefix)

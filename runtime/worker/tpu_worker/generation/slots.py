@@ -41,8 +41,6 @@ def static_cache_problem(model) -> str | None:
 
 class SlotCache:
     def __init__(self, model, *, slots: int, length: int, buckets: tuple[int, ...], dtype, device) -> None:
-        from transformers.cache_utils import StaticCache
-
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
@@ -58,16 +56,21 @@ class SlotCache:
         # Each layer's write position (StaticLayer.cumulative_length, which its update advances),
         # shared by that layer's view in every bucket.
         self._written = [torch.zeros((), dtype=torch.long, device=device) for _ in range(n_layers)]
-        self.views: dict[int, Any] = {}
-        for b in buckets:
-            cache = StaticCache(config=model.config, max_cache_len=length)
-            for i, layer in enumerate(cache.layers):
-                layer.keys, layer.values = self.keys[i][:b], self.values[i][:b]
-                layer.device, layer.batch_size, layer.num_heads = device, b, heads
-                layer.k_head_dim = layer.v_head_dim = head_dim
-                layer.cumulative_length = self._written[i]
-                layer.is_initialized = True
-            self.views[b] = cache
+        self._config, self._heads, self._head_dim = model.config, heads, head_dim
+        self.views: dict[int, Any] = {b: self._view(slice(0, b), b) for b in buckets}
+        self._slot_views: dict[int, Any] = {}  # one slot alone: a prefill after a cached prefix
+
+    def _view(self, rows: slice, batch: int):
+        from transformers.cache_utils import StaticCache
+
+        cache = StaticCache(config=self._config, max_cache_len=self.length)
+        for i, layer in enumerate(cache.layers):
+            layer.keys, layer.values = self.keys[i][rows], self.values[i][rows]
+            layer.device, layer.batch_size, layer.num_heads = self.device, batch, self._heads
+            layer.k_head_dim = layer.v_head_dim = self._head_dim
+            layer.cumulative_length = self._written[i]
+            layer.is_initialized = True
+        return cache
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in [*self.keys, *self.values])
@@ -130,6 +133,37 @@ class SlotCache:
         self.mask[slot].zero_()
         self.mask[slot, c - p : c] = mask_row
         self.pos[slot] = pos
+
+    def write_prefix(self, slot: int, blocks, n: int, window: int):
+        """Places a prompt of `n` tokens in `slot`, its columns ending just before the shared
+        column, with the keys and values of its cached `blocks` (generation/prefix.py) copied into
+        its first columns; returns (the slot's cache view, its mask [1, length], the columns of
+        the last `window` tokens as cache_position) for the prefill of the rest. That prefill
+        writes those columns (re-running any cached tokens among them)."""
+        c, start = self.column, self.column - n
+        col = start
+        for b in blocks:
+            w = b.keys[0].shape[-2]
+            for i in range(len(self.keys)):
+                self.keys[i][slot, :, col : col + w] = b.keys[i]
+                self.values[i][slot, :, col : col + w] = b.values[i]
+            col += w
+        self.mask[slot].zero_()
+        self.mask[slot, start:c] = 1
+        self.pos[slot] = n - 1
+        for w in self._written:
+            w.fill_(c - window)
+        view = self._slot_views.get(slot)
+        if view is None:
+            view = self._slot_views[slot] = self._view(slice(slot, slot + 1), 1)
+        columns = torch.arange(c - window, c, dtype=torch.long, device=self.device)
+        return view, self.mask[slot : slot + 1], columns
+
+    def read_block(self, slot: int, n: int, block: int, index: int):
+        """Block `index` ([block] tokens) of the prompt of `n` tokens that ends before the shared
+        column in `slot`: per-layer keys and values [heads, block, dim] (views)."""
+        a = self.column - n + index * block
+        return [k[slot, :, a : a + block] for k in self.keys], [v[slot, :, a : a + block] for v in self.values]
 
     def move(self, src: int, dst: int) -> None:
         """Slot `src` takes slot `dst`'s place (dst is free)."""

@@ -1,0 +1,254 @@
+// Alerts: the rules of `policy.alerts` (docs/policies-and-approvals.md, "Alerts") over what the
+// gate already counts — refusals per principal, budget use, approvals left waiting, worker
+// restarts. A rule that fires does so once per window and per subject: one log line, one
+// record in the alert store (the console lists them), one audit record, one signed webhook per
+// target (policies/notify.ts's format, event `alert.fired`), and for a rule of
+// `"action": "suspend"` the principal's suspension (the gate refuses it and stops its calls).
+// Nothing here blocks a call: counting is in memory, webhooks go out in the background.
+
+import { randomUUID } from "node:crypto";
+import type { AuditRecord, PolicyLogger } from "../audit.js";
+import { systemClock, type Clock } from "../clock.js";
+import type { AlertRule } from "../config.js";
+import { postSignedWebhook } from "../notify.js";
+import { resumeCommand, type Suspension } from "../suspensions.js";
+import { EventWindows, FiringLatch } from "./rules.js";
+import { latchKey, type AlertRecord, type AlertStore } from "./store.js";
+
+export interface AlertsDeps {
+  rules: readonly AlertRule[];
+  store: AlertStore;
+  logger: PolicyLogger;
+  /** Suspends a principal: the gate records it, audits it and stops its running calls. */
+  suspend(s: Suspension): void;
+  audit(rec: Omit<AuditRecord, "time">): void;
+  /** The principal's device-seconds in its budget window, and the budget. */
+  budgetUse(principal: string): { used_s: number; limit_s: number; window_s: number };
+  /** Approvals waiting for an operator now. */
+  pendingApprovals(): { id: string; principal: string; tool: string; created_at: string }[];
+  webhooks: readonly { url: string; secret: Buffer }[];
+  clock?: Clock;
+  /** How often approval_waiting rules look at the pending approvals; 0: never by itself. */
+  checkIntervalMs?: number;
+  /** Told of every alert that fired (metrics, the console's feed). */
+  onFired?: (a: AlertRecord) => void;
+  onWebhook?: (outcome: "delivered" | "failed") => void;
+  retryBaseMs?: number;
+}
+
+/** A refusal rule's own code: a suspended principal's refusals do not count again. */
+const NOT_COUNTED = new Set(["principal_suspended"]);
+
+export class Alerts {
+  private readonly clock: Clock;
+  private readonly latch: FiringLatch;
+  /** Per counting rule (refusals, worker_restarts), its windows by subject. */
+  private readonly windows = new Map<string, EventWindows>();
+  private readonly inFlight = new Set<Promise<unknown>>();
+  private timer?: NodeJS.Timeout;
+  private closed = false;
+
+  constructor(private readonly deps: AlertsDeps) {
+    this.clock = deps.clock ?? systemClock;
+    this.latch = new FiringLatch(deps.store.quiet(this.clock()));
+    for (const r of deps.rules)
+      if (r.kind === "refusals" || r.kind === "worker_restarts")
+        this.windows.set(r.name, new EventWindows(r.window_s * 1000));
+    const every = deps.checkIntervalMs ?? 0;
+    if (every > 0 && deps.rules.some((r) => r.kind === "approval_waiting")) {
+      this.timer = setInterval(() => this.scanApprovals(), every);
+      this.timer.unref?.();
+    }
+  }
+
+  /** A refused call of `principal` (the gate's every refusal, before aggregation). */
+  refused(principal: string, code: string): void {
+    if (NOT_COUNTED.has(code)) return;
+    const now = this.clock();
+    for (const r of this.deps.rules) {
+      if (r.kind !== "refusals") continue;
+      const n = this.windows.get(r.name)!.add(principal, now);
+      if (n < r.threshold) continue;
+      this.fire(r, principal, principal, now, r.window_s, {
+        refusals: n,
+        window_s: r.window_s,
+        last_code: code,
+      });
+    }
+  }
+
+  /** A charge to `principal`'s budget was made. */
+  charged(principal: string): void {
+    const rules = this.deps.rules.filter((r) => r.kind === "budget");
+    if (rules.length === 0) return;
+    const use = this.deps.budgetUse(principal);
+    if (!(use.limit_s > 0)) return;
+    const pct = (use.used_s / use.limit_s) * 100;
+    const now = this.clock();
+    for (const r of rules)
+      if (pct >= r.percent)
+        this.fire(r, principal, principal, now, use.window_s, {
+          percent_used: Math.round(pct * 10) / 10,
+          used_s: use.used_s,
+          limit_s: use.limit_s,
+          window_s: use.window_s,
+        });
+  }
+
+  /** A worker restarted (the pool's restart event). */
+  workerRestarted(worker: string): void {
+    const now = this.clock();
+    for (const r of this.deps.rules) {
+      if (r.kind !== "worker_restarts") continue;
+      const n = this.windows.get(r.name)!.add(worker, now);
+      if (n >= r.threshold)
+        this.fire(r, worker, null, now, r.window_s, { restarts: n, window_s: r.window_s });
+    }
+  }
+
+  /** Fires approval_waiting rules for approvals pending longer than their `after_s`. */
+  scanApprovals(): void {
+    const rules = this.deps.rules.filter((r) => r.kind === "approval_waiting");
+    if (rules.length === 0 || this.closed) return;
+    let pending;
+    try {
+      pending = this.deps.pendingApprovals();
+    } catch (e) {
+      this.deps.logger.warn({ err: String(e) }, "alerts: could not read pending approvals");
+      return;
+    }
+    const now = this.clock();
+    for (const a of pending) {
+      const waited = (now - Date.parse(a.created_at)) / 1000;
+      for (const r of rules)
+        if (waited >= r.after_s)
+          // Once per approval: quiet for a day, longer than any approval lives.
+          this.fire(r, a.id, a.principal, now, 86_400, {
+            approval_id: a.id,
+            tool: a.tool,
+            waited_s: Math.round(waited),
+          });
+    }
+  }
+
+  recent(limit = 100): AlertRecord[] {
+    return this.deps.store.recent(limit);
+  }
+
+  /** Resolves when every webhook queued so far has been delivered or given up. */
+  async drain(): Promise<void> {
+    while (this.inFlight.size) await Promise.allSettled([...this.inFlight]);
+  }
+
+  close(): void {
+    this.closed = true;
+    if (this.timer) clearInterval(this.timer);
+  }
+
+  private fire(
+    rule: AlertRule,
+    subject: string,
+    principal: string | null,
+    nowMs: number,
+    windowS: number,
+    details: Record<string, unknown>,
+  ): void {
+    if (this.closed) return;
+    if (!this.latch.tryFire(latchKey(rule.name, subject), nowMs, nowMs + windowS * 1000)) return;
+    const suspend = "action" in rule && rule.action === "suspend" && principal !== null;
+    const until =
+      suspend && rule.suspend_s > 0 ? new Date(nowMs + rule.suspend_s * 1000).toISOString() : null;
+    const alert: AlertRecord = {
+      id: randomUUID(),
+      rule: rule.name,
+      kind: rule.kind,
+      subject,
+      principal,
+      message: messageOf(rule, subject, details, suspend, until),
+      fired_at: new Date(nowMs).toISOString(),
+      quiet_until: new Date(nowMs + windowS * 1000).toISOString(),
+      action: suspend ? "suspend" : "notify",
+      details: suspend ? { ...details, suspended_until: until } : details,
+    };
+    const log = this.deps.logger;
+    log.warn({ alert }, `alert ${rule.name}: ${alert.message}`);
+    try {
+      this.deps.store.add(alert);
+    } catch (e) {
+      log.error({ err: String(e), alert }, "alert store write failed");
+    }
+    this.deps.audit({
+      principal: principal ?? "tpu-mcp",
+      tool: "alert",
+      args_digest: null,
+      args: { rule: rule.name, kind: rule.kind, subject, alert_id: alert.id, ...details },
+      outcome: "alert",
+      code: rule.kind,
+      reason: alert.message,
+    });
+    if (suspend) {
+      // The refusals that led here are spent: after a resume, counting starts from nothing.
+      this.windows.get(rule.name)?.reset(principal!);
+      try {
+        this.deps.suspend({
+          principal: principal!,
+          reason: suspensionReason(rule, details),
+          rule: rule.name,
+          since: alert.fired_at,
+          until,
+        });
+      } catch (e) {
+        log.error({ err: String(e), alert }, "suspension failed");
+      }
+    }
+    this.deps.onFired?.(alert);
+    this.send(alert);
+  }
+
+  private send(alert: AlertRecord): void {
+    const body = JSON.stringify({
+      text: `tpu-mcp alert ${alert.rule}: ${alert.message}`,
+      event: "alert.fired",
+      delivery: randomUUID(),
+      alert,
+    });
+    for (const target of this.deps.webhooks) {
+      const p = postSignedWebhook(target, "alert.fired", body, {
+        logger: this.deps.logger,
+        retryBaseMs: this.deps.retryBaseMs,
+        closed: () => this.closed,
+        logFields: { alert_id: alert.id, rule: alert.rule },
+      }).then((r) => this.deps.onWebhook?.(r.outcome));
+      this.inFlight.add(p);
+      void p.finally(() => this.inFlight.delete(p));
+    }
+  }
+}
+
+function suspensionReason(rule: AlertRule, d: Record<string, unknown>): string {
+  if (rule.kind === "refusals") return `${d.refusals} refused calls within ${d.window_s} s`;
+  if (rule.kind === "budget") return `${d.percent_used} % of its device-time budget used`;
+  return rule.kind;
+}
+
+function messageOf(
+  rule: AlertRule,
+  subject: string,
+  d: Record<string, unknown>,
+  suspended: boolean,
+  until: string | null,
+): string {
+  const action = suspended
+    ? ` ${subject} is suspended ${until ? `until ${until}` : "until an operator resumes it"} (\`${resumeCommand(subject)}\` lifts it); its running calls were stopped.`
+    : "";
+  switch (rule.kind) {
+    case "refusals":
+      return `${subject} had ${d.refusals} refused calls within ${d.window_s} s (the rule's threshold is ${rule.threshold}).${action}`;
+    case "budget":
+      return `${subject} has used ${d.percent_used} % of its device-time budget (${d.used_s} of ${d.limit_s} s per ${d.window_s} s window).${action}`;
+    case "approval_waiting":
+      return `approval ${subject} (${d.tool}) has waited ${d.waited_s} s for an operator.`;
+    case "worker_restarts":
+      return `worker ${subject} restarted ${d.restarts} times within ${d.window_s} s; run \`tpu-mcp doctor\`.`;
+  }
+}

@@ -1,0 +1,179 @@
+"""The prefix cache (generation/prefix.py) and its use by the static decode loop
+(generation/rows.py): bounded in bytes and evicted least recently used, partitioned by the
+caller's key, and invisible in the tokens: greedy outputs are the same with and without reuse,
+and the same as transformers' own generate, with joins and leaves mid-decode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_static_decode import hf_greedy, logprob_tokens
+from tpu_worker.cancel import CancelToken
+from tpu_worker.generation.loop import DecodeLoop
+from tpu_worker.generation.prefix import PrefixCache
+
+SYSTEM = "You are a careful assistant. Answer in one short sentence and cite nothing. " * 2
+
+
+def block_reader(value: float, heads: int = 2, block: int = 4, dim: int = 3, layers: int = 2):
+    """A read function for store(): every block's keys and values filled with `value`."""
+
+    def read(i):
+        t = torch.full((heads, block, dim), value + i)
+        return [t] * layers, [t] * layers
+
+    return read
+
+
+BLOCK_BYTES = 2 * 2 * 2 * 4 * 3 * 4  # (keys + values) x layers x heads x block x dim x float32
+
+
+def test_the_cache_keeps_at_most_max_bytes_and_evicts_the_least_recently_used():
+    cache = PrefixCache(max_bytes=5 * BLOCK_BYTES, block=4)
+    a, b, c = list(range(0, 9)), list(range(100, 109)), list(range(200, 209))  # 2 blocks each
+    cache.store("p", a, block_reader(1.0))
+    cache.store("p", b, block_reader(2.0))
+    assert cache.bytes == 4 * BLOCK_BYTES
+    assert len(cache.lookup("p", a)) == 2  # a is now more recent than b
+    cache.store("p", c, block_reader(3.0))
+    assert cache.bytes <= cache.max_bytes
+    assert cache.stats.evicted_blocks == 1
+    # b's tail went first (a chain is touched from its end, so its first block outlives it).
+    assert len(cache.lookup("p", b)) == 1 and len(cache.lookup("p", a)) == 2 and len(cache.lookup("p", c)) == 2
+    got = cache.lookup("p", a)
+    assert float(got[1].keys[0][0, 0, 0]) == 2.0  # block 1 of a: value 1.0 + index 1
+
+
+def test_a_block_larger_than_the_bound_is_not_kept():
+    cache = PrefixCache(max_bytes=BLOCK_BYTES - 1, block=4)
+    cache.store("p", list(range(9)), block_reader(1.0))
+    assert cache.bytes == 0 and cache.lookup("p", list(range(9))) == []
+
+
+def test_blocks_are_found_only_behind_the_same_tokens_and_never_for_the_last_token():
+    cache = PrefixCache(max_bytes=10**6, block=4)
+    cache.store("p", list(range(8)), block_reader(1.0))  # 8 tokens: only block 0 (the last token stays)
+    assert len(cache.lookup("p", list(range(12)))) == 1
+    assert cache.lookup("p", [99, *range(1, 12)]) == []  # a different first token: nothing
+    assert len(cache.lookup("p", [*range(4), 7, 7, 7, 7, 7])) == 1
+
+
+def test_partitions_are_isolated():
+    cache = PrefixCache(max_bytes=10**6, block=4)
+    tokens = list(range(20))
+    cache.store("alice", tokens, block_reader(1.0))
+    assert len(cache.lookup("alice", tokens)) == 4
+    assert cache.lookup("bob", tokens) == []
+    assert cache.lookup("", tokens) == []
+
+
+@pytest.fixture
+def loops(shared_worker):
+    made = []
+
+    def make(model, *, reuse: bool):
+        adapter = shared_worker.served[model].adapter
+        loop = DecodeLoop(f"prefix-{model}-{reuse}", adapter, max_batch=16)
+        if not reuse:
+            loop._batch.prefix = None
+        made.append(loop)
+        return loop, adapter
+
+    yield make
+    for loop in made:
+        loop.close("test over")
+
+
+def run(loop, adapter, args: dict) -> dict:
+    return loop.submit(adapter.prepare(args, []), CancelToken()).result(timeout=120).result
+
+
+QUESTIONS = ["what is two and two?", "name a colour", "say hello to a friend of mine", "x"]
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-chat"])
+def test_greedy_outputs_are_identical_with_and_without_reuse_and_the_second_call_hits(loops, model):
+    reuse, adapter = loops(model, reuse=True)
+    plain, _ = loops(model, reuse=False)
+    for i, q in enumerate(QUESTIONS):
+        args = {"texts": [SYSTEM + q], "max_new_tokens": 24, "logprobs": 1, "prefix_key": "alice"}
+        a, b = run(reuse, adapter, args), run(plain, adapter, args)
+        assert a["texts"] == b["texts"] and logprob_tokens(a) == logprob_tokens(b), q
+        prompt = adapter.prepare(args, []).payload.prompts[0]
+        assert logprob_tokens(a)[0] == [adapter.token_text(t) for t in hf_greedy(adapter, prompt, 24)]
+        assert b["prefix_cached_tokens"] == 0
+        if i == 0:
+            assert a["prefix_cached_tokens"] == 0  # the first call fills the cache
+        else:
+            cached = a["prefix_cached_tokens"]
+            assert cached > 0 and cached % 16 == 0 and cached < len(prompt)
+            assert a["generations"][0]["prefix_cached_tokens"] == cached
+    report = reuse.prefix_report()
+    assert report["hits"] == len(QUESTIONS) - 1 and 0 < report["bytes"] <= report["max_bytes"]
+    assert report["hit_rate"] == pytest.approx((len(QUESTIONS) - 1) / len(QUESTIONS), abs=1e-3)
+
+
+def test_another_partition_gets_nothing_from_the_cache(loops):
+    loop, adapter = loops("tiny-gpt2", reuse=True)
+    args = {"texts": [SYSTEM + "first"], "max_new_tokens": 4}
+    run(loop, adapter, {**args, "prefix_key": "alice"})
+    assert run(loop, adapter, {**args, "prefix_key": "alice"})["prefix_cached_tokens"] > 0
+    assert run(loop, adapter, {**args, "prefix_key": "bob"})["prefix_cached_tokens"] == 0
+    assert run(loop, adapter, args)["prefix_cached_tokens"] == 0  # no key: a partition of its own
+
+
+def test_joiners_behind_a_cached_prefix_join_and_leave_mid_decode_with_the_same_tokens(loops):
+    """A long request decodes; requests sharing its prefix join at token boundaries (prefilled
+    behind the cached prefix, into free slots) and leave early: every token equals HF's."""
+    loop, adapter = loops("tiny-gpt2", reuse=True)
+    first = {"texts": [SYSTEM + "the first caller decodes for long"], "max_new_tokens": 40, "stream": True}
+    joiners = [{"texts": [SYSTEM + q], "max_new_tokens": 2 + 5 * i} for i, q in enumerate(QUESTIONS)]
+    futures, calls = [], []
+
+    def join_mid_decode(p, total=None, message=None, delta=None):
+        calls.append(p)
+        if len(calls) == 3:
+            futures.extend(loop.submit(adapter.prepare({**a, "logprobs": 1}, []), CancelToken()) for a in joiners)
+
+    joins = loop.stats.joins
+    head = loop.submit(adapter.prepare({**first, "logprobs": 1}, []), CancelToken(), progress=join_mid_decode)
+    results = [head.result(timeout=120).result] + [f.result(timeout=120).result for f in futures]
+    assert loop.stats.joins - joins == len(joiners)
+    assert all(r["prefix_cached_tokens"] > 0 for r in results[1:])
+    for args, got in zip([first, *joiners], results, strict=True):
+        prompt = adapter.prepare(args, []).payload.prompts[0]
+        want = hf_greedy(adapter, prompt, args["max_new_tokens"])
+        assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in want], args
+    assert loop.stats.running == 0
+
+
+def test_a_prefill_behind_a_cached_prefix_runs_a_shape_of_the_plan(loops):
+    loop, adapter = loops("tiny-gpt2", reuse=True)
+    adapter.shapes.seen.clear()
+    for q in QUESTIONS:
+        run(loop, adapter, {"texts": [SYSTEM + q], "max_new_tokens": 2})
+    seen = set(adapter.shapes.seen)
+    assert any(kind == "prefill_cached" for kind, _, _ in seen)
+    assert seen <= set(adapter.plan.forward_shapes()), seen - set(adapter.plan.forward_shapes())
+
+
+def test_the_catalog_bound_is_counted_in_the_memory_preflight(catalog):
+    import dataclasses
+
+    from tpu_worker.catalog import PrefixCacheSpec
+    from tpu_worker.memory import activation_bytes
+
+    entry = catalog.get("tiny-gpt2")
+    off = dataclasses.replace(entry, prefix_cache=PrefixCacheSpec(max_bytes=0))
+    assert activation_bytes(entry, None, "float32") - activation_bytes(off, None, "float32") == (
+        entry.prefix_cache.max_bytes
+    )
+
+
+def test_a_bad_prefix_key_is_refused(shared_worker):
+    from tpu_worker.errors import WorkerError
+
+    adapter = shared_worker.served["tiny-gpt2"].adapter
+    with pytest.raises(WorkerError, match="prefix_key"):
+        adapter.prepare({"texts": ["hi"], "prefix_key": 7}, [])

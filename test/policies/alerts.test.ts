@@ -1,0 +1,224 @@
+// Alert rules (policies/alerts/): the pure counting and once-per-window latch, then the rules at
+// work on a real gate and stores — a refusal flood suspends its principal (refused
+// principal_suspended, its running call stopped as a budget stop), the suspension and the quiet
+// time survive a restart (a new store over the same file), a budget rule fires once per window.
+import { afterAll, describe, expect, it } from "vitest";
+import { Alerts } from "../../policies/alerts/alerts.js";
+import { EventWindows, FiringLatch } from "../../policies/alerts/rules.js";
+import { SqliteAlertStore } from "../../policies/alerts/store.js";
+import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteAuditLog } from "../../policies/audit.js";
+import { parsePolicyConfig, type AlertRule } from "../../policies/config.js";
+import { isPolicyError, type PolicyError } from "../../policies/errors.js";
+import { Gate, type GateCall } from "../../policies/gate/gate.js";
+import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
+import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
+import { RateLimiter } from "../../policies/limits/rate.js";
+import type { Principal } from "../../policies/scopes.js";
+import { SqliteSuspensionStore } from "../../policies/suspensions.js";
+import { stopReasonOf } from "../../runtime/types.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
+import { captureLogger, FakeClock, tempDir } from "./helpers.js";
+
+const tmp = tempDir();
+afterAll(() => tmp.cleanup());
+
+describe("alert rule arithmetic", () => {
+  it("counts a key's events over a sliding window, forgetting those that left it", () => {
+    const w = new EventWindows(60_000);
+    for (let i = 0; i < 10; i++) expect(w.add("a", i * 1000)).toBe(i + 1);
+    expect(w.add("b", 9_000)).toBe(1); // keys are apart
+    // At 65 s the window [5 s, 65 s] holds the events of 5..9 s; the bucket of 0..5 s, which the
+    // window's start falls in, still counts (early by at most a bucket, never late).
+    expect(w.count("a", 65_000)).toBe(10);
+    // At 66 s that bucket has left: the events of 6..9 s remain.
+    expect(w.count("a", 66_000)).toBe(4);
+    expect(w.count("a", 200_000)).toBe(0);
+    w.reset("b");
+    expect(w.count("b", 9_000)).toBe(0);
+  });
+
+  it("never misses N events within one window, however they fall on the buckets", () => {
+    for (const start of [0, 1, 5_999, 6_000, 59_999]) {
+      const w = new EventWindows(60_000);
+      let n = 0;
+      // 1,000 events spread over exactly the window's length.
+      for (let i = 0; i < 1000; i++) n = w.add("k", start + (i * 59_999) / 999);
+      expect(n).toBe(1000);
+    }
+  });
+
+  it("fires once per window and key, and a seeded latch remembers a window across restarts", () => {
+    const latch = new FiringLatch();
+    expect(latch.tryFire("r/a", 0, 60_000)).toBe(true);
+    expect(latch.tryFire("r/a", 59_999, 119_999)).toBe(false);
+    expect(latch.tryFire("r/b", 10, 60_010)).toBe(true);
+    expect(latch.tryFire("r/a", 60_000, 120_000)).toBe(true);
+    const restarted = new FiringLatch([["r/a", 120_000]]);
+    expect(restarted.tryFire("r/a", 100_000, 160_000)).toBe(false);
+  });
+});
+
+const agent: Principal = { id: "agent", scopes: ["inference:run", "models:read"], via: "token" };
+const operator: Principal = { id: "operator", scopes: ["approvals:grant"], via: "token" };
+
+function makeGate(rules: AlertRule[], file = tmp.file(`alerts-${Math.random()}.db`)) {
+  const config = parsePolicyConfig({ approvals: { rules: [] } }, TOOL_POLICIES);
+  const clock = new FakeClock();
+  const logger = captureLogger();
+  const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
+  const audit = new SqliteAuditLog(file, { logger, now: clock.now });
+  const suspensions = new SqliteSuspensionStore(file);
+  const store = new SqliteAlertStore(file);
+  const ref: { alerts?: Alerts } = {};
+  const gate = new Gate({
+    tools: TOOL_POLICIES,
+    config,
+    approvals: new SqliteApprovalStore(file, { clock: clock.now }),
+    audit,
+    limiter: new ConcurrencyLimiter(config.limits, clock.now),
+    rateLimiter: new RateLimiter(1_000_000, clock.now),
+    budget,
+    suspensions,
+    observer: {
+      refused: (p, c) => ref.alerts?.refused(p, c),
+      charged: (p) => ref.alerts?.charged(p),
+    },
+    clock: clock.now,
+    logger,
+  });
+  ref.alerts = new Alerts({
+    rules,
+    store,
+    logger,
+    suspend: (s) => gate.suspendPrincipal(s),
+    audit: (rec) => audit.append({ time: new Date(clock.now()).toISOString(), ...rec }),
+    budgetUse: (p) => budget.check(p, 0),
+    pendingApprovals: () => [],
+    webhooks: [],
+    clock: clock.now,
+  });
+  return { gate, clock, audit, suspensions, store, alerts: ref.alerts, logger, file };
+}
+
+const flood: AlertRule = {
+  name: "flood",
+  kind: "refusals",
+  threshold: 5,
+  window_s: 60,
+  action: "suspend",
+  suspend_s: 0,
+};
+
+const infer = (n: number): GateCall => ({
+  principal: agent,
+  tool: "run_inference",
+  args: { model: "mnist-cnn", n },
+  device: "cpu",
+});
+
+async function codeOf(p: Promise<unknown>): Promise<string> {
+  try {
+    await p;
+    return "ok";
+  } catch (e) {
+    if (isPolicyError(e)) return e.code;
+    throw e;
+  }
+}
+
+describe("alert rules at work on the gate", () => {
+  it("suspends a flooding principal, stops its running call, and the CLI's resume restores it", async () => {
+    const { gate, audit, alerts, file } = makeGate([flood]);
+    // A call that runs until it is stopped, and reports why.
+    let reason: unknown;
+    const running = gate.run(
+      infer(0),
+      (signal) =>
+        new Promise((resolve) =>
+          signal.addEventListener("abort", () => {
+            reason = signal.reason;
+            resolve("partial");
+          }),
+        ),
+    );
+    await new Promise((r) => setTimeout(r, 10));
+    for (let i = 0; i < 4; i++)
+      expect(() => gate.refuse(agent, "run_inference", { i }, "unknown_model", "no")).not.toThrow();
+    expect(gate.suspended()).toEqual([]);
+    gate.refuse(agent, "run_inference", { i: 5 }, "unknown_model", "no"); // the 5th: suspended
+    expect(gate.suspended()).toMatchObject([{ principal: "agent", rule: "flood", until: null }]);
+    expect(await running).toBe("partial");
+    expect((reason as PolicyError).code).toBe("principal_suspended");
+    expect(stopReasonOf(reason)).toBe("budget");
+
+    // Every call is refused now, with the reason and how it ends.
+    const refused = gate.run(infer(1), async () => "ran");
+    await expect(refused).rejects.toMatchObject({ code: "principal_suspended" });
+    await refused.catch((e: PolicyError) =>
+      expect(e.message).toContain(
+        "It ends when an operator runs `tpu-mcp principals resume agent`",
+      ),
+    );
+    expect(() => gate.enforceScope(agent, "load_model")).toThrow(/suspended/);
+    expect(alerts.recent()).toHaveLength(1);
+
+    // Another process over the same file (a restart, the CLI) sees the suspension and lifts it.
+    const other = makeGate([flood], file);
+    expect(other.gate.suspended()).toHaveLength(1);
+    expect(other.gate.resumePrincipal("agent", operator)).toMatchObject({ rule: "flood" });
+    expect(await codeOf(gate.run(infer(2), async () => "ran"))).toBe("ok");
+
+    const trail = audit.tail(50);
+    expect(trail.filter((r) => r.outcome === "alert")).toHaveLength(1);
+    expect(trail.find((r) => r.outcome === "suspended")).toMatchObject({
+      principal: "agent",
+      code: "principal_suspended",
+    });
+    expect(trail.find((r) => r.outcome === "resumed")).toMatchObject({ approver: "operator" });
+    expect(trail.find((r) => r.outcome === "failed")).toMatchObject({
+      code: "principal_suspended",
+    });
+  });
+
+  it("does not count a suspended principal's refusals, and the quiet time survives a restart", () => {
+    const { gate, alerts, clock, file } = makeGate([{ ...flood, action: "notify" }]);
+    for (let i = 0; i < 12; i++) gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
+    expect(alerts.recent()).toHaveLength(1); // once in the window, not at 5 and 10
+    const restarted = makeGate([{ ...flood, action: "notify" }], file);
+    restarted.clock.ms = clock.ms + 1000;
+    for (let i = 0; i < 6; i++)
+      restarted.gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
+    expect(restarted.alerts.recent()).toHaveLength(1);
+    // After the window, a new flood fires again.
+    restarted.clock.ms += 61_000;
+    for (let i = 0; i < 6; i++)
+      restarted.gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
+    expect(restarted.alerts.recent()).toHaveLength(2);
+  });
+
+  it("a budget rule fires once per budget window when the principal's use reaches its percent", async () => {
+    const { gate, alerts, clock } = makeGate([
+      { name: "budget-half", kind: "budget", percent: 50, action: "notify", suspend_s: 900 },
+    ]);
+    const est = {
+      device_seconds: 1000,
+      memory_bytes: 1,
+      compile_s: 0,
+      weight_bytes: 0,
+      fits: true,
+    };
+    const work = (ms: number) => async () => {
+      clock.ms += ms;
+      return "done";
+    };
+    await gate.run({ ...infer(0), estimate: est }, work(1_000_000)); // 1,000 s of 3,600
+    expect(alerts.recent()).toHaveLength(0);
+    await gate.run({ ...infer(1), estimate: est }, work(900_000)); // 1,900 s: 52.8 %
+    await gate.run({ ...infer(2), estimate: est }, work(100_000));
+    const fired = alerts.recent();
+    expect(fired).toHaveLength(1);
+    expect(fired[0]).toMatchObject({ rule: "budget-half", subject: "agent", action: "notify" });
+    expect(fired[0].details.percent_used).toBeGreaterThanOrEqual(50);
+  });
+});
