@@ -56,6 +56,18 @@ export class Metrics {
     help: "Single webhook POST attempts that failed (timeouts, network errors, non-2xx answers).",
     registers: [this.registry],
   });
+  readonly alertsFired = new Counter({
+    name: "tpu_mcp_alerts_fired_total",
+    help: "Alerts fired by rule (policy.alerts) and action (notify or suspend).",
+    labelNames: ["rule", "action"] as const,
+    registers: [this.registry],
+  });
+  readonly alertWebhookDeliveries = new Counter({
+    name: "tpu_mcp_alert_webhook_deliveries_total",
+    help: "Alert webhook notifications by final outcome (delivered, or failed after all retries).",
+    labelNames: ["outcome"] as const,
+    registers: [this.registry],
+  });
   readonly consoleSessions = new Gauge({
     name: "tpu_mcp_console_sessions",
     help: "Signed-in operator console sessions.",
