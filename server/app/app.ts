@@ -29,6 +29,7 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { checkSecretFile } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
+import { startTelemetry } from "./telemetry.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
 import type { Passkeys } from "../../policies/passkeys/store.js";
 import { openServerStores, type Storage } from "./storage.js";
@@ -125,6 +126,8 @@ export function createApp(
   // Each resource registers its close where it is opened; close() runs them last-opened first,
   // so the stores a call in flight writes to (audit, reports) outlive the runtime.
   const hooks = new CloseHooks(logger);
+  // First opened, last closed: the spans of everything closing are flushed.
+  hooks.add("telemetry", startTelemetry(config.telemetry, logger));
 
   // Late-bound: the gate tells the alert rules what it counts; they act through the gate.
   const alertsRef: { current?: Alerts } = {};

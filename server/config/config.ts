@@ -90,6 +90,18 @@ export const ServerConfigSchema = z
     /** Per-call timestamps for `npm run bench`'s decomposition, returned to callers that ask
      * with `_meta["tpu-mcp/trace"]`. Off by default: a measurement aid, not a feature. */
     trace_calls: z.boolean().default(false),
+    /** OpenTelemetry export (docs/observability.md); the standard OTEL_* variables win. */
+    telemetry: z
+      .object({
+        /** OTLP/HTTP base URL (as OTEL_EXPORTER_OTLP_ENDPOINT): spans go to {url}/v1/traces. */
+        otlp_endpoint: z.string().url().optional(),
+        /** As OTEL_EXPORTER_OTLP_PROTOCOL. */
+        otlp_protocol: z.enum(["http/protobuf", "http/json"]).optional(),
+        /** As OTEL_SERVICE_NAME. */
+        service_name: z.string().min(1).max(200).optional(),
+      })
+      .strict()
+      .default({}),
     http: z
       .object({
         host: z.string().default("127.0.0.1"),
