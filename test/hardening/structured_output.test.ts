@@ -50,11 +50,11 @@ async function fiftyOfEach(run: Run, era: string) {
   );
   const bad = json.map(generationOf).filter((g) => !isPerson(g.text) || !g.grammar_complete);
   expect(bad, JSON.stringify(bad.slice(0, 2))).toEqual([]);
-  const free = await inWaves(PROMPTS, WAVE, (i) => run(asked(i)));
+  // Without the constraint, a sample of the same prompts (each runs to max_new_tokens: slow).
+  const sample = 16;
+  const free = await inWaves(sample, WAVE, (i) => run(asked(i)));
   const invalid = free.filter((r) => !isPerson(generationOf(r).text)).length;
-  process.stderr.write(
-    `[structured ${era}] unconstrained: ${invalid}/${PROMPTS} do not validate\n`,
-  );
+  process.stderr.write(`[structured ${era}] unconstrained: ${invalid}/${sample} do not validate\n`);
   expect(invalid).toBeGreaterThan(0);
   const choices = await inWaves(PROMPTS, WAVE, (i) =>
     run({

@@ -31,8 +31,8 @@ export const PERSON = {
   additionalProperties: false,
 } as const;
 
-/** Long enough for the longest answer PERSON allows, in SmolLM2's tokens. */
-export const PERSON_TOKENS = 96;
+/** More than the longest answer PERSON allows in SmolLM2's tokens (strings of one-character tokens at their maxLength: about 105). */
+export const PERSON_TOKENS = 128;
 
 export const CHOICES = ["positive", "negative", "neutral"];
 export const PATTERN = "[A-Z][a-z]{2,9}, [0-9]{4}";
