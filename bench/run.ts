@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,budget,generate,train,shapes,prefix,stability runs a subset (BENCH_SHAPES_REQUESTS
+// tokens,estimates,budget,store,generate,train,shapes,prefix,stability runs a subset (BENCH_SHAPES_REQUESTS
 // scales the shapes trace, 300 requests by default; BENCH_PREFIX_SMOLLM2=0 leaves the real
 // SmolLM2 model out of the prefix section);
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
@@ -38,6 +38,7 @@ import { runShapes } from "./shapes.js";
 import { runPrefix, writePrefixCatalog } from "./prefix.js";
 import { runSmall } from "./small.js";
 import { runStability } from "./stability.js";
+import { runStore } from "./store.js";
 import { runTokens } from "./tokens.js";
 import { runTrain } from "./train.js";
 
@@ -58,6 +59,7 @@ const SECTIONS = [
   "tokens",
   "estimates",
   "budget",
+  "store",
   "stability",
   "generate",
   "train",
@@ -409,6 +411,14 @@ async function main() {
   if (want("budget")) {
     say("budget (8 concurrent benchmarks at ≥ 2.5× their estimate against 3.5 estimates)…");
     results.budget = await runBudget();
+  }
+
+  // The shared store's cost per call: Postgres admission and audit against SQLite (issue 30).
+  if (want("store")) {
+    say(
+      "store (budget admission and audit append: SQLite and a local Postgres, 1 and 3 replicas)…",
+    );
+    results.store = await runStore({ calls: q(2000, 300) });
   }
 
   // Estimates against what the gate charged, on a fresh and on a warm data dir of their own.

@@ -96,6 +96,13 @@ export interface AuditTrail extends AuditLog {
   writeCheckpoint(cur: VerifyCursor, verifiedAt: string): AuditCheckpoint | null;
   /** Runs `fn` in one read transaction (rows and head from one snapshot). */
   snapshot<T>(fn: () => T): T;
+  /**
+   * Tells `fn` of the records this process appends, right after each commit, in seq order (the
+   * streaming sink, audit_sink.ts); returns the un-registration.
+   */
+  onAppended(fn: (records: readonly StoredAuditRecord[]) => void): () => void;
+  /** Records `from`..`to` (seq, inclusive) as stored, oldest first, at most 10,000. */
+  readRange(from: number, to: number): StoredAuditRecord[];
 }
 
 /** The part of a pino logger the policies use; a pino Logger satisfies it. */
@@ -280,6 +287,7 @@ export class SqliteAuditLog implements AuditTrail {
     // IMMEDIATE: the server and the CLI may append at once; each must see the other's head.
     const [stored] = this.appendTx(this.key).immediate([prepared]);
     this.logger?.info({ audit: stored }, `audit ${stored.outcome} ${stored.tool}`);
+    this.tell([stored]);
     return stored;
   }
 
@@ -333,6 +341,38 @@ export class SqliteAuditLog implements AuditTrail {
       log?.info({ audit: stored[i] }, `audit ${stored[i].outcome} ${stored[i].tool}`);
       b.resolve(stored[i]);
     });
+    this.tell(stored);
+  }
+
+  private readonly listeners = new Set<(records: readonly StoredAuditRecord[]) => void>();
+
+  onAppended(fn: (records: readonly StoredAuditRecord[]) => void): () => void {
+    this.listeners.add(fn);
+    return () => this.listeners.delete(fn);
+  }
+
+  /** A listener's failure is logged, never the append's: the record is committed. */
+  private tell(records: readonly StoredAuditRecord[]): void {
+    for (const fn of this.listeners)
+      try {
+        fn(records);
+      } catch (e) {
+        this.logger?.error({ err: String(e) }, "audit append listener failed");
+      }
+  }
+
+  readRange(from: number, to: number): StoredAuditRecord[] {
+    const rows = this.db
+      .prepare(
+        "SELECT seq, record, prev_hash, hash FROM audit_log WHERE seq >= ? AND seq <= ? ORDER BY seq LIMIT 10000",
+      )
+      .all(from, to) as { seq: number; record: string; prev_hash: string; hash: string }[];
+    return rows.map((r) => ({
+      ...(JSON.parse(r.record) as AuditRecord),
+      seq: r.seq,
+      prev_hash: r.prev_hash,
+      hash: r.hash,
+    }));
   }
 
   appendRefusal(record: AuditRecord, opts: { per?: RefusalScope } = {}): StoredAuditRecord | null {

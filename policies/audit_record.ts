@@ -52,6 +52,9 @@ export interface AuditRecord {
   key_id?: string;
   /** The worker(s) of a pool the call ran on (comma-separated). */
   worker?: string;
+  /** The call's OpenTelemetry trace and SERVER span (hex), when spans were exported. */
+  trace_id?: string;
+  span_id?: string;
   /**
    * On an aggregate of repeated refusals (audit_refusals.ts): how many refusals it stands for,
    * beyond the record at `first_seq` that opened its window; `since`/`until` are the times of the

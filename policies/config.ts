@@ -389,7 +389,42 @@ const AlertsSchema = z
   })
   .strict();
 
+/** The streaming audit sink (policies/audit_sink.ts): a rotating file or an HTTP endpoint. */
+const AuditSinkSchema = z
+  .discriminatedUnion("kind", [
+    z
+      .object({
+        kind: z.literal("file"),
+        /** The file records are appended to (relative to the config file); rotated by size. */
+        path: z.string().min(1),
+        /** Rotated to `path.1` once it would pass this many bytes. */
+        max_bytes: PositiveInt.default(64 * 2 ** 20),
+        /** Rotated files kept (`path.1` … `path.N`). */
+        keep: PositiveInt.max(100).default(5),
+        max_queue: PositiveInt.default(10_000),
+      })
+      .strict(),
+    z
+      .object({
+        kind: z.literal("http"),
+        url: z.url({ protocol: /^https?$/, error: "url must be an http:// or https:// URL" }),
+        /** Optional: each POST signed as the webhooks are, with this file's secret. */
+        secret_file: z.string().min(1).optional(),
+        /** Records per POST. */
+        batch: PositiveInt.max(10_000).default(500),
+        /** A POST not taken is sent again after this, doubling up to max_backoff_s. */
+        retry_base_ms: PositiveInt.default(500),
+        max_backoff_s: z.number().positive().default(30),
+        /** Records that may wait while the endpoint is slow or down; more are dropped. */
+        max_queue: PositiveInt.default(10_000),
+      })
+      .strict(),
+  ])
+  .optional();
+
 const AuditSchema = z.object({
+  /** Absent: no sink (the trail is read with `audit tail/search/export`). */
+  sink: AuditSinkSchema,
   redact_args: z.array(z.string().min(1)).default(["texts", "messages", "tensors"]),
   /** The chain's HMAC key file (made 0600 at first start); default `<data_dir>/audit.key`. */
   key_file: z.string().min(1).optional(),
@@ -452,6 +487,7 @@ export type LimitsConfig = PolicyConfig["limits"];
 export type PasskeysConfig = PolicyConfig["passkeys"];
 export type Assurance = ApprovalRule["assurance"];
 export type AlertsConfig = PolicyConfig["alerts"];
+export type AuditSinkConfig = NonNullable<PolicyConfig["audit"]["sink"]>;
 export type AlertRule = AlertsConfig["rules"][number];
 
 /** Parses a policy section for these tools (throws zod's error with paths on invalid input). */

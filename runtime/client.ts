@@ -70,6 +70,7 @@ import {
   workerCommand,
   type WorkerProc,
 } from "./client/process.js";
+import { recordWorkerTrace, type PendingTrace } from "./client/worker_trace.js";
 import { StderrLog, type WorkerLogLine } from "./client/stderr_log.js";
 
 export type { LoadedModel } from "./types.js";
@@ -231,15 +232,35 @@ export class WorkerRuntime {
     args: Record<string, unknown>,
     opts: CallOptions = {},
   ): Promise<CallResult<T>> {
-    const { signal, trace } = opts;
+    const { signal, trace: callTrace } = opts;
     if (signal?.aborted) throw cancelledError(op, "before it was sent");
-    trace?.mark("rt.call");
+    callTrace?.mark("rt.call");
+    // The worker call is a child span; the worker's own stages become its children (onMessage).
+    const span = callTrace?.child(`worker ${op}`, { "tpu_mcp.worker.op": op });
+    const trace = callTrace && span ? { call: callTrace, span } : undefined;
+    try {
+      const r = await this.send<T>(op, args, opts, trace);
+      span?.end();
+      return r;
+    } catch (e) {
+      span?.end(e instanceof RuntimeCallError ? e.code : "internal");
+      throw e;
+    }
+  }
+
+  private async send<T>(
+    op: string,
+    args: Record<string, unknown>,
+    opts: CallOptions,
+    trace: PendingTrace | undefined,
+  ): Promise<CallResult<T>> {
+    const { signal } = opts;
     let frame: Buffer[];
     const id = `r${++this.seq}`;
     try {
       const msg = requestMessage(id, op, args);
       frame = encodeFrame(
-        trace ? { ...msg, trace: true } : msg,
+        trace ? { ...msg, trace: true, traceparent: trace.span.traceparent() } : msg,
         opts.tensors ?? [],
         this.options.maxBodyBytes,
       );
@@ -281,7 +302,7 @@ export class WorkerRuntime {
         p.detachAbort = () => signal.removeEventListener("abort", onAbort);
       }
       this.write(proc, frame);
-      trace?.mark("rt.written");
+      trace?.call.mark("rt.written");
     });
   }
 
@@ -619,13 +640,9 @@ export class WorkerRuntime {
     // result or error: the request is over in the worker.
     this.calls.forget(p);
     if (p.trace) {
-      const stamps = (frame.header as { trace?: unknown }).trace;
-      if (Array.isArray(stamps))
-        for (const s of stamps)
-          if (Array.isArray(s) && typeof s[0] === "string" && typeof s[1] === "number")
-            p.trace.mark(s[0], s[1]);
-      if (proc.chunkAtUs) p.trace.mark("rt.frame_arrived", proc.chunkAtUs);
-      p.trace.mark("rt.frame_decoded");
+      recordWorkerTrace(p.trace, (frame.header as { trace?: unknown }).trace);
+      if (proc.chunkAtUs) p.trace.call.mark("rt.frame_arrived", proc.chunkAtUs);
+      p.trace.call.mark("rt.frame_decoded");
     }
     if (msg.type === "result") {
       // Also for a caller that is gone: the worker holds what it loaded either way.

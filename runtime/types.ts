@@ -55,11 +55,29 @@ export interface ProgressUpdate {
   message?: string;
 }
 
+/** Attribute values a span takes (OpenTelemetry's, without importing it into the runtime). */
+export type SpanAttributes = Record<string, string | number | boolean | undefined>;
+
 /**
- * Per-call timestamps for the bench's decomposition (`trace_calls` in the server config; off by
- * default). `atUs` is CLOCK_MONOTONIC in µs, the clock the worker stamps with; omitted = now.
+ * A span of a call's trace (tools/support/trace.ts). Times are CLOCK_MONOTONIC µs, the clock the
+ * worker stamps with; omitted = now.
  */
-export interface CallTrace {
+export interface TraceSpan {
+  child(name: string, attrs?: SpanAttributes, startUs?: number): TraceSpan;
+  set(attrs: SpanAttributes): void;
+  /** Ends the span, as failed with `errorType` (a stable error code) when one is given. */
+  end(errorType?: string, endUs?: number): void;
+  /** The W3C traceparent naming this span, for the worker's frame header. */
+  traceparent(): string | undefined;
+  /** Its trace and span ids (hex), when the span is real (spans are exported or propagated). */
+  ids(): { trace_id: string; span_id: string } | undefined;
+}
+
+/**
+ * A traced call: its request span, plus the stage stamps the bench's decomposition reads.
+ * `atUs` is CLOCK_MONOTONIC in µs, the clock the worker stamps with; omitted = now.
+ */
+export interface CallTrace extends TraceSpan {
   mark(stage: string, atUs?: number): void;
 }
 

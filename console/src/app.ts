@@ -5,6 +5,7 @@ import { activityPage } from "./pages/activity.js";
 import { approvalsPage } from "./pages/approvals.js";
 import { benchmarksPage } from "./pages/benchmarks.js";
 import { jobsPage } from "./pages/jobs.js";
+import { alertsPage } from "./pages/alerts.js";
 import { runtimePage } from "./pages/runtime.js";
 import { enrolWithCode, passkeysUsable, signInWithPasskey } from "./passkeys.js";
 import { passkeysPage } from "./pages/passkeys.js";
@@ -153,6 +154,7 @@ const PAGES: Record<string, (root: HTMLElement) => Promise<void>> = {
   approvals: approvalsPage,
   activity: activityPage,
   jobs: jobsPage,
+  alerts: alertsPage,
   runtime: runtimePage,
   benchmarks: benchmarksPage,
   passkeys: passkeysPage,

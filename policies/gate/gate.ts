@@ -17,7 +17,13 @@ import { resumeCommand, type Suspension } from "../suspensions.js";
 import { supervise } from "./supervise.js";
 import { reconcileInterrupted, type LeftBehind } from "./reconcile.js";
 import type { AuditRecord } from "../audit.js";
-import { InputRequired, type CallDeadline, type GateCall, type GateDeps } from "./types.js";
+import {
+  InputRequired,
+  traceIds,
+  type CallDeadline,
+  type GateCall,
+  type GateDeps,
+} from "./types.js";
 
 // The gate's public types, so a caller imports the gate from one module.
 export type {
@@ -89,6 +95,7 @@ export class Gate {
     rawArgs: unknown,
     code: string,
     message: string,
+    trace?: GateCall["trace"],
   ): void {
     let digest: string | null = null;
     try {
@@ -96,7 +103,7 @@ export class Gate {
     } catch {
       digest = null; // unhashable input (non-finite numbers, cycles): recorded without a digest
     }
-    const base = { principal: principal.id, tool, args_digest: digest };
+    const base = { principal: principal.id, tool, args_digest: digest, ...traceIds({ trace }) };
     try {
       checkSuspended(this.ctx, principal);
       const refusal = scopeRefusal(this.ctx, principal, tool);

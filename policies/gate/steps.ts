@@ -21,7 +21,7 @@ import { suspendedError } from "../suspensions.js";
 import { deviceKind } from "../../lib/device.js";
 import { checkApproval } from "./approval_flow.js";
 import type { GateContext } from "./context.js";
-import { InputRequired, type GateCall } from "./types.js";
+import { InputRequired, traceIds, type GateCall } from "./types.js";
 
 /** A call on its way through admission: what the steps learned and what it holds. */
 export interface Admission {
@@ -219,8 +219,16 @@ export async function admit(
     a.digest = argsDigest(call.tool, call.args);
     call.trace?.mark("g.digest");
     for (const step of ADMISSION_STEPS) {
-      const pending = step.run(ctx, a as Admission);
-      if (pending) await pending;
+      // A step that may wait (rate, estimate, budget, approval, slot) is a span of its own.
+      const span = step.mark ? call.trace?.child(`gate.${step.mark.slice(2)}`) : undefined;
+      try {
+        const pending = step.run(ctx, a as Admission);
+        if (pending) await pending;
+      } catch (e) {
+        span?.end(isPolicyError(e) ? e.code : "internal");
+        throw e;
+      }
+      span?.end();
       if (a.asked) break;
       if (step.mark) call.trace?.mark(step.mark);
     }
@@ -244,6 +252,7 @@ export async function admit(
         args: redacted,
         estimate: a.estimate ?? null,
         args_digest: a.digest,
+        ...traceIds(call),
         outcome: OUTCOME_FOR_CODE[e.code] ?? "denied",
         code: e.code,
         reason: e.message,
@@ -261,6 +270,7 @@ export async function admit(
       args: redacted,
       estimate: a.estimate ?? null,
       args_digest: a.digest,
+      ...traceIds(call),
       outcome: "approval_requested",
       code: "input_required",
       reason: a.asked.prompt.message,

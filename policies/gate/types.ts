@@ -99,8 +99,20 @@ export interface GateCall {
   inBand?: InBandApproval;
   /** Where the call ran (the worker of a pool), read when its outcome is audited. */
   ranOn?: () => string | undefined;
-  /** Stamps for the bench's decomposition (tools/support/trace.ts); absent unless tracing. */
-  trace?: { mark(stage: string): void };
+  /** The call's trace (tools/support/trace.ts); absent unless tracing. */
+  trace?: GateTrace;
+}
+
+/** What the gate does with a call's trace: stamps, a span per waiting step, ids to audit. */
+export interface GateTrace {
+  mark(stage: string): void;
+  child(name: string): { end(errorType?: string): void };
+  ids(): { trace_id: string; span_id: string } | undefined;
+}
+
+/** The trace and span ids an audit record names, so an auditor finds the call's trace. */
+export function traceIds(call: Pick<GateCall, "trace">): { trace_id?: string; span_id?: string } {
+  return call.trace?.ids() ?? {};
 }
 
 /** Told what the gate counts, for the alert rules (policies/alerts/); never blocks a call. */

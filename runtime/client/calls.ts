@@ -4,6 +4,7 @@
 // answer is recognised and dropped, and inFlight() counts only calls still waiting.
 import { RuntimeCallError, type CallOptions, type CallResult, type StopReason } from "../types.js";
 import type { WorkerProc } from "./process.js";
+import type { PendingTrace } from "./worker_trace.js";
 
 export interface Pending {
   id: string;
@@ -13,7 +14,7 @@ export interface Pending {
   resolve: (r: CallResult<any>) => void;
   reject: (e: RuntimeCallError) => void;
   onProgress?: CallOptions["onProgress"];
-  trace?: CallOptions["trace"];
+  trace?: PendingTrace;
   /** The caller has its answer; the entry stays until the worker ends the request. */
   settled: boolean;
   cancelRequested: boolean;

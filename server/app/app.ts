@@ -12,6 +12,8 @@ import { clientFormRules, clientFormText } from "../../policies/gate/answers.js"
 import type { Gate } from "../../policies/gate/gate.js";
 import { ApprovalNotifier, type NotifyTarget } from "../../policies/notify.js";
 import { Alerts } from "../../policies/alerts/alerts.js";
+import { AuditSink } from "../../policies/audit_sink.js";
+import { fileSinkTarget, httpSinkTarget } from "../../policies/audit_sink_targets.js";
 import { readCatalog, type Catalog } from "../../runtime/catalog.js";
 import { memoryFor } from "../../policies/estimate.js";
 import type { Runtime } from "../../runtime/types.js";
@@ -27,6 +29,7 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { checkSecretFile } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
+import { startTelemetry } from "./telemetry.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
 import type { Passkeys } from "../../policies/passkeys/store.js";
 import { openServerStores, type Storage } from "./storage.js";
@@ -67,6 +70,8 @@ export interface App extends ToolServices {
   notifier: ApprovalNotifier;
   /** The alert rules at work (policy.alerts): the console lists what fired. */
   alerts: Alerts;
+  /** The streaming audit sink (policy.audit.sink); absent when none is configured. */
+  auditSink?: AuditSink;
   /** Where the operator console is served, once an HTTP server runs (for webhook messages). */
   consoleUrl?: string;
   /** Runtime notices ("worker restarted", "worker failed") for MCP logging in every session, and
@@ -121,9 +126,12 @@ export function createApp(
   // Each resource registers its close where it is opened; close() runs them last-opened first,
   // so the stores a call in flight writes to (audit, reports) outlive the runtime.
   const hooks = new CloseHooks(logger);
+  // First opened, last closed: the spans of everything closing are flushed.
+  hooks.add("telemetry", startTelemetry(config.telemetry, logger));
 
   // Late-bound: the gate tells the alert rules what it counts; they act through the gate.
   const alertsRef: { current?: Alerts } = {};
+  const metricsRef: { current?: Metrics } = {};
   const policy = createPolicyServices(config, logger, {
     // Late-bound: the HTTP server learns its address after the app is built.
     consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
@@ -134,6 +142,14 @@ export function createApp(
   });
   hooks.add("policy stores", () => policy.close());
   const { gate, approvals, audit } = policy;
+  const auditSink = startAuditSink(config, audit, logger);
+  if (auditSink) {
+    const off = audit.onAppended((records) => auditSink.offer(records));
+    hooks.add("audit sink", async () => {
+      off();
+      await auditSink.close();
+    });
+  }
   const alertLog = logger.child({ component: "alerts" });
   const alerts = new Alerts({
     rules: config.policy.alerts.rules,
@@ -151,6 +167,9 @@ export function createApp(
     pendingApprovals: () => approvals.list({ status: "pending", limit: 500 }),
     webhooks: alertTargets,
     checkIntervalMs: config.policy.alerts.check_interval_s * 1000,
+    // Late-bound: the metrics are made after the alert rules.
+    onFired: (a) => metricsRef.current?.alertsFired.inc({ rule: a.rule, action: a.action }),
+    onWebhook: (outcome) => metricsRef.current?.alertWebhookDeliveries.inc({ outcome }),
   });
   alertsRef.current = alerts;
   hooks.add("alerts", () => alerts.close());
@@ -241,6 +260,8 @@ export function createApp(
     setup.start();
   }
   const metrics = new Metrics();
+  metricsRef.current = metrics;
+  if (auditSink) metrics.observeAuditSink(() => auditSink.status());
   const notices: App["notices"] = new EventEmitter();
   notices.setMaxListeners(0); // one listener per open session
   runtime.on("restart", (info) => {
@@ -347,6 +368,7 @@ export function createApp(
     approvalFeed,
     notifier,
     alerts,
+    ...(auditSink ? { auditSink } : {}),
     notices,
     reload: (by) => reloader.reload(by),
     onClose: (name, fn) => hooks.add(name, fn),
@@ -411,6 +433,38 @@ function readNotifyTargets(config: ServerConfig): NotifyTarget[] {
     secret: readWebhookSecret(config, n.secret_file, `policy.approvals.notify.${i}`),
     events: n.events,
   }));
+}
+
+/**
+ * The streaming audit sink of policy.audit.sink, started at the trail's head (what came before
+ * is `tpu-mcp audit export`'s); a secret file that cannot be read stops the start-up.
+ */
+function startAuditSink(
+  config: ServerConfig,
+  audit: App["audit"],
+  logger: Logger,
+): AuditSink | undefined {
+  const c = config.policy.audit.sink;
+  if (!c) return undefined;
+  const target =
+    c.kind === "file"
+      ? fileSinkTarget(resolve(config.paths.config_dir, c.path), c.max_bytes, c.keep)
+      : httpSinkTarget(c.url, {
+          ...(c.secret_file
+            ? { secret: readWebhookSecret(config, c.secret_file, "policy.audit.sink") }
+            : {}),
+        });
+  const head = audit.exportHead();
+  return new AuditSink({
+    target,
+    logger: logger.child({ component: "audit-sink" }),
+    maxQueue: c.max_queue,
+    start: { seq: head.seq, export_hash: head.export_hash },
+    readRange: (from, to) => audit.readRange(from, to),
+    ...(c.kind === "http"
+      ? { batch: c.batch, retryBaseMs: c.retry_base_ms, maxBackoffMs: c.max_backoff_s * 1000 }
+      : {}),
+  });
 }
 
 /** The alert webhooks (policy.alerts.notify), read as the approval ones are. */

@@ -56,6 +56,54 @@ export class Metrics {
     help: "Single webhook POST attempts that failed (timeouts, network errors, non-2xx answers).",
     registers: [this.registry],
   });
+  readonly alertsFired = new Counter({
+    name: "tpu_mcp_alerts_fired_total",
+    help: "Alerts fired by rule (policy.alerts) and action (notify or suspend).",
+    labelNames: ["rule", "action"] as const,
+    registers: [this.registry],
+  });
+  readonly alertWebhookDeliveries = new Counter({
+    name: "tpu_mcp_alert_webhook_deliveries_total",
+    help: "Alert webhook notifications by final outcome (delivered, or failed after all retries).",
+    labelNames: ["outcome"] as const,
+    registers: [this.registry],
+  });
+  // The OpenTelemetry semantic conventions' series (MCP and GenAI), named as the OTel → Prometheus
+  // mapping writes them (dots to underscores, the unit as a suffix). Labels are bounded: methods,
+  // tool and catalog model ids, error codes, protocol versions; never a principal or an argument.
+  readonly operationDuration = new Histogram({
+    name: "mcp_server_operation_duration_seconds",
+    help: "MCP request duration on the server (OTel mcp.server.operation.duration).",
+    labelNames: [
+      "mcp_method_name",
+      "gen_ai_tool_name",
+      "error_type",
+      "mcp_protocol_version",
+    ] as const,
+    buckets: [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300],
+    registers: [this.registry],
+  });
+  readonly timeToFirstToken = new Histogram({
+    name: "gen_ai_server_time_to_first_token_seconds",
+    help: "Time from a generation's submission to its first token, queueing included (OTel gen_ai.server.time_to_first_token).",
+    labelNames: ["gen_ai_operation_name", "gen_ai_request_model"] as const,
+    buckets: [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10],
+    registers: [this.registry],
+  });
+  readonly timePerOutputToken = new Histogram({
+    name: "gen_ai_server_time_per_output_token_seconds",
+    help: "Time per output token after the first (OTel gen_ai.server.time_per_output_token).",
+    labelNames: ["gen_ai_operation_name", "gen_ai_request_model"] as const,
+    buckets: [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5],
+    registers: [this.registry],
+  });
+  readonly tokenUsage = new Histogram({
+    name: "gen_ai_client_token_usage",
+    help: "Tokens per generation call, by gen_ai_token_type input or output (OTel gen_ai.client.token.usage); _sum counts them all.",
+    labelNames: ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type"] as const,
+    buckets: [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576],
+    registers: [this.registry],
+  });
   readonly consoleSessions = new Gauge({
     name: "tpu_mcp_console_sessions",
     help: "Signed-in operator console sessions.",
@@ -66,6 +114,34 @@ export class Metrics {
    * Per-worker series for a pool, read from the pool when /metrics is scraped: in flight, up,
    * drained (gauges) and calls, failures, restarts (counters, monotonic in the pool).
    */
+  /** The streaming audit sink's counts (policy.audit.sink), read at each scrape. */
+  observeAuditSink(status: () => { sent: number; dropped: number; queued: number }): void {
+    const gauge = (name: string, help: string, value: () => number) =>
+      new Gauge({
+        name,
+        help,
+        registers: [this.registry],
+        collect() {
+          this.set(value());
+        },
+      });
+    gauge(
+      "tpu_mcp_audit_sink_sent_records",
+      "Audit records the sink has delivered.",
+      () => status().sent,
+    );
+    gauge(
+      "tpu_mcp_audit_sink_dropped_records",
+      "Audit records the sink dropped because its queue was full (each gap is also a line in the stream).",
+      () => status().dropped,
+    );
+    gauge(
+      "tpu_mcp_audit_sink_queued_records",
+      "Audit records waiting in the sink's queue.",
+      () => status().queued,
+    );
+  }
+
   observeWorkers(runtime: Runtime, fleet?: () => FleetRow): void {
     // The default pool of one worker publishes no per-worker series.
     if (runtime.single) return;
@@ -169,3 +245,38 @@ export class Metrics {
 type FleetRow = FleetState;
 
 type WorkerRow = WorkerStatus;
+
+interface GenerationFigures {
+  model?: unknown;
+  ttft_ms?: unknown;
+  tokens_per_s?: unknown;
+  new_tokens?: unknown;
+  generations?: Array<{ usage?: { prompt_tokens?: unknown; completion_tokens?: unknown } }>;
+}
+
+/**
+ * A generation's figures from run_inference's structured result (absent for a forward): TTFT as
+ * the worker measured it, time per output token as (total − TTFT) ÷ (steps − 1), tokens in/out.
+ */
+export function observeGeneration(m: Metrics, operation: string, out: unknown): void {
+  const o = (out ?? {}) as GenerationFigures;
+  if (typeof o.model !== "string" || !Array.isArray(o.generations)) return;
+  const labels = { gen_ai_operation_name: operation, gen_ai_request_model: o.model };
+  let input = 0;
+  let output = 0;
+  for (const g of o.generations) {
+    if (typeof g.usage?.prompt_tokens === "number") input += g.usage.prompt_tokens;
+    if (typeof g.usage?.completion_tokens === "number") output += g.usage.completion_tokens;
+  }
+  m.tokenUsage.observe({ ...labels, gen_ai_token_type: "input" }, input);
+  m.tokenUsage.observe({ ...labels, gen_ai_token_type: "output" }, output);
+  if (typeof o.ttft_ms !== "number") return;
+  const ttft = o.ttft_ms / 1000;
+  m.timeToFirstToken.observe(labels, ttft);
+  const steps = Array.isArray(o.new_tokens) ? Math.max(0, ...(o.new_tokens as number[])) : 0;
+  // tokens_per_s is all sequences' tokens over the request's time from submission.
+  if (steps > 1 && typeof o.tokens_per_s === "number" && o.tokens_per_s > 0) {
+    const total = output / o.tokens_per_s;
+    if (total > ttft) m.timePerOutputToken.observe(labels, (total - ttft) / (steps - 1));
+  }
+}

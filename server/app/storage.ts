@@ -33,7 +33,8 @@ import {
 import { SqliteJobs, type Jobs } from "../../tools/stores/jobs.js";
 import { MemoryOutputs, type Outputs } from "../../tools/stores/outputs.js";
 import { SqliteReports, type Reports } from "../../tools/stores/reports.js";
-import type { ServerConfig } from "../config/config.js";
+import { ConfigError, type ServerConfig } from "../config/config.js";
+import { redactUrl } from "./postgres/pool.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
 import { ControlChannel } from "../control/channel.js";
 
@@ -98,6 +99,10 @@ export interface Storage extends PolicyStores {
  * missing; read-only commands use the read* openers below instead.
  */
 export function openPolicyStores(config: ServerConfig, logger: Logger): PolicyStores {
+  if (databaseUrl(config) !== null)
+    throw new ConfigError("(config)", [
+      "storage.postgres: the server does not serve on Postgres yet (its gate's stores answer synchronously, which only SQLite does); `tpu-mcp storage migrate|check` work against it. Use storage.sqlite (the default) to serve (docs/storage.md).",
+    ]);
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
   // One handle for the stores of policy.db (they share the file, and close with it).
@@ -272,4 +277,24 @@ export function readPasskeys(config: ServerConfig): { passkeys: Passkeys; close(
       if (db.open) db.close();
     },
   };
+}
+
+/** The Postgres URL of a `storage.postgres` config (the file's, else TPU_MCP_DATABASE_URL); null with SQLite. */
+export function databaseUrl(
+  config: Pick<ServerConfig, "storage">,
+  env: NodeJS.ProcessEnv = process.env,
+): string | null {
+  if (!("postgres" in config.storage)) return null;
+  const url = config.storage.postgres.url ?? env.TPU_MCP_DATABASE_URL;
+  if (!url)
+    throw new ConfigError("(config)", [
+      "storage.postgres: no database URL: give storage.postgres.url or set TPU_MCP_DATABASE_URL (postgres://USER:PASSWORD@HOST:PORT/DB)",
+    ]);
+  return url;
+}
+
+/** The config as printed (`config show`): the database URL's password replaced by "***". */
+export function redactedConfig<T extends Pick<ServerConfig, "storage">>(config: T): T {
+  if (!("postgres" in config.storage) || !config.storage.postgres.url) return config;
+  return { ...config, storage: { postgres: { url: redactUrl(config.storage.postgres.url) } } };
 }

@@ -26,6 +26,8 @@ import { startStdio } from "../transports/stdio.js";
 import { terminalText } from "../terminal.js";
 import { runVerifyExport } from "./verify_export.js";
 import { runWorkersCommand } from "./workers.js";
+import { runStorageCommand } from "./storage.js";
+import { redactedConfig } from "../app/storage.js";
 import { checkDataDirAccess, isAccessDenied } from "./data_dir_access.js";
 
 /** The repository root: the first folder above this module with a package.json (the source sits
@@ -72,6 +74,8 @@ commands:
   token new | hash TOKEN        make a token and print its sha256 for the config
   config show                   the effective config as JSON: the file over the defaults
                                 (e.g. the approval rules that apply when the file names none)
+  storage migrate | check       the shared store (storage.postgres): apply its schema; check it is
+                                reachable, its schema version and this machine's clock against it
   workers [list] | drain NAME | undrain NAME | scale N | reload [--token T]
                                 the worker pool: state, placement; drain (admin token) stops
                                 routing to a worker and waits for its calls in flight
@@ -327,7 +331,7 @@ async function main(argv: string[]): Promise<number> {
         err("usage: tpu-mcp config show [--config FILE]");
         return 2;
       }
-      out(JSON.stringify(config, null, 2));
+      out(JSON.stringify(redactedConfig(config), null, 2));
       return 0;
     case "audit":
       return runAuditCommand(config, positionals, {
@@ -359,6 +363,13 @@ async function main(argv: string[]): Promise<number> {
     }
     case "operators":
       return runOperatorsCommand(config, positionals, {
+        json: values.json === true,
+        out,
+        err,
+        logger,
+      });
+    case "storage":
+      return runStorageCommand(config, positionals, {
         json: values.json === true,
         out,
         err,

@@ -74,10 +74,13 @@ export const ServerConfigSchema = z
     /** Where SQLite stores (approvals, audit, jobs, reports) and generated files live. */
     data_dir: z.string().default(".data"),
     /** Which backend holds the stores and the counters shared across calls (server/app/storage.ts):
-     *  `{"sqlite": {}}`, the files in data_dir. */
+     *  `{"sqlite": {}}`, the files in data_dir, or `{"postgres": {"url": …}}` (the URL, with its
+     *  password, may come from TPU_MCP_DATABASE_URL instead; docs/storage.md). */
     storage: z
-      .object({ sqlite: z.object({}).strict() })
-      .strict()
+      .union([
+        z.object({ sqlite: z.object({}).strict() }).strict(),
+        z.object({ postgres: z.object({ url: z.string().min(1).optional() }).strict() }).strict(),
+      ])
       .prefault({ sqlite: {} }),
     log_level: z
       .enum(["trace", "debug", "info", "warn", "error", "fatal", "silent"])
@@ -87,6 +90,18 @@ export const ServerConfigSchema = z
     /** Per-call timestamps for `npm run bench`'s decomposition, returned to callers that ask
      * with `_meta["tpu-mcp/trace"]`. Off by default: a measurement aid, not a feature. */
     trace_calls: z.boolean().default(false),
+    /** OpenTelemetry export (docs/observability.md); the standard OTEL_* variables win. */
+    telemetry: z
+      .object({
+        /** OTLP/HTTP base URL (as OTEL_EXPORTER_OTLP_ENDPOINT): spans go to {url}/v1/traces. */
+        otlp_endpoint: z.string().url().optional(),
+        /** As OTEL_EXPORTER_OTLP_PROTOCOL. */
+        otlp_protocol: z.enum(["http/protobuf", "http/json"]).optional(),
+        /** As OTEL_SERVICE_NAME. */
+        service_name: z.string().min(1).max(200).optional(),
+      })
+      .strict()
+      .default({}),
     http: z
       .object({
         host: z.string().default("127.0.0.1"),

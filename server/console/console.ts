@@ -465,6 +465,11 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     send(res, 200, { jobs: app.jobs.listAll(100) });
   }
 
+  /** The alerts that fired (newest first) and the principals suspended now. */
+  function alerts(res: ServerResponse) {
+    send(res, 200, { alerts: app.alerts.recent(200), suspended: app.gate.suspended() });
+  }
+
   async function cancelJob(
     req: IncomingMessage,
     res: ServerResponse,
@@ -569,6 +574,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       if (api === "events") return events(req, res, s);
       if (api === "audit") return audit(res, q);
       if (api === "jobs") return jobs(res);
+      if (api === "alerts") return alerts(res);
       if (api === "runtime") return runtime(res, s);
       if (api === "benchmarks") return benchmarks(res);
       const b = /^benchmarks\/(bench_[0-9a-f]{20})$/.exec(api);

@@ -19,6 +19,8 @@ import { formAnswer } from "../../policies/gate/gate.js";
 import type { ElicitAnswer, InBandApproval } from "../../policies/gate/types.js";
 import { dispatchTool, type Elicit } from "../../tools/dispatch/dispatch.js";
 import { TRACE_META_KEY, tracerFor } from "../../tools/support/trace.js";
+import { observeGeneration } from "../app/metrics.js";
+import { endCallSpan, knownVersion, protocolVersion, requestAttributes } from "./request_span.js";
 import type { ToolAnnotations, ToolDefinition } from "../../tools/types.js";
 import { toolServices, type App } from "../app/app.js";
 import { SERVER_NAME, SERVER_VERSION } from "../version.js";
@@ -158,13 +160,25 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
   server.setRequestHandler("tools/call", async (req, extra) => {
     // Looked up per call: a config reload that grows the catalog rebuilds the tools.
     const tool = app.tools.find((t) => t.name === req.params.name);
-    if (!tool)
+    const t0 = performance.now();
+    const trace = tracerFor(app.config.trace_calls, {
+      method: "tools/call",
+      target: tool?.name,
+      meta: req.params._meta,
+      attributes: {
+        ...requestAttributes(server, extra, era),
+        "gen_ai.operation.name": "execute_tool",
+        ...(tool ? { "gen_ai.tool.name": tool.name } : {}),
+      },
+    });
+    if (!tool) {
+      trace?.set({ "rpc.response.status_code": String(ProtocolErrorCode.InvalidParams) });
+      trace?.end(String(ProtocolErrorCode.InvalidParams));
       throw new ProtocolError(
         ProtocolErrorCode.InvalidParams,
         `Unknown tool: ${String(req.params.name).slice(0, 100)}`,
       );
-    const t0 = performance.now();
-    const trace = tracerFor(app.config.trace_calls, req.params._meta);
+    }
     const outcome = await dispatchTool({
       tool,
       rawArgs: req.params.arguments,
@@ -186,7 +200,24 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
       outcome:
         outcome.kind === "result" ? "ok" : outcome.kind === "error" ? outcome.code : outcome.kind,
     });
-    app.metrics.latency.observe({ tool: tool.name }, (performance.now() - t0) / 1000);
+    const seconds = (performance.now() - t0) / 1000;
+    app.metrics.latency.observe({ tool: tool.name }, seconds);
+    app.metrics.operationDuration.observe(
+      {
+        mcp_method_name: "tools/call",
+        gen_ai_tool_name: tool.name,
+        error_type: outcome.kind === "error" ? "tool_error" : "",
+        mcp_protocol_version: knownVersion(protocolVersion(server, extra)),
+      },
+      seconds,
+    );
+    if (outcome.kind === "result")
+      observeGeneration(
+        app.metrics,
+        req.params.arguments?.messages ? "chat" : "text_completion",
+        outcome.result.structuredContent,
+      );
+    if (trace) endCallSpan(trace, outcome);
     // 2026-07-28: the approval is asked in band by an input_required result (policies/gate).
     if (outcome.kind === "input_required") {
       return inputRequired({
@@ -205,7 +236,8 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
       result._meta = { ...result._meta, ui: { resourceUri: APPROVAL_CARD_URI } };
     if (trace) {
       trace.mark("s.handler_done");
-      result._meta = { ...result._meta, [TRACE_META_KEY]: { marks: trace.marks } };
+      if (trace.benchAsked)
+        result._meta = { ...result._meta, [TRACE_META_KEY]: { marks: trace.marks } };
     }
     return result as any;
   });

@@ -150,11 +150,31 @@ describe("alerts: the default refusal-flood rule", () => {
         });
         expect(hit.body.alert.details.refusals).toBe(1000);
 
+        const metrics = await (await fetch(server.url.replace(/\/mcp$/, "/metrics"))).text();
+        expect(metrics).toMatch(
+          /tpu_mcp_alerts_fired_total\{rule="refusal-flood",action="suspend"\} 1\b/,
+        );
+
         const listed = await cli(config, "principals", "suspended", "--json");
         expect(listed.code, listed.stderr).toBe(0);
         expect(JSON.parse(listed.stdout)).toMatchObject([
           { principal: "agent", rule: "refusal-flood" },
         ]);
+
+        // The console shows the alert and the suspension to a signed-in operator.
+        const base = server.url.replace(/\/mcp$/, "");
+        const signIn = await fetch(`${base}/console/api/session`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ token: DEMO_TOKENS.operator }),
+        });
+        expect(signIn.status).toBe(200);
+        const cookie = (signIn.headers.get("set-cookie") ?? "").split(";")[0];
+        const page = await (
+          await fetch(`${base}/console/api/alerts`, { headers: { cookie } })
+        ).json();
+        expect(page.alerts).toMatchObject([{ rule: "refusal-flood", subject: "agent" }]);
+        expect(page.suspended).toMatchObject([{ principal: "agent", rule: "refusal-flood" }]);
 
         // Resuming needs an operator's token; the agent's own is refused.
         const byAgent = await cli(

@@ -23,6 +23,7 @@ from .cancel import CancelToken
 from .errors import Cancelled, WorkerError
 from .inbox import Inbox
 from .protocol import now_us
+from .spans import span_since
 
 RunBatch = Callable[[list[Prepared], Callable[[], bool]], list[Output]]
 
@@ -159,6 +160,8 @@ class Batcher(Inbox):
             return all(p.token.cancelled for p in live)
 
         _stamp(live, "w.taken")
+        for p in live:
+            span_since(p.trace, "queue", "w.queued")
         try:
             outputs = self._run([p.prepared for p in live], should_stop)
         except Exception as exc:  # noqa: BLE001 - isolate below, report per request
@@ -180,6 +183,8 @@ class Batcher(Inbox):
             return
         self._record(live)
         _stamp(live, "w.forward_done")
+        for p in live:
+            span_since(p.trace, "forward", "w.taken", batched_with=len(live))
         with self.replies():
             for p, out in zip(live, outputs, strict=True):
                 if p.token.cancelled:

@@ -70,6 +70,9 @@ class Request:
     # Per-request timestamps ([stage, monotonic µs]) when the client asked with `trace: true`;
     # returned in the reply header so a bench can decompose a call (off by default: no cost).
     trace: list | None = None
+    # The W3C traceparent of the server's worker-call span, when the call is traced: the trace id
+    # goes into this request's error log lines, so a log and its trace join up.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,9 @@ class FrameReader:
             raise ProtocolError(str(exc), msg_id=msg_id) from None
         if isinstance(msg, Request) and header.get("trace") is True:
             msg.trace = [["w.arrived", self.arrived_us], ["w.parsed", now_us()]]
+            tp = header.get("traceparent")
+            if isinstance(tp, str) and len(tp) <= 64:
+                msg.traceparent = tp
         return msg
 
 

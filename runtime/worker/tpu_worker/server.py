@@ -31,6 +31,7 @@ from .cancel import CancelToken
 from .errors import Cancelled, WorkerError, is_oom
 from .ops import OpContext, Worker, infer_reply
 from .protocol import Cancel, FrameReader, Ping, ProtocolError, Request, encode_frame, now_us
+from .spans import span_since
 
 EXIT_OK = 0
 EXIT_DESYNC = 3
@@ -283,6 +284,7 @@ class Server:
         reply: dict[str, Any] = {"type": "result", "id": req.id, "result": result}
         if req.trace is not None:
             req.trace.append(["w.reply", now_us()])
+            span_since(req.trace, "request", "w.arrived", op=req.op)
             reply["trace"] = req.trace
         self.send(reply, tensors)
 
@@ -293,7 +295,7 @@ class Server:
         elif isinstance(exc, CancelledError):
             self.send_error(req.id, Cancelled())
         elif is_oom(exc):
-            logs.error("out of memory", op=req.op, id=req.id, error=str(exc)[:500])
+            logs.error("out of memory", op=req.op, id=req.id, error=str(exc)[:500], **_trace_of(req))
             self.send_error(
                 req.id,
                 WorkerError(
@@ -309,6 +311,7 @@ class Server:
                 id=req.id,
                 error=f"{type(exc).__name__}: {exc}",
                 traceback="".join(traceback.format_exception(exc)),
+                **_trace_of(req),
             )
             self.send_error(
                 req.id,
@@ -316,3 +319,9 @@ class Server:
                     "internal", f"{req.op} failed with an internal error ({type(exc).__name__}); see the worker log"
                 ),
             )
+
+
+def _trace_of(req: Request) -> dict[str, str]:
+    """The trace id of a traced request (from its traceparent), for its log lines."""
+    parts = (req.traceparent or "").split("-")
+    return {"trace_id": parts[1]} if len(parts) == 4 and len(parts[1]) == 32 else {}

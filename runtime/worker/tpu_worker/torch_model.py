@@ -23,8 +23,9 @@ from .errors import invalid
 from .generation.loop import DecodeLoop
 from .loaders import WeightsInfo
 from .platforms import PRECISIONS, platform_for
-from .protocol import now_iso
+from .protocol import now_iso, now_us
 from .served import Lease, LoadContext, ReplyScope, Served
+from .spans import span
 
 MODES = ("eager", "compile")
 
@@ -115,8 +116,12 @@ class TorchModel(Served):
             # Compile once, at load: every shape of the plan now, none in a caller's request.
             t0 = time.perf_counter()
             try:
+                c0 = now_us()
                 warmed = batcher.warm(ctx.progress, ctx.token)
+                s0 = now_us()
+                span(ctx.trace, "compile", c0, s0, model=entry.id, shapes=warmed)
                 plat.synchronize(device)
+                span(ctx.trace, "device.synchronize", s0, now_us())
             except BaseException:
                 batcher.close(f"loading {entry.id!r} failed")
                 raise

@@ -51,7 +51,7 @@ export class SchemaError extends Error {
 }
 
 /** The database's schema version (0: none yet). */
-export async function schemaVersion(pool: PgPool): Promise<number> {
+export async function schemaVersion(pool: PgPool | PgClient): Promise<number> {
   const t = await pool.query("SELECT to_regclass('tpu_mcp_schema') AS t");
   if (!t.rows[0].t) return 0;
   const r = await pool.query("SELECT COALESCE(MAX(version), 0) AS v FROM tpu_mcp_schema");
@@ -74,7 +74,7 @@ export async function migrate(pool: PgPool): Promise<number[]> {
     await c.query(
       "CREATE TABLE IF NOT EXISTS tpu_mcp_schema (version INT PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
     );
-    const found = await schemaVersion(pool);
+    const found = await schemaVersion(c);
     refuseNewer(found);
     const applied: number[] = [];
     for (const m of MIGRATIONS) {

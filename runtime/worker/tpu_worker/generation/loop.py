@@ -33,6 +33,7 @@ from ..cancel import CancelToken
 from ..errors import WorkerError
 from ..inbox import Inbox
 from ..protocol import now_us
+from ..spans import span_since
 from .params import GenRequest
 from .rows import rows_for
 from .sampling import sample, sequence_generator, top_logprobs
@@ -204,6 +205,7 @@ class DecodeLoop(Inbox):
         live = []
         for r in joining:
             _stamp(r, "w.taken")
+            span_since(r.trace, "queue", "w.queued")
             if r.token.cancelled:
                 for s in r.seqs:
                     self._end(s, r.token.reason or "cancelled", "")
@@ -231,6 +233,8 @@ class DecodeLoop(Inbox):
         now = time.perf_counter()
         for r in live:
             r.t_first = now
+            span_since(r.trace, "prefill", "w.taken", batched_with=len(live))
+            _stamp(r, "w.first_token")
         if joining:
             self.stats.joins += len(live)
         elif not self._batch.can_join():
@@ -344,6 +348,7 @@ class DecodeLoop(Inbox):
         if p.seed is not None:
             result["seed"] = p.seed
         self.stats.requests += 1
+        span_since(r.trace, "decode", "w.first_token", new_tokens=completion)
         _stamp(r, "w.forward_done")
         r.future.set_result(Output(result, []))
 

@@ -1,0 +1,98 @@
+// `tpu-mcp storage migrate | check` and `config show` through the real CLI against a real
+// PostgreSQL: the schema is applied once and checked, the clock compared, and the database's
+// password never printed.
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { scaled } from "../helpers/calibrate.js";
+import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
+import { CLI, cli, ROOT, writeConfig } from "../helpers/server.js";
+
+let db: TestPostgres;
+beforeAll(async () => {
+  db = await startPostgres();
+});
+afterAll(async () => {
+  await db?.stop();
+});
+
+describe("tpu-mcp storage", () => {
+  it("check says to migrate, migrate applies the schema once, check then passes", async () => {
+    const config = writeConfig({ storage: { postgres: { url: db.url } } });
+    const before = await cli(config, "storage", "check");
+    expect(before.code).toBe(1);
+    expect(before.stdout).toMatch(
+      /schema is version 0; this tpu-mcp needs 1: run `tpu-mcp storage migrate`/,
+    );
+
+    const first = await cli(config, "storage", "migrate");
+    expect(first.code).toBe(0);
+    expect(first.stdout).toMatch(/migrated .* to schema 1 \(applied 1\)/);
+    const again = await cli(config, "storage", "migrate");
+    expect(again.stdout).toMatch(/nothing to apply/);
+
+    const check = await cli(config, "storage", "check", "--json");
+    expect(check.code).toBe(0);
+    const report = JSON.parse(check.stdout);
+    expect(report).toMatchObject({
+      backend: "postgres",
+      reachable: true,
+      schema_version: 1,
+      problems: [],
+    });
+    expect(Math.abs(report.clock_skew_ms)).toBeLessThan(1000);
+
+    const shown = await cli(config, "config", "show");
+    for (const r of [before, first, again, check, shown]) {
+      expect(r.stdout + r.stderr).not.toContain(db.password);
+    }
+    expect(shown.stdout).toContain("postgres://tpu:***@127.0.0.1");
+  });
+
+  it("the doctor has a storage section: reachable, schema, clock skew, no password", async () => {
+    // No worker Python: the doctor stops after its config, storage and catalog sections.
+    const config = writeConfig({
+      storage: { postgres: { url: db.url } },
+      runtime: { python: "/nonexistent/python", device: "cpu" },
+    });
+    const r = await cli(config, "doctor");
+    expect(r.stdout).toMatch(
+      /storage\n {2}ok {3}postgres postgres:\/\/tpu:\*\*\*@127\.0\.0\.1:\d+\/tpu: PostgreSQL \d+.*, schema 1 \(this code: 1\), clock skew -?\d+ ms/,
+    );
+    expect(r.stdout + r.stderr).not.toContain(db.password);
+  });
+
+  it("takes the URL from TPU_MCP_DATABASE_URL; a wrong password is refused without echoing it", async () => {
+    const config = writeConfig({ storage: { postgres: {} } });
+    const run = (url: string) =>
+      promisify(execFile)(process.execPath, [CLI, "storage", "check", "--config", config], {
+        cwd: ROOT,
+        env: { ...process.env, TPU_MCP_DATABASE_URL: url },
+        timeout: scaled(60_000),
+      }).then(
+        (r) => ({ code: 0, out: r.stdout + r.stderr }),
+        (e: { code: number; stdout: string; stderr: string }) => ({
+          code: e.code,
+          out: e.stdout + e.stderr,
+        }),
+      );
+    const ok = await run(db.url);
+    expect(ok.code).toBe(0);
+    expect(ok.out).toMatch(/reachable \(PostgreSQL \d+/);
+    const wrong = db.url.replace(encodeURIComponent(db.password), "guessed-secret");
+    const refused = await run(wrong);
+    expect(refused.code).toBe(1);
+    expect(refused.out).toMatch(
+      /cannot reach postgres:\/\/tpu:\*\*\*@127\.0\.0\.1.*password authentication failed/,
+    );
+    expect(refused.out).not.toContain("guessed-secret");
+  });
+
+  it("the server refuses to serve on Postgres yet, and says what works", async () => {
+    const config = writeConfig({ storage: { postgres: { url: db.url } } });
+    const r = await cli(config, "stdio");
+    expect(r.code).not.toBe(0);
+    expect(r.stderr).toMatch(/does not serve on Postgres yet/);
+    expect(r.stderr).not.toContain(db.password);
+  });
+});
