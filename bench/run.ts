@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,budget,store,generate,train,shapes,prefix,stability runs a subset (BENCH_SHAPES_REQUESTS
+// tokens,estimates,budget,store,generate,train,shapes,prefix,stability,structured runs a subset (BENCH_SHAPES_REQUESTS
 // scales the shapes trace, 300 requests by default; BENCH_PREFIX_SMOLLM2=0 leaves the real
 // SmolLM2 model out of the prefix section);
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
@@ -38,6 +38,7 @@ import { runShapes } from "./shapes.js";
 import { runPrefix, writePrefixCatalog } from "./prefix.js";
 import { runSmall } from "./small.js";
 import { runStability } from "./stability.js";
+import { runStructured } from "./structured.js";
 import { runStore } from "./store.js";
 import { runTokens } from "./tokens.js";
 import { runTrain } from "./train.js";
@@ -64,6 +65,7 @@ const SECTIONS = [
   "generate",
   "train",
   "shapes",
+  "structured",
   "prefix",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
@@ -103,6 +105,12 @@ function targets(f: Record<string, number>): Target[] {
   };
   const ms = (v: number) => `${v.toFixed(2)} ms`;
   const rate = (v: number) => `${v.toFixed(0)} calls/s`;
+  add(
+    "structured output: JSON schema tokens/s ÷ unconstrained",
+    "structured.tokens_per_s_ratio",
+    (v) => v >= 0.8,
+    "≥ 0.8x",
+  );
   add("mnist-cnn b1 stdio: added p50", "small.stdio.added_p50_ms", (v) => v <= 1.0, "≤ 1.0 ms", ms);
   add("mnist-cnn b1 stdio: added p99", "small.stdio.added_p99_ms", (v) => v <= 3.0, "≤ 3 ms", ms);
   add("mnist-cnn b1 HTTP: added p50", "small.http.added_p50_ms", (v) => v <= 1.5, "≤ 1.5 ms", ms);
@@ -459,6 +467,22 @@ async function main() {
       optimizer: "adamw",
       say,
     });
+  }
+
+  // Structured output on the real instruction model (issue 32): constrained vs not, one run.
+  if (want("structured")) {
+    say("structured (smollm2: JSON schema vs unconstrained tokens/s, grammar compile times)…");
+    const server = await startStdio(writeBenchConfig().config);
+    try {
+      results.structured = await runStructured({
+        mcp: server,
+        callers: 8,
+        rounds: q(4, 1),
+        say,
+      });
+    } finally {
+      await server.close();
+    }
   }
 
   // The static decode loop and compile-once on a server of their own (issue 28).
