@@ -221,13 +221,15 @@ function targets(f: Record<string, number>): Target[] {
     (v) => v <= 1.2,
     "≤ 1.2×",
   );
+  // The TTFT target is the real model's: tiny-chat's prefill (2 layers, 64 wide) costs less than
+  // a call's overhead, so reuse cannot halve its time to first token (printed, not judged).
+  add(
+    "prefix: TTFT with reuse / without, 8 callers (smollm2_135m_instruct)",
+    "prefix.smollm2_135m_instruct.ttft_ratio",
+    (v) => v <= 0.5,
+    "≤ 0.5×",
+  );
   for (const m of ["tiny_chat", "smollm2_135m_instruct"]) {
-    add(
-      `prefix: TTFT with reuse / without, 8 callers (${m})`,
-      `prefix.${m}.ttft_ratio`,
-      (v) => v <= 0.5,
-      "≤ 0.5×",
-    );
     add(
       `prefix: greedy outputs identical with and without reuse (${m})`,
       `prefix.${m}.identical`,
