@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,budget,generate,train,shapes,prefix,stability runs a subset (BENCH_SHAPES_REQUESTS
+// tokens,estimates,budget,store,generate,train,shapes,prefix,stability,structured runs a subset (BENCH_SHAPES_REQUESTS
 // scales the shapes trace, 300 requests by default; BENCH_PREFIX_SMOLLM2=0 leaves the real
 // SmolLM2 model out of the prefix section);
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
@@ -39,6 +39,8 @@ import { runShapes } from "./shapes.js";
 import { runPrefix, writePrefixCatalog } from "./prefix.js";
 import { runSmall } from "./small.js";
 import { runStability } from "./stability.js";
+import { runStructured } from "./structured.js";
+import { runStore } from "./store.js";
 import { runTokens } from "./tokens.js";
 import { runTrain } from "./train.js";
 
@@ -59,10 +61,12 @@ const SECTIONS = [
   "tokens",
   "estimates",
   "budget",
+  "store",
   "stability",
   "generate",
   "train",
   "shapes",
+  "structured",
   "prefix",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
@@ -102,6 +106,12 @@ function targets(f: Record<string, number>): Target[] {
   };
   const ms = (v: number) => `${v.toFixed(2)} ms`;
   const rate = (v: number) => `${v.toFixed(0)} calls/s`;
+  add(
+    "structured output: JSON schema tokens/s ÷ unconstrained",
+    "structured.tokens_per_s_ratio",
+    (v) => v >= 0.8,
+    "≥ 0.8x",
+  );
   add("mnist-cnn b1 stdio: added p50", "small.stdio.added_p50_ms", (v) => v <= 1.0, "≤ 1.0 ms", ms);
   add("mnist-cnn b1 stdio: added p99", "small.stdio.added_p99_ms", (v) => v <= 3.0, "≤ 3 ms", ms);
   add("mnist-cnn b1 HTTP: added p50", "small.http.added_p50_ms", (v) => v <= 1.5, "≤ 1.5 ms", ms);
@@ -212,13 +222,15 @@ function targets(f: Record<string, number>): Target[] {
     (v) => v <= 1.2,
     "≤ 1.2×",
   );
+  // The TTFT target is the real model's: tiny-chat's prefill (2 layers, 64 wide) costs less than
+  // a call's overhead, so reuse cannot halve its time to first token (printed, not judged).
+  add(
+    "prefix: TTFT with reuse / without, 8 callers (smollm2_135m_instruct)",
+    "prefix.smollm2_135m_instruct.ttft_ratio",
+    (v) => v <= 0.5,
+    "≤ 0.5×",
+  );
   for (const m of ["tiny_chat", "smollm2_135m_instruct"]) {
-    add(
-      `prefix: TTFT with reuse / without, 8 callers (${m})`,
-      `prefix.${m}.ttft_ratio`,
-      (v) => v <= 0.5,
-      "≤ 0.5×",
-    );
     add(
       `prefix: greedy outputs identical with and without reuse (${m})`,
       `prefix.${m}.identical`,
@@ -432,6 +444,14 @@ async function main() {
     results.budget = await runBudget();
   }
 
+  // The shared store's cost per call: Postgres admission and audit against SQLite (issue 30).
+  if (want("store")) {
+    say(
+      "store (budget admission and audit append: SQLite and a local Postgres, 1 and 3 replicas)…",
+    );
+    results.store = await runStore({ calls: q(2000, 300) });
+  }
+
   // Estimates against what the gate charged, on a fresh and on a warm data dir of their own.
   if (want("estimates")) {
     say("estimates (a corpus of real calls, fresh data dir then warm)…");
@@ -470,6 +490,22 @@ async function main() {
       optimizer: "adamw",
       say,
     });
+  }
+
+  // Structured output on the real instruction model (issue 32): constrained vs not, one run.
+  if (want("structured")) {
+    say("structured (smollm2: JSON schema vs unconstrained tokens/s, grammar compile times)…");
+    const server = await startStdio(writeBenchConfig().config);
+    try {
+      results.structured = await runStructured({
+        mcp: server,
+        callers: 8,
+        rounds: q(4, 1),
+        say,
+      });
+    } finally {
+      await server.close();
+    }
   }
 
   // The static decode loop and compile-once on a server of their own (issue 28).

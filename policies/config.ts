@@ -125,8 +125,8 @@ function limitsSchema(tools: readonly ToolPolicy[], ToolSchema: z.ZodType<string
   });
 }
 
-/** Device kinds a price can be given for, as the runtime names them (lib/device.ts). */
-const PRICED_KINDS = ["cpu", "cuda", "tpu"] as const;
+/** Device kinds a price can be given for, as the runtime names them (runtime/types.ts). */
+const PRICED_KINDS = ["cpu", "cuda", "tpu", "xla"] as const;
 const Price = z.number().positive().finite();
 const PricesByKind = z.partialRecord(z.enum(PRICED_KINDS), Price).default({});
 

@@ -22,6 +22,11 @@ export const ERROR_CATALOGUE = {
     http: 400,
     doc: "An argument failed validation; the message names the field and the bound.",
   },
+  response_format_refused: {
+    recoverable: true,
+    http: 422,
+    doc: "The response_format (structured output) was refused: the schema is too large or too deep, an enum or regex too long, a keyword unsupported, or its grammar did not compile in time; the message says what to change.",
+  },
   unknown_model: {
     recoverable: true,
     http: 404,

@@ -16,7 +16,7 @@
 // what happened is reported once per address and window (at most `maxReports` records), never
 // once per guess.
 import type { Clock } from "../policies/clock.js";
-import { RateLimiter } from "../policies/limits/rate.js";
+import { RateLimiter, type RateLimit } from "../policies/limits/rate.js";
 
 export interface AuthLimitOptions {
   /** Failures an address may make before back-off starts. */
@@ -25,6 +25,11 @@ export interface AuthLimitOptions {
   maxDelayMs: number;
   /** Failed evaluations per minute, server-wide (bursts up to the same number). */
   perMinute: number;
+  /**
+   * The counter of that server-wide budget, when the storage port holds it (server/app/storage.ts);
+   * absent: a bucket of this limiter's own, on its clock.
+   */
+  budget?: RateLimit;
   clock?: Clock;
   /** Called every `reportEveryMs` (and at close) with what the window saw; bounded. */
   report?: (lines: AuthLimitReport[]) => void;
@@ -92,12 +97,12 @@ export class AuthLimiter {
   private readonly entries = new Map<string, Entry>();
   private readonly clock: Clock;
   /** The server-wide budget of failed evaluations: one bucket (the project's token bucket). */
-  private readonly budget: RateLimiter;
+  private readonly budget: RateLimit;
   private readonly timer: NodeJS.Timeout;
 
   constructor(private readonly opts: AuthLimitOptions) {
     this.clock = opts.clock ?? Date.now;
-    this.budget = new RateLimiter(opts.perMinute, this.clock);
+    this.budget = opts.budget ?? new RateLimiter(opts.perMinute, this.clock);
     this.timer = setInterval(() => this.flush(), opts.reportEveryMs ?? 60_000);
     this.timer.unref();
   }

@@ -10,7 +10,7 @@
 import type { AuditRecord } from "../audit.js";
 import { toolTimeoutMs } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
-import { formatAmount, formatMoney } from "../limits/pricing.js";
+import { costNote, formatAmount, formatMoney } from "../limits/pricing.js";
 import type { CapStop, Metered } from "./budget_lines.js";
 import type { GateContext } from "./context.js";
 import type { CostEstimate } from "../estimate.js";
@@ -158,7 +158,7 @@ export async function supervise<T>(
             stopCall(
               stopError(
                 "approval_overrun",
-                `${tool} was stopped after ${round3(approvedMs / 1000)} s of device time: it was approved for an estimate of ${estimate!.device_seconds} s and may run ${factor}× that (at least ${floorS} s more); it is charged the device time it used. Ask for a new approval with a smaller call, or an operator can raise approvals.overrun_factor.`,
+                `${tool} was stopped after ${round3(approvedMs / 1000)} s of device time: it was approved for an estimate of ${estimate!.device_seconds} s${costNote(estimate)} and may run ${factor}× that (at least ${floorS} s more); it is charged the device time it used. Ask for a new approval with a smaller call, or an operator can raise approvals.overrun_factor.`,
                 {
                   stopped_after_s: round3(approvedMs / 1000),
                   estimated_s: estimate!.device_seconds,

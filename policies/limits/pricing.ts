@@ -8,7 +8,7 @@
 export interface PricingConfig {
   /** An ISO 4217 code, e.g. "USD". */
   currency: string;
-  /** Price per device-second, by device kind (cpu, cuda, tpu). */
+  /** Price per device-second, by device kind (cpu, cuda, tpu, xla). */
   per_device_second: Record<string, number>;
   /** Price per chip-hour, by device kind; a kind is priced in one of the two, never both. */
   per_chip_hour: Record<string, number>;

@@ -113,6 +113,14 @@ export interface GenerationArgs {
   seed?: number;
   stop?: string[];
   logprobs?: number;
+  /** Structured output (tools/support/generation.ts responseFormatInput). */
+  response_format?: {
+    type: "json_schema" | "json_object" | "regex" | "choice";
+    json_schema?: { name?: string; schema: Record<string, unknown>; strict?: boolean };
+    schema?: Record<string, unknown>;
+    pattern?: string;
+    choices?: string[];
+  };
 }
 
 export interface InferArgs extends GenerationArgs {
@@ -136,6 +144,8 @@ export interface InferResult {
   seed?: number;
   ttft_ms?: number;
   tokens_per_s?: number | null;
+  /** With a response_format: the grammar's compile time in the worker. */
+  grammar_compile_ms?: number;
   /** Prompt tokens taken from the prefix cache, all prompts together. */
   prefix_cached_tokens?: number;
   labels?: string[];

@@ -131,6 +131,7 @@ export function createApp(
 
   // Late-bound: the gate tells the alert rules what it counts; they act through the gate.
   const alertsRef: { current?: Alerts } = {};
+  const metricsRef: { current?: Metrics } = {};
   const policy = createPolicyServices(config, logger, {
     // Late-bound: the HTTP server learns its address after the app is built.
     consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
@@ -166,6 +167,9 @@ export function createApp(
     pendingApprovals: () => approvals.list({ status: "pending", limit: 500 }),
     webhooks: alertTargets,
     checkIntervalMs: config.policy.alerts.check_interval_s * 1000,
+    // Late-bound: the metrics are made after the alert rules.
+    onFired: (a) => metricsRef.current?.alertsFired.inc({ rule: a.rule, action: a.action }),
+    onWebhook: (outcome) => metricsRef.current?.alertWebhookDeliveries.inc({ outcome }),
   });
   alertsRef.current = alerts;
   hooks.add("alerts", () => alerts.close());
@@ -256,6 +260,7 @@ export function createApp(
     setup.start();
   }
   const metrics = new Metrics();
+  metricsRef.current = metrics;
   if (auditSink) metrics.observeAuditSink(() => auditSink.status());
   const notices: App["notices"] = new EventEmitter();
   notices.setMaxListeners(0); // one listener per open session

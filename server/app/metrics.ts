@@ -56,6 +56,18 @@ export class Metrics {
     help: "Single webhook POST attempts that failed (timeouts, network errors, non-2xx answers).",
     registers: [this.registry],
   });
+  readonly alertsFired = new Counter({
+    name: "tpu_mcp_alerts_fired_total",
+    help: "Alerts fired by rule (policy.alerts) and action (notify or suspend).",
+    labelNames: ["rule", "action"] as const,
+    registers: [this.registry],
+  });
+  readonly alertWebhookDeliveries = new Counter({
+    name: "tpu_mcp_alert_webhook_deliveries_total",
+    help: "Alert webhook notifications by final outcome (delivered, or failed after all retries).",
+    labelNames: ["outcome"] as const,
+    registers: [this.registry],
+  });
   // The OpenTelemetry semantic conventions' series (MCP and GenAI), named as the OTel → Prometheus
   // mapping writes them (dots to underscores, the unit as a suffix). Labels are bounded: methods,
   // tool and catalog model ids, error codes, protocol versions; never a principal or an argument.

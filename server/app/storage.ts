@@ -81,6 +81,12 @@ export interface PolicyStores {
 /** The server's stores: the policy stores and those only a running server opens. */
 export interface Storage extends PolicyStores {
   /**
+   * SHARED: the HTTP surface's counters: failed authentications per minute server-wide (the
+   * failed-auth limiter's budget; its per-address back-off stays NODE-LOCAL) and `initialize`
+   * requests per principal and per address. (SQLite: this process's token buckets.)
+   */
+  httpRates: { authFailures: RateLimit; initPerPrincipal: RateLimit; initPerAddress: RateLimit };
+  /**
    * Long jobs (SQLite: NODE-LOCAL, jobs.db: a job runs in the process that started it, and a
    * start marks every `running` row interrupted, so two servers must not share the file).
    */
@@ -157,11 +163,17 @@ export function openServerStores(
     onError: (err) => logger.error({ err }, "job failed unexpectedly"),
   });
   const channel = ControlChannel.open(layout.workersDb);
+  const http = config.http;
   return {
     jobs,
     reports,
     outputs: new MemoryOutputs(config.inference.outputs_max_bytes),
     channel,
+    httpRates: {
+      authFailures: new RateLimiter(http.auth_limit.failures_per_minute),
+      initPerPrincipal: new RateLimiter(http.initialize_rate.per_principal_per_minute),
+      initPerAddress: new RateLimiter(http.initialize_rate.per_address_per_minute),
+    },
     close() {
       channel.close();
       jobs.close();

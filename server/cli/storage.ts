@@ -1,12 +1,11 @@
 // `tpu-mcp storage migrate | check`: the shared store's schema and health, before replicas start
-// on it. migrate applies the migrations the database lacks (replicas also can, at start, under
-// the same lock); check says whether the database is reachable, its schema is this code's, and
-// how far this machine's clock is from the database's (the budget window and job leases run on
-// the database's clock, so a replica whose clock is far off reads its own times wrongly).
+// on it. migrate applies the migrations the database lacks (under one lock, however many run);
+// check is server/app/postgres/check.ts.
 // Nothing here prints the database's password: every URL and error passes redactUrl/redactError.
 import type { Logger } from "pino";
+import { checkStorage } from "../app/postgres/check.js";
 import { openPool, redactError, redactUrl, type PgPool } from "../app/postgres/pool.js";
-import { checkSchema, migrate, SCHEMA_VERSION } from "../app/postgres/schema.js";
+import { migrate, SCHEMA_VERSION } from "../app/postgres/schema.js";
 import { databaseUrl } from "../app/storage.js";
 import type { ServerConfig } from "../config/config.js";
 
@@ -15,68 +14,6 @@ interface Io {
   err: (s: string) => void;
   json: boolean;
   logger: Logger;
-}
-
-/** Clock skew above this is reported as a problem (the budget window is per second). */
-export const MAX_SKEW_MS = 1000;
-
-export interface StorageReport {
-  backend: "sqlite" | "postgres";
-  database?: string;
-  reachable?: boolean;
-  server_version?: string;
-  schema_version?: number;
-  code_schema_version: number;
-  /** This machine's clock minus the database's, ms (half a round trip of uncertainty). */
-  clock_skew_ms?: number;
-  problems: string[];
-}
-
-/** What `storage check` and the doctor report: never throws, never names the password. */
-export async function checkStorage(config: ServerConfig): Promise<StorageReport> {
-  let url: string | null;
-  try {
-    url = databaseUrl(config);
-  } catch (e) {
-    return {
-      backend: "postgres",
-      code_schema_version: SCHEMA_VERSION,
-      problems: [(e as Error).message],
-    };
-  }
-  if (url === null) return { backend: "sqlite", code_schema_version: SCHEMA_VERSION, problems: [] };
-  const report: StorageReport = {
-    backend: "postgres",
-    database: redactUrl(url),
-    code_schema_version: SCHEMA_VERSION,
-    problems: [],
-  };
-  const pool = openPool(url, { max: 1, application: "tpu-mcp storage check" });
-  try {
-    const before = Date.now();
-    const r = await pool.query(
-      "SELECT current_setting('server_version') AS v, extract(epoch from clock_timestamp()) * 1000 AS now_ms",
-    );
-    const after = Date.now();
-    report.reachable = true;
-    report.server_version = r.rows[0].v;
-    report.clock_skew_ms = Math.round((before + after) / 2 - Number(r.rows[0].now_ms));
-    if (Math.abs(report.clock_skew_ms) > MAX_SKEW_MS)
-      report.problems.push(
-        `this machine's clock is ${report.clock_skew_ms} ms off the database's (more than ${MAX_SKEW_MS} ms): sync it (chrony, systemd-timesyncd)`,
-      );
-    try {
-      report.schema_version = await checkSchema(pool);
-    } catch (e) {
-      report.problems.push(redactError(e, url).message);
-    }
-  } catch (e) {
-    report.reachable = false;
-    report.problems.push(`cannot reach ${redactUrl(url)}: ${redactError(e, url).message}`);
-  } finally {
-    await pool.end();
-  }
-  return report;
 }
 
 export async function runStorageCommand(

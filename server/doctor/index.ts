@@ -18,6 +18,7 @@ import { runInventory } from "./tpu.js";
 import { terminalField } from "../terminal.js";
 import { SERVER_VERSION } from "../version.js";
 import { doctorWorkerOptions } from "./worker_options.js";
+import { checkStorage } from "../app/postgres/check.js";
 
 interface Io {
   out: (s: string) => void;
@@ -80,6 +81,18 @@ export async function runDoctor(
     if (t.expires_at && Date.parse(t.expires_at) < Date.now())
       bad(`token of '${t.id}' expired at ${t.expires_at}`);
   }
+
+  // The store: SQLite in data_dir, or the shared Postgres (reachable, schema, clock skew).
+  if (!io.json) io.out("\nstorage");
+  const store = await checkStorage(config);
+  report.storage = store;
+  if (store.backend === "sqlite")
+    ok(`sqlite in ${config.paths.data_dir} (one server and the CLI beside it; nothing shared)`);
+  else if (store.reachable)
+    ok(
+      `postgres ${store.database}: PostgreSQL ${store.server_version}, schema ${store.schema_version ?? "?"} (this code: ${store.code_schema_version}), clock skew ${store.clock_skew_ms} ms`,
+    );
+  for (const p of store.problems) bad(p);
 
   if (!io.json) io.out("\ncatalog");
   let catalogOk = true;

@@ -32,7 +32,6 @@ import {
   type AuthInfo,
   type Server,
 } from "@modelcontextprotocol/server";
-import { RateLimiter } from "../../policies/limits/rate.js";
 import { canCall, hasScope, requiredScope, SCOPES, type Principal } from "../../policies/scopes.js";
 import type { App } from "../app/app.js";
 import { AuthLimiter, type AuthLimitReport } from "../auth_limit.js";
@@ -175,6 +174,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     free: cfg.auth_limit.free_failures,
     maxDelayMs: cfg.auth_limit.max_backoff_s * 1000,
     perMinute: cfg.auth_limit.failures_per_minute,
+    budget: app.storage.httpRates.authFailures,
     report: (lines) => lines.forEach(auditAuthFailures),
   });
   const consoleRoutes = createConsoleRoutes(app, { authLimiter });
@@ -195,8 +195,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     scopes: app.config.policy.stdio_principal.scopes as any,
     via: "token",
   };
-  const initPerPrincipal = new RateLimiter(cfg.initialize_rate.per_principal_per_minute);
-  const initPerAddress = new RateLimiter(cfg.initialize_rate.per_address_per_minute);
+  const { initPerPrincipal, initPerAddress } = app.storage.httpRates;
   // --no-auth (loopback only) means no tokens anywhere, /metrics included.
   const metricsNeedToken =
     !opts.noAuth &&

@@ -150,6 +150,11 @@ describe("alerts: the default refusal-flood rule", () => {
         });
         expect(hit.body.alert.details.refusals).toBe(1000);
 
+        const metrics = await (await fetch(server.url.replace(/\/mcp$/, "/metrics"))).text();
+        expect(metrics).toMatch(
+          /tpu_mcp_alerts_fired_total\{rule="refusal-flood",action="suspend"\} 1\b/,
+        );
+
         const listed = await cli(config, "principals", "suspended", "--json");
         expect(listed.code, listed.stderr).toBe(0);
         expect(JSON.parse(listed.stdout)).toMatchObject([

@@ -14,6 +14,7 @@ import {
   connectHttp,
   DEMO_POLICY,
   DEMO_TOKENS,
+  errorOf,
   startHttpServer,
   writeConfig,
   type HttpServerProc,
@@ -105,6 +106,13 @@ describe("streaming audit sink (HTTP)", () => {
         const r = await agent.client.callTool({ name: "list_models", arguments: {} });
         expect(r.isError).toBeFalsy();
       }
+      // A record another process appends (the CLI's decision) is read back into the stream.
+      const args = { model: "mnist-cnn", batch_sizes: [1], iterations: 2, warmup: 0 };
+      const asked = await agent.client.callTool({ name: "run_benchmark", arguments: args });
+      const id = errorOf(asked)!.details.approval_id;
+      const denied = await cli(config, "approvals", "deny", id, "--token", DEMO_TOKENS.operator);
+      expect(denied.code, denied.stderr).toBe(0);
+      await agent.client.callTool({ name: "list_models", arguments: {} });
     } finally {
       await agent.close();
     }
@@ -116,6 +124,8 @@ describe("streaming audit sink (HTTP)", () => {
     const got = join(dir, "received.jsonl");
     writeFileSync(got, rx.lines.join("\n") + "\n");
     expect(rx.lines.every((l) => JSON.parse(l).type === "audit_record")).toBe(true);
+    const received = rx.lines.map((l) => JSON.parse(l));
+    expect(received.some((l) => l.record.outcome === "approval_denied")).toBe(true);
     const v = await cli(config, "audit", "verify-export", got, "--head", head.export_hash);
     expect(v.code, v.stdout + v.stderr).toBe(0);
     expect(v.stdout).toMatch(/^ok: records \d+\.\.\d+/);

@@ -222,3 +222,65 @@ describe("alert rules at work on the gate", () => {
     expect(fired[0].details.percent_used).toBeGreaterThanOrEqual(50);
   });
 });
+
+describe("alert rules without a principal", () => {
+  function alertsOf(rules: AlertRule[], pending: () => any[] = () => []) {
+    const clock = new FakeClock();
+    const audited: any[] = [];
+    const alerts = new Alerts({
+      rules,
+      store: new SqliteAlertStore(tmp.file(`alerts-np-${Math.random()}.db`)),
+      logger: captureLogger(),
+      suspend: () => {
+        throw new Error("nothing is suspended by these rules");
+      },
+      audit: (rec) => audited.push(rec),
+      budgetUse: () => ({ used_s: 0, limit_s: 1, window_s: 1 }),
+      pendingApprovals: pending,
+      webhooks: [],
+      clock: clock.now,
+    });
+    return { alerts, clock, audited };
+  }
+
+  it("a worker restarting `threshold` times within the window fires once", () => {
+    const { alerts, clock, audited } = alertsOf([
+      { name: "crash-loop", kind: "worker_restarts", threshold: 3, window_s: 600 },
+    ]);
+    alerts.workerRestarted("w0");
+    clock.advance(100_000);
+    alerts.workerRestarted("w1"); // another worker counts apart
+    alerts.workerRestarted("w0");
+    expect(alerts.recent()).toHaveLength(0);
+    clock.advance(100_000);
+    alerts.workerRestarted("w0");
+    alerts.workerRestarted("w0");
+    expect(alerts.recent()).toMatchObject([
+      { rule: "crash-loop", subject: "w0", principal: null, action: "notify" },
+    ]);
+    expect(audited).toMatchObject([
+      { principal: "tpu-mcp", outcome: "alert", code: "worker_restarts" },
+    ]);
+  });
+
+  it("an approval waiting longer than after_s fires once for that approval", () => {
+    const created = new Date(Date.parse("2025-01-01T00:00:00Z")).toISOString();
+    const pending = [
+      { id: "apr_1", principal: "agent", tool: "run_benchmark", created_at: created },
+    ];
+    const { alerts, clock } = alertsOf(
+      [{ name: "waiting", kind: "approval_waiting", after_s: 600 }],
+      () => pending,
+    );
+    clock.advance(599_000);
+    alerts.scanApprovals();
+    expect(alerts.recent()).toHaveLength(0);
+    clock.advance(2_000);
+    alerts.scanApprovals();
+    alerts.scanApprovals();
+    expect(alerts.recent()).toMatchObject([
+      { rule: "waiting", subject: "apr_1", principal: "agent" },
+    ]);
+    expect(alerts.recent()[0].message).toContain("has waited 601 s");
+  });
+});

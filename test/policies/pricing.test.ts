@@ -165,6 +165,18 @@ describe("the meter on a line in money", () => {
     expect(lineStopInMs(line, [cheap, dear], 0)).toBeCloseTo(3000);
     expect(stopInMs(line, dear, 0)).toBeCloseTo(3000);
   });
+
+  it("finds the first stop by headroom in money, not by time, after an overrun", () => {
+    // 2 µ over already (a 14 µ line holding 16): the dear call (10 µ/s, 9 µ held, reached at
+    // 0.9 s) has 9 µ of headroom less 10 µ/s and stops at 0.7 s; the cheap one (1 µ/s, 7 µ
+    // held) would last until the dear one's excess ate its headroom too, (14 / 11) s. The
+    // nearest-in-time walk at the cheap one's rate said 0.
+    const cheap: Runner = { startedMs: 0, reservedS: 7, rate: 1 };
+    const dear: Runner = { startedMs: 0, reservedS: 9, rate: 10 };
+    const line = { limitS: 14, chargedS: 0, reservedS: 16, runners: [cheap, dear] };
+    expect(lineStopInMs(line, [cheap, dear], 0)).toBeCloseTo(700);
+    expect(stopInMs(line, cheap, 0)).toBeCloseTo(14_000 / 11);
+  });
 });
 
 const agent: Principal = { id: "agent", scopes: ["benchmark:run", "jobs:read"], via: "token" };

@@ -49,6 +49,19 @@ describe("tpu-mcp storage", () => {
     expect(shown.stdout).toContain("postgres://tpu:***@127.0.0.1");
   });
 
+  it("the doctor has a storage section: reachable, schema, clock skew, no password", async () => {
+    // No worker Python: the doctor stops after its config, storage and catalog sections.
+    const config = writeConfig({
+      storage: { postgres: { url: db.url } },
+      runtime: { python: "/nonexistent/python", device: "cpu" },
+    });
+    const r = await cli(config, "doctor");
+    expect(r.stdout).toMatch(
+      /storage\n {2}ok {3}postgres postgres:\/\/tpu:\*\*\*@127\.0\.0\.1:\d+\/tpu: PostgreSQL \d+.*, schema 1 \(this code: 1\), clock skew -?\d+ ms/,
+    );
+    expect(r.stdout + r.stderr).not.toContain(db.password);
+  });
+
   it("takes the URL from TPU_MCP_DATABASE_URL; a wrong password is refused without echoing it", async () => {
     const config = writeConfig({ storage: { postgres: {} } });
     const run = (url: string) =>

@@ -43,6 +43,59 @@ export function samplingInput(env: ToolEnv) {
   };
 }
 
+/**
+ * Structured output, in the OpenAI-compatible shapes: `{type: "json_schema", json_schema: {name,
+ * schema, strict}}` (or `schema` beside `type`), `{type: "json_object"}`, `{type: "regex",
+ * pattern}`, `{type: "choice", choices}`. Only the shape is checked here; the worker bounds the
+ * schema's size and depth, enums, the pattern and the compile (response_format_refused), as the
+ * grammar library sees them (runtime/worker/tpu_worker/generation/grammar.py).
+ */
+const jsonSchemaObject = z.looseObject({});
+export const responseFormatInput = z
+  .object({
+    type: z.enum(["json_schema", "json_object", "regex", "choice"]),
+    json_schema: z
+      .object({
+        name: z.string().optional(),
+        schema: jsonSchemaObject,
+        strict: z.boolean().optional(),
+      })
+      .strict()
+      .optional(),
+    schema: jsonSchemaObject.optional(),
+    // Bounded here only against absurd sizes; the worker's bounds are tighter (docs/security.md).
+    pattern: z.string().max(4096).optional(),
+    choices: z.array(z.string().max(1024)).max(1024).optional(),
+  })
+  .strict();
+export type ResponseFormat = z.infer<typeof responseFormatInput>;
+
+/** The field each response_format type needs (and the ones it must not carry). */
+const FORMAT_FIELDS = {
+  json_schema: ["json_schema", "schema"],
+  json_object: [],
+  regex: ["pattern"],
+  choice: ["choices"],
+} as const;
+
+function checkResponseFormat(rf: ResponseFormat): void {
+  const need: readonly string[] = FORMAT_FIELDS[rf.type];
+  const given = (["json_schema", "schema", "pattern", "choices"] as const).filter(
+    (k) => rf[k] !== undefined,
+  );
+  const stray = given.find((k) => !need.includes(k));
+  if (stray)
+    throw new ToolError(
+      "invalid_argument",
+      `response_format.${stray}: a response_format of type ${rf.type} does not take it`,
+    );
+  if (need.length && given.length !== 1)
+    throw new ToolError(
+      "invalid_argument",
+      `response_format: type ${rf.type} needs ${need.length > 1 ? "one of " : ""}${need.join(" or ")}`,
+    );
+}
+
 /** One conversation for the model's chat template. */
 export function messagesInput(env: ToolEnv, maxChars: number) {
   return z
@@ -68,6 +121,7 @@ const GENERATION_ONLY = [
   "stop",
   "logprobs",
   "max_new_tokens",
+  "response_format",
 ] as const satisfies readonly (keyof GenerationArgs)[];
 
 /**
@@ -99,6 +153,7 @@ export function checkGeneration(entry: CatalogEntry, args: GenerationArgs): void
       got: args.logprobs,
     });
   }
+  if (args.response_format) checkResponseFormat(args.response_format);
   if (args.messages) {
     // The rendered conversation is one prompt: it gets one text's budget of characters.
     const chars = args.messages.reduce((n, m) => n + m.content.length, 0);
@@ -143,6 +198,9 @@ export const Generation = z.object({
     completion_tokens: z.number().int(),
   }),
   logprobs: z.array(Logprob.extend({ top: z.array(Logprob) })).optional(),
+  /** With a response_format: whether the text is a complete sentence of its grammar. */
+  grammar_complete: z.boolean().optional(),
+  grammar_error: z.string().optional(),
   prefix_cached_tokens: z.number().int().optional(),
 });
 export type Generation = z.infer<typeof Generation>;

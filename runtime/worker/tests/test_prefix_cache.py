@@ -59,6 +59,14 @@ def test_blocks_are_found_only_behind_the_same_tokens_and_never_for_the_last_tok
     assert len(cache.lookup("p", [*range(4), 7, 7, 7, 7, 7])) == 1
 
 
+def test_a_hash_collision_cannot_return_another_prompts_block():
+    cache = PrefixCache(max_bytes=10**6, block=4)
+    cache._chain = lambda partition, tokens, blocks: [b"collides"] * blocks  # every key the same
+    cache.store("p", list(range(9)), block_reader(1.0))
+    assert cache.lookup("p", list(range(100, 109))) == []  # same key, other tokens: not found
+    assert len(cache.lookup("p", list(range(9)))) == 1
+
+
 def test_partitions_are_isolated():
     cache = PrefixCache(max_bytes=10**6, block=4)
     tokens = list(range(20))
@@ -89,6 +97,18 @@ def run(loop, adapter, args: dict) -> dict:
     return loop.submit(adapter.prepare(args, []), CancelToken()).result(timeout=120).result
 
 
+def scramble(loop) -> None:
+    """What a slot held before is arbitrary: random keys and values in every slot (a prompt behind
+    a cached prefix must get the cached ones from the cache, not from its slot's last occupant)."""
+    slots = loop._batch.slots
+    for t in [*slots.keys, *slots.values]:
+        t.normal_()
+
+
+def logprob_values(result: dict) -> list[float]:
+    return [t["logprob"] for g in result["generations"] for t in g["logprobs"]]
+
+
 QUESTIONS = ["what is two and two?", "name a colour", "say hello to a friend of mine", "x"]
 
 
@@ -98,8 +118,11 @@ def test_greedy_outputs_are_identical_with_and_without_reuse_and_the_second_call
     plain, _ = loops(model, reuse=False)
     for i, q in enumerate(QUESTIONS):
         args = {"texts": [SYSTEM + q], "max_new_tokens": 24, "logprobs": 1, "prefix_key": "alice"}
+        scramble(reuse)
         a, b = run(reuse, adapter, args), run(plain, adapter, args)
         assert a["texts"] == b["texts"] and logprob_tokens(a) == logprob_tokens(b), q
+        # The same numbers too, up to float32 rounding of a different order of work.
+        assert logprob_values(a) == pytest.approx(logprob_values(b), abs=1e-4), q
         prompt = adapter.prepare(args, []).payload.prompts[0]
         assert logprob_tokens(a)[0] == [adapter.token_text(t) for t in hf_greedy(adapter, prompt, 24)]
         assert b["prefix_cached_tokens"] == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 RECOVERABLE = {
     "protocol_error": True,
     "invalid_argument": True,
+    "response_format_refused": True,
     "unknown_model": True,
     "model_not_loaded": True,
     "model_already_loaded": True,

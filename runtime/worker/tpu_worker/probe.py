@@ -87,7 +87,7 @@ def device_label(device: dict) -> str:
 
 
 def tpu_generation(name: str) -> str | None:
-    """"TPU v5 lite", "TPU v6e", "v5p"... -> a key of TPU_HBM_BYTES, or None."""
+    """ "TPU v5 lite", "TPU v6e", "v5p"... -> a key of TPU_HBM_BYTES, or None."""
     n = name.lower().replace("-", " ")
     if "v5p" in n:
         return "v5p"

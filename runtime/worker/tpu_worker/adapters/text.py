@@ -11,6 +11,7 @@ import torch
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
+from ..generation.grammar import Grammars
 from ..generation.params import GenParams, GenRequest, parse_generation, parse_prefix_key
 from ..generation.rows import StaticRows
 from ..generation.sampling import sample, sequence_generator
@@ -179,6 +180,7 @@ class CausalLM(Adapter):
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.grammars = Grammars(tokenizer, self.vocab, self.eos_id)  # structured output
 
     def _dynamic(self):
         # The static decode loop's shapes are the plan's: one static graph each. A dynamic cache
@@ -198,7 +200,8 @@ class CausalLM(Adapter):
             prompts = [self._chat_prompt(call.messages, args, limit, n)]
         else:
             prompts = prompt_ids(self.tokenizer, call.texts, limit, self.bos_id)
-        return Prepared(("generate",), len(prompts), GenRequest(prompts, call.params, parse_prefix_key(args)))
+        grammar = self.grammars.compile(call.params.response_format) if call.params.response_format else None
+        return Prepared(("generate",), len(prompts), GenRequest(prompts, call.params, parse_prefix_key(args), grammar))
 
     def _chat_prompt(self, messages: list[dict], args: dict, limit: int, max_new: int) -> list[int]:
         if self.chat is None:

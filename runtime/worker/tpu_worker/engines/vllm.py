@@ -28,6 +28,7 @@ from ..adapters.text import load_tokenizer, model_chat_template, prompt_ids, val
 from ..catalog import Catalog, Entry
 from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import no_chat_template
+from ..generation.grammar import Constraint, Grammars
 from ..generation.params import GenCall, GenParams, parse_generation, parse_prefix_key
 from ..generation.textstream import TextStream
 from ..loaders import WeightsInfo
@@ -50,6 +51,7 @@ class _Seq:
     ids: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
     finish: str | None = None
+    constraint: Constraint | None = None  # the response_format's grammar, followed here too
 
 
 @dataclass
@@ -98,6 +100,7 @@ class VllmEngine:
         self.chat_template = model_chat_template(info.model_dir, catalog, entry) is not None
         self.max_model_len = min(self.n_positions, entry.limits.max_seq_len + entry.limits.max_new_tokens)
         self.counters = Counters()
+        self.grammars = Grammars(self.tokenizer, vocab or self.tokenizer.get_vocab_size(), self.eos_id)
         self.process: VllmProcess | None = None
         self.served_name = entry.id
         self._endpoint: Endpoint | None = None
@@ -324,6 +327,16 @@ class VllmEngine:
         n = len(prompts) if prompts is not None else 1
         seqs = [_Seq(len(prompts[i]) if prompts else 0, TextStream(self.decode, p.stop)) for i in range(n)]
         path, body = self.request(p, prompts, g.messages)
+        compile_ms = None
+        if p.response_format is not None:
+            # Checked and compiled here as on the torch path (the same bounds and refusals); vLLM
+            # constrains the sampling, and the ids it returns are followed by the same grammar
+            # here, which says whether each answer completed it.
+            compiled = self.grammars.compile(p.response_format)
+            compile_ms = round(compiled.compile_s * 1000, 3)
+            for s, m in zip(seqs, compiled.matchers(n), strict=True):
+                s.constraint = Constraint(compiled.kind, m)
+            body["structured_outputs"] = p.response_format.structured_outputs
         salt = parse_prefix_key(args)
         if salt:
             # vLLM's prefix cache partitioned as the worker's own is: by the caller's key.
@@ -366,7 +379,10 @@ class VllmEngine:
             if s.finish is None:
                 s.finish = stopped or "length"
                 s.stream.finish()  # the text held back for a stop that can no longer match
-        return self._result(seqs, g, first, t0, elapsed, cached)
+        out = self._result(seqs, g, first, t0, elapsed, cached)
+        if compile_ms is not None:
+            out["grammar_compile_ms"] = compile_ms
+        return out
 
     def _advance(self, s: _Seq, ids: list[int], choice: dict, p: GenParams) -> str:
         """Takes a chunk of generated ids as the decode loop takes tokens (generation/loop.py
@@ -382,6 +398,8 @@ class VllmEngine:
                 s.finish = "stop"
                 return out + s.stream.finish()
             out += s.stream.push(t)
+            if s.constraint is not None:
+                s.constraint.advance(t)
             if s.stream.stopped:
                 s.finish = "stop"
                 return out
@@ -439,6 +457,8 @@ class VllmEngine:
             }
             if g.params.logprobs:
                 gen["logprobs"] = s.logprobs
+            if s.constraint is not None:
+                gen.update(s.constraint.report(cut=s.stream.stopped))
             if cached is not None and len(seqs) == 1:
                 gen["prefix_cached_tokens"] = cached
             generations.append(gen)

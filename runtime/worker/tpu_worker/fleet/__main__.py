@@ -42,8 +42,6 @@ class Channel:
                 pass  # the control plane is gone; stdin EOF will end us
 
 
-
-
 def refuse_open_cluster(cfg: fleet_config.FleetConfig) -> bool:
     """Raises unless the cluster checks tokens (or is an allowed loopback test cluster).
 

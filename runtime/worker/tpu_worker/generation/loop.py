@@ -34,6 +34,7 @@ from ..errors import WorkerError
 from ..inbox import Inbox
 from ..protocol import now_us
 from ..spans import span_since
+from .grammar import Constraint, MaskBuilder
 from .params import GenRequest
 from .rows import rows_for
 from .sampling import sample, sequence_generator, top_logprobs
@@ -73,7 +74,7 @@ class _Request:
 
 
 class _Seq:
-    def __init__(self, req: _Request, index: int, decode) -> None:
+    def __init__(self, req: _Request, index: int, decode, constraint: Constraint | None = None) -> None:
         p = req.gen.params
         self.req = req
         self.index = index
@@ -84,6 +85,7 @@ class _Seq:
         self.tokens: list[int] = []
         self.logprobs: list[dict] | None = [] if p.logprobs else None
         self.finish: str | None = None
+        self.constraint = constraint  # its response_format's grammar, or None
         self.prefix_cached: int | None = None  # prompt tokens taken from the prefix cache (None: never prefilled)
 
 
@@ -108,6 +110,7 @@ class DecodeLoop(Inbox):
         self._rows: list[_Seq] = []
         self._batch = rows_for(adapter, max_new_tokens=adapter.entry.limits.max_new_tokens)
         self._last: list[int] = []  # each row's newest token, not yet fed to the model
+        self._masks: MaskBuilder | None = None  # structured output: built at the first grammar
         # reply_scope (Inbox): results are set inside it, after that iteration's progress, so a
         # request's deltas always precede its result on the wire.
         self._thread = threading.Thread(target=self._run, name=f"decode-{name}", daemon=True)
@@ -135,7 +138,13 @@ class DecodeLoop(Inbox):
         self, prepared: Prepared, token: CancelToken, trace: list | None = None, progress: Progress | None = None
     ) -> Future:
         req = _Request(prepared.payload, token, progress, trace)
-        req.seqs = [_Seq(req, i, self.adapter.decode) for i in range(len(req.gen.prompts))]
+        n = len(req.gen.prompts)
+        g = req.gen.grammar
+        matchers = g.matchers(n) if g is not None else [None] * n
+        req.seqs = [
+            _Seq(req, i, self.adapter.decode, Constraint(g.kind, m) if m is not None else None)
+            for i, m in enumerate(matchers)
+        ]
         self._enqueue(req, trace)
         return req.future
 
@@ -260,7 +269,13 @@ class DecodeLoop(Inbox):
 
     def _choose(self, seqs: list[_Seq], logits: torch.Tensor) -> list[int]:
         """The next token of every row: argmax on the device; sampled rows (and rows that
-        report logprobs) from their own float32 CPU copy of the logits."""
+        report logprobs) from their own float32 CPU copy of the logits. Rows with a grammar
+        first have every token it forbids masked, on the device."""
+        constrained = [(i, s.constraint) for i, s in enumerate(seqs) if s.finish is None and s.constraint is not None]
+        if constrained:
+            if self._masks is None:
+                self._masks = MaskBuilder(logits.shape[-1])
+            logits = self._masks.apply(logits, constrained)
         ids = logits.argmax(-1).tolist()
         cpu_rows = [i for i, s in enumerate(seqs) if s.finish is None and (s.gen is not None or s.logprobs is not None)]
         if not cpu_rows:
@@ -290,7 +305,13 @@ class DecodeLoop(Inbox):
                 self._end(s, "stop", s.stream.finish())
                 continue
             delta = s.stream.push(t)
-            if s.stream.stopped:
+            c = s.constraint
+            if c is not None:
+                c.advance(t)
+            if c is not None and c.done:
+                # The grammar is complete (only its end can follow) or failed: the sequence ends.
+                self._end(s, "stop", delta + s.stream.finish())
+            elif s.stream.stopped:
                 self._end(s, "stop", delta)
             elif len(s.tokens) >= s.params.max_new_tokens:
                 self._end(s, "length", delta + s.stream.finish())
@@ -330,6 +351,8 @@ class DecodeLoop(Inbox):
                 g["prefix_cached_tokens"] = s.prefix_cached
             if s.logprobs is not None:
                 g["logprobs"] = s.logprobs
+            if s.constraint is not None:
+                g.update(s.constraint.report(cut=s.stream.stopped))
             gens.append(g)
         completion = sum(len(s.tokens) for s in r.seqs)
         elapsed = done - r.t_submit
@@ -347,6 +370,8 @@ class DecodeLoop(Inbox):
         }
         if p.seed is not None:
             result["seed"] = p.seed
+        if r.gen.grammar is not None:
+            result["grammar_compile_ms"] = round(r.gen.grammar.compile_s * 1000, 3)
         self.stats.requests += 1
         span_since(r.trace, "decode", "w.first_token", new_tokens=completion)
         _stamp(r, "w.forward_done")

@@ -17,6 +17,7 @@ from ..catalog import Entry
 from ..errors import invalid
 from ..inputs import check_texts, seq_len_arg
 from .chat import check_messages
+from .grammar import ResponseFormat, parse_response_format
 
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 1000
@@ -35,6 +36,7 @@ class GenParams:
     stop: tuple[str, ...] = ()
     logprobs: int = 0
     stream: bool = False
+    response_format: ResponseFormat | None = None  # structured output (generation/grammar.py)
 
     @property
     def greedy(self) -> bool:
@@ -50,6 +52,7 @@ class GenRequest:
     # The prefix cache's partition (generation/prefix.py): the caller's principal key, one shared
     # key where the operator allows sharing, or "" for a call that names none.
     prefix_key: str = ""
+    grammar: Any = None  # grammar.Compiled when params.response_format is set
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def parse_params(entry: Entry, args: dict[str, Any]) -> GenParams:
         raise invalid("args.stream must be true or false")
     if temperature == 0:
         top_p, top_k = 1.0, 0  # greedy: ignored, as the contract says (and the seed: None)
-    return GenParams(n, temperature, top_p, top_k, seed, tuple(dict.fromkeys(stop)), logprobs, stream)
+    fmt = parse_response_format(args.get("response_format"))
+    return GenParams(n, temperature, top_p, top_k, seed, tuple(dict.fromkeys(stop)), logprobs, stream, fmt)
 
 
 MAX_PREFIX_KEY_CHARS = 128

@@ -1,0 +1,161 @@
+// Jobs on the shared store, with owners and leases. A job runs in the replica that started it
+// (its owner), which renews the lease of all its running jobs in one UPDATE every third of the
+// lease; only a lease that expired (its owner stopped renewing: killed, partitioned) marks a job
+// interrupted, so one replica's restart never touches another's jobs. get and cancel work from
+// any replica: a cancel is a flag on the row, which the owner reads on its next renewal and
+// turns into the job's abort. Times are the database's clock (replicas' clocks may disagree).
+import { randomBytes } from "node:crypto";
+import type { PgPool } from "./pool.js";
+
+const NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+export type PgJobStatus = "running" | "succeeded" | "failed" | "cancelled" | "interrupted";
+
+export interface PgJobRecord {
+  job_id: string;
+  tool: string;
+  principal: string;
+  status: PgJobStatus;
+  owner: string;
+  result: Record<string, unknown> | null;
+  error: { code: string; message: string } | null;
+}
+
+const INTERRUPTED = {
+  code: "worker_died",
+  message:
+    "the replica running this job stopped before it finished (its lease expired); it was not resumed, call the tool again",
+};
+
+export class PgJobs {
+  private readonly live = new Map<string, { ctrl: AbortController; done: Promise<void> }>();
+  private readonly timer: NodeJS.Timeout;
+  private readonly leaseMs: number;
+
+  private constructor(
+    private readonly pool: PgPool,
+    private readonly replica: string,
+    opts: { leaseS: number },
+  ) {
+    this.leaseMs = Math.round(opts.leaseS * 1000);
+    this.timer = setInterval(() => void this.tick().catch(() => {}), this.leaseMs / 3);
+    this.timer.unref();
+  }
+
+  /**
+   * Opens the replica's jobs. What a previous run of this same replica left `running` is over
+   * (that process is gone): marked interrupted now. Every other replica's jobs are left to their
+   * leases.
+   */
+  static async open(pool: PgPool, replica: string, opts: { leaseS: number }): Promise<PgJobs> {
+    await pool.query(
+      `UPDATE jobs SET status = 'interrupted', error = $2, updated_ms = ${NOW_MS}
+       WHERE owner = $1 AND status = 'running'`,
+      [replica, JSON.stringify(INTERRUPTED)],
+    );
+    return new PgJobs(pool, replica, opts);
+  }
+
+  async start(
+    tool: string,
+    principal: string,
+    run: (signal: AbortSignal) => Promise<Record<string, unknown>>,
+  ): Promise<PgJobRecord> {
+    const id = `job_${randomBytes(12).toString("hex")}`;
+    await this.pool.query(
+      `INSERT INTO jobs (job_id, tool, principal, status, owner, lease_until_ms, created_ms, updated_ms)
+       VALUES ($1, $2, $3, 'running', $4, ${NOW_MS} + $5::bigint, ${NOW_MS}, ${NOW_MS})`,
+      [id, tool, principal, this.replica, this.leaseMs],
+    );
+    const ctrl = new AbortController();
+    const finish = (status: PgJobStatus, result: unknown, error: unknown) =>
+      this.pool.query(
+        `UPDATE jobs SET status = $2, result = $3, error = $4, updated_ms = ${NOW_MS}
+         WHERE job_id = $1 AND status = 'running'`,
+        [
+          id,
+          status,
+          result === null ? null : JSON.stringify(result),
+          error === null ? null : JSON.stringify(error),
+        ],
+      );
+    const done = (async () => {
+      try {
+        const result = await run(ctrl.signal);
+        await finish("succeeded", result, null);
+      } catch (e) {
+        await finish(
+          ctrl.signal.aborted ? "cancelled" : "failed",
+          null,
+          ctrl.signal.aborted
+            ? { code: "cancelled", message: "the job was cancelled" }
+            : { code: "internal", message: String((e as Error)?.message ?? e) },
+        ).catch(() => {});
+      } finally {
+        this.live.delete(id);
+      }
+    })();
+    this.live.set(id, { ctrl, done });
+    return (await this.get(id, principal))!;
+  }
+
+  /** From any replica; another principal's job is indistinguishable from a missing one. */
+  async get(jobId: string, principal: string): Promise<PgJobRecord | undefined> {
+    const r = await this.pool.query(
+      "SELECT job_id, tool, principal, status, owner, result, error FROM jobs WHERE job_id = $1",
+      [jobId],
+    );
+    const row = r.rows[0];
+    return row && row.principal === principal ? (row as PgJobRecord) : undefined;
+  }
+
+  /** From any replica: flags the job; its owner aborts it at its next renewal (at once if it is this one). */
+  async cancel(jobId: string, principal: string): Promise<PgJobRecord | undefined> {
+    const r = await this.pool.query(
+      "UPDATE jobs SET cancel_requested = true WHERE job_id = $1 AND principal = $2 AND status = 'running'",
+      [jobId, principal],
+    );
+    if (r.rowCount === 1) this.live.get(jobId)?.ctrl.abort(new Error("cancelled by cancel_job"));
+    return this.get(jobId, principal);
+  }
+
+  /** Resolves when this replica's job ends (at once for another replica's). */
+  async settled(jobId: string): Promise<void> {
+    await this.live.get(jobId)?.done;
+  }
+
+  /**
+   * One renewal: this replica's running jobs get a fresh lease, those flagged cancelled are
+   * aborted, and any replica's job whose lease expired is marked interrupted.
+   */
+  async tick(): Promise<void> {
+    if (this.live.size > 0) {
+      const r = await this.pool.query(
+        `UPDATE jobs SET lease_until_ms = ${NOW_MS} + $2::bigint
+         WHERE owner = $1 AND status = 'running' AND job_id = ANY($3) RETURNING job_id, cancel_requested`,
+        [this.replica, this.leaseMs, [...this.live.keys()]],
+      );
+      for (const row of r.rows as { job_id: string; cancel_requested: boolean }[])
+        if (row.cancel_requested)
+          this.live.get(row.job_id)?.ctrl.abort(new Error("cancelled by cancel_job"));
+    }
+    await this.reapExpired();
+  }
+
+  /** Marks interrupted every running job whose lease expired; returns their ids. */
+  async reapExpired(): Promise<string[]> {
+    const r = await this.pool.query(
+      `UPDATE jobs SET status = 'interrupted', error = $1, updated_ms = ${NOW_MS}
+       WHERE status = 'running' AND lease_until_ms < ${NOW_MS} RETURNING job_id`,
+      [JSON.stringify(INTERRUPTED)],
+    );
+    return r.rows.map((x: { job_id: string }) => x.job_id);
+  }
+
+  /** Stops renewing; running jobs are aborted (their rows end cancelled). */
+  async close(): Promise<void> {
+    clearInterval(this.timer);
+    for (const { ctrl } of this.live.values()) ctrl.abort(new Error("replica shutting down"));
+    await Promise.all([...this.live.values()].map((j) => j.done));
+  }
+}
