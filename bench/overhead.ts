@@ -5,6 +5,10 @@
 // Two more sides split the overhead into its parts:
 //   runtime       WorkerRuntime → worker, no MCP (pipe + worker threads + batcher);
 //   stdio-nobatch MCP stdio on the no-batching twin of the model (no batcher wait).
+// And tracing's cost (docs/observability.md), both sides on stdio like `stdio`, which has
+// tracing off:
+//   stdio-untraced-build  the build without tracing (bench/lib/baseline.ts): off vs not there;
+//   stdio-traced          spans exported over OTLP/HTTP to a sink on loopback: what on costs.
 import { WorkerRuntime } from "../runtime/client.js";
 import { quietLogger } from "./concurrency.js";
 import {
@@ -30,10 +34,12 @@ export interface OverheadOptions {
   /** Wall-clock budget per batch size: on a busy shared machine, stop early (after 20 calls per side). */
   budgetS: { 1: number; 32: number };
   warmup: number;
+  /** MODEL loaded; tracing's sides, when given. */
+  tracing?: { untracedBuild: McpServer; traced: McpServer; ref: string };
 }
 
-const SIDES = ["stdio", "http", "runtime", "stdio-nobatch", "direct"] as const;
-type Side = (typeof SIDES)[number];
+const BASE_SIDES = ["stdio", "http", "runtime", "stdio-nobatch", "direct"] as const;
+type Side = (typeof BASE_SIDES)[number] | "stdio-untraced-build" | "stdio-traced";
 
 export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
   const s = section("overhead");
@@ -55,15 +61,28 @@ export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
         batch === 1
           ? [pool[i % pool.length]]
           : Array.from({ length: 32 }, (_, k) => pool[(i + k) % pool.length]);
-      const run: Record<Side, (texts: string[]) => Promise<number>> = {
+      const SIDES: Side[] = [
+        ...BASE_SIDES,
+        ...(o.tracing ? (["stdio-untraced-build", "stdio-traced"] as const) : []),
+      ];
+      const tracing = o.tracing;
+      const run: Partial<Record<Side, (texts: string[]) => Promise<number>>> = {
         stdio: (texts) => timed(() => o.stdio.call("run_inference", { model: MODEL, texts })),
         http: (texts) => timed(() => o.http.call("run_inference", { model: MODEL, texts })),
         runtime: (texts) => timed(() => rt.call("infer", { model: MODEL, texts })),
         "stdio-nobatch": (texts) =>
           timed(() => o.stdio.call("run_inference", { model: MODEL_NOBATCH, texts })),
         direct: async (texts) => (await o.direct.infer(texts, 1))[0],
+        ...(tracing
+          ? {
+              "stdio-untraced-build": (texts: string[]) =>
+                timed(() => tracing.untracedBuild.call("run_inference", { model: MODEL, texts })),
+              "stdio-traced": (texts: string[]) =>
+                timed(() => tracing.traced.call("run_inference", { model: MODEL, texts })),
+            }
+          : {}),
       };
-      for (let i = 0; i < o.warmup; i++) for (const side of SIDES) await run[side](inputs(i));
+      for (let i = 0; i < o.warmup; i++) for (const side of SIDES) await run[side]!(inputs(i));
       const ms = Object.fromEntries(SIDES.map((k) => [k, [] as number[]])) as Record<
         Side,
         number[]
@@ -73,7 +92,7 @@ export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
         // Rotate the order so no side always runs right after the same other side.
         for (let k = 0; k < SIDES.length; k++) {
           const side = SIDES[(i + k) % SIDES.length];
-          ms[side].push(await run[side](inputs(i)));
+          ms[side].push(await run[side]!(inputs(i)));
         }
       }
       const sum = Object.fromEntries(SIDES.map((k) => [k, summarize(ms[k])])) as Record<
@@ -108,6 +127,24 @@ export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
             "MCP minus direct",
           );
       }
+      if (tracing) {
+        // Added p50 per call over direct, side by side: tracing off (this build), the build
+        // without tracing, tracing on.
+        const added = (side: Side) => sum[side].p50 - sum.direct.p50;
+        const off = added("stdio");
+        const none = added("stdio-untraced-build");
+        const on = added("stdio-traced");
+        s.row(
+          `batch ${batch}: added p50, tracing off / build without it (${tracing.ref}) / on`,
+          `${fmt.ms(off)} / ${fmt.ms(none)} / ${fmt.ms(on)}`,
+          `off − without: ${sign(off - none)} (${fmtPct((sum.stdio.p50 - sum["stdio-untraced-build"].p50) / sum["stdio-untraced-build"].p50)} of the call's p50); on − off: ${sign(on - off)} per call`,
+        );
+        s.fig(
+          `b${batch}.tracing_off_vs_without_p50_ratio`,
+          sum.stdio.p50 / sum["stdio-untraced-build"].p50,
+        );
+        s.fig(`b${batch}.tracing_on_added_p50_ms`, on - off);
+      }
     }
   } finally {
     await rt.close();
@@ -118,6 +155,7 @@ export async function runOverhead(o: OverheadOptions): Promise<SectionResult> {
   return s.result();
 }
 
+const fmtPct = (r: number) => `${r >= 0 ? "+" : "−"}${(Math.abs(r) * 100).toFixed(1)} %`;
 const sign = (ms: number) => `${ms >= 0 ? "+" : "−"}${fmt.ms(Math.abs(ms))}`;
 
 async function timed(fn: () => Promise<unknown>): Promise<number> {

@@ -32,6 +32,7 @@ import {
 import { renderTable, type SectionResult } from "./lib/report.js";
 import { runMemory } from "./memory.js";
 import { runOverhead } from "./overhead.js";
+import { baselineCheckout, otlpSink } from "./lib/baseline.js";
 import { runPayload } from "./payload.js";
 import { runPool } from "./pool.js";
 import { runShapes } from "./shapes.js";
@@ -332,16 +333,38 @@ async function main() {
       }
 
       if (want("overhead")) {
-        say("overhead (stdio / http / direct, interleaved)…");
-        results.overhead = await runOverhead({
-          stdio,
-          http: http!,
-          direct: direct!,
-          catalog,
-          iterations: { 1: q(200, 30), 32: q(40, 8) },
-          budgetS: { 1: q(60, 15), 32: q(75, 15) },
-          warmup: q(10, 3),
-        });
+        // Tracing's sides: the build without it, and this build exporting spans to a sink.
+        say("overhead: starting the build without tracing and a traced stdio server…");
+        const untraced = baselineCheckout();
+        const sink = await otlpSink();
+        const [untracedBuild, traced] = await Promise.all([
+          startStdio(config, join(untraced.dir, "bin", "tpu-mcp.js")),
+          startStdio(config, undefined, {
+            OTEL_EXPORTER_OTLP_ENDPOINT: sink.url,
+            OTEL_SERVICE_NAME: "tpu-mcp-bench",
+          }),
+        ]);
+        await Promise.all([
+          untracedBuild.call("load_model", { model: MODEL }),
+          traced.call("load_model", { model: MODEL }),
+        ]);
+        say("overhead (stdio / http / direct / tracing off, on and absent, interleaved)…");
+        try {
+          results.overhead = await runOverhead({
+            tracing: { untracedBuild, traced, ref: untraced.ref },
+            stdio,
+            http: http!,
+            direct: direct!,
+            catalog,
+            iterations: { 1: q(200, 30), 32: q(40, 8) },
+            budgetS: { 1: q(60, 15), 32: q(75, 15) },
+            warmup: q(10, 3),
+          });
+        } finally {
+          await Promise.allSettled([untracedBuild.close(), traced.close()]);
+          say(`overhead: the traced server exported ${sink.posts()} OTLP batches`);
+          await sink.close();
+        }
       }
       // The HTTP server and the baseline are done: stop them so they cost nothing later.
       await Promise.all([http?.close(), direct?.close()]);

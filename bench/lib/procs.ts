@@ -8,7 +8,10 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { workerThreads } from "../../server/app/build_runtime.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import {
+  getDefaultEnvironment,
+  StdioClientTransport,
+} from "@modelcontextprotocol/sdk/client/stdio.js";
 import {
   CLI,
   ROOT,
@@ -112,12 +115,18 @@ function wrap(
  * Spawns `tpu-mcp stdio` and connects; the stderr tail is kept for error messages. `cli` may name
  * another checkout's bin/tpu-mcp.js (BENCH_BASELINE: the previous commit, side by side).
  */
-export async function startStdio(config: string, cli: string = CLI): Promise<McpServer> {
+export async function startStdio(
+  config: string,
+  cli: string = CLI,
+  /** Added to the server's environment (e.g. the OTEL_* variables of a traced side). */
+  env?: Record<string, string>,
+): Promise<McpServer> {
   const transport = new StdioClientTransport({
     command: process.execPath,
     args: [cli, "stdio", "--config", config],
     cwd: dirname(dirname(cli)),
     stderr: "pipe",
+    ...(env ? { env: { ...getDefaultEnvironment(), ...env } } : {}),
   });
   let tail = "";
   // Drain stderr: an unread pipe would eventually block the server's logging.

@@ -1,0 +1,59 @@
+// Which OTEL_* settings turn traces on, and the clear refusals of what the server cannot do
+// (server/app/telemetry.ts).
+import { describe, expect, it } from "vitest";
+import { samplerFrom, tracesPlan } from "../../server/app/telemetry.js";
+
+describe("tracesPlan", () => {
+  it("is off unless an endpoint is configured, and OTEL_SDK_DISABLED wins", () => {
+    expect(tracesPlan({}, {})).toEqual({ off: "not configured" });
+    expect(
+      tracesPlan({ OTEL_TRACES_EXPORTER: "none", OTEL_EXPORTER_OTLP_ENDPOINT: "http://x" }, {}),
+    ).toEqual({ off: "OTEL_TRACES_EXPORTER=none" });
+    expect(
+      tracesPlan({ OTEL_SDK_DISABLED: "true", OTEL_EXPORTER_OTLP_ENDPOINT: "http://x" }, {}),
+    ).toEqual({ off: "OTEL_SDK_DISABLED=true" });
+  });
+
+  it("takes the env's endpoint as the exporter reads it, the config's as {url}/v1/traces", () => {
+    const env = tracesPlan({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: "http://c:4318/t" }, {});
+    expect(env).toMatchObject({ protocol: "http/protobuf", serviceName: "tpu-mcp" });
+    expect(env).not.toHaveProperty("url");
+    const file = tracesPlan(
+      {},
+      { otlp_endpoint: "http://c:4318/", otlp_protocol: "http/json", service_name: "edge" },
+    );
+    expect(file).toMatchObject({
+      url: "http://c:4318/v1/traces",
+      protocol: "http/json",
+      serviceName: "edge",
+    });
+    expect(
+      tracesPlan({ OTEL_SERVICE_NAME: "a" }, { otlp_endpoint: "http://c", service_name: "b" }),
+    ).toMatchObject({ serviceName: "a" });
+  });
+
+  it("refuses what it cannot do, saying what to use", () => {
+    expect(() =>
+      tracesPlan(
+        { OTEL_EXPORTER_OTLP_ENDPOINT: "http://x", OTEL_EXPORTER_OTLP_PROTOCOL: "grpc" },
+        {},
+      ),
+    ).toThrow(/http\/protobuf or http\/json/);
+    expect(() => tracesPlan({ OTEL_TRACES_EXPORTER: "zipkin" }, {})).toThrow(/use otlp/);
+    expect(() => samplerFrom({ OTEL_TRACES_SAMPLER: "sometimes" })).toThrow(/always_on/);
+    expect(() =>
+      samplerFrom({ OTEL_TRACES_SAMPLER: "traceidratio", OTEL_TRACES_SAMPLER_ARG: "2" }),
+    ).toThrow(/between 0 and 1/);
+  });
+
+  it("reads the sampler as the SDK specification names it", () => {
+    expect(samplerFrom({}).toString()).toMatch(/ParentBased/);
+    expect(samplerFrom({ OTEL_TRACES_SAMPLER: "always_off" }).toString()).toMatch(/AlwaysOff/);
+    expect(
+      samplerFrom({
+        OTEL_TRACES_SAMPLER: "traceidratio",
+        OTEL_TRACES_SAMPLER_ARG: "0.25",
+      }).toString(),
+    ).toMatch(/0\.25/);
+  });
+});
