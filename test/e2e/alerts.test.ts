@@ -97,10 +97,13 @@ describe("alerts: the default refusal-flood rule", () => {
     async () => {
       const agent = await connectHttp(server.url, DEMO_TOKENS.agent);
       try {
-        // 1,000 calls of a model that is not in the catalog: refused (unknown model, then
-        // rate_limited once past 120 a minute), 50 at a time.
+        // Calls of a model that is not in the catalog: refused (unknown model, then rate_limited
+        // once past 120 a minute), 50 at a time, until the rule suspends the agent. A loaded host
+        // that makes fewer than 1,000 calls a minute needs more than 1,000 for the window to
+        // hold 1,000 of them (the rule counts the last 60 s), so the loop does not stop at 1,000.
         const codes: string[] = [];
-        for (let b = 0; b < 20; b++) {
+        const began = Date.now();
+        for (let b = 0; b < 60 && !codes.includes("principal_suspended"); b++) {
           const batch = await Promise.all(
             Array.from({ length: 50 }, (_, i) =>
               agent.client.callTool({
@@ -111,6 +114,12 @@ describe("alerts: the default refusal-flood rule", () => {
           );
           codes.push(...batch.map((r) => errorOf(r)?.code ?? "ok"));
         }
+        process.stderr.write(
+          `[figure] alerts_refusal_flood: ${JSON.stringify({ calls: codes.length, s: (Date.now() - began) / 1000 })}\n`,
+        );
+        expect(codes, "never suspended: fewer than 1,000 refusals a minute?").toContain(
+          "principal_suspended",
+        );
         expect(codes.filter((c) => c === "ok")).toEqual([]);
         // The 1,000th refusal suspended it: later calls of the batch may already say so.
         expect(codes.slice(0, 999)).not.toContain("principal_suspended");
