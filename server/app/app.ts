@@ -29,7 +29,7 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { checkSecretFile } from "../config/data_dir.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
-import { startTelemetry } from "./telemetry.js";
+import { startTelemetry, telemetryMeter } from "./telemetry.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
 import type { Passkeys } from "../../policies/passkeys/store.js";
 import { openServerStores, type Storage } from "./storage.js";
@@ -261,6 +261,9 @@ export function createApp(
   }
   const metrics = new Metrics();
   metricsRef.current = metrics;
+  // The conventions' series over OTLP too, when telemetry exports metrics.
+  const meter = telemetryMeter();
+  if (meter) metrics.exportConventionsTo(meter);
   if (auditSink) metrics.observeAuditSink(() => auditSink.status());
   const notices: App["notices"] = new EventEmitter();
   notices.setMaxListeners(0); // one listener per open session

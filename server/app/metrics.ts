@@ -1,5 +1,6 @@
 // Prometheus metrics for /metrics. One registry per app (never the global default) so tests
 // and several servers in one process do not collide.
+import type { Attributes, Histogram as OtelHistogram, Meter } from "@opentelemetry/api";
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { FleetState, Runtime, WorkerStatus } from "../../runtime/types.js";
 
@@ -104,6 +105,46 @@ export class Metrics {
     buckets: [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576],
     registers: [this.registry],
   });
+  /** The conventions' series over OTLP as well, once telemetry exports metrics. */
+  private otlp?: Record<ConventionSeries, OtelHistogram>;
+
+  /**
+   * Records the conventions' series on `meter` too (server/app/telemetry.ts hands it over when
+   * OTLP metrics are configured), with the conventions' dotted names, units and attributes.
+   */
+  exportConventionsTo(meter: Meter): void {
+    const h = (name: string, unit: string, description: string) =>
+      meter.createHistogram(name, { unit, description });
+    this.otlp = {
+      operationDuration: h(
+        "mcp.server.operation.duration",
+        "s",
+        "MCP request duration on the server.",
+      ),
+      timeToFirstToken: h(
+        "gen_ai.server.time_to_first_token",
+        "s",
+        "Time to the first token of a generation, queueing included.",
+      ),
+      timePerOutputToken: h(
+        "gen_ai.server.time_per_output_token",
+        "s",
+        "Time per output token after the first.",
+      ),
+      tokenUsage: h(
+        "gen_ai.client.token.usage",
+        "{token}",
+        "Tokens per generation call, by gen_ai.token.type.",
+      ),
+    };
+  }
+
+  /** One observation of a conventions' series, on /metrics and (when exported) over OTLP. */
+  observeConvention(series: ConventionSeries, labels: Record<string, string>, value: number): void {
+    (this[series] as Histogram<string>).observe(labels, value);
+    this.otlp?.[series].record(value, otelAttributes(labels));
+  }
+
   readonly consoleSessions = new Gauge({
     name: "tpu_mcp_console_sessions",
     help: "Signed-in operator console sessions.",
@@ -242,6 +283,27 @@ export class Metrics {
   }
 }
 
+type ConventionSeries =
+  "operationDuration" | "timeToFirstToken" | "timePerOutputToken" | "tokenUsage";
+
+/** The Prometheus label names of the conventions' series, as the OTel attribute keys they map. */
+const ATTRIBUTE_OF: Record<string, string> = {
+  mcp_method_name: "mcp.method.name",
+  gen_ai_tool_name: "gen_ai.tool.name",
+  error_type: "error.type",
+  mcp_protocol_version: "mcp.protocol.version",
+  gen_ai_operation_name: "gen_ai.operation.name",
+  gen_ai_request_model: "gen_ai.request.model",
+  gen_ai_token_type: "gen_ai.token.type",
+};
+
+/** OTel attributes of a label set; an empty label (no error) is left out, as OTel has no "". */
+function otelAttributes(labels: Record<string, string>): Attributes {
+  const out: Attributes = {};
+  for (const [k, v] of Object.entries(labels)) if (v !== "") out[ATTRIBUTE_OF[k] ?? k] = v;
+  return out;
+}
+
 type FleetRow = FleetState;
 
 type WorkerRow = WorkerStatus;
@@ -268,15 +330,16 @@ export function observeGeneration(m: Metrics, operation: string, out: unknown): 
     if (typeof g.usage?.prompt_tokens === "number") input += g.usage.prompt_tokens;
     if (typeof g.usage?.completion_tokens === "number") output += g.usage.completion_tokens;
   }
-  m.tokenUsage.observe({ ...labels, gen_ai_token_type: "input" }, input);
-  m.tokenUsage.observe({ ...labels, gen_ai_token_type: "output" }, output);
+  m.observeConvention("tokenUsage", { ...labels, gen_ai_token_type: "input" }, input);
+  m.observeConvention("tokenUsage", { ...labels, gen_ai_token_type: "output" }, output);
   if (typeof o.ttft_ms !== "number") return;
   const ttft = o.ttft_ms / 1000;
-  m.timeToFirstToken.observe(labels, ttft);
+  m.observeConvention("timeToFirstToken", labels, ttft);
   const steps = Array.isArray(o.new_tokens) ? Math.max(0, ...(o.new_tokens as number[])) : 0;
   // tokens_per_s is all sequences' tokens over the request's time from submission.
   if (steps > 1 && typeof o.tokens_per_s === "number" && o.tokens_per_s > 0) {
     const total = output / o.tokens_per_s;
-    if (total > ttft) m.timePerOutputToken.observe(labels, (total - ttft) / (steps - 1));
+    if (total > ttft)
+      m.observeConvention("timePerOutputToken", labels, (total - ttft) / (steps - 1));
   }
 }

@@ -202,7 +202,8 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
     });
     const seconds = (performance.now() - t0) / 1000;
     app.metrics.latency.observe({ tool: tool.name }, seconds);
-    app.metrics.operationDuration.observe(
+    app.metrics.observeConvention(
+      "operationDuration",
       {
         mcp_method_name: "tools/call",
         gen_ai_tool_name: tool.name,

@@ -52,6 +52,7 @@ describe("OpenTelemetry traces", () => {
         OTEL_EXPORTER_OTLP_PROTOCOL: "http/json",
         OTEL_SERVICE_NAME: "tpu-mcp-test",
         OTEL_BSP_SCHEDULE_DELAY: "50",
+        OTEL_METRIC_EXPORT_INTERVAL: "200",
       },
     });
     legacy = await connectHttp(server.url, server.token);
@@ -253,5 +254,44 @@ describe("OpenTelemetry traces", () => {
     ).toBe(true);
     // Bounded labels: no principal, no argument value.
     expect(text).not.toMatch(/principal|hello/);
+
+    // The same series over OTLP, named and attributed by the conventions (cumulative: the
+    // newest export's point holds every observation so far).
+    const point = (metric: string, attrs: Record<string, unknown>) =>
+      vi.waitFor(
+        () => {
+          const p = receiver.points
+            .filter(
+              (q) =>
+                q.metric === metric &&
+                Object.entries(attrs).every(([k, v]) => q.attributes[k] === v),
+            )
+            .at(-1);
+          if (!p) throw new Error(`no ${metric} point ${JSON.stringify(attrs)} exported yet`);
+          return p;
+        },
+        { timeout: scaled(30_000), interval: 50 },
+      );
+    const gen = { "gen_ai.operation.name": "text_completion", "gen_ai.request.model": "tiny-gpt2" };
+    const ttft = await point("gen_ai.server.time_to_first_token", gen);
+    expect(ttft).toMatchObject({ unit: "s", count: 1, service: "tpu-mcp-test" });
+    expect(ttft.sum).toBeCloseTo((r.structuredContent as { ttft_ms: number }).ttft_ms / 1000, 6);
+    expect(await point("gen_ai.server.time_per_output_token", gen)).toMatchObject({ count: 1 });
+    expect(
+      await point("gen_ai.client.token.usage", { ...gen, "gen_ai.token.type": "output" }),
+    ).toMatchObject({ unit: "{token}", sum: out });
+    const op = await point("mcp.server.operation.duration", {
+      "mcp.method.name": "tools/call",
+      "gen_ai.tool.name": "run_inference",
+      "mcp.protocol.version": "2026-07-28",
+    });
+    expect(op.unit).toBe("s");
+    expect(op.attributes).not.toHaveProperty("error.type");
+    await point("mcp.server.operation.duration", {
+      "gen_ai.tool.name": "run_benchmark",
+      "error.type": "tool_error",
+    });
+    for (const p of receiver.points)
+      expect(Object.keys(p.attributes).join(" ")).not.toMatch(/principal/);
   });
 });

@@ -1,5 +1,6 @@
 // A real OTLP/HTTP receiver on loopback for tests: takes the JSON encoding (the server runs with
-// OTEL_EXPORTER_OTLP_PROTOCOL=http/json) of POST /v1/traces and keeps every span, flattened.
+// OTEL_EXPORTER_OTLP_PROTOCOL=http/json) of POST /v1/traces and /v1/metrics and keeps every span
+// and every histogram data point, flattened.
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 
@@ -37,9 +38,20 @@ function attrs(list: unknown): Record<string, AttrValue> {
   return out;
 }
 
+/** One histogram data point of one export (cumulative: each export repeats the totals). */
+export interface ReceivedPoint {
+  metric: string;
+  unit: string;
+  attributes: Record<string, AttrValue>;
+  count: number;
+  sum: number;
+  service: AttrValue;
+}
+
 export interface OtlpReceiver {
   url: string;
   spans: ReceivedSpan[];
+  points: ReceivedPoint[];
   /** Payloads that were not OTLP JSON (a test fails on any). */
   rejected: string[];
   close(): Promise<void>;
@@ -47,14 +59,30 @@ export interface OtlpReceiver {
 
 export async function otlpReceiver(): Promise<OtlpReceiver> {
   const spans: ReceivedSpan[] = [];
+  const points: ReceivedPoint[] = [];
   const rejected: string[] = [];
   const server: Server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
       try {
-        if (req.url !== "/v1/traces") throw new Error(`unexpected path ${req.url}`);
+        if (req.url !== "/v1/traces" && req.url !== "/v1/metrics")
+          throw new Error(`unexpected path ${req.url}`);
         const body = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+        for (const rm of body.resourceMetrics ?? []) {
+          const service = attrs(rm.resource?.attributes)["service.name"];
+          for (const sm of rm.scopeMetrics ?? [])
+            for (const m of sm.metrics ?? [])
+              for (const p of m.histogram?.dataPoints ?? [])
+                points.push({
+                  metric: m.name,
+                  unit: m.unit,
+                  attributes: attrs(p.attributes),
+                  count: Number(p.count),
+                  sum: Number(p.sum),
+                  service,
+                });
+        }
         for (const rs of body.resourceSpans ?? []) {
           const service = attrs(rs.resource?.attributes)["service.name"];
           for (const ss of rs.scopeSpans ?? [])
@@ -85,6 +113,7 @@ export async function otlpReceiver(): Promise<OtlpReceiver> {
   return {
     url: `http://127.0.0.1:${port}`,
     spans,
+    points,
     rejected,
     close: () => new Promise<void>((r) => server.close(() => r())),
   };

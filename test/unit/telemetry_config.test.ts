@@ -1,7 +1,7 @@
 // Which OTEL_* settings turn traces on, and the clear refusals of what the server cannot do
 // (server/app/telemetry.ts).
 import { describe, expect, it } from "vitest";
-import { samplerFrom, tracesPlan } from "../../server/app/telemetry.js";
+import { metricsPlan, samplerFrom, tracesPlan } from "../../server/app/telemetry.js";
 
 describe("tracesPlan", () => {
   it("is off unless an endpoint is configured, and OTEL_SDK_DISABLED wins", () => {
@@ -55,5 +55,30 @@ describe("tracesPlan", () => {
         OTEL_TRACES_SAMPLER_ARG: "0.25",
       }).toString(),
     ).toMatch(/0\.25/);
+  });
+});
+
+describe("metricsPlan", () => {
+  it("follows the same endpoint, with its own switches, interval and {url}/v1/metrics", () => {
+    expect(metricsPlan({}, {})).toEqual({ off: "not configured" });
+    const both = { OTEL_EXPORTER_OTLP_ENDPOINT: "http://x" };
+    expect(metricsPlan(both, {})).toMatchObject({ protocol: "http/protobuf", intervalMs: 60_000 });
+    expect(metricsPlan({ ...both, OTEL_METRICS_EXPORTER: "none" }, {})).toEqual({
+      off: "OTEL_METRICS_EXPORTER=none",
+    });
+    // Traces off leaves metrics on, and the other way round.
+    expect(metricsPlan({ ...both, OTEL_TRACES_EXPORTER: "none" }, {})).not.toHaveProperty("off");
+    expect(
+      metricsPlan(
+        { OTEL_METRIC_EXPORT_INTERVAL: "250", OTEL_EXPORTER_OTLP_METRICS_PROTOCOL: "http/json" },
+        { otlp_endpoint: "http://c:4318/" },
+      ),
+    ).toMatchObject({ url: "http://c:4318/v1/metrics", protocol: "http/json", intervalMs: 250 });
+    expect(() => metricsPlan({ ...both, OTEL_METRIC_EXPORT_INTERVAL: "soon" }, {})).toThrow(
+      /milliseconds/,
+    );
+    expect(() => metricsPlan({ ...both, OTEL_METRICS_EXPORTER: "prometheus" }, {})).toThrow(
+      /use otlp/,
+    );
   });
 });
