@@ -1,9 +1,9 @@
 // The attributes of a request's SERVER span by the OpenTelemetry MCP conventions
-// (docs/observability.md), and how a tools/call outcome ends it.
+// (docs/observability.md), how a tools/call outcome ends it, and the span of the other requests.
 import { createHash } from "node:crypto";
 import type { Server, ServerContext } from "@modelcontextprotocol/server";
 import type { DispatchOutcome } from "../../tools/dispatch/dispatch.js";
-import type { CallTracer } from "../../tools/support/trace.js";
+import { tracerFor, type CallTracer } from "../../tools/support/trace.js";
 import type { Era } from "./server.js";
 
 const PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion";
@@ -55,5 +55,35 @@ export function endCallSpan(trace: CallTracer, outcome: DispatchOutcome): void {
   } else {
     if (outcome.kind === "input_required") trace.set({ "tpu_mcp.outcome": "input_required" });
     trace.end();
+  }
+}
+
+/**
+ * The SERVER span of a request other than tools/call (which traces its own steps): named by its
+ * method, failed with the JSON-RPC error code when the handler throws one. Nothing when no
+ * traces are exported.
+ */
+export async function tracedRequest<T>(
+  server: Server,
+  extra: ServerContext,
+  era: Era,
+  meta: unknown,
+  handle: () => Promise<T>,
+): Promise<T> {
+  const trace = tracerFor(false, {
+    method: extra.mcpReq.method,
+    meta,
+    attributes: requestAttributes(server, extra, era),
+  });
+  if (!trace) return handle();
+  try {
+    const answer = await handle();
+    trace.end();
+    return answer;
+  } catch (e) {
+    const code = (e as { code?: unknown } | null)?.code;
+    if (typeof code === "number") trace.set({ "rpc.response.status_code": String(code) });
+    trace.end(typeof code === "number" ? String(code) : "_OTHER");
+    throw e;
   }
 }

@@ -20,7 +20,13 @@ import type { ElicitAnswer, InBandApproval } from "../../policies/gate/types.js"
 import { dispatchTool, type Elicit } from "../../tools/dispatch/dispatch.js";
 import { TRACE_META_KEY, tracerFor } from "../../tools/support/trace.js";
 import { observeGeneration } from "../app/metrics.js";
-import { endCallSpan, knownVersion, protocolVersion, requestAttributes } from "./request_span.js";
+import {
+  endCallSpan,
+  knownVersion,
+  protocolVersion,
+  requestAttributes,
+  tracedRequest,
+} from "./request_span.js";
 import type { ToolAnnotations, ToolDefinition } from "../../tools/types.js";
 import { toolServices, type App } from "../app/app.js";
 import { SERVER_NAME, SERVER_VERSION } from "../version.js";
@@ -145,17 +151,19 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
 
   const ui = (extra?: Extra) => clientSupportsUi(clientCaps(server, extra) as any);
 
-  server.setRequestHandler("tools/list", async (_req, extra) => {
-    const withUi = ui(extra);
-    return {
-      // Per principal (the token decides what is listed), in the registry's fixed order.
-      ...(era === "modern" ? { cacheScope: "private" as const } : {}),
-      // The same predicate as calls (scopes.canCall): a tool the principal may not call is not listed.
-      tools: visibleTools(principal, app.tools).map((t) =>
-        withUi && t.ui ? { ...toolListing(t), _meta: { ui: { ...t.ui } } } : toolListing(t),
-      ) as any,
-    };
-  });
+  server.setRequestHandler("tools/list", (req, extra) =>
+    tracedRequest(server, extra, era, req.params?._meta, async () => {
+      const withUi = ui(extra);
+      return {
+        // Per principal (the token decides what is listed), in the registry's fixed order.
+        ...(era === "modern" ? { cacheScope: "private" as const } : {}),
+        // The same predicate as calls (scopes.canCall): a tool the principal may not call is not listed.
+        tools: visibleTools(principal, app.tools).map((t) =>
+          withUi && t.ui ? { ...toolListing(t), _meta: { ui: { ...t.ui } } } : toolListing(t),
+        ) as any,
+      };
+    }),
+  );
 
   server.setRequestHandler("tools/call", async (req, extra) => {
     // Looked up per call: a config reload that grows the catalog rebuilds the tools.

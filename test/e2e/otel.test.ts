@@ -206,6 +206,38 @@ describe("OpenTelemetry traces", () => {
     expect(receiver.rejected).toEqual([]);
   });
 
+  it("tools/list and resources/* get their SERVER span too; a failed read carries its JSON-RPC code", async () => {
+    const c = caller();
+    await legacy.client.listTools({ _meta: { traceparent: c.traceparent } });
+    await legacy.client.listResources({ _meta: { traceparent: c.traceparent } });
+    const missing = await legacy.client
+      .readResource({ uri: "tpu://benchmarks/none", _meta: { traceparent: c.traceparent } })
+      .then(
+        () => undefined,
+        (e: { code?: number }) => e.code,
+      );
+    expect(typeof missing).toBe("number");
+    const spans = await traceOf(c.traceId, (s) => s.length >= 3);
+    for (const name of ["tools/list", "resources/list", "resources/read"]) {
+      const span = named(spans, name)!;
+      expect(span, name).toBeDefined();
+      expect(span.kind).toBe(2);
+      expect(span.parentSpanId).toBe(c.spanId);
+      expect(span.attributes).toMatchObject({
+        "mcp.method.name": name,
+        "mcp.protocol.version": "2025-11-25",
+      });
+    }
+    const read = named(spans, "resources/read")!;
+    expect(read.status).toBe(2);
+    // The code the server answered (the 2025 era's "resource not found").
+    expect(read.attributes).toMatchObject({
+      "error.type": "-32002",
+      "rpc.response.status_code": "-32002",
+    });
+    expect(named(spans, "tools/list")!.status).toBe(0);
+  });
+
   it("a generation: prefill and decode spans from the worker, the conventions' metrics on /metrics", async () => {
     const load = await legacy.client.callTool({
       name: "load_model",
