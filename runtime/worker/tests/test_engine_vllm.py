@@ -131,6 +131,18 @@ def test_prompts_are_token_ids_tokenized_like_the_torch_path(engine, catalog):
     assert out["generations"][0]["usage"] == {"prompt_tokens": len(expected[0]), "completion_tokens": 4}
 
 
+def test_a_traced_request_gets_the_engines_prefill_and_decode_spans(engine):
+    trace: list = []
+    out = engine.infer({"texts": ["hello world", "x"], "max_new_tokens": 4}, OpContext("1", trace=trace))
+    spans = {e[0]: e for e in trace if len(e) >= 3}
+    prefill, decode = spans["prefill"], spans["decode"]
+    assert prefill[1] <= prefill[2] <= decode[1] <= decode[2]
+    assert prefill[3] == {"engine": "vllm", "prompts": 2}
+    assert decode[3] == {"engine": "vllm", "new_tokens": max(out["new_tokens"])}
+    # Untraced: nothing recorded, nothing raised.
+    engine.infer({"texts": ["x"], "max_new_tokens": 2}, OpContext("1"))
+
+
 def test_a_stop_sequence_cuts_the_text_and_closes_the_request(engine):
     full = engine.tokenizer.decode(IDS, skip_special_tokens=True)
     stop = full.split(" ")[3]

@@ -28,10 +28,12 @@ def _no_progress(*_a, **_k) -> None:
 
 @dataclass
 class EngineCall:
-    """What VllmEngine.infer reads of an op's context: the cancel token and the progress sink."""
+    """What VllmEngine.infer reads of an op's context: the cancel token, the progress sink and
+    the traced request's span list (spans.py)."""
 
     token: object
     progress: object = _no_progress
+    trace: list | None = None
 
 
 @dataclass(eq=False)
@@ -74,7 +76,7 @@ class EngineModel(Served):
     def submit(self, args, tensors, token, trace, progress) -> Future:
         if tensors:
             raise invalid(f"model {self.entry.id!r} takes texts or messages, not tensors")
-        call = EngineCall(token, progress or _no_progress)
+        call = EngineCall(token, progress or _no_progress, trace)
         return self._pool.submit(lambda: Output(self.engine.infer(args, call), []))
 
     def benchmark(self, worker, args: dict, ctx) -> dict:

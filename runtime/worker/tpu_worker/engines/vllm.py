@@ -32,6 +32,8 @@ from ..generation.grammar import Constraint, Grammars
 from ..generation.params import GenCall, GenParams, parse_generation, parse_prefix_key
 from ..generation.textstream import TextStream
 from ..loaders import WeightsInfo
+from ..protocol import now_us
+from ..spans import span
 from .http import Endpoint, EngineHttpError
 from .settings import VllmSettings
 from .vllm_process import VllmProcess
@@ -342,7 +344,9 @@ class VllmEngine:
             # vLLM's prefix cache partitioned as the worker's own is: by the caller's key.
             body["cache_salt"] = salt
         t0 = time.perf_counter()
+        t0_us = now_us()
         first: float | None = None
+        first_us: int | None = None
         stopped: str | None = None
         cached: int | None = None  # vLLM's prompt tokens from its prefix cache (one count per request)
         self.counters.add(requests=1, in_flight=1)
@@ -360,6 +364,7 @@ class VllmEngine:
                     ids = [int(t) for t in choice.get("token_ids") or []]
                     if ids and first is None:
                         first = time.perf_counter()
+                        first_us = now_us()
                     delta = self._advance(seqs[i], ids, choice, p)
                     if p.stream and delta:
                         self._send_delta(ctx, seqs, i, delta, p)
@@ -380,6 +385,12 @@ class VllmEngine:
                 s.finish = stopped or "length"
                 s.stream.finish()  # the text held back for a stop that can no longer match
         out = self._result(seqs, g, first, t0, elapsed, cached)
+        # The engine's own prefill and decode, as the loop's spans are (queueing in vLLM included
+        # in prefill: the engine does not say when it took the request).
+        trace = getattr(ctx, "trace", None)
+        if first_us is not None:
+            span(trace, "prefill", t0_us, first_us, engine="vllm", prompts=n)
+            span(trace, "decode", first_us, now_us(), engine="vllm", new_tokens=max(out["new_tokens"], default=0))
         if compile_ms is not None:
             out["grammar_compile_ms"] = compile_ms
         return out
