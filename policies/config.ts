@@ -280,7 +280,7 @@ function approvalsSchema(rule: ReturnType<typeof approvalRuleSchema>, names: rea
   });
 }
 
-/** An alert rule's name: it keys the once-per-window latch and shows in webhooks and the console. */
+/** An alert rule's name: it keys the once-per-window latch and shows in webhooks and on the console page. */
 const AlertNameSchema = z
   .string()
   .regex(/^[a-z0-9][a-z0-9_.-]{0,63}$/, "a name of lower-case letters, digits, _ . - (64 at most)");
