@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 
 import pytest
 import torch
@@ -106,6 +107,12 @@ def test_concurrent_infers_on_the_fast_path_are_batched_and_each_answered(held):
     assert entered.wait(10)
     for i in range(5):  # queued behind the held forward: they must share the next one
         _infer(h, f"q{i}")
+    # All five in the batcher's queue before the forward ahead ends: the server reads frames on
+    # its own thread, and one still unread at the release would make a batch of its own.
+    batcher = h.server.worker.served["mnist-cnn"].batcher
+    deadline = time.monotonic() + 10
+    while batcher.queue_depth < 5 and time.monotonic() < deadline:
+        time.sleep(0.005)
     release.set()
     answers = {}
     for _ in range(6):
@@ -125,10 +132,14 @@ def test_a_traced_infer_returns_the_workers_stamps_in_order_and_an_untraced_one_
     assert header["type"] == "result" and "trace" not in header
     _infer(h, "traced", trace=True)
     header, _ = h.next()
-    stages = [s for s, _ in header["trace"]]
+    # [stage, µs] entries are stamps; [name, start, end(, attributes)] ones are spans (spans.py).
+    stamps = [e for e in header["trace"] if len(e) == 2]
+    stages = [s for s, _ in stamps]
     assert stages == ["w.arrived", "w.parsed", "w.queued", "w.taken", "w.forward_done", "w.reply"]
-    times = [t for _, t in header["trace"]]
+    times = [t for _, t in stamps]
     assert times == sorted(times)
+    spans = {e[0] for e in header["trace"] if len(e) >= 3}
+    assert {"queue", "forward"} <= spans, spans
 
 
 def test_an_infer_the_fast_path_refuses_still_gets_the_op_paths_error(held):
