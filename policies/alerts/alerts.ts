@@ -36,8 +36,19 @@ export interface AlertsDeps {
   retryBaseMs?: number;
 }
 
-/** A refusal rule's own code: a suspended principal's refusals do not count again. */
-const NOT_COUNTED = new Set(["principal_suspended"]);
+/**
+ * Refusals that say nothing of the principal's behaviour are not counted: its own suspension's
+ * (counted once already), and the server's capacity and state (busy, a worker starting or gone),
+ * which an honest client under load meets by the thousand (the hardening load test: 24 clients
+ * for 30 s get about 3,000 `busy` and were suspended for it).
+ */
+const NOT_COUNTED = new Set([
+  "principal_suspended",
+  "busy",
+  "runtime_setting_up",
+  "worker_unavailable",
+  "engine_unavailable",
+]);
 
 export class Alerts {
   private readonly clock: Clock;

@@ -197,6 +197,15 @@ describe("alert rules at work on the gate", () => {
     expect(restarted.alerts.recent()).toHaveLength(2);
   });
 
+  it("does not count the server's own refusals (busy, a worker starting or gone)", () => {
+    const { gate, alerts } = makeGate([{ ...flood, action: "notify" }]);
+    for (const code of ["busy", "runtime_setting_up", "worker_unavailable", "engine_unavailable"])
+      for (let i = 0; i < 12; i++) gate.refuse(agent, "run_inference", { i }, code, "no");
+    expect(alerts.recent()).toHaveLength(0);
+    for (let i = 0; i < 5; i++) gate.refuse(agent, "run_inference", { i }, "rate_limited", "no");
+    expect(alerts.recent()).toHaveLength(1);
+  });
+
   it("a budget rule fires once per budget window when the principal's use reaches its percent", async () => {
     const { gate, alerts, clock } = makeGate([
       { name: "budget-half", kind: "budget", percent: 50, action: "notify", suspend_s: 900 },
