@@ -9,13 +9,13 @@ import type { ApprovalRecord, ApprovalStatus } from "../../policies/approvals.js
 import type { AuditHead, AuditTrail } from "../../policies/audit.js";
 import { parseSince, type ExportFormat } from "../../policies/audit_export.js";
 import { readAuditKey, type AuditKey } from "../../policies/audit_key.js";
-import { Authenticator } from "../../policies/auth.js";
 import { verifySignedDecisions } from "../../policies/passkeys/verify_trail.js";
 import { costNote } from "../../policies/limits/pricing.js";
 import { createPolicyServices } from "../app/build_policies.js";
 import { readApprovals, readAuditTrail } from "../app/storage.js";
 import type { ServerConfig } from "../config/config.js";
 import { terminalField } from "../terminal.js";
+import { principalOfToken } from "./token.js";
 
 interface Io {
   out: (s: string) => void;
@@ -132,19 +132,12 @@ async function decide(
   id: string,
   io: Io & { token?: string; reason?: string },
 ): Promise<number> {
-  if (!io.token) {
-    io.err(
-      "an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant)",
-    );
-    return 2;
-  }
-  let approver;
-  try {
-    approver = await new Authenticator(config.policy).authenticate(io.token);
-  } catch (e) {
-    io.err(`the token was refused: ${(e as Error).message}`);
-    return 1;
-  }
+  const approver = await principalOfToken(
+    config,
+    io,
+    "an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant)",
+  );
+  if (typeof approver === "number") return approver;
   const policy = createPolicyServices(config, io.logger);
   try {
     const rec = policy.gate.decideApproval(id, approver, sub, io.reason);

@@ -2,13 +2,13 @@
 // who an alert rule suspended (policy.db, beside a running server). Resuming is an operator's
 // decision, made with a token holding approvals:grant or admin and audited as such.
 import type { Logger } from "pino";
-import { Authenticator } from "../../policies/auth.js";
 import { hasScope } from "../../policies/scopes.js";
 import type { Suspension } from "../../policies/suspensions.js";
 import { createPolicyServices } from "../app/build_policies.js";
 import type { ServerConfig } from "../config/config.js";
 import { readSuspensions } from "../app/storage.js";
 import { terminalField } from "../terminal.js";
+import { principalOfToken } from "./token.js";
 
 interface Io {
   out: (s: string) => void;
@@ -74,19 +74,12 @@ function show(config: ServerConfig, sub: "list" | "suspended", io: Io): number {
 }
 
 async function resume(config: ServerConfig, id: string, io: Io): Promise<number> {
-  if (!io.token) {
-    io.err(
-      "an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant or admin)",
-    );
-    return 2;
-  }
-  let operator;
-  try {
-    operator = await new Authenticator(config.policy).authenticate(io.token);
-  } catch (e) {
-    io.err(`the token was refused: ${(e as Error).message}`);
-    return 1;
-  }
+  const operator = await principalOfToken(
+    config,
+    io,
+    "an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant or admin)",
+  );
+  if (typeof operator === "number") return operator;
   if (!hasScope(operator, "approvals:grant")) {
     io.err(`${operator.id} may not resume principals: it needs approvals:grant or admin`);
     return 1;

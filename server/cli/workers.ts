@@ -4,7 +4,6 @@
 // write the desired state and wait for the running server to report it applied.
 import type { Logger } from "pino";
 import type { AuditRecord } from "../../policies/audit.js";
-import { Authenticator } from "../../policies/auth.js";
 import type { WorkerStatus } from "../../runtime/types.js";
 import { createPolicyServices } from "../app/build_policies.js";
 import type { ServerConfig } from "../config/config.js";
@@ -12,6 +11,7 @@ import { createDataDir, dataDir } from "../config/data_dir.js";
 import { ControlChannel, type PublishedFleet } from "../control/channel.js";
 import type { ReloadResult } from "../control/reload.js";
 import { terminalField } from "../terminal.js";
+import { principalOfToken } from "./token.js";
 
 interface Io {
   out: (s: string) => void;
@@ -75,19 +75,12 @@ export async function runWorkersCommand(
     );
     return 2;
   }
-  if (!io.token) {
-    io.err(
-      "an admin token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with the admin scope)",
-    );
-    return 2;
-  }
-  let principal;
-  try {
-    principal = await new Authenticator(config.policy).authenticate(io.token);
-  } catch (e) {
-    io.err(`the token was refused: ${(e as Error).message}`);
-    return 1;
-  }
+  const principal = await principalOfToken(
+    config,
+    io,
+    "an admin token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with the admin scope)",
+  );
+  if (typeof principal === "number") return principal;
   const admin = principal.scopes.includes("admin");
   const record = (outcome: AuditRecord["outcome"], extra: Partial<AuditRecord> = {}) => {
     const policy = createPolicyServices(config, io.logger);
