@@ -13,14 +13,13 @@ import { callModern, connectModernStdio } from "../helpers/modern.js";
 import { scaled } from "../helpers/calibrate.js";
 import {
   CHOICES,
-  PATTERN,
   PERSON_TOKENS,
   SMOLLM2,
   choiceMessages,
+  expectChoicesAndPatterns,
   generationOf,
   inWaves,
   isChoice,
-  isPattern,
   isPerson,
   personFormat,
   personMessages,
@@ -56,22 +55,7 @@ async function fiftyOfEach(run: Run, era: string) {
   const invalid = free.filter((r) => !isPerson(generationOf(r).text)).length;
   process.stderr.write(`[structured ${era}] unconstrained: ${invalid}/${sample} do not validate\n`);
   expect(invalid).toBeGreaterThan(0);
-  const choices = await inWaves(PROMPTS, WAVE, (i) =>
-    run({
-      messages: choiceMessages(i),
-      max_new_tokens: 8,
-      response_format: { type: "choice", choices: CHOICES },
-    }),
-  );
-  expect(choices.filter((r) => isChoice(generationOf(r).text)).length).toBe(PROMPTS);
-  const regexes = await inWaves(PROMPTS, WAVE, (i) =>
-    run({
-      messages: regexMessages(i),
-      max_new_tokens: 16,
-      response_format: { type: "regex", pattern: PATTERN },
-    }),
-  );
-  expect(regexes.filter((r) => isPattern(generationOf(r).text)).length).toBe(PROMPTS);
+  await expectChoicesAndPatterns(run, PROMPTS, WAVE);
 }
 
 function nested(levels: number): Record<string, unknown> {

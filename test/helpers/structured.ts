@@ -2,6 +2,7 @@
 // for (nested object, enum, array, integer bounds), the prompts, a choice and a regex, and a
 // JSON-schema validator (ajv, JSON Schema 2020-12) that says whether an answer is valid.
 import { Ajv2020 } from "ajv/dist/2020.js";
+import { expect } from "vitest";
 
 export const SMOLLM2 = "smollm2-135m-instruct";
 
@@ -95,4 +96,31 @@ export async function inWaves<T>(n: number, wave: number, fn: (i: number) => Pro
     out.push(...(await Promise.all(ids.map(fn))));
   }
   return out;
+}
+
+/**
+ * `prompts` choice prompts, then `prompts` regex prompts, `wave` at a time through `run` (an MCP
+ * call or the engine's), each answer checked against its format: every one must follow it.
+ */
+export async function expectChoicesAndPatterns(
+  run: (args: Record<string, unknown>) => Promise<unknown>,
+  prompts: number,
+  wave: number,
+): Promise<void> {
+  const choices = await inWaves(prompts, wave, (i) =>
+    run({
+      messages: choiceMessages(i),
+      max_new_tokens: 8,
+      response_format: { type: "choice", choices: CHOICES },
+    }),
+  );
+  expect(choices.filter((r) => isChoice(generationOf(r).text)).length).toBe(prompts);
+  const regexes = await inWaves(prompts, wave, (i) =>
+    run({
+      messages: regexMessages(i),
+      max_new_tokens: 16,
+      response_format: { type: "regex", pattern: PATTERN },
+    }),
+  );
+  expect(regexes.filter((r) => isPattern(generationOf(r).text)).length).toBe(prompts);
 }

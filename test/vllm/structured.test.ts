@@ -12,19 +12,14 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { scaled } from "../helpers/calibrate.js";
 import {
-  CHOICES,
-  PATTERN,
   PERSON_TOKENS,
   SMOLLM2,
-  choiceMessages,
+  expectChoicesAndPatterns,
   generationOf,
   inWaves,
-  isChoice,
-  isPattern,
   isPerson,
   personFormat,
   personMessages,
-  regexMessages,
 } from "../helpers/structured.js";
 import { call } from "../e2e/scenario.js";
 import { VLLM_PYTHON } from "./fixture.js";
@@ -103,22 +98,7 @@ describe("structured output through the vLLM engine (smollm2-135m-instruct on vl
     `${PROMPTS} prompts with a choice and with a regex: every answer follows it`,
     { timeout: scaled(900_000) },
     async () => {
-      const choices = await inWaves(PROMPTS, WAVE, (i) =>
-        run({
-          messages: choiceMessages(i),
-          max_new_tokens: 8,
-          response_format: { type: "choice", choices: CHOICES },
-        }),
-      );
-      expect(choices.filter((r) => isChoice(generationOf(r).text)).length).toBe(PROMPTS);
-      const regexes = await inWaves(PROMPTS, WAVE, (i) =>
-        run({
-          messages: regexMessages(i),
-          max_new_tokens: 16,
-          response_format: { type: "regex", pattern: PATTERN },
-        }),
-      );
-      expect(regexes.filter((r) => isPattern(generationOf(r).text)).length).toBe(PROMPTS);
+      await expectChoicesAndPatterns(run, PROMPTS, WAVE);
     },
   );
 
