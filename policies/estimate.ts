@@ -23,8 +23,12 @@ export interface ModelFacts {
   /** Dtypes the catalog allows for this model; suggestions only name these. */
   dtypes: readonly string[];
   default_dtype?: string;
-  /** The graphs a load in mode "compile" warms (its shape plan's size); absent: one per warmup shape. */
-  compile_graphs?: number | null;
+  /**
+   * The forward shapes of the model's shape plan (runtime/catalog.ts planShapes): a load in mode
+   * "compile" compiles and runs each once, and no call compiles after it. Absent or null: no
+   * plan (one graph per warm-up shape, and a call's first shape bucket compiles).
+   */
+  shape_plan?: readonly PlanShapeFacts[] | null;
   /**
    * The library the worker builds the model with (transformers), whose first import in a worker
    * costs seconds to a minute; absent: the worker builds it itself (plain torch).
@@ -35,6 +39,12 @@ export interface ModelFacts {
    * extends an unstable series; absent (or torch): the worker's own benchmark, which does.
    */
   engine?: string;
+}
+
+/** One forward shape of a plan: `length` 1 for a decode step, 0 for items of a fixed shape. */
+export interface PlanShapeFacts {
+  batch: number;
+  length: number;
 }
 
 export interface DeviceFacts {
@@ -338,13 +348,18 @@ export function workOf(input: EstimateInput): Work {
       ["device", ...keys].filter((k) => args[k] !== undefined).map((k) => [k, args[k]]),
     );
   switch (input.kind) {
-    case "load":
+    case "load": {
+      const mode = String(args.mode ?? "eager");
+      const plan = model?.shape_plan;
       return {
         dtype,
-        mode: String(args.mode ?? "eager"),
+        mode,
         ...keep("warmup_shapes", "warmup"),
+        // A compiled load warms its plan: a measured one of another plan's size is scaled, not taken.
+        ...(mode === "compile" && plan ? { graphs: plan.length } : {}),
         ...(coldLibrary(input) || freshWorker(input) ? { cold: true } : {}),
       };
+    }
     case "check":
       return {
         dtype,
@@ -392,7 +407,7 @@ export function workOf(input: EstimateInput): Work {
       // A model with a shape plan compiled all of it at load: no call of it compiles.
       const cold =
         mode === "compile" &&
-        model?.compile_graphs == null &&
+        model?.shape_plan == null &&
         since !== undefined &&
         !(input.calls ?? []).some(
           (c) =>
@@ -534,8 +549,20 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
         tokens = Math.max(tokens, b * l);
         warm += latencyMs(input, b, l, dtype, a) / 1000;
       }
-      // A model with a shape plan compiles every shape of it at load (and none later).
-      const graphs = model?.compile_graphs ?? shapes.length;
+      // A model with a shape plan compiles and runs every shape of it at load (and none later):
+      // the estimate grows with the plan's buckets (MiniLM's 7 × 6 is 42 graphs). A measured
+      // load's work keeps its plan's size (`graphs`); its warm-up is priced as that many of the
+      // current plan's shapes on average, so a load of another plan scales by the two sizes.
+      const plan = args.mode === "compile" ? model?.shape_plan : undefined;
+      const graphs = plan ? (num(args.graphs) ?? plan.length) : shapes.length;
+      if (plan && plan.length > 0) {
+        let planWarm = 0;
+        for (const s of plan) {
+          tokens = Math.max(tokens, s.batch * Math.max(1, s.length));
+          planWarm += latencyMs(input, s.batch, Math.max(1, s.length), dtype, a) / 1000;
+        }
+        warm += (planWarm * graphs) / plan.length;
+      }
       compileS = args.mode === "compile" ? compileGraph * graphs : 0;
       // A cold load: the worker's first import of the model's library (which includes its first
       // build), or else the worker's first model build at all.

@@ -130,17 +130,50 @@ function planBuckets(given: number[] | undefined, from: number, top: number): nu
 /** Most sequences a generation's prefill takes at once (shapes.py PREFILL_BATCH_CAP). */
 const PREFILL_BATCH_CAP = 4;
 
+/** One forward shape of a plan: decode steps at length 1, items of a fixed shape at length 0. */
+export interface PlanShape {
+  kind: "prefill" | "prefill_cached" | "decode" | "forward";
+  batch: number;
+  length: number;
+}
+
 /**
- * How many distinct forward shapes the worker's shape plan gives this entry, i.e. the graphs a
- * load in mode "compile" warms; null where the worker keeps no plan (engine models, and forward
- * models for now). Mirrors runtime/worker/tpu_worker/shapes.py.
+ * Every forward shape the worker's shape plan gives this entry, i.e. what a load in mode
+ * "compile" warms (one graph each); null where the worker keeps no plan (an engine's model).
+ * Mirrors runtime/worker/tpu_worker/shapes.py ShapePlan.forward_shapes, by the adapter the worker
+ * builds (adapters/build.py): mnist-cnn items have one shape (batch buckets only), a
+ * sentence-transformer runs batch × length, every other architecture is a causal LM (prefills,
+ * decode steps). The worker may cap the length by the model's own config (its position
+ * embeddings): then this counts more than it warms, which errs on the side an estimate should.
  */
-export function planSize(e: CatalogEntry): number | null {
-  if (e.engine !== "torch" || e.task !== "text-generation") return null;
+export function planShapes(e: CatalogEntry): PlanShape[] | null {
+  if (e.engine !== "torch") return null;
   const batches = planBuckets(e.shapes?.batch_buckets, 1, e.limits.max_batch);
-  const lengths = planBuckets(e.shapes?.length_buckets, 8, e.limits.max_seq_len);
+  if (e.architecture === "mnist-cnn")
+    return batches.map((batch) => ({ kind: "forward", batch, length: 0 }));
+  const lengths =
+    e.limits.max_seq_len > 0 ? planBuckets(e.shapes?.length_buckets, 8, e.limits.max_seq_len) : [];
+  if (e.architecture === "sentence-transformer")
+    return batches.flatMap((batch) =>
+      (lengths.length ? lengths : [0]).map((length) => ({
+        kind: "forward" as const,
+        batch,
+        length,
+      })),
+    );
   const prefill = batches.filter((b) => b <= PREFILL_BATCH_CAP);
   // A prefix cache adds the one-sequence prefills behind a cached prefix at every length but the last.
-  const cached = (e.prefix_cache?.max_bytes ?? 1) > 0 ? lengths.length - 1 : 0;
-  return prefill.length * lengths.length + cached + batches.length;
+  const cached = (e.prefix_cache?.max_bytes ?? 1) > 0 ? lengths.slice(0, -1) : [];
+  return [
+    ...prefill.flatMap((batch) =>
+      lengths.map((length) => ({ kind: "prefill" as const, batch, length })),
+    ),
+    ...cached.map((length) => ({ kind: "prefill_cached" as const, batch: 1, length })),
+    ...batches.map((batch) => ({ kind: "decode" as const, batch, length: 1 })),
+  ];
+}
+
+/** How many distinct forward shapes the plan has (planShapes), null without one. */
+export function planSize(e: CatalogEntry): number | null {
+  return planShapes(e)?.length ?? null;
 }

@@ -65,18 +65,43 @@ describe("estimateCost", () => {
     const device = { kind: "cpu", memory_free_bytes: 8 * GiB, memory_total_bytes: 16 * GiB };
     const args = { model: minilm.id, device: "cpu", mode: "compile" };
     const perGraph = DEFAULT_ASSUMPTIONS.compile_s_per_graph.cpu!;
-    const planned = estimateCost({
-      kind: "load",
-      args,
-      model: { ...minilm, compile_graphs: 20 },
-      device,
-    });
-    expect(planned.compile_s).toBe(20 * perGraph);
+    const plan = (batches: number[], lengths: number[]) =>
+      batches.flatMap((batch) => lengths.map((length) => ({ batch, length })));
+    const small = plan([1, 2, 4, 8], [8, 16, 32, 64, 128]);
+    const large = plan([1, 2, 4, 8, 16, 32, 64], [8, 16, 32, 64, 128, 256]);
+    const load = (shape_plan: ModelFacts["shape_plan"], more: Partial<EstimateInput> = {}) =>
+      estimateCost({ kind: "load", args, model: { ...minilm, shape_plan }, device, ...more });
+    expect(load(small).compile_s).toBe(20 * perGraph);
+    expect(load(large).compile_s).toBe(42 * perGraph);
+    // The warm-up runs each shape once too: more buckets, more than their compiles.
+    expect(load(large).device_seconds - load(small).device_seconds).toBeGreaterThan(22 * perGraph);
+    // Eager loads compile nothing, whatever the plan; no plan: one graph per warm-up shape.
+    expect(load(large, { args: { ...args, mode: "eager" } }).compile_s).toBe(0);
     expect(estimateCost({ kind: "load", args, model: minilm, device }).compile_s).toBe(perGraph);
+    // A measured compiled load of the small plan prices the large one by the plans' sizes, not as
+    // the same work (the catalog's buckets changed, so the load did).
+    const measured: CallRecord = {
+      kind: "load",
+      model: minilm.id,
+      device: "cpu",
+      work: workOf({ kind: "load", args, model: { ...minilm, shape_plan: small }, device }),
+      seconds: 150,
+      at: 1,
+    };
+    expect(measured.work.graphs).toBe(20);
+    const learnedSmall = load(small, { calls: [measured] }).device_seconds;
+    const learnedLarge = load(large, { calls: [measured] }).device_seconds;
+    expect(learnedSmall).toBeCloseTo(150, 3);
+    // (compiles by the two counts; the measured plan's warm-up as that many of the large plan's
+    // shapes on average, which the work does not keep one by one).
+    expect(learnedLarge / learnedSmall).toBeGreaterThan(2);
+    expect(learnedLarge / learnedSmall).toBeLessThanOrEqual(
+      load(large).device_seconds / load(small).device_seconds,
+    );
     // ...and no call of it compiles afterwards (the warm-up covered every shape).
     const call = { kind: "inference" as const, args: { texts: ["a b c"] }, device };
     const loaded = { loaded_mode: "compile", loaded_at: 0 };
-    expect(workOf({ ...call, model: { ...minilm, compile_graphs: 20 }, ...loaded }).cold).toBe(
+    expect(workOf({ ...call, model: { ...minilm, shape_plan: large }, ...loaded }).cold).toBe(
       false,
     );
     expect(workOf({ ...call, model: minilm, ...loaded }).cold).toBe(true);

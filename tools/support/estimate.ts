@@ -8,7 +8,7 @@ import {
   type EstimateInput,
 } from "../../policies/estimate.js";
 import type { ToolPolicy } from "../../policies/tool_policy.js";
-import { planSize } from "../../runtime/catalog.js";
+import { planShapes } from "../../runtime/catalog.js";
 import type { ToolContext, ToolServices } from "../types.js";
 
 /**
@@ -69,7 +69,7 @@ function callFacts(
       weight_bytes: 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
-      compile_graphs: planSize(entry),
+      shape_plan: planShapes(entry),
       ...libraryOf(entry),
       ...engineOf(entry),
     },
@@ -118,7 +118,7 @@ export async function estimateFor(
       weight_bytes: fact?.weight_bytes ?? 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
-      compile_graphs: planSize(entry),
+      shape_plan: planShapes(entry),
       ...libraryOf(entry),
       ...engineOf(entry),
     },
