@@ -127,9 +127,6 @@ function planBuckets(given: number[] | undefined, from: number, top: number): nu
   return kept.length && kept[kept.length - 1] === top ? kept : [...kept, top];
 }
 
-/** Most sequences a generation's prefill takes at once (shapes.py PREFILL_BATCH_CAP). */
-const PREFILL_BATCH_CAP = 4;
-
 /** One forward shape of a plan: decode steps at length 1, items of a fixed shape at length 0. */
 export interface PlanShape {
   kind: "prefill" | "prefill_cached" | "decode" | "forward";
@@ -161,7 +158,8 @@ export function planShapes(e: CatalogEntry): PlanShape[] | null {
         length,
       })),
     );
-  const prefill = batches.filter((b) => b <= PREFILL_BATCH_CAP);
+  // Prefills at every batch bucket × length bucket (a join's prompts: one forward per length).
+  const prefill = batches;
   // A prefix cache adds the one-sequence prefills behind a cached prefix at every length but the last.
   const cached = (e.prefix_cache?.max_bytes ?? 1) > 0 ? lengths.slice(0, -1) : [];
   return [

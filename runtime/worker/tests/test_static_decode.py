@@ -4,6 +4,7 @@ running batch mid-decode, and the model only ever sees the shapes of its shape p
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -87,6 +88,68 @@ def test_greedy_tokens_equal_hf_generate_with_joins_and_leaves(static_loop, mode
     # The batch decoded together: far fewer steps than the requests one by one.
     assert loop.stats.steps - steps < sum(a["max_new_tokens"] * len(a["texts"]) for a in [FIRST, *JOINERS, *LATE])
     assert loop.stats.running == 0
+
+
+def test_the_joiners_of_a_boundary_are_prefilled_one_forward_per_length_bucket_in_arrival_order(static_loop):
+    """Five requests joining at one token boundary, over three length buckets: three prefill
+    forwards (batch bucket × length bucket), in the order of each forward's first request, each
+    answered in a reply pass of its own (its first tokens leave before the next forward runs),
+    and every token HF generate's."""
+    loop, adapter = static_loop("tiny-gpt2")
+    passes: list[str] = []  # one entry per reply pass the loop opened
+
+    @contextlib.contextmanager
+    def reply_pass():
+        passes.append("open")
+        yield
+
+    loop.reply_scope = reply_pass
+    texts = ["a", "word " * 100, "b c", "word " * 20, "word " * 110]  # buckets 8, 128, 8, 32, 128
+    joiners = [{"texts": [t], "max_new_tokens": 1, "logprobs": 1} for t in texts]
+    answered: dict[int, int] = {}  # joiner -> the reply pass its answer was set in
+    futures: list = []
+    before = dict(adapter.shapes.seen)
+
+    def join_at_once(p, total=None, message=None, delta=None):
+        if p == 2:  # the head is decoding: all five are queued before the next boundary
+            for i, a in enumerate(joiners):
+                f = loop.submit(adapter.prepare(a, []), CancelToken())
+                f.add_done_callback(lambda _, i=i: answered.setdefault(i, len(passes)))
+                futures.append(f)
+
+    head = {"texts": ["the head request decodes a while"], "max_new_tokens": 12, "stream": True}
+    loop.submit(adapter.prepare(head, []), CancelToken(), progress=join_at_once).result(timeout=120)
+    results = [f.result(timeout=120).result for f in futures]
+    ran = {k: n - before.get(k, 0) for k, n in adapter.shapes.seen.items() if n > before.get(k, 0)}
+    prefills = {k: n for k, n in ran.items() if k[0] == "prefill" and k != ("prefill", 1, 8)}
+    # The head's own prefill is (1, 8); the joiners': (2, 8), (2, 128), (1, 32), once each.
+    assert prefills == {("prefill", 2, 8): 1, ("prefill", 2, 128): 1, ("prefill", 1, 32): 1}, ran
+    # Arrival order of each forward's first request, one reply pass per forward.
+    assert answered[0] == answered[2] < answered[1] == answered[4] < answered[3], answered
+    for a, got in zip(joiners, results, strict=True):
+        prompt = adapter.prepare(a, []).payload.prompts[0]
+        assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in hf_greedy(adapter, prompt, 1)]
+
+
+def test_a_burst_of_short_joiners_is_one_forward_at_the_batch_bucket(static_loop):
+    loop, adapter = static_loop("tiny-gpt2")
+    futures: list = []
+    before = dict(adapter.shapes.seen)
+    joiners = [{"texts": [f"caller {i}"], "max_new_tokens": 3, "logprobs": 1} for i in range(11)]
+
+    def burst(p, total=None, message=None, delta=None):
+        if p == 2:
+            futures.extend(loop.submit(adapter.prepare(a, []), CancelToken()) for a in joiners)
+
+    head = {"texts": ["the head request decodes a while"], "max_new_tokens": 12, "stream": True}
+    loop.submit(adapter.prepare(head, []), CancelToken(), progress=burst).result(timeout=120)
+    results = [f.result(timeout=120).result for f in futures]
+    ran = {k: n - before.get(k, 0) for k, n in adapter.shapes.seen.items() if n > before.get(k, 0)}
+    # Eleven prompts of one length bucket: one forward at the batch bucket that holds them (16).
+    assert {k: n for k, n in ran.items() if k[0] == "prefill" and k[1] > 1} == {("prefill", 16, 8): 1}, ran
+    for a, got in zip(joiners, results, strict=True):
+        prompt = adapter.prepare(a, []).payload.prompts[0]
+        assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in hf_greedy(adapter, prompt, 3)]
 
 
 def test_a_long_run_moves_the_cache_columns_and_keeps_the_tokens(static_loop):
@@ -210,4 +273,4 @@ def test_the_loaded_model_reports_its_plan_and_cache(shared_worker):
     assert "distinct_shapes" in m["shapes"]
     described, _ = shared_worker.handle("describe", {}, [], OpContext("d"))
     (d,) = [m for m in described["models"] if m["id"] == "tiny-gpt2"]
-    assert d["serving"]["cache"] == "static" and d["shape_plan"]["size"] == 24
+    assert d["serving"]["cache"] == "static" and d["shape_plan"]["size"] == 34

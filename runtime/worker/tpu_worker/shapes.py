@@ -17,9 +17,6 @@ from dataclasses import dataclass, field
 from .errors import WorkerError
 
 MIN_LENGTH = 8  # the shortest length bucket (as adapters.base.seq_bucket always padded)
-# A generation's prefill batches: joiners are prefilled in groups of at most the largest of these
-# (a burst of joiners pays a few prefills, but the plan stays small enough to compile at load).
-PREFILL_BATCH_CAP = 4
 
 
 def default_batches(max_batch: int) -> tuple[int, ...]:
@@ -57,7 +54,9 @@ def _bucket(buckets: tuple[int, ...], n: int, what: str) -> int:
 class ShapePlan:
     batches: tuple[int, ...]
     lengths: tuple[int, ...]  # () for a model whose items have a fixed shape (tensor models)
-    prefill_batches: tuple[int, ...] = ()  # generation only: the batches a prefill may take
+    # generation only: the batches a prefill may take, every batch bucket, so that the joiners of
+    # one token boundary are prefilled in one forward per length bucket (generation/rows.py)
+    prefill_batches: tuple[int, ...] = ()
     # generation with a prefix cache: the lengths of a one-sequence prefill behind a cached
     # prefix (generation/prefix.py), every length bucket but the largest (that one saves nothing)
     cached_lengths: tuple[int, ...] = ()
@@ -79,7 +78,7 @@ class ShapePlan:
         lengths = tuple(n for n in (length_buckets or default_lengths(max_len)) if n <= max_len)
         if max_len > 0 and (not lengths or lengths[-1] < max_len):
             lengths = (*lengths, max_len)
-        prefill = tuple(b for b in batches if b <= PREFILL_BATCH_CAP) if generation else ()
+        prefill = batches if generation else ()
         cached = lengths[:-1] if generation and prefix_cache else ()
         return cls(batches, lengths, prefill, cached)
 

@@ -13,7 +13,7 @@ from ..errors import Cancelled, WorkerError, invalid
 from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
 from ..generation.grammar import Grammars
 from ..generation.params import GenParams, GenRequest, parse_generation, parse_prefix_key
-from ..generation.rows import StaticRows
+from ..generation.rows import StaticRows, join_all
 from ..generation.sampling import sample, sequence_generator
 from ..generation.slots import static_cache_problem
 from ..inputs import check_texts, seq_len_arg
@@ -299,24 +299,26 @@ class CausalLM(Adapter):
         finished = torch.zeros(b, dtype=torch.bool, device=self.device)
         new: list[torch.Tensor] = []
         stopped = False
-        gens = [sequence_generator(sampling.seed, i) for i in range(b)] if sampling and not sampling.greedy else None
         with torch.no_grad():
             # The plan's shapes, as the decode loop runs them (a compiled model compiled them at
             # load), over a static cache of its own; a growing dynamic cache where it cannot be.
+            # Row r holds prompt order[r] (a join prefills one forward per length bucket).
             if self.plan is not None and static_cache_problem(self.eager_model) is None:
                 counter = self.shapes if shapes is None else shapes
                 static = StaticRows(self, self.plan, counter, self.plan.lengths[-1] + self.entry.limits.max_new_tokens)
-                logits = static.join(prompts, max_new)
+                order, logits = join_all(static, prompts, max_new)
 
                 def advance(nxt):
                     return static.step(nxt.tolist())
             else:
+                order = list(range(b))
                 logits, *state = self.prefill(prompts, max_new)
 
                 def advance(nxt):
                     out, *state[:] = self.step(nxt, *state)
                     return out
 
+            gens = [sequence_generator(sampling.seed, i) for i in order] if sampling and not sampling.greedy else None
             for i in range(max_new):
                 if gens is None:
                     nxt = logits.argmax(-1)
@@ -335,14 +337,13 @@ class CausalLM(Adapter):
                     break
                 logits = advance(nxt)
         tokens = torch.stack(new, dim=1).to("cpu").tolist() if new else [[] for _ in range(b)]
-        result = []
-        for row in tokens:
-            kept = []
+        result: list[list[int]] = [[] for _ in range(b)]
+        for r, row in enumerate(tokens):
+            kept = result[order[r]]
             for t in row:
                 kept.append(t)
                 if t == self.eos_id:
                     break
-            result.append(kept)
         return result, stopped
 
     def run_batch(self, batch, should_stop) -> list[Output]:

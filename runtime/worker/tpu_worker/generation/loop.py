@@ -1,15 +1,17 @@
 """Continuous batching: one decode loop per loaded causal LM serves its `infer` requests.
 
 Every prompt of a request is one sequence. Sequences join and leave one running decode batch
-at token boundaries: a joining request is prefilled on its own, its first tokens chosen, and
-its keys and values written into the running batch's cache (generation/rows.py: a static cache
-with fixed slots, at the shape plan's buckets, or a dynamic one where the model's cache cannot
-be static); a finished sequence (EOS, a stop sequence, max_new_tokens, or its request's cancel
-token) leaves at once and frees its row. Each sequence keeps its own sampling state
-(parameters, generator, text stream), so its tokens do not depend on its company. Requests
-wait in FIFO order for room (at most `max_batch` sequences decode together); a request larger
-than that runs when the batch is empty. With batching off, or for a model whose cache cannot be
-reshaped, a request joins only an empty batch. This thread is the only place the model's forward runs for `infer`.
+at token boundaries: the requests that join at a boundary are prefilled together, one forward
+per length bucket in the order they came (generation/rows.py: a static cache with fixed slots,
+at the shape plan's buckets, or a dynamic one where the model's cache cannot be static), each
+forward's first tokens chosen and sent before the next forward runs, and their keys and values
+written into the running batch's cache; a finished sequence (EOS, a stop sequence,
+max_new_tokens, or its request's cancel token) leaves at once and frees its row. Each sequence
+keeps its own sampling state (parameters, generator, text stream), so its tokens do not depend
+on its company. Requests wait in FIFO order for room (at most `max_batch` sequences decode
+together); a request larger than that runs when the batch is empty. With batching off, or for a
+model whose cache cannot be reshaped, a request joins only an empty batch. This thread is the
+only place the model's forward runs for `infer`.
 
 A generation request's future always gets a result, never a cancellation: a cancelled request
 answers with the text it had, finish_reason = the token's reason (the generation contract).
@@ -161,9 +163,12 @@ class DecodeLoop(Inbox):
             joining = self._take()
             if joining is None:
                 break
-            # Two writes per iteration: the joiners' first tokens leave before the next step
-            # runs (time to first token), then that step's tokens and answers.
-            self._guarded(functools.partial(self._admit, joining), joining)
+            # One write per prefill forward: each forward's first tokens leave before the next
+            # forward or step runs (time to first token), then that step's tokens and answers.
+            live: list[_Request] = []
+            self._guarded(functools.partial(self._admit, joining, live), joining)
+            if live:
+                self._join(live)
             if self._rows:
                 self._guarded(self._step, [])
         with self._cond:
@@ -172,15 +177,26 @@ class DecodeLoop(Inbox):
         self._fail({s.req for s in self._rows} | set(pending), WorkerError("model_not_loaded", self._closed or ""))
         self._reset()
 
-    def _guarded(self, work: Callable[[], None], joining: list[_Request]) -> None:
+    def _guarded(self, work: Callable[[], None], joining: list[_Request], prefill: bool = False) -> bool:
+        """Runs `work` in one reply pass; False when it failed. A failed prefill fails its
+        joiners only; any other failure every request in the batch."""
         with self.replies():
             try:
                 work()
                 self._compact()
+                return True
             except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the loop
-                logs.warn("decode step failed", model=self.name, error=f"{type(exc).__name__}: {exc}")
-                self._fail({s.req for s in self._rows} | set(joining), exc)
-                self._reset()
+                if prefill:
+                    logs.warn("prefill failed", model=self.name, error=f"{type(exc).__name__}: {exc}")
+                    self._fail(set(joining), exc)
+                    if self._batch.rows != len(self._rows):  # a forward that failed midway: its rows go
+                        self._batch.keep(list(range(len(self._rows))))
+                    self._compact()
+                else:
+                    logs.warn("decode step failed", model=self.name, error=f"{type(exc).__name__}: {exc}")
+                    self._fail({s.req for s in self._rows} | set(joining), exc)
+                    self._reset()
+                return False
 
     def _take(self) -> list[_Request] | None:
         """Blocks while idle; returns the requests that join now (possibly none)."""
@@ -206,12 +222,12 @@ class DecodeLoop(Inbox):
                     break
             return taken
 
-    def _admit(self, joining: list[_Request]) -> None:
-        """At a token boundary: cancelled sequences leave, joining requests are prefilled in."""
+    def _admit(self, joining: list[_Request], live: list[_Request]) -> None:
+        """At a token boundary: cancelled sequences leave, and the joiners not cancelled are
+        listed in `live` (in the order they came) to be prefilled."""
         for s in self._rows:
             if s.finish is None and s.req.token.cancelled:
                 self._end(s, s.req.token.reason or "cancelled", s.stream.finish())
-        live = []
         for r in joining:
             _stamp(r, "w.taken")
             span_since(r.trace, "queue", "w.queued")
@@ -220,38 +236,53 @@ class DecodeLoop(Inbox):
                     self._end(s, r.token.reason or "cancelled", "")
             else:
                 live.append(r)
-        if live:
-            try:
-                self._prefill(live)
-            except Exception as exc:  # noqa: BLE001 - a failed prefill fails the joiners only
-                logs.warn("prefill failed", model=self.name, error=f"{type(exc).__name__}: {exc}")
-                self._fail(set(live), exc)
 
-    def _prefill(self, live: list[_Request]) -> None:
+    def _join(self, live: list[_Request]) -> None:
+        """Prefills the joiners one forward at a time (rows.py `forwards`: one per length bucket,
+        in the order they came), each forward in a reply pass of its own, so that its sequences'
+        first tokens leave before the next forward runs; a failed forward fails the joiners."""
         seqs = [s for r in live for s in r.seqs]
+        prompts = [s.req.gen.prompts[s.index] for s in seqs]
         room = max(s.params.max_new_tokens for s in seqs)
         joining = bool(self._rows)
-        with torch.no_grad():
-            logits = self._batch.join(
-                [s.req.gen.prompts[s.index] for s in seqs], room, [s.req.gen.prefix_key for s in seqs]
-            )
-        for s, cached in zip(seqs, self._batch.joined_cached, strict=True):
-            s.prefix_cached = cached
-        self.stats.prefills += 1
-        ids = self._choose(seqs, logits)
-        now = time.perf_counter()
-        for r in live:
-            r.t_first = now
-            span_since(r.trace, "prefill", "w.taken", batched_with=len(live))
-            _stamp(r, "w.first_token")
+        plan: list = []
+
+        def forwards() -> None:
+            with torch.no_grad():
+                plan.extend(self._batch.forwards(prompts, [s.req.gen.prefix_key for s in seqs]))
+
+        if not self._guarded(forwards, live, prefill=True):
+            return
+        waiting = {id(r): len(r.seqs) for r in live}  # sequences not yet prefilled, per request
+        for fwd in plan:
+            part = [seqs[i] for i in fwd.indices]
+            if not self._guarded(functools.partial(self._prefill, fwd, prompts, room, part, waiting), live, True):
+                return
         if joining:
             self.stats.joins += len(live)
         elif not self._batch.can_join():
             logs.info("this model's KV cache cannot be reshaped: requests join an empty batch only", model=self.name)
-        self._rows.extend(seqs)
+
+    def _prefill(self, fwd, prompts: list[list[int]], room: int, part: list[_Seq], waiting: dict) -> None:
+        """One prefill forward: its sequences join the batch with their first tokens chosen."""
+        with torch.no_grad():
+            logits = self._batch.prefill(fwd, prompts, room)
+        for s, cached in zip(part, fwd.cached, strict=True):
+            s.prefix_cached = cached
+        self.stats.prefills += 1
+        ids = self._choose(part, logits)
+        now = time.perf_counter()
+        for s in part:
+            r = s.req
+            waiting[id(r)] -= 1
+            if waiting[id(r)] == 0:  # its last sequence prefilled: its first tokens are all out
+                r.t_first = now
+                span_since(r.trace, "prefill", "w.taken", batched_with=len({id(q.req) for q in part}))
+                _stamp(r, "w.first_token")
+        self._rows.extend(part)
         self._last.extend(ids)
         self.stats.running = sum(1 for s in self._rows if s.finish is None)
-        self._accept(seqs, ids)
+        self._accept(part, ids)
 
     def _step(self) -> None:
         fed = [t if s.finish is None else self.adapter.pad_id for s, t in zip(self._rows, self._last, strict=True)]

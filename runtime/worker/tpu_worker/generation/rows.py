@@ -4,13 +4,18 @@ running sequence) and the scheduling; one of these keeps the KV cache.
 
 `StaticRows` (the default): a preallocated cache with fixed slots (generation/slots.py); a
 prefill runs at one of the shape plan's (batch, length) buckets and a decode step at one of its
-batch buckets, so the model sees only the plan's shapes whatever joins or leaves.
+batch buckets, so the model sees only the plan's shapes whatever joins or leaves. The sequences
+that join at one token boundary are prefilled one forward per length bucket (`forwards`), so a
+burst of joiners costs at most one forward per bucket, and a short prompt is never padded to a
+long neighbour's bucket.
 `DynamicRows`: a DynamicCache grown by one column per token and reshaped when rows join or
 leave (generation/kv.py), kept for a model whose cache cannot be static; every step has a new
 shape there. Both record each forward's shape on the adapter's ShapeCounter.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +24,30 @@ from ..shapes import ShapeCounter, ShapePlan
 from . import kv
 from .prefix import PrefixCache
 from .slots import SlotCache, static_cache_problem
+
+
+@dataclass
+class Forward:
+    """One prefill forward of a join: which of the joining prompts it runs (row order), their
+    prefix-cache partitions, and the cached prefix blocks of a single prompt run behind them."""
+
+    indices: list[int]
+    partitions: list[str | None]
+    blocks: list = field(default_factory=list)
+    # per prompt, how many of its tokens came from the prefix cache (set when it ran)
+    cached: list[int] = field(default_factory=list)
+    counted: bool = False  # its prompts count toward the prefix cache's hit rate
+
+
+def join_all(batch, prompts: list[list[int]], room: int, partitions: list[str | None] | None = None):
+    """Every forward of a join, one after another: (the prompts' indices in the order of their
+    rows, their last logits in that order). The decode loop runs them one at a time instead."""
+    order: list[int] = []
+    out: list[torch.Tensor] = []
+    for fwd in batch.forwards(prompts, partitions):
+        out.append(batch.prefill(fwd, prompts, room))
+        order.extend(fwd.indices)
+    return order, torch.cat(out, dim=0)
 
 
 class DynamicRows:
@@ -31,7 +60,6 @@ class DynamicRows:
         self.mergeable: bool | None = None  # can rows join a running batch: known after a prefill
         self.rows = 0
         self.prefix = None  # no prefix reuse over a dynamic cache
-        self.joined_cached: list[int] = []
         self._cache = self._mask = self._pos = None
 
     def describe(self) -> dict:
@@ -40,11 +68,16 @@ class DynamicRows:
     def can_join(self) -> bool:
         return bool(self.mergeable)
 
-    def join(self, prompts: list[list[int]], room: int, partitions: list[str] | None = None) -> torch.Tensor:
-        """Prefills `prompts` into the batch (no prefix reuse here: `joined_cached` is all 0)."""
-        self.joined_cached = [0] * len(prompts)
-        logits, cache, mask, pos = self.adapter.prefill(prompts, room)
-        self.shapes.record("prefill", mask.shape[0], mask.shape[1], sum(len(p) for p in prompts))
+    def forwards(self, prompts: list[list[int]], partitions: list[str | None] | None = None) -> list[Forward]:
+        """One forward for all of them (no prefix reuse over a dynamic cache)."""
+        return [Forward(list(range(len(prompts))), [None] * len(prompts))]
+
+    def prefill(self, fwd: Forward, prompts: list[list[int]], room: int) -> torch.Tensor:
+        """Prefills the forward's prompts into the batch, after its rows: their last logits."""
+        ps = [prompts[i] for i in fwd.indices]
+        fwd.cached = [0] * len(ps)
+        logits, cache, mask, pos = self.adapter.prefill(ps, room)
+        self.shapes.record("prefill", mask.shape[0], mask.shape[1], sum(len(p) for p in ps))
         if self.rows:
             self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
             self._pos = torch.cat([self._pos, pos], dim=0)
@@ -52,7 +85,7 @@ class DynamicRows:
             if self.mergeable is None:
                 self.mergeable = kv.tensors_of(cache) is not None
             self._cache, self._mask, self._pos = cache, mask, pos
-        self.rows += len(prompts)
+        self.rows += len(ps)
         return logits
 
     def step(self, tokens: list[int]) -> torch.Tensor:
@@ -92,7 +125,6 @@ class StaticRows:
         self.prefix = prefix  # the model's prefix cache (generation/prefix.py), or None: no reuse
         self.mergeable = True
         self.rows = 0
-        self.joined_cached: list[int] = []
         self.slots = SlotCache(
             adapter.eager_model,
             slots=plan.batches[-1],
@@ -114,36 +146,45 @@ class StaticRows:
     def can_join(self) -> bool:
         return True
 
-    def join(self, prompts: list[list[int]], room: int, partitions: list[str] | None = None) -> torch.Tensor:
-        """Prefills `prompts` into the next free slots, in order: in groups of the plan's prefill
-        batches, each at its length bucket, or one at a time behind its cached prefix where the
-        prefix cache holds one for its partition (`partitions`, one per prompt; None: no reuse).
-        Returns their last logits [len(prompts), vocab]; `joined_cached` says, per prompt, how
-        many of its tokens came from the prefix cache."""
-        out: list[torch.Tensor] = []
-        self.joined_cached = []
-        group: list[tuple[list[int], str | None]] = []
+    def forwards(self, prompts: list[list[int]], partitions: list[str | None] | None = None) -> list[Forward]:
+        """How joining `prompts` are prefilled: one forward per length bucket, at the batch bucket
+        that holds its prompts (at most the plan's largest: the slots), or one prompt alone behind
+        its cached prefix where the prefix cache holds one for its partition (`partitions`, one
+        per prompt; None: no reuse). In the order of each forward's first prompt, so the joiners
+        are served in the order they came whatever their lengths."""
+        out: list[Forward] = []
+        open_at: dict[int, Forward] = {}  # length bucket -> its forward still taking prompts
         cap = self.plan.prefill_batches[-1]
+        use = partitions is not None and self.prefix is not None
         for i, p in enumerate(prompts):
-            part = partitions[i] if partitions is not None and self.prefix is not None else None
+            part = partitions[i] if use else None
             blocks = self._cached_blocks(part, p) if part is not None else []
             if blocks:
-                if group:
-                    out.append(self._prefill_group(group))
-                    group = []
-                out.append(self._prefill_behind(p, part, blocks))
+                out.append(Forward([i], [part], blocks, counted=use))
                 continue
-            group.append((p, part))
-            self.joined_cached.append(0)
-            if len(group) == cap:
-                out.append(self._prefill_group(group))
-                group = []
-        if group:
-            out.append(self._prefill_group(group))
-        if self.prefix is not None and partitions is not None:
-            for p, cached in zip(prompts, self.joined_cached, strict=True):
+            length = self.plan.length(len(p))
+            fwd = open_at.get(length)
+            if fwd is None or len(fwd.indices) == cap:
+                fwd = open_at[length] = Forward([], [], counted=use)
+                out.append(fwd)
+            fwd.indices.append(i)
+            fwd.partitions.append(part)
+        return out
+
+    def prefill(self, fwd: Forward, prompts: list[list[int]], room: int) -> torch.Tensor:
+        """Runs one of `forwards`: its prompts into the next free slots, in its order. Returns
+        their last logits [len(fwd.indices), vocab] and sets `fwd.cached`."""
+        ps = [prompts[i] for i in fwd.indices]
+        if fwd.blocks:
+            logits = self._prefill_behind(ps[0], fwd.partitions[0], fwd.blocks)
+            fwd.cached = [len(fwd.blocks) * self.prefix.block]
+        else:
+            logits = self._prefill_group(list(zip(ps, fwd.partitions, strict=True)))
+            fwd.cached = [0] * len(ps)
+        if self.prefix is not None and fwd.counted:
+            for p, cached in zip(ps, fwd.cached, strict=True):
                 self.prefix.count(len(p), cached)
-        return torch.cat(out, dim=0)
+        return logits
 
     def _cached_blocks(self, partition: str, prompt: list[int]) -> list:
         """The prompt's cached prefix blocks, when prefilling behind them runs a shorter bucket."""
@@ -153,10 +194,10 @@ class StaticRows:
         rest = len(prompt) - len(blocks) * self.prefix.block
         if self.plan.length(rest) >= self.plan.length(len(prompt)):
             return []  # the same bucket either way: nothing saved
-        self.joined_cached.append(len(blocks) * self.prefix.block)
         return blocks
 
     def _prefill_group(self, group: list[tuple[list[int], str | None]]) -> torch.Tensor:
+        """Prompts of one length bucket, in one forward at the batch bucket that holds them."""
         prompts = [p for p, _ in group]
         batch = self.plan.prefill_batch(len(prompts))
         length = self.plan.length(max(len(p) for p in prompts))
