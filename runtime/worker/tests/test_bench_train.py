@@ -14,8 +14,6 @@ from tpu_worker.bench import train_step
 from tpu_worker.bench.train_step import OPTIMIZER_SETTINGS
 from tpu_worker.ops import OpContext
 
-TEXT = {"tiny-gpt2": 16, "all-minilm-l6-v2": 16}
-
 
 def train(worker, **args):
     base = {"work": "train_step", "optimizer": "adamw", "warmup": 1, "iterations": 3}
@@ -59,20 +57,36 @@ def plain_loop(model: torch.nn.Module, task: str, batch: dict, optimizer: str, s
 
 
 @pytest.mark.parametrize(
-    ("model", "optimizer"),
-    [("tiny-gpt2", "adamw"), ("all-minilm-l6-v2", "sgd"), ("mnist-cnn", "adamw"), ("mnist-cnn", "sgd")],
+    ("model", "optimizer", "batch", "seq"),
+    [
+        ("tiny-gpt2", "adamw", 2, 16),
+        ("all-minilm-l6-v2", "sgd", 2, 16),
+        ("mnist-cnn", "adamw", 2, None),
+        ("mnist-cnn", "sgd", 2, None),
+        # Off the plan's buckets: the step runs padded to (4, 32) or 4 rows, the loss unpadded.
+        ("tiny-gpt2", "adamw", 3, 20),
+        ("all-minilm-l6-v2", "sgd", 3, 20),
+        ("mnist-cnn", "adamw", 3, None),
+    ],
 )
-def test_the_fp32_loss_after_n_steps_is_a_plain_pytorch_loops(shared_worker, model, optimizer):
-    seq = TEXT.get(model)
-    r = train(shared_worker, model=model, optimizer=optimizer, batch_sizes=[2], seq_lens=[seq] if seq else None)
+def test_the_fp32_loss_after_n_steps_is_a_plain_pytorch_loops(shared_worker, model, optimizer, batch, seq):
+    r = train(shared_worker, model=model, optimizer=optimizer, batch_sizes=[batch], seq_lens=[seq] if seq else None)
     (c,) = r["configs"]
     assert c["error"] is None, c
     adapter = shared_worker.served[model].adapter
-    batch = train_step.synthetic_batch(adapter, 2, seq, 0)
-    expected = plain_loop(adapter.eager_model, adapter.entry.task, batch, optimizer, c["train_steps"])
+    unpadded = train_step.synthetic_batch(adapter, batch, seq, 0)
+    expected = plain_loop(adapter.eager_model, adapter.entry.task, unpadded, optimizer, c["train_steps"])
     assert c["train_steps"] == 1 + 3  # warmup + the window
     assert abs(c["loss_final"] - expected) <= 1e-5, (c["loss_final"], expected)
     assert c["loss_final"] != c["loss_first"]  # the steps did train the copy
+    # It ran at the plan's buckets, and says how much of that was padding.
+    bucket = adapter.plan.batch(batch)
+    length = adapter.plan.length(seq) if seq else 0
+    assert c["shape_report"]["shapes"] == [["train_step", bucket, length]]
+    real, padded = batch * (seq or 1), bucket * (length or 1)
+    assert c["shape_report"]["padding_waste"] == pytest.approx(1 - real / padded, abs=1e-4)
+    per_s = real / (c["latency_ms"]["mean"] / 1000)  # real tokens, not padded ones
+    assert c["tokens_per_s"] is None or c["tokens_per_s"] == pytest.approx(per_s, rel=1e-3)
 
 
 def test_the_served_model_is_unchanged_after_a_train_step_benchmark(shared_worker):

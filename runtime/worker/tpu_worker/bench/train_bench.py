@@ -20,11 +20,12 @@ from .. import flops, logs
 from ..errors import WorkerError, is_oom
 from ..memory import MemoryProbe
 from ..platforms import platform_for
+from ..shapes import ShapeCounter
 from .host import HostSource, ProcHost
-from .measure import SEED, compile_counters, latency_summary, recompile_room, settle_series
+from .measure import SEED, compile_counters, latency_summary, recompile_room, settle_series, shape_report
 from .stability import Goal
 from .stability import report as stability_report
-from .train_step import Trainer, loss_curve, loss_drift, loss_name, optimizer_report, synthetic_batch, tokens_in
+from .train_step import Trainer, loss_curve, loss_drift, loss_name, optimizer_report, planned_batch
 
 
 def run_train(worker, entry, info, device, p, ctx, manifest: dict, failed) -> tuple[list[dict], bool]:
@@ -46,6 +47,10 @@ def run_train(worker, entry, info, device, p, ctx, manifest: dict, failed) -> tu
         "precision": "bfloat16 = autocast over float32 weights",
         "model_mode": "eval (dropout off: the loss is a function of weights and batch)",
         "batch": "one synthetic batch (seed 0), the same every step",
+        "shapes": (
+            "the batch padded to the model's shape plan (batch and length buckets), the padding masked out of "
+            "the loss (ignored targets, zero row weights): the loss is the unpadded batch's"
+        ),
     }
     # The loaded model (or a temporary copy) as float32 eager: the weights every copy starts from.
     with worker.adapter_for(entry, info, device, "float32", "eager", ctx.token) as lease:
@@ -81,7 +86,8 @@ def _one(source, b, s, dtype, mode, p, ctx, host, kind, name, matmul, flop_cache
     device = source.device
     try:
         trainer = Trainer(source, dtype, mode, p.optimizer)
-        batch = synthetic_batch(source, b, s, SEED)
+        planned = planned_batch(source, b, s, SEED)
+        batch = planned.batch
         key = (b, s)
         if key not in flop_cache:
             flop_cache[key] = trainer.count_flops(batch)
@@ -123,7 +129,12 @@ def _one(source, b, s, dtype, mode, p, ctx, host, kind, name, matmul, flop_cache
             "FLOP-count fault, so no fraction is reported"
         )
         fraction = None
-    tokens = tokens_in(batch)
+    # Real tokens (the padding is work the device did, but no sample's): per second, and what a
+    # TPU would compile, as a forward configuration reports it.
+    shapes = ShapeCounter()
+    for _ in range(res["train_steps"]):
+        shapes.record("train_step", planned.bucket, planned.length, planned.real)
+    tokens = planned.real if planned.length else None
     compile_s = max(0.0, res["first_call_s"] - mean_s) if mode == "compile" else 0.0
     return {
         "batch": b,
@@ -140,6 +151,7 @@ def _one(source, b, s, dtype, mode, p, ctx, host, kind, name, matmul, flop_cache
         "tokens_per_s": round(tokens / mean_s, 4) if tokens and mean_s > 0 else None,
         "compile_s": round(compile_s, 6),
         "compile_backend": trainer.compile_backend,
+        "shape_report": shape_report(shapes, res["graphs_compiled"]),
         "matmul_precision": matmul,
         "optimizer": p.optimizer,
         "flops_per_step": step_flops or None,

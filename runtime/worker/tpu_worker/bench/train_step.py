@@ -7,6 +7,14 @@ Loss heads (synthetic inputs and targets from a fixed seed):
   * embedding: MSE of the pooled, normalised embedding to fixed random unit vectors;
   * tensor (mnist-cnn): cross-entropy on random class labels.
 
+The step runs at the model's shape plan (`planned_batch`: the batch padded up to its batch
+bucket, the sequence to its length bucket, as a request of that shape runs), and the padding is
+masked out of the loss, so the loss and its gradients are the unpadded batch's: a padded token's
+or row's target is cross-entropy's ignore index (the mean is over the real targets alone), an
+embedding's padded row has weight 0 in the MSE (the sum over real rows, divided by their count ×
+width), and padded positions are masked from attention (embeddings) or come after every real one
+(causal LMs, right padded), so no real output sees them.
+
 The copy stays in eval mode (dropout off), so a step is a function of the weights and the batch
 alone: the loss series of bfloat16 compares with float32 step for step, and a plain PyTorch loop
 of the same steps reproduces the float32 one. Weights stay float32 (the master copy); "bfloat16"
@@ -36,6 +44,7 @@ OPTIMIZER_SETTINGS = {
 # What each dtype of the grid means for training: float32 weights, optionally autocast.
 TRAIN_PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
 TARGET_SEED_OFFSET = 1  # targets and labels are drawn apart from the inputs' seed
+IGNORE = -100  # cross-entropy's ignore index: the target of a padded token or row adds nothing
 
 
 def make_optimizer(name: str, params) -> torch.optim.Optimizer:
@@ -57,9 +66,11 @@ class CausalLMLoss(nn.Module):
         self.model = model
 
     def forward(self, batch: dict) -> torch.Tensor:
-        ids = batch["input_ids"]
-        logits = self.model(input_ids=ids, use_cache=False).logits
-        return nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        logits = self.model(input_ids=batch["input_ids"], use_cache=False).logits
+        labels = batch["labels"]  # the ids, IGNORE where padded
+        return nn.functional.cross_entropy(
+            logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE
+        )
 
 
 class EmbeddingMSELoss(nn.Module):
@@ -71,7 +82,8 @@ class EmbeddingMSELoss(nn.Module):
 
     def forward(self, batch: dict) -> torch.Tensor:
         emb = pooled_embedding(self.model, {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]})
-        return nn.functional.mse_loss(emb, batch["target"])
+        w = batch["row_weight"]  # 1 a real row, 0 a padded one: the mean over the real rows alone
+        return (((emb - batch["target"]) ** 2).sum(-1) * w).sum() / (w.sum() * emb.shape[-1])
 
 
 class ClassifierLoss(nn.Module):
@@ -82,7 +94,7 @@ class ClassifierLoss(nn.Module):
         self.model = model
 
     def forward(self, batch: dict) -> torch.Tensor:
-        return nn.functional.cross_entropy(self.model(batch["x"]).float(), batch["labels"])
+        return nn.functional.cross_entropy(self.model(batch["x"]).float(), batch["labels"], ignore_index=IGNORE)
 
 
 def loss_head(adapter: Adapter, model: nn.Module) -> nn.Module:
@@ -107,14 +119,54 @@ def synthetic_batch(adapter: Adapter, batch: int, seq_len: int | None, seed: int
     inputs = adapter.example(batch, seq_len, seed=seed)
     g = torch.Generator().manual_seed(seed + TARGET_SEED_OFFSET)
     if isinstance(adapter, CausalLM):
-        return {"input_ids": inputs}
+        return {"input_ids": inputs, "labels": inputs}
     if isinstance(adapter, SentenceEmbedder):
         width = int(adapter.eager_model.config.hidden_size)
         target = nn.functional.normalize(torch.randn((batch, width), generator=g), dim=1)
-        return {**inputs, "target": target.to(adapter.device)}
+        return {**inputs, "target": target.to(adapter.device), "row_weight": torch.ones(batch, device=adapter.device)}
     classes = int(adapter.eager_model.fc.out_features) if hasattr(adapter.eager_model, "fc") else 10
     labels = torch.randint(0, classes, (batch,), generator=g)
     return {"x": inputs.to(torch.float32), "labels": labels.to(adapter.device)}
+
+
+@dataclass
+class PlannedBatch:
+    """A step's batch at the shape plan: what runs, the plan's buckets, how much of it is real."""
+
+    batch: dict
+    bucket: int  # the batch bucket
+    length: int  # the length bucket (0: items of one shape)
+    real: int  # real items x tokens (of bucket x length)
+
+
+def _pad_to(t: torch.Tensor, rows: int, value: float) -> torch.Tensor:
+    out = torch.full((rows, *t.shape[1:]), value, dtype=t.dtype, device=t.device)
+    out[: t.shape[0]] = t
+    return out
+
+
+def planned_batch(adapter: Adapter, batch: int, seq_len: int | None, seed: int) -> PlannedBatch:
+    """`synthetic_batch` padded up to the adapter's shape plan by the adapter's own padding (as a
+    request of that shape runs), its targets padded so that the padding is masked out of the loss
+    (IGNORE, or row weight 0); unpadded where the adapter keeps no plan."""
+    real = synthetic_batch(adapter, batch, seq_len, seed)
+    if adapter.plan is None:
+        ids = real.get("input_ids")
+        return PlannedBatch(real, batch, int(ids.shape[1]) if ids is not None else 0, tokens_in(real) or batch)
+    if isinstance(adapter, CausalLM):
+        ids = real["input_ids"]
+        padded, bucket, length, n = adapter.pad_to_plan(ids)
+        labels = torch.full_like(padded, IGNORE)
+        labels[: ids.shape[0], : ids.shape[1]] = ids
+        return PlannedBatch({"input_ids": padded, "labels": labels}, bucket, length, n)
+    if isinstance(adapter, SentenceEmbedder):
+        inputs = {"input_ids": real["input_ids"], "attention_mask": real["attention_mask"]}
+        padded, bucket, length, n = adapter.pad_to_plan(inputs)
+        target, weight = _pad_to(real["target"], bucket, 0.0), _pad_to(real["row_weight"], bucket, 0.0)
+        return PlannedBatch({**padded, "target": target, "row_weight": weight}, bucket, length, n)
+    padded, bucket, length, n = adapter.pad_to_plan(real["x"])
+    labels = _pad_to(real["labels"], bucket, IGNORE)
+    return PlannedBatch({"x": padded.to(torch.float32), "labels": labels}, bucket, length, n)
 
 
 def tokens_in(batch: dict) -> int | None:
