@@ -9,6 +9,7 @@ import {
   exportLink,
   type ExportedRecord,
 } from "./audit_export_proof.js";
+import type { ChainRow } from "./audit_chain.js";
 import type { AuditRecord } from "./audit_record.js";
 import type { SqliteDb } from "./sqlite.js";
 
@@ -30,12 +31,7 @@ export interface ExportSummary {
   head: { seq: number; hash: string; export_hash: string };
 }
 
-interface Row {
-  seq: number;
-  record: string;
-  prev_hash: string;
-  hash: string;
-}
+type Row = ChainRow;
 
 /** JSON with every non-ASCII character escaped: safe on a terminal, and the same value parsed. */
 export function asciiJson(v: unknown): string {
@@ -54,11 +50,12 @@ export function exportHashAt(db: SqliteDb, seq: number): string {
   const rows = db
     .prepare("SELECT * FROM audit_log WHERE seq <= ? ORDER BY seq")
     .iterate(seq) as Iterable<Row>;
-  for (const r of rows) prev = link(prev, r);
+  for (const r of rows) prev = exportLinkOf(prev, r);
   return prev;
 }
 
-function link(prev: string, r: Row): string {
+/** The keyless chain's next hash after `prev`, for one stored row (any backend's). */
+export function exportLinkOf(prev: string, r: Row): string {
   const rec = JSON.parse(r.record) as Record<string, unknown>;
   return exportLink(prev, r.prev_hash, r.hash, canonicalBody({ ...rec, seq: r.seq }));
 }
@@ -120,59 +117,67 @@ function ocsfEvent(p: ExportedRecord): Record<string, unknown> {
 }
 
 /**
- * Writes the export line by line through `write` (one JSON text per call, no newline) and
- * returns what it holds. Runs in one read transaction of `db`.
+ * The lines of one export, in order: each stored row given to `add` becomes its line, `finish`
+ * writes the head line. Backend-neutral (SQLite's exportTrail below, Postgres's
+ * server/app/postgres/audit.ts), so every store exports the same bytes.
  */
-export function exportTrail(
-  db: SqliteDb,
-  opts: ExportOptions,
-  write: (line: string) => void,
-): ExportSummary {
-  return db.transaction(() => {
-    const from = firstSeq(db, opts.since);
-    const head = db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1").get() as
-      { seq: number; hash: string } | undefined;
-    let prev = exportHashAt(db, (from ?? (head?.seq ?? 0) + 1) - 1);
-    let records = 0;
-    let lastSeq = from === null ? (head?.seq ?? 0) : from - 1;
-    let lastHash = head?.hash ?? EXPORT_GENESIS;
-    if (from !== null) {
-      const rows = db
-        .prepare("SELECT * FROM audit_log WHERE seq >= ? ORDER BY seq")
-        .iterate(from) as Iterable<Row>;
-      for (const r of rows) {
-        const record = JSON.parse(r.record) as Record<string, unknown>;
-        const exportHash = exportLink(
-          prev,
-          r.prev_hash,
-          r.hash,
-          canonicalBody({ ...record, seq: r.seq }),
-        );
-        const p: ExportedRecord = {
-          seq: r.seq,
-          record,
-          prev_hash: r.prev_hash,
-          hash: r.hash,
-          export_prev: prev,
-          export_hash: exportHash,
-        };
-        write(asciiJson(opts.format === "ocsf" ? ocsfEvent(p) : { type: "audit_record", ...p }));
-        prev = exportHash;
-        lastSeq = r.seq;
-        lastHash = r.hash;
-        records++;
-      }
-    }
+export class ExportWriter {
+  private records = 0;
+  private lastSeq: number;
+  private lastHash: string;
+
+  /**
+   * `prev`: the export hash after record `from - 1`; `head`: the trail's head row, which is
+   * where an export with no record at or after `since` ends.
+   */
+  constructor(
+    private prev: string,
+    private readonly from: number | null,
+    head: { seq: number; hash: string } | undefined,
+    private readonly opts: ExportOptions,
+    private readonly write: (line: string) => void,
+  ) {
+    this.lastSeq = from === null ? (head?.seq ?? 0) : from - 1;
+    this.lastHash = head?.hash ?? EXPORT_GENESIS;
+  }
+
+  add(r: Row): void {
+    const record = JSON.parse(r.record) as Record<string, unknown>;
+    const exportHash = exportLink(
+      this.prev,
+      r.prev_hash,
+      r.hash,
+      canonicalBody({ ...record, seq: r.seq }),
+    );
+    const p: ExportedRecord = {
+      seq: r.seq,
+      record,
+      prev_hash: r.prev_hash,
+      hash: r.hash,
+      export_prev: this.prev,
+      export_hash: exportHash,
+    };
+    this.write(
+      asciiJson(this.opts.format === "ocsf" ? ocsfEvent(p) : { type: "audit_record", ...p }),
+    );
+    this.prev = exportHash;
+    this.lastSeq = r.seq;
+    this.lastHash = r.hash;
+    this.records++;
+  }
+
+  finish(): ExportSummary {
+    const opts = this.opts;
     const h = {
-      seq: lastSeq,
-      hash: lastHash,
-      export_hash: prev,
+      seq: this.lastSeq,
+      hash: this.lastHash,
+      export_hash: this.prev,
       key_id: opts.keyId,
-      first_seq: from,
-      records,
+      first_seq: this.from,
+      records: this.records,
       exported_at: (opts.now?.() ?? new Date()).toISOString(),
     };
-    write(
+    this.write(
       asciiJson(
         opts.format === "ocsf"
           ? {
@@ -191,9 +196,34 @@ export function exportTrail(
       ),
     );
     return {
-      records,
-      first_seq: from,
-      head: { seq: lastSeq, hash: lastHash, export_hash: prev },
+      records: this.records,
+      first_seq: this.from,
+      head: { seq: this.lastSeq, hash: this.lastHash, export_hash: this.prev },
     };
+  }
+}
+
+/**
+ * Writes the export line by line through `write` (one JSON text per call, no newline) and
+ * returns what it holds. Runs in one read transaction of `db`.
+ */
+export function exportTrail(
+  db: SqliteDb,
+  opts: ExportOptions,
+  write: (line: string) => void,
+): ExportSummary {
+  return db.transaction(() => {
+    const from = firstSeq(db, opts.since);
+    const head = db.prepare("SELECT seq, hash FROM audit_head WHERE id = 1").get() as
+      { seq: number; hash: string } | undefined;
+    const prev = exportHashAt(db, (from ?? (head?.seq ?? 0) + 1) - 1);
+    const out = new ExportWriter(prev, from, head, opts, write);
+    if (from !== null) {
+      const rows = db
+        .prepare("SELECT * FROM audit_log WHERE seq >= ? ORDER BY seq")
+        .iterate(from) as Iterable<Row>;
+      for (const r of rows) out.add(r);
+    }
+    return out.finish();
   })();
 }
