@@ -32,16 +32,16 @@ export type RefusalScope = "principal" | "tool" | "call";
 type Scope = RefusalScope;
 
 /** Distinct tools named in one aggregate; the rest are counted under "(other)". */
-const MAX_TOOLS = 32;
+export const MAX_TOOLS = 32;
 /** Windows open at once (memory); past it, refusals are recorded one by one again. */
-const MAX_OPEN = 10_000;
+export const MAX_OPEN = 10_000;
 
 /**
  * The rule above; `per` is for refusals made outside the gate, whose caller knows what repeats
  * (e.g. failed authentication per client address: `per: "principal"` with the address as the
  * principal). It applies to denied records only.
  */
-function scopeOf(rec: AuditRecord, per?: Scope): Scope | null {
+export function scopeOf(rec: AuditRecord, per?: Scope): Scope | null {
   if (rec.outcome !== "denied" || !rec.code) return null;
   if (per) return per === "call" && !rec.args_digest ? null : per;
   if (rec.code === "rate_limited" || rec.code === "principal_suspended") return "principal";
@@ -68,6 +68,40 @@ interface Window {
   since?: string;
   until?: string;
   tools: Map<string, number>;
+}
+
+/** What an aggregate is made of: its window's first record, scope and counts. */
+export interface WindowCounts {
+  first: Pick<StoredAuditRecord, "principal" | "tool" | "args_digest" | "code" | "seq">;
+  scope: Scope;
+  count: number;
+  since?: string;
+  until?: string;
+  /** Refusals per tool (at most MAX_TOOLS names, then "(other)"). */
+  tools: ReadonlyMap<string, number>;
+}
+
+/**
+ * The aggregate record of a window that counted repeats, written when it ends at `now` (every
+ * backend writes this same record: SQLite below, Postgres server/app/postgres/audit.ts).
+ */
+export function aggregateRecord(w: WindowCounts, windowMs: number, now: number): AuditRecord {
+  const f = w.first;
+  const tools = [...w.tools.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  return {
+    time: new Date(now).toISOString(),
+    principal: f.principal,
+    tool: w.scope !== "principal" ? f.tool : tools.length === 1 ? tools[0][0] : "*",
+    args_digest: w.scope === "call" ? f.args_digest : null,
+    outcome: "denied",
+    code: f.code,
+    count: w.count,
+    first_seq: f.seq,
+    since: w.since,
+    until: w.until,
+    ...(w.scope === "principal" ? { tools: Object.fromEntries(tools) } : {}),
+    reason: `${w.count} more ${f.code} refusal(s) of ${f.principal} in the ${Math.round(windowMs / 1000)} s window opened by record #${f.seq}`,
+  };
 }
 
 export interface RefusalWindowOptions {
@@ -151,22 +185,7 @@ export class RefusalWindows {
 
   private emit(w: Window, now: number): void {
     if (w.count === 0) return;
-    const f = w.first;
-    const tools = [...w.tools.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-    const rec: AuditRecord = {
-      time: new Date(now).toISOString(),
-      principal: f.principal,
-      tool: w.scope !== "principal" ? f.tool : tools.length === 1 ? tools[0][0] : "*",
-      args_digest: w.scope === "call" ? f.args_digest : null,
-      outcome: "denied",
-      code: f.code,
-      count: w.count,
-      first_seq: f.seq,
-      since: w.since,
-      until: w.until,
-      ...(w.scope === "principal" ? { tools: Object.fromEntries(tools) } : {}),
-      reason: `${w.count} more ${f.code} refusal(s) of ${f.principal} in the ${Math.round(this.opts.windowMs / 1000)} s window opened by record #${f.seq}`,
-    };
+    const rec = aggregateRecord(w, this.opts.windowMs, now);
     try {
       this.append(rec);
     } catch (e) {
