@@ -34,6 +34,7 @@ import { SqliteJobs, type Jobs } from "../../tools/stores/jobs.js";
 import { MemoryOutputs, type Outputs } from "../../tools/stores/outputs.js";
 import { SqliteReports, type Reports } from "../../tools/stores/reports.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
+import { MemoryConsoleSessions, type ConsoleSessions } from "./console_sessions.js";
 import { redactUrl } from "./postgres/pool.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
 import { ControlChannel } from "../control/channel.js";
@@ -97,6 +98,11 @@ export interface Storage extends PolicyStores {
   outputs: Outputs;
   /** SHARED: workers' desired state and what the server observes (the CLI's control channel). */
   channel: ControlChannel;
+  /**
+   * SHARED: the console's signed-in sessions, so any replica serves one (SQLite: this process's
+   * memory, as always; a restart signs everyone out). Only the id's hash is stored.
+   */
+  consoleSessions: ConsoleSessions;
 }
 
 /**
@@ -163,18 +169,21 @@ export function openServerStores(
     onError: (err) => logger.error({ err }, "job failed unexpectedly"),
   });
   const channel = ControlChannel.open(layout.workersDb);
+  const consoleSessions = new MemoryConsoleSessions();
   const http = config.http;
   return {
     jobs,
     reports,
     outputs: new MemoryOutputs(config.inference.outputs_max_bytes),
     channel,
+    consoleSessions,
     httpRates: {
       authFailures: new RateLimiter(http.auth_limit.failures_per_minute),
       initPerPrincipal: new RateLimiter(http.initialize_rate.per_principal_per_minute),
       initPerAddress: new RateLimiter(http.initialize_rate.per_address_per_minute),
     },
     close() {
+      consoleSessions.close();
       channel.close();
       jobs.close();
       reports.close();

@@ -14,7 +14,10 @@
 // memory and sends as `x-csrf-token` on every state change. The token never travels in a URL and
 // never reaches storage a script can read. An operator holds at most
 // http.console_sessions_per_principal sessions: one more signs out the least recently used.
-import { randomBytes, timingSafeEqual } from "node:crypto";
+// Sessions live in the storage port's ConsoleSessions (server/app/console_sessions.ts: this
+// process's memory by default, shared where the store is, so any replica serves a session); only
+// the open event streams are this process's.
+import { timingSafeEqual } from "node:crypto";
 import { decodeJwt } from "jose";
 import { existsSync, readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
@@ -28,7 +31,8 @@ import { hasScope, type Principal } from "../../policies/scopes.js";
 import { dispatchTool, ERROR_META_KEY } from "../../tools/dispatch/dispatch.js";
 import { toolServices, type App } from "../app/app.js";
 import type { AuthLimiter } from "../auth_limit.js";
-import { HttpError, readJsonBody, sendJson, sweepSessions } from "../http_util.js";
+import { csrfOf, sessionKey, type ConsoleSessionRecord } from "../app/console_sessions.js";
+import { HttpError, readJsonBody, sendJson } from "../http_util.js";
 import { PasskeyCeremonies } from "../../policies/passkeys/ceremony.js";
 import { passkeyRoutes } from "./passkeys.js";
 
@@ -47,17 +51,11 @@ const ASSETS: Record<string, string> = {
   "app.css": "text/css; charset=utf-8",
 };
 
-interface ConsoleSession {
+/** A session as a request sees it: the stored record, its key as `id`, and its CSRF token. */
+interface ConsoleSession extends ConsoleSessionRecord {
+  /** The store's key (the cookie id's sha256), never the cookie's secret itself. */
   id: string;
-  principal: Principal;
   csrf: string;
-  created: number;
-  lastSeen: number;
-  /** No later than this: a JWT's own expiry, or MAX_AGE_MS after sign-in. */
-  endsAt: number;
-  streams: Set<ServerResponse>;
-  /** The passkey the session was opened with; absent for a token session. */
-  credential?: string;
 }
 
 const SECURITY_HEADERS = {
@@ -107,40 +105,63 @@ export interface ConsoleRoutes {
 export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }): ConsoleRoutes {
   const log = app.logger.child({ component: "console" });
   const assetDir = app.config.paths.install.consoleAssets;
-  const sessions = new Map<string, ConsoleSession>();
+  const store = app.storage.consoleSessions;
+  /** This process's open event streams, by session key (a session may be served elsewhere too). */
+  const streams = new Map<string, Set<ServerResponse>>();
+  let known = 0;
   // Behind a TLS proxy the request itself is plain HTTP: the public URL says https.
   const publicHttps = app.config.http.resource_url?.startsWith("https:") ?? false;
 
-  const gauge = () => app.metrics.consoleSessions.set(sessions.size);
+  const gauge = () =>
+    void store.count().then(
+      (n) => {
+        known = n;
+        app.metrics.consoleSessions.set(n);
+      },
+      (err) => log.warn({ err: String(err) }, "console sessions: count failed"),
+    );
   // The chain is verified in the background, from a MAC'd checkpoint on (audit_verify.ts).
   const verifier = new AuditVerifier(app.audit, { logger: log });
   verifier.kick();
   const verifyTimer = setInterval(() => verifier.kick(), VERIFY_EVERY_MS);
   verifyTimer.unref();
-  const stopSweep = sweepSessions(sessions, {
-    everyMs: 60_000,
-    expired: (s, now) => now - s.lastSeen > IDLE_MS || now >= s.endsAt,
-    drop: (_id, s) => end(s),
-  });
+  const sweepTimer = setInterval(() => {
+    store.sweep(Date.now(), IDLE_MS).then(
+      (keys) => {
+        for (const k of keys) endStreams(k);
+        gauge();
+      },
+      (err) => log.warn({ err: String(err) }, "console sessions: sweep failed"),
+    );
+  }, 60_000);
+  sweepTimer.unref();
 
-  function end(s: ConsoleSession) {
-    sessions.delete(s.id);
-    for (const r of s.streams) r.end();
+  /** Ends this process's streams of a session that is over. */
+  function endStreams(key: string) {
+    for (const r of streams.get(key) ?? []) r.end();
+    streams.delete(key);
+  }
+
+  async function end(s: ConsoleSession) {
+    await store.end(s.id);
+    endStreams(s.id);
     gauge();
   }
 
-  function sessionOf(req: IncomingMessage): ConsoleSession {
+  async function sessionOf(req: IncomingMessage): Promise<ConsoleSession> {
     const sid = cookies(req)[CONSOLE_COOKIE];
-    const s = sid ? sessions.get(sid) : undefined;
-    const now = Date.now();
-    if (!s || now - s.lastSeen > IDLE_MS || now >= s.endsAt) {
-      if (s) end(s);
+    // Unknown, idle or past its end: the store removes it and answers nothing.
+    const rec = sid ? await store.touch(sid, Date.now(), IDLE_MS) : undefined;
+    if (!sid || !rec) {
+      if (sid) {
+        endStreams(sessionKey(sid));
+        gauge();
+      }
       throw new HttpError(401, "sign in with a passkey or an operator token", {
         code: "signed_out",
       });
     }
-    s.lastSeen = now;
-    return s;
+    return { ...rec, id: rec.key, csrf: csrfOf(sid) };
   }
 
   /** State changes: same-origin browser requests that carry the session's CSRF token. */
@@ -164,20 +185,6 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
   function cookie(req: IncomingMessage, value: string, maxAgeS: number) {
     const secure = publicHttps || (req.socket as TLSSocket).encrypted === true;
     return `${CONSOLE_COOKIE}=${value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age=${maxAgeS}${secure ? "; Secure" : ""}`;
-  }
-
-  /** Room for one more session of this principal: its least recently used one is signed out. */
-  function admitSession(principal: Principal) {
-    const own = [...sessions.values()].filter((s) => s.principal.id === principal.id);
-    const cap = app.config.http.console_sessions_per_principal;
-    own.sort((a, b) => a.lastSeen - b.lastSeen);
-    for (const s of own.slice(0, Math.max(0, own.length - cap + 1))) {
-      log.info(
-        { principal: principal.id, cap },
-        "console session signed out: http.console_sessions_per_principal reached",
-      );
-      end(s);
-    }
   }
 
   function remote(req: IncomingMessage) {
@@ -245,11 +252,15 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       const exp = decodeJwt(token).exp;
       if (typeof exp === "number") endsAt = Math.min(endsAt, exp * 1000);
     }
-    openSession(req, res, principal, endsAt);
+    await openSession(req, res, principal, endsAt);
   }
 
-  /** A new session for a principal just proven (token or passkey): the cookie and the answer. */
-  function openSession(
+  /**
+   * A new session for a principal just proven (token or passkey): the cookie and the answer.
+   * Room for it is made in the store: the principal's least recently used sessions beyond
+   * http.console_sessions_per_principal are signed out.
+   */
+  async function openSession(
     req: IncomingMessage,
     res: ServerResponse,
     principal: Principal,
@@ -257,25 +268,23 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     credential?: string,
   ) {
     const now = Date.now();
-    const s: ConsoleSession = {
-      id: randomBytes(32).toString("base64url"),
-      principal,
-      csrf: randomBytes(32).toString("base64url"),
-      created: now,
-      lastSeen: now,
-      endsAt,
-      streams: new Set(),
-      ...(credential ? { credential } : {}),
-    };
-    admitSession(principal);
-    sessions.set(s.id, s);
+    const cap = app.config.http.console_sessions_per_principal;
+    const opened = await store.open({ principal, endsAt, now, credential }, cap);
+    for (const k of opened.signedOut) {
+      log.info(
+        { principal: principal.id, cap },
+        "console session signed out: http.console_sessions_per_principal reached",
+      );
+      endStreams(k);
+    }
+    const s: ConsoleSession = { ...opened.record, id: opened.record.key, csrf: csrfOf(opened.id) };
     gauge();
     log.info(
       { principal: principal.id, remote: remote(req), via: credential ? "passkey" : "token" },
       "console sign-in",
     );
     send(res, 200, describeSession(s), {
-      "set-cookie": cookie(req, s.id, Math.max(1, Math.floor((endsAt - now) / 1000))),
+      "set-cookie": cookie(req, opened.id, Math.max(1, Math.floor((endsAt - now) / 1000))),
     });
   }
 
@@ -384,16 +393,22 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
         `event: approval\ndata: ${JSON.stringify({ type: e.type, record: approvalView(e.record, s.principal) })}\n\n`,
       );
     });
+    // A sign-out through another replica (or the sweep there) ends this stream at its next ping.
     const ping = setInterval(() => {
-      if (!sessions.has(s.id)) return res.end();
-      res.write(": ping\n\n");
+      store.has(s.id).then(
+        (live) => (live ? res.write(": ping\n\n") : res.end()),
+        () => res.write(": ping\n\n"),
+      );
     }, 15_000);
     ping.unref();
-    s.streams.add(res);
+    let mine = streams.get(s.id);
+    if (!mine) streams.set(s.id, (mine = new Set()));
+    mine.add(res);
     const stop = () => {
       off();
       clearInterval(ping);
-      s.streams.delete(res);
+      mine.delete(res);
+      if (mine.size === 0 && streams.get(s.id) === mine) streams.delete(s.id);
     };
     req.on("close", stop);
     res.on("close", stop);
@@ -556,16 +571,16 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       // Asked on every page load: "not signed in" is an answer, not an error.
       let s: ConsoleSession | undefined;
       try {
-        s = sessionOf(req);
+        s = await sessionOf(req);
       } catch {
         return send(res, 200, { signed_in: false });
       }
       return send(res, 200, describeSession(s));
     }
-    const s = sessionOf(req);
+    const s = await sessionOf(req);
     if (api === "session" && method === "DELETE") {
       checkWrite(req, s);
-      end(s);
+      await end(s);
       return send(res, 200, { signed_out: true }, { "set-cookie": cookie(req, "", 0) });
     }
     if (method === "GET") {
@@ -615,12 +630,15 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       // localhost, not 127.0.0.1: the links operators follow must be a secure context (passkeys).
       app.consoleUrl = `${url.replace("//127.0.0.1:", "//localhost:")}/console/`;
     },
-    sessions: () => sessions.size,
+    /** Sessions the store held when last counted (every replica's, with a shared store). */
+    sessions: () => known,
     close() {
-      stopSweep();
+      clearInterval(sweepTimer);
       clearInterval(verifyTimer);
       verifier.close();
-      for (const s of [...sessions.values()]) end(s);
+      // This process's streams end; the sessions stay in the store (a shared one serves them
+      // through the other replicas, the memory one is closed with the storage).
+      for (const k of [...streams.keys()]) endStreams(k);
     },
   };
 }

@@ -44,7 +44,7 @@ export interface PasskeyRouteDeps {
     res: ServerResponse,
     principal: Principal,
     credentialId: string,
-  ): void;
+  ): Promise<void>;
 }
 
 /** The part of a console session these routes read. */
@@ -198,7 +198,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
             `${principal.id} holds neither approvals:grant nor admin; the console is for operators`,
             { code: "insufficient_scope" },
           );
-        d.openSession(req, res, principal, a.credential.id);
+        await d.openSession(req, res, principal, a.credential.id);
         return true;
       }
       if (!s) return false;

@@ -6,6 +6,9 @@ import pg from "pg";
 export type PgPool = pg.Pool;
 export type PgClient = pg.PoolClient;
 
+/** The database's clock in epoch ms: one clock for every replica (theirs may disagree). */
+export const NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
 /** The URL with its password (and a `password` query parameter) replaced by "***". */
 export function redactUrl(url: string): string {
   try {

@@ -38,6 +38,47 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
         result JSONB, error JSONB, created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL);
       CREATE INDEX jobs_running_by_lease ON jobs (lease_until_ms) WHERE status = 'running';`,
   },
+  {
+    version: 2,
+    name: "the full approval queue, passkeys, suspensions, alerts, console sessions",
+    sql: `
+      ALTER TABLE approvals
+        ADD COLUMN args_preview JSONB NOT NULL DEFAULT 'null',
+        ADD COLUMN estimate JSONB,
+        ADD COLUMN assurance TEXT NOT NULL DEFAULT 'token'
+          CHECK (assurance IN ('client_form','token','passkey')),
+        ADD COLUMN ttl_ms BIGINT;
+      UPDATE approvals SET ttl_ms = expires_ms - created_ms WHERE ttl_ms IS NULL;
+      ALTER TABLE approvals ALTER COLUMN ttl_ms SET NOT NULL;
+      CREATE INDEX approvals_by_call ON approvals (principal, tool, args_digest);
+      CREATE INDEX approvals_by_time ON approvals (created_ms);
+      CREATE INDEX approvals_open ON approvals (status, expires_ms);
+      CREATE INDEX approvals_open_by_principal ON approvals (principal, status, expires_ms);
+      CREATE INDEX approvals_by_expiry ON approvals (expires_ms);
+      CREATE TABLE passkey_credentials (
+        id TEXT PRIMARY KEY, operator TEXT NOT NULL, public_key BYTEA NOT NULL,
+        counter BIGINT NOT NULL, transports JSONB NOT NULL, aaguid TEXT NOT NULL, rp_id TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('active','pending','removed')),
+        enrolled_by TEXT, created_ms BIGINT NOT NULL, last_used_ms BIGINT);
+      CREATE INDEX passkey_credentials_by_operator ON passkey_credentials (operator);
+      CREATE TABLE passkey_enrolment_codes (
+        code_sha256 TEXT PRIMARY KEY, operator TEXT NOT NULL, created_ms BIGINT NOT NULL,
+        expires_ms BIGINT NOT NULL, used_ms BIGINT);
+      CREATE TABLE principal_suspensions (
+        principal TEXT PRIMARY KEY, reason TEXT NOT NULL, rule TEXT NOT NULL, since TEXT NOT NULL,
+        until_ms BIGINT);
+      CREATE TABLE alerts (
+        seq BIGSERIAL PRIMARY KEY, id TEXT NOT NULL UNIQUE, rule TEXT NOT NULL, kind TEXT NOT NULL,
+        subject TEXT NOT NULL, principal TEXT, message TEXT NOT NULL, fired_ms BIGINT NOT NULL,
+        quiet_until_ms BIGINT NOT NULL, action TEXT NOT NULL, details JSONB NOT NULL);
+      CREATE INDEX alerts_by_time ON alerts (fired_ms);
+      CREATE INDEX alerts_quiet ON alerts (rule, subject, quiet_until_ms);
+      CREATE TABLE console_sessions (
+        id_sha256 TEXT PRIMARY KEY, principal_id TEXT NOT NULL, principal JSONB NOT NULL,
+        created_ms BIGINT NOT NULL, last_seen_ms BIGINT NOT NULL, ends_ms BIGINT NOT NULL,
+        credential TEXT);
+      CREATE INDEX console_sessions_by_principal ON console_sessions (principal_id, last_seen_ms);`,
+  },
 ];
 
 /** The newest schema this code knows. */

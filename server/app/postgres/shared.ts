@@ -13,9 +13,7 @@
 //   would have to be told every replica's head, and a replica removed from the deployment could
 //   drop its chain's tail unseen; the lock costs one round trip per append.)
 import { createHmac, randomBytes } from "node:crypto";
-import { inTransaction, type PgClient, type PgPool } from "./pool.js";
-
-const NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
 
 export interface AdmitResult {
   ok: boolean;
