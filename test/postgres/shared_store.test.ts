@@ -1,17 +1,18 @@
 // The promises replicas must keep together, on a real PostgreSQL: three replicas (three pools,
 // each its own connections, as three processes would hold) racing for one principal's budget,
-// one approval, one request state and the one audit chain.
+// one request state and the one audit chain. (Approvals, passkeys, suspensions, alerts and console
+// sessions: policy_stores.test.ts.)
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { openPool, redactError, redactUrl, type PgPool } from "../../server/app/postgres/pool.js";
 import {
   checkSchema,
   migrate,
+  MIGRATIONS,
   SCHEMA_VERSION,
   SchemaError,
   schemaVersion,
 } from "../../server/app/postgres/schema.js";
 import {
-  PgApprovals,
   PgAuditChain,
   PgBudget,
   PgRequestStates,
@@ -27,7 +28,7 @@ beforeAll(async () => {
   replicas = NAMES.map((n) => openPool(db.url, { max: 8, application: `tpu-mcp-${n}` }));
   // Three replicas starting at once: one migrates, the others find it done.
   const applied = await Promise.all(replicas.map((p) => migrate(p)));
-  expect(applied.flat()).toEqual([SCHEMA_VERSION]);
+  expect(applied.flat()).toEqual(MIGRATIONS.map((m) => m.version));
 });
 
 afterAll(async () => {
@@ -84,47 +85,6 @@ describe("budget across replicas", () => {
   it("admitting on a stale read (no lock, no transaction) breaks the cap: what the lock prevents", async () => {
     const { charged } = await race("mallory", 10, (b, p) => b.admitOnStaleRead(p, 1));
     expect(charged).toBeGreaterThan(10 + 1);
-  });
-});
-
-describe("an approval across replicas", () => {
-  it("requested through A, decided once though B and C race, used once though all three race", async () => {
-    const [a, b, c] = replicas.map((p) => new PgApprovals(p));
-    const id = await a!.create({
-      principal: "alice",
-      tool: "run_benchmark",
-      args_digest: "d1",
-      ttlS: 600,
-    });
-    const decided = await Promise.all([
-      b!.decide(id, "approve", "ops-1"),
-      c!.decide(id, "deny", "ops-2"),
-      b!.decide(id, "approve", "ops-3"),
-    ]);
-    expect(decided.filter(Boolean)).toHaveLength(1);
-    const rec = await a!.get(id);
-    const winner = decided.indexOf(true);
-    expect(rec!.approver).toBe(["ops-1", "ops-2", "ops-3"][winner]);
-    if (rec!.status !== "approved") return; // denied won: nothing to use
-    const used = await Promise.all(
-      [a, b, c].map((s, i) => s!.consume(id, "alice", "run_benchmark", "d1", NAMES[i]!)),
-    );
-    expect(used.filter(Boolean)).toHaveLength(1);
-    expect((await c!.get(id))!.status).toBe("used");
-  });
-
-  it("an approval for other arguments is not used by this call", async () => {
-    const s = new PgApprovals(replicas[0]!);
-    const id = await s.create({
-      principal: "alice",
-      tool: "run_benchmark",
-      args_digest: "d2",
-      ttlS: 600,
-    });
-    expect(await new PgApprovals(replicas[1]!).decide(id, "approve", "ops")).toBe(true);
-    expect(await s.consume(id, "alice", "run_benchmark", "other", "a")).toBe(false);
-    expect(await s.consume(id, "bob", "run_benchmark", "d2", "a")).toBe(false);
-    expect(await s.consume(id, "alice", "run_benchmark", "d2", "a")).toBe(true);
   });
 });
 

@@ -37,7 +37,12 @@ export class PgListener {
   constructor(
     private readonly pool: PgPool,
     private readonly channel: string,
-    private readonly opts: { onError?: (e: unknown) => void; retryMs?: number } = {},
+    private readonly opts: {
+      onError?: (e: unknown) => void;
+      /** After each LISTEN took effect, the first and every one after a lost connection. */
+      onListening?: () => void;
+      retryMs?: number;
+    } = {},
   ) {
     // The channel is an identifier in LISTEN, not a parameter: only plain names are accepted.
     if (!/^[a-z_][a-z0-9_]*$/.test(channel)) throw new Error(`bad channel name ${channel}`);
@@ -92,6 +97,7 @@ export class PgListener {
       return;
     }
     this.client = c;
+    this.opts.onListening?.();
   }
 
   /** The connection broke: drop it and listen again after a while. */

@@ -5,7 +5,7 @@
 //   reading the window's charges and every replica's live reservations in the same transaction;
 //   two replicas admitting for one principal take turns, so the cap is the cap across all of them.
 //   The window is the database's clock (replicas' clocks may disagree; the database's is one).
-// - An approval is decided once and used once: a conditional UPDATE on its status.
+// - (Approvals, decided once and used once, are approvals.ts's PgApprovalQueue.)
 // - A request state's nonce is consumed once: its INSERT conflicts on every replay.
 // - The audit trail has ONE chain with one head row: an append takes the head under a row lock,
 //   so records from every replica are in one total order, and `audit verify` and an export
@@ -113,70 +113,10 @@ export class PgBudget {
   }
 }
 
-export type Decision = "approve" | "deny";
-
-/** Approvals decided once and used once, whichever replica asks. */
-export class PgApprovals {
-  constructor(private readonly pool: PgPool) {}
-
-  async create(req: {
-    principal: string;
-    tool: string;
-    args_digest: string;
-    ttlS: number;
-  }): Promise<string> {
-    const id = `apr_${randomBytes(16).toString("hex")}`;
-    await this.pool.query(
-      `INSERT INTO approvals (id, principal, tool, args_digest, status, created_ms, expires_ms)
-       VALUES ($1, $2, $3, $4, 'pending', ${NOW_MS}, ${NOW_MS} + $5::bigint)`,
-      [id, req.principal, req.tool, req.args_digest, Math.round(req.ttlS * 1000)],
-    );
-    return id;
-  }
-
-  async get(
-    id: string,
-  ): Promise<{ id: string; status: string; approver: string | null } | undefined> {
-    const r = await this.pool.query("SELECT id, status, approver FROM approvals WHERE id = $1", [
-      id,
-    ]);
-    return r.rows[0];
-  }
-
-  /** The one decision: true for the caller whose UPDATE found it pending, false for every other. */
-  async decide(
-    id: string,
-    decision: Decision,
-    approver: string,
-    reason?: string,
-  ): Promise<boolean> {
-    const r = await this.pool.query(
-      `UPDATE approvals SET status = $2, approver = $3, reason = $4, decided_ms = ${NOW_MS}
-       WHERE id = $1 AND status = 'pending' AND expires_ms > ${NOW_MS}`,
-      [id, decision === "approve" ? "approved" : "denied", approver, reason ?? null],
-    );
-    return r.rowCount === 1;
-  }
-
-  /** Uses an approved approval for exactly this call, once: true for the one caller that did. */
-  async consume(
-    id: string,
-    principal: string,
-    tool: string,
-    digest: string,
-    by: string,
-  ): Promise<boolean> {
-    const r = await this.pool.query(
-      `UPDATE approvals SET status = 'used', used_ms = ${NOW_MS}, used_by = $5
-       WHERE id = $1 AND status = 'approved' AND principal = $2 AND tool = $3 AND args_digest = $4
-         AND expires_ms > ${NOW_MS}`,
-      [id, principal, tool, digest, by],
-    );
-    return r.rowCount === 1;
-  }
-}
-
-/** Request-state nonces, each consumed once across every replica. */
+/**
+ * Request-state nonces, each consumed once across every replica (the gate's ConsumedStates:
+ * an in-band answer's state is refused the second time it is presented, wherever).
+ */
 export class PgRequestStates {
   constructor(
     private readonly pool: PgPool,
