@@ -201,6 +201,34 @@ describe("approvals across replicas", () => {
       off();
     }
   });
+
+  it("a replica whose LISTEN connection was cut listens again, and hears what follows", async () => {
+    const [a, b] = stores.map((s) => s.approvals);
+    await b!.listening();
+    const listeners = () =>
+      pools[0]!
+        .query(
+          "SELECT pid FROM pg_stat_activity WHERE application_name = 'tpu-mcp-b' AND query LIKE 'LISTEN%'",
+        )
+        .then((r) => r.rows.map((x) => Number(x.pid)));
+    const [before] = await listeners();
+    expect(before).toBeDefined();
+    const mark = b!.changeMark();
+    await pools[0]!.query("SELECT pg_terminate_backend($1)", [before]);
+    // Listening again moves the mark: whatever was sent while it was away is unknown.
+    await waitFor("B listens again", async () => {
+      const now = await listeners();
+      return now.length === 1 && now[0] !== before && b!.changeMark() !== mark ? true : undefined;
+    });
+    const heard: ApprovalEvent[] = [];
+    const off = b!.subscribe((e) => heard.push(e));
+    try {
+      const rec = await a!.create(req({ principal: "erin", args_digest: "n2" }));
+      await waitFor("B hears the request", () => heard.find((e) => e.record.id === rec.id));
+    } finally {
+      off();
+    }
+  });
 });
 
 describe("passkeys across replicas", () => {

@@ -51,7 +51,11 @@ export class PgListener {
   /** Calls `fn` for every notification on the channel from now on; returns the unsubscribe. */
   on(fn: Handler): () => void {
     this.handlers.add(fn);
-    void this.ready().catch(() => {});
+    // Not reachable now: try again after the back-off (the database may be starting).
+    this.ready().catch((e) => {
+      this.opts.onError?.(e);
+      this.again();
+    });
     return () => {
       this.handlers.delete(fn);
     };
@@ -87,6 +91,7 @@ export class PgListener {
         }
       });
       c.on("error", (e) => this.lost(c, e));
+      c.on("end", () => this.lost(c, new Error("the LISTEN connection ended")));
       await c.query(`LISTEN ${this.channel}`);
     } catch (e) {
       c.release(true);

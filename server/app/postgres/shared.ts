@@ -118,9 +118,17 @@ export class PgBudget {
  * an in-band answer's state is refused the second time it is presented, wherever).
  */
 export class PgRequestStates {
+  private lastPruneMs = -Infinity;
+
+  /**
+   * `keepS`: how long a consumed nonce is remembered. A state is refused as expired once past
+   * its own expiry (the elicitation timeout, minutes), so a nonce older than that can never be
+   * presented again; the default keeps a day.
+   */
   constructor(
     private readonly pool: PgPool,
     private readonly replica: string,
+    private readonly opts: { keepS?: number } = {},
   ) {}
 
   /** True the first time `nonce` is presented anywhere; false on every replay. */
@@ -130,7 +138,18 @@ export class PgRequestStates {
        ON CONFLICT (nonce) DO NOTHING`,
       [nonce, this.replica],
     );
+    if (Date.now() - this.lastPruneMs >= 600_000) await this.prune();
     return r.rowCount === 1;
+  }
+
+  /** Forgets nonces consumed longer than `keepS` ago; how many. */
+  async prune(): Promise<number> {
+    this.lastPruneMs = Date.now();
+    const r = await this.pool.query(
+      `DELETE FROM consumed_states WHERE consumed_ms < ${NOW_MS} - $1::bigint`,
+      [Math.round((this.opts.keepS ?? 86_400) * 1000)],
+    );
+    return r.rowCount ?? 0;
   }
 }
 
