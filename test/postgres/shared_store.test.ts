@@ -12,11 +12,7 @@ import {
   SchemaError,
   schemaVersion,
 } from "../../server/app/postgres/schema.js";
-import {
-  PgAuditChain,
-  PgBudget,
-  PgRequestStates,
-} from "../../server/app/postgres/shared.js";
+import { PgAuditChain, PgBudget, PgRequestStates } from "../../server/app/postgres/shared.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 
 let db: TestPostgres;
