@@ -5,6 +5,7 @@
 
 import {
   approvalUrl,
+  approvalUsableError,
   defaultApproveCommand,
   type ApprovalRecord,
   type ApprovalStore,
@@ -118,6 +119,13 @@ export async function checkApproval(
   if (call.elicit && inBand) {
     const answer = await waitForAnswer(ctx, call, rule, rec, digest, redacted);
     if (answer === "accept") return rec.id;
+    if (answer === "operator") {
+      // Decided out of band while the prompt was up (the console, another replica): that stands.
+      const now = ctx.deps.approvals.get(rec.id);
+      const refused = approvalUsableError(now, rec.id, principal.id, tool, digest);
+      if (refused) throw refused;
+      return rec.id;
+    }
     if (answer === "decline" || answer === "cancel") {
       throw new PolicyError(
         "approval_declined",
@@ -194,7 +202,8 @@ function approvalRequired(
   );
 }
 
-type Answer = ElicitAnswer | "timeout" | null;
+/** "operator": the approval was decided out of band while the prompt was up. */
+type Answer = ElicitAnswer | "timeout" | "operator" | null;
 
 /**
  * The call's wait for the in-band answer. The prompt itself (one per approval: a retry joins the
@@ -243,8 +252,10 @@ async function waitForAnswer(
  * Shows the prompt and records its answer on the approval (approved or denied by
  * `client-form:<principal>`, audited). The one timeout of an elicitation is here
  * (approvals.elicitation_timeout_s): then the prompt is withdrawn (its signal aborted, which
- * cancels the request on the wire) and the approval stays pending for an operator. Resolves
- * null when the prompt could not be shown (fall back to out of band). Never rejects.
+ * cancels the request on the wire) and the approval stays pending for an operator. A decision
+ * made meanwhile out of band (the console, the CLI, another replica: whatever the store's
+ * subscribers hear) also withdraws it, and resolves "operator". Resolves null when the prompt
+ * could not be shown (fall back to out of band). Never rejects.
  */
 async function askAndRecord(
   ctx: GateContext,
@@ -265,6 +276,7 @@ async function askAndRecord(
   );
   const withdraw = new AbortController();
   let timer: ReturnType<typeof setTimeout> | undefined;
+  let unsubscribe: (() => void) | undefined;
   let answer: Answer;
   try {
     answer = await Promise.race([
@@ -275,6 +287,13 @@ async function askAndRecord(
           resolve("timeout");
         }, timeoutMs);
       }),
+      new Promise<"operator">((resolve) => {
+        unsubscribe = ctx.deps.approvals.subscribe?.((e) => {
+          if (e.record.id !== rec.id || e.record.status === "pending") return;
+          withdraw.abort();
+          resolve("operator");
+        });
+      }),
     ]);
   } catch (e) {
     ctx.deps.logger.warn(
@@ -284,8 +303,9 @@ async function askAndRecord(
     return null;
   } finally {
     clearTimeout(timer);
+    unsubscribe?.();
   }
-  if (answer === "timeout") return answer;
+  if (answer === "timeout" || answer === "operator") return answer;
   try {
     recordAnswer(ctx, call, rule, rec.id, answer, digest, redacted);
     return answer;

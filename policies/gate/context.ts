@@ -19,7 +19,7 @@ export interface GateContext {
   /** The stops of the calls running now, by principal (a suspension stops them all). */
   readonly running: Map<string, Set<(err: PolicyError) => void>>;
   /** In-band prompts being shown, by approval id (approval_flow.ts): a retry joins, never re-asks. */
-  readonly prompts: Map<string, Promise<ElicitAnswer | "timeout" | null>>;
+  readonly prompts: Map<string, Promise<ElicitAnswer | "timeout" | "operator" | null>>;
   /** Appends a decision's record; losing it is logged loudly, never thrown: the decision stands. */
   audit(rec: Omit<AuditRecord, "time">): void;
   /**

@@ -179,6 +179,43 @@ describe("elicitation: decided and timed by the gate", () => {
     expect(audit.tail(1)[0]).toMatchObject({ outcome: "approval_requested" });
   });
 
+  it("an operator's decision while the prompt is up withdraws it: approved, the call runs once; denied, it is refused", async () => {
+    const { gate, approvals } = makeGate({
+      approvals: {
+        rules: [{ tool: "load_model", assurance: "client_form" }],
+        elicitation_timeout_s: 60,
+      },
+    });
+    const operator: Principal = { id: "ops", scopes: ["approvals:grant"], via: "token" };
+    const shown: AbortSignal[] = [];
+    const elicit = (_p: ElicitPrompt, signal: AbortSignal) => {
+      shown.push(signal);
+      return new Promise<never>(() => {}); // the user never answers
+    };
+    const decideWhenAsked = async (decision: "approve" | "deny") => {
+      while (shown.length === 0) await flush();
+      const id = approvals.list({ status: "pending" })[0]!.id;
+      gate.decideApproval(id, operator, decision, decision === "deny" ? "not now" : undefined);
+      return id;
+    };
+    const [ran, id] = await Promise.all([
+      gate.run(load({ elicit }), async () => "ran"),
+      decideWhenAsked("approve"),
+    ]);
+    expect(ran).toBe("ran");
+    expect(shown[0]!.aborted).toBe(true);
+    expect(approvals.get(id)).toMatchObject({ status: "used", decided_by: "ops" });
+
+    shown.length = 0;
+    const [refused] = await Promise.all([
+      refusal(gate.run(load({ elicit, args: { model: "tiny-chat" } }), async () => "ran")),
+      decideWhenAsked("deny"),
+    ]);
+    expect(refused.code).toBe("approval_denied");
+    expect(refused.message).toMatch(/denied by ops: not now/);
+    expect(shown[0]!.aborted).toBe(true);
+  });
+
   it("ends a cancelled call but keeps its prompt up: a late answer is recorded, and the retry with its id runs", async () => {
     const { gate, approvals } = makeGate({
       approvals: {
