@@ -4,6 +4,7 @@
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { MIGRATIONS, SCHEMA_VERSION } from "../../server/app/postgres/schema.js";
 import { scaled } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 import { CLI, cli, ROOT, writeConfig } from "../helpers/server.js";
@@ -22,12 +23,16 @@ describe("tpu-mcp storage", () => {
     const before = await cli(config, "storage", "check");
     expect(before.code).toBe(1);
     expect(before.stdout).toMatch(
-      /schema is version 0; this tpu-mcp needs 1: run `tpu-mcp storage migrate`/,
+      new RegExp(
+        `schema is version 0; this tpu-mcp needs ${SCHEMA_VERSION}: run \`tpu-mcp storage migrate\``,
+      ),
     );
 
     const first = await cli(config, "storage", "migrate");
     expect(first.code).toBe(0);
-    expect(first.stdout).toMatch(/migrated .* to schema 1 \(applied 1\)/);
+    expect(first.stdout).toContain(
+      `to schema ${SCHEMA_VERSION} (applied ${MIGRATIONS.map((m) => m.version).join(", ")})`,
+    );
     const again = await cli(config, "storage", "migrate");
     expect(again.stdout).toMatch(/nothing to apply/);
 
@@ -37,7 +42,7 @@ describe("tpu-mcp storage", () => {
     expect(report).toMatchObject({
       backend: "postgres",
       reachable: true,
-      schema_version: 1,
+      schema_version: SCHEMA_VERSION,
       problems: [],
     });
     expect(Math.abs(report.clock_skew_ms)).toBeLessThan(1000);
@@ -57,7 +62,9 @@ describe("tpu-mcp storage", () => {
     });
     const r = await cli(config, "doctor");
     expect(r.stdout).toMatch(
-      /storage\n {2}ok {3}postgres postgres:\/\/tpu:\*\*\*@127\.0\.0\.1:\d+\/tpu: PostgreSQL \d+.*, schema 1 \(this code: 1\), clock skew -?\d+ ms/,
+      new RegExp(
+        `storage\\n {2}ok {3}postgres postgres://tpu:\\*\\*\\*@127\\.0\\.0\\.1:\\d+/tpu: PostgreSQL \\d+.*, schema ${SCHEMA_VERSION} \\(this code: ${SCHEMA_VERSION}\\), clock skew -?\\d+ ms`,
+      ),
     );
     expect(r.stdout + r.stderr).not.toContain(db.password);
   });
