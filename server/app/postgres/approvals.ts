@@ -120,9 +120,22 @@ export class PgApprovalQueue {
       onError: opts.onError,
       onListening: () => this.changes++,
     });
-    // Heard from the start, so changeMark sees other replicas' changes without a subscriber.
-    this.listener.on((n) => {
-      if (n.origin !== this.origin) this.changes++;
+  }
+
+  /**
+   * Hears other replicas from the first subscriber, change mark or listening() on (a CLI that
+   * only decides never holds a LISTEN connection): each change counts, and is passed to the
+   * subscribers as its record now reads.
+   */
+  private listen(): void {
+    this.stopListening ??= this.listener.on((n) => {
+      if (n.origin === this.origin) return;
+      this.changes++;
+      if (this.listeners.size === 0) return;
+      void this.get(n.id).then(
+        (record) => record && this.emit(n.type as ApprovalEvent["type"], record),
+        (e) => this.opts.onError?.(e),
+      );
     });
   }
 
@@ -132,13 +145,7 @@ export class PgApprovalQueue {
    */
   subscribe(fn: ApprovalListener): () => void {
     this.listeners.add(fn);
-    this.stopListening ??= this.listener.on((n) => {
-      if (n.origin === this.origin) return;
-      void this.get(n.id).then(
-        (record) => record && this.emit(n.type as ApprovalEvent["type"], record),
-        (e) => this.opts.onError?.(e),
-      );
-    });
+    this.listen();
     return () => {
       this.listeners.delete(fn);
     };
@@ -146,6 +153,7 @@ export class PgApprovalQueue {
 
   /** Resolves once another replica's changes are heard (LISTEN in force). */
   listening(): Promise<void> {
+    this.listen();
     return this.listener.ready();
   }
 
@@ -177,9 +185,11 @@ export class PgApprovalQueue {
   /**
    * Changes when any approval was created, decided or used, by any replica: a count of the
    * changes made here and heard from the others, and of the listener's (re)connections (what
-   * was sent while it was away is unknown, so a reader looks again). In memory: no query.
+   * was sent while it was away is unknown, so a reader looks again). In memory: no query. The
+   * first call starts listening, and moves the mark once LISTEN is in force.
    */
   changeMark(): string {
+    this.listen();
     return `${this.origin}:${this.changes}`;
   }
 
