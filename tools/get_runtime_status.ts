@@ -105,6 +105,17 @@ const build = (env: ToolEnv) => {
           .passthrough(),
       ),
       jobs_running: z.number().int(),
+      replica: z
+        .object({
+          id: z.string(),
+          storage: z.enum(["sqlite", "postgres"]),
+          shard: z.boolean(),
+          note: z.string(),
+        })
+        .optional()
+        .describe(
+          "the replica that answered; shard: it shares the store but only its own local workers, so loaded models and queues here are its alone",
+        ),
       workers: z
         .array(
           z.object({
@@ -214,6 +225,7 @@ const build = (env: ToolEnv) => {
         matmul_precision: result.matmul_precision ?? null,
         loaded: result.loaded ?? [],
         jobs_running: ctx.jobs.running(),
+        ...(ctx.replica ? { replica: ctx.replica() } : {}),
         // The default pool of one worker shows no `workers` (its one worker is the status itself).
         ...(rt.single ? {} : { workers }),
         ...(ctx.fleet ? { fleet: ctx.fleet() } : {}),
@@ -233,6 +245,9 @@ const build = (env: ToolEnv) => {
         : "") +
       (o.workers
         ? `; workers: ${o.workers.map((w) => `${w.name} ${w.device} ${w.state}${w.draining ? " (drained)" : ""} [${w.models.join(", ") || "-"}]`).join("; ")}`
+        : "") +
+      (o.replica?.storage === "postgres"
+        ? `; replica ${o.replica.id}${o.replica.shard ? " (a shard: its workers are its own)" : ""}`
         : "") +
       (o.fleet
         ? `; Ray fleet ${o.fleet.state} at ${o.fleet.address} (${o.fleet.mode}): ${o.fleet.observed}/${o.fleet.target ?? "?"} actors serving`

@@ -65,6 +65,20 @@ export interface SetupProgress {
   error: string | null;
 }
 
+/** The replica that answers a call (built by server/app/replica.ts). */
+export interface ReplicaStatus {
+  /** Its name: jobs' owner in the shared store, the `replica` metrics label. */
+  id: string;
+  /** Where the shared state lives: one SQLite server, or replicas on one Postgres. */
+  storage: "sqlite" | "postgres";
+  /**
+   * True when it shares its store with other replicas but reaches only workers of its own
+   * (local processes): its loaded models, queues and devices are its alone, a shard.
+   */
+  shard: boolean;
+  note: string;
+}
+
 /** Static things a tool's schema is built from. */
 export interface ToolEnv {
   catalog: Catalog;
@@ -83,6 +97,8 @@ export interface ToolContext {
   fleet?: () => FleetState;
   /** A package install's set-up while it has not finished; absent from a clone. */
   setup?: () => SetupProgress | null;
+  /** Which replica answers, and whether it is a shard (server/app/replica.ts); absent without a server. */
+  replica?: () => ReplicaStatus;
   /** Where this call runs, chosen once before the gate (pass it to runtime.call). */
   placement?: Placement;
   jobs: Jobs;

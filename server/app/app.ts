@@ -34,6 +34,7 @@ import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_
 import type { Passkeys } from "../../policies/passkeys/store.js";
 import { openServerStores, type Storage } from "./storage.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
+import { replicaIdentity, replicaStatus, type ReplicaIdentity } from "./replica.js";
 import { watchControl, type ControlHandler } from "../control/channel.js";
 import { drainHandler } from "../control/drain.js";
 import { fleetHandler } from "../control/fleet.js";
@@ -56,6 +57,8 @@ export interface App extends ToolServices {
   auth: Authenticator;
   /** Every store and shared counter, from the config's `storage` (server/app/storage.ts). */
   storage: Storage;
+  /** Which replica this process is (server/app/replica.ts). */
+  identity: ReplicaIdentity;
   approvals: ApprovalQueue;
   audit: AuditTrail;
   /** Operators' passkeys, for the console's WebAuthn ceremonies. */
@@ -100,8 +103,11 @@ export function createApp(
     fileConfig?: ServerConfig;
     /** An installed package's set-up in progress: the worker waits for it (server/setup/). */
     setup?: SetupWatch;
+    /** Which replica this is (the HTTP command knows its port); default: no fixed address. */
+    replica?: ReplicaIdentity;
   } = {},
 ): App {
+  const replica = opts.replica ?? replicaIdentity(config, null);
   // Before anything starts: a webhook without its secret is a configuration error.
   const notifyTargets = readNotifyTargets(config);
   const alertTargets = readAlertTargets(config);
@@ -259,7 +265,7 @@ export function createApp(
     });
     setup.start();
   }
-  const metrics = new Metrics();
+  const metrics = new Metrics({ replica: replica.id });
   metricsRef.current = metrics;
   // The conventions' series over OTLP too, when telemetry exports metrics.
   const meter = telemetryMeter();
@@ -360,6 +366,7 @@ export function createApp(
     gate,
     auth,
     storage,
+    identity: replica,
     approvals,
     audit,
     passkeys: policy.passkeys,
@@ -419,6 +426,7 @@ export function toolServices(app: App): ToolServices {
   return {
     runtime,
     ...(fleet ? { fleet } : {}),
+    replica: () => replicaStatus(app.identity, runtime.workers(), fleet !== undefined),
     ...(setup ? { setup } : {}),
     jobs,
     outputs,

@@ -6,6 +6,13 @@ import type { FleetState, Runtime, WorkerStatus } from "../../runtime/types.js";
 
 export class Metrics {
   readonly registry = new Registry();
+  /**
+   * `replica`: every series carries it as a label (and every OTLP record as the attribute
+   * `tpu_mcp.replica`), so a scrape of several replicas behind one address keeps them apart.
+   */
+  constructor(private readonly opts: { replica?: string } = {}) {
+    if (opts.replica) this.registry.setDefaultLabels({ replica: opts.replica });
+  }
   readonly calls = new Counter({
     name: "tpu_mcp_tool_calls_total",
     help: "Tool calls by tool and outcome (ok or an error code).",
@@ -142,7 +149,10 @@ export class Metrics {
   /** One observation of a conventions' series, on /metrics and (when exported) over OTLP. */
   observeConvention(series: ConventionSeries, labels: Record<string, string>, value: number): void {
     (this[series] as Histogram<string>).observe(labels, value);
-    this.otlp?.[series].record(value, otelAttributes(labels));
+    this.otlp?.[series].record(value, {
+      ...otelAttributes(labels),
+      ...(this.opts.replica ? { "tpu_mcp.replica": this.opts.replica } : {}),
+    });
   }
 
   readonly consoleSessions = new Gauge({

@@ -317,5 +317,6 @@ export function databaseUrl(
 /** The config as printed (`config show`): the database URL's password replaced by "***". */
 export function redactedConfig<T extends Pick<ServerConfig, "storage">>(config: T): T {
   if (!("postgres" in config.storage) || !config.storage.postgres.url) return config;
-  return { ...config, storage: { postgres: { url: redactUrl(config.storage.postgres.url) } } };
+  const pg = config.storage.postgres;
+  return { ...config, storage: { postgres: { ...pg, url: redactUrl(pg.url!) } } };
 }

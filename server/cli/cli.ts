@@ -28,6 +28,7 @@ import { runVerifyExport } from "./verify_export.js";
 import { runWorkersCommand } from "./workers.js";
 import { runStorageCommand } from "./storage.js";
 import { redactedConfig } from "../app/storage.js";
+import { replicaIdentity } from "../app/replica.js";
 import { checkDataDirAccess, isAccessDenied } from "./data_dir_access.js";
 
 /** The repository root: the first folder above this module with a package.json (the source sits
@@ -263,6 +264,7 @@ async function main(argv: string[]): Promise<number> {
       const app = createApp(config, logger, {
         loadConfig: reloadable,
         fileConfig,
+        replica: replicaIdentity(config, { port }),
         ...setupWatch(layout, config, logger),
       });
       const stopHup = onSighup(app);

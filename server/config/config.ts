@@ -79,7 +79,21 @@ export const ServerConfigSchema = z
     storage: z
       .union([
         z.object({ sqlite: z.object({}).strict() }).strict(),
-        z.object({ postgres: z.object({ url: z.string().min(1).optional() }).strict() }).strict(),
+        z
+          .object({
+            postgres: z
+              .object({
+                url: z.string().min(1).optional(),
+                /** This replica's name in the shared store (jobs' owner, reservations, audit
+                 *  rows, the metrics' `replica` label); default host:port (server/app/replica.ts). */
+                replica_id: z
+                  .string()
+                  .regex(/^[A-Za-z0-9._:@-]{1,128}$/, "letters, digits and . _ : @ - (at most 128)")
+                  .optional(),
+              })
+              .strict(),
+          })
+          .strict(),
       ])
       .prefault({ sqlite: {} }),
     log_level: z

@@ -39,7 +39,8 @@ export function postgresBin(): string | null {
   return null;
 }
 
-async function freePort(): Promise<number> {
+/** A port free on 127.0.0.1 now (the kernel's pick; released before it is returned). */
+export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const s = createServer();
     s.once("error", reject);

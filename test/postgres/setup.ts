@@ -1,10 +1,12 @@
-// globalSetup for the Postgres suite: Debian's PostgreSQL server must be there. CI runs as root,
-// so it is installed with apt-get when missing (as the browser suite installs chromium);
+// globalSetup for the Postgres suite: Debian's PostgreSQL server and HAProxy must be there. CI
+// runs as root, so they are installed with apt-get when missing (as the browser suite installs
+// chromium);
 // elsewhere the error says what to run. The package's own cluster is not used: each test file
 // starts its own in a temporary folder (test/helpers/postgres.ts).
 import { spawnSync } from "node:child_process";
 import { scaled } from "../helpers/calibrate.js";
 import { postgresBin } from "../helpers/postgres.js";
+import { haproxyBin } from "../helpers/replicas.js";
 
 function apt(args: string[]) {
   const r = spawnSync("apt-get", args, {
@@ -15,17 +17,24 @@ function apt(args: string[]) {
   return r.status === 0;
 }
 
-export default function setup(): void {
-  if (postgresBin()) return;
+/** Installs a Debian package with apt-get as root (updating the lists once if it fails). */
+function install(pkg: string, present: () => boolean): void {
+  if (present()) return;
   if (process.getuid?.() !== 0)
     throw new Error(
-      "the Postgres tests need Debian's PostgreSQL: run `sudo apt-get install -y postgresql`",
+      `the Postgres tests need Debian's ${pkg}: run \`sudo apt-get install -y ${pkg}\``,
     );
-  process.stderr.write("[postgres] installing postgresql with apt-get…\n");
-  if (!apt(["install", "-y", "--no-install-recommends", "postgresql"])) {
+  process.stderr.write(`[postgres] installing ${pkg} with apt-get…\n`);
+  if (!apt(["install", "-y", "--no-install-recommends", pkg])) {
     apt(["update"]);
-    if (!apt(["install", "-y", "--no-install-recommends", "postgresql"]))
-      throw new Error("apt-get install postgresql failed; install it by hand and rerun");
+    if (!apt(["install", "-y", "--no-install-recommends", pkg]))
+      throw new Error(`apt-get install ${pkg} failed; install it by hand and rerun`);
   }
-  if (!postgresBin()) throw new Error("PostgreSQL is still missing after apt-get install");
+  if (!present()) throw new Error(`${pkg} is still missing after apt-get install`);
+}
+
+export default function setup(): void {
+  install("postgresql", () => postgresBin() !== null);
+  // The replicas' load balancer (test/postgres/replicas.test.ts).
+  install("haproxy", () => haproxyBin() !== null);
 }

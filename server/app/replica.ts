@@ -1,0 +1,48 @@
+// Which replica this process is, and what it shares with the others. Replicas of one deployment
+// share the database and the configuration only, so the configuration cannot name a replica
+// (every replica reads the same file): its id is `storage.postgres.replica_id` when one config
+// per replica is wanted, else this host's name and the port it serves on, which a restart on
+// the same address keeps (a restarted replica finds its own previous run's jobs by it, and only
+// those). A process with no fixed port (stdio, `--port 0`) has no stable address: its id names
+// its process, and what it leaves running waits for its lease to expire instead.
+import { hostname } from "node:os";
+import type { ReplicaStatus } from "../../tools/types.js";
+import type { ServerConfig } from "../config/config.js";
+
+/** This replica's name (jobs' owner, reservations and audit rows, the `replica` label) and store. */
+export type ReplicaIdentity = Pick<ReplicaStatus, "id" | "storage">;
+
+/** The replica's id: the configured one, else host:port, else host:pid-PID (no fixed port). */
+export function replicaIdentity(
+  config: Pick<ServerConfig, "storage">,
+  bound: { port: number } | null,
+  host: string = hostname(),
+): ReplicaIdentity {
+  if ("postgres" in config.storage) {
+    const configured = config.storage.postgres.replica_id;
+    const id = configured ?? derived(bound, host);
+    return { id, storage: "postgres" };
+  }
+  return { id: derived(bound, host), storage: "sqlite" };
+}
+
+function derived(bound: { port: number } | null, host: string): string {
+  return bound && bound.port > 0 ? `${host}:${bound.port}` : `${host}:pid-${process.pid}`;
+}
+
+/** The replica's status from its identity and the kinds of workers its runtime reaches. */
+export function replicaStatus(
+  identity: ReplicaIdentity,
+  workers: { kind: "local" | "remote" }[],
+  rayFleet: boolean,
+): ReplicaStatus {
+  const sharedFleet = rayFleet || workers.some((w) => w.kind === "remote");
+  const shard = identity.storage === "postgres" && !sharedFleet;
+  const note =
+    identity.storage === "sqlite"
+      ? "one server: its store is its own (storage.sqlite)"
+      : shard
+        ? "a shard: the store is shared, the workers are this replica's own (local); another replica does not see its loaded models or queues"
+        : "one of the replicas on a shared store, reaching the shared fleet (remote workers or Ray)";
+  return { ...identity, shard, note };
+}

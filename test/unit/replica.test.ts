@@ -1,0 +1,41 @@
+// Which replica a process is (server/app/replica.ts) and the `replica` label on its metrics.
+import { describe, expect, it } from "vitest";
+import { Metrics } from "../../server/app/metrics.js";
+import { replicaIdentity, replicaStatus } from "../../server/app/replica.js";
+
+const pg = (replica_id?: string) => ({
+  storage: { postgres: { url: "postgres://x", replica_id } },
+});
+
+describe("replica identity", () => {
+  it("is the configured id, else host:port, else names the process", () => {
+    expect(replicaIdentity(pg("east-1"), { port: 8080 }, "h")).toEqual({
+      id: "east-1",
+      storage: "postgres",
+    });
+    expect(replicaIdentity(pg(), { port: 8080 }, "h").id).toBe("h:8080");
+    expect(replicaIdentity(pg(), { port: 0 }, "h").id).toBe(`h:pid-${process.pid}`);
+    expect(replicaIdentity({ storage: { sqlite: {} } }, null, "h")).toEqual({
+      id: `h:pid-${process.pid}`,
+      storage: "sqlite",
+    });
+  });
+
+  it("a replica on a shared store with only local workers is a shard", () => {
+    const id = replicaIdentity(pg(), { port: 1 }, "h");
+    expect(replicaStatus(id, [{ kind: "local" }], false).shard).toBe(true);
+    expect(replicaStatus(id, [{ kind: "local" }, { kind: "remote" }], false).shard).toBe(false);
+    expect(replicaStatus(id, [{ kind: "local" }], true).shard).toBe(false);
+    const one = replicaIdentity({ storage: { sqlite: {} } }, { port: 1 }, "h");
+    expect(replicaStatus(one, [{ kind: "local" }], false).shard).toBe(false);
+  });
+
+  it("every /metrics series carries the replica label", async () => {
+    const m = new Metrics({ replica: "h:8080" });
+    m.calls.inc({ tool: "infer", outcome: "ok" });
+    m.sessions.set(2);
+    const lines = (await m.registry.metrics()).split("\n").filter((l) => /^tpu_mcp_\w+\{/.test(l));
+    expect(lines.length).toBeGreaterThan(1);
+    for (const l of lines) expect(l).toContain('replica="h:8080"');
+  });
+});
