@@ -3,6 +3,7 @@
 // advisory lock, so one migrates and the others find the work done. A database whose schema is
 // newer than this code knows is refused: an older replica must not write rows a newer one reads
 // differently.
+import { KEYS_SQL } from "./keys.js";
 import type { PgClient, PgPool } from "./pool.js";
 
 /** Session-level advisory lock key of the migration (any constant, distinct from the per-principal ones). */
@@ -79,6 +80,7 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
         credential TEXT);
       CREATE INDEX console_sessions_by_principal ON console_sessions (principal_id, last_seen_ms);`,
   },
+  { version: 3, name: "the audit key replicas share (keys.ts)", sql: KEYS_SQL },
 ];
 
 /** The newest schema this code knows. */

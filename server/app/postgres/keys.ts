@@ -1,0 +1,64 @@
+// The key replicas must agree on: the audit chain's HMAC key, which also seals the 2026-07-28
+// request states (policies/request_state.ts), so a state sealed by one replica opens on another.
+// Replicas share no files, so it comes from one of two places:
+//
+// - `policy.audit.key_file`, when the config names one: the same key on every replica (a secret
+//   the deployment mounts, made once with `tpu-mcp audit` on SQLite or by hand). It is read, never
+//   made here: replicas each making their own would chain under different keys. Kept apart from
+//   the database, whoever can write the database still cannot recompute the chain.
+// - else the database (`tpu_mcp_keys`): the first replica to start makes it, in one INSERT every
+//   other replica's loses, and all read the winner's. No file to distribute; but whoever can
+//   write the database can then also recompute the chain, which the start-up log says.
+import { randomBytes } from "node:crypto";
+import {
+  auditKeyId,
+  readAuditKey,
+  AuditKeyError,
+  type AuditKey,
+} from "../../../policies/audit_key.js";
+import type { PgPool } from "./pool.js";
+
+export interface SharedKey {
+  key: AuditKey;
+  /** This replica made it (the first start of the deployment). */
+  created: boolean;
+  where: "file" | "database";
+}
+
+export async function sharedAuditKey(
+  pool: PgPool,
+  keyFile: string | undefined,
+): Promise<SharedKey> {
+  if (keyFile) {
+    const key = readAuditKey(keyFile);
+    if (!key)
+      throw new AuditKeyError(
+        `policy.audit.key_file ${keyFile} does not exist: on storage.postgres every replica must hold the same key, so none is made here; put the deployment's key there (or remove key_file to keep the key in the database)`,
+      );
+    return { key, created: false, where: "file" };
+  }
+  const made = randomBytes(32);
+  const ins = await pool.query(
+    `INSERT INTO tpu_mcp_keys (name, key, created_at) VALUES ('audit', $1, now())
+     ON CONFLICT (name) DO NOTHING`,
+    [made],
+  );
+  const row = (await pool.query("SELECT key, created_at FROM tpu_mcp_keys WHERE name = 'audit'"))
+    .rows[0] as { key: Buffer; created_at: Date };
+  return {
+    key: {
+      id: auditKeyId(row.key),
+      key: row.key,
+      created_at: row.created_at.toISOString(),
+      path: "(the database: tpu_mcp_keys)",
+    },
+    created: ins.rowCount === 1,
+    where: "database",
+  };
+}
+
+/** The migration that makes the keys' table (server/app/postgres/schema.ts lists it). */
+export const KEYS_SQL = `
+  CREATE TABLE tpu_mcp_keys (
+    name TEXT PRIMARY KEY, key BYTEA NOT NULL CHECK (length(key) = 32),
+    created_at TIMESTAMPTZ NOT NULL);`;
