@@ -32,7 +32,7 @@ import { Metrics } from "./metrics.js";
 import { startTelemetry, telemetryMeter } from "./telemetry.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
 import type { Passkeys } from "../../policies/passkeys/store.js";
-import { openServerStores, type Storage } from "./storage.js";
+import { openServerStores, type SharedBackend, type Storage } from "./storage.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
 import { replicaIdentity, replicaStatus, type ReplicaIdentity } from "./replica.js";
 import { watchControl, type ControlHandler } from "../control/channel.js";
@@ -105,6 +105,8 @@ export function createApp(
     setup?: SetupWatch;
     /** Which replica this is (the HTTP command knows its port); default: no fixed address. */
     replica?: ReplicaIdentity;
+    /** The Postgres backend, opened before (storage.ts openSharedBackend); the caller closes it. */
+    shared?: SharedBackend | null;
   } = {},
 ): App {
   const replica = opts.replica ?? replicaIdentity(config, null);
@@ -139,6 +141,7 @@ export function createApp(
   const alertsRef: { current?: Alerts } = {};
   const metricsRef: { current?: Metrics } = {};
   const policy = createPolicyServices(config, logger, {
+    shared: opts.shared ?? null,
     // Late-bound: the HTTP server learns its address after the app is built.
     consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
     observer: {
@@ -187,7 +190,7 @@ export function createApp(
     );
   const clientForm = clientFormRules(config.policy.approvals);
   if (clientForm.length > 0) logger.warn(clientFormText(clientForm));
-  const served = openServerStores(config, logger);
+  const served = openServerStores(config, logger, opts.shared ?? null);
   const { reports, jobs, outputs, channel } = served;
   // Closed where they always were: reports after the runtime (a call in flight writes its
   // measurement), jobs and the channel before it (a running job is aborted, not failed).

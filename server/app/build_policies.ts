@@ -9,7 +9,7 @@ import { isAbsolute, relative } from "node:path";
 import { shellWord } from "../../lib/text.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
 import type { ServerConfig } from "../config/config.js";
-import { openPolicyStores, type PolicyStores } from "./storage.js";
+import { openPolicyStores, type PolicyStores, type SharedBackend } from "./storage.js";
 
 /**
  * The command an operator runs to approve, as it works pasted into a shell in the tpu-mcp folder:
@@ -40,9 +40,14 @@ export interface PolicyServices extends PolicyStores {
 export function createPolicyServices(
   config: ServerConfig,
   logger: Logger,
-  opts: { consoleUrl?: () => string | undefined; observer?: GateObserver } = {},
+  opts: {
+    consoleUrl?: () => string | undefined;
+    observer?: GateObserver;
+    /** The Postgres backend, opened first (storage.ts openSharedBackend); null with SQLite. */
+    shared?: SharedBackend | null;
+  } = {},
 ): PolicyServices {
-  const stores = openPolicyStores(config, logger);
+  const stores = openPolicyStores(config, logger, opts.shared ?? null);
   const gate = new Gate({
     config: config.policy,
     tools: TOOL_POLICIES,

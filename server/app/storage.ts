@@ -35,7 +35,10 @@ import { MemoryOutputs, type Outputs } from "../../tools/stores/outputs.js";
 import { SqliteReports, type Reports } from "../../tools/stores/reports.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
 import { MemoryConsoleSessions, type ConsoleSessions } from "./console_sessions.js";
-import { redactUrl } from "./postgres/pool.js";
+import { sharedAuditKey, type SharedKey } from "./postgres/keys.js";
+import { openPool, redactError, redactUrl, type PgPool } from "./postgres/pool.js";
+import { migrate } from "./postgres/schema.js";
+import type { ReplicaIdentity } from "./replica.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
 import { ControlChannel } from "../control/channel.js";
 
@@ -106,12 +109,55 @@ export interface Storage extends PolicyStores {
 }
 
 /**
+ * A Postgres deployment's connection, opened (asynchronously) before its stores: one pool for
+ * every store of this process, the schema migrated (replicas starting together migrate once;
+ * a newer schema is refused), and the audit key every replica shares (postgres/keys.ts).
+ */
+export interface SharedBackend {
+  pool: PgPool;
+  replica: ReplicaIdentity;
+  key: SharedKey;
+  close(): Promise<void>;
+}
+
+/** Opens the shared backend of a `storage.postgres` config; null with SQLite (nothing to open). */
+export async function openSharedBackend(
+  config: ServerConfig,
+  logger: Logger,
+  replica: ReplicaIdentity,
+): Promise<SharedBackend | null> {
+  const url = databaseUrl(config);
+  if (url === null) return null;
+  const pool = openPool(url, { application: `tpu-mcp ${replica.id}` });
+  try {
+    const applied = await migrate(pool);
+    if (applied.length > 0)
+      logger.info({ applied, database: redactUrl(url) }, "storage: schema migrated");
+    const keyFile = config.policy.audit.key_file ? config.paths.audit_key : undefined;
+    const key = await sharedAuditKey(pool, keyFile);
+    if (key.where === "database" && key.created)
+      logger.warn(
+        "storage: made the audit key and kept it in the database (tpu_mcp_keys), where every replica reads it: whoever can write the database can also recompute the audit chain; give policy.audit.key_file (the same key on every replica) to keep it apart (docs/storage.md)",
+      );
+    return { pool, replica, key, close: () => pool.end() };
+  } catch (e) {
+    await pool.end().catch(() => {});
+    throw redactError(e, url);
+  }
+}
+
+/**
  * The policy stores for writing: the server, and the CLI commands that decide or change state
  * (approve, deny, workers drain/scale/reload). Makes the data directory and the audit key when
- * missing; read-only commands use the read* openers below instead.
+ * missing; read-only commands use the read* openers below instead. On Postgres, `shared` is the
+ * backend opened first (openSharedBackend).
  */
-export function openPolicyStores(config: ServerConfig, logger: Logger): PolicyStores {
-  if (databaseUrl(config) !== null)
+export function openPolicyStores(
+  config: ServerConfig,
+  logger: Logger,
+  shared: SharedBackend | null = null,
+): PolicyStores {
+  if (databaseUrl(config) !== null || shared)
     throw new ConfigError("(config)", [
       "storage.postgres: the server does not serve on Postgres yet (its gate's stores answer synchronously, which only SQLite does); `tpu-mcp storage migrate|check` work against it. Use storage.sqlite (the default) to serve (docs/storage.md).",
     ]);
@@ -161,6 +207,8 @@ export function openPolicyStores(config: ServerConfig, logger: Logger): PolicySt
 export function openServerStores(
   config: ServerConfig,
   logger: Logger,
+  // eslint-disable-next-line @typescript-eslint/no-unused-vars -- the Postgres stores, once wired
+  shared: SharedBackend | null = null,
 ): Omit<Storage, keyof PolicyStores> & { close(): void } {
   // Each store also closes on its own: the server closes them at their own points of its shutdown.
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });

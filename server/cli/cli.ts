@@ -27,7 +27,7 @@ import { terminalText } from "../terminal.js";
 import { runVerifyExport } from "./verify_export.js";
 import { runWorkersCommand } from "./workers.js";
 import { runStorageCommand } from "./storage.js";
-import { redactedConfig } from "../app/storage.js";
+import { openSharedBackend, redactedConfig } from "../app/storage.js";
 import { replicaIdentity } from "../app/replica.js";
 import { checkDataDirAccess, isAccessDenied } from "./data_dir_access.js";
 
@@ -229,15 +229,20 @@ async function main(argv: string[]): Promise<number> {
 
   switch (command) {
     case "stdio": {
+      const replica = replicaIdentity(config, null);
+      const shared = await openSharedBackend(config, logger, replica);
       const app = createApp(config, logger, {
         loadConfig: reloadable,
         ...setupWatch(layout, config, logger),
+        replica,
+        shared,
       });
       const stopHup = onSighup(app);
       const { closed } = await startStdio(app);
       await closed;
       stopHup();
       await app.close();
+      await shared?.close();
       return 0;
     }
     case "http": {
@@ -261,10 +266,14 @@ async function main(argv: string[]): Promise<number> {
         config = withOperatorToken(config).config;
         operatorFile = dataDir(config).operatorToken;
       }
+      // On Postgres: connected, migrated and keyed before anything is built (storage.ts).
+      const replica = replicaIdentity(config, { port });
+      const shared = await openSharedBackend(config, logger, replica);
       const app = createApp(config, logger, {
         loadConfig: reloadable,
         fileConfig,
-        replica: replicaIdentity(config, { port }),
+        replica,
+        shared,
         ...setupWatch(layout, config, logger),
       });
       const stopHup = onSighup(app);
@@ -275,6 +284,7 @@ async function main(argv: string[]): Promise<number> {
         err(`cannot serve HTTP: ${(e as Error).message}`);
         stopHup();
         await app.close();
+        await shared?.close();
         return 1;
       }
       err(`\ntpu-mcp is serving MCP (Streamable HTTP) at ${running.url}`);
@@ -299,6 +309,7 @@ async function main(argv: string[]): Promise<number> {
       stopHup();
       await running.close();
       await app.close();
+      await shared?.close();
       return 0;
     }
     case "doctor":
