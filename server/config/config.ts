@@ -90,6 +90,9 @@ export const ServerConfigSchema = z
                   .string()
                   .regex(/^[A-Za-z0-9._:@-]{1,128}$/, "letters, digits and . _ : @ - (at most 128)")
                   .optional(),
+                /** A job's lease: its replica renews it every third of this; only an expired
+                 *  lease marks the job interrupted (a replica that died stops renewing). */
+                job_lease_s: z.number().min(1).max(3600).default(30),
               })
               .strict(),
           })

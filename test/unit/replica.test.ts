@@ -4,7 +4,7 @@ import { Metrics } from "../../server/app/metrics.js";
 import { replicaIdentity, replicaStatus } from "../../server/app/replica.js";
 
 const pg = (replica_id?: string) => ({
-  storage: { postgres: { url: "postgres://x", replica_id } },
+  storage: { postgres: { url: "postgres://x", replica_id, job_lease_s: 30 } },
 });
 
 describe("replica identity", () => {
