@@ -5,7 +5,7 @@
 // is shipped. Every process is stopped by its PID. A replica can be killed with SIGKILL and
 // started again on the same port (so with the same derived replica id, server/app/replica.ts).
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -79,6 +79,50 @@ async function listening(port: number, what: string): Promise<void> {
     if (Date.now() > until) throw new Error(`${what} is not listening on ${port}`);
     await new Promise((r) => setTimeout(r, 50));
   }
+}
+
+/** Every process descended from `pid` (its worker and what that started), from /proc. */
+function descendants(pid: number): number[] {
+  const parent = new Map<number, number>();
+  for (const e of readdirSync("/proc")) {
+    if (!/^\d+$/.test(e)) continue;
+    try {
+      // The fields after the command's closing parenthesis: state, then the parent's pid.
+      const stat = readFileSync(`/proc/${e}/stat`, "utf8");
+      parent.set(Number(e), Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const out: number[] = [];
+  const walk = (p: number) => {
+    for (const [child, pp] of parent) {
+      if (pp !== p) continue;
+      out.push(child);
+      walk(child);
+    }
+  };
+  walk(pid);
+  return out;
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+/**
+ * After its server was killed, what it had started (its worker) is given a while to see the
+ * closed pipe and exit, then is killed by PID: nothing outlives the test.
+ */
+async function reap(pids: number[]): Promise<void> {
+  const until = Date.now() + scaled(10_000);
+  while (pids.some(alive) && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
+  for (const p of pids.filter(alive)) process.kill(p, "SIGKILL");
 }
 
 function killAndWait(proc: ChildProcess, signal: NodeJS.Signals): Promise<void> {
@@ -170,7 +214,10 @@ export async function startDeployment(opts: DeploymentOptions): Promise<Deployme
         async kill9() {
           const s = r.server;
           r.server = null;
-          if (s) await killAndWait(s.proc, "SIGKILL");
+          if (!s) return;
+          const children = descendants(s.proc.pid!);
+          await killAndWait(s.proc, "SIGKILL");
+          await reap(children);
         },
         async stop() {
           const s = r.server;
