@@ -268,7 +268,9 @@ export function createApp(
     });
     setup.start();
   }
-  const metrics = new Metrics({ replica: replica.id });
+  // Labelled only where there are replicas to tell apart (a shared store): one SQLite server's
+  // series are as they always were.
+  const metrics = new Metrics(replica.storage === "postgres" ? { replica: replica.id } : {});
   metricsRef.current = metrics;
   // The conventions' series over OTLP too, when telemetry exports metrics.
   const meter = telemetryMeter();

@@ -52,10 +52,12 @@ async function allServing(d: Deployment): Promise<void> {
   }
 }
 
+/** Sessions and routing do not depend on the store; the store's groups need "postgres". */
+const STORAGE = "sqlite" as "postgres" | "sqlite";
 let d: Deployment;
 
 beforeAll(async () => {
-  d = await startDeployment({ policy: POLICY, storage: "sqlite" });
+  d = await startDeployment({ policy: POLICY, storage: STORAGE });
 });
 
 afterAll(async () => {
@@ -138,19 +140,25 @@ describe("sessions behind HAProxy", () => {
 });
 
 describe("which replica answered", () => {
-  it("get_runtime_status names the replica; /metrics series carry its `replica` label", async () => {
+  it("get_runtime_status names the replica; on a shared store /metrics series carry its `replica` label", async () => {
     for (const r of d.replicas) {
       const c = await connectModernHttp(r.url, DEMO_TOKENS.agent);
       try {
         const replica = await answeredBy(modernStatus(c.client));
         expect(replica.id.endsWith(`:${r.port}`)).toBe(true);
+        expect(replica.storage).toBe(STORAGE);
+        // Local workers only: on a shared store, a shard.
+        expect(replica.shard).toBe(STORAGE === "postgres");
       } finally {
         await c.close();
       }
       const metrics = await (await fetch(r.url.replace(/\/mcp$/, "/metrics"))).text();
       const series = metrics.split("\n").filter((l) => l.startsWith("tpu_mcp_"));
       expect(series.length).toBeGreaterThan(0);
-      for (const line of series) expect(line).toMatch(new RegExp(`replica="[^"]*:${r.port}"`));
+      const label = new RegExp(`replica="[^"]*:${r.port}"`);
+      for (const line of series)
+        if (STORAGE === "postgres") expect(line).toMatch(label);
+        else expect(line).not.toMatch(/replica=/);
     }
   });
 });
