@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,budget,store,generate,train,shapes,prefix,stability,structured runs a subset (BENCH_SHAPES_REQUESTS
+// tokens,estimates,budget,store,replicas,generate,train,shapes,prefix,stability,structured runs a subset (BENCH_SHAPES_REQUESTS
 // scales the shapes trace, 300 requests by default; BENCH_PREFIX_SMOLLM2=0 leaves the real
 // SmolLM2 model out of the prefix section);
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
@@ -41,6 +41,7 @@ import { runSmall } from "./small.js";
 import { runStability } from "./stability.js";
 import { runStructured } from "./structured.js";
 import { runStore } from "./store.js";
+import { runReplicas } from "./replicas.js";
 import { runTokens } from "./tokens.js";
 import { runTrain } from "./train.js";
 
@@ -62,6 +63,7 @@ const SECTIONS = [
   "estimates",
   "budget",
   "store",
+  "replicas",
   "stability",
   "generate",
   "train",
@@ -450,6 +452,12 @@ async function main() {
       "store (budget admission and audit append: SQLite and a local Postgres, 1 and 3 replicas)…",
     );
     results.store = await runStore({ calls: q(2000, 300) });
+  }
+
+  // Calls per second through HAProxy with 1 and 3 replicas on one machine (issue 30).
+  if (want("replicas")) {
+    say("replicas (calls/s through HAProxy: 1 and 3 tpu-mcp replicas)…");
+    results.replicas = await runReplicas({ rounds: q(5, 2), callers: 8, per: q(40, 10) });
   }
 
   // Estimates against what the gate charged, on a fresh and on a warm data dir of their own.
