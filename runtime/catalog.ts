@@ -158,8 +158,8 @@ export function planShapes(e: CatalogEntry): PlanShape[] | null {
         length,
       })),
     );
-  // Prefills at every batch bucket × length bucket (a join's prompts: one forward per length).
-  const prefill = batches;
+  // Prefills at 1 and every other batch bucket down from the largest (shapes.py prefill_buckets).
+  const prefill = batches.filter((b, i) => (batches.length - 1 - i) % 2 === 0 || b === 1);
   // A prefix cache adds the one-sequence prefills behind a cached prefix at every length but the last.
   const cached = (e.prefix_cache?.max_bytes ?? 1) > 0 ? lengths.slice(0, -1) : [];
   return [

@@ -70,6 +70,9 @@ export function writeBenchConfig(dir = tempDir()): { config: string; catalog: st
           budget: { device_seconds_per_window: 1e9, window_s: 3600 },
           // 32 callers must queue at the gate rather than be refused `busy`.
           queue_bound: { run_inference: 256 },
+          // A compiled load warms every shape of its plan: on the loaded 2-core development VM
+          // (load 13–17) tiny-gpt2's took more than the default 900 s (2026-12-03).
+          call_timeout_s: { load_model: 3600 },
         },
       },
     },

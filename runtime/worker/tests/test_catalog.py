@@ -78,5 +78,6 @@ def test_a_shape_plan_comes_from_the_entry_or_the_defaults():
     assert plan.batches == (1, 8, 16) and plan.lengths == (32, 128)  # max_batch is always a bucket
     default = ShapePlan.for_model(None, None, max_batch=16, max_len=128, generation=True)
     assert default.batches == (1, 2, 4, 8, 16) and default.lengths == (8, 16, 32, 64, 128)
-    assert default.prefill_batches == default.batches  # a join: one forward per length bucket
-    assert default.size == 5 * 5 + 5 and default.batch(3) == 4 and default.length(100) == 128
+    assert default.prefill_batches == (1, 4, 16)  # the largest is the slots: one forward per length
+    assert ShapePlan.for_model(None, None, max_batch=8, max_len=8, generation=True).prefill_batches == (1, 2, 8)
+    assert default.size == 3 * 5 + 5 and default.batch(3) == 4 and default.length(100) == 128

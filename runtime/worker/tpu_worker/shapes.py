@@ -41,6 +41,15 @@ def default_lengths(max_len: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def prefill_buckets(batches: tuple[int, ...]) -> tuple[int, ...]:
+    """A generation's prefill batches: 1 and every other batch bucket down from the largest (1, 4
+    and 16 of 1..16). The largest is the slots, so the joiners of one length bucket always fit one
+    forward; skipping every other bucket keeps the plan as small as prefills of at most 4 kept it
+    (a compile each: 34 shapes instead of 24 outlasted the 900 s load limit on a loaded 2-core
+    host), at the cost of padding rows up to 4x the joiners."""
+    return tuple(sorted(set(batches[::-2]) | ({1} & set(batches))))
+
+
 def _bucket(buckets: tuple[int, ...], n: int, what: str) -> int:
     for b in buckets:
         if b >= n:
@@ -54,7 +63,7 @@ def _bucket(buckets: tuple[int, ...], n: int, what: str) -> int:
 class ShapePlan:
     batches: tuple[int, ...]
     lengths: tuple[int, ...]  # () for a model whose items have a fixed shape (tensor models)
-    # generation only: the batches a prefill may take, every batch bucket, so that the joiners of
+    # generation only: the batches a prefill may take (prefill_buckets), so that the joiners of
     # one token boundary are prefilled in one forward per length bucket (generation/rows.py)
     prefill_batches: tuple[int, ...] = ()
     # generation with a prefix cache: the lengths of a one-sequence prefill behind a cached
@@ -78,7 +87,7 @@ class ShapePlan:
         lengths = tuple(n for n in (length_buckets or default_lengths(max_len)) if n <= max_len)
         if max_len > 0 and (not lengths or lengths[-1] < max_len):
             lengths = (*lengths, max_len)
-        prefill = batches if generation else ()
+        prefill = prefill_buckets(batches) if generation else ()
         cached = lengths[:-1] if generation and prefix_cache else ()
         return cls(batches, lengths, prefill, cached)
 
