@@ -1,7 +1,7 @@
 // The shared store's cost per call (issue 30), side by side in one run: what a call's budget
 // admission and settlement add with SQLite (the default: the ledger's in-memory window, its
 // charge written in a batch per event-loop turn) and with Postgres (one transaction under the
-// principal's advisory lock to reserve, one to settle; server/app/postgres/shared.ts), and one
+// principal's advisory lock to reserve, one to settle; server/app/postgres/budget.ts), and one
 // audit append on each. Then admissions per second with 8 callers on 1 and on 3 replicas of the
 // store (pools of their own, as three processes would hold) against one principal. Postgres is a
 // fresh local cluster on 127.0.0.1 (test/helpers/postgres.ts), so this is the floor of a real
@@ -14,12 +14,19 @@ import { SqliteBudgetLedger } from "../policies/limits/budget.js";
 import { openStoreDb } from "../policies/sqlite.js";
 import { openPool } from "../server/app/postgres/pool.js";
 import { migrate } from "../server/app/postgres/schema.js";
-import { PgAuditChain, PgBudget } from "../server/app/postgres/shared.js";
+import { PgBudget } from "../server/app/postgres/budget.js";
+import { PgAuditChain } from "../server/app/postgres/shared.js";
 import { startPostgres } from "../test/helpers/postgres.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, summarize } from "./lib/stats.js";
 
 const BIG = 1e12; // a budget no call reaches: the cost of admission, not of a refusal
+
+/** One call's budget: its estimate held in one transaction, then settled as its charge in one. */
+async function admitSettle(b: PgBudget): Promise<void> {
+  const r = await b.admit([{ key: "alice", need: 0.01 }]);
+  if (r.ok) await r.hold.settle([{ key: "alice", amount: 0.01 }]);
+}
 
 async function timed(n: number, fn: (i: number) => Promise<void> | void): Promise<number[]> {
   const out: number[] = [];
@@ -48,8 +55,7 @@ export async function runStore(opts: { calls: number }): Promise<SectionResult> 
     for (let i = 0; i < 50; i++) {
       ledger.check("alice", 0.01);
       ledger.charge("alice", 0.01);
-      const r = await budget.admit("alice", 0.01);
-      await budget.settle(r.id!, "alice", 0.01);
+      await admitSettle(budget);
     }
     const sqliteAdmit = summarize(
       await timed(n, async () => {
@@ -61,8 +67,7 @@ export async function runStore(opts: { calls: number }): Promise<SectionResult> 
     );
     const pgAdmit = summarize(
       await timed(n, async () => {
-        const r = await budget.admit("alice", 0.01);
-        await budget.settle(r.id!, "alice", 0.01);
+        await admitSettle(budget);
       }),
     );
     const record = (i: number) => ({
@@ -114,12 +119,12 @@ export async function runStore(opts: { calls: number }): Promise<SectionResult> 
         Array.from({ length: 8 }, async (_, k) => {
           const b = budgets[k % replicas]!;
           for (let i = 0; i < per; i++) {
-            const r = await b.admit("alice", 0.01);
-            await b.settle(r.id!, "alice", 0.01);
+            await admitSettle(b);
           }
         }),
       );
       const rate = (8 * per) / ((performance.now() - t) / 1000);
+      for (const b of budgets) b.close();
       s.row(
         `Postgres, 8 callers on ${replicas} replica(s)`,
         `${rate.toFixed(0)} calls/s`,
@@ -127,6 +132,7 @@ export async function runStore(opts: { calls: number }): Promise<SectionResult> 
       );
       s.fig(`pg_calls_per_s_${replicas}`, rate);
     }
+    budget.close();
     ledger.close();
     audit.close();
   } finally {

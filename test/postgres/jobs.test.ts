@@ -60,6 +60,47 @@ describe("jobs across replicas", () => {
     }
   });
 
+  it("progress, the operator's list and an operator's cancel work from any replica", async () => {
+    const b = await PgJobs.open(pools[0]!, "b", { leaseS: LEASE_S });
+    const c = await PgJobs.open(pools[1]!, "c", { leaseS: LEASE_S });
+    try {
+      let step!: (p: number, total?: number, message?: string) => void;
+      const job = await b.start("run_benchmark", "alice", (signal, progress) => {
+        step = progress;
+        return untilAbort(signal);
+      });
+      expect(job).toMatchObject({
+        status: "running",
+        progress: null,
+        created_at: expect.any(String),
+      });
+      step(2, 5, "config 2 of 5");
+      const seen = await waitFor("the progress on C", async () => {
+        const r = await c.get(job.job_id, "alice");
+        return r?.progress === 2 ? r : undefined;
+      });
+      expect(seen).toMatchObject({ total: 5, message: "config 2 of 5" });
+      expect((await c.listAll()).map((j) => j.job_id)).toContain(job.job_id);
+      expect(b.running()).toBe(1);
+      expect(c.running()).toBe(0);
+      await c.cancelAny(job.job_id);
+      await b.tick();
+      await b.settled(job.job_id);
+      expect((await c.get(job.job_id, "alice"))!.status).toBe("cancelled");
+      // A job that throws ends failed with the tools' redacted error.
+      const failed = await c.start("load_model", "alice", async () => {
+        throw new Error("boom at /secret/path/model.bin");
+      });
+      await c.settled(failed.job_id);
+      const f = await b.get(failed.job_id, "alice");
+      expect(f!.status).toBe("failed");
+      expect(f!.error!.message).not.toContain("/secret/path");
+    } finally {
+      await b.close();
+      await c.close();
+    }
+  });
+
   it("kill -9 of a replica: its job is interrupted only after its lease expires; a restart marks only its own", async () => {
     const c = await PgJobs.open(pools[1]!, "c", { leaseS: LEASE_S });
     const b = await PgJobs.open(pools[0]!, "b", { leaseS: LEASE_S });

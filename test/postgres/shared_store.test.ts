@@ -1,7 +1,7 @@
 // The promises replicas must keep together, on a real PostgreSQL: three replicas (three pools,
-// each its own connections, as three processes would hold) racing for one principal's budget,
-// one request state and the one audit chain. (Approvals, passkeys, suspensions, alerts and console
-// sessions: policy_stores.test.ts.)
+// each its own connections, as three processes would hold) racing for one request state and the
+// one audit chain. (The budget: budget.test.ts. Approvals, passkeys, suspensions, alerts and
+// console sessions: policy_stores.test.ts.)
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { openPool, redactError, redactUrl, type PgPool } from "../../server/app/postgres/pool.js";
 import {
@@ -12,7 +12,7 @@ import {
   SchemaError,
   schemaVersion,
 } from "../../server/app/postgres/schema.js";
-import { PgAuditChain, PgBudget, PgRequestStates } from "../../server/app/postgres/shared.js";
+import { PgAuditChain, PgRequestStates } from "../../server/app/postgres/shared.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 
 let db: TestPostgres;
@@ -46,41 +46,6 @@ describe("schema", () => {
     } finally {
       await replicas[0]!.query("DELETE FROM tpu_mcp_schema WHERE version = 999");
     }
-  });
-});
-
-/** 8 agents on each replica, each admitting 1 s calls until refused; what was charged. */
-async function race(
-  principal: string,
-  limitS: number,
-  admit: (b: PgBudget, p: string) => ReturnType<PgBudget["admit"]>,
-): Promise<{ admitted: number; charged: number }> {
-  const budgets = replicas.map(
-    (p, i) => new PgBudget(p, { limitS, windowS: 3600, replica: NAMES[i]! }),
-  );
-  let admitted = 0;
-  const agent = async (b: PgBudget) => {
-    for (;;) {
-      const r = await admit(b, principal);
-      if (!r.ok) return;
-      admitted++;
-      await b.settle(r.id!, principal, 1, "run_inference");
-    }
-  };
-  await Promise.all(budgets.flatMap((b) => Array.from({ length: 8 }, () => agent(b))));
-  return { admitted, charged: await budgets[0]!.charged(principal) };
-}
-
-describe("budget across replicas", () => {
-  it("24 agents on 3 replicas against one 10 s budget: charged ≤ the limit", async () => {
-    const { admitted, charged } = await race("alice", 10, (b, p) => b.admit(p, 1));
-    expect(admitted).toBe(10);
-    expect(charged).toBeLessThanOrEqual(10 + 1);
-  });
-
-  it("admitting on a stale read (no lock, no transaction) breaks the cap: what the lock prevents", async () => {
-    const { charged } = await race("mallory", 10, (b, p) => b.admitOnStaleRead(p, 1));
-    expect(charged).toBeGreaterThan(10 + 1);
   });
 });
 

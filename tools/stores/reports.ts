@@ -5,11 +5,11 @@ import { workKey, type CallRecord } from "../../policies/estimate.js";
 import { resolveDb, type SqliteDb } from "../../policies/sqlite.js";
 
 /** Measured calls kept per (model, device kind): enough for every shape a deployment repeats. */
-const CALLS_KEPT = 200;
+export const CALLS_KEPT = 200;
 /** Of one work, the newest few (an estimate takes the median of three). */
-const REPEATS_KEPT = 3;
+export const REPEATS_KEPT = 3;
 /** Rows kept on disk: enough to fill the list after repeats are dropped. */
-const ROWS_KEPT = CALLS_KEPT * REPEATS_KEPT;
+export const ROWS_KEPT = CALLS_KEPT * REPEATS_KEPT;
 
 export interface StoredReport {
   id: string;
@@ -121,27 +121,7 @@ export class SqliteReports implements Reports {
         `SELECT report FROM benchmark_reports WHERE model = ? AND device = ? ORDER BY created_at DESC LIMIT 20`,
       )
       .all(model, device) as { report: string }[];
-    const out: HistoryRecord[] = [];
-    for (const { report } of rows) {
-      const parsed = JSON.parse(report);
-      const configs = (parsed.configs ?? []) as any[];
-      for (const c of configs) {
-        // Forward passes only: a generate configuration's latency covers many decoding steps
-        // (its work is on the configuration, or on the report for older ones).
-        if (c?.error || (c?.work ?? parsed.work ?? "forward") !== "forward") continue;
-        const mean = c?.latency_ms?.mean ?? c?.latency_ms?.p50;
-        if (typeof c?.batch === "number" && typeof mean === "number") {
-          out.push({
-            batch: c.batch,
-            seq_len: c.seq_len ?? null,
-            ...(typeof c.dtype === "string" ? { dtype: c.dtype } : {}),
-            ...(typeof c.mode === "string" ? { mode: c.mode } : {}),
-            latency_ms: mean,
-          });
-        }
-      }
-    }
-    return out;
+    return historyOf(rows.map((r) => r.report));
   }
 
   // Inference records a call each time: the list in memory is the one estimates read, and rows
@@ -233,8 +213,36 @@ export class SqliteReports implements Reports {
   }
 }
 
+/**
+ * Mean forward latency per configuration in stored reports (their JSON, newest first): what
+ * estimates learn from a model's benchmarks, whichever store keeps them.
+ */
+export function historyOf(reports: string[]): HistoryRecord[] {
+  const out: HistoryRecord[] = [];
+  for (const report of reports) {
+    const parsed = JSON.parse(report);
+    const configs = (parsed.configs ?? []) as any[];
+    for (const c of configs) {
+      // Forward passes only: a generate configuration's latency covers many decoding steps
+      // (its work is on the configuration, or on the report for older ones).
+      if (c?.error || (c?.work ?? parsed.work ?? "forward") !== "forward") continue;
+      const mean = c?.latency_ms?.mean ?? c?.latency_ms?.p50;
+      if (typeof c?.batch === "number" && typeof mean === "number") {
+        out.push({
+          batch: c.batch,
+          seq_len: c.seq_len ?? null,
+          ...(typeof c.dtype === "string" ? { dtype: c.dtype } : {}),
+          ...(typeof c.mode === "string" ? { mode: c.mode } : {}),
+          latency_ms: mean,
+        });
+      }
+    }
+  }
+  return out;
+}
+
 /** Drops, in place, all but the newest REPEATS_KEPT of each work, and all past CALLS_KEPT. */
-function condense(list: CallRecord[]): void {
+export function condense(list: CallRecord[]): void {
   const seen = new Map<string | undefined, number>();
   let n = 0;
   for (const c of list) {

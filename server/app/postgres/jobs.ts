@@ -5,20 +5,37 @@
 // any replica: a cancel is a flag on the row, which the owner reads on its next renewal and
 // turns into the job's abort. Times are the database's clock (replicas' clocks may disagree).
 import { randomBytes } from "node:crypto";
-import type { PgPool } from "./pool.js";
+import { keepPartialCancel } from "../../../runtime/types.js";
+import { toToolError } from "../../../tools/errors.js";
+import type { JobRecord, JobStatus } from "../../../tools/stores/jobs.js";
+import { NOW_MS, type PgPool } from "./pool.js";
 
-const NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+/** A job as the tools see it, with the replica that runs it. */
+export type PgJobRecord = JobRecord & { owner: string };
 
-export type PgJobStatus = "running" | "succeeded" | "failed" | "cancelled" | "interrupted";
+type Runner = (
+  signal: AbortSignal,
+  progress: (p: number, total?: number, message?: string) => void,
+) => Promise<Record<string, unknown>>;
 
-export interface PgJobRecord {
-  job_id: string;
-  tool: string;
-  principal: string;
-  status: PgJobStatus;
-  owner: string;
-  result: Record<string, unknown> | null;
-  error: { code: string; message: string } | null;
+const COLUMNS =
+  "job_id, tool, principal, status, owner, progress, total, message, result, error, created_ms, updated_ms";
+
+function toRecord(r: Record<string, unknown>): PgJobRecord {
+  return {
+    job_id: r.job_id as string,
+    tool: r.tool as string,
+    principal: r.principal as string,
+    status: r.status as JobStatus,
+    owner: r.owner as string,
+    progress: (r.progress as number | null) ?? null,
+    total: (r.total as number | null) ?? null,
+    message: (r.message as string | null) ?? null,
+    result: (r.result as Record<string, unknown> | null) ?? null,
+    error: (r.error as { code: string; message: string } | null) ?? null,
+    created_at: new Date(Number(r.created_ms)).toISOString(),
+    updated_at: new Date(Number(r.updated_ms)).toISOString(),
+  };
 }
 
 const INTERRUPTED = {
@@ -31,12 +48,14 @@ export class PgJobs {
   private readonly live = new Map<string, { ctrl: AbortController; done: Promise<void> }>();
   private readonly timer: NodeJS.Timeout;
   private readonly leaseMs: number;
+  private readonly onError?: (e: unknown) => void;
 
   private constructor(
     private readonly pool: PgPool,
     private readonly replica: string,
-    opts: { leaseS: number },
+    opts: { leaseS: number; onError?: (e: unknown) => void },
   ) {
+    this.onError = opts.onError;
     this.leaseMs = Math.round(opts.leaseS * 1000);
     this.timer = setInterval(() => void this.tick().catch(() => {}), this.leaseMs / 3);
     this.timer.unref();
@@ -47,7 +66,11 @@ export class PgJobs {
    * (that process is gone): marked interrupted now. Every other replica's jobs are left to their
    * leases.
    */
-  static async open(pool: PgPool, replica: string, opts: { leaseS: number }): Promise<PgJobs> {
+  static async open(
+    pool: PgPool,
+    replica: string,
+    opts: { leaseS: number; onError?: (e: unknown) => void },
+  ): Promise<PgJobs> {
     await pool.query(
       `UPDATE jobs SET status = 'interrupted', error = $2, updated_ms = ${NOW_MS}
        WHERE owner = $1 AND status = 'running'`,
@@ -56,11 +79,7 @@ export class PgJobs {
     return new PgJobs(pool, replica, opts);
   }
 
-  async start(
-    tool: string,
-    principal: string,
-    run: (signal: AbortSignal) => Promise<Record<string, unknown>>,
-  ): Promise<PgJobRecord> {
+  async start(tool: string, principal: string, run: Runner): Promise<PgJobRecord> {
     const id = `job_${randomBytes(12).toString("hex")}`;
     await this.pool.query(
       `INSERT INTO jobs (job_id, tool, principal, status, owner, lease_until_ms, created_ms, updated_ms)
@@ -68,7 +87,7 @@ export class PgJobs {
       [id, tool, principal, this.replica, this.leaseMs],
     );
     const ctrl = new AbortController();
-    const finish = (status: PgJobStatus, result: unknown, error: unknown) =>
+    const finish = (status: JobStatus, result: unknown, error: unknown) =>
       this.pool.query(
         `UPDATE jobs SET status = $2, result = $3, error = $4, updated_ms = ${NOW_MS}
          WHERE job_id = $1 AND status = 'running'`,
@@ -79,34 +98,48 @@ export class PgJobs {
           error === null ? null : JSON.stringify(error),
         ],
       );
+    const progress = (p: number, total?: number, message?: string) =>
+      void this.pool
+        .query(
+          `UPDATE jobs SET progress = $2, total = $3, message = $4, updated_ms = ${NOW_MS}
+           WHERE job_id = $1 AND status = 'running'`,
+          [id, p, total ?? null, message ?? null],
+        )
+        .catch(() => {});
     const done = (async () => {
       try {
-        const result = await run(ctrl.signal);
-        await finish("succeeded", result, null);
+        const result = await run(ctrl.signal, progress);
+        const status: JobStatus =
+          result && (result as { cancelled?: unknown }).cancelled === true
+            ? "cancelled"
+            : "succeeded";
+        await finish(status, result, null);
       } catch (e) {
-        await finish(
-          ctrl.signal.aborted ? "cancelled" : "failed",
-          null,
-          ctrl.signal.aborted
+        const status: JobStatus = ctrl.signal.aborted ? "cancelled" : "failed";
+        // The same catalogue codes and redaction (no paths, no stack) as SQLite's jobs.
+        const err =
+          status === "cancelled"
             ? { code: "cancelled", message: "the job was cancelled" }
-            : { code: "internal", message: String((e as Error)?.message ?? e) },
-        ).catch(() => {});
+            : toToolError(e);
+        if (status === "failed" && err.code === "internal") this.onError?.(e);
+        await finish(status, null, { code: err.code, message: err.message }).catch(() => {});
       } finally {
         this.live.delete(id);
       }
     })();
     this.live.set(id, { ctrl, done });
-    return (await this.get(id, principal))!;
+    return (await this.row(id))!;
+  }
+
+  private async row(jobId: string): Promise<PgJobRecord | undefined> {
+    const r = await this.pool.query(`SELECT ${COLUMNS} FROM jobs WHERE job_id = $1`, [jobId]);
+    return r.rows[0] ? toRecord(r.rows[0]) : undefined;
   }
 
   /** From any replica; another principal's job is indistinguishable from a missing one. */
   async get(jobId: string, principal: string): Promise<PgJobRecord | undefined> {
-    const r = await this.pool.query(
-      "SELECT job_id, tool, principal, status, owner, result, error FROM jobs WHERE job_id = $1",
-      [jobId],
-    );
-    const row = r.rows[0];
-    return row && row.principal === principal ? (row as PgJobRecord) : undefined;
+    const r = await this.row(jobId);
+    return r && r.principal === principal ? r : undefined;
   }
 
   /** From any replica: flags the job; its owner aborts it at its next renewal (at once if it is this one). */
@@ -115,8 +148,34 @@ export class PgJobs {
       "UPDATE jobs SET cancel_requested = true WHERE job_id = $1 AND principal = $2 AND status = 'running'",
       [jobId, principal],
     );
-    if (r.rowCount === 1) this.live.get(jobId)?.ctrl.abort(new Error("cancelled by cancel_job"));
+    if (r.rowCount === 1)
+      this.live.get(jobId)?.ctrl.abort(keepPartialCancel("cancelled by cancel_job"));
     return this.get(jobId, principal);
+  }
+
+  /** Every principal's jobs, newest first: for the operator console, never for a tool. */
+  async listAll(limit = 100): Promise<PgJobRecord[]> {
+    const r = await this.pool.query(
+      `SELECT ${COLUMNS} FROM jobs ORDER BY created_ms DESC, job_id LIMIT $1`,
+      [limit],
+    );
+    return r.rows.map(toRecord);
+  }
+
+  /** An operator's cancel (console, admin scope): any principal's running job, from any replica. */
+  async cancelAny(jobId: string): Promise<PgJobRecord | undefined> {
+    const r = await this.pool.query(
+      "UPDATE jobs SET cancel_requested = true WHERE job_id = $1 AND status = 'running'",
+      [jobId],
+    );
+    if (r.rowCount === 1)
+      this.live.get(jobId)?.ctrl.abort(keepPartialCancel("cancelled by an operator"));
+    return this.row(jobId);
+  }
+
+  /** This replica's running jobs. */
+  running(): number {
+    return this.live.size;
   }
 
   /** Resolves when this replica's job ends (at once for another replica's). */
@@ -137,7 +196,7 @@ export class PgJobs {
       );
       for (const row of r.rows as { job_id: string; cancel_requested: boolean }[])
         if (row.cancel_requested)
-          this.live.get(row.job_id)?.ctrl.abort(new Error("cancelled by cancel_job"));
+          this.live.get(row.job_id)?.ctrl.abort(keepPartialCancel("cancelled by cancel_job"));
     }
     await this.reapExpired();
   }

@@ -81,6 +81,47 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
       CREATE INDEX console_sessions_by_principal ON console_sessions (principal_id, last_seen_ms);`,
   },
   { version: 3, name: "the audit key replicas share (keys.ts)", sql: KEYS_SQL },
+  {
+    version: 4,
+    name: "budget holds per line and overruns, calls in flight, rate buckets, reports, control channel, job progress",
+    sql: `
+      ALTER TABLE budget_reservations DROP CONSTRAINT budget_reservations_pkey;
+      ALTER TABLE budget_reservations ADD PRIMARY KEY (id, principal);
+      CREATE TABLE budget_overruns (
+        replica TEXT NOT NULL, line TEXT NOT NULL, excess DOUBLE PRECISION NOT NULL,
+        expires_ms BIGINT NOT NULL, PRIMARY KEY (replica, line));
+      CREATE INDEX budget_overruns_by_line ON budget_overruns (line);
+      CREATE TABLE calls_in_flight (
+        id TEXT PRIMARY KEY, replica TEXT NOT NULL, principal TEXT NOT NULL, tool TEXT NOT NULL,
+        args_digest TEXT NOT NULL, args TEXT NOT NULL, estimate TEXT, approval_id TEXT,
+        started_ms BIGINT NOT NULL, alive_ms BIGINT NOT NULL);
+      CREATE INDEX calls_in_flight_by_replica ON calls_in_flight (replica);
+      CREATE TABLE rate_buckets (
+        scope TEXT NOT NULL, key TEXT NOT NULL, tokens DOUBLE PRECISION NOT NULL,
+        at_ms BIGINT NOT NULL, took BOOLEAN NOT NULL, PRIMARY KEY (scope, key));
+      CREATE TABLE benchmark_reports (
+        id TEXT PRIMARY KEY, principal TEXT NOT NULL, model TEXT NOT NULL, device TEXT NOT NULL,
+        created_at TEXT NOT NULL, report TEXT NOT NULL);
+      CREATE INDEX benchmark_reports_by_model ON benchmark_reports (model, device, created_at);
+      CREATE INDEX benchmark_reports_by_time ON benchmark_reports (created_at);
+      CREATE TABLE measured_calls (
+        id BIGSERIAL PRIMARY KEY, model TEXT NOT NULL, device TEXT NOT NULL, kind TEXT NOT NULL,
+        work TEXT NOT NULL, seconds DOUBLE PRECISION NOT NULL, at BIGINT NOT NULL,
+        estimate_s DOUBLE PRECISION);
+      CREATE INDEX measured_calls_by_model ON measured_calls (model, device, id);
+      CREATE TABLE control_drained (name TEXT PRIMARY KEY, set_by TEXT NOT NULL, at TEXT NOT NULL);
+      CREATE TABLE control_observed (name TEXT PRIMARY KEY, status TEXT NOT NULL, at TEXT NOT NULL);
+      CREATE TABLE control_fleet_target (
+        id INT PRIMARY KEY CHECK (id = 1), count INT NOT NULL, set_by TEXT NOT NULL, at TEXT NOT NULL);
+      CREATE TABLE control_fleet_observed (
+        id INT PRIMARY KEY CHECK (id = 1), target INT, status TEXT NOT NULL, error TEXT, at TEXT NOT NULL);
+      CREATE TABLE control_reload_request (
+        id INT PRIMARY KEY CHECK (id = 1), set_by TEXT NOT NULL, at TEXT NOT NULL);
+      CREATE TABLE control_reload_result (
+        id INT PRIMARY KEY CHECK (id = 1), request_at TEXT NOT NULL, result TEXT NOT NULL, at TEXT NOT NULL);
+      ALTER TABLE jobs ADD COLUMN progress DOUBLE PRECISION, ADD COLUMN total DOUBLE PRECISION,
+        ADD COLUMN message TEXT;`,
+  },
 ];
 
 /** The newest schema this code knows. */

@@ -1,10 +1,7 @@
 // The state replicas must agree on, in Postgres: each promise is one transaction, so it holds
 // however many replicas race for it.
 //
-// - Budget admission: a call's estimate is reserved under the principal's advisory lock, after
-//   reading the window's charges and every replica's live reservations in the same transaction;
-//   two replicas admitting for one principal take turns, so the cap is the cap across all of them.
-//   The window is the database's clock (replicas' clocks may disagree; the database's is one).
+// - Budget admission is budget.ts (PgBudget); rate limits rate.ts; jobs jobs.ts.
 // - (Approvals, decided once and used once, are approvals.ts's PgApprovalQueue.)
 // - A request state's nonce is consumed once: its INSERT conflicts on every replay.
 // - The audit trail has ONE chain with one head row: an append takes the head under a row lock,
@@ -12,111 +9,11 @@
 //   check one head, as with SQLite. (Per-replica chains would spare that lock, but a verifier
 //   would have to be told every replica's head, and a replica removed from the deployment could
 //   drop its chain's tail unseen; the lock costs one round trip per append.)
-import { createHmac, randomBytes } from "node:crypto";
-import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
+import { createHmac } from "node:crypto";
+import { inTransaction, NOW_MS, type PgPool } from "./pool.js";
 
-export interface AdmitResult {
-  ok: boolean;
-  /** The reservation to settle, when admitted. */
-  id?: string;
-  charged_s: number;
-  reserved_s: number;
-  limit_s: number;
-}
+export { PgBudget } from "./budget.js";
 
-/** Device-seconds per principal over a sliding window, shared by every replica. */
-export class PgBudget {
-  constructor(
-    private readonly pool: PgPool,
-    private readonly opts: {
-      limitS: number;
-      windowS: number;
-      replica: string;
-      /** A reservation left by a replica that died is dropped after this long (its call's deadline). */
-      reservationTtlS?: number;
-    },
-  ) {}
-
-  /**
-   * Reserves `needS` for `principal` if the window's charges plus every live reservation leave
-   * room: one transaction, under the principal's advisory lock.
-   */
-  admit(principal: string, needS: number, limitS = this.opts.limitS): Promise<AdmitResult> {
-    return inTransaction(this.pool, async (c) => {
-      await c.query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7801))", [principal]);
-      return this.decide(c, principal, needS, limitS);
-    });
-  }
-
-  /**
-   * The same decision without the lock or the transaction: each read is its own snapshot, so
-   * two replicas can both read the room before either reserves it. Kept to show (test/postgres)
-   * that the lock is what makes the cap hold; never used by the server.
-   */
-  admitOnStaleRead(
-    principal: string,
-    needS: number,
-    limitS = this.opts.limitS,
-  ): Promise<AdmitResult> {
-    return this.decide(this.pool, principal, needS, limitS);
-  }
-
-  private async decide(
-    c: PgClient | PgPool,
-    principal: string,
-    needS: number,
-    limitS: number,
-  ): Promise<AdmitResult> {
-    const r = await c.query(
-      `SELECT ${NOW_MS} AS now_ms,
-        (SELECT COALESCE(SUM(seconds), 0) FROM budget_charges
-          WHERE principal = $1 AND time_ms > ${NOW_MS} - $2::bigint) AS charged,
-        (SELECT COALESCE(SUM(seconds), 0) FROM budget_reservations
-          WHERE principal = $1 AND expires_ms > ${NOW_MS}) AS reserved`,
-      [principal, Math.round(this.opts.windowS * 1000)],
-    );
-    const charged = Number(r.rows[0].charged);
-    const reserved = Number(r.rows[0].reserved);
-    const base = { charged_s: charged, reserved_s: reserved, limit_s: limitS };
-    if (charged + reserved + needS > limitS + 1e-9) return { ok: false, ...base };
-    const id = `res_${randomBytes(12).toString("hex")}`;
-    const ttl = Math.round((this.opts.reservationTtlS ?? 3600) * 1000);
-    await c.query(
-      `INSERT INTO budget_reservations (id, principal, seconds, replica, created_ms, expires_ms)
-       VALUES ($1, $2, $3, $4, ${NOW_MS}, ${NOW_MS} + $5::bigint)`,
-      [id, principal, needS, this.opts.replica, ttl],
-    );
-    return { ok: true, id, ...base };
-  }
-
-  /** The call ended: its reservation becomes its measured charge, in one transaction. */
-  settle(id: string, principal: string, chargedS: number, tool?: string): Promise<void> {
-    return inTransaction(this.pool, async (c) => {
-      await c.query("DELETE FROM budget_reservations WHERE id = $1", [id]);
-      if (chargedS > 0)
-        await c.query(
-          `INSERT INTO budget_charges (principal, time_ms, seconds, tool, replica)
-           VALUES ($1, ${NOW_MS}, $2, $3, $4)`,
-          [principal, chargedS, tool ?? null, this.opts.replica],
-        );
-    });
-  }
-
-  /** Charged seconds inside the window now. */
-  async charged(principal: string): Promise<number> {
-    const r = await this.pool.query(
-      `SELECT COALESCE(SUM(seconds), 0) AS s FROM budget_charges
-       WHERE principal = $1 AND time_ms > ${NOW_MS} - $2::bigint`,
-      [principal, Math.round(this.opts.windowS * 1000)],
-    );
-    return Number(r.rows[0].s);
-  }
-}
-
-/**
- * Request-state nonces, each consumed once across every replica (the gate's ConsumedStates:
- * an in-band answer's state is refused the second time it is presented, wherever).
- */
 export class PgRequestStates {
   private lastPruneMs = -Infinity;
 

@@ -1,0 +1,357 @@
+// The budget on the shared store: device-seconds (or money) charged per budget line over a
+// sliding window, and the estimates admitted calls hold against it, so a principal's budget is
+// ONE cap however many replicas admit its calls.
+//
+// - Admission (`admit`) is one transaction under the advisory lock of each of the call's lines
+//   (taken in key order, so two admissions never wait on each other crosswise): it reads the
+//   window's charges and every replica's live holds and reserves the call's need on every line,
+//   or on none. Two replicas admitting for one principal take turns.
+// - A running call's use beyond its estimate is held too: each replica publishes its meter's
+//   overrun per line on every renewal (`budget_overruns`), which every other replica's admission
+//   and meter count. Its own overrun each replica counts from its meter directly (`extraHeldS`),
+//   never from the row, so nothing is counted twice.
+// - Holds and overruns carry a lease that their replica renews; a replica that died stops
+//   renewing, and what it held stops counting once the lease has run out. A replica that starts
+//   drops what a previous run of itself held (its left-behind calls are charged by the reconcile).
+// - Times are the database's clock (replicas' clocks may disagree; the database's is one).
+import { randomBytes } from "node:crypto";
+import type { BudgetCheck } from "../../../policies/limits/budget.js";
+import { queryable } from "./ambient.js";
+import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
+
+// The ledger's asynchronous port as the storage port declares it (the gate's budget lines hold a
+// call's estimate through `admit` and settle it through its hold); PgBudget is written to it.
+
+/** One budget line of a call's admission: its key, what the call needs on it, its limit. */
+export interface BudgetLine {
+  key: string;
+  /** What the call holds on the line while it runs (its estimate, in the line's unit). */
+  need: number;
+  /** Overrides the configured limit for this line (e.g. a read allowance). */
+  limitS?: number;
+  /** What this process's running calls use beyond their estimates on the line, counted as held. */
+  extraHeldS?: number;
+}
+
+/** The estimate an admitted call holds on its lines until it settles or is released. */
+export interface BudgetHold {
+  /** Gives the held amounts back without charging anything; once. */
+  release(): Promise<void>;
+  /** The call ended: its hold becomes the measured charges in one transaction; once. */
+  settle(charges: { key: string; amount: number; tool?: string }[]): Promise<void>;
+}
+
+/** How a line stands now: for the meter (limits/meter.ts). */
+export interface LineStanding {
+  charged_s: number;
+  /** Held by every replica's admitted calls, and every other replica's overruns. */
+  reserved_s: number;
+  limit_s: number;
+  window_s: number;
+}
+
+export type AdmitOutcome =
+  | { ok: true; hold: BudgetHold }
+  /** The first line that cannot take its need, and how it stands. */
+  | { ok: false; index: number; check: BudgetCheck };
+
+/**
+ * The meter's side (policies/gate/budget_lines.ts): what this process's running calls use beyond
+ * their estimates, published to the other replicas, and the lines to look at again when the
+ * other replicas' holds may have moved.
+ */
+export interface SharedMeter {
+  /** Per line with running calls: what they used beyond their estimates now (0 included). */
+  excess(): Map<string, number>;
+  /** The meter reads these lines' standing again. */
+  lookAgain(keys: string[]): void;
+}
+
+export interface PgBudgetOptions {
+  /** The principal's limit per window (a line's own limit overrides it). */
+  limitS: number;
+  windowS: number;
+  /** This replica's name: its holds and overruns are its rows. */
+  replica: string;
+  /** A hold or overrun its replica stopped renewing counts no longer than this (default 15 s). */
+  leaseS?: number;
+  /** How often this replica renews its holds and publishes its meter's overruns (default 1 s). */
+  renewMs?: number;
+}
+
+/**
+ * A line's key as stored: the gate's keys carry a NUL before a line's suffix (the read allowance,
+ * the money line), which a Postgres TEXT cannot hold; escaped so that no two keys meet.
+ */
+export function storedKey(key: string): string {
+  return key.replace(/\\/g, "\\\\").replace(/\u0000/g, "\\0");
+}
+
+interface LineRead {
+  now: number;
+  charged: number;
+  /** Every replica's holds, and every other replica's overruns. */
+  held: number;
+}
+
+/** The budget ledger on Postgres (the async BudgetLedger, whose holds every replica sees). */
+export class PgBudget {
+  private readonly leaseMs: number;
+  private readonly windowMs: number;
+  private readonly timer: NodeJS.Timeout;
+  private meter?: SharedMeter;
+  /** This replica's holds not yet released or settled (renewed while any remain). */
+  private readonly holds = new Set<string>();
+  /** Whether overrun rows of this replica may be in the table (deleted once the meter has none). */
+  private published = false;
+  private renewals = 0;
+
+  constructor(
+    private readonly pool: PgPool,
+    private readonly opts: PgBudgetOptions,
+  ) {
+    this.leaseMs = Math.round((opts.leaseS ?? 15) * 1000);
+    this.windowMs = Math.round(opts.windowS * 1000);
+    this.timer = setInterval(() => void this.renew().catch(() => {}), opts.renewMs ?? 1000);
+    this.timer.unref();
+  }
+
+  /**
+   * Opens the replica's ledger: what a previous run of this same replica held is dropped now
+   * (that process is gone; its calls are charged by the reconcile at start).
+   */
+  static async open(pool: PgPool, opts: PgBudgetOptions): Promise<PgBudget> {
+    await pool.query("DELETE FROM budget_reservations WHERE replica = $1", [opts.replica]);
+    await pool.query("DELETE FROM budget_overruns WHERE replica = $1", [opts.replica]);
+    return new PgBudget(pool, opts);
+  }
+
+  /** The meter publishes its overruns through the renewal, and looks again after it. */
+  shareMeter(meter: SharedMeter): void {
+    this.meter = meter;
+  }
+
+  private async read(c: PgClient | PgPool, key: string): Promise<LineRead> {
+    const r = await c.query(
+      `SELECT ${NOW_MS} AS now_ms,
+        (SELECT COALESCE(SUM(seconds), 0) FROM budget_charges
+          WHERE principal = $1 AND time_ms > ${NOW_MS} - $2::bigint) AS charged,
+        (SELECT COALESCE(SUM(seconds), 0) FROM budget_reservations
+          WHERE principal = $1 AND expires_ms > ${NOW_MS}) AS held,
+        (SELECT COALESCE(SUM(excess), 0) FROM budget_overruns
+          WHERE line = $1 AND replica <> $3 AND expires_ms > ${NOW_MS}) AS overrun`,
+      [storedKey(key), this.windowMs, this.opts.replica],
+    );
+    const row = r.rows[0];
+    return {
+      now: Number(row.now_ms),
+      charged: Number(row.charged),
+      held: Number(row.held) + Number(row.overrun),
+    };
+  }
+
+  /** SQLite's decision (limits/budget.ts), on what the database holds for the line. */
+  private async decide(
+    c: PgClient | PgPool,
+    key: string,
+    seconds: number,
+    extraHeldS: number,
+    limitS: number,
+  ): Promise<BudgetCheck> {
+    const line = await this.read(c, key);
+    const reserved = line.held + extraHeldS;
+    const used = Math.max(0, line.charged) + reserved;
+    const base = {
+      used_s: round3(used),
+      reserved_s: round3(reserved),
+      remaining_s: round3(Math.max(0, limitS - used)),
+      limit_s: limitS,
+      window_s: this.windowMs / 1000,
+    };
+    if (used + seconds <= limitS + 1e-9) return { ok: true, ...base };
+    if (seconds + reserved > limitS) return { ok: false, ...base };
+    // Charges oldest first until enough of them have left the window (a refusal only).
+    const rows = (
+      await c.query(
+        `SELECT time_ms, seconds FROM budget_charges
+         WHERE principal = $1 AND time_ms > $2::bigint - $3::bigint ORDER BY time_ms`,
+        [storedKey(key), line.now, this.windowMs],
+      )
+    ).rows as { time_ms: string; seconds: number }[];
+    let left = used;
+    for (const r of rows) {
+      left -= Number(r.seconds);
+      if (left + seconds <= limitS)
+        return {
+          ok: false,
+          ...base,
+          retry_after_ms: Math.max(1, Number(r.time_ms) + this.windowMs - line.now + 1),
+        };
+    }
+    return { ok: false, ...base };
+  }
+
+  check(
+    key: string,
+    seconds: number,
+    extraHeldS = 0,
+    limitS = this.opts.limitS,
+  ): Promise<BudgetCheck> {
+    return this.decide(this.pool, key, seconds, extraHeldS, limitS);
+  }
+
+  /**
+   * Checks every line and holds each line's need only if all fit: one transaction, under each
+   * line's advisory lock.
+   */
+  admit(lines: BudgetLine[]): Promise<AdmitOutcome> {
+    return inTransaction(this.pool, async (c) => {
+      for (const key of [...new Set(lines.map((l) => storedKey(l.key)))].sort())
+        await c.query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7801))", [key]);
+      return this.holdIfAllFit(c, lines);
+    });
+  }
+
+  /**
+   * The same decision without the locks or the transaction: each read is its own snapshot, so
+   * two replicas can both read the room before either holds it. Kept to show (test/postgres)
+   * that the lock is what makes the cap hold; never used by the server.
+   */
+  admitOnStaleRead(lines: BudgetLine[]): Promise<AdmitOutcome> {
+    return this.holdIfAllFit(this.pool, lines);
+  }
+
+  private async holdIfAllFit(c: PgClient | PgPool, lines: BudgetLine[]): Promise<AdmitOutcome> {
+    for (let i = 0; i < lines.length; i++) {
+      const l = lines[i]!;
+      const check = await this.decide(
+        c,
+        l.key,
+        l.need,
+        l.extraHeldS ?? 0,
+        l.limitS ?? this.opts.limitS,
+      );
+      if (!check.ok) return { ok: false, index: i, check };
+    }
+    const id = `res_${randomBytes(12).toString("hex")}`;
+    await c.query(
+      `INSERT INTO budget_reservations (id, principal, seconds, replica, created_ms, expires_ms)
+       SELECT $1, k, s, $4, ${NOW_MS}, ${NOW_MS} + $5::bigint
+       FROM unnest($2::text[], $3::float8[]) AS t(k, s)`,
+      [
+        id,
+        lines.map((l) => storedKey(l.key)),
+        lines.map((l) => l.need),
+        this.opts.replica,
+        this.leaseMs,
+      ],
+    );
+    this.holds.add(id);
+    return { ok: true, hold: this.hold(id) };
+  }
+
+  private hold(id: string): BudgetHold {
+    let done = false;
+    return {
+      release: async () => {
+        if (done) return;
+        done = true;
+        this.holds.delete(id);
+        await this.pool.query("DELETE FROM budget_reservations WHERE id = $1", [id]);
+      },
+      // The hold becomes the measured charges in one transaction: both, or neither.
+      settle: async (charges) => {
+        if (done) return;
+        done = true;
+        this.holds.delete(id);
+        await inTransaction(this.pool, async (c) => {
+          await c.query("DELETE FROM budget_reservations WHERE id = $1", [id]);
+          await this.insertCharges(c, charges);
+        });
+      },
+    };
+  }
+
+  private async insertCharges(
+    c: PgClient | PgPool,
+    charges: { key: string; amount: number; tool?: string }[],
+  ): Promise<void> {
+    const kept = charges.filter((x) => x.amount > 0);
+    if (kept.length === 0) return;
+    await c.query(
+      `INSERT INTO budget_charges (principal, time_ms, seconds, tool, replica)
+       SELECT k, ${NOW_MS}, s, t, $4 FROM unnest($1::text[], $2::float8[], $3::text[]) AS x(k, s, t)`,
+      [
+        kept.map((x) => storedKey(x.key)),
+        kept.map((x) => x.amount),
+        kept.map((x) => x.tool ?? null),
+        this.opts.replica,
+      ],
+    );
+  }
+
+  /** The line as the meter sees it: charges, and every hold and other replica's overrun. */
+  async standing(key: string, limitS = this.opts.limitS): Promise<LineStanding> {
+    const line = await this.read(this.pool, key);
+    return {
+      charged_s: round3(Math.max(0, line.charged)),
+      reserved_s: line.held,
+      limit_s: limitS,
+      window_s: this.windowMs / 1000,
+    };
+  }
+
+  /** A charge without a hold (reconcile.ts): joins the transaction in progress, if any. */
+  async charge(key: string, seconds: number, tool?: string): Promise<void> {
+    await this.insertCharges(queryable(this.pool), [{ key, amount: seconds, tool }]);
+  }
+
+  /** Charged inside the window now. */
+  async charged(key: string): Promise<number> {
+    return (await this.read(this.pool, key)).charged;
+  }
+
+  /**
+   * One renewal: this replica's holds get a fresh lease, its meter's overruns are published
+   * (replacing the last ones), and the meter looks again at its running lines, where other
+   * replicas' holds may have moved. Charges that left the window are pruned now and then.
+   */
+  async renew(): Promise<void> {
+    if (this.holds.size > 0)
+      await this.pool.query(
+        `UPDATE budget_reservations SET expires_ms = ${NOW_MS} + $2::bigint WHERE id = ANY($1)`,
+        [[...this.holds], this.leaseMs],
+      );
+    const excess = this.meter?.excess() ?? new Map<string, number>();
+    if (excess.size > 0 || this.published) {
+      const keys = [...excess.keys()];
+      await inTransaction(this.pool, async (c) => {
+        await c.query("DELETE FROM budget_overruns WHERE replica = $1", [this.opts.replica]);
+        if (keys.length > 0)
+          await c.query(
+            `INSERT INTO budget_overruns (replica, line, excess, expires_ms)
+             SELECT $1, k, e, ${NOW_MS} + $4::bigint FROM unnest($2::text[], $3::float8[]) AS t(k, e)`,
+            [this.opts.replica, keys.map(storedKey), keys.map((k) => excess.get(k)!), this.leaseMs],
+          );
+      });
+      this.published = keys.length > 0;
+      if (keys.length > 0) this.meter?.lookAgain(keys);
+    }
+    if (++this.renewals % 60 === 0) {
+      await this.pool.query(`DELETE FROM budget_charges WHERE time_ms <= ${NOW_MS} - $1::bigint`, [
+        this.windowMs,
+      ]);
+      await this.pool.query(`DELETE FROM budget_reservations WHERE expires_ms <= ${NOW_MS}`);
+      await this.pool.query(`DELETE FROM budget_overruns WHERE expires_ms <= ${NOW_MS}`);
+    }
+  }
+
+  /** Stops renewing (what this replica still holds runs out with its lease). */
+  close(): void {
+    clearInterval(this.timer);
+  }
+}
+
+function round3(x: number): number {
+  return Math.round(x * 1000) / 1000;
+}

@@ -1,0 +1,121 @@
+// The calls admitted and not yet charged, on the shared store, per replica: each row names the
+// replica that runs the call, so a replica that starts after a kill settles the calls IT left
+// behind (policies/gate/reconcile.ts) and never another live replica's running ones. The row is
+// written inside the transaction of the call's `allowed` audit record where that store opens one
+// (the write joins it: ambient.ts), and deleted after the call's charge. While calls run, one
+// UPDATE per heartbeat stamps this replica's rows alive (the database's clock, as started_ms).
+import { randomBytes } from "node:crypto";
+import {
+  HEARTBEAT_MS,
+  type CallInFlight,
+  type CallStart,
+} from "../../../policies/calls_in_flight.js";
+import type { CostEstimate } from "../../../policies/estimate.js";
+import { queryable, withClient } from "./ambient.js";
+import { inTransaction, NOW_MS, type PgPool } from "./pool.js";
+
+interface Row {
+  id: string;
+  principal: string;
+  tool: string;
+  args_digest: string;
+  args: string;
+  estimate: string | null;
+  approval_id: string | null;
+  started_ms: string;
+  alive_ms: string;
+}
+
+/** CallsInFlight and LeftBehind (policies/calls_in_flight.ts, gate/reconcile.ts), asynchronous. */
+export class PgCallsInFlight {
+  private readonly live = new Set<string>();
+  private heartbeat?: NodeJS.Timeout;
+
+  constructor(
+    private readonly pool: PgPool,
+    private readonly replica: string,
+    private readonly heartbeatMs = HEARTBEAT_MS,
+  ) {}
+
+  begin(call: CallStart): { id: string; write: () => Promise<void> } {
+    const id = `call_${randomBytes(12).toString("hex")}`;
+    this.live.add(id);
+    this.heartbeat ??= setInterval(() => void this.stampAlive().catch(() => {}), this.heartbeatMs);
+    this.heartbeat.unref?.();
+    const values = [
+      id,
+      this.replica,
+      call.principal,
+      call.tool,
+      call.args_digest,
+      JSON.stringify(call.args ?? null),
+      call.estimate ? JSON.stringify(call.estimate) : null,
+      call.approval_id ?? null,
+    ];
+    return {
+      id,
+      write: async () => {
+        await queryable(this.pool).query(
+          `INSERT INTO calls_in_flight (id, replica, principal, tool, args_digest, args, estimate, approval_id, started_ms, alive_ms)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ${NOW_MS}, ${NOW_MS})`,
+          values,
+        );
+      },
+    };
+  }
+
+  async end(id: string): Promise<void> {
+    if (!this.live.delete(id)) return;
+    if (this.live.size === 0) this.stopHeartbeat();
+    await queryable(this.pool).query("DELETE FROM calls_in_flight WHERE id = $1", [id]);
+  }
+
+  /** Stamps this replica's running calls alive now: one statement per heartbeat. */
+  async stampAlive(): Promise<void> {
+    if (this.live.size === 0) return;
+    await this.pool.query(`UPDATE calls_in_flight SET alive_ms = ${NOW_MS} WHERE id = ANY($1)`, [
+      [...this.live],
+    ]);
+  }
+
+  private stopHeartbeat(): void {
+    clearInterval(this.heartbeat);
+    this.heartbeat = undefined;
+  }
+
+  /** This replica's rows that no live call of this process owns: what its previous run left. */
+  async leftBehind(): Promise<CallInFlight[]> {
+    const rows = (
+      await queryable(this.pool).query(
+        "SELECT * FROM calls_in_flight WHERE replica = $1 ORDER BY started_ms, id",
+        [this.replica],
+      )
+    ).rows as Row[];
+    return rows
+      .filter((r) => !this.live.has(r.id))
+      .map((r) => ({
+        id: r.id,
+        principal: r.principal,
+        tool: r.tool,
+        args_digest: r.args_digest,
+        args: JSON.parse(r.args),
+        estimate: r.estimate ? (JSON.parse(r.estimate) as CostEstimate) : null,
+        ...(r.approval_id ? { approval_id: r.approval_id } : {}),
+        started_ms: Number(r.started_ms),
+        alive_ms: Number(r.alive_ms),
+      }));
+  }
+
+  /** The reconcile in one transaction: every store's query inside `fn` joins it (ambient.ts). */
+  transaction<T>(fn: () => Promise<T>): Promise<T> {
+    return inTransaction(this.pool, (c) => withClient(c, fn));
+  }
+
+  async forget(id: string): Promise<void> {
+    await queryable(this.pool).query("DELETE FROM calls_in_flight WHERE id = $1", [id]);
+  }
+
+  close(): void {
+    this.stopHeartbeat();
+  }
+}
