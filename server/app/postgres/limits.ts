@@ -12,9 +12,6 @@ import type { PgPool } from "./pool.js";
 import { PgRateLimit } from "./rate.js";
 import { PgReports } from "./reports.js";
 
-/** How long a job's owner may stop renewing before the job is interrupted (default). */
-const JOB_LEASE_S = 30;
-
 export interface PgLimits {
   /** SHARED: the budget lines, every replica's holds and overruns (BudgetLedger). */
   budget: PgBudget;
@@ -40,7 +37,7 @@ export interface PgLimits {
 
 export async function openPgLimits(
   pool: PgPool,
-  config: Pick<ServerConfig, "policy" | "http">,
+  config: Pick<ServerConfig, "policy" | "http" | "storage">,
   opts: { replica: string; jobLeaseS?: number; onJobError?: (e: unknown) => void },
 ): Promise<PgLimits> {
   const { limits } = config.policy;
@@ -50,7 +47,9 @@ export async function openPgLimits(
     replica: opts.replica,
   });
   const jobs = await PgJobs.open(pool, opts.replica, {
-    leaseS: opts.jobLeaseS ?? JOB_LEASE_S,
+    // How long a job's owner may stop renewing before the job is interrupted.
+    leaseS:
+      opts.jobLeaseS ?? ("postgres" in config.storage ? config.storage.postgres.job_lease_s : 30),
     onError: opts.onJobError,
   });
   const http = config.http;
