@@ -14,8 +14,8 @@ import { SqliteBudgetLedger } from "../policies/limits/budget.js";
 import { openStoreDb } from "../policies/sqlite.js";
 import { openPool } from "../server/app/postgres/pool.js";
 import { migrate } from "../server/app/postgres/schema.js";
+import { PgAuditTrail } from "../server/app/postgres/audit.js";
 import { PgBudget } from "../server/app/postgres/budget.js";
-import { PgAuditChain } from "../server/app/postgres/shared.js";
 import { startPostgres } from "../test/helpers/postgres.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, summarize } from "./lib/stats.js";
@@ -49,7 +49,7 @@ export async function runStore(opts: { calls: number }): Promise<SectionResult> 
     const ledger = new SqliteBudgetLedger(db, { device_seconds_per_window: BIG, window_s: 3600 });
     const audit = new SqliteAuditLog(db, {});
     const budget = new PgBudget(pools[0]!, { limitS: BIG, windowS: 3600, replica: "a" });
-    const chain = new PgAuditChain(pools[0]!, Buffer.alloc(32, 7), "a");
+    const chain = await PgAuditTrail.open(pools[0]!, { replica: "a", refusalWindowMs: 0 });
     const n = opts.calls;
     // Warm both (prepared statements, the pool's connections).
     for (let i = 0; i < 50; i++) {

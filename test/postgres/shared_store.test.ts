@@ -1,7 +1,7 @@
 // The promises replicas must keep together, on a real PostgreSQL: three replicas (three pools,
-// each its own connections, as three processes would hold) racing for one request state and the
-// one audit chain. (The budget: budget.test.ts. Approvals, passkeys, suspensions, alerts and
-// console sessions: policy_stores.test.ts.)
+// each its own connections, as three processes would hold) racing for one request state. (The
+// budget: budget.test.ts. Approvals, passkeys, suspensions, alerts and console sessions:
+// policy_stores.test.ts. The audit trail: audit.test.ts.)
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { openPool, redactError, redactUrl, type PgPool } from "../../server/app/postgres/pool.js";
 import {
@@ -12,7 +12,7 @@ import {
   SchemaError,
   schemaVersion,
 } from "../../server/app/postgres/schema.js";
-import { PgAuditChain, PgRequestStates } from "../../server/app/postgres/shared.js";
+import { PgRequestStates } from "../../server/app/postgres/shared.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 
 let db: TestPostgres;
@@ -55,39 +55,6 @@ describe("a request state across replicas", () => {
     const first = await Promise.all(states.map((s) => s.consume("nonce-1")));
     expect(first.filter(Boolean)).toHaveLength(1);
     for (const s of states) expect(await s.consume("nonce-1")).toBe(false);
-  });
-});
-
-describe("the audit chain across replicas", () => {
-  const key = Buffer.from("k".repeat(32));
-
-  it("one head: 3 replicas × 20 concurrent appends verify as one chain; a one-row edit fails it", async () => {
-    const chains = replicas.map((p, i) => new PgAuditChain(p, key, NAMES[i]!));
-    await Promise.all(
-      chains.flatMap((ch, i) =>
-        Array.from({ length: 20 }, (_, n) =>
-          ch.append({ replica: NAMES[i], n, outcome: "executed" }),
-        ),
-      ),
-    );
-    const ok = await chains[1]!.verify();
-    expect(ok).toEqual({ ok: true, checked: 60 });
-    const seqs = (await replicas[0]!.query("SELECT seq FROM audit_records ORDER BY seq")).rows.map(
-      (r) => Number(r.seq),
-    );
-    expect(seqs).toEqual(Array.from({ length: 60 }, (_, i) => i + 1));
-
-    await replicas[2]!.query(
-      "UPDATE audit_records SET record = replace(record, 'executed', 'denied') WHERE seq = 17",
-    );
-    const edited = await chains[0]!.verify();
-    expect(edited.ok).toBe(false);
-    expect(edited.bad).toEqual({ seq: 17, reason: expect.stringMatching(/edited/) });
-  });
-
-  it("a verifier with another key finds the chain forged", async () => {
-    const other = new PgAuditChain(replicas[0]!, Buffer.from("x".repeat(32)), "a");
-    expect((await other.verify()).ok).toBe(false);
   });
 });
 

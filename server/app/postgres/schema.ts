@@ -122,6 +122,26 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
       ALTER TABLE jobs ADD COLUMN progress DOUBLE PRECISION, ADD COLUMN total DOUBLE PRECISION,
         ADD COLUMN message TEXT;`,
   },
+  {
+    version: 5,
+    name: "the full audit trail: keyed head, verification checkpoint, refusal windows",
+    // The head row gains its MAC and starts at the genesis hash (SqliteAuditLog's empty head).
+    // Version 1's records were written by a test-only chain of another format (no server served
+    // on Postgres before this); a trail holding them fails \`tpu-mcp audit verify\` and says where.
+    sql: `
+      ALTER TABLE audit_head ADD COLUMN mac TEXT;
+      UPDATE audit_head SET hash = '${"0".repeat(64)}' WHERE seq = 0 AND hash = '';
+      CREATE INDEX audit_records_by_outcome ON audit_records (((record::jsonb) ->> 'outcome'));
+      CREATE TABLE audit_checkpoint (
+        id INT PRIMARY KEY CHECK (id = 1), seq BIGINT NOT NULL, hash TEXT NOT NULL,
+        keyed_from BIGINT, verified_at TEXT NOT NULL, mac TEXT NOT NULL);
+      CREATE TABLE audit_refusal_windows (
+        key TEXT PRIMARY KEY, scope TEXT NOT NULL CHECK (scope IN ('principal','tool','call')),
+        first_seq BIGINT NOT NULL, principal TEXT NOT NULL, tool TEXT NOT NULL, args_digest TEXT,
+        code TEXT NOT NULL, ends_ms BIGINT NOT NULL, count BIGINT NOT NULL DEFAULT 0,
+        since TEXT, until TEXT, tools JSONB NOT NULL DEFAULT '{}'::jsonb);
+      CREATE INDEX audit_refusal_windows_by_end ON audit_refusal_windows (ends_ms);`,
+  },
 ];
 
 /** The newest schema this code knows. */
