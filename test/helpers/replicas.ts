@@ -54,6 +54,8 @@ export interface DeploymentOptions {
   config?: Record<string, unknown>;
   /** Variables for the replicas' processes (and so their workers). */
   env?: Record<string, string>;
+  /** More of `storage.postgres` (replica_id is never given: one config serves every replica). */
+  postgres?: Record<string, unknown>;
   /** How many replicas (at most three: the HAProxy config names a, b, c); default 3. */
   replicas?: number;
   /**
@@ -184,7 +186,7 @@ export async function startDeployment(opts: DeploymentOptions): Promise<Deployme
   // The database URL (its password) is not in the file: every replica reads it from its environment.
   const configIn = (d: string, storage: Record<string, unknown>) =>
     writeConfig({ ...opts.config, data_dir: join(d, "data"), storage, policy: opts.policy }, d);
-  const config = configIn(dir, shared ? { postgres: {} } : { sqlite: {} });
+  const config = configIn(dir, shared ? { postgres: { ...opts.postgres } } : { sqlite: {} });
   const env = {
     ...(process.env as Record<string, string>),
     ...opts.env,
