@@ -74,20 +74,30 @@ export interface ApprovalEvent {
 }
 export type ApprovalListener = (event: ApprovalEvent) => void;
 
+/**
+ * The approvals' store. Every method that reads or writes returns a promise (a shared store
+ * answers over the network); SQLite answers inside the call and resolves at once. The atomic
+ * steps are each ONE method, so a shared store makes each one transaction (or one conditional
+ * UPDATE): `create` (with its max_pending check), `approve` / `deny` (decided once: only a pending,
+ * unexpired approval is decided; every other caller gets approval_already_decided) and `consume`
+ * (used once). Calls one process makes are applied in call order.
+ */
 export interface ApprovalStore {
-  create(req: CreateApprovalRequest): ApprovalRecord;
-  get(id: string): ApprovalRecord | undefined;
+  create(req: CreateApprovalRequest): Promise<ApprovalRecord>;
+  get(id: string): Promise<ApprovalRecord | undefined>;
   /** Pending first (soonest to expire first), then the rest, newest first; one page of it. */
-  list(filter?: ApprovalListFilter): ApprovalRecord[];
+  list(filter?: ApprovalListFilter): Promise<ApprovalRecord[]>;
   /** A pending or approved, unexpired approval for exactly this call, so retries do not pile up requests. */
-  findOpen(principal: string, tool: string, digest: string): ApprovalRecord | undefined;
-  approve(id: string, approver: string): ApprovalRecord;
-  deny(id: string, approver: string, reason?: string): ApprovalRecord;
+  findOpen(principal: string, tool: string, digest: string): Promise<ApprovalRecord | undefined>;
+  /** Decides a pending approval once (atomic); throws a PolicyError otherwise. */
+  approve(id: string, approver: string): Promise<ApprovalRecord>;
+  /** Decides a pending approval once (atomic); throws a PolicyError otherwise. */
+  deny(id: string, approver: string, reason?: string): Promise<ApprovalRecord>;
   /** Throws the error consume would throw, without using the approval up. */
-  check(id: string, principal: string, tool: string, digest: string): ApprovalRecord;
+  check(id: string, principal: string, tool: string, digest: string): Promise<ApprovalRecord>;
   /** Atomically marks a matching approved approval used; throws a PolicyError otherwise. */
-  consume(id: string, principal: string, tool: string, digest: string): ApprovalRecord;
-  /** Calls `fn` after every change this store makes; returns the unsubscribe function. */
+  consume(id: string, principal: string, tool: string, digest: string): Promise<ApprovalRecord>;
+  /** Calls `fn` after every change this store makes; returns the unsubscribe function (in memory). */
   subscribe?(fn: ApprovalListener): () => void;
   /** Makes a used approval usable again after its call was interrupted (SqliteApprovalStore). */
   restoreUsed?(
@@ -95,8 +105,8 @@ export interface ApprovalStore {
     principal: string,
     tool: string,
     digest: string,
-  ): ApprovalRecord | undefined;
-  close(): void;
+  ): Promise<ApprovalRecord | undefined>;
+  close(): void | Promise<void>;
 }
 
 /**
@@ -106,8 +116,8 @@ export interface ApprovalStore {
  */
 export interface ApprovalQueue extends ApprovalStore {
   /** One page of list(): its items and the cursor of the next page. */
-  page(filter?: ApprovalListFilter): ApprovalPage;
-  /** Changes when any approval was created, decided or used (also by another process). */
+  page(filter?: ApprovalListFilter): Promise<ApprovalPage>;
+  /** Changes when any approval was created, decided or used (also by another process); cheap, sync. */
   changeMark(): string;
   subscribe(fn: ApprovalListener): () => void;
   restoreUsed(
@@ -115,9 +125,9 @@ export interface ApprovalQueue extends ApprovalStore {
     principal: string,
     tool: string,
     digest: string,
-  ): ApprovalRecord | undefined;
+  ): Promise<ApprovalRecord | undefined>;
   /** Deletes approvals over for longer than the configured keep; how many went. */
-  prune(): number;
+  prune(): Promise<number>;
 }
 
 /** 'apr_' + 128 random bits in hex: unguessable, and safe in a shell command line. */

@@ -42,8 +42,11 @@ export interface CallsInFlight {
    * call's `allowed` record (both are committed, or neither); nothing is written before that.
    */
   begin(call: CallStart): { id: string; write: () => void };
-  /** Deletes the row, in the transaction that writes the charges queued in this turn. */
-  end(id: string): void;
+  /**
+   * Deletes the row, in the transaction that writes the call's charge (a shared store: the same
+   * transaction as the hold's settle).
+   */
+  end(id: string): Promise<void>;
 }
 
 interface Row {

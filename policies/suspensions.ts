@@ -25,14 +25,14 @@ export interface Suspension {
  */
 export interface SuspensionStore {
   /** Records (or replaces) the principal's suspension. */
-  suspend(s: Suspension): void;
-  /** Ends it; the suspension that was active, or null when there was none. */
-  resume(principal: string, nowMs: number): Suspension | null;
+  suspend(s: Suspension): Promise<void>;
+  /** Ends it (atomic: read and delete in one step); the suspension that was active, or null. */
+  resume(principal: string, nowMs: number): Promise<Suspension | null>;
   /** The principal's suspension in force at `nowMs`, if any (the gate asks on every call). */
-  active(principal: string, nowMs: number): Suspension | null;
+  active(principal: string, nowMs: number): Promise<Suspension | null>;
   /** Every suspension in force at `nowMs`, newest first. */
-  list(nowMs: number): Suspension[];
-  close(): void;
+  list(nowMs: number): Promise<Suspension[]>;
+  close(): void | Promise<void>;
 }
 
 interface Row {

@@ -31,9 +31,10 @@ export function interruptedCharge(call: CallInFlight): InterruptedCharge {
 
 /** The store side of the reconcile: rows left behind, deleted one by one, in one transaction. */
 export interface LeftBehind {
-  leftBehind(): CallInFlight[];
-  forget(id: string): void;
-  transaction<T>(fn: () => T): T;
+  leftBehind(): Promise<CallInFlight[]>;
+  forget(id: string): Promise<void>;
+  /** Runs `fn` as one write transaction (the whole reconcile: every record, charge and delete). */
+  transaction<T>(fn: () => Promise<T>): Promise<T>;
 }
 
 /** Settles every call left behind; returns their audit records. Throws (rolled back) on a write failure. */

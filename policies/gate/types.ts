@@ -123,6 +123,11 @@ export interface GateObserver {
   charged(principal: string): void;
 }
 
+/** Request-state nonces, consumed once: true the first time one is presented, false on a replay. */
+export interface ConsumedStates {
+  consume(nonce: string): Promise<boolean>;
+}
+
 export interface GateDeps {
   config: PolicyConfig;
   /** Every tool's record (scope, run-while-recording, ...); a tool without one needs admin. */
@@ -138,6 +143,11 @@ export interface GateDeps {
   logger: PolicyLogger;
   /** Seals the in-band approval's requestState (2026-07-28 era); without it nothing is asked in band. */
   requestStates?: RequestStateSealer;
+  /**
+   * Each sealed state's nonce consumed once, wherever it is presented (a shared store across
+   * replicas). Absent (SQLite): single use comes from the approval's decide-once alone.
+   */
+  consumedStates?: ConsumedStates;
   /** The command an operator runs to approve; defaults to defaultApproveCommand. */
   approveCommand?: ApproveCommand;
   /** Suspended principals (refused principal_suspended); absent: nobody is ever suspended. */

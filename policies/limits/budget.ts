@@ -17,19 +17,79 @@ export interface BudgetCheck {
   retry_after_ms?: number;
 }
 
-/** Device-seconds per principal over a sliding window. */
+/** One budget line of a call's admission: its key, what the call needs on it, its limit. */
+export interface BudgetLine {
+  key: string;
+  /** What the call holds on the line while it runs (its estimate, in the line's unit). */
+  need: number;
+  /** Overrides the configured limit for this line (e.g. a read allowance). */
+  limitS?: number;
+  /**
+   * What this process's running calls use beyond their estimates on the line (the meter's view,
+   * node-local), counted as held.
+   */
+  extraHeldS?: number;
+}
+
+/** The estimate an admitted call holds on its lines until it settles or is released. */
+export interface BudgetHold {
+  /** Gives the held amounts back without charging anything; once (a second call does nothing). */
+  release(): Promise<void>;
+  /**
+   * The call ended: its hold becomes the measured charges, one step (a shared store: one
+   * transaction); once, and release() after it does nothing.
+   */
+  settle(charges: { key: string; amount: number; tool?: string }[]): Promise<void>;
+}
+
+/** How a line stands now: for the meter (limits/meter.ts). */
+export interface LineStanding {
+  /** Charged inside the window. */
+  charged_s: number;
+  /** Held by admitted calls not yet settled (every process's, for a shared store). */
+  reserved_s: number;
+  limit_s: number;
+  window_s: number;
+}
+
+export type AdmitOutcome =
+  | { ok: true; hold: BudgetHold }
+  /** The first line that cannot take its need, and how it stands. */
+  | { ok: false; index: number; check: BudgetCheck };
+
+/**
+ * Device-seconds per budget line over a sliding window, and the estimates admitted calls hold
+ * against it. Every method that reads or writes returns a promise (a shared store answers over
+ * the network); SQLite answers inside the call and resolves at once. The atomic step is `admit`:
+ * it checks every line and holds each line's need only if all fit, in one step (a shared store:
+ * one transaction under the principal's lock), so calls admitted at once cannot all pass one
+ * check made before any of them held anything.
+ */
 export interface BudgetLedger {
-  /** `limitS` overrides the configured limit for this line (e.g. a read allowance). */
-  check(principal: string, seconds: number, reservedSeconds?: number, limitS?: number): BudgetCheck;
-  charge(principal: string, seconds: number, tool?: string): void;
+  /**
+   * Would the line take `seconds` now (charges, every live hold, and `extraHeldS`)? Holds
+   * nothing. `limitS` overrides the configured limit for this line.
+   */
+  check(
+    principal: string,
+    seconds: number,
+    extraHeldS?: number,
+    limitS?: number,
+  ): Promise<BudgetCheck>;
+  /** Checks every line and, only if all fit, holds each line's need: one atomic step. */
+  admit(lines: BudgetLine[]): Promise<AdmitOutcome>;
+  /** The line as it stands now (the meter's view). */
+  standing(key: string, limitS?: number): Promise<LineStanding>;
+  /** A charge without a hold (a call left behind by a killed process, reconcile.ts). */
+  charge(principal: string, seconds: number, tool?: string): Promise<void>;
   /** Writes the charges queued so far now (inside the caller's transaction, if any). */
-  flush?(): void;
+  flush?(): Promise<void>;
   /**
    * Runs `write` in the transaction of the next flush: with the charges queued in this turn (a
    * call's calls_in_flight row is deleted with its charge, or not at all).
    */
   alongside?(write: () => void): void;
-  close(): void;
+  close(): void | Promise<void>;
 }
 
 /** Charges kept in memory while their rows cannot be written (a full disk), at most. */

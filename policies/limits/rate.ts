@@ -7,9 +7,10 @@ export type RateDecision = { ok: true; remaining: number } | { ok: false; retry_
 
 /** A per-principal allowance of calls per minute (the gate's rate step). */
 export interface RateLimit {
-  take(principal: string, cost?: number): RateDecision;
+  /** Takes `cost` from the principal's allowance if it holds it: one atomic step. */
+  take(principal: string, cost?: number): Promise<RateDecision>;
   /** Gives `cost` back (a reservation that turned out not to count), up to the allowance. */
-  refund(principal: string, cost?: number): void;
+  refund(principal: string, cost?: number): Promise<void>;
 }
 
 /** Token bucket per principal: bursts up to the per-minute allowance, refilled continuously. */
