@@ -168,7 +168,9 @@ export class SqliteApprovalStore implements ApprovalQueue {
     return this.db.prepare("SELECT * FROM approvals WHERE id = ?").get(id) as Row | undefined;
   }
 
-  create(req: CreateApprovalRequest): ApprovalRecord {
+  // The methods answer inside the call (SQLite is synchronous) and resolve at once: a listener
+  // is told, and a refusal decided, before the caller's next step, as the gate expects.
+  async create(req: CreateApprovalRequest): Promise<ApprovalRecord> {
     if (!(req.ttl_s > 0)) throw new RangeError("ttl_s must be > 0");
     const id = newApprovalId();
     const ttl = Math.round(req.ttl_s * 1000);
@@ -212,11 +214,15 @@ export class SqliteApprovalStore implements ApprovalQueue {
     });
     const now = this.clock();
     tx.immediate(now);
-    if (now - this.lastPruneMs >= 60_000) this.prune();
-    return this.emit("created", this.get(id)!);
+    if (now - this.lastPruneMs >= 60_000) this.pruneNow();
+    return this.emit("created", this.getNow(id)!);
   }
 
-  get(id: string): ApprovalRecord | undefined {
+  async get(id: string): Promise<ApprovalRecord | undefined> {
+    return this.getNow(id);
+  }
+
+  private getNow(id: string): ApprovalRecord | undefined {
     const r = this.row(id);
     return r ? this.toRecord(r) : undefined;
   }
@@ -251,8 +257,8 @@ export class SqliteApprovalStore implements ApprovalQueue {
       .all({ now, limit, offset }) as Row[];
   }
 
-  list(filter: ApprovalListFilter = {}): ApprovalRecord[] {
-    return this.page(filter).items;
+  async list(filter: ApprovalListFilter = {}): Promise<ApprovalRecord[]> {
+    return this.pageNow(filter).items;
   }
 
   /**
@@ -260,7 +266,11 @@ export class SqliteApprovalStore implements ApprovalQueue {
    * out of sight by newer requests), then the rest, newest first. Indexed queries with
    * LIMIT/OFFSET: the table is never read whole.
    */
-  page(filter: ApprovalListFilter = {}): ApprovalPage {
+  async page(filter: ApprovalListFilter = {}): Promise<ApprovalPage> {
+    return this.pageNow(filter);
+  }
+
+  private pageNow(filter: ApprovalListFilter): ApprovalPage {
     const limit = Math.max(0, Math.floor(filter.limit ?? 100));
     const offset = Math.max(0, Math.floor(filter.offset ?? 0));
     const now = this.clock();
@@ -300,7 +310,11 @@ export class SqliteApprovalStore implements ApprovalQueue {
    * their story). An approval is over by its expiry at the latest (a decision or a use comes
    * before it), so counting from expires_ms keeps every record at least that long after it ended.
    */
-  prune(): number {
+  async prune(): Promise<number> {
+    return this.pruneNow();
+  }
+
+  private pruneNow(): number {
     if (this.keepDecidedMs === null) return 0;
     const now = this.clock();
     this.lastPruneMs = now;
@@ -309,7 +323,11 @@ export class SqliteApprovalStore implements ApprovalQueue {
       .run(now - this.keepDecidedMs).changes;
   }
 
-  findOpen(principal: string, tool: string, digest: string): ApprovalRecord | undefined {
+  async findOpen(
+    principal: string,
+    tool: string,
+    digest: string,
+  ): Promise<ApprovalRecord | undefined> {
     const rows = this.db
       .prepare(
         `SELECT * FROM approvals WHERE principal = ? AND tool = ? AND args_digest = ?
@@ -375,25 +393,35 @@ export class SqliteApprovalStore implements ApprovalQueue {
         .run(decision, approver, now, reason ?? null, expires, id);
     });
     tx.immediate();
-    return this.emit("decided", this.get(id)!);
+    return this.emit("decided", this.getNow(id)!);
   }
 
-  approve(id: string, approver: string): ApprovalRecord {
+  async approve(id: string, approver: string): Promise<ApprovalRecord> {
     return this.decide(id, approver, "approved");
   }
 
-  deny(id: string, approver: string, reason?: string): ApprovalRecord {
+  async deny(id: string, approver: string, reason?: string): Promise<ApprovalRecord> {
     return this.decide(id, approver, "denied", reason);
   }
 
-  check(id: string, principal: string, tool: string, digest: string): ApprovalRecord {
-    const rec = this.get(id);
+  async check(
+    id: string,
+    principal: string,
+    tool: string,
+    digest: string,
+  ): Promise<ApprovalRecord> {
+    const rec = this.getNow(id);
     const err = approvalUsableError(rec, id, principal, tool, digest);
     if (err) throw err;
     return rec!;
   }
 
-  consume(id: string, principal: string, tool: string, digest: string): ApprovalRecord {
+  async consume(
+    id: string,
+    principal: string,
+    tool: string,
+    digest: string,
+  ): Promise<ApprovalRecord> {
     // IMMEDIATE takes the write lock before reading, so two processes cannot both use it.
     const tx = this.db.transaction(() => {
       const now = this.clock();
@@ -408,7 +436,7 @@ export class SqliteApprovalStore implements ApprovalQueue {
         .run(now, id);
     });
     tx.immediate();
-    return this.emit("used", this.get(id)!);
+    return this.emit("used", this.getNow(id)!);
   }
 
   /**
@@ -416,19 +444,19 @@ export class SqliteApprovalStore implements ApprovalQueue {
    * one that is `used`, still bound to this principal, tool and digest, and not past its expiry,
    * which stays as it was. Undefined when none qualifies (the approval stays as it is).
    */
-  restoreUsed(
+  async restoreUsed(
     id: string,
     principal: string,
     tool: string,
     digest: string,
-  ): ApprovalRecord | undefined {
+  ): Promise<ApprovalRecord | undefined> {
     const changed = this.db
       .prepare(
         `UPDATE approvals SET status = 'approved', used_ms = NULL WHERE id = ? AND status = 'used'
          AND principal = ? AND tool = ? AND args_digest = ? AND expires_ms > ?`,
       )
       .run(id, principal, tool, digest, this.clock()).changes;
-    return changed === 1 ? this.get(id) : undefined;
+    return changed === 1 ? this.getNow(id) : undefined;
   }
 
   close(): void {

@@ -181,7 +181,7 @@ export class SqliteAuditLog implements AuditTrail {
     this.anchored = opts.key !== undefined;
     this.chain = new AuditChain(this.db, this.key, this.anchored, opts.onRowsHashed);
     let warnedFull = false;
-    this.refusals = new RefusalWindows((r) => this.append(r), {
+    this.refusals = new RefusalWindows((r) => this.appendNow(r), {
       windowMs: opts.refusalWindowMs ?? 60_000,
       now: opts.now,
       onLost: (rec, err) =>
@@ -245,7 +245,7 @@ export class SqliteAuditLog implements AuditTrail {
       );
       return;
     }
-    this.append({
+    this.appendNow({
       time: new Date().toISOString(),
       principal: "tpu-mcp",
       tool: "audit",
@@ -301,17 +301,27 @@ export class SqliteAuditLog implements AuditTrail {
   }
 
   private tx?: Transaction<
-    (records: PreparedRecord[], alongside?: (() => void)[]) => StoredAuditRecord[]
+    (records: PreparedRecord[], alongside?: Alongside[]) => StoredAuditRecord[]
   >;
   private appendTx(key: AuditKey) {
-    this.tx ??= this.db.transaction((records: PreparedRecord[], alongside?: (() => void)[]) => {
-      for (const fn of alongside ?? []) fn();
+    this.tx ??= this.db.transaction((records: PreparedRecord[], alongside?: Alongside[]) => {
+      // SQLite's writes alongside are synchronous (a promise could not join this transaction).
+      for (const fn of alongside ?? [])
+        if (fn() instanceof Promise)
+          throw new Error("an audit append's alongside write must be synchronous with SQLite");
       return this.chainInsert(key, records);
     });
     return this.tx;
   }
 
-  append(record: AuditRecord): StoredAuditRecord {
+  // Every method answers inside the call (SQLite is synchronous) and resolves at once: records
+  // are chained in call order, and a listener is told before the caller's next step.
+  async append(record: AuditRecord): Promise<StoredAuditRecord> {
+    return this.appendNow(record);
+  }
+
+  /** append(), synchronously (the refusal windows' aggregates, the chain's anchor). */
+  private appendNow(record: AuditRecord): StoredAuditRecord {
     if (!this.key) throw new Error("the audit key is missing: this audit log is read-only");
     // Undefined fields dropped, so the stored JSON and the hashed canonical form agree.
     const prepared = prepareRecord(record);
@@ -329,13 +339,13 @@ export class SqliteAuditLog implements AuditTrail {
   // WAL with synchronous=NORMAL), and a lone caller waits one setImmediate, not a timer.
   private queued: Array<{
     prepared: PreparedRecord;
-    alongside?: () => void;
+    alongside?: Alongside;
     resolve: (r: StoredAuditRecord) => void;
     reject: (e: unknown) => void;
   }> = [];
   private flushScheduled = false;
 
-  appendDurable(record: AuditRecord, alongside?: () => void): Promise<StoredAuditRecord> {
+  appendDurable(record: AuditRecord, alongside?: Alongside): Promise<StoredAuditRecord> {
     let prepared: PreparedRecord;
     try {
       prepared = prepareRecord(record);
@@ -392,7 +402,7 @@ export class SqliteAuditLog implements AuditTrail {
       }
   }
 
-  readRange(from: number, to: number): StoredAuditRecord[] {
+  async readRange(from: number, to: number): Promise<StoredAuditRecord[]> {
     const rows = this.db
       .prepare(
         "SELECT seq, record, prev_hash, hash FROM audit_log WHERE seq >= ? AND seq <= ? ORDER BY seq LIMIT 10000",
@@ -406,7 +416,10 @@ export class SqliteAuditLog implements AuditTrail {
     }));
   }
 
-  appendRefusal(record: AuditRecord, opts: { per?: RefusalScope } = {}): StoredAuditRecord | null {
+  async appendRefusal(
+    record: AuditRecord,
+    opts: { per?: RefusalScope } = {},
+  ): Promise<StoredAuditRecord | null> {
     return this.refusals.record(record, opts.per);
   }
 
@@ -415,24 +428,28 @@ export class SqliteAuditLog implements AuditTrail {
     return this.refusals.pending();
   }
 
-  tail(n: number): StoredAuditRecord[] {
+  async tail(n: number): Promise<StoredAuditRecord[]> {
     return tailRecords(this.db, n);
   }
 
   /** Decisions signed with a passkey, oldest first (`tpu-mcp audit verify` re-checks them). */
-  signedDecisions(): IterableIterator<StoredAuditRecord> {
-    return signedDecisionRecords(this.db);
+  async *signedDecisions(): AsyncIterable<StoredAuditRecord> {
+    yield* signedDecisionRecords(this.db);
   }
 
   /**
    * The first `limit` records, oldest first, among the last `window` that match the filters
    * (filtered in SQLite: only the matches are parsed), and how many records the window held.
    */
-  search(q: AuditSearch): { records: StoredAuditRecord[]; scanned: number } {
+  async search(q: AuditSearch): Promise<{ records: StoredAuditRecord[]; scanned: number }> {
     return searchRecords(this.db, q);
   }
 
-  head(): AuditHead {
+  async head(): Promise<AuditHead> {
+    return this.headNow();
+  }
+
+  private headNow(): AuditHead {
     return readHead(this.db, this.key && this.anchored ? this.key.id : null);
   }
 
@@ -440,16 +457,19 @@ export class SqliteAuditLog implements AuditTrail {
    * The head with the keyless export chain's hash at it (`tpu-mcp audit head`): what a receiver
    * of an export is handed out of band. Hashes every record once (SHA-256, no key).
    */
-  exportHead(): AuditHead & { export_hash: string } {
+  async exportHead(): Promise<AuditHead & { export_hash: string }> {
     return this.snapshot(() => {
-      const h = this.head();
+      const h = this.headNow();
       return { ...h, export_hash: exportHashAt(this.db, h.seq) };
     });
   }
 
   /** `tpu-mcp audit export`: the records from `since` on and the head, one line per `write`. */
-  export(opts: Omit<ExportOptions, "keyId">, write: (line: string) => void): ExportSummary {
-    return exportTrail(this.db, { ...opts, keyId: this.head().key_id }, write);
+  async export(
+    opts: Omit<ExportOptions, "keyId">,
+    write: (line: string) => void,
+  ): Promise<ExportSummary> {
+    return exportTrail(this.db, { ...opts, keyId: this.headNow().key_id }, write);
   }
 
   /**
@@ -457,13 +477,25 @@ export class SqliteAuditLog implements AuditTrail {
    * canonicalised and HMAC'd, then the head and the verification checkpoint. Costs time in
    * proportion to the trail; a server verifies incrementally instead (audit_verify.ts).
    */
-  verify(opts: { head?: AuditHead } = {}): AuditVerifyResult {
+  async verify(opts: { head?: AuditHead } = {}): Promise<AuditVerifyResult> {
     return this.chain.verify(opts);
   }
 
   // The incremental verifier's steps (audit_verify.ts), walked over this store's chain.
-  cursorAt(cp: AuditCheckpoint | null): VerifyCursor {
+  async cursorAt(cp: AuditCheckpoint | null): Promise<VerifyCursor> {
     return this.chain.cursorAt(cp);
+  }
+
+  /** Up to `maxRows` records after `cur` and, at the end of the trail, the head: one snapshot. */
+  async verifyStep(cur: VerifyCursor, maxRows: number): Promise<VerifyStep> {
+    return this.snapshot(() => {
+      const before = cur.checked;
+      const bad = this.walk(cur, maxRows);
+      const read = cur.checked - before;
+      if (bad) return { bad, read, end: true };
+      if (read < maxRows) return { bad: this.checkEnd(cur), read, end: true };
+      return { bad: null, read, end: false };
+    });
   }
 
   walk(cur: VerifyCursor, maxRows: number): AuditVerifyResult | null {
@@ -478,11 +510,14 @@ export class SqliteAuditLog implements AuditTrail {
     return this.chain.success(cur, exported);
   }
 
-  readCheckpoint(): { checkpoint?: AuditCheckpoint; forged?: { seq: number; reason: string } } {
+  async readCheckpoint(): Promise<{
+    checkpoint?: AuditCheckpoint;
+    forged?: { seq: number; reason: string };
+  }> {
     return this.chain.readCheckpoint();
   }
 
-  writeCheckpoint(cur: VerifyCursor, verifiedAt: string): AuditCheckpoint | null {
+  async writeCheckpoint(cur: VerifyCursor, verifiedAt: string): Promise<AuditCheckpoint | null> {
     return this.chain.writeCheckpoint(cur, verifiedAt);
   }
 
@@ -492,7 +527,7 @@ export class SqliteAuditLog implements AuditTrail {
   }
 
   /** Ends every open refusal window now, writing the aggregate of each that counted repeats. */
-  flushRefusals(): void {
+  async flushRefusals(): Promise<void> {
     this.refusals.close();
   }
 

@@ -28,10 +28,13 @@ export interface AuditSinkOptions {
   logger: PolicyLogger;
   /** Records that may wait; one more is dropped (and counted). */
   maxQueue: number;
-  /** The export hash and seq of the trail's head when the sink starts (audit.exportHead()). */
-  start: { seq: number; export_hash: string };
+  /**
+   * The export hash and seq of the trail's head when the sink starts (audit.exportHead(), read
+   * when the sink is made: records offered meanwhile wait for it).
+   */
+  start: Promise<{ seq: number; export_hash: string }> | { seq: number; export_hash: string };
   /** Reads records the sink did not see appended (another process's), seq `from` to `to`. */
-  readRange(from: number, to: number): StoredAuditRecord[];
+  readRange(from: number, to: number): Promise<StoredAuditRecord[]>;
   /** Lines per send. */
   batch?: number;
   /** A failed send is retried after this, doubling up to maxBackoffMs. */
@@ -56,14 +59,14 @@ type Item = { kind: "record"; line: string; seq: number } | { kind: "gap"; line:
 export class AuditSink {
   private readonly queue: Item[] = [];
   /** The next seq the stream expects, and the export hash it continues from. */
-  private nextSeq: number;
-  private exportPrev: string;
+  private nextSeq = 1;
+  private exportPrev = "";
   private droppedFrom: number | null = null;
   private droppedTo = 0;
   private droppedCount = 0;
   private sent = 0;
   private dropped = 0;
-  private sentSeq: number;
+  private sentSeq = 0;
   private failures = 0;
   private lastError: string | null = null;
   private pumping = false;
@@ -72,18 +75,36 @@ export class AuditSink {
   private timer?: NodeJS.Timeout;
   private idle?: Promise<void>;
 
+  /** Offers are taken one after another, after the start's head (a backfill may wait on the store). */
+  private taking: Promise<void>;
+
   constructor(private readonly opts: AuditSinkOptions) {
-    this.nextSeq = opts.start.seq + 1;
-    this.exportPrev = opts.start.export_hash;
-    this.sentSeq = opts.start.seq;
+    this.taking = Promise.resolve(opts.start).then(
+      (start) => {
+        this.nextSeq = start.seq + 1;
+        this.exportPrev = start.export_hash;
+        this.sentSeq = start.seq;
+      },
+      (e) => {
+        this.opts.logger.error({ err: String(e) }, "audit sink: could not read the trail's head");
+        this.closed = true;
+      },
+    );
   }
 
   /** Records just committed, in seq order (the trail's append hook). Never throws, never waits. */
   offer(records: readonly StoredAuditRecord[]): void {
     if (this.closed) return;
+    this.taking = this.taking
+      .then(() => this.take(records))
+      .catch((e) => this.opts.logger.error({ err: String(e) }, "audit sink: records not taken"));
+  }
+
+  private async take(records: readonly StoredAuditRecord[]): Promise<void> {
+    if (this.closed) return;
     for (const r of records) {
       if (r.seq < this.nextSeq) continue; // already streamed (read back earlier)
-      if (r.seq > this.nextSeq) this.backfill(r.seq - 1);
+      if (r.seq > this.nextSeq) await this.backfill(r.seq - 1);
       this.push(r);
     }
     this.pump();
@@ -104,6 +125,7 @@ export class AuditSink {
   /** Resolves once everything queued has been sent (or `ms` passed); for tests and close. */
   async flush(ms = 10_000): Promise<void> {
     const end = Date.now() + ms;
+    await this.taking;
     while ((this.queue.length || this.pumping) && Date.now() < end)
       await new Promise((r) => setTimeout(r, 20));
   }
@@ -120,10 +142,10 @@ export class AuditSink {
   }
 
   /** Another process appended these: read them back, so the stream has no hole. */
-  private backfill(to: number): void {
+  private async backfill(to: number): Promise<void> {
     let rows: StoredAuditRecord[] = [];
     try {
-      rows = this.opts.readRange(this.nextSeq, to);
+      rows = await this.opts.readRange(this.nextSeq, to);
     } catch (e) {
       this.opts.logger.warn({ err: String(e) }, "audit sink: could not read records back");
     }

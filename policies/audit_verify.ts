@@ -51,22 +51,30 @@ export class AuditVerifier {
     this.checkpointEvery = Math.max(this.chunkRows, opts.checkpointEvery ?? 50_000);
     this.clock = opts.clock ?? Date.now;
     // Reading the checkpoint costs one row and one MAC: what the status shows before any pass.
-    const cp = log.readCheckpoint();
-    if (cp.forged) this.fault = { ok: false, checked: 0, ...this.forgedFault(cp.forged) };
-    else if (cp.checkpoint) {
-      this.verifiedSeq = cp.checkpoint.seq;
-      this.verifiedAt = cp.checkpoint.verified_at;
-    }
+    this.loaded = log.readCheckpoint().then(
+      (cp) => {
+        if (cp.forged) this.fault = { ok: false, checked: 0, ...this.forgedFault(cp.forged) };
+        else if (cp.checkpoint) {
+          this.verifiedSeq = cp.checkpoint.seq;
+          this.verifiedAt = cp.checkpoint.verified_at;
+        }
+      },
+      (e) => this.opts.logger?.error({ err: String(e) }, "audit checkpoint could not be read"),
+    );
   }
+
+  /** The checkpoint read at construction (every status waits for it). */
+  private readonly loaded: Promise<void>;
 
   private forgedFault(f: { seq: number; reason: string }) {
     return { first_bad_seq: f.seq, reason: f.reason };
   }
 
   /** What is known now, without verifying anything (one indexed read for the head). */
-  status(): AuditVerifyStatus {
+  async status(): Promise<AuditVerifyStatus> {
+    await this.loaded;
     // Once closed, the store may be closed too: the head is not read any more.
-    const headSeq = this.closed ? this.verifiedSeq : this.log.head().seq;
+    const headSeq = this.closed ? this.verifiedSeq : (await this.log.head()).seq;
     // A pass that is only scheduled counts when it has records to verify.
     const inProgress = this.running !== null || (this.scheduled && this.verifiedSeq < headSeq);
     const seq = inProgress ? Math.max(this.verifiedSeq, this.progress) : this.verifiedSeq;
@@ -106,7 +114,7 @@ export class AuditVerifier {
     this.scheduled = true;
     setImmediate(() => {
       this.scheduled = false;
-      if (!this.closed) void this.run();
+      if (!this.closed) this.run().catch(() => {});
     });
   }
 
@@ -117,12 +125,17 @@ export class AuditVerifier {
       .catch((e) => {
         this.opts.logger?.error({ err: String(e) }, "audit verification failed to run");
       })
-      .then(() => {
+      .then(async () => {
         this.running = null;
-        const done = this.status();
-        if (this.again && !this.closed) {
-          this.again = false;
-          void this.run();
+        let done: AuditVerifyStatus;
+        try {
+          done = await this.status();
+        } finally {
+          // Started after the status was read, so the status is this pass's end.
+          if (this.again && !this.closed) {
+            this.again = false;
+            this.run().catch(() => {});
+          }
         }
         return done;
       });
@@ -134,27 +147,21 @@ export class AuditVerifier {
   }
 
   private async pass(): Promise<void> {
+    await this.loaded;
     const log = this.log;
-    const cp = log.readCheckpoint();
+    const cp = await log.readCheckpoint();
     if (cp.forged) {
       this.fault = { ok: false, checked: 0, ...this.forgedFault(cp.forged) };
       this.opts.logger?.error({ audit_verify: this.fault }, "audit trail TAMPERED");
       return;
     }
-    const cur: VerifyCursor = log.cursorAt(cp.checkpoint ?? null);
+    const cur: VerifyCursor = await log.cursorAt(cp.checkpoint ?? null);
     this.progress = cur.checked;
     let sinceSave = 0;
     for (;;) {
       if (this.closed) return;
       // Each step reads its records and, at the end of the trail, the head in one snapshot.
-      const step = log.snapshot(() => {
-        const before = cur.checked;
-        const bad = log.walk(cur, this.chunkRows);
-        const read = cur.checked - before;
-        if (bad) return { bad, read, end: true };
-        if (read < this.chunkRows) return { bad: log.checkEnd(cur), read, end: true };
-        return { bad: null, read, end: false };
-      });
+      const step = await log.verifyStep(cur, this.chunkRows);
       this.progress = cur.checked;
       sinceSave += step.read;
       if (step.bad) {
@@ -163,7 +170,7 @@ export class AuditVerifier {
         return;
       }
       if (step.end || sinceSave >= this.checkpointEvery) {
-        const saved = log.writeCheckpoint(cur, new Date(this.clock()).toISOString());
+        const saved = await log.writeCheckpoint(cur, new Date(this.clock()).toISOString());
         this.fault = null;
         this.verifiedSeq = saved?.seq ?? cur.checked;
         this.verifiedAt = saved?.verified_at ?? new Date(this.clock()).toISOString();

@@ -118,7 +118,7 @@ export class SqliteCallsInFlight implements CallsInFlight {
     return { id, write: () => void insert.run(...values) };
   }
 
-  end(id: string): void {
+  async end(id: string): Promise<void> {
     if (!this.live.delete(id)) return;
     if (this.live.size === 0) this.stopHeartbeat();
     this.remove ??= this.db.prepare("DELETE FROM calls_in_flight WHERE id = ?");
@@ -152,7 +152,7 @@ export class SqliteCallsInFlight implements CallsInFlight {
   }
 
   /** Rows no live call of this process owns: what a stopped process left (read at start). */
-  leftBehind(): CallInFlight[] {
+  async leftBehind(): Promise<CallInFlight[]> {
     const rows = this.db
       .prepare("SELECT * FROM calls_in_flight ORDER BY started_ms, id")
       .all() as Row[];
@@ -171,13 +171,25 @@ export class SqliteCallsInFlight implements CallsInFlight {
       }));
   }
 
-  /** Runs `fn` in one write transaction (the other stores of policy.db join it: one handle). */
-  transaction<T>(fn: () => T): T {
-    return this.db.transaction(fn).immediate();
+  /**
+   * Runs `fn` in one write transaction (the other stores of policy.db join it: one handle). `fn`
+   * may await, but only the stores of this handle, which answer at once: nothing else may run
+   * SQL on the handle meanwhile (reconcile runs at start, before any call).
+   */
+  async transaction<T>(fn: () => Promise<T>): Promise<T> {
+    this.db.prepare("BEGIN IMMEDIATE").run();
+    try {
+      const out = await fn();
+      this.db.prepare("COMMIT").run();
+      return out;
+    } catch (e) {
+      if (this.db.inTransaction) this.db.prepare("ROLLBACK").run();
+      throw e;
+    }
   }
 
   /** Deletes a reconciled row (inside the reconcile's transaction). */
-  forget(id: string): void {
+  async forget(id: string): Promise<void> {
     this.db.prepare("DELETE FROM calls_in_flight WHERE id = ?").run(id);
   }
 

@@ -82,25 +82,26 @@ export class SqliteSuspensionStore implements SuspensionStore {
     };
   }
 
-  suspend(s: Suspension): void {
+  async suspend(s: Suspension): Promise<void> {
     const until = s.until === null ? null : Date.parse(s.until);
     this.stmts.upsert.run(s.principal, s.reason, s.rule, s.since, until);
   }
 
-  resume(principal: string, nowMs: number): Suspension | null {
+  async resume(principal: string, nowMs: number): Promise<Suspension | null> {
     return this.db.transaction(() => {
-      const was = this.active(principal, nowMs);
+      const row = this.stmts.get.get(principal, nowMs) as Row | undefined;
+      const was = row ? toSuspension(row) : null;
       this.stmts.del.run(principal);
       return was;
     })();
   }
 
-  active(principal: string, nowMs: number): Suspension | null {
+  async active(principal: string, nowMs: number): Promise<Suspension | null> {
     const row = this.stmts.get.get(principal, nowMs) as Row | undefined;
     return row ? toSuspension(row) : null;
   }
 
-  list(nowMs: number): Suspension[] {
+  async list(nowMs: number): Promise<Suspension[]> {
     return (this.stmts.all.all(nowMs) as Row[]).map(toSuspension);
   }
 

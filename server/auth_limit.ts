@@ -138,7 +138,8 @@ export class AuthLimiter {
   fail(address: string | undefined, surface: string): { retryAfterS: number } | null {
     const now = this.clock();
     const e = this.entry(addressKey(address), now);
-    this.budget.take(SERVER);
+    // Counted, not waited for: the budget only refuses later evaluations.
+    this.budget.take(SERVER).catch(() => {});
     e.fails++;
     e.failed++;
     e.surfaces.add(surface);
@@ -147,7 +148,7 @@ export class AuthLimiter {
     return wait > 0 ? { retryAfterS: Math.max(1, Math.ceil(wait / 1000)) } : null;
   }
 
-  private decide(e: Entry, now: number, surface: string): Admission {
+  private async decide(e: Entry, now: number, surface: string): Promise<Admission> {
     const refuse = (waitMs: number, why: string): Admission => {
       e.refused++;
       e.surfaces.add(surface);
@@ -161,10 +162,19 @@ export class AuthLimiter {
     } else if (e.fails + e.pending >= this.opts.free) {
       return refuse(1000, "too many authentications in progress from this address");
     }
-    const server = this.budget.take(SERVER);
-    if (!server.ok)
-      return refuse(server.retry_after_ms, "too many failed authentications on this server");
+    // The slot is held while the server-wide budget answers, so no other request takes it.
     e.pending++;
+    let server;
+    try {
+      server = await this.budget.take(SERVER);
+    } catch {
+      server = { ok: false as const, retry_after_ms: 1000 };
+    }
+    if (!server.ok) {
+      e.pending--;
+      for (const wake of e.waiters.splice(0)) wake();
+      return refuse(server.retry_after_ms, "too many failed authentications on this server");
+    }
     let settled = false;
     return {
       ok: true,
@@ -178,7 +188,7 @@ export class AuthLimiter {
           for (const wake of e.waiters.splice(0)) wake();
           if (ok) {
             // A success gives its reservation back to the server-wide budget.
-            this.budget.refund(SERVER);
+            this.budget.refund(SERVER).catch(() => {});
             return;
           }
           e.fails++;

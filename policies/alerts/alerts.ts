@@ -20,12 +20,14 @@ export interface AlertsDeps {
   store: AlertStore;
   logger: PolicyLogger;
   /** Suspends a principal: the gate records it, audits it and stops its running calls. */
-  suspend(s: Suspension): void;
+  suspend(s: Suspension): Promise<void>;
   audit(rec: Omit<AuditRecord, "time">): void;
   /** The principal's device-seconds in its budget window, and the budget. */
-  budgetUse(principal: string): { used_s: number; limit_s: number; window_s: number };
+  budgetUse(principal: string): Promise<{ used_s: number; limit_s: number; window_s: number }>;
   /** Approvals waiting for an operator now. */
-  pendingApprovals(): { id: string; principal: string; tool: string; created_at: string }[];
+  pendingApprovals(): Promise<
+    { id: string; principal: string; tool: string; created_at: string }[]
+  >;
   webhooks: readonly { url: string; secret: Buffer }[];
   clock?: Clock;
   /** How often approval_waiting rules look at the pending approvals; 0: never by itself. */
@@ -67,7 +69,7 @@ export class Alerts {
         this.windows.set(r.name, new EventWindows(r.window_s * 1000));
     const every = deps.checkIntervalMs ?? 0;
     if (every > 0 && deps.rules.some((r) => r.kind === "approval_waiting")) {
-      this.timer = setInterval(() => this.scanApprovals(), every);
+      this.timer = setInterval(() => void this.scanApprovals(), every);
       this.timer.unref?.();
     }
   }
@@ -88,11 +90,17 @@ export class Alerts {
     }
   }
 
-  /** A charge to `principal`'s budget was made. */
-  charged(principal: string): void {
+  /** A charge to `principal`'s budget was made; resolves once its rules were looked at. */
+  async charged(principal: string): Promise<void> {
     const rules = this.deps.rules.filter((r) => r.kind === "budget");
     if (rules.length === 0) return;
-    const use = this.deps.budgetUse(principal);
+    let use;
+    try {
+      use = await this.deps.budgetUse(principal);
+    } catch (e) {
+      this.deps.logger.warn({ err: String(e) }, "alerts: could not read the budget");
+      return;
+    }
     if (!(use.limit_s > 0)) return;
     const pct = (use.used_s / use.limit_s) * 100;
     const now = this.clock();
@@ -118,12 +126,12 @@ export class Alerts {
   }
 
   /** Fires approval_waiting rules for approvals pending longer than their `after_s`. */
-  scanApprovals(): void {
+  async scanApprovals(): Promise<void> {
     const rules = this.deps.rules.filter((r) => r.kind === "approval_waiting");
     if (rules.length === 0 || this.closed) return;
     let pending;
     try {
-      pending = this.deps.pendingApprovals();
+      pending = await this.deps.pendingApprovals();
     } catch (e) {
       this.deps.logger.warn({ err: String(e) }, "alerts: could not read pending approvals");
       return;
@@ -200,16 +208,19 @@ export class Alerts {
     if (suspend) {
       // The refusals that led here are spent: after a resume, counting starts from nothing.
       this.windows.get(rule.name)?.reset(principal!);
+      const failed = (e: unknown) => log.error({ err: String(e), alert }, "suspension failed");
       try {
-        this.deps.suspend({
-          principal: principal!,
-          reason: suspensionReason(rule, details),
-          rule: rule.name,
-          since: alert.fired_at,
-          until,
-        });
+        this.deps
+          .suspend({
+            principal: principal!,
+            reason: suspensionReason(rule, details),
+            rule: rule.name,
+            since: alert.fired_at,
+            until,
+          })
+          .catch(failed);
       } catch (e) {
-        log.error({ err: String(e), alert }, "suspension failed");
+        failed(e);
       }
     }
     this.deps.onFired?.(alert);

@@ -116,7 +116,7 @@ export function formAnswer(result: unknown): ElicitAnswer | undefined {
  * what the store throws when the approval was decided meanwhile (approval_already_decided) or
  * expired.
  */
-export function recordAnswer(
+export async function recordAnswer(
   ctx: GateContext,
   call: GateCall,
   rule: ApprovalRule,
@@ -124,15 +124,15 @@ export function recordAnswer(
   answer: ElicitAnswer,
   digest: string,
   redacted: unknown,
-): void {
+): Promise<void> {
   const { principal, tool, estimate } = call;
   const approver = `client-form:${principal.id}`;
   const reason =
     answer === "accept"
       ? `accepted in the client (${describeRule(rule)})`
       : `${answer === "decline" ? "declined" : "dismissed"} in the client`;
-  if (answer === "accept") ctx.deps.approvals.approve(id, approver);
-  else ctx.deps.approvals.deny(id, approver, reason);
+  if (answer === "accept") await ctx.deps.approvals.approve(id, approver);
+  else await ctx.deps.approvals.deny(id, approver, reason);
   ctx.audit({
     principal: principal.id,
     tool,

@@ -87,16 +87,16 @@ export async function checkApproval(
   // Only a consumable approval counts. `confirm: true` or any other argument never does.
   const presented = call.args.approval_id;
   if (typeof presented === "string" && presented.length > 0) {
-    ctx.deps.approvals.check(presented, principal.id, tool, digest);
+    await ctx.deps.approvals.check(presented, principal.id, tool, digest);
     return presented;
   }
 
   // Reuse an open request for this exact call rather than piling up new ones (or asking twice).
-  const open = ctx.deps.approvals.findOpen(principal.id, tool, digest);
+  const open = await ctx.deps.approvals.findOpen(principal.id, tool, digest);
   if (open?.status === "approved") throw approvalRequired(ctx, call, rule, open);
   const rec =
     open ??
-    ctx.deps.approvals.create({
+    (await ctx.deps.approvals.create({
       principal: principal.id,
       tool,
       args_digest: digest,
@@ -105,7 +105,7 @@ export async function checkApproval(
       assurance: rule.assurance,
       ttl_s: cfg.ttl_s,
       max_pending: cfg.max_pending_per_principal,
-    });
+    }));
   // In band only where both the rule and the record say an answer in the client decides
   // (`client_form`): whoever answers the form may be the agent itself, so a token or passkey
   // rule is never asked there, whatever the client can show.
@@ -139,7 +139,7 @@ export async function checkApproval(
         ctx,
         call,
         rule,
-        ctx.deps.approvals.get(rec.id) ?? rec,
+        (await ctx.deps.approvals.get(rec.id)) ?? rec,
         `Nobody answered the approval prompt in the client within ${cfg.elicitation_timeout_s} s. `,
         { prompt: "unanswered" },
       );
@@ -307,7 +307,7 @@ async function askAndRecord(
   }
   if (answer === "timeout" || answer === "operator") return answer;
   try {
-    recordAnswer(ctx, call, rule, rec.id, answer, digest, redacted);
+    await recordAnswer(ctx, call, rule, rec.id, answer, digest, redacted);
     return answer;
   } catch (e) {
     // Decided meanwhile (an operator in the console, or it expired): that decision stands.
@@ -315,7 +315,7 @@ async function askAndRecord(
       { err: String(e), tool, approval_id: rec.id },
       "the answer to the approval prompt came after the approval was decided or expired",
     );
-    const now = ctx.deps.approvals.get(rec.id);
+    const now = await ctx.deps.approvals.get(rec.id).catch(() => undefined);
     return now?.status === "approved" ? "accept" : now?.status === "denied" ? "decline" : null;
   }
 }
@@ -333,16 +333,16 @@ export interface DecideApprovalDeps {
  * rule requires a passkey is decided only with `evidence`: an assertion the console verified
  * (policies/passkeys/ceremony.ts) for this approval, this decision and this approver.
  */
-export function decideApproval(
+export async function decideApproval(
   deps: DecideApprovalDeps,
   id: string,
   approver: Principal,
   decision: "approve" | "deny",
   reason?: string,
   evidence?: DecisionEvidence,
-): ApprovalRecord {
+): Promise<ApprovalRecord> {
   const now = (deps.clock ?? systemClock)();
-  const existing = deps.approvals.get(id);
+  const existing = await deps.approvals.get(id);
   const base = {
     time: new Date(now).toISOString(),
     principal: approver.id,
@@ -383,9 +383,9 @@ export function decideApproval(
       );
     const rec =
       decision === "approve"
-        ? deps.approvals.approve(id, approver.id)
-        : deps.approvals.deny(id, approver.id, reason);
-    deps.audit.append({
+        ? await deps.approvals.approve(id, approver.id)
+        : await deps.approvals.deny(id, approver.id, reason);
+    await deps.audit.append({
       ...base,
       estimate: rec.estimate,
       outcome: decision === "approve" ? "approval_granted" : "approval_denied",
@@ -398,7 +398,7 @@ export function decideApproval(
     return rec;
   } catch (e) {
     if (isPolicyError(e)) {
-      deps.audit.append({ ...base, outcome: "denied", code: e.code, reason: e.message });
+      await deps.audit.append({ ...base, outcome: "denied", code: e.code, reason: e.message });
     }
     throw e;
   }

@@ -8,7 +8,7 @@ import type { Clock } from "../clock.js";
 import type { LimitsConfig } from "../config.js";
 import { PolicyError } from "../errors.js";
 import type { CostEstimate } from "../estimate.js";
-import type { BudgetLedger } from "../limits/budget.js";
+import type { BudgetCheck, BudgetHold, BudgetLedger } from "../limits/budget.js";
 import { requiredScope, type Principal, type Scope } from "../scopes.js";
 import type { ToolPolicy } from "../tool_policy.js";
 import {
@@ -65,6 +65,14 @@ export interface Metered {
   end(): void;
 }
 
+/** What an admitted call holds on its lines until it ends (BudgetLines.admit). */
+export interface Reservation {
+  /** Gives the estimate back, charging nothing; once (refused or cancelled before its work). */
+  release(): Promise<void>;
+  /** Charges what the call measured to every line in place of its hold; once. */
+  settle(seconds: number): Promise<void>;
+}
+
 /**
  * Clears the line's timer. Node keeps the (empty) list of an unref'd timer's duration when that
  * timer is cleared, until the duration would have elapsed: the meter re-arms with a new duration
@@ -97,16 +105,11 @@ interface Line {
   timer?: NodeJS.Timeout;
   /** When the timer was due (the line ran out then, however late the timer fires). */
   dueMs?: number;
+  /** The look at the line in progress: looks run one after another (each reads the ledger). */
+  arming?: Promise<void>;
 }
 
 export class BudgetLines {
-  /**
-   * Estimated device-seconds admitted but not yet settled, per budget line. Reserved at
-   * admission (before waiting for a slot), released when the call settles with its measured
-   * cost, or at once when it is refused or cancelled.
-   */
-  private readonly reserved = new Map<string, number>();
-
   constructor(
     private readonly limits: LimitsConfig,
     private readonly ledger: BudgetLedger,
@@ -152,44 +155,106 @@ export class BudgetLines {
   }
 
   /** Throws budget_exceeded when a line cannot take the estimate now (charges plus reservations). */
-  check(principal: Principal, tool: string, estimate: CostEstimate | undefined): void {
+  async check(
+    principal: Principal,
+    tool: string,
+    estimate: CostEstimate | undefined,
+  ): Promise<void> {
     if (!estimate) return;
     for (const line of this.lines(principal.id, tool, estimate)) {
-      const { key, limit } = line;
       const need = this.amount(line, estimate);
-      const b = this.ledger.check(key, need, this.held(key), limit);
-      if (b.ok) continue;
-      if (line.money) throw this.moneyRefusal(need, b);
-      const what =
-        key === principal.id ? "Device-time budget" : "Device-time allowance for read-scoped tools";
-      const when =
-        b.retry_after_ms !== undefined
-          ? `enough frees up in ${Math.ceil(b.retry_after_ms / 1000)} s`
-          : b.reserved_s > 0 && need <= b.limit_s
-            ? `calls of yours already admitted hold ${b.reserved_s} s of it; retry when they finish`
-            : `it can never fit (the whole budget is ${b.limit_s} s); make the call smaller`;
-      throw new PolicyError(
-        "budget_exceeded",
-        `${what} exceeded: this call needs ~${need} s, ${b.remaining_s} s of ${b.limit_s} s per ${b.window_s} s window remain; ${when}.`,
-        {
-          needed_s: need,
-          remaining_s: b.remaining_s,
-          used_s: b.used_s,
-          reserved_s: b.reserved_s,
-          limit_s: b.limit_s,
-          window_s: b.window_s,
-          retry_after_ms: b.retry_after_ms ?? null,
-          resets_at:
-            b.retry_after_ms !== undefined
-              ? new Date(this.clock() + b.retry_after_ms).toISOString()
-              : null,
-        },
-      );
+      const b = await this.ledger.check(line.key, need, this.excess(line.key), line.limit);
+      if (!b.ok) throw this.refusal(principal, line, need, b);
     }
   }
 
+  /**
+   * Checks every line and holds the estimate against each, in one step of the ledger (its
+   * `admit`: calls admitted at once cannot all pass one check made before any of them held);
+   * throws budget_exceeded naming the first line that cannot take it.
+   */
+  async admit(
+    principal: Principal,
+    tool: string,
+    estimate: CostEstimate | undefined,
+  ): Promise<Reservation> {
+    if (!estimate) return NOTHING_HELD;
+    const keys = this.lines(principal.id, tool, estimate);
+    const lines = keys.map((l) => ({
+      key: l.key,
+      need: this.amount(l, estimate),
+      limitS: l.limit,
+      extraHeldS: this.excess(l.key),
+    }));
+    const got = await this.ledger.admit(lines);
+    if (!got.ok) throw this.refusal(principal, keys[got.index], lines[got.index].need, got.check);
+    this.rearm(keys);
+    return this.reservation(got.hold, keys, tool, estimate);
+  }
+
+  private reservation(
+    hold: BudgetHold,
+    keys: LineKey[],
+    tool: string,
+    estimate: CostEstimate,
+  ): Reservation {
+    let done = false;
+    return {
+      release: async () => {
+        if (done) return;
+        done = true;
+        await hold.release();
+        this.rearm(keys);
+      },
+      settle: async (seconds) => {
+        if (done) return;
+        done = true;
+        await hold.settle(
+          keys.map((l) => ({ key: l.key, amount: this.measured(l, seconds, estimate), tool })),
+        );
+        this.rearm(keys);
+      },
+    };
+  }
+
+  /** What `seconds` of the call cost on a line, in its unit (whole micro-units on a money line). */
+  private measured(line: LineKey, seconds: number, estimate?: CostEstimate): number {
+    return line.money && estimate ? costMicros(seconds, this.rateOf(estimate)) : seconds;
+  }
+
+  /** budget_exceeded for the line that cannot take the call's need. */
+  private refusal(principal: Principal, line: LineKey, need: number, b: BudgetCheck): PolicyError {
+    const { key } = line;
+    if (line.money) return this.moneyRefusal(need, b);
+    const what =
+      key === principal.id ? "Device-time budget" : "Device-time allowance for read-scoped tools";
+    const when =
+      b.retry_after_ms !== undefined
+        ? `enough frees up in ${Math.ceil(b.retry_after_ms / 1000)} s`
+        : b.reserved_s > 0 && need <= b.limit_s
+          ? `calls of yours already admitted hold ${b.reserved_s} s of it; retry when they finish`
+          : `it can never fit (the whole budget is ${b.limit_s} s); make the call smaller`;
+    return new PolicyError(
+      "budget_exceeded",
+      `${what} exceeded: this call needs ~${need} s, ${b.remaining_s} s of ${b.limit_s} s per ${b.window_s} s window remain; ${when}.`,
+      {
+        needed_s: need,
+        remaining_s: b.remaining_s,
+        used_s: b.used_s,
+        reserved_s: b.reserved_s,
+        limit_s: b.limit_s,
+        window_s: b.window_s,
+        retry_after_ms: b.retry_after_ms ?? null,
+        resets_at:
+          b.retry_after_ms !== undefined
+            ? new Date(this.clock() + b.retry_after_ms).toISOString()
+            : null,
+      },
+    );
+  }
+
   /** budget_exceeded for a budget in money, in money (micro-units on the ledger). */
-  private moneyRefusal(need: number, b: ReturnType<BudgetLedger["check"]>): PolicyError {
+  private moneyRefusal(need: number, b: BudgetCheck): PolicyError {
     const cur = this.pricing!.currency;
     const m = (x: number) => formatMoney(x, cur);
     const when =
@@ -216,23 +281,6 @@ export class BudgetLines {
             : null,
       },
     );
-  }
-
-  /** Holds the estimate against every line of the call; the returned function releases it once. */
-  reserve(principal: string, tool: string, estimate: CostEstimate | undefined): () => void {
-    const held = this.lines(principal, tool, estimate).map((l) => ({
-      key: l.key,
-      amount: estimate ? this.amount(l, estimate) : 0,
-    }));
-    for (const h of held) this.adjust(h.key, h.amount);
-    this.rearm(held);
-    let done = false;
-    return () => {
-      if (done) return;
-      done = true;
-      for (const h of held) this.adjust(h.key, -h.amount);
-      this.rearm(held);
-    };
   }
 
   /**
@@ -290,27 +338,27 @@ export class BudgetLines {
     };
   }
 
-  /** What admitted calls hold on a line: their estimates, and what running ones used beyond. */
-  private held(key: string): number {
+  /** What this process's running calls on a line used beyond their estimates (held as well). */
+  private excess(key: string): number {
     let excess = 0;
     const now = this.clock();
     for (const run of this.running.get(key)?.runs ?? []) {
       const r = run.runners.get(key)!;
       excess += Math.max(0, usedOf(r, now) - r.reservedS);
     }
-    return (this.reserved.get(key) ?? 0) + excess;
+    return excess;
   }
 
   /** Calls running on each line, metered. */
   private readonly running = new Map<string, Line>();
 
-  /** The line as the meter sees it now. */
-  private state(key: string, line: Line): LineState & { windowS: number } {
-    const b = this.ledger.check(key, 0, 0, line.limit);
+  /** The line as the meter sees it: the ledger's standing and the line's running calls. */
+  private async state(key: string, line: Line): Promise<LineState & { windowS: number }> {
+    const b = await this.ledger.standing(key, line.limit);
     return {
       limitS: b.limit_s,
-      chargedS: b.used_s,
-      reservedS: this.reserved.get(key) ?? 0,
+      chargedS: b.charged_s,
+      reservedS: b.reserved_s,
       runners: [...line.runs].map((r) => r.runners.get(key)!),
       windowS: b.window_s,
     };
@@ -322,19 +370,42 @@ export class BudgetLines {
   }
 
   /**
-   * Stops the line's calls that are due, and sets one timer for the next: each event costs one
-   * walk over the line's running calls, however many run (inference runs dozens at once).
-   * `fired`: the timer fired, so its due time has come whatever the (injected) clock says.
+   * Looks at the line again (after the looks already asked for: each reads the ledger's
+   * standing). `firedDue`: the timer due then fired, so that time has come whatever the
+   * (injected) clock says, unless a later look moved the timer.
    */
-  private arm(key: string, fired = false): void {
+  private arm(key: string, firedDue?: number): void {
     const line = this.running.get(key);
     if (!line) return;
+    const look = (line.arming ?? Promise.resolve())
+      .then(() => this.look(key, line, firedDue))
+      .catch(() => {
+        // The ledger could not be read: look again shortly (the calls run on meanwhile).
+        if (this.running.get(key) !== line || line.timer) return;
+        line.timer = setTimeout(() => this.arm(key), 1000);
+        line.timer.unref?.();
+      });
+    line.arming = look;
+    void look.then(() => {
+      if (line.arming === look) line.arming = undefined;
+    });
+  }
+
+  /**
+   * Stops the line's calls that are due, and sets one timer for the next: each event costs one
+   * walk over the line's running calls, however many run (inference runs dozens at once).
+   */
+  private async look(key: string, line: Line, firedDue?: number): Promise<void> {
+    if (this.running.get(key) !== line) return;
+    const standing = await this.state(key, line);
+    if (this.running.get(key) !== line) return;
     clearLineTimer(line);
     const due = line.dueMs;
     line.dueMs = undefined;
-    const now = fired && due !== undefined ? Math.max(this.clock(), due) : this.clock();
+    const fired = firedDue !== undefined && due === firedDue;
+    const now = fired ? Math.max(this.clock(), due!) : this.clock();
     for (;;) {
-      const state = this.state(key, line);
+      const state = { ...standing, runners: [...line.runs].map((r) => r.runners.get(key)!) };
       const live = [...line.runs].filter((r) => !r.stopped);
       const inMs = lineStopInMs(
         state,
@@ -344,8 +415,9 @@ export class BudgetLines {
       if (!Number.isFinite(inMs)) return;
       if (inMs > 1) {
         // Looked at again when it fires: a charge may have left the window meanwhile.
-        line.dueMs = now + inMs;
-        line.timer = setTimeout(() => this.arm(key, true), Math.min(MAX_TIMER_MS, Math.ceil(inMs)));
+        const at = now + inMs;
+        line.dueMs = at;
+        line.timer = setTimeout(() => this.arm(key, at), Math.min(MAX_TIMER_MS, Math.ceil(inMs)));
         line.timer.unref?.();
         return;
       }
@@ -369,28 +441,26 @@ export class BudgetLines {
           lineUsedS: state.chargedS + state.reservedS,
           ...(money && this.pricing ? { currency: this.pricing.currency } : {}),
         });
-      if (!this.running.has(key)) return;
+      if (this.running.get(key) !== line) return;
     }
   }
 
   /**
-   * Charges what the call measured to every line of the call: a money line its cost at its
-   * device kind's price (whole micro-units, limits/pricing.ts).
+   * A charge without a reservation (a call a killed process left behind, reconcile.ts): what
+   * it measured, to every line of the call.
    */
-  charge(principal: string, tool: string, seconds: number, estimate?: CostEstimate): void {
+  async charge(
+    principal: string,
+    tool: string,
+    seconds: number,
+    estimate?: CostEstimate,
+  ): Promise<void> {
     const keys = this.lines(principal, tool, estimate);
     for (const l of keys)
-      this.ledger.charge(
-        l.key,
-        l.money && estimate ? costMicros(seconds, this.rateOf(estimate)) : seconds,
-        tool,
-      );
+      await this.ledger.charge(l.key, this.measured(l, seconds, estimate), tool);
     this.rearm(keys);
   }
-
-  private adjust(key: string, seconds: number): void {
-    const v = (this.reserved.get(key) ?? 0) + seconds;
-    if (v <= 1e-9) this.reserved.delete(key);
-    else this.reserved.set(key, v);
-  }
 }
+
+/** The reservation of a call without an estimate: it holds and is charged nothing. */
+const NOTHING_HELD: Reservation = { release: async () => {}, settle: async () => {} };

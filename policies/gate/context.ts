@@ -1,7 +1,7 @@
 // What every admission step and the supervisor share: the gate's dependencies, its budget lines
 // and the three ways it writes the audit trail.
 
-import type { AuditRecord } from "../audit.js";
+import type { Alongside, AuditRecord } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
 import type { PolicyConfig } from "../config.js";
 import type { PolicyError } from "../errors.js";
@@ -20,7 +20,10 @@ export interface GateContext {
   readonly running: Map<string, Set<(err: PolicyError) => void>>;
   /** In-band prompts being shown, by approval id (approval_flow.ts): a retry joins, never re-asks. */
   readonly prompts: Map<string, Promise<ElicitAnswer | "timeout" | "operator" | null>>;
-  /** Appends a decision's record; losing it is logged loudly, never thrown: the decision stands. */
+  /**
+   * Appends a decision's record; losing it is logged loudly, never thrown: the decision stands.
+   * Not awaited: the store chains records in call order, so the trail's order is the gate's.
+   */
   audit(rec: Omit<AuditRecord, "time">): void;
   /**
    * Appends a refusal, or counts it into the aggregate of the refusals it repeats (the rule is in
@@ -31,7 +34,7 @@ export interface GateContext {
    * Appends and waits for the commit (group commit when the store offers it); may throw.
    * `alongside` is written in the same transaction where the store offers it (else just before).
    */
-  auditDurable(rec: AuditRecord, alongside?: () => void): Promise<void>;
+  auditDurable(rec: AuditRecord, alongside?: Alongside): Promise<void>;
 }
 
 export function gateContext(deps: GateDeps): GateContext {
@@ -46,20 +49,23 @@ export function gateContext(deps: GateDeps): GateContext {
     running: new Map(),
     lines: new BudgetLines(deps.config.limits, deps.budget, clock, tools, deps.config.pricing),
     audit(rec) {
-      try {
-        deps.audit.append({ time: new Date(clock()).toISOString(), ...rec });
-      } catch (e) {
+      const lost = (e: unknown) =>
         deps.logger.error({ err: String(e), audit: rec }, "audit append failed");
+      try {
+        deps.audit.append({ time: new Date(clock()).toISOString(), ...rec }).catch(lost);
+      } catch (e) {
+        lost(e);
       }
     },
     auditRefusal(rec) {
       const a = deps.audit;
+      const lost = (e: unknown) =>
+        deps.logger.error({ err: String(e), audit: rec }, "audit append failed");
       try {
         const full = { time: new Date(clock()).toISOString(), ...rec };
-        if (a.appendRefusal) a.appendRefusal(full);
-        else a.append(full);
+        (a.appendRefusal ? a.appendRefusal(full) : a.append(full)).catch(lost);
       } catch (e) {
-        deps.logger.error({ err: String(e), audit: rec }, "audit append failed");
+        lost(e);
       }
       if (rec.outcome === "denied" && rec.code) deps.observer?.refused(rec.principal, rec.code);
     },
@@ -67,8 +73,8 @@ export function gateContext(deps: GateDeps): GateContext {
       const a = deps.audit;
       if (a.appendDurable) await a.appendDurable(rec, alongside);
       else {
-        alongside?.();
-        a.append(rec);
+        await alongside?.();
+        await a.append(rec);
       }
     },
   };

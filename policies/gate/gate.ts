@@ -52,7 +52,7 @@ export class Gate {
     decision: "approve" | "deny",
     reason?: string,
     evidence?: DecisionEvidence,
-  ): ApprovalRecord {
+  ): Promise<ApprovalRecord> {
     return decideApproval(this.ctx.deps, id, approver, decision, reason, evidence);
   }
 
@@ -62,12 +62,12 @@ export class Gate {
    * insufficient_scope. tools/list asks scopes.visibleTools, the same predicate, and audits
    * nothing (a listing refuses nobody).
    */
-  enforceScope(principal: Principal, tool: string, via?: string): void {
+  async enforceScope(principal: Principal, tool: string, via?: string): Promise<void> {
     let refusal = scopeRefusal(this.ctx, principal, tool);
     if (!refusal) return;
     // A suspended principal learns that it is suspended, as its every call does.
     try {
-      checkSuspended(this.ctx, principal);
+      await checkSuspended(this.ctx, principal);
     } catch (e) {
       if (isPolicyError(e)) refusal = e;
     }
@@ -89,14 +89,14 @@ export class Gate {
    * caller's rate limit, so malformed calls cannot be sent for free. Throws insufficient_scope or
    * rate_limited instead of recording `code` when one of those applies.
    */
-  refuse(
+  async refuse(
     principal: Principal,
     tool: string,
     rawArgs: unknown,
     code: string,
     message: string,
     trace?: GateCall["trace"],
-  ): void {
+  ): Promise<void> {
     let digest: string | null = null;
     try {
       digest = argsDigest(tool, rawArgs as Record<string, unknown>);
@@ -105,10 +105,10 @@ export class Gate {
     }
     const base = { principal: principal.id, tool, args_digest: digest, ...traceIds({ trace }) };
     try {
-      checkSuspended(this.ctx, principal);
+      await checkSuspended(this.ctx, principal);
       const refusal = scopeRefusal(this.ctx, principal, tool);
       if (refusal) throw refusal;
-      takeRate(this.ctx, principal);
+      await takeRate(this.ctx, principal);
     } catch (e) {
       if (isPolicyError(e))
         this.ctx.auditRefusal({ ...base, outcome: "denied", code: e.code, reason: e.message });
@@ -138,10 +138,10 @@ export class Gate {
    * store, audited, and every call it has running stopped as a budget stop is (a benchmark
    * returns what it measured, generation stops at the next token), answered principal_suspended.
    */
-  suspendPrincipal(s: Suspension): void {
+  async suspendPrincipal(s: Suspension): Promise<void> {
     const store = this.ctx.deps.suspensions;
     if (!store) throw new Error("this gate has no suspension store");
-    store.suspend(s);
+    await store.suspend(s);
     const running = [...(this.ctx.running.get(s.principal) ?? [])];
     this.ctx.audit({
       principal: s.principal,
@@ -165,10 +165,10 @@ export class Gate {
   }
 
   /** Lifts a principal's suspension (`tpu-mcp principals resume ID`), audited; null if none. */
-  resumePrincipal(id: string, by: Principal): Suspension | null {
+  async resumePrincipal(id: string, by: Principal): Promise<Suspension | null> {
     const store = this.ctx.deps.suspensions;
     if (!store) throw new Error("this gate has no suspension store");
-    const was = store.resume(id, this.ctx.clock());
+    const was = await store.resume(id, this.ctx.clock());
     if (was)
       this.ctx.audit({
         principal: id,
@@ -183,15 +183,15 @@ export class Gate {
   }
 
   /** The principals suspended now. */
-  suspended(): Suspension[] {
-    return this.ctx.deps.suspensions?.list(this.ctx.clock()) ?? [];
+  async suspended(): Promise<Suspension[]> {
+    return (await this.ctx.deps.suspensions?.list(this.ctx.clock())) ?? [];
   }
 
   /**
    * Settles the calls a killed process left running (reconcile.ts): at start, before any call.
    * Each gets an `interrupted` record, its charge and, if it had consumed one, its approval back.
    */
-  reconcileInterrupted(store: LeftBehind): AuditRecord[] {
+  reconcileInterrupted(store: LeftBehind): Promise<AuditRecord[]> {
     return reconcileInterrupted(this.ctx, store);
   }
 

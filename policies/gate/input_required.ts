@@ -50,13 +50,13 @@ const STATE_REFUSALS: Record<StateRefusal, string> = {
  * replayed state is refused. An accepted approval is consumed by the gate like one presented by id;
  * a retry without an answer is asked again.
  */
-export function answerInBand(
+export async function answerInBand(
   ctx: GateContext,
   call: GateCall,
   rule: ApprovalRule,
   digest: string,
   redacted: unknown,
-): string | InputRequired {
+): Promise<string | InputRequired> {
   const { principal, tool } = call;
   const refuse = (why: string, detail: string) =>
     new PolicyError(
@@ -74,7 +74,13 @@ export function answerInBand(
   if (s.p !== principal.id) throw refuse("principal", "was issued to another principal");
   if (s.t !== tool || s.d !== digest)
     throw refuse("call", "was issued for another call (the tool or the arguments differ)");
-  const rec = ctx.deps.approvals.get(s.a);
+  // A nonce is consumed once wherever it is presented (a shared store); a replay is refused.
+  if (ctx.deps.consumedStates && !(await ctx.deps.consumedStates.consume(s.n)))
+    throw refuse(
+      "replayed",
+      `answers approval ${s.a}, which was already decided (a state is single-use)`,
+    );
+  const rec = await ctx.deps.approvals.get(s.a);
   // Only a client_form rule's approval is decided by the answer in the client (no other is ever
   // sealed a state; a config that raised the rule since the state was sealed holds too).
   if (rec && !mayAnswerInBand(rule, rec))
@@ -91,7 +97,7 @@ export function answerInBand(
   // A retry that carries the state but no answer is asked again, for the same approval.
   if (answer === undefined) return askInBand(ctx, call, rule, digest, rec);
   try {
-    recordAnswer(ctx, call, rule, s.a, answer, digest, redacted);
+    await recordAnswer(ctx, call, rule, s.a, answer, digest, redacted);
   } catch (e) {
     // Decided between the read above and now (an operator, or a concurrent replay).
     if (isPolicyError(e) && e.code === "approval_already_decided")

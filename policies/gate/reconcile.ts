@@ -38,18 +38,27 @@ export interface LeftBehind {
 }
 
 /** Settles every call left behind; returns their audit records. Throws (rolled back) on a write failure. */
-export function reconcileInterrupted(ctx: GateContext, store: LeftBehind): AuditRecord[] {
+export async function reconcileInterrupted(
+  ctx: GateContext,
+  store: LeftBehind,
+): Promise<AuditRecord[]> {
   const { approvals, audit, budget } = ctx.deps;
-  return store.transaction(() => {
+  return store.transaction(async () => {
     const out: AuditRecord[] = [];
-    for (const call of store.leftBehind()) {
+    for (const call of await store.leftBehind()) {
       const charge = interruptedCharge(call);
       // Charged only where the gate would have charged it: a call with an estimate.
       const charged = call.estimate && charge.seconds > 0;
-      if (charged) ctx.lines.charge(call.principal, call.tool, charge.seconds, call.estimate!);
-      budget.flush?.();
+      if (charged)
+        await ctx.lines.charge(call.principal, call.tool, charge.seconds, call.estimate!);
+      await budget.flush?.();
       const restored = call.approval_id
-        ? approvals.restoreUsed?.(call.approval_id, call.principal, call.tool, call.args_digest)
+        ? await approvals.restoreUsed?.(
+            call.approval_id,
+            call.principal,
+            call.tool,
+            call.args_digest,
+          )
         : undefined;
       const rec: AuditRecord = {
         time: new Date(ctx.clock()).toISOString(),
@@ -64,8 +73,8 @@ export function reconcileInterrupted(ctx: GateContext, store: LeftBehind): Audit
         duration_ms: Math.round(charge.seconds * 1000),
         ...(call.approval_id ? { approval_id: call.approval_id } : {}),
       };
-      audit.append(rec);
-      store.forget(call.id);
+      await audit.append(rec);
+      await store.forget(call.id);
       out.push(rec);
     }
     return out;

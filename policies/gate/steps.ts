@@ -20,6 +20,7 @@ import { canCall, requiredScope, type Principal } from "../scopes.js";
 import { suspendedError } from "../suspensions.js";
 import { deviceKind } from "../../lib/device.js";
 import { checkApproval } from "./approval_flow.js";
+import type { Reservation } from "./budget_lines.js";
 import type { GateContext } from "./context.js";
 import { InputRequired, traceIds, type GateCall } from "./types.js";
 
@@ -34,14 +35,14 @@ export interface Admission {
   approvalId?: string;
   /** The question the call answers with instead of running (set by the approval step). */
   asked?: InputRequired;
-  /** Gives back the estimate held against the budget. */
-  reservation?: () => void;
+  /** The estimate held against the budget (given back, or settled with the call's charge). */
+  reservation?: Reservation;
   /** Gives back the concurrency slot. */
   release?: Release;
 }
 
 /** A call that passed every step: it holds its reservation and its slot. */
-export type Admitted = Admission & { reservation: () => void; release: Release };
+export type Admitted = Admission & { reservation: Reservation; release: Release };
 
 export interface AdmissionStep {
   readonly name: string;
@@ -67,14 +68,14 @@ export function scopeRefusal(
 }
 
 /** principal_suspended when an alert rule suspended the principal (policies/suspensions.ts). */
-export function checkSuspended(ctx: GateContext, principal: Principal): void {
-  const s = ctx.deps.suspensions?.active(principal.id, ctx.clock());
+export async function checkSuspended(ctx: GateContext, principal: Principal): Promise<void> {
+  const s = await ctx.deps.suspensions?.active(principal.id, ctx.clock());
   if (s) throw suspendedError(s);
 }
 
 /** Takes one call from the principal's rate; throws rate_limited when it is over. */
-export function takeRate(ctx: GateContext, principal: Principal): void {
-  const d = ctx.deps.rateLimiter.take(principal.id);
+export async function takeRate(ctx: GateContext, principal: Principal): Promise<void> {
+  const d = await ctx.deps.rateLimiter.take(principal.id);
   if (!d.ok) {
     throw new PolicyError(
       "rate_limited",
@@ -164,12 +165,11 @@ export const ADMISSION_STEPS: readonly AdmissionStep[] = [
     mark: "g.approval",
   },
   {
-    // Check and reserve in one synchronous step: calls queued behind each other cannot all
-    // pass a check made before any of them was charged.
+    // Check and reserve in one step of the ledger (its admit): calls queued behind each other
+    // cannot all pass a check made before any of them was charged.
     name: "reserve",
-    run: (ctx, a) => {
-      ctx.lines.check(a.call.principal, a.call.tool, a.estimate);
-      a.reservation = ctx.lines.reserve(a.call.principal.id, a.call.tool, a.estimate);
+    run: async (ctx, a) => {
+      a.reservation = await ctx.lines.admit(a.call.principal, a.call.tool, a.estimate);
     },
     mark: "g.budget",
   },
@@ -184,9 +184,9 @@ export const ADMISSION_STEPS: readonly AdmissionStep[] = [
   {
     // Used up only by a call that holds its slot and will run.
     name: "consume",
-    run: (ctx, a) => {
+    run: async (ctx, a) => {
       if (a.approvalId)
-        ctx.deps.approvals.consume(a.approvalId, a.call.principal.id, a.call.tool, a.digest);
+        await ctx.deps.approvals.consume(a.approvalId, a.call.principal.id, a.call.tool, a.digest);
     },
   },
 ];
@@ -234,7 +234,7 @@ export async function admit(
     }
   } catch (caught) {
     a.release?.();
-    a.reservation?.();
+    giveBack(ctx, a.reservation);
     // The caller's cancel that reached a step as its own abort (the estimator's worker call, a
     // queue) is the caller's cancel, audited as such, not an unrecorded failure.
     const e =
@@ -263,7 +263,7 @@ export async function admit(
   }
   if (a.asked) {
     a.release?.();
-    a.reservation?.();
+    giveBack(ctx, a.reservation);
     ctx.auditRefusal({
       principal: call.principal.id,
       tool: call.tool,
@@ -279,4 +279,13 @@ export async function admit(
     return a.asked;
   }
   return a as Admitted;
+}
+
+/** Gives a refused call's reservation back; a failure to is logged (the hold then expires). */
+function giveBack(ctx: GateContext, reservation: Reservation | undefined): void {
+  reservation
+    ?.release()
+    .catch((e) =>
+      ctx.deps.logger.error({ err: String(e) }, "budget: a refused call's hold was not given back"),
+    );
 }

@@ -51,14 +51,23 @@ export async function supervise<T>(
   const endBudget = (atMs: number) => {
     if (budgetEnded) return;
     budgetEnded = true;
-    a.reservation();
     meter?.end();
-    if (estimate) {
-      ctx.lines.charge(principal.id, tool, Math.max(0, atMs - started) / 1000, estimate);
-      ctx.deps.observer?.charged(principal.id);
-    }
-    // Right after the charge, in one transaction with it: charged, or left for the restart.
-    if (flight) ctx.deps.calls?.end(flight.id);
+    const seconds = Math.max(0, atMs - started) / 1000;
+    void (async () => {
+      // The hold becomes the measured charge (a call without an estimate is charged nothing).
+      if (estimate) {
+        await a.reservation.settle(seconds);
+        // Told, never waited for (the alert rules read the budget on their own time).
+        void Promise.resolve(ctx.deps.observer?.charged(principal.id)).catch(() => {});
+      } else await a.reservation.release();
+      // Right after the charge, in one transaction with it: charged, or left for the restart.
+      if (flight) await ctx.deps.calls?.end(flight.id);
+    })().catch((e) =>
+      ctx.deps.logger.error(
+        { err: String(e), tool, principal: principal.id },
+        "budget: the call's charge was not recorded (its calls_in_flight row settles it at the next start)",
+      ),
+    );
   };
   const settle = () => {
     if (settled) return;

@@ -119,8 +119,8 @@ export function traceIds(call: Pick<GateCall, "trace">): { trace_id?: string; sp
 export interface GateObserver {
   /** Every refusal, before repeats are aggregated in the audit trail. */
   refused(principal: string, code: string): void;
-  /** A call's device time was charged to `principal`'s budget. */
-  charged(principal: string): void;
+  /** A call's device time was charged to `principal`'s budget (never awaited). */
+  charged(principal: string): void | Promise<void>;
 }
 
 /** Request-state nonces, consumed once: true the first time one is presented, false on a replay. */

@@ -95,7 +95,11 @@ export interface BudgetLedger {
 /** Charges kept in memory while their rows cannot be written (a full disk), at most. */
 const MAX_PENDING_CHARGES = 100_000;
 
-/** Kept in SQLite so a restart does not hand everyone a fresh budget. */
+/**
+ * Kept in SQLite so a restart does not hand everyone a fresh budget. The holds of admitted calls
+ * are this process's memory (NODE-LOCAL: one server writes the file). Every method answers
+ * inside the call and resolves at once, so `admit`'s check and hold are one synchronous step.
+ */
 export class SqliteBudgetLedger implements BudgetLedger {
   private readonly db: SqliteDb;
   private readonly owned: boolean;
@@ -147,12 +151,69 @@ export class SqliteBudgetLedger implements BudgetLedger {
     return w;
   }
 
-  check(
+  async check(
     principal: string,
     seconds: number,
-    reservedSeconds = 0,
+    extraHeldS = 0,
     limitS = this.limitS,
+  ): Promise<BudgetCheck> {
+    return this.checkNow(principal, seconds, extraHeldS, limitS);
+  }
+
+  /**
+   * Estimated amounts admitted but not yet settled, per line: held at admission, given back when
+   * the call settles with its measured cost, or at once when it is refused or cancelled.
+   */
+  private readonly reserved = new Map<string, number>();
+
+  private adjust(key: string, amount: number): void {
+    const v = (this.reserved.get(key) ?? 0) + amount;
+    if (v <= 1e-9) this.reserved.delete(key);
+    else this.reserved.set(key, v);
+  }
+
+  async admit(lines: BudgetLine[]): Promise<AdmitOutcome> {
+    for (let i = 0; i < lines.length; i++) {
+      const l = lines[i];
+      const check = this.checkNow(l.key, l.need, l.extraHeldS ?? 0, l.limitS ?? this.limitS);
+      if (!check.ok) return { ok: false, index: i, check };
+    }
+    for (const l of lines) this.adjust(l.key, l.need);
+    let held = true;
+    const release = () => {
+      if (!held) return;
+      held = false;
+      for (const l of lines) this.adjust(l.key, -l.need);
+    };
+    return {
+      ok: true,
+      hold: {
+        release: async () => release(),
+        settle: async (charges) => {
+          release();
+          for (const c of charges) this.chargeNow(c.key, c.amount, c.tool);
+        },
+      },
+    };
+  }
+
+  async standing(key: string, limitS = this.limitS): Promise<LineStanding> {
+    const w = this.window(key, this.clock() - this.windowMs);
+    return {
+      charged_s: round3(Math.max(0, w.sum)),
+      reserved_s: this.reserved.get(key) ?? 0,
+      limit_s: limitS,
+      window_s: this.windowMs / 1000,
+    };
+  }
+
+  private checkNow(
+    principal: string,
+    seconds: number,
+    extraHeldS: number,
+    limitS: number,
   ): BudgetCheck {
+    const reservedSeconds = (this.reserved.get(principal) ?? 0) + extraHeldS;
     const now = this.clock();
     const w = this.window(principal, now - this.windowMs);
     const used = Math.max(0, w.sum) + reservedSeconds;
@@ -180,7 +241,11 @@ export class SqliteBudgetLedger implements BudgetLedger {
     return { ok: false, ...base };
   }
 
-  charge(principal: string, seconds: number, tool?: string): void {
+  async charge(principal: string, seconds: number, tool?: string): Promise<void> {
+    this.chargeNow(principal, seconds, tool);
+  }
+
+  private chargeNow(principal: string, seconds: number, tool?: string): void {
     if (!(seconds > 0)) return;
     const now = this.clock();
     const w = this.window(principal, now - this.windowMs);
@@ -202,7 +267,7 @@ export class SqliteBudgetLedger implements BudgetLedger {
     (rows: [string, number, number, string | null][], also: (() => void)[]) => void
   >;
 
-  flush(): void {
+  async flush(): Promise<void> {
     this.flushPending();
   }
 

@@ -28,7 +28,8 @@ export class RateLimiter implements RateLimit {
     this.perMs = perMinute / 60_000;
   }
 
-  take(principal: string, cost = 1): RateDecision {
+  // In memory: answered inside the call, resolved at once.
+  async take(principal: string, cost = 1): Promise<RateDecision> {
     const now = this.clock();
     const b = this.buckets.get(principal) ?? { tokens: this.capacity, at: now };
     b.tokens = Math.min(this.capacity, b.tokens + Math.max(0, now - b.at) * this.perMs);
@@ -43,7 +44,7 @@ export class RateLimiter implements RateLimit {
   }
 
   /** Gives `cost` back (a reservation that turned out not to count), up to the allowance. */
-  refund(principal: string, cost = 1): void {
+  async refund(principal: string, cost = 1): Promise<void> {
     const b = this.buckets.get(principal);
     if (b) b.tokens = Math.min(this.capacity, b.tokens + cost);
   }

@@ -89,6 +89,11 @@ export interface App extends ToolServices {
   onClose(name: string, fn: () => unknown): void;
   /** Runs every close hook; each runs even when one before it failed. */
   close(): Promise<void>;
+  /**
+   * Resolves once the server may accept calls: what a killed server left running is settled
+   * (reconcile.ts). The transports wait for it; it never rejects (a failure is logged).
+   */
+  ready: Promise<void>;
 }
 
 export function createApp(
@@ -166,10 +171,12 @@ export function createApp(
     logger: alertLog,
     suspend: (s) => gate.suspendPrincipal(s),
     audit: (rec) => {
-      try {
-        audit.append({ time: new Date().toISOString(), ...rec });
-      } catch (e) {
+      const lost = (e: unknown) =>
         alertLog.error({ err: String(e), audit: rec }, "audit append failed");
+      try {
+        audit.append({ time: new Date().toISOString(), ...rec }).catch(lost);
+      } catch (e) {
+        lost(e);
       }
     },
     budgetUse: (principal) => policy.budget.check(principal, 0),
@@ -183,7 +190,7 @@ export function createApp(
   alertsRef.current = alerts;
   hooks.add("alerts", () => alerts.close());
   // Before the server accepts a call: the calls a killed server left running are settled.
-  reconcileAtStart(gate, policy.calls, logger);
+  const ready = reconcileAtStart(gate, policy.calls, logger);
   if (config.policy.approvals.rules.length === 0)
     logger.warn(
       'approvals are OFF: the config gives "policy": {"approvals": {"rules": []}}, so every call (benchmarks, large loads) runs without asking a human. Remove that line to get the default rules back (docs/policies-and-approvals.md).',
@@ -198,9 +205,9 @@ export function createApp(
   const storage: Storage = {
     ...policy,
     ...served,
-    close() {
+    async close() {
       served.close();
-      policy.close();
+      await policy.close();
     },
   };
 
@@ -220,31 +227,35 @@ export function createApp(
           rtLog.warn(r, "remote worker refused or unreachable");
           // Refusals that say something about trust (certificate, token) go to the audit trail.
           if (r.reason === "tls" || r.reason === "unauthorized")
-            audit.append({
-              time: new Date().toISOString(),
-              principal: "control-plane",
-              tool: "worker.connect",
-              args_digest: null,
-              args: { worker: r.worker, address: r.address },
-              outcome: "denied",
-              code: r.reason === "tls" ? "worker_tls_refused" : "worker_token_refused",
-              reason: r.message,
-            });
+            void audit
+              .append({
+                time: new Date().toISOString(),
+                principal: "control-plane",
+                tool: "worker.connect",
+                args_digest: null,
+                args: { worker: r.worker, address: r.address },
+                outcome: "denied",
+                code: r.reason === "tls" ? "worker_tls_refused" : "worker_token_refused",
+                reason: r.message,
+              })
+              .catch((e) => rtLog.error({ err: String(e) }, "audit append failed"));
         },
         onRestore(r) {
           // The control plane's own load of a replaced Ray actor's model: audited as its action,
           // and a model it could not load again is a notice in every session.
-          audit.append({
-            time: new Date().toISOString(),
-            principal: "control-plane",
-            tool: "load_model",
-            args_digest: null,
-            args: { ...r.args, model: r.model, device: r.worker, reason: "worker replaced" },
-            outcome: r.outcome === "restored" ? "executed" : "failed",
-            worker: r.worker,
-            ...(r.code ? { code: r.code } : {}),
-            ...(r.message ? { reason: r.message } : {}),
-          });
+          void audit
+            .append({
+              time: new Date().toISOString(),
+              principal: "control-plane",
+              tool: "load_model",
+              args_digest: null,
+              args: { ...r.args, model: r.model, device: r.worker, reason: "worker replaced" },
+              outcome: r.outcome === "restored" ? "executed" : "failed",
+              worker: r.worker,
+              ...(r.code ? { code: r.code } : {}),
+              ...(r.message ? { reason: r.message } : {}),
+            })
+            .catch((e) => rtLog.error({ err: String(e) }, "audit append failed"));
           if (r.outcome !== "restored")
             notices.emit("notice", "warning", {
               message: `${r.model} was lost on ${r.worker} (its worker was replaced) and not loaded again: ${r.message}; load it again (load_model)`,
@@ -388,6 +399,7 @@ export function createApp(
     reload: (by) => reloader.reload(by),
     onClose: (name, fn) => hooks.add(name, fn),
     close: () => hooks.run(),
+    ready,
   };
   return app;
 }
@@ -403,9 +415,9 @@ export { publicConsoleUrl } from "./build_policies.js";
  * Settles what a server killed mid-call left (policies/gate/reconcile.ts). A write that fails
  * (a full disk) is logged and leaves the rows for the next start; the server still starts.
  */
-function reconcileAtStart(gate: Gate, calls: LeftBehind, logger: Logger): void {
+async function reconcileAtStart(gate: Gate, calls: LeftBehind, logger: Logger): Promise<void> {
   try {
-    const settled = gate.reconcileInterrupted(calls);
+    const settled = await gate.reconcileInterrupted(calls);
     if (settled.length > 0)
       logger.warn(
         {
@@ -470,12 +482,11 @@ function startAuditSink(
             ? { secret: readWebhookSecret(config, c.secret_file, "policy.audit.sink") }
             : {}),
         });
-  const head = audit.exportHead();
   return new AuditSink({
     target,
     logger: logger.child({ component: "audit-sink" }),
     maxQueue: c.max_queue,
-    start: { seq: head.seq, export_hash: head.export_hash },
+    start: audit.exportHead().then((head) => ({ seq: head.seq, export_hash: head.export_hash })),
     readRange: (from, to) => audit.readRange(from, to),
     ...(c.kind === "http"
       ? { batch: c.batch, retryBaseMs: c.retry_base_ms, maxBackoffMs: c.max_backoff_s * 1000 }

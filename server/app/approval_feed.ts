@@ -26,12 +26,14 @@ export class ApprovalFeed {
   private timer: ReturnType<typeof setInterval> | undefined;
   private mark = "";
   private nextExpiry = Infinity;
+  /** The read in progress (the first snapshot, or a poll): polls never overlap. */
+  private polling: Promise<void> | null;
 
   constructor(
     private readonly store: ApprovalQueue,
     private readonly opts: { pollMs?: number; onError?: (e: unknown) => void } = {},
   ) {
-    this.snapshot(false);
+    this.polling = this.snapshot(false).catch((e) => this.opts.onError?.(e));
     this.unsubscribe = store.subscribe((e) => this.observe(e.record));
   }
 
@@ -39,7 +41,7 @@ export class ApprovalFeed {
   on(fn: FeedListener): () => void {
     this.listeners.add(fn);
     if (!this.timer) {
-      this.timer = setInterval(() => this.poll(), this.opts.pollMs ?? 1000);
+      this.timer = setInterval(() => void this.poll(), this.opts.pollMs ?? 1000);
       this.timer.unref();
     }
     return () => {
@@ -59,24 +61,32 @@ export class ApprovalFeed {
   }
 
   /** Re-reads the store when something changed or an open approval's expiry passed. */
-  poll(): void {
-    try {
-      const mark = this.store.changeMark();
-      if (mark === this.mark && Date.now() < this.nextExpiry) return;
-      this.snapshot(true);
-    } catch (e) {
-      this.opts.onError?.(e);
-    }
+  poll(): Promise<void> {
+    if (this.polling) return this.polling;
+    const done = (async () => {
+      try {
+        const mark = this.store.changeMark();
+        if (mark === this.mark && Date.now() < this.nextExpiry) return;
+        await this.snapshot(true);
+      } catch (e) {
+        this.opts.onError?.(e);
+      }
+    })();
+    this.polling = done;
+    void done.then(() => {
+      if (this.polling === done) this.polling = null;
+    });
+    return done;
   }
 
-  private snapshot(announce: boolean): void {
+  private async snapshot(announce: boolean): Promise<void> {
     this.mark = this.store.changeMark();
     let next = Infinity;
     // Every pending one (they come first), then recent history; oldest first, so a burst is
     // announced in the order it happened.
-    const recent = this.store
-      .list({ limit: 500 })
-      .sort((a, b) => Date.parse(a.created_at) - Date.parse(b.created_at));
+    const recent = (await this.store.list({ limit: 500 })).sort(
+      (a, b) => Date.parse(a.created_at) - Date.parse(b.created_at),
+    );
     for (const r of recent) {
       if (announce) this.observe(r);
       else this.seen.set(r.id, r.status);

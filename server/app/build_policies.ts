@@ -58,6 +58,7 @@ export function createPolicyServices(
     budget: stores.budget,
     calls: stores.calls,
     suspensions: stores.suspensions,
+    ...(stores.consumedStates ? { consumedStates: stores.consumedStates } : {}),
     observer: opts.observer,
     logger: logger.child({ component: "gate" }),
     // Sealed with the audit key: every replica holding the key opens what another sealed.

@@ -14,6 +14,7 @@ import { SqliteAuditLog, type AuditTrail } from "../../policies/audit.js";
 import { loadOrCreateAuditKey, type AuditKey } from "../../policies/audit_key.js";
 import { SqliteCallsInFlight, type CallsInFlight } from "../../policies/calls_in_flight.js";
 import type { LeftBehind } from "../../policies/gate/reconcile.js";
+import type { ConsumedStates } from "../../policies/gate/types.js";
 import { SqliteBudgetLedger, type BudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter, type RateLimit } from "../../policies/limits/rate.js";
@@ -62,6 +63,11 @@ export interface PolicyStores {
    * (SQLite: every row is this data directory's one server's).
    */
   calls: CallsInFlight & LeftBehind;
+  /**
+   * SHARED: request-state nonces consumed once on every replica. Absent with SQLite (one
+   * process: an in-band answer's single use is its approval's decide-once).
+   */
+  consumedStates?: ConsumedStates;
   /** SHARED: operators' passkeys and their signature counters. */
   passkeys: Passkeys;
   /** SHARED: principals an alert rule suspended (the gate refuses them; the CLI resumes them). */
@@ -79,7 +85,7 @@ export interface PolicyStores {
    * the devices it reaches.
    */
   limiter: ConcurrencyLimiter;
-  close(): void;
+  close(): void | Promise<void>;
 }
 
 /** The server's stores: the policy stores and those only a running server opens. */
@@ -319,7 +325,7 @@ export function readAuditTrail(
 }
 
 /** The suspensions in force, read-only (`principals list|suspended`); none without a store. */
-export function readSuspensions(config: ServerConfig, nowMs: number): Suspension[] {
+export async function readSuspensions(config: ServerConfig, nowMs: number): Promise<Suspension[]> {
   const db = openStoreDbReadOnly(dataDir(config).policyDb);
   if (!db) return [];
   try {
@@ -328,7 +334,7 @@ export function readSuspensions(config: ServerConfig, nowMs: number): Suspension
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'principal_suspensions'",
       )
       .get();
-    return table ? new SqliteSuspensionStore(db).list(nowMs) : [];
+    return table ? await new SqliteSuspensionStore(db).list(nowMs) : [];
   } finally {
     db.close();
   }

@@ -76,18 +76,18 @@ export async function runApprovalsCommand(
 }
 
 /** `approvals list | show ID`: read-only; never makes the store or the audit key. */
-function showApprovals(
+async function showApprovals(
   config: ServerConfig,
   sub: "list" | "show",
   id: string | undefined,
   io: Io,
   paging: ListPaging,
-): number {
+): Promise<number> {
   const store = readApprovals(config, io.err);
   const { approvals } = store;
   try {
     if (sub === "list") {
-      const page = approvals.page({ ...paging, limit: paging.limit ?? 100 });
+      const page = await approvals.page({ ...paging, limit: paging.limit ?? 100 });
       // JSON is an array of this page's approvals (the page's cursor is not in it).
       if (io.json) {
         io.out(JSON.stringify(page.items, null, 2));
@@ -113,7 +113,7 @@ function showApprovals(
         );
       return 0;
     }
-    const a = approvals.get(id!);
+    const a = await approvals.get(id!);
     if (!a) {
       io.err(`no approval ${id}`);
       return 1;
@@ -140,7 +140,7 @@ async function decide(
   if (typeof approver === "number") return approver;
   const policy = createPolicyServices(config, io.logger);
   try {
-    const rec = policy.gate.decideApproval(id, approver, sub, io.reason);
+    const rec = await policy.gate.decideApproval(id, approver, sub, io.reason);
     io.out(
       io.json
         ? JSON.stringify(rec, null, 2)
@@ -152,7 +152,7 @@ async function decide(
     io.err(`${err.code ?? "error"}: ${err.message}`);
     return 1;
   } finally {
-    policy.close();
+    await policy.close();
   }
 }
 
@@ -180,7 +180,7 @@ export async function runAuditCommand(
   try {
     const [sub] = positionals;
     if (sub === "tail") {
-      const recs = audit.tail(Number.isInteger(io.n) && io.n > 0 ? io.n : 20);
+      const recs = await audit.tail(Number.isInteger(io.n) && io.n > 0 ? io.n : 20);
       if (io.json) io.out(JSON.stringify(recs, null, 2));
       else
         for (const r of recs) {
@@ -196,7 +196,9 @@ export async function runAuditCommand(
     if (sub === "head") {
       // One JSON line, to keep somewhere the database's writers cannot reach.
       // export_hash: the keyless chain's head, what a receiver of `audit export` checks against.
-      io.out(JSON.stringify({ ...audit.exportHead(), exported_at: new Date().toISOString() }));
+      io.out(
+        JSON.stringify({ ...(await audit.exportHead()), exported_at: new Date().toISOString() }),
+      );
       return 0;
     }
     if (sub === "export") return exportCommand(audit, io);
@@ -210,10 +212,12 @@ export async function runAuditCommand(
           return 2;
         }
       }
-      const v = audit.verify({ head });
+      const v = await audit.verify({ head });
       // Then every passkey-signed decision, against the enrolled public keys (collected first:
       // the credential reads share the connection the records would be streamed on).
-      const signed = await verifySignedDecisions([...audit.signedDecisions()], store.passkeys);
+      const decisions = [];
+      for await (const d of audit.signedDecisions()) decisions.push(d);
+      const signed = await verifySignedDecisions(decisions, store.passkeys);
       if (io.json) io.out(JSON.stringify({ ...v, signed_decisions: signed }, null, 2));
       else {
         io.out(
@@ -244,10 +248,10 @@ export async function runAuditCommand(
 }
 
 /** `audit export`: to --out FILE (written in 1 MiB chunks) or stdout; the head on stderr. */
-function exportCommand(
+async function exportCommand(
   audit: AuditTrail,
   io: Io & { since?: string; format?: string; outFile?: string },
-): number {
+): Promise<number> {
   const format = (io.format ?? "jsonl") as ExportFormat;
   if (format !== "jsonl" && format !== "ocsf") {
     io.err(`--format ${io.format}: use jsonl or ocsf`);
@@ -274,7 +278,7 @@ function exportCommand(
     size = 0;
   };
   try {
-    const s = audit.export({ since, format }, (line) => {
+    const s = await audit.export({ since, format }, (line) => {
       pending.push(line);
       size += line.length;
       if (size >= 1 << 20) flush();

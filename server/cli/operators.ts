@@ -58,7 +58,7 @@ export async function runOperatorsCommand(
     try {
       if (sub === "remove") {
         const n = policy.passkeys.removeOperator(name);
-        audit(`${n} passkey(s) of ${name} removed from the command line`);
+        await audit(`${n} passkey(s) of ${name} removed from the command line`);
         io.out(n ? `removed ${n} passkey(s) of ${name}` : `${name} has no passkey`);
         return 0;
       }
@@ -67,7 +67,7 @@ export async function runOperatorsCommand(
         config.policy.passkeys.enrolment_code_ttl_s,
       );
       const others = policy.passkeys.activeCount();
-      audit(`enrolment code for ${name} printed (expires ${expires_at})`);
+      await audit(`enrolment code for ${name} printed (expires ${expires_at})`);
       if (io.json) {
         io.out(JSON.stringify({ operator: name, code, expires_at, needs_approval: others > 0 }));
         return 0;
@@ -90,7 +90,7 @@ export async function runOperatorsCommand(
       io.err(`${e.code}: ${e.message}`);
       return 1;
     } finally {
-      policy.close();
+      await policy.close();
     }
   }
   io.err(USAGE);

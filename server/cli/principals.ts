@@ -37,8 +37,8 @@ export async function runPrincipalsCommand(
   return 2;
 }
 
-function show(config: ServerConfig, sub: "list" | "suspended", io: Io): number {
-  const suspended = readSuspensions(config, Date.now());
+async function show(config: ServerConfig, sub: "list" | "suspended", io: Io): Promise<number> {
+  const suspended = await readSuspensions(config, Date.now());
   if (sub === "suspended") {
     if (io.json) io.out(JSON.stringify(suspended, null, 2));
     else
@@ -86,7 +86,7 @@ async function resume(config: ServerConfig, id: string, io: Io): Promise<number>
   }
   const policy = createPolicyServices(config, io.logger);
   try {
-    const was = policy.gate.resumePrincipal(id, operator);
+    const was = await policy.gate.resumePrincipal(id, operator);
     if (!was) {
       io.err(`${id} is not suspended`);
       return 1;
@@ -98,6 +98,6 @@ async function resume(config: ServerConfig, id: string, io: Io): Promise<number>
     );
     return 0;
   } finally {
-    policy.close();
+    await policy.close();
   }
 }

@@ -82,10 +82,10 @@ export async function runWorkersCommand(
   );
   if (typeof principal === "number") return principal;
   const admin = principal.scopes.includes("admin");
-  const record = (outcome: AuditRecord["outcome"], extra: Partial<AuditRecord> = {}) => {
+  const record = async (outcome: AuditRecord["outcome"], extra: Partial<AuditRecord> = {}) => {
     const policy = createPolicyServices(config, io.logger);
     try {
-      policy.audit.append({
+      await policy.audit.append({
         time: new Date().toISOString(),
         principal: principal.id,
         tool: `workers.${sub}`,
@@ -95,11 +95,11 @@ export async function runWorkersCommand(
         ...extra,
       });
     } finally {
-      policy.close();
+      await policy.close();
     }
   };
   if (!admin) {
-    record("denied", {
+    await record("denied", {
       code: "insufficient_scope",
       reason: `workers ${sub} needs the admin scope`,
     });
@@ -109,14 +109,17 @@ export async function runWorkersCommand(
   if (scaleTo !== undefined) {
     // Audited like a gated call: `allowed` before (so a CLI killed while waiting still leaves a
     // trace), then what the fleet made of it: `executed`, or `failed` with its refusal.
-    record("allowed");
+    await record("allowed");
     const r = await scaleAndWait(config, scaleTo, principal.id, io);
-    if (r.refused) record("failed", { code: r.refused.code, reason: r.refused.reason });
+    if (r.refused) await record("failed", { code: r.refused.code, reason: r.refused.reason });
     else if (r.exit !== 2)
-      record("executed", r.gaveUp ? { reason: `target recorded, not reached: ${r.gaveUp}` } : {});
+      await record(
+        "executed",
+        r.gaveUp ? { reason: `target recorded, not reached: ${r.gaveUp}` } : {},
+      );
     return r.exit;
   }
-  record("executed");
+  await record("executed");
   if (reload) return await requestReload(config, principal.id, io);
   const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {

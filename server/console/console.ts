@@ -337,7 +337,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
   async function approvals(res: ServerResponse, s: ConsoleSession, q: URLSearchParams) {
     const limit = Math.min(Math.max(Math.floor(Number(q.get("limit"))) || 100, 1), 500);
     const offset = Math.max(Math.floor(Number(q.get("offset"))) || 0, 0);
-    const page = app.approvals.page({ limit, offset });
+    const page = await app.approvals.page({ limit, offset });
     send(res, 200, {
       now: new Date().toISOString(),
       pending: page.items
@@ -369,7 +369,13 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     // With {nonce, response}: a passkey assertion, verified against the approval as stored.
     const evidence = await passkeys.decisionEvidence(req, s, id, decision, body);
     try {
-      const rec = app.gate.decideApproval(id, s.principal, decision, reason, evidence ?? undefined);
+      const rec = await app.gate.decideApproval(
+        id,
+        s.principal,
+        decision,
+        reason,
+        evidence ?? undefined,
+      );
       send(res, 200, approvalView(rec, s.principal));
     } catch (e) {
       if (isPolicyError(e))
@@ -414,9 +420,9 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     res.on("close", stop);
   }
 
-  function audit(res: ServerResponse, q: URLSearchParams) {
+  async function audit(res: ServerResponse, q: URLSearchParams) {
     const limit = Math.min(Math.max(Number(q.get("limit")) || 200, 1), 1000);
-    const { records, scanned } = app.audit.search({
+    const { records, scanned } = await app.audit.search({
       window: 5000,
       limit,
       principal: q.get("principal")?.trim() || undefined,
@@ -426,7 +432,8 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     // Never a verification pass here: the page shows how far the background task has got, and
     // asks it to catch up with the records appended since.
     verifier.kick();
-    send(res, 200, { records, scanned, verify: verifier.status() });
+    const verify = await verifier.status();
+    send(res, 200, { records, scanned, verify });
   }
 
   /**
@@ -481,8 +488,9 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
   }
 
   /** The alerts that fired (newest first) and the principals suspended now. */
-  function alerts(res: ServerResponse) {
-    send(res, 200, { alerts: app.alerts.recent(200), suspended: app.gate.suspended() });
+  async function alerts(res: ServerResponse) {
+    const suspended = await app.gate.suspended();
+    send(res, 200, { alerts: app.alerts.recent(200), suspended });
   }
 
   async function cancelJob(
@@ -505,14 +513,14 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
         ...(code ? { code } : {}),
       });
     if (!s.principal.scopes.includes("admin")) {
-      record("denied", `cancelling ${id} needs the admin scope`, "insufficient_scope");
+      await record("denied", `cancelling ${id} needs the admin scope`, "insufficient_scope");
       throw new HttpError(403, "cancelling jobs needs the admin scope", {
         code: "insufficient_scope",
       });
     }
     const job = app.jobs.cancelAny(id);
     if (!job) throw new HttpError(404, `no job ${id}`, { code: "job_not_found" });
-    record("executed", `cancelled ${job.principal}'s job ${id}`);
+    await record("executed", `cancelled ${job.principal}'s job ${id}`);
     log.info({ principal: s.principal.id, job_id: id }, "job cancelled from the console");
     send(res, 200, { job });
   }

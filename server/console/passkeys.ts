@@ -127,7 +127,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
   }
 
   function audit(principal: string, outcome: "allowed" | "denied", reason: string) {
-    app.audit.append({
+    return app.audit.append({
       time: new Date().toISOString(),
       principal,
       tool: "passkeys",
@@ -173,7 +173,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
             code: c,
           },
         );
-        audit(
+        await audit(
           cred.operator,
           "allowed",
           cred.status === "active"
@@ -217,7 +217,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
         const cred = await ceremonies.register(me.id, site(req), body?.nonce, body?.response, {
           operator: me.principal.id,
         });
-        audit(me.principal.id, "allowed", `passkey ${cred.id} added; waits for an approval`);
+        await audit(me.principal.id, "allowed", `passkey ${cred.id} added; waits for an approval`);
         d.send(res, 200, { passkey: credentialView(cred) });
         return true;
       }
@@ -241,7 +241,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
           body?.response,
           pending,
         );
-        audit(
+        await audit(
           approver.operator,
           "allowed",
           `passkey ${credential.id} of ${credential.operator} approved with passkey ${approver.credential.id}`,
@@ -251,7 +251,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
       }
       const a = /^approvals\/(apr_[0-9a-f]{32})\/(approve|deny)\/options$/.exec(api);
       if (a) {
-        const rec = app.approvals.get(a[1]);
+        const rec = await app.approvals.get(a[1]);
         if (!rec) throw new HttpError(404, `no approval ${a[1]}`, { code: "approval_not_found" });
         d.send(
           res,
@@ -274,7 +274,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
             { code: "rate_limited", headers: { "retry-after": String(wait.retryAfterS) } },
           );
         }
-      } else audit(s.principal.id, "denied", `passkey ${api}: ${e.message}`);
+      } else await audit(s.principal.id, "denied", `passkey ${api}: ${e.message}`);
       asHttp(e, log, `passkey ${api}`);
     }
     return false;
@@ -289,7 +289,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
     body: any,
   ): Promise<DecisionEvidence | null> {
     if (body?.response === undefined) return null;
-    const rec = app.approvals.get(id);
+    const rec = await app.approvals.get(id);
     if (!rec) throw new HttpError(404, `no approval ${id}`, { code: "approval_not_found" });
     try {
       return await ceremonies.verifyDecision(
@@ -302,7 +302,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
       );
     } catch (e) {
       if (isPolicyError(e))
-        app.audit.append({
+        await app.audit.append({
           time: new Date().toISOString(),
           principal: s.principal.id,
           tool: rec.tool,

@@ -162,6 +162,8 @@ export function contradiction(
 }
 
 export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHttp> {
+  // Not before what a killed server left running is settled (reconcile.ts).
+  await app.ready;
   const cfg = app.config.http;
   const log = app.logger.child({ component: "http" });
   if (opts.noAuth && !isLoopbackHost(opts.host)) {
@@ -263,16 +265,18 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   }
 
   function appendAuthRecord(r: AuthLimitReport, from: string) {
-    app.audit.append({
-      time: new Date().toISOString(),
-      principal: "unauthenticated",
-      tool: "authenticate",
-      args_digest: null,
-      args: { address: r.address, addresses: r.addresses, surfaces: r.surfaces },
-      outcome: "denied",
-      code: r.refused > 0 ? "rate_limited" : "invalid_token",
-      reason: `${r.failed} failed authentication(s) and ${r.refused} refused (throttled) from ${from} on ${r.surfaces.join(", ")}`,
-    });
+    void app.audit
+      .append({
+        time: new Date().toISOString(),
+        principal: "unauthenticated",
+        tool: "authenticate",
+        args_digest: null,
+        args: { address: r.address, addresses: r.addresses, surfaces: r.surfaces },
+        outcome: "denied",
+        code: r.refused > 0 ? "rate_limited" : "invalid_token",
+        reason: `${r.failed} failed authentication(s) and ${r.refused} refused (throttled) from ${from} on ${r.surfaces.join(", ")}`,
+      })
+      .catch((e) => log.error({ err: String(e) }, "could not audit failed authentications"));
   }
 
   async function authenticate(req: IncomingMessage, surface: string): Promise<Principal> {
@@ -324,7 +328,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   }
 
   /** Over HTTP a tool the principal may not call is an HTTP 403 challenge naming the scope. */
-  function checkScopes(principal: Principal, body: unknown) {
+  async function checkScopes(principal: Principal, body: unknown) {
     const msgs = Array.isArray(body) ? body : [body];
     for (const msg of msgs) {
       if (msg && typeof msg === "object" && (msg as any).method === "tools/call") {
@@ -333,7 +337,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         if (!tool || canCall(principal, tool.policy)) continue;
         try {
           // Refused before dispatch: the gate's scope step records the one refusal.
-          app.gate.enforceScope(principal, name, "HTTP 403");
+          await app.gate.enforceScope(principal, name, "HTTP 403");
         } catch {
           const scope = requiredScope(tool.policy);
           throw new HttpError(403, `insufficient_scope: ${name} needs the scope ${scope}`, {
@@ -398,10 +402,10 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   }
 
   /** `initialize` is rate-limited per principal and per client address. */
-  function limitInitialize(principal: Principal, req: IncomingMessage) {
-    const byPrincipal = initPerPrincipal.take(principal.id);
+  async function limitInitialize(principal: Principal, req: IncomingMessage) {
+    const byPrincipal = await initPerPrincipal.take(principal.id);
     const byAddress = byPrincipal.ok
-      ? initPerAddress.take(req.socket.remoteAddress ?? "unknown")
+      ? await initPerAddress.take(req.socket.remoteAddress ?? "unknown")
       : byPrincipal;
     if (!byAddress.ok) {
       const after = Math.max(1, Math.ceil(byAddress.retry_after_ms / 1000));
@@ -450,7 +454,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       } catch {
         return jsonRpcError(res, 400, -32700, "Parse error: the body is not valid JSON");
       }
-      checkScopes(principal, body);
+      await checkScopes(principal, body);
     }
     const bad = req.method === "POST" ? contradiction(req.headers, body) : undefined;
     if (bad) {
@@ -509,7 +513,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
         "Bad Request: no valid session id; start with an initialize request",
       );
     }
-    limitInitialize(principal, req);
+    await limitInitialize(principal, req);
     admitSession(principal);
     // The session is registered before the first await, so concurrent initializes see each other.
     const id = randomUUID();

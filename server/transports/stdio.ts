@@ -8,6 +8,8 @@ import { createMcpServer } from "../mcp/server.js";
 import { AnsweringStdioServerTransport } from "./stdio_transport.js";
 
 export async function startStdio(app: App): Promise<{ closed: Promise<void> }> {
+  // Not before what a killed server left running is settled (reconcile.ts).
+  await app.ready;
   const p = app.config.policy.stdio_principal;
   const principal: Principal = { id: p.id, scopes: p.scopes as any, via: "stdio" };
   const transport = new AnsweringStdioServerTransport(undefined, undefined, undefined, {

@@ -96,7 +96,7 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
     } catch (e) {
       const err = toToolError(e);
       // Refusals of bad input are audited (digest only) and count against the rate limit.
-      gate.refuse(principal, tool.name, input.rawArgs ?? {}, err.code, err.message, trace);
+      await gate.refuse(principal, tool.name, input.rawArgs ?? {}, err.code, err.message, trace);
       throw err;
     }
     trace?.mark("d.parsed");
