@@ -63,6 +63,8 @@ interface LineKey {
 /** A call being metered (BudgetLines.meter); `end` stops the metering, once. */
 export interface Metered {
   end(): void;
+  /** Resolves once the meter first looked at the call's lines (a call due at once is stopped). */
+  readonly armed: Promise<void>;
 }
 
 /** What an admitted call holds on its lines until it ends (BudgetLines.admit). */
@@ -319,9 +321,10 @@ export class BudgetLines {
       if (!line) this.running.set(key, (line = { limit, runs: new Set() }));
       line.runs.add(run);
     }
-    this.rearm(run.keys);
+    const armed = this.rearm(run.keys);
     let ended = false;
     return {
+      armed,
       end: () => {
         if (ended) return;
         ended = true;
@@ -365,8 +368,8 @@ export class BudgetLines {
   }
 
   /** Something changed on these lines: looks again at when their next call must stop. */
-  private rearm(keys: readonly { key: string }[]): void {
-    for (const { key } of keys) this.arm(key);
+  private rearm(keys: readonly { key: string }[]): Promise<void> {
+    return Promise.all(keys.map(({ key }) => this.arm(key))).then(() => {});
   }
 
   /**
@@ -374,9 +377,9 @@ export class BudgetLines {
    * standing). `firedDue`: the timer due then fired, so that time has come whatever the
    * (injected) clock says, unless a later look moved the timer.
    */
-  private arm(key: string, firedDue?: number): void {
+  private arm(key: string, firedDue?: number): Promise<void> {
     const line = this.running.get(key);
-    if (!line) return;
+    if (!line) return Promise.resolve();
     const look = (line.arming ?? Promise.resolve())
       .then(() => this.look(key, line, firedDue))
       .catch(() => {
@@ -389,6 +392,7 @@ export class BudgetLines {
     void look.then(() => {
       if (line.arming === look) line.arming = undefined;
     });
+    return look;
   }
 
   /**

@@ -203,6 +203,8 @@ export async function supervise<T>(
   meter = ctx.lines.meter(principal.id, tool, estimate, (cap) =>
     stopCall(budgetStop(tool, principal.id, estimate, cap), started + cap.usedS * 1000),
   );
+  // A call whose line has nothing left is stopped before its work starts.
+  await meter?.armed;
   // One deadline per call: the runtime waits for the work until the gate would give up on it.
   const deadline: CallDeadline = {
     at: started + toolMs,

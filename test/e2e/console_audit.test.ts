@@ -112,8 +112,10 @@ describe("console audit page over a large trail", () => {
     db.close();
     // Counted from now, in the same turn as the rows were written: no verifier walk of them
     // (whoever started its pass) is missed.
-    const walk = app.audit.walk.bind(app.audit);
-    vi.spyOn(app.audit, "walk").mockImplementation((cur: VerifyCursor, max: number) => {
+    // The SQLite trail's walk, which its verification step runs.
+    const trail = app.audit as SqliteAuditLog;
+    const walk = trail.walk.bind(trail);
+    vi.spyOn(trail, "walk").mockImplementation((cur: VerifyCursor, max: number) => {
       const before = cur.checked;
       const out = walk(cur, max);
       walks.record(cur.checked - before);

@@ -505,9 +505,9 @@ describe("raw JSON-RPC garbage on stdio", () => {
         for (const id of [2, 4, 8, 9, 12, 14]) {
           expect(answered.has(id), `id ${id} answered`).toBe(true);
         }
-        expect(answered.get(4).error.code).toBe(-32600);
-        expect(answered.get(8).error.code).toBe(-32600); // batches are not part of MCP
-        expect(answered.get(12).result).toEqual({}); // a BOM before a ping is tolerated
+        expect((await answered.get(4)).error.code).toBe(-32600);
+        expect((await answered.get(8)).error.code).toBe(-32600); // batches are not part of MCP
+        expect((await answered.get(12)).result).toEqual({}); // a BOM before a ping is tolerated
         const nullIdCodes = lines()
           .map((l) => JSON.parse(l))
           .filter((m) => m.id === null)
@@ -797,13 +797,11 @@ describe("model output that contains instructions", () => {
         // Nothing happened beyond the inference: tiny-gpt2 is the only model, no job, no approval.
         expect(app.runtime.loadedModels().map((m) => m.model)).toEqual(["tiny-gpt2"]);
         expect(jobRows(join(dir, "data"))).toEqual([]);
-        expect(app.approvals.list()).toEqual([]);
+        expect(await app.approvals.list()).toEqual([]);
         expect(
-          app.audit
-            .tail(100)
-            .filter(
-              (a) => a.tool === "load_model" && String(JSON.stringify(a.args)).includes("minilm"),
-            ),
+          (await app.audit.tail(100)).filter(
+            (a) => a.tool === "load_model" && String(JSON.stringify(a.args)).includes("minilm"),
+          ),
         ).toEqual([]);
       } finally {
         await client.close();
@@ -831,7 +829,11 @@ describe("texts that are not valid Unicode, and tensor batches out of range", ()
           // FUZZ_POLICY wants an approval for every load: grant it as an operator would.
           const id = errorOf(r)?.details?.approval_id;
           if (id) {
-            h.app.gate.decideApproval(id, { id: "op", scopes: ["admin"], via: "token" }, "approve");
+            await h.app.gate.decideApproval(
+              id,
+              { id: "op", scopes: ["admin"], via: "token" },
+              "approve",
+            );
             const again: any = await c.callTool(
               { name: "load_model", arguments: { model, approval_id: id } },
               undefined,

@@ -92,9 +92,9 @@ function makeGate(rules: AlertRule[], file = tmp.file(`alerts-${Math.random()}.d
     store,
     logger,
     suspend: (s) => gate.suspendPrincipal(s),
-    audit: (rec) => audit.append({ time: new Date(clock.now()).toISOString(), ...rec }),
+    audit: (rec) => void audit.append({ time: new Date(clock.now()).toISOString(), ...rec }),
     budgetUse: (p) => budget.check(p, 0),
-    pendingApprovals: () => [],
+    pendingApprovals: async () => [],
     webhooks: [],
     clock: clock.now,
   });
@@ -144,10 +144,14 @@ describe("alert rules at work on the gate", () => {
     );
     await new Promise((r) => setTimeout(r, 10));
     for (let i = 0; i < 4; i++)
-      expect(() => gate.refuse(agent, "run_inference", { i }, "unknown_model", "no")).not.toThrow();
-    expect(gate.suspended()).toEqual([]);
-    gate.refuse(agent, "run_inference", { i: 5 }, "unknown_model", "no"); // the 5th: suspended
-    expect(gate.suspended()).toMatchObject([{ principal: "agent", rule: "flood", until: null }]);
+      await expect(
+        gate.refuse(agent, "run_inference", { i }, "unknown_model", "no"),
+      ).resolves.toBeUndefined();
+    expect(await gate.suspended()).toEqual([]);
+    await gate.refuse(agent, "run_inference", { i: 5 }, "unknown_model", "no"); // the 5th: suspended
+    expect(await gate.suspended()).toMatchObject([
+      { principal: "agent", rule: "flood", until: null },
+    ]);
     expect(await running).toBe("partial");
     expect((reason as PolicyError).code).toBe("principal_suspended");
     expect(stopReasonOf(reason)).toBe("budget");
@@ -160,16 +164,16 @@ describe("alert rules at work on the gate", () => {
         "It ends when an operator runs `tpu-mcp principals resume agent`",
       ),
     );
-    expect(() => gate.enforceScope(agent, "load_model")).toThrow(/suspended/);
+    await expect(gate.enforceScope(agent, "load_model")).rejects.toThrow(/suspended/);
     expect(alerts.recent()).toHaveLength(1);
 
     // Another process over the same file (a restart, the CLI) sees the suspension and lifts it.
     const other = makeGate([flood], file);
-    expect(other.gate.suspended()).toHaveLength(1);
-    expect(other.gate.resumePrincipal("agent", operator)).toMatchObject({ rule: "flood" });
+    expect(await other.gate.suspended()).toHaveLength(1);
+    expect(await other.gate.resumePrincipal("agent", operator)).toMatchObject({ rule: "flood" });
     expect(await codeOf(gate.run(infer(2), async () => "ran"))).toBe("ok");
 
-    const trail = audit.tail(50);
+    const trail = await audit.tail(50);
     expect(trail.filter((r) => r.outcome === "alert")).toHaveLength(1);
     expect(trail.find((r) => r.outcome === "suspended")).toMatchObject({
       principal: "agent",
@@ -181,28 +185,30 @@ describe("alert rules at work on the gate", () => {
     });
   });
 
-  it("does not count a suspended principal's refusals, and the quiet time survives a restart", () => {
+  it("does not count a suspended principal's refusals, and the quiet time survives a restart", async () => {
     const { gate, alerts, clock, file } = makeGate([{ ...flood, action: "notify" }]);
-    for (let i = 0; i < 12; i++) gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
+    for (let i = 0; i < 12; i++)
+      await gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
     expect(alerts.recent()).toHaveLength(1); // once in the window, not at 5 and 10
     const restarted = makeGate([{ ...flood, action: "notify" }], file);
     restarted.clock.ms = clock.ms + 1000;
     for (let i = 0; i < 6; i++)
-      restarted.gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
+      await restarted.gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
     expect(restarted.alerts.recent()).toHaveLength(1);
     // After the window, a new flood fires again.
     restarted.clock.ms += 61_000;
     for (let i = 0; i < 6; i++)
-      restarted.gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
+      await restarted.gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
     expect(restarted.alerts.recent()).toHaveLength(2);
   });
 
-  it("does not count the server's own refusals (busy, a worker starting or gone)", () => {
+  it("does not count the server's own refusals (busy, a worker starting or gone)", async () => {
     const { gate, alerts } = makeGate([{ ...flood, action: "notify" }]);
     for (const code of ["busy", "runtime_setting_up", "worker_unavailable", "engine_unavailable"])
-      for (let i = 0; i < 12; i++) gate.refuse(agent, "run_inference", { i }, code, "no");
+      for (let i = 0; i < 12; i++) await gate.refuse(agent, "run_inference", { i }, code, "no");
     expect(alerts.recent()).toHaveLength(0);
-    for (let i = 0; i < 5; i++) gate.refuse(agent, "run_inference", { i }, "rate_limited", "no");
+    for (let i = 0; i < 5; i++)
+      await gate.refuse(agent, "run_inference", { i }, "rate_limited", "no");
     expect(alerts.recent()).toHaveLength(1);
   });
 
@@ -240,12 +246,12 @@ describe("alert rules without a principal", () => {
       rules,
       store: new SqliteAlertStore(tmp.file(`alerts-np-${Math.random()}.db`)),
       logger: captureLogger(),
-      suspend: () => {
+      suspend: async () => {
         throw new Error("nothing is suspended by these rules");
       },
       audit: (rec) => audited.push(rec),
-      budgetUse: () => ({ used_s: 0, limit_s: 1, window_s: 1 }),
-      pendingApprovals: pending,
+      budgetUse: async () => ({ used_s: 0, limit_s: 1, window_s: 1 }),
+      pendingApprovals: async () => pending(),
       webhooks: [],
       clock: clock.now,
     });
@@ -272,7 +278,7 @@ describe("alert rules without a principal", () => {
     ]);
   });
 
-  it("an approval waiting longer than after_s fires once for that approval", () => {
+  it("an approval waiting longer than after_s fires once for that approval", async () => {
     const created = new Date(Date.parse("2025-01-01T00:00:00Z")).toISOString();
     const pending = [
       { id: "apr_1", principal: "agent", tool: "run_benchmark", created_at: created },
@@ -282,11 +288,11 @@ describe("alert rules without a principal", () => {
       () => pending,
     );
     clock.advance(599_000);
-    alerts.scanApprovals();
+    await alerts.scanApprovals();
     expect(alerts.recent()).toHaveLength(0);
     clock.advance(2_000);
-    alerts.scanApprovals();
-    alerts.scanApprovals();
+    await alerts.scanApprovals();
+    await alerts.scanApprovals();
     expect(alerts.recent()).toMatchObject([
       { rule: "waiting", subject: "apr_1", principal: "agent" },
     ]);

@@ -32,18 +32,22 @@ function filled(n: number) {
 }
 
 describe("SqliteAuditLog", () => {
-  it("chains records and emits each as one log line", () => {
+  it("chains records and emits each as one log line", async () => {
     const { log, logger } = filled(5);
-    const tail = log.tail(2);
+    const tail = await log.tail(2);
     expect(tail.map((r) => r.seq)).toEqual([4, 5]);
     expect(tail[1]!.prev_hash).toBe(tail[0]!.hash);
-    expect(log.verify()).toEqual({ ok: true, checked: 5, reason: "5 records chain correctly" });
+    expect(await log.verify()).toEqual({
+      ok: true,
+      checked: 5,
+      reason: "5 records chain correctly",
+    });
     expect(logger.lines).toHaveLength(5);
     expect(logger.lines[0]!.obj).toMatchObject({ audit: { seq: 1, outcome: "executed" } });
     log.close();
   });
 
-  it("detects an edited record at its seq", () => {
+  it("detects an edited record at its seq", async () => {
     const { file, log } = filled(5);
     const raw = new Database(file);
     raw
@@ -52,31 +56,31 @@ describe("SqliteAuditLog", () => {
       )
       .run();
     raw.close();
-    expect(log.verify()).toMatchObject({ ok: false, checked: 2, first_bad_seq: 3 });
+    expect(await log.verify()).toMatchObject({ ok: false, checked: 2, first_bad_seq: 3 });
     log.close();
   });
 
-  it("detects a deleted record", () => {
+  it("detects a deleted record", async () => {
     const { file, log } = filled(5);
     const raw = new Database(file);
     raw.prepare("DELETE FROM audit_log WHERE seq = 2").run();
     raw.close();
-    const v = log.verify();
+    const v = await log.verify();
     expect(v).toMatchObject({ ok: false, first_bad_seq: 2 });
     expect(v.reason).toMatch(/missing/);
     log.close();
   });
 
-  it("detects records removed from the end", () => {
+  it("detects records removed from the end", async () => {
     const { file, log } = filled(5);
     const raw = new Database(file);
     raw.prepare("DELETE FROM audit_log WHERE seq >= 4").run();
     raw.close();
-    expect(log.verify()).toMatchObject({ ok: false, first_bad_seq: 4 });
+    expect(await log.verify()).toMatchObject({ ok: false, first_bad_seq: 4 });
     log.close();
   });
 
-  it("detects reordered records", () => {
+  it("detects reordered records", async () => {
     const { file, log } = filled(5);
     const raw = new Database(file);
     const a = raw.prepare("SELECT * FROM audit_log WHERE seq = 2").get() as Record<string, unknown>;
@@ -87,11 +91,11 @@ describe("SqliteAuditLog", () => {
     put.run(b.record, b.prev_hash, b.hash, 2);
     put.run(a.record, a.prev_hash, a.hash, 3);
     raw.close();
-    expect(log.verify()).toMatchObject({ ok: false, first_bad_seq: 2 });
+    expect(await log.verify()).toMatchObject({ ok: false, first_bad_seq: 2 });
     log.close();
   });
 
-  it("keeps the chain across reopening and across two handles", () => {
+  it("keeps the chain across reopening and across two handles", async () => {
     const { file, log, key } = keyedLog(2);
     const other = new SqliteAuditLog(file, { key });
     other.append(rec(3, { outcome: "approval_granted", approver: "operator" }));
@@ -99,8 +103,8 @@ describe("SqliteAuditLog", () => {
     log.close();
     other.close();
     const reopened = new SqliteAuditLog(file, { key });
-    expect(reopened.verify()).toMatchObject({ ok: true, checked: 5 });
-    expect(reopened.tail(10).map((r) => r.outcome)).toEqual([
+    expect(await reopened.verify()).toMatchObject({ ok: true, checked: 5 });
+    expect((await reopened.tail(10)).map((r) => r.outcome)).toEqual([
       "chain_keyed",
       "executed",
       "executed",
@@ -147,39 +151,43 @@ function recomputeUnkeyed(db: Database.Database, from = 1) {
 }
 
 describe("keyed audit chain (HMAC, key outside the database)", () => {
-  it("makes a 0600 key file and starts the trail with a chain_keyed record", () => {
+  it("makes a 0600 key file and starts the trail with a chain_keyed record", async () => {
     const { keyFile, key, log } = keyedLog(3);
     expect(statSync(keyFile).mode & 0o777).toBe(0o600);
     expect(readFileSync(keyFile, "utf8")).toContain(key.key.toString("hex"));
-    expect(log.tail(10)[0]).toMatchObject({ seq: 1, outcome: "chain_keyed", key_id: key.id });
-    expect(log.verify()).toMatchObject({ ok: true, checked: 4 });
-    expect(log.head()).toMatchObject({ seq: 4, key_id: key.id, time: rec(3).time });
+    expect((await log.tail(10))[0]).toMatchObject({
+      seq: 1,
+      outcome: "chain_keyed",
+      key_id: key.id,
+    });
+    expect(await log.verify()).toMatchObject({ ok: true, checked: 4 });
+    expect(await log.head()).toMatchObject({ seq: 4, key_id: key.id, time: rec(3).time });
     // Reading the same key again gives the same key, not a new one.
     expect(loadOrCreateAuditKey(keyFile)).toMatchObject({ created: false, key: { id: key.id } });
     log.close();
   });
 
-  it("detects records truncated from the end with the head row rewritten to match", () => {
+  it("detects records truncated from the end with the head row rewritten to match", async () => {
     const { file, log } = keyedLog(6);
-    const exported = log.head();
-    raw(file, (db) => {
+    const exported = await log.head();
+    raw(file, async (db) => {
       const h3 = (db.prepare("SELECT hash FROM audit_log WHERE seq = 4").get() as any).hash;
       db.prepare("DELETE FROM audit_log WHERE seq > 4").run();
       db.prepare("UPDATE audit_head SET seq = 4, hash = ?").run(h3);
     });
-    const v = log.verify();
+    const v = await log.verify();
     expect(v).toMatchObject({ ok: false, first_bad_seq: 4 });
     expect(v.reason).toMatch(/head row was rewritten/);
     // The head an operator exported before also shows it, naming the missing records.
-    const w = log.verify({ head: exported });
+    const w = await log.verify({ head: exported });
     expect(w.ok).toBe(false);
     log.close();
   });
 
-  it("detects a wiped trail (every row, the head too) against the key", () => {
+  it("detects a wiped trail (every row, the head too) against the key", async () => {
     const { file, log, key } = keyedLog(4);
     raw(file, (db) => db.exec("DELETE FROM audit_log; DELETE FROM audit_head;"));
-    const v = log.verify();
+    const v = await log.verify();
     expect(v.ok).toBe(false);
     expect(v.reason).toMatch(/trail is empty, but the key .* exists/);
     // A restart on the wiped database says so at once, and the trail stays flagged.
@@ -189,31 +197,31 @@ describe("keyed audit chain (HMAC, key outside the database)", () => {
       true,
     );
     again.append(rec(9));
-    expect(again.verify()).toMatchObject({ ok: false });
+    expect(await again.verify()).toMatchObject({ ok: false });
     again.close();
     log.close();
   });
 
-  it("detects an edited record whose chain was recomputed without the key", () => {
+  it("detects an edited record whose chain was recomputed without the key", async () => {
     const { file, log } = keyedLog(5);
-    raw(file, (db) => {
+    raw(file, async (db) => {
       db.prepare(
         "UPDATE audit_log SET record = replace(record, '\"agent\"', '\"someone-else\"') WHERE seq = 3",
       ).run();
       recomputeUnkeyed(db, 3);
     });
-    const v = log.verify();
+    const v = await log.verify();
     expect(v).toMatchObject({ ok: false, first_bad_seq: 3 });
     expect(v.reason).toMatch(/HMAC does not match/);
     log.close();
   });
 
-  it("detects an edited record whose chain was recomputed with a key of the tamperer's own", () => {
+  it("detects an edited record whose chain was recomputed with a key of the tamperer's own", async () => {
     // The tamperer knows the algorithm (this very code) but not the key: a MAC that ignored its
     // key (a constant one) would verify this forgery.
     const { file, log } = keyedLog(5);
     const theirs = Buffer.alloc(32, 7);
-    raw(file, (db) => {
+    raw(file, async (db) => {
       db.prepare(
         "UPDATE audit_log SET record = replace(record, '\"agent\"', '\"someone-else\"') WHERE seq = 3",
       ).run();
@@ -235,13 +243,13 @@ describe("keyed audit chain (HMAC, key outside the database)", () => {
         headMac(theirs, last, prev),
       );
     });
-    const v = log.verify();
+    const v = await log.verify();
     expect(v).toMatchObject({ ok: false, first_bad_seq: 3 });
     expect(v.reason).toMatch(/HMAC does not match/);
     log.close();
   });
 
-  it("catches a rollback followed by new appends past the exported head (same seq, other hash)", () => {
+  it("catches a rollback followed by new appends past the exported head (same seq, other hash)", async () => {
     const { file, key, log } = keyedLog(3);
     log.close();
     const old = `${file}.old`;
@@ -249,38 +257,38 @@ describe("keyed audit chain (HMAC, key outside the database)", () => {
     const live = new SqliteAuditLog(file, { key, keyCreated: false, logger: captureLogger() });
     live.append(rec(4));
     live.append(rec(5));
-    const exported = live.head();
-    expect(live.verify({ head: exported }).ok).toBe(true);
+    const exported = await live.head();
+    expect((await live.verify({ head: exported })).ok).toBe(true);
     live.close();
     // Rolled back, then written on: the trail reaches the exported seq again, with other records.
     for (const f of [`${file}-wal`, `${file}-shm`]) rmSync(f, { force: true });
     copyFileSync(old, file);
     const again = new SqliteAuditLog(file, { key, keyCreated: false, logger: captureLogger() });
-    for (let i = 0; i < 3; i++) again.append(rec(20 + i, { principal: "after-rollback" }));
-    expect(again.head().seq).toBeGreaterThan(exported.seq);
-    expect(again.verify().ok).toBe(true); // consistent on its own...
-    const v = again.verify({ head: exported }); // ...but not the trail the operator exported
+    for (let i = 0; i < 3; i++) await again.append(rec(20 + i, { principal: "after-rollback" }));
+    expect((await again.head()).seq).toBeGreaterThan(exported.seq);
+    expect((await again.verify()).ok).toBe(true); // consistent on its own...
+    const v = await again.verify({ head: exported }); // ...but not the trail the operator exported
     expect(v.ok).toBe(false);
     again.close();
   });
 
-  it("detects a whole trail rewritten without the key (no chain_keyed record)", () => {
+  it("detects a whole trail rewritten without the key (no chain_keyed record)", async () => {
     const { file, log } = keyedLog(3);
-    raw(file, (db) => {
+    raw(file, async (db) => {
       db.prepare("DELETE FROM audit_log WHERE seq = 1").run();
       db.prepare("UPDATE audit_log SET seq = seq - 1").run();
       recomputeUnkeyed(db, 1);
     });
-    const v = log.verify();
+    const v = await log.verify();
     expect(v.ok).toBe(false);
     expect(v.reason).toMatch(/no chain_keyed record for key/);
     log.close();
   });
 
-  it("migrates an unkeyed trail: its records stay verifiable and are pinned by the key", () => {
+  it("migrates an unkeyed trail: its records stay verifiable and are pinned by the key", async () => {
     const file = tmp.file(`legacy-${Math.random().toString(36).slice(2)}.db`);
     // Written as before the key existed.
-    raw(file, (db) => {
+    raw(file, async (db) => {
       db.exec(`CREATE TABLE audit_log (seq INTEGER PRIMARY KEY, record TEXT NOT NULL,
         prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
         CREATE TABLE audit_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL,
@@ -301,19 +309,19 @@ describe("keyed audit chain (HMAC, key outside the database)", () => {
     });
     // Before the first start with a key, verify works without one (and says it is not keyed).
     const before = new SqliteAuditLog(file, { key: null });
-    expect(before.verify()).toMatchObject({ ok: true, checked: 3 });
-    expect(before.verify().reason).toMatch(/not keyed/);
+    expect(await before.verify()).toMatchObject({ ok: true, checked: 3 });
+    expect((await before.verify()).reason).toMatch(/not keyed/);
     before.close();
     const keyFile = tmp.file(`legacy-${Math.random().toString(36).slice(2)}.key`);
     const { key, created } = loadOrCreateAuditKey(keyFile);
     const log = new SqliteAuditLog(file, { key, keyCreated: created });
     log.append(rec(4));
-    expect(log.tail(2)[0]).toMatchObject({ seq: 4, outcome: "chain_keyed" });
-    const v = log.verify();
+    expect((await log.tail(2))[0]).toMatchObject({ seq: 4, outcome: "chain_keyed" });
+    const v = await log.verify();
     expect(v).toMatchObject({ ok: true, checked: 5 });
     expect(v.reason).toMatch(/records 1..3 predate the key and are pinned by record 4/);
     // Rewriting a pre-key record (and its unkeyed chain) now shows at the chain_keyed record.
-    raw(file, (db) => {
+    raw(file, async (db) => {
       db.prepare(
         "UPDATE audit_log SET record = replace(record, 'agent', 'nobody') WHERE seq = 2",
       ).run();
@@ -329,18 +337,18 @@ describe("keyed audit chain (HMAC, key outside the database)", () => {
         prev = h;
       }
     });
-    expect(log.verify()).toMatchObject({ ok: false, first_bad_seq: 4 });
+    expect(await log.verify()).toMatchObject({ ok: false, first_bad_seq: 4 });
     log.close();
   });
 
-  it("refuses a different key, a missing key and a key file others can read", () => {
+  it("refuses a different key, a missing key and a key file others can read", async () => {
     const { file, keyFile, log } = keyedLog(2);
     log.close();
     const other = loadOrCreateAuditKey(tmp.file(`other-${Math.random()}.key`)).key;
     expect(() => new SqliteAuditLog(file, { key: other })).toThrow(/holds key/);
     const keyless = new SqliteAuditLog(file, { key: null });
-    expect(keyless.verify().reason).toMatch(/key file is missing: restore it/);
-    expect(() => keyless.append(rec(9))).toThrow(/read-only/);
+    expect((await keyless.verify()).reason).toMatch(/key file is missing: restore it/);
+    await expect(keyless.append(rec(9))).rejects.toThrow(/read-only/);
     keyless.close();
     chmodSync(keyFile, 0o644);
     expect(() => readAuditKey(keyFile)).toThrow(/chmod 600/);

@@ -60,7 +60,7 @@ describe("audit group commit", () => {
     // Interleaved with a synchronous append (as the CLI's approvals make), the chain holds.
     audit.append(rec(100));
     await audit.appendDurable(rec(101));
-    expect(audit.verify()).toMatchObject({ ok: true, checked: 34 });
+    expect(await audit.verify()).toMatchObject({ ok: true, checked: 34 });
     probe.close();
     audit.close();
   });
@@ -111,10 +111,10 @@ describe("the gate with group commit", () => {
           }),
       ),
     );
-    const outcomes = audit.tail(100).map((r) => r.outcome);
+    const outcomes = (await audit.tail(100)).map((r) => r.outcome);
     expect(outcomes.filter((o) => o === "allowed")).toHaveLength(24);
     expect(outcomes.filter((o) => o === "executed")).toHaveLength(24);
-    expect(audit.verify().ok).toBe(true);
+    expect((await audit.verify()).ok).toBe(true);
   });
 
   it("refuses to run a call whose allowed record cannot be committed (fail closed)", async () => {
@@ -186,7 +186,7 @@ describe("the record text written once per record", () => {
     const bad = audit.appendDurable({ ...rec(2), duration_ms: Number.NaN });
     await expect(bad).rejects.toThrow(/finite/);
     await expect(good).resolves.toMatchObject({ seq: 1 });
-    expect(audit.verify()).toMatchObject({ ok: true, checked: 1 });
+    expect(await audit.verify()).toMatchObject({ ok: true, checked: 1 });
     audit.close();
   });
 });

@@ -99,15 +99,15 @@ describe("the aggregation rule", () => {
 });
 
 describe("refusal windows", () => {
-  it("writes the first refusal at once and the repeats as one aggregate when the window ends", () => {
+  it("writes the first refusal at once and the repeats as one aggregate when the window ends", async () => {
     const clock = new FakeClock();
     const { log } = store({ clock });
-    const first = log.appendRefusal(refusal("rate_limited"));
+    const first = await log.appendRefusal(refusal("rate_limited"));
     expect(first?.seq).toBeGreaterThan(0);
     for (let i = 0; i < 5; i++) {
       clock.advance(1_000);
       expect(
-        log.appendRefusal(
+        await log.appendRefusal(
           refusal("rate_limited", {
             tool: i % 2 ? "load_model" : "check_model",
             time: new Date(clock.ms).toISOString(),
@@ -116,13 +116,13 @@ describe("refusal windows", () => {
       ).toBeNull();
     }
     expect(log.pendingRefusals()).toBe(5);
-    expect(log.tail(10).filter((r) => r.code === "rate_limited")).toHaveLength(1);
+    expect((await log.tail(10)).filter((r) => r.code === "rate_limited")).toHaveLength(1);
 
     // The window ends: the next refusal (a new window) writes the aggregate first.
     clock.advance(60_000);
-    const next = log.appendRefusal(refusal("rate_limited"));
+    const next = await log.appendRefusal(refusal("rate_limited"));
     expect(next).not.toBeNull();
-    const rows = log.tail(10).filter((r) => r.code === "rate_limited");
+    const rows = (await log.tail(10)).filter((r) => r.code === "rate_limited");
     expect(rows).toHaveLength(3);
     expect(rows[1]).toMatchObject({
       principal: "reader",
@@ -146,13 +146,13 @@ describe("refusal windows", () => {
     for (let i = 0; i < 100 && log.pendingRefusals() > 0; i++)
       await new Promise((r) => setTimeout(r, 20));
     expect(log.pendingRefusals()).toBe(0);
-    const rows = log.tail(10).filter((r) => r.code === "insufficient_scope");
+    const rows = (await log.tail(10)).filter((r) => r.code === "insufficient_scope");
     expect(rows.map((r) => r.count)).toEqual([undefined, 2]);
-    expect(log.verify().ok).toBe(true);
+    expect((await log.verify()).ok).toBe(true);
     log.close();
   });
 
-  it("writes every open window's count at close, chained like every record", () => {
+  it("writes every open window's count at close, chained like every record", async () => {
     const { file, key } = store();
     const log = new SqliteAuditLog(file, { key, refusalWindowMs: 60_000 });
     log.appendRefusal(refusal("rate_limited"));
@@ -162,7 +162,7 @@ describe("refusal windows", () => {
     log.appendRefusal(refusal("unknown_model"));
     log.close();
     const reopened = new SqliteAuditLog(file, { key });
-    const rows = reopened.tail(20);
+    const rows = await reopened.tail(20);
     expect(accounted(rows, "rate_limited")).toBe(2);
     expect(accounted(rows, "unknown_model")).toBe(3);
     expect(rows.find((r) => r.code === "unknown_model" && r.count)).toMatchObject({
@@ -170,14 +170,15 @@ describe("refusal windows", () => {
       args_digest: D1,
       tool: "check_model",
     });
-    expect(reopened.verify()).toMatchObject({ ok: true });
+    expect(await reopened.verify()).toMatchObject({ ok: true });
     reopened.close();
   });
 
-  it("records every refusal when the window is 0", () => {
+  it("records every refusal when the window is 0", async () => {
     const { log } = store({ windowMs: 0 });
-    for (let i = 0; i < 3; i++) expect(log.appendRefusal(refusal("rate_limited"))).not.toBeNull();
-    expect(log.tail(10).filter((r) => r.code === "rate_limited")).toHaveLength(3);
+    for (let i = 0; i < 3; i++)
+      expect(await log.appendRefusal(refusal("rate_limited"))).not.toBeNull();
+    expect((await log.tail(10)).filter((r) => r.code === "rate_limited")).toHaveLength(3);
     log.close();
   });
 
@@ -194,19 +195,19 @@ describe("refusal windows", () => {
     w.close();
   });
 
-  it("bounds a flood: 30,000 refusals of one principal over three windows add 6 records", () => {
+  it("bounds a flood: 30,000 refusals of one principal over three windows add 6 records", async () => {
     const clock = new FakeClock();
     const { log } = store({ clock });
-    const before = log.head().seq;
+    const before = (await log.head()).seq;
     for (let i = 0; i < 30_000; i++) {
       if (i > 0 && i % 10_000 === 0) clock.advance(60_000);
       clock.advance(1);
       log.appendRefusal(refusal("rate_limited", { args_digest: i.toString(16).padStart(64, "0") }));
     }
     log.flushRefusals();
-    expect(log.head().seq - before).toBe(6);
-    expect(accounted(log.tail(10), "rate_limited")).toBe(30_000);
-    expect(log.verify().ok).toBe(true);
+    expect((await log.head()).seq - before).toBe(6);
+    expect(accounted(await log.tail(10), "rate_limited")).toBe(30_000);
+    expect((await log.verify()).ok).toBe(true);
     log.close();
   });
 });

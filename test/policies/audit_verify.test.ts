@@ -55,7 +55,7 @@ describe("AuditVerifier", () => {
     const t = trail(1000);
     const log = t.open();
     const v = new AuditVerifier(log, { chunkRows: 100 });
-    expect(v.status()).toMatchObject({ ok: true, verified_seq: 0, head_seq: 1001 });
+    expect(await v.status()).toMatchObject({ ok: true, verified_seq: 0, head_seq: 1001 });
     const done = await v.run();
     expect(done).toMatchObject({ ok: true, checked: 1001, verified_seq: 1001, in_progress: false });
     expect(done.verified_at).toMatch(/^\d{4}-/);
@@ -66,7 +66,7 @@ describe("AuditVerifier", () => {
     t.steps.length = 0;
     // A new verifier (a restarted server) starts from the stored checkpoint.
     const again = new AuditVerifier(log, { chunkRows: 100 });
-    expect(again.status()).toMatchObject({ ok: true, verified_seq: 1001, head_seq: 1031 });
+    expect(await again.status()).toMatchObject({ ok: true, verified_seq: 1001, head_seq: 1031 });
     expect(await again.run()).toMatchObject({ ok: true, verified_seq: 1031 });
     expect(t.steps.reduce((a, b) => a + b, 0)).toBe(30);
     log.close();
@@ -82,11 +82,11 @@ describe("AuditVerifier", () => {
     );
     db.close();
     const v = new AuditVerifier(log);
-    expect(v.status()).toMatchObject({ ok: false });
-    expect(v.status().reason).toMatch(/checkpoint.*MAC/);
+    expect(await v.status()).toMatchObject({ ok: false });
+    expect((await v.status()).reason).toMatch(/checkpoint.*MAC/);
     expect(await v.run()).toMatchObject({ ok: false });
-    expect(log.verify()).toMatchObject({ ok: false });
-    expect(log.verify().reason).toMatch(/checkpoint/);
+    expect(await log.verify()).toMatchObject({ ok: false });
+    expect((await log.verify()).reason).toMatch(/checkpoint/);
     log.close();
   });
 
@@ -108,7 +108,7 @@ describe("AuditVerifier", () => {
     expect(await new AuditVerifier(log).run()).toMatchObject({ ok: true, verified_seq: 202 });
     expect(t.steps.reduce((a, b) => a + b, 0)).toBe(1);
     // ... the full pass (tpu-mcp audit verify) does.
-    expect(log.verify()).toMatchObject({ ok: false, first_bad_seq: 50 });
+    expect(await log.verify()).toMatchObject({ ok: false, first_bad_seq: 50 });
     log.close();
   });
 
@@ -142,7 +142,7 @@ describe("the checkpoint and the full verify (issue 33)", () => {
     const cols = Object.keys(head);
     raw.prepare(`UPDATE audit_head SET ${cols.map((c) => `${c} = @${c}`).join(", ")}`).run(head);
     raw.close();
-    const v = log.verify();
+    const v = await log.verify();
     expect(v).toMatchObject({ ok: false, first_bad_seq: 151 });
     expect(v.reason).toMatch(/differs from the verification checkpoint/);
     log.close();
@@ -153,10 +153,10 @@ describe("the checkpoint and the full verify (issue 33)", () => {
     const { log, db, last } = await verifiedThenAppended();
     db.prepare("UPDATE audit_checkpoint SET seq = ?, hash = ?").run(last.seq, last.hash);
     db.close();
-    expect(log.readCheckpoint().forged?.reason).toMatch(/checkpoint.*MAC/);
+    expect((await log.readCheckpoint()).forged?.reason).toMatch(/checkpoint.*MAC/);
     const v = new AuditVerifier(log);
-    expect(v.status()).toMatchObject({ ok: false });
-    expect(log.verify()).toMatchObject({ ok: false });
+    expect(await v.status()).toMatchObject({ ok: false });
+    expect(await log.verify()).toMatchObject({ ok: false });
     log.close();
   });
 
@@ -172,7 +172,7 @@ describe("the checkpoint and the full verify (issue 33)", () => {
     } finally {
       clearInterval(stopping);
     }
-    const cp = log.readCheckpoint().checkpoint;
+    const cp = (await log.readCheckpoint()).checkpoint;
     expect(cp?.seq).toBeGreaterThanOrEqual(200);
     expect(cp?.seq).toBeLessThan(1001);
     log.close();
@@ -180,7 +180,7 @@ describe("the checkpoint and the full verify (issue 33)", () => {
 });
 
 describe("SqliteAuditLog.search (the console's audit page)", () => {
-  it("returns the first matches, oldest first, among the last `window` records", () => {
+  it("returns the first matches, oldest first, among the last `window` records", async () => {
     const t = trail(0);
     const log = t.open();
     for (let i = 1; i <= 300; i++)
@@ -189,16 +189,17 @@ describe("SqliteAuditLog.search (the console's audit page)", () => {
         principal: i % 3 ? "agent" : "reader",
         outcome: i % 2 ? "executed" : "allowed",
       });
-    const window = log.tail(100);
-    expect(log.search({ window: 100, limit: 10 })).toEqual({
+    const window = await log.tail(100);
+    expect(await log.search({ window: 100, limit: 10 })).toEqual({
       records: window.slice(0, 10),
       scanned: 100,
     });
     const want = window.filter((r) => r.principal === "reader" && r.outcome === "executed");
     expect(
-      log.search({ window: 100, limit: 5, principal: "reader", outcome: "executed" }).records,
+      (await log.search({ window: 100, limit: 5, principal: "reader", outcome: "executed" }))
+        .records,
     ).toEqual(want.slice(0, 5));
-    expect(log.search({ window: 100, limit: 5, tool: "nothing" }).records).toEqual([]);
+    expect((await log.search({ window: 100, limit: 5, tool: "nothing" })).records).toEqual([]);
     log.close();
   });
 });

@@ -40,9 +40,9 @@ function lines(limitS: number) {
   };
 }
 
-const refusal = (fn: () => void) => {
+const refusal = async (fn: () => Promise<void>) => {
   try {
-    fn();
+    await fn();
   } catch (e) {
     return e as PolicyError;
   }
@@ -50,17 +50,17 @@ const refusal = (fn: () => void) => {
 };
 
 describe("admission on a budget line", () => {
-  it("refuses a call that fits the estimates but not what a running call overran", () => {
+  it("refuses a call that fits the estimates but not what a running call overran", async () => {
     const { clock, lines: l } = lines(10);
     // One call estimated at 1 s, running 5 s: 4 s past its estimate, 5 s of 10 left.
-    const release = l.reserve("agent", "run_benchmark", est(1));
+    const held = await l.admit(agent, "run_benchmark", est(1));
     const run = l.meter("agent", "run_benchmark", est(1), () => {})!;
     clock.advance(5_000);
-    expect(refusal(() => l.check(agent, "run_benchmark", est(4.5)))).toBeUndefined();
-    const e = refusal(() => l.check(agent, "run_benchmark", est(6)));
+    expect(await refusal(() => l.check(agent, "run_benchmark", est(4.5)))).toBeUndefined();
+    const e = await refusal(() => l.check(agent, "run_benchmark", est(6)));
     expect(e?.code).toBe("budget_exceeded");
     expect(e?.details.reserved_s).toBeCloseTo(5, 3); // its estimate and its overrun
     run.end();
-    release();
+    await held.release();
   });
 });

@@ -150,8 +150,8 @@ describe("Gate", () => {
     );
     expect(out).toBe("ok");
     expect(fn).toHaveBeenCalledOnce();
-    expect(audit.tail(10).map((r) => r.outcome)).toEqual(["allowed", "executed"]);
-    expect(audit.verify().ok).toBe(true);
+    expect((await audit.tail(10)).map((r) => r.outcome)).toEqual(["allowed", "executed"]);
+    expect((await audit.verify()).ok).toBe(true);
   });
 
   it("checks scope first, before memory or approval", async () => {
@@ -166,8 +166,8 @@ describe("Gate", () => {
     expect(e.code).toBe("insufficient_scope");
     expect(e.details.required_scope).toBe("models:load");
     expect(fn).not.toHaveBeenCalled();
-    expect(approvals.list()).toHaveLength(0);
-    expect(audit.tail(1)[0]).toMatchObject({
+    expect(await approvals.list()).toHaveLength(0);
+    expect((await audit.tail(1))[0]).toMatchObject({
       outcome: "denied",
       code: "insufficient_scope",
       principal: "reader",
@@ -192,7 +192,7 @@ describe("Gate", () => {
     expect(e.code).toBe("insufficient_memory");
     expect(e.message).toContain("needs 18.0 GiB, device has 16.0 GiB free");
     expect(e.details.suggestion).toBe("use dtype bfloat16");
-    expect(approvals.list()).toHaveLength(0);
+    expect(await approvals.list()).toHaveLength(0);
   });
 
   it("asks for approval out of band, then runs once with the approved id", async () => {
@@ -206,7 +206,7 @@ describe("Gate", () => {
     expect(first.message).toContain(`node bin/tpu-mcp.js approvals approve ${id}`);
     expect(first.message).toContain("approval_id");
     expect(first.details.expires_at).toBeTypeOf("string");
-    expect(audit.tail(1)[0]).toMatchObject({
+    expect((await audit.tail(1))[0]).toMatchObject({
       outcome: "approval_requested",
       code: "approval_required",
       approval_id: id,
@@ -222,7 +222,7 @@ describe("Gate", () => {
     );
     expect(early.code).toBe("approval_pending");
 
-    gate.decideApproval(id, operator, "approve");
+    await gate.decideApproval(id, operator, "approve");
     const withId = loadMinilm({
       args: { device: "cpu", dtype: "float32", model: "all-minilm-l6-v2", approval_id: id },
     });
@@ -233,7 +233,7 @@ describe("Gate", () => {
     expect(reuse.code).toBe("approval_used");
     expect(fn).toHaveBeenCalledOnce();
 
-    const outcomes = audit.tail(20).map((r) => r.outcome);
+    const outcomes = (await audit.tail(20)).map((r) => r.outcome);
     expect(outcomes).toEqual([
       "approval_requested",
       "approval_requested",
@@ -243,7 +243,7 @@ describe("Gate", () => {
       "executed",
       "denied",
     ]);
-    expect(audit.verify().ok).toBe(true);
+    expect((await audit.verify()).ok).toBe(true);
   });
 
   it("never treats confirm: true or an unusable approval_id as approval", async () => {
@@ -264,7 +264,7 @@ describe("Gate", () => {
     const { gate, approvals } = makeGate();
     const fn = vi.fn(async () => "x");
     const id = (await refusal(gate.run(loadMinilm(), fn))).details.approval_id as string;
-    gate.decideApproval(id, operator, "approve");
+    await gate.decideApproval(id, operator, "approve");
     const otherArgs = await refusal(
       gate.run(
         loadMinilm({
@@ -284,7 +284,7 @@ describe("Gate", () => {
       ),
     );
     expect(otherPrincipal.code).toBe("approval_not_found");
-    expect(approvals.get(id)!.status).toBe("approved");
+    expect((await approvals.get(id))!.status).toBe("approved");
     expect(fn).not.toHaveBeenCalled();
   });
 
@@ -292,7 +292,7 @@ describe("Gate", () => {
     const { gate, clock, audit } = makeGate();
     const fn = async () => "x";
     const id1 = (await refusal(gate.run(loadMinilm(), fn))).details.approval_id as string;
-    gate.decideApproval(id1, operator, "deny", "not today");
+    await gate.decideApproval(id1, operator, "deny", "not today");
     const denied = await refusal(
       gate.run(loadMinilm({ args: { ...loadMinilm().args, approval_id: id1 } }), fn),
     );
@@ -307,28 +307,31 @@ describe("Gate", () => {
       estimate: est(),
     };
     const id2 = (await refusal(gate.run(bench, fn))).details.approval_id as string;
-    gate.decideApproval(id2, operator, "approve");
+    await gate.decideApproval(id2, operator, "approve");
     clock.advance(901_000);
     const expired = await refusal(
       gate.run({ ...bench, args: { ...bench.args, approval_id: id2 } }, fn),
     );
     expect(expired.code).toBe("approval_expired");
-    expect(audit.tail(1)[0]!.outcome).toBe("approval_expired");
+    expect((await audit.tail(1))[0]!.outcome).toBe("approval_expired");
   });
 
   it("lets only a different identity with approvals:grant decide", async () => {
     const { gate, audit } = makeGate();
     const id = (await refusal(gate.run(loadMinilm(), async () => "x"))).details
       .approval_id as string;
-    expect(() => gate.decideApproval(id, reader, "approve")).toThrow(
+    await expect(gate.decideApproval(id, reader, "approve")).rejects.toThrow(
       expect.objectContaining({ code: "insufficient_scope" }),
     );
     const selfOp: Principal = { ...agent, scopes: [...agent.scopes, "approvals:grant"] };
-    expect(() => gate.decideApproval(id, selfOp, "approve")).toThrow(
+    await expect(gate.decideApproval(id, selfOp, "approve")).rejects.toThrow(
       expect.objectContaining({ code: "approval_self_grant" }),
     );
-    expect(audit.tail(2).map((r) => r.code)).toEqual(["insufficient_scope", "approval_self_grant"]);
-    expect(gate.decideApproval(id, operator, "approve").status).toBe("approved");
+    expect((await audit.tail(2)).map((r) => r.code)).toEqual([
+      "insufficient_scope",
+      "approval_self_grant",
+    ]);
+    expect((await gate.decideApproval(id, operator, "approve")).status).toBe("approved");
   });
 
   it("uses elicitation when the client supports it and the rule allows it (client_form)", async () => {
@@ -344,7 +347,7 @@ describe("Gate", () => {
     const elicit = vi.fn<(p: ElicitPrompt) => Promise<"accept">>(async () => "accept");
     await expect(gate.run(loadMinilm({ elicit }), fn)).resolves.toBe("ok");
     expect(elicit.mock.calls[0]![0]).toMatchObject({ tool: "load_model" });
-    expect(audit.tail(3)).toMatchObject([
+    expect(await audit.tail(3)).toMatchObject([
       { outcome: "approval_granted", approver: "client-form:agent", assurance: "client_form" },
       { outcome: "allowed" },
       { outcome: "executed" },
@@ -354,7 +357,7 @@ describe("Gate", () => {
     expect(decline.code).toBe("approval_declined");
     const cancel = await refusal(gate.run(loadMinilm({ elicit: async () => "cancel" }), fn));
     expect(cancel.code).toBe("approval_declined");
-    expect(audit.tail(1)[0]).toMatchObject({
+    expect((await audit.tail(1))[0]).toMatchObject({
       outcome: "approval_denied",
       code: "approval_declined",
     });
@@ -446,7 +449,7 @@ describe("Gate", () => {
     );
     expect(e.code).toBe("busy");
     expect(e.details.retry_after_ms).toBeGreaterThan(0);
-    expect(audit.tail(1)[0]).toMatchObject({ outcome: "denied", code: "busy" });
+    expect((await audit.tail(1))[0]).toMatchObject({ outcome: "denied", code: "busy" });
     finish();
     await expect(running).resolves.toBe("done");
   });
@@ -464,7 +467,7 @@ describe("Gate", () => {
     );
     expect(e.code).toBe("timeout");
     expect(seen!.aborted).toBe(true);
-    expect(audit.tail(1)[0]).toMatchObject({ outcome: "failed", code: "timeout" });
+    expect((await audit.tail(1))[0]).toMatchObject({ outcome: "failed", code: "timeout" });
   });
 
   it("passes the caller's cancellation through to fn", async () => {
@@ -500,12 +503,12 @@ describe("Gate", () => {
         },
       ),
     ).rejects.toBe(err);
-    expect(audit.tail(1)[0]).toMatchObject({
+    expect((await audit.tail(1))[0]).toMatchObject({
       outcome: "failed",
       code: "worker_died",
       duration_ms: 5000,
     });
-    expect(budget.check("agent", 0).used_s).toBe(5);
+    expect((await budget.check("agent", 0)).used_s).toBe(5);
   });
 
   it("redacts texts in the audit and refuses non-finite arguments", async () => {
@@ -519,8 +522,8 @@ describe("Gate", () => {
       },
       async () => 1,
     );
-    expect(JSON.stringify(audit.tail(2))).not.toContain("top secret");
-    expect(audit.tail(1)[0]!.args).toEqual({
+    expect(JSON.stringify(await audit.tail(2))).not.toContain("top secret");
+    expect((await audit.tail(1))[0]!.args).toEqual({
       model: "m",
       texts: { redacted: true, count: 1, total_chars: 10 },
     });

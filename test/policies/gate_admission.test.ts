@@ -171,7 +171,7 @@ describe("nothing that can never run asks for approval", () => {
     const r = await settle(gate.run(bench(agent, 50), async () => "ran"));
     expect(!r.ok && r.e.code).toBe("budget_exceeded");
     expect(!r.ok && r.e.message).toMatch(/can never fit/);
-    expect(approvals.list({ status: "pending" })).toHaveLength(0);
+    expect(await approvals.list({ status: "pending" })).toHaveLength(0);
   });
 
   it("refuses a call that does not fit the budget now before creating an approval", async () => {
@@ -183,7 +183,7 @@ describe("nothing that can never run asks for approval", () => {
     await gate.run(bench(agent, 2), async () => clock.advance(4000));
     const r = await settle(gate.run(bench(agent, 4), async () => "ran"));
     expect(!r.ok && r.e.code).toBe("budget_exceeded");
-    expect(approvals.list({})).toHaveLength(0);
+    expect(await approvals.list({})).toHaveLength(0);
   });
 });
 
@@ -222,24 +222,24 @@ describe("admission before cost", () => {
 });
 
 describe("refused input", () => {
-  it("audits a refusal with the argument digest only and counts it against the rate", () => {
+  it("audits a refusal with the argument digest only and counts it against the rate", async () => {
     const { gate, audit } = makeGate({ limits: { rate_limit: { per_principal_per_minute: 3 } } });
     const args = { model: "nope", texts: ["secret text"] };
-    gate.refuse(agent, "run_inference", args, "unknown_model", "model: not in the catalog");
-    gate.refuse(agent, "run_inference", args, "invalid_argument", "texts: bad");
-    gate.refuse(agent, "run_inference", args, "invalid_argument", "texts: bad");
-    expect(() =>
+    await gate.refuse(agent, "run_inference", args, "unknown_model", "model: not in the catalog");
+    await gate.refuse(agent, "run_inference", args, "invalid_argument", "texts: bad");
+    await gate.refuse(agent, "run_inference", args, "invalid_argument", "texts: bad");
+    await expect(
       gate.refuse(agent, "run_inference", args, "invalid_argument", "texts: bad"),
-    ).toThrow(expect.objectContaining({ code: "rate_limited" }));
-    const agentRows = () => audit.tail(10).filter((r) => r.principal === "agent");
+    ).rejects.toThrow(expect.objectContaining({ code: "rate_limited" }));
+    const agentRows = async () => (await audit.tail(10)).filter((r) => r.principal === "agent");
     // The same call refused again is counted, not recorded again, until its window ends.
-    expect(agentRows().map((r) => r.code)).toEqual([
+    expect((await agentRows()).map((r) => r.code)).toEqual([
       "unknown_model",
       "invalid_argument",
       "rate_limited",
     ]);
-    audit.flushRefusals();
-    const rows = agentRows();
+    await audit.flushRefusals();
+    const rows = await agentRows();
     expect(rows.map((r) => [r.code, r.count])).toEqual([
       ["unknown_model", undefined],
       ["invalid_argument", undefined],
@@ -302,12 +302,12 @@ describe("read-scoped device time", () => {
     expect(!r.ok && r.e.code).toBe("budget_exceeded");
     expect(!r.ok && r.e.message).toMatch(/allowance for read-scoped tools ran out/);
     expect(!r.ok && r.e.details.stopped_after_s).toBeCloseTo(0.2, 3);
-    expect(audit.tail(1)[0]).toMatchObject({ outcome: "failed", code: "budget_exceeded" });
+    expect((await audit.tail(1))[0]).toMatchObject({ outcome: "failed", code: "budget_exceeded" });
     await flush();
     // Charged up to its stop (the 250 ms it took to stop are not the line's), on the allowance
     // and the budget alike: the allowance ends exactly at its limit.
-    expect(budget.check("reader\u0000read", 0).used_s).toBeCloseTo(0.3, 3);
-    expect(budget.check("reader", 0).used_s).toBeCloseTo(0.3, 3);
+    expect((await budget.check("reader\u0000read", 0)).used_s).toBeCloseTo(0.3, 3);
+    expect((await budget.check("reader", 0)).used_s).toBeCloseTo(0.3, 3);
     // Nothing left: the next check is refused before it starts.
     const next = await settle(gate.run(check(0.01), async () => "ran"));
     expect(!next.ok && next.e.message).toMatch(/read-scoped tools exceeded/);

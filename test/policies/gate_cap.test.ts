@@ -94,10 +94,10 @@ describe("a budget is a cap", () => {
     expect(reason.message).toMatch(/budget of agent ran out \(0\.5 s per 3600 s window/);
     await flush();
     // Charged up to the stop: the 30 ms the work took to stop are not the budget's.
-    expect(budget.check("agent", 0).used_s).toBeCloseTo(0.5, 2);
+    expect((await budget.check("agent", 0)).used_s).toBeCloseTo(0.5, 2);
     // Recorded as stopped, its partial result returned.
-    expect(audit.tail(1)[0]).toMatchObject({ outcome: "failed", code: "budget_exceeded" });
-    expect(audit.tail(1)[0].reason).toMatch(/partial result was returned/);
+    expect((await audit.tail(1))[0]).toMatchObject({ outcome: "failed", code: "budget_exceeded" });
+    expect((await audit.tail(1))[0].reason).toMatch(/partial result was returned/);
   }, 10_000);
 
   it("charges a stopped call up to its stop however long the worker takes to end it", async () => {
@@ -108,9 +108,9 @@ describe("a budget is a cap", () => {
     const { fn } = partialOnStop(clock, clock.now(), 3000);
     expect(await gate.run(bench(0.1), fn)).toEqual({ stopped: "budget" });
     await flush();
-    expect(budget.check("agent", 0).used_s).toBeCloseTo(0.5, 2);
+    expect((await budget.check("agent", 0)).used_s).toBeCloseTo(0.5, 2);
     // The audit says how long the work really ran.
-    expect(audit.tail(1)[0].duration_ms).toBeGreaterThanOrEqual(3000);
+    expect((await audit.tail(1))[0].duration_ms).toBeGreaterThanOrEqual(3000);
   }, 10_000);
 
   it("answers budget_exceeded when the stopped work gives no result", async () => {
@@ -157,7 +157,7 @@ describe("a budget is a cap", () => {
     );
     expect(used[0] + used[1]).toBeLessThanOrEqual(0.6 + 0.002);
     await flush();
-    expect(budget.check("agent", 0).used_s).toBeLessThanOrEqual(0.6 + 0.002);
+    expect((await budget.check("agent", 0)).used_s).toBeLessThanOrEqual(0.6 + 0.002);
   }, 10_000);
 
   it("stops a call at call_timeout_s the same way: its partial result, marked timeout", async () => {
@@ -176,7 +176,7 @@ describe("a budget is a cap", () => {
       const first = await made.gate.run(call, async () => "never").catch((x: PolicyError) => x);
       expect((first as PolicyError).code).toBe("approval_required");
       const id = (first as PolicyError).details.approval_id as string;
-      made.gate.decideApproval(id, operator, "approve");
+      await made.gate.decideApproval(id, operator, "approve");
       return { ...made, call: { ...call, args: { ...call.args, approval_id: id } } };
     };
     // Factor 2 (the default) with no floor: stopped at 0.1 s of a 0.05 s estimate, told why,
@@ -192,8 +192,11 @@ describe("a budget is a cap", () => {
     expect(reason.details).toMatchObject({ estimated_s: 0.05, overrun_factor: 2 });
     expect(reason.message).toMatch(/approved for an estimate of 0\.05 s/);
     await flush();
-    expect(a.budget.check("agent", 0).used_s).toBeCloseTo(0.1, 2);
-    expect(a.audit.tail(1)[0]).toMatchObject({ outcome: "failed", code: "approval_overrun" });
+    expect((await a.budget.check("agent", 0)).used_s).toBeCloseTo(0.1, 2);
+    expect((await a.audit.tail(1))[0]).toMatchObject({
+      outcome: "failed",
+      code: "approval_overrun",
+    });
     // The floor: past the estimate by at least overrun_min_s, whatever the factor gives.
     const f = await approved({
       approvals: { rules: [{ tool: "run_benchmark" }], overrun_min_s: 0.2 },
@@ -202,7 +205,7 @@ describe("a budget is a cap", () => {
     expect(await f.gate.run(f.call, floored.fn)).toEqual({ stopped: "approval" });
     expect((floored.seen.reason as PolicyError).details).toMatchObject({ overrun_min_s: 0.2 });
     await flush();
-    expect(f.budget.check("agent", 0).used_s).toBeCloseTo(0.25, 2);
+    expect((await f.budget.check("agent", 0)).used_s).toBeCloseTo(0.25, 2);
     // overrun_factor 0 turns the bound off: the same call runs to its end.
     const b = await approved({
       approvals: { rules: [{ tool: "run_benchmark" }], overrun_factor: 0 },

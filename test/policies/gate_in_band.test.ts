@@ -113,9 +113,9 @@ describe("an answer in the client decides only a client_form rule", () => {
     const elicit = selfApprover();
     await expect(gate.run(bench({ elicit }), async () => "ran")).resolves.toBe("ran");
     expect(elicit).toHaveBeenCalledOnce();
-    const granted = audit.tail(5).find((r) => r.outcome === "approval_granted")!;
+    const granted = (await audit.tail(5)).find((r) => r.outcome === "approval_granted")!;
     expect(granted).toMatchObject({ approver: "client-form:agent", assurance: "client_form" });
-    expect(approvals.get(granted.approval_id!)?.decided_by).toBe("client-form:agent");
+    expect((await approvals.get(granted.approval_id!))?.decided_by).toBe("client-form:agent");
   });
 
   it("a client_form rule is asked in 2026-07-28; the retry with the state and a yes runs it", async () => {
@@ -125,7 +125,7 @@ describe("an answer in the client decides only a client_form rule", () => {
     const state = (ask as InputRequired).state;
     const retry = bench({ inBand: { canAsk: true, state, answer: "accept" } });
     await expect(gate.run(retry, async () => "ran")).resolves.toBe("ran");
-    expect(audit.tail(5).find((r) => r.outcome === "approval_granted")).toMatchObject({
+    expect((await audit.tail(5)).find((r) => r.outcome === "approval_granted")).toMatchObject({
       approver: "client-form:agent",
       assurance: "client_form",
     });
@@ -169,7 +169,7 @@ describe("a rule raised or lowered between the request and the answer", () => {
     const e = await refusal(after.gate.run(retry, async () => "ran"));
     expect(e.code).toBe("invalid_request_state");
     expect(e.details.why).toBe("assurance");
-    expect(after.approvals.get(ask.approvalId)?.status).toBe("pending");
+    expect((await after.approvals.get(ask.approvalId))?.status).toBe("pending");
   });
 
   it("a rule lowered to client_form: an approval made under token is still decided out of band", async () => {

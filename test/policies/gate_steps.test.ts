@@ -100,31 +100,33 @@ describe("admission steps", () => {
 });
 
 describe("one audited scope check per call", () => {
-  it("enforceScope records a refusal once and a permitted call not at all", () => {
+  it("enforceScope records a refusal once and a permitted call not at all", async () => {
     const { gate, audit } = makeGate();
-    gate.enforceScope(agent, "load_model", "HTTP 403");
-    expect(audit.tail(10)).toHaveLength(0);
-    expect(() => gate.enforceScope(reader, "load_model", "HTTP 403")).toThrow(/models:load/);
-    const rows = audit.tail(10);
+    await gate.enforceScope(agent, "load_model", "HTTP 403");
+    expect(await audit.tail(10)).toHaveLength(0);
+    await expect(gate.enforceScope(reader, "load_model", "HTTP 403")).rejects.toThrow(
+      /models:load/,
+    );
+    const rows = await audit.tail(10);
     expect(rows).toHaveLength(1);
     expect(rows[0]).toMatchObject({ principal: "reader", code: "insufficient_scope" });
     expect(rows[0]!.reason).toMatch(/\(HTTP 403\)$/);
   });
 
-  it("refuse reports a missing scope before bad arguments, without taking from the rate", () => {
+  it("refuse reports a missing scope before bad arguments, without taking from the rate", async () => {
     const { gate, audit } = makeGate({ limits: { rate_limit: { per_principal_per_minute: 1 } } });
-    const e = (() => {
+    const e = await (async () => {
       try {
-        gate.refuse(reader, "load_model", { model: 42 }, "invalid_argument", "model: bad");
+        await gate.refuse(reader, "load_model", { model: 42 }, "invalid_argument", "model: bad");
       } catch (err) {
         return err as PolicyError;
       }
     })();
     expect(e?.code).toBe("insufficient_scope");
-    expect(audit.tail(10).map((r) => r.code)).toEqual(["insufficient_scope"]);
+    expect((await audit.tail(10)).map((r) => r.code)).toEqual(["insufficient_scope"]);
     // The reader's one call a minute is still there: its bad arguments are recorded as such.
-    gate.refuse(reader, "list_models", { x: 1 }, "invalid_argument", "x: unknown");
-    expect(audit.tail(1)[0]).toMatchObject({ code: "invalid_argument" });
+    await gate.refuse(reader, "list_models", { x: 1 }, "invalid_argument", "x: unknown");
+    expect((await audit.tail(1))[0]).toMatchObject({ code: "invalid_argument" });
   });
 
   it("run refuses out of scope with one record and no estimate made", async () => {
@@ -138,7 +140,7 @@ describe("one audited scope check per call", () => {
     };
     expect((await refusal(gate.run(call, async () => "ran"))).code).toBe("insufficient_scope");
     expect(estimated).toBe(false);
-    expect(audit.tail(10).map((r) => [r.outcome, r.code])).toEqual([
+    expect((await audit.tail(10)).map((r) => [r.outcome, r.code])).toEqual([
       ["denied", "insufficient_scope"],
     ]);
   });
@@ -175,8 +177,8 @@ describe("elicitation: decided and timed by the gate", () => {
     expect(e.message).toMatch(/within 0\.05 s/);
     expect(Date.now() - t0).toBeGreaterThanOrEqual(40);
     expect(withdrawn?.aborted).toBe(true);
-    expect(approvals.get(e.details.approval_id as string)?.status).toBe("pending");
-    expect(audit.tail(1)[0]).toMatchObject({ outcome: "approval_requested" });
+    expect((await approvals.get(e.details.approval_id as string))?.status).toBe("pending");
+    expect((await audit.tail(1))[0]).toMatchObject({ outcome: "approval_requested" });
   });
 
   it("an operator's decision while the prompt is up withdraws it: approved, the call runs once; denied, it is refused", async () => {
@@ -235,17 +237,17 @@ describe("elicitation: decided and timed by the gate", () => {
     expect(e.code).toBe("cancelled");
     const id = e.details.approval_id as string;
     expect(withdrawn?.aborted).toBe(false);
-    expect(approvals.get(id)?.status).toBe("pending");
+    expect((await approvals.get(id))?.status).toBe("pending");
 
     answer("accept"); // the person answers after the client stopped waiting
     await flush();
-    expect(approvals.get(id)).toMatchObject({
+    expect(await approvals.get(id)).toMatchObject({
       status: "approved",
       decided_by: "client-form:agent",
     });
     const retry = load({ args: { model: "tiny-gpt2", approval_id: id } });
     await expect(gate.run(retry, async () => "ran")).resolves.toBe("ran");
-    expect(approvals.get(id)?.status).toBe("used");
+    expect((await approvals.get(id))?.status).toBe("used");
   });
 
   it("lets a retry join the prompt still up instead of asking twice; a decline is recorded", async () => {
@@ -272,7 +274,7 @@ describe("elicitation: decided and timed by the gate", () => {
     answer("decline");
     const e = await refusal(retry);
     expect(e.code).toBe("approval_declined");
-    expect(approvals.get(e.details.approval_id as string)).toMatchObject({
+    expect(await approvals.get(e.details.approval_id as string)).toMatchObject({
       status: "denied",
       decided_by: "client-form:agent",
     });
@@ -294,6 +296,6 @@ describe("elicitation: decided and timed by the gate", () => {
       "approval_required",
     );
     expect(asked).toBe(false);
-    expect(approvals.list({ status: "pending" })).toHaveLength(1);
+    expect(await approvals.list({ status: "pending" })).toHaveLength(1);
   });
 });

@@ -132,19 +132,19 @@ describe("ConcurrencyLimiter", () => {
 });
 
 describe("RateLimiter", () => {
-  it("allows a burst of the per-minute allowance, then refills continuously", () => {
+  it("allows a burst of the per-minute allowance, then refills continuously", async () => {
     const clock = new FakeClock();
     const rl = new RateLimiter(60, clock.now);
-    for (let i = 0; i < 60; i++) expect(rl.take("agent").ok).toBe(true);
-    const d = rl.take("agent");
+    for (let i = 0; i < 60; i++) expect((await rl.take("agent")).ok).toBe(true);
+    const d = await rl.take("agent");
     expect(d).toEqual({ ok: false, retry_after_ms: 1000 });
-    expect(rl.take("other").ok).toBe(true);
+    expect((await rl.take("other")).ok).toBe(true);
     clock.advance(999);
-    expect(rl.take("agent").ok).toBe(false);
+    expect((await rl.take("agent")).ok).toBe(false);
     clock.advance(1);
-    expect(rl.take("agent").ok).toBe(true);
+    expect((await rl.take("agent")).ok).toBe(true);
     clock.advance(3_600_000);
-    const full = rl.take("agent");
+    const full = await rl.take("agent");
     expect(full).toEqual({ ok: true, remaining: 59 });
   });
 });
@@ -153,35 +153,35 @@ describe("SqliteBudgetLedger", () => {
   const tmp = tempDir();
   afterAll(() => tmp.cleanup());
 
-  it("refuses when the estimate exceeds what is left, and says when budget frees up", () => {
+  it("refuses when the estimate exceeds what is left, and says when budget frees up", async () => {
     const clock = new FakeClock();
     const b = new SqliteBudgetLedger(":memory:", {
       device_seconds_per_window: 100,
       window_s: 60,
       clock: clock.now,
     });
-    expect(b.check("a", 100).ok).toBe(true);
+    expect((await b.check("a", 100)).ok).toBe(true);
     b.charge("a", 30);
     clock.advance(10_000);
     b.charge("a", 50);
-    const c = b.check("a", 40);
+    const c = await b.check("a", 40);
     expect(c).toMatchObject({ ok: false, used_s: 80, remaining_s: 20, limit_s: 100, window_s: 60 });
     // The first charge (30 s) leaves the window 50 s from now; then 50 + 40 fits.
     expect(c.retry_after_ms).toBe(50_001);
-    expect(b.check("b", 40).ok).toBe(true);
+    expect((await b.check("b", 40)).ok).toBe(true);
     clock.advance(50_001);
-    expect(b.check("a", 40)).toMatchObject({ ok: true, used_s: 50 });
+    expect(await b.check("a", 40)).toMatchObject({ ok: true, used_s: 50 });
     b.close();
   });
 
-  it("counts in-flight reservations and refuses what can never fit", () => {
+  it("counts in-flight reservations and refuses what can never fit", async () => {
     const b = new SqliteBudgetLedger(":memory:", {
       device_seconds_per_window: 100,
       window_s: 60,
       clock: () => 0,
     });
-    expect(b.check("a", 30, 80).ok).toBe(false);
-    const never = b.check("a", 101);
+    expect((await b.check("a", 30, 80)).ok).toBe(false);
+    const never = await b.check("a", 101);
     expect(never.ok).toBe(false);
     expect(never.retry_after_ms).toBeUndefined();
     b.close();
@@ -197,7 +197,7 @@ describe("SqliteBudgetLedger", () => {
     const v0 = version();
     for (let i = 0; i < 50; i++) b.charge("a", 1, "run_inference");
     // Enforced before any row is written…
-    expect(b.check("a", 51)).toMatchObject({ ok: false, used_s: 50 });
+    expect(await b.check("a", 51)).toMatchObject({ ok: false, used_s: 50 });
     expect(rows()).toBe(0);
     await new Promise((r) => setImmediate(r));
     // …and written together after the turn.
@@ -207,7 +207,7 @@ describe("SqliteBudgetLedger", () => {
     b.close();
   });
 
-  it("survives reopening the file", () => {
+  it("survives reopening the file", async () => {
     const clock = new FakeClock();
     const path = tmp.file("budget.db");
     const b1 = new SqliteBudgetLedger(path, {
@@ -222,7 +222,7 @@ describe("SqliteBudgetLedger", () => {
       window_s: 3600,
       clock: clock.now,
     });
-    expect(b2.check("a", 20)).toMatchObject({ ok: false, used_s: 90, remaining_s: 10 });
+    expect(await b2.check("a", 20)).toMatchObject({ ok: false, used_s: 90, remaining_s: 10 });
     b2.close();
   });
 });

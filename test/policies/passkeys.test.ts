@@ -29,6 +29,15 @@ const approval = {
   estimate: { device_seconds: 12, memory_bytes: 2 ** 30, weight_bytes: 2 ** 20, compile_s: 0 },
 } as never;
 
+async function rejected(p: Promise<unknown>): Promise<PolicyError> {
+  try {
+    await p;
+  } catch (e) {
+    return e as PolicyError;
+  }
+  throw new Error("expected a refusal");
+}
+
 function thrown(fn: () => unknown): PolicyError {
   try {
     fn();
@@ -71,12 +80,12 @@ describe("decision challenge", () => {
 });
 
 describe("ChallengeBook", () => {
-  it("hands a nonce back once, to its owner, for its purpose, before it expires", () => {
+  it("hands a nonce back once, to its owner, for its purpose, before it expires", async () => {
     const clock = new FakeClock();
     const book = new ChallengeBook(60_000, clock.now);
     const one = book.issue("decision", "session-a", (n) => decisionBinding(approval, "deny", n));
     expect(one.challenge).toBe(decisionChallenge(one.binding));
-    expect(book.take(one.nonce, "decision", "session-a").binding).toEqual(one.binding);
+    expect((await book.take(one.nonce, "decision", "session-a")).binding).toEqual(one.binding);
     // Replayed: gone.
     expect(thrown(() => book.take(one.nonce, "decision", "session-a")).code).toBe(
       "passkey_refused",
@@ -97,13 +106,13 @@ describe("ChallengeBook", () => {
     expect(thrown(() => book.take(four.nonce, "sign_in", "x")).message).toMatch(/expired/);
   });
 
-  it("keeps at most 16 open ceremonies per owner, dropping that owner's oldest", () => {
+  it("keeps at most 16 open ceremonies per owner, dropping that owner's oldest", async () => {
     const book = new ChallengeBook(60_000);
     const other = book.issue("sign_in", "someone", (n) => ({ nonce: n }));
     const first = book.issue("sign_in", "flooder", (n) => ({ nonce: n }));
     for (let i = 0; i < 16; i++) book.issue("sign_in", "flooder", (n) => ({ nonce: n }));
     expect(thrown(() => book.take(first.nonce, "sign_in", "flooder")).code).toBe("passkey_refused");
-    expect(book.take(other.nonce, "sign_in", "someone").owner).toBe("someone");
+    expect((await book.take(other.nonce, "sign_in", "someone")).owner).toBe("someone");
   });
 });
 
@@ -148,7 +157,7 @@ describe("PasskeyStore", () => {
     store.close();
   });
 
-  it("moves a counter forward only, and keeps it across a reopen", () => {
+  it("moves a counter forward only, and keeps it across a reopen", async () => {
     const file = tmp.file("pk3.db");
     const store = new PasskeyStore(file);
     const { code } = store.createEnrolmentCode("dave", 600);
@@ -158,17 +167,17 @@ describe("PasskeyStore", () => {
     expect(thrown(() => store.advanceCounter("cred-dave", 3)).code).toBe("passkey_refused");
     store.close();
     const again = new PasskeyStore(file);
-    expect(again.get("cred-dave")!.counter).toBe(5);
+    expect((await again.get("cred-dave"))!.counter).toBe(5);
     again.close();
   });
 
-  it("keeps a removed passkey's public key, and lets its operator enrol again by code", () => {
+  it("keeps a removed passkey's public key, and lets its operator enrol again by code", async () => {
     const store = new PasskeyStore(tmp.file("pk4.db"));
     store.addCredential(cred("cred-erin", "erin"), {
       code: store.createEnrolmentCode("erin", 600).code,
     });
     expect(store.removeOperator("erin")).toBe(1);
-    expect(store.get("cred-erin")).toMatchObject({ status: "removed" });
+    expect(await store.get("cred-erin")).toMatchObject({ status: "removed" });
     expect(store.activeCount()).toBe(0);
     // The recovery: a new code, and (no passkey left anywhere) the new passkey is the first.
     const { code } = store.createEnrolmentCode("erin", 600);
@@ -184,7 +193,7 @@ describe("decisions on a passkey rule", () => {
     const file = tmp.file(`d-${Math.random()}.db`);
     const approvals = new SqliteApprovalStore(file);
     const audit = new SqliteAuditLog(file);
-    const make = (assurance: "token" | "passkey") =>
+    const make = async (assurance: "token" | "passkey") =>
       approvals.create({
         principal: "agent",
         tool: "run_benchmark",
@@ -197,10 +206,10 @@ describe("decisions on a passkey rule", () => {
     return { approvals, audit, make, deps: { approvals, audit } };
   }
 
-  it("refuses a token decision, saying where to decide, and records the refusal", () => {
+  it("refuses a token decision, saying where to decide, and records the refusal", async () => {
     const { deps, make, audit } = setup();
-    const rec = make("passkey");
-    const e = thrown(() =>
+    const rec = await make("passkey");
+    const e = await rejected(
       decideApproval(
         { ...deps, consoleUrl: () => "http://localhost:8000/console/" },
         rec.id,
@@ -210,20 +219,23 @@ describe("decisions on a passkey rule", () => {
     );
     expect(e.code).toBe("approval_needs_passkey");
     expect(e.message).toContain(`http://localhost:8000/console/#/approvals/${rec.id}`);
-    expect(deps.approvals.get(rec.id)!.status).toBe("pending");
-    expect(audit.tail(1)[0]).toMatchObject({ outcome: "denied", code: "approval_needs_passkey" });
+    expect((await deps.approvals.get(rec.id))!.status).toBe("pending");
+    expect((await audit.tail(1))[0]).toMatchObject({
+      outcome: "denied",
+      code: "approval_needs_passkey",
+    });
   });
 
-  it("accepts a token decision on a token rule, as before", () => {
+  it("accepts a token decision on a token rule, as before", async () => {
     const { deps, make } = setup();
-    const rec = make("token");
-    expect(decideApproval(deps, rec.id, operator, "approve").status).toBe("approved");
+    const rec = await make("token");
+    expect((await decideApproval(deps, rec.id, operator, "approve")).status).toBe("approved");
   });
 
-  it("refuses evidence made for another approval or decision, and records a signed one", () => {
+  it("refuses evidence made for another approval or decision, and records a signed one", async () => {
     const { deps, make, audit } = setup();
-    const rec = make("passkey");
-    const other = make("passkey");
+    const rec = await make("passkey");
+    const other = await make("passkey");
     const evidence = (id: string, decision: "approve" | "deny"): DecisionEvidence => ({
       kind: "webauthn",
       operator: "operator",
@@ -238,24 +250,28 @@ describe("decisions on a passkey rule", () => {
     });
     const signer = { ...operator, via: "passkey" as const };
     expect(
-      thrown(() =>
-        decideApproval(deps, rec.id, signer, "approve", undefined, evidence(other.id, "approve")),
+      (
+        await rejected(
+          decideApproval(deps, rec.id, signer, "approve", undefined, evidence(other.id, "approve")),
+        )
       ).code,
     ).toBe("passkey_refused");
     expect(
-      thrown(() =>
-        decideApproval(deps, rec.id, signer, "approve", undefined, evidence(rec.id, "deny")),
+      (
+        await rejected(
+          decideApproval(deps, rec.id, signer, "approve", undefined, evidence(rec.id, "deny")),
+        )
       ).code,
     ).toBe("passkey_refused");
     // Evidence signed by another operator's passkey is not this approver's decision.
     const bobs = { ...evidence(rec.id, "approve"), operator: "bob" };
     expect(
-      thrown(() => decideApproval(deps, rec.id, signer, "approve", undefined, bobs)).code,
+      (await rejected(decideApproval(deps, rec.id, signer, "approve", undefined, bobs))).code,
     ).toBe("passkey_refused");
-    expect(deps.approvals.get(rec.id)!.status).toBe("pending");
-    const ok = decideApproval(deps, rec.id, signer, "deny", "no", evidence(rec.id, "deny"));
+    expect((await deps.approvals.get(rec.id))!.status).toBe("pending");
+    const ok = await decideApproval(deps, rec.id, signer, "deny", "no", evidence(rec.id, "deny"));
     expect(ok.status).toBe("denied");
-    expect(audit.tail(1)[0]).toMatchObject({
+    expect((await audit.tail(1))[0]).toMatchObject({
       outcome: "approval_denied",
       assurance: "passkey",
       evidence: { credential_id: "cred", binding: { approval_id: rec.id, decision: "deny" } },
@@ -264,11 +280,11 @@ describe("decisions on a passkey rule", () => {
 });
 
 describe("sealed sign-in challenges", () => {
-  it("are answered once, expire, and are refused when forged", () => {
+  it("are answered once, expire, and are refused when forged", async () => {
     const clock = new FakeClock();
     const seals = new SealedChallenges(60_000, clock.now);
     const a = seals.issue();
-    expect(seals.take(a.nonce)).toBe(a.challenge);
+    expect(await seals.take(a.nonce)).toBe(a.challenge);
     expect(thrown(() => seals.take(a.nonce)).message).toMatch(/unknown or already used/);
     const b = seals.issue();
     const forged = b.nonce.replace(/\.[^.]+\./, `.${(clock.ms + 3_600_000).toString(36)}.`);
@@ -283,10 +299,10 @@ describe("sealed sign-in challenges", () => {
     );
   });
 
-  it("store nothing when issued: a flood of sign-in options cannot evict a pending one", () => {
+  it("store nothing when issued: a flood of sign-in options cannot evict a pending one", async () => {
     const seals = new SealedChallenges(60_000);
     const operators = seals.issue();
     for (let i = 0; i < 10_000; i++) seals.issue();
-    expect(seals.take(operators.nonce)).toBe(operators.challenge);
+    expect(await seals.take(operators.nonce)).toBe(operators.challenge);
   });
 });

@@ -253,14 +253,14 @@ describe("a budget in money is a cap", () => {
     expect(reason.details.stopped_after_s).toBeCloseTo(0.5, 2);
     expect(reason.message).toMatch(/budget of agent ran out \(0\.00625 USD per 3600 s window/);
     await flush();
-    const charged = budget.check(`agent${MONEY_KEY_SUFFIX}`, 0).used_s;
+    const charged = (await budget.check(`agent${MONEY_KEY_SUFFIX}`, 0)).used_s;
     expect(Number.isInteger(charged)).toBe(true);
     // Within the price of one gate tick (1 ms) of the limit.
     expect(Math.abs(charged - 6250)).toBeLessThanOrEqual(13);
     // No device-seconds line was charged: the budget is in money.
-    expect(budget.check("agent", 0).used_s).toBe(0);
+    expect((await budget.check("agent", 0)).used_s).toBe(0);
     // The audit's estimate carries its cost.
-    expect(audit.tail(2)[0].estimate).toMatchObject({
+    expect((await audit.tail(2))[0].estimate).toMatchObject({
       cost: { currency: "USD", amount: "0.00125", device_kind: "cpu" },
     });
   }, 10_000);
@@ -292,7 +292,7 @@ describe("a budget in money is a cap", () => {
   it("leaves the estimate as it was without pricing", async () => {
     const { gate, audit } = makeGate({});
     await gate.run(bench(0.1), async () => "ran");
-    expect(audit.tail(2)[0].estimate).toEqual(est(0.1));
+    expect((await audit.tail(2))[0].estimate).toEqual(est(0.1));
   });
 });
 

@@ -65,7 +65,7 @@ function serverOn(file: string, clock: FakeClock) {
     clock: clock.now,
     logger: captureLogger(),
   });
-  const used = () => budget.check("agent", 0).used_s;
+  const used = async () => (await budget.check("agent", 0)).used_s;
   return { gate, approvals, audit, budget, calls, db, used };
 }
 
@@ -73,7 +73,7 @@ async function approvalFor(s: ReturnType<typeof serverOn>, call: GateCall): Prom
   const e = await s.gate.run(call, async () => ({})).catch((x: unknown) => x);
   expect((e as PolicyError).code).toBe("approval_required");
   const id = (e as PolicyError).details.approval_id as string;
-  s.approvals.approve(id, "operator");
+  await s.approvals.approve(id, "operator");
   return id;
 }
 
@@ -120,15 +120,15 @@ describe("a call left running by a killed server", () => {
       .catch(() => {});
     await flush();
     expect(started).toBe(true);
-    expect(first.approvals.get(id)!.status).toBe("used");
+    expect((await first.approvals.get(id))!.status).toBe("used");
     clock.advance(12_000);
     first.calls.stampAlive();
     clock.advance(1_500); // past the last heartbeat: not known, not charged
 
     const second = serverOn(file, clock);
-    const settled = second.gate.reconcileInterrupted(second.calls);
+    const settled = await second.gate.reconcileInterrupted(second.calls);
     expect(settled).toHaveLength(1);
-    const tail = second.audit.tail(2);
+    const tail = await second.audit.tail(2);
     expect(tail.map((r) => r.outcome)).toEqual(["allowed", "interrupted"]);
     expect(tail[1]).toMatchObject({
       approval_id: id,
@@ -136,16 +136,16 @@ describe("a call left running by a killed server", () => {
       duration_ms: 12_000,
     });
     expect(tail[1]!.args_digest).toBe(tail[0]!.args_digest);
-    expect(second.used()).toBe(12);
-    const back = second.approvals.get(id)!;
+    expect(await second.used()).toBe(12);
+    const back = (await second.approvals.get(id))!;
     expect(back.status).toBe("approved");
-    expect(back.expires_at).toBe(first.approvals.get(id)!.expires_at);
+    expect(back.expires_at).toBe((await first.approvals.get(id))!.expires_at);
 
     // A second start finds nothing: no second record, no second charge.
     const third = serverOn(file, clock);
-    expect(third.gate.reconcileInterrupted(third.calls)).toEqual([]);
-    expect(third.used()).toBe(12);
-    expect(third.audit.tail(1)[0]!.outcome).toBe("interrupted");
+    expect(await third.gate.reconcileInterrupted(third.calls)).toEqual([]);
+    expect(await third.used()).toBe(12);
+    expect((await third.audit.tail(1))[0]!.outcome).toBe("interrupted");
 
     // Other arguments with that id are refused; the same arguments run on it, once.
     const other = await third.gate
@@ -155,10 +155,10 @@ describe("a call left running by a killed server", () => {
     await expect(third.gate.run(bench({ approval_id: id }), async () => "ran")).resolves.toBe(
       "ran",
     );
-    expect(third.approvals.get(id)!.status).toBe("used");
+    expect((await third.approvals.get(id))!.status).toBe("used");
     // A call that ended is charged and leaves nothing behind.
     const fourth = serverOn(file, clock);
-    expect(fourth.gate.reconcileInterrupted(fourth.calls)).toEqual([]);
+    expect(await fourth.gate.reconcileInterrupted(fourth.calls)).toEqual([]);
   });
 
   it("is charged its estimate when killed before the first heartbeat, and an expired approval stays used", async () => {
@@ -173,10 +173,10 @@ describe("a call left running by a killed server", () => {
     clock.advance(3600_000); // past the approval's TTL
 
     const second = serverOn(file, clock);
-    const [rec] = second.gate.reconcileInterrupted(second.calls);
+    const [rec] = await second.gate.reconcileInterrupted(second.calls);
     expect(rec).toMatchObject({ outcome: "interrupted", duration_ms: 30_000 });
     expect(rec!.reason).toContain("not given back");
-    expect(second.approvals.get(id)!.status).toBe("used");
-    expect(second.used()).toBe(30);
+    expect((await second.approvals.get(id))!.status).toBe("used");
+    expect(await second.used()).toBe(30);
   });
 });

@@ -35,24 +35,24 @@ const req = (ttl_s = 900) => ({
 });
 
 describe("ApprovalFeed", () => {
-  it("announces in-process changes at once and not again on the next poll", () => {
+  it("announces in-process changes at once and not again on the next poll", async () => {
     const { server, feed, seen } = setup();
-    const a = server.create(req());
-    server.approve(a.id, "operator");
-    server.consume(a.id, "agent", "run_benchmark", "a".repeat(64));
+    const a = await server.create(req());
+    await server.approve(a.id, "operator");
+    await server.consume(a.id, "agent", "run_benchmark", "a".repeat(64));
     feed.poll();
     expect(seen).toEqual(["created:pending", "decided:approved", "used:used"]);
   });
 
-  it("finds changes made by another process when it polls, in order", () => {
+  it("finds changes made by another process when it polls, in order", async () => {
     const { cli, feed, seen } = setup();
-    const a = cli.create(req());
-    const b = cli.create(req());
-    cli.deny(b.id, "operator", "no");
+    const a = await cli.create(req());
+    const b = await cli.create(req());
+    await cli.deny(b.id, "operator", "no");
     expect(seen).toEqual([]);
-    feed.poll();
+    await feed.poll();
     expect(seen).toEqual(["created:pending", "created:denied", "decided:denied"]);
-    cli.approve(a.id, "operator");
+    await cli.approve(a.id, "operator");
     feed.poll();
     feed.poll();
     expect(seen.slice(3)).toEqual(["decided:approved"]);

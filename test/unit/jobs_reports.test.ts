@@ -26,7 +26,7 @@ describe("job errors", () => {
         );
       });
       await jobs.settled(raw.job_id);
-      const rec = jobs.get(raw.job_id, "p")!;
+      const rec = await jobs.get(raw.job_id, "p")!;
       expect(rec.status).toBe("failed");
       expect(rec.error!.code).toBe("internal");
       expect(rec.error!.message).not.toMatch(/home|ENOENT|x\.bin/);
@@ -38,7 +38,7 @@ describe("job errors", () => {
         });
       });
       await jobs.settled(known.job_id);
-      const k = jobs.get(known.job_id, "p")!;
+      const k = await jobs.get(known.job_id, "p")!;
       expect(k.error!.code).toBe("weights_missing");
       expect(k.error!.message).toBe("weights at <path> are bad");
     } finally {

@@ -56,8 +56,8 @@ async function call(answer: unknown, job?: { jobs: SqliteJobs }) {
     rawArgs: job ? { wait: false } : {},
     principal: { id: "p", scopes: ["admin"], via: "stdio" },
     gate: {
-      enforceScope: () => {},
-      refuse: () => {},
+      enforceScope: async () => {},
+      refuse: async () => {},
       run: ((_call: unknown, fn: (s: AbortSignal) => Promise<unknown>) =>
         fn(new AbortController().signal)) as never,
     },
@@ -114,7 +114,7 @@ describe("output validation of job results (what get_job serves)", () => {
       const jobId = result.structuredContent?.job_id as string;
       expect(jobId).toMatch(/^job_/);
       await jobs.settled(jobId);
-      const job = jobs.get(jobId, "p")!;
+      const job = await jobs.get(jobId, "p")!;
       expect(job.status).toBe(status);
       if (status === "succeeded") expect(job.result).toEqual(answer);
       else {

@@ -77,12 +77,12 @@ function fakeServer(
 }
 afterEach(() => stopServer?.());
 
-function scaleAudit(config: ReturnType<typeof setup>["config"]) {
+async function scaleAudit(config: ReturnType<typeof setup>["config"]) {
   const policy = createPolicyServices(config, logger);
   try {
-    return policy.audit.tail(20).filter((r) => r.tool === "workers.scale");
+    return (await policy.audit.tail(20)).filter((r) => r.tool === "workers.scale");
   } finally {
-    policy.close();
+    await policy.close();
   }
 }
 
@@ -98,7 +98,7 @@ describe("tpu-mcp workers scale", () => {
     );
     expect(await runWorkersCommand(t.config, ["scale", "5"], t.io)).toBe(1);
     expect(t.err.join("\n")).toMatch(/scale 5 refused: out_of_range: the fleet can hold at most 4/);
-    const audit = scaleAudit(t.config);
+    const audit = await scaleAudit(t.config);
     expect(audit.map((r) => r.outcome)).toEqual(["allowed", "failed"]);
     expect(audit[1]).toMatchObject({
       principal: "ops",
@@ -132,7 +132,7 @@ describe("tpu-mcp workers scale", () => {
     );
     // Progress is printed when it changes, not on every poll.
     expect(t.err.filter((l) => l.startsWith("waiting for")).length).toBe(1);
-    const audit = scaleAudit(t.config);
+    const audit = await scaleAudit(t.config);
     expect(audit.map((r) => r.outcome)).toEqual(["allowed", "executed"]);
     expect(audit[1].reason).toMatch(/^target recorded, not reached: after 2 s: 1\/2 serving/);
   });
@@ -156,7 +156,7 @@ describe("tpu-mcp workers scale", () => {
     expect(t.err.join("\n")).toMatch(
       /scale 2 refused: ray_actor_device_unavailable: set runtime\.ray\.actor\.device: "cpu"/,
     );
-    expect(scaleAudit(t.config).map((r) => [r.outcome, r.code])).toEqual([
+    expect((await scaleAudit(t.config)).map((r) => [r.outcome, r.code])).toEqual([
       ["allowed", undefined],
       ["failed", "ray_actor_device_unavailable"],
     ]);
