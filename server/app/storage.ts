@@ -165,7 +165,7 @@ export function openPolicyStores(
 ): PolicyStores {
   if (databaseUrl(config) !== null || shared)
     throw new ConfigError("(config)", [
-      "storage.postgres: the server does not serve on Postgres yet (its gate's stores answer synchronously, which only SQLite does); `tpu-mcp storage migrate|check` work against it. Use storage.sqlite (the default) to serve (docs/storage.md).",
+      "storage.postgres: the server does not serve on Postgres yet (the Postgres stores are not wired into the server); `tpu-mcp storage migrate|check` work against it. Use storage.sqlite (the default) to serve (docs/storage.md).",
     ]);
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
