@@ -121,7 +121,7 @@ export async function checkApproval(
     if (answer === "accept") return rec.id;
     if (answer === "operator") {
       // Decided out of band while the prompt was up (the console, another replica): that stands.
-      const now = ctx.deps.approvals.get(rec.id);
+      const now = await ctx.deps.approvals.get(rec.id);
       const refused = approvalUsableError(now, rec.id, principal.id, tool, digest);
       if (refused) throw refused;
       return rec.id;

@@ -33,7 +33,11 @@ export class ApprovalFeed {
     private readonly store: ApprovalQueue,
     private readonly opts: { pollMs?: number; onError?: (e: unknown) => void } = {},
   ) {
-    this.polling = this.snapshot(false).catch((e) => this.opts.onError?.(e));
+    const first = this.snapshot(false).catch((e) => this.opts.onError?.(e));
+    this.polling = first;
+    void first.then(() => {
+      if (this.polling === first) this.polling = null;
+    });
     this.unsubscribe = store.subscribe((e) => this.observe(e.record));
   }
 
@@ -62,7 +66,8 @@ export class ApprovalFeed {
 
   /** Re-reads the store when something changed or an open approval's expiry passed. */
   poll(): Promise<void> {
-    if (this.polling) return this.polling;
+    // One read at a time: a poll asked during one runs after it (a change may have come since).
+    if (this.polling) return this.polling.then(() => this.poll());
     const done = (async () => {
       try {
         const mark = this.store.changeMark();

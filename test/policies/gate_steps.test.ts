@@ -196,8 +196,13 @@ describe("elicitation: decided and timed by the gate", () => {
     };
     const decideWhenAsked = async (decision: "approve" | "deny") => {
       while (shown.length === 0) await flush();
-      const id = approvals.list({ status: "pending" })[0]!.id;
-      gate.decideApproval(id, operator, decision, decision === "deny" ? "not now" : undefined);
+      const id = (await approvals.list({ status: "pending" }))[0]!.id;
+      await gate.decideApproval(
+        id,
+        operator,
+        decision,
+        decision === "deny" ? "not now" : undefined,
+      );
       return id;
     };
     const [ran, id] = await Promise.all([

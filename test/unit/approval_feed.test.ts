@@ -40,7 +40,7 @@ describe("ApprovalFeed", () => {
     const a = await server.create(req());
     await server.approve(a.id, "operator");
     await server.consume(a.id, "agent", "run_benchmark", "a".repeat(64));
-    feed.poll();
+    await feed.poll();
     expect(seen).toEqual(["created:pending", "decided:approved", "used:used"]);
   });
 
@@ -53,16 +53,16 @@ describe("ApprovalFeed", () => {
     await feed.poll();
     expect(seen).toEqual(["created:pending", "created:denied", "decided:denied"]);
     await cli.approve(a.id, "operator");
-    feed.poll();
-    feed.poll();
+    await feed.poll();
+    await feed.poll();
     expect(seen.slice(3)).toEqual(["decided:approved"]);
   });
 
   it("announces expiry once the deadline passes", async () => {
     const { server, feed, seen } = setup();
-    server.create(req(0.05));
+    await server.create(req(0.05));
     await new Promise((r) => setTimeout(r, 120));
-    feed.poll();
+    await feed.poll();
     expect(seen).toEqual(["created:pending", "expired:expired"]);
   });
 });
