@@ -211,7 +211,7 @@ describe("elicitation: decided and timed by the gate", () => {
     ]);
     expect(ran).toBe("ran");
     expect(shown[0]!.aborted).toBe(true);
-    expect(approvals.get(id)).toMatchObject({ status: "used", decided_by: "ops" });
+    expect(await approvals.get(id)).toMatchObject({ status: "used", decided_by: "ops" });
 
     shown.length = 0;
     const [refused] = await Promise.all([
