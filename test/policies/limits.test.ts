@@ -187,6 +187,25 @@ describe("SqliteBudgetLedger", () => {
     b.close();
   });
 
+  it("admits in one step: of calls admitted at once that each fit alone, only those that fit together hold", async () => {
+    const b = new SqliteBudgetLedger(":memory:", {
+      device_seconds_per_window: 10,
+      window_s: 60,
+      clock: () => 0,
+    });
+    const line = { key: "a", need: 6 };
+    const got = await Promise.all([b.admit([line]), b.admit([line]), b.admit([line])]);
+    expect(got.map((g) => g.ok)).toEqual([true, false, false]);
+    const refused = got[1];
+    if (refused.ok) throw new Error("unreachable");
+    expect(refused.check).toMatchObject({ reserved_s: 6, remaining_s: 4 });
+    // Given back, the hold makes room; settled, it is the charge (the window counts it).
+    if (got[0].ok) await got[0].hold.settle([{ key: "a", amount: 2 }]);
+    expect(await b.standing("a")).toMatchObject({ charged_s: 2, reserved_s: 0 });
+    expect((await b.admit([line])).ok).toBe(true);
+    b.close();
+  });
+
   it("writes the charges of one turn in one commit, counted by checks at once", async () => {
     const path = tmp.file("budget-batch.db");
     const b = new SqliteBudgetLedger(path, { device_seconds_per_window: 100, window_s: 3600 });
