@@ -121,6 +121,12 @@ export class BudgetLines {
   ) {
     const money = limits.budget.money_per_window;
     this.moneyLimit = money !== undefined && pricing ? toMicros(money) : undefined;
+    // A shared ledger publishes this process's overruns to the other replicas and says when
+    // theirs moved (SQLite has no other process: it has no shareMeter).
+    ledger.shareMeter?.({
+      excess: () => new Map([...this.running.keys()].map((k) => [k, this.excess(k)])),
+      lookAgain: (keys) => this.rearm(keys.map((key) => ({ key }))),
+    });
   }
 
   /** The principal's budget in micro-units when it is set in money; absent: in device-seconds. */

@@ -58,6 +58,18 @@ export type AdmitOutcome =
   | { ok: false; index: number; check: BudgetCheck };
 
 /**
+ * The meter's side of a shared store (BudgetLedger.shareMeter): what this process's running calls
+ * use beyond their estimates, which the store publishes to the other processes, and the lines
+ * to look at again when the other processes' holds may have moved.
+ */
+export interface SharedMeter {
+  /** Per line with running calls: what they used beyond their estimates now (0 included). */
+  excess(): Map<string, number>;
+  /** The meter reads these lines' standing again (another process's holds changed it). */
+  lookAgain(keys: string[]): void;
+}
+
+/**
  * Device-seconds per budget line over a sliding window, and the estimates admitted calls hold
  * against it. Every method that reads or writes returns a promise (a shared store answers over
  * the network); SQLite answers inside the call and resolves at once. The atomic step is `admit`:
@@ -89,6 +101,12 @@ export interface BudgetLedger {
    * call's calls_in_flight row is deleted with its charge, or not at all).
    */
   alongside?(write: () => void): void;
+  /**
+   * A shared store: the meter (gate/budget_lines.ts) hands itself over, so its running calls'
+   * overruns count on every process's admission and it looks again when other processes' holds
+   * move. Absent (SQLite): one process holds everything, and its meter knows it all.
+   */
+  shareMeter?(meter: SharedMeter): void;
   close(): void | Promise<void>;
 }
 

@@ -6,12 +6,15 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  PgBudget,
-  storedKey,
-  type AdmitOutcome,
-  type BudgetLine,
-} from "../../server/app/postgres/budget.js";
+import { parsePolicyConfig } from "../../policies/config.js";
+import type { CostEstimate } from "../../policies/estimate.js";
+import { BudgetLines, type CapStop } from "../../policies/gate/budget_lines.js";
+import type { AdmitOutcome, BudgetLine } from "../../policies/limits/budget.js";
+import type { Principal } from "../../policies/scopes.js";
+import { toolPolicyMap } from "../../policies/tool_policy.js";
+import { PgBudget, storedKey } from "../../server/app/postgres/budget.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
+import { FakeClock } from "../policies/helpers.js";
 import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
@@ -162,6 +165,52 @@ describe("running calls' use beyond their estimates", () => {
     await a!.renew();
     if (got.ok) await got.hold.settle([{ key: "frank", amount: 7 }]);
     expect(await b!.standing("frank")).toMatchObject({ charged_s: 7, reserved_s: 0 });
+  });
+});
+
+describe("the gate's budget lines on two replicas", () => {
+  const est = (device_seconds: number): CostEstimate => ({
+    device_seconds,
+    memory_bytes: 1e6,
+    compile_s: 0,
+    weight_bytes: 0,
+    fits: true,
+  });
+  const harry: Principal = { id: "harry", scopes: ["benchmark:run"], via: "token" };
+
+  it("a call running past its estimate on A refuses B's admission and stops B's running call", async () => {
+    const config = parsePolicyConfig(
+      { approvals: { rules: [] }, limits: { budget: { device_seconds_per_window: 6 } } },
+      TOOL_POLICIES,
+    );
+    const [a, b] = await ledgers(6);
+    const clock = new FakeClock();
+    const [onA, onB] = [a!, b!].map(
+      (l) => new BudgetLines(config.limits, l, clock.now, toolPolicyMap(TOOL_POLICIES)),
+    );
+    // A's call: estimated 0.5 s, running 6 s (5.5 s past its estimate).
+    const heldA = await onA!.admit(harry, "run_benchmark", est(0.5));
+    const runA = onA!.meter("harry", "run_benchmark", est(0.5), () => {})!;
+    clock.advance(6_000);
+    // B's call (1 s) starts before A's next renewal: B sees only A's estimate.
+    const heldB = await onB!.admit(harry, "run_benchmark", est(1));
+    const stops: CapStop[] = [];
+    const runB = onB!.meter("harry", "run_benchmark", est(1), (s) => stops.push(s))!;
+    await expect(onB!.check(harry, "run_benchmark", est(1))).resolves.toBeUndefined();
+    // A renews: its overrun is everyone's. B's next admission is refused, and B's renewal has
+    // its meter look again: 0.5 + 1 held and 5.5 overrun on a 6 s line stop B's call now.
+    await a!.renew();
+    await expect(onB!.admit(harry, "run_benchmark", est(1))).rejects.toMatchObject({
+      code: "budget_exceeded",
+    });
+    expect(stops).toEqual([]);
+    await b!.renew();
+    await waitFor("B's call to be stopped", async () => (stops.length > 0 ? stops : undefined));
+    expect(stops[0]).toMatchObject({ readAllowance: false, limitS: 6 });
+    runA.end();
+    runB.end();
+    await heldA.release();
+    await heldB.release();
   });
 });
 

@@ -15,57 +15,17 @@
 //   drops what a previous run of itself held (its left-behind calls are charged by the reconcile).
 // - Times are the database's clock (replicas' clocks may disagree; the database's is one).
 import { randomBytes } from "node:crypto";
-import type { BudgetCheck } from "../../../policies/limits/budget.js";
+import type {
+  AdmitOutcome,
+  BudgetCheck,
+  BudgetHold,
+  BudgetLedger,
+  BudgetLine,
+  LineStanding,
+  SharedMeter,
+} from "../../../policies/limits/budget.js";
 import { queryable } from "./ambient.js";
 import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
-
-// The ledger's asynchronous port as the storage port declares it (the gate's budget lines hold a
-// call's estimate through `admit` and settle it through its hold); PgBudget is written to it.
-
-/** One budget line of a call's admission: its key, what the call needs on it, its limit. */
-export interface BudgetLine {
-  key: string;
-  /** What the call holds on the line while it runs (its estimate, in the line's unit). */
-  need: number;
-  /** Overrides the configured limit for this line (e.g. a read allowance). */
-  limitS?: number;
-  /** What this process's running calls use beyond their estimates on the line, counted as held. */
-  extraHeldS?: number;
-}
-
-/** The estimate an admitted call holds on its lines until it settles or is released. */
-export interface BudgetHold {
-  /** Gives the held amounts back without charging anything; once. */
-  release(): Promise<void>;
-  /** The call ended: its hold becomes the measured charges in one transaction; once. */
-  settle(charges: { key: string; amount: number; tool?: string }[]): Promise<void>;
-}
-
-/** How a line stands now: for the meter (limits/meter.ts). */
-export interface LineStanding {
-  charged_s: number;
-  /** Held by every replica's admitted calls, and every other replica's overruns. */
-  reserved_s: number;
-  limit_s: number;
-  window_s: number;
-}
-
-export type AdmitOutcome =
-  | { ok: true; hold: BudgetHold }
-  /** The first line that cannot take its need, and how it stands. */
-  | { ok: false; index: number; check: BudgetCheck };
-
-/**
- * The meter's side (policies/gate/budget_lines.ts): what this process's running calls use beyond
- * their estimates, published to the other replicas, and the lines to look at again when the
- * other replicas' holds may have moved.
- */
-export interface SharedMeter {
-  /** Per line with running calls: what they used beyond their estimates now (0 included). */
-  excess(): Map<string, number>;
-  /** The meter reads these lines' standing again. */
-  lookAgain(keys: string[]): void;
-}
 
 export interface PgBudgetOptions {
   /** The principal's limit per window (a line's own limit overrides it). */
@@ -94,8 +54,8 @@ interface LineRead {
   held: number;
 }
 
-/** The budget ledger on Postgres (the async BudgetLedger, whose holds every replica sees). */
-export class PgBudget {
+/** The budget ledger on Postgres: a BudgetLedger whose holds every replica sees. */
+export class PgBudget implements BudgetLedger {
   private readonly leaseMs: number;
   private readonly windowMs: number;
   private readonly timer: NodeJS.Timeout;

@@ -9,8 +9,10 @@ import {
   HEARTBEAT_MS,
   type CallInFlight,
   type CallStart,
+  type CallsInFlight,
 } from "../../../policies/calls_in_flight.js";
 import type { CostEstimate } from "../../../policies/estimate.js";
+import type { LeftBehind } from "../../../policies/gate/reconcile.js";
 import { queryable, withClient } from "./ambient.js";
 import { inTransaction, NOW_MS, type PgPool } from "./pool.js";
 
@@ -26,8 +28,7 @@ interface Row {
   alive_ms: string;
 }
 
-/** CallsInFlight and LeftBehind (policies/calls_in_flight.ts, gate/reconcile.ts), asynchronous. */
-export class PgCallsInFlight {
+export class PgCallsInFlight implements CallsInFlight, LeftBehind {
   private readonly live = new Set<string>();
   private heartbeat?: NodeJS.Timeout;
 

@@ -3,7 +3,7 @@
 // allowance: a caller spread over three replicas gets what it gets from one. Same buckets as
 // policies/limits/rate.ts (bursts up to the per-minute allowance, refilled continuously), on the
 // database's clock.
-import type { RateDecision } from "../../../policies/limits/rate.js";
+import type { RateDecision, RateLimit } from "../../../policies/limits/rate.js";
 import type { PgPool } from "./pool.js";
 
 // One instant per statement: the refill and the stamp read the same time.
@@ -11,8 +11,7 @@ const NOW_MS = "(extract(epoch from statement_timestamp()) * 1000)::bigint";
 /** Buckets are pruned (the full ones, which equal a new bucket) every this many takes. */
 const PRUNE_EVERY = 1000;
 
-/** RateLimit (policies/limits/rate.ts), asynchronous. */
-export class PgRateLimit {
+export class PgRateLimit implements RateLimit {
   private readonly capacity: number;
   private readonly perMs: number;
   private takes = 0;
