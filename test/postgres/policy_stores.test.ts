@@ -2,12 +2,21 @@
 // an approval is decided once and used once, the per-principal pending cap holds, a passkey's
 // counter never goes back, an enrolment code is used once, an alert fires once per window, the
 // console's sessions are shared (and their cap holds), and a change made through one replica is
-// heard by the others' subscribers (LISTEN/NOTIFY).
+// heard by the others' subscribers (LISTEN/NOTIFY), the console's live list among them.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { SqliteAuditLog } from "../../policies/audit.js";
+import { parsePolicyConfig } from "../../policies/config.js";
+import { Gate, type ElicitPrompt } from "../../policies/gate/gate.js";
+import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
+import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
+import { RateLimiter } from "../../policies/limits/rate.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
+import { captureLogger, tempDir } from "../policies/helpers.js";
 import type { AlertRecord } from "../../policies/alerts/store.js";
 import type { ApprovalEvent, CreateApprovalRequest } from "../../policies/approval_record.js";
 import type { PolicyError } from "../../policies/errors.js";
 import type { Principal } from "../../policies/scopes.js";
+import { ApprovalFeed, type FeedEvent } from "../../server/app/approval_feed.js";
 import { csrfOf, sessionKey } from "../../server/app/console_sessions.js";
 import { openPgPolicyStores, type PgPolicyStores } from "../../server/app/postgres/policy.js";
 import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
@@ -202,6 +211,29 @@ describe("approvals across replicas", () => {
     }
   });
 
+  it("the console's live list on C announces a request and a decision made through A, without polling", async () => {
+    const [a, , c] = stores.map((s) => s.approvals);
+    await c!.listening();
+    // Polling never within the test: only the notification can tell C's feed.
+    const feed = new ApprovalFeed(c!, { pollMs: 3_600_000 });
+    const fed: FeedEvent[] = [];
+    const off = feed.on((e) => fed.push(e));
+    try {
+      const rec = await a!.create(req({ principal: "frank", args_digest: "f1" }));
+      await waitFor("C's feed announces the request", () =>
+        fed.find((e) => e.type === "created" && e.record.id === rec.id),
+      );
+      await a!.deny(rec.id, "ops", "not today");
+      const decided = await waitFor("C's feed announces the decision", () =>
+        fed.find((e) => e.type === "decided" && e.record.id === rec.id),
+      );
+      expect(decided.record).toMatchObject({ status: "denied", reason: "not today" });
+    } finally {
+      off();
+      feed.close();
+    }
+  });
+
   it("a replica whose LISTEN connection was cut listens again, and hears what follows", async () => {
     const [a, b] = stores.map((s) => s.approvals);
     await b!.listening();
@@ -228,6 +260,64 @@ describe("approvals across replicas", () => {
     } finally {
       off();
     }
+  });
+});
+
+describe("the gate on a replica", () => {
+  const tmp = tempDir();
+  afterAll(() => tmp.cleanup());
+
+  it("the 2025-era approval wait on B ends when the approval is decided through A", async () => {
+    const config = parsePolicyConfig(
+      {
+        approvals: {
+          rules: [{ tool: "load_model", assurance: "client_form" }],
+          elicitation_timeout_s: 3600,
+        },
+      },
+      TOOL_POLICIES,
+    );
+    // Replica B's gate: the shared approvals; its audit and budget are beside the point here.
+    const file = tmp.file("gate-b.db");
+    const logger = captureLogger();
+    const gate = new Gate({
+      config,
+      tools: TOOL_POLICIES,
+      approvals: stores[1]!.approvals,
+      audit: new SqliteAuditLog(file, { logger }),
+      limiter: new ConcurrencyLimiter(config.limits),
+      rateLimiter: new RateLimiter(config.limits.rate_limit.per_principal_per_minute),
+      budget: new SqliteBudgetLedger(file, config.limits.budget),
+      logger,
+    });
+    await stores[1]!.approvals.listening();
+    const shown: AbortSignal[] = [];
+    const elicit = (_p: ElicitPrompt, signal: AbortSignal) => {
+      shown.push(signal);
+      return new Promise<never>(() => {}); // the user never answers in the client
+    };
+    const agent: Principal = { id: "gina", scopes: ["models:read", "models:load"], via: "token" };
+    const call = gate.run(
+      {
+        principal: agent,
+        tool: "load_model",
+        args: { model: "tiny-gpt2" },
+        estimate: { device_seconds: 1, memory_bytes: 1, compile_s: 0, weight_bytes: 0, fits: true },
+        elicit,
+      },
+      async () => "ran",
+    );
+    const pending = await waitFor("the request, listed through A", async () =>
+      shown.length > 0
+        ? (await stores[0]!.approvals.list({ status: "pending" })).find(
+            (r) => r.principal === "gina",
+          )
+        : undefined,
+    );
+    await stores[0]!.approvals.approve(pending.id, "ops");
+    await expect(call).resolves.toBe("ran");
+    expect(shown[0]!.aborted).toBe(true);
+    expect((await stores[2]!.approvals.get(pending.id))!.status).toBe("used");
   });
 });
 

@@ -19,6 +19,7 @@ import {
   type ApprovalListener,
   type ApprovalListFilter,
   type ApprovalPage,
+  type ApprovalQueue,
   type ApprovalRecord,
   type ApprovalStatus,
   type CreateApprovalRequest,
@@ -101,7 +102,7 @@ export interface PgApprovalQueueOptions {
   onError?: (e: unknown) => void;
 }
 
-export class PgApprovalQueue {
+export class PgApprovalQueue implements ApprovalQueue {
   private readonly listeners = new Set<ApprovalListener>();
   private readonly origin = newOrigin();
   private readonly listener: PgListener;

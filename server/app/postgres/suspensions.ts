@@ -2,7 +2,7 @@
 // through one replica is refused by all, and `tpu-mcp principals resume` lifts it for all.
 // Mirrors SqliteSuspensionStore (policies/suspensions.ts): one row per principal, replaced by a
 // newer suspension; the times are the caller's (`nowMs`), as there.
-import type { Suspension } from "../../../policies/suspensions.js";
+import type { Suspension, SuspensionStore } from "../../../policies/suspensions.js";
 import type { PgPool } from "./pool.js";
 
 interface Row {
@@ -23,7 +23,7 @@ const toSuspension = (r: Row): Suspension => ({
 
 const IN_FORCE = "(until_ms IS NULL OR until_ms > $1)";
 
-export class PgSuspensions {
+export class PgSuspensions implements SuspensionStore {
   constructor(private readonly pool: PgPool) {}
 
   /** Records (or replaces) the principal's suspension. */
