@@ -5,11 +5,16 @@
 // - (Approvals, decided once and used once, are approvals.ts's PgApprovalQueue.)
 // - A request state's nonce is consumed once: its INSERT conflicts on every replay.
 // - (The audit trail, one chain with one head row, is audit.ts's PgAuditTrail.)
+import type { ConsumedStates } from "../../../policies/gate/types.js";
 import { NOW_MS, type PgPool } from "./pool.js";
 
 export { PgBudget } from "./budget.js";
 
-export class PgRequestStates {
+/**
+ * Request-state nonces, each consumed once across every replica (the gate's ConsumedStates:
+ * an in-band answer's state is refused the second time it is presented, wherever).
+ */
+export class PgRequestStates implements ConsumedStates {
   private lastPruneMs = -Infinity;
 
   /**
