@@ -290,13 +290,21 @@ export function readApprovals(
 /**
  * The audit trail read-only, with the passkeys its signed decisions are checked against. A store
  * from before the keyed head (its schema needs a column) is opened for writing, as the server
- * would on start, to add it; a missing store is an empty trail in memory.
+ * would on start, to add it; a missing store is an empty trail in memory. On storage.postgres:
+ * the shared trail, its schema this code's, under the replicas' key (postgres/audit_read.ts;
+ * `opts.key`, the data directory's, is not theirs).
  */
-export function readAuditTrail(
+export async function readAuditTrail(
   config: ServerConfig,
   opts: { key: AuditKey | null; logger?: Logger },
   note: (msg: string) => void,
-): { audit: AuditTrail; passkeys: Passkeys; close(): void } {
+): Promise<{ audit: AuditTrail; passkeys: Passkeys; close(): void | Promise<void> }> {
+  const url = databaseUrl(config);
+  if (url !== null)
+    return openPgAuditReader(url, {
+      keyFile: config.policy.audit.key_file ? config.paths.audit_key : undefined,
+      logger: opts.logger,
+    });
   const db = readPolicyDb(config, note);
   try {
     const audit = new SqliteAuditLog(db, opts);

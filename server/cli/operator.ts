@@ -169,9 +169,9 @@ export async function runAuditCommand(
     io.err((e as Error).message);
     return 2;
   }
-  let store: ReturnType<typeof openAudit>;
+  let store: Awaited<ReturnType<typeof openAudit>>;
   try {
-    store = openAudit(config, key, io);
+    store = await openAudit(config, key, io);
   } catch (e) {
     io.err(`TAMPERED or misconfigured: ${(e as Error).message}`);
     return 1;
@@ -243,7 +243,7 @@ export async function runAuditCommand(
     );
     return 2;
   } finally {
-    store.close();
+    await store.close();
   }
 }
 

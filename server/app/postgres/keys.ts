@@ -43,17 +43,34 @@ export async function sharedAuditKey(
      ON CONFLICT (name) DO NOTHING`,
     [made],
   );
-  const row = (await pool.query("SELECT key, created_at FROM tpu_mcp_keys WHERE name = 'audit'"))
-    .rows[0] as { key: Buffer; created_at: Date };
+  const row = (await pool.query(SELECT_KEY)).rows[0] as KeyRow;
+  return { key: keyOf(row), created: ins.rowCount === 1, where: "database" };
+}
+
+/**
+ * The replicas' audit key, read only (the operator's read commands): `policy.audit.key_file`'s,
+ * else the database's; null when there is none yet. Never made.
+ */
+export async function readSharedAuditKey(
+  pool: PgPool,
+  keyFile: string | undefined,
+): Promise<AuditKey | null> {
+  if (keyFile) return readAuditKey(keyFile);
+  const t = await pool.query("SELECT to_regclass('tpu_mcp_keys') AS t");
+  if (!t.rows[0].t) return null;
+  const row = (await pool.query(SELECT_KEY)).rows[0] as KeyRow | undefined;
+  return row ? keyOf(row) : null;
+}
+
+const SELECT_KEY = "SELECT key, created_at FROM tpu_mcp_keys WHERE name = 'audit'";
+type KeyRow = { key: Buffer; created_at: Date };
+
+function keyOf(row: KeyRow): AuditKey {
   return {
-    key: {
-      id: auditKeyId(row.key),
-      key: row.key,
-      created_at: row.created_at.toISOString(),
-      path: "(the database: tpu_mcp_keys)",
-    },
-    created: ins.rowCount === 1,
-    where: "database",
+    id: auditKeyId(row.key),
+    key: row.key,
+    created_at: row.created_at.toISOString(),
+    path: "(the database: tpu_mcp_keys)",
   };
 }
 
