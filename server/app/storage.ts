@@ -37,6 +37,7 @@ import { SqliteReports, type Reports } from "../../tools/stores/reports.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
 import { MemoryConsoleSessions, type ConsoleSessions } from "./console_sessions.js";
 import { sharedAuditKey, type SharedKey } from "./postgres/keys.js";
+import { openPgAuditReader } from "./postgres/audit_read.js";
 import { openPool, redactError, redactUrl, type PgPool } from "./postgres/pool.js";
 import { migrate } from "./postgres/schema.js";
 import type { ReplicaIdentity } from "./replica.js";
