@@ -12,16 +12,21 @@ export interface TrailEvidenceResult {
   failures: EvidenceCheck[];
 }
 
+/** Where the enrolled credentials are read: the SQLite store (synchronous) or Postgres's. */
+export interface CredentialLookup {
+  get(id: string): ReturnType<Passkeys["get"]> | Promise<ReturnType<Passkeys["get"]>>;
+}
+
 export async function verifySignedDecisions(
   records: Iterable<StoredAuditRecord>,
-  store: Pick<Passkeys, "get">,
+  store: CredentialLookup,
 ): Promise<TrailEvidenceResult> {
   const failures: EvidenceCheck[] = [];
   let checked = 0;
   for (const r of records) {
     if (!r.evidence) continue;
     checked++;
-    const c = await verifyDecisionEvidence(r, store.get(r.evidence.credential_id));
+    const c = await verifyDecisionEvidence(r, await store.get(r.evidence.credential_id));
     if (!c.ok) failures.push(c);
   }
   return { ok: failures.length === 0, checked, failures };

@@ -38,6 +38,7 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { MemoryConsoleSessions, type ConsoleSessions } from "./console_sessions.js";
 import { sharedAuditKey, type SharedKey } from "./postgres/keys.js";
 import { openPgAuditReader } from "./postgres/audit_read.js";
+import type { CredentialLookup } from "../../policies/passkeys/verify_trail.js";
 import { openPool, redactError, redactUrl, type PgPool } from "./postgres/pool.js";
 import { migrate } from "./postgres/schema.js";
 import type { ReplicaIdentity } from "./replica.js";
@@ -299,7 +300,7 @@ export async function readAuditTrail(
   config: ServerConfig,
   opts: { key: AuditKey | null; logger?: Logger },
   note: (msg: string) => void,
-): Promise<{ audit: AuditTrail; passkeys: Passkeys; close(): void | Promise<void> }> {
+): Promise<{ audit: AuditTrail; passkeys: CredentialLookup; close(): void | Promise<void> }> {
   const url = databaseUrl(config);
   if (url !== null)
     return openPgAuditReader(url, {

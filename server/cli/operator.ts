@@ -201,7 +201,8 @@ export async function runAuditCommand(
       );
       return 0;
     }
-    if (sub === "export") return exportCommand(audit, io);
+    // Awaited here, so the store is closed only after the export (the finally below).
+    if (sub === "export") return await exportCommand(audit, io);
     if (sub === "verify") {
       let head: AuditHead | undefined;
       if (io.head !== undefined) {

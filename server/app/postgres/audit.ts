@@ -58,22 +58,9 @@ import {
   type RefusalScope,
   type WindowCounts,
 } from "../../../policies/audit_refusals.js";
-import type { PolicyLogger } from "../../../policies/audit.js";
+import type { Alongside, AuditTrail, PolicyLogger, VerifyStep } from "../../../policies/audit.js";
 import { currentClient, queryable, withClient } from "./ambient.js";
 import { inTransaction, type PgClient, type PgPool } from "./pool.js";
-
-/**
- * A write made in the transaction of an append (the call's calls_in_flight row): the storage
- * port's `Alongside` as the asynchronous port (policies/audit.ts) declares it.
- */
-export type Alongside = () => void | Promise<void>;
-
-/** One bounded step of a verification, read in one snapshot (the port's `VerifyStep`). */
-export interface VerifyStep {
-  bad: AuditVerifyResult | null;
-  read: number;
-  end: boolean;
-}
 
 export interface PgAuditOptions {
   /** This replica's id, stored beside each record it appends (not part of the record or hash). */
@@ -178,7 +165,7 @@ type Pending = {
  * The asynchronous `AuditTrail` of the storage port (every method a promise, the signed decisions
  * an async iterable, one atomic verifyStep), on Postgres.
  */
-export class PgAuditTrail {
+export class PgAuditTrail implements AuditTrail {
   private readonly key: AuditKey | null;
   private readonly anchored: boolean;
   private readonly rules: ChainRules;

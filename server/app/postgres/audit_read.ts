@@ -5,7 +5,7 @@
 // against. Nothing is written: no chain is started, no refusal window swept.
 import type { Logger } from "pino";
 import type { AuditTrail } from "../../../policies/audit.js";
-import type { Passkeys } from "../../../policies/passkeys/store.js";
+import type { CredentialLookup } from "../../../policies/passkeys/verify_trail.js";
 import { PgAuditTrail } from "./audit.js";
 import { readSharedAuditKey } from "./keys.js";
 import { PgPasskeys } from "./passkeys.js";
@@ -15,7 +15,7 @@ import { checkSchema } from "./schema.js";
 export async function openPgAuditReader(
   url: string,
   opts: { keyFile?: string; logger?: Logger },
-): Promise<{ audit: AuditTrail; passkeys: Passkeys; close(): Promise<void> }> {
+): Promise<{ audit: AuditTrail; passkeys: CredentialLookup; close(): Promise<void> }> {
   const pool = openPool(url, { max: 2, application: "tpu-mcp audit" });
   try {
     await checkSchema(pool);
