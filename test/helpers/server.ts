@@ -13,6 +13,7 @@ import {
 } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { TOOL_POLICIES } from "../../tools/registry.js";
 import { scaled, slowdown } from "./calibrate.js";
 
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
@@ -74,13 +75,23 @@ export function writeConfig(
   // The soft deadline (45 s) hands a call over as a job before a client's 60 s timeout; these
   // clients wait scaled(60 s), so a call that is slow only because the machine is loaded is
   // answered, not handed over (a load_model handed over left the next calls model_not_loaded).
-  // A test about the hand-off sets its own.
+  // The tools' call timeouts scale the same way: four SmolLM2 generations at load 15 passed
+  // run_inference's 120 s and answered their partial text. A test about either sets its own.
   const policy = config.policy as { limits?: Record<string, unknown> } | undefined;
-  if (policy && policy.limits?.soft_deadline_s === undefined)
+  if (policy) {
+    const limits = policy.limits ?? {};
+    const timeouts: Record<string, number> = {};
+    for (const t of TOOL_POLICIES)
+      if (t.timeoutS !== null) timeouts[t.name] = Math.round(t.timeoutS * slowdown());
     config.policy = {
       ...policy,
-      limits: { ...policy.limits, soft_deadline_s: Math.round(45 * slowdown()) },
+      limits: {
+        ...limits,
+        soft_deadline_s: limits.soft_deadline_s ?? Math.round(45 * slowdown()),
+        call_timeout_s: { ...timeouts, ...(limits.call_timeout_s as object | undefined) },
+      },
     };
+  }
   writeFileSync(file, JSON.stringify(config, null, 2));
   return file;
 }
