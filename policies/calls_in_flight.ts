@@ -49,7 +49,8 @@ export interface CallsInFlight {
   end(id: string): Promise<void>;
 }
 
-interface Row {
+/** A calls_in_flight row as a store reads it (Postgres gives its BIGINT columns as strings). */
+export interface CallRow {
   id: string;
   principal: string;
   tool: string;
@@ -57,8 +58,23 @@ interface Row {
   args: string;
   estimate: string | null;
   approval_id: string | null;
-  started_ms: number;
-  alive_ms: number;
+  started_ms: number | string;
+  alive_ms: number | string;
+}
+
+/** The call a row records: one mapping for every backend's leftBehind. */
+export function callOfRow(r: CallRow): CallInFlight {
+  return {
+    id: r.id,
+    principal: r.principal,
+    tool: r.tool,
+    args_digest: r.args_digest,
+    args: JSON.parse(r.args),
+    estimate: r.estimate ? (JSON.parse(r.estimate) as CostEstimate) : null,
+    ...(r.approval_id ? { approval_id: r.approval_id } : {}),
+    started_ms: Number(r.started_ms),
+    alive_ms: Number(r.alive_ms),
+  };
 }
 
 export class SqliteCallsInFlight implements CallsInFlight {
@@ -155,20 +171,8 @@ export class SqliteCallsInFlight implements CallsInFlight {
   async leftBehind(): Promise<CallInFlight[]> {
     const rows = this.db
       .prepare("SELECT * FROM calls_in_flight ORDER BY started_ms, id")
-      .all() as Row[];
-    return rows
-      .filter((r) => !this.live.has(r.id))
-      .map((r) => ({
-        id: r.id,
-        principal: r.principal,
-        tool: r.tool,
-        args_digest: r.args_digest,
-        args: JSON.parse(r.args),
-        estimate: r.estimate ? (JSON.parse(r.estimate) as CostEstimate) : null,
-        ...(r.approval_id ? { approval_id: r.approval_id } : {}),
-        started_ms: r.started_ms,
-        alive_ms: r.alive_ms,
-      }));
+      .all() as CallRow[];
+    return rows.filter((r) => !this.live.has(r.id)).map(callOfRow);
   }
 
   /**

@@ -6,27 +6,16 @@
 // UPDATE per heartbeat stamps this replica's rows alive (the database's clock, as started_ms).
 import { randomBytes } from "node:crypto";
 import {
+  callOfRow,
   HEARTBEAT_MS,
   type CallInFlight,
+  type CallRow,
   type CallStart,
   type CallsInFlight,
 } from "../../../policies/calls_in_flight.js";
-import type { CostEstimate } from "../../../policies/estimate.js";
 import type { LeftBehind } from "../../../policies/gate/reconcile.js";
 import { queryable, withClient } from "./ambient.js";
 import { inTransaction, NOW_MS, type PgPool } from "./pool.js";
-
-interface Row {
-  id: string;
-  principal: string;
-  tool: string;
-  args_digest: string;
-  args: string;
-  estimate: string | null;
-  approval_id: string | null;
-  started_ms: string;
-  alive_ms: string;
-}
 
 export class PgCallsInFlight implements CallsInFlight, LeftBehind {
   private readonly live = new Set<string>();
@@ -91,20 +80,8 @@ export class PgCallsInFlight implements CallsInFlight, LeftBehind {
         "SELECT * FROM calls_in_flight WHERE replica = $1 ORDER BY started_ms, id",
         [this.replica],
       )
-    ).rows as Row[];
-    return rows
-      .filter((r) => !this.live.has(r.id))
-      .map((r) => ({
-        id: r.id,
-        principal: r.principal,
-        tool: r.tool,
-        args_digest: r.args_digest,
-        args: JSON.parse(r.args),
-        estimate: r.estimate ? (JSON.parse(r.estimate) as CostEstimate) : null,
-        ...(r.approval_id ? { approval_id: r.approval_id } : {}),
-        started_ms: Number(r.started_ms),
-        alive_ms: Number(r.alive_ms),
-      }));
+    ).rows as CallRow[];
+    return rows.filter((r) => !this.live.has(r.id)).map(callOfRow);
   }
 
   /** The reconcile in one transaction: every store's query inside `fn` joins it (ambient.ts). */
