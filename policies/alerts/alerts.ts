@@ -4,7 +4,10 @@
 // record in the alert store (the console lists them), one audit record, one signed webhook per
 // target (policies/notify.ts's format, event `alert.fired`), and for a rule of
 // `"action": "suspend"` the principal's suspension (the gate refuses it and stops its calls).
-// Nothing here blocks a call: counting is in memory, webhooks go out in the background.
+// Once per window holds across processes sharing the store: this process's latch stops its own
+// repeats, and the store's `add` is the claim (an alert another replica stored in this window is
+// not fired again here). Nothing here blocks a call: counting is in memory, the claim and the
+// webhooks run in the background (`drain` waits for them).
 
 import { randomUUID } from "node:crypto";
 import type { AuditRecord, PolicyLogger } from "../audit.js";
@@ -58,12 +61,20 @@ export class Alerts {
   /** Per counting rule (refusals, worker_restarts), its windows by subject. */
   private readonly windows = new Map<string, EventWindows>();
   private readonly inFlight = new Set<Promise<unknown>>();
+  /** The store's quiet times being read at start: nothing fires before they are known. */
+  private seeding: Promise<void> | null;
   private timer?: NodeJS.Timeout;
   private closed = false;
 
   constructor(private readonly deps: AlertsDeps) {
     this.clock = deps.clock ?? systemClock;
-    this.latch = new FiringLatch(deps.store.quiet(this.clock()));
+    this.latch = new FiringLatch();
+    this.seeding = deps.store.quiet(this.clock()).then(
+      (quiet) => this.latch.seed(quiet),
+      // Without them the store's claim still refuses an alert fired in its window.
+      (e) => deps.logger.error({ err: String(e) }, "alerts: could not read the quiet times"),
+    );
+    this.track(this.seeding.finally(() => (this.seeding = null)));
     for (const r of deps.rules)
       if (r.kind === "refusals" || r.kind === "worker_restarts")
         this.windows.set(r.name, new EventWindows(r.window_s * 1000));
@@ -150,11 +161,11 @@ export class Alerts {
     }
   }
 
-  recent(limit = 100): AlertRecord[] {
+  recent(limit = 100): Promise<AlertRecord[]> {
     return this.deps.store.recent(limit);
   }
 
-  /** Resolves when every webhook queued so far has been delivered or given up. */
+  /** Resolves when every alert fired so far is stored and acted on, and its webhooks delivered or given up. */
   async drain(): Promise<void> {
     while (this.inFlight.size) await Promise.allSettled([...this.inFlight]);
   }
@@ -173,6 +184,11 @@ export class Alerts {
     details: Record<string, unknown>,
   ): void {
     if (this.closed) return;
+    if (this.seeding) {
+      const again = () => this.fire(rule, subject, principal, nowMs, windowS, details);
+      this.track(this.seeding.then(again));
+      return;
+    }
     if (!this.latch.tryFire(latchKey(rule.name, subject), nowMs, nowMs + windowS * 1000)) return;
     const suspend = "action" in rule && rule.action === "suspend" && principal !== null;
     const until =
@@ -189,13 +205,44 @@ export class Alerts {
       action: suspend ? "suspend" : "notify",
       details: suspend ? { ...details, suspended_until: until } : details,
     };
+    this.track(
+      this.claim(alert).then((stored) => {
+        if (stored) this.fired(rule, alert, details, until);
+      }),
+    );
+  }
+
+  /**
+   * Stores the alert: false when the rule was already quiet for the subject in the store (another
+   * process fired it in this window), and this one stays unsaid. A store that fails does not
+   * silence the alert.
+   */
+  private async claim(alert: AlertRecord): Promise<boolean> {
     const log = this.deps.logger;
-    log.warn({ alert }, `alert ${rule.name}: ${alert.message}`);
     try {
-      this.deps.store.add(alert);
+      if (await this.deps.store.add(alert)) return true;
+      log.info(
+        { rule: alert.rule, subject: alert.subject },
+        "alert already fired in this window by another process sharing the store",
+      );
+      return false;
     } catch (e) {
       log.error({ err: String(e), alert }, "alert store write failed");
+      return true;
     }
+  }
+
+  /** The alert's effects, once it is this process's to fire. */
+  private fired(
+    rule: AlertRule,
+    alert: AlertRecord,
+    details: Record<string, unknown>,
+    until: string | null,
+  ): void {
+    const { subject, principal } = alert;
+    const suspend = alert.action === "suspend";
+    const log = this.deps.logger;
+    log.warn({ alert }, `alert ${rule.name}: ${alert.message}`);
     this.deps.audit({
       principal: principal ?? "tpu-mcp",
       tool: "alert",
@@ -227,6 +274,11 @@ export class Alerts {
     this.send(alert);
   }
 
+  private track(p: Promise<unknown>): void {
+    this.inFlight.add(p);
+    void p.finally(() => this.inFlight.delete(p));
+  }
+
   private send(alert: AlertRecord): void {
     const body = JSON.stringify({
       text: `tpu-mcp alert ${alert.rule}: ${alert.message}`,
@@ -241,8 +293,7 @@ export class Alerts {
         closed: () => this.closed,
         logFields: { alert_id: alert.id, rule: alert.rule },
       }).then((r) => this.deps.onWebhook?.(r.outcome));
-      this.inFlight.add(p);
-      void p.finally(() => this.inFlight.delete(p));
+      this.track(p);
     }
   }
 }

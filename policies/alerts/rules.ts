@@ -82,7 +82,12 @@ export class FiringLatch {
   private readonly quiet = new Map<string, number>();
 
   constructor(seed: Iterable<[key: string, quietUntilMs: number]> = []) {
-    for (const [k, t] of seed) this.quiet.set(k, t);
+    this.seed(seed);
+  }
+
+  /** Keys known quiet (read from the store): each stays quiet until the later of its ends. */
+  seed(entries: Iterable<[key: string, quietUntilMs: number]>): void {
+    for (const [k, t] of entries) this.quiet.set(k, Math.max(t, this.quiet.get(k) ?? t));
   }
 
   /** True (and the key goes quiet until `quietUntilMs`) when the key is not quiet at `nowMs`. */

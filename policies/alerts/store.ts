@@ -25,15 +25,22 @@ export interface AlertRecord {
 
 /**
  * Shared state: the alerts and each rule's quiet time per subject must be the same for every
- * control-plane process (one alert per window, not one per server), so a Postgres port
- * implements this interface as SqliteAlertStore does over policy.db.
+ * control-plane process (one alert per window, not one per server). Every method that reads or
+ * writes returns a promise (SQLite's resolve at once). `add` is the claim of the window: one step
+ * that stores the alert only while its rule is not quiet for its subject, so of two processes
+ * firing the same rule for the same subject in one window, one stores it and the other is told
+ * it did not.
  */
 export interface AlertStore {
-  add(a: AlertRecord): void;
+  /**
+   * Stores the alert unless its rule is still quiet for its subject at the alert's own time
+   * (it fired already in this window): true when stored, false when it was quiet.
+   */
+  add(a: AlertRecord): Promise<boolean>;
   /** The newest `limit` alerts, newest first. */
-  recent(limit: number): AlertRecord[];
+  recent(limit: number): Promise<AlertRecord[]>;
   /** Every (rule, subject) still quiet at `nowMs`, as latch keys with their end. */
-  quiet(nowMs: number): [key: string, quietUntilMs: number][];
+  quiet(nowMs: number): Promise<[key: string, quietUntilMs: number][]>;
   close(): void;
 }
 
@@ -61,6 +68,7 @@ export class SqliteAlertStore implements AlertStore {
   private readonly owned: boolean;
   private readonly stmts: {
     insert: Statement;
+    isQuiet: Statement;
     recent: Statement;
     quiet: Statement;
     prune: Statement;
@@ -86,6 +94,9 @@ export class SqliteAlertStore implements AlertStore {
         `INSERT INTO alerts (id, rule, kind, subject, principal, message, fired_ms, quiet_until_ms, action, details)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       ),
+      isQuiet: this.db.prepare(
+        "SELECT 1 FROM alerts WHERE rule = ? AND subject = ? AND quiet_until_ms > ? LIMIT 1",
+      ),
       recent: this.db.prepare("SELECT * FROM alerts ORDER BY fired_ms DESC, rowid DESC LIMIT ?"),
       quiet: this.db.prepare(
         "SELECT rule, subject, MAX(quiet_until_ms) AS until FROM alerts WHERE quiet_until_ms > ? GROUP BY rule, subject",
@@ -96,23 +107,30 @@ export class SqliteAlertStore implements AlertStore {
     };
   }
 
-  add(a: AlertRecord): void {
-    this.stmts.insert.run(
-      a.id,
-      a.rule,
-      a.kind,
-      a.subject,
-      a.principal,
-      a.message,
-      Date.parse(a.fired_at),
-      Date.parse(a.quiet_until),
-      a.action,
-      JSON.stringify(a.details),
-    );
-    this.stmts.prune.run(KEEP);
+  async add(a: AlertRecord): Promise<boolean> {
+    const fired = Date.parse(a.fired_at);
+    // The check and the insert in one write transaction: another process on the file waits.
+    const claim = this.db.transaction(() => {
+      if (this.stmts.isQuiet.get(a.rule, a.subject, fired) !== undefined) return false;
+      this.stmts.insert.run(
+        a.id,
+        a.rule,
+        a.kind,
+        a.subject,
+        a.principal,
+        a.message,
+        fired,
+        Date.parse(a.quiet_until),
+        a.action,
+        JSON.stringify(a.details),
+      );
+      this.stmts.prune.run(KEEP);
+      return true;
+    });
+    return claim.immediate();
   }
 
-  recent(limit: number): AlertRecord[] {
+  async recent(limit: number): Promise<AlertRecord[]> {
     return (this.stmts.recent.all(limit) as Row[]).map((r) => ({
       id: r.id,
       rule: r.rule,
@@ -127,7 +145,7 @@ export class SqliteAlertStore implements AlertStore {
     }));
   }
 
-  quiet(nowMs: number): [string, number][] {
+  async quiet(nowMs: number): Promise<[string, number][]> {
     return (this.stmts.quiet.all(nowMs) as { rule: string; subject: string; until: number }[]).map(
       (r) => [latchKey(r.rule, r.subject), r.until],
     );

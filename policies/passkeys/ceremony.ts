@@ -81,7 +81,7 @@ export class PasskeyCeremonies {
     this.signIns = new SealedChallenges(config.challenge_ttl_s * 1000, this.clock);
   }
 
-  get passkeyCount(): number {
+  passkeyCount(): Promise<number> {
     return this.store.activeCount();
   }
 
@@ -96,7 +96,7 @@ export class PasskeyCeremonies {
     site: Site,
     via: { code: string } | { operator: string },
   ): Promise<{ nonce: string; options: PublicKeyCredentialCreationOptionsJSON }> {
-    const operator = "code" in via ? this.store.peekEnrolmentCode(via.code) : via.operator;
+    const operator = "code" in via ? await this.store.peekEnrolmentCode(via.code) : via.operator;
     const { nonce, challenge } = this.book.issue("register", owner, (n) => ({
       operator,
       nonce: n,
@@ -107,8 +107,7 @@ export class PasskeyCeremonies {
       userName: operator,
       challenge: isoBase64URL.toBuffer(challenge),
       attestationType: this.config.allowed_aaguids ? "direct" : "none",
-      excludeCredentials: this.store
-        .list(operator)
+      excludeCredentials: (await this.store.list(operator))
         .filter((c) => c.status !== "removed")
         .map((c) => ({ id: c.id })),
       // Discoverable, so sign-in needs no name; user verification in every ceremony.
@@ -204,7 +203,7 @@ export class PasskeyCeremonies {
     );
     return {
       nonce,
-      options: await this.requestOptions(site, challenge, this.activeOf(operator)),
+      options: await this.requestOptions(site, challenge, await this.activeOf(operator)),
     };
   }
 
@@ -246,7 +245,7 @@ export class PasskeyCeremonies {
     }));
     return {
       nonce,
-      options: await this.requestOptions(site, challenge, this.activeOf(operator)),
+      options: await this.requestOptions(site, challenge, await this.activeOf(operator)),
     };
   }
 
@@ -262,11 +261,14 @@ export class PasskeyCeremonies {
       throw refused("this challenge was made for another enrolment");
     const approver = await this.verifyAssertion(site, entry.challenge, raw);
     if (approver.credential.id === pending.id) throw refused("a passkey cannot approve itself");
-    return { approver, credential: this.store.activate(pending.id, approver.credential.id) };
+    return {
+      approver,
+      credential: await this.store.activate(pending.id, approver.credential.id),
+    };
   }
 
-  private activeOf(operator: string): StoredCredential[] {
-    const mine = this.store.list(operator).filter((c) => c.status === "active");
+  private async activeOf(operator: string): Promise<StoredCredential[]> {
+    const mine = (await this.store.list(operator)).filter((c) => c.status === "active");
     if (mine.length === 0)
       throw refused(`${operator} has no enrolled passkey; enrol one first (Passkeys page)`);
     return mine;
@@ -279,7 +281,7 @@ export class PasskeyCeremonies {
     raw: unknown,
   ): Promise<VerifiedAssertion> {
     const response = asResponse<AuthenticationResponseJSON>(raw);
-    const credential = this.store.get(response.id);
+    const credential = await this.store.get(response.id);
     if (!credential || credential.status !== "active")
       throw refused(
         credential?.status === "pending"
@@ -310,7 +312,7 @@ export class PasskeyCeremonies {
       throw refused("the signature does not verify with this passkey's enrolled public key");
     if (!v.authenticationInfo.userVerified)
       throw refused("the assertion did not verify (user verification is required)");
-    this.store.advanceCounter(credential.id, v.authenticationInfo.newCounter);
+    await this.store.advanceCounter(credential.id, v.authenticationInfo.newCounter);
     return {
       operator: credential.operator,
       credential,

@@ -47,21 +47,28 @@ const hashCode = (code: string) => createHash("sha256").update(code, "utf8").dig
 
 /**
  * Operators' passkeys, their enrolment codes and signature counters (shared across replicas: a
- * counter advanced through one refuses the replayed assertion on every other).
+ * counter advanced through one refuses the replayed assertion on every other). Every method that
+ * reads or writes returns a promise (SQLite's resolve at once); each promise that must hold
+ * across replicas is one method: `addCredential` spends its enrolment code with the insert (a
+ * code is used once), `advanceCounter` checks and moves the counter in one step (it never goes
+ * back), `activate` turns a pending credential active once.
  */
 export interface Passkeys {
-  get(id: string): StoredCredential | undefined;
-  list(operator?: string): StoredCredential[];
-  activeCount(operator?: string): number;
-  createEnrolmentCode(operator: string, ttlS: number): { code: string; expires_at: string };
-  peekEnrolmentCode(code: string): string;
+  get(id: string): Promise<StoredCredential | undefined>;
+  list(operator?: string): Promise<StoredCredential[]>;
+  activeCount(operator?: string): Promise<number>;
+  createEnrolmentCode(
+    operator: string,
+    ttlS: number,
+  ): Promise<{ code: string; expires_at: string }>;
+  peekEnrolmentCode(code: string): Promise<string>;
   addCredential(
     c: Omit<StoredCredential, "status" | "enrolled_by" | "created_at" | "last_used_at">,
     via: { code: string } | { session: string },
-  ): StoredCredential;
-  activate(id: string, approver: string): StoredCredential;
-  advanceCounter(id: string, counter: number): void;
-  removeOperator(operator: string): number;
+  ): Promise<StoredCredential>;
+  activate(id: string, approver: string): Promise<StoredCredential>;
+  advanceCounter(id: string, counter: number): Promise<void>;
+  removeOperator(operator: string): Promise<number>;
   close(): void;
 }
 
@@ -121,14 +128,22 @@ export class PasskeyStore implements Passkeys {
     };
   }
 
-  get(id: string): StoredCredential | undefined {
+  async get(id: string): Promise<StoredCredential | undefined> {
+    return this.getNow(id);
+  }
+
+  private getNow(id: string): StoredCredential | undefined {
     if (!this.hasTables()) return undefined;
     const r = this.db.prepare("SELECT * FROM passkey_credentials WHERE id = ?").get(id) as
       Row | undefined;
     return r ? this.toCredential(r) : undefined;
   }
 
-  list(operator?: string): StoredCredential[] {
+  async list(operator?: string): Promise<StoredCredential[]> {
+    return this.listNow(operator);
+  }
+
+  private listNow(operator?: string): StoredCredential[] {
     if (!this.hasTables()) return [];
     const rows = (
       operator === undefined
@@ -141,7 +156,11 @@ export class PasskeyStore implements Passkeys {
   }
 
   /** Active credentials in all: with none, the first enrolment needs only a code. */
-  activeCount(operator?: string): number {
+  async activeCount(operator?: string): Promise<number> {
+    return this.activeNow(operator);
+  }
+
+  private activeNow(operator?: string): number {
     if (!this.hasTables()) return 0;
     const q =
       operator === undefined
@@ -156,7 +175,7 @@ export class PasskeyStore implements Passkeys {
 
   /** The operator's passkeys that are not removed (active or waiting). */
   private live(operator: string): StoredCredential[] {
-    return this.list(operator).filter((c) => c.status !== "removed");
+    return this.listNow(operator).filter((c) => c.status !== "removed");
   }
 
   /**
@@ -164,7 +183,10 @@ export class PasskeyStore implements Passkeys {
    * (active or waiting): another device is added from a signed-in session and approved with an
    * existing passkey, never with a code from the command line.
    */
-  createEnrolmentCode(operator: string, ttlS: number): { code: string; expires_at: string } {
+  async createEnrolmentCode(
+    operator: string,
+    ttlS: number,
+  ): Promise<{ code: string; expires_at: string }> {
     if (this.live(operator).length > 0)
       throw refused(
         `${operator} already has a passkey; add another device from the console (signed in with that passkey) — a code from the command line cannot`,
@@ -189,7 +211,7 @@ export class PasskeyStore implements Passkeys {
   }
 
   /** Which operator a code is for, without using it (the registration options need the name). */
-  peekEnrolmentCode(code: string): string {
+  async peekEnrolmentCode(code: string): Promise<string> {
     return this.codeRow(code).operator;
   }
 
@@ -216,10 +238,10 @@ export class PasskeyStore implements Passkeys {
    * transaction, and the credential is active only when no active passkey exists anywhere
    * (the bootstrap); otherwise it waits for an approval by an existing passkey.
    */
-  addCredential(
+  async addCredential(
     c: Omit<StoredCredential, "status" | "enrolled_by" | "created_at" | "last_used_at">,
     via: { code: string } | { session: string },
-  ): StoredCredential {
+  ): Promise<StoredCredential> {
     const tx = this.db.transaction(() => {
       const now = this.clock();
       if ("code" in via) {
@@ -231,8 +253,8 @@ export class PasskeyStore implements Passkeys {
           .prepare("UPDATE passkey_enrolment_codes SET used_ms = ? WHERE code_sha256 = ?")
           .run(now, hashCode(via.code));
       }
-      if (this.get(c.id)) throw refused("this credential is already enrolled");
-      const first = "code" in via && this.activeCount() === 0;
+      if (this.getNow(c.id)) throw refused("this credential is already enrolled");
+      const first = "code" in via && this.activeNow() === 0;
       this.db
         .prepare(
           `INSERT INTO passkey_credentials (id, operator, public_key, counter, transports, aaguid, rp_id, status, enrolled_by, created_ms)
@@ -252,18 +274,18 @@ export class PasskeyStore implements Passkeys {
         );
     });
     tx.immediate();
-    return this.get(c.id)!;
+    return this.getNow(c.id)!;
   }
 
   /** A waiting credential becomes active, approved by an assertion of `approver` (a credential id). */
-  activate(id: string, approver: string): StoredCredential {
+  async activate(id: string, approver: string): Promise<StoredCredential> {
     const n = this.db
       .prepare(
         "UPDATE passkey_credentials SET status = 'active', enrolled_by = ? WHERE id = ? AND status = 'pending'",
       )
       .run(approver, id).changes;
     if (n !== 1) throw refused("no passkey enrolment waits under this id");
-    return this.get(id)!;
+    return this.getNow(id)!;
   }
 
   /**
@@ -272,7 +294,7 @@ export class PasskeyStore implements Passkeys {
    * WebAuthn allows only while the stored counter is 0 too. Checked and written in one
    * transaction, so two assertions with the same counter cannot both pass.
    */
-  advanceCounter(id: string, counter: number): void {
+  async advanceCounter(id: string, counter: number): Promise<void> {
     const tx = this.db.transaction(() => {
       const r = this.db.prepare("SELECT counter FROM passkey_credentials WHERE id = ?").get(id) as
         { counter: number } | undefined;
@@ -294,7 +316,7 @@ export class PasskeyStore implements Passkeys {
    * passkeys never sign again, and their public keys stay so `tpu-mcp audit verify` can still
    * check the decisions they signed.
    */
-  removeOperator(operator: string): number {
+  async removeOperator(operator: string): Promise<number> {
     if (!this.hasTables()) return 0;
     return this.db
       .prepare(

@@ -12,10 +12,8 @@ export interface TrailEvidenceResult {
   failures: EvidenceCheck[];
 }
 
-/** Where the enrolled credentials are read: the SQLite store (synchronous) or Postgres's. */
-export interface CredentialLookup {
-  get(id: string): ReturnType<Passkeys["get"]> | Promise<ReturnType<Passkeys["get"]>>;
-}
+/** Where the enrolled credentials are read (the passkey store of either backend). */
+export type CredentialLookup = Pick<Passkeys, "get">;
 
 export async function verifySignedDecisions(
   records: Iterable<StoredAuditRecord>,

@@ -57,16 +57,16 @@ export async function runOperatorsCommand(
       });
     try {
       if (sub === "remove") {
-        const n = policy.passkeys.removeOperator(name);
+        const n = await policy.passkeys.removeOperator(name);
         await audit(`${n} passkey(s) of ${name} removed from the command line`);
         io.out(n ? `removed ${n} passkey(s) of ${name}` : `${name} has no passkey`);
         return 0;
       }
-      const { code, expires_at } = policy.passkeys.createEnrolmentCode(
+      const { code, expires_at } = await policy.passkeys.createEnrolmentCode(
         name,
         config.policy.passkeys.enrolment_code_ttl_s,
       );
-      const others = policy.passkeys.activeCount();
+      const others = await policy.passkeys.activeCount();
       await audit(`enrolment code for ${name} printed (expires ${expires_at})`);
       if (io.json) {
         io.out(JSON.stringify({ operator: name, code, expires_at, needs_approval: others > 0 }));
@@ -97,14 +97,14 @@ export async function runOperatorsCommand(
   return 2;
 }
 
-function list(config: ServerConfig, io: Io): number {
+async function list(config: ServerConfig, io: Io): Promise<number> {
   const store = readPasskeys(config);
   if (!store) {
     io.out(io.json ? "[]" : "no passkeys");
     return 0;
   }
   try {
-    const all = store.passkeys.list().map((c) => ({
+    const all = (await store.passkeys.list()).map((c) => ({
       id: c.id,
       operator: c.operator,
       status: c.status,

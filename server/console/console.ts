@@ -490,7 +490,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
   /** The alerts that fired (newest first) and the principals suspended now. */
   async function alerts(res: ServerResponse) {
     const suspended = await app.gate.suspended();
-    send(res, 200, { alerts: app.alerts.recent(200), suspended });
+    send(res, 200, { alerts: await app.alerts.recent(200), suspended });
   }
 
   async function cancelJob(

@@ -119,8 +119,8 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
     return s;
   }
 
-  function pendingCredential(id: string): StoredCredential {
-    const c = store.get(id);
+  async function pendingCredential(id: string): Promise<StoredCredential> {
+    const c = await store.get(id);
     if (!c || c.status !== "pending")
       throw new HttpError(404, "no passkey enrolment waits under this id", { code: "not_found" });
     return c;
@@ -148,7 +148,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
     if (method === "GET" && api === "passkeys") {
       if (!s) return false;
       d.send(res, 200, {
-        passkeys: store.list().map(credentialView),
+        passkeys: (await store.list()).map(credentialView),
         me: s.principal.id,
         signed_with_passkey: Boolean(s.credential),
       });
@@ -224,7 +224,7 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
       const p = /^passkeys\/([A-Za-z0-9_-]{16,1400})\/approve(\/options)?$/.exec(api);
       if (p) {
         const me = needPasskeySession(s);
-        const pending = pendingCredential(p[1]);
+        const pending = await pendingCredential(p[1]);
         if (p[2]) {
           d.send(
             res,

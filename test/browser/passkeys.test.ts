@@ -223,7 +223,7 @@ describe("passkey approvals in chromium", () => {
     const store = new PasskeyStore(join(dataDir, "policy.db"), {
       clock: () => Date.now() - 3600_000,
     });
-    const late = store.createEnrolmentCode("late", 600).code;
+    const late = (await store.createEnrolmentCode("late", 600)).code;
     store.close();
     const expired = await call("passkeys/enrol/options", { code: late });
     expect(expired.status).toBe(403);

@@ -117,6 +117,12 @@ const infer = (n: number): GateCall => ({
   device: "cpu",
 });
 
+/** The alerts stored, once every one fired so far has been claimed and acted on. */
+async function firedOf(alerts: Alerts) {
+  await alerts.drain();
+  return alerts.recent();
+}
+
 async function codeOf(p: Promise<unknown>): Promise<string> {
   try {
     await p;
@@ -149,6 +155,7 @@ describe("alert rules at work on the gate", () => {
       ).resolves.toBeUndefined();
     expect(await gate.suspended()).toEqual([]);
     await gate.refuse(agent, "run_inference", { i: 5 }, "unknown_model", "no"); // the 5th: suspended
+    await alerts.drain();
     expect(await gate.suspended()).toMatchObject([
       { principal: "agent", rule: "flood", until: null },
     ]);
@@ -165,7 +172,7 @@ describe("alert rules at work on the gate", () => {
       ),
     );
     await expect(gate.enforceScope(agent, "load_model")).rejects.toThrow(/suspended/);
-    expect(alerts.recent()).toHaveLength(1);
+    expect(await firedOf(alerts)).toHaveLength(1);
 
     // Another process over the same file (a restart, the CLI) sees the suspension and lifts it.
     const other = makeGate([flood], file);
@@ -189,27 +196,27 @@ describe("alert rules at work on the gate", () => {
     const { gate, alerts, clock, file } = makeGate([{ ...flood, action: "notify" }]);
     for (let i = 0; i < 12; i++)
       await gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
-    expect(alerts.recent()).toHaveLength(1); // once in the window, not at 5 and 10
+    expect(await firedOf(alerts)).toHaveLength(1); // once in the window, not at 5 and 10
     const restarted = makeGate([{ ...flood, action: "notify" }], file);
     restarted.clock.ms = clock.ms + 1000;
     for (let i = 0; i < 6; i++)
       await restarted.gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
-    expect(restarted.alerts.recent()).toHaveLength(1);
+    expect(await firedOf(restarted.alerts)).toHaveLength(1);
     // After the window, a new flood fires again.
     restarted.clock.ms += 61_000;
     for (let i = 0; i < 6; i++)
       await restarted.gate.refuse(agent, "run_inference", { i }, "unknown_model", "no");
-    expect(restarted.alerts.recent()).toHaveLength(2);
+    expect(await firedOf(restarted.alerts)).toHaveLength(2);
   });
 
   it("does not count the server's own refusals (busy, a worker starting or gone)", async () => {
     const { gate, alerts } = makeGate([{ ...flood, action: "notify" }]);
     for (const code of ["busy", "runtime_setting_up", "worker_unavailable", "engine_unavailable"])
       for (let i = 0; i < 12; i++) await gate.refuse(agent, "run_inference", { i }, code, "no");
-    expect(alerts.recent()).toHaveLength(0);
+    expect(await firedOf(alerts)).toHaveLength(0);
     for (let i = 0; i < 5; i++)
       await gate.refuse(agent, "run_inference", { i }, "rate_limited", "no");
-    expect(alerts.recent()).toHaveLength(1);
+    expect(await firedOf(alerts)).toHaveLength(1);
   });
 
   it("a budget rule fires once per budget window when the principal's use reaches its percent", async () => {
@@ -228,10 +235,10 @@ describe("alert rules at work on the gate", () => {
       return "done";
     };
     await gate.run({ ...infer(0), estimate: est }, work(1_000_000)); // 1,000 s of 3,600
-    expect(alerts.recent()).toHaveLength(0);
+    expect(await firedOf(alerts)).toHaveLength(0);
     await gate.run({ ...infer(1), estimate: est }, work(900_000)); // 1,900 s: 52.8 %
     await gate.run({ ...infer(2), estimate: est }, work(100_000));
-    const fired = alerts.recent();
+    const fired = await firedOf(alerts);
     expect(fired).toHaveLength(1);
     expect(fired[0]).toMatchObject({ rule: "budget-half", subject: "agent", action: "notify" });
     expect(fired[0].details.percent_used).toBeGreaterThanOrEqual(50);
@@ -239,12 +246,17 @@ describe("alert rules at work on the gate", () => {
 });
 
 describe("alert rules without a principal", () => {
-  function alertsOf(rules: AlertRule[], pending: () => any[] = () => []) {
+  function alertsOf(
+    rules: AlertRule[],
+    pending: () => any[] = () => [],
+    file = tmp.file(`alerts-np-${Math.random()}.db`),
+  ) {
     const clock = new FakeClock();
     const audited: any[] = [];
+    const fired: string[] = [];
     const alerts = new Alerts({
       rules,
-      store: new SqliteAlertStore(tmp.file(`alerts-np-${Math.random()}.db`)),
+      store: new SqliteAlertStore(file),
       logger: captureLogger(),
       suspend: async () => {
         throw new Error("nothing is suspended by these rules");
@@ -254,11 +266,41 @@ describe("alert rules without a principal", () => {
       pendingApprovals: async () => pending(),
       webhooks: [],
       clock: clock.now,
+      onFired: (a) => fired.push(a.id),
     });
-    return { alerts, clock, audited };
+    return { alerts, clock, audited, fired };
   }
 
-  it("a worker restarting `threshold` times within the window fires once", () => {
+  it("fires once per window across two processes on one store: the store's claim decides", async () => {
+    const file = tmp.file(`alerts-two-${Math.random()}.db`);
+    const rule: AlertRule = {
+      name: "crash-loop",
+      kind: "worker_restarts",
+      threshold: 2,
+      window_s: 600,
+    };
+    // Both started before either fired: neither's latch knows of the other's alert.
+    const a = alertsOf([rule], undefined, file);
+    const b = alertsOf([rule], undefined, file);
+    await Promise.all([a.alerts.drain(), b.alerts.drain()]);
+    for (const x of [a, b]) {
+      x.alerts.workerRestarted("w0");
+      x.alerts.workerRestarted("w0");
+    }
+    await Promise.all([a.alerts.drain(), b.alerts.drain()]);
+    expect(await a.alerts.recent()).toHaveLength(1);
+    // The first claimed the window; the second neither audits nor tells of its own.
+    expect([a.fired.length, b.fired.length]).toEqual([1, 0]);
+    expect([a.audited.length, b.audited.length]).toEqual([1, 0]);
+    // After the window, the second fires (its clock moved past the first's quiet time).
+    b.clock.advance(601_000);
+    b.alerts.workerRestarted("w0");
+    b.alerts.workerRestarted("w0");
+    expect(await firedOf(b.alerts)).toHaveLength(2);
+    expect(b.fired).toHaveLength(1);
+  });
+
+  it("a worker restarting `threshold` times within the window fires once", async () => {
     const { alerts, clock, audited } = alertsOf([
       { name: "crash-loop", kind: "worker_restarts", threshold: 3, window_s: 600 },
     ]);
@@ -266,11 +308,11 @@ describe("alert rules without a principal", () => {
     clock.advance(100_000);
     alerts.workerRestarted("w1"); // another worker counts apart
     alerts.workerRestarted("w0");
-    expect(alerts.recent()).toHaveLength(0);
+    expect(await firedOf(alerts)).toHaveLength(0);
     clock.advance(100_000);
     alerts.workerRestarted("w0");
     alerts.workerRestarted("w0");
-    expect(alerts.recent()).toMatchObject([
+    expect(await firedOf(alerts)).toMatchObject([
       { rule: "crash-loop", subject: "w0", principal: null, action: "notify" },
     ]);
     expect(audited).toMatchObject([
@@ -289,13 +331,13 @@ describe("alert rules without a principal", () => {
     );
     clock.advance(599_000);
     await alerts.scanApprovals();
-    expect(alerts.recent()).toHaveLength(0);
+    expect(await firedOf(alerts)).toHaveLength(0);
     clock.advance(2_000);
     await alerts.scanApprovals();
     await alerts.scanApprovals();
-    expect(alerts.recent()).toMatchObject([
+    expect(await firedOf(alerts)).toMatchObject([
       { rule: "waiting", subject: "apr_1", principal: "agent" },
     ]);
-    expect(alerts.recent()[0].message).toContain("has waited 601 s");
+    expect((await alerts.recent())[0].message).toContain("has waited 601 s");
   });
 });

@@ -127,32 +127,32 @@ describe("PasskeyStore", () => {
     rp_id: "localhost",
   });
 
-  it("bootstraps the first passkey by code; later ones wait for an approval", () => {
+  it("bootstraps the first passkey by code; later ones wait for an approval", async () => {
     const clock = new FakeClock();
     const store = new PasskeyStore(tmp.file("pk1.db"), { clock: clock.now });
-    const { code } = store.createEnrolmentCode("alice", 600);
-    expect(store.addCredential(cred("cred-alice-1"), { code }).status).toBe("active");
+    const { code } = await store.createEnrolmentCode("alice", 600);
+    expect((await store.addCredential(cred("cred-alice-1"), { code })).status).toBe("active");
     // Used twice: refused.
-    expect(thrown(() => store.addCredential(cred("cred-alice-2"), { code })).message).toMatch(
+    expect((await rejected(store.addCredential(cred("cred-alice-2"), { code }))).message).toMatch(
       /already used/,
     );
     // A code for alice is refused now that she has a passkey.
-    expect(thrown(() => store.createEnrolmentCode("alice", 600)).code).toBe("passkey_refused");
+    expect((await rejected(store.createEnrolmentCode("alice", 600))).code).toBe("passkey_refused");
     // Bob's code works, but his passkey waits: a passkey exists on this server.
-    const bob = store.createEnrolmentCode("bob", 600);
-    const pending = store.addCredential(cred("cred-bob-1", "bob"), { code: bob.code });
+    const bob = await store.createEnrolmentCode("bob", 600);
+    const pending = await store.addCredential(cred("cred-bob-1", "bob"), { code: bob.code });
     expect(pending.status).toBe("pending");
-    expect(store.activate(pending.id, "cred-alice-1").status).toBe("active");
+    expect((await store.activate(pending.id, "cred-alice-1")).status).toBe("active");
     store.close();
   });
 
-  it("refuses an expired code (the clock is injected, nothing sleeps)", () => {
+  it("refuses an expired code (the clock is injected, nothing sleeps)", async () => {
     const clock = new FakeClock();
     const store = new PasskeyStore(tmp.file("pk2.db"), { clock: clock.now });
-    const { code } = store.createEnrolmentCode("carol", 600);
+    const { code } = await store.createEnrolmentCode("carol", 600);
     clock.advance(600_000);
     expect(
-      thrown(() => store.addCredential(cred("cred-carol", "carol"), { code })).message,
+      (await rejected(store.addCredential(cred("cred-carol", "carol"), { code }))).message,
     ).toMatch(/expired/);
     store.close();
   });
@@ -160,11 +160,11 @@ describe("PasskeyStore", () => {
   it("moves a counter forward only, and keeps it across a reopen", async () => {
     const file = tmp.file("pk3.db");
     const store = new PasskeyStore(file);
-    const { code } = store.createEnrolmentCode("dave", 600);
-    store.addCredential(cred("cred-dave", "dave"), { code });
-    store.advanceCounter("cred-dave", 5);
-    expect(thrown(() => store.advanceCounter("cred-dave", 5)).message).toMatch(/went back/);
-    expect(thrown(() => store.advanceCounter("cred-dave", 3)).code).toBe("passkey_refused");
+    const { code } = await store.createEnrolmentCode("dave", 600);
+    await store.addCredential(cred("cred-dave", "dave"), { code });
+    await store.advanceCounter("cred-dave", 5);
+    expect((await rejected(store.advanceCounter("cred-dave", 5))).message).toMatch(/went back/);
+    expect((await rejected(store.advanceCounter("cred-dave", 3))).code).toBe("passkey_refused");
     store.close();
     const again = new PasskeyStore(file);
     expect((await again.get("cred-dave"))!.counter).toBe(5);
@@ -173,15 +173,17 @@ describe("PasskeyStore", () => {
 
   it("keeps a removed passkey's public key, and lets its operator enrol again by code", async () => {
     const store = new PasskeyStore(tmp.file("pk4.db"));
-    store.addCredential(cred("cred-erin", "erin"), {
-      code: store.createEnrolmentCode("erin", 600).code,
+    await store.addCredential(cred("cred-erin", "erin"), {
+      code: (await store.createEnrolmentCode("erin", 600)).code,
     });
-    expect(store.removeOperator("erin")).toBe(1);
+    expect(await store.removeOperator("erin")).toBe(1);
     expect(await store.get("cred-erin")).toMatchObject({ status: "removed" });
-    expect(store.activeCount()).toBe(0);
+    expect(await store.activeCount()).toBe(0);
     // The recovery: a new code, and (no passkey left anywhere) the new passkey is the first.
-    const { code } = store.createEnrolmentCode("erin", 600);
-    expect(store.addCredential(cred("cred-erin-2", "erin"), { code }).status).toBe("active");
+    const { code } = await store.createEnrolmentCode("erin", 600);
+    expect((await store.addCredential(cred("cred-erin-2", "erin"), { code })).status).toBe(
+      "active",
+    );
     store.close();
   });
 });

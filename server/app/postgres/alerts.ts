@@ -4,7 +4,7 @@
 // under the (rule, subject)'s advisory lock it stores the alert only while no alert of that rule
 // and subject is still quiet, and says whether it did (the replica that lost the race does not
 // fire). The newest 10,000 alerts are kept.
-import { latchKey, type AlertRecord } from "../../../policies/alerts/store.js";
+import { latchKey, type AlertRecord, type AlertStore } from "../../../policies/alerts/store.js";
 import { inTransaction, type PgPool } from "./pool.js";
 
 /** Alerts kept; older ones are deleted as new ones come. */
@@ -25,7 +25,7 @@ interface Row {
   details: Record<string, unknown>;
 }
 
-export class PgAlerts {
+export class PgAlerts implements AlertStore {
   constructor(private readonly pool: PgPool) {}
 
   /**

@@ -10,7 +10,7 @@
 // Codes are stored as sha256 only: the database never holds a usable code.
 import { createHash, randomBytes } from "node:crypto";
 import { refused } from "../../../policies/passkeys/binding.js";
-import type { StoredCredential } from "../../../policies/passkeys/store.js";
+import type { Passkeys, StoredCredential } from "../../../policies/passkeys/store.js";
 import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
 
 /** Advisory lock of enrolments (one at a time, across replicas). */
@@ -51,7 +51,7 @@ function toCredential(r: Row): StoredCredential {
 
 type Q = PgPool | PgClient;
 
-export class PgPasskeys {
+export class PgPasskeys implements Passkeys {
   constructor(private readonly pool: PgPool) {}
 
   private async getOn(q: Q, id: string): Promise<StoredCredential | undefined> {
