@@ -114,7 +114,7 @@ const build = (env: ToolEnv) => {
         })
         .optional()
         .describe(
-          "the replica that answered; shard: it shares the store but only its own local workers, so loaded models and queues here are its alone",
+          "the replica that answered; shard: it shares the store, not its workers, so loaded models and queues here are its alone",
         ),
       workers: z
         .array(

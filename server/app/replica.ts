@@ -30,19 +30,34 @@ function derived(bound: { port: number } | null, host: string): string {
   return bound && bound.port > 0 ? `${host}:${bound.port}` : `${host}:pid-${process.pid}`;
 }
 
-/** The replica's status from its identity and the kinds of workers its runtime reaches. */
+/**
+ * The replica's status from its identity and the kinds of workers its runtime reaches. On a shared
+ * store every replica is a shard today: whatever its workers, the ones it reaches are its alone.
+ * Local workers are its own processes; a remote worker serves one control plane at a time (the
+ * replica connected first holds it, the others are told `busy` and retry, so one of them takes it
+ * over when the holder goes, with nothing loaded); a Ray fleet driver places actors of its own,
+ * named per driver run, so replicas on one cluster divide its chips between them. The note says
+ * which of these applies.
+ */
 export function replicaStatus(
   identity: ReplicaIdentity,
   workers: { kind: "local" | "remote" }[],
   rayFleet: boolean,
 ): ReplicaStatus {
-  const sharedFleet = rayFleet || workers.some((w) => w.kind === "remote");
-  const shard = identity.storage === "postgres" && !sharedFleet;
-  const note =
-    identity.storage === "sqlite"
-      ? "one server: its store is its own (storage.sqlite)"
-      : shard
-        ? "a shard: the store is shared, the workers are this replica's own (local); another replica does not see its loaded models or queues"
-        : "one of the replicas on a shared store, reaching the shared fleet (remote workers or Ray)";
+  const shard = identity.storage === "postgres";
+  if (!shard)
+    return { ...identity, shard, note: "one server: its store is its own (storage.sqlite)" };
+  const kinds = [
+    ...(workers.some((w) => w.kind === "local") ? ["its local workers are its own processes"] : []),
+    ...(workers.some((w) => w.kind === "remote")
+      ? [
+          "a remote worker serves one replica at a time (the others are told busy and retry, and take it over when this one goes)",
+        ]
+      : []),
+    ...(rayFleet
+      ? ["its Ray fleet driver places actors of its own (replicas on one cluster divide its chips)"]
+      : []),
+  ];
+  const note = `a shard: the store is shared, the workers it reaches are its alone; another replica does not see its loaded models or queues (${kinds.join("; ")})`;
   return { ...identity, shard, note };
 }

@@ -21,11 +21,18 @@ describe("replica identity", () => {
     });
   });
 
-  it("a replica on a shared store with only local workers is a shard", () => {
+  it("a replica on a shared store is a shard whatever its workers, and says why", () => {
     const id = replicaIdentity(pg(), { port: 1 }, "h");
-    expect(replicaStatus(id, [{ kind: "local" }], false).shard).toBe(true);
-    expect(replicaStatus(id, [{ kind: "local" }, { kind: "remote" }], false).shard).toBe(false);
-    expect(replicaStatus(id, [{ kind: "local" }], true).shard).toBe(false);
+    const local = replicaStatus(id, [{ kind: "local" }], false);
+    expect(local.shard).toBe(true);
+    expect(local.note).toMatch(/local workers are its own processes/);
+    // A remote worker serves one control plane at a time; a Ray driver places its own actors.
+    const remote = replicaStatus(id, [{ kind: "remote" }], false);
+    expect(remote.shard).toBe(true);
+    expect(remote.note).toMatch(/one replica at a time/);
+    const ray = replicaStatus(id, [{ kind: "remote" }], true);
+    expect(ray.shard).toBe(true);
+    expect(ray.note).toMatch(/actors of its own/);
     const one = replicaIdentity({ storage: { sqlite: {} } }, { port: 1 }, "h");
     expect(replicaStatus(one, [{ kind: "local" }], false).shard).toBe(false);
   });
