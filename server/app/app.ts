@@ -96,7 +96,7 @@ export interface App extends ToolServices {
   ready: Promise<void>;
 }
 
-export function createApp(
+export async function createApp(
   config: ServerConfig,
   logger: Logger,
   opts: {
@@ -113,7 +113,7 @@ export function createApp(
     /** The Postgres backend, opened before (storage.ts openSharedBackend); the caller closes it. */
     shared?: SharedBackend | null;
   } = {},
-): App {
+): Promise<App> {
   const replica = opts.replica ?? replicaIdentity(config, null);
   // Before anything starts: a webhook without its secret is a configuration error.
   const notifyTargets = readNotifyTargets(config);
@@ -145,7 +145,7 @@ export function createApp(
   // Late-bound: the gate tells the alert rules what it counts; they act through the gate.
   const alertsRef: { current?: Alerts } = {};
   const metricsRef: { current?: Metrics } = {};
-  const policy = createPolicyServices(config, logger, {
+  const policy = await createPolicyServices(config, logger, {
     shared: opts.shared ?? null,
     // Late-bound: the HTTP server learns its address after the app is built.
     consoleUrl: () => publicConsoleUrl(config.http.resource_url) ?? app.consoleUrl,
@@ -197,7 +197,14 @@ export function createApp(
     );
   const clientForm = clientFormRules(config.policy.approvals);
   if (clientForm.length > 0) logger.warn(clientFormText(clientForm));
-  const served = openServerStores(config, logger, opts.shared ?? null);
+  let served: ReturnType<typeof openServerStores>;
+  try {
+    served = openServerStores(config, logger, opts.shared ?? null);
+  } catch (e) {
+    // Nothing serves yet: what was opened (the policy stores, the alerts) closes before the refusal.
+    await hooks.run().catch(() => {});
+    throw e;
+  }
   const { reports, jobs, outputs, channel } = served;
   // Closed where they always were: reports after the runtime (a call in flight writes its
   // measurement), jobs and the channel before it (a running job is aborted, not failed).

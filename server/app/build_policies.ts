@@ -37,7 +37,7 @@ export interface PolicyServices extends PolicyStores {
   gate: Gate;
 }
 
-export function createPolicyServices(
+export async function createPolicyServices(
   config: ServerConfig,
   logger: Logger,
   opts: {
@@ -46,8 +46,8 @@ export function createPolicyServices(
     /** The Postgres backend, opened first (storage.ts openSharedBackend); null with SQLite. */
     shared?: SharedBackend | null;
   } = {},
-): PolicyServices {
-  const stores = openPolicyStores(config, logger, opts.shared ?? null);
+): Promise<PolicyServices> {
+  const stores = await openPolicyStores(config, logger, opts.shared ?? null);
   const gate = new Gate({
     config: config.policy,
     tools: TOOL_POLICIES,

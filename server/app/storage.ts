@@ -38,6 +38,11 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { MemoryConsoleSessions, type ConsoleSessions } from "./console_sessions.js";
 import { sharedAuditKey, type SharedKey } from "./postgres/keys.js";
 import { openPgAuditReader } from "./postgres/audit_read.js";
+import { PgAuditTrail } from "./postgres/audit.js";
+import { PgBudget } from "./postgres/budget.js";
+import { PgCallsInFlight } from "./postgres/calls.js";
+import { openPgPolicyStores } from "./postgres/policy.js";
+import { PgRateLimit } from "./postgres/rate.js";
 import type { CredentialLookup } from "../../policies/passkeys/verify_trail.js";
 import { openPool, redactError, redactUrl, type PgPool } from "./postgres/pool.js";
 import { migrate } from "./postgres/schema.js";
@@ -48,7 +53,7 @@ import { ControlChannel } from "../control/channel.js";
 /** What the gate's admission and the decisions need: opened by the server and the writing CLI. */
 export interface PolicyStores {
   /** Which backend the config chose. */
-  readonly backend: "sqlite";
+  readonly backend: "sqlite" | "postgres";
   /** SHARED: approvals, decided once and consumed once wherever asked. */
   approvals: ApprovalQueue;
   /** SHARED: the audit trail, its one chained head and its verification checkpoint. */
@@ -66,8 +71,8 @@ export interface PolicyStores {
    */
   calls: CallsInFlight & LeftBehind;
   /**
-   * SHARED: request-state nonces consumed once on every replica. Absent with SQLite (one
-   * process: an in-band answer's single use is its approval's decide-once).
+   * SHARED: request-state nonces consumed once on every replica (Postgres). Absent with SQLite
+   * (one process: an in-band answer's single use is its approval's decide-once).
    */
   consumedStates?: ConsumedStates;
   /** SHARED: operators' passkeys and their signature counters. */
@@ -158,16 +163,17 @@ export async function openSharedBackend(
  * The policy stores for writing: the server, and the CLI commands that decide or change state
  * (approve, deny, workers drain/scale/reload). Makes the data directory and the audit key when
  * missing; read-only commands use the read* openers below instead. On Postgres, `shared` is the
- * backend opened first (openSharedBackend).
+ * backend opened first (openSharedBackend), and the stores are built on its pool.
  */
-export function openPolicyStores(
+export async function openPolicyStores(
   config: ServerConfig,
   logger: Logger,
   shared: SharedBackend | null = null,
-): PolicyStores {
-  if (databaseUrl(config) !== null || shared)
+): Promise<PolicyStores> {
+  if (shared) return openPgPolicy(config, logger, shared);
+  if (databaseUrl(config) !== null)
     throw new ConfigError("(config)", [
-      "storage.postgres: the server does not serve on Postgres yet (the Postgres stores are not wired into the server); `tpu-mcp storage migrate|check` work against it. Use storage.sqlite (the default) to serve (docs/storage.md).",
+      "storage.postgres: this command does not open the shared store yet (it would write to the data directory's SQLite files instead); run it against a server's data directory on storage.sqlite, or act through the console of a replica (docs/storage.md).",
     ]);
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
@@ -211,13 +217,91 @@ export function openPolicyStores(
   };
 }
 
+/**
+ * The policy stores on the shared backend's pool, this replica's: the approvals (decided and used
+ * once, other replicas' changes heard), the one audit chain under the replicas' key, the budget
+ * (one cap; opening it drops what a previous run of this replica held), the calls in flight
+ * (settled per replica; their rows join the `allowed` record's transaction), passkeys,
+ * suspensions, alerts, rate limits and consumed request states. The device slots stay this
+ * process's. `close()` stops what they run (listeners, renewals, the audit queue); the pool is
+ * the backend's, closed by its owner.
+ */
+async function openPgPolicy(
+  config: ServerConfig,
+  logger: Logger,
+  shared: SharedBackend,
+): Promise<PolicyStores> {
+  const { pool, replica, key } = shared;
+  const policy = config.policy;
+  const stores = openPgPolicyStores(pool, {
+    replica: replica.id,
+    keepDecidedS: policy.approvals.keep_decided_s,
+    onError: (e) => logger.error({ err: String(e) }, "storage: approvals listener failed"),
+  });
+  let audit: PgAuditTrail | undefined;
+  let budget: PgBudget | undefined;
+  try {
+    // A key made by this start, or the deployment's key file on an empty trail: the chain starts
+    // with its chain_keyed record (replicas starting together write one). A trail with records
+    // and no chain_keyed for the key was reset, and is logged as such (as on SQLite).
+    const empty = async () =>
+      Number((await pool.query("SELECT seq FROM audit_head WHERE id = 1")).rows[0]?.seq) === 0;
+    const keyCreated = key.created || (key.where === "file" && (await empty()));
+    audit = await PgAuditTrail.open(pool, {
+      replica: replica.id,
+      logger: logger.child({ component: "audit" }),
+      key: key.key,
+      keyCreated,
+      refusalWindowMs: policy.audit.refusal_window_s * 1000,
+    });
+    budget = await PgBudget.open(pool, {
+      limitS: policy.limits.budget.device_seconds_per_window,
+      windowS: policy.limits.budget.window_s,
+      replica: replica.id,
+    });
+  } catch (e) {
+    await audit?.close();
+    await stores.close();
+    throw e;
+  }
+  const calls = new PgCallsInFlight(pool, replica.id);
+  const [trail, ledger] = [audit, budget];
+  return {
+    backend: "postgres",
+    approvals: stores.approvals,
+    audit,
+    auditKey: { key: key.key, created: key.created },
+    budget,
+    calls,
+    consumedStates: stores.consumedStates,
+    passkeys: stores.passkeys,
+    suspensions: stores.suspensions,
+    alertStore: stores.alertStore,
+    rateLimiter: new PgRateLimit(
+      pool,
+      "principal",
+      policy.limits.rate_limit.per_principal_per_minute,
+    ),
+    limiter: new ConcurrencyLimiter(policy.limits),
+    async close() {
+      calls.close();
+      ledger.close();
+      await trail.close();
+      await stores.close();
+    },
+  };
+}
+
 /** Every store a running server holds (the policy stores are built by createPolicyServices). */
 export function openServerStores(
   config: ServerConfig,
   logger: Logger,
-  // eslint-disable-next-line @typescript-eslint/no-unused-vars -- the Postgres stores, once wired
   shared: SharedBackend | null = null,
 ): Omit<Storage, keyof PolicyStores> & { close(): void } {
+  if (shared)
+    throw new ConfigError("(config)", [
+      "storage.postgres: the server's own stores (jobs, benchmark reports, the workers' control channel, console sessions, the HTTP surface's rate limits) are not on Postgres yet, so a replica cannot serve on it; the policy stores are. Use storage.sqlite (the default) to serve (docs/storage.md).",
+    ]);
   // Each store also closes on its own: the server closes them at their own points of its shutdown.
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const reports = new SqliteReports(layout.reportsDb);

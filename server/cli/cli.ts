@@ -231,7 +231,7 @@ async function main(argv: string[]): Promise<number> {
     case "stdio": {
       const replica = replicaIdentity(config, null);
       const shared = await openSharedBackend(config, logger, replica);
-      const app = createApp(config, logger, {
+      const app = await createApp(config, logger, {
         loadConfig: reloadable,
         ...setupWatch(layout, config, logger),
         replica,
@@ -269,7 +269,7 @@ async function main(argv: string[]): Promise<number> {
       // On Postgres: connected, migrated and keyed before anything is built (storage.ts).
       const replica = replicaIdentity(config, { port });
       const shared = await openSharedBackend(config, logger, replica);
-      const app = createApp(config, logger, {
+      const app = await createApp(config, logger, {
         loadConfig: reloadable,
         fileConfig,
         replica,

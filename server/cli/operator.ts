@@ -138,7 +138,7 @@ async function decide(
     "an operator token is required: --token TOKEN or TPU_MCP_TOKEN (a principal with approvals:grant)",
   );
   if (typeof approver === "number") return approver;
-  const policy = createPolicyServices(config, io.logger);
+  const policy = await createPolicyServices(config, io.logger);
   try {
     const rec = await policy.gate.decideApproval(id, approver, sub, io.reason);
     io.out(

@@ -45,7 +45,7 @@ export async function runOperatorsCommand(
       io.err("NAME: 1-256 characters, no control characters, not starting with jwt:");
       return 2;
     }
-    const policy = createPolicyServices(config, io.logger);
+    const policy = await createPolicyServices(config, io.logger);
     const audit = (reason: string) =>
       policy.audit.append({
         time: new Date().toISOString(),

@@ -84,7 +84,7 @@ async function resume(config: ServerConfig, id: string, io: Io): Promise<number>
     io.err(`${operator.id} may not resume principals: it needs approvals:grant or admin`);
     return 1;
   }
-  const policy = createPolicyServices(config, io.logger);
+  const policy = await createPolicyServices(config, io.logger);
   try {
     const was = await policy.gate.resumePrincipal(id, operator);
     if (!was) {

@@ -83,7 +83,7 @@ export async function runWorkersCommand(
   if (typeof principal === "number") return principal;
   const admin = principal.scopes.includes("admin");
   const record = async (outcome: AuditRecord["outcome"], extra: Partial<AuditRecord> = {}) => {
-    const policy = createPolicyServices(config, io.logger);
+    const policy = await createPolicyServices(config, io.logger);
     try {
       await policy.audit.append({
         time: new Date().toISOString(),

@@ -79,7 +79,7 @@ describe("console audit page over a large trail", () => {
     const { writeFileSync } = await import("node:fs");
     writeFileSync(configFile, JSON.stringify(raw));
     const config = parseConfig(raw, { root: ROOT });
-    app = createApp(config, pino({ level: "silent" }));
+    app = await createApp(config, pino({ level: "silent" }));
     http = await startHttp(app, { host: "127.0.0.1", port: 0 });
     base = http.url.replace(/\/mcp$/, "");
     const r = await fetch(`${base}/console/api/session`, {

@@ -760,7 +760,7 @@ describe("model output that contains instructions", () => {
         startMode: "lazy",
         logger: pino({ level: "silent" }),
       });
-      const app = createApp(config, pino({ level: "silent" }), {
+      const app = await createApp(config, pino({ level: "silent" }), {
         runtime: WorkerPool.single(runtime),
       });
       const server = createMcpServer(app, ADMIN);

@@ -99,7 +99,7 @@ export interface InProcess {
 export async function inProcess(raw: Record<string, any>): Promise<InProcess> {
   const config = parseConfig(raw, { root: ROOT });
   const logger = pino({ level: "silent" });
-  const app = createApp(config, logger);
+  const app = await createApp(config, logger);
   const clients: Client[] = [];
   let closing: Promise<void> | null = null;
   return {

@@ -105,7 +105,7 @@ describe("reload (a real file, workers.db, the CLI's request in-process)", () =>
   it("refuses an invalid file with a clear log line and changes nothing", async () => {
     writeFileSync(file, JSON.stringify(base));
     const config = loadConfig(file, ROOT);
-    app = createApp(config, logger, { loadConfig: () => loadConfig(file, ROOT) });
+    app = await createApp(config, logger, { loadConfig: () => loadConfig(file, ROOT) });
     writeFileSync(file, JSON.stringify({ ...base, log_level: "loud" }));
     const r = await app.reload("test");
     expect(r.ok).toBe(false);
@@ -119,7 +119,7 @@ describe("reload (a real file, workers.db, the CLI's request in-process)", () =>
   it("`workers reload`: the server re-reads the file and reports what needs a restart", async () => {
     writeFileSync(file, JSON.stringify(base));
     const config = loadConfig(file, ROOT);
-    app = createApp(config, logger, { loadConfig: () => loadConfig(file, ROOT) });
+    app = await createApp(config, logger, { loadConfig: () => loadConfig(file, ROOT) });
     writeFileSync(file, JSON.stringify({ ...base, log_level: "debug" }));
     const t = io();
     expect(await requestReload(config, "ops", t.io)).toBe(0);
@@ -133,7 +133,7 @@ describe("reload (a real file, workers.db, the CLI's request in-process)", () =>
   });
 
   it("a server started without a file has nothing to reload, and says so", async () => {
-    app = createApp(parseConfig(base, { root: ROOT }), logger);
+    app = await createApp(parseConfig(base, { root: ROOT }), logger);
     const r = await app.reload("SIGHUP");
     expect(r.ok).toBe(false);
     expect(r.error).toMatch(/without a config file/);

@@ -45,10 +45,10 @@ afterAll(() => {
 });
 
 describe.skipIf(!posix)("file modes of the data directory", () => {
-  it("makes a fresh data dir 0700 and every store, its WAL files and the audit key 0600", () => {
+  it("makes a fresh data dir 0700 and every store, its WAL files and the audit key 0600", async () => {
     const dir = fresh();
     const config = configIn(dir);
-    const policy = createPolicyServices(config, silent);
+    const policy = await createPolicyServices(config, silent);
     // Write something, so SQLite makes its -wal and -shm files.
     policy.approvals.create({
       principal: "agent",
@@ -97,12 +97,12 @@ describe.skipIf(!posix)("file modes of the data directory", () => {
     expect(() => createDataDir(config)).toThrow(/policy\.db is writable by other users/);
   });
 
-  it("refuses an audit key others may read, or whose folder others may write", () => {
+  it("refuses an audit key others may read, or whose folder others may write", async () => {
     const dir = fresh();
     const keyDir = join(dir, "keys");
     mkdirSync(keyDir, { mode: 0o700 });
     const config = configIn(dir, { policy: { audit: { key_file: join(keyDir, "audit.key") } } });
-    createPolicyServices(config, silent).close();
+    await (await createPolicyServices(config, silent)).close();
     expect(mode(join(keyDir, "audit.key"))).toBe(0o600);
     expect(readAuditKey(join(keyDir, "audit.key"))).not.toBeNull();
     chmodSync(keyDir, 0o777);
@@ -114,7 +114,7 @@ describe.skipIf(!posix)("file modes of the data directory", () => {
     expect(() => readAuditKey(join(keyDir, "audit.key"))).toThrow(/chmod 600/);
   });
 
-  it("refuses a webhook secret others may read (it was accepted at 0644)", () => {
+  it("refuses a webhook secret others may read (it was accepted at 0644)", async () => {
     const dir = fresh();
     writeFileSync(join(dir, "hook.secret"), "whsec-0123456789abcdef\n", { mode: 0o644 });
     chmodSync(join(dir, "hook.secret"), 0o644);
@@ -123,7 +123,9 @@ describe.skipIf(!posix)("file modes of the data directory", () => {
         approvals: { notify: [{ url: "http://127.0.0.1:9/hook", secret_file: "hook.secret" }] },
       },
     });
-    expect(() => createApp(config, silent)).toThrow(/webhook secret .*\(mode 644\).*chmod 600/);
+    await expect(createApp(config, silent)).rejects.toThrow(
+      /webhook secret .*\(mode 644\).*chmod 600/,
+    );
   });
 
   it(

@@ -22,7 +22,7 @@ let tools: Awaited<ReturnType<Client["listTools"]>>["tools"];
 
 beforeAll(async () => {
   // Lazy runtime: listing tools never starts a worker.
-  app = createApp(
+  app = await createApp(
     parseConfig({ data_dir: join(dir, "data"), runtime: { start: "lazy" } }, { root: ROOT }),
     pino({ level: "silent" }),
   );

@@ -38,7 +38,7 @@ afterAll(async () => {
 });
 
 async function callThrough(config: Record<string, unknown>, name: string) {
-  const app = createApp(
+  const app = await createApp(
     parseConfig(
       { data_dir: join(dir, `data-${apps.length}`), runtime: { start: "lazy" }, ...config },
       { root: ROOT },

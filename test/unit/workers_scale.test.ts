@@ -78,7 +78,7 @@ function fakeServer(
 afterEach(() => stopServer?.());
 
 async function scaleAudit(config: ReturnType<typeof setup>["config"]) {
-  const policy = createPolicyServices(config, logger);
+  const policy = await createPolicyServices(config, logger);
   try {
     return (await policy.audit.tail(20)).filter((r) => r.tool === "workers.scale");
   } finally {
