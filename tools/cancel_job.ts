@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { ToolError } from "./errors.js";
-import { JobView, jobIdArg } from "./get_job.js";
+import { JobView, jobIdArg, jobView } from "./get_job.js";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
@@ -21,7 +21,7 @@ const build = (_env: ToolEnv) =>
       openWorldHint: false,
     },
     async handler(args, ctx) {
-      const job = ctx.jobs.cancel(args.job_id, ctx.principal.id);
+      const job = await ctx.jobs.cancel(args.job_id, ctx.principal.id);
       if (!job) throw new ToolError("job_not_found", `no job ${args.job_id} of yours exists`);
       if (job.status === "running") {
         // Wait briefly so the answer shows the job's final state when the worker is quick.
@@ -30,8 +30,7 @@ const build = (_env: ToolEnv) =>
           new Promise((r) => setTimeout(r, 5000)),
         ]);
       }
-      const { principal: _p, ...view } = ctx.jobs.get(args.job_id, ctx.principal.id)!;
-      return view;
+      return jobView((await ctx.jobs.get(args.job_id, ctx.principal.id)) ?? job);
     },
     render: (o) => `job ${o.job_id}: ${o.status}`,
   });

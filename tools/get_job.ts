@@ -2,6 +2,7 @@ import { z } from "zod";
 import { ToolError } from "./errors.js";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
+import type { JobRecord } from "./stores/jobs.js";
 
 export const jobIdArg = z
   .string()
@@ -19,6 +20,13 @@ export const JobView = z.object({
   created_at: z.string(),
   updated_at: z.string(),
 });
+
+/** What a tool shows of a job: not its principal (the caller's own) nor the store's own fields. */
+export function jobView(job: JobRecord): z.infer<typeof JobView> {
+  const view: Record<string, unknown> = {};
+  for (const k of Object.keys(JobView.shape)) view[k] = job[k as keyof JobRecord];
+  return view as z.infer<typeof JobView>;
+}
 
 /** What the server and its policies know of get_job (policies/tool_policy.ts). */
 const policy = hostOnlyPolicy("get_job", "jobs:read");
@@ -39,10 +47,9 @@ const build = (_env: ToolEnv) =>
     // A finished benchmark job is drawn like run_benchmark's result; other jobs show their state.
     ui: { resourceUri: "ui://tpu-mcp/benchmark-view.html" },
     async handler(args, ctx) {
-      const job = ctx.jobs.get(args.job_id, ctx.principal.id);
+      const job = await ctx.jobs.get(args.job_id, ctx.principal.id);
       if (!job) throw new ToolError("job_not_found", `no job ${args.job_id} of yours exists`);
-      const { principal: _p, ...view } = job;
-      return view;
+      return jobView(job);
     },
     render: (o) =>
       `job ${o.job_id} (${o.tool}): ${o.status}` +

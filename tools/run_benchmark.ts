@@ -337,9 +337,9 @@ const build = (env: ToolEnv) => {
         ctx,
       );
     },
-    validate: (args, svc) => {
+    validate: async (args, svc) => {
       resolveBenchmark(env, args);
-      if (args.baseline_id && !svc.reports.get(args.baseline_id)) {
+      if (args.baseline_id && !(await svc.reports.get(args.baseline_id))) {
         throw new ToolError(
           "invalid_argument",
           `baseline_id: no report ${args.baseline_id}; run_benchmark returns report ids`,
@@ -348,7 +348,7 @@ const build = (env: ToolEnv) => {
     },
     async handler(args, ctx) {
       const r = resolveBenchmark(env, args);
-      const baseline = args.baseline_id ? ctx.reports.get(args.baseline_id) : undefined;
+      const baseline = args.baseline_id ? await ctx.reports.get(args.baseline_id) : undefined;
       const { result } = await ctx.runtime.call(
         "benchmark",
         {
@@ -396,7 +396,7 @@ const build = (env: ToolEnv) => {
         ...costOfReport(env, deviceKind, result.configs ?? []),
         ...(baseline ? { comparison: compareReports(result, baseline.report, baseline.id) } : {}),
       };
-      const stored = ctx.reports.put(ctx.principal.id, args.model, deviceKind, body);
+      const stored = await ctx.reports.put(ctx.principal.id, args.model, deviceKind, body);
       const uri = `tpu://benchmarks/${stored.id}`;
       return {
         report_id: stored.id,

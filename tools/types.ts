@@ -148,7 +148,7 @@ export interface ToolDefinition<I extends z.ZodType = z.ZodType, O extends z.Zod
    * Every check of the arguments beyond the schema (per-model bounds, grid size, ...). Runs
    * before the gate: nothing that can never run becomes an approval request or a job.
    */
-  validate?: (args: z.infer<I>, services: ToolServices) => void;
+  validate?: (args: z.infer<I>, services: ToolServices) => void | Promise<void>;
   /** A cost estimate for the gate (approval rules, budgets, memory refusals). */
   estimate?: (args: z.infer<I>, ctx: ToolContext) => Promise<CostEstimate | undefined>;
   handler: (args: z.infer<I>, ctx: ToolContext) => Promise<z.infer<O>>;

@@ -213,7 +213,7 @@ export async function createApp(
     ...policy,
     ...served,
     async close() {
-      served.close();
+      await served.close();
       await policy.close();
     },
   };

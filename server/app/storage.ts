@@ -48,7 +48,7 @@ import { openPool, redactError, redactUrl, type PgPool } from "./postgres/pool.j
 import { migrate } from "./postgres/schema.js";
 import type { ReplicaIdentity } from "./replica.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
-import { ControlChannel } from "../control/channel.js";
+import { SqliteControlChannel, type ControlChannel } from "../control/channel.js";
 
 /** What the gate's admission and the decisions need: opened by the server and the writing CLI. */
 export interface PolicyStores {
@@ -297,7 +297,7 @@ export function openServerStores(
   config: ServerConfig,
   logger: Logger,
   shared: SharedBackend | null = null,
-): Omit<Storage, keyof PolicyStores> & { close(): void } {
+): Omit<Storage, keyof PolicyStores> & { close(): Promise<void> } {
   if (shared)
     throw new ConfigError("(config)", [
       "storage.postgres: the server's own stores (jobs, benchmark reports, the workers' control channel, console sessions, the HTTP surface's rate limits) are not on Postgres yet, so a replica cannot serve on it; the policy stores are. Use storage.sqlite (the default) to serve (docs/storage.md).",
@@ -308,7 +308,7 @@ export function openServerStores(
   const jobs = new SqliteJobs(layout.jobsDb, {
     onError: (err) => logger.error({ err }, "job failed unexpectedly"),
   });
-  const channel = ControlChannel.open(layout.workersDb);
+  const channel = SqliteControlChannel.open(layout.workersDb);
   const consoleSessions = new MemoryConsoleSessions();
   const http = config.http;
   return {
@@ -322,11 +322,11 @@ export function openServerStores(
       initPerPrincipal: new RateLimiter(http.initialize_rate.per_principal_per_minute),
       initPerAddress: new RateLimiter(http.initialize_rate.per_address_per_minute),
     },
-    close() {
+    async close() {
       consoleSessions.close();
       channel.close();
-      jobs.close();
-      reports.close();
+      await jobs.close();
+      await reports.close();
     },
   };
 }

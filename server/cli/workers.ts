@@ -8,7 +8,11 @@ import type { WorkerStatus } from "../../runtime/types.js";
 import { createPolicyServices } from "../app/build_policies.js";
 import type { ServerConfig } from "../config/config.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
-import { ControlChannel, type PublishedFleet } from "../control/channel.js";
+import {
+  SqliteControlChannel,
+  type ControlChannel,
+  type PublishedFleet,
+} from "../control/channel.js";
 import type { ReloadResult } from "../control/reload.js";
 import { terminalField } from "../terminal.js";
 import { principalOfToken } from "./token.js";
@@ -45,10 +49,10 @@ function row(w: WorkerStatus, at: string): string {
 }
 
 /** `workers list`: read-only, so a data directory no server has used stays untouched. */
-function listWorkers(config: ServerConfig, io: Io): number {
-  const channel = ControlChannel.openExisting(dataDir(config).workersDb);
+async function listWorkers(config: ServerConfig, io: Io): Promise<number> {
+  const channel = SqliteControlChannel.openExisting(dataDir(config).workersDb);
   try {
-    const ws = channel?.observed() ?? [];
+    const ws = (await channel?.observed()) ?? [];
     if (io.json) io.out(JSON.stringify(ws, null, 2));
     else io.out(ws.length ? ws.map(({ w, at }) => row(w, at)).join("\n") : NO_STATE);
     return 0;
@@ -63,7 +67,7 @@ export async function runWorkersCommand(
   io: Io,
 ): Promise<number> {
   const [sub = "list", name] = positionals;
-  if (sub === "list") return listWorkers(config, io);
+  if (sub === "list") return await listWorkers(config, io);
   const scaleTo = sub === "scale" && /^\d{1,4}$/.test(name ?? "") ? Number(name) : undefined;
   const reload = sub === "reload" && name === undefined;
   if (
@@ -121,7 +125,7 @@ export async function runWorkersCommand(
   }
   await record("executed");
   if (reload) return await requestReload(config, principal.id, io);
-  const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
+  const channel = SqliteControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {
     return await setDrain(channel, sub as "drain" | "undrain", name!, principal.id, io);
   } finally {
@@ -136,20 +140,20 @@ async function setDrain(
   by: string,
   io: Io,
 ): Promise<number> {
-  const known = channel.observed().map((o) => o.w.name);
+  const known = (await channel.observed()).map((o) => o.w.name);
   if (known.length && !known.includes(name)) {
     io.err(`no worker named ${name}; workers: ${known.join(", ")}`);
     return 1;
   }
   if (sub === "undrain") {
-    channel.clearDrained(name);
+    await channel.clearDrained(name);
     io.out(`${name}: undrained; the server routes calls to it again within a second`);
     return 0;
   }
-  channel.setDrained(name, by);
+  await channel.setDrained(name, by);
   const until = Date.now() + (io.waitMs ?? 60_000);
   for (;;) {
-    const o = channel.observed().find((x) => x.w.name === name);
+    const o = (await channel.observed()).find((x) => x.w.name === name);
     if (o?.w.draining && o.w.in_flight === 0) {
       io.out(
         io.json
@@ -191,9 +195,9 @@ async function scaleAndWait(
     io.err("workers scale needs a Ray fleet: add runtime.ray to the config (README: Ray fleet)");
     return { exit: 2 };
   }
-  const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
+  const channel = SqliteControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {
-    const at = channel.setFleetTarget(count, by);
+    const at = await channel.setFleetTarget(count, by);
     return await waitForFleet(channel, count, at, io);
   } finally {
     channel.close();
@@ -234,7 +238,7 @@ async function waitForFleet(
   let saidAt = 0;
   let last = "";
   for (;;) {
-    const o = channel.fleetObserved();
+    const o = await channel.fleetObserved();
     if (o && o.at > at) {
       const s = o.status;
       if (o.error && (o.target === count || s.state === "refused")) {
@@ -286,13 +290,13 @@ export async function requestReload(
   by: string,
   io: FleetWaitIo,
 ): Promise<number> {
-  const channel = ControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
+  const channel = SqliteControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
   try {
-    const at = channel.requestReload(by);
+    const at = await channel.requestReload(by);
     let result: ReloadResult | undefined;
     const until = Date.now() + Math.min(io.waitMs ?? 30_000, 30_000);
     for (;;) {
-      const r = channel.reloadResult();
+      const r = await channel.reloadResult();
       if (r?.request_at === at) {
         result = JSON.parse(r.result) as ReloadResult;
         break;

@@ -483,8 +483,8 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     send(res, 200, { status: out ?? null, error, runtime_state: app.runtime.state });
   }
 
-  function jobs(res: ServerResponse) {
-    send(res, 200, { jobs: app.jobs.listAll(100) });
+  async function jobs(res: ServerResponse) {
+    send(res, 200, { jobs: await app.jobs.listAll(100) });
   }
 
   /** The alerts that fired (newest first) and the principals suspended now. */
@@ -518,16 +518,16 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
         code: "insufficient_scope",
       });
     }
-    const job = app.jobs.cancelAny(id);
+    const job = await app.jobs.cancelAny(id);
     if (!job) throw new HttpError(404, `no job ${id}`, { code: "job_not_found" });
     await record("executed", `cancelled ${job.principal}'s job ${id}`);
     log.info({ principal: s.principal.id, job_id: id }, "job cancelled from the console");
     send(res, 200, { job });
   }
 
-  function benchmarks(res: ServerResponse) {
+  async function benchmarks(res: ServerResponse) {
     send(res, 200, {
-      reports: app.reports.list(100).map((r) => ({
+      reports: (await app.reports.list(100)).map((r) => ({
         id: r.id,
         principal: r.principal,
         model: r.model,
@@ -602,7 +602,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
       if (api === "benchmarks") return benchmarks(res);
       const b = /^benchmarks\/(bench_[0-9a-f]{20})$/.exec(api);
       if (b) {
-        const r = app.reports.get(b[1]);
+        const r = await app.reports.get(b[1]);
         if (!r) throw new HttpError(404, `no report ${b[1]}`, { code: "not_found" });
         return send(res, 200, { ...r });
       }

@@ -41,23 +41,53 @@ export interface FleetObserved {
   at: string;
 }
 
-export class ControlChannel {
+/**
+ * The control channel's state: the operator's desired state (drains, the fleet's size, a reload
+ * request) and what the servers observe. Every read and write returns a promise: SQLite
+ * (workers.db, SqliteControlChannel) answers inside the call; the shared store
+ * (server/app/postgres/control.ts) is one state for every replica and the CLI.
+ */
+export interface ControlChannel {
+  /** The names the operator wants drained. */
+  drained(): Promise<Set<string>>;
+  setDrained(name: string, by: string): Promise<void>;
+  clearDrained(name: string): Promise<void>;
+  /** Every worker's state as a server last published it. */
+  observed(): Promise<ObservedWorker[]>;
+  publishWorkers(ws: WorkerStatus[]): Promise<void>;
+  /** The wanted Ray actor count. */
+  fleetTarget(): Promise<{ count: number; at: string } | undefined>;
+  /** Records the wanted actor count; resolves to when (the CLI waits for state newer than that). */
+  setFleetTarget(count: number, by: string): Promise<string>;
+  fleetObserved(): Promise<FleetObserved | undefined>;
+  publishFleet(target: number | null, status: PublishedFleet, error: string | null): Promise<void>;
+  /** The last reload request. */
+  reloadRequest(): Promise<{ by: string; at: string } | undefined>;
+  /** Records a reload request; resolves to its time, which names it in the result. */
+  requestReload(by: string): Promise<string>;
+  reloadResult(): Promise<{ request_at: string; result: string } | undefined>;
+  writeReloadResult(requestAt: string, result: unknown): Promise<void>;
+  close(): void;
+}
+
+/** The channel in workers.db beside a SQLite server (the data directory's). */
+export class SqliteControlChannel implements ControlChannel {
   private constructor(
     private readonly db: SqliteDb,
     private readonly readOnly: boolean,
   ) {}
 
   /** Opens the channel, making the file and its schema if needed (the data dir must exist). */
-  static open(path: string): ControlChannel {
+  static open(path: string): SqliteControlChannel {
     const db = openStoreDb(path);
     db.exec(SCHEMA);
-    return new ControlChannel(db, false);
+    return new SqliteControlChannel(db, false);
   }
 
   /** The channel as it is, read-only (`workers list`); null when nothing has made it yet. */
-  static openExisting(path: string): ControlChannel | null {
+  static openExisting(path: string): SqliteControlChannel | null {
     const db = openExisting(path);
-    return db ? new ControlChannel(db, true) : null;
+    return db ? new SqliteControlChannel(db, true) : null;
   }
 
   /** A read-only channel from before a table existed answers as if that table were empty. */
@@ -81,11 +111,11 @@ export class ControlChannel {
 
   // Drain: the names the operator wants drained, and every worker's state as the server saw it.
 
-  drained(): Set<string> {
+  async drained(): Promise<Set<string>> {
     return new Set(this.all<{ name: string }>("SELECT name FROM drained").map((r) => r.name));
   }
 
-  setDrained(name: string, by: string): void {
+  async setDrained(name: string, by: string): Promise<void> {
     this.db
       .prepare(
         "INSERT INTO drained (name, by, at) VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET by = excluded.by, at = excluded.at",
@@ -93,17 +123,17 @@ export class ControlChannel {
       .run(name, by, new Date().toISOString());
   }
 
-  clearDrained(name: string): void {
+  async clearDrained(name: string): Promise<void> {
     this.db.prepare("DELETE FROM drained WHERE name = ?").run(name);
   }
 
-  observed(): ObservedWorker[] {
+  async observed(): Promise<ObservedWorker[]> {
     return this.all<{ status: string; at: string }>(
       "SELECT status, at FROM observed ORDER BY name",
     ).map((r) => ({ w: JSON.parse(r.status) as WorkerStatus, at: r.at }));
   }
 
-  publishWorkers(ws: WorkerStatus[]): void {
+  async publishWorkers(ws: WorkerStatus[]): Promise<void> {
     const upsert = this.db.prepare(
       "INSERT INTO observed (name, status, at) VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET status = excluded.status, at = excluded.at",
     );
@@ -115,12 +145,12 @@ export class ControlChannel {
 
   // Fleet: the wanted Ray actor count, and what the fleet reports.
 
-  fleetTarget(): { count: number; at: string } | undefined {
+  async fleetTarget(): Promise<{ count: number; at: string } | undefined> {
     return this.get("SELECT count, at FROM fleet_target WHERE id = 1");
   }
 
   /** Records the wanted actor count; returns when (the CLI waits for state newer than that). */
-  setFleetTarget(count: number, by: string): string {
+  async setFleetTarget(count: number, by: string): Promise<string> {
     const at = new Date().toISOString();
     this.db
       .prepare(
@@ -130,14 +160,18 @@ export class ControlChannel {
     return at;
   }
 
-  fleetObserved(): FleetObserved | undefined {
+  async fleetObserved(): Promise<FleetObserved | undefined> {
     const o = this.get<{ target: number | null; status: string; error: string | null; at: string }>(
       "SELECT target, status, error, at FROM fleet_observed WHERE id = 1",
     );
     return o && { ...o, status: JSON.parse(o.status) as PublishedFleet };
   }
 
-  publishFleet(target: number | null, status: PublishedFleet, error: string | null): void {
+  async publishFleet(
+    target: number | null,
+    status: PublishedFleet,
+    error: string | null,
+  ): Promise<void> {
     this.db
       .prepare(
         "INSERT INTO fleet_observed (id, target, status, error, at) VALUES (1, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET target = excluded.target, status = excluded.status, error = excluded.error, at = excluded.at",
@@ -147,12 +181,12 @@ export class ControlChannel {
 
   // Reload: the last request, and the result for it.
 
-  reloadRequest(): { by: string; at: string } | undefined {
+  async reloadRequest(): Promise<{ by: string; at: string } | undefined> {
     return this.get("SELECT by, at FROM reload_request WHERE id = 1");
   }
 
   /** Records a reload request; returns its time, which names it in the result. */
-  requestReload(by: string): string {
+  async requestReload(by: string): Promise<string> {
     const at = new Date().toISOString();
     this.db
       .prepare(
@@ -162,11 +196,11 @@ export class ControlChannel {
     return at;
   }
 
-  reloadResult(): { request_at: string; result: string } | undefined {
+  async reloadResult(): Promise<{ request_at: string; result: string } | undefined> {
     return this.get("SELECT request_at, result FROM reload_result WHERE id = 1");
   }
 
-  writeReloadResult(requestAt: string, result: unknown): void {
+  async writeReloadResult(requestAt: string, result: unknown): Promise<void> {
     this.db
       .prepare(
         "INSERT INTO reload_result (id, request_at, result, at) VALUES (1, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET request_at = excluded.request_at, result = excluded.result, at = excluded.at",

@@ -12,8 +12,8 @@ export function drainHandler(runtime: Runtime, logger: Logger): ControlHandler |
   const pool = runtime;
   return {
     name: "drain",
-    tick(channel) {
-      const want = channel.drained();
+    async tick(channel) {
+      const want = await channel.drained();
       for (const w of pool.workers()) {
         if (want.has(w.name) && !w.draining) {
           pool.drain(w.name);
@@ -23,7 +23,7 @@ export function drainHandler(runtime: Runtime, logger: Logger): ControlHandler |
           logger.info({ worker: w.name }, "worker undrained");
         }
       }
-      channel.publishWorkers(pool.workers());
+      await channel.publishWorkers(pool.workers());
     },
   };
 }

@@ -58,8 +58,8 @@ export function fleetHandler(fleet: RayFleet | undefined, logger: Logger): Contr
         // Say why nothing moves (a refused driver is not retried): the CLI prints it.
         const refusal =
           st.state === "refused" && st.error ? `${st.error.code}: ${st.error.message}` : null;
-        channel.publishFleet(
-          channel.fleetTarget()?.count ?? null,
+        await channel.publishFleet(
+          (await channel.fleetTarget())?.count ?? null,
           { ...st, last_actor_error: lastActorError },
           refusal,
         );
@@ -72,7 +72,7 @@ export function fleetHandler(fleet: RayFleet | undefined, logger: Logger): Contr
         applied = null;
       }
       try {
-        const want = channel.fleetTarget();
+        const want = await channel.fleetTarget();
         if (want && (applied?.at !== want.at || applied.count !== want.count)) {
           applied = want;
           try {
@@ -88,7 +88,7 @@ export function fleetHandler(fleet: RayFleet | undefined, logger: Logger): Contr
           }
         }
         const s: FleetStatus = await fleet.actors();
-        channel.publishFleet(
+        await channel.publishFleet(
           applied?.count ?? s.target ?? null,
           { ...s, last_actor_error: lastActorError },
           lastError,

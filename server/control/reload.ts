@@ -114,7 +114,7 @@ export function createReloader(
       const count =
         diff.fleet_count === "capacity" ? (fleet?.status().capacity ?? 0) : diff.fleet_count;
       // The same desired state `workers scale` writes: the fleet watcher applies it (drain first).
-      result.fleet_target_at = channel.setFleetTarget(count, `config-reload (${by})`);
+      result.fleet_target_at = await channel.setFleetTarget(count, `config-reload (${by})`);
       result.applied.push(
         `runtime.ray.placement.count: ${current.runtime.ray?.placement.count ?? "capacity"} -> ${next.runtime.ray?.placement.count ?? "capacity"} (target ${count})`,
       );
@@ -171,16 +171,23 @@ export function reloadHandler(
   reloader: Reloader,
   logger: Logger,
 ): ControlHandler {
-  let handled = channel.reloadRequest()?.at ?? null;
+  // The request standing when the server started, read before the first tick's (unreadable:
+  // none, so a standing request runs once; a reload is safe to repeat).
+  const before = channel.reloadRequest().then(
+    (r) => r?.at ?? null,
+    () => null,
+  );
+  let handled: string | null | undefined;
   return {
     name: "reload",
     async tick(ch) {
-      const req = ch.reloadRequest();
+      if (handled === undefined) handled = await before;
+      const req = await ch.reloadRequest();
       if (!req || req.at === handled) return;
       handled = req.at;
       try {
         const r = await reloader.reload(`workers reload by ${req.by}`);
-        ch.writeReloadResult(req.at, r);
+        await ch.writeReloadResult(req.at, r);
       } catch (e) {
         logger.warn({ err: String(e) }, "config reload request failed");
       }

@@ -26,7 +26,7 @@ export function registerResources(
     tracedRequest(server, ctx, era, req.params?._meta, async () => {
       const views = ui(ctx) ? uiResources() : [];
       if (!hasScope(principal, "models:read")) return { resources: views };
-      const reports = app.reports.list(20).map((r) => ({
+      const reports = (await app.reports.list(20)).map((r) => ({
         uri: `tpu://benchmarks/${r.id}`,
         name: `benchmark ${r.id}`,
         title: `Benchmark of ${r.model} on ${r.device} (${r.created_at})`,
@@ -117,7 +117,7 @@ export function registerResources(
       }
       let m = /^tpu:\/\/benchmarks\/(bench_[0-9a-f]{20})(\.md|\.svg)?$/.exec(uri);
       if (m) {
-        const r = app.reports.get(m[1]);
+        const r = await app.reports.get(m[1]);
         if (!r) throw notFound();
         if (m[2] === ".svg")
           return {

@@ -58,7 +58,7 @@ function plantColdLoad(dataDir: string, model: string, seconds: number): void {
   const reports = new SqliteReports(file);
   try {
     const facts = { id: model, parameters: 0, weight_bytes: 0, dtypes: ["float32"] };
-    reports.recordCall({
+    void reports.recordCall({
       kind: "load",
       model,
       device: "cpu",

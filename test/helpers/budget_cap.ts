@@ -150,7 +150,7 @@ function plantCalls(dataDir: string, batches: number[], estimate: number): void 
         ...input,
         calls: [{ kind: "benchmark", model: BENCH.model, device: "cpu", work, seconds: 1, at }],
       }).device_seconds;
-      reports.recordCall({
+      void reports.recordCall({
         kind: "benchmark",
         model: BENCH.model,
         device: "cpu",

@@ -10,7 +10,7 @@ import { createApp, type App } from "../../server/app/app.js";
 import { loadConfig, parseConfig } from "../../server/config/config.js";
 import { diffConfig } from "../../server/config/diff.js";
 import { requestReload } from "../../server/cli/workers.js";
-import { ControlChannel } from "../../server/control/channel.js";
+import { SqliteControlChannel } from "../../server/control/channel.js";
 import { ROOT } from "../helpers/server.js";
 
 const ray = {
@@ -151,7 +151,7 @@ describe("reload (a real file, workers.db, the CLI's request in-process)", () =>
     const running = loadConfig(file, ROOT);
     const fakeRuntime = {} as Parameters<typeof createReloader>[2];
     mkdirSync(join(dir, "data"), { recursive: true });
-    const channel = ControlChannel.open(join(dir, "data", "workers.db"));
+    const channel = SqliteControlChannel.open(join(dir, "data", "workers.db"));
     const reloader = createReloader(
       running,
       () => loadConfig(file, ROOT),

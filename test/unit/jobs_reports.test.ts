@@ -17,7 +17,7 @@ describe("job errors", () => {
     const logged: unknown[] = [];
     const jobs = new SqliteJobs(join(dir, "jobs.db"), { onError: (e) => logged.push(e) });
     try {
-      const raw = jobs.start("load_model", "p", async () => {
+      const raw = await jobs.start("load_model", "p", async () => {
         throw Object.assign(
           new Error("ENOENT: no such file, open '/home/op/.cache/models/x.bin'"),
           {
@@ -26,19 +26,19 @@ describe("job errors", () => {
         );
       });
       await jobs.settled(raw.job_id);
-      const rec = await jobs.get(raw.job_id, "p")!;
+      const rec = (await jobs.get(raw.job_id, "p"))!;
       expect(rec.status).toBe("failed");
       expect(rec.error!.code).toBe("internal");
       expect(rec.error!.message).not.toMatch(/home|ENOENT|x\.bin/);
       expect(logged).toHaveLength(1); // the operator still sees the real error in the log
 
-      const known = jobs.start("load_model", "p", async () => {
+      const known = await jobs.start("load_model", "p", async () => {
         throw Object.assign(new Error("weights at /srv/a/b/c.safetensors are bad"), {
           code: "weights_missing",
         });
       });
       await jobs.settled(known.job_id);
-      const k = await jobs.get(known.job_id, "p")!;
+      const k = (await jobs.get(known.job_id, "p"))!;
       expect(k.error!.code).toBe("weights_missing");
       expect(k.error!.message).toBe("weights at <path> are bad");
     } finally {
@@ -48,23 +48,23 @@ describe("job errors", () => {
 });
 
 describe("latency history", () => {
-  it("ignores generated runs, whether the work is on each configuration or on the report", () => {
+  it("ignores generated runs, whether the work is on each configuration or on the report", async () => {
     const reports = new SqliteReports(join(dir, "reports.db"));
     try {
       const cfg = { batch: 1, seq_len: 8, dtype: "float32", mode: "eager", error: null };
-      reports.put("p", "tiny-gpt2", "cpu", {
+      await reports.put("p", "tiny-gpt2", "cpu", {
         work: "generate",
         configs: [{ ...cfg, latency_ms: { mean: 900 } }],
       });
-      reports.put("p", "tiny-gpt2", "cpu", {
+      await reports.put("p", "tiny-gpt2", "cpu", {
         configs: [{ ...cfg, work: "generate", latency_ms: { mean: 800 } }],
       });
-      expect(reports.history("tiny-gpt2", "cpu")).toEqual([]);
-      reports.put("p", "tiny-gpt2", "cpu", {
+      expect(await reports.history("tiny-gpt2", "cpu")).toEqual([]);
+      await reports.put("p", "tiny-gpt2", "cpu", {
         work: "forward",
         configs: [{ ...cfg, latency_ms: { mean: 3 } }],
       });
-      expect(reports.history("tiny-gpt2", "cpu").map((h) => h.latency_ms)).toEqual([3]);
+      expect((await reports.history("tiny-gpt2", "cpu")).map((h) => h.latency_ms)).toEqual([3]);
     } finally {
       reports.close();
     }
@@ -72,7 +72,7 @@ describe("latency history", () => {
 });
 
 describe("measured calls", () => {
-  it("keeps the newest calls per model and device kind, in memory at once and on disk by close", () => {
+  it("keeps the newest calls per model and device kind, in memory at once and on disk by close", async () => {
     const file = join(dir, "calls.db");
     const call = (seconds: number, items: number, model = "mnist-cnn") => ({
       kind: "inference" as const,
@@ -83,32 +83,32 @@ describe("measured calls", () => {
       at: 1000,
     });
     const first = new SqliteReports(file);
-    for (let i = 1; i <= 205; i++) first.recordCall(call(i, i));
-    first.recordCall(call(7, 1, "tiny-gpt2"));
+    for (let i = 1; i <= 205; i++) await first.recordCall(call(i, i));
+    await first.recordCall(call(7, 1, "tiny-gpt2"));
     // Estimates see a call as soon as it is recorded, newest first, at most 200 of them.
-    const mem = first.calls("mnist-cnn", "cpu");
+    const mem = await first.calls("mnist-cnn", "cpu");
     expect(mem).toHaveLength(200);
     expect(mem[0].seconds).toBe(205);
     // Of one work, only the newest three (an estimate reads no more on the hot path).
-    for (const s of [1000, 1001, 1002, 1003]) first.recordCall(call(s, 5));
-    const fives = first.calls("mnist-cnn", "cpu").filter((c) => c.work.items === 5);
+    for (const s of [1000, 1001, 1002, 1003]) await first.recordCall(call(s, 5));
+    const fives = (await first.calls("mnist-cnn", "cpu")).filter((c) => c.work.items === 5);
     expect(fives.map((c) => c.seconds)).toEqual([1003, 1002, 1001]);
-    const kept = first.calls("mnist-cnn", "cpu").map((c) => c.seconds);
+    const kept = (await first.calls("mnist-cnn", "cpu")).map((c) => c.seconds);
     first.close();
     // A restart keeps them (close writes what the timer had not yet).
     const again = new SqliteReports(file);
     try {
-      const disk = again.calls("mnist-cnn", "cpu");
+      const disk = await again.calls("mnist-cnn", "cpu");
       expect(disk.map((c) => c.seconds)).toEqual(kept);
       expect(disk[0].work).toEqual(call(1003, 5).work);
-      expect(again.calls("tiny-gpt2", "cpu").map((c) => c.seconds)).toEqual([7]);
-      expect(again.calls("mnist-cnn", "cuda")).toEqual([]);
+      expect((await again.calls("tiny-gpt2", "cpu")).map((c) => c.seconds)).toEqual([7]);
+      expect(await again.calls("mnist-cnn", "cuda")).toEqual([]);
     } finally {
       again.close();
     }
   });
 
-  it("opens a table of measured calls from before estimates were kept with them", () => {
+  it("opens a table of measured calls from before estimates were kept with them", async () => {
     const file = join(dir, "old-calls.db");
     const old = new Database(file);
     old.exec(`CREATE TABLE measured_calls (
@@ -122,7 +122,7 @@ describe("measured calls", () => {
     old.close();
     const reports = new SqliteReports(file);
     try {
-      expect(reports.calls("m", "cpu").map((c) => [c.seconds, c.estimate_s])).toEqual([
+      expect((await reports.calls("m", "cpu")).map((c) => [c.seconds, c.estimate_s])).toEqual([
         [0.5, undefined],
       ]);
     } finally {
@@ -142,7 +142,7 @@ describe("measured calls", () => {
           async () => "all",
         ),
       ).toBe("all");
-      expect(reports.calls("mnist-cnn", "cpu")).toHaveLength(1);
+      expect(await reports.calls("mnist-cnn", "cpu")).toHaveLength(1);
       // The gate stops the call (budget, call_timeout_s) by aborting its signal; the work then
       // answers what it measured so far: that answer is kept, its seconds are not learned.
       const stopped = new AbortController();
@@ -155,7 +155,7 @@ describe("measured calls", () => {
         },
       );
       expect(partial).toBe("partial");
-      expect(reports.calls("mnist-cnn", "cpu")).toHaveLength(1);
+      expect(await reports.calls("mnist-cnn", "cpu")).toHaveLength(1);
     } finally {
       reports.close();
     }

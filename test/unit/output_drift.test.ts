@@ -114,7 +114,7 @@ describe("output validation of job results (what get_job serves)", () => {
       const jobId = result.structuredContent?.job_id as string;
       expect(jobId).toMatch(/^job_/);
       await jobs.settled(jobId);
-      const job = await jobs.get(jobId, "p")!;
+      const job = (await jobs.get(jobId, "p"))!;
       expect(job.status).toBe(status);
       if (status === "succeeded") expect(job.result).toEqual(answer);
       else {

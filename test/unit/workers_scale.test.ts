@@ -11,7 +11,7 @@ import { createPolicyServices } from "../../server/app/build_policies.js";
 import { runWorkersCommand } from "../../server/cli/workers.js";
 import { parseConfig } from "../../server/config/config.js";
 import { createDataDir } from "../../server/config/data_dir.js";
-import { ControlChannel, type PublishedFleet } from "../../server/control/channel.js";
+import { SqliteControlChannel, type PublishedFleet } from "../../server/control/channel.js";
 import { ROOT } from "../helpers/server.js";
 
 const TOKEN = "scale-test-admin-token-0123456789";
@@ -65,10 +65,12 @@ function fakeServer(
   status: PublishedFleet,
   error: string | null,
 ) {
-  const channel = ControlChannel.open(createDataDir(config).workersDb);
+  const channel = SqliteControlChannel.open(createDataDir(config).workersDb);
   const t = setInterval(() => {
-    const want = channel.fleetTarget();
-    if (want) channel.publishFleet(want.count, status, error);
+    void (async () => {
+      const want = await channel.fleetTarget();
+      if (want) await channel.publishFleet(want.count, status, error);
+    })();
   }, 100);
   stopServer = () => {
     clearInterval(t);

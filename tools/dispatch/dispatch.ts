@@ -92,7 +92,7 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
     try {
       args = parseArgs(input);
       // Every argument check and per-model bound, before any approval, job or worker call.
-      tool.validate?.(args, input.base);
+      await tool.validate?.(args, input.base);
     } catch (e) {
       const err = toToolError(e);
       // Refusals of bad input are audited (digest only) and count against the rate limit.

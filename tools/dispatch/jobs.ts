@@ -68,8 +68,8 @@ export function runAsJob(
     jobProgress?.(p, total, message);
     if (!handedOut) input.progress(p, total, message);
   };
-  let job: JobRecord | undefined;
-  const adopt = (): JobRecord =>
+  let job: Promise<JobRecord> | undefined;
+  const adopt = (): Promise<JobRecord> =>
     (job ??= jobs.start(tool.name, principal.id, (jobSignal, progress) => {
       jobProgress = progress;
       if (last) progress(...last);
@@ -93,12 +93,24 @@ export function runAsJob(
       answered = true;
       fn();
     };
+    // The call is answered by its job from here: a result that comes while the job's row is
+    // being written is the job's. A store that cannot write it fails the call, and the work
+    // stops (nobody could collect it).
     const handOut = (message: (jobId: string) => string) => {
-      if (answered) return;
-      const { job_id } = adopt();
-      handedOut = true;
-      input.signal.removeEventListener("abort", onCallerAbort);
-      answer(() => resolve({ job_id, status: "running", message: message(job_id) }));
+      answer(() =>
+        adopt().then(
+          ({ job_id }) => {
+            handedOut = true;
+            input.signal.removeEventListener("abort", onCallerAbort);
+            resolve({ job_id, status: "running", message: message(job_id) });
+          },
+          (e: unknown) => {
+            ctl.abort(e);
+            jobCtl.abort(e);
+            reject(e);
+          },
+        ),
+      );
     };
     const follow = (id: string) => `follow it with get_job (job_id ${id}), stop it with cancel_job`;
     const { softMs } = handOff;

@@ -23,28 +23,31 @@ export interface JobRecord {
   updated_at: string;
 }
 
-type Runner = (
+export type Runner = (
   signal: AbortSignal,
   progress: (p: number, total?: number, message?: string) => void,
 ) => Promise<Record<string, unknown>>;
 
 /**
- * Long jobs and their results. SQLite: node-local (a job runs in the process that started it,
- * and a start marks every `running` row interrupted, so the file must not be shared by two
- * running servers).
+ * Long jobs and their results. Every read and write returns a promise. SQLite (SqliteJobs):
+ * node-local, answered inside the call (a job runs in the process that started it, and a start
+ * marks every `running` row interrupted, so the file must not be shared by two running servers).
+ * The shared store (server/app/postgres/jobs.ts): a job has an owner and a lease, and get and
+ * cancel work from any replica.
  */
 export interface Jobs {
-  start(tool: string, principal: string, run: Runner): JobRecord;
-  get(jobId: string, principal: string): JobRecord | undefined;
-  cancel(jobId: string, principal: string): JobRecord | undefined;
+  start(tool: string, principal: string, run: Runner): Promise<JobRecord>;
+  get(jobId: string, principal: string): Promise<JobRecord | undefined>;
+  cancel(jobId: string, principal: string): Promise<JobRecord | undefined>;
   /** Every principal's jobs, newest first: for the operator console, never for a tool. */
-  listAll(limit?: number): JobRecord[];
+  listAll(limit?: number): Promise<JobRecord[]>;
   /** An operator's cancel (console, admin scope): any principal's running job. */
-  cancelAny(jobId: string): JobRecord | undefined;
-  /** Resolves when the job leaves `running` (or at once). */
+  cancelAny(jobId: string): Promise<JobRecord | undefined>;
+  /** Resolves when this process's job leaves `running` (or at once). */
   settled(jobId: string): Promise<void>;
+  /** The jobs running in this process. */
   running(): number;
-  close(): void;
+  close(): void | Promise<void>;
 }
 
 interface Row {
@@ -106,7 +109,7 @@ export class SqliteJobs implements Jobs {
     };
   }
 
-  start(tool: string, principal: string, run: Runner): JobRecord {
+  async start(tool: string, principal: string, run: Runner): Promise<JobRecord> {
     const jobId = `job_${randomBytes(12).toString("hex")}`;
     const t = this.now().toISOString();
     this.db
@@ -155,13 +158,13 @@ export class SqliteJobs implements Jobs {
     return this.toRecord(this.row(jobId)!);
   }
 
-  get(jobId: string, principal: string): JobRecord | undefined {
+  async get(jobId: string, principal: string): Promise<JobRecord | undefined> {
     const r = this.row(jobId);
     // Another principal's job is indistinguishable from a missing one.
     return r && r.principal === principal ? this.toRecord(r) : undefined;
   }
 
-  cancel(jobId: string, principal: string): JobRecord | undefined {
+  async cancel(jobId: string, principal: string): Promise<JobRecord | undefined> {
     const r = this.row(jobId);
     if (!r || r.principal !== principal) return undefined;
     this.live.get(jobId)?.ctrl.abort(keepPartialCancel("cancelled by cancel_job"));
@@ -169,7 +172,7 @@ export class SqliteJobs implements Jobs {
   }
 
   /** Every principal's jobs, newest first: for the operator console, never for a tool. */
-  listAll(limit = 100): JobRecord[] {
+  async listAll(limit = 100): Promise<JobRecord[]> {
     const rows = this.db
       .prepare(`SELECT * FROM jobs ORDER BY created_at DESC, job_id LIMIT ?`)
       .all(limit) as Row[];
@@ -177,7 +180,7 @@ export class SqliteJobs implements Jobs {
   }
 
   /** An operator's cancel (console, admin scope): any principal's running job. */
-  cancelAny(jobId: string): JobRecord | undefined {
+  async cancelAny(jobId: string): Promise<JobRecord | undefined> {
     const r = this.row(jobId);
     if (!r) return undefined;
     this.live.get(jobId)?.ctrl.abort(keepPartialCancel("cancelled by an operator"));

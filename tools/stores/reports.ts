@@ -28,24 +28,29 @@ export interface HistoryRecord {
   latency_ms: number;
 }
 
+/**
+ * Benchmark reports and measured calls. Every read and write returns a promise: SQLite
+ * (reports.db, SqliteReports) answers inside the call; the shared store
+ * (server/app/postgres/reports.ts) serves every replica's.
+ */
 export interface Reports {
   put(
     principal: string,
     model: string,
     device: string,
     report: Record<string, unknown>,
-  ): StoredReport;
-  get(id: string): StoredReport | undefined;
-  list(limit?: number): StoredReport[];
+  ): Promise<StoredReport>;
+  get(id: string): Promise<StoredReport | undefined>;
+  list(limit?: number): Promise<StoredReport[]>;
   /** Mean forward latency per configuration observed for a model on a device kind, newest reports first. */
-  history(model: string, device: string): HistoryRecord[];
+  history(model: string, device: string): Promise<HistoryRecord[]>;
   /** Keeps a call the gate measured (its work and device-seconds) for later estimates. */
-  recordCall(call: CallRecord): void;
+  recordCall(call: CallRecord): Promise<void>;
   /** The newest measured calls of a model on a device kind. */
-  calls(model: string, device: string): CallRecord[];
+  calls(model: string, device: string): Promise<CallRecord[]>;
   /** When this process opened the store (ms since the epoch): calls since then ran on its workers. */
   readonly openedAt: number;
-  close(): void;
+  close(): void | Promise<void>;
 }
 
 export class SqliteReports implements Reports {
@@ -67,12 +72,12 @@ export class SqliteReports implements Reports {
       this.db.exec("ALTER TABLE measured_calls ADD COLUMN estimate_s REAL");
   }
 
-  put(
+  async put(
     principal: string,
     model: string,
     device: string,
     report: Record<string, unknown>,
-  ): StoredReport {
+  ): Promise<StoredReport> {
     const stored: StoredReport = {
       id: `bench_${randomBytes(10).toString("hex")}`,
       principal,
@@ -89,12 +94,12 @@ export class SqliteReports implements Reports {
     return stored;
   }
 
-  get(id: string): StoredReport | undefined {
+  async get(id: string): Promise<StoredReport | undefined> {
     const r = this.db.prepare(`SELECT * FROM benchmark_reports WHERE id = ?`).get(id) as any;
     return r ? { ...r, report: JSON.parse(r.report) } : undefined;
   }
 
-  list(limit = 50): StoredReport[] {
+  async list(limit = 50): Promise<StoredReport[]> {
     const rows = this.db
       .prepare(`SELECT * FROM benchmark_reports ORDER BY created_at DESC LIMIT ?`)
       .all(limit) as any[];
@@ -105,7 +110,7 @@ export class SqliteReports implements Reports {
   // stored reports once per (model, device) and again only after a new report arrives.
   private readonly historyCache = new Map<string, HistoryRecord[]>();
 
-  history(model: string, device: string): HistoryRecord[] {
+  async history(model: string, device: string): Promise<HistoryRecord[]> {
     const key = `${model}\u0000${device}`;
     let h = this.historyCache.get(key);
     if (!h) {
@@ -130,8 +135,8 @@ export class SqliteReports implements Reports {
   private readonly callCache = new Map<string, CallRecord[]>();
   private pendingCalls: CallRecord[] = [];
 
-  recordCall(call: CallRecord): void {
-    const list = this.calls(call.model, call.device);
+  async recordCall(call: CallRecord): Promise<void> {
+    const list = this.callList(call.model, call.device);
     const keyed = { ...call, key: workKey(call.kind, call.work) };
     list.unshift(keyed);
     condense(list);
@@ -140,7 +145,11 @@ export class SqliteReports implements Reports {
   }
 
   /** Newest first; of one work only the newest few, so an estimate reads few on the hot path. */
-  calls(model: string, device: string): CallRecord[] {
+  async calls(model: string, device: string): Promise<CallRecord[]> {
+    return this.callList(model, device);
+  }
+
+  private callList(model: string, device: string): CallRecord[] {
     const key = `${model}\u0000${device}`;
     let list = this.callCache.get(key);
     if (!list) {

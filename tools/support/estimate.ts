@@ -26,12 +26,15 @@ function engineOf(entry: { engine?: string }): { engine?: string } {
   return entry.engine && entry.engine !== "torch" ? { engine: entry.engine } : {};
 }
 
-/** What the estimator reads of a call besides models and devices: its work and its model's state. */
+/**
+ * What the estimator reads of a call besides models and devices: its work and its model's state.
+ * `calls` are the model's measured calls on the device kind, read from the store before.
+ */
 function callFacts(
   tool: Pick<ToolPolicy, "estimate">,
   args: Record<string, any>,
   ctx: ToolServices,
-  deviceKind: string,
+  calls: CallRecord[],
 ): Omit<EstimateInput, "device" | "loaded" | "history"> | undefined {
   const kind = tool.estimate;
   const entry = ctx.env.catalog.models.find((m) => m.id === args.model);
@@ -47,7 +50,6 @@ function callFacts(
         (s) => ({ batch: 1, ...s, seq_len: 1 }),
       ),
     };
-  const calls = ctx.reports.calls(entry.id, deviceKind);
   // A model's first plain check since this server started (a fresh worker: imports, first
   // forward, allocator) costs many times a warm one: a work of its own, priced and learned apart.
   // Only the plain one (check_model's defaults): a larger check is a reader's call like any.
@@ -99,9 +101,15 @@ export async function estimateFor(
   ]);
   const dev = status.device ?? ctx.runtime.hello?.device;
   const deviceKind = String(dev?.kind ?? "cpu");
-  const facts = callFacts(tool, args, ctx, deviceKind)!;
+  // What the store measured of this model on this kind, read before the estimate (one step that
+  // reads no store: the shared one answers asynchronously).
+  const [calls, measuredHistory] = await Promise.all([
+    ctx.reports.calls(entry.id, deviceKind),
+    ctx.reports.history(entry.id, deviceKind),
+  ]);
+  const facts = callFacts(tool, args, ctx, calls)!;
   const tensor = entry.task === "tensor";
-  const history = ctx.reports.history(entry.id, deviceKind).map((h) => ({
+  const history = measuredHistory.map((h) => ({
     model: entry.id,
     device: deviceKind,
     batch: h.batch,
@@ -179,6 +187,10 @@ export async function measured<T>(
   const out = await work();
   const did = estimated();
   if (did && !ctx.signal.aborted)
-    ctx.reports.recordCall({ ...did, seconds: (performance.now() - t0) / 1000, at });
+    // Kept before the answer, so the caller's next estimate learns from it; a store that cannot
+    // keep it (the shared one unreachable) costs the estimates this one call, never the answer.
+    await ctx.reports
+      .recordCall({ ...did, seconds: (performance.now() - t0) / 1000, at })
+      .catch(() => {});
   return out;
 }

@@ -3,11 +3,16 @@
 // the servers observe, in the same shape as workers.db, so `tpu-mcp workers` and every replica's
 // poller read one state. Rows with one id are the one fleet's (one worker fleet serves every
 // replica).
-import type { FleetObserved, ObservedWorker, PublishedFleet } from "../../control/channel.js";
+import type {
+  ControlChannel,
+  FleetObserved,
+  ObservedWorker,
+  PublishedFleet,
+} from "../../control/channel.js";
 import type { WorkerStatus } from "../../../runtime/types.js";
 import { inTransaction, type PgPool } from "./pool.js";
 
-export class PgControlChannel {
+export class PgControlChannel implements ControlChannel {
   constructor(private readonly pool: PgPool) {}
 
   private async one<T>(sql: string): Promise<T | undefined> {

@@ -7,16 +7,11 @@
 import { randomBytes } from "node:crypto";
 import { keepPartialCancel } from "../../../runtime/types.js";
 import { toToolError } from "../../../tools/errors.js";
-import type { JobRecord, JobStatus } from "../../../tools/stores/jobs.js";
+import type { JobRecord, Jobs, JobStatus, Runner } from "../../../tools/stores/jobs.js";
 import { NOW_MS, type PgPool } from "./pool.js";
 
 /** A job as the tools see it, with the replica that runs it. */
 export type PgJobRecord = JobRecord & { owner: string };
-
-type Runner = (
-  signal: AbortSignal,
-  progress: (p: number, total?: number, message?: string) => void,
-) => Promise<Record<string, unknown>>;
 
 const COLUMNS =
   "job_id, tool, principal, status, owner, progress, total, message, result, error, created_ms, updated_ms";
@@ -44,7 +39,7 @@ const INTERRUPTED = {
     "the replica running this job stopped before it finished (its lease expired); it was not resumed, call the tool again",
 };
 
-export class PgJobs {
+export class PgJobs implements Jobs {
   private readonly live = new Map<string, { ctrl: AbortController; done: Promise<void> }>();
   private readonly timer: NodeJS.Timeout;
   private readonly leaseMs: number;

@@ -10,6 +10,7 @@ import {
   historyOf,
   ROWS_KEPT,
   type HistoryRecord,
+  type Reports,
   type StoredReport,
 } from "../../../tools/stores/reports.js";
 import type { PgPool } from "./pool.js";
@@ -22,7 +23,7 @@ interface Cached<T> {
   at: number;
 }
 
-export class PgReports {
+export class PgReports implements Reports {
   readonly openedAt = Date.now();
   private readonly historyCache = new Map<string, Cached<HistoryRecord[]>>();
   private readonly callCache = new Map<string, Cached<CallRecord[]>>();
