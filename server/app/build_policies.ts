@@ -9,7 +9,13 @@ import { isAbsolute, relative } from "node:path";
 import { shellWord } from "../../lib/text.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
 import type { ServerConfig } from "../config/config.js";
-import { openPolicyStores, type PolicyStores, type SharedBackend } from "./storage.js";
+import {
+  databaseUrl,
+  openCommandBackend,
+  openPolicyStores,
+  type PolicyStores,
+  type SharedBackend,
+} from "./storage.js";
 
 /**
  * The command an operator runs to approve, as it works pasted into a shell in the tpu-mcp folder:
@@ -43,11 +49,31 @@ export async function createPolicyServices(
   opts: {
     consoleUrl?: () => string | undefined;
     observer?: GateObserver;
-    /** The Postgres backend, opened first (storage.ts openSharedBackend); null with SQLite. */
+    /**
+     * The Postgres backend, opened first (storage.ts openSharedBackend); null with SQLite. A
+     * CLI command on storage.postgres passes none: it opens one of its own, closed with these.
+     */
     shared?: SharedBackend | null;
   } = {},
 ): Promise<PolicyServices> {
-  const stores = await openPolicyStores(config, logger, opts.shared ?? null);
+  const own =
+    !opts.shared && databaseUrl(config) !== null ? await openCommandBackend(config) : null;
+  let opened: PolicyStores;
+  try {
+    opened = await openPolicyStores(config, logger, opts.shared ?? own);
+  } catch (e) {
+    await own?.close();
+    throw e;
+  }
+  const stores: PolicyStores = own
+    ? {
+        ...opened,
+        async close() {
+          await opened.close();
+          await own.close();
+        },
+      }
+    : opened;
   const gate = new Gate({
     config: config.policy,
     tools: TOOL_POLICIES,

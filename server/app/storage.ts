@@ -36,16 +36,20 @@ import { MemoryOutputs, type Outputs } from "../../tools/stores/outputs.js";
 import { SqliteReports, type Reports } from "../../tools/stores/reports.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
 import { MemoryConsoleSessions, type ConsoleSessions } from "./console_sessions.js";
-import { sharedAuditKey, type SharedKey } from "./postgres/keys.js";
+import { readSharedAuditKey, sharedAuditKey, type SharedKey } from "./postgres/keys.js";
 import { openPgAuditReader } from "./postgres/audit_read.js";
 import { PgAuditTrail } from "./postgres/audit.js";
 import { PgBudget } from "./postgres/budget.js";
 import { PgCallsInFlight } from "./postgres/calls.js";
 import { openPgPolicyStores } from "./postgres/policy.js";
+import { PgApprovalQueue } from "./postgres/approvals.js";
+import { PgPasskeys } from "./postgres/passkeys.js";
 import { PgRateLimit } from "./postgres/rate.js";
+import { PgSuspensions } from "./postgres/suspensions.js";
 import type { CredentialLookup } from "../../policies/passkeys/verify_trail.js";
 import { openPool, redactError, redactUrl, type PgPool } from "./postgres/pool.js";
-import { migrate } from "./postgres/schema.js";
+import { checkSchema, migrate } from "./postgres/schema.js";
+import { hostname } from "node:os";
 import type { ReplicaIdentity } from "./replica.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
 import { SqliteControlChannel, type ControlChannel } from "../control/channel.js";
@@ -160,6 +164,55 @@ export async function openSharedBackend(
 }
 
 /**
+ * A CLI command's own connection to the shared store: a small pool on a schema that must be this
+ * code's (a command never migrates: `tpu-mcp storage migrate` does), its URL's password kept out
+ * of any error.
+ */
+async function openCommandPool(url: string, application: string): Promise<PgPool> {
+  const pool = openPool(url, { max: 2, application });
+  try {
+    await checkSchema(pool);
+    return pool;
+  } catch (e) {
+    await pool.end().catch(() => {});
+    throw redactError(e, url);
+  }
+}
+
+/**
+ * The shared backend of a CLI command that writes on `storage.postgres` (approve, deny, operators
+ * enrol|remove, principals resume, workers): the replicas' audit key read, never made (none yet:
+ * no replica has started), under a replica name of the command's own (`cli:HOST:pid-PID`), so
+ * what a replica holds is never taken for this command's.
+ */
+export async function openCommandBackend(config: ServerConfig): Promise<SharedBackend> {
+  const url = databaseUrl(config);
+  if (url === null) throw new Error("openCommandBackend: the config is not storage.postgres");
+  const replica: ReplicaIdentity = {
+    id: `cli:${hostname()}:pid-${process.pid}`,
+    storage: "postgres",
+  };
+  const pool = await openCommandPool(url, `tpu-mcp ${replica.id}`);
+  try {
+    const keyFile = config.policy.audit.key_file ? config.paths.audit_key : undefined;
+    const key = await readSharedAuditKey(pool, keyFile);
+    if (!key)
+      throw new ConfigError("(config)", [
+        "storage.postgres: the database holds no audit key yet (the first replica to start makes it); start a replica first, or give policy.audit.key_file (docs/storage.md)",
+      ]);
+    return {
+      pool,
+      replica,
+      key: { key, created: false, where: keyFile ? "file" : "database" },
+      close: () => pool.end(),
+    };
+  } catch (e) {
+    await pool.end().catch(() => {});
+    throw redactError(e, url);
+  }
+}
+
+/**
  * The policy stores for writing: the server, and the CLI commands that decide or change state
  * (approve, deny, workers drain/scale/reload). Makes the data directory and the audit key when
  * missing; read-only commands use the read* openers below instead. On Postgres, `shared` is the
@@ -173,7 +226,7 @@ export async function openPolicyStores(
   if (shared) return openPgPolicy(config, logger, shared);
   if (databaseUrl(config) !== null)
     throw new ConfigError("(config)", [
-      "storage.postgres: this command does not open the shared store yet (it would write to the data directory's SQLite files instead); run it against a server's data directory on storage.sqlite, or act through the console of a replica (docs/storage.md).",
+      "storage.postgres: the policy stores are opened on the shared backend (openSharedBackend, or openCommandBackend for a CLI command), never on the data directory's SQLite files",
     ]);
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const policy = config.policy;
@@ -349,11 +402,26 @@ function readPolicyDb(config: ServerConfig, note: (msg: string) => void): Sqlite
   return emptyStoreDb();
 }
 
-/** The approvals, read-only (`approvals list|show`): never makes the store or the audit key. */
-export function readApprovals(
+/**
+ * The approvals, read-only (`approvals list|show`): never makes the store or the audit key. On
+ * storage.postgres: the shared queue, its schema this code's.
+ */
+export async function readApprovals(
   config: ServerConfig,
   note: (msg: string) => void,
-): { approvals: ApprovalQueue; close(): void } {
+): Promise<{ approvals: ApprovalQueue; close(): void | Promise<void> }> {
+  const url = databaseUrl(config);
+  if (url !== null) {
+    const pool = await openCommandPool(url, "tpu-mcp approvals");
+    const approvals = new PgApprovalQueue(pool);
+    return {
+      approvals,
+      async close() {
+        await approvals.close();
+        await pool.end();
+      },
+    };
+  }
   const db = readPolicyDb(config, note);
   let approvals: SqliteApprovalStore;
   try {
@@ -420,6 +488,15 @@ export async function readAuditTrail(
 
 /** The suspensions in force, read-only (`principals list|suspended`); none without a store. */
 export async function readSuspensions(config: ServerConfig, nowMs: number): Promise<Suspension[]> {
+  const url = databaseUrl(config);
+  if (url !== null) {
+    const pool = await openCommandPool(url, "tpu-mcp principals");
+    try {
+      return await new PgSuspensions(pool).list(nowMs);
+    } finally {
+      await pool.end();
+    }
+  }
   const db = openStoreDbReadOnly(dataDir(config).policyDb);
   if (!db) return [];
   try {
@@ -435,7 +512,14 @@ export async function readSuspensions(config: ServerConfig, nowMs: number): Prom
 }
 
 /** The passkeys read-only (`operators list`); null when no store exists yet. */
-export function readPasskeys(config: ServerConfig): { passkeys: Passkeys; close(): void } | null {
+export async function readPasskeys(
+  config: ServerConfig,
+): Promise<{ passkeys: Passkeys; close(): void | Promise<void> } | null> {
+  const url = databaseUrl(config);
+  if (url !== null) {
+    const pool = await openCommandPool(url, "tpu-mcp operators");
+    return { passkeys: new PgPasskeys(pool), close: () => pool.end() };
+  }
   const db = openStoreDbReadOnly(dataDir(config).policyDb);
   if (!db) return null;
   const store = new PasskeyStore(db);

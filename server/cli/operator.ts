@@ -83,7 +83,7 @@ async function showApprovals(
   io: Io,
   paging: ListPaging,
 ): Promise<number> {
-  const store = readApprovals(config, io.err);
+  const store = await readApprovals(config, io.err);
   const { approvals } = store;
   try {
     if (sub === "list") {
@@ -121,7 +121,7 @@ async function showApprovals(
     io.out(io.json ? JSON.stringify(a, null, 2) : describe(a));
     return 0;
   } finally {
-    store.close();
+    await store.close();
   }
 }
 

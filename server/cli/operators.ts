@@ -98,7 +98,7 @@ export async function runOperatorsCommand(
 }
 
 async function list(config: ServerConfig, io: Io): Promise<number> {
-  const store = readPasskeys(config);
+  const store = await readPasskeys(config);
   if (!store) {
     io.out(io.json ? "[]" : "no passkeys");
     return 0;
@@ -124,6 +124,6 @@ async function list(config: ServerConfig, io: Io): Promise<number> {
         );
     return 0;
   } finally {
-    store.close();
+    await store.close();
   }
 }
