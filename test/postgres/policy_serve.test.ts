@@ -8,7 +8,7 @@
 // (Admitting on a stale read, which breaks the budget across replicas, is test/postgres/
 // budget.test.ts's "admitting on a stale read" test.)
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -239,9 +239,25 @@ describe("the policy stores of a replica on storage.postgres", () => {
     expect((await backends[0]!.pool.query("SELECT 1 AS one")).rows).toEqual([{ one: 1 }]);
   });
 
-  it("a storage.postgres config without the shared backend is refused, not served on SQLite", async () => {
-    await expect(createPolicyServices(configs[0]!, logger)).rejects.toThrow(
-      /storage\.postgres: this command does not open the shared store/,
-    );
+  it("without a backend (a CLI command) opens one of its own, named apart from the replicas", async () => {
+    const command = await createPolicyServices(configs[0]!, logger);
+    try {
+      expect(command.backend).toBe("postgres");
+      const rec = await command.audit.append({
+        time: new Date().toISOString(),
+        principal: "cli:operator",
+        tool: "passkeys",
+        args_digest: null,
+        outcome: "allowed",
+      });
+      const row = await backends[0]!.pool.query(
+        "SELECT replica FROM audit_records WHERE seq = $1",
+        [rec.seq],
+      );
+      expect(row.rows[0].replica).toBe(`cli:${hostname()}:pid-${process.pid}`);
+    } finally {
+      await command.close();
+    }
+    expect(existsSync(join(configs[0]!.paths.data_dir, "policy.db"))).toBe(false);
   });
 });
