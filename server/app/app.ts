@@ -197,9 +197,9 @@ export async function createApp(
     );
   const clientForm = clientFormRules(config.policy.approvals);
   if (clientForm.length > 0) logger.warn(clientFormText(clientForm));
-  let served: ReturnType<typeof openServerStores>;
+  let served: Awaited<ReturnType<typeof openServerStores>>;
   try {
-    served = openServerStores(config, logger, opts.shared ?? null);
+    served = await openServerStores(config, logger, opts.shared ?? null);
   } catch (e) {
     // Nothing serves yet: what was opened (the policy stores, the alerts) closes before the refusal.
     await hooks.run().catch(() => {});

@@ -49,6 +49,7 @@ import { PgSuspensions } from "./postgres/suspensions.js";
 import type { CredentialLookup } from "../../policies/passkeys/verify_trail.js";
 import { openPool, redactError, redactUrl, type PgPool } from "./postgres/pool.js";
 import { checkSchema, migrate } from "./postgres/schema.js";
+import { openPgServerStores } from "./postgres/limits.js";
 import { hostname } from "node:os";
 import type { ReplicaIdentity } from "./replica.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
@@ -345,29 +346,46 @@ async function openPgPolicy(
   };
 }
 
-/** Every store a running server holds (the policy stores are built by createPolicyServices). */
-export function openServerStores(
+/**
+ * Every store a running server holds (the policy stores are built by createPolicyServices). On
+ * storage.postgres, `shared` (openSharedBackend) holds them all but the outputs, which stay in
+ * this process's memory: jobs owned by this replica under a lease (storage.postgres.job_lease_s;
+ * this replica's previous run's jobs are marked interrupted before this resolves), benchmark
+ * reports and measured calls, the control channel, console sessions and the HTTP surface's rates.
+ * close() closes what it opened, never the pool (the backend's).
+ */
+export async function openServerStores(
   config: ServerConfig,
   logger: Logger,
   shared: SharedBackend | null = null,
-): Omit<Storage, keyof PolicyStores> & { close(): Promise<void> } {
-  if (shared)
+): Promise<Omit<Storage, keyof PolicyStores> & { close(): Promise<void> }> {
+  const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
+  const onJobError = (err: unknown) => logger.error({ err }, "job failed unexpectedly");
+  if (shared) {
+    const pg = openPgServerStores(shared.pool, config, { replica: shared.replica.id, onJobError });
+    try {
+      await pg.jobs.ready();
+    } catch (e) {
+      await pg.close().catch(() => {});
+      throw e;
+    }
+    return { ...pg, outputs };
+  }
+  if (databaseUrl(config) !== null)
     throw new ConfigError("(config)", [
-      "storage.postgres: the server's own stores (jobs, benchmark reports, the workers' control channel, console sessions, the HTTP surface's rate limits) are not on Postgres yet, so a replica cannot serve on it; the policy stores are. Use storage.sqlite (the default) to serve (docs/storage.md).",
+      "storage.postgres: the server's stores need the shared backend, opened first (openSharedBackend)",
     ]);
   // Each store also closes on its own: the server closes them at their own points of its shutdown.
   const layout = createDataDir(config, { warn: (msg) => logger.warn(msg) });
   const reports = new SqliteReports(layout.reportsDb);
-  const jobs = new SqliteJobs(layout.jobsDb, {
-    onError: (err) => logger.error({ err }, "job failed unexpectedly"),
-  });
+  const jobs = new SqliteJobs(layout.jobsDb, { onError: onJobError });
   const channel = SqliteControlChannel.open(layout.workersDb);
   const consoleSessions = new MemoryConsoleSessions();
   const http = config.http;
   return {
     jobs,
     reports,
-    outputs: new MemoryOutputs(config.inference.outputs_max_bytes),
+    outputs,
     channel,
     consoleSessions,
     httpRates: {

@@ -1,13 +1,15 @@
 // `tpu-mcp storage migrate | check` and `config show` through the real CLI against a real
 // PostgreSQL: the schema is applied once and checked, the clock compared, and the database's
-// password never printed.
+// password never printed; and a stdio server serving on it reaches another replica's job.
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { MIGRATIONS, SCHEMA_VERSION } from "../../server/app/postgres/schema.js";
-import { scaled } from "../helpers/calibrate.js";
+import { PgJobs } from "../../server/app/postgres/jobs.js";
+import { openPool } from "../../server/app/postgres/pool.js";
+import { migrate, MIGRATIONS, SCHEMA_VERSION } from "../../server/app/postgres/schema.js";
+import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
-import { CLI, cli, ROOT, writeConfig } from "../helpers/server.js";
+import { CLI, cli, connectStdio, ROOT, writeConfig } from "../helpers/server.js";
 
 let db: TestPostgres;
 beforeAll(async () => {
@@ -95,11 +97,47 @@ describe("tpu-mcp storage", () => {
     expect(refused.out).not.toContain("guessed-secret");
   });
 
-  it("the server refuses to serve on Postgres yet, and says what works", async () => {
+  it("the server serves on Postgres: get_job and cancel_job reach a job another replica runs", async () => {
+    // Another replica (this test's process) runs a job of the stdio principal on the shared store.
+    const pool = openPool(db.url, { max: 2, application: "tpu-mcp-other" });
+    await migrate(pool);
+    const other = await PgJobs.open(pool, "other:1", { leaseS: 3 * slowdown() });
     const config = writeConfig({ storage: { postgres: { url: db.url } } });
-    const r = await cli(config, "stdio");
-    expect(r.code).not.toBe(0);
-    expect(r.stderr).toMatch(/does not serve on Postgres yet/);
-    expect(r.stderr).not.toContain(db.password);
+    let conn: Awaited<ReturnType<typeof connectStdio>> | undefined;
+    try {
+      const job = await other.start(
+        "run_benchmark",
+        "local-user",
+        (signal) =>
+          new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))),
+      );
+      conn = await connectStdio(config);
+      const got = await conn.client.callTool({
+        name: "get_job",
+        arguments: { job_id: job.job_id },
+      });
+      expect(got.isError).toBeFalsy();
+      expect(got.structuredContent).toMatchObject({ job_id: job.job_id, status: "running" });
+      // What the tool shows of a job is the job, not the store's bookkeeping (its owner).
+      expect(got.structuredContent).not.toHaveProperty("owner");
+      const cancelled = await conn.client.callTool({
+        name: "cancel_job",
+        arguments: { job_id: job.job_id },
+      });
+      expect(cancelled.isError).toBeFalsy();
+      // The cancel is the store's flag: the owner aborts the job at its next renewal.
+      await other.settled(job.job_id);
+      expect((await other.get(job.job_id, "local-user"))!.status).toBe("cancelled");
+      const missing = await conn.client.callTool({
+        name: "get_job",
+        arguments: { job_id: `job_${"0".repeat(24)}` },
+      });
+      expect(missing.isError).toBe(true);
+      expect(JSON.stringify(missing.content)).toMatch(/job_not_found/);
+    } finally {
+      await conn?.close();
+      await other.close();
+      await pool.end();
+    }
   });
 });

@@ -6,7 +6,7 @@ import type { CallRecord } from "../../policies/estimate.js";
 import { PgControlChannel } from "../../server/app/postgres/control.js";
 import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
 import { PgReports } from "../../server/app/postgres/reports.js";
-import { openPgLimits } from "../../server/app/postgres/limits.js";
+import { openPgLimits, openPgServerStores } from "../../server/app/postgres/limits.js";
 import { parseConfig } from "../../server/config/config.js";
 import { ROOT } from "../helpers/server.js";
 import { migrate } from "../../server/app/postgres/schema.js";
@@ -92,7 +92,7 @@ describe("the control channel across replicas", () => {
 });
 
 describe("one replica's stores from its pool and the config", () => {
-  it("openPgLimits gives each replica the same shared counters", async () => {
+  it("openPgLimits and openPgServerStores give each replica the same shared counters", async () => {
     const config = parseConfig(
       { policy: { limits: { rate_limit: { per_principal_per_minute: 2 } } } },
       { root: ROOT },
@@ -100,23 +100,28 @@ describe("one replica's stores from its pool and the config", () => {
     const [a, b] = await Promise.all(
       replicas.map((p, i) => openPgLimits(p, config, { replica: ["a", "b"][i]! })),
     );
+    const [sa, sb] = replicas.map((p, i) =>
+      openPgServerStores(p, config, { replica: ["a", "b"][i]! }),
+    );
     try {
       expect((await a!.rateLimiter.take("alice")).ok).toBe(true);
       expect((await b!.rateLimiter.take("alice")).ok).toBe(true);
       expect((await a!.rateLimiter.take("alice")).ok).toBe(false);
-      expect((await b!.httpRates.initPerPrincipal.take("alice")).ok).toBe(true);
+      expect((await sb!.httpRates.initPerPrincipal.take("alice")).ok).toBe(true);
       const held = await a!.budget.admit([{ key: "alice", need: 5 }]);
       expect(held.ok).toBe(true);
       expect((await b!.budget.standing("alice")).reserved_s).toBe(5);
-      const job = await a!.jobs.start("load_model", "alice", async () => ({ loaded: true }));
-      await a!.jobs.settled(job.job_id);
-      expect(await b!.jobs.get(job.job_id, "alice")).toMatchObject({
+      const job = await sa!.jobs.start("load_model", "alice", async () => ({ loaded: true }));
+      await sa!.jobs.settled(job.job_id);
+      expect(await sb!.jobs.get(job.job_id, "alice")).toMatchObject({
         status: "succeeded",
         result: { loaded: true },
       });
     } finally {
-      await a!.close();
-      await b!.close();
+      a!.close();
+      b!.close();
+      await sa!.close();
+      await sb!.close();
     }
   });
 });

@@ -45,6 +45,9 @@ export class PgJobs implements Jobs {
   private readonly leaseMs: number;
   private readonly onError?: (e: unknown) => void;
 
+  /** The sweep of this replica's previous run's jobs (undefined: not yet done, or failed). */
+  private swept?: Promise<void>;
+
   private constructor(
     private readonly pool: PgPool,
     private readonly replica: string,
@@ -66,15 +69,46 @@ export class PgJobs implements Jobs {
     replica: string,
     opts: { leaseS: number; onError?: (e: unknown) => void },
   ): Promise<PgJobs> {
-    await pool.query(
-      `UPDATE jobs SET status = 'interrupted', error = $2, updated_ms = ${NOW_MS}
-       WHERE owner = $1 AND status = 'running'`,
-      [replica, JSON.stringify(INTERRUPTED)],
-    );
-    return new PgJobs(pool, replica, opts);
+    const jobs = PgJobs.opening(pool, replica, opts);
+    await jobs.ready();
+    return jobs;
+  }
+
+  /**
+   * The replica's jobs at once, for a builder that cannot wait: the sweep of its previous run's
+   * jobs starts now, and every start waits for it (a job of this run is never swept). `ready()`
+   * resolves once it is done.
+   */
+  static opening(
+    pool: PgPool,
+    replica: string,
+    opts: { leaseS: number; onError?: (e: unknown) => void },
+  ): PgJobs {
+    const jobs = new PgJobs(pool, replica, opts);
+    jobs.ready().catch(() => {}); // a failed sweep is tried again by the next start
+    return jobs;
+  }
+
+  /** Marks this replica's previous run's `running` jobs interrupted, once (again after a failure). */
+  ready(): Promise<void> {
+    this.swept ??= this.pool
+      .query(
+        `UPDATE jobs SET status = 'interrupted', error = $2, updated_ms = ${NOW_MS}
+         WHERE owner = $1 AND status = 'running'`,
+        [this.replica, JSON.stringify(INTERRUPTED)],
+      )
+      .then(
+        () => {},
+        (e: unknown) => {
+          this.swept = undefined;
+          throw e;
+        },
+      );
+    return this.swept;
   }
 
   async start(tool: string, principal: string, run: Runner): Promise<PgJobRecord> {
+    await this.ready();
     const id = `job_${randomBytes(12).toString("hex")}`;
     await this.pool.query(
       `INSERT INTO jobs (job_id, tool, principal, status, owner, lease_until_ms, created_ms, updated_ms)

@@ -1,0 +1,170 @@
+// The server's stores built as a replica builds them (server/app/storage.ts openServerStores on a
+// shared backend from openSharedBackend), for two replicas on one database: a job started through
+// A is read and cancelled through B and A aborts it; a report put through A is listed through B;
+// a worker's drain asked through A is applied by B's poller, which publishes what it did for A to
+// read; a restart of A marks only A's previous jobs interrupted; close() leaves the pool open.
+import { pino } from "pino";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  openServerStores,
+  openSharedBackend,
+  type SharedBackend,
+} from "../../server/app/storage.js";
+import { parseConfig, type ServerConfig } from "../../server/config/config.js";
+import { watchControl } from "../../server/control/channel.js";
+import { drainHandler } from "../../server/control/drain.js";
+import type { Runtime, WorkerStatus } from "../../runtime/types.js";
+import { scaled, slowdown } from "../helpers/calibrate.js";
+import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
+import { ROOT } from "../helpers/server.js";
+
+const logger = pino({ level: "silent" });
+const LEASE_S = 3 * slowdown();
+
+let db: TestPostgres;
+let config: ServerConfig;
+let a: SharedBackend;
+let b: SharedBackend;
+
+const untilAbort = (signal: AbortSignal) =>
+  new Promise<Record<string, unknown>>((_, reject) =>
+    signal.addEventListener("abort", () => reject(signal.reason)),
+  );
+
+async function waitFor<T>(what: string, fn: () => Promise<T | undefined>): Promise<T> {
+  const until = Date.now() + scaled(30_000);
+  for (;;) {
+    const v = await fn();
+    if (v !== undefined) return v;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+beforeAll(async () => {
+  db = await startPostgres();
+  config = parseConfig(
+    { storage: { postgres: { url: db.url, job_lease_s: LEASE_S } } },
+    { root: ROOT },
+  );
+  // Two replicas: each its own pool, migrated and keyed as a serving replica opens it.
+  a = (await openSharedBackend(config, logger, { id: "host-a:8080", storage: "postgres" }))!;
+  b = (await openSharedBackend(config, logger, { id: "host-b:8080", storage: "postgres" }))!;
+});
+
+afterAll(async () => {
+  await a?.close();
+  await b?.close();
+  await db?.stop();
+});
+
+describe("the server's stores on a shared backend", () => {
+  it("a job started through A is read and cancelled through B; A aborts it", async () => {
+    const sa = await openServerStores(config, logger, a);
+    const sb = await openServerStores(config, logger, b);
+    try {
+      const job = await sa.jobs.start("run_benchmark", "alice", untilAbort);
+      expect(await sb.jobs.get(job.job_id, "alice")).toMatchObject({
+        status: "running",
+        owner: "host-a:8080",
+      });
+      // Another principal's job is a missing one, on every replica.
+      expect(await sb.jobs.get(job.job_id, "bob")).toBeUndefined();
+      expect(await sb.jobs.cancel(job.job_id, "bob")).toBeUndefined();
+      expect((await sb.jobs.listAll()).map((j) => j.job_id)).toContain(job.job_id);
+      // B's cancel is a flag on the row: A turns it into the job's abort at its next renewal.
+      await sb.jobs.cancel(job.job_id, "alice");
+      await sa.jobs.settled(job.job_id);
+      expect(await sb.jobs.get(job.job_id, "alice")).toMatchObject({
+        status: "cancelled",
+        error: { code: "cancelled" },
+      });
+      expect(sa.jobs.running()).toBe(0);
+    } finally {
+      await sa.close();
+      await sb.close();
+    }
+  });
+
+  it("a report put through A is listed and read through B", async () => {
+    const sa = await openServerStores(config, logger, a);
+    const sb = await openServerStores(config, logger, b);
+    try {
+      const stored = await sa.reports.put("alice", "tiny", "cpu", {
+        work: "forward",
+        configs: [{ batch: 2, seq_len: 8, latency_ms: { mean: 4.5 } }],
+      });
+      expect((await sb.reports.list()).map((r) => r.id)).toContain(stored.id);
+      expect(await sb.reports.get(stored.id)).toMatchObject({
+        principal: "alice",
+        report: { report_id: stored.id },
+      });
+      expect(await sb.reports.history("tiny", "cpu")).toEqual([
+        { batch: 2, seq_len: 8, latency_ms: 4.5 },
+      ]);
+    } finally {
+      await sa.close();
+      await sb.close();
+    }
+  });
+
+  it("a drain asked through A is applied by B's poller, and what B did is read through A", async () => {
+    const sa = await openServerStores(config, logger, a);
+    const sb = await openServerStores(config, logger, b);
+    // B's worker pool: two workers the poller drains and undrains as the shared state says.
+    const workers: WorkerStatus[] = ["w1", "w2"].map(
+      (name) => ({ name, device: "cpu", state: "ready", draining: false, in_flight: 0 }) as never,
+    );
+    const pool = {
+      single: false,
+      workers: () => workers.map((w) => ({ ...w })),
+      drain: (n: string) => (workers.find((w) => w.name === n)!.draining = true),
+      undrain: (n: string) => (workers.find((w) => w.name === n)!.draining = false),
+    } as unknown as Runtime;
+    const poller = watchControl(sb.channel, [drainHandler(pool, logger)!], logger, 100);
+    try {
+      await sa.channel.setDrained("w1", "ops");
+      expect(await sb.channel.drained()).toEqual(new Set(["w1"]));
+      const seen = await waitFor("B to publish w1 drained", async () => {
+        const o = (await sa.channel.observed()).find((x) => x.w.name === "w1");
+        return o?.w.draining ? o : undefined;
+      });
+      expect(seen.w.in_flight).toBe(0);
+      expect(workers.map((w) => w.draining)).toEqual([true, false]);
+      await sa.channel.clearDrained("w1");
+      await waitFor("B to undrain w1", async () => (workers[0]!.draining ? undefined : true));
+      const at = await sa.channel.setFleetTarget(3, "ops");
+      expect(await sb.channel.fleetTarget()).toEqual({ count: 3, at });
+    } finally {
+      poller.close();
+      await sa.close();
+      await sb.close();
+    }
+  });
+
+  it("A's restart marks only A's previous jobs interrupted, and close() leaves the pool open", async () => {
+    const sa = await openServerStores(config, logger, a);
+    const sb = await openServerStores(config, logger, b);
+    let sa2: Awaited<ReturnType<typeof openServerStores>> | undefined;
+    try {
+      const aJob = await sa.jobs.start("load_model", "alice", untilAbort);
+      const bJob = await sb.jobs.start("load_model", "alice", untilAbort);
+      // A's process is gone without closing (its renewals stop); a new run of A opens its stores.
+      (sa.jobs as unknown as { timer: NodeJS.Timeout }).timer.unref();
+      clearInterval((sa.jobs as unknown as { timer: NodeJS.Timeout }).timer);
+      sa2 = await openServerStores(config, logger, a);
+      const fresh = await sa2.jobs.start("load_model", "alice", untilAbort);
+      expect(await sb.jobs.get(aJob.job_id, "alice")).toMatchObject({
+        status: "interrupted",
+        error: { code: "worker_died" },
+      });
+      expect((await sb.jobs.get(bJob.job_id, "alice"))!.status).toBe("running");
+      expect((await sb.jobs.get(fresh.job_id, "alice"))!.status).toBe("running");
+    } finally {
+      await sa2?.close();
+      await sa.close();
+      await sb.close();
+    }
+    expect((await a.pool.query("SELECT 1 AS one")).rows[0].one).toBe(1);
+  });
+});
