@@ -43,6 +43,8 @@ export async function supervise<T>(
   });
   let started = ctx.clock();
   let settled = false;
+  /** The "allowed" record's commit while the work runs (a runWhileRecording tool). */
+  let allowedCommitted: Promise<void> | undefined;
   let meter: Metered | undefined = undefined;
   // The budget's part of a call ends once: at its stop, charged up to the moment the stop was
   // decided (how long the worker then takes to stop is the runtime supervisor's to bound: it
@@ -60,8 +62,13 @@ export async function supervise<T>(
         // Told, never waited for (the alert rules read the budget on their own time).
         void Promise.resolve(ctx.deps.observer?.charged(principal.id)).catch(() => {});
       } else await a.reservation.release();
-      // Right after the charge, in one transaction with it: charged, or left for the restart.
-      if (flight) await ctx.deps.calls?.end(flight.id);
+      // Right after the charge: charged, or left for the restart. A call stopped while its
+      // "allowed" record (and so its row, written alongside) is still committing waits for that
+      // commit: deleted before it, the row would be inserted after and outlive the call.
+      if (flight) {
+        if (allowedCommitted) await allowedCommitted.catch(() => {});
+        await ctx.deps.calls?.end(flight.id);
+      }
     })().catch((e) =>
       ctx.deps.logger.error(
         { err: String(e), tool, principal: principal.id },
@@ -92,7 +99,6 @@ export async function supervise<T>(
   };
   // Committed before the work starts, or (the tool's runWhileRecording: its work may start
   // while its "allowed" record commits; the answer still waits for it) alongside it.
-  let allowedCommitted: Promise<void> | undefined;
   if (ctx.tools.get(tool)?.runWhileRecording) {
     allowedCommitted = ctx.auditDurable(allowedRecord, flight?.write);
     allowedCommitted.catch(() => {}); // observed below, by the abort and before the answer
