@@ -236,6 +236,10 @@ async function main(argv: string[]): Promise<number> {
         ...setupWatch(layout, config, logger),
         replica,
         shared,
+      }).catch(async (e) => {
+        // Refused at start: the shared backend's pool ends with it, so the process exits.
+        await shared?.close();
+        throw e;
       });
       const stopHup = onSighup(app);
       const { closed } = await startStdio(app);
@@ -275,6 +279,9 @@ async function main(argv: string[]): Promise<number> {
         replica,
         shared,
         ...setupWatch(layout, config, logger),
+      }).catch(async (e) => {
+        await shared?.close();
+        throw e;
       });
       const stopHup = onSighup(app);
       let running;

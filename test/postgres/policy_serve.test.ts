@@ -3,10 +3,11 @@
 // replicas, each with its own shared backend (openSharedBackend: its pool, migrated, the
 // deployment's key file), their gates driven against one database. An approval requested
 // through A is decided through B and used once across both; the audit trail is one chain that
-// starts with one chain_keyed record; a call's calls_in_flight row is there while it runs; the
-// budget and the rate limit are one cap across both; closing the stores leaves the pool open.
-// (Admitting on a stale read, which breaks the budget across replicas, is test/postgres/
-// budget.test.ts's "admitting on a stale read" test.)
+// starts with one chain_keyed record; a call's calls_in_flight row is there while it runs,
+// committed in its `allowed` record's transaction; the budget and the rate limit are one cap
+// across both; closing the stores leaves the pool open; a CLI command opens its own backend.
+// (Admitting on a stale read, which breaks the budget across replicas, is
+// test/postgres/budget.test.ts's "admitting on a stale read" test.)
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -183,6 +184,15 @@ describe("the policy stores of a replica on storage.postgres", () => {
       if (rows.length === 0) await new Promise((r) => setTimeout(r, 25));
     }
     expect(rows).toEqual([{ replica: "a", tool: "run_inference" }]);
+    // Written in the transaction of the call's `allowed` record (the same inserting xid), so
+    // neither is ever committed without the other.
+    const xid = await pool.query(
+      `SELECT (SELECT xmin::text FROM calls_in_flight) AS call,
+        (SELECT xmin::text FROM audit_records WHERE replica = 'a'
+          AND (record::jsonb) ->> 'outcome' = 'allowed'
+          AND (record::jsonb) ->> 'tool' = 'run_inference' ORDER BY seq DESC LIMIT 1) AS allowed`,
+    );
+    expect(xid.rows[0].call).toBe(xid.rows[0].allowed);
     h.release();
     await expect(running).resolves.toBe("ran");
     expect((await pool.query("SELECT 1 FROM calls_in_flight")).rows).toHaveLength(0);
