@@ -50,6 +50,7 @@ import type { CredentialLookup } from "../../policies/passkeys/verify_trail.js";
 import { openPool, redactError, redactUrl, type PgPool } from "./postgres/pool.js";
 import { checkSchema, migrate } from "./postgres/schema.js";
 import { openPgServerStores } from "./postgres/limits.js";
+import { PgControlChannel } from "./postgres/control.js";
 import { hostname } from "node:os";
 import type { ReplicaIdentity } from "./replica.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
@@ -400,6 +401,27 @@ export async function openServerStores(
       await reports.close();
     },
   };
+}
+
+/**
+ * The workers' control channel as `tpu-mcp workers` opens it: workers.db beside a SQLite server
+ * (`existing`: read-only, null when no server has made it yet, nothing created); on
+ * storage.postgres the shared one every replica polls, from a small pool of the command's own
+ * (the schema must be this code's: never migrated from here).
+ */
+export async function openControlChannel(
+  config: ServerConfig,
+  opts: { existing?: boolean; warn: (msg: string) => void },
+): Promise<{ channel: ControlChannel; close(): Promise<void> } | null> {
+  const url = databaseUrl(config);
+  if (url !== null) {
+    const pool = await openCommandPool(url, "tpu-mcp workers");
+    return { channel: new PgControlChannel(pool), close: () => pool.end() };
+  }
+  const channel = opts.existing
+    ? SqliteControlChannel.openExisting(dataDir(config).workersDb)
+    : SqliteControlChannel.open(createDataDir(config, { warn: opts.warn }).workersDb);
+  return channel && { channel, close: async () => channel.close() };
 }
 
 /** An existing store from before the current schema: opened for writing, as the server would. */

@@ -1,18 +1,16 @@
 // `tpu-mcp workers [list] | drain NAME | undrain NAME | scale N | reload`: the CLI half of the
-// control channel over workers.db (server/control/channel.ts). `list` only reads: on a data
-// directory without a channel it says so and creates nothing. The others need an admin token,
-// write the desired state and wait for the running server to report it applied.
+// control channel (server/control/channel.ts): workers.db beside a SQLite server, the shared
+// channel every replica polls on storage.postgres (server/app/storage.ts openControlChannel).
+// `list` only reads: on a data directory without a channel it says so and creates nothing. The
+// others need an admin token, write the desired state and wait for a running server to report
+// it applied.
 import type { Logger } from "pino";
 import type { AuditRecord } from "../../policies/audit.js";
 import type { WorkerStatus } from "../../runtime/types.js";
 import { createPolicyServices } from "../app/build_policies.js";
+import { openControlChannel } from "../app/storage.js";
 import type { ServerConfig } from "../config/config.js";
-import { createDataDir, dataDir } from "../config/data_dir.js";
-import {
-  SqliteControlChannel,
-  type ControlChannel,
-  type PublishedFleet,
-} from "../control/channel.js";
+import type { ControlChannel, PublishedFleet } from "../control/channel.js";
 import type { ReloadResult } from "../control/reload.js";
 import { terminalField } from "../terminal.js";
 import { principalOfToken } from "./token.js";
@@ -35,7 +33,7 @@ export interface FleetWaitIo {
 }
 
 const NO_STATE =
-  "no worker state recorded: is a server with a worker pool (runtime.workers) running on this data directory?";
+  "no worker state recorded: is a server with a worker pool (runtime.workers) running on this data directory (or this database)?";
 
 function row(w: WorkerStatus, at: string): string {
   const mem =
@@ -50,14 +48,14 @@ function row(w: WorkerStatus, at: string): string {
 
 /** `workers list`: read-only, so a data directory no server has used stays untouched. */
 async function listWorkers(config: ServerConfig, io: Io): Promise<number> {
-  const channel = SqliteControlChannel.openExisting(dataDir(config).workersDb);
+  const opened = await openControlChannel(config, { existing: true, warn: io.err });
   try {
-    const ws = (await channel?.observed()) ?? [];
+    const ws = (await opened?.channel.observed()) ?? [];
     if (io.json) io.out(JSON.stringify(ws, null, 2));
     else io.out(ws.length ? ws.map(({ w, at }) => row(w, at)).join("\n") : NO_STATE);
     return 0;
   } finally {
-    channel?.close();
+    await opened?.close();
   }
 }
 
@@ -125,11 +123,11 @@ export async function runWorkersCommand(
   }
   await record("executed");
   if (reload) return await requestReload(config, principal.id, io);
-  const channel = SqliteControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
+  const opened = (await openControlChannel(config, { warn: io.err }))!;
   try {
-    return await setDrain(channel, sub as "drain" | "undrain", name!, principal.id, io);
+    return await setDrain(opened.channel, sub as "drain" | "undrain", name!, principal.id, io);
   } finally {
-    channel.close();
+    await opened.close();
   }
 }
 
@@ -195,12 +193,12 @@ async function scaleAndWait(
     io.err("workers scale needs a Ray fleet: add runtime.ray to the config (README: Ray fleet)");
     return { exit: 2 };
   }
-  const channel = SqliteControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
+  const opened = (await openControlChannel(config, { warn: io.err }))!;
   try {
-    const at = await channel.setFleetTarget(count, by);
-    return await waitForFleet(channel, count, at, io);
+    const at = await opened.channel.setFleetTarget(count, by);
+    return await waitForFleet(opened.channel, count, at, io);
   } finally {
-    channel.close();
+    await opened.close();
   }
 }
 
@@ -290,7 +288,8 @@ export async function requestReload(
   by: string,
   io: FleetWaitIo,
 ): Promise<number> {
-  const channel = SqliteControlChannel.open(createDataDir(config, { warn: io.err }).workersDb);
+  const opened = (await openControlChannel(config, { warn: io.err }))!;
+  const channel = opened.channel;
   try {
     const at = await channel.requestReload(by);
     let result: ReloadResult | undefined;
@@ -302,7 +301,9 @@ export async function requestReload(
         break;
       }
       if (Date.now() > until) {
-        io.err("reload recorded, but no running server on this data directory has picked it up");
+        io.err(
+          "reload recorded, but no running server on this data directory (or this database) has picked it up",
+        );
         return 1;
       }
       await new Promise((res) => setTimeout(res, 200));
@@ -330,6 +331,6 @@ export async function requestReload(
       })
     ).exit;
   } finally {
-    channel.close();
+    await opened.close();
   }
 }

@@ -2,7 +2,9 @@
 // shared backend from openSharedBackend), for two replicas on one database: a job started through
 // A is read and cancelled through B and A aborts it; a report put through A is listed through B;
 // a worker's drain asked through A is applied by B's poller, which publishes what it did for A to
-// read; a restart of A marks only A's previous jobs interrupted; close() leaves the pool open.
+// read, and `tpu-mcp workers drain|list|undrain` act on that shared channel; a restart of A marks
+// only A's previous jobs interrupted; close() leaves the pool open.
+import { createHash } from "node:crypto";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
@@ -13,6 +15,7 @@ import {
 import { parseConfig, type ServerConfig } from "../../server/config/config.js";
 import { watchControl } from "../../server/control/channel.js";
 import { drainHandler } from "../../server/control/drain.js";
+import { runWorkersCommand } from "../../server/cli/workers.js";
 import type { Runtime, WorkerStatus } from "../../runtime/types.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
@@ -30,6 +33,19 @@ const untilAbort = (signal: AbortSignal) =>
   new Promise<Record<string, unknown>>((_, reject) =>
     signal.addEventListener("abort", () => reject(signal.reason)),
   );
+
+/** A worker as a pool reports it (what the poller publishes and `workers list` prints). */
+const worker = (name: string): WorkerStatus =>
+  ({
+    name,
+    device: "cpu",
+    state: "ready",
+    draining: false,
+    in_flight: 0,
+    restarts: 0,
+    models: [],
+    lost_models: [],
+  }) as unknown as WorkerStatus;
 
 async function waitFor<T>(what: string, fn: () => Promise<T | undefined>): Promise<T> {
   const until = Date.now() + scaled(30_000);
@@ -112,9 +128,7 @@ describe("the server's stores on a shared backend", () => {
     const sa = await openServerStores(config, logger, a);
     const sb = await openServerStores(config, logger, b);
     // B's worker pool: two workers the poller drains and undrains as the shared state says.
-    const workers: WorkerStatus[] = ["w1", "w2"].map(
-      (name) => ({ name, device: "cpu", state: "ready", draining: false, in_flight: 0 }) as never,
-    );
+    const workers = ["w1", "w2"].map(worker);
     const pool = {
       single: false,
       workers: () => workers.map((w) => ({ ...w })),
@@ -138,6 +152,58 @@ describe("the server's stores on a shared backend", () => {
     } finally {
       poller.close();
       await sa.close();
+      await sb.close();
+    }
+  });
+
+  it("tpu-mcp workers drain|list|undrain act on the shared channel that a replica's poller applies", async () => {
+    const sb = await openServerStores(config, logger, b);
+    const workers = ["w1"].map(worker);
+    const pool = {
+      single: false,
+      workers: () => workers.map((w) => ({ ...w })),
+      drain: (n: string) => (workers.find((w) => w.name === n)!.draining = true),
+      undrain: (n: string) => (workers.find((w) => w.name === n)!.draining = false),
+    } as unknown as Runtime;
+    const poller = watchControl(sb.channel, [drainHandler(pool, logger)!], logger, 100);
+    // The command's config: the deployment's database, and an admin token.
+    const token = "ops-admin-token";
+    const cliConfig = parseConfig(
+      {
+        storage: { postgres: { url: db.url } },
+        policy: {
+          tokens: [
+            {
+              id: "ops",
+              token_sha256: createHash("sha256").update(token).digest("hex"),
+              scopes: ["admin"],
+            },
+          ],
+        },
+      },
+      { root: ROOT },
+    );
+    const out: string[] = [];
+    const err: string[] = [];
+    const io = {
+      out: (x: string) => out.push(x),
+      err: (x: string) => err.push(x),
+      json: false,
+      logger,
+      token,
+      waitMs: scaled(30_000),
+    };
+    try {
+      expect(await runWorkersCommand(cliConfig, ["drain", "w1"], io), err.join("\n")).toBe(0);
+      expect(out.at(-1)).toMatch(/w1: drained, no calls in flight/);
+      expect(workers[0]!.draining).toBe(true);
+      expect(await runWorkersCommand(cliConfig, ["list"], io)).toBe(0);
+      expect(out.at(-1)).toMatch(/^w1 .*\(drained\)/);
+      expect(await runWorkersCommand(cliConfig, ["undrain", "w1"], io)).toBe(0);
+      await waitFor("B to undrain w1", async () => (workers[0]!.draining ? undefined : true));
+      expect(err).toEqual([]);
+    } finally {
+      poller.close();
       await sb.close();
     }
   });
