@@ -5,7 +5,8 @@
 // through A is decided through B and used once across both; the audit trail is one chain that
 // starts with one chain_keyed record; a call's calls_in_flight row is there while it runs,
 // committed in its `allowed` record's transaction; the budget and the rate limit are one cap
-// across both; closing the stores leaves the pool open; a CLI command opens its own backend.
+// across both; an alert fires once across both replicas' engines; closing the stores leaves the
+// pool open; a CLI command opens its own backend.
 // (Admitting on a stale read, which breaks the budget across replicas, is
 // test/postgres/budget.test.ts's "admitting on a stale read" test.)
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
@@ -13,6 +14,7 @@ import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { Alerts } from "../../policies/alerts/alerts.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
 import type { CostEstimate } from "../../policies/estimate.js";
 import type { PolicyError } from "../../policies/errors.js";
@@ -248,6 +250,32 @@ describe("the policy stores of a replica on storage.postgres", () => {
       );
     }
     expect(codes).toEqual(["ok", "ok", "ok", "ok", "ok", "ok", "rate_limited", "rate_limited"]);
+  });
+
+  it("an alert rule fires once per window though both replicas' engines reach it", async () => {
+    const fired: string[][] = [[], []];
+    const engines = replicas.map(
+      (r, i) =>
+        new Alerts({
+          rules: [{ name: "crash-loop", kind: "worker_restarts", threshold: 2, window_s: 600 }],
+          store: r.alertStore,
+          logger: pino({ level: "silent" }),
+          suspend: async () => {},
+          audit: () => {},
+          budgetUse: async () => ({ used_s: 0, limit_s: 1, window_s: 1 }),
+          pendingApprovals: async () => [],
+          webhooks: [],
+          onFired: (a) => fired[i]!.push(a.id),
+        }),
+    );
+    for (const e of engines) {
+      e.workerRestarted("w0");
+      e.workerRestarted("w0");
+    }
+    await Promise.all(engines.map((e) => e.drain()));
+    engines.forEach((e) => e.close());
+    expect(fired.flat()).toHaveLength(1);
+    expect((await replicas[1]!.alertStore.recent(10)).map((a) => a.subject)).toEqual(["w0"]);
   });
 
   it("close() stops the stores and leaves the backend's pool open (its owner ends it)", async () => {
