@@ -17,6 +17,11 @@ import { watchControl } from "../../server/control/channel.js";
 import { drainHandler } from "../../server/control/drain.js";
 import { runWorkersCommand } from "../../server/cli/workers.js";
 import type { Runtime, WorkerStatus } from "../../runtime/types.js";
+import { readCatalog } from "../../runtime/catalog.js";
+import { estimateFor, type EstimatedWork } from "../../tools/support/estimate.js";
+import type { ToolContext } from "../../tools/types.js";
+import { SqliteReports } from "../../tools/stores/reports.js";
+import type { Reports } from "../../tools/stores/reports.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 import { ROOT } from "../helpers/server.js";
@@ -204,6 +209,46 @@ describe("the server's stores on a shared backend", () => {
       expect(err).toEqual([]);
     } finally {
       poller.close();
+      await sb.close();
+    }
+  });
+
+  it("an estimate on B learns from a call measured on A (read from the store before it estimates)", async () => {
+    const sa = await openServerStores(config, logger, a);
+    const sb = await openServerStores(config, logger, b);
+    const catalog = readCatalog(`${ROOT}/runtime/catalog.builtin.json`);
+    // What an estimate reads besides the store: the catalog, the model's size, the device.
+    const ctx = (reports: Reports, onWork?: (w: EstimatedWork) => void) =>
+      ({
+        env: { catalog },
+        reports,
+        facts: { get: async () => ({ parameters: 1_000_000, weight_bytes: 4_000_000 }) },
+        runtime: {
+          hello: { device: { kind: "cpu" } },
+          loadedModels: () => [],
+          call: async () => ({ result: { device: { kind: "cpu" }, loaded: [] } }),
+        },
+        signal: new AbortController().signal,
+        onWork,
+      }) as unknown as ToolContext;
+    const args = { model: "tiny-gpt2", texts: ["hello there"], max_new_tokens: 4 };
+    const empty = new SqliteReports(":memory:");
+    try {
+      let work: EstimatedWork | undefined;
+      const modelled = await estimateFor(
+        { estimate: "inference" },
+        args,
+        ctx(empty, (w) => (work = w)),
+      );
+      expect(work).toBeDefined();
+      // A measures this very work at 40 s (its calls are written once a second; close writes them).
+      await sa.reports.recordCall({ ...work!, seconds: 40, at: Date.now() });
+      await sa.close();
+      const learned = await estimateFor({ estimate: "inference" }, args, ctx(sb.reports));
+      expect(modelled!.device_seconds).toBeLessThan(40);
+      expect(learned!.device_seconds).toBe(40);
+    } finally {
+      empty.close();
       await sb.close();
     }
   });
