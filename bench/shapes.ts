@@ -53,8 +53,19 @@ function quantile(xs: number[], q: number): number {
   return s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? NaN;
 }
 
+/** Where the worker says a call's time to first token went (run_inference's `ttft_parts`). */
+interface TtftParts {
+  queue_ms: number;
+  behind_ms: number;
+  prefill_ms: number;
+  steps_waited: number;
+  forwards_ahead: number;
+  prefill_shape: string | null;
+}
+
 interface Call {
   ttftMs: number;
+  parts?: TtftParts;
   /** After the first token, per further token, on the worker's clock (as ttftMs). */
   tpotMs: number | null;
   /** The same from the client's clock: the call's trip through the server and back included. */
@@ -85,7 +96,13 @@ async function generate(
   const workerMs = (tokens / Number(r.tokens_per_s)) * 1000;
   const per = (ms: number) =>
     tokens > 1 && Number.isFinite(ms) ? (ms - ttft) / (tokens - 1) : null;
-  return { ttftMs: ttft, tpotMs: per(workerMs), wallTpotMs: per(wallMs), tokens };
+  return {
+    ttftMs: ttft,
+    parts: r.ttft_parts,
+    tpotMs: per(workerMs),
+    wallTpotMs: per(wallMs),
+    tokens,
+  };
 }
 
 /** The mixed trace: segments of requests at a changing number of concurrent callers. */
@@ -137,6 +154,57 @@ async function rounds(mcp: McpServer, model: string, n: number, perCaller: numbe
   const rates: number[] = [];
   for (let i = 0; i < n; i++) rates.push(await throughput(mcp, model, 8, perCaller));
   return { rates, median: median(rates), steal: stealPct(t, readCpuTimes()), load: loadavg()[0] };
+}
+
+const PARTS = [
+  ["queue_ms", "waiting for a token boundary (the decode step in progress, or room)"],
+  ["behind_ms", "behind the prefill forwards of the requests taken with it"],
+  ["prefill_ms", "its own prefill forward and first token"],
+] as const;
+
+/** Where time to first token went: each part's p50 / p99 over all calls, its mean over the calls
+ * of the tail (TTFT at or above the p95), and each call's own prefill per forward shape. */
+function ttftBreakdown(sec: ReturnType<typeof section>, calls: Call[]) {
+  const withParts = calls.filter((c): c is Call & { parts: TtftParts } => c.parts !== undefined);
+  if (!withParts.length) {
+    sec.row("  TTFT parts", "n/a", "the worker reported no ttft_parts");
+    return;
+  }
+  const p95 = quantile(
+    withParts.map((c) => c.ttftMs),
+    0.95,
+  );
+  const tail = withParts.filter((c) => c.ttftMs >= p95);
+  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(xs.length, 1);
+  const tailTtft = mean(tail.map((c) => c.ttftMs));
+  for (const [key, what] of PARTS) {
+    const all = withParts.map((c) => c.parts[key]);
+    const t = mean(tail.map((c) => c.parts[key]));
+    sec.row(
+      `  TTFT part ${key.replace("_ms", "")}`,
+      `${quantile(all, 0.5).toFixed(1)} / ${quantile(all, 0.99).toFixed(1)} ms`,
+      `p50 / p99; tail (TTFT ≥ p95, ${tail.length} calls) mean ${t.toFixed(1)} ms = ${((100 * t) / tailTtft).toFixed(0)} % of its TTFT; ${what}`,
+    );
+    sec.fig(`ttft_tail_${key}`, t);
+  }
+  sec.row(
+    "  TTFT tail, steps and forwards waited",
+    `${mean(tail.map((c) => c.parts.steps_waited)).toFixed(2)} / ${mean(tail.map((c) => c.parts.forwards_ahead)).toFixed(2)}`,
+    "mean decode steps waited in the queue / prefill forwards ahead of its own, tail calls",
+  );
+  const byShape = new Map<string, number[]>();
+  for (const c of withParts) {
+    const k = c.parts.prefill_shape ?? "?";
+    byShape.set(k, [...(byShape.get(k) ?? []), c.parts.prefill_ms]);
+  }
+  for (const [shape, xs] of [...byShape].sort(([a], [b]) =>
+    a.localeCompare(b, "en", { numeric: true }),
+  ))
+    sec.row(
+      `  own prefill at ${shape}`,
+      `${quantile(xs, 0.5).toFixed(1)} / ${quantile(xs, 0.99).toFixed(1)} ms`,
+      `p50 / p99 over ${xs.length} calls`,
+    );
 }
 
 /** "p50 ± MAD, CI of p50, verdict" of one series, as the other benches print it. */
@@ -223,6 +291,7 @@ export async function runShapes(opts: ShapesBenchOptions): Promise<SectionResult
     sec.fig("ttft_staggered_p99_over_p50", staggeredRatio);
     sec.fig("ttft_burst_p50_ms", quantile(burst, 0.5));
     sec.fig("ttft_max_ms", Math.max(...ttft));
+    ttftBreakdown(sec, calls);
     const ttftSpread = spread(ttft, traceHost, "ms");
     const tpotSpread = spread(tpot, traceHost, "ms");
     sec.row("  TTFT stability", ttftSpread.v.stable ? "stable" : "unstable", ttftSpread.text);

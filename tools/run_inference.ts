@@ -73,6 +73,16 @@ function streamTo(ctx: ToolContext, args: { texts?: string[]; messages?: unknown
   };
 }
 
+/** Where a generation's time to first token went (the decode loop's `ttft_parts`). */
+const TtftParts = z.object({
+  queue_ms: z.number(),
+  behind_ms: z.number(),
+  prefill_ms: z.number(),
+  steps_waited: z.number().int(),
+  forwards_ahead: z.number().int(),
+  prefill_shape: z.string().nullable(),
+});
+
 /** With a response_format: how many answers completed their grammar (an incomplete one is no valid output). */
 function grammarNote(gens: Generation[]): string {
   const constrained = gens.filter((g) => g.grammar_complete !== undefined);
@@ -123,6 +133,9 @@ const build = (env: ToolEnv) => {
         .describe("per prompt: text, finish_reason, usage, logprobs"),
       seed: z.number().int().optional(),
       ttft_ms: z.number().optional(),
+      ttft_parts: TtftParts.optional().describe(
+        "where ttft_ms went: waiting for a token boundary, behind other joiners' prefills, its own prefill",
+      ),
       tokens_per_s: z.number().optional(),
       grammar_compile_ms: z.number().optional(),
       elapsed_ms: z.number(),
@@ -267,6 +280,7 @@ const build = (env: ToolEnv) => {
         // The worker leaves out (or nulls) what it could not measure, e.g. tokens/s of no time.
         ...(typeof result.seed === "number" ? { seed: result.seed } : {}),
         ...(typeof result.ttft_ms === "number" ? { ttft_ms: result.ttft_ms } : {}),
+        ...(result.ttft_parts ? { ttft_parts: result.ttft_parts } : {}),
         ...(typeof result.tokens_per_s === "number" ? { tokens_per_s: result.tokens_per_s } : {}),
         ...(typeof result.grammar_compile_ms === "number"
           ? { grammar_compile_ms: result.grammar_compile_ms }

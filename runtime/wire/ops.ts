@@ -143,6 +143,15 @@ export interface InferResult {
   generations?: unknown[];
   seed?: number;
   ttft_ms?: number;
+  /** Where ttft_ms went (the decode loop; absent for other models and engines). */
+  ttft_parts?: {
+    queue_ms: number;
+    behind_ms: number;
+    prefill_ms: number;
+    steps_waited: number;
+    forwards_ahead: number;
+    prefill_shape: string | null;
+  };
   tokens_per_s?: number | null;
   /** With a response_format: the grammar's compile time in the worker. */
   grammar_compile_ms?: number;

@@ -2,8 +2,8 @@
 plan, after which no request compiles (the counts are the CPU's proxy for TPU compiles), and a
 second worker on the same compile cache loads warm.
 
-The plan is kept small (a catalog entry with max_batch 2 and max_seq_len 16: 7 graphs, one of
-them the prefill behind a cached prefix, with prefix blocks of 4 tokens so that such prompts fit),
+The plan is kept small (a catalog entry with max_batch 2 and max_seq_len 16: 8 graphs, two of
+them prefills behind cached prefixes, with prefix blocks of 4 tokens so that such prompts fit),
 since each inductor compile costs seconds on the CPU."""
 
 from __future__ import annotations
@@ -59,13 +59,13 @@ def test_a_compiled_load_warms_every_shape_of_the_plan(compiled):
         "length_buckets": [8, 16],
         "prefill_batch_buckets": [1, 2],
         "prefill_cached_length_buckets": [8],
-        "size": 7,
+        "size": 8,
     }
-    assert report["shapes_warmed"] == 7
+    assert report["shapes_warmed"] == 8
     # One graph per shape at least (a graph break would add more; none in tiny-gpt2's forward).
-    assert report["graphs_compiled"] >= 7
+    assert report["graphs_compiled"] >= 8
     assert report["compile_cache"]["dir"] == cache
-    assert sum(1 for a in seen if len(a) > 2 and str(a[2]).startswith("compiling")) == 7
+    assert sum(1 for a in seen if len(a) > 2 and str(a[2]).startswith("compiling")) == 8
 
 
 def test_after_the_warm_up_no_request_compiles(compiled):
@@ -86,6 +86,25 @@ def test_after_the_warm_up_no_request_compiles(compiled):
     shared = {"texts": ["one two three four five six seven eight nine ten"], "max_new_tokens": 2}
     cached = [m.batcher.submit(m.adapter.prepare(shared, []), CancelToken()).result(600).result for _ in range(2)]
     assert cached[1]["prefix_cached_tokens"] > 0 and cached[1]["texts"] == cached[0]["texts"]
+    # Two of them joining at one boundary run together, at the warmed prefill_cached batch 2.
+    loop = m.batcher
+    prefill = loop._batch.prefill
+    both: list = []
+
+    def then_two(fwd, prompts, room):
+        out = prefill(fwd, prompts, room)
+        if not both:  # the first call's forward ran: two arrive before the next boundary
+            both.extend(loop.submit(m.adapter.prepare(shared, []), CancelToken()) for _ in range(2))
+        return out
+
+    loop._batch.prefill = then_two
+    try:
+        loop.submit(m.adapter.prepare({"texts": ["first"], "max_new_tokens": 1}, []), CancelToken()).result(600)
+        together = [f.result(600).result for f in both]
+    finally:
+        del loop._batch.prefill
+    assert [r["texts"] for r in together] == [cached[0]["texts"]] * 2
+    assert [r["ttft_parts"]["prefill_shape"] for r in together] == ["prefill_cached 2x8"] * 2
     status, _ = w.handle("status", {}, [], OpContext("s"))
     (row,) = status["loaded"]
     assert row["compiles"] == {

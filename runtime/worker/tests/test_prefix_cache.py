@@ -171,6 +171,47 @@ def test_joiners_behind_a_cached_prefix_join_and_leave_mid_decode_with_the_same_
     assert loop.stats.running == 0
 
 
+def test_joiners_behind_cached_prefixes_are_prefilled_together_per_length_bucket(loops):
+    """Joiners of one token boundary whose prefixes are cached run in one forward per length
+    bucket of their uncached rests (at a prefill batch bucket of the plan, not one forward
+    each), with the same tokens as a loop without the cache and as HF generate."""
+    loop, adapter = loops("tiny-gpt2", reuse=True)
+    plain, _ = loops("tiny-gpt2", reuse=False)
+    run(loop, adapter, {"texts": [SYSTEM + "fills the cache"], "max_new_tokens": 1, "prefix_key": "k"})
+    joiners = [
+        {"texts": [SYSTEM + q], "max_new_tokens": 3 + 2 * i, "logprobs": 1, "prefix_key": "k"}
+        for i, q in enumerate(QUESTIONS)
+    ]
+    plan = adapter.plan
+    payloads = [adapter.prepare(a, []).payload for a in joiners]
+    prompts = [g.prompts[0] for g in payloads]
+    # What the cache holds now decides the forwards: those behind cached prefixes, per bucket.
+    expected = [f for f in loop._batch.forwards(prompts, [g.prefix_key for g in payloads]) if f.behind]
+    futures: list = []
+
+    def join_at_once(p, total=None, message=None, delta=None):
+        if p == 2:  # the head is decoding: all of them join at the next boundary
+            futures.extend(loop.submit(adapter.prepare(a, []), CancelToken()) for a in joiners)
+
+    before = dict(adapter.shapes.seen)
+    head = {"texts": ["the head request decodes a while"], "max_new_tokens": 12, "stream": True}
+    loop.submit(adapter.prepare(head, []), CancelToken(), progress=join_at_once).result(timeout=120)
+    results = [f.result(timeout=120).result for f in futures]
+    ran = {k: n - before.get(k, 0) for k, n in adapter.shapes.seen.items() if n > before.get(k, 0)}
+    behind = {k: n for k, n in ran.items() if k[0] == "prefill_cached"}
+    # One forward per length bucket of the rests, at the prefill batch bucket that holds them.
+    assert sum(behind.values()) == len(expected) < len(joiners), (behind, expected)
+    assert set(behind) <= set(plan.forward_shapes()), behind
+    assert any(b > 1 for _, b, _ in behind), behind
+    assert all(r["prefix_cached_tokens"] > 0 for r in results)
+    for a, got, prompt in zip(joiners, results, prompts, strict=True):
+        want = run(plain, adapter, a)
+        assert got["texts"] == want["texts"] and logprob_tokens(got) == logprob_tokens(want), a
+        assert logprob_values(got) == pytest.approx(logprob_values(want), abs=1e-4), a
+        want_ids = hf_greedy(adapter, prompt, a["max_new_tokens"])
+        assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in want_ids]
+
+
 def test_a_prefill_behind_a_cached_prefix_runs_a_shape_of_the_plan(loops):
     loop, adapter = loops("tiny-gpt2", reuse=True)
     adapter.shapes.seen.clear()

@@ -90,11 +90,11 @@ def test_greedy_tokens_equal_hf_generate_with_joins_and_leaves(static_loop, mode
     assert loop.stats.running == 0
 
 
-def test_the_joiners_of_a_boundary_are_prefilled_one_forward_per_length_bucket_in_arrival_order(static_loop):
+def test_the_joiners_of_a_boundary_are_prefilled_one_forward_per_length_bucket_shortest_first(static_loop):
     """Five requests joining at one token boundary, over three length buckets: three prefill
-    forwards (batch bucket × length bucket), in the order of each forward's first request, each
-    answered in a reply pass of its own (its first tokens leave before the next forward runs),
-    and every token HF generate's."""
+    forwards (batch bucket × length bucket), shortest bucket first, each answered in a reply pass
+    of its own (its first tokens leave before the next forward runs), and every token HF
+    generate's; each answer says where its time to first token went."""
     loop, adapter = static_loop("tiny-gpt2")
     passes: list[str] = []  # one entry per reply pass the loop opened
 
@@ -125,11 +125,58 @@ def test_the_joiners_of_a_boundary_are_prefilled_one_forward_per_length_bucket_i
     # The head's own prefill is (1, 8); the joiners': (4, 8), (4, 128), (1, 32), once each (two
     # prompts run at the prefill batch bucket 4).
     assert prefills == {("prefill", 4, 8): 1, ("prefill", 4, 128): 1, ("prefill", 1, 32): 1}, ran
-    # Arrival order of each forward's first request, one reply pass per forward.
-    assert answered[0] == answered[2] < answered[1] == answered[4] < answered[3], answered
+    # Shortest length bucket first (8, 32, 128), one reply pass per forward.
+    assert answered[0] == answered[2] < answered[3] < answered[1] == answered[4], answered
+    parts = [r["ttft_parts"] for r in results]
+    assert [p["forwards_ahead"] for p in parts] == [0, 2, 0, 1, 2]
+    assert [p["prefill_shape"] for p in parts] == [
+        "prefill 4x8",
+        "prefill 4x128",
+        "prefill 4x8",
+        "prefill 1x32",
+        "prefill 4x128",
+    ]
+    for p, r in zip(parts, results, strict=True):
+        assert p["queue_ms"] + p["behind_ms"] + p["prefill_ms"] == pytest.approx(r["ttft_ms"], abs=0.01)
+        assert p["steps_waited"] in (0, 1)  # taken at the boundary after the step it arrived in
+    assert parts[1]["behind_ms"] > parts[3]["behind_ms"] > parts[0]["behind_ms"]
     for a, got in zip(joiners, results, strict=True):
         prompt = adapter.prepare(a, []).payload.prompts[0]
         assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in hf_greedy(adapter, prompt, 1)]
+
+
+def test_a_request_that_arrives_during_a_boundarys_prefills_joins_before_the_next_decode_step(static_loop):
+    """A request submitted while the joiners of a boundary are being prefilled is taken and
+    prefilled at the same boundary, not after the next decode step; its tokens stay HF's."""
+    loop, adapter = static_loop("tiny-gpt2")
+    first = {"texts": ["a joiner " * 20], "max_new_tokens": 4, "logprobs": 1}
+    late = {"texts": ["arrives during the joiner's prefill"], "max_new_tokens": 6, "logprobs": 1}
+    futures: list = []
+    armed: list[bool] = []
+    prefill = loop._batch.prefill
+
+    def prefill_then_submit(fwd, prompts, room):
+        out = prefill(fwd, prompts, room)
+        if armed and len(futures) == 1:  # the joiner's forward ran: the late one arrives now
+            futures.append(loop.submit(adapter.prepare(late, []), CancelToken()))
+        return out
+
+    loop._batch.prefill = prefill_then_submit
+
+    def join(p, total=None, message=None, delta=None):
+        if p == 2:
+            futures.append(loop.submit(adapter.prepare(first, []), CancelToken()))
+            armed.append(True)
+
+    head = {"texts": ["the head request decodes a while"], "max_new_tokens": 12, "stream": True}
+    loop.submit(adapter.prepare(head, []), CancelToken(), progress=join).result(timeout=120)
+    results = [f.result(timeout=120).result for f in futures]
+    assert len(results) == 2
+    assert results[1]["ttft_parts"]["steps_waited"] == 0, results[1]["ttft_parts"]
+    for a, got in zip([first, late], results, strict=True):
+        prompt = adapter.prepare(a, []).payload.prompts[0]
+        want = hf_greedy(adapter, prompt, a["max_new_tokens"])
+        assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in want]
 
 
 def test_a_burst_of_short_joiners_is_one_forward_at_the_batch_bucket(static_loop):
@@ -274,4 +321,5 @@ def test_the_loaded_model_reports_its_plan_and_cache(shared_worker):
     assert "distinct_shapes" in m["shapes"]
     described, _ = shared_worker.handle("describe", {}, [], OpContext("d"))
     (d,) = [m for m in described["models"] if m["id"] == "tiny-gpt2"]
-    assert d["serving"]["cache"] == "static" and d["shape_plan"]["size"] == 24
+    # 3 prefill batches × 5 lengths, 3 × 4 behind a cached prefix, 5 decode batches.
+    assert d["serving"]["cache"] == "static" and d["shape_plan"]["size"] == 32

@@ -66,8 +66,9 @@ class ShapePlan:
     # generation only: the batches a prefill may take (prefill_buckets), so that the joiners of
     # one token boundary are prefilled in one forward per length bucket (generation/rows.py)
     prefill_batches: tuple[int, ...] = ()
-    # generation with a prefix cache: the lengths of a one-sequence prefill behind a cached
-    # prefix (generation/prefix.py), every length bucket but the largest (that one saves nothing)
+    # generation with a prefix cache: the lengths of a prefill behind cached prefixes
+    # (generation/prefix.py), every length bucket but the largest (that one saves nothing), at
+    # every prefill batch
     cached_lengths: tuple[int, ...] = ()
 
     @classmethod
@@ -107,7 +108,7 @@ class ShapePlan:
         if self.prefill_batches:  # generation: prefills at (batch, length), decode steps at batch
             return (
                 [("prefill", b, n) for b in self.prefill_batches for n in self.lengths]
-                + [("prefill_cached", 1, n) for n in self.cached_lengths]
+                + [("prefill_cached", b, n) for b in self.prefill_batches for n in self.cached_lengths]
                 + [("decode", b, 1) for b in self.batches]
             )
         return [("forward", b, n) for b in self.batches for n in (self.lengths or (0,))]

@@ -254,8 +254,8 @@ class CausalLM(Adapter):
         return logits
 
     def extend_static(self, ids: torch.Tensor, cache, mask: torch.Tensor, pos: torch.Tensor, columns: torch.Tensor):
-        """Several tokens [1, n] into one slot's static cache view, after the keys and values
-        already there (a prompt behind its cached prefix): last logits [1, vocab]."""
+        """Several tokens [b, n] into b slots' static cache view, after the keys and values
+        already there (prompts behind their cached prefixes): last logits [b, vocab]."""
         logits, _ = self._forward(ids, mask, pos, cache, cache_position=columns)
         return logits
 

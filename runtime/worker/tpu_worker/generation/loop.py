@@ -8,7 +8,10 @@ forward's first tokens chosen and sent before the next forward runs, and their k
 written into the running batch's cache; a finished sequence (EOS, a stop sequence,
 max_new_tokens, or its request's cancel token) leaves at once and frees its row. Each sequence
 keeps its own sampling state (parameters, generator, text stream), so its tokens do not depend
-on its company. Requests wait in FIFO order for room (at most `max_batch` sequences decode
+on its company. A boundary's joiners are prefilled shortest length bucket first, and the
+requests that arrive while they are prefilled join before the next decode step (up to
+`ADMIT_ROUNDS` rounds at one boundary), so a new request waits for at most one decode step.
+Requests wait in FIFO order for room (at most `max_batch` sequences decode
 together); a request larger than that runs when the batch is empty. With batching off, or for a
 model whose cache cannot be reshaped, a request joins only an empty batch. This thread is the
 only place the model's forward runs for `infer`.
@@ -42,6 +45,10 @@ from .rows import rows_for
 from .sampling import sample, sequence_generator, top_logprobs
 from .textstream import TextStream
 
+# Rounds of joiners prefilled at one token boundary: the joiners taken after the last decode step,
+# then (only while each round prefilled someone) those that arrived during that round's forwards.
+ADMIT_ROUNDS = 3
+
 # progress(tokens so far, total, new text, delta={"index", "text"})
 Progress = Callable[..., None]
 
@@ -73,6 +80,13 @@ class _Request:
         self.batched_with = 1  # most requests sharing a step with this one
         self.batch_items = 0  # most sequences in a step with this one
         self.seqs: list[_Seq] = []
+        # Where its time to first token went (`ttft_parts` in the result; the trace's spans).
+        self.steps_at_submit = 0  # decode steps run before it was submitted
+        self.t_taken: float | None = None  # taken from the queue at a token boundary
+        self.steps_taken = 0  # decode steps run before it was taken
+        self.t_prefill: float | None = None  # its first prefill forward began
+        self.forwards_ahead = 0  # its boundary's prefill forwards that ran before its first
+        self.shape: tuple[str, int, int] | None = None  # the (kind, batch, length) of its last forward
 
 
 class _Seq:
@@ -140,6 +154,7 @@ class DecodeLoop(Inbox):
         self, prepared: Prepared, token: CancelToken, trace: list | None = None, progress: Progress | None = None
     ) -> Future:
         req = _Request(prepared.payload, token, progress, trace)
+        req.steps_at_submit = self.stats.steps
         n = len(req.gen.prompts)
         g = req.gen.grammar
         matchers = g.matchers(n) if g is not None else [None] * n
@@ -159,18 +174,27 @@ class DecodeLoop(Inbox):
 
     # -- the loop -----------------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
-            joining = self._take()
-            if joining is None:
-                break
+        joining = self._take()
+        while joining is not None:
             # One write per prefill forward: each forward's first tokens leave before the next
             # forward or step runs (time to first token), then that step's tokens and answers.
-            live: list[_Request] = []
-            self._guarded(functools.partial(self._admit, joining, live), joining)
-            if live:
+            for round_ in range(1, ADMIT_ROUNDS + 1):
+                live: list[_Request] = []
+                self._guarded(functools.partial(self._admit, joining, live), joining)
+                if not live:
+                    break
                 self._join(live)
+                if round_ == ADMIT_ROUNDS:
+                    break
+                # Those that arrived during these forwards join now, not after a decode step.
+                joining = self._take()
+                if not joining:
+                    break
+            if joining is None:
+                break
             if self._rows:
                 self._guarded(self._step, [])
+            joining = self._take()
         with self._cond:
             pending = list(self._queue)
             self._queue.clear()
@@ -228,7 +252,9 @@ class DecodeLoop(Inbox):
         for s in self._rows:
             if s.finish is None and s.req.token.cancelled:
                 self._end(s, s.req.token.reason or "cancelled", s.stream.finish())
+        now = time.perf_counter()
         for r in joining:
+            r.t_taken, r.steps_taken = now, self.stats.steps
             _stamp(r, "w.taken")
             span_since(r.trace, "queue", "w.queued")
             if r.token.cancelled:
@@ -254,8 +280,14 @@ class DecodeLoop(Inbox):
         if not self._guarded(forwards, live, prefill=True):
             return
         waiting = {id(r): len(r.seqs) for r in live}  # sequences not yet prefilled, per request
-        for fwd in plan:
+        for ahead, fwd in enumerate(plan):
             part = [seqs[i] for i in fwd.indices]
+            now = time.perf_counter()
+            for s in part:
+                if s.req.t_prefill is None:  # its first forward: the others' forwards ran before it
+                    s.req.t_prefill, s.req.forwards_ahead = now, ahead
+                    span_since(s.req.trace, "prefill.wait", "w.taken", forwards_ahead=ahead)
+                    _stamp(s.req, "w.prefill")
             if not self._guarded(functools.partial(self._prefill, fwd, prompts, room, part, waiting), live, True):
                 return
         if joining:
@@ -274,10 +306,12 @@ class DecodeLoop(Inbox):
         now = time.perf_counter()
         for s in part:
             r = s.req
+            r.shape = fwd.shape
             waiting[id(r)] -= 1
             if waiting[id(r)] == 0:  # its last sequence prefilled: its first tokens are all out
                 r.t_first = now
                 span_since(r.trace, "prefill", "w.taken", batched_with=len({id(q.req) for q in part}))
+                span_since(r.trace, "prefill.forward", "w.prefill", shape=_shape_text(fwd.shape))
                 _stamp(r, "w.first_token")
         self._rows.extend(part)
         self._last.extend(ids)
@@ -399,6 +433,8 @@ class DecodeLoop(Inbox):
             "batched_with": r.batched_with,
             "batch_items": max(r.batch_items, len(r.seqs)),
         }
+        if r.t_first is not None and r.t_taken is not None and r.t_prefill is not None:
+            result["ttft_parts"] = _ttft_parts(r)
         if p.seed is not None:
             result["seed"] = p.seed
         if r.gen.grammar is not None:
@@ -434,6 +470,28 @@ class DecodeLoop(Inbox):
                 s.finish = s.finish or "error"  # leaves the batch at the next compaction
             if not r.future.done():
                 r.future.set_exception(exc)
+
+
+def _shape_text(shape: tuple[str, int, int] | None) -> str | None:
+    return f"{shape[0]} {shape[1]}x{shape[2]}" if shape is not None else None
+
+
+def _ttft_parts(r: _Request) -> dict[str, Any]:
+    """Where its time to first token went, from submission: `queue_ms` waiting to be taken at a
+    token boundary (the decode step in progress, `steps_waited` steps in all when it waited for
+    room), `behind_ms` behind the prefill forwards of requests taken with it
+    (`forwards_ahead` of them), `prefill_ms` its own forward(s) and the first tokens' choice, at
+    `prefill_shape`. The three add up to ttft_ms."""
+    assert r.t_taken is not None and r.t_prefill is not None and r.t_first is not None
+    ms = lambda a, b: round((b - a) * 1000, 3)  # noqa: E731
+    return {
+        "queue_ms": ms(r.t_submit, r.t_taken),
+        "behind_ms": ms(r.t_taken, r.t_prefill),
+        "prefill_ms": ms(r.t_prefill, r.t_first),
+        "steps_waited": r.steps_taken - r.steps_at_submit,
+        "forwards_ahead": r.forwards_ahead,
+        "prefill_shape": _shape_text(r.shape),
+    }
 
 
 def _stamp(r: _Request, stage: str) -> None:

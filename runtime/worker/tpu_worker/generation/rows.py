@@ -29,14 +29,17 @@ from .slots import SlotCache, static_cache_problem
 @dataclass
 class Forward:
     """One prefill forward of a join: which of the joining prompts it runs (row order), their
-    prefix-cache partitions, and the cached prefix blocks of a single prompt run behind them."""
+    prefix-cache partitions, and for a forward behind cached prefixes each prompt's cached
+    blocks (empty: a plain prefill)."""
 
     indices: list[int]
     partitions: list[str | None]
-    blocks: list = field(default_factory=list)
+    behind: list[list] = field(default_factory=list)
     # per prompt, how many of its tokens came from the prefix cache (set when it ran)
     cached: list[int] = field(default_factory=list)
     counted: bool = False  # its prompts count toward the prefix cache's hit rate
+    length: int = 0  # its length bucket (behind a cached prefix: the rest's), the order of a join
+    shape: tuple[str, int, int] | None = None  # (kind, batch, length) it ran at (set when it ran)
 
 
 def join_all(batch, prompts: list[list[int]], room: int, partitions: list[str | None] | None = None):
@@ -78,6 +81,7 @@ class DynamicRows:
         fwd.cached = [0] * len(ps)
         logits, cache, mask, pos = self.adapter.prefill(ps, room)
         self.shapes.record("prefill", mask.shape[0], mask.shape[1], sum(len(p) for p in ps))
+        fwd.shape = ("prefill", int(mask.shape[0]), int(mask.shape[1]))
         if self.rows:
             self._cache, self._mask = kv.merge(self._cache, self._mask, cache, mask)
             self._pos = torch.cat([self._pos, pos], dim=0)
@@ -148,39 +152,45 @@ class StaticRows:
 
     def forwards(self, prompts: list[list[int]], partitions: list[str | None] | None = None) -> list[Forward]:
         """How joining `prompts` are prefilled: one forward per length bucket, at the batch bucket
-        that holds its prompts (at most the plan's largest: the slots), or one prompt alone behind
-        its cached prefix where the prefix cache holds one for its partition (`partitions`, one
-        per prompt; None: no reuse). In the order of each forward's first prompt, so the joiners
-        are served in the order they came whatever their lengths."""
+        that holds its prompts (at most the plan's largest: the slots); the prompts whose prefix
+        the prefix cache holds for their partition (`partitions`, one per prompt; None: no reuse)
+        in forwards of their own, one per length bucket of their uncached rests. Shortest length
+        bucket first, in the order they came within a bucket: a short prompt's first token does
+        not wait for a long prompt's forward."""
         out: list[Forward] = []
-        open_at: dict[int, Forward] = {}  # length bucket -> its forward still taking prompts
+        # (behind a cached prefix, length bucket) -> its forward still taking prompts
+        open_at: dict[tuple[bool, int], Forward] = {}
         cap = self.plan.prefill_batches[-1]
         use = partitions is not None and self.prefix is not None
         for i, p in enumerate(prompts):
             part = partitions[i] if use else None
             blocks = self._cached_blocks(part, p) if part is not None else []
-            if blocks:
-                out.append(Forward([i], [part], blocks, counted=use))
-                continue
-            length = self.plan.length(len(p))
-            fwd = open_at.get(length)
+            # Behind a cached prefix, the bucket of the rest of the prompt (what is prefilled).
+            length = self.plan.length(len(p) - len(blocks) * self.prefix.block if blocks else len(p))
+            key = (bool(blocks), length)
+            fwd = open_at.get(key)
             if fwd is None or len(fwd.indices) == cap:
-                fwd = open_at[length] = Forward([], [], counted=use)
+                fwd = open_at[key] = Forward([], [], counted=use, length=length)
                 out.append(fwd)
             fwd.indices.append(i)
             fwd.partitions.append(part)
-        return out
+            if blocks:
+                fwd.behind.append(blocks)
+        return sorted(out, key=lambda f: f.length)  # stable: arrival order within a bucket
 
     def prefill(self, fwd: Forward, prompts: list[list[int]], room: int) -> torch.Tensor:
         """Runs one of `forwards`: its prompts into the next free slots, in its order. Returns
         their last logits [len(fwd.indices), vocab] and sets `fwd.cached`."""
         ps = [prompts[i] for i in fwd.indices]
-        if fwd.blocks:
-            logits = self._prefill_behind(ps[0], fwd.partitions[0], fwd.blocks)
-            fwd.cached = [len(fwd.blocks) * self.prefix.block]
+        if fwd.behind:
+            group = list(zip(ps, fwd.partitions, fwd.behind, strict=True))
+            logits, batch = self._prefill_behind(group, fwd.length)
+            fwd.cached = [len(blocks) * self.prefix.block for blocks in fwd.behind]
+            fwd.shape = ("prefill_cached", batch, fwd.length)
         else:
             logits = self._prefill_group(list(zip(ps, fwd.partitions, strict=True)))
             fwd.cached = [0] * len(ps)
+            fwd.shape = ("prefill", self.plan.prefill_batch(len(ps)), fwd.length)
         if self.prefix is not None and fwd.counted:
             for p, cached in zip(ps, fwd.cached, strict=True):
                 self.prefix.count(len(p), cached)
@@ -210,23 +220,35 @@ class StaticRows:
             self.rows += 1
         return logits[: len(prompts)]
 
-    def _prefill_behind(self, prompt: list[int], partition: str, blocks: list) -> torch.Tensor:
-        """One prompt whose first blocks are cached: they are copied into its slot and only the
-        rest is prefilled, at the rest's length bucket (after the cached columns)."""
-        n, cached = len(prompt), len(blocks) * self.prefix.block
-        window = self.plan.length(n - cached)
-        self.slots.make_room(max(n, window), self.rows)
-        slot = self.rows
-        cache, mask, columns = self.slots.write_prefix(slot, blocks, n, window)
-        fed = prompt[max(0, n - window) :]
-        pad = window - len(fed)
-        ids = torch.tensor([[self.adapter.pad_id] * pad + fed], dtype=torch.long, device=self.slots.device)
-        pos = torch.tensor([[0] * pad + list(range(n - len(fed), n))], dtype=torch.long, device=self.slots.device)
-        logits = self.adapter.extend_static(ids, cache, mask, pos, columns)
-        self.shapes.record("prefill_cached", 1, window, n - cached)
-        self._keep_prefix(partition, prompt)
-        self.rows += 1
-        return logits
+    def _prefill_behind(self, group: list[tuple[list[int], str, list]], window: int) -> tuple[torch.Tensor, int]:
+        """Prompts whose first blocks are cached, with rests of one length bucket (`window`): the
+        blocks are copied into their slots and only the rests are prefilled, in one forward at
+        the prefill batch bucket that holds them, after the cached columns. Where the free slots
+        cannot hold that bucket's padding rows, one forward per prompt (batch 1). Returns their
+        last logits and the batch it ran at."""
+        batch = self.plan.prefill_batch(len(group))
+        if self.rows + batch > self.slots.slots:
+            return torch.cat([self._prefill_behind([g], window)[0] for g in group]), 1
+        block = self.prefix.block
+        self.slots.make_room(max(window, *(len(p) for p, _, _ in group)), self.rows)
+        first = self.rows
+        cache, mask, columns = self.slots.write_prefixes(first, batch, [(b, len(p)) for p, _, b in group], window)
+        ids = torch.full((batch, window), self.adapter.pad_id, dtype=torch.long)
+        pos = torch.arange(window, dtype=torch.long).repeat(batch, 1)  # padding rows: their own window
+        for j, (p, _, _) in enumerate(group):
+            n = len(p)
+            fed = p[max(0, n - window) :]
+            pad = window - len(fed)
+            ids[j] = torch.tensor([self.adapter.pad_id] * pad + fed, dtype=torch.long)
+            pos[j] = torch.tensor([0] * pad + list(range(n - len(fed), n)), dtype=torch.long)
+        dev = self.slots.device
+        logits = self.adapter.extend_static(ids.to(dev), cache, mask, pos.to(dev), columns)
+        real = sum(len(p) - len(b) * block for p, _, b in group)
+        self.shapes.record("prefill_cached", batch, window, real)
+        for p, part, _ in group:
+            self._keep_prefix(part, p)
+            self.rows += 1
+        return logits[: len(group)], batch
 
     def _keep_prefix(self, partition: str | None, prompt: list[int]) -> None:
         """Offers the prompt's blocks, now in slot `self.rows`, to the prefix cache."""
@@ -263,9 +285,9 @@ class StaticRows:
                     self.adapter.prefill_static([[pad] * max(n - 1, 1)] * b, b, n)
                 elif kind == "prefill_cached":
                     self.slots.make_room(n, 0)
-                    cache, mask, columns = self.slots.write_prefix(0, [], n, n)
-                    ids = torch.full((1, n), pad, dtype=torch.long, device=self.slots.device)
-                    pos = torch.arange(n, device=self.slots.device)[None]
+                    cache, mask, columns = self.slots.write_prefixes(0, b, [], n)
+                    ids = torch.full((b, n), pad, dtype=torch.long, device=self.slots.device)
+                    pos = torch.arange(n, device=self.slots.device).repeat(b, 1)
                     self.adapter.extend_static(ids, cache, mask, pos, columns)
                 else:
                     cache, mask, pos, column = self.slots.step(0, b)

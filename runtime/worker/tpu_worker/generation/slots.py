@@ -58,7 +58,8 @@ class SlotCache:
         self._written = [torch.zeros((), dtype=torch.long, device=device) for _ in range(n_layers)]
         self._config, self._heads, self._head_dim = model.config, heads, head_dim
         self.views: dict[int, Any] = {b: self._view(slice(0, b), b) for b in buckets}
-        self._slot_views: dict[int, Any] = {}  # one slot alone: a prefill after a cached prefix
+        # (first slot, batch) -> the view of those slots: a prefill behind cached prefixes
+        self._slot_views: dict[tuple[int, int], Any] = {}
 
     def _view(self, rows: slice, batch: int):
         from transformers.cache_utils import StaticCache
@@ -134,30 +135,36 @@ class SlotCache:
         self.mask[slot, c - p : c] = mask_row
         self.pos[slot] = pos
 
-    def write_prefix(self, slot: int, blocks, n: int, window: int):
-        """Places a prompt of `n` tokens in `slot`, its columns ending just before the shared
-        column, with the keys and values of its cached `blocks` (generation/prefix.py) copied into
-        its first columns; returns (the slot's cache view, its mask [1, length], the columns of
-        the last `window` tokens as cache_position) for the prefill of the rest. That prefill
-        writes those columns (re-running any cached tokens among them)."""
-        c, start = self.column, self.column - n
-        col = start
-        for b in blocks:
-            w = b.keys[0].shape[-2]
-            for i in range(len(self.keys)):
-                self.keys[i][slot, :, col : col + w] = b.keys[i]
-                self.values[i][slot, :, col : col + w] = b.values[i]
-            col += w
-        self.mask[slot].zero_()
-        self.mask[slot, start:c] = 1
-        self.pos[slot] = n - 1
+    def write_prefixes(self, first: int, batch: int, prompts: list[tuple[list, int]], window: int):
+        """Places prompts behind their cached prefixes in slots `first`.. (one slot each, `batch`
+        slots in all: the slots after the prompts' take padding rows), for one prefill of their
+        last `window` tokens. Each prompt is (its cached `blocks` (generation/prefix.py), its
+        length n): its columns end just before the shared column, its blocks' keys and values
+        copied into its first columns. A padding row attends to the window's columns alone.
+        Returns (the slots' cache view, their mask [batch, length], the window's columns as
+        cache_position). That prefill writes those columns (re-running any cached tokens among
+        them)."""
+        c = self.column
+        for j in range(batch):
+            slot = first + j
+            blocks, n = prompts[j] if j < len(prompts) else ([], window)
+            col = c - n
+            for b in blocks:
+                w = b.keys[0].shape[-2]
+                for i in range(len(self.keys)):
+                    self.keys[i][slot, :, col : col + w] = b.keys[i]
+                    self.values[i][slot, :, col : col + w] = b.values[i]
+                col += w
+            self.mask[slot].zero_()
+            self.mask[slot, c - n : c] = 1
+            self.pos[slot] = n - 1
         for w in self._written:
             w.fill_(c - window)
-        view = self._slot_views.get(slot)
+        view = self._slot_views.get((first, batch))
         if view is None:
-            view = self._slot_views[slot] = self._view(slice(slot, slot + 1), 1)
+            view = self._slot_views[(first, batch)] = self._view(slice(first, first + batch), batch)
         columns = torch.arange(c - window, c, dtype=torch.long, device=self.device)
-        return view, self.mask[slot : slot + 1], columns
+        return view, self.mask[first : first + batch], columns
 
     def read_block(self, slot: int, n: int, block: int, index: int):
         """Block `index` ([block] tokens) of the prompt of `n` tokens that ends before the shared
