@@ -200,6 +200,44 @@ def test_a_burst_of_short_joiners_is_one_forward_at_the_batch_bucket(static_loop
         assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in hf_greedy(adapter, prompt, 3)]
 
 
+def test_a_burst_of_long_joiners_is_several_forwards_within_the_prefill_token_budget(static_loop):
+    """Six prompts of the longest bucket (128) joining at once: not one forward at batch 16 (whose
+    every row waits for all 16 rows), but forwards of at most 4 × 128 padded tokens, in the order
+    they came, the first four's first tokens out before the last two's forward runs."""
+    loop, adapter = static_loop("tiny-gpt2")
+    assert loop._batch.prefill_tokens == 4 * 128
+    passes: list[str] = []
+
+    @contextlib.contextmanager
+    def reply_pass():
+        passes.append("open")
+        yield
+
+    loop.reply_scope = reply_pass
+    joiners = [{"texts": [f"caller {i} " + "word " * 100], "max_new_tokens": 2, "logprobs": 1} for i in range(6)]
+    futures: list = []
+    answered: dict[int, int] = {}
+    before = dict(adapter.shapes.seen)
+
+    def burst(p, total=None, message=None, delta=None):
+        if p == 2:
+            for i, a in enumerate(joiners):
+                f = loop.submit(adapter.prepare(a, []), CancelToken())
+                f.add_done_callback(lambda _, i=i: answered.setdefault(i, len(passes)))
+                futures.append(f)
+
+    head = {"texts": ["the head request decodes a while"], "max_new_tokens": 12, "stream": True}
+    loop.submit(adapter.prepare(head, []), CancelToken(), progress=burst).result(timeout=120)
+    results = [f.result(timeout=120).result for f in futures]
+    ran = {k: n - before.get(k, 0) for k, n in adapter.shapes.seen.items() if n > before.get(k, 0)}
+    assert {k: n for k, n in ran.items() if k[0] == "prefill" and k[2] == 128} == {("prefill", 4, 128): 2}, ran
+    assert [r["ttft_parts"]["forwards_ahead"] for r in results] == [0, 0, 0, 0, 1, 1]
+    assert max(answered[i] for i in range(4)) < min(answered[i] for i in (4, 5)), answered
+    for a, got in zip(joiners, results, strict=True):
+        prompt = adapter.prepare(a, []).payload.prompts[0]
+        assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in hf_greedy(adapter, prompt, 2)]
+
+
 def test_a_long_run_moves_the_cache_columns_and_keeps_the_tokens(static_loop):
     """The shared column reaches the cache's end: every slot moves left, tokens unchanged."""
     loop, adapter = static_loop("tiny-gpt2")

@@ -129,6 +129,13 @@ class StaticRows:
         self.prefix = prefix  # the model's prefix cache (generation/prefix.py), or None: no reuse
         self.mergeable = True
         self.rows = 0
+        # The padded tokens one prefill forward may take: the second prefill batch at the longest
+        # length (tiny-gpt2: 4 × 128). A prefill's time grows with its padded tokens, and every
+        # row of a forward waits for all of them: a burst of long prompts runs as several smaller
+        # forwards whose first tokens leave one after another; at short lengths, where a forward
+        # costs little more than its launch, a forward still takes up to the largest batch.
+        pb = plan.prefill_batches
+        self.prefill_tokens = plan.lengths[-1] * pb[min(1, len(pb) - 1)]
         self.slots = SlotCache(
             adapter.eager_model,
             slots=plan.batches[-1],
@@ -152,7 +159,7 @@ class StaticRows:
 
     def forwards(self, prompts: list[list[int]], partitions: list[str | None] | None = None) -> list[Forward]:
         """How joining `prompts` are prefilled: one forward per length bucket, at the batch bucket
-        that holds its prompts (at most the plan's largest: the slots); the prompts whose prefix
+        that holds its prompts (at most `_cap` of them: more take several forwards); the prompts whose prefix
         the prefix cache holds for their partition (`partitions`, one per prompt; None: no reuse)
         in forwards of their own, one per length bucket of their uncached rests. Shortest length
         bucket first, in the order they came within a bucket: a short prompt's first token does
@@ -160,7 +167,6 @@ class StaticRows:
         out: list[Forward] = []
         # (behind a cached prefix, length bucket) -> its forward still taking prompts
         open_at: dict[tuple[bool, int], Forward] = {}
-        cap = self.plan.prefill_batches[-1]
         use = partitions is not None and self.prefix is not None
         for i, p in enumerate(prompts):
             part = partitions[i] if use else None
@@ -169,7 +175,7 @@ class StaticRows:
             length = self.plan.length(len(p) - len(blocks) * self.prefix.block if blocks else len(p))
             key = (bool(blocks), length)
             fwd = open_at.get(key)
-            if fwd is None or len(fwd.indices) == cap:
+            if fwd is None or len(fwd.indices) == self._cap(length):
                 fwd = open_at[key] = Forward([], [], counted=use, length=length)
                 out.append(fwd)
             fwd.indices.append(i)
@@ -177,6 +183,12 @@ class StaticRows:
             if blocks:
                 fwd.behind.append(blocks)
         return sorted(out, key=lambda f: f.length)  # stable: arrival order within a bucket
+
+    def _cap(self, length: int) -> int:
+        """The most prompts of one forward at this length bucket: the largest prefill batch
+        within `prefill_tokens` (at least 1)."""
+        fits = [b for b in self.plan.prefill_batches if b * length <= self.prefill_tokens]
+        return fits[-1] if fits else 1
 
     def prefill(self, fwd: Forward, prompts: list[list[int]], room: int) -> torch.Tensor:
         """Runs one of `forwards`: its prompts into the next free slots, in its order. Returns
