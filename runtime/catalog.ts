@@ -160,13 +160,16 @@ export function planShapes(e: CatalogEntry): PlanShape[] | null {
     );
   // Prefills at 1 and every other batch bucket down from the largest (shapes.py prefill_buckets).
   const prefill = batches.filter((b, i) => (batches.length - 1 - i) % 2 === 0 || b === 1);
-  // A prefix cache adds the one-sequence prefills behind a cached prefix at every length but the last.
+  // A prefix cache adds the prefills behind cached prefixes, at every prefill batch and every
+  // length but the last.
   const cached = (e.prefix_cache?.max_bytes ?? 1) > 0 ? lengths.slice(0, -1) : [];
   return [
     ...prefill.flatMap((batch) =>
       lengths.map((length) => ({ kind: "prefill" as const, batch, length })),
     ),
-    ...cached.map((length) => ({ kind: "prefill_cached" as const, batch: 1, length })),
+    ...prefill.flatMap((batch) =>
+      cached.map((length) => ({ kind: "prefill_cached" as const, batch, length })),
+    ),
     ...batches.map((batch) => ({ kind: "decode" as const, batch, length: 1 })),
   ];
 }

@@ -16,10 +16,10 @@ const cpu = { kind: "cpu", memory_free_bytes: null, memory_total_bytes: null };
 describe("the plan a compiled load warms", () => {
   it("counts every model kind's buckets as the worker does", () => {
     // MiniLM: batches 1..64 (7) × lengths 8..256 (6); tiny-gpt2: prefills at batches 1, 4, 16 ×
-    // lengths 8..128 (15), behind a cached prefix at the four shorter lengths, decode steps at
-    // batches 1..16 (5); mnist-cnn: batches 1..256 (9), items of one shape.
+    // lengths 8..128 (15), behind cached prefixes at the same batches × the four shorter lengths
+    // (12), decode steps at batches 1..16 (5); mnist-cnn: batches 1..256 (9), items of one shape.
     expect(planSize(entry("all-minilm-l6-v2"))).toBe(42);
-    expect(planSize(entry("tiny-gpt2"))).toBe(24);
+    expect(planSize(entry("tiny-gpt2"))).toBe(32);
     expect(planSize(entry("mnist-cnn"))).toBe(9);
     expect(planShapes(entry("mnist-cnn"))!.every((s) => s.length === 0)).toBe(true);
     const vllm = parseCatalog({
