@@ -65,6 +65,7 @@ def test_a_compiled_load_warms_every_shape_of_the_plan(compiled):
     # One graph per shape at least (a graph break would add more; none in tiny-gpt2's forward).
     assert report["graphs_compiled"] >= 8
     assert report["compile_cache"]["dir"] == cache
+    assert report["compile_cache"]["state"] == ("warm" if report["compile_cache"]["warm"] else "cold")
     assert sum(1 for a in seen if len(a) > 2 and str(a[2]).startswith("compiling")) == 8
 
 
@@ -131,4 +132,5 @@ def test_a_load_after_an_unload_finds_its_graphs_in_the_compile_cache(compiled):
     again, _ = w.handle("load", {"model": "tiny-gpt2", "mode": "compile"}, [], OpContext("l2"))
     assert again["compile_cache"]["dir"] == cache
     assert again["compile_cache"]["warm"] is True and again["compile_cache"]["hits"] >= 1
+    assert again["compile_cache"]["state"] == "warm"
     assert again["shapes_warmed"] == report["shapes_warmed"]

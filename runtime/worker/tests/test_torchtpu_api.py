@@ -5,6 +5,7 @@ is exercised by the simulated-TPU suite (tests_tpu_sim/)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -173,6 +174,47 @@ def test_import_env(monkeypatch, tmp_path):
     # A broken install is kept out of `import torch` even for auto (the probe says why).
     monkeypatch.setattr(launch, "torch_tpu_install_problems", lambda: ["libtpu is missing"])
     assert launch.import_env("auto", "strict", base)["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
+
+
+def test_torchtpu_keeps_its_compile_cache_under_the_workers_compile_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch, "torch_tpu_installed", lambda: True)
+    monkeypatch.setattr(launch, "torch_tpu_install_problems", lambda: [])
+    data = str(tmp_path / "data" / "compile-cache")  # --compile-cache: the server's data_dir/compile-cache
+    env = launch.import_env("tpu", "strict", {}, data)
+    assert env["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] == os.path.join(data, "torch_tpu")
+    assert os.path.isdir(os.path.join(data, "torch_tpu"))
+    # The operator's own choice wins: TPU_WORKER_COMPILATION_CACHE, or TorchTPU's variable itself.
+    own = {"TPU_WORKER_COMPILATION_CACHE": str(tmp_path / "own")}
+    assert (
+        launch.import_env("tpu", "strict", own, data)["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"]
+        == own["TPU_WORKER_COMPILATION_CACHE"]
+    )
+    set_ = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": "/elsewhere"}
+    assert "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT" not in launch.import_env("tpu", "strict", set_, data)
+
+
+def test_a_load_is_warm_when_the_backends_cache_compiled_nothing():
+    from tpu_worker.compiles import compile_cache_report
+
+    class Plat:
+        def __init__(self, stats):
+            self.stats = stats
+
+        def compile_cache_stats(self):
+            return self.stats
+
+        def compile_cache_dir(self):
+            return "/d/torch_tpu"
+
+    before = {"requests": 10, "hits": 0, "compilations": 10}
+    cold = compile_cache_report("/d", 0, Plat({"requests": 40, "hits": 2, "compilations": 38}), before)
+    assert cold["state"] == "cold" and cold["warm"] is False
+    assert cold["backend"] == {"dir": "/d/torch_tpu", "requests": 30, "hits": 2, "compilations": 28, "warm": False}
+    warm = compile_cache_report("/d", 0, Plat({"requests": 40, "hits": 30, "compilations": 10}), before)
+    assert warm["state"] == "warm" and warm["backend"]["warm"] is True
+    # No backend cache (the CPU): inductor's FX graph cache hits alone decide.
+    assert compile_cache_report("/d", 3, Plat(None), None) == {"dir": "/d", "hits": 3, "warm": True, "state": "warm"}
+    assert compile_cache_report(None, 0, Plat(None), None)["state"] == "cold"
 
 
 def test_install_problems_in_words(monkeypatch):

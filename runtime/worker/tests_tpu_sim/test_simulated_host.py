@@ -85,6 +85,41 @@ def test_tpu0_works(tpu_python, catalog_path, sim_host):
         assert w.close() == 0
 
 
+def test_torchtpus_persistent_compile_cache_is_kept_under_the_servers_data_dir(
+    tpu_python, catalog_path, sim_host, tmp_path
+):
+    """Started as the server starts it (--compile-cache data_dir/compile-cache, no override in the
+    environment), the worker on the TPU host points TorchTPU's persistent (tier-3) compile cache
+    under that folder before `import torch` and says so in hello; the cache counts a compiled
+    load's `compile_cache.state` is read from (TorchTPU 0.2.0's private PerfStats) are there."""
+    data = str(tmp_path / "data" / "compile-cache")
+    env = make_env(sim_host)
+    env.pop("TPU_WORKER_COMPILATION_CACHE")
+    w = start(tpu_python, catalog_path, "--device", "tpu:0", "--compile-cache", data, env=env)
+    try:
+        assert w.hello["compile_cache"] == {"dir": data, "backend_dir": os.path.join(data, "torch_tpu")}
+        assert os.path.isdir(os.path.join(data, "torch_tpu"))
+    finally:
+        assert w.close() == 0
+    script = (
+        "import json, torch\n"
+        "from tpu_worker.compiles import compile_cache_report\n"
+        "from tpu_worker.platforms import platform_for\n"
+        "p = platform_for('tpu')\n"
+        "s = p.compile_cache_stats()\n"
+        "print(json.dumps({'stats': s, 'report': compile_cache_report(None, 0, p, s), 'dir': p.compile_cache_dir()}))\n"
+    )
+    env["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = os.path.join(data, "torch_tpu")
+    p = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
+        [tpu_python, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=WORKER_DIR
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["stats"] == {"requests": 0, "hits": 0, "compilations": 0}  # nothing ran on the chip
+    assert out["dir"] == os.path.join(data, "torch_tpu")
+    assert out["report"]["state"] == "cold" and out["report"]["backend"]["warm"] is False
+
+
 def test_memory_and_synchronize_come_from_the_device_not_from_constants(tpu_python, catalog_path, sim_host, tmp_path):
     # The simulated chip has 5 GiB in use and 0.4 s of work queued at every synchronize: a worker
     # that reports total as free, or reads its clock without synchronizing, fails here.

@@ -24,7 +24,7 @@ def _set_import_env(args: argparse.Namespace) -> launch.Binding:
     except ValueError:
         req = ("auto", None)  # the probe refuses it with a clear message after import
     binding = launch.bind_device(req[0], req[1], dict(os.environ))
-    env = {**launch.import_env(req[0], args.tpu_eager, dict(os.environ)), **binding.env}
+    env = {**launch.import_env(req[0], args.tpu_eager, dict(os.environ), args.compile_cache), **binding.env}
     os.environ.update(env)
     return binding
 

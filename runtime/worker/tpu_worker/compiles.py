@@ -10,6 +10,9 @@ TorchTPU would compile too.
 `use_cache_dir` points inductor's FX graph cache (and its other on-disk caches) at a folder the
 server keeps under its data_dir (TPU_WORKER_COMPILE_CACHE), so a restarted worker loads compiled
 graphs from disk instead of compiling them again; `cache_hits` says whether a load was warm.
+TorchTPU keeps a persistent compile cache of its own (tier-3, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT,
+set before `import torch` by launch.import_env, under the same folder); `compile_cache_report`
+says whether a load was warm in either.
 """
 
 from __future__ import annotations
@@ -109,3 +112,21 @@ def cache_hits() -> int:
         return int(counters["inductor"]["fxgraph_cache_hit"])
     except Exception:  # noqa: BLE001
         return 0
+
+
+def compile_cache_report(cache_dir: str | None, inductor_hits: int, plat, backend_before: dict | None) -> dict:
+    """A compiled load's `compile_cache`: where graphs persist, and whether this load found them
+    there (`state` warm or cold). Inductor: warm when its FX graph cache hit. A backend with a
+    cache of its own (TorchTPU: platform.compile_cache_stats): warm when the load's requests
+    cost it no compilation."""
+    warm = inductor_hits > 0
+    out: dict = {"dir": cache_dir, "hits": inductor_hits}
+    after = plat.compile_cache_stats()
+    if backend_before is not None and after is not None:
+        delta = {k: after[k] - backend_before.get(k, 0) for k in after}
+        backend_warm = delta["requests"] > 0 and delta["compilations"] == 0
+        out["backend"] = {"dir": plat.compile_cache_dir(), **delta, "warm": backend_warm}
+        warm = warm or backend_warm
+    out["warm"] = warm
+    out["state"] = "warm" if warm else "cold"
+    return out

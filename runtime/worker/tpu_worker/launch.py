@@ -155,8 +155,10 @@ def take_stdout():
 OPENMP_SPIN = "10000"
 
 
-def import_env(kind: str, tpu_eager: str, environ: dict[str, str]) -> dict[str, str]:
-    """The variables to set before `import torch` for a worker that asks for `kind`."""
+def import_env(kind: str, tpu_eager: str, environ: dict[str, str], compile_cache: str | None = None) -> dict[str, str]:
+    """The variables to set before `import torch` for a worker that asks for `kind`; TorchTPU's
+    persistent (tier-3) compile cache goes under `compile_cache` (--compile-cache, the server's
+    data_dir/compile-cache) unless the environment names one."""
     env: dict[str, str] = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -179,7 +181,7 @@ def import_env(kind: str, tpu_eager: str, environ: dict[str, str]) -> dict[str, 
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # diagnosed in words by the probe instead
         return env
     cache = environ.get("TPU_WORKER_COMPILATION_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "tpu-mcp", "torch_tpu"
+        compile_cache or os.path.join(os.path.expanduser("~"), ".cache", "tpu-mcp"), "torch_tpu"
     )
     if "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT" not in environ:
         os.makedirs(cache, exist_ok=True)

@@ -28,7 +28,7 @@ from .adapters import Adapter, build_adapter, read_config
 from .cancel import CancelToken
 from .catalog import Catalog, CatalogError, Entry, load_catalog
 from .check import run_check
-from .compiles import CompileCounter
+from .compiles import CACHE_ENV, CompileCounter
 from .errors import WorkerError, invalid
 from .kinds import implementation_for
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
@@ -100,6 +100,9 @@ class Worker:
             "execution_mode": self.platform.execution_mode(self.device),
             "eager_mode": self.platform.eager_mode_report(self.device),
             "matmul_precision": self.platform.matmul_precision(self.device),
+            # Where compiled graphs persist across restarts: inductor's (--compile-cache) and the
+            # backend's own (TorchTPU's tier-3 cache), None where none is kept.
+            "compile_cache": {"dir": os.environ.get(CACHE_ENV), "backend_dir": self.platform.compile_cache_dir()},
         }
 
     def label(self, device: torch.device) -> str:

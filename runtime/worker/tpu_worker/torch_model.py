@@ -18,7 +18,7 @@ from .adapters import Adapter, CausalLM
 from .batching import Batcher
 from .bench import run_benchmark
 from .catalog import Entry
-from .compiles import CompileCounter, cache_hits, use_cache_dir
+from .compiles import CompileCounter, cache_hits, compile_cache_report, use_cache_dir
 from .errors import invalid
 from .generation.loop import DecodeLoop
 from .loaders import WeightsInfo
@@ -108,6 +108,7 @@ class TorchModel(Served):
         counter = CompileCounter(entry.id) if compiled else None
         cache_dir = use_cache_dir() if compiled else None
         hits = cache_hits()
+        backend0 = platform_for(device).compile_cache_stats() if compiled else None
         adapter, timings = w.build(entry, lc.info, device, lc.dtype, lc.mode, shapes, ctx.token, counter)
         batcher = make_batcher(entry, adapter, batching, lc.reply_scope)
         plat = platform_for(device)
@@ -142,11 +143,9 @@ class TorchModel(Served):
             "shape_plan": adapter.plan.report() if adapter.plan else None,
         }
         if counter is not None:
-            hit = cache_hits() - hits
             report["graphs_compiled"] = counter.at_load
             report["shapes_warmed"] = warmed
-            # Warm: inductor found compiled graphs on disk (a restarted worker, the same model).
-            report["compile_cache"] = {"dir": cache_dir, "hits": hit, "warm": hit > 0}
+            report["compile_cache"] = compile_cache_report(cache_dir, cache_hits() - hits, plat, backend0)
         return cls(
             entry, adapter, batcher, w.label(device), lc.dtype, lc.mode, estimated, now_iso(), lc.info, report, counter
         )

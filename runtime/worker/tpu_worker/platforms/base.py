@@ -49,6 +49,15 @@ class Platform:
         """The backend's own compile-cache misses so far, where it keeps such a count."""
         return None
 
+    def compile_cache_dir(self) -> str | None:
+        """The backend's own persistent compile cache (TorchTPU's tier-3), None where it keeps none."""
+        return None
+
+    def compile_cache_stats(self) -> dict | None:
+        """The backend's own compile-cache counts so far ({requests, hits, compilations}), None
+        where it keeps none."""
+        return None
+
     def matmul_precision(self, device: torch.device) -> str:
         """The float32 matmul precision actually in force on this device."""
         return torch.get_float32_matmul_precision()

@@ -109,6 +109,26 @@ class TpuPlatform(AcceleratorPlatform):
         except Exception:  # noqa: BLE001
             return None
 
+    def compile_cache_dir(self) -> str | None:
+        # Read by TorchTPU at import (launch.import_env sets it before `import torch`).
+        return os.environ.get("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT")
+
+    def compile_cache_stats(self) -> dict | None:
+        """TorchTPU's PerfStats: cache requests, hits (any tier: in memory, or tier-3 on disk)
+        and the XLA compilations they cost. Private API: None when it is not there."""
+        fn = getattr(getattr(torch, "tpu", None), "_get_cache_stats", None)
+        if fn is None:
+            return None
+        try:
+            s = fn()
+            return {
+                "requests": int(s.num_cache_reqs),
+                "hits": int(s.num_cache_hits),
+                "compilations": int(s.num_compilations),
+            }
+        except Exception:  # noqa: BLE001
+            return None
+
     def matmul_precision(self, device: torch.device) -> str:
         # TorchTPU honours torch.set_float32_matmul_precision; its patched getter reads the
         # runtime's global precision back (medium = DEFAULT, high = HIGH, highest = HIGHEST).
