@@ -47,9 +47,26 @@ const LoadResult = z.object({
     .optional()
     .describe('mode "compile": graphs the warm-up compiled (every shape of the plan)'),
   compile_cache: z
-    .object({ dir: z.string().nullable(), hits: z.number().int(), warm: z.boolean() })
+    .object({
+      dir: z.string().nullable(),
+      hits: z.number().int(),
+      warm: z.boolean(),
+      state: z.enum(["warm", "cold"]).optional(),
+      backend: z
+        .object({
+          dir: z.string().nullable(),
+          requests: z.number().int(),
+          hits: z.number().int(),
+          compilations: z.number().int(),
+          warm: z.boolean(),
+        })
+        .optional()
+        .describe(
+          "the backend's own compile cache (TorchTPU): this load's requests, hits, compilations",
+        ),
+    })
     .optional()
-    .describe("the on-disk compile cache: warm = graphs came from an earlier worker's compile"),
+    .describe("the on-disk compile caches: warm = graphs came from an earlier worker's compile"),
 });
 
 /** What the server and its policies know of load_model (policies/tool_policy.ts). */
