@@ -255,6 +255,13 @@ describe("OpenTelemetry traces", () => {
     const prefill = named(spans, "worker.prefill")!;
     const decode = named(spans, "worker.decode")!;
     expect(prefill.endNs <= decode.startNs).toBe(true);
+    // Where the time to first token went: waiting behind other joiners' forwards, then its own.
+    const wait = named(spans, "worker.prefill.wait")!;
+    const own = named(spans, "worker.prefill.forward")!;
+    expect(wait.attributes["tpu_mcp.forwards_ahead"]).toBe(0);
+    expect(own.attributes["tpu_mcp.shape"]).toMatch(/^prefill \d+x\d+$/);
+    expect(prefill.startNs <= wait.startNs && wait.endNs <= own.startNs).toBe(true);
+    expect(own.endNs <= prefill.endNs).toBe(true);
     expect(decode.attributes["tpu_mcp.new_tokens"]).toBe(
       (r.structuredContent as { new_tokens: number[] }).new_tokens[0],
     );

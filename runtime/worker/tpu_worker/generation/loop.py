@@ -310,8 +310,8 @@ class DecodeLoop(Inbox):
             waiting[id(r)] -= 1
             if waiting[id(r)] == 0:  # its last sequence prefilled: its first tokens are all out
                 r.t_first = now
-                span_since(r.trace, "prefill", "w.taken", batched_with=len({id(q.req) for q in part}))
                 span_since(r.trace, "prefill.forward", "w.prefill", shape=_shape_text(fwd.shape))
+                span_since(r.trace, "prefill", "w.taken", batched_with=len({id(q.req) for q in part}))
                 _stamp(r, "w.first_token")
         self._rows.extend(part)
         self._last.extend(ids)
