@@ -243,7 +243,22 @@ describe("the server's stores on a shared backend", () => {
       expect(work).toBeDefined();
       // A measures this very work at 40 s (its calls are written once a second; close writes them).
       await sa.reports.recordCall({ ...work!, seconds: 40, at: Date.now() });
+      // A plain check measured on A warms A's workers, not B's: B's first one is still cold.
+      const check = { model: "tiny-gpt2", plain: true, batch: 1, seq_len: 8 };
+      let checked: EstimatedWork | undefined;
+      await estimateFor(
+        { estimate: "check" },
+        check,
+        ctx(sa.reports, (w) => (checked = w)),
+      );
+      await sa.reports.recordCall({ ...checked!, seconds: 0.5, at: Date.now() });
+      expect(await estimateFor({ estimate: "check" }, check, ctx(sa.reports))).not.toHaveProperty(
+        "cold_start",
+      );
       await sa.close();
+      expect(await estimateFor({ estimate: "check" }, check, ctx(sb.reports))).toMatchObject({
+        cold_start: true,
+      });
       const learned = await estimateFor({ estimate: "inference" }, args, ctx(sb.reports));
       expect(modelled!.device_seconds).toBeLessThan(40);
       expect(learned!.device_seconds).toBe(40);

@@ -48,15 +48,20 @@ export interface Reports {
   recordCall(call: CallRecord): Promise<void>;
   /** The newest measured calls of a model on a device kind. */
   calls(model: string, device: string): Promise<CallRecord[]>;
-  /** When this process opened the store (ms since the epoch): calls since then ran on its workers. */
-  readonly openedAt: number;
+  /**
+   * Whether this process measured a call of `kind` of the model on the device kind since it
+   * opened the store (its workers ran one: a model's first check on a fresh worker is cold).
+   * Another process's calls, in a shared store, say nothing of this one's workers.
+   */
+  measuredHere(model: string, device: string, kind: CallRecord["kind"]): boolean;
   close(): void | Promise<void>;
 }
 
 export class SqliteReports implements Reports {
   private readonly db: SqliteDb;
   private readonly owned: boolean;
-  readonly openedAt = Date.now();
+  /** When this process opened the store: calls since then ran on its workers (one per data dir). */
+  private readonly openedAt = Date.now();
   constructor(pathOrDb: string | SqliteDb) {
     ({ db: this.db, owned: this.owned } = resolveDb(pathOrDb));
     this.db.exec(`CREATE TABLE IF NOT EXISTS benchmark_reports (
@@ -142,6 +147,10 @@ export class SqliteReports implements Reports {
     condense(list);
     this.pendingCalls.push(call);
     if (this.pendingCalls.length === 1) setTimeout(this.flushCalls, 1000).unref();
+  }
+
+  measuredHere(model: string, device: string, kind: CallRecord["kind"]): boolean {
+    return this.callList(model, device).some((c) => c.kind === kind && c.at >= this.openedAt);
   }
 
   /** Newest first; of one work only the newest few, so an estimate reads few on the hot path. */

@@ -34,6 +34,7 @@ function callFacts(
   tool: Pick<ToolPolicy, "estimate">,
   args: Record<string, any>,
   ctx: ToolServices,
+  deviceKind: string,
   calls: CallRecord[],
 ): Omit<EstimateInput, "device" | "loaded" | "history"> | undefined {
   const kind = tool.estimate;
@@ -56,7 +57,7 @@ function callFacts(
   if (
     kind === "check" &&
     args.plain === true &&
-    !calls.some((c) => c.kind === "check" && c.at >= ctx.reports.openedAt)
+    !ctx.reports.measuredHere(entry.id, deviceKind, "check")
   )
     args = { ...args, cold: true };
   // How the model is loaded, from what the runtime observed (no worker call on the hot path).
@@ -107,7 +108,7 @@ export async function estimateFor(
     ctx.reports.calls(entry.id, deviceKind),
     ctx.reports.history(entry.id, deviceKind),
   ]);
-  const facts = callFacts(tool, args, ctx, calls)!;
+  const facts = callFacts(tool, args, ctx, deviceKind, calls)!;
   const tensor = entry.task === "tensor";
   const history = measuredHistory.map((h) => ({
     model: entry.id,

@@ -24,7 +24,8 @@ interface Cached<T> {
 }
 
 export class PgReports implements Reports {
-  readonly openedAt = Date.now();
+  /** What this replica measured itself: `model\0device\0kind`. */
+  private readonly here = new Set<string>();
   private readonly historyCache = new Map<string, Cached<HistoryRecord[]>>();
   private readonly callCache = new Map<string, Cached<CallRecord[]>>();
   private pendingCalls: CallRecord[] = [];
@@ -97,11 +98,17 @@ export class PgReports implements Reports {
   }
 
   async recordCall(call: CallRecord): Promise<void> {
+    this.here.add(`${call.model}\u0000${call.device}\u0000${call.kind}`);
     const list = await this.calls(call.model, call.device);
     list.unshift({ ...call, key: workKey(call.kind, call.work) });
     condense(list);
     this.pendingCalls.push(call);
     if (this.pendingCalls.length === 1) setTimeout(() => void this.flushCalls(), 1000).unref();
+  }
+
+  /** Only this replica's own calls: another replica's ran on its workers, not on these. */
+  measuredHere(model: string, device: string, kind: CallRecord["kind"]): boolean {
+    return this.here.has(`${model}\u0000${device}\u0000${kind}`);
   }
 
   /** Newest first; of one work only the newest few (what SQLite's answers). */
