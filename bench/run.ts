@@ -456,8 +456,15 @@ async function main() {
 
   // Calls per second through HAProxy with 1 and 3 replicas on one machine (issue 30).
   if (want("replicas")) {
-    say("replicas (calls/s through HAProxy: 1 and 3 tpu-mcp replicas)…");
-    results.replicas = await runReplicas({ rounds: q(5, 2), callers: 8, per: q(40, 10) });
+    say(
+      "replicas (the shared store per call: admission and run_inference on Postgres against SQLite; calls/s through HAProxy with 1 and 3 replicas on Postgres)…",
+    );
+    results.replicas = await runReplicas({
+      rounds: q(5, 2),
+      callers: 8,
+      per: q(40, 10),
+      calls: q(200, 60),
+    });
   }
 
   // Estimates against what the gate charged, on a fresh and on a warm data dir of their own.

@@ -12,13 +12,13 @@ import { join } from "node:path";
 import { SqliteAuditLog } from "../policies/audit.js";
 import { SqliteBudgetLedger } from "../policies/limits/budget.js";
 import { openStoreDb } from "../policies/sqlite.js";
-import { openPool } from "../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../server/app/postgres/pool.js";
 import { migrate } from "../server/app/postgres/schema.js";
 import { PgAuditTrail } from "../server/app/postgres/audit.js";
 import { PgBudget } from "../server/app/postgres/budget.js";
 import { startPostgres } from "../test/helpers/postgres.js";
 import { section, type SectionResult } from "./lib/report.js";
-import { fmt, summarize } from "./lib/stats.js";
+import { fmt, summarize, type Summary } from "./lib/stats.js";
 
 const BIG = 1e12; // a budget no call reaches: the cost of admission, not of a refusal
 
@@ -38,19 +38,22 @@ async function timed(n: number, fn: (i: number) => Promise<void> | void): Promis
   return out;
 }
 
-export async function runStore(opts: { calls: number }): Promise<SectionResult> {
-  const s = section("store");
-  const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-bench-store-"));
-  const pg = await startPostgres();
-  const pools = [0, 1, 2].map(() => openPool(pg.url, { max: 8 }));
+/**
+ * One call's budget admission and settlement, one after another, `n` times on SQLite (a ledger
+ * in a temporary policy.db) and on the Postgres behind `pool` (this process as replica `replica`):
+ * the per-call cost of the shared store's admission, side by side. bench/replicas.ts runs it on
+ * its deployment's database.
+ */
+export async function admissionCost(
+  pool: PgPool,
+  n: number,
+  replica = "bench",
+): Promise<{ sqlite: Summary; pg: Summary }> {
+  const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-bench-admit-"));
   const db = openStoreDb(join(dir, "policy.db"));
+  const ledger = new SqliteBudgetLedger(db, { device_seconds_per_window: BIG, window_s: 3600 });
+  const budget = new PgBudget(pool, { limitS: BIG, windowS: 3600, replica });
   try {
-    await migrate(pools[0]!);
-    const ledger = new SqliteBudgetLedger(db, { device_seconds_per_window: BIG, window_s: 3600 });
-    const audit = new SqliteAuditLog(db, {});
-    const budget = new PgBudget(pools[0]!, { limitS: BIG, windowS: 3600, replica: "a" });
-    const chain = await PgAuditTrail.open(pools[0]!, { replica: "a", refusalWindowMs: 0 });
-    const n = opts.calls;
     // What the gate does per call on SQLite: admit (check and hold), then settle the charge.
     const sqliteAdmitSettle = async () => {
       const got = await ledger.admit([{ key: "alice", need: 0.01 }]);
@@ -61,18 +64,35 @@ export async function runStore(opts: { calls: number }): Promise<SectionResult> 
       await sqliteAdmitSettle();
       await admitSettle(budget);
     }
-    const sqliteAdmit = summarize(
+    const sqlite = summarize(
       await timed(n, async () => {
         await sqliteAdmitSettle();
         // The batched charge row is written in the next turn: included, as a call pays it.
         await new Promise((r) => setImmediate(r));
       }),
     );
-    const pgAdmit = summarize(
-      await timed(n, async () => {
-        await admitSettle(budget);
-      }),
-    );
+    const pg = summarize(await timed(n, () => admitSettle(budget)));
+    return { sqlite, pg };
+  } finally {
+    budget.close();
+    ledger.close();
+    if (db.open) db.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+export async function runStore(opts: { calls: number }): Promise<SectionResult> {
+  const s = section("store");
+  const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-bench-store-"));
+  const pg = await startPostgres();
+  const pools = [0, 1, 2].map(() => openPool(pg.url, { max: 8 }));
+  const db = openStoreDb(join(dir, "policy.db"));
+  try {
+    await migrate(pools[0]!);
+    const audit = new SqliteAuditLog(db, {});
+    const chain = await PgAuditTrail.open(pools[0]!, { replica: "a", refusalWindowMs: 0 });
+    const n = opts.calls;
+    const { sqlite: sqliteAdmit, pg: pgAdmit } = await admissionCost(pools[0]!, n, "a");
     const record = (i: number) => ({
       time: new Date().toISOString(),
       principal: "alice",
@@ -135,8 +155,6 @@ export async function runStore(opts: { calls: number }): Promise<SectionResult> 
       );
       s.fig(`pg_calls_per_s_${replicas}`, rate);
     }
-    budget.close();
-    ledger.close();
     audit.close();
   } finally {
     if (db.open) db.close();

@@ -223,7 +223,7 @@ describe("an approval across replicas", () => {
     };
   }
 
-  it("requested through A, listed and approved through B's console, runs once through C; a second use is refused", async () => {
+  it("requested through A, listed and approved through B's console, runs once through C; a second use is refused, and a first use raced over the replicas runs once", async () => {
     const [a, b, c] = [byName("a"), byName("b"), byName("c")];
     const args = input(424242);
     const clients = await Promise.all([a, b, c].map((r) => connectModernHttp(r.url, TOKENS.asker)));
@@ -248,12 +248,25 @@ describe("an approval across replicas", () => {
       for (const r of again) expect(errorOf(r)?.code).toBe("approval_used");
       const history = await op.get("approvals");
       expect(history.history.find((h: { id: string }) => h.id === id)?.status).toBe("used");
-      // One run: one `executed` record of the asker's inference on the shared trail.
+
+      // A second approval, its first use raced through the three replicas at once: each reads it
+      // approved, and the store's decide-once lets one of them run it.
+      const args2 = input(434343);
+      const asked2 = await callModern(onB!.client, "run_inference", args2);
+      const id2 = errorOf(asked2)!.details.approval_id as string;
+      expect((await op.post(`approvals/${id2}/approve`)).status).toBe(200);
+      const raced = await Promise.all(
+        clients.map((x) => callModern(x.client, "run_inference", { ...args2, approval_id: id2 })),
+      );
+      expect(raced.filter((r) => !r.isError)).toHaveLength(1);
+      for (const r of raced.filter((x) => x.isError))
+        expect(errorOf(r)?.code, JSON.stringify(r.content)).toBe("approval_used");
+      // Two runs in all, one per approval: two `executed` records of the asker's inference.
       const executed = await sql(
         `SELECT record FROM audit_records WHERE record LIKE '%"principal":"asker"%'
            AND record LIKE '%"outcome":"executed"%'`,
       );
-      expect(executed).toHaveLength(1);
+      expect(executed).toHaveLength(2);
     } finally {
       await Promise.all(clients.map((x) => x.close()));
     }
