@@ -52,9 +52,9 @@ export interface WorkerRuntimeOptions {
   cancelGraceMs?: number;
   /**
    * How long a call the gate stopped may take to end in the worker (default 8 s, under the
-   * gate's own 10 s): its answer (a benchmark's partial report) is waited for, since the budget
-   * charged it up to the stop; a worker still running it after this ignores cancels, and is
-   * restarted.
+   * gate's own 10 s; config `runtime.stop_grace_s`): its answer (a benchmark's partial report) is
+   * waited for, since the budget charged it up to the stop; a worker still running it after this
+   * ignores cancels, and is restarted.
    */
   stopGraceMs?: number;
   restartBackoffBaseMs?: number;

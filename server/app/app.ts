@@ -405,7 +405,12 @@ export async function createApp(
     notices,
     reload: (by) => reloader.reload(by),
     onClose: (name, fn) => hooks.add(name, fn),
-    close: () => hooks.run(),
+    // The open refusal windows' aggregates first: stopping the workers can take seconds, and a
+    // host that kills a slow shutdown (an MCP client ends stdio, then signals) must not lose them.
+    close: async () => {
+      await audit.flushRefusals().catch((err) => logger.error({ err }, "audit flush failed"));
+      await hooks.run();
+    },
     ready,
   };
   return app;

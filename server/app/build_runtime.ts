@@ -55,6 +55,7 @@ export function baseRuntimeOptions(config: ServerConfig, logger: Logger): Worker
     requestTimeoutMs: rt.request_timeout_s * 1000,
     heartbeatIntervalMs: rt.heartbeat_interval_s * 1000,
     heartbeatTimeoutMs: rt.heartbeat_timeout_s * 1000,
+    stopGraceMs: rt.stop_grace_s * 1000,
     maxRestartsInWindow: rt.max_restarts,
     restartWindowMs: rt.restart_window_s * 1000,
     logger,

@@ -182,6 +182,12 @@ export const ServerConfigSchema = z
         request_timeout_s: z.number().positive().max(86_400).default(600),
         heartbeat_interval_s: z.number().positive().default(5),
         heartbeat_timeout_s: z.number().positive().default(20),
+        /**
+         * How long a call the gate stopped (budget, timeout) may take to end in the worker before
+         * the worker is restarted (its other calls with it). The caller is answered after the
+         * gate's own 10 s either way; a slow host may give its workers longer to confirm.
+         */
+        stop_grace_s: z.number().positive().max(600).default(8),
         max_restarts: z.number().int().min(0).default(5),
         restart_window_s: z.number().positive().default(60),
         /**

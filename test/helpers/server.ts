@@ -6,6 +6,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import Database from "better-sqlite3";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import {
   getDefaultEnvironment,
@@ -54,6 +55,12 @@ export function writeConfig(
   dir = mkdtempSync(join(tmpdir(), "tpu-mcp-")),
 ): string {
   const file = join(dir, "config.json");
+  // A worker starved of CPU answers its heartbeat, and confirms a stopped call, late, not never:
+  // not restarted for it here, also under a test's own runtime section unless it sets its own.
+  const heartbeat = {
+    heartbeat_timeout_s: Math.round(20 * slowdown()),
+    stop_grace_s: Math.round(8 * slowdown()),
+  };
   const config: Record<string, unknown> = {
     data_dir: join(dir, "data"),
     log_level: "warn",
@@ -61,8 +68,7 @@ export function writeConfig(
       python: join(ROOT, ".venv/bin/python"),
       catalog: join(ROOT, "runtime/catalog.builtin.json"),
       device: "cpu",
-      // A worker starved of CPU answers its heartbeat late, not never: not killed for it here.
-      heartbeat_timeout_s: Math.round(20 * slowdown()),
+      ...heartbeat,
     },
     // Not about approvals: the one line that turns the default rules off (a test that is passes
     // its own policy).
@@ -72,6 +78,7 @@ export function writeConfig(
     },
     ...extra,
   };
+  if (extra.runtime) config.runtime = { ...heartbeat, ...(extra.runtime as object) };
   // The soft deadline (45 s) hands a call over as a job before a client's 60 s timeout; these
   // clients wait scaled(60 s), so a call that is slow only because the machine is loaded is
   // answered, not handed over (a load_model handed over left the next calls model_not_loaded).
@@ -195,6 +202,38 @@ export async function connectHttp(
   const client = scaledRequests(new Client({ name: "tpu-mcp-test", version: "0.0.0" }, clientOpts));
   await client.connect(transport);
   return { client, transport, close: () => client.close() };
+}
+
+/**
+ * Until every admitted call of a server on `dataDir` has been charged (policy.db's
+ * calls_in_flight is empty) and its worker is ready (/readyz answers 200). A call stopped by its
+ * budget is answered at once but charged when the worker has stopped its work; a worker that
+ * does not confirm within the runtime's stop grace (a loaded machine) is then replaced, and a
+ * call made meanwhile is answered worker_died or worker_unavailable, which says nothing of what a
+ * test asks.
+ */
+export async function stoppedWorkSettled(
+  server: Pick<HttpServerProc, "url">,
+  dataDir: string,
+): Promise<void> {
+  const readyz = new URL("/readyz", server.url);
+  const until = Date.now() + scaled(120_000);
+  const uncharged = () => {
+    const db = new Database(join(dataDir, "policy.db"), { readonly: true, fileMustExist: true });
+    try {
+      return (db.prepare("SELECT count(*) AS n FROM calls_in_flight").get() as { n: number }).n;
+    } finally {
+      db.close();
+    }
+  };
+  for (;;) {
+    const left = uncharged();
+    const ready = left === 0 && (await fetch(readyz).catch(() => null))?.status === 200;
+    if (ready) return;
+    if (Date.now() > until)
+      throw new Error(`not settled: ${left} call(s) uncharged, or the worker is not ready`);
+    await new Promise((res) => setTimeout(res, 200));
+  }
 }
 
 /** A raw JSON-RPC initialize request, for tests that speak HTTP or stdio without the SDK. */
