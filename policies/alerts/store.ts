@@ -47,6 +47,25 @@ export interface AlertStore {
 /** The latch key of a rule and a subject. */
 export const latchKey = (rule: string, subject: string) => JSON.stringify([rule, subject]);
 
+/**
+ * An alert's column values in the stores' order (id, rule, kind, subject, principal, message,
+ * fired_ms, quiet_until_ms, action, details): SQLite's and Postgres's inserts take the same.
+ */
+export function alertColumns(a: AlertRecord): (string | number | null)[] {
+  return [
+    a.id,
+    a.rule,
+    a.kind,
+    a.subject,
+    a.principal,
+    a.message,
+    Date.parse(a.fired_at),
+    Date.parse(a.quiet_until),
+    a.action,
+    JSON.stringify(a.details),
+  ];
+}
+
 /** Alerts kept; older ones are deleted as new ones come. */
 const KEEP = 10_000;
 
@@ -112,18 +131,7 @@ export class SqliteAlertStore implements AlertStore {
     // The check and the insert in one write transaction: another process on the file waits.
     const claim = this.db.transaction(() => {
       if (this.stmts.isQuiet.get(a.rule, a.subject, fired) !== undefined) return false;
-      this.stmts.insert.run(
-        a.id,
-        a.rule,
-        a.kind,
-        a.subject,
-        a.principal,
-        a.message,
-        fired,
-        Date.parse(a.quiet_until),
-        a.action,
-        JSON.stringify(a.details),
-      );
+      this.stmts.insert.run(...alertColumns(a));
       this.stmts.prune.run(KEEP);
       return true;
     });

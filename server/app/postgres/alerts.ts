@@ -4,7 +4,12 @@
 // under the (rule, subject)'s advisory lock it stores the alert only while no alert of that rule
 // and subject is still quiet, and says whether it did (the replica that lost the race does not
 // fire). The newest 10,000 alerts are kept.
-import { latchKey, type AlertRecord, type AlertStore } from "../../../policies/alerts/store.js";
+import {
+  alertColumns,
+  latchKey,
+  type AlertRecord,
+  type AlertStore,
+} from "../../../policies/alerts/store.js";
 import { inTransaction, type PgPool } from "./pool.js";
 
 /** Alerts kept; older ones are deleted as new ones come. */
@@ -48,18 +53,7 @@ export class PgAlerts implements AlertStore {
         `INSERT INTO alerts (id, rule, kind, subject, principal, message, fired_ms, quiet_until_ms,
            action, details)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-        [
-          a.id,
-          a.rule,
-          a.kind,
-          a.subject,
-          a.principal,
-          a.message,
-          fired,
-          Date.parse(a.quiet_until),
-          a.action,
-          JSON.stringify(a.details),
-        ],
+        alertColumns(a),
       );
       await c.query(
         "DELETE FROM alerts WHERE seq <= (SELECT seq FROM alerts ORDER BY seq DESC LIMIT 1 OFFSET $1)",
