@@ -27,6 +27,26 @@ export default tseslint.config(
     },
   },
   {
+    // The storage port is asynchronous: a promise nobody awaits or catches is a lost write or an
+    // unhandled rejection (which ends the process), and one given where a plain value is expected
+    // is always truthy.
+    files: [
+      "server/**/*.ts",
+      "tools/**/*.ts",
+      "policies/**/*.ts",
+      "runtime/**/*.ts",
+      "lib/**/*.ts",
+    ],
+    languageOptions: {
+      parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname },
+    },
+    rules: {
+      "@typescript-eslint/no-floating-promises": "error",
+      "@typescript-eslint/no-misused-promises": "error",
+      "@typescript-eslint/await-thenable": "error",
+    },
+  },
+  {
     files: ["test/**", "bench/**", "scripts/**"],
     rules: { "no-console": "off" },
   },

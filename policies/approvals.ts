@@ -111,7 +111,8 @@ export class SqliteApprovalStore implements ApprovalQueue {
       // A read-only handle on a store from an older version: the queries work without them.
       if (!this.db.readonly) throw e;
     }
-    this.prune();
+    // In the constructor's own turn: a failure is the constructor's, not an unhandled rejection.
+    this.pruneNow();
   }
 
   private toRecord(r: Row, now = this.clock()): ApprovalRecord {

@@ -125,7 +125,7 @@ export class BudgetLines {
     // theirs moved (SQLite has no other process: it has no shareMeter).
     ledger.shareMeter?.({
       excess: () => new Map([...this.running.keys()].map((k) => [k, this.excess(k)])),
-      lookAgain: (keys) => this.rearm(keys.map((key) => ({ key }))),
+      lookAgain: (keys) => void this.rearm(keys.map((key) => ({ key }))),
     });
   }
 
@@ -196,7 +196,7 @@ export class BudgetLines {
     }));
     const got = await this.ledger.admit(lines);
     if (!got.ok) throw this.refusal(principal, keys[got.index], lines[got.index].need, got.check);
-    this.rearm(keys);
+    void this.rearm(keys);
     return this.reservation(got.hold, keys, tool, estimate);
   }
 
@@ -212,7 +212,7 @@ export class BudgetLines {
         if (done) return;
         done = true;
         await hold.release();
-        this.rearm(keys);
+        void this.rearm(keys);
       },
       settle: async (seconds) => {
         if (done) return;
@@ -220,7 +220,7 @@ export class BudgetLines {
         await hold.settle(
           keys.map((l) => ({ key: l.key, amount: this.measured(l, seconds, estimate), tool })),
         );
-        this.rearm(keys);
+        void this.rearm(keys);
       },
     };
   }
@@ -342,7 +342,7 @@ export class BudgetLines {
             this.running.delete(key);
           }
         }
-        this.rearm(run.keys);
+        void this.rearm(run.keys);
       },
     };
   }
@@ -391,7 +391,7 @@ export class BudgetLines {
       .catch(() => {
         // The ledger could not be read: look again shortly (the calls run on meanwhile).
         if (this.running.get(key) !== line || line.timer) return;
-        line.timer = setTimeout(() => this.arm(key), 1000);
+        line.timer = setTimeout(() => void this.arm(key), 1000);
         line.timer.unref?.();
       });
     line.arming = look;
@@ -427,7 +427,10 @@ export class BudgetLines {
         // Looked at again when it fires: a charge may have left the window meanwhile.
         const at = now + inMs;
         line.dueMs = at;
-        line.timer = setTimeout(() => this.arm(key, at), Math.min(MAX_TIMER_MS, Math.ceil(inMs)));
+        line.timer = setTimeout(
+          () => void this.arm(key, at),
+          Math.min(MAX_TIMER_MS, Math.ceil(inMs)),
+        );
         line.timer.unref?.();
         return;
       }
@@ -468,7 +471,7 @@ export class BudgetLines {
     const keys = this.lines(principal, tool, estimate);
     for (const l of keys)
       await this.ledger.charge(l.key, this.measured(l, seconds, estimate), tool);
-    this.rearm(keys);
+    void this.rearm(keys);
   }
 }
 

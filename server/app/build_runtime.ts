@@ -153,8 +153,11 @@ export function buildRuntime(
   const fleet = ray ? attachRayFleet(pool, config, logger) : undefined;
   // Eager start: the expansion (inventory) and every worker begin with the server.
   if (config.runtime.start === "eager" && !(ray && mode === "single"))
-    setImmediate(() =>
-      pool.start().catch((e: unknown) => logger.error({ err: String(e) }, "pool start failed")),
+    setImmediate(
+      () =>
+        void pool
+          .start()
+          .catch((e: unknown) => logger.error({ err: String(e) }, "pool start failed")),
     );
   return fleet ? { pool, fleet: { fleet, state: () => fleet.summary(ray!.address) } } : { pool };
 }

@@ -397,8 +397,8 @@ export async function openServerStores(
     async close() {
       consoleSessions.close();
       channel.close();
-      await jobs.close();
-      await reports.close();
+      jobs.close();
+      reports.close();
     },
   };
 }

@@ -636,6 +636,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     await route(req, res);
   }
 
+  // eslint-disable-next-line @typescript-eslint/no-misused-promises -- it catches every error itself
   const http = createServer(async (req, res) => {
     const path = (req.url ?? "/").split("?")[0];
     try {

@@ -97,19 +97,20 @@ export function runAsJob(
     // being written is the job's. A store that cannot write it fails the call, and the work
     // stops (nobody could collect it).
     const handOut = (message: (jobId: string) => string) => {
-      answer(() =>
-        adopt().then(
-          ({ job_id }) => {
-            handedOut = true;
-            input.signal.removeEventListener("abort", onCallerAbort);
-            resolve({ job_id, status: "running", message: message(job_id) });
-          },
-          (e: unknown) => {
-            ctl.abort(e);
-            jobCtl.abort(e);
-            reject(e);
-          },
-        ),
+      answer(
+        () =>
+          void adopt().then(
+            ({ job_id }) => {
+              handedOut = true;
+              input.signal.removeEventListener("abort", onCallerAbort);
+              resolve({ job_id, status: "running", message: message(job_id) });
+            },
+            (e: unknown) => {
+              ctl.abort(e);
+              jobCtl.abort(e);
+              reject(e);
+            },
+          ),
       );
     };
     const follow = (id: string) => `follow it with get_job (job_id ${id}), stop it with cancel_job`;
