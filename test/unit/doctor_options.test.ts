@@ -28,6 +28,7 @@ const config = parseConfig(
       request_timeout_s: 77,
       heartbeat_interval_s: 7,
       heartbeat_timeout_s: 33,
+      stop_grace_s: 44,
       max_restarts: 9,
       restart_window_s: 99,
     },
@@ -58,6 +59,7 @@ describe("the doctors' worker options", () => {
       `${config.paths.data_dir}/compile-cache`,
     ]);
     expect(doctor.heartbeatTimeoutMs).toBe(33_000);
+    expect(doctor.stopGraceMs).toBe(44_000);
   });
 
   it("`tpu-mcp doctor --tpu` adds only the chip and its eager mode", () => {
