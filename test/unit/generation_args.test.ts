@@ -35,12 +35,16 @@ const infer = tools.find((t) => t.name === "run_inference")! as ToolDefinition<a
 const bench = tools.find((t) => t.name === "run_benchmark")! as ToolDefinition<any, any>;
 
 /** Schema, then every per-model check: what dispatch runs before the gate. */
-function check(tool: ToolDefinition<any, any>, args: Record<string, unknown>): string | null {
+/** Dispatch awaits a tool's validate (run_benchmark's is asynchronous): so does this check. */
+async function check(
+  tool: ToolDefinition<any, any>,
+  args: Record<string, unknown>,
+): Promise<string | null> {
   const parsed = tool.input.safeParse(args);
   if (!parsed.success)
     return parsed.error.issues.map((i: { path: PropertyKey[] }) => i.path.join(".")).join(",");
   try {
-    tool.validate?.(parsed.data, {} as any);
+    await tool.validate?.(parsed.data, {} as any);
     return null;
   } catch (e) {
     return (e as Error).message;
@@ -63,13 +67,13 @@ describe("run_inference generation arguments: refused before the gate", () => {
     [{ stop: ["x".repeat(65)] }, /stop\.0/],
     [{ logprobs: 6 }, /logprobs/],
     [{ max_new_tokens: 65 }, /max_new_tokens/],
-  ])("%j", (extra, want) => {
-    expect(check(infer, { ...ok, ...extra })).toMatch(want);
+  ])("%j", async (extra, want) => {
+    expect(await check(infer, { ...ok, ...extra })).toMatch(want);
   });
 
-  it("accepts every parameter at its bounds", () => {
+  it("accepts every parameter at its bounds", async () => {
     expect(
-      check(infer, {
+      await check(infer, {
         ...ok,
         temperature: 2,
         top_p: 1,
@@ -82,42 +86,44 @@ describe("run_inference generation arguments: refused before the gate", () => {
     ).toBeNull();
   });
 
-  it("applies a catalog entry's own logprobs bound", () => {
-    expect(check(infer, { model: "tiny-gpt2-lp1", texts: ["a"], logprobs: 1 })).toBeNull();
-    expect(check(infer, { model: "tiny-gpt2-lp1", texts: ["a"], logprobs: 2 })).toBe(
+  it("applies a catalog entry's own logprobs bound", async () => {
+    expect(await check(infer, { model: "tiny-gpt2-lp1", texts: ["a"], logprobs: 1 })).toBeNull();
+    expect(await check(infer, { model: "tiny-gpt2-lp1", texts: ["a"], logprobs: 2 })).toBe(
       "logprobs: tiny-gpt2-lp1 allows at most 1",
     );
   });
 
-  it("takes texts or messages, not both, and messages only for generation models", () => {
+  it("takes texts or messages, not both, and messages only for generation models", async () => {
     const messages = [{ role: "user", content: "hi" }];
-    expect(check(infer, { model: "tiny-gpt2", messages })).toBeNull();
-    expect(check(infer, { model: "tiny-gpt2", texts: ["a"], messages })).toMatch(
+    expect(await check(infer, { model: "tiny-gpt2", messages })).toBeNull();
+    expect(await check(infer, { model: "tiny-gpt2", texts: ["a"], messages })).toMatch(
       /texts or messages, not both/,
     );
-    expect(check(infer, { model: "all-minilm-l6-v2", messages })).toMatch(
+    expect(await check(infer, { model: "all-minilm-l6-v2", messages })).toMatch(
       /^messages: only text-generation models take it/,
     );
-    expect(check(infer, { model: "all-minilm-l6-v2", texts: ["a"], seed: 1 })).toMatch(
+    expect(await check(infer, { model: "all-minilm-l6-v2", texts: ["a"], seed: 1 })).toMatch(
       /^seed: only text-generation models/,
     );
-    expect(check(infer, { model: "tiny-gpt2", messages: [{ role: "tool", content: "x" }] })).toBe(
-      "messages.0.role",
-    );
+    expect(
+      await check(infer, { model: "tiny-gpt2", messages: [{ role: "tool", content: "x" }] }),
+    ).toBe("messages.0.role");
     const long = [
       { role: "user", content: "x".repeat(1500) },
       { role: "assistant", content: "y".repeat(1500) },
     ];
-    expect(check(infer, { model: "tiny-gpt2", messages: long })).toMatch(
+    expect(await check(infer, { model: "tiny-gpt2", messages: long })).toMatch(
       /^messages: tiny-gpt2 takes at most 2048 characters of content per conversation, got 3000/,
     );
   });
 
-  it("run_benchmark samples only generate work", () => {
+  it("run_benchmark samples only generate work", async () => {
     const b = { model: "tiny-gpt2", work: "generate", temperature: 0.7, seed: 3 };
-    expect(check(bench, b)).toBeNull();
-    expect(check(bench, { ...b, work: "forward" })).toMatch(/^temperature: only work "generate"/);
-    expect(check(bench, { ...b, temperature: 3 })).toBe("temperature");
+    expect(await check(bench, b)).toBeNull();
+    expect(await check(bench, { ...b, work: "forward" })).toMatch(
+      /^temperature: only work "generate"/,
+    );
+    expect(await check(bench, { ...b, temperature: 3 })).toBe("temperature");
   });
 });
 
