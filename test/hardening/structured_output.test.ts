@@ -10,7 +10,7 @@ import type { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { callModern, connectModernStdio } from "../helpers/modern.js";
-import { scaled } from "../helpers/calibrate.js";
+import { scaled, slowdown } from "../helpers/calibrate.js";
 import {
   CHOICES,
   PERSON_TOKENS,
@@ -35,7 +35,13 @@ const config = () =>
   writeConfig({
     policy: {
       approvals: { rules: [] },
-      limits: { rate_limit: { per_principal_per_minute: 6000 }, soft_deadline_s: 0 },
+      limits: {
+        rate_limit: { per_principal_per_minute: 6000 },
+        soft_deadline_s: 0,
+        // Not about budgets: eight generations at once are each charged their wall time, and
+        // on a loaded machine the 2 × 150 answers spent the default hour (3,600 s) midway.
+        budget: { device_seconds_per_window: Math.round(3600 * slowdown()) },
+      },
     },
   });
 
