@@ -18,6 +18,7 @@ import {
   DEMO_TOKENS,
   cli,
   stoppedWorkSettled,
+  workerGrace,
 } from "../helpers/server.js";
 import { EXTEND_FACTOR } from "../../lib/benchmark_defaults.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
@@ -386,6 +387,7 @@ describe("soft deadline and one deadline per call", () => {
         catalog,
         device: "cpu",
         request_timeout_s: 3,
+        ...workerGrace(),
       },
     },
     dir,

@@ -49,6 +49,14 @@ export async function cli(config: string, ...args: string[]) {
   }
 }
 
+/** The runtime's heartbeat timeout and stop grace, scaled with this machine's slowdown. */
+export function workerGrace(): { heartbeat_timeout_s: number; stop_grace_s: number } {
+  return {
+    heartbeat_timeout_s: Math.round(20 * slowdown()),
+    stop_grace_s: Math.round(8 * slowdown()),
+  };
+}
+
 /** Writes a config file in a fresh temp dir (its own data_dir) and returns its path. */
 export function writeConfig(
   extra: Record<string, unknown> = {},
@@ -56,11 +64,8 @@ export function writeConfig(
 ): string {
   const file = join(dir, "config.json");
   // A worker starved of CPU answers its heartbeat, and confirms a stopped call, late, not never:
-  // not restarted for it here, also under a test's own runtime section unless it sets its own.
-  const heartbeat = {
-    heartbeat_timeout_s: Math.round(20 * slowdown()),
-    stop_grace_s: Math.round(8 * slowdown()),
-  };
+  // not restarted for it here (a test with its own runtime section sets these itself).
+  const heartbeat = workerGrace();
   const config: Record<string, unknown> = {
     data_dir: join(dir, "data"),
     log_level: "warn",
@@ -78,7 +83,6 @@ export function writeConfig(
     },
     ...extra,
   };
-  if (extra.runtime) config.runtime = { ...heartbeat, ...(extra.runtime as object) };
   // The soft deadline (45 s) hands a call over as a job before a client's 60 s timeout; these
   // clients wait scaled(60 s), so a call that is slow only because the machine is loaded is
   // answered, not handed over (a load_model handed over left the next calls model_not_loaded).
