@@ -7,6 +7,7 @@
 // tokens/s of the compiled model against the eager one at 8 callers (target ≥ 1.0×). The
 // compile counts are the CPU's proxy for TPU compiles (docs/tpu-vm.md).
 import { cpus, loadavg } from "node:os";
+import type { TtftParts } from "../runtime/wire/ops.js";
 import type { McpServer } from "./lib/procs.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { median, readCpuTimes, stealPct, verdict } from "./lib/stats.js";
@@ -51,16 +52,6 @@ function rng(seed: number) {
 function quantile(xs: number[], q: number): number {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? NaN;
-}
-
-/** Where the worker says a call's time to first token went (run_inference's `ttft_parts`). */
-interface TtftParts {
-  queue_ms: number;
-  behind_ms: number;
-  prefill_ms: number;
-  steps_waited: number;
-  forwards_ahead: number;
-  prefill_shape: string | null;
 }
 
 interface Call {

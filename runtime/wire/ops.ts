@@ -144,14 +144,7 @@ export interface InferResult {
   seed?: number;
   ttft_ms?: number;
   /** Where ttft_ms went (the decode loop; absent for other models and engines). */
-  ttft_parts?: {
-    queue_ms: number;
-    behind_ms: number;
-    prefill_ms: number;
-    steps_waited: number;
-    forwards_ahead: number;
-    prefill_shape: string | null;
-  };
+  ttft_parts?: TtftParts;
   tokens_per_s?: number | null;
   /** With a response_format: the grammar's compile time in the worker. */
   grammar_compile_ms?: number;
@@ -269,3 +262,13 @@ export interface ReloadCatalogResult {
 export type OpName = keyof WorkerOps;
 export type OpArgs<O extends OpName> = WorkerOps[O]["args"];
 export type OpResult<O extends OpName> = WorkerOps[O]["result"];
+
+/** Where a generation's time to first token went, as the decode loop reports it. */
+export interface TtftParts {
+  queue_ms: number;
+  behind_ms: number;
+  prefill_ms: number;
+  steps_waited: number;
+  forwards_ahead: number;
+  prefill_shape: string | null;
+}
