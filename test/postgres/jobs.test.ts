@@ -10,6 +10,11 @@ import { migrate } from "../../server/app/postgres/schema.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 import { ROOT } from "../helpers/server.js";
+import { waitFor as waitUntil } from "../helpers/wait.js";
+
+/** Until `fn` answers a value, within this file's deadline. */
+const waitFor = <T>(what: string, fn: () => T | undefined | Promise<T | undefined>) =>
+  waitUntil(what, fn, scaled(60_000));
 
 let db: TestPostgres;
 let pools: PgPool[] = [];
@@ -20,16 +25,6 @@ const untilAbort = (signal: AbortSignal) =>
   new Promise<Record<string, unknown>>((_, reject) =>
     signal.addEventListener("abort", () => reject(signal.reason)),
   );
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined>): Promise<T> {
-  const until = Date.now() + scaled(60_000);
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 beforeAll(async () => {
   db = await startPostgres();

@@ -23,6 +23,11 @@ import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { scaled } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
+import { waitFor as waitUntil } from "../helpers/wait.js";
+
+/** Until `fn` answers a value, within this file's deadline. */
+const waitFor = <T>(what: string, fn: () => T | undefined | Promise<T | undefined>) =>
+  waitUntil(what, fn, scaled(20_000), 25);
 
 let db: TestPostgres;
 let pools: PgPool[] = [];
@@ -63,16 +68,6 @@ const settle = <T>(ps: Promise<T>[]) =>
       ),
     ),
   );
-
-async function waitFor<T>(what: string, fn: () => T | undefined | Promise<T | undefined>) {
-  const until = Date.now() + scaled(20_000);
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
 
 describe("approvals across replicas", () => {
   it("requested through A, decided once though B and C race, used once though all three race", async () => {

@@ -25,6 +25,11 @@ import type { Reports } from "../../tools/stores/reports.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 import { ROOT } from "../helpers/server.js";
+import { waitFor as waitUntil } from "../helpers/wait.js";
+
+/** Until `fn` answers a value, within this file's deadline. */
+const waitFor = <T>(what: string, fn: () => T | undefined | Promise<T | undefined>) =>
+  waitUntil(what, fn, scaled(30_000));
 
 const logger = pino({ level: "silent" });
 const LEASE_S = 3 * slowdown();
@@ -51,16 +56,6 @@ const worker = (name: string): WorkerStatus =>
     models: [],
     lost_models: [],
   }) as unknown as WorkerStatus;
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined>): Promise<T> {
-  const until = Date.now() + scaled(30_000);
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 beforeAll(async () => {
   db = await startPostgres();
