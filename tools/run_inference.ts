@@ -261,7 +261,7 @@ const build = (env: ToolEnv) => {
           ? ["embeddings"]
           : (result.outputs ?? []).map((o: any, i: number) => o?.name ?? `output_${i}`);
       const big = outs.some((t) => elementCount(t.shape) > env.limits.inline_max_elements);
-      const stored = big ? ctx.outputs.put(ctx.principal.id, args.model, outs) : undefined;
+      const stored = big ? await ctx.outputs.put(ctx.principal.id, args.model, outs) : undefined;
       const outputs = outs.map((t, i) => {
         const base = { name: names[i] ?? `output_${i}`, shape: t.shape, dtype: t.dtype };
         if (elementCount(t.shape) <= env.limits.inline_max_elements)

@@ -116,7 +116,11 @@ export interface Storage extends PolicyStores {
   jobs: Jobs;
   /** SHARED: benchmark reports and measured calls (estimates learn from every replica's). */
   reports: Reports;
-  /** NODE-LOCAL: tensors kept for a later call, in memory, bounded; lost on restart. */
+  /**
+   * SHARED: large outputs kept for a later read (tpu://outputs/…), bounded in bytes, 30 min,
+   * the principal's own; an output made through one replica is read through any. (SQLite:
+   * NODE-LOCAL, this process's memory, lost on restart.)
+   */
   outputs: Outputs;
   /** SHARED: workers' desired state and what the server observes (the CLI's control channel). */
   channel: ControlChannel;
@@ -349,18 +353,17 @@ async function openPgPolicy(
 
 /**
  * Every store a running server holds (the policy stores are built by createPolicyServices). On
- * storage.postgres, `shared` (openSharedBackend) holds them all but the outputs, which stay in
- * this process's memory: jobs owned by this replica under a lease (storage.postgres.job_lease_s;
- * this replica's previous run's jobs are marked interrupted before this resolves), benchmark
- * reports and measured calls, the control channel, console sessions and the HTTP surface's rates.
- * close() closes what it opened, never the pool (the backend's).
+ * storage.postgres, `shared` (openSharedBackend) holds them all: jobs owned by this replica under
+ * a lease (storage.postgres.job_lease_s; this replica's previous run's jobs are marked
+ * interrupted before this resolves), benchmark reports and measured calls, the control channel,
+ * console sessions, the HTTP surface's rates and the stored outputs. close() closes what it
+ * opened, never the pool (the backend's).
  */
 export async function openServerStores(
   config: ServerConfig,
   logger: Logger,
   shared: SharedBackend | null = null,
 ): Promise<Omit<Storage, keyof PolicyStores> & { close(): Promise<void> }> {
-  const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
   const onJobError = (err: unknown) => logger.error({ err }, "job failed unexpectedly");
   if (shared) {
     const pg = openPgServerStores(shared.pool, config, { replica: shared.replica.id, onJobError });
@@ -370,7 +373,7 @@ export async function openServerStores(
       await pg.close().catch(() => {});
       throw e;
     }
-    return { ...pg, outputs };
+    return pg;
   }
   if (databaseUrl(config) !== null)
     throw new ConfigError("(config)", [
@@ -382,6 +385,7 @@ export async function openServerStores(
   const jobs = new SqliteJobs(layout.jobsDb, { onError: onJobError });
   const channel = SqliteControlChannel.open(layout.workersDb);
   const consoleSessions = new MemoryConsoleSessions();
+  const outputs = new MemoryOutputs(config.inference.outputs_max_bytes);
   const http = config.http;
   return {
     jobs,

@@ -32,7 +32,7 @@ export function registerResources(
         title: `Benchmark of ${r.model} on ${r.device} (${r.created_at})`,
         mimeType: "application/json",
       }));
-      const outputs = app.outputs.list(principal.id).flatMap((o) =>
+      const outputs = (await app.outputs.list(principal.id)).flatMap((o) =>
         o.tensors.map((_t, i) => ({
           uri: `tpu://outputs/${o.id}/${i}`,
           name: `output ${o.id}/${i}`,
@@ -135,7 +135,7 @@ export function registerResources(
       }
       m = /^tpu:\/\/outputs\/(out_[0-9a-f]{24})\/(\d{1,2})$/.exec(uri);
       if (m) {
-        const o = app.outputs.get(m[1], principal.id);
+        const o = await app.outputs.get(m[1], principal.id);
         const t = o?.tensors[Number(m[2])];
         if (!t) throw notFound();
         const text = JSON.stringify({

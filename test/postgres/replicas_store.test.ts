@@ -5,8 +5,9 @@
 // in-band request state is refused on every replica; a replica killed with SIGKILL fails at
 // most the calls in flight on it, its jobs are marked interrupted only once their lease expired,
 // and its restart marks nothing of the others'; `tpu-mcp audit verify` passes on the trail all
-// three wrote and fails after a one-row edit. One deployment for the file; mnist-cnn, the
-// cheapest model, is the only one loaded.
+// three wrote and fails after a one-row edit; an output stored by a call through A is read back,
+// byte for byte, through B and C, and by no other principal. One deployment for the file;
+// mnist-cnn, the cheapest model, is the only one loaded.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashToken } from "../../policies/config.js";
 import { NOW_MS, openPool, type PgPool } from "../../server/app/postgres/pool.js";
@@ -22,6 +23,8 @@ const TOKENS = {
   replayer: "store-replayer-token-0123456",
   caller: "store-caller-token-012345678",
   operator: "store-operator-token-012345",
+  producer: "store-producer-token-0123456",
+  snoop: "store-snoop-token-0123456789",
 };
 const INFER = ["models:read", "inference:run"];
 /** The principals' budget per window, device-seconds (every principal's line). */
@@ -47,6 +50,8 @@ const POLICY = {
       scopes: [...INFER, "benchmark:run", "jobs:read"],
     },
     { id: "operator", token_sha256: hashToken(TOKENS.operator), scopes: ["approvals:grant"] },
+    { id: "producer", token_sha256: hashToken(TOKENS.producer), scopes: INFER },
+    { id: "snoop", token_sha256: hashToken(TOKENS.snoop), scopes: INFER },
   ],
   limits: {
     rate_limit: { per_principal_per_minute: 60_000 },
@@ -97,6 +102,9 @@ async function replicaId(r: Replica): Promise<string> {
 beforeAll(async () => {
   d = await startDeployment({
     policy: POLICY,
+    // One mnist-cnn input's 10 logits stay inline (every other test's calls); a batch of two is
+    // stored and linked as tpu://outputs/… (the stored outputs' test).
+    config: { inference: { inline_max_elements: 10 } },
     postgres: { job_lease_s: JOB_LEASE_S },
     // Every synchronize() of a CPU worker waits this long: a benchmark job sleeps through its
     // iterations instead of taking the cores the callers need (inference never synchronizes).
@@ -306,6 +314,70 @@ describe("an approval across replicas", () => {
       }
     } finally {
       await c.close();
+    }
+  });
+});
+
+describe("a stored output across replicas", () => {
+  /** The tensor a resources/read answer carries. */
+  const tensorOf = (read: { contents: unknown[] }) => {
+    const t = JSON.parse((read.contents[0] as { text: string }).text);
+    return { dtype: t.dtype, shape: t.shape, data: Buffer.from(t.data_b64, "base64") };
+  };
+
+  it("a summarised output of a call through A is read through B (2026-07-28) and C (2025-11-25) byte for byte, and by no other principal", async () => {
+    const [a, b, c] = [byName("a"), byName("b"), byName("c")];
+    const onA = await connectModernHttp(a.url, TOKENS.producer);
+    const onB = await connectModernHttp(b.url, TOKENS.producer);
+    const onC = await connectHttp(c.url, TOKENS.producer);
+    const snoop = await connectModernHttp(b.url, TOKENS.snoop);
+    try {
+      const x = input(31);
+      const two = { ...x, tensors: [{ ...x.tensors[0], shape: [2, 1, 28, 28], data: [...x.tensors[0]!.data, ...input(32).tensors[0]!.data] }] };
+      const r = await callModern(onA.client, "run_inference", two);
+      expect(r.isError, JSON.stringify(r.content)).toBeFalsy();
+      const out = r.structuredContent.outputs[0];
+      expect(out.data).toBeUndefined();
+      const uri = out.resource_uri as string;
+      expect(uri).toMatch(/^tpu:\/\/outputs\/out_[0-9a-f]{24}\/0$/);
+      // A's row in the shared store, written by A.
+      const [row] = await sql("SELECT replica, bytes FROM stored_outputs WHERE id = $1", [
+        uri.split("/")[3],
+      ]);
+      expect(row).toMatchObject({ replica: await replicaId(a), bytes: "80" });
+
+      const own = tensorOf(await onA.client.readResource({ uri }));
+      const viaB = tensorOf(await onB.client.readResource({ uri }));
+      const viaC = tensorOf(await onC.client.readResource({ uri }));
+      expect(own).toMatchObject({ dtype: "float32", shape: [2, 10] });
+      expect(own.data.byteLength).toBe(80);
+      for (const t of [viaB, viaC]) {
+        expect({ dtype: t.dtype, shape: t.shape }).toEqual({ dtype: own.dtype, shape: own.shape });
+        expect(t.data.equals(own.data)).toBe(true);
+      }
+      // The bytes are the logits the call summarised: its first values, min and max.
+      const values = [...new Float32Array(own.data.buffer, own.data.byteOffset, 20)];
+      expect(values.slice(0, out.summary.first.length)).toEqual(out.summary.first);
+      expect(Math.min(...values)).toBe(out.summary.min);
+      expect(Math.max(...values)).toBe(out.summary.max);
+      // Listed through another replica too.
+      expect((await onB.client.listResources()).resources.map((res) => res.uri)).toContain(uri);
+
+      // Another principal gets what a made-up id gets, through any replica: nothing to tell them apart.
+      const made = uri.replace(/out_[0-9a-f]{24}/, `out_${"0".repeat(24)}`);
+      const refusal = async (u: string) => {
+        const e: any = await snoop.client.readResource({ uri: u }).then(
+          () => undefined,
+          (err) => err,
+        );
+        expect(e, u).toBeDefined();
+        return { code: e.code, message: String(e.message).replace(u, "URI") };
+      };
+      expect(await refusal(uri)).toEqual(await refusal(made));
+      expect((await refusal(uri)).message).toMatch(/not found/i);
+      expect(JSON.stringify(await snoop.client.listResources())).not.toContain(uri);
+    } finally {
+      await Promise.all([onA, onB, onC, snoop].map((x) => x.close()));
     }
   });
 });

@@ -1,12 +1,15 @@
 // The server-side stores on a real PostgreSQL, written through one replica and read through
-// another: benchmark reports and measured calls (estimates learn from every replica's) and the
-// workers' control channel (one desired state for one fleet).
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+// another: benchmark reports and measured calls (estimates learn from every replica's), the
+// workers' control channel (one desired state for one fleet) and stored outputs (exact tensors,
+// the principal's own, one bound in bytes with the oldest evicted first, a time to live).
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import type { CallRecord } from "../../policies/estimate.js";
 import { PgControlChannel } from "../../server/app/postgres/control.js";
 import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
 import { PgReports } from "../../server/app/postgres/reports.js";
 import { openPgLimits, openPgServerStores } from "../../server/app/postgres/limits.js";
+import { PgOutputs } from "../../server/app/postgres/outputs.js";
+import type { TensorData } from "../../runtime/types.js";
 import { parseConfig } from "../../server/config/config.js";
 import { ROOT } from "../helpers/server.js";
 import { migrate } from "../../server/app/postgres/schema.js";
@@ -117,11 +120,127 @@ describe("one replica's stores from its pool and the config", () => {
         status: "succeeded",
         result: { loaded: true },
       });
+      const t: TensorData = { dtype: "uint8", shape: [3], data: Buffer.from([1, 2, 3]) };
+      const out = await sa!.outputs.put("alice", "tiny", [t]);
+      expect((await sb!.outputs.get(out.id, "alice"))?.tensors).toEqual([t]);
     } finally {
       a!.close();
       b!.close();
       await sa!.close();
       await sb!.close();
     }
+  });
+});
+
+describe("stored outputs across replicas", () => {
+  /** `n` bytes of one uint8 tensor, filled with `fill`. */
+  const blob = (n: number, fill: number): TensorData[] => [
+    { dtype: "uint8", shape: [n], data: Buffer.alloc(n, fill) },
+  ];
+  const rows = async () =>
+    (
+      await replicas[0]!.query(
+        `SELECT o.id, (SELECT count(*) FROM stored_output_tensors t WHERE t.output_id = o.id) AS n
+         FROM stored_outputs o ORDER BY o.seq`,
+      )
+    ).rows as { id: string; n: string }[];
+  const live = async (store: PgOutputs, ids: string[]) =>
+    (await Promise.all(ids.map((id) => store.get(id, "alice")))).map((o) => o !== undefined);
+  const opened = (maxBytes: number, opts: { ttlMs?: number } = {}) =>
+    replicas.map((p, i) => new PgOutputs(p, { maxBytes, replica: ["a", "b"][i]!, ...opts }));
+
+  beforeEach(async () => {
+    await replicas[0]!.query("TRUNCATE stored_outputs CASCADE");
+  });
+
+  it("tensors put through A are read through B exactly (dtype, shape, bytes, order), by their principal only", async () => {
+    const [a, b] = opened(1 << 20);
+    // A view into a larger buffer: only its own bytes are the tensor's.
+    const backing = Buffer.from(Array.from({ length: 64 }, (_, i) => (i * 37) % 256));
+    const f32 = new Float32Array([1.5, -0, Number.NaN, 3.4028234663852886e38, -1e-45, 7]);
+    const tensors: TensorData[] = [
+      { dtype: "float32", shape: [2, 3], data: Buffer.from(f32.buffer) },
+      { dtype: "int64", shape: [2], data: Buffer.from(new BigInt64Array([-1n, 2n ** 62n]).buffer) },
+      { dtype: "bfloat16", shape: [], data: backing.subarray(10, 12) },
+      { dtype: "bool", shape: [0, 4], data: Buffer.alloc(0) },
+      { dtype: "uint8", shape: [4, 1, 2], data: backing.subarray(40, 48) },
+    ];
+    const put = await a!.put("alice", "tiny", tensors);
+    expect(put.bytes).toBe(24 + 16 + 2 + 0 + 8);
+    const got = await b!.get(put.id, "alice");
+    expect(got).toMatchObject({ id: put.id, principal: "alice", model: "tiny", bytes: put.bytes });
+    expect(got!.tensors.map((t) => ({ dtype: t.dtype, shape: t.shape }))).toEqual(
+      tensors.map((t) => ({ dtype: t.dtype, shape: t.shape })),
+    );
+    got!.tensors.forEach((t, i) => expect(t.data.equals(tensors[i]!.data), `tensor ${i}`).toBe(true));
+    expect(await b!.list("alice")).toEqual([
+      {
+        id: put.id,
+        principal: "alice",
+        model: "tiny",
+        bytes: put.bytes,
+        created_at: put.created_at,
+        tensors: tensors.map((t) => ({ dtype: t.dtype, shape: t.shape })),
+      },
+    ]);
+    // Another principal finds nothing, as with an id that never existed.
+    expect(await b!.get(put.id, "bob")).toBeUndefined();
+    expect(await a!.get(put.id, "bob")).toBeUndefined();
+    expect(await b!.list("bob")).toEqual([]);
+    expect(await b!.bytes()).toBe(put.bytes);
+  });
+
+  it("one bound in bytes across replicas: a put through B evicts the oldest, A's included, until it fits", async () => {
+    const [a, b] = opened(300);
+    const o1 = await a!.put("alice", "m", blob(100, 1));
+    const o2 = await b!.put("alice", "m", blob(100, 2));
+    const o3 = await a!.put("alice", "m", blob(100, 3));
+    expect(await b!.bytes()).toBe(300);
+    expect(await live(b!, [o1.id, o2.id, o3.id])).toEqual([true, true, true]);
+    // 150 more: o1 and o2 (the oldest) make room, o3 stays.
+    const o4 = await b!.put("alice", "m", blob(150, 4));
+    expect(await live(a!, [o1.id, o2.id, o3.id, o4.id])).toEqual([false, false, true, true]);
+    expect(await a!.bytes()).toBe(250);
+    // Their tensors went with them.
+    expect(await rows()).toEqual([
+      { id: o3.id, n: "1" },
+      { id: o4.id, n: "1" },
+    ]);
+    // Larger than the whole bound: named, not kept, and nothing evicted for it.
+    const huge = await a!.put("alice", "m", blob(301, 5));
+    expect(await b!.get(huge.id, "alice")).toBeUndefined();
+    expect(await live(b!, [o3.id, o4.id])).toEqual([true, true]);
+  });
+
+  it("24 puts raced from two replicas keep the bound: three outputs stay", async () => {
+    const [a, b] = opened(300);
+    const puts = await Promise.all(
+      Array.from({ length: 24 }, (_, i) => [a, b][i % 2]!.put("alice", "m", blob(100, i))),
+    );
+    expect(puts.every((p) => p.bytes === 100)).toBe(true);
+    const kept = await rows();
+    expect(kept).toHaveLength(3);
+    expect(await a!.bytes()).toBe(300);
+  });
+
+  it("an expired output is read by no replica and pruned by the next put, without counting against the bound", async () => {
+    const [expiring] = opened(300, { ttlMs: 0 });
+    const [a, b] = opened(300);
+    const k1 = await a!.put("alice", "m", blob(100, 1));
+    const old = await expiring!.put("alice", "m", blob(100, 9));
+    // Expired on the database's clock and still in the table: no replica reads, lists or counts it.
+    expect((await rows()).map((r) => r.id)).toEqual([k1.id, old.id]);
+    expect(await b!.get(old.id, "alice")).toBeUndefined();
+    expect((await b!.list("alice")).map((o) => o.id)).toEqual([k1.id]);
+    expect(await b!.bytes()).toBe(100);
+    // The next put, through another replica, deletes it with its tensors.
+    const k2 = await b!.put("alice", "m", blob(100, 2));
+    expect(await rows()).toEqual([
+      { id: k1.id, n: "1" },
+      { id: k2.id, n: "1" },
+    ]);
+    // So a third fills the bound exactly and none of the live ones is evicted.
+    const k3 = await a!.put("alice", "m", blob(100, 3));
+    expect(await live(b!, [k1.id, k2.id, k3.id])).toEqual([true, true, true]);
   });
 });

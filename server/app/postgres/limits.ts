@@ -1,15 +1,16 @@
 // One replica's counters and server-side stores on the shared store, built from its pool and the
 // config: what server/app/storage.ts hands out for `storage.postgres`. openPgServerStores builds
 // the stores only a running server opens (the HTTP surface's rates, reports, the control channel,
-// jobs, console sessions); openPgLimits the gate's counters (the budget, calls in flight, the
-// per-principal rate limit). Opening them drops what a previous run of this same replica
-// held (budget holds, running jobs); every other replica's state is left to its leases.
+// jobs, console sessions, stored outputs); openPgLimits the gate's counters (the budget, calls
+// in flight, the per-principal rate limit). Opening them drops what a previous run of this same
+// replica held (budget holds, running jobs); every other replica's state is left to its leases.
 import type { ServerConfig } from "../../config/config.js";
 import { PgBudget } from "./budget.js";
 import { PgCallsInFlight } from "./calls.js";
 import { PgConsoleSessions } from "./console_sessions.js";
 import { PgControlChannel } from "./control.js";
 import { PgJobs } from "./jobs.js";
+import { PgOutputs } from "./outputs.js";
 import type { PgPool } from "./pool.js";
 import { PgRateLimit } from "./rate.js";
 import { PgReports } from "./reports.js";
@@ -30,6 +31,8 @@ export interface PgServerStores {
   jobs: PgJobs;
   /** The console's sessions, served and signed out by any replica. */
   consoleSessions: PgConsoleSessions;
+  /** Stored outputs (tpu://outputs/…), read back through any replica, one bound in bytes. */
+  outputs: PgOutputs;
   /** Stops this replica's renewals and writes what it queued; the pool stays open (its owner's). */
   close(): Promise<void>;
 }
@@ -49,7 +52,7 @@ export interface PgServerStoreOptions {
  */
 export function openPgServerStores(
   pool: PgPool,
-  config: Pick<ServerConfig, "http" | "storage">,
+  config: Pick<ServerConfig, "http" | "storage" | "inference">,
   opts: PgServerStoreOptions,
 ): PgServerStores {
   const jobs = PgJobs.opening(pool, opts.replica, {
@@ -79,6 +82,10 @@ export function openPgServerStores(
     channel: new PgControlChannel(pool),
     jobs,
     consoleSessions,
+    outputs: new PgOutputs(pool, {
+      maxBytes: config.inference.outputs_max_bytes,
+      replica: opts.replica,
+    }),
     async close() {
       consoleSessions.close();
       await jobs.close();

@@ -142,6 +142,25 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
         since TEXT, until TEXT, tools JSONB NOT NULL DEFAULT '{}'::jsonb);
       CREATE INDEX audit_refusal_windows_by_end ON audit_refusal_windows (ends_ms);`,
   },
+  {
+    version: 6,
+    name: "stored outputs (outputs.ts)",
+    // UNLOGGED: a cache of tensor bytes, not written through the WAL (emptied by a crash of the
+    // database, as a replica's restart emptied its memory). Stored out of line, uncompressed:
+    // tensor bytes rarely compress, and every put would pay for trying.
+    sql: `
+      CREATE UNLOGGED TABLE stored_outputs (
+        id TEXT PRIMARY KEY, seq BIGSERIAL NOT NULL, principal TEXT NOT NULL, model TEXT NOT NULL,
+        bytes BIGINT NOT NULL, replica TEXT NOT NULL, created_ms BIGINT NOT NULL,
+        expires_ms BIGINT NOT NULL);
+      CREATE INDEX stored_outputs_by_principal ON stored_outputs (principal, seq);
+      CREATE INDEX stored_outputs_by_expiry ON stored_outputs (expires_ms);
+      CREATE UNLOGGED TABLE stored_output_tensors (
+        output_id TEXT NOT NULL REFERENCES stored_outputs (id) ON DELETE CASCADE,
+        idx INT NOT NULL, dtype TEXT NOT NULL, shape JSONB NOT NULL, data BYTEA NOT NULL,
+        PRIMARY KEY (output_id, idx));
+      ALTER TABLE stored_output_tensors ALTER COLUMN data SET STORAGE EXTERNAL;`,
+  },
 ];
 
 /** The newest schema this code knows. */
