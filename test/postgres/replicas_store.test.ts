@@ -333,7 +333,16 @@ describe("a stored output across replicas", () => {
     const snoop = await connectModernHttp(b.url, TOKENS.snoop);
     try {
       const x = input(31);
-      const two = { ...x, tensors: [{ ...x.tensors[0], shape: [2, 1, 28, 28], data: [...x.tensors[0]!.data, ...input(32).tensors[0]!.data] }] };
+      const two = {
+        ...x,
+        tensors: [
+          {
+            ...x.tensors[0],
+            shape: [2, 1, 28, 28],
+            data: [...x.tensors[0]!.data, ...input(32).tensors[0]!.data],
+          },
+        ],
+      };
       const r = await callModern(onA.client, "run_inference", two);
       expect(r.isError, JSON.stringify(r.content)).toBeFalsy();
       const out = r.structuredContent.outputs[0];

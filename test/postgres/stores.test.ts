@@ -172,7 +172,9 @@ describe("stored outputs across replicas", () => {
     expect(got!.tensors.map((t) => ({ dtype: t.dtype, shape: t.shape }))).toEqual(
       tensors.map((t) => ({ dtype: t.dtype, shape: t.shape })),
     );
-    got!.tensors.forEach((t, i) => expect(t.data.equals(tensors[i]!.data), `tensor ${i}`).toBe(true));
+    got!.tensors.forEach((t, i) =>
+      expect(t.data.equals(tensors[i]!.data), `tensor ${i}`).toBe(true),
+    );
     expect(await b!.list("alice")).toEqual([
       {
         id: put.id,
