@@ -14,6 +14,8 @@ import { parseConfig } from "../../server/config/config.js";
 import { ROOT } from "../helpers/server.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
+import { scaled } from "../helpers/calibrate.js";
+import { waitFor } from "../helpers/wait.js";
 
 let db: TestPostgres;
 let replicas: PgPool[];
@@ -223,6 +225,41 @@ describe("stored outputs across replicas", () => {
     const kept = await rows();
     expect(kept).toHaveLength(3);
     expect(await a!.bytes()).toBe(300);
+  });
+
+  it("two replicas' puts that need the same room are serialized: the second counts the first", async () => {
+    const [a, b] = opened(300);
+    const o1 = await a!.put("alice", "m", blob(100, 1));
+    const o2 = await b!.put("alice", "m", blob(100, 2));
+    // An open transaction holds o1's row: both puts below must delete it to fit, so both wait
+    // at their eviction, each having written its own output. Released, they go one at a time:
+    // the second sees the first committed and evicts o2 for it. (Each counting only the rows
+    // committed before both started would keep o2, A's and B's: 400 bytes.)
+    const holder = await replicas[0]!.connect();
+    try {
+      await holder.query("BEGIN");
+      await holder.query("SELECT 1 FROM stored_outputs WHERE id = $1 FOR UPDATE", [o1.id]);
+      const racing = [a!.put("alice", "m", blob(150, 3)), b!.put("alice", "m", blob(150, 4))];
+      await waitFor(
+        "both puts waiting",
+        async () => {
+          const r = await holder.query(
+            `SELECT count(*) AS n FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND application_name IN ('tpu-mcp-a', 'tpu-mcp-b')`,
+          );
+          return Number(r.rows[0].n) === 2 ? true : undefined;
+        },
+        scaled(20_000),
+        20,
+      );
+      await holder.query("COMMIT");
+      const [p3, p4] = await Promise.all(racing);
+      expect(await a!.bytes()).toBe(300);
+      expect(await live(b!, [o1.id, o2.id, p3!.id, p4!.id])).toEqual([false, false, true, true]);
+    } finally {
+      await holder.query("ROLLBACK").catch(() => {});
+      holder.release();
+    }
   });
 
   it("an expired output is read by no replica and pruned by the next put, without counting against the bound", async () => {
