@@ -2,8 +2,9 @@
 // admission and settlement add with SQLite (the default: the ledger's in-memory window, its
 // charge written in a batch per event-loop turn) and with Postgres (one transaction under the
 // principal's advisory lock to reserve, one to settle; server/app/postgres/budget.ts), and one
-// audit append on each. Then admissions per second with 8 callers on 1 and on 3 replicas of the
-// store (pools of their own, as three processes would hold) against one principal. Postgres is a
+// audit append on each, and a stored output's put and read back (tpu://outputs/…) in memory and
+// in Postgres at two sizes. Then admissions per second with 8 callers on 1 and on 3 replicas of
+// the store (pools of their own, as three processes would hold) against one principal. Postgres is a
 // fresh local cluster on 127.0.0.1 (test/helpers/postgres.ts), so this is the floor of a real
 // deployment's cost, which adds the network's round trips.
 import { mkdtempSync, rmSync } from "node:fs";
@@ -16,6 +17,9 @@ import { openPool, type PgPool } from "../server/app/postgres/pool.js";
 import { migrate } from "../server/app/postgres/schema.js";
 import { PgAuditTrail } from "../server/app/postgres/audit.js";
 import { PgBudget } from "../server/app/postgres/budget.js";
+import { PgOutputs } from "../server/app/postgres/outputs.js";
+import { MemoryOutputs, type Outputs } from "../tools/stores/outputs.js";
+import type { TensorData } from "../runtime/types.js";
 import { startPostgres } from "../test/helpers/postgres.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, summarize, type Summary } from "./lib/stats.js";
@@ -81,6 +85,36 @@ export async function admissionCost(
   }
 }
 
+/**
+ * A summarised answer's stored output: its put (run_inference) and its read back (resources/read)
+ * of one float32 tensor of `elements`, `n` times, in memory (SQLite's) and in Postgres (one
+ * replica writing, another reading, the bound far above what is written).
+ */
+async function outputCost(
+  pools: PgPool[],
+  elements: number,
+  n: number,
+): Promise<{ memory: Summary; pg: Summary }> {
+  const tensor: TensorData[] = [
+    {
+      dtype: "float32",
+      shape: [elements],
+      data: Buffer.from(Float32Array.from({ length: elements }, (_, i) => Math.sin(i)).buffer),
+    },
+  ];
+  const bound = 512 * 1024 * 1024;
+  const putRead = (w: Outputs, r: Outputs) => async () => {
+    const o = await w.put("alice", "bench", tensor);
+    if (!(await r.get(o.id, "alice"))) throw new Error("the stored output was not read back");
+  };
+  const mem = new MemoryOutputs(bound);
+  const [a, b] = [0, 1].map((i) => new PgOutputs(pools[i]!, { maxBytes: bound, replica: `r${i}` }));
+  const memory = summarize(await timed(n, putRead(mem, mem)));
+  const pg = summarize(await timed(n, putRead(a!, b!)));
+  await pools[0]!.query("TRUNCATE stored_outputs CASCADE");
+  return { memory, pg };
+}
+
 export async function runStore(opts: { calls: number }): Promise<SectionResult> {
   const s = section("store");
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-bench-store-"));
@@ -130,6 +164,27 @@ export async function runStore(opts: { calls: number }): Promise<SectionResult> 
     s.fig("pg_added_p50_ms", pgAdmit.p50 - sqliteAdmit.p50);
     s.fig("pg_added_p99_ms", pgAdmit.p99 - sqliteAdmit.p99);
     s.fig("pg_audit_p50_ms", pgAudit.p50);
+
+    // A stored output (the smallest a default config summarises, and a large one).
+    for (const [label, elements, calls] of [
+      ["16 KiB", 4097, Math.min(n, 300)],
+      ["4 MiB", 1 << 20, Math.min(n, 40)],
+    ] as const) {
+      const out = await outputCost(pools, elements, calls);
+      s.row(
+        `stored output ${label} put + read, memory`,
+        `p50 ${fmt.ms(out.memory.p50)}`,
+        `p99 ${fmt.ms(out.memory.p99)} (${calls} outputs)`,
+      );
+      s.row(
+        `stored output ${label} put + read, Postgres`,
+        `p50 ${fmt.ms(out.pg.p50)}`,
+        `p99 ${fmt.ms(out.pg.p99)}; put through one replica, read through another`,
+      );
+      const key = label.replace(" ", "").toLowerCase();
+      s.fig(`pg_output_${key}_p50_ms`, out.pg.p50);
+      s.fig(`pg_output_${key}_p99_ms`, out.pg.p99);
+    }
 
     // One principal, 8 callers: on one replica's pool, then spread over three.
     for (const replicas of [1, 3]) {
