@@ -248,6 +248,11 @@ export interface FleetState {
   /** Ray's restarts of actors, summed over the actors placed now. */
   actor_restarts: number;
   error: { code: string; message: string } | null;
+  /**
+   * On a shared store (storage.postgres): the replica that runs the fleet driver (null: none holds
+   * its lease now). Every replica serves the same actors. Absent: this replica's own driver.
+   */
+  leader?: string | null;
   actors: Array<{
     name: string;
     state: string;

@@ -165,6 +165,11 @@ const build = (env: ToolEnv) => {
           driver_restarts: z.number().int(),
           actor_restarts: z.number().int(),
           error: z.object({ code: z.string(), message: z.string() }).nullable(),
+          leader: z
+            .string()
+            .nullable()
+            .optional()
+            .describe("storage.postgres: the replica running the driver; all serve its actors"),
           actors: z.array(
             z.object({
               name: z.string(),
@@ -250,7 +255,10 @@ const build = (env: ToolEnv) => {
         ? `; replica ${o.replica.id}${o.replica.shard ? " (a shard: its workers are its own)" : ""}`
         : "") +
       (o.fleet
-        ? `; Ray fleet ${o.fleet.state} at ${o.fleet.address} (${o.fleet.mode}): ${o.fleet.observed}/${o.fleet.target ?? "?"} actors serving`
+        ? `; Ray fleet ${o.fleet.state} at ${o.fleet.address} (${o.fleet.mode}): ${o.fleet.observed}/${o.fleet.target ?? "?"} actors serving` +
+          (o.fleet.leader !== undefined
+            ? `, shared by the replicas (driver on ${o.fleet.leader ?? "no replica yet"})`
+            : "")
         : ""),
   });
   const absent = {

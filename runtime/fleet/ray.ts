@@ -3,7 +3,8 @@
 // worker actors; the pool connects to each actor's `serve` as a remote worker (mutual TLS +
 // token, our framed protocol), so no request or tensor ever goes through the driver or Ray.
 //
-// Driver → us (one JSON object per line; see tpu_worker/fleet/driver.py):
+// Driver → us (one JSON object per line; see tpu_worker/fleet/driver.py; the actors' reports are
+// applied to the pool by runtime/fleet/members.ts, which a shared fleet's followers use too):
 //   endpoint  → pin the actor's certificate, add it to the pool as a remote worker; a restarted
 //               actor replaces its old self (pool.replace: the models it held are loaded again)
 //   lost      → drain it in the pool at once (its connection drops too; calls in flight on it
@@ -16,18 +17,10 @@ import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import type { Logger } from "pino";
-import type { WorkerEntry } from "../pool/entries.js";
-import type { FleetState, WorkerStatus } from "../types.js";
+import type { FleetState } from "../types.js";
+import { FleetMembers, type FleetPool } from "./members.js";
 
-/** What the fleet needs from the pool: WorkerPool has exactly these. */
-export interface FleetPool {
-  add(entry: WorkerEntry): void;
-  /** A restarted actor under the same name: its models are loaded again there (or reported lost). */
-  replace(entry: WorkerEntry, prepare?: () => void): Promise<void>;
-  remove(name: string, opts?: { timeoutMs?: number }): Promise<void>;
-  drain(name: string): WorkerStatus;
-  names(): string[];
-}
+export type { FleetPool } from "./members.js";
 
 export interface RayFleetOptions {
   pool: FleetPool;
@@ -47,6 +40,8 @@ export interface RayFleetOptions {
   restartBackoffMs?: number;
   drainTimeoutMs?: number;
   env?: NodeJS.ProcessEnv;
+  /** The pool membership the driver's reports drive; default: one of its own (pins in stateDir). */
+  members?: FleetMembers;
 }
 
 export interface FleetActor {
@@ -74,6 +69,28 @@ export interface FleetStatus {
   actors?: FleetActor[];
 }
 
+/**
+ * What the server holds of a Ray fleet: its own driver (RayFleet), or a fleet that the replicas of
+ * a shared store share (server/control/shared_fleet.ts), whose driver one replica at a time runs.
+ */
+export interface Fleet {
+  readonly readyPromise: Promise<FleetStatus>;
+  /** Every report of the fleet's actors (the driver's lines; on a follower, the store's rows). */
+  onMessage(fn: (m: Msg) => void): void;
+  status(): FleetStatus;
+  summary(address: string): FleetState;
+  start(): Promise<FleetStatus>;
+  scale(count: number): Promise<{ target: number; added: string[]; draining: string[] }>;
+  actors(): Promise<FleetStatus>;
+  close(): Promise<void>;
+  /** False on a replica that follows another replica's driver: it neither scales nor publishes. */
+  leads(): boolean;
+  /** Whether the pool's member `name` is one of the fleet's actors. */
+  owns(name: string): boolean;
+  /** A shared fleet's term while this replica leads it (each term runs a new driver). */
+  term?(): number | null;
+}
+
 type Msg = Record<string, any>;
 type Waiter = { resolve: (m: Msg) => void; reject: (e: Error) => void };
 
@@ -86,14 +103,14 @@ export class FleetError extends Error {
   }
 }
 
-export class RayFleet {
+export class RayFleet implements Fleet {
   private proc: ChildProcess | null = null;
   private readonly waiters = new Map<string, Waiter>();
   private seq = 0;
   private closed = false;
   private info: FleetStatus = { state: "starting" };
   private readonly listeners: Array<(m: Msg) => void> = [];
-  private readonly serial = new Map<string, Promise<void>>();
+  private readonly members: FleetMembers;
   private driverRestarts = 0;
   private readyResolve: ((s: FleetStatus) => void) | null = null;
   private readyReject: ((e: Error) => void) | null = null;
@@ -101,6 +118,16 @@ export class RayFleet {
 
   constructor(private readonly o: RayFleetOptions) {
     mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
+    this.members =
+      o.members ??
+      new FleetMembers({
+        pool: o.pool,
+        client: o.client,
+        tokenFile: o.tokenFile,
+        certDir: o.stateDir,
+        logger: o.logger,
+        drainTimeoutMs: o.drainTimeoutMs,
+      });
     this.readyPromise = new Promise((res, rej) => {
       this.readyResolve = res;
       this.readyReject = rej;
@@ -115,6 +142,14 @@ export class RayFleet {
 
   status(): FleetStatus {
     return { ...this.info };
+  }
+
+  leads(): boolean {
+    return true;
+  }
+
+  owns(name: string): boolean {
+    return this.members.owns(name);
   }
 
   /** What get_runtime_status and /metrics show (the actors as of the last `actors()` call). */
@@ -238,7 +273,7 @@ export class RayFleet {
       this.info = { ...this.info, state: "restarting" };
       this.driverRestarts++;
       // Its actors fate-share with it: the pool loses them until the new driver reports again.
-      for (const name of this.o.pool.names().filter((n) => this.ours.has(n))) this.forget(name);
+      this.members.forgetAll();
       setTimeout(() => !this.closed && this.spawnDriver(), this.o.restartBackoffMs ?? 2000).unref();
     });
   }
@@ -268,30 +303,8 @@ export class RayFleet {
     }
   }
 
-  // ── membership ─────────────────────────────────────────────────────────────────────────────
-
-  /** Names this fleet added to the pool (never touch a configured worker of the same pool). */
-  private readonly ours = new Set<string>();
-
-  /** Runs membership changes for one name in order (an endpoint after a lost, a drain). */
-  private inOrder(name: string, fn: () => Promise<void>): void {
-    const prev = this.serial.get(name) ?? Promise.resolve();
-    const next = prev.then(fn).catch((e: unknown) => {
-      this.o.logger?.warn({ worker: name, err: String(e) }, "fleet membership change failed");
-    });
-    this.serial.set(name, next);
-  }
-
-  private forget(name: string): void {
-    this.inOrder(name, async () => {
-      if (this.o.pool.names().includes(name)) await this.o.pool.remove(name, { timeoutMs: 0 });
-      this.ours.delete(name);
-    });
-  }
-
   private onDriver(m: Msg): void {
     for (const fn of this.listeners) fn(m);
-    const name = typeof m.name === "string" ? m.name : "";
     switch (m.type) {
       case "ready":
         this.info = {
@@ -315,62 +328,12 @@ export class RayFleet {
         }
         break;
       }
+      // An actor's report: its membership in the pool (runtime/fleet/members.ts).
       case "endpoint":
-        this.inOrder(name, async () => {
-          const ca = join(this.o.stateDir, `${name}.crt`);
-          // Pin exactly the certificate this actor made for itself (its key never left its node),
-          // once the worker it replaces is gone (it must never reconnect with the new pin).
-          const pin = () => writeFileSync(ca, String(m.certificate), { mode: 0o600 });
-          const entry: WorkerEntry = {
-            name,
-            connect: `${String(m.host).includes(":") ? `[${m.host}]` : m.host}:${m.port}`,
-            tls: { ca, cert: this.o.client.cert, key: this.o.client.key },
-            token_file: this.o.tokenFile,
-          };
-          // A restart replaces the old member (calls in flight on it fail worker_died), and the
-          // models it held are loaded again on the new actor, so none silently loses a replica.
-          if (this.o.pool.names().includes(name)) await this.o.pool.replace(entry, pin);
-          else {
-            pin();
-            this.o.pool.add(entry);
-          }
-          this.ours.add(name);
-          this.o.logger?.info(
-            {
-              worker: name,
-              address: entry.connect,
-              device: m.device,
-              chips: m.chips,
-              restarts: m.restarts,
-            },
-            "Ray placed a worker; added to the pool",
-          );
-        });
-        break;
       case "lost":
-        this.inOrder(name, async () => {
-          // Stop routing to it now; its connection is gone or about to be.
-          if (this.o.pool.names().includes(name)) this.o.pool.drain(name);
-          this.o.logger?.warn(
-            { worker: name, restarts: m.restarts },
-            "Ray worker lost; Ray restarts it",
-          );
-        });
-        break;
       case "dead":
-        this.o.logger?.error(
-          { worker: name, reason: m.reason },
-          "Ray worker dead (restarts used up)",
-        );
-        this.forget(name);
-        break;
       case "drain":
-        this.inOrder(name, async () => {
-          if (this.o.pool.names().includes(name))
-            await this.o.pool.remove(name, { timeoutMs: this.o.drainTimeoutMs ?? 60_000 });
-          this.ours.delete(name);
-          this.send({ op: "drained", name });
-        });
+        this.members.apply(m, (n) => this.send({ op: "drained", name: n }));
         break;
       default:
         break;

@@ -271,6 +271,16 @@ export async function createApp(
             });
         },
         ...(opts.setup ? { prerequisite: () => opts.setup!.blocked() } : {}),
+        // On a shared store the replicas share one Ray fleet (server/control/shared_fleet.ts).
+        ...(opts.shared && "postgres" in config.storage
+          ? {
+              sharedFleet: {
+                pool: opts.shared.pool,
+                replica: opts.shared.replica.id,
+                leaseS: config.storage.postgres.fleet_lease_s,
+              },
+            }
+          : {}),
         ...opts.hooks,
       });
   const { pool: runtime, fleet } = built;
@@ -455,7 +465,13 @@ export function toolServices(app: App): ToolServices {
   return {
     runtime,
     ...(fleet ? { fleet } : {}),
-    replica: () => replicaStatus(app.identity, runtime.workers(), fleet !== undefined),
+    replica: () =>
+      replicaStatus(
+        app.identity,
+        // The fleet's actors are described by `fleet`; the rest are the replica's own workers.
+        runtime.workers().filter((w) => !app.ray?.fleet.owns(w.name)),
+        app.ray ? (app.ray.fleet.term ? "shared" : "own") : null,
+      ),
     ...(setup ? { setup } : {}),
     jobs,
     outputs,

@@ -16,9 +16,9 @@ import {
   type WorkerEntry,
 } from "../../runtime/pool/index.js";
 import type { FleetState, Runtime, RuntimeCallError } from "../../runtime/types.js";
-import type { RayFleet } from "../../runtime/fleet/ray.js";
+import type { Fleet } from "../../runtime/fleet/ray.js";
 import type { ServerConfig } from "../config/config.js";
-import { attachRayFleet } from "../control/fleet.js";
+import { attachRayFleet, type SharedFleetStore } from "../control/fleet.js";
 import { engineArgs } from "../config/engines.js";
 
 export interface RuntimeHooks {
@@ -33,6 +33,8 @@ export interface RuntimeHooks {
   spawn?: SpawnFn;
   /** Holds local workers back until it returns null (a package's set-up, server/setup/). */
   prerequisite?: () => RuntimeCallError | null;
+  /** storage.postgres: the Ray fleet is the replicas' one fleet, shared through this store. */
+  sharedFleet?: SharedFleetStore;
 }
 
 export function baseRuntimeOptions(config: ServerConfig, logger: Logger): WorkerRuntimeOptions {
@@ -91,7 +93,7 @@ export function workersMode(
 /** The compute side: always a pool; with runtime.ray, the Ray fleet that adds workers to it. */
 export interface BuiltRuntime {
   pool: Runtime;
-  fleet?: { fleet: RayFleet; state(): FleetState };
+  fleet?: { fleet: Fleet; state(): FleetState };
 }
 
 export function buildRuntime(
@@ -150,7 +152,7 @@ export function buildRuntime(
     onRestore: hooks.onRestore,
   });
   // Ray places more workers at run time; the fleet adds and removes them (server/control/fleet.ts).
-  const fleet = ray ? attachRayFleet(pool, config, logger) : undefined;
+  const fleet = ray ? attachRayFleet(pool, config, logger, hooks.sharedFleet) : undefined;
   // Eager start: the expansion (inventory) and every worker begin with the server.
   if (config.runtime.start === "eager" && !(ray && mode === "single"))
     setImmediate(

@@ -31,22 +31,24 @@ function derived(bound: { port: number } | null, host: string): string {
 }
 
 /**
- * The replica's status from its identity and the kinds of workers its runtime reaches. On a shared
- * store every replica is a shard today: whatever its workers, the ones it reaches are its alone.
- * Local workers are its own processes; a remote worker serves one control plane at a time (the
- * replica connected first holds it, the others are told `busy` and retry, so one of them takes it
- * over when the holder goes, with nothing loaded); a Ray fleet driver places actors of its own,
- * named per driver run, so replicas on one cluster divide its chips between them. The note says
- * which of these applies.
+ * The replica's status from its identity, the kinds of its own workers and its Ray fleet. On a
+ * shared store a replica is a shard when it reaches workers that are its alone: local workers
+ * are its own processes; a remote worker serves one control plane at a time (the replica
+ * connected first holds it, the others are told `busy` and retry, so one of them takes it over
+ * when the holder goes, with nothing loaded); a Ray fleet of its own (`own`: a driver that places
+ * actors named per driver run, so replicas on one cluster divide its chips). A `shared` Ray fleet
+ * (storage.postgres: one replica's driver, every replica reaches its actors,
+ * server/control/shared_fleet.ts) is the deployment's: a replica whose only workers are its
+ * actors is no shard. The note says which of these applies.
  */
 export function replicaStatus(
   identity: ReplicaIdentity,
+  /** The workers that are not the Ray fleet's actors. */
   workers: { kind: "local" | "remote" }[],
-  rayFleet: boolean,
+  rayFleet: "own" | "shared" | null,
 ): ReplicaStatus {
-  const shard = identity.storage === "postgres";
-  if (!shard)
-    return { ...identity, shard, note: "one server: its store is its own (storage.sqlite)" };
+  if (identity.storage !== "postgres")
+    return { ...identity, shard: false, note: "one server: its store is its own (storage.sqlite)" };
   const kinds = [
     ...(workers.some((w) => w.kind === "local") ? ["its local workers are its own processes"] : []),
     ...(workers.some((w) => w.kind === "remote")
@@ -54,10 +56,16 @@ export function replicaStatus(
           "a remote worker serves one replica at a time (the others are told busy and retry, and take it over when this one goes)",
         ]
       : []),
-    ...(rayFleet
+    ...(rayFleet === "own"
       ? ["its Ray fleet driver places actors of its own (replicas on one cluster divide its chips)"]
       : []),
   ];
-  const note = `a shard: the store is shared, the workers it reaches are its alone; another replica does not see its loaded models or queues (${kinds.join("; ")})`;
-  return { ...identity, shard, note };
+  const shared =
+    rayFleet === "shared"
+      ? "the Ray fleet is shared: every replica reaches the same actors, whose driver one replica runs (get_runtime_status's fleet.leader)"
+      : null;
+  if (shared && kinds.length === 0)
+    return { ...identity, shard: false, note: `not a shard: the store is shared, and ${shared}` };
+  const note = `a shard: the store is shared, the workers it reaches are its alone; another replica does not see its loaded models or queues (${[...kinds, ...(shared ? [shared] : [])].join("; ")})`;
+  return { ...identity, shard: true, note };
 }

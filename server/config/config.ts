@@ -93,6 +93,9 @@ export const ServerConfigSchema = z
                 /** A job's lease: its replica renews it every third of this; only an expired
                  *  lease marks the job interrupted (a replica that died stops renewing). */
                 job_lease_s: z.number().min(1).max(3600).default(30),
+                /** The shared Ray fleet driver's lease (runtime.ray): its replica renews it every
+                 *  third of this; another replica takes the driver over once it expired. */
+                fleet_lease_s: z.number().min(1).max(3600).default(10),
               })
               .strict(),
           })

@@ -3,31 +3,81 @@
 // count into the control channel (desired state, so it survives a restart); on each tick the
 // server asks the driver to scale (removals drain in the pool first) and writes back what the
 // fleet reports, which the CLI waits on.
+import { join } from "node:path";
 import type { Logger } from "pino";
-import { RayFleet, type FleetPool, type FleetStatus } from "../../runtime/fleet/ray.js";
+import { FleetMembers } from "../../runtime/fleet/members.js";
+import { RayFleet, type Fleet, type FleetPool, type FleetStatus } from "../../runtime/fleet/ray.js";
+import { PgFleetStore, FLEET_CHANNEL } from "../app/postgres/fleet.js";
+import { newOrigin, PgListener } from "../app/postgres/notify.js";
+import type { PgPool } from "../app/postgres/pool.js";
 import type { ServerConfig } from "../config/config.js";
 import { dataDir } from "../config/data_dir.js";
 import { driverConfig } from "../config/ray.js";
-import type { ControlHandler } from "./channel.js";
+import type { ControlChannel, ControlHandler } from "./channel.js";
+import { SharedRayFleet } from "./shared_fleet.js";
 
-/** Starts the fleet driver for this pool; the pool's close() stops the driver first. */
+/** The shared store a fleet is shared through (storage.postgres): its pool and this replica. */
+export interface SharedFleetStore {
+  pool: PgPool;
+  replica: string;
+  leaseS: number;
+}
+
+/**
+ * Starts the fleet for this pool; the pool's close() stops it first. Alone (SQLite): this
+ * process's own driver. On a shared store: the replicas' one fleet, whose driver the replica that
+ * holds its lease runs (server/control/shared_fleet.ts).
+ */
 export function attachRayFleet(
   pool: FleetPool & { onClose(fn: () => Promise<void>): void },
   config: ServerConfig,
   logger: Logger,
-): RayFleet {
+  shared?: SharedFleetStore,
+): Fleet {
   const ray = config.runtime.ray!;
-  const fleet = new RayFleet({
+  const log = logger.child({ component: "ray-fleet" });
+  // One folder per replica: replicas sharing a data_dir (one machine) never touch each other's pins.
+  const stateDir = shared
+    ? join(dataDir(config).fleetState, shared.replica.replace(/[^A-Za-z0-9._-]/g, "_"))
+    : dataDir(config).fleetState;
+  const driverOptions = {
     pool,
     driverConfig: driverConfig(ray),
     client: ray.client,
     tokenFile: ray.channel.token_file,
-    stateDir: dataDir(config).fleetState,
     pythonPath: config.paths.python,
     workerDir: config.paths.install.workerDir,
     drainTimeoutMs: ray.drain_timeout_s * 1000,
-    logger: logger.child({ component: "ray-fleet" }),
-  });
+    logger: log,
+  };
+  let fleet: Fleet;
+  if (shared) {
+    const members = new FleetMembers({
+      pool,
+      client: ray.client,
+      tokenFile: ray.channel.token_file,
+      certDir: join(stateDir, "pins"),
+      logger: log,
+      drainTimeoutMs: ray.drain_timeout_s * 1000,
+    });
+    fleet = new SharedRayFleet({
+      store: new PgFleetStore(shared.pool, newOrigin()),
+      listener: new PgListener(shared.pool, FLEET_CHANNEL, {
+        onError: (e) => log.warn({ err: String(e) }, "shared Ray fleet: listener failed"),
+      }),
+      replica: shared.replica,
+      leaseMs: shared.leaseS * 1000,
+      members,
+      mode: ray.placement.mode,
+      logger: log,
+      driver: (term) =>
+        new RayFleet({
+          ...driverOptions,
+          members,
+          stateDir: join(stateDir, `driver-${term.epoch}`),
+        }),
+    });
+  } else fleet = new RayFleet({ ...driverOptions, stateDir });
   pool.onClose(() => fleet.close());
   fleet
     .start()
@@ -39,11 +89,11 @@ export function attachRayFleet(
 }
 
 /** Applies `workers scale` (the wanted count in the channel) and publishes the fleet's actors. */
-export function fleetHandler(fleet: RayFleet | undefined, logger: Logger): ControlHandler | null {
+export function fleetHandler(fleet: Fleet | undefined, logger: Logger): ControlHandler | null {
   if (!fleet) return null;
   let applied: { count: number; at: string } | null = null;
   let lastError: string | null = null;
-  let driverRestarts = 0;
+  let driverRestarts = "0/0";
   // The last actor that died or was lost, and why: `workers scale` shows it while it waits.
   let lastActorError: { name: string; reason: string; code?: string } | null = null;
   fleet.onMessage((m) => {
@@ -52,7 +102,9 @@ export function fleetHandler(fleet: RayFleet | undefined, logger: Logger): Contr
   });
   return {
     name: "fleet",
-    async tick(channel) {
+    async tick(channel: ControlChannel) {
+      // A shared fleet's follower: the leader applies the wanted count and publishes the fleet.
+      if (!fleet.leads()) return;
       const st = fleet.status();
       if (st.state !== "ready") {
         // Say why nothing moves (a refused driver is not retried): the CLI prints it.
@@ -66,7 +118,8 @@ export function fleetHandler(fleet: RayFleet | undefined, logger: Logger): Contr
         return;
       }
       // A restarted driver starts from the config's count again: re-apply the recorded target.
-      const restarts = fleet.summary("").driver_restarts;
+      // So does a new term of a shared fleet (this replica leads again, with a new driver).
+      const restarts = `${fleet.term?.() ?? 0}/${fleet.summary("").driver_restarts}`;
       if (restarts !== driverRestarts) {
         driverRestarts = restarts;
         applied = null;

@@ -11,7 +11,7 @@
 // A catalog that does not validate is refused like an invalid config.
 import type { Logger } from "pino";
 import { readCatalog, type Catalog } from "../../runtime/catalog.js";
-import type { RayFleet } from "../../runtime/fleet/ray.js";
+import type { Fleet } from "../../runtime/fleet/ray.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
 import { diffConfig } from "../config/diff.js";
 import type { ControlChannel, ControlHandler } from "./channel.js";
@@ -73,7 +73,7 @@ export function createReloader(
   running: ServerConfig,
   load: (() => ServerConfig) | undefined,
   /** The Ray fleet (runtime.ray), whose capacity a removed count stands for. */
-  fleet: RayFleet | undefined,
+  fleet: Fleet | undefined,
   logger: Logger,
   channel: ControlChannel,
   /** Absent: the catalog is not read again (a test's app without one). */

@@ -4,7 +4,7 @@ import { Metrics } from "../../server/app/metrics.js";
 import { replicaIdentity, replicaStatus } from "../../server/app/replica.js";
 
 const pg = (replica_id?: string) => ({
-  storage: { postgres: { url: "postgres://x", replica_id, job_lease_s: 30 } },
+  storage: { postgres: { url: "postgres://x", replica_id, job_lease_s: 30, fleet_lease_s: 10 } },
 });
 
 describe("replica identity", () => {
@@ -23,18 +23,29 @@ describe("replica identity", () => {
 
   it("a replica on a shared store is a shard whatever its workers, and says why", () => {
     const id = replicaIdentity(pg(), { port: 1 }, "h");
-    const local = replicaStatus(id, [{ kind: "local" }], false);
+    const local = replicaStatus(id, [{ kind: "local" }], null);
     expect(local.shard).toBe(true);
     expect(local.note).toMatch(/local workers are its own processes/);
     // A remote worker serves one control plane at a time; a Ray driver places its own actors.
-    const remote = replicaStatus(id, [{ kind: "remote" }], false);
+    const remote = replicaStatus(id, [{ kind: "remote" }], null);
     expect(remote.shard).toBe(true);
     expect(remote.note).toMatch(/one replica at a time/);
-    const ray = replicaStatus(id, [{ kind: "remote" }], true);
+    const ray = replicaStatus(id, [], "own");
     expect(ray.shard).toBe(true);
     expect(ray.note).toMatch(/actors of its own/);
     const one = replicaIdentity({ storage: { sqlite: {} } }, { port: 1 }, "h");
-    expect(replicaStatus(one, [{ kind: "local" }], false).shard).toBe(false);
+    expect(replicaStatus(one, [{ kind: "local" }], null).shard).toBe(false);
+  });
+
+  it("a replica whose only workers are the shared Ray fleet's actors is no shard", () => {
+    const id = replicaIdentity(pg(), { port: 1 }, "h");
+    const shared = replicaStatus(id, [], "shared");
+    expect(shared.shard).toBe(false);
+    expect(shared.note).toMatch(/Ray fleet is shared/);
+    // Its own local workers beside the shared fleet still make it a shard, and the note says both.
+    const mixed = replicaStatus(id, [{ kind: "local" }], "shared");
+    expect(mixed.shard).toBe(true);
+    expect(mixed.note).toMatch(/local workers are its own processes.*Ray fleet is shared/);
   });
 
   it("every /metrics series carries the replica label", async () => {

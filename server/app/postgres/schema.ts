@@ -161,6 +161,24 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
         PRIMARY KEY (output_id, idx));
       ALTER TABLE stored_output_tensors ALTER COLUMN data SET STORAGE EXTERNAL;`,
   },
+  {
+    version: 7,
+    name: "the shared Ray fleet: the driver's lease and the actors it placed",
+    // One row: which replica runs the fleet driver, until when (the database's clock), and its
+    // term (epoch, +1 at every take-over; the actors' rows are written under it). `info` is the
+    // driver's ready line (mode, capacity, target, Ray's version) for the other replicas.
+    sql: `
+      CREATE TABLE fleet_lease (
+        id INT PRIMARY KEY CHECK (id = 1), holder TEXT, epoch BIGINT NOT NULL,
+        until_ms BIGINT NOT NULL, info JSONB NOT NULL DEFAULT '{}'::jsonb);
+      INSERT INTO fleet_lease (id, holder, epoch, until_ms) VALUES (1, NULL, 0, 0);
+      CREATE TABLE fleet_actors (
+        name TEXT PRIMARY KEY, epoch BIGINT NOT NULL, leader TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('up','lost','draining')),
+        host TEXT NOT NULL, port INT NOT NULL, device TEXT, chips JSONB NOT NULL DEFAULT '[]'::jsonb,
+        node TEXT, certificate TEXT NOT NULL, ray_name TEXT, restarts INT NOT NULL DEFAULT 0,
+        updated_ms BIGINT NOT NULL);`,
+  },
 ];
 
 /** The newest schema this code knows. */
