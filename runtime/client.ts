@@ -100,6 +100,11 @@ export type WorkerRuntimeEvents = Omit<RuntimeEvents, "restart"> & {
   }) => void;
   /** The worker ended a request: the pool's model bookkeeping reads loads and unloads here. */
   ended: (info: RequestEnded) => void;
+  /**
+   * A shared remote worker's relay says another control plane loaded or unloaded a model there
+   * (or, right after hello, what is loaded already): the pool tracks it like its own results.
+   */
+  fleet: (info: RequestEnded) => void;
 };
 
 type Listeners = { [E in keyof WorkerRuntimeEvents]: Array<WorkerRuntimeEvents[E]> };
@@ -140,6 +145,7 @@ export class WorkerRuntime {
     log: [],
     protocol_error: [],
     ended: [],
+    fleet: [],
   };
   // Last resort against orphans if the Node process exits without close().
   private readonly killOnProcessExit = () => {
@@ -595,6 +601,16 @@ export class WorkerRuntime {
     }
     const msg = parsed.message;
     if (msg.type === "hello") return this.onHello(proc, msg);
+    if (msg.type === "fleet") {
+      // What another control plane did on this shared worker: an `ended` of a load or unload.
+      const { model } = msg;
+      this.emit("fleet", {
+        op: msg.op,
+        args: { ...msg.args, model },
+        result: msg.op === "load" ? { ...msg.result, model } : { model },
+      });
+      return;
+    }
     if (msg.type === "pong") {
       if (proc.ping && proc.ping.id === msg.id) {
         clearTimeout(proc.ping.timer);

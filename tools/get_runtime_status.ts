@@ -114,7 +114,7 @@ const build = (env: ToolEnv) => {
         })
         .optional()
         .describe(
-          "the replica that answered; shard: it shares the store, not its workers, so loaded models and queues here are its alone",
+          "the replica that answered; shard: some workers it reaches are its alone: their models and queues are not the fleet's",
         ),
       workers: z
         .array(
@@ -252,7 +252,7 @@ const build = (env: ToolEnv) => {
         ? `; workers: ${o.workers.map((w) => `${w.name} ${w.device} ${w.state}${w.draining ? " (drained)" : ""} [${w.models.join(", ") || "-"}]`).join("; ")}`
         : "") +
       (o.replica?.storage === "postgres"
-        ? `; replica ${o.replica.id}${o.replica.shard ? " (a shard: its workers are its own)" : ""}`
+        ? `; replica ${o.replica.id}${o.replica.shard ? " (a shard: some workers are its own)" : " (one fleet: its workers are shared)"}`
         : "") +
       (o.fleet
         ? `; Ray fleet ${o.fleet.state} at ${o.fleet.address} (${o.fleet.mode}): ${o.fleet.observed}/${o.fleet.target ?? "?"} actors serving` +

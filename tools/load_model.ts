@@ -174,7 +174,7 @@ const build = (env: ToolEnv) => {
     render: (o) =>
       "job_id" in o
         ? `started job ${o.job_id}; follow it with get_job`
-        : `loaded ${o.model} on ${o.placement ? o.placement.map((p) => `${p.worker} (${p.device})`).join(", ") : o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s${o.graphs_compiled !== undefined ? ` (${o.graphs_compiled} graphs${o.compile_cache?.warm ? ", warm cache" : ""})` : ""}${o.shape_plan ? `, shape plan ${o.shape_plan.size} shapes` : ""}${o.matmul_precision ? `, matmul precision ${o.matmul_precision}` : ""}`,
+        : `${(o as { already_loaded?: boolean }).already_loaded ? "already loaded (not loaded again)" : "loaded"} ${o.model} on ${o.placement ? o.placement.map((p) => `${p.worker} (${p.device})`).join(", ") : o.device} as ${o.dtype} (${o.mode}): ${o.parameters} parameters, ${(o.bytes_on_device / 2 ** 20).toFixed(1)} MiB, load ${o.load_s.toFixed(2)} s, compile ${o.compile_s.toFixed(2)} s, warmup ${o.warmup_s.toFixed(2)} s${o.graphs_compiled !== undefined ? ` (${o.graphs_compiled} graphs${o.compile_cache?.warm ? ", warm cache" : ""})` : ""}${o.shape_plan ? `, shape plan ${o.shape_plan.size} shapes` : ""}${o.matmul_precision ? `, matmul precision ${o.matmul_precision}` : ""}`,
   });
   // Replicas are placed on a pool's workers: without a pool the argument is not published.
   if (env.deployment?.pool !== false) return tool;

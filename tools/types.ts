@@ -72,8 +72,9 @@ export interface ReplicaStatus {
   /** Where the shared state lives: one SQLite server, or replicas on one Postgres. */
   storage: "sqlite" | "postgres";
   /**
-   * True when it shares its store with other replicas but reaches only workers of its own
-   * (local processes): its loaded models, queues and devices are its alone, a shard.
+   * True when it shares its store with other replicas but reaches workers of its own (local
+   * processes, its Ray driver's actors): what those hold and queue is its alone, a shard. False
+   * on a shared store when every worker is a shared remote one (`tpu_worker serve`).
    */
   shard: boolean;
   note: string;

@@ -18,6 +18,8 @@ export class Member {
   private readonly lost = new Set<string>();
   /** The worker args of each held or lost model's load (dtype, mode…), to load it again alike. */
   private readonly loadArgs = new Map<string, Record<string, unknown>>();
+  /** Each held model's load result, for a repeated load of it with the same dtype and mode. */
+  private readonly loadResults = new Map<string, Record<string, unknown>>();
   /** When the pool last loaded a model again here after a replacement (a crash-loop guard). */
   private readonly restoredAt = new Map<string, number>();
   /** Lost models the pool did not or could not load again: left to the caller, never retried. */
@@ -28,11 +30,16 @@ export class Member {
     readonly rt: WorkerRuntime,
   ) {
     rt.on("ended", (e) => this.track(e));
+    // A shared remote worker: what another control plane loaded or unloaded there (and, after
+    // each connection's hello, what it holds already) counts as if loaded or unloaded here.
+    rt.on("fleet", (e) => this.track(e));
     // A dead worker's models are gone with it; they are reported lost, never reloaded behind
-    // the caller's back (the supervision rules, runtime/client.ts).
+    // the caller's back (the supervision rules, runtime/client.ts). A shared remote worker's
+    // connection that comes back names what the worker still holds (fleet), which is not lost.
     rt.on("exit", () => {
       for (const m of this.loaded.keys()) this.lost.add(m);
       this.loaded.clear();
+      this.loadResults.clear();
     });
   }
 
@@ -65,6 +72,13 @@ export class Member {
   }
   holds(model: string): boolean {
     return this.loaded.has(model);
+  }
+  /** A held model's load: its worker args and result (whoever loaded it on a shared worker). */
+  loadOf(model: string): { args: Record<string, unknown>; result: Record<string, unknown> } | null {
+    const result = this.loadResults.get(model);
+    return this.loaded.has(model) && result
+      ? { args: this.loadArgs.get(model) ?? {}, result }
+      : null;
   }
   /** Models lost in the last restart, until loaded again or unloaded (which acknowledges it). */
   lostModels(): string[] {
@@ -144,6 +158,7 @@ export class Member {
       // The worker's own args (the pool already turned a worker name into "your device").
       const { device: _d, ...args } = e.args;
       this.loadArgs.set(model, args);
+      this.loadResults.set(model, r);
       this.lost.delete(model);
       this.givenUp.delete(model);
     } else if (e.op === "unload" && (e.result || e.code === "model_not_loaded")) {
@@ -151,6 +166,7 @@ export class Member {
       this.loaded.delete(model);
       this.lost.delete(model);
       this.loadArgs.delete(model);
+      this.loadResults.delete(model);
       this.restoredAt.delete(model);
       this.givenUp.delete(model);
     }

@@ -12,6 +12,8 @@
 //   workers in parallel; loads on one worker are serialised.
 // - infer: routing among the replicas holding the model: power of two choices on calls in
 //   flight, each replica capped at maxInFlightPerReplica; all at cap → `busy` + retry_after_ms.
+//   A load held already as asked (same dtype and mode) on enough workers is answered from
+//   their load, without a worker call (another replica's load on a shared remote worker).
 // - unload: every replica, or the one `device` names.
 // - status: every worker's own status, plus `workers` (placement, state, in flight, memory).
 // - bench/check: the worker `device` names, else the least busy one of the right kind.
@@ -343,6 +345,14 @@ export class WorkerPool implements Runtime {
     const open = candidates(this.members, device, model);
     if (!open.length) {
       const holders = scope.filter((m) => m.holds(model));
+      // Loaded already, as asked, on as many workers as asked (e.g. by another replica on a
+      // shared remote worker): the load is answered from theirs, without a worker call.
+      const same = holders.filter((m) => m.usable && sameLoad(m.loadOf(model), workerArgs));
+      if (same.length && same.length >= replicas) {
+        const held = same.slice(0, replicas);
+        if (opts.placement instanceof Ticket) for (const m of held) opts.placement.note(m.name);
+        return alreadyLoaded(held, model);
+      }
       if (holders.length)
         throw new RuntimeCallError(
           "model_already_loaded",
@@ -790,6 +800,12 @@ export class WorkerPool implements Runtime {
         };
     const rt = this.opts.makeRuntime ? this.opts.makeRuntime(entry, opts) : new WorkerRuntime(opts);
     const m = new Member(entry, rt);
+    // Bytes another control plane placed on a shared worker count as held here too.
+    rt.on("fleet", (e) => {
+      const key = `${m.name}\0${String(e.args.model)}`;
+      if (e.op === "load") this.held.set(key, num(e.result?.bytes_on_device));
+      else this.held.delete(key);
+    });
     rt.on("exit", () => {
       for (const x of [...this.held.keys()]) if (x.startsWith(`${m.name}\0`)) this.held.delete(x);
     });
@@ -838,6 +854,40 @@ function childLogger(
   const c = (l as { child?: (b: object) => unknown }).child;
   if (typeof c === "function") return c.call(l, { worker }) as typeof l;
   return l;
+}
+
+/** A held load matches a requested one: same dtype and mode, and matmul precision if asked. */
+function sameLoad(
+  held: ReturnType<Member["loadOf"]>,
+  asked: Record<string, unknown>,
+): held is NonNullable<ReturnType<Member["loadOf"]>> {
+  if (!held) return false;
+  const { result, args } = held;
+  if (asked.dtype !== undefined && asked.dtype !== result.dtype) return false;
+  if ((asked.mode ?? "eager") !== (result.mode ?? "eager")) return false;
+  if (asked.matmul_precision !== undefined && asked.matmul_precision !== args.matmul_precision)
+    return false;
+  return true;
+}
+
+/** The answer to a load that `holders` already hold as asked: their load, flagged. */
+function alreadyLoaded(holders: Member[], model: string): CallResult {
+  const first = holders[0]!.loadOf(model)!.result;
+  return {
+    result: {
+      ...first,
+      already_loaded: true,
+      placement: holders.map((m) => {
+        const r = m.loadOf(model)!.result;
+        return {
+          worker: m.name,
+          device: String(r.device ?? m.device),
+          bytes_on_device: num(r.bytes_on_device),
+        };
+      }),
+    },
+    tensors: [],
+  };
 }
 
 function num(v: unknown): number {

@@ -67,12 +67,26 @@ export const pongSchema = z.looseObject({
   time_s: z.number(),
 });
 
+/**
+ * A shared remote worker's relay (`tpu_worker serve`) telling one control plane what another
+ * loaded or unloaded there (runtime/PROTOCOL.md, "Remote workers"): `load` carries the load's
+ * worker args and its result, as the loading control plane got them.
+ */
+export const fleetSchema = z.looseObject({
+  type: z.literal("fleet"),
+  op: z.enum(["load", "unload"]),
+  model: z.string().min(1),
+  args: z.record(z.string(), z.unknown()).optional(),
+  result: z.record(z.string(), z.unknown()).optional(),
+});
+
 export const workerMessageSchema = z.discriminatedUnion("type", [
   helloSchema,
   resultSchema,
   errorSchema,
   progressSchema,
   pongSchema,
+  fleetSchema,
 ]);
 
 export type HelloMessage = z.infer<typeof helloSchema>;
@@ -80,6 +94,7 @@ export type ResultMessage = z.infer<typeof resultSchema>;
 export type ErrorMessage = z.infer<typeof errorSchema>;
 export type ProgressMessage = z.infer<typeof progressSchema>;
 export type PongMessage = z.infer<typeof pongSchema>;
+export type FleetMessage = z.infer<typeof fleetSchema>;
 export type WorkerMessage = z.infer<typeof workerMessageSchema>;
 
 export type ParseOutcome =

@@ -31,15 +31,15 @@ function derived(bound: { port: number } | null, host: string): string {
 }
 
 /**
- * The replica's status from its identity, the kinds of its own workers and its Ray fleet. On a
- * shared store a replica is a shard when it reaches workers that are its alone: local workers
- * are its own processes; a remote worker serves one control plane at a time (the replica
- * connected first holds it, the others are told `busy` and retry, so one of them takes it over
- * when the holder goes, with nothing loaded); a Ray fleet of its own (`own`: a driver that places
- * actors named per driver run, so replicas on one cluster divide its chips). A `shared` Ray fleet
- * (storage.postgres: one replica's driver, every replica reaches its actors,
- * server/control/shared_fleet.ts) is the deployment's: a replica whose only workers are its
- * actors is no shard. The note says which of these applies.
+ * The replica's status from its identity, the kinds of its workers (not the Ray fleet's actors)
+ * and its Ray fleet. On a shared store a replica is a shard when it reaches workers that are its
+ * alone: local workers are its own processes; a Ray fleet of its own (`own`: a driver that places
+ * actors named per driver run, so replicas on one cluster divide its chips). Shared are: remote
+ * workers (`tpu_worker serve`: each serves every replica that connects, up to its
+ * --max-control-planes, from one worker process, and tells each what the others load and
+ * unload), and a `shared` Ray fleet (storage.postgres: one replica's driver, every replica
+ * reaches its actors, server/control/shared_fleet.ts). A replica whose workers are all shared is
+ * no shard: its loaded models and queues are the fleet's. The note says which of these applies.
  */
 export function replicaStatus(
   identity: ReplicaIdentity,
@@ -49,23 +49,30 @@ export function replicaStatus(
 ): ReplicaStatus {
   if (identity.storage !== "postgres")
     return { ...identity, shard: false, note: "one server: its store is its own (storage.sqlite)" };
-  const kinds = [
+  const own = [
     ...(workers.some((w) => w.kind === "local") ? ["its local workers are its own processes"] : []),
-    ...(workers.some((w) => w.kind === "remote")
-      ? [
-          "a remote worker serves one replica at a time (the others are told busy and retry, and take it over when this one goes)",
-        ]
-      : []),
     ...(rayFleet === "own"
       ? ["its Ray fleet driver places actors of its own (replicas on one cluster divide its chips)"]
       : []),
   ];
-  const shared =
-    rayFleet === "shared"
-      ? "the Ray fleet is shared: every replica reaches the same actors, whose driver one replica runs (get_runtime_status's fleet.leader)"
-      : null;
-  if (shared && kinds.length === 0)
-    return { ...identity, shard: false, note: `not a shard: the store is shared, and ${shared}` };
-  const note = `a shard: the store is shared, the workers it reaches are its alone; another replica does not see its loaded models or queues (${[...kinds, ...(shared ? [shared] : [])].join("; ")})`;
+  const shared = [
+    ...(workers.some((w) => w.kind === "remote")
+      ? [
+          "its remote workers are shared: each serves every replica from one worker process, and the models loaded there, their queues and the worker's health are the same through every replica",
+        ]
+      : []),
+    ...(rayFleet === "shared"
+      ? [
+          "the Ray fleet is shared: every replica reaches the same actors, whose driver one replica runs (get_runtime_status's fleet.leader)",
+        ]
+      : []),
+  ];
+  if (!own.length)
+    return {
+      ...identity,
+      shard: false,
+      note: `not a shard: the store and the workers are shared, one fleet (${shared.join("; ")})`,
+    };
+  const note = `a shard: the store is shared, some workers it reaches are its alone; another replica does not see what they hold or their queues (${[...own, ...shared].join("; ")})`;
   return { ...identity, shard: true, note };
 }

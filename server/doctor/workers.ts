@@ -68,7 +68,7 @@ async function checkOne(
     const r = refusals.find((x) => x.reason !== "unreachable") ?? refusals[0];
     const why =
       r?.reason === "busy"
-        ? "TLS and token accepted, but it is serving another control plane (the running server?)"
+        ? "TLS and token accepted, but it serves as many control planes as it takes (--max-control-planes): the running replicas?"
         : r?.reason === "unreachable"
           ? `not reachable (${r.message}): is \`tpu-mcp-worker serve\` running there, and the port open to this host?`
           : r

@@ -21,16 +21,22 @@ describe("replica identity", () => {
     });
   });
 
-  it("a replica on a shared store is a shard whatever its workers, and says why", () => {
+  it("a replica on a shared store is a shard unless every worker it reaches is a shared remote one, and says why", () => {
     const id = replicaIdentity(pg(), { port: 1 }, "h");
     const local = replicaStatus(id, [{ kind: "local" }], null);
     expect(local.shard).toBe(true);
     expect(local.note).toMatch(/local workers are its own processes/);
-    // A remote worker serves one control plane at a time; a Ray driver places its own actors.
-    const remote = replicaStatus(id, [{ kind: "remote" }], null);
-    expect(remote.shard).toBe(true);
-    expect(remote.note).toMatch(/one replica at a time/);
-    const ray = replicaStatus(id, [], "own");
+    // A remote worker serves every replica from one worker process; a Ray driver places its own actors.
+    const remote = replicaStatus(id, [{ kind: "remote" }, { kind: "remote" }], null);
+    expect(remote.shard).toBe(false);
+    expect(remote.note).toMatch(/one fleet.*remote workers are shared/);
+    const mixed = replicaStatus(id, [{ kind: "local" }, { kind: "remote" }], null);
+    expect(mixed.shard).toBe(true);
+    expect(mixed.note).toMatch(/local workers are its own.*remote workers are shared/);
+    const both = replicaStatus(id, [{ kind: "remote" }], "shared");
+    expect(both.shard).toBe(false);
+    expect(both.note).toMatch(/remote workers are shared.*Ray fleet is shared/);
+    const ray = replicaStatus(id, [{ kind: "remote" }], "own");
     expect(ray.shard).toBe(true);
     expect(ray.note).toMatch(/actors of its own/);
     const one = replicaIdentity({ storage: { sqlite: {} } }, { port: 1 }, "h");

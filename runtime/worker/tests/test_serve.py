@@ -1,6 +1,8 @@
-"""`python -m tpu_worker serve`: mutual TLS, the token in the first frame, one control plane at a
-time, and then the ordinary worker protocol from a fresh worker per connection. Certificates are
-made with openssl for the test; the server binds 127.0.0.1 with port 0."""
+"""`python -m tpu_worker serve`: mutual TLS, the token in the first frame, then one shared worker
+served to several control planes at once through the relay (ids rewritten per connection, cancels
+and disconnects that reach only their own requests, the hello replayed, `fleet` frames for
+models loaded through another connection). Certificates are made with openssl for the test; the
+server binds 127.0.0.1 with port 0."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import ssl
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -268,7 +271,7 @@ def test_an_over_limit_body_closes_the_connection_instead_of_being_skipped(certs
             port = int(m.group(1)) if m else None
         with _connect(certs, port) as s:
             _send(s, {"type": "auth", "token": TOKEN})
-            assert _recv(s) == {"type": "auth_ok"}
+            assert _recv(s)["type"] == "auth_ok"
             assert _recv(s)["type"] == "hello"
             h = json.dumps({"type": "request", "id": "big", "op": "status", "args": {}}).encode()
             s.sendall(PREFIX.pack(len(h), 4 * 1024**3 - 1) + h + b"\0" * 4096)
@@ -287,23 +290,6 @@ def test_an_over_limit_body_closes_the_connection_instead_of_being_skipped(certs
         p.wait(timeout=15)
 
 
-def test_the_right_certificate_and_token_reach_a_fresh_worker_and_a_second_client_is_told_busy(server, certs):
-    port, _ = server
-    with _connect(certs, port) as s:
-        _send(s, {"type": "auth", "token": TOKEN})
-        assert _recv(s) == {"type": "auth_ok"}
-        hello = _recv(s)
-        assert hello["type"] == "hello" and hello["device"]["kind"] == "cpu"
-        with _connect(certs, port) as s2:
-            _send(s2, {"type": "auth", "token": TOKEN})
-            busy = _recv(s2)
-            assert busy["error"]["code"] == "busy"
-        _send(s, {"type": "ping", "id": "p1"})
-        assert _recv(s)["type"] == "pong"
-        _send(s, {"type": "request", "id": "r1", "op": "status", "args": {}})
-        assert _recv(s)["type"] == "result"
-
-
 def test_listen_needs_host_and_port():
     assert split_listen("127.0.0.1:0") == ("127.0.0.1", 0)
     assert split_listen("[::1]:7900") == ("::1", 7900)
@@ -320,18 +306,200 @@ def test_a_short_token_is_rejected(tmp_path):
         read_token(str(p))
 
 
-def test_the_frame_watch_follows_frames_split_anywhere_and_names_the_first_over_the_limit():
-    from tpu_worker.serve import FrameWatch, max_body_bytes
+def test_max_body_bytes_is_read_as_the_worker_reads_it():
+    from tpu_worker.serve import max_body_bytes
 
     assert max_body_bytes(["--catalog", "c.json"]) == 1024**3
     assert max_body_bytes(["--max-body-bytes", "1024", "--threads", "1"]) == 1024
     assert max_body_bytes(["--max-body-bytes=2048"]) == 2048
-    ok = PREFIX.pack(3, 5) + b"hdr" + b"12345"
-    big = PREFIX.pack(3, 1025) + b"hdr"
-    stream = ok * 3 + big
-    for cut in range(1, len(stream)):
-        w = FrameWatch(1024)
-        got = [w.feed(stream[i : i + cut]) for i in range(0, len(stream), cut)]
-        assert [g for g in got if g is not None][:1] == [1025], cut
-    w = FrameWatch(1024)
-    assert w.feed(ok * 10) is None
+
+
+# -- the shared worker: several control planes at once ------------------------------------------
+
+
+def _start_serve(certs: str, catalog_path: str, *extra: str) -> tuple[int, subprocess.Popen]:
+    env = {**os.environ, "PYTHONPATH": WORKER_DIR}
+    p = subprocess.Popen(
+        [
+            sys.executable, "-m", "tpu_worker", "serve", "--listen", "127.0.0.1:0",
+            "--tls-cert", f"{certs}/worker.crt", "--tls-key", f"{certs}/worker.key",
+            "--client-ca", f"{certs}/ca.crt", "--token-file", f"{certs}/token",
+            "--catalog", catalog_path, "--device", "cpu", "--threads", "1", *extra,
+        ],
+        env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    while True:
+        line = p.stderr.readline()
+        assert line, "serve exited"
+        m = re.search(r'"msg": "listening".*"port": (\d+)', line)
+        if m:
+            # The rest of its log is not read by the test: drain it so the relay never blocks on it.
+            threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
+            return int(m.group(1)), p
+
+
+@pytest.fixture
+def shared(certs, catalog_path):
+    """A serve of its own per test (the worker, and what it holds, is shared by its connections)."""
+    port, p = _start_serve(certs, catalog_path, "--max-control-planes", "3")
+    yield port
+    p.terminate()
+    p.wait(timeout=30)
+
+
+class Plane:
+    """One control plane's connection: authenticated, its hello (and fleet frames) read."""
+
+    def __init__(self, certs: str, port: int) -> None:
+        self.s = _connect(certs, port)
+        _send(self.s, {"type": "auth", "token": TOKEN})
+        ok = _recv(self.s)
+        assert ok == {"type": "auth_ok", "shared": True, "max_control_planes": 3}, ok
+        self.hello = _recv(self.s)
+        assert self.hello["type"] == "hello", self.hello
+        self.pending: list[dict] = []
+
+    def send(self, header: dict) -> None:
+        _send(self.s, header)
+
+    def next(self, pred, what: str) -> dict:
+        """The first frame (already read, or next) for which pred holds; others are kept."""
+        for i, h in enumerate(self.pending):
+            if pred(h):
+                return self.pending.pop(i)
+        while True:
+            h = _recv(self.s)
+            if pred(h):
+                return h
+            self.pending.append(h)
+            assert len(self.pending) < 10_000, f"no {what}"
+
+    def answer(self, mid: str) -> dict:
+        return self.next(lambda h: h.get("id") == mid and h["type"] in ("result", "error"), f"answer to {mid}")
+
+    def call(self, mid: str, op: str, args: dict | None = None) -> dict:
+        self.send({"type": "request", "id": mid, "op": op, "args": args or {}})
+        return self.answer(mid)
+
+    def fleet(self) -> dict:
+        return self.next(lambda h: h["type"] == "fleet", "fleet frame")
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def test_two_control_planes_at_once_share_one_worker_with_colliding_ids(shared, certs):
+    a, b = Plane(certs, shared), Plane(certs, shared)
+    assert a.hello == b.hello  # the worker's one hello, replayed
+    # Both use id "r1" at the same time: each gets its own answer back under its own id.
+    a.send({"type": "request", "id": "r1", "op": "describe", "args": {}})
+    b.send({"type": "request", "id": "r1", "op": "status", "args": {}})
+    ra, rb = a.answer("r1"), b.answer("r1")
+    assert ra["type"] == "result" and "models" in ra["result"]
+    assert rb["type"] == "result" and rb["result"]["pid"] == a.hello["pid"]
+    assert rb["result"]["relay"]["control_planes"] == 2
+    a.send({"type": "ping", "id": "p"})
+    b.send({"type": "ping", "id": "p"})
+    assert a.next(lambda h: h["type"] == "pong", "pong")["id"] == "p"
+    assert b.next(lambda h: h["type"] == "pong", "pong")["id"] == "p"
+    a.close()
+    b.close()
+
+
+def test_a_cancel_reaches_only_its_own_connections_request(shared, certs):
+    from conftest import bench_args
+
+    a, b = Plane(certs, shared), Plane(certs, shared)
+    a.send({"type": "request", "id": "x", "op": "benchmark", "args": bench_args(iterations=30)})
+    a.next(lambda h: h["type"] == "progress" and h["id"] == "x", "progress of x")
+    b.send({"type": "cancel", "id": "x"})  # B has no request "x": nothing reaches the worker
+    b.call("s", "status")  # B's frames are read in order: its cancel was handled before this answer
+    done = a.answer("x")
+    assert done["type"] == "result", done
+    assert done["result"]["cancelled"] is False, "B's cancel stopped A's benchmark"
+    # A's own cancel does reach it.
+    a.send({"type": "request", "id": "y", "op": "benchmark", "args": bench_args(duration_s=120)})
+    a.next(lambda h: h["type"] == "progress" and h["id"] == "y", "progress of y")
+    a.send({"type": "cancel", "id": "y"})
+    assert a.answer("y")["result"]["cancelled"] is True
+    a.close()
+    b.close()
+
+
+def test_a_disconnect_cancels_only_that_connections_requests_and_the_worker_lives_on(shared, certs):
+    from conftest import bench_args
+
+    a, b = Plane(certs, shared), Plane(certs, shared)
+    a.send({"type": "request", "id": "long", "op": "benchmark", "args": bench_args(duration_s=300)})
+    a.next(lambda h: h["type"] == "progress" and h["id"] == "long", "progress of A's benchmark")
+    b.send({"type": "request", "id": "mine", "op": "benchmark", "args": bench_args(iterations=20)})
+    assert b.call("s1", "status")["result"]["relay"]["requests_in_flight"] == 2
+    a.close()
+    # B's benchmark runs to its end, not cancelled; A's 300 s one was cancelled when A left, so
+    # nothing is left in the worker well before its 300 s.
+    done = b.answer("mine")
+    assert done["type"] == "result" and done["result"]["cancelled"] is False, done
+    deadline = time.time() + 120
+    while b.call("s2", "status")["result"]["relay"]["requests_in_flight"] > 0:
+        assert time.time() < deadline, "A's request was not cancelled when A disconnected"
+        time.sleep(0.2)
+    # EOF and `shutdown` from one control plane end its connection, not the shared worker.
+    b.send({"type": "request", "id": "bye", "op": "shutdown", "args": {}})
+    assert b.answer("bye") == {"type": "result", "id": "bye", "result": {}}
+    assert _closed_without_answer(b.s)
+    c = Plane(certs, shared)
+    assert c.hello["pid"] == a.hello["pid"]  # the same worker process, its hello replayed
+    assert c.call("s", "status")["result"]["relay"]["control_planes"] == 1
+    c.close()
+
+
+def test_loads_and_unloads_through_one_connection_are_told_to_the_others_and_to_newcomers(shared, certs):
+    a, b = Plane(certs, shared), Plane(certs, shared)
+    loaded = a.call("l", "load", {"model": "mnist-cnn", "dtype": "float32", "mode": "eager"})
+    assert loaded["type"] == "result", loaded
+    news = b.fleet()
+    assert news == {
+        "type": "fleet", "op": "load", "model": "mnist-cnn",
+        "args": {"model": "mnist-cnn", "dtype": "float32", "mode": "eager"}, "result": loaded["result"],
+    }  # fmt: skip
+    # B runs inference on the model A loaded, without loading it.
+    image = struct.pack("<784f", *([0.5] * 784))  # one 1x28x28 float32 image, as raw bytes
+    spec = {"dtype": "float32", "shape": [1, 1, 28, 28], "offset": 0, "nbytes": len(image)}
+    h = json.dumps({"type": "request", "id": "i", "op": "infer", "args": {"model": "mnist-cnn"}, "tensors": [spec]})
+    b.s.sendall(PREFIX.pack(len(h), len(image)) + h.encode() + image)
+    x = b.answer("i")
+    assert x["type"] == "result" and x["result"]["model"] == "mnist-cnn", x
+    assert x["tensors"][0]["shape"] == [1, 10]
+    # A newcomer hears of it right after the hello.
+    c = Plane(certs, shared)
+    assert c.next(lambda h: True, "first frame after hello")["type"] == "fleet"
+    # An unload through B is told to A and C; B gets only its answer.
+    assert b.call("u", "unload", {"model": "mnist-cnn"})["type"] == "result"
+    assert a.fleet() == {"type": "fleet", "op": "unload", "model": "mnist-cnn"}
+    assert c.fleet() == {"type": "fleet", "op": "unload", "model": "mnist-cnn"}
+    b.call("s", "status")
+    assert not [h for h in b.pending if h["type"] == "fleet"], b.pending
+    # A fourth control plane is over --max-control-planes 3: busy.
+    d = _connect(certs, shared)
+    _send(d, {"type": "auth", "token": TOKEN})
+    busy = _recv(d)
+    assert busy["error"]["code"] == "busy" and "3 control planes" in busy["error"]["message"]
+    d.close()
+    for p in (a, b, c):
+        p.close()
+
+
+def test_when_the_worker_dies_every_connection_closes_and_the_next_one_gets_a_fresh_worker(shared, certs):
+    a, b = Plane(certs, shared), Plane(certs, shared)
+    assert a.call("l", "load", {"model": "mnist-cnn"})["type"] == "result"
+    b.fleet()
+    os.kill(a.hello["pid"], 9)
+    for p in (a, b):
+        with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
+            while True:
+                p.next(lambda h: False, "end of stream")
+    c = Plane(certs, shared)
+    assert c.hello["pid"] != a.hello["pid"]
+    status = c.call("s", "status")["result"]
+    assert status["loaded"] == [] and status["relay"]["models"] == []
+    c.close()

@@ -10,19 +10,33 @@ What it accepts, in order:
    an `unauthorized` error frame before any token is read);
 2. exactly one first frame `{"type": "auth", "token": "..."}` with an empty body, within
    AUTH_TIMEOUT_S, the token compared in constant time with the token file's content; answered
-   by one frame `{"type": "auth_ok"}`, or an `error` frame (id null, code `unauthorized` or
-   `busy`) and the connection closed; a peer that stalls in the middle of it is refused the same way;
-3. then the ordinary worker protocol (runtime/PROTOCOL.md), byte for byte, except that a frame
-   whose body is over the worker's `--max-body-bytes` closes the connection (a pipe worker skips
-   such a body; over the network that means reading up to 4 GiB for nothing).
+   by one frame `{"type": "auth_ok", "shared": true, "max_control_planes": N}`, or an `error`
+   frame (id null, code `unauthorized`, or `busy` when N control planes are connected) and the
+   connection closed; a peer that stalls in the middle of it is refused the same way;
+3. then the worker protocol (runtime/PROTOCOL.md) with the shared worker, as below.
 
-Each accepted connection gets a fresh worker process (`python -m tpu_worker ...`, the pipe worker
-unchanged) whose stdin/stdout are relayed to the connection: the worker's own frame limits and
-validation apply, nothing but JSON headers and raw tensor bytes is ever decoded, and a lost
-connection ends that worker (its models are gone, as after a restart; the control plane reloads
-them on purpose). One control plane at a time: a second connection while one is served is
-told `busy` and closed. The relay is one asyncio loop, so the TLS object is never touched by two
-threads at once.
+One worker process (`python -m tpu_worker ...`, the pipe worker unchanged) serves every
+connection: it starts with the first control plane to connect and lives on when they leave, so
+what is loaded stays loaded for the next one. Up to `--max-control-planes` (default 8)
+authenticated control planes (tpu-mcp replicas) are served at once; one more is told `busy` and
+closed. The relay (`Relay`) reads every frame whole, decodes only JSON headers (tensor bodies stay
+raw bytes) and keeps the protocol per connection:
+- request ids are rewritten to the relay's own on the way in and restored on every answer
+  (progress and its deltas, result, error, pong), so replicas may reuse each other's ids; a
+  `cancel` reaches only its sender's request; pings go through to the worker (a hung worker still
+  misses its heartbeats);
+- each connection gets the worker's hello (cached, replayed) first, then a `fleet` frame per model
+  loaded through the relay; a load or unload that succeeds is told to every other connection;
+- a control plane's `shutdown` is answered here and ends its own connection; its EOF or
+  disconnect cancels its own requests in flight, never the others', and never ends the worker;
+- an `error` frame with id null that answers nobody goes to every connection;
+- a frame whose body is over the worker's `--max-body-bytes` closes that connection (a pipe
+  worker skips such a body; over the network that means reading up to 4 GiB for nothing);
+- a control plane that stops reading (SLOW_PEER_BYTES queued for it) is disconnected rather than
+  let it hold the worker's answers to the others.
+When the worker exits, every connection is closed (the control planes see a worker exit and
+reconnect), and the next connection starts a fresh worker with nothing loaded. The relay is one
+asyncio loop, so the TLS objects are never touched by two threads at once.
 """
 
 from __future__ import annotations
@@ -44,7 +58,12 @@ from . import logs
 AUTH_TIMEOUT_S = 10.0
 AUTH_MAX_HEADER = 4096
 MIN_TOKEN_CHARS = 16
-RELAY_CHUNK = 1 << 20
+MAX_HEADER_BYTES = 16 * 1024 * 1024  # the worker's own bound (protocol.py)
+MAX_ID_CHARS = 256
+DEFAULT_MAX_CONTROL_PLANES = 8
+# Unsent bytes queued for one control plane past which it is disconnected: a peer that stops
+# reading must not hold the worker's answers to the others (they are not waited for).
+SLOW_PEER_BYTES = 256 * 1024 * 1024
 WORKER_EXIT_GRACE_S = 5.0
 _PREFIX = struct.Struct(">II")
 DEFAULT_MAX_BODY_BYTES = 1024**3  # the worker's default --max-body-bytes
@@ -65,7 +84,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--tls-key", required=True, help="this worker's private key (PEM)")
     p.add_argument("--client-ca", required=True, help="CA (PEM) that must have signed the control plane's certificate")
     p.add_argument("--token-file", required=True, help="file holding the shared token (first line)")
+    p.add_argument(
+        "--max-control-planes",
+        type=int,
+        default=DEFAULT_MAX_CONTROL_PLANES,
+        help=f"control planes served at once; one more is told busy (default {DEFAULT_MAX_CONTROL_PLANES})",
+    )
     args, rest = p.parse_known_args(argv)
+    if args.max_control_planes < 1:
+        p.error("--max-control-planes must be at least 1")
     if "--catalog" not in rest:
         p.error("--catalog FILE is required (it is passed to the worker)")
     return args, rest
@@ -149,37 +176,6 @@ def max_body_bytes(worker_args: list[str]) -> int:
     return limit
 
 
-class FrameWatch:
-    """Follows frame boundaries in the control plane's byte stream without decoding anything.
-
-    `feed` returns the body length of the first frame over the limit, else None: the relay then
-    closes the connection instead of letting the worker skip (read and drop) up to 4 GiB."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._prefix = b""
-        self._skip = 0  # bytes of the current frame's header and body still to pass
-
-    def feed(self, chunk: bytes) -> int | None:
-        i = 0
-        while i < len(chunk):
-            if self._skip:
-                step = min(self._skip, len(chunk) - i)
-                self._skip -= step
-                i += step
-                continue
-            take = min(_PREFIX.size - len(self._prefix), len(chunk) - i)
-            self._prefix += chunk[i : i + take]
-            i += take
-            if len(self._prefix) == _PREFIX.size:
-                header_len, body_len = _PREFIX.unpack(self._prefix)
-                self._prefix = b""
-                if body_len > self.limit:
-                    return body_len
-                self._skip = header_len + body_len
-        return None
-
-
 def tls_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -189,36 +185,92 @@ def tls_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     return ctx
 
 
-def error_frame(code: str, message: str) -> bytes:
-    header = json.dumps(
-        {"type": "error", "id": None, "error": {"code": code, "message": message, "recoverable": False}}
-    ).encode()
-    return _PREFIX.pack(len(header), 0) + header
+def frame(header: dict, body: bytes = b"") -> bytes:
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return _PREFIX.pack(len(raw), len(body)) + raw + body
 
 
-def ok_frame() -> bytes:
-    header = b'{"type":"auth_ok"}'
-    return _PREFIX.pack(len(header), 0) + header
+def error_frame(code: str, message: str, msg_id: str | None = None) -> bytes:
+    return frame({"type": "error", "id": msg_id, "error": {"code": code, "message": message, "recoverable": False}})
+
+
+def ok_frame(max_control_planes: int) -> bytes:
+    return frame({"type": "auth_ok", "shared": True, "max_control_planes": max_control_planes})
+
+
+class Conn:
+    """One authenticated control plane: its number, its stream, and its requests in flight."""
+
+    def __init__(self, no: int, writer: asyncio.StreamWriter, who: dict) -> None:
+        self.no = no
+        self.writer = writer
+        self.who = who
+        self.live = False  # hello and the fleet's models were sent: frames for it flow
+        self.inflight: dict[str, str] = {}  # its request id -> the relay's id for the worker
+        self.done = asyncio.Event()  # set when the relay ends this connection
+
+
+class Route:
+    """Where the worker's answers to one relay id go, and what the request was (for loads)."""
+
+    __slots__ = ("args", "conn", "op", "orig")
+
+    def __init__(self, conn: int, orig: str, op: str, args: dict) -> None:
+        self.conn, self.orig, self.op, self.args = conn, orig, op, args
+
+
+class Worker:
+    """The one worker process every connection shares, with its hello once it has sent it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.hello: bytes | None = None
+        self.startup_error: bytes | None = None  # an `error` frame with id null before hello
+        self.gone = False
+        self.stdin_lock = asyncio.Lock()
+        self.pump: asyncio.Task | None = None
 
 
 class Relay:
-    def __init__(self, token: str, worker_cmd: list[str], body_limit: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    """Serves one shared worker process to up to `max_control_planes` control planes at once.
+
+    Every frame is read whole (header decoded, body kept as raw bytes) and written whole, so
+    frames of different connections never interleave. A request's id is replaced by one of the
+    relay's own (`<connection>.<n>`) on its way to the worker and restored on every answer
+    (progress, result, error, pong), so two control planes may use the same ids; a cancel
+    reaches only the sender's own request. What a control plane may not do to the others: its
+    `shutdown` is answered here and ends only its connection; its EOF or disconnect cancels its
+    own requests in flight. The relay remembers the models loaded and unloaded through it and
+    tells every other connection (`fleet` frames), and each new one after the replayed hello."""
+
+    def __init__(
+        self,
+        token: str,
+        worker_cmd: list[str],
+        body_limit: int = DEFAULT_MAX_BODY_BYTES,
+        max_control_planes: int = DEFAULT_MAX_CONTROL_PLANES,
+    ) -> None:
         self._token = token.encode()
         self._worker_cmd = worker_cmd
         self._body_limit = body_limit
-        self._busy = False
-        self.sessions = 0
-        self.proc: asyncio.subprocess.Process | None = None
+        self.max_control_planes = max_control_planes
+        self.conns: dict[int, Conn] = {}
+        self.routes: dict[str, Route] = {}
+        # Models loaded through this relay in the current worker process: {model: {args, result}}.
+        self.models: dict[str, dict] = {}
+        self.sessions = 0  # connections served since start
+        self.worker: Worker | None = None
+        self.worker_starts = 0
+        self._seq = 0
+        self._spawn_lock = asyncio.Lock()
 
-    def stop_worker(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
-
+    # -- connections --------------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         cert = writer.get_extra_info("peercert") or {}
         subject = ", ".join("=".join(x) for rdn in cert.get("subject", ()) for x in rdn)
         who = {"peer": f"{peer[0]}:{peer[1]}" if peer else "?", "client_cert": subject}
+        conn: Conn | None = None
         try:
             ssl_object = writer.get_extra_info("ssl_object")
             der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
@@ -236,20 +288,28 @@ class Relay:
             # Authenticate first: an unauthenticated peer learns nothing, not even that we are busy.
             if not await self._authenticate(reader, writer, who):
                 return
-            if self._busy:
-                logs.warn("refused a second control plane while one is connected", **who)
-                writer.write(error_frame("busy", "this worker already serves a control plane; retry later"))
-                await writer.drain()
+            if len(self.conns) >= self.max_control_planes:
+                logs.warn("refused a control plane: every slot is taken", max_control_planes=self.max_control_planes,
+                          **who)  # fmt: skip
+                writer.write(
+                    error_frame(
+                        "busy",
+                        f"this worker already serves {self.max_control_planes} control planes (--max-control-planes); "
+                        "retry later",
+                    )
+                )
+                await asyncio.wait_for(writer.drain(), AUTH_TIMEOUT_S)
                 return
-            writer.write(ok_frame())
-            self._busy = True
-            try:
-                await self._serve(reader, writer, who)
-            finally:
-                self._busy = False
+            self.sessions += 1
+            conn = Conn(self.sessions, writer, who)
+            self.conns[conn.no] = conn
+            writer.write(ok_frame(self.max_control_planes))
+            await self._serve(conn, reader)
         except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, TimeoutError) as exc:
             logs.info("connection ended", error=f"{type(exc).__name__}: {exc}", **who)
         finally:
+            if conn is not None:
+                self._drop(conn)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -286,68 +346,311 @@ class Relay:
             return await refuse("wrong token")
         return True
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, who: dict) -> None:
-        self.sessions += 1
-        proc = await asyncio.create_subprocess_exec(
-            *self._worker_cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None
-        )
-        self.proc = proc
-        logs.info("control plane connected; worker started", worker_pid=proc.pid, **who)
-        assert proc.stdin is not None and proc.stdout is not None
-
-        watch = FrameWatch(self._body_limit)
-
-        async def upstream() -> None:  # control plane → worker
-            while chunk := await reader.read(RELAY_CHUNK):
-                over = watch.feed(chunk)
-                if over is not None:
-                    # The frame's bytes before the body may already be with the worker: it dies
-                    # with the connection, so nothing half-read survives.
-                    logs.warn("closed the connection: a frame body is over the limit", body_len=over,
-                              limit=self._body_limit, **who)  # fmt: skip
-                    return
-                proc.stdin.write(chunk)
-                await proc.stdin.drain()
-
-        async def downstream() -> None:  # worker → control plane
-            while chunk := await proc.stdout.read(RELAY_CHUNK):
-                writer.write(chunk)
-                await writer.drain()
-
-        tasks = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
+    async def _serve(self, conn: Conn, reader: asyncio.StreamReader) -> None:
         try:
-            _done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            w = await self._ensure_worker()
+        except OSError as exc:
+            logs.error("could not start the worker", error=str(exc), **conn.who)
+            conn.writer.write(error_frame("internal", "the worker process could not be started; see the worker log"))
+            return
+        logs.info("control plane connected", connection=conn.no, control_planes=len(self.conns),
+                  worker_pid=w.proc.pid, **conn.who)  # fmt: skip
+        if w.hello is not None:
+            self._go_live(conn, w)  # else the pump does it when the hello arrives
+        upstream = asyncio.create_task(self._upstream(conn, reader))
+        ended = asyncio.create_task(conn.done.wait())
+        try:
+            await asyncio.wait((upstream, ended), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            # Either side ended: EOF on the worker's stdin makes it finish and exit 0.
-            with contextlib.suppress(Exception):
-                proc.stdin.close()
-            try:
-                await asyncio.wait_for(proc.wait(), WORKER_EXIT_GRACE_S)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-            for t in tasks:
+            for t in (upstream, ended):
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        logs.info("control plane session ended", worker_exit=proc.returncode, **who)
+            await asyncio.gather(upstream, ended, return_exceptions=True)
+            if not upstream.cancelled() and upstream.exception() is not None:
+                exc = upstream.exception()
+                logs.info("connection ended", error=f"{type(exc).__name__}: {exc}", **conn.who)
+        logs.info("control plane disconnected", connection=conn.no, requests_cancelled=len(conn.inflight), **conn.who)
+
+    def _go_live(self, conn: Conn, w: Worker) -> None:
+        """The worker's hello, then one `fleet` load frame per model it holds: the connection's
+        first frames, written in one turn so that nothing of the worker's comes in between."""
+        assert w.hello is not None
+        conn.writer.write(w.hello)
+        for model, m in self.models.items():
+            conn.writer.write(frame({"type": "fleet", "op": "load", "model": model, **m}))
+        conn.live = True
+
+    async def _upstream(self, conn: Conn, reader: asyncio.StreamReader) -> None:
+        """Frames from one control plane: each read whole, then relayed (or answered here)."""
+        while True:
+            try:
+                prefix = await reader.readexactly(_PREFIX.size)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    logs.warn("connection closed mid-frame", **conn.who)
+                return  # EOF: the control plane is done
+            header_len, body_len = _PREFIX.unpack(prefix)
+            if body_len > self._body_limit:
+                # A pipe worker would skip (read) the body; over the network that is up to 4 GiB.
+                logs.warn("closed the connection: a frame body is over the limit", body_len=body_len,
+                          limit=self._body_limit, **conn.who)  # fmt: skip
+                return
+            if not 0 < header_len <= MAX_HEADER_BYTES:
+                # The stream cannot be followed past a header length it refuses.
+                logs.warn("closed the connection: a header length is out of range", header_len=header_len, **conn.who)
+                conn.writer.write(
+                    error_frame("protocol_error", f"header length {header_len} is outside 1..{MAX_HEADER_BYTES}")
+                )
+                return
+            raw = await reader.readexactly(header_len)
+            body = await reader.readexactly(body_len) if body_len else b""
+            w = self.worker
+            if w is None or w.gone:
+                return  # the worker died: _worker_gone ends this connection
+            if self._from_conn(conn, w, raw, body):
+                async with w.stdin_lock:  # one drain at a time on the shared pipe
+                    with contextlib.suppress(ConnectionError):
+                        await w.proc.stdin.drain()
+            if conn.done.is_set():
+                return
+
+    def _from_conn(self, conn: Conn, w: Worker, raw: bytes, body: bytes) -> bool:
+        """Relays (or answers) one frame of a control plane; True when something went to the worker."""
+        try:
+            header = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            header = None
+        if not isinstance(header, dict):
+            self._send(conn, error_frame("protocol_error", "header is not a JSON object"))
+            return False
+        kind, mid = header.get("type"), header.get("id")
+        if kind not in ("request", "cancel", "ping"):
+            self._send(conn, error_frame("protocol_error", f"unknown message type {kind!r}; expected request, "
+                                         "cancel or ping", mid if isinstance(mid, str) else None))  # fmt: skip
+            return False
+        if not isinstance(mid, str) or not mid or len(mid) > MAX_ID_CHARS:
+            self._send(conn, error_frame("protocol_error", f"{kind}.id must be a non-empty string of at most "
+                                         f"{MAX_ID_CHARS} characters"))  # fmt: skip
+            return False
+        if kind == "cancel":
+            rid = conn.inflight.get(mid)
+            if rid is None:
+                return False  # not one of this connection's requests (or already over): no reply
+            header["id"] = rid
+            return self._to_worker(w, header, body)
+        if kind == "request" and mid in conn.inflight:
+            self._send(conn, error_frame("protocol_error", f"request id {mid!r} is already in flight", mid))
+            return False
+        op = header.get("op")
+        if kind == "request" and op == "shutdown":
+            # The worker is shared: a control plane's shutdown ends its own connection only.
+            self._send(conn, frame({"type": "result", "id": mid, "result": {}}))
+            conn.done.set()
+            return False
+        self._seq += 1
+        rid = f"{conn.no}.{self._seq}"
+        args = header.get("args")
+        self.routes[rid] = Route(conn.no, mid, op if kind == "request" else "ping",
+                                 args if op in ("load", "unload") and isinstance(args, dict) else {})  # fmt: skip
+        if kind == "request":
+            conn.inflight[mid] = rid
+        header["id"] = rid
+        return self._to_worker(w, header, body)
+
+    def _to_worker(self, w: Worker, header: dict, body: bytes) -> bool:
+        if w.gone or w.proc.stdin is None or w.proc.stdin.is_closing():
+            return False
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        w.proc.stdin.write(_PREFIX.pack(len(raw), len(body)) + raw)
+        if body:
+            w.proc.stdin.write(body)
+        return True
+
+    def _send(self, conn: Conn, data: bytes, body: bytes = b"") -> None:
+        """Queues a frame for one control plane without waiting: one that stops reading is
+        disconnected (SLOW_PEER_BYTES unsent) rather than let it stall the worker's answers to
+        every other control plane."""
+        if conn.done.is_set():
+            return
+        transport = conn.writer.transport
+        if transport is None or transport.is_closing():
+            conn.done.set()
+            return
+        if transport.get_write_buffer_size() > SLOW_PEER_BYTES:
+            logs.warn("disconnected a control plane that stopped reading", connection=conn.no,
+                      unsent_bytes=transport.get_write_buffer_size(), **conn.who)  # fmt: skip
+            conn.done.set()
+            return
+        conn.writer.write(data)
+        if body:
+            conn.writer.write(body)
+
+    def _drop(self, conn: Conn) -> None:
+        """Ends a connection: its requests still running in the worker are cancelled."""
+        if self.conns.pop(conn.no, None) is None:
+            return
+        conn.done.set()
+        conn.live = False
+        w = self.worker
+        if w is not None and not w.gone:
+            for rid in conn.inflight.values():
+                self._to_worker(w, {"type": "cancel", "id": rid}, b"")
+        # Their answers (and a load's outcome) still come back; the routes are kept until then.
+
+    # -- the worker ---------------------------------------------------------------------------
+    async def _ensure_worker(self) -> Worker:
+        async with self._spawn_lock:
+            if self.worker is not None and not self.worker.gone:
+                return self.worker
+            proc = await asyncio.create_subprocess_exec(
+                *self._worker_cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None
+            )
+            self.worker_starts += 1
+            w = self.worker = Worker(proc)
+            w.pump = asyncio.create_task(self._pump(w))
+            logs.info("worker started", worker_pid=proc.pid, worker_starts=self.worker_starts)
+            return w
+
+    async def _pump(self, w: Worker) -> None:
+        """The worker's frames, each to whom it belongs; when its stdout ends, it is gone."""
+        stdout = w.proc.stdout
+        assert stdout is not None
+        try:
+            while True:
+                header_len, body_len = _PREFIX.unpack(await stdout.readexactly(_PREFIX.size))
+                raw = await stdout.readexactly(header_len)
+                body = await stdout.readexactly(body_len) if body_len else b""
+                self._from_worker(w, raw, body)
+        except asyncio.IncompleteReadError:
+            pass
+        except (ValueError, TypeError) as exc:  # a header we cannot read: the stream is lost
+            logs.error("unreadable frame from the worker; stopping it", error=str(exc))
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
+        await w.proc.wait()
+        self._worker_gone(w)
+
+    def _from_worker(self, w: Worker, raw: bytes, body: bytes) -> None:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("a worker header is not a JSON object")
+        kind, mid = header.get("type"), header.get("id")
+        if w.hello is None:
+            if kind == "hello":
+                w.hello = _PREFIX.pack(len(raw), len(body)) + raw + body
+                for conn in list(self.conns.values()):
+                    if not conn.live and not conn.done.is_set():
+                        self._go_live(conn, w)
+                return
+            if kind == "error" and mid is None:  # the worker cannot start (device, catalog)
+                w.startup_error = _PREFIX.pack(len(raw), len(body)) + raw + body
+                return
+        route = self.routes.get(mid) if isinstance(mid, str) else None
+        if route is None:
+            if mid is None:  # not an answer to anyone: every control plane hears it
+                for conn in list(self.conns.values()):
+                    if conn.live:
+                        self._send(conn, _PREFIX.pack(len(raw), len(body)) + raw, body)
+            else:
+                logs.debug("worker frame for a request nobody waits for; dropped", id=mid, type=kind)
+            return
+        final = kind in ("result", "error", "pong")
+        conn = self.conns.get(route.conn)
+        if final:
+            del self.routes[mid]
+            if conn is not None and conn.inflight.get(route.orig) == mid:
+                del conn.inflight[route.orig]
+            if route.op in ("load", "unload") and kind in ("result", "error"):
+                self._track(route, header)
+        if conn is None or not conn.live:
+            return  # its control plane left; a load's outcome was still tracked above
+        header["id"] = route.orig
+        if kind == "result" and route.op == "status" and isinstance(header.get("result"), dict):
+            header["result"]["relay"] = self.summary()
+        out = json.dumps(header, separators=(",", ":")).encode()
+        self._send(conn, _PREFIX.pack(len(out), len(body)) + out, body)
+
+    def _track(self, route: Route, header: dict) -> None:
+        """A load or unload ended: remember what the worker holds and tell the other connections."""
+        result = header.get("result") if header.get("type") == "result" else None
+        code = (header.get("error") or {}).get("code") if result is None else None
+        model = (result or {}).get("model", route.args.get("model"))
+        if not isinstance(model, str):
+            return
+        if route.op == "load" and isinstance(result, dict):
+            self.models[model] = {"args": route.args, "result": result}
+            news = {"type": "fleet", "op": "load", "model": model, "args": route.args, "result": result}
+        elif route.op == "unload" and (result is not None or code == "model_not_loaded"):
+            if self.models.pop(model, None) is None and result is None:
+                return
+            news = {"type": "fleet", "op": "unload", "model": model}
+        else:
+            return
+        data = frame(news)
+        for conn in list(self.conns.values()):
+            if conn.live and conn.no != route.conn:
+                self._send(conn, data)
+
+    def summary(self) -> dict:
+        """What a `status` result adds about the relay: the worker's queues are every control plane's."""
+        return {
+            "control_planes": len(self.conns),
+            "max_control_planes": self.max_control_planes,
+            "requests_in_flight": sum(1 for r in self.routes.values() if r.op != "ping"),
+            "models": sorted(self.models),
+        }
+
+    def _worker_gone(self, w: Worker) -> None:
+        """The worker exited: every connection is closed (a worker exit, as the control planes
+        see it), so each reconnects and a fresh worker starts with nothing loaded."""
+        w.gone = True
+        if self.worker is w:
+            self.worker = None
+        self.routes.clear()
+        self.models.clear()
+        for conn in list(self.conns.values()):
+            if not conn.live and w.startup_error is not None:
+                self._send(conn, w.startup_error)
+            conn.done.set()
+        logs.info("worker exited; its control planes were disconnected", worker_exit=w.proc.returncode,
+                  control_planes=len(self.conns))  # fmt: skip
+
+    async def close(self) -> None:
+        """Ends every connection, then the worker (EOF on its stdin, then a signal)."""
+        for conn in list(self.conns.values()):
+            conn.done.set()
+        w = self.worker
+        if w is None or w.gone:
+            return
+        with contextlib.suppress(Exception):
+            w.proc.stdin.close()
+        try:
+            await asyncio.wait_for(w.proc.wait(), WORKER_EXIT_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
+            await w.proc.wait()
 
 
 async def _main(args: argparse.Namespace, worker_args: list[str]) -> int:
     host, port = split_listen(args.listen)
     token = read_token(args.token_file)
     ctx = tls_context(args.tls_cert, args.tls_key, args.client_ca)
-    relay = Relay(token, [sys.executable, "-m", "tpu_worker", *worker_args], max_body_bytes(worker_args))
+    relay = Relay(
+        token, [sys.executable, "-m", "tpu_worker", *worker_args], max_body_bytes(worker_args), args.max_control_planes
+    )
     server = await asyncio.start_server(relay.handle, host, port, ssl=ctx, ssl_handshake_timeout=AUTH_TIMEOUT_S)
     bound = server.sockets[0].getsockname()
-    logs.info("listening", host=bound[0], port=bound[1], worker_args=" ".join(worker_args))
+    logs.info("listening", host=bound[0], port=bound[1], max_control_planes=args.max_control_planes,
+              worker_args=" ".join(worker_args))  # fmt: skip
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for s in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(s, stop.set)
-    async with server:
-        await stop.wait()
+    await stop.wait()
     logs.info("stopping")
-    relay.stop_worker()
+    server.close()  # no new connections; then the relay ends the ones it serves and the worker
+    await relay.close()
+    await server.wait_closed()
     return 0
 
 
