@@ -503,3 +503,77 @@ def test_when_the_worker_dies_every_connection_closes_and_the_next_one_gets_a_fr
     status = c.call("s", "status")["result"]
     assert status["loaded"] == [] and status["relay"]["models"] == []
     c.close()
+
+
+FAKE_WORKER = r"""
+import json, os, struct, sys, time
+P = struct.Struct(">II")
+out, inp = sys.stdout.buffer, sys.stdin.buffer
+def send(h, body=b""):
+    raw = json.dumps(h).encode()
+    out.write(P.pack(len(raw), len(body)) + raw + body)
+    out.flush()
+time.sleep(float(sys.argv[1]))  # a slow start: the connections wait for the hello
+send({"type": "hello", "protocol": 1, "pid": os.getpid()})
+while (pre := inp.read(8)) and len(pre) == 8:
+    hl, bl = P.unpack(pre)
+    h, body = json.loads(inp.read(hl)), inp.read(bl)
+    if h.get("op") == "stream":
+        send({"type": "progress", "id": h["id"], "progress": 0, "delta": {"index": 0, "text": "he"}})
+        send({"type": "result", "id": h["id"], "result": {"seen_id": h["id"]}}, body)
+    elif h.get("op") == "boom":  # an error that answers nobody's frame
+        send({"type": "error", "id": None, "error": {"code": "protocol_error", "message": "boom", "recoverable": True}})
+"""
+
+
+def test_the_relay_routes_progress_deltas_and_bodies_by_connection_and_broadcasts_errors_with_id_null(certs):
+    """Against a stand-in worker (the frames a worker sends, no torch): two connections made
+    while the worker is still starting both get its hello; a streamed answer's progress (with its
+    delta) and its result with a body come back under the caller's id, while the worker saw the
+    relay's; an error frame with id null goes to every connection."""
+    import asyncio
+
+    from tpu_worker import serve
+
+    def recv_with_body(s: ssl.SSLSocket) -> tuple[dict, bytes]:
+        hl, bl = PREFIX.unpack(_recv_exact(s, 8))
+        return json.loads(_recv_exact(s, hl)), _recv_exact(s, bl)
+
+    async def run() -> None:
+        relay = serve.Relay(TOKEN, [sys.executable, "-c", FAKE_WORKER, "1.0"], max_control_planes=3)
+        ctx = serve.tls_context(f"{certs}/worker.crt", f"{certs}/worker.key", f"{certs}/ca.crt")
+        srv = await asyncio.start_server(relay.handle, "127.0.0.1", 0, ssl=ctx)
+        port = srv.sockets[0].getsockname()[1]
+
+        def clients() -> None:
+            planes: list[Plane] = []
+            threads = [threading.Thread(target=lambda: planes.append(Plane(certs, port))) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            a, b = planes
+            assert a.hello == b.hello and a.hello["type"] == "hello"
+            body = b"\x01\x02\x03raw tensor bytes"
+            h = json.dumps({"type": "request", "id": "s", "op": "stream", "args": {}}).encode()
+            a.s.sendall(PREFIX.pack(len(h), len(body)) + h + body)
+            progress = _recv(a.s)
+            assert progress == {"type": "progress", "id": "s", "progress": 0, "delta": {"index": 0, "text": "he"}}
+            result, back = recv_with_body(a.s)
+            assert result["id"] == "s" and back == body
+            assert result["result"]["seen_id"] != "s"  # the worker saw the relay's id, not A's
+            b.send({"type": "request", "id": "x", "op": "boom", "args": {}})
+            for p in (a, b):
+                err = _recv(p.s)
+                assert err["type"] == "error" and err["id"] is None and err["error"]["message"] == "boom"
+            a.close()
+            b.close()
+
+        try:
+            await asyncio.to_thread(clients)
+        finally:
+            srv.close()
+            await relay.close()
+            await srv.wait_closed()
+
+    asyncio.run(run())
