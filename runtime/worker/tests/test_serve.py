@@ -521,6 +521,10 @@ while (pre := inp.read(8)) and len(pre) == 8:
     if h.get("op") == "stream":
         send({"type": "progress", "id": h["id"], "progress": 0, "delta": {"index": 0, "text": "he"}})
         send({"type": "result", "id": h["id"], "result": {"seen_id": h["id"]}}, body)
+    elif h.get("op") == "flood":  # many large progress frames, for a caller that does not read
+        for i in range(h["args"]["frames"]):
+            send({"type": "progress", "id": h["id"], "progress": i, "message": "x" * 65536})
+        send({"type": "result", "id": h["id"], "result": {}})
     elif h.get("op") == "boom":  # an error that answers nobody's frame
         send({"type": "error", "id": None, "error": {"code": "protocol_error", "message": "boom", "recoverable": True}})
 """
@@ -567,6 +571,47 @@ def test_the_relay_routes_progress_deltas_and_bodies_by_connection_and_broadcast
                 err = _recv(p.s)
                 assert err["type"] == "error" and err["id"] is None and err["error"]["message"] == "boom"
             a.close()
+            b.close()
+
+        try:
+            await asyncio.to_thread(clients)
+        finally:
+            srv.close()
+            await relay.close()
+            await srv.wait_closed()
+
+    asyncio.run(run())
+
+
+def test_a_control_plane_that_stops_reading_is_disconnected_and_the_others_are_still_answered(certs, monkeypatch):
+    import asyncio
+
+    from tpu_worker import serve
+
+    monkeypatch.setattr(serve, "SLOW_PEER_BYTES", 1024 * 1024)
+    frames = 400  # about 26 MiB of answers for A, who reads none of them
+
+    async def run() -> None:
+        relay = serve.Relay(TOKEN, [sys.executable, "-c", FAKE_WORKER, "0"], max_control_planes=3)
+        ctx = serve.tls_context(f"{certs}/worker.crt", f"{certs}/worker.key", f"{certs}/ca.crt")
+        srv = await asyncio.start_server(relay.handle, "127.0.0.1", 0, ssl=ctx)
+        port = srv.sockets[0].getsockname()[1]
+
+        def clients() -> None:
+            a, b = Plane(certs, port), Plane(certs, port)
+            a.send({"type": "request", "id": "f", "op": "flood", "args": {"frames": frames}})
+            time.sleep(0.5)  # the flood is under way, queued for A
+            h = json.dumps({"type": "request", "id": "s", "op": "stream", "args": {}}).encode()
+            b.s.sendall(PREFIX.pack(len(h), 0) + h)
+            assert b.answer("s")["type"] == "result"  # B is answered while A reads nothing
+            got, ended = 0, False
+            try:
+                while True:
+                    a.next(lambda h: True, "a frame")
+                    got += 1
+            except (ConnectionError, ssl.SSLError, OSError):
+                ended = True
+            assert ended and got < frames + 1, f"A got {got} frames: it was not disconnected"
             b.close()
 
         try:
