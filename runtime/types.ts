@@ -200,6 +200,12 @@ export interface WorkerStatus {
   last_error: string | null;
   /** The device the worker's own hello reported (null before its first hello). */
   chip: { kind: string; index: number; name: string; backend: string } | null;
+  /**
+   * A remote worker shared by several control planes (`tpu_worker serve`), from its last status:
+   * the control planes it serves and the requests of all of them in it (`in_flight` above counts
+   * this one's own).
+   */
+  shared?: { control_planes: number; max_control_planes: number; in_flight: number };
 }
 
 /** Error codes the runtime produces itself (the worker's own codes pass through unchanged). */

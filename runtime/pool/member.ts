@@ -9,6 +9,8 @@ export class Member {
   draining = false;
   calls = 0;
   failures = 0;
+  /** A shared remote worker's relay, from the last status call (control planes, their requests). */
+  relay: { control_planes: number; max_control_planes: number; in_flight: number } | null = null;
   /** Free memory from the last status call, for placement between loads. */
   lastFree: number | null = null;
   lastTotal: number | null = null;

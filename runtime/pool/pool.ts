@@ -512,6 +512,7 @@ export class WorkerPool implements Runtime {
       libraries = libraries ? libraries.filter((l) => libs.includes(l)) : libs;
       if (typeof r.models_built === "number")
         modelsBuilt = Math.min(modelsBuilt ?? Infinity, r.models_built);
+      m.relay = relayOf(r.relay);
       const dev = r.device as DeviceInfo | undefined;
       if (dev) {
         m.lastFree = dev.memory_free_bytes;
@@ -887,6 +888,17 @@ function alreadyLoaded(holders: Member[], model: string): CallResult {
       }),
     },
     tensors: [],
+  };
+}
+
+/** The `relay` a shared remote worker's status carries (runtime/PROTOCOL.md), or null. */
+function relayOf(v: unknown): Member["relay"] {
+  if (!v || typeof v !== "object") return null;
+  const r = v as Record<string, unknown>;
+  return {
+    control_planes: num(r.control_planes),
+    max_control_planes: num(r.max_control_planes),
+    in_flight: num(r.requests_in_flight),
   };
 }
 

@@ -25,5 +25,6 @@ export function statusOf(m: Member, bytesHeld: number): WorkerStatus {
     lost_models: m.lostModels(),
     last_error: m.rt.lastError(),
     chip: dev ? { kind: dev.kind, index: dev.index, name: dev.name, backend: dev.backend } : null,
+    ...(m.relay && m.rt.state === "ready" ? { shared: m.relay } : {}),
   };
 }

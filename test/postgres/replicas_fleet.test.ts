@@ -106,8 +106,10 @@ describe("two replicas, one remote worker", { timeout: scaled(300_000) }, () => 
       expect(s.replica.shard).toBe(false);
       expect(s.replica.note).toMatch(/one fleet.*remote workers are shared/);
     }
-    // The same worker process (one hello, replayed to each connection).
+    // The same worker process (one hello, replayed to each connection), serving both.
     expect(sa.workers[0].pid).toBe(sb.workers[0].pid);
+    for (const s of [sa, sb])
+      expect(s.workers[0].shared).toMatchObject({ control_planes: 2, max_control_planes: 8 });
     expect(serve.stderr()).not.toMatch(/refused a control plane/);
   });
 
