@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ]; then flags=(-n); else flags=(-r -n); fi
 suite="${TPU_MCP_RAY_SUITE:-all}"
+# test/ray/shared_fleet.test.ts starts a PostgreSQL and HAProxy inside the namespace, which has no
+# network: Debian's packages are installed here first when missing (as the Postgres suite does).
+if [ "$suite" != py ]; then npx tsx --eval 'import setup from "./test/postgres/setup.ts"; setup();'; fi
 exec unshare "${flags[@]}" -- bash -c '
   set -euo pipefail
   ip link set lo up
