@@ -83,6 +83,8 @@ export class SharedRayFleet implements Fleet {
   private renewedAt = 0;
   /** One tick or follow at a time; the next waits for it. */
   private busy: Promise<void> = Promise.resolve();
+  /** What the leader's driver said of the fleet (its ready line, a refusal, the target). */
+  private info: Record<string, unknown> = {};
   /** The leader's driver's run id (Ray's actor names end in "@RUN"), as its endpoints said. */
   private run = "";
   /** The leader's writes, in the order its driver reported them. */
@@ -182,6 +184,7 @@ export class SharedRayFleet implements Fleet {
       return;
     }
     this.held = term;
+    this.info = {};
     this.renewedAt = performance.now();
     this.o.logger?.warn(
       { epoch: term.epoch },
@@ -221,12 +224,17 @@ export class SharedRayFleet implements Fleet {
       const s = this.o.store;
       switch (m.type) {
         case "ready":
-          return s.setInfo(term, {
+          this.info = {
             mode: m.mode,
             capacity: m.capacity ?? null,
             target: m.target ?? null,
             ray_version: m.ray_version ?? null,
-          });
+          };
+          return s.setInfo(term, this.info);
+        case "error":
+          // A refused driver (no token, an open cluster, no placement): every replica shows why.
+          this.info = { ...this.info, error: { code: m.code, message: m.message } };
+          return s.setInfo(term, this.info);
         case "endpoint":
           this.run = runOf(m.ray_name) ?? this.run;
           this.applied.set(name, { endpoint: endpointKey(term.epoch, m), state: "up" });
@@ -316,8 +324,10 @@ export class SharedRayFleet implements Fleet {
   status(): FleetStatus {
     if (this.driver) return this.driver.status();
     const i = this.view.info;
+    const refused = isError(i.error);
     return {
-      state: this.view.holder ? "ready" : "starting",
+      state: refused ? "refused" : this.view.holder ? "ready" : "starting",
+      ...(refused ? { error: i.error as { code: string; message: string } } : {}),
       ...(typeof i.ray_version === "string" ? { ray_version: i.ray_version } : {}),
       mode: typeof i.mode === "string" ? i.mode : this.o.mode,
       capacity: typeof i.capacity === "number" ? i.capacity : null,
@@ -348,15 +358,24 @@ export class SharedRayFleet implements Fleet {
       observed: actors.filter((a) => a.state === "up").length,
       driver_restarts: 0,
       actor_restarts: actors.reduce((n, a) => n + a.restarts, 0),
-      error: null,
+      error: s.error ?? null,
       leader,
       actors,
     };
   }
 
   async scale(count: number): Promise<{ target: number; added: string[]; draining: string[] }> {
-    if (!this.driver) throw this.notLeader("scale");
-    return this.driver.scale(count);
+    const d = this.driver;
+    const term = this.held;
+    if (!d || !term) throw this.notLeader("scale");
+    const r = await d.scale(count);
+    // The other replicas show the new target too.
+    this.info = { ...this.info, target: r.target };
+    const info = this.info;
+    this.writes = this.writes.then(async () => {
+      if (this.held === term) await this.o.store.setInfo(term, info).catch(() => false);
+    });
+    return r;
   }
 
   /** The actors; on the leader, the store's rows an earlier driver placed and the current one
@@ -405,6 +424,10 @@ export class SharedRayFleet implements Fleet {
     if (term) await this.o.store.release(term).catch(() => {});
     await this.o.listener.close();
   }
+}
+
+function isError(e: unknown): boolean {
+  return typeof e === "object" && e !== null && typeof (e as { code?: unknown }).code === "string";
 }
 
 /** The driver run of Ray's actor name `NAME@RUN`. */

@@ -33,6 +33,16 @@ function place(i) {
   emit({ type: "endpoint", ...a });
 }
 
+// SCRIPTED_FLEET_REFUSE: refuse at start, as the real driver does (one error line, exit 2).
+if (process.env.SCRIPTED_FLEET_REFUSE) {
+  emit({
+    type: "error",
+    code: "ray_auth_refused",
+    message: "the Ray cluster refused this driver's token",
+  });
+  process.exit(2);
+}
+
 emit({
   type: "ready",
   ray_version: "scripted",

@@ -100,6 +100,10 @@ describe("one Ray fleet shared by replicas on Postgres", () => {
       aSays && Object.keys(aSays.serving).join() === "ray-0" ? true : undefined,
     );
     expect(b!.pool.log).toContain("remove ray-1");
+    // The follower shows the target the leader applied.
+    await waitFor("B showing the new target", () =>
+      b!.fleet.summary("x").target === 1 ? true : undefined,
+    );
     const rows = (await pool.query("SELECT name FROM fleet_actors")).rows as { name: string }[];
     await waitFor("ray-1's row gone", async () =>
       (await pool.query("SELECT 1 FROM fleet_actors WHERE name = 'ray-1'")).rowCount === 0
@@ -141,6 +145,26 @@ describe("one Ray fleet shared by replicas on Postgres", () => {
     await b!.close();
     b = undefined;
     expect((await lease()).holder).toBeNull();
+  });
+
+  it("a refused driver is every replica's to see: the follower says refused and why", async () => {
+    process.env.SCRIPTED_FLEET_REFUSE = "1";
+    const r = startFleetReplica(db.url, "r", LEASE_S, dir);
+    const s = startFleetReplica(db.url, "s", LEASE_S, dir);
+    try {
+      const seen = await waitFor("the follower to show the refusal", () => {
+        const st = (r.fleet.leads() ? s : r).fleet.summary("x");
+        return st.state === "refused" ? st : undefined;
+      });
+      expect(seen).toMatchObject({
+        leader: r.fleet.leads() ? "r" : "s",
+        error: { code: "ray_auth_refused", message: expect.stringMatching(/token/) },
+      });
+    } finally {
+      delete process.env.SCRIPTED_FLEET_REFUSE;
+      await r.close();
+      await s.close();
+    }
   });
 });
 
