@@ -212,6 +212,68 @@ def test_joiners_behind_cached_prefixes_are_prefilled_together_per_length_bucket
         assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in want_ids]
 
 
+def join_behind_a_running_batch(loop, adapter, running: int, joiners: list[dict]) -> tuple[list[dict], dict]:
+    """`running` sequences decode (one request); `joiners` (behind the cached prefix) join at
+    one token boundary. Returns their results and the forwards that ran, by shape."""
+    futures: list = []
+
+    def join_at_once(p, total=None, message=None, delta=None):
+        if not futures:
+            futures.extend(loop.submit(adapter.prepare(a, []), CancelToken()) for a in joiners)
+
+    before = dict(adapter.shapes.seen)
+    head = {"texts": [f"running sequence {i}" for i in range(running)], "max_new_tokens": 12, "stream": True}
+    loop.submit(adapter.prepare(head, []), CancelToken(), progress=join_at_once).result(timeout=120)
+    results = [f.result(timeout=120).result for f in futures]
+    ran = {k: n - before.get(k, 0) for k, n in adapter.shapes.seen.items() if n > before.get(k, 0)}
+    return results, {k: n for k, n in ran.items() if k[0] == "prefill_cached"}
+
+
+def check_tokens(plain, adapter, joiners: list[dict], results: list[dict]) -> None:
+    for a, got in zip(joiners, results, strict=True):
+        assert got["prefix_cached_tokens"] > 0, a
+        want = run(plain, adapter, a)
+        assert got["texts"] == want["texts"] and logprob_tokens(got) == logprob_tokens(want), a
+        prompt = adapter.prepare(a, []).payload.prompts[0]
+        want_ids = hf_greedy(adapter, prompt, a["max_new_tokens"])
+        assert logprob_tokens(got)[0] == [adapter.token_text(t) for t in want_ids], a
+
+
+def test_joiners_behind_cached_prefixes_into_a_nearly_full_batch_are_one_forward_in_the_spare_slots(loops):
+    """13 sequences decode and 3 joiners behind cached prefixes fill the batch: their forward at
+    prefill batch 4 has a padding row, which takes one of the cache's spare slots (past the 16
+    the decode steps use), so it is one forward, not one per joiner."""
+    loop, adapter = loops("tiny-gpt2", reuse=True)
+    plain, _ = loops("tiny-gpt2", reuse=False)
+    assert loop._batch.slots.slots == 16 + 3 == adapter.plan.cache_slots
+    run(loop, adapter, {"texts": [SYSTEM + "fills the cache"], "max_new_tokens": 1, "prefix_key": "k"})
+    joiners = [
+        {"texts": [SYSTEM + q], "max_new_tokens": 2 + i, "logprobs": 1, "prefix_key": "k"}
+        for i, q in enumerate(QUESTIONS[:3])
+    ]
+    results, behind = join_behind_a_running_batch(loop, adapter, 13, joiners)
+    assert [(b, n) for (_, b, _), n in behind.items()] == [(4, 1)], behind
+    assert [r["ttft_parts"]["forwards_ahead"] for r in results] == [0, 0, 0]
+    check_tokens(plain, adapter, joiners, results)
+
+
+def test_joiners_behind_cached_prefixes_that_do_not_fit_one_forward_run_as_forwards_that_fit(loops):
+    """9 sequences decode and 7 joiners behind cached prefixes join: batch 16 would need 16 free
+    slots (10 are), so they run as forwards of 4 and 3 at batch 4, the first four's first tokens
+    out before the next forward, with the same tokens as without the cache."""
+    loop, adapter = loops("tiny-gpt2", reuse=True)
+    plain, _ = loops("tiny-gpt2", reuse=False)
+    run(loop, adapter, {"texts": [SYSTEM + "fills the cache"], "max_new_tokens": 1, "prefix_key": "k"})
+    joiners = [
+        {"texts": [SYSTEM + f"question {i}"], "max_new_tokens": 2 + i % 3, "logprobs": 1, "prefix_key": "k"}
+        for i in range(7)
+    ]
+    results, behind = join_behind_a_running_batch(loop, adapter, 9, joiners)
+    assert [(b, n) for (_, b, _), n in behind.items()] == [(4, 2)], behind
+    assert [r["ttft_parts"]["forwards_ahead"] for r in results] == [0, 0, 0, 0, 1, 1, 1]
+    check_tokens(plain, adapter, joiners, results)
+
+
 def test_a_prefill_behind_a_cached_prefix_runs_a_shape_of_the_plan(loops):
     loop, adapter = loops("tiny-gpt2", reuse=True)
     adapter.shapes.seen.clear()

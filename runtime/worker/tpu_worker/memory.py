@@ -35,7 +35,9 @@ def activation_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
         tokens = lim.max_batch * seq
         act = tokens * hidden * b * 16 + lim.max_batch * heads * seq * seq * 4
         if entry.task == "text-generation":
-            act += 2 * layers * tokens * hidden * b
+            # The static KV cache: its slots are the largest batch and the spare ones for prefills
+            # behind cached prefixes (ShapePlan.spare_slots; counted whether or not the cache is on).
+            act += 2 * layers * (lim.max_batch + _spare_slots(entry)) * seq * hidden * b
             act += lim.max_batch * int(cfg.get("vocab_size", 32000)) * 4 * 2  # logits of the last step
             if entry.engine == "torch":
                 act += entry.prefix_cache.max_bytes  # the prefix cache at its bound (generation/prefix.py)
@@ -44,6 +46,22 @@ def activation_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
     for d in entry.input.shape if entry.input else (1,):
         items *= d
     return int(lim.max_batch * items * 4 * 64)
+
+
+def _spare_slots(entry: Entry) -> int:
+    from .shapes import ShapePlan
+
+    lim = entry.limits
+    shapes = entry.shapes
+    plan = ShapePlan.for_model(
+        shapes.batch_buckets,
+        shapes.length_buckets,
+        max_batch=lim.max_batch,
+        max_len=lim.max_seq_len,
+        generation=True,
+        prefix_cache=True,
+    )
+    return plan.spare_slots
 
 
 def estimate_bytes(parameters: int, entry: Entry, config: dict | None, dtype: str) -> int:

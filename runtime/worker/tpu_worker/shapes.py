@@ -103,6 +103,23 @@ class ShapePlan:
     def prefill_batch(self, n: int) -> int:
         return _bucket(self.prefill_batches, n, "a prefill of")
 
+    @property
+    def cache_slots(self) -> int:
+        """The static KV cache's slots (generation/slots.py): one per sequence of the largest
+        batch, and with a prefix cache (`cached_lengths`) `spare_slots` more past them."""
+        return (self.batches[-1] if self.batches else 0) + self.spare_slots
+
+    @property
+    def spare_slots(self) -> int:
+        """Slots past the decode batch for the padding rows of a prefill behind cached prefixes
+        (generation/rows.py): its rows are slots, so a prefill of 2 or 3 joiners at batch 4 needs
+        4 free slots. With the second prefill batch less one spare (3 of 1, 4, 16), that forward
+        fits however full the batch is, and a larger group runs as forwards of that batch, not
+        one forward per joiner. 0 without a prefix cache: a plain prefill's rows are its own
+        tensors, copied into the slots afterwards."""
+        pb = self.prefill_batches
+        return pb[1] - 1 if self.cached_lengths and len(pb) > 1 else 0
+
     def forward_shapes(self) -> list[tuple[str, int, int]]:
         """Every (kind, batch, length) forward the plan allows: what a compile warms at load."""
         if self.prefill_batches:  # generation: prefills at (batch, length), decode steps at batch

@@ -41,6 +41,16 @@ class Forward:
     length: int = 0  # its length bucket (behind a cached prefix: the rest's), the order of a join
     shape: tuple[str, int, int] | None = None  # (kind, batch, length) it ran at (set when it ran)
 
+    def part(self, start: int, stop: int) -> Forward:
+        """Its prompts start..stop, as a forward of their own (before it ran)."""
+        return Forward(
+            self.indices[start:stop],
+            self.partitions[start:stop],
+            self.behind[start:stop],
+            counted=self.counted,
+            length=self.length,
+        )
+
 
 def join_all(batch, prompts: list[list[int]], room: int, partitions: list[str | None] | None = None):
     """Every forward of a join, one after another: (the prompts' indices in the order of their
@@ -138,7 +148,7 @@ class StaticRows:
         self.prefill_tokens = plan.lengths[-1] * pb[min(1, len(pb) - 1)]
         self.slots = SlotCache(
             adapter.eager_model,
-            slots=plan.batches[-1],
+            slots=plan.cache_slots,
             length=cache_length,
             buckets=plan.batches,
             dtype=adapter.torch_dtype,
@@ -182,7 +192,28 @@ class StaticRows:
             fwd.partitions.append(part)
             if blocks:
                 fwd.behind.append(blocks)
-        return sorted(out, key=lambda f: f.length)  # stable: arrival order within a bucket
+        return self._fit(sorted(out, key=lambda f: f.length))  # stable: arrival order within a bucket
+
+    def _fit(self, forwards: list[Forward]) -> list[Forward]:
+        """Splits a forward behind cached prefixes whose batch bucket's rows would not fit in the
+        free slots (after the rows of the forwards before it) into forwards of the largest prefill
+        batch that fits, in order, so each part's first tokens leave before the next part runs."""
+        out: list[Forward] = []
+        rows = self.rows
+        for planned in forwards:
+            fwd = planned
+            while fwd.behind and rows + self.plan.prefill_batch(len(fwd.indices)) > self.slots.slots:
+                n = self._fitting(rows)  # < len(fwd.indices): a smaller bucket than the one that holds them
+                out.append(fwd.part(0, n))
+                fwd, rows = fwd.part(n, len(fwd.indices)), rows + n
+            out.append(fwd)
+            rows += len(fwd.indices)
+        return out
+
+    def _fitting(self, rows: int) -> int:
+        """The largest prefill batch whose rows fit in the slots after `rows` (at least 1)."""
+        fits = [b for b in self.plan.prefill_batches if rows + b <= self.slots.slots]
+        return fits[-1] if fits else 1
 
     def _cap(self, length: int) -> int:
         """The most prompts of one forward at this length bucket: the largest prefill batch
@@ -236,11 +267,15 @@ class StaticRows:
         """Prompts whose first blocks are cached, with rests of one length bucket (`window`): the
         blocks are copied into their slots and only the rests are prefilled, in one forward at
         the prefill batch bucket that holds them, after the cached columns. Where the free slots
-        cannot hold that bucket's padding rows, one forward per prompt (batch 1). Returns their
-        last logits and the batch it ran at."""
+        cannot hold that bucket's padding rows (`forwards` plans around that; rows it did not
+        expect), several forwards at the largest batch that fits. Returns their last logits and
+        the largest batch it ran at."""
         batch = self.plan.prefill_batch(len(group))
         if self.rows + batch > self.slots.slots:
-            return torch.cat([self._prefill_behind([g], window)[0] for g in group]), 1
+            n = self._fitting(self.rows)
+            head, head_batch = self._prefill_behind(group[:n], window)
+            rest, rest_batch = self._prefill_behind(group[n:], window)
+            return torch.cat([head, rest]), max(head_batch, rest_batch)
         block = self.prefix.block
         self.slots.make_room(max(window, *(len(p) for p, _, _ in group)), self.rows)
         first = self.rows
