@@ -178,6 +178,13 @@ function ttftBreakdown(sec: ReturnType<typeof section>, calls: Call[]) {
     );
     sec.fig(`ttft_tail_${key}`, t);
   }
+  const together = tail.filter((c) => c.burst).length;
+  sec.row(
+    "  TTFT tail, arrived all at once",
+    `${together} of ${tail.length}`,
+    "tail calls that arrived together at a segment's start (the rest one by one)",
+  );
+  sec.fig("ttft_tail_burst_share", together / Math.max(tail.length, 1));
   sec.row(
     "  TTFT tail, steps and forwards waited",
     `${mean(tail.map((c) => c.parts.steps_waited)).toFixed(2)} / ${mean(tail.map((c) => c.parts.forwards_ahead)).toFixed(2)}`,
