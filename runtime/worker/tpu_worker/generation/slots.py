@@ -12,7 +12,10 @@ copied into a free slot so that they end at the shared column; a finished one fr
 moves left by the columns no running sequence uses; a joiner longer than the columns before
 the shared column moves every slot right. Moves copy data within the tensors, so no shape
 changes. The buckets' caches are transformers StaticCache objects whose layers are views of
-these tensors (StaticCache is what the model code supports for a fixed-size cache).
+these tensors (StaticCache is what the model code supports for a fixed-size cache). With a
+prefix cache, a few spare slots follow the largest decode batch (ShapePlan.spare_slots): a
+prefill behind cached prefixes runs in slots, its padding rows included, and the spare ones hold
+those rows when the batch is nearly full; no decode step reaches them.
 """
 
 from __future__ import annotations
