@@ -297,6 +297,22 @@ def test_the_catalog_bound_is_counted_in_the_memory_preflight(catalog):
     )
 
 
+def test_the_spare_cache_slots_are_counted_in_the_memory_preflight(catalog, shared_worker, monkeypatch):
+    """The static cache's spare slots (past the largest batch) are in the pre-flight's KV-cache
+    term: as many bytes as the slots the loaded model allocates beyond max_batch."""
+    from tpu_worker import memory
+
+    entry = catalog.get("tiny-gpt2")
+    slots = shared_worker.served["tiny-gpt2"].batcher._batch.slots
+    spare = slots.slots - entry.limits.max_batch
+    assert spare == 3
+    with_spare = memory.activation_bytes(entry, None, "float32")
+    monkeypatch.setattr(memory, "_spare_slots", lambda entry: 0)
+    seq = entry.limits.max_seq_len + entry.limits.max_new_tokens
+    # The pre-flight's defaults without a config: 12 layers of 768, float32.
+    assert with_spare - memory.activation_bytes(entry, None, "float32") == 2 * 12 * spare * seq * 768 * 4
+
+
 def test_a_bad_prefix_key_is_refused(shared_worker):
     from tpu_worker.errors import WorkerError
 
