@@ -42,9 +42,16 @@ export class FleetMembers {
   /** Names this fleet added to the pool (a configured worker of the same pool is never touched). */
   private readonly ours = new Set<string>();
   private readonly serial = new Map<string, Promise<void>>();
+  /** Told when an actor joins this pool and when it left it (a shared fleet records both). */
+  private watcher: { joined(name: string): void; left(name: string): void } | null = null;
 
   constructor(private readonly o: FleetMembersOptions) {
     mkdirSync(o.certDir, { recursive: true, mode: 0o700 });
+  }
+
+  /** Tells `w` of every actor that joins or leaves this pool from now on. */
+  watch(w: { joined(name: string): void; left(name: string): void }): void {
+    this.watcher = w;
   }
 
   /** Whether `name` is an actor this fleet put in the pool. */
@@ -76,6 +83,7 @@ export class FleetMembers {
     this.inOrder(name, async () => {
       if (this.o.pool.names().includes(name)) await this.o.pool.remove(name, { timeoutMs: 0 });
       this.ours.delete(name);
+      this.watcher?.left(name);
     });
   }
 
@@ -112,6 +120,7 @@ export class FleetMembers {
             this.o.pool.add(entry);
           }
           this.ours.add(name);
+          this.watcher?.joined(name);
           this.o.logger?.info(
             {
               worker: name,
@@ -146,6 +155,7 @@ export class FleetMembers {
           if (this.o.pool.names().includes(name))
             await this.o.pool.remove(name, { timeoutMs: this.o.drainTimeoutMs ?? 60_000 });
           this.ours.delete(name);
+          this.watcher?.left(name);
           drained?.(name);
         });
         break;

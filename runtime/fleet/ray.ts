@@ -42,6 +42,11 @@ export interface RayFleetOptions {
   env?: NodeJS.ProcessEnv;
   /** The pool membership the driver's reports drive; default: one of its own (pins in stateDir). */
   members?: FleetMembers;
+  /**
+   * Resolves when an actor being drained may be stopped, once this pool has drained it (a shared
+   * fleet waits for the other replicas' pools too); default: at once.
+   */
+  drainGate?: (name: string) => Promise<void>;
 }
 
 export interface FleetActor {
@@ -333,7 +338,10 @@ export class RayFleet implements Fleet {
       case "lost":
       case "dead":
       case "drain":
-        this.members.apply(m, (n) => this.send({ op: "drained", name: n }));
+        this.members.apply(m, (n) => {
+          const gate = this.o.drainGate?.(n) ?? Promise.resolve();
+          void gate.catch(() => {}).then(() => this.send({ op: "drained", name: n }));
+        });
         break;
       default:
         break;

@@ -70,10 +70,12 @@ export function attachRayFleet(
       members,
       mode: ray.placement.mode,
       logger: log,
-      driver: (term) =>
+      drainTimeoutMs: ray.drain_timeout_s * 1000,
+      driver: (term, drainGate) =>
         new RayFleet({
           ...driverOptions,
           members,
+          drainGate,
           stateDir: join(stateDir, `driver-${term.epoch}`),
         }),
     });

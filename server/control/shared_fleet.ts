@@ -54,8 +54,13 @@ export interface SharedFleetOptions {
   pollMs?: number;
   /** This replica's pool membership: the leader's driver and the followed rows both drive it. */
   members: FleetMembers;
-  /** Makes this replica's driver for a term (a RayFleet on `members`), not started. */
-  driver: (term: FleetTerm) => Fleet;
+  /**
+   * Makes this replica's driver for a term (a RayFleet on `members`), not started; `drainGate`
+   * is its RayFleet's: an actor drained here is stopped once the other replicas drained it too.
+   */
+  driver: (term: FleetTerm, drainGate: (name: string) => Promise<void>) => Fleet;
+  /** How long a scale-down waits for the other replicas' pools (runtime.ray.drain_timeout_s). */
+  drainTimeoutMs: number;
   /** The placement mode the config names (status before any driver said). */
   mode: string;
   logger?: Logger;
@@ -81,6 +86,8 @@ export class SharedRayFleet implements Fleet {
   private closed = false;
   /** The lease's last successful renewal (this process's monotonic clock). */
   private renewedAt = 0;
+  /** This replica's holdings written in order (joined, then left). */
+  private holdings: Promise<void> = Promise.resolve();
   /** One tick or follow at a time; the next waits for it. */
   private busy: Promise<void> = Promise.resolve();
   /** What the leader's driver said of the fleet (its ready line, a refusal, the target). */
@@ -95,6 +102,35 @@ export class SharedRayFleet implements Fleet {
 
   constructor(private readonly o: SharedFleetOptions) {
     this.readyPromise = new Promise((res) => (this.readyResolve = res));
+    // Which actors this replica's pool holds, in the store: a scale-down waits for each holder.
+    const record = (fn: () => Promise<void>) => {
+      this.holdings = this.holdings.then(fn).catch((e: unknown) => {
+        this.o.logger?.warn({ err: String(e) }, "shared Ray fleet: holding not recorded");
+      });
+    };
+    o.members.watch({
+      joined: (name) => record(() => o.store.hold(o.replica, name)),
+      left: (name) => record(() => o.store.unhold(o.replica, name)),
+    });
+  }
+
+  /**
+   * Resolves once no other live replica's pool holds the actor `name` (each drained it: its
+   * calls there finished), or after the drain timeout; the leader's driver then stops it.
+   */
+  private async drainGate(name: string): Promise<void> {
+    const until = performance.now() + this.o.drainTimeoutMs;
+    let left: string[] = [];
+    while (!this.closed && performance.now() < until) {
+      left = await this.o.store.holders(name, this.o.replica, this.o.leaseMs);
+      if (left.length === 0) return;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    if (left.length)
+      this.o.logger?.warn(
+        { worker: name, replicas: left },
+        "shared Ray fleet: drain timed out on other replicas; stopping the actor anyway",
+      );
   }
 
   onMessage(fn: (m: Msg) => void): void {
@@ -152,6 +188,7 @@ export class SharedRayFleet implements Fleet {
 
   /** One round: renew or take the lease, then read the rows (a follower applies them). */
   private async tick(): Promise<void> {
+    await this.o.store.renewHoldings(this.o.replica);
     if (this.held) {
       let ok: boolean;
       try {
@@ -192,7 +229,7 @@ export class SharedRayFleet implements Fleet {
     );
     // The earlier term's actors ended with their driver: stop routing to them here too.
     for (const name of this.o.members.names()) this.local({ type: "lost", name, restarts: 0 });
-    const d = this.o.driver(term);
+    const d = this.o.driver(term, (name) => this.drainGate(name));
     this.driver = d;
     d.onMessage((m) => this.fromDriver(term, m));
     d.start().catch((e: unknown) =>

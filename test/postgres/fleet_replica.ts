@@ -39,7 +39,12 @@ export class RecordingPool implements FleetPool {
     this.members.set(entry.name, { entry, draining: false });
     this.note(`replace ${entry.name} ${address(entry)}`);
   }
+  /** While set, a removal (a drain) waits for it: calls in flight here not finished yet. */
+  holdRemovals: Promise<void> | null = null;
+
   async remove(name: string): Promise<void> {
+    this.note(`removing ${name}`);
+    await this.holdRemovals;
     this.members.delete(name);
     this.note(`remove ${name}`);
   }
@@ -94,7 +99,7 @@ export function startFleetReplica(
         address: "127.0.0.1:6379",
         client: { cert: join(home, "client.crt"), key: join(home, "client.key") },
         channel: { token_file: join(home, "token"), client_ca: join(home, "ca.crt") },
-        drain_timeout_s: 5,
+        drain_timeout_s: 120,
         placement: { mode: "per-chip" },
       },
     },

@@ -88,29 +88,49 @@ describe("one Ray fleet shared by replicas on Postgres", () => {
     });
   });
 
-  it("a scale written to the shared channel reaches the leader; the follower drains and removes the actor", async () => {
+  it("a scale written to the shared channel reaches the leader; the actor is stopped once the follower drained it too", async () => {
+    // B's drain of ray-1 waits (as for its calls in flight there) until the test lets it end.
+    let release!: () => void;
+    b!.pool.holdRemovals = new Promise<void>((r) => (release = r));
     await new PgControlChannel(pool).setFleetTarget(1, "test");
-    await waitFor("B's pool down to ray-0", () =>
-      JSON.stringify(Object.keys(b!.pool.serving())) === '["ray-0"]' &&
-      !b!.pool.members.has("ray-1")
-        ? true
-        : undefined,
+    await waitFor("B draining ray-1", () =>
+      b!.pool.log.includes("removing ray-1") ? true : undefined,
     );
     await waitFor("A's pool down to ray-0", () =>
       aSays && Object.keys(aSays.serving).join() === "ray-0" ? true : undefined,
     );
-    expect(b!.pool.log).toContain("remove ray-1");
-    // The follower shows the target the leader applied.
-    await waitFor("B showing the new target", () =>
-      b!.fleet.summary("x").target === 1 ? true : undefined,
-    );
-    const rows = (await pool.query("SELECT name FROM fleet_actors")).rows as { name: string }[];
+    // A's own pool drained it; two renewals of A's lease later its driver still has not removed
+    // the actor: it waits for B.
+    const until = async () =>
+      String((await pool.query("SELECT until_ms FROM fleet_lease WHERE id = 1")).rows[0].until_ms);
+    let last = await until();
+    let renewals = 0;
+    await waitFor("two renewals of A's lease", async () => {
+      const now = await until();
+      if (now !== last) [last, renewals] = [now, renewals + 1];
+      return renewals >= 2 ? true : undefined;
+    });
+    const draining = await pool.query("SELECT state FROM fleet_actors WHERE name = 'ray-1'");
+    expect(draining.rows).toEqual([{ state: "draining" }]);
+    release();
+    b!.pool.holdRemovals = null;
     await waitFor("ray-1's row gone", async () =>
       (await pool.query("SELECT 1 FROM fleet_actors WHERE name = 'ray-1'")).rowCount === 0
         ? true
         : undefined,
     );
-    expect(rows.map((r) => r.name)).toContain("ray-0");
+    expect(Object.keys(b!.pool.serving())).toEqual(["ray-0"]);
+    expect(b!.pool.log).toContain("remove ray-1");
+    expect(
+      (await pool.query("SELECT name, replica FROM fleet_holders ORDER BY replica")).rows,
+    ).toEqual([
+      { name: "ray-0", replica: "a" },
+      { name: "ray-0", replica: "b" },
+    ]);
+    // The follower shows the target the leader applied.
+    await waitFor("B showing the new target", () =>
+      b!.fleet.summary("x").target === 1 ? true : undefined,
+    );
   });
 
   it("the leader killed: another replica takes the lease once it ran out and places the fleet again", async () => {

@@ -198,6 +198,43 @@ export class PgFleetStore {
     );
   }
 
+  /** `replica`'s pool holds the actor `name` (a scale-down waits for it to drain there). */
+  async hold(replica: string, name: string): Promise<void> {
+    await this.pool.query(
+      `INSERT INTO fleet_holders (name, replica, alive_ms) VALUES ($1, $2, ${NOW_MS})
+       ON CONFLICT (name, replica) DO UPDATE SET alive_ms = excluded.alive_ms`,
+      [name, replica],
+    );
+  }
+
+  /** `replica`'s pool no longer holds the actor `name`. */
+  async unhold(replica: string, name: string): Promise<void> {
+    await this.pool.query("DELETE FROM fleet_holders WHERE name = $1 AND replica = $2", [
+      name,
+      replica,
+    ]);
+  }
+
+  /** `replica` is alive: its holdings are renewed. */
+  async renewHoldings(replica: string): Promise<void> {
+    await this.pool.query(`UPDATE fleet_holders SET alive_ms = ${NOW_MS} WHERE replica = $1`, [
+      replica,
+    ]);
+  }
+
+  /**
+   * The replicas other than `replica` whose pools still hold the actor `name` and renewed that
+   * within `aliveMs` (a replica that stopped renewing is gone: its pool is no reason to wait).
+   */
+  async holders(name: string, replica: string, aliveMs: number): Promise<string[]> {
+    const r = await this.pool.query(
+      `SELECT replica FROM fleet_holders
+       WHERE name = $1 AND replica <> $2 AND alive_ms > ${NOW_MS} - $3::bigint ORDER BY replica`,
+      [name, replica, Math.round(aliveMs)],
+    );
+    return r.rows.map((x: { replica: string }) => x.replica);
+  }
+
   /** Every actor's row, in name order. */
   async actors(): Promise<FleetActorRow[]> {
     const r = await this.pool.query(

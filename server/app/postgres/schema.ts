@@ -179,6 +179,16 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
         node TEXT, certificate TEXT NOT NULL, ray_name TEXT, restarts INT NOT NULL DEFAULT 0,
         updated_ms BIGINT NOT NULL);`,
   },
+  {
+    version: 8,
+    name: "the shared Ray fleet: which replicas' pools hold each actor",
+    // One row per actor and replica whose pool holds it, renewed by that replica (alive_ms, the
+    // database's clock): a scale-down stops the actor once no live replica's pool holds it.
+    sql: `
+      CREATE TABLE fleet_holders (
+        name TEXT NOT NULL, replica TEXT NOT NULL, alive_ms BIGINT NOT NULL,
+        PRIMARY KEY (name, replica));`,
+  },
 ];
 
 /** The newest schema this code knows. */
