@@ -108,6 +108,8 @@ export class SharedRayFleet implements Fleet {
         this.o.logger?.warn({ err: String(e) }, "shared Ray fleet: holding not recorded");
       });
     };
+    // What a previous run of this replica (the same id) recorded is not held by this one.
+    record(() => o.store.unholdAll(o.replica));
     o.members.watch({
       joined: (name) => record(() => o.store.hold(o.replica, name)),
       left: (name) => record(() => o.store.unhold(o.replica, name)),

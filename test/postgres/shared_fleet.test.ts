@@ -56,6 +56,10 @@ const lease = async () =>
 
 describe("one Ray fleet shared by replicas on Postgres", () => {
   it("one replica leads and runs the driver; another follows its actors into its pool", async () => {
+    // What a previous run of replica b recorded as held: its new run starts holding nothing.
+    await pool.query(
+      "INSERT INTO fleet_holders (name, replica, alive_ms) VALUES ('ray-7', 'b', 0), ('ray-0', 'b', 0)",
+    );
     a = spawn(
       process.execPath,
       ["--import", "tsx", "test/postgres/fleet_replica.ts", db.url, "a", String(LEASE_S), dir],

@@ -215,6 +215,11 @@ export class PgFleetStore {
     ]);
   }
 
+  /** Forgets every holding of `replica` (a replica starting again under its id holds nothing yet). */
+  async unholdAll(replica: string): Promise<void> {
+    await this.pool.query("DELETE FROM fleet_holders WHERE replica = $1", [replica]);
+  }
+
   /** `replica` is alive: its holdings are renewed. */
   async renewHoldings(replica: string): Promise<void> {
     await this.pool.query(`UPDATE fleet_holders SET alive_ms = ${NOW_MS} WHERE replica = $1`, [
