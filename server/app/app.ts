@@ -33,6 +33,7 @@ import { startTelemetry, telemetryMeter } from "./telemetry.js";
 import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_policies.js";
 import type { Passkeys } from "../../policies/passkeys/store.js";
 import { openServerStores, type SharedBackend, type Storage } from "./storage.js";
+import { sharedFleetStore } from "./postgres/fleet.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
 import { replicaIdentity, replicaStatus, type ReplicaIdentity } from "./replica.js";
 import { watchControl, type ControlHandler } from "../control/channel.js";
@@ -274,11 +275,11 @@ export async function createApp(
         // On a shared store the replicas share one Ray fleet (server/control/shared_fleet.ts).
         ...(opts.shared && "postgres" in config.storage
           ? {
-              sharedFleet: {
-                pool: opts.shared.pool,
-                replica: opts.shared.replica.id,
-                leaseS: config.storage.postgres.fleet_lease_s,
-              },
+              sharedFleet: sharedFleetStore(
+                opts.shared.pool,
+                opts.shared.replica.id,
+                config.storage.postgres.fleet_lease_s,
+              ),
             }
           : {}),
         ...opts.hooks,

@@ -18,7 +18,8 @@ import {
 import type { FleetState, Runtime, RuntimeCallError } from "../../runtime/types.js";
 import type { Fleet } from "../../runtime/fleet/ray.js";
 import type { ServerConfig } from "../config/config.js";
-import { attachRayFleet, type SharedFleetStore } from "../control/fleet.js";
+import { attachRayFleet } from "../control/fleet.js";
+import type { SharedFleetStore } from "../control/fleet_store.js";
 import { engineArgs } from "../config/engines.js";
 
 export interface RuntimeHooks {

@@ -7,21 +7,12 @@ import { join } from "node:path";
 import type { Logger } from "pino";
 import { FleetMembers } from "../../runtime/fleet/members.js";
 import { RayFleet, type Fleet, type FleetPool, type FleetStatus } from "../../runtime/fleet/ray.js";
-import { PgFleetStore, FLEET_CHANNEL } from "../app/postgres/fleet.js";
-import { newOrigin, PgListener } from "../app/postgres/notify.js";
-import type { PgPool } from "../app/postgres/pool.js";
 import type { ServerConfig } from "../config/config.js";
 import { dataDir } from "../config/data_dir.js";
 import { driverConfig } from "../config/ray.js";
 import type { ControlChannel, ControlHandler } from "./channel.js";
+import type { SharedFleetStore } from "./fleet_store.js";
 import { SharedRayFleet } from "./shared_fleet.js";
-
-/** The shared store a fleet is shared through (storage.postgres): its pool and this replica. */
-export interface SharedFleetStore {
-  pool: PgPool;
-  replica: string;
-  leaseS: number;
-}
 
 /**
  * Starts the fleet for this pool; the pool's close() stops it first. Alone (SQLite): this
@@ -61,10 +52,10 @@ export function attachRayFleet(
       drainTimeoutMs: ray.drain_timeout_s * 1000,
     });
     fleet = new SharedRayFleet({
-      store: new PgFleetStore(shared.pool, newOrigin()),
-      listener: new PgListener(shared.pool, FLEET_CHANNEL, {
-        onError: (e) => log.warn({ err: String(e) }, "shared Ray fleet: listener failed"),
-      }),
+      store: shared.store,
+      listener: shared.listen((e) =>
+        log.warn({ err: String(e) }, "shared Ray fleet: listener failed"),
+      ),
       replica: shared.replica,
       leaseMs: shared.leaseS * 1000,
       members,

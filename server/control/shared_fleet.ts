@@ -33,18 +33,13 @@ import type { FleetState } from "../../runtime/types.js";
 import type {
   FleetActorRow,
   FleetLeaseView,
+  FleetListener,
+  FleetStore,
   FleetTerm,
-  PgFleetStore,
-} from "../app/postgres/fleet.js";
-
-/** What the coordinator needs of the LISTEN connection (postgres/notify.ts PgListener). */
-export interface FleetListener {
-  on(fn: (n: { origin: string; type: string; id: string }) => void): () => void;
-  close(): Promise<void>;
-}
+} from "./fleet_store.js";
 
 export interface SharedFleetOptions {
-  store: PgFleetStore;
+  store: FleetStore;
   listener: FleetListener;
   /** This replica's id (the lease's holder while it leads). */
   replica: string;

@@ -1,5 +1,5 @@
 // One replica's share of the Ray fleet on the shared store, for test/postgres/shared_fleet.test.ts:
-// the real attachRayFleet (SharedRayFleet, PgFleetStore, the LISTEN, RayFleet, FleetMembers) and
+// the real attachRayFleet (SharedRayFleet, PgFleetStore and its LISTEN from sharedFleetStore, RayFleet, FleetMembers) and
 // the control poller's fleetHandler, over a pool that records what the fleet asks of it, with
 // test/helpers/scripted_fleet_driver.mjs in place of the Ray driver. Run as a process of its own
 // (`node --import tsx THIS URL REPLICA LEASE_S DIR`), it prints whether it leads and the pool's
@@ -15,6 +15,7 @@ import type { WorkerStatus } from "../../runtime/types.js";
 import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
 import type { ServerConfig } from "../../server/config/config.js";
 import { PgControlChannel } from "../../server/app/postgres/control.js";
+import { sharedFleetStore } from "../../server/app/postgres/fleet.js";
 import { attachRayFleet, fleetHandler } from "../../server/control/fleet.js";
 
 export const DRIVER = fileURLToPath(
@@ -114,7 +115,7 @@ export function startFleetReplica(
   const pool = new RecordingPool();
   const logger = pino({ level: process.env.FLEET_TEST_LOG ?? "silent" });
   process.env.SCRIPTED_FLEET_ACTORS = String(actors);
-  const fleet = attachRayFleet(pool, config, logger, { pool: db, replica, leaseS });
+  const fleet = attachRayFleet(pool, config, logger, sharedFleetStore(db, replica, leaseS));
   // The replica's control poller, as a server runs it (`workers scale` through the shared channel):
   // the leader applies the wanted count; a follower applies nothing and publishes nothing.
   const handler = fleetHandler(fleet, logger)!;

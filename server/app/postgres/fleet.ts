@@ -9,43 +9,22 @@
 // cannot overwrite what the new holder's driver reports. Each write notifies the other replicas
 // (LISTEN/NOTIFY on `tpu_mcp_fleet`), which also poll.
 import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
-import { notifySql } from "./notify.js";
+import { newOrigin, notifySql, PgListener } from "./notify.js";
+import type {
+  FleetActorRow,
+  FleetLeaseView,
+  FleetStore,
+  FleetTerm,
+  SharedFleetStore,
+} from "../../control/fleet_store.js";
 
 export const FLEET_CHANNEL = "tpu_mcp_fleet";
-
-/** A term of the lease: who holds it and which epoch. */
-export interface FleetTerm {
-  holder: string;
-  epoch: number;
-}
-
-/** The lease as it stands: the holder while it is live, else null. */
-export interface FleetLeaseView {
-  holder: string | null;
-  epoch: number;
-  /** The holder's driver's ready line (mode, capacity, target, ray_version). */
-  info: Record<string, unknown>;
-}
-
-export interface FleetActorRow {
-  name: string;
-  epoch: number;
-  leader: string;
-  state: "up" | "lost" | "draining";
-  host: string;
-  port: number;
-  device: string | null;
-  chips: number[];
-  node: string | null;
-  certificate: string;
-  ray_name: string | null;
-  restarts: number;
-}
 
 /** SQL true while `term` ($1 holder, $2 epoch) holds the lease. */
 const HOLDS = `EXISTS (SELECT 1 FROM fleet_lease WHERE id = 1 AND holder = $1::text AND epoch = $2::bigint AND until_ms > ${NOW_MS})`;
 
-export class PgFleetStore {
+/** The fleet store (server/control/fleet_store.ts) on storage.postgres. */
+export class PgFleetStore implements FleetStore {
   constructor(
     private readonly pool: PgPool,
     /** This process's origin in notifications (notify.ts newOrigin). */
@@ -291,4 +270,14 @@ export class PgFleetStore {
     const n = notifySql(FLEET_CHANNEL, this.origin, type, id);
     await this.pool.query(n.text, n.values);
   }
+}
+
+/** The replicas' one Ray fleet on this pool: its store and its notifications, for this replica. */
+export function sharedFleetStore(pool: PgPool, replica: string, leaseS: number): SharedFleetStore {
+  return {
+    store: new PgFleetStore(pool, newOrigin()),
+    listen: (onError) => new PgListener(pool, FLEET_CHANNEL, { onError }),
+    replica,
+    leaseS,
+  };
 }
