@@ -94,6 +94,9 @@ def _frame(header: dict, body: bytes = b"") -> bytes:
     return _PREFIX.pack(len(h), len(body)) + h + body
 
 
+HANG_GUARD_S = 300
+
+
 class ServeClient:
     """Connects to one actor's serve: verifies exactly the certificate the driver reported."""
 
@@ -102,7 +105,9 @@ class ServeClient:
         ctx.load_verify_locations(cadata=endpoint["certificate"])
         if client_cert:
             ctx.load_cert_chain(channel["cert"], channel["key"])
-        raw = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=60)
+        # A hang guard, not a time limit: the first connection starts the actor's worker (torch
+        # import, device probe), and its hello took over 60 s beside four CPU burners at load 7.
+        raw = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=HANG_GUARD_S)
         self.sock = ctx.wrap_socket(raw, server_hostname=endpoint["host"])
         if token is None:
             with open(channel["token_file"], encoding="utf-8") as fh:
