@@ -13,24 +13,15 @@ import { CLI, ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server
 import { call } from "../e2e/scenario.js";
 import { startRayCluster } from "../helpers/fleet.js";
 import { scaled } from "../helpers/calibrate.js";
+import { waitFor as poll } from "../helpers/wait.js";
 
 const PY = join(ROOT, ".venv/bin/python");
 const MODEL = "all-minilm-l6-v2";
 const ADMIN_TOKEN = "ray-fleet-test-admin-token-0123456789";
 
-async function waitFor<T>(
-  what: string,
-  fn: () => Promise<T | undefined>,
-  ms = 180_000,
-): Promise<T> {
-  const until = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 300));
-  }
-}
+/** The suites' one poll (test/helpers/wait.ts), with this file's deadline and interval. */
+const waitFor = <T>(what: string, fn: () => Promise<T | undefined>, ms = 180_000): Promise<T> =>
+  poll(what, fn, ms, 300);
 
 /** A child process that leaves the event loop running, so the test's traffic goes on meanwhile. */
 function run(
