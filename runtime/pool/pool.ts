@@ -407,7 +407,7 @@ export class WorkerPool implements Runtime {
       if (r.status === "fulfilled") ok.push({ m: chosen[i]!, r: r.value });
       else firstError ??= r.reason;
     });
-    for (const { m, r } of ok) this.held.set(`${m.name}\0${model}`, num(r.result.bytes_on_device));
+    for (const { m, r } of ok) this.held.set(heldKey(m.name, model), num(r.result.bytes_on_device));
     if (!ok.length) throw firstError;
     const first = ok[0]!.r;
     return {
@@ -450,7 +450,7 @@ export class WorkerPool implements Runtime {
     const ok = results.flatMap((r, i) =>
       r.status === "fulfilled" ? [{ m: targets[i]!, r: r.value }] : [],
     );
-    for (const t of targets) this.held.delete(`${t.name}\0${model}`);
+    for (const t of targets) this.held.delete(heldKey(t.name, model));
     if (!ok.length) throw (results[0] as PromiseRejectedResult).reason;
     return {
       result: {
@@ -685,7 +685,7 @@ export class WorkerPool implements Runtime {
 
   private heldBy(m: Member): number {
     let n = 0;
-    for (const x of m.models()) n += this.held.get(`${m.name}\0${x.model}`) ?? 0;
+    for (const x of m.models()) n += this.held.get(heldKey(m.name, x.model)) ?? 0;
     return n;
   }
 
@@ -803,12 +803,13 @@ export class WorkerPool implements Runtime {
     const m = new Member(entry, rt);
     // Bytes another control plane placed on a shared worker count as held here too.
     rt.on("fleet", (e) => {
-      const key = `${m.name}\0${String(e.args.model)}`;
+      const key = heldKey(m.name, String(e.args.model));
       if (e.op === "load") this.held.set(key, num(e.result?.bytes_on_device));
       else this.held.delete(key);
     });
     rt.on("exit", () => {
-      for (const x of [...this.held.keys()]) if (x.startsWith(`${m.name}\0`)) this.held.delete(x);
+      for (const x of [...this.held.keys()])
+        if (x.startsWith(heldKey(m.name, ""))) this.held.delete(x);
     });
     this.members.push(m);
     for (const [event, fns] of this.listeners) for (const fn of fns) this.attach(m, event, fn);
@@ -900,6 +901,11 @@ function relayOf(v: unknown): Member["relay"] {
     max_control_planes: num(r.max_control_planes),
     in_flight: num(r.requests_in_flight),
   };
+}
+
+/** The key of `held`: one worker's bytes of one model ("" gives the worker's prefix). */
+function heldKey(worker: string, model: string): string {
+  return `${worker}\0${model}`;
 }
 
 function num(v: unknown): number {
