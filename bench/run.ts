@@ -4,8 +4,9 @@
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
 // tokens,estimates,budget,store,replicas,generate,train,shapes,prefix,stability,structured runs a subset (BENCH_SHAPES_REQUESTS
-// scales the shapes trace, 300 requests by default; BENCH_PREFIX_SMOLLM2=0 leaves the real
-// SmolLM2 model out of the prefix section);
+// scales the shapes trace, 300 requests by default, and BENCH_SHAPES_DUMP=file writes its calls
+// as JSON; BENCH_PREFIX_SMOLLM2=0 leaves the real SmolLM2 model out of the prefix section);
+// BENCH_THREADS sets the worker's torch threads;
 // BENCH_QUICK=1 cuts the sample counts (a smoke run, not figures to quote).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg } from "node:os";

@@ -60,7 +60,13 @@ export function writeBenchConfig(dir = tempDir()): { config: string; catalog: st
       log_level: "warn",
       // Stamps only calls that ask for them (bench/decompose.ts); the others pay nothing.
       trace_calls: true,
-      runtime: { python: PYTHON, catalog, device: "cpu" },
+      // BENCH_THREADS: the worker's torch threads (default: the config's, one fewer than the cores).
+      runtime: {
+        python: PYTHON,
+        catalog,
+        device: "cpu",
+        ...(process.env.BENCH_THREADS ? { threads: Number(process.env.BENCH_THREADS) } : {}),
+      },
       policy: {
         // Not what is measured: without this the default rules would stop every run_benchmark
         // (the stability and train sections) at an approval no one is there to give.
