@@ -384,6 +384,13 @@ class Plane:
     def fleet(self) -> dict:
         return self.next(lambda h: h["type"] == "fleet", "fleet frame")
 
+    def benchmark(self, mid: str, **bench) -> None:
+        """Starts a benchmark (conftest.bench_args) and returns at its first progress: running."""
+        from conftest import bench_args
+
+        self.send({"type": "request", "id": mid, "op": "benchmark", "args": bench_args(**bench)})
+        self.next(lambda h: h["type"] == "progress" and h["id"] == mid, f"progress of {mid}")
+
     def close(self) -> None:
         self.s.close()
 
@@ -407,19 +414,15 @@ def test_two_control_planes_at_once_share_one_worker_with_colliding_ids(shared, 
 
 
 def test_a_cancel_reaches_only_its_own_connections_request(shared, certs):
-    from conftest import bench_args
-
     a, b = Plane(certs, shared), Plane(certs, shared)
-    a.send({"type": "request", "id": "x", "op": "benchmark", "args": bench_args(iterations=30)})
-    a.next(lambda h: h["type"] == "progress" and h["id"] == "x", "progress of x")
+    a.benchmark("x", iterations=30)
     b.send({"type": "cancel", "id": "x"})  # B has no request "x": nothing reaches the worker
     b.call("s", "status")  # B's frames are read in order: its cancel was handled before this answer
     done = a.answer("x")
     assert done["type"] == "result", done
     assert done["result"]["cancelled"] is False, "B's cancel stopped A's benchmark"
     # A's own cancel does reach it.
-    a.send({"type": "request", "id": "y", "op": "benchmark", "args": bench_args(duration_s=120)})
-    a.next(lambda h: h["type"] == "progress" and h["id"] == "y", "progress of y")
+    a.benchmark("y", duration_s=120)
     a.send({"type": "cancel", "id": "y"})
     assert a.answer("y")["result"]["cancelled"] is True
     a.close()
@@ -430,8 +433,7 @@ def test_a_disconnect_cancels_only_that_connections_requests_and_the_worker_live
     from conftest import bench_args
 
     a, b = Plane(certs, shared), Plane(certs, shared)
-    a.send({"type": "request", "id": "long", "op": "benchmark", "args": bench_args(duration_s=300)})
-    a.next(lambda h: h["type"] == "progress" and h["id"] == "long", "progress of A's benchmark")
+    a.benchmark("long", duration_s=300)
     b.send({"type": "request", "id": "mine", "op": "benchmark", "args": bench_args(iterations=20)})
     assert b.call("s1", "status")["result"]["relay"]["requests_in_flight"] == 2
     a.close()
