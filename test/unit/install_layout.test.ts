@@ -1,7 +1,8 @@
 // The install layout (server/config/install_layout.ts): a checkout keeps today's paths exactly;
 // an installed package keeps its code in the package and the venv, models and data per user.
-import { mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
+import { execFileSync, spawnSync } from "node:child_process";
 import { join, resolve } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { loadConfig, parseConfig } from "../../server/config/config.js";
@@ -11,6 +12,11 @@ import { writeUserCatalog } from "../../server/setup/user_catalog.js";
 const REPO = resolve(import.meta.dirname, "..", "..");
 const scratch = mkdtempSync(join(tmpdir(), "tpu-mcp-layout-"));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
+
+/** `git args…` in `cwd`: its exit status (check-ignore: 0 ignored, 1 not). */
+function git(cwd: string, ...args: string[]): number | null {
+  return spawnSync("git", args, { cwd, stdio: "ignore" }).status;
+}
 
 /** A folder shaped like the installed package: the shipped files, no TypeScript sources. */
 function fakePackage(): string {
@@ -38,6 +44,20 @@ describe("install layout", () => {
     expect(c.paths.python).toBe(join(REPO, ".venv", "bin", "python"));
     expect(c.paths.data_dir).toBe(join(REPO, ".data"));
     expect(c.paths.catalog).toBe(join(REPO, "runtime", "catalog.builtin.json"));
+  });
+
+  it("a checkout's venv, packages and data are ignored by git, as folders and as links to them", () => {
+    // A git worktree links these to the main checkout's folders; git sees a link as a file, which
+    // a pattern with a trailing slash does not match (.data once got committed that way).
+    const tree = mkdtempSync(join(scratch, "tree-"));
+    execFileSync("git", ["init", "-q"], { cwd: tree });
+    writeFileSync(join(tree, ".gitignore"), readFileSync(join(REPO, ".gitignore")));
+    const target = mkdtempSync(join(scratch, "target-"));
+    for (const name of ["node_modules", ".venv", ".data"]) {
+      symlinkSync(target, join(tree, name));
+      expect(git(tree, "check-ignore", name), name).toBe(0);
+    }
+    expect(git(tree, "check-ignore", ".gitignore")).toBe(1); // the check itself can say no
   });
 
   it("a package: code in the package, venv, models and data in the XDG data dir", () => {
