@@ -532,95 +532,85 @@ while (pre := inp.read(8)) and len(pre) == 8:
 """
 
 
+def _with_fake_relay(certs: str, start_delay: str, clients) -> None:
+    """Serves FAKE_WORKER (its hello after `start_delay` seconds) through a Relay on 127.0.0.1,
+    runs `clients(port)` in a thread against it, then closes the relay and its server."""
+    import asyncio
+
+    from tpu_worker import serve
+
+    async def run() -> None:
+        relay = serve.Relay(TOKEN, [sys.executable, "-c", FAKE_WORKER, start_delay], max_control_planes=3)
+        ctx = serve.tls_context(f"{certs}/worker.crt", f"{certs}/worker.key", f"{certs}/ca.crt")
+        srv = await asyncio.start_server(relay.handle, "127.0.0.1", 0, ssl=ctx)
+        try:
+            await asyncio.to_thread(clients, srv.sockets[0].getsockname()[1])
+        finally:
+            srv.close()
+            await relay.close()
+            await srv.wait_closed()
+
+    asyncio.run(run())
+
+
 def test_the_relay_routes_progress_deltas_and_bodies_by_connection_and_broadcasts_errors_with_id_null(certs):
     """Against a stand-in worker (the frames a worker sends, no torch): two connections made
     while the worker is still starting both get its hello; a streamed answer's progress (with its
     delta) and its result with a body come back under the caller's id, while the worker saw the
     relay's; an error frame with id null goes to every connection."""
-    import asyncio
-
-    from tpu_worker import serve
 
     def recv_with_body(s: ssl.SSLSocket) -> tuple[dict, bytes]:
         hl, bl = PREFIX.unpack(_recv_exact(s, 8))
         return json.loads(_recv_exact(s, hl)), _recv_exact(s, bl)
 
-    async def run() -> None:
-        relay = serve.Relay(TOKEN, [sys.executable, "-c", FAKE_WORKER, "1.0"], max_control_planes=3)
-        ctx = serve.tls_context(f"{certs}/worker.crt", f"{certs}/worker.key", f"{certs}/ca.crt")
-        srv = await asyncio.start_server(relay.handle, "127.0.0.1", 0, ssl=ctx)
-        port = srv.sockets[0].getsockname()[1]
+    def clients(port: int) -> None:
+        planes: list[Plane] = []
+        threads = [threading.Thread(target=lambda: planes.append(Plane(certs, port))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        a, b = planes
+        assert a.hello == b.hello and a.hello["type"] == "hello"
+        body = b"\x01\x02\x03raw tensor bytes"
+        h = json.dumps({"type": "request", "id": "s", "op": "stream", "args": {}}).encode()
+        a.s.sendall(PREFIX.pack(len(h), len(body)) + h + body)
+        progress = _recv(a.s)
+        assert progress == {"type": "progress", "id": "s", "progress": 0, "delta": {"index": 0, "text": "he"}}
+        result, back = recv_with_body(a.s)
+        assert result["id"] == "s" and back == body
+        assert result["result"]["seen_id"] != "s"  # the worker saw the relay's id, not A's
+        b.send({"type": "request", "id": "x", "op": "boom", "args": {}})
+        for p in (a, b):
+            err = _recv(p.s)
+            assert err["type"] == "error" and err["id"] is None and err["error"]["message"] == "boom"
+        a.close()
+        b.close()
 
-        def clients() -> None:
-            planes: list[Plane] = []
-            threads = [threading.Thread(target=lambda: planes.append(Plane(certs, port))) for _ in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
-            a, b = planes
-            assert a.hello == b.hello and a.hello["type"] == "hello"
-            body = b"\x01\x02\x03raw tensor bytes"
-            h = json.dumps({"type": "request", "id": "s", "op": "stream", "args": {}}).encode()
-            a.s.sendall(PREFIX.pack(len(h), len(body)) + h + body)
-            progress = _recv(a.s)
-            assert progress == {"type": "progress", "id": "s", "progress": 0, "delta": {"index": 0, "text": "he"}}
-            result, back = recv_with_body(a.s)
-            assert result["id"] == "s" and back == body
-            assert result["result"]["seen_id"] != "s"  # the worker saw the relay's id, not A's
-            b.send({"type": "request", "id": "x", "op": "boom", "args": {}})
-            for p in (a, b):
-                err = _recv(p.s)
-                assert err["type"] == "error" and err["id"] is None and err["error"]["message"] == "boom"
-            a.close()
-            b.close()
-
-        try:
-            await asyncio.to_thread(clients)
-        finally:
-            srv.close()
-            await relay.close()
-            await srv.wait_closed()
-
-    asyncio.run(run())
+    _with_fake_relay(certs, "1.0", clients)
 
 
 def test_a_control_plane_that_stops_reading_is_disconnected_and_the_others_are_still_answered(certs, monkeypatch):
-    import asyncio
-
     from tpu_worker import serve
 
     monkeypatch.setattr(serve, "SLOW_PEER_BYTES", 1024 * 1024)
     frames = 400  # about 26 MiB of answers for A, who reads none of them
 
-    async def run() -> None:
-        relay = serve.Relay(TOKEN, [sys.executable, "-c", FAKE_WORKER, "0"], max_control_planes=3)
-        ctx = serve.tls_context(f"{certs}/worker.crt", f"{certs}/worker.key", f"{certs}/ca.crt")
-        srv = await asyncio.start_server(relay.handle, "127.0.0.1", 0, ssl=ctx)
-        port = srv.sockets[0].getsockname()[1]
-
-        def clients() -> None:
-            a, b = Plane(certs, port), Plane(certs, port)
-            a.send({"type": "request", "id": "f", "op": "flood", "args": {"frames": frames}})
-            time.sleep(0.5)  # the flood is under way, queued for A
-            h = json.dumps({"type": "request", "id": "s", "op": "stream", "args": {}}).encode()
-            b.s.sendall(PREFIX.pack(len(h), 0) + h)
-            assert b.answer("s")["type"] == "result"  # B is answered while A reads nothing
-            got, ended = 0, False
-            try:
-                while True:
-                    a.next(lambda h: True, "a frame")
-                    got += 1
-            except (ConnectionError, ssl.SSLError, OSError):
-                ended = True
-            assert ended and got < frames + 1, f"A got {got} frames: it was not disconnected"
-            b.close()
-
+    def clients(port: int) -> None:
+        a, b = Plane(certs, port), Plane(certs, port)
+        a.send({"type": "request", "id": "f", "op": "flood", "args": {"frames": frames}})
+        time.sleep(0.5)  # the flood is under way, queued for A
+        h = json.dumps({"type": "request", "id": "s", "op": "stream", "args": {}}).encode()
+        b.s.sendall(PREFIX.pack(len(h), 0) + h)
+        assert b.answer("s")["type"] == "result"  # B is answered while A reads nothing
+        got, ended = 0, False
         try:
-            await asyncio.to_thread(clients)
-        finally:
-            srv.close()
-            await relay.close()
-            await srv.wait_closed()
+            while True:
+                a.next(lambda h: True, "a frame")
+                got += 1
+        except (ConnectionError, ssl.SSLError, OSError):
+            ended = True
+        assert ended and got < frames + 1, f"A got {got} frames: it was not disconnected"
+        b.close()
 
-    asyncio.run(run())
+    _with_fake_relay(certs, "0", clients)
