@@ -230,6 +230,27 @@ export interface RayCluster {
 }
 
 /**
+ * A server's `runtime` section on a cluster from `startRayCluster`: `count` CPU actors placed one
+ * per simulated chip, reached over its channel; `ray` overrides keys of the `ray` section.
+ */
+export function rayRuntime(c: RayCluster, count: number, ray: Record<string, unknown> = {}) {
+  return {
+    python: join(ROOT, ".venv/bin/python"),
+    catalog: join(ROOT, "runtime/catalog.builtin.json"),
+    device: "cpu",
+    ray: {
+      address: c.address,
+      token_file: c.ray_token_file,
+      placement: { mode: "per-chip", count, ready_timeout_s: 60 },
+      actor: { catalog: c.catalog, device: "cpu", threads: 1, max_restarts: 3 },
+      channel: { client_ca: c.ca, token_file: c.token_file },
+      client: { cert: c.cert, key: c.key },
+      ...ray,
+    },
+  };
+}
+
+/**
  * Starts a local Ray cluster (tests_ray/cluster.py: a token-auth head and simulated TPU hosts)
  * under `dir`, for the Ray suite and the Ray bench; the caller runs inside a loopback-only
  * network namespace. `stop()` ends it and resolves with cluster.py's exit code: 0 only when no

@@ -11,7 +11,7 @@ import Database from "better-sqlite3";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { CLI, ROOT, connectStdio, errorOf, writeConfig } from "../helpers/server.js";
 import { call } from "../e2e/scenario.js";
-import { startRayCluster } from "../helpers/fleet.js";
+import { rayRuntime, startRayCluster } from "../helpers/fleet.js";
 import { scaled } from "../helpers/calibrate.js";
 import { waitFor as poll } from "../helpers/wait.js";
 
@@ -141,20 +141,7 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     configFile = writeConfig(
       {
         log_level: "info",
-        runtime: {
-          python: PY,
-          catalog: join(ROOT, "runtime/catalog.builtin.json"),
-          device: "cpu",
-          ray: {
-            address: c.address,
-            token_file: c.ray_token_file,
-            placement: { mode: "per-chip", count: 2, ready_timeout_s: 60 },
-            actor: { catalog: c.catalog, device: "cpu", threads: 1, max_restarts: 3 },
-            channel: { client_ca: c.ca, token_file: c.token_file },
-            client: { cert: c.cert, key: c.key },
-            drain_timeout_s: 60,
-          },
-        },
+        runtime: rayRuntime(c, 2, { drain_timeout_s: 60 }),
         policy: {
           limits: { rate_limit: { per_principal_per_minute: 60000 } },
           tokens: [
@@ -428,19 +415,8 @@ describe("Ray fleet (real local cluster, token auth, simulated TPU hosts)", () =
     const other = writeConfig(
       {
         log_level: "info",
-        runtime: {
-          python: PY,
-          catalog: join(ROOT, "runtime/catalog.builtin.json"),
-          device: "cpu",
-          ray: {
-            address: c.address,
-            token_file: wrong,
-            placement: { mode: "per-chip", count: 1, ready_timeout_s: 60 },
-            actor: { catalog: c.catalog, device: "cpu", threads: 1 },
-            channel: { client_ca: c.ca, token_file: c.token_file },
-            client: { cert: c.cert, key: c.key },
-          },
-        },
+        // A wrong Ray token: the fleet is refused.
+        runtime: rayRuntime(c, 1, { token_file: wrong }),
       },
       mkdtempSync(join(dir, "refused-")),
     );

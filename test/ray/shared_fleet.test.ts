@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { scaled, slowdown } from "../helpers/calibrate.js";
-import { startRayCluster } from "../helpers/fleet.js";
+import { rayRuntime, startRayCluster } from "../helpers/fleet.js";
 import { callModern, connectModernHttp } from "../helpers/modern.js";
 import { startDeployment, type Deployment, type Replica } from "../helpers/replicas.js";
 import { DEMO_POLICY, DEMO_TOKENS, ROOT } from "../helpers/server.js";
@@ -71,22 +71,7 @@ beforeAll(async () => {
       limits: { rate_limit: { per_principal_per_minute: 60000 } },
     },
     postgres: { fleet_lease_s: LEASE_S },
-    config: {
-      runtime: {
-        python: PY,
-        catalog: join(ROOT, "runtime/catalog.builtin.json"),
-        device: "cpu",
-        ray: {
-          address: c.address,
-          token_file: c.ray_token_file,
-          placement: { mode: "per-chip", count: 1, ready_timeout_s: 60 },
-          actor: { catalog: c.catalog, device: "cpu", threads: 1, max_restarts: 3 },
-          channel: { client_ca: c.ca, token_file: c.token_file },
-          client: { cert: c.cert, key: c.key },
-          drain_timeout_s: 30,
-        },
-      },
-    },
+    config: { runtime: rayRuntime(c, 1, { drain_timeout_s: 30 }) },
   });
 });
 
