@@ -269,10 +269,11 @@ export async function runShapes(opts: ShapesBenchOptions): Promise<SectionResult
     const cpu0 = readCpuTimes();
     const tTrace = performance.now();
     const calls = await trace(mcp, model, opts.requests);
-    if (process.env.BENCH_SHAPES_DUMP)
-      writeFileSync(process.env.BENCH_SHAPES_DUMP, JSON.stringify(calls, null, 1));
     const traceS = (performance.now() - tTrace) / 1000;
     const traceHost = { load: loadavg()[0], steal: stealPct(cpu0, readCpuTimes()) };
+    // After the trace's clock and the host's figures stop: the write is not the trace's.
+    if (process.env.BENCH_SHAPES_DUMP)
+      writeFileSync(process.env.BENCH_SHAPES_DUMP, JSON.stringify(calls, null, 1));
     opts.say(`shapes: trace done in ${traceS.toFixed(0)} s; compiled, 8 callers…`);
     compiled = await rounds(mcp, model, opts.rounds, opts.perCaller);
     status = await mcp.call("get_runtime_status", {});
