@@ -12,6 +12,7 @@ import { installLayout, type InstallLayout } from "../config/install_layout.js";
 import { SetupWatch } from "../setup/background.js";
 import { needsSetup, runSetup } from "../setup/run.js";
 import { writeUserCatalog } from "../setup/user_catalog.js";
+import { checkUserHome } from "../setup/user_home.js";
 import { SERVER_VERSION } from "../version.js";
 import { checkSecretFile, createDataDir, dataDir } from "../config/data_dir.js";
 import { createApp, type App } from "../app/app.js";
@@ -183,9 +184,15 @@ async function main(argv: string[]): Promise<number> {
   }
 
   const layout = installLayout(ROOT, { env: process.env, home: values.home });
+  // Nothing runs from a per-user folder someone else can write; the doctor reports it as a check.
+  const homeRefused = checkUserHome(layout);
+  if (homeRefused && command !== "doctor") {
+    err(homeRefused.message);
+    return 1;
+  }
   if (command === "setup") return runSetupCommand(layout);
   // An installed package reads the shipped catalog with its model roots in the per-user folder.
-  writeUserCatalog(layout);
+  if (!homeRefused) writeUserCatalog(layout);
   let config: ServerConfig;
   try {
     config = loadConfig(

@@ -19,6 +19,7 @@ import { terminalField } from "../terminal.js";
 import { SERVER_VERSION } from "../version.js";
 import { doctorWorkerOptions } from "./worker_options.js";
 import { checkStorage } from "../app/postgres/check.js";
+import { checkUserHome } from "../setup/user_home.js";
 
 interface Io {
   out: (s: string) => void;
@@ -93,6 +94,21 @@ export async function runDoctor(
       `postgres ${store.database}: PostgreSQL ${store.server_version}, schema ${store.schema_version ?? "?"} (this code: ${store.code_schema_version}), clock skew ${store.clock_skew_ms} ms`,
     );
   for (const p of store.problems) bad(p);
+
+  // An installed package's per-user folder: nothing in it (its python, the catalog) is run or
+  // read when someone else can write it, so the doctor stops here with the mend.
+  const home = checkUserHome(config.paths.install);
+  if (config.paths.install.home)
+    report.user_home = home
+      ? { path: config.paths.install.home, ok: false, problem: home.why, mend: home.mend }
+      : { path: config.paths.install.home, ok: true };
+  if (home) {
+    if (!io.json) io.out("\nper-user folder");
+    bad(`${home.why}: nothing in it is run. Mend: ${home.mend}`);
+    if (io.json) io.out(JSON.stringify({ ...report, problems }, null, 2));
+    else io.out(`\n${problems.length} problem(s) found.`);
+    return 1;
+  }
 
   if (!io.json) io.out("\ncatalog");
   let catalogOk = true;

@@ -3,12 +3,13 @@
 // stdio session and writes its progress to <home>/setup.json), and holds the worker back until
 // the set-up is done. Meanwhile device tools answer runtime_setting_up with the progress.
 import { spawn } from "node:child_process";
-import { closeSync, mkdirSync, openSync } from "node:fs";
+import { closeSync, openSync } from "node:fs";
 import type { Logger } from "pino";
 import { RuntimeCallError } from "../../runtime/types.js";
 import type { InstallLayout } from "../config/install_layout.js";
 import { alive, readSetupRecord, writeSetupRecord, type SetupProgress } from "./progress.js";
 import { needsSetup, setupDigest } from "./run.js";
+import { checkUserHome, openUserHome } from "./user_home.js";
 
 const POLL_MS = 1000;
 
@@ -50,6 +51,15 @@ export class SetupWatch {
   /** Starts the background set-up unless one is running, and follows it. */
   start(): void {
     if (this.done || this.timer) return;
+    // A folder others can write is never set up (it would run their python): the failure says why.
+    const refused = checkUserHome(this.layout);
+    if (refused) {
+      // Tool errors carry no paths: the log has the whole refusal, the doctor says it too.
+      this.opts.logger.error({ path: refused.path }, refused.message);
+      this.failure =
+        "the per-user folder can be written by someone else, so nothing in it is run; `tpu-mcp doctor` says why and how to mend it";
+      return;
+    }
     const r = readSetupRecord(this.layout.setupProgress!);
     const running = r?.state === "running" && alive(r.pid);
     if (!running) this.spawnSetup();
@@ -120,7 +130,7 @@ export class SetupWatch {
       // Recorded at once, with the child's pid: until the set-up writes its own record, a second
       // server (or whoever stops it) would otherwise see no set-up running and start another.
       if (child.pid) {
-        mkdirSync(this.layout.home!, { recursive: true, mode: 0o700 });
+        openUserHome(this.layout);
         writeSetupRecord(this.layout.setupProgress!, {
           ...this.starting(),
           digest: setupDigest(this.layout, this.opts.version),

@@ -9,7 +9,6 @@ import {
   appendFileSync,
   closeSync,
   existsSync,
-  mkdirSync,
   openSync,
   readFileSync,
   rmSync,
@@ -19,6 +18,7 @@ import { join } from "node:path";
 import type { InstallLayout } from "../config/install_layout.js";
 import { alive, readSetupRecord, writeSetupRecord, type SetupRecord } from "./progress.js";
 import { writeUserCatalog } from "./user_catalog.js";
+import { openUserHome } from "./user_home.js";
 
 /** The inputs a finished set-up is valid for: the requirement files, the catalog, the version. */
 export function setupDigest(layout: InstallLayout, version: string): string {
@@ -61,7 +61,7 @@ class SetupFailed extends Error {}
 export async function runSetup(layout: InstallLayout, io: SetupIo): Promise<boolean> {
   if (layout.kind !== "package" || !layout.home || !layout.setupProgress || !layout.setupLog)
     throw new Error("runSetup is for an installed package; a clone runs `npm run setup`");
-  mkdirSync(layout.home, { recursive: true, mode: 0o700 });
+  openUserHome(layout);
   const lock = join(layout.home, "setup.lock");
   if (!takeLock(lock)) return follow(layout, io);
   const progressFile = layout.setupProgress;

@@ -3,13 +3,14 @@
 // Rewritten when it differs, so a package upgrade brings its new entries.
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import type { InstallLayout } from "../config/install_layout.js";
+import { openUserHome } from "./user_home.js";
 
 export function writeUserCatalog(layout: InstallLayout): void {
   if (layout.kind !== "package" || !layout.home) return;
+  openUserHome(layout);
   const shipped = JSON.parse(readFileSync(layout.shippedCatalog, "utf8"));
   const text = JSON.stringify({ ...shipped, model_roots: [layout.models] }, null, 2) + "\n";
   if (existsSync(layout.catalog) && readFileSync(layout.catalog, "utf8") === text) return;
-  mkdirSync(layout.home, { recursive: true, mode: 0o700 });
   mkdirSync(layout.models, { recursive: true });
   const tmp = `${layout.catalog}.${process.pid}.tmp`;
   writeFileSync(tmp, text);
