@@ -2,7 +2,15 @@
 // detached process, answers runtime_setting_up with the progress the set-up writes, and lets the
 // worker start once the set-up says done for these inputs. The set-up here is a stand-in script
 // that writes setup.json as `tpu-mcp setup` does (the real one runs in test/package).
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import pino from "pino";
@@ -110,6 +118,31 @@ describe("SetupWatch", () => {
     } finally {
       watch.stop();
       if (r?.pid) process.kill(r.pid, "SIGKILL");
+    }
+  });
+
+  it("never starts a set-up in a folder others can write, and says so without its path", () => {
+    const layout = packageLayout();
+    rmSync(layout.setupProgress!, { force: true });
+    chmodSync(layout.home!, 0o777);
+    const marker = join(scratch, "set-up-ran");
+    const watch = new SetupWatch(layout, {
+      version: "9.9.7",
+      command: [process.execPath, "-e", `require("fs").writeFileSync(${JSON.stringify(marker)}, "")`],
+      env: process.env,
+      logger: pino({ level: "silent" }),
+    });
+    try {
+      watch.start();
+      const e = watch.blocked();
+      expect(e?.code).toBe("worker_unavailable");
+      expect(e?.message).toMatch(/can be written by someone else.*tpu-mcp doctor/);
+      expect(e?.message).not.toContain(layout.home!);
+      expect(readSetupRecord(layout.setupProgress!)).toBeNull();
+      expect(existsSync(marker)).toBe(false);
+    } finally {
+      watch.stop();
+      chmodSync(layout.home!, 0o755);
     }
   });
 
