@@ -52,6 +52,7 @@ import ssl
 import stat
 import struct
 import sys
+from collections import deque
 
 from . import logs
 
@@ -65,6 +66,17 @@ DEFAULT_MAX_CONTROL_PLANES = 8
 # reading must not hold the worker's answers to the others (they are not waited for).
 SLOW_PEER_BYTES = 256 * 1024 * 1024
 WORKER_EXIT_GRACE_S = 5.0
+# Requests of the relay in the worker at once: its op pool's threads (server.py), so none waits in
+# the worker's own first-come queue, where one control plane's backlog would hold the others'.
+WORKER_WINDOW = 128
+# One control plane's share of them (enough for a batcher's 32 and more): its long calls never
+# take every thread.
+PLANE_WINDOW = 64
+# Requests one control plane may have waiting in the relay; one more and it is disconnected.
+DEFAULT_MAX_QUEUED = 1024
+# A control plane with nothing in flight that sends nothing (not even a heartbeat ping) for this
+# long gives its slot back.
+DEFAULT_IDLE_TIMEOUT_S = 300.0
 _PREFIX = struct.Struct(">II")
 DEFAULT_MAX_BODY_BYTES = 1024**3  # the worker's default --max-body-bytes
 
@@ -90,9 +102,27 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         default=DEFAULT_MAX_CONTROL_PLANES,
         help=f"control planes served at once; one more is told busy (default {DEFAULT_MAX_CONTROL_PLANES})",
     )
+    p.add_argument(
+        "--max-queued",
+        type=int,
+        default=DEFAULT_MAX_QUEUED,
+        help=f"requests one control plane may have waiting for the worker; one more disconnects it "
+        f"(default {DEFAULT_MAX_QUEUED})",
+    )
+    p.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        help="a control plane silent this long with nothing in flight is disconnected "
+        f"(default {DEFAULT_IDLE_TIMEOUT_S:g})",
+    )
     args, rest = p.parse_known_args(argv)
     if args.max_control_planes < 1:
         p.error("--max-control-planes must be at least 1")
+    if args.max_queued < 1:
+        p.error("--max-queued must be at least 1")
+    if not args.idle_timeout_s > 0:
+        p.error("--idle-timeout-s must be above 0 (heartbeats come every few seconds)")
     if "--catalog" not in rest:
         p.error("--catalog FILE is required (it is passed to the worker)")
     return args, rest
@@ -185,8 +215,13 @@ def tls_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     return ctx
 
 
+def encode_header(header: dict) -> bytes:
+    """A header as the worker writes one (ASCII JSON: a non-ASCII character takes up to 6 bytes)."""
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
 def frame(header: dict, body: bytes = b"") -> bytes:
-    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw = encode_header(header)
     return _PREFIX.pack(len(raw), len(body)) + raw + body
 
 
@@ -208,15 +243,22 @@ class Conn:
         self.live = False  # hello and the fleet's models were sent: frames for it flow
         self.inflight: dict[str, str] = {}  # its request id -> the relay's id for the worker
         self.done = asyncio.Event()  # set when the relay ends this connection
+        # Its requests waiting for the worker, in order: (relay id, header, body).
+        self.queue: deque[tuple[str, bytes, bytes]] = deque()
+        self.queued_bytes = 0
+        self.room = asyncio.Event()  # set when its queue shrinks (the reader waits on it)
+        self.running = 0  # its requests in the worker
+        self.last_active = asyncio.get_running_loop().time()  # its last frame, or its last answer
 
 
 class Route:
     """Where the worker's answers to one relay id go, and what the request was (for loads)."""
 
-    __slots__ = ("args", "conn", "op", "orig")
+    __slots__ = ("args", "conn", "counted", "op", "orig")
 
     def __init__(self, conn: int, orig: str, op: str, args: dict) -> None:
         self.conn, self.orig, self.op, self.args = conn, orig, op, args
+        self.counted = False  # sent to the worker through the window (WORKER_WINDOW, PLANE_WINDOW)
 
 
 class Worker:
@@ -249,11 +291,18 @@ class Relay:
         worker_cmd: list[str],
         body_limit: int = DEFAULT_MAX_BODY_BYTES,
         max_control_planes: int = DEFAULT_MAX_CONTROL_PLANES,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
         self._token = token.encode()
         self._worker_cmd = worker_cmd
         self._body_limit = body_limit
         self.max_control_planes = max_control_planes
+        self.max_queued = max_queued
+        self.idle_timeout_s = idle_timeout_s
+        # Connections with requests waiting, in turn: each is served one request, then goes last.
+        self._turns: deque[int] = deque()
+        self._in_worker = 0  # requests (not pings) the relay has in the worker
         self.conns: dict[int, Conn] = {}
         self.routes: dict[str, Route] = {}
         # Models loaded through this relay in the current worker process: {model: {args, result}}.
@@ -359,12 +408,13 @@ class Relay:
             self._go_live(conn, w)  # else the pump does it when the hello arrives
         upstream = asyncio.create_task(self._upstream(conn, reader))
         ended = asyncio.create_task(conn.done.wait())
+        idle = asyncio.create_task(self._idle_watch(conn))
         try:
-            await asyncio.wait((upstream, ended), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((upstream, ended, idle), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (upstream, ended):
+            for t in (upstream, ended, idle):
                 t.cancel()
-            await asyncio.gather(upstream, ended, return_exceptions=True)
+            await asyncio.gather(upstream, ended, idle, return_exceptions=True)
             if not upstream.cancelled() and upstream.exception() is not None:
                 exc = upstream.exception()
                 logs.info("connection ended", error=f"{type(exc).__name__}: {exc}", **conn.who)
@@ -378,6 +428,23 @@ class Relay:
         for model, m in self.models.items():
             conn.writer.write(frame({"type": "fleet", "op": "load", "model": model, **m}))
         conn.live = True
+        conn.last_active = asyncio.get_running_loop().time()  # idle from here, not from the worker's start
+
+    async def _idle_watch(self, conn: Conn) -> None:
+        """Ends a connection that is live, has nothing in flight and sent nothing for
+        `idle_timeout_s`: a silent control plane must not keep one of the slots forever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            left = conn.last_active + self.idle_timeout_s - loop.time()
+            if left <= 0 and conn.live and not conn.inflight:
+                logs.warn("disconnected an idle control plane", connection=conn.no, idle_timeout_s=self.idle_timeout_s,
+                          **conn.who)  # fmt: skip
+                why = f"no frame for {self.idle_timeout_s:g} s and nothing in flight"
+                self._send(conn, error_frame("idle", f"{why}: the relay gave this control plane's slot back; "
+                                             "reconnect to go on"))  # fmt: skip
+                conn.done.set()
+                return
+            await asyncio.sleep(left if left > 0 else self.idle_timeout_s)
 
     async def _upstream(self, conn: Conn, reader: asyncio.StreamReader) -> None:
         """Frames from one control plane: each read whole, then relayed (or answered here)."""
@@ -410,6 +477,11 @@ class Relay:
                 async with w.stdin_lock:  # one drain at a time on the shared pipe
                     with contextlib.suppress(ConnectionError):
                         await w.proc.stdin.drain()
+            # What waits for the worker stays bounded: past a body's limit, this connection is not
+            # read until its queue shrinks (its own sends wait; the others' do not).
+            while conn.queued_bytes > self._body_limit and not conn.done.is_set():
+                conn.room.clear()
+                await conn.room.wait()
             if conn.done.is_set():
                 return
 
@@ -436,7 +508,10 @@ class Relay:
             if rid is None:
                 return False  # not one of this connection's requests (or already over): no reply
             header["id"] = rid
-            return self._to_worker(w, header, body)
+            # One still waiting here goes to the worker now, its cancel right behind it: the worker
+            # answers it as it answers any cancelled request (a benchmark's partial result included).
+            sent = self._send_queued(conn, w, rid)
+            return self._to_worker(w, encode_header(header), body) or sent
         if kind == "request" and mid in conn.inflight:
             self._send(conn, error_frame("protocol_error", f"request id {mid!r} is already in flight", mid))
             return False
@@ -448,18 +523,82 @@ class Relay:
             return False
         self._seq += 1
         rid = f"{conn.no}.{self._seq}"
+        header["id"] = rid
+        out = encode_header(header)
+        # Measured as the worker will read it: re-encoded, a header of non-ASCII text grows up to
+        # threefold, and one over the worker's bound would end the worker every plane shares.
+        if len(out) > MAX_HEADER_BYTES:
+            return self._misbehaved(conn, mid, f"the header is {len(out)} bytes as the worker reads it (JSON with "
+                                    f"\\u escapes), over {MAX_HEADER_BYTES}; send smaller headers")  # fmt: skip
+        if kind == "request" and len(conn.queue) >= self.max_queued:
+            return self._misbehaved(conn, mid, f"over {self.max_queued} requests wait for the worker on this "
+                                    "connection (--max-queued); wait for answers before sending more")  # fmt: skip
         args = header.get("args")
         self.routes[rid] = Route(conn.no, mid, op if kind == "request" else "ping",
                                  args if op in ("load", "unload") and isinstance(args, dict) else {})  # fmt: skip
-        if kind == "request":
-            conn.inflight[mid] = rid
-        header["id"] = rid
-        return self._to_worker(w, header, body)
+        if kind == "ping":
+            return self._to_worker(w, out, body)  # heartbeats are not queued: a hung worker still misses them
+        conn.inflight[mid] = rid
+        conn.queue.append((rid, out, body))
+        conn.queued_bytes += len(out) + len(body)
+        if conn.no not in self._turns:
+            self._turns.append(conn.no)
+        return self._dispatch(w)
 
-    def _to_worker(self, w: Worker, header: dict, body: bytes) -> bool:
+    def _misbehaved(self, conn: Conn, mid: str, why: str) -> bool:
+        """A control plane that breaks a bound the others rely on is told why and disconnected;
+        nothing of the frame reaches the worker."""
+        logs.warn("disconnected a control plane", reason=why, connection=conn.no, **conn.who)
+        self._send(conn, error_frame("protocol_error", f"the relay closed this connection: {why}", mid))
+        conn.done.set()
+        return False
+
+    def _dispatch(self, w: Worker) -> bool:
+        """Sends waiting requests to the worker, one per connection in turn, while the window has
+        room: one connection's backlog waits behind the others' next request, not in front of it."""
+        sent = False
+        while self._turns and self._in_worker < WORKER_WINDOW:
+            no = self._turns.popleft()
+            conn = self.conns.get(no)
+            if conn is None or not conn.queue or conn.running >= PLANE_WINDOW:
+                continue  # one at its share takes its turn again when one of its calls ends
+            sent = self._send_queued(conn, w, conn.queue[0][0]) or sent
+            if conn.queue:
+                self._turns.append(no)
+        return sent
+
+    def _send_queued(self, conn: Conn, w: Worker, rid: str) -> bool:
+        """Moves one of `conn`'s waiting requests to the worker, counted in the window."""
+        for i, (qid, raw, body) in enumerate(conn.queue):
+            if qid == rid:
+                del conn.queue[i]
+                conn.queued_bytes -= len(raw) + len(body)
+                conn.room.set()
+                route = self.routes.get(rid)
+                if route is None or not self._to_worker(w, raw, body):
+                    return False
+                route.counted = True
+                conn.running += 1
+                self._in_worker += 1
+                return True
+        return False
+
+    def _release(self, route: Route) -> None:
+        """A counted request ended: its place in the window goes to the next in turn."""
+        route.counted = False
+        self._in_worker -= 1
+        conn = self.conns.get(route.conn)
+        if conn is not None:
+            conn.running -= 1
+            if conn.queue and conn.no not in self._turns:
+                self._turns.append(conn.no)
+        w = self.worker
+        if w is not None and not w.gone:
+            self._dispatch(w)
+
+    def _to_worker(self, w: Worker, raw: bytes, body: bytes) -> bool:
         if w.gone or w.proc.stdin is None or w.proc.stdin.is_closing():
             return False
-        raw = json.dumps(header, separators=(",", ":")).encode()
         w.proc.stdin.write(_PREFIX.pack(len(raw), len(body)) + raw)
         if body:
             w.proc.stdin.write(body)
@@ -490,10 +629,19 @@ class Relay:
             return
         conn.done.set()
         conn.live = False
+        conn.room.set()
+        # What never reached the worker is forgotten; what did is cancelled.
+        for rid, _, _ in conn.queue:
+            self.routes.pop(rid, None)
+        conn.queue.clear()
+        conn.queued_bytes = 0
+        with contextlib.suppress(ValueError):
+            self._turns.remove(conn.no)
         w = self.worker
         if w is not None and not w.gone:
             for rid in conn.inflight.values():
-                self._to_worker(w, {"type": "cancel", "id": rid}, b"")
+                if rid in self.routes:
+                    self._to_worker(w, encode_header({"type": "cancel", "id": rid}), b"")
         # Their answers (and a load's outcome) still come back; the routes are kept until then.
 
     # -- the worker ---------------------------------------------------------------------------
@@ -561,12 +709,23 @@ class Relay:
                 del conn.inflight[route.orig]
             if route.op in ("load", "unload") and kind in ("result", "error"):
                 self._track(route, header)
+            if route.counted:
+                self._release(route)
         if conn is None or not conn.live:
             return  # its control plane left; a load's outcome was still tracked above
+        conn.last_active = asyncio.get_running_loop().time()
         header["id"] = route.orig
         if kind == "result" and route.op == "status" and isinstance(header.get("result"), dict):
             header["result"]["relay"] = self.summary()
-        out = json.dumps(header, separators=(",", ":")).encode()
+        out = encode_header(header)
+        if len(out) > MAX_HEADER_BYTES:
+            # The caller's id (up to 256 characters, escaped) may push a full header over the bound.
+            if not final:
+                return
+            why = f"the worker's answer has a header over {MAX_HEADER_BYTES} bytes"
+            out = encode_header({"type": "error", "id": route.orig,
+                                 "error": {"code": "internal", "message": why, "recoverable": False}})  # fmt: skip
+            body = b""
         self._send(conn, _PREFIX.pack(len(out), len(body)) + out, body)
 
     def _track(self, route: Route, header: dict) -> None:
@@ -596,6 +755,7 @@ class Relay:
             "control_planes": len(self.conns),
             "max_control_planes": self.max_control_planes,
             "requests_in_flight": sum(1 for r in self.routes.values() if r.op != "ping"),
+            "requests_queued": sum(len(c.queue) for c in self.conns.values()),
             "models": sorted(self.models),
         }
 
@@ -607,6 +767,13 @@ class Relay:
             self.worker = None
         self.routes.clear()
         self.models.clear()
+        self._in_worker = 0
+        self._turns.clear()
+        for conn in self.conns.values():
+            conn.queue.clear()
+            conn.queued_bytes = 0
+            conn.running = 0
+            conn.room.set()
         for conn in list(self.conns.values()):
             if not conn.live and w.startup_error is not None:
                 self._send(conn, w.startup_error)
@@ -636,7 +803,12 @@ async def _main(args: argparse.Namespace, worker_args: list[str]) -> int:
     token = read_token(args.token_file)
     ctx = tls_context(args.tls_cert, args.tls_key, args.client_ca)
     relay = Relay(
-        token, [sys.executable, "-m", "tpu_worker", *worker_args], max_body_bytes(worker_args), args.max_control_planes
+        token,
+        [sys.executable, "-m", "tpu_worker", *worker_args],
+        max_body_bytes(worker_args),
+        args.max_control_planes,
+        args.max_queued,
+        args.idle_timeout_s,
     )
     server = await asyncio.start_server(relay.handle, host, port, ssl=ctx, ssl_handshake_timeout=AUTH_TIMEOUT_S)
     bound = server.sockets[0].getsockname()
