@@ -350,11 +350,11 @@ def shared(certs, catalog_path):
 class Plane:
     """One control plane's connection: authenticated, its hello (and fleet frames) read."""
 
-    def __init__(self, certs: str, port: int) -> None:
+    def __init__(self, certs: str, port: int, max_control_planes: int = 3) -> None:
         self.s = _connect(certs, port)
         _send(self.s, {"type": "auth", "token": TOKEN})
         ok = _recv(self.s)
-        assert ok == {"type": "auth_ok", "shared": True, "max_control_planes": 3}, ok
+        assert ok == {"type": "auth_ok", "shared": True, "max_control_planes": max_control_planes}, ok
         self.hello = _recv(self.s)
         assert self.hello["type"] == "hello", self.hello
         self.pending: list[dict] = []
@@ -517,10 +517,15 @@ def send(h, body=b""):
     out.flush()
 time.sleep(float(sys.argv[1]))  # a slow start: the connections wait for the hello
 send({"type": "hello", "protocol": 1, "pid": os.getpid()})
+handled = 0  # requests answered in order, one at a time, like a worker whose op threads are all busy
 while (pre := inp.read(8)) and len(pre) == 8:
     hl, bl = P.unpack(pre)
     h, body = json.loads(inp.read(hl)), inp.read(bl)
-    if h.get("op") == "stream":
+    if h.get("op") in ("slow", "status"):  # `n`: how many requests the worker handled up to this one
+        time.sleep(h["args"].get("s", 0))
+        handled += 1
+        send({"type": "result", "id": h["id"], "result": {"n": handled}})
+    elif h.get("op") == "stream":
         send({"type": "progress", "id": h["id"], "progress": 0, "delta": {"index": 0, "text": "he"}})
         send({"type": "result", "id": h["id"], "result": {"seen_id": h["id"]}}, body)
     elif h.get("op") == "flood":  # many large progress frames, for a caller that does not read
@@ -532,22 +537,24 @@ while (pre := inp.read(8)) and len(pre) == 8:
 """
 
 
-def _with_fake_relay(certs: str, start_delay: str, clients) -> None:
-    """Serves FAKE_WORKER (its hello after `start_delay` seconds) through a Relay on 127.0.0.1,
-    runs `clients(port)` in a thread against it, then closes the relay and its server."""
+def _with_fake_relay(certs: str, start_delay: str, clients, **relay) -> None:
+    """Serves FAKE_WORKER (its hello after `start_delay` seconds) through a Relay on 127.0.0.1
+    (`relay`: its settings over max_control_planes=3), runs `clients(port)` in a thread against
+    it, then closes the relay and its server."""
     import asyncio
 
     from tpu_worker import serve
 
     async def run() -> None:
-        relay = serve.Relay(TOKEN, [sys.executable, "-c", FAKE_WORKER, start_delay], max_control_planes=3)
+        settings = {"max_control_planes": 3, **relay}
+        relay_ = serve.Relay(TOKEN, [sys.executable, "-c", FAKE_WORKER, start_delay], **settings)
         ctx = serve.tls_context(f"{certs}/worker.crt", f"{certs}/worker.key", f"{certs}/ca.crt")
-        srv = await asyncio.start_server(relay.handle, "127.0.0.1", 0, ssl=ctx)
+        srv = await asyncio.start_server(relay_.handle, "127.0.0.1", 0, ssl=ctx)
         try:
             await asyncio.to_thread(clients, srv.sockets[0].getsockname()[1])
         finally:
             srv.close()
-            await relay.close()
+            await relay_.close()
             await srv.wait_closed()
 
     asyncio.run(run())
@@ -614,3 +621,105 @@ def test_a_control_plane_that_stops_reading_is_disconnected_and_the_others_are_s
         b.close()
 
     _with_fake_relay(certs, "0", clients)
+
+
+# -- what a shared worker survives (issue 43, rows 4 and 8) ---------------------------------------
+
+
+def test_one_frame_must_not_kill_a_shared_worker(shared, certs):
+    """A header under 16 MiB as sent but over it once re-encoded for the worker (non-ASCII text
+    becomes \\u escapes, threefold) is refused on its connection; the worker every plane shares
+    never sees it, and the other plane is still answered by the same worker."""
+    a, b = Plane(certs, shared), Plane(certs, shared)
+    pad = "\u00e9" * (15 * 1024 * 1024 // 2)  # two bytes each in UTF-8: 15 MiB as sent, 45 MiB escaped
+    h = json.dumps({"type": "request", "id": "big", "op": "status", "args": {"pad": pad}}, ensure_ascii=False)
+    raw = h.encode()
+    assert 15 * 1024 * 1024 <= len(raw) < 16 * 1024 * 1024
+    a.s.sendall(PREFIX.pack(len(raw), 0) + raw)
+    refused = a.answer("big")
+    assert refused["type"] == "error" and refused["error"]["code"] == "protocol_error", refused
+    assert "over 16777216" in refused["error"]["message"], refused
+    assert _closed_without_answer(a.s)
+    status = b.call("s", "status")
+    assert status["type"] == "result", status
+    assert status["result"]["pid"] == a.hello["pid"]  # the same worker, alive
+    assert status["result"]["relay"]["control_planes"] == 1
+    b.close()
+
+
+def test_an_idle_plane_loses_its_slot(certs):
+    """Both slots taken; the plane that sends nothing is told `idle` and closed, the one that keeps
+    calling keeps its slot, and a newcomer gets the freed one."""
+    stop = threading.Event()
+
+    def clients(port: int) -> None:
+        idle, busy = Plane(certs, port, 2), Plane(certs, port, 2)
+        answers: list[dict] = []
+
+        def keep_busy() -> None:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                answers.append(busy.call(f"s{i}", "status"))
+                time.sleep(0.1)
+
+        t = threading.Thread(target=keep_busy, daemon=True)
+        t.start()
+        try:
+            told = _recv(idle.s)
+            assert told["type"] == "error" and told["id"] is None and told["error"]["code"] == "idle", told
+            assert "reconnect" in told["error"]["message"]
+            assert _closed_without_answer(idle.s)
+            newcomer = Plane(certs, port, 2)  # the idle plane's slot was given back
+        finally:
+            stop.set()
+            t.join(60)
+        assert answers and all(a["type"] == "result" for a in answers)
+        assert busy.call("last", "status")["type"] == "result"  # still connected
+        newcomer.close()
+        busy.close()
+
+    _with_fake_relay(certs, "0", clients, max_control_planes=2, idle_timeout_s=2.0)
+
+
+def test_one_planes_queue_does_not_hold_anothers_status(certs):
+    """A floods the worker (which answers one request at a time); B's status goes in at B's turn,
+    not behind A's backlog: the worker handles it before half of A's requests (first come over
+    all, it came after every one of them)."""
+    flood = 1000
+
+    def clients(port: int) -> None:
+        a, b = Plane(certs, port), Plane(certs, port)
+        frames = b"".join(
+            PREFIX.pack(len(h), 0) + h
+            for h in (
+                json.dumps({"type": "request", "id": f"f{i}", "op": "slow", "args": {"s": 0.01}}).encode()
+                for i in range(flood)
+            )
+        )
+        a.s.sendall(frames)
+        a.answer("f0")  # the flood is under way
+        status = b.call("s", "status")
+        assert status["type"] == "result", status
+        handled_before_b = status["result"]["n"]
+        assert handled_before_b < flood // 2, f"B's status was handled after {handled_before_b} of A's {flood}"
+        a.close()
+        b.close()
+
+    _with_fake_relay(certs, "0", clients)
+
+
+def test_a_plane_over_its_queue_is_dropped_and_the_others_are_answered(certs):
+    def clients(port: int) -> None:
+        a, b = Plane(certs, port), Plane(certs, port)
+        for i in range(200):
+            a.send({"type": "request", "id": f"f{i}", "op": "slow", "args": {"s": 0.01}})
+        told = a.next(lambda h: h["type"] == "error", "the relay's refusal")
+        assert told["error"]["code"] == "protocol_error" and "--max-queued" in told["error"]["message"], told
+        with pytest.raises((ConnectionError, ssl.SSLError, OSError)):
+            while True:
+                a.next(lambda h: False, "end of stream")
+        assert b.call("s", "status")["type"] == "result"
+        b.close()
+
+    _with_fake_relay(certs, "0", clients, max_queued=16)
