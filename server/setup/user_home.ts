@@ -49,8 +49,7 @@ export function checkUserHome(
   const st = statSync(real);
   const via = link.isSymbolicLink() ? `${home} (a link to ${real})` : home;
   const unlink = link.isSymbolicLink() ? `rm ${home} (the link), then run \`tpu-mcp setup\`` : "";
-  if (!st.isDirectory())
-    return new UserHomeRefused(home, `${via} is not a folder`, `rm ${home}`);
+  if (!st.isDirectory()) return new UserHomeRefused(home, `${via} is not a folder`, `rm ${home}`);
   if (st.uid !== me)
     return new UserHomeRefused(
       home,

@@ -23,8 +23,9 @@ const asRoot = process.getuid?.() === 0;
 
 /** The CLI as an installed package with `--home home`, none of this shell's tpu-mcp settings. */
 function runCli(args: string[], home: string): Promise<{ code: number | null; out: string }> {
-  const env = { ...process.env, TPU_MCP_LAYOUT: "package" };
-  for (const k of ["TPU_MCP_HOME", "TPU_MCP_VENV", "TPU_MCP_CONFIG", "XDG_DATA_HOME"]) delete env[k];
+  const env: NodeJS.ProcessEnv = { ...process.env, TPU_MCP_LAYOUT: "package" };
+  for (const k of ["TPU_MCP_HOME", "TPU_MCP_VENV", "TPU_MCP_CONFIG", "XDG_DATA_HOME"])
+    delete env[k];
   const child = spawn(process.execPath, [CLI, ...args, "--home", home], {
     cwd: ROOT,
     env,

@@ -128,7 +128,11 @@ describe("SetupWatch", () => {
     const marker = join(scratch, "set-up-ran");
     const watch = new SetupWatch(layout, {
       version: "9.9.7",
-      command: [process.execPath, "-e", `require("fs").writeFileSync(${JSON.stringify(marker)}, "")`],
+      command: [
+        process.execPath,
+        "-e",
+        `require("fs").writeFileSync(${JSON.stringify(marker)}, "")`,
+      ],
       env: process.env,
       logger: pino({ level: "silent" }),
     });

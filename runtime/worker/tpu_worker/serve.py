@@ -31,7 +31,13 @@ raw bytes) and keeps the protocol per connection:
   disconnect cancels its own requests in flight, never the others', and never ends the worker;
 - an `error` frame with id null that answers nobody goes to every connection;
 - a frame whose body is over the worker's `--max-body-bytes` closes that connection (a pipe
-  worker skips such a body; over the network that means reading up to 4 GiB for nothing);
+  worker skips such a body; over the network that means reading up to 4 GiB for nothing); so does
+  a header over MAX_HEADER_BYTES as the worker would read it (re-encoded), with an error frame;
+- requests wait in the relay, a queue per connection, and go to the worker one connection at a
+  time in turn within WORKER_WINDOW (PLANE_WINDOW per connection), so one connection's backlog
+  does not hold another's next call; over `--max-queued` waiting, the connection is closed;
+- a connection with nothing in flight that sends nothing for `--idle-timeout-s` is closed, so a
+  silent control plane gives its slot back;
 - a control plane that stops reading (SLOW_PEER_BYTES queued for it) is disconnected rather than
   let it hold the worker's answers to the others.
 When the worker exits, every connection is closed (the control planes see a worker exit and
