@@ -1,8 +1,8 @@
 // The per-user folder of an installed package (<home>: venv, setup.json, the catalog, models,
 // data) is trusted the way ssh trusts ~/.ssh: the server executes <home>/venv/bin/python, reads
 // the set-up's record and the catalog there. So whoever can write any of it runs code as the
-// server's user. The folder is refused unless it is this user's, and neither it, the folders
-// above it, nor what the server executes or trusts inside it can be written by anyone else.
+// server's user. The folder is refused unless it is this user's (or root's), and neither it, the
+// folders above it, nor what the server executes or trusts inside it can be written by anyone else.
 import { lstatSync, mkdirSync, realpathSync, statSync, type Stats } from "node:fs";
 import { dirname, isAbsolute, join, relative, sep } from "node:path";
 import type { InstallLayout } from "../config/install_layout.js";
@@ -50,7 +50,8 @@ export function checkUserHome(
   const via = link.isSymbolicLink() ? `${home} (a link to ${real})` : home;
   const unlink = link.isSymbolicLink() ? `rm ${home} (the link), then run \`tpu-mcp setup\`` : "";
   if (!st.isDirectory()) return new UserHomeRefused(home, `${via} is not a folder`, `rm ${home}`);
-  if (st.uid !== me)
+  // Root's is fine too: a machine-wide install the server's user only reads (the container image).
+  if (st.uid !== me && st.uid !== 0)
     return new UserHomeRefused(
       home,
       `${via} is owned by uid ${st.uid}, not by this user (uid ${me})`,
