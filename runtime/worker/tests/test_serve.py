@@ -512,7 +512,7 @@ import json, os, struct, sys, time
 P = struct.Struct(">II")
 out, inp = sys.stdout.buffer, sys.stdin.buffer
 def send(h, body=b""):
-    raw = json.dumps(h).encode()
+    raw = json.dumps(h, separators=(",", ":")).encode()
     out.write(P.pack(len(raw), len(body)) + raw + body)
     out.flush()
 time.sleep(float(sys.argv[1]))  # a slow start: the connections wait for the hello
@@ -532,6 +532,9 @@ while (pre := inp.read(8)) and len(pre) == 8:
         for i in range(h["args"]["frames"]):
             send({"type": "progress", "id": h["id"], "progress": i, "message": "x" * 65536})
         send({"type": "result", "id": h["id"], "result": {}})
+    elif h.get("op") == "fill":  # a result whose header is 100 bytes under 16 MiB with the relay's id
+        base = len(json.dumps({"type": "result", "id": h["id"], "result": {"pad": ""}}, separators=(",", ":")))
+        send({"type": "result", "id": h["id"], "result": {"pad": "x" * (16 * 1024 * 1024 - base - 100)}})
     elif h.get("op") == "boom":  # an error that answers nobody's frame
         send({"type": "error", "id": None, "error": {"code": "protocol_error", "message": "boom", "recoverable": True}})
 """
@@ -723,3 +726,19 @@ def test_a_plane_over_its_queue_is_dropped_and_the_others_are_answered(certs):
         b.close()
 
     _with_fake_relay(certs, "0", clients, max_queued=16)
+
+
+def test_an_answer_the_callers_id_pushes_over_16_mib_becomes_an_error_for_that_call(certs):
+    """The relay restores the caller's id (up to 256 characters, 6 bytes each escaped): an answer
+    that grows past the bound on the way back is replaced by an error, never sent oversize."""
+
+    def clients(port: int) -> None:
+        a = Plane(certs, port)
+        mid = "\u00e9" * 256
+        got = a.call(mid, "fill")
+        assert got["type"] == "error" and got["error"]["code"] == "internal", {**got, "result": "…"}
+        assert "over 16777216" in got["error"]["message"]
+        assert a.call("s", "status")["type"] == "result"  # the connection goes on
+        a.close()
+
+    _with_fake_relay(certs, "0", clients)

@@ -476,6 +476,7 @@ class Relay:
                 return
             raw = await reader.readexactly(header_len)
             body = await reader.readexactly(body_len) if body_len else b""
+            conn.last_active = asyncio.get_running_loop().time()
             w = self.worker
             if w is None or w.gone:
                 return  # the worker died: _worker_gone ends this connection
