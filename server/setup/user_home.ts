@@ -41,12 +41,20 @@ export function checkUserHome(
     return aboveMissing(home, me);
   }
   let real: string;
+  let st: Stats;
   try {
     real = realpathSync(home);
-  } catch {
-    return new UserHomeRefused(home, `${home} is a link to nothing`, `rm ${home}`);
+    st = statSync(real);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    return code === "ENOENT"
+      ? new UserHomeRefused(home, `${home} is a link to nothing`, `rm ${home}`)
+      : new UserHomeRefused(
+          home,
+          `${home} cannot be looked into (${code}): it leads into another user's folder`,
+          `rm ${home}, or use a folder of your own (--home DIR)`,
+        );
   }
-  const st = statSync(real);
   const via = link.isSymbolicLink() ? `${home} (a link to ${real})` : home;
   const unlink = link.isSymbolicLink() ? `rm ${home} (the link), then run \`tpu-mcp setup\`` : "";
   if (!st.isDirectory()) return new UserHomeRefused(home, `${via} is not a folder`, `rm ${home}`);
