@@ -6,13 +6,15 @@
 // client, attacker included, is 127.0.0.1). An unknown credential reserves its evaluation first,
 // so concurrent ones from one address cannot all be evaluated: an evaluation in progress counts
 // as a failure until it succeeds (requests beyond that wait their turn, up to 64 per address,
-// and are decided again when one ends). Checks without I/O that are made first (a passkey
-// assertion, an enrolment code) count their failures with fail().
+// and are decided again when one ends). Checks without I/O (a passkey assertion, an enrolment
+// code) ask check() before they evaluate and count their failures with fail().
 //
 // Per client address (an IPv6 address by its /64): `free` failures, then exponential back-off
 // (1 s, 2 s, 4 s, … up to `maxDelayMs`) with one evaluation at a time. Success never resets the
-// count (a valid low-privilege token would otherwise buy unlimited guesses at another one). Behind it, one server-wide budget of `perMinute` evaluations that fail,
-// for attackers with many addresses. Refusals are answered 429 with Retry-After by the caller;
+// count (a valid low-privilege token would otherwise buy unlimited guesses at another one).
+// Behind it, one server-wide budget of `perMinute` evaluations that fail, for attackers with many
+// addresses; a failure is charged to it only while its address is not in back-off, so one
+// address cannot drain it for everyone else. Refusals are answered 429 with Retry-After by the caller;
 // what happened is reported once per address and window (at most `maxReports` records), never
 // once per guess.
 import type { Clock } from "../policies/clock.js";
@@ -130,16 +132,30 @@ export class AuthLimiter {
   }
 
   /**
+   * For a check without a reservation, before it is evaluated: the refusal when its address is
+   * in back-off (counted and reported, nothing evaluated or charged), else null.
+   */
+  check(address: string | undefined, surface: string): { retryAfterS: number; why: string } | null {
+    const now = this.clock();
+    const e = this.entry(addressKey(address), now);
+    const wait = this.backoff(e, now);
+    if (!wait) return null;
+    e.refused++;
+    e.surfaces.add(surface);
+    return { retryAfterS: Math.max(1, Math.ceil(wait.waitMs / 1000)), why: wait.why };
+  }
+
+  /**
    * Counts one failure that was evaluated without a reservation (a refused passkey assertion, a
-   * wrong enrolment code: checks with no I/O, made first so that a valid one is never refused
-   * by someone else's failures). Reported like any other; says how long the address now waits
-   * when this failure put it into back-off (the caller answers 429 then).
+   * wrong enrolment code; the caller asked check() first). Reported like any other; says how long
+   * the address now waits when it is in back-off (the caller answers 429 then).
    */
   fail(address: string | undefined, surface: string): { retryAfterS: number } | null {
     const now = this.clock();
     const e = this.entry(addressKey(address), now);
-    // Counted, not waited for: the budget only refuses later evaluations.
-    this.budget.take(SERVER).catch(() => {});
+    // Charged to the server-wide budget only outside the address's back-off: evaluations that
+    // ended after it began (concurrent ones) must not spend everyone else's budget.
+    if (!this.backoff(e, now)) this.budget.take(SERVER).catch(() => {});
     e.fails++;
     e.failed++;
     e.surfaces.add(surface);
@@ -148,18 +164,28 @@ export class AuthLimiter {
     return wait > 0 ? { retryAfterS: Math.max(1, Math.ceil(wait / 1000)) } : null;
   }
 
+  /** How long `e` must wait before its next evaluation, and why; null when it may go now. */
+  private backoff(e: Entry, now: number): { waitMs: number; why: string } | null {
+    if (e.fails < this.opts.free) return null;
+    const wait = e.lastFailAt + this.delayMs(e.fails) - now;
+    if (e.pending > 0)
+      return {
+        waitMs: Math.max(wait, 1000),
+        why: "an authentication from this address is in progress",
+      };
+    if (wait > 0) return { waitMs: wait, why: "too many failed authentications from this address" };
+    return null;
+  }
+
   private async decide(e: Entry, now: number, surface: string): Promise<Admission> {
     const refuse = (waitMs: number, why: string): Admission => {
       e.refused++;
       e.surfaces.add(surface);
       return { ok: false, retryAfterS: Math.max(1, Math.ceil(waitMs / 1000)), why };
     };
-    if (e.fails >= this.opts.free) {
-      const wait = e.lastFailAt + this.delayMs(e.fails) - now;
-      if (e.pending > 0)
-        return refuse(Math.max(wait, 1000), "an authentication from this address is in progress");
-      if (wait > 0) return refuse(wait, "too many failed authentications from this address");
-    } else if (e.fails + e.pending >= this.opts.free) {
+    const wait = this.backoff(e, now);
+    if (wait) return refuse(wait.waitMs, wait.why);
+    if (e.fails < this.opts.free && e.fails + e.pending >= this.opts.free) {
       return refuse(1000, "too many authentications in progress from this address");
     }
     // The slot is held while the server-wide budget answers, so no other request takes it.

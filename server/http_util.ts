@@ -8,16 +8,27 @@ export class HttpError extends Error {
   readonly headers: Record<string, string>;
   /** The JSON-RPC id the refusal answers (/mcp only). */
   readonly id: string | number | null;
+  /**
+   * A failed authentication the failed-auth limiter counts and logs once per address and window
+   * (server/auth_limit.ts): not logged per request, or a flood would write a line each.
+   */
+  readonly counted: boolean;
 
   constructor(
     readonly status: number,
     message: string,
-    opts: { code?: string; headers?: Record<string, string>; id?: string | number | null } = {},
+    opts: {
+      code?: string;
+      headers?: Record<string, string>;
+      id?: string | number | null;
+      counted?: boolean;
+    } = {},
   ) {
     super(message);
     this.code = opts.code ?? "bad_request";
     this.headers = opts.headers ?? {};
     this.id = opts.id ?? null;
+    this.counted = opts.counted ?? false;
   }
 }
 

@@ -225,6 +225,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
         throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s`, {
           code: "rate_limited",
           headers: { "retry-after": String(slot.retryAfterS) },
+          counted: true,
         });
       }
       try {
@@ -232,7 +233,9 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
         // A valid token is not a guess, whatever its scopes.
         slot.ticket.settle(true);
       } catch (e) {
-        throw fail(401, "invalid_token", "the token was refused", (e as Error).message);
+        // Counted by the limiter, which logs it once per address and window.
+        log.debug({ remote: addr, reason: (e as Error).message }, "console sign-in refused");
+        throw new HttpError(401, "the token was refused", { code: "invalid_token", counted: true });
       } finally {
         slot.ticket.settle(false);
       }
@@ -296,6 +299,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     publicHttps,
     readJson,
     send: (res, status, body) => send(res, status, body),
+    authBackoff: (req, surface) => opts.authLimiter.check(req.socket.remoteAddress, surface),
     failedAuth: (req, surface) => opts.authLimiter.fail(req.socket.remoteAddress, surface),
     openSession: (req, res, principal, credential) =>
       openSession(req, res, principal, Date.now() + MAX_AGE_MS, credential),
@@ -626,7 +630,7 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
         await route(req, res, path);
       } catch (e) {
         if (e instanceof HttpError) {
-          if (e.status === 403)
+          if (e.status === 403 && !e.counted)
             log.warn({ remote: remote(req), path, reason: e.message }, "console request refused");
           return send(res, e.status, { error: { code: e.code, message: e.message } }, e.headers);
         }

@@ -38,6 +38,8 @@ export interface PasskeyRouteDeps {
    * waits when the failure put it into back-off.
    */
   failedAuth(req: IncomingMessage, surface: string): { retryAfterS: number } | null;
+  /** Before such a check is evaluated: the limiter's refusal while the address is in back-off. */
+  authBackoff(req: IncomingMessage, surface: string): { retryAfterS: number; why: string } | null;
   /** Opens a console session for a principal proven by a passkey (sets the cookie, answers). */
   openSession(
     req: IncomingMessage,
@@ -46,6 +48,9 @@ export interface PasskeyRouteDeps {
     credentialId: string,
   ): Promise<void>;
 }
+
+/** The routes whose refusal before a session is a failed authentication (the limiter's). */
+const BEFORE_SESSION = new Set(["passkeys/enrol/options", "passkeys/enrol", "passkeys/sign-in"]);
 
 /** The part of a console session these routes read. */
 export interface PasskeySessionView {
@@ -155,6 +160,17 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
       return true;
     }
     if (method !== "POST") return false;
+    // A check before any session is a failed authentication when refused: while the address is
+    // in back-off it is refused before it is evaluated (nothing read, checked or charged).
+    if (!s && BEFORE_SESSION.has(api)) {
+      const wait = d.authBackoff(req, `/console/api/${api}`);
+      if (wait)
+        throw new HttpError(429, `${wait.why}: retry after ${wait.retryAfterS} s.`, {
+          code: "rate_limited",
+          headers: { "retry-after": String(wait.retryAfterS) },
+          counted: true,
+        });
+    }
     try {
       if (api === "passkeys/enrol/options") {
         const c = code(await d.readJson(req));
@@ -264,17 +280,23 @@ export function passkeyRoutes(d: PasskeyRouteDeps) {
       if (!isPolicyError(e)) throw e;
       // Before a session nobody is known: a refusal is a failed authentication (a wrong code is
       // a guess), counted and reported by the limiter, never one audit record per request.
+      // The limiter logs it too, once per address and window: no line per request here.
       if (!s) {
+        log.debug({ code: e.code, reason: e.message }, `passkey ${api} refused`);
         const wait = d.failedAuth(req, `/console/api/${api}`);
-        if (wait) {
-          log.warn({ code: e.code, reason: e.message }, `passkey ${api} refused`);
+        if (wait)
           throw new HttpError(
             429,
             `${e.message} Too many failed authentications from this address: retry after ${wait.retryAfterS} s.`,
-            { code: "rate_limited", headers: { "retry-after": String(wait.retryAfterS) } },
+            {
+              code: "rate_limited",
+              headers: { "retry-after": String(wait.retryAfterS) },
+              counted: true,
+            },
           );
-        }
-      } else await audit(s.principal.id, "denied", `passkey ${api}: ${e.message}`);
+        throw new HttpError(httpStatusOf(e.code), e.message, { code: e.code, counted: true });
+      }
+      await audit(s.principal.id, "denied", `passkey ${api}: ${e.message}`);
       asHttp(e, log, `passkey ${api}`);
     }
     return false;

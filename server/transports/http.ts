@@ -304,6 +304,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       throw new HttpError(429, `${slot.why}; retry after ${slot.retryAfterS} s (http.auth_limit)`, {
         code: "rate_limited",
         headers: { "retry-after": String(slot.retryAfterS) },
+        counted: true,
       });
     }
     try {
@@ -312,11 +313,12 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       return principal;
     } catch (e) {
       slot.ticket.settle(false);
-      throw unauthorized(e);
+      throw unauthorized(e, true);
     }
   }
 
-  function unauthorized(e: unknown): HttpError {
+  /** `counted`: a failure the limiter has counted (and reports), not logged per request. */
+  function unauthorized(e: unknown, counted = false): HttpError {
     const err = e as { code?: string; description?: string; message?: string };
     const code = err.code ?? "invalid_token";
     const desc = (err.description ?? err.message ?? "invalid token").replace(/"/g, "'");
@@ -324,6 +326,7 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       headers: {
         "www-authenticate": challenge(`error="${code}", error_description="${desc}"`),
       },
+      counted,
     });
   }
 
@@ -644,8 +647,9 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     } catch (e) {
       if (e instanceof HttpError) {
         // Refusals before a principal is known cannot be audited (anyone could flood the trail);
-        // they are logged so that probing and token guessing leave a trace.
-        if (e.status === 401 || e.status === 403) {
+        // they are logged so that probing leaves a trace. Token guesses the limiter counted are
+        // logged by it, once per address and window.
+        if ((e.status === 401 || e.status === 403) && !e.counted) {
           log.warn(
             {
               status: e.status,

@@ -176,4 +176,47 @@ describe("AuthLimiter", async () => {
       },
     ]);
   });
+  it("charges a failure to the server-wide budget only outside its address's back-off", async () => {
+    const l = limiter({ perMinute: 20 });
+    // The free failures are charged (5 of 20)...
+    for (let i = 0; i < 5; i++) l.fail("10.0.0.8", "/console/api/passkeys/sign-in");
+    // ...then 100 more that were evaluated concurrently and ended during the back-off are not.
+    for (let i = 0; i < 100; i++) l.fail("10.0.0.8", "/console/api/passkeys/sign-in");
+    // So the budget still admits unknown credentials from everyone else.
+    for (let i = 0; i < 15; i++) {
+      const a = await l.admit(`10.3.${i}.1`, "/mcp");
+      expect(a.ok, `address ${i}: ${a.ok ? "" : a.why}`).toBe(true);
+      if (a.ok) a.ticket.settle(false);
+    }
+    expect(await l.admit("10.3.99.1", "/mcp")).toMatchObject({ ok: false, why: /this server/ });
+  });
+
+  it("check() refuses an address in back-off before its evaluation, counted and not charged", async () => {
+    const reports: AuthLimitReport[][] = [];
+    const l = limiter({ perMinute: 6, report: (r) => reports.push(r) });
+    expect(l.check("10.0.0.9", "/console/api/passkeys/enrol")).toBeNull();
+    for (let i = 0; i < 5; i++) l.fail("10.0.0.9", "/console/api/passkeys/enrol");
+    for (let i = 0; i < 1000; i++)
+      expect(l.check("10.0.0.9", "/console/api/passkeys/sign-in")).toMatchObject({
+        retryAfterS: 1,
+        why: /from this address/,
+      });
+    // The five failures took 5 of the 6 in the budget; the refusals took none.
+    const other = await l.admit("10.4.0.1", "/mcp");
+    expect(other.ok).toBe(true);
+    // The back-off over, the next one may be evaluated.
+    now += l.delayMs(5);
+    expect(l.check("10.0.0.9", "/console/api/passkeys/sign-in")).toBeNull();
+    l.flush();
+    expect(reports.at(-1)).toEqual([
+      {
+        address: "10.0.0.9",
+        addresses: 1,
+        failed: 5,
+        refused: 1000,
+        surfaces: ["/console/api/passkeys/enrol", "/console/api/passkeys/sign-in"],
+      },
+    ]);
+    if (other.ok) other.ticket.settle(true);
+  });
 });
