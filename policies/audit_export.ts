@@ -9,11 +9,11 @@ import {
   exportLink,
   type ExportedRecord,
 } from "./audit_export_proof.js";
+import { asciiJson, headLine, recordLine, type ExportFormat } from "./audit_export_line.js";
 import type { ChainRow } from "./audit_chain.js";
-import type { AuditRecord } from "./audit_record.js";
 import type { SqliteDb } from "./sqlite.js";
 
-export type ExportFormat = "jsonl" | "ocsf";
+export type { ExportFormat };
 
 export interface ExportOptions {
   /** The first record: a seq (integer ≥ 1) or an ISO time (the first record at or after it). */
@@ -32,14 +32,6 @@ export interface ExportSummary {
 }
 
 type Row = ChainRow;
-
-/** JSON with every non-ASCII character escaped: safe on a terminal, and the same value parsed. */
-export function asciiJson(v: unknown): string {
-  return JSON.stringify(v).replace(
-    /[\u007f-\uffff]/g,
-    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
-  );
-}
 
 /**
  * The export hash after record `seq` and every record before it: the keyless chain's head
@@ -86,36 +78,6 @@ export function parseSince(text: string): number | string {
   );
 }
 
-const SUCCESS = new Set(["allowed", "executed", "approval_granted", "chain_keyed"]);
-const FAILURE = new Set(["denied", "failed", "approval_denied", "approval_expired", "interrupted"]);
-const PRODUCT = { name: "tpu-mcp", vendor_name: "tpu-mcp" };
-
-/** An OCSF API Activity (6003) event for one record; the proof fields stay in `unmapped`. */
-function ocsfEvent(p: ExportedRecord): Record<string, unknown> {
-  const r = p.record as unknown as AuditRecord;
-  const statusId = SUCCESS.has(r.outcome) ? 1 : FAILURE.has(r.outcome) ? 2 : 99;
-  return {
-    class_uid: 6003,
-    class_name: "API Activity",
-    category_uid: 6,
-    category_name: "Application Activity",
-    activity_id: 99,
-    activity_name: r.outcome,
-    type_uid: 600399,
-    severity_id: statusId === 2 ? 3 : 1,
-    time: Date.parse(r.time),
-    status_id: statusId,
-    status: statusId === 1 ? "Success" : statusId === 2 ? "Failure" : "Other",
-    ...(r.code !== undefined ? { status_code: r.code } : {}),
-    ...(r.reason !== undefined ? { status_detail: r.reason } : {}),
-    ...(r.duration_ms !== undefined ? { duration: r.duration_ms } : {}),
-    actor: { user: { uid: r.principal, type_id: 99 } },
-    api: { operation: r.tool, service: { name: "tpu-mcp" } },
-    metadata: { version: "1.1.0", product: PRODUCT, log_name: "audit", uid: String(p.seq) },
-    unmapped: { tpu_mcp_audit: p },
-  };
-}
-
 /**
  * The lines of one export, in order: each stored row given to `add` becomes its line, `finish`
  * writes the head line. Backend-neutral (SQLite's exportTrail below, Postgres's
@@ -157,9 +119,7 @@ export class ExportWriter {
       export_prev: this.prev,
       export_hash: exportHash,
     };
-    this.write(
-      asciiJson(this.opts.format === "ocsf" ? ocsfEvent(p) : { type: "audit_record", ...p }),
-    );
+    this.write(asciiJson(recordLine(p, this.opts.format)));
     this.prev = exportHash;
     this.lastSeq = r.seq;
     this.lastHash = r.hash;
@@ -177,24 +137,7 @@ export class ExportWriter {
       records: this.records,
       exported_at: (opts.now?.() ?? new Date()).toISOString(),
     };
-    this.write(
-      asciiJson(
-        opts.format === "ocsf"
-          ? {
-              class_uid: 6003,
-              category_uid: 6,
-              activity_id: 99,
-              activity_name: "audit_export_head",
-              type_uid: 600399,
-              severity_id: 1,
-              time: Date.parse(h.exported_at),
-              status_id: 1,
-              metadata: { version: "1.1.0", product: PRODUCT, log_name: "audit" },
-              unmapped: { tpu_mcp_audit_head: h },
-            }
-          : { type: "audit_head", ...h },
-      ),
-    );
+    this.write(asciiJson(headLine(h, opts.format)));
     return {
       records: this.records,
       first_seq: this.from,

@@ -6,10 +6,24 @@
 // one export hash whatever segment is exported. A receiver given that head out of band checks
 // that the lines it got are a gap-free, unedited, in-order run of the chain ending at it.
 //
-// Standalone on purpose: only node:crypto, no server state, so a receiver can copy this one file
-// (or run the bundled `dist/verify-export.mjs`) and check an export with no data dir and no key.
+// The chain proves the proof fields; every other field of a line (the OCSF fields a SIEM indexes:
+// actor, operation, status, time, uid...) is recomputed from them with the exporter's own
+// function (audit_export_line.ts) and the whole line compared, so none can be rewritten either,
+// and a field added or a key written twice is refused.
+//
+// Standalone on purpose: only node:crypto and two import-free modules (the line format,
+// json_diff.ts), no server state, so a receiver can run the bundled `dist/verify-export.mjs` and
+// check an export with no data dir and no key.
 
 import { createHash } from "node:crypto";
+import {
+  asciiJson,
+  headLine,
+  recordLine,
+  type ExportFormat,
+  type HeadFields,
+} from "./audit_export_line.js";
+import { duplicateKey, jsonDifference } from "./json_diff.js";
 
 export const EXPORT_GENESIS = "0".repeat(64);
 const LINK_TAG = "tpu-mcp-audit-export/1";
@@ -71,19 +85,53 @@ export interface ExportVerifyResult {
 
 const HEX64 = /^[0-9a-f]{64}$/;
 
-/** A line's proof fields, wherever the format puts them; null for a line that is neither. */
+/** A line's proof fields and format, wherever it puts them; null for a line that is neither. */
 function parseLine(
   obj: Record<string, unknown>,
-): { kind: "record"; r: ExportedRecord } | { kind: "head"; h: ExportedHead } | null {
+):
+  | { kind: "record"; r: ExportedRecord; format: ExportFormat }
+  | { kind: "head"; h: HeadFields; format: ExportFormat }
+  | null {
   const unmapped = (obj.unmapped ?? {}) as Record<string, unknown>;
-  const rec = (obj.type === "audit_record" ? obj : unmapped.tpu_mcp_audit) as
-    ExportedRecord | undefined;
-  if (rec && typeof rec === "object" && (obj.type === "audit_record" || unmapped.tpu_mcp_audit))
-    return { kind: "record", r: rec };
-  const head = (obj.type === "audit_head" ? obj : unmapped.tpu_mcp_audit_head) as
-    ExportedHead | undefined;
-  if (head && typeof head === "object") return { kind: "head", h: head };
+  if (obj.type === "audit_record")
+    return { kind: "record", r: obj as unknown as ExportedRecord, format: "jsonl" };
+  const rec = unmapped.tpu_mcp_audit as ExportedRecord | undefined;
+  if (rec && typeof rec === "object") return { kind: "record", r: rec, format: "ocsf" };
+  if (obj.type === "audit_head")
+    return { kind: "head", h: obj as unknown as HeadFields, format: "jsonl" };
+  const head = unmapped.tpu_mcp_audit_head as HeadFields | undefined;
+  if (head && typeof head === "object") return { kind: "head", h: head, format: "ocsf" };
   return null;
+}
+
+/** A value as a message shows it: ASCII JSON, cut short. */
+function show(v: unknown): string {
+  const t = v === undefined ? "nothing" : asciiJson(v);
+  return t.length > 80 ? `${t.slice(0, 77)}...` : t;
+}
+
+/**
+ * Why `text` (a line, parsed as `obj`) is not exactly the line `expected` the exporter writes
+ * for its proof fields, naming the field; null when it is.
+ */
+function lineDiffers(text: string, obj: unknown, expected: Record<string, unknown>): string | null {
+  const want = asciiJson(expected);
+  if (text === want) return null;
+  let dup: string | null = null;
+  try {
+    dup = duplicateKey(text);
+  } catch {
+    // Nested past the stack: the text comparison below still refuses it.
+  }
+  if (dup) return `the key ${dup} appears twice (a reader may take either)`;
+  const d = jsonDifference(obj, JSON.parse(want));
+  if (d?.kind === "unknown") return `unknown field ${d.path} (the export writes no such field)`;
+  if (d?.kind === "missing") return `field ${d.path} is missing`;
+  if (d?.kind === "value")
+    return `${d.path || "the line"} is ${show(d.actual)}, but the record's proof fields give ${show(d.expected)}`;
+  let at = 0;
+  while (text[at] === want[at]) at++;
+  return `its text differs from the export's at character ${at + 1} (key order, spacing or escapes)`;
 }
 
 /**
@@ -98,7 +146,7 @@ export function verifyExport(lines: Iterable<string>, headExportHash: string): E
   let lastSeq: number | null = null;
   let prevHash: string | null = null;
   let prevExport: string | null = null;
-  let head: ExportedHead | null = null;
+  let head: HeadFields | null = null;
   let lineNo = 0;
   const fail = (seq: number, reason: string): ExportVerifyResult => ({
     ok: false,
@@ -110,9 +158,10 @@ export function verifyExport(lines: Iterable<string>, headExportHash: string): E
   });
   if (!HEX64.test(want))
     return fail(0, "the head must be the 64-hex export_hash printed by `tpu-mcp audit head`");
-  for (const text of lines) {
+  for (const raw of lines) {
     lineNo++;
-    if (text.trim() === "") continue;
+    const text = raw.trim();
+    if (text === "") continue;
     const at = (lastSeq ?? 0) + 1;
     if (head) return fail(at, `line ${lineNo} follows the head line: the export was altered`);
     let obj: Record<string, unknown>;
@@ -124,6 +173,8 @@ export function verifyExport(lines: Iterable<string>, headExportHash: string): E
     const line = obj && typeof obj === "object" ? parseLine(obj) : null;
     if (!line) return fail(at, `line ${lineNo} is neither an audit record nor the head`);
     if (line.kind === "head") {
+      const why = lineDiffers(text, obj, headLine(line.h, line.format));
+      if (why) return fail(at, `line ${lineNo} (the head line): ${why}: the line was edited`);
       head = line.h;
       continue;
     }
@@ -159,6 +210,9 @@ export function verifyExport(lines: Iterable<string>, headExportHash: string): E
         r.seq,
         `record ${r.seq} was modified (its export_hash does not match its content)`,
       );
+    // The proof fields are proven; every other field must be what they map to.
+    const why = lineDiffers(text, obj, recordLine(r, line.format));
+    if (why) return fail(r.seq, `line ${lineNo} (record ${r.seq}): ${why}: the line was edited`);
     firstSeq ??= r.seq;
     lastSeq = r.seq;
     prevHash = r.hash;
@@ -170,6 +224,11 @@ export function verifyExport(lines: Iterable<string>, headExportHash: string): E
     return fail(
       lastSeq! + 1,
       `the export's head line (record ${head.seq}) does not match its last record ${lastSeq}: records were cut from the end`,
+    );
+  if (head && (head.first_seq !== firstSeq || head.records !== records))
+    return fail(
+      firstSeq!,
+      `the export's head line says records ${show(head.first_seq)}.. (${show(head.records)}), but the export holds ${firstSeq}..${lastSeq} (${records}): records were cut from the start`,
     );
   if (prevExport !== want)
     return fail(

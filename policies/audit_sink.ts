@@ -11,7 +11,7 @@
 // trail got from another process (the CLI beside the server) are read back from the trail so the
 // stream stays gap-free.
 
-import { asciiJson } from "./audit_export.js";
+import { asciiJson, recordLine } from "./audit_export_line.js";
 import { canonicalBody, exportLink } from "./audit_export_proof.js";
 import type { PolicyLogger, StoredAuditRecord } from "./audit.js";
 
@@ -164,15 +164,12 @@ export class AuditSink {
       hash,
       canonicalBody({ ...record, seq }),
     );
-    const line = asciiJson({
-      type: "audit_record",
-      seq,
-      record,
-      prev_hash,
-      hash,
-      export_prev: this.exportPrev,
-      export_hash: exportHash,
-    });
+    const line = asciiJson(
+      recordLine(
+        { seq, record, prev_hash, hash, export_prev: this.exportPrev, export_hash: exportHash },
+        "jsonl",
+      ),
+    );
     this.exportPrev = exportHash;
     this.nextSeq = seq + 1;
     if (this.queue.length >= this.opts.maxQueue) return this.drop(seq);

@@ -10,6 +10,7 @@ import {
   verifyExport,
   type ExportedRecord,
 } from "../../policies/audit_export_proof.js";
+import { asciiJson } from "../../policies/audit_export_line.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
 import { canonicalJson } from "../../policies/digest.js";
 import { tempDir } from "./helpers.js";
@@ -32,7 +33,8 @@ const rec = (i: number): AuditRecord => ({
 
 type Line = Record<string, unknown>;
 const parse = (lines: string[]) => lines.map((l) => JSON.parse(l) as Line);
-const dump = (objs: Line[]) => objs.map((o) => JSON.stringify(o));
+// The tamperer writes the exporter's own text (ASCII JSON): the verifier compares whole lines.
+const dump = (objs: Line[]) => objs.map((o) => asciiJson(o));
 
 /** What someone without the key can do after an edit: recompute the keyless chain and head line. */
 function rechain(objs: Line[], from: number): Line[] {
