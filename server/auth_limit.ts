@@ -7,16 +7,17 @@
 // so concurrent ones from one address cannot all be evaluated: an evaluation in progress counts
 // as a failure until it succeeds (requests beyond that wait their turn, up to 64 per address,
 // and are decided again when one ends). Checks without I/O (a passkey assertion, an enrolment
-// code) ask check() before they evaluate and count their failures with fail().
+// code) ask check() before they evaluate and count their failures with fail(); like an unknown
+// token, they wait out their address's back-off.
 //
 // Per client address (an IPv6 address by its /64): `free` failures, then exponential back-off
 // (1 s, 2 s, 4 s, … up to `maxDelayMs`) with one evaluation at a time. Success never resets the
 // count (a valid low-privilege token would otherwise buy unlimited guesses at another one).
 // Behind it, one server-wide budget of `perMinute` evaluations that fail, for attackers with many
 // addresses; a failure is charged to it only while its address is not in back-off, so one
-// address cannot drain it for everyone else. Refusals are answered 429 with Retry-After by the caller;
-// what happened is reported once per address and window (at most `maxReports` records), never
-// once per guess.
+// address cannot drain it for everyone else. Refusals are answered 429 with Retry-After by the
+// caller; what happened is reported once per address and window (at most `maxReports` records),
+// never once per guess.
 import type { Clock } from "../policies/clock.js";
 import { RateLimiter, type RateLimit } from "../policies/limits/rate.js";
 
