@@ -648,9 +648,10 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
       if (e instanceof HttpError) {
         // Refusals before a principal is known cannot be audited (anyone could flood the trail);
         // they are logged so that probing leaves a trace. Token guesses the limiter counted are
-        // logged by it, once per address and window.
-        if ((e.status === 401 || e.status === 403) && !e.counted) {
-          log.warn(
+        // logged by it, once per address and window (each one at debug only).
+        if (e.status === 401 || e.status === 403 || e.counted) {
+          const at = e.counted ? "debug" : "warn";
+          log[at](
             {
               status: e.status,
               method: req.method,
