@@ -134,8 +134,20 @@ export interface EstimateInput {
   assumptions?: Partial<EstimateAssumptions>;
 }
 
+/**
+ * What device_seconds rests on: "measured", calls of the same class measured here; "requested",
+ * the window the request fixes (a benchmark's duration_s); "default", the device model's
+ * assumptions alone (FLOP rates, a cold load's allowance), which may be off either way.
+ */
+export type EstimateBasis = "measured" | "requested" | "default";
+
 export interface CostEstimate {
   device_seconds: number;
+  /**
+   * What device_seconds rests on. The gate refuses a call over the whole budget as one that can
+   * never fit only when it is not "default" (policies/gate/budget_lines.ts); absent: as measured.
+   */
+  basis?: EstimateBasis;
   /**
    * Benchmarks: the part of device_seconds that is the worst case of the stability extension
    * (every configuration unstable and run to its bound, EXTEND_FACTOR × its window); absent
@@ -805,6 +817,12 @@ export function estimateDetail(input: EstimateInput): EstimateDetail {
     // Never below one call's overhead: under it, a busy host's scheduling jitter decides (calls
     // measured at 2–4 ms took 8–20 ms the next time on the estimate corpus).
     device_seconds: Math.max(a.call_overhead_s, round3(deviceSeconds)),
+    basis:
+      measuredS !== undefined
+        ? "measured"
+        : input.kind === "benchmark" && num(work.duration_s) !== undefined
+          ? "requested"
+          : "default",
     ...(input.kind === "benchmark" ? { stability_extension_s: round3(extensionSeconds) } : {}),
     memory_bytes: memoryBytes,
     compile_s: round3(m.compileS),
