@@ -397,6 +397,7 @@ export function workOf(input: EstimateInput): Work {
           "iterations",
           "duration_s",
           "warmup",
+          "extend_factor",
         ),
       };
     case "inference": {
@@ -611,6 +612,10 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       const iterations = num(args.iterations) ?? DEFAULT_ITERATIONS;
       const warmup = num(args.warmup) ?? DEFAULT_WARMUP;
       const duration = num(args.duration_s);
+      // How far an unstable series may be extended (the tool resolves it: 1 keeps a duration_s
+      // run inside duration_s); an engine other than the worker's own never extends.
+      const factor =
+        model?.engine && model.engine !== "torch" ? 1 : (num(args.extend_factor) ?? EXTEND_FACTOR);
       // Generation: the prompt's forward pass plus one decoding step (batch × 1 token, with a KV
       // cache) per new token, for every iteration, warmup and reference pass alike.
       const newTokens =
@@ -634,7 +639,8 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
             for (const l of ls) {
               const per = pass(b, l, d);
               const timed = duration !== undefined ? duration : iterations * per;
-              const graph = m === "compile" ? compileGraph : 0;
+              // "compile", or a training step compiled whole ("compile_step"): one graph each.
+              const graph = m !== "eager" ? compileGraph : 0;
               compileS += graph;
               deviceSeconds += graph + warmup * per + timed + a.benchmark_config_overhead_s;
               // An unstable configuration runs longer (the worker's stability extension): its
@@ -642,7 +648,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
               const more = extensionS(
                 duration !== undefined ? { duration_s: duration } : { iterations },
                 per,
-                model?.engine && model.engine !== "torch" ? 1 : EXTEND_FACTOR,
+                factor,
                 input.max_duration_s,
               );
               if (duration !== undefined) extension.wallS += more;
