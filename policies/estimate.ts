@@ -134,8 +134,20 @@ export interface EstimateInput {
   assumptions?: Partial<EstimateAssumptions>;
 }
 
+/**
+ * What device_seconds rests on: "measured", calls of the same class measured here; "requested",
+ * the window the request fixes (a benchmark's duration_s); "default", the device model's
+ * assumptions alone (FLOP rates, a cold load's allowance), which may be off either way.
+ */
+export type EstimateBasis = "measured" | "requested" | "default";
+
 export interface CostEstimate {
   device_seconds: number;
+  /**
+   * What device_seconds rests on. The gate refuses a call over the whole budget as one that can
+   * never fit only when it is not "default" (policies/gate/budget_lines.ts); absent: as measured.
+   */
+  basis?: EstimateBasis;
   /**
    * Benchmarks: the part of device_seconds that is the worst case of the stability extension
    * (every configuration unstable and run to its bound, EXTEND_FACTOR × its window); absent
@@ -385,6 +397,7 @@ export function workOf(input: EstimateInput): Work {
           "iterations",
           "duration_s",
           "warmup",
+          "extend_factor",
         ),
       };
     case "inference": {
@@ -599,6 +612,10 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       const iterations = num(args.iterations) ?? DEFAULT_ITERATIONS;
       const warmup = num(args.warmup) ?? DEFAULT_WARMUP;
       const duration = num(args.duration_s);
+      // How far an unstable series may be extended (the tool resolves it: 1 keeps a duration_s
+      // run inside duration_s); an engine other than the worker's own never extends.
+      const factor =
+        model?.engine && model.engine !== "torch" ? 1 : (num(args.extend_factor) ?? EXTEND_FACTOR);
       // Generation: the prompt's forward pass plus one decoding step (batch × 1 token, with a KV
       // cache) per new token, for every iteration, warmup and reference pass alike.
       const newTokens =
@@ -622,7 +639,8 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
             for (const l of ls) {
               const per = pass(b, l, d);
               const timed = duration !== undefined ? duration : iterations * per;
-              const graph = m === "compile" ? compileGraph : 0;
+              // "compile", or a training step compiled whole ("compile_step"): one graph each.
+              const graph = m !== "eager" ? compileGraph : 0;
               compileS += graph;
               deviceSeconds += graph + warmup * per + timed + a.benchmark_config_overhead_s;
               // An unstable configuration runs longer (the worker's stability extension): its
@@ -630,7 +648,7 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
               const more = extensionS(
                 duration !== undefined ? { duration_s: duration } : { iterations },
                 per,
-                model?.engine && model.engine !== "torch" ? 1 : EXTEND_FACTOR,
+                factor,
                 input.max_duration_s,
               );
               if (duration !== undefined) extension.wallS += more;
@@ -805,6 +823,12 @@ export function estimateDetail(input: EstimateInput): EstimateDetail {
     // Never below one call's overhead: under it, a busy host's scheduling jitter decides (calls
     // measured at 2–4 ms took 8–20 ms the next time on the estimate corpus).
     device_seconds: Math.max(a.call_overhead_s, round3(deviceSeconds)),
+    basis:
+      measuredS !== undefined
+        ? "measured"
+        : input.kind === "benchmark" && num(work.duration_s) !== undefined
+          ? "requested"
+          : "default",
     ...(input.kind === "benchmark" ? { stability_extension_s: round3(extensionSeconds) } : {}),
     memory_bytes: memoryBytes,
     compile_s: round3(m.compileS),

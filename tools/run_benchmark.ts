@@ -53,6 +53,8 @@ export {
 } from "../lib/benchmark_defaults.js";
 /** work "train_step": the optimizers, the default first (hyper-parameters: tpu_worker/bench/train_step.py). */
 export const OPTIMIZERS = ["adamw", "sgd"] as const;
+/** work "train_step" only: the whole step compiled (runtime/worker/tpu_worker/bench/train_step.py). */
+export const WHOLE_STEP = "compile_step";
 /** work "train_step": float32 weights, plain or under bfloat16 autocast (float16 would need a loss scaler). */
 export const TRAIN_DTYPES = ["float32", "bfloat16"] as const;
 
@@ -63,6 +65,11 @@ interface ResolvedBenchmark {
   maxNewTokens: number | undefined;
   optimizer: (typeof OPTIMIZERS)[number] | undefined;
   grid: number;
+  /**
+   * How far the worker may extend an unstable series, × its window: a duration_s run stays
+   * inside duration_s (1) unless extend_unstable asks for more; an iterations run extends.
+   */
+  extendFactor: number;
 }
 
 /**
@@ -88,6 +95,11 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
     throw new ToolError(
       "invalid_argument",
       `scenario: work "train_step" runs one step at a time; use scenario "single-stream"`,
+    );
+  if ((args.modes as string[]).includes(WHOLE_STEP) && !training)
+    throw new ToolError(
+      "invalid_argument",
+      `modes: "${WHOLE_STEP}" compiles a whole training step; add work: "train_step" or use "compile"`,
     );
   if (args.optimizer !== undefined && !training)
     throw new ToolError(
@@ -135,6 +147,11 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
       `seq_lens: ${args.model} takes at most ${entry.limits.max_seq_len}`,
     );
   }
+  if (args.extend_unstable !== undefined && args.duration_s === undefined)
+    throw new ToolError(
+      "invalid_argument",
+      `extend_unstable: an iterations run already extends unstable series (up to ${EXTEND_FACTOR}x); it applies to duration_s runs only, so omit it or give duration_s`,
+    );
   const grid = args.batch_sizes.length * (seqLens?.length ?? 1) * dtypes.length * args.modes.length;
   if (grid > b.max_configs) {
     throw new ToolError(
@@ -153,6 +170,8 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
         : undefined,
     optimizer: training ? (args.optimizer ?? OPTIMIZERS[0]) : undefined,
     grid,
+    extendFactor:
+      args.duration_s !== undefined && args.extend_unstable !== true ? 1 : EXTEND_FACTOR,
   };
 }
 
@@ -217,7 +236,7 @@ const Config = z
   })
   .passthrough()
   .describe(
-    "per configuration: batch, seq_len, dtype, mode, latency_ms, throughput_items_per_s, compile_s, peak_memory_bytes, max_abs_error_vs_fp32, stability {stable, reason, p50_ci_ms}, error, ... (the report has all)",
+    "per configuration: stability {stable, reason, p50_ci_ms}, error, ... (the report has all)",
   );
 
 const Report = z.object({
@@ -286,7 +305,11 @@ const build = (env: ToolEnv) => {
         batch_sizes: z.array(z.number().int().min(1).max(maxBatch)).min(1).max(8).default([1]),
         seq_lens: z.array(z.number().int().min(MIN_SEQ_LEN).max(maxSeq)).min(1).max(8).optional(),
         dtypes: z.array(dtype).min(1).max(3).optional(),
-        modes: z.array(mode).min(1).max(2).default(["eager"]),
+        modes: z
+          .array(z.enum([...mode.options, WHOLE_STEP]))
+          .min(1)
+          .max(3)
+          .default(["eager"]),
         scenario: z
           .enum(["single-stream", "offline"])
           .default("single-stream")
@@ -301,6 +324,10 @@ const build = (env: ToolEnv) => {
         seed: seed.optional(),
         iterations: z.number().int().min(1).max(b.max_iterations).optional(),
         duration_s: z.number().positive().max(b.max_duration_s).optional(),
+        extend_unstable: z
+          .boolean()
+          .optional()
+          .describe(`duration_s: extend unstable series (to ${EXTEND_FACTOR}x)`),
         warmup: z.number().int().min(0).max(b.max_warmup).default(DEFAULT_WARMUP),
         matmul_precision: matmulPrecision.optional(),
         baseline_id: z
@@ -333,6 +360,7 @@ const build = (env: ToolEnv) => {
           iterations: r.iterations,
           max_new_tokens: r.maxNewTokens,
           optimizer: r.optimizer,
+          extend_factor: r.extendFactor,
         },
         ctx,
       );
@@ -370,7 +398,7 @@ const build = (env: ToolEnv) => {
           ...(args.duration_s ? { duration_s: args.duration_s } : {}),
           warmup: args.warmup,
           ...(args.matmul_precision ? { matmul_precision: args.matmul_precision } : {}),
-          extend_factor: EXTEND_FACTOR,
+          extend_factor: r.extendFactor,
           // The server's bounds travel with the request: the worker checks against these (it
           // has none of its own), so an operator who raises a limit never meets a stricter worker.
           limits: { ...env.limits.benchmark, min_seq_len: MIN_SEQ_LEN },
@@ -444,7 +472,15 @@ const build = (env: ToolEnv) => {
         ? `\nvs ${o.comparison.baseline_id}:\n${diffs.join("\n")}` +
           (o.comparison.warnings.length ? `\nwarnings: ${o.comparison.warnings.join("; ")}` : "")
         : "";
-      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}${o.stopped ? `, stopped (${o.stopped}): partial` : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${cmp}`;
+      // A duration_s run is not extended (extend_factor 1): say which series it left unstable.
+      const left = o.configs.filter(
+        (c: any) => c.stability?.stable === false && !c.stability.extended,
+      );
+      const bounded =
+        o.manifest.extend_factor === 1 && left.length > 0
+          ? `\n${left.length} unstable configuration(s) left as measured (duration_s bounds each; extend_unstable: true runs them up to ${EXTEND_FACTOR}x longer): ${left.map((c: any) => `b=${c.batch}${c.seq_len ? ` s=${c.seq_len}` : ""} ${c.dtype} ${c.mode}`).join(", ")}`
+          : "";
+      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}${o.stopped ? `, stopped (${o.stopped}): partial` : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${bounded}${cmp}`;
     },
   });
 };

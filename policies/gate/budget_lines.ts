@@ -137,6 +137,19 @@ export class BudgetLines {
     return line.money ? (estimate.cost?.amount_micros ?? 0) : estimate.device_seconds;
   }
 
+  /**
+   * What the estimate holds on a line. An estimate on defaults alone (basis "default") over the
+   * line's whole limit holds the limit instead: admitted once the line is free, and stopped by
+   * the meter when it has used it. Only a measured (or requested) cost can say a call never fits:
+   * a cold load priced 20 s by default takes 1–10 s (issue 44).
+   */
+  private held(line: LineKey, estimate: CostEstimate): number {
+    const need = this.amount(line, estimate);
+    if (estimate.basis !== "default") return need;
+    const limit = line.limit ?? this.limits.budget.device_seconds_per_window;
+    return Math.min(need, limit);
+  }
+
   /** Micro-units per device-second of the estimate's kind (0 when it has no price). */
   private rateOf(estimate: CostEstimate): bigint {
     const kind = estimate.cost?.device_kind;
@@ -170,7 +183,7 @@ export class BudgetLines {
   ): Promise<void> {
     if (!estimate) return;
     for (const line of this.lines(principal.id, tool, estimate)) {
-      const need = this.amount(line, estimate);
+      const need = this.held(line, estimate);
       const b = await this.ledger.check(line.key, need, this.excess(line.key), line.limit);
       if (!b.ok) throw this.refusal(principal, line, need, b);
     }
@@ -190,7 +203,7 @@ export class BudgetLines {
     const keys = this.lines(principal.id, tool, estimate);
     const lines = keys.map((l) => ({
       key: l.key,
-      need: this.amount(l, estimate),
+      need: this.held(l, estimate),
       limitS: l.limit,
       extraHeldS: this.excess(l.key),
     }));
@@ -312,10 +325,11 @@ export class BudgetLines {
     const rate = microsPerSecond(this.rateOf(estimate));
     const run: Running = {
       runner,
+      // Each line's runner holds what admission held there (held: a default may hold less).
       runners: new Map(
         keys.map((l) => [
           l.key,
-          l.money ? { ...runner, reservedS: this.amount(l, estimate), rate } : runner,
+          { ...runner, reservedS: this.held(l, estimate), ...(l.money ? { rate } : {}) },
         ]),
       ),
       keys,

@@ -64,3 +64,52 @@ describe("admission on a budget line", () => {
     await held.release();
   });
 });
+
+// Issue 44 (item 5): a cold load priced 20 s by default (no load of it measured yet) was refused
+// "it can never fit" on a 10 s budget, though it takes 1–10 s. An estimate on defaults alone
+// holds the whole line instead, and the meter stops it when it has used it.
+describe("an estimate on defaults alone over the whole budget", () => {
+  const guess = (s: number): CostEstimate => ({ ...est(s), basis: "default" });
+
+  it("is admitted on a free line, holds all of it, and is stopped when it has used it", async () => {
+    const { clock, lines: l } = lines(10);
+    const held = await l.admit(agent, "load_model", guess(20));
+    const stops: number[] = [];
+    const run = l.meter("agent", "load_model", guess(20), (s) => stops.push(s.usedS))!;
+    await run.armed;
+    expect(stops).toEqual([]);
+    // It holds the whole line: nothing else fits beside it.
+    const e = await refusal(() => l.check(agent, "load_model", est(0.5)));
+    expect(e?.code).toBe("budget_exceeded");
+    expect(e?.details.reserved_s).toBe(10);
+    // Ten seconds in, the line is used up: the next look at it stops the call.
+    clock.advance(10_000);
+    const other = l.meter("agent", "load_model", est(0.01), () => {})!;
+    await other.armed;
+    other.end();
+    expect(stops).toEqual([10]);
+    run.end();
+    await held.settle(10);
+  });
+
+  it("waits for the whole line to be free rather than never fitting", async () => {
+    const { lines: l } = lines(10);
+    const first = await l.admit(agent, "load_model", est(1));
+    await first.settle(1);
+    const e = await refusal(() => l.admit(agent, "load_model", guess(20)).then(() => {}));
+    expect(e?.code).toBe("budget_exceeded");
+    expect(e?.message).toMatch(/enough frees up in \d+ s/);
+    expect(e?.message).not.toMatch(/never fit/);
+  });
+
+  it("is still refused as never fitting when it rests on measured calls", async () => {
+    const { lines: l } = lines(10);
+    for (const basis of ["measured", "requested"] as const) {
+      const e = await refusal(() =>
+        l.admit(agent, "load_model", { ...est(20), basis }).then(() => {}),
+      );
+      expect(e?.code).toBe("budget_exceeded");
+      expect(e?.message).toMatch(/can never fit \(the whole budget is 10 s\)/);
+    }
+  });
+});

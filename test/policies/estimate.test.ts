@@ -477,6 +477,34 @@ describe("estimates from measured calls", () => {
   });
   const texts = (n: number, chars: number) => Array(n).fill("x".repeat(chars));
 
+  // Issue 44 (item 5): the gate refuses as never fitting only what is not a guess.
+  it("says what an estimate rests on: defaults, measured calls, or the request's own window", () => {
+    const basis = (input: Omit<EstimateInput, "model" | "device">) =>
+      estimateCost({ ...base, ...input }).basis;
+    const tiny = { model: minilm.id, batch_sizes: [1], seq_lens: [8] };
+    const cold = { cold: true };
+    expect(basis({ kind: "load", args: cold, models_built: 0 })).toBe("default");
+    expect(
+      basis({
+        kind: "load",
+        args: cold,
+        models_built: 0,
+        calls: [call("load", cold, 3, { models_built: 0 })],
+      }),
+    ).toBe("measured");
+    expect(basis({ kind: "benchmark", args: { ...tiny, iterations: 5 } })).toBe("default");
+    expect(basis({ kind: "benchmark", args: { ...tiny, duration_s: 2 } })).toBe("requested");
+    // A measured benchmark of the same class prices a larger one of it: measured.
+    const small = { ...tiny, iterations: 5 };
+    expect(
+      basis({
+        kind: "benchmark",
+        args: { ...tiny, iterations: 10_000 },
+        calls: [call("benchmark", small, 1)],
+      }),
+    ).toBe("measured");
+  });
+
   it("takes a repeated call's measured cost, whatever the device model says", () => {
     const args = { texts: texts(8, 200) };
     const modelled = est({ kind: "inference", args });

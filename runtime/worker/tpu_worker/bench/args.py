@@ -13,11 +13,13 @@ from typing import Any
 
 from ..errors import WorkerError, invalid
 from ..generation.params import GenParams, parse_sampling
-from .train_step import OPTIMIZERS, TRAIN_PRECISIONS
+from .train_step import OPTIMIZERS, TRAIN_PRECISIONS, WHOLE_STEP
 
 SCENARIOS = ("single-stream", "offline")
 WORKS = ("forward", "generate", "train_step")
 MODES = ("eager", "compile")
+# work "train_step" also compiles the whole step (train_step.WHOLE_STEP), beside "compile"'s split.
+TRAIN_MODES = (*MODES, WHOLE_STEP)
 MAX_LIST = 16  # a sanity bound on the wire; the server's own is tighter
 MAX_EXTEND_FACTOR = 16
 
@@ -111,7 +113,7 @@ def plan(entry, args: dict) -> Plan:
     allowed = tuple(TRAIN_PRECISIONS) if work == "train_step" else entry.dtypes
     dtypes = _str_list(args, "dtypes", allowed, "unsupported_dtype")
     dtypes.sort(key=lambda d: d != "float32")  # the float32 reference is built first
-    modes = _str_list(args, "modes", MODES)
+    modes = _str_list(args, "modes", TRAIN_MODES if work == "train_step" else MODES)
     warmup = _int(args, "warmup", 0, bounds.max_warmup)
     iterations = _int(args, "iterations", 1, bounds.max_iterations, optional=True)
     duration = args.get("duration_s")

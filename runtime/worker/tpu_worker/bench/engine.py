@@ -123,6 +123,7 @@ def _manifest(worker, entry, info, device, p, precision_requested) -> dict:
     """What ran where: versions, device, threads, seed, the request as resolved."""
     on_worker_device = device == worker.device
     dev_info = worker.device_info if on_worker_device else {"kind": "cpu", "name": "cpu", "count": 1}
+    compiles = any(m != "eager" for m in p.modes)  # "compile", or a training step's whole-step mode
     try:
         import transformers
 
@@ -155,8 +156,8 @@ def _manifest(worker, entry, info, device, p, precision_requested) -> dict:
         "sampling": p.sampling_report,
         "execution_mode": platform_for(device).execution_mode(device),
         "eager_mode": platform_for(device).eager_mode_report(device),
-        "compile_backend": platform_for(device).compile_backend(device) if "compile" in p.modes else None,
-        "compile_dynamic": False if "compile" in p.modes else None,
+        "compile_backend": platform_for(device).compile_backend(device) if compiles else None,
+        "compile_dynamic": False if compiles else None,
         "matmul_precision": platform_for(device).matmul_precision(device),
         "matmul_precision_requested": precision_requested,
         "seed": SEED,

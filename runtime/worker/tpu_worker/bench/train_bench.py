@@ -135,7 +135,7 @@ def _one(source, b, s, dtype, mode, p, ctx, host, kind, name, matmul, flop_cache
     for _ in range(res["train_steps"]):
         shapes.record("train_step", planned.bucket, planned.length, planned.real)
     tokens = planned.real if planned.length else None
-    compile_s = max(0.0, res["first_call_s"] - mean_s) if mode == "compile" else 0.0
+    compile_s = max(0.0, res["first_call_s"] - mean_s) if mode != "eager" else 0.0
     return {
         "batch": b,
         "seq_len": s,
@@ -151,6 +151,8 @@ def _one(source, b, s, dtype, mode, p, ctx, host, kind, name, matmul, flop_cache
         "tokens_per_s": round(tokens / mean_s, 4) if tokens and mean_s > 0 else None,
         "compile_s": round(compile_s, 6),
         "compile_backend": trainer.compile_backend,
+        "compile_scope": trainer.compile_scope,
+        "optimizer_capturable": trainer.capturable,
         "shape_report": shape_report(shapes, res["graphs_compiled"]),
         "matmul_precision": matmul,
         "optimizer": p.optimizer,
@@ -185,7 +187,7 @@ def measure_train(trainer: Trainer, batch: dict, *, warmup: int, goal: Goal, hos
 
     c0 = compile_counters()
     # In compile mode the first step compiles: never counted, even with warmup 0.
-    calls = max(warmup, 1) if trainer.mode == "compile" else warmup
+    calls = max(warmup, 1) if trainer.mode != "eager" else warmup
     first_call_s = None
     for i in range(calls):
         if token.cancelled:

@@ -18,8 +18,14 @@ width), and padded positions are masked from attention (embeddings) or come afte
 The copy stays in eval mode (dropout off), so a step is a function of the weights and the batch
 alone: the loss series of bfloat16 compares with float32 step for step, and a plain PyTorch loop
 of the same steps reproduces the float32 one. Weights stay float32 (the master copy); "bfloat16"
-is autocast over them, as mixed-precision training runs. Compile mode compiles the model and its
-loss head as one module (forward and backward graphs); the optimizer step runs eagerly.
+is autocast over them, as mixed-precision training runs. Two compiled modes, side by side:
+  * "compile" compiles the model and its loss head as one module (forward and backward graphs);
+    the optimizer step runs eagerly;
+  * "compile_step" (WHOLE_STEP) compiles the whole step, as TorchTPU's compile guide advises:
+    forward, loss, backward (compiled autograd traces it) and the optimizer step (AdamW with
+    capturable=True: its step count stays a device tensor, so no host sync breaks the graph)
+    under one torch.compile. Gradients are cleared before it, outside the graph (dynamo does
+    not trace Optimizer.zero_grad). Graph breaks left are reported (graph_breaks).
 """
 
 from __future__ import annotations
@@ -36,6 +42,13 @@ from ..adapters.text import pooled_embedding
 from ..platforms import platform_for
 
 OPTIMIZERS = ("adamw", "sgd")
+WHOLE_STEP = "compile_step"
+# What each mode compiles, in a configuration's report.
+COMPILE_SCOPES = {
+    "eager": None,
+    "compile": "model and loss (forward and backward); optimizer eager",
+    WHOLE_STEP: "whole step: forward, loss, backward and optimizer (capturable) in one torch.compile",
+}
 # Fixed hyper-parameters (the figures are of the step's cost, not of a fit): in the manifest.
 OPTIMIZER_SETTINGS = {
     "adamw": {"lr": 1e-4, "weight_decay": 0.01, "betas": (0.9, 0.999), "eps": 1e-8},
@@ -47,10 +60,12 @@ TARGET_SEED_OFFSET = 1  # targets and labels are drawn apart from the inputs' se
 IGNORE = -100  # cross-entropy's ignore index: the target of a padded token or row adds nothing
 
 
-def make_optimizer(name: str, params) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params, *, capturable: bool = False) -> torch.optim.Optimizer:
+    """The optimizer; `capturable` (AdamW: its step count a device tensor, for a compiled step).
+    SGD keeps no step count: nothing to capture."""
     s = OPTIMIZER_SETTINGS[name]
     if name == "adamw":
-        return torch.optim.AdamW(params, **s)
+        return torch.optim.AdamW(params, **s, capturable=capturable)
     return torch.optim.SGD(params, **s)
 
 
@@ -199,13 +214,20 @@ class Trainer:
         self.module = loss_head(adapter, model)
         self.autocast_dtype = TRAIN_PRECISIONS[precision]
         self.mode = mode
+        self.compile_scope = COMPILE_SCOPES[mode]
         self.compile_backend = None
         self.run = self.module
-        if mode == "compile":
+        if mode != "eager":
+            # The platform's backend (TorchTPU's on a TPU), for either compiled mode.
             self.compile_backend = self.platform.compile_backend(self.device)
+        if mode == "compile":
             self.run = torch.compile(self.module, backend=self.compile_backend, dynamic=False)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(optimizer, self.params)
+        self.capturable = mode == WHOLE_STEP and optimizer == "adamw"
+        self.optimizer = make_optimizer(optimizer, self.params, capturable=self.capturable)
+        self.whole = None
+        if mode == WHOLE_STEP:
+            self.whole = torch.compile(self._update, backend=self.compile_backend, dynamic=False)
 
     def _loss(self, batch: dict, run) -> torch.Tensor:
         if self.autocast_dtype is None:
@@ -213,12 +235,20 @@ class Trainer:
         with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype):
             return run(batch)
 
-    def step(self, batch: dict) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
+    def _update(self, batch: dict) -> torch.Tensor:
+        """Forward, loss, backward and the optimizer's update: the step after its zero_grad."""
         loss = self._loss(batch, self.run)
         loss.backward()
         self.optimizer.step()
         return loss.detach()
+
+    def step(self, batch: dict) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.whole is None:
+            return self._update(batch)
+        # Compiled autograd: the backward is traced into the step's graphs, not run apart.
+        with torch._dynamo.config.patch(compiled_autograd=True):
+            return self.whole(batch)
 
     def count_flops(self, batch: dict) -> tuple[int, int]:
         """(FLOPs of forward + backward, of the forward alone) on the eager module, float32; the
