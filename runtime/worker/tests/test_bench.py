@@ -112,31 +112,36 @@ def test_legacy_scenario_names_mean_the_work(shared_worker):
 def test_generate_work_samples_with_the_requests_temperature_and_seed(shared_worker, monkeypatch):
     """run_benchmark's temperature and seed reach the decode: every timed call samples the same
     tokens (the seed repeats them), other than greedy's, and the report says how it decoded."""
-    from tpu_worker.adapters.text import CausalLM
     from tpu_worker.errors import WorkerError
+    from tpu_worker.generation.loop import DecodeLoop
 
-    calls = []
-    real = CausalLM.generate
+    submitted = []
+    real = DecodeLoop.submit
 
-    def spy(self, prompts, max_new, should_stop, sampling=None, **kw):
-        out = real(self, prompts, max_new, should_stop, sampling, **kw)
-        calls.append((sampling, out[0]))
-        return out
+    def spy(self, prepared, token, trace=None, progress=None):
+        future = real(self, prepared, token, trace, progress)
+        submitted.append((prepared.payload.params, future))
+        return future
 
-    monkeypatch.setattr(CausalLM, "generate", spy)
+    def outcomes():  # (the sampling parameters, the generated text) of every submitted request
+        return [(p, f.result().result["texts"][0]) for p, f in submitted]
+
+    monkeypatch.setattr(DecodeLoop, "submit", spy)
     grid = {"model": "tiny-gpt2", "work": "generate", "seq_lens": [8], "max_new_tokens": 8, "iterations": 2}
     sampled = run(shared_worker, **grid, temperature=1.5, seed=7)
     assert sampled["manifest"]["sampling"] == {"temperature": 1.5, "seed": 7}
-    assert len(calls) == 3 and all(s is not None and (s.temperature, s.seed) == (1.5, 7) for s, _ in calls)
+    calls = outcomes()
+    assert len(calls) == 3 and all((s.temperature, s.seed) == (1.5, 7) for s, _ in calls)
     tokens = calls[0][1]
     assert all(out == tokens for _, out in calls)  # warmup and window alike: the seed repeats
-    calls.clear()
+    submitted.clear()
     greedy = run(shared_worker, **grid)
     assert greedy["manifest"]["sampling"] == {"temperature": 0.0, "seed": None}
-    assert calls[0][0] is None and calls[0][1] != tokens
-    calls.clear()
+    calls = outcomes()
+    assert calls[0][0].greedy and calls[0][1] != tokens
+    submitted.clear()
     other = run(shared_worker, **grid, temperature=1.5, seed=8)
-    assert calls[0][1] != tokens
+    assert outcomes()[0][1] != tokens
     assert other["configs"][0]["tokens_per_s"] > 0
     picked = run(shared_worker, **grid, temperature=0.5)["manifest"]["sampling"]
     assert picked["temperature"] == 0.5 and isinstance(picked["seed"], int)  # drawn, reported

@@ -17,7 +17,7 @@ from tpu_worker.generation import kv, rows
 from tpu_worker.generation.chat import load_chat_template
 from tpu_worker.generation.loop import DecodeLoop
 from tpu_worker.generation.params import GenParams, parse_params
-from tpu_worker.generation.sampling import sample
+from tpu_worker.generation.sampling import sample, sequence_generator
 from tpu_worker.generation.textstream import TextStream
 from tpu_worker.ops import OpContext
 
@@ -130,27 +130,38 @@ def test_a_generation_reports_text_finish_reason_usage_and_timing(shared_worker)
     assert r["ttft_ms"] > 0 and r["tokens_per_s"] > 0
 
 
-def test_greedy_generation_equals_the_direct_batched_greedy_decode(shared_worker):
+def reference_decode(adapter, prompt: list[int], max_new: int, params: GenParams | None = None) -> list[int]:
+    """The reference: one unpadded prompt, a whole forward per token (no cache, no batch), the
+    next token by argmax or sampled as a request's prompt 0 is (its seed's generator)."""
+    gen = sequence_generator(params.seed, 0) if params is not None else None
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_new):
+            logits = adapter.eager_model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
+            t = sample(logits, params, gen) if gen is not None else int(logits.argmax())
+            ids.append(t)
+            if t == adapter.eos_id:
+                break
+    return ids[len(prompt) :]
+
+
+def test_greedy_generation_equals_the_uncached_reference_decode(shared_worker):
     adapter = shared_worker.served["tiny-gpt2"].adapter
     texts = [PROMPT, "hello", "a much longer prompt than the others, to pad the short ones"]
     r = gen(shared_worker, {"texts": texts, "max_new_tokens": 12})
     prompts = [e.ids for e in adapter.tokenizer.encode_batch(texts, add_special_tokens=False)]
-    direct, _ = adapter.generate(prompts, 12, lambda: False)
+    direct = [reference_decode(adapter, p, 12) for p in prompts]
     assert r["texts"] == [adapter.decode(ids) for ids in direct]
     assert r["new_tokens"] == [len(ids) for ids in direct]
 
 
-def test_a_seeded_sample_equals_the_direct_decode_sampled_with_that_seed(shared_worker):
-    """The benchmark's decode (adapter.generate) samples as the decode loop does: one seed, one text."""
-    from tpu_worker.generation.params import GenParams
-
+def test_a_seeded_sample_equals_the_reference_decode_sampled_with_that_seed(shared_worker):
     adapter = shared_worker.served["tiny-gpt2"].adapter
     r = gen(shared_worker, {"texts": [PROMPT], "max_new_tokens": 12, "temperature": 1.3, "seed": 99})
     prompt = adapter.tokenizer.encode(PROMPT, add_special_tokens=False).ids
-    direct, _ = adapter.generate([prompt], 12, lambda: False, GenParams(12, 1.3, seed=99))
-    assert r["texts"] == [adapter.decode(direct[0])]
-    greedy, _ = adapter.generate([prompt], 12, lambda: False)
-    assert greedy != direct
+    direct = reference_decode(adapter, prompt, 12, GenParams(12, 1.3, seed=99))
+    assert r["texts"] == [adapter.decode(direct)]
+    assert reference_decode(adapter, prompt, 12) != direct
 
 
 def test_generation_stops_at_eos_with_finish_reason_stop(shared_worker):

@@ -9,18 +9,16 @@ from typing import Any
 import torch
 
 from ..catalog import Catalog, Entry
-from ..errors import Cancelled, WorkerError, invalid
+from ..errors import WorkerError, invalid
 from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
 from ..generation.grammar import Grammars
-from ..generation.params import GenParams, GenRequest, parse_generation, parse_prefix_key
-from ..generation.rows import StaticRows, join_all
-from ..generation.sampling import sample, sequence_generator
+from ..generation.params import GenRequest, parse_generation, parse_prefix_key
 from ..generation.slots import static_cache_problem
 from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
-from ..shapes import ShapeCounter, ShapePlan
-from .base import Adapter, Output, Prepared, StopFn, seq_bucket
+from ..shapes import ShapePlan
+from .base import Adapter, Output, Prepared, seq_bucket
 
 
 def safe_file(model_dir: str, name: str, catalog: Catalog, entry: Entry) -> str:
@@ -152,7 +150,7 @@ class SentenceEmbedder(Adapter):
 class CausalLM(Adapter):
     """Decoder-only LM: `prepare` validates generation requests (texts or chat messages and the
     sampling arguments) for the model's decode loop (generation/loop.py), which drives
-    `prefill` and `step`; `generate` is the plain batched greedy decode the benchmark times."""
+    `prefill` and `step`: the only decode loop, the one the benchmark times too."""
 
     architecture = "causal-lm"
 
@@ -282,84 +280,6 @@ class CausalLM(Adapter):
         pos = pos + 1
         logits, cache = self._forward(tokens[:, None], mask, pos, cache)
         return logits, cache, mask, pos
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        max_new: int,
-        should_stop: StopFn,
-        sampling: GenParams | None = None,
-        shapes: ShapeCounter | None = None,
-    ) -> tuple[list[list[int]], bool]:
-        """Decoding of one fixed batch (the benchmark's work and the direct baseline): greedy, or
-        sampled as the decode loop samples (prompt i with sequence_generator(seed, i), fresh on
-        every call, so a seed repeats its tokens). Its forwards are recorded on `shapes` (the
-        benchmark's own counter), else on the model's. Returns (new token ids per prompt, stopped_early)."""
-        b = len(prompts)
-        finished = torch.zeros(b, dtype=torch.bool, device=self.device)
-        new: list[torch.Tensor] = []
-        stopped = False
-        with torch.no_grad():
-            # The plan's shapes, as the decode loop runs them (a compiled model compiled them at
-            # load), over a static cache of its own; a growing dynamic cache where it cannot be.
-            # Row r holds prompt order[r] (a join prefills one forward per length bucket).
-            if self.plan is not None and static_cache_problem(self.eager_model) is None:
-                counter = self.shapes if shapes is None else shapes
-                static = StaticRows(self, self.plan, counter, self.plan.lengths[-1] + self.entry.limits.max_new_tokens)
-                order, logits = join_all(static, prompts, max_new)
-
-                def advance(nxt):
-                    return static.step(nxt.tolist())
-            else:
-                order = list(range(b))
-                logits, *state = self.prefill(prompts, max_new)
-
-                def advance(nxt):
-                    out, *state[:] = self.step(nxt, *state)
-                    return out
-
-            gens = [sequence_generator(sampling.seed, i) for i in order] if sampling and not sampling.greedy else None
-            for i in range(max_new):
-                if gens is None:
-                    nxt = logits.argmax(-1)
-                else:
-                    rows = logits.float().cpu()
-                    picked = [sample(rows[j], sampling, g) for j, g in enumerate(gens)]
-                    nxt = torch.tensor(picked, dtype=torch.long, device=self.device)
-                nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
-                new.append(nxt)
-                if self.eos_id is not None:
-                    finished |= nxt == self.eos_id
-                if i == max_new - 1 or bool(finished.all()):
-                    break
-                if should_stop():
-                    stopped = True
-                    break
-                logits = advance(nxt)
-        tokens = torch.stack(new, dim=1).to("cpu").tolist() if new else [[] for _ in range(b)]
-        result: list[list[int]] = [[] for _ in range(b)]
-        for r, row in enumerate(tokens):
-            kept = result[order[r]]
-            for t in row:
-                kept.append(t)
-                if t == self.eos_id:
-                    break
-        return result, stopped
-
-    def run_batch(self, batch, should_stop) -> list[Output]:
-        """Greedy decoding of prepared requests as one fixed batch, without the decode loop
-        (bench/direct.py's baseline; sampling, stop and streaming are the loop's)."""
-        prompts = [r for p in batch for r in p.payload.prompts]
-        new, stopped = self.generate(prompts, max(p.payload.params.max_new_tokens for p in batch), should_stop)
-        if stopped:
-            raise Cancelled()
-        outs, pos = [], 0
-        for p in batch:
-            rows = [r[: p.payload.params.max_new_tokens] for r in new[pos : pos + p.items]]
-            pos += p.items
-            texts = [self.decode(r) for r in rows]
-            outs.append(Output({"task": "text-generation", "texts": texts, "new_tokens": [len(r) for r in rows]}, []))
-        return outs
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

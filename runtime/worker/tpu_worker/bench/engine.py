@@ -17,6 +17,7 @@ from ..memory import activation_bytes
 from ..platforms import platform_for
 from ..protocol import now_iso
 from .args import Plan, plan
+from .decode import serving_loop
 from .host import HostSource, ProcHost
 from .measure import SEED, measure, recompile_room
 from .reference import Reference
@@ -57,6 +58,7 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
                     continue
                 if mode == "compile":
                     held.enter_context(recompile_room(len(p.batch_sizes) * len(p.seq_lens)))
+                loop = held.enter_context(serving_loop(worker, entry, lease)) if p.work == "generate" else None
                 run = _Run(
                     worker=worker,
                     entry=entry,
@@ -69,6 +71,7 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
                     reference=reference,
                     ctx=ctx,
                     host=host,
+                    loop=loop,
                 )
                 for c in run.series():
                     if c is None:
@@ -217,6 +220,7 @@ class _Run:
     reference: Reference
     ctx: Any
     host: HostSource
+    loop: Any = None  # work "generate": the decode loop that serves callers (decode.py)
 
     @property
     def adapter(self):
@@ -281,6 +285,7 @@ class _Run:
                 max_new=self.plan.max_new,
                 token=self.ctx.token,
                 sampling=self.plan.sampling,
+                loop=self.loop,
             )
         except WorkerError as exc:
             if exc.code == "cancelled":

@@ -14,6 +14,7 @@ from ..generation.params import GenParams
 from ..memory import MemoryProbe
 from ..platforms import platform_for
 from ..shapes import ShapeCounter
+from .decode import LoopDecode, loop_counts, shapes_since, snapshot
 from .host import HostSource, HostWindow
 from .stability import Goal, settle
 from .stability import report as stability_report
@@ -113,19 +114,21 @@ def measure(
     max_new: int,
     token,
     sampling: GenParams | None = None,
+    loop=None,
 ) -> dict | None:
     """Runs one configuration; returns None when cancelled. The window ends at `goal`, extended
-    while the series is unstable (stability.py)."""
+    while the series is unstable (stability.py). Work "generate" runs on `loop`, the decode loop
+    that serves callers (bench/decode.py)."""
     device = adapter.device
     plat = platform_for(device)
     inputs = adapter.example(batch, seq_len, seed=SEED)
     # This configuration's forwards, at the plan's buckets as a request's would be: the shape report.
     shapes = ShapeCounter()
     if work == "generate":
-        prompts = inputs.to("cpu").tolist()
-
-        def step():
-            return adapter.generate(prompts, max_new, lambda: token.cancelled, sampling, shapes=shapes)[0]
+        # The loop records its forwards on the adapter's counter: this configuration's are the
+        # difference (with a loaded model's loop, its callers' forwards in the meantime too).
+        shapes_before, counts_before = snapshot(adapter.shapes), loop_counts(loop)
+        step = LoopDecode(loop, inputs.to("cpu").tolist(), max_new, sampling, token)
     else:
 
         def step():
@@ -188,6 +191,8 @@ def measure(
         c2 = compile_counters()
         x2 = plat.compile_cache_misses()
         peak, increase, kind = mem.result()
+    if work == "generate":
+        shapes = shapes_since(adapter.shapes, shapes_before)
     lat = latency_summary(samples)
     mean_s = sum(samples) / len(samples)
     window = settled.window_s
@@ -219,8 +224,11 @@ def measure(
         "shape_report": shape_report(shapes, _delta(c0, c2, "graphs")),
     }
     if work == "generate":
-        tokens = sum(len(r) for r in out) if out else 0
+        tokens = sum(out) if out else 0
         res["tokens_per_s"] = round(tokens / mean_s, 4) if mean_s > 0 else None
+        # The serving loop's counters over warmup and window: what it did for this configuration.
+        after = loop_counts(loop)
+        res["decode_loop"] = {k: after[k] - counts_before[k] for k in after}
         with torch.no_grad():  # outputs to compare with the reference: the prompt's forward
             res["_output"] = as_float_cpu(adapter.forward_planned(inputs, ShapeCounter()))
     else:

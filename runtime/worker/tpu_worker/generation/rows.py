@@ -52,17 +52,6 @@ class Forward:
         )
 
 
-def join_all(batch, prompts: list[list[int]], room: int, partitions: list[str | None] | None = None):
-    """Every forward of a join, one after another: (the prompts' indices in the order of their
-    rows, their last logits in that order). The decode loop runs them one at a time instead."""
-    order: list[int] = []
-    out: list[torch.Tensor] = []
-    for fwd in batch.forwards(prompts, partitions):
-        out.append(batch.prefill(fwd, prompts, room))
-        order.extend(fwd.indices)
-    return order, torch.cat(out, dim=0)
-
-
 class DynamicRows:
     kind = "dynamic"
 
