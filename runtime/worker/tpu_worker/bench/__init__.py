@@ -13,13 +13,14 @@ Scenarios:
   * offline: for every (seq_len, dtype, mode) the largest requested batch that fits (larger ones
     that run out of memory, or that the memory estimate says cannot fit, are skipped and named);
     throughput is items / wall time of the whole measured window.
-Work: `forward` (one forward of a synthetic batch; prefill for causal LMs) or `generate` (greedy
-decoding of max_new_tokens after the prompt; text-generation models only).
+Work: `forward` (one forward of a synthetic batch; prefill for causal LMs) or `generate` (decoding of
+max_new_tokens after each prompt by the decode loop that serves callers, decode.py;
+text-generation models only).
 
 Result: {manifest, configs: [...], cancelled}. Each configuration:
   batch, seq_len, dtype, mode, scenario, work, device, warmup, iterations, measured_s,
   latency_ms {p50, p90, p99, mean, min, max}, throughput_items_per_s, throughput_basis,
-  tokens_per_s (generate), first_call_s, compile_s, graphs_compiled, recompiles_in_window,
+  tokens_per_s and decode_loop (generate), first_call_s, compile_s, graphs_compiled, recompiles_in_window,
   recompiled, graph_breaks, load_s, peak_memory_bytes, peak_memory_increase_bytes,
   peak_memory_kind, matmul_precision, precision_reference, max_abs_error_vs_fp32,
   mean_abs_error_vs_fp32, max_rel_error_vs_fp32, cosine_similarity_vs_fp32, nonfinite_outputs,
