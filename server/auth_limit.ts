@@ -17,7 +17,9 @@
 // addresses; a failure is charged to it only while its address is not in back-off, so one
 // address cannot drain it for everyone else. Refusals are answered 429 with Retry-After by the
 // caller; what happened is reported once per address and window (at most `maxReports` records),
-// never once per guess.
+// never once per guess. Requests refused for carrying no credential at all (noCredential()) are
+// neither failures nor charged; they are only counted into the same report, so a token-less
+// flood is not a log line per request either.
 import type { Clock } from "../policies/clock.js";
 import { RateLimiter, type RateLimit } from "../policies/limits/rate.js";
 
@@ -48,6 +50,8 @@ export interface AuthLimitReport {
   addresses: number;
   failed: number;
   refused: number;
+  /** Requests refused for carrying no credential (not failures: nothing was guessed). */
+  withoutCredential: number;
   surfaces: string[];
 }
 
@@ -68,6 +72,9 @@ interface Entry {
   // Since the last report:
   failed: number;
   refused: number;
+  withoutCredential: number;
+  /** Whether the caller logged this window's first request without a credential itself. */
+  loggedAtOnce: boolean;
   surfaces: Set<string>;
 }
 
@@ -102,6 +109,8 @@ export class AuthLimiter {
   /** The server-wide budget of failed evaluations: one bucket (the project's token bucket). */
   private readonly budget: RateLimit;
   private readonly timer: NodeJS.Timeout;
+  /** Addresses whose first request without a credential was logged at once, this window. */
+  private loggedAtOnce = 0;
 
   constructor(private readonly opts: AuthLimitOptions) {
     this.clock = opts.clock ?? Date.now;
@@ -163,6 +172,22 @@ export class AuthLimiter {
     e.lastFailAt = now;
     const wait = this.delayMs(e.fails);
     return wait > 0 ? { retryAfterS: Math.max(1, Math.ceil(wait / 1000)) } : null;
+  }
+
+  /**
+   * Counts one request refused for carrying no credential (no back-off, no budget: nothing was
+   * guessed) into the window's report. True when the caller should log this one at once: the
+   * address's first of the window, for at most `maxReports` addresses per window; the rest are
+   * only in the report.
+   */
+  noCredential(address: string | undefined, surface: string): boolean {
+    const e = this.entry(addressKey(address), this.clock());
+    e.withoutCredential++;
+    e.surfaces.add(surface);
+    if (e.withoutCredential > 1 || this.loggedAtOnce >= (this.opts.maxReports ?? 10)) return false;
+    this.loggedAtOnce++;
+    e.loggedAtOnce = true;
+    return true;
   }
 
   /** How long `e` must wait before its next evaluation, and why; null when it may go now. */
@@ -239,6 +264,8 @@ export class AuthLimiter {
         waiters: [],
         failed: 0,
         refused: 0,
+        withoutCredential: 0,
+        loggedAtOnce: false,
         surfaces: new Set(),
       };
       this.entries.set(key, e);
@@ -249,7 +276,12 @@ export class AuthLimiter {
   /** Drops forgotten addresses; when `hard`, also the oldest idle ones until there is room. */
   private prune(now: number, hard = false): void {
     for (const [k, e] of this.entries) {
-      const idle = e.pending === 0 && e.waiters.length === 0 && e.failed === 0 && e.refused === 0;
+      const idle =
+        e.pending === 0 &&
+        e.waiters.length === 0 &&
+        e.failed === 0 &&
+        e.refused === 0 &&
+        e.withoutCredential === 0;
       if (idle && (e.fails === 0 || now - e.lastFailAt > FORGET_MS)) this.entries.delete(k);
     }
     if (!hard) return;
@@ -261,14 +293,19 @@ export class AuthLimiter {
 
   /** Reports the window's failures and refusals (bounded), then forgets what is over. */
   flush(): void {
-    const seen = [...this.entries].filter(([, e]) => e.failed > 0 || e.refused > 0);
-    seen.sort((a, b) => b[1].failed + b[1].refused - (a[1].failed + a[1].refused));
+    // A lone request without a credential that the caller logged at once needs no second line.
+    const seen = [...this.entries].filter(
+      ([, e]) => e.failed > 0 || e.refused > 0 || e.withoutCredential > (e.loggedAtOnce ? 1 : 0),
+    );
+    const weight = (e: Entry) => e.failed + e.refused + e.withoutCredential;
+    seen.sort((a, b) => weight(b[1]) - weight(a[1]));
     const max = this.opts.maxReports ?? 10;
     const lines: AuthLimitReport[] = seen.slice(0, max).map(([k, e]) => ({
       address: k,
       addresses: 1,
       failed: e.failed,
       refused: e.refused,
+      withoutCredential: e.withoutCredential,
       surfaces: [...e.surfaces].sort(),
     }));
     const rest = seen.slice(max);
@@ -278,14 +315,19 @@ export class AuthLimiter {
         addresses: rest.length,
         failed: rest.reduce((n, [, e]) => n + e.failed, 0),
         refused: rest.reduce((n, [, e]) => n + e.refused, 0),
+        withoutCredential: rest.reduce((n, [, e]) => n + e.withoutCredential, 0),
         surfaces: [...new Set(rest.flatMap(([, e]) => [...e.surfaces]))].sort(),
       });
     }
-    for (const [, e] of seen) {
+    // Every entry, not only those reported: a lone logged one must not carry into the next window.
+    for (const [, e] of this.entries) {
       e.failed = 0;
       e.refused = 0;
+      e.withoutCredential = 0;
+      e.loggedAtOnce = false;
       e.surfaces.clear();
     }
+    this.loggedAtOnce = 0;
     this.prune(this.clock());
     if (lines.length) this.opts.report?.(lines);
   }

@@ -9,8 +9,9 @@ export class HttpError extends Error {
   /** The JSON-RPC id the refusal answers (/mcp only). */
   readonly id: string | number | null;
   /**
-   * A failed authentication the failed-auth limiter counts and logs once per address and window
-   * (server/auth_limit.ts): not logged per request, or a flood would write a line each.
+   * A failed authentication (or a request without a credential) the failed-auth limiter counts
+   * and logs once per address and window (server/auth_limit.ts): not logged per request, or a
+   * flood would write a line each.
    */
   readonly counted: boolean;
 

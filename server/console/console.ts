@@ -207,7 +207,13 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
     } finally {
       clearTimeout(late);
     }
-    if (!token) throw fail(400, "bad_request", "paste an operator token", "no token");
+    if (!token) {
+      // Counted into the limiter's window report; only the address's first is logged at once.
+      if (opts.authLimiter.noCredential(req.socket.remoteAddress, "/console"))
+        throw fail(400, "bad_request", "paste an operator token", "no token");
+      log.debug({ remote: addr, reason: "no token" }, "console sign-in refused");
+      throw new HttpError(400, "paste an operator token", { code: "bad_request", counted: true });
+    }
     // A configured token is known at once and never limited: another process guessing from
     // this address (on one machine, every process) cannot keep the operator out.
     let principal: Principal;

@@ -255,7 +255,10 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
    */
   function auditAuthFailures(r: AuthLimitReport) {
     const from = r.address ?? `${r.addresses} other addresses`;
-    log.warn({ ...r }, "failed authentications");
+    const guessed = r.failed + r.refused > 0;
+    log.warn({ ...r }, guessed ? "failed authentications" : "requests without a credential refused");
+    // Asking without a credential is how an OAuth client starts its discovery: not audited.
+    if (!guessed) return;
     // From a timer: a store that refuses the write must not take the server down.
     try {
       appendAuthRecord(r, from);
@@ -284,9 +287,12 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     const h = req.headers.authorization ?? "";
     const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
     if (!m) {
-      // No credential, nothing guessed: the client is asking how to authenticate.
+      // No credential, nothing guessed: the client is asking how to authenticate. Counted into
+      // the limiter's window report; only an address's first of the window is logged at once.
+      const logNow = authLimiter.noCredential(req.socket.remoteAddress, surface);
       throw new HttpError(401, "a bearer token is required", {
         headers: { "www-authenticate": challenge("") },
+        counted: !logNow,
       });
     }
     // A configured token (or a JWT verified lately) is known at once: never limited, so another
@@ -647,8 +653,8 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
     } catch (e) {
       if (e instanceof HttpError) {
         // Refusals before a principal is known cannot be audited (anyone could flood the trail);
-        // they are logged so that probing leaves a trace. Token guesses the limiter counted are
-        // logged by it, once per address and window (each one at debug only).
+        // they are logged so that probing leaves a trace. Token guesses and token-less requests the
+        // limiter counted are logged by it, once per address and window (each one at debug only).
         if (e.status === 401 || e.status === 403 || e.counted) {
           const at = e.counted ? "debug" : "warn";
           log[at](

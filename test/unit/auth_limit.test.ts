@@ -172,6 +172,7 @@ describe("AuthLimiter", async () => {
         addresses: 1,
         failed: 5,
         refused: 1,
+        withoutCredential: 0,
         surfaces: ["/console/api/passkeys/enrol", "/console/api/passkeys/sign-in", "/mcp"],
       },
     ]);
@@ -214,9 +215,50 @@ describe("AuthLimiter", async () => {
         addresses: 1,
         failed: 5,
         refused: 1000,
+        withoutCredential: 0,
         surfaces: ["/console/api/passkeys/enrol", "/console/api/passkeys/sign-in"],
       },
     ]);
     if (other.ok) other.ticket.settle(true);
+  });
+
+  it("counts requests without a credential into the window's report: the first logged at once, bounded", async () => {
+    const reports: AuthLimitReport[][] = [];
+    const l = limiter({ perMinute: 1, maxReports: 3, report: (r) => reports.push(r) });
+    // One address's flood: only its first is for the caller to log; nothing is a failure.
+    const atOnce = Array.from({ length: 500 }, (_, i) =>
+      l.noCredential("10.5.0.1", i % 2 ? "/mcp" : "/console"),
+    );
+    expect(atOnce.filter(Boolean)).toHaveLength(1);
+    expect(atOnce[0]).toBe(true);
+    // Many addresses: at most maxReports logged at once in a window.
+    const others = Array.from({ length: 50 }, (_, a) => l.noCredential(`10.6.${a}.1`, "/mcp"));
+    expect(others.filter(Boolean)).toHaveLength(2);
+    l.flush();
+    const lines = reports.at(-1)!;
+    expect(lines).toHaveLength(4); // maxReports addresses, then one folded line
+    expect(lines[0]).toEqual({
+      address: "10.5.0.1",
+      addresses: 1,
+      failed: 0,
+      refused: 0,
+      withoutCredential: 500,
+      surfaces: ["/console", "/mcp"],
+    });
+    // The two logged at once with nothing after them are not reported again: 48 of 50 remain.
+    expect(lines.slice(1).reduce((n, r) => n + r.addresses, 0)).toBe(48);
+    expect(lines.slice(1).reduce((n, r) => n + r.withoutCredential, 0)).toBe(48);
+    // Neither back-off nor the server-wide budget (1 a minute) was touched.
+    expect(l.check("10.5.0.1", "/console/api/passkeys/sign-in")).toBeNull();
+    const other = await l.admit("10.7.0.1", "/mcp");
+    expect(other.ok).toBe(true);
+    if (other.ok) other.ticket.settle(true);
+    // A new window: the address's first is logged at once again, a quiet window reports nothing.
+    expect(l.noCredential("10.5.0.1", "/mcp")).toBe(true);
+    expect(l.noCredential("10.5.0.1", "/mcp")).toBe(false);
+    l.flush();
+    expect(reports.at(-1)).toEqual([expect.objectContaining({ withoutCredential: 2 })]);
+    l.flush();
+    expect(reports).toHaveLength(2);
   });
 });
