@@ -6,13 +6,16 @@
 // failed-auth limiter guards (the passkey routes before a session, token sign-in, /mcp,
 // /metrics) while real MCP clients, each with a JWT it never sent before, connect from
 // 127.0.0.1. The server-wide budget is small (60 a minute), so a flood charged to it would
-// empty it many times over.
+// empty it many times over. Then a flood with no credential at all (/mcp without a bearer
+// token, a console sign-in with an empty token): each refusal used to write a warn line; now the
+// limiter counts them into its window line, and only an address's first is logged at once.
 import { request } from "node:http";
 import { randomUUID } from "node:crypto";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { SignJWT, exportJWK, generateKeyPair } from "jose";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { scaled } from "../helpers/calibrate.js";
 import {
   connectHttp,
   INITIALIZE,
@@ -30,6 +33,12 @@ const ATTACKER = "127.0.0.51";
 const MAX_FLOOD = 3_000;
 const PARALLEL = 8;
 const JWT_CLIENTS = 5;
+/** The token-less flood's address, its most requests, and its longest run. */
+const TOKENLESS = "127.0.0.54";
+const MAX_TOKENLESS = 600;
+const TOKENLESS_MS = scaled(20_000);
+/** The limiter's reporting window (http.ts leaves it at AuthLimiter's default). */
+const WINDOW_MS = 60_000;
 
 interface Answer {
   status: number;
@@ -104,15 +113,20 @@ const GUESSES: Array<
   (i) => ["/metrics", null, { authorization: `Bearer wrong-${i}` }],
 ];
 
-/** The pino lines of the server's log at warn or above (level 40+). */
-const warnLines = (stderr: string) =>
-  stderr.split("\n").filter((l) => {
+/** The pino records of the server's log at warn or above (level 40+). */
+const warnRecords = (stderr: string): Record<string, any>[] =>
+  stderr.split("\n").flatMap((l) => {
     try {
-      return (JSON.parse(l) as { level?: number }).level! >= 40;
+      const r = JSON.parse(l) as Record<string, any>;
+      return r.level >= 40 ? [r] : [];
     } catch {
-      return false;
+      return [];
     }
   });
+const warnLines = (stderr: string) => warnRecords(stderr).map((r) => JSON.stringify(r));
+/** The warn records about `address`: per-request lines name it `remote`, the limiter's `address`. */
+const warnsOf = (stderr: string, address: string) =>
+  warnRecords(stderr).filter((r) => r.remote === address || r.address === address);
 
 describe("failed authentications from one address, on every guarded path", () => {
   let server: HttpServerProc;
@@ -232,5 +246,58 @@ describe("failed authentications from one address, on every guarded path", () =>
     expect(later.json.error.message, JSON.stringify(later.json)).toMatch(
       /^this passkey is not enrolled here/,
     );
+  });
+
+  let tokenless = 0;
+  let tokenlessWindows = 0;
+
+  it("a flood without any credential, on /mcp and the console sign-in, logs a bounded number of lines", async () => {
+    const before = warnsOf(server.stderr(), TOKENLESS).length;
+    const statuses = new Map<string, number>();
+    const started = Date.now();
+    const flood = Array.from({ length: PARALLEL }, async () => {
+      while (tokenless < MAX_TOKENLESS && Date.now() - started < TOKENLESS_MS) {
+        const i = tokenless++;
+        const a =
+          i % 2
+            ? await post(server.url, TOKENLESS, "/mcp", INITIALIZE)
+            : await post(server.url, TOKENLESS, "/console/api/session", { token: "" });
+        const key = `${i % 2 ? "/mcp" : "/console"} ${a.status}`;
+        statuses.set(key, (statuses.get(key) ?? 0) + 1);
+      }
+    });
+    await Promise.all(flood);
+    // Reporting windows the flood may have touched (one more for the window it began in).
+    tokenlessWindows = Math.floor((Date.now() - started) / WINDOW_MS) + 2;
+    expect(tokenless).toBeGreaterThanOrEqual(100);
+    // Every one refused as before: /mcp with its OAuth challenge, the console asking for a token.
+    expect(Object.fromEntries(statuses)).toEqual({
+      "/mcp 401": Math.floor(tokenless / 2),
+      "/console 400": Math.ceil(tokenless / 2),
+    });
+    const challenge = await post(server.url, TOKENLESS, "/mcp", INITIALIZE);
+    expect(challenge.status).toBe(401);
+    tokenless++;
+    // Nothing guessed, so no back-off: a token-less request is never answered 429.
+    expect(challenge.json.error.message).toMatch(/bearer token is required/);
+    // At most the first of each window at once, and the limiter's line per window.
+    const logged = warnsOf(server.stderr(), TOKENLESS).slice(before);
+    expect(logged.length, JSON.stringify(logged.slice(0, 5))).toBeGreaterThanOrEqual(1);
+    expect(logged.length, JSON.stringify(logged.slice(0, 5))).toBeLessThanOrEqual(
+      2 * tokenlessWindows,
+    );
+  });
+
+  it("counts that flood in the limiter's window lines, written at close at the latest", async () => {
+    expect(tokenless).toBeGreaterThan(0);
+    await server.stop();
+    const lines = warnsOf(server.stderr(), TOKENLESS).filter((r) => r.address === TOKENLESS);
+    expect(lines.length).toBeGreaterThanOrEqual(1);
+    expect(lines.every((r) => r.failed === 0 && r.refused === 0)).toBe(true);
+    expect(lines.flatMap((r) => r.surfaces)).toEqual(expect.arrayContaining(["/console", "/mcp"]));
+    // Every request is in a window line, but for a window's lone one that was logged at once.
+    const counted = lines.reduce((n, r) => n + (r.withoutCredential as number), 0);
+    expect(counted).toBeLessThanOrEqual(tokenless);
+    expect(counted).toBeGreaterThan(tokenless - tokenlessWindows);
   });
 });
