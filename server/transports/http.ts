@@ -256,7 +256,10 @@ export async function startHttp(app: App, opts: HttpOptions): Promise<RunningHtt
   function auditAuthFailures(r: AuthLimitReport) {
     const from = r.address ?? `${r.addresses} other addresses`;
     const guessed = r.failed + r.refused > 0;
-    log.warn({ ...r }, guessed ? "failed authentications" : "requests without a credential refused");
+    log.warn(
+      { ...r },
+      guessed ? "failed authentications" : "requests without a credential refused",
+    );
     // Asking without a credential is how an OAuth client starts its discovery: not audited.
     if (!guessed) return;
     // From a timer: a store that refuses the write must not take the server down.
