@@ -88,7 +88,8 @@ export async function createPolicyServices(
     observer: opts.observer,
     logger: logger.child({ component: "gate" }),
     // Sealed with the audit key: every replica holding the key opens what another sealed.
-    requestStates: new RequestStateSealer(stores.auditKey.key.key),
+    // On Postgres its expiry is the database's clock: a replica's own clock may be off.
+    requestStates: new RequestStateSealer(stores.auditKey.key.key, opts.shared?.clock),
     approveCommand: approveCommand(config),
     // The CLI knows only the configured public address; the server adds the one it bound.
     consoleUrl: opts.consoleUrl ?? (() => publicConsoleUrl(config.http.resource_url)),

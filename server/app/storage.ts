@@ -52,6 +52,13 @@ import { checkSchema, migrate } from "./postgres/schema.js";
 import { openPgServerStores } from "./postgres/limits.js";
 import { PgControlChannel } from "./postgres/control.js";
 import { hostname } from "node:os";
+import { systemClock, type Clock } from "../../policies/clock.js";
+import {
+  ClockSkewError,
+  describeSkew,
+  openDatabaseClock,
+  type DatabaseClock,
+} from "./postgres/db_clock.js";
 import type { ReplicaIdentity } from "./replica.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
 import { SqliteControlChannel, type ControlChannel } from "../control/channel.js";
@@ -140,6 +147,11 @@ export interface SharedBackend {
   pool: PgPool;
   replica: ReplicaIdentity;
   key: SharedKey;
+  /**
+   * The database's clock as this replica reads it (postgres/db_clock.ts), for what it computes
+   * and another replica checks (request states' expiry). A CLI command has none (it seals none).
+   */
+  clock?: Clock;
   close(): Promise<void>;
 }
 
@@ -148,11 +160,25 @@ export async function openSharedBackend(
   config: ServerConfig,
   logger: Logger,
   replica: ReplicaIdentity,
+  /** This process's clock (a test gives a skewed one). */
+  clock: Clock = systemClock,
 ): Promise<SharedBackend | null> {
   const url = databaseUrl(config);
-  if (url === null) return null;
+  if (url === null || !("postgres" in config.storage)) return null;
+  const pg = config.storage.postgres;
   const pool = openPool(url, { application: `tpu-mcp ${replica.id}` });
+  let dbClock: DatabaseClock | undefined;
   try {
+    // First: a replica whose clock is off the database's refuses to start before it writes.
+    dbClock = await openDatabaseClock(pool, {
+      clock,
+      maxSkewMs: pg.max_clock_skew_ms,
+      onDrift: (skewMs) =>
+        logger.error(
+          { skew_ms: skewMs, max_clock_skew_ms: pg.max_clock_skew_ms },
+          `storage: ${describeSkew(skewMs)}, more than storage.postgres.max_clock_skew_ms since this replica started (its clock was stepped); request states follow the database's clock, but sync this machine's clock with NTP`,
+        ),
+    });
     const applied = await migrate(pool);
     if (applied.length > 0)
       logger.info({ applied, database: redactUrl(url) }, "storage: schema migrated");
@@ -162,9 +188,21 @@ export async function openSharedBackend(
       logger.warn(
         "storage: made the audit key and kept it in the database (tpu_mcp_keys), where every replica reads it: whoever can write the database can also recompute the audit chain; give policy.audit.key_file (the same key on every replica) to keep it apart (docs/storage.md)",
       );
-    return { pool, replica, key, close: () => pool.end() };
+    const opened = dbClock;
+    return {
+      pool,
+      replica,
+      key,
+      clock: opened.now,
+      close: async () => {
+        opened.close();
+        await pool.end();
+      },
+    };
   } catch (e) {
+    dbClock?.close();
     await pool.end().catch(() => {});
+    if (e instanceof ClockSkewError) throw e;
     throw redactError(e, url);
   }
 }

@@ -96,6 +96,12 @@ export const ServerConfigSchema = z
                 /** The shared Ray fleet driver's lease (runtime.ray): its replica renews it every
                  *  third of this; another replica takes the driver over once it expired. */
                 fleet_lease_s: z.number().min(1).max(3600).default(10),
+                /** How far this replica's clock may be off the database's: beyond it the replica
+                 *  refuses to start (server/app/postgres/db_clock.ts; sync the clock with NTP). */
+                max_clock_skew_ms: z.number().int().min(100).max(600_000).default(5_000),
+                /** A call in flight whose replica stopped stamping it alive (every third of
+                 *  this) for this long is charged by a live replica: its replica died. */
+                call_lease_s: z.number().min(1).max(3600).default(15),
               })
               .strict(),
           })

@@ -4,7 +4,16 @@ import { Metrics } from "../../server/app/metrics.js";
 import { replicaIdentity, replicaStatus } from "../../server/app/replica.js";
 
 const pg = (replica_id?: string) => ({
-  storage: { postgres: { url: "postgres://x", replica_id, job_lease_s: 30, fleet_lease_s: 10 } },
+  storage: {
+    postgres: {
+      url: "postgres://x",
+      replica_id,
+      job_lease_s: 30,
+      fleet_lease_s: 10,
+      max_clock_skew_ms: 5000,
+      call_lease_s: 15,
+    },
+  },
 });
 
 describe("replica identity", () => {
