@@ -27,6 +27,7 @@ import type { ToolDefinition, ToolEnv, ToolServices } from "../../tools/types.js
 import { ApprovalFeed } from "./approval_feed.js";
 import { ConfigError, type ServerConfig } from "../config/config.js";
 import { checkSecretFile } from "../config/data_dir.js";
+import { watchLapsed } from "./lapsed_calls.js";
 import { CloseHooks } from "./close_hooks.js";
 import { Metrics } from "./metrics.js";
 import { startTelemetry, telemetryMeter } from "./telemetry.js";
@@ -192,6 +193,12 @@ export async function createApp(
   hooks.add("alerts", () => alerts.close());
   // Before the server accepts a call: the calls a killed server left running are settled.
   const ready = reconcileAtStart(gate, policy.calls, logger);
+  // On a shared store: the calls of a replica that died and stays gone, once their lease lapses.
+  const { lapsed, leaseMs } = policy.calls;
+  if (lapsed && leaseMs) {
+    const stop = watchLapsed(gate, { lapsed: () => lapsed.call(policy.calls), leaseMs }, logger);
+    hooks.add("lapsed calls", stop);
+  }
   if (config.policy.approvals.rules.length === 0)
     logger.warn(
       'approvals are OFF: the config gives "policy": {"approvals": {"rules": []}}, so every call (benchmarks, large loads) runs without asking a human. Remove that line to get the default rules back (docs/policies-and-approvals.md).',

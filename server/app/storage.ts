@@ -12,7 +12,11 @@ import type { Logger } from "pino";
 import { SqliteApprovalStore, type ApprovalQueue } from "../../policies/approvals.js";
 import { SqliteAuditLog, type AuditTrail } from "../../policies/audit.js";
 import { loadOrCreateAuditKey, type AuditKey } from "../../policies/audit_key.js";
-import { SqliteCallsInFlight, type CallsInFlight } from "../../policies/calls_in_flight.js";
+import {
+  HEARTBEAT_MS,
+  SqliteCallsInFlight,
+  type CallsInFlight,
+} from "../../policies/calls_in_flight.js";
 import type { LeftBehind } from "../../policies/gate/reconcile.js";
 import type { ConsumedStates } from "../../policies/gate/types.js";
 import { SqliteBudgetLedger, type BudgetLedger } from "../../policies/limits/budget.js";
@@ -60,6 +64,7 @@ import {
   type DatabaseClock,
 } from "./postgres/db_clock.js";
 import type { ReplicaIdentity } from "./replica.js";
+import type { LapsedCalls } from "./lapsed_calls.js";
 import { createDataDir, dataDir } from "../config/data_dir.js";
 import { SqliteControlChannel, type ControlChannel } from "../control/channel.js";
 
@@ -80,9 +85,10 @@ export interface PolicyStores {
   budget: BudgetLedger;
   /**
    * SHARED: admitted calls not yet charged, settled at start when a killed process left them
-   * (SQLite: every row is this data directory's one server's).
+   * (SQLite: every row is this data directory's one server's); on Postgres also those of another
+   * replica whose lease lapsed (`lapsed`: it died and did not start again under its id).
    */
-  calls: CallsInFlight & LeftBehind;
+  calls: CallsInFlight & LeftBehind & Partial<LapsedCalls>;
   /**
    * SHARED: request-state nonces consumed once on every replica (Postgres). Absent with SQLite
    * (one process: an in-band answer's single use is its approval's decide-once).
@@ -361,7 +367,8 @@ async function openPgPolicy(
     await stores.close();
     throw e;
   }
-  const calls = new PgCallsInFlight(pool, replica.id);
+  const callLeaseS = "postgres" in config.storage ? config.storage.postgres.call_lease_s : 15;
+  const calls = new PgCallsInFlight(pool, replica.id, HEARTBEAT_MS, callLeaseS * 1000);
   const [trail, ledger] = [audit, budget];
   return {
     backend: "postgres",

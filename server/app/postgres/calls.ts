@@ -4,6 +4,10 @@
 // written inside the transaction of the call's `allowed` audit record where that store opens one
 // (the write joins it: ambient.ts), and deleted after the call's charge. While calls run, one
 // UPDATE per heartbeat stamps this replica's rows alive (the database's clock, as started_ms).
+// A replica that died and never starts again under its id leaves rows nobody stamps: once a
+// row's stamp is older than the call lease (storage.postgres.call_lease_s), any live replica
+// settles it (`lapsed`), claiming it with one DELETE … RETURNING inside the settling
+// transaction, so of two replicas settling at once one gets the row and the other none.
 import { randomBytes } from "node:crypto";
 import {
   callOfRow,
@@ -17,15 +21,24 @@ import type { LeftBehind } from "../../../policies/gate/reconcile.js";
 import { queryable, withClient } from "./ambient.js";
 import { inTransaction, NOW_MS, type PgPool } from "./pool.js";
 
+/** A call lease's default (storage.postgres.call_lease_s): its rows are stamped every third. */
+export const CALL_LEASE_MS = 15_000;
+
 export class PgCallsInFlight implements CallsInFlight, LeftBehind {
   private readonly live = new Set<string>();
   private heartbeat?: NodeJS.Timeout;
+  private readonly heartbeatMs: number;
 
   constructor(
     private readonly pool: PgPool,
     private readonly replica: string,
-    private readonly heartbeatMs = HEARTBEAT_MS,
-  ) {}
+    heartbeatMs = HEARTBEAT_MS,
+    /** A row stamped no later than this ago is another live replica's (never taken). */
+    readonly leaseMs = CALL_LEASE_MS,
+  ) {
+    // Stamped at least three times per lease: a live replica's row never looks lapsed.
+    this.heartbeatMs = Math.min(heartbeatMs, leaseMs / 3);
+  }
 
   begin(call: CallStart): { id: string; write: () => Promise<void> } {
     const id = `call_${randomBytes(12).toString("hex")}`;
@@ -87,6 +100,31 @@ export class PgCallsInFlight implements CallsInFlight, LeftBehind {
   /** The reconcile in one transaction: every store's query inside `fn` joins it (ambient.ts). */
   transaction<T>(fn: () => Promise<T>): Promise<T> {
     return inTransaction(this.pool, (c) => withClient(c, fn));
+  }
+
+  /**
+   * The rows of other replicas whose lease lapsed, as the reconcile settles them: `leftBehind`
+   * claims them (deleted in the reconcile's transaction, so a rollback gives them back, and a
+   * second replica's claim waits for it and then finds them gone), and `forget` has nothing left
+   * to delete.
+   */
+  lapsed(): LeftBehind {
+    return {
+      leftBehind: async () => {
+        const rows = (
+          await queryable(this.pool).query(
+            `DELETE FROM calls_in_flight WHERE replica <> $1 AND alive_ms <= ${NOW_MS} - $2::bigint
+             RETURNING *`,
+            [this.replica, Math.round(this.leaseMs)],
+          )
+        ).rows as CallRow[];
+        return rows
+          .sort((x, y) => Number(x.started_ms) - Number(y.started_ms) || (x.id < y.id ? -1 : 1))
+          .map(callOfRow);
+      },
+      forget: async () => {},
+      transaction: (fn) => this.transaction(fn),
+    };
   }
 
   async forget(id: string): Promise<void> {
