@@ -73,6 +73,8 @@ export interface Reservation {
   release(): Promise<void>;
   /** Charges what the call measured to every line in place of its hold; once. */
   settle(seconds: number): Promise<void>;
+  /** Its work started: a shared store counts its overrun live from now (the meter's start). */
+  started(): Promise<void>;
 }
 
 /**
@@ -206,6 +208,7 @@ export class BudgetLines {
       need: this.held(l, estimate),
       limitS: l.limit,
       extraHeldS: this.excess(l.key),
+      rate: l.money ? microsPerSecond(this.rateOf(estimate)) : 1,
     }));
     const got = await this.ledger.admit(lines);
     if (!got.ok) throw this.refusal(principal, keys[got.index], lines[got.index].need, got.check);
@@ -234,6 +237,9 @@ export class BudgetLines {
           keys.map((l) => ({ key: l.key, amount: this.measured(l, seconds, estimate), tool })),
         );
         void this.rearm(keys);
+      },
+      started: async () => {
+        if (!done) await hold.started?.();
       },
     };
   }
@@ -376,13 +382,24 @@ export class BudgetLines {
   private readonly running = new Map<string, Line>();
 
   /** The line as the meter sees it: the ledger's standing and the line's running calls. */
-  private async state(key: string, line: Line): Promise<LineState & { windowS: number }> {
+  private async state(
+    key: string,
+    line: Line,
+  ): Promise<LineState & { windowS: number; others: Runner[] }> {
     const b = await this.ledger.standing(key, line.limit);
+    const now = this.clock();
+    // Other processes' running calls (a shared store): their overruns grow meanwhile.
+    const others = (b.others ?? []).map((o) => ({
+      startedMs: now - o.elapsedMs,
+      reservedS: o.reservedS,
+      rate: o.rate,
+    }));
     return {
       limitS: b.limit_s,
       chargedS: b.charged_s,
       reservedS: b.reserved_s,
-      runners: [...line.runs].map((r) => r.runners.get(key)!),
+      runners: [...[...line.runs].map((r) => r.runners.get(key)!), ...others],
+      others,
       windowS: b.window_s,
     };
   }
@@ -429,7 +446,8 @@ export class BudgetLines {
     const fired = firedDue !== undefined && due === firedDue;
     const now = fired ? Math.max(this.clock(), due!) : this.clock();
     for (;;) {
-      const state = { ...standing, runners: [...line.runs].map((r) => r.runners.get(key)!) };
+      const own = [...line.runs].map((r) => r.runners.get(key)!);
+      const state = { ...standing, runners: [...own, ...standing.others] };
       const live = [...line.runs].filter((r) => !r.stopped);
       const inMs = lineStopInMs(
         state,
@@ -490,4 +508,8 @@ export class BudgetLines {
 }
 
 /** The reservation of a call without an estimate: it holds and is charged nothing. */
-const NOTHING_HELD: Reservation = { release: async () => {}, settle: async () => {} };
+const NOTHING_HELD: Reservation = {
+  release: async () => {},
+  settle: async () => {},
+  started: async () => {},
+};

@@ -204,6 +204,12 @@ export async function supervise<T>(
   });
 
   started = ctx.clock();
+  // On a shared store the other replicas count its overrun from here, live (not waited for).
+  a.reservation
+    .started()
+    .catch((e) =>
+      ctx.deps.logger.warn({ err: String(e), tool }, "budget: the call's start was not shared"),
+    );
   // Every line the call is charged to meters it from here (the charge's start): stopped when its
   // device time reaches its estimate plus what is left of a line (at once when nothing is left).
   meter = ctx.lines.meter(principal.id, tool, estimate, (cap) =>

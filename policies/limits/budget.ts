@@ -29,6 +29,11 @@ export interface BudgetLine {
    * node-local), counted as held.
    */
   extraHeldS?: number;
+  /**
+   * What one device-second of the call costs on the line, in its unit (absent: 1; a money line:
+   * its price per second): a shared store counts the call's overrun from it once it started.
+   */
+  rate?: number;
 }
 
 /** The estimate an admitted call holds on its lines until it settles or is released. */
@@ -40,6 +45,11 @@ export interface BudgetHold {
    * transaction); once, and release() after it does nothing.
    */
   settle(charges: { key: string; amount: number; tool?: string }[]): Promise<void>;
+  /**
+   * The call's work started (a shared store): from now its use beyond the estimate counts on
+   * the other processes' admissions and meters, read live from the store.
+   */
+  started?(): Promise<void>;
 }
 
 /** How a line stands now: for the meter (limits/meter.ts). */
@@ -50,6 +60,12 @@ export interface LineStanding {
   reserved_s: number;
   limit_s: number;
   window_s: number;
+  /**
+   * A shared store: the other processes' calls running on the line, each its time run so far
+   * (ms, the store's clock), its estimate and its rate (the meter counts their overruns as they
+   * grow). Their estimates are in reserved_s.
+   */
+  others?: { elapsedMs: number; reservedS: number; rate: number }[];
 }
 
 export type AdmitOutcome =

@@ -14,7 +14,6 @@ import type { Principal } from "../../policies/scopes.js";
 import { toolPolicyMap } from "../../policies/tool_policy.js";
 import { PgBudget, storedKey } from "../../server/app/postgres/budget.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
-import { FakeClock } from "../policies/helpers.js";
 import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
@@ -139,27 +138,27 @@ describe("admission across replicas", () => {
 });
 
 describe("running calls' use beyond their estimates", () => {
-  it("is held against the other replicas' admissions once its replica renews; never twice on its own", async () => {
+  it("is held against the other replicas' admissions as soon as its work runs, read live, with no renewal; never twice on its own", async () => {
     const [a, b] = await ledgers(10);
-    const got = await a!.admit([{ key: "frank", need: 2 }]);
-    expect(got.ok).toBe(true);
-    // A's call has run 5 s past its estimate (its meter's view), A's meter looks at frank's line.
-    const looked: string[][] = [];
-    a!.shareMeter({ excess: () => new Map([["frank", 5]]), lookAgain: (k) => looked.push(k) });
-    expect((await b!.check("frank", 4)).ok).toBe(true);
-    await a!.renew();
-    expect(looked).toEqual([["frank"]]);
-    // B now sees 2 held + 5 overrun: a 4 s call no longer fits.
-    const refused = await b!.admit([{ key: "frank", need: 4 }]);
-    expect(refused).toMatchObject({ ok: false, check: { reserved_s: 7 } });
-    expect((await b!.standing("frank")).reserved_s).toBe(7);
+    const got = await a!.admit([{ key: "frank", need: 0.2 }]);
+    if (!got.ok) throw new Error("not admitted");
+    // Admitted, its work not started: its estimate is held, nothing more.
+    expect((await b!.check("frank", 0)).reserved_s).toBe(0.2);
+    await got.hold.started!();
+    const waitS = scaled(1_000) / 1000;
+    await new Promise((r) => setTimeout(r, waitS * 1000));
+    // B reads A's overrun from A's hold (its start, the database's clock): no renewal ran.
+    const seen = await b!.check("frank", 0);
+    expect(seen.reserved_s).toBeGreaterThanOrEqual(waitS - 0.01);
+    const standing = await b!.standing("frank");
+    expect(standing.reserved_s).toBe(0.2);
+    expect(standing.others).toHaveLength(1);
+    expect(standing.others![0]!.elapsedMs).toBeGreaterThanOrEqual(waitS * 1000 - 10);
     // A counts its own overrun from its meter (extraHeldS), not from its row.
-    expect((await a!.check("frank", 3, 5)).ok).toBe(true);
-    // The call ended: A's next renewal withdraws the overrun.
-    a!.shareMeter({ excess: () => new Map(), lookAgain: () => {} });
-    await a!.renew();
-    if (got.ok) await got.hold.settle([{ key: "frank", amount: 7 }]);
-    expect(await b!.standing("frank")).toMatchObject({ charged_s: 7, reserved_s: 0 });
+    expect((await a!.check("frank", 0)).reserved_s).toBe(0.2);
+    expect((await a!.standing("frank")).others).toEqual([]);
+    await got.hold.settle([{ key: "frank", amount: 2 }]);
+    expect(await b!.standing("frank")).toMatchObject({ charged_s: 2, reserved_s: 0, others: [] });
   });
 });
 
@@ -173,35 +172,42 @@ describe("the gate's budget lines on two replicas", () => {
   });
   const harry: Principal = { id: "harry", scopes: ["benchmark:run"], via: "token" };
 
-  it("a call running past its estimate on A refuses B's admission and stops B's running call", async () => {
+  it("a call running past its estimate on A refuses B's admission and stops B's running call, with no renewal", async () => {
+    const limitS = 3 * slowdown();
     const config = parsePolicyConfig(
-      { approvals: { rules: [] }, limits: { budget: { device_seconds_per_window: 6 } } },
+      { approvals: { rules: [] }, limits: { budget: { device_seconds_per_window: limitS } } },
       TOOL_POLICIES,
     );
-    const [a, b] = await ledgers(6);
-    const clock = new FakeClock();
+    // No renewal runs in this test (renewMs an hour): what B sees of A it reads live.
+    const [a, b] = await ledgers(limitS);
     const [onA, onB] = [a!, b!].map(
-      (l) => new BudgetLines(config.limits, l, clock.now, toolPolicyMap(TOOL_POLICIES)),
+      (l) => new BudgetLines(config.limits, l, Date.now, toolPolicyMap(TOOL_POLICIES)),
     );
-    // A's call: estimated 0.5 s, running 6 s (5.5 s past its estimate).
-    const heldA = await onA!.admit(harry, "run_benchmark", est(0.5));
-    const runA = onA!.meter("harry", "run_benchmark", est(0.5), () => {})!;
-    clock.advance(6_000);
-    // B's call (1 s) starts before A's next renewal: B sees only A's estimate.
+    // A's call: estimated 0.2 s, its work runs (as the gate starts it) until its meter stops it.
+    const heldA = await onA!.admit(harry, "run_benchmark", est(0.2));
+    await heldA.started();
+    const stopsA: CapStop[] = [];
+    const runA = onA!.meter("harry", "run_benchmark", est(0.2), (s) => stopsA.push(s))!;
+    // B's call (1 s) fits now, and B's meter knows A's call runs.
     const heldB = await onB!.admit(harry, "run_benchmark", est(1));
+    await heldB.started();
     const stops: CapStop[] = [];
     const runB = onB!.meter("harry", "run_benchmark", est(1), (s) => stops.push(s))!;
-    await expect(onB!.check(harry, "run_benchmark", est(1))).resolves.toBeUndefined();
-    // A renews: its overrun is everyone's. B's next admission is refused, and B's renewal has
-    // its meter look again: 0.5 + 1 held and 5.5 overrun on a 6 s line stop B's call now.
-    await a!.renew();
-    await expect(onB!.admit(harry, "run_benchmark", est(1))).rejects.toMatchObject({
-      code: "budget_exceeded",
-    });
-    expect(stops).toEqual([]);
-    await b!.renew();
+    await runB.armed;
+    // A's overrun grows: B's next admission is refused, and B's meter stops B's call.
+    await waitFor("B's admission to be refused", async () =>
+      (await onB!.admit(harry, "run_benchmark", est(1)).then(
+        async (r) => {
+          await r.release();
+          return undefined;
+        },
+        (e: { code?: string }) => e.code,
+      )) === "budget_exceeded"
+        ? true
+        : undefined,
+    );
     await waitFor("B's call to be stopped", async () => (stops.length > 0 ? stops : undefined));
-    expect(stops[0]).toMatchObject({ readAllowance: false, limitS: 6 });
+    expect(stops[0]).toMatchObject({ readAllowance: false, limitS });
     runA.end();
     runB.end();
     await heldA.release();

@@ -6,13 +6,15 @@
 //   (taken in key order, so two admissions never wait on each other crosswise): it reads the
 //   window's charges and every replica's live holds and reserves the call's need on every line,
 //   or on none. Two replicas admitting for one principal take turns.
-// - A running call's use beyond its estimate is held too: each replica publishes its meter's
-//   overrun per line on every renewal (`budget_overruns`), which every other replica's admission
-//   and meter count. Its own overrun each replica counts from its meter directly (`extraHeldS`),
-//   never from the row, so nothing is counted twice.
-// - Holds and overruns carry a lease that their replica renews; a replica that died stops
-//   renewing, and what it held stops counting once the lease has run out. A replica that starts
-//   drops what a previous run of itself held (its left-behind calls are charged by the reconcile).
+// - A running call's use beyond its estimate is held too, read live: its hold's rows carry when
+//   its work started (`started`, the database's clock) and its rate, so every other replica's
+//   admission computes its overrun in the admitting statement, and their meters get it as a
+//   running call whose overrun grows (`standing`'s others). Its own overrun each replica counts
+//   from its meter directly (`extraHeldS`), never from the row, so nothing is counted twice.
+// - Holds carry a lease that their replica renews; a replica that died stops renewing, and what
+//   it held stops counting once the lease has run out (its running calls are then charged by a
+//   live replica, lapsed_calls.ts). A replica that starts drops what a previous run of itself
+//   held (its left-behind calls are charged by the reconcile).
 // - Times are the database's clock (replicas' clocks may disagree; the database's is one).
 import { randomBytes } from "node:crypto";
 import type {
@@ -35,7 +37,7 @@ export interface PgBudgetOptions {
   replica: string;
   /** A hold or overrun its replica stopped renewing counts no longer than this (default 15 s). */
   leaseS?: number;
-  /** How often this replica renews its holds and publishes its meter's overruns (default 1 s). */
+  /** How often this replica renews its holds and its meter looks again (default 1 s). */
   renewMs?: number;
 }
 
@@ -50,9 +52,21 @@ export function storedKey(key: string): string {
 interface LineRead {
   now: number;
   charged: number;
-  /** Every replica's holds, and every other replica's overruns. */
+  /** Every replica's holds (their estimates). */
   held: number;
+  /** Every other replica's running calls' use beyond their estimates, now. */
+  overrun: number;
 }
+
+/** An other replica's running call on a line (LineStanding's others). */
+interface OtherRun {
+  elapsedMs: number;
+  reservedS: number;
+  rate: number;
+}
+
+/** A live hold's row of another replica whose call's work started: its overrun now, in SQL. */
+const OVERRUN = `GREATEST(0, rate * (${NOW_MS} - started_ms) / 1000.0 - seconds)`;
 
 /** The budget ledger on Postgres: a BudgetLedger whose holds every replica sees. */
 export class PgBudget implements BudgetLedger {
@@ -62,8 +76,6 @@ export class PgBudget implements BudgetLedger {
   private meter?: SharedMeter;
   /** This replica's holds not yet released or settled (renewed while any remain). */
   private readonly holds = new Set<string>();
-  /** Whether overrun rows of this replica may be in the table (deleted once the meter has none). */
-  private published = false;
   private renewals = 0;
 
   constructor(
@@ -82,11 +94,10 @@ export class PgBudget implements BudgetLedger {
    */
   static async open(pool: PgPool, opts: PgBudgetOptions): Promise<PgBudget> {
     await pool.query("DELETE FROM budget_reservations WHERE replica = $1", [opts.replica]);
-    await pool.query("DELETE FROM budget_overruns WHERE replica = $1", [opts.replica]);
     return new PgBudget(pool, opts);
   }
 
-  /** The meter publishes its overruns through the renewal, and looks again after it. */
+  /** The meter looks again at its running lines after each renewal (others' calls moved). */
   shareMeter(meter: SharedMeter): void {
     this.meter = meter;
   }
@@ -98,15 +109,17 @@ export class PgBudget implements BudgetLedger {
           WHERE principal = $1 AND time_ms > ${NOW_MS} - $2::bigint) AS charged,
         (SELECT COALESCE(SUM(seconds), 0) FROM budget_reservations
           WHERE principal = $1 AND expires_ms > ${NOW_MS}) AS held,
-        (SELECT COALESCE(SUM(excess), 0) FROM budget_overruns
-          WHERE line = $1 AND replica <> $3 AND expires_ms > ${NOW_MS}) AS overrun`,
+        (SELECT COALESCE(SUM(${OVERRUN}), 0) FROM budget_reservations
+          WHERE principal = $1 AND replica <> $3 AND started_ms IS NOT NULL
+            AND expires_ms > ${NOW_MS}) AS overrun`,
       [storedKey(key), this.windowMs, this.opts.replica],
     );
     const row = r.rows[0];
     return {
       now: Number(row.now_ms),
       charged: Number(row.charged),
-      held: Number(row.held) + Number(row.overrun),
+      held: Number(row.held),
+      overrun: Number(row.overrun),
     };
   }
 
@@ -119,7 +132,7 @@ export class PgBudget implements BudgetLedger {
     limitS: number,
   ): Promise<BudgetCheck> {
     const line = await this.read(c, key);
-    const reserved = line.held + extraHeldS;
+    const reserved = line.held + line.overrun + extraHeldS;
     const used = Math.max(0, line.charged) + reserved;
     const base = {
       used_s: round3(used),
@@ -195,13 +208,14 @@ export class PgBudget implements BudgetLedger {
     }
     const id = `res_${randomBytes(12).toString("hex")}`;
     await c.query(
-      `INSERT INTO budget_reservations (id, principal, seconds, replica, created_ms, expires_ms)
-       SELECT $1, k, s, $4, ${NOW_MS}, ${NOW_MS} + $5::bigint
-       FROM unnest($2::text[], $3::float8[]) AS t(k, s)`,
+      `INSERT INTO budget_reservations (id, principal, seconds, rate, replica, created_ms, expires_ms)
+       SELECT $1, k, s, r, $5, ${NOW_MS}, ${NOW_MS} + $6::bigint
+       FROM unnest($2::text[], $3::float8[], $4::float8[]) AS t(k, s, r)`,
       [
         id,
         lines.map((l) => storedKey(l.key)),
         lines.map((l) => l.need),
+        lines.map((l) => l.rate ?? 1),
         this.opts.replica,
         this.leaseMs,
       ],
@@ -213,6 +227,14 @@ export class PgBudget implements BudgetLedger {
   private hold(id: string): BudgetHold {
     let done = false;
     return {
+      // From now on the other replicas count its overrun (the database's clock).
+      started: async () => {
+        if (done) return;
+        await this.pool.query(
+          `UPDATE budget_reservations SET started_ms = ${NOW_MS} WHERE id = $1 AND started_ms IS NULL`,
+          [id],
+        );
+      },
       release: async () => {
         if (done) return;
         done = true;
@@ -250,14 +272,31 @@ export class PgBudget implements BudgetLedger {
     );
   }
 
-  /** The line as the meter sees it: charges, and every hold and other replica's overrun. */
+  /**
+   * The line as the meter sees it: charges, every hold, and the other replicas' running calls
+   * (their overruns grow as the meter waits; it counts them from their time run so far).
+   */
   async standing(key: string, limitS = this.opts.limitS): Promise<LineStanding> {
     const line = await this.read(this.pool, key);
+    const rows = (
+      await this.pool.query(
+        `SELECT ${NOW_MS} - started_ms AS elapsed_ms, seconds, rate FROM budget_reservations
+         WHERE principal = $1 AND replica <> $2 AND started_ms IS NOT NULL
+           AND expires_ms > ${NOW_MS}`,
+        [storedKey(key), this.opts.replica],
+      )
+    ).rows as { elapsed_ms: string; seconds: number; rate: number }[];
+    const others: OtherRun[] = rows.map((r) => ({
+      elapsedMs: Math.max(0, Number(r.elapsed_ms)),
+      reservedS: Number(r.seconds),
+      rate: Number(r.rate),
+    }));
     return {
       charged_s: round3(Math.max(0, line.charged)),
       reserved_s: line.held,
       limit_s: limitS,
       window_s: this.windowMs / 1000,
+      others,
     };
   }
 
@@ -272,9 +311,9 @@ export class PgBudget implements BudgetLedger {
   }
 
   /**
-   * One renewal: this replica's holds get a fresh lease, its meter's overruns are published
-   * (replacing the last ones), and the meter looks again at its running lines, where other
-   * replicas' holds may have moved. Charges that left the window are pruned now and then.
+   * One renewal: this replica's holds get a fresh lease, and the meter looks again at its
+   * running lines, where other replicas' calls may have started or ended since. Charges that
+   * left the window are pruned now and then.
    */
   async renew(): Promise<void> {
     if (this.holds.size > 0)
@@ -282,27 +321,13 @@ export class PgBudget implements BudgetLedger {
         `UPDATE budget_reservations SET expires_ms = ${NOW_MS} + $2::bigint WHERE id = ANY($1)`,
         [[...this.holds], this.leaseMs],
       );
-    const excess = this.meter?.excess() ?? new Map<string, number>();
-    if (excess.size > 0 || this.published) {
-      const keys = [...excess.keys()];
-      await inTransaction(this.pool, async (c) => {
-        await c.query("DELETE FROM budget_overruns WHERE replica = $1", [this.opts.replica]);
-        if (keys.length > 0)
-          await c.query(
-            `INSERT INTO budget_overruns (replica, line, excess, expires_ms)
-             SELECT $1, k, e, ${NOW_MS} + $4::bigint FROM unnest($2::text[], $3::float8[]) AS t(k, e)`,
-            [this.opts.replica, keys.map(storedKey), keys.map((k) => excess.get(k)!), this.leaseMs],
-          );
-      });
-      this.published = keys.length > 0;
-      if (keys.length > 0) this.meter?.lookAgain(keys);
-    }
+    const running = [...(this.meter?.excess().keys() ?? [])];
+    if (running.length > 0) this.meter?.lookAgain(running);
     if (++this.renewals % 60 === 0) {
       await this.pool.query(`DELETE FROM budget_charges WHERE time_ms <= ${NOW_MS} - $1::bigint`, [
         this.windowMs,
       ]);
       await this.pool.query(`DELETE FROM budget_reservations WHERE expires_ms <= ${NOW_MS}`);
-      await this.pool.query(`DELETE FROM budget_overruns WHERE expires_ms <= ${NOW_MS}`);
     }
   }
 

@@ -189,6 +189,16 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
         name TEXT NOT NULL, replica TEXT NOT NULL, alive_ms BIGINT NOT NULL,
         PRIMARY KEY (name, replica));`,
   },
+  {
+    version: 9,
+    name: "budget holds carry their call's start and rate: overruns read live (budget.ts)",
+    // A running call's overrun is computed from its hold's row on the database's clock in the
+    // admitting transaction; the once-a-second published overruns are gone.
+    sql: `
+      ALTER TABLE budget_reservations ADD COLUMN started_ms BIGINT,
+        ADD COLUMN rate DOUBLE PRECISION NOT NULL DEFAULT 1;
+      DROP TABLE budget_overruns;`,
+  },
 ];
 
 /** The newest schema this code knows. */
