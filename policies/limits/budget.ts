@@ -74,9 +74,9 @@ export type AdmitOutcome =
   | { ok: false; index: number; check: BudgetCheck };
 
 /**
- * The meter's side of a shared store (BudgetLedger.shareMeter): what this process's running calls
- * use beyond their estimates, which the store publishes to the other processes, and the lines
- * to look at again when the other processes' holds may have moved.
+ * The meter's side of a shared store (BudgetLedger.shareMeter): the lines this process's calls
+ * run on (with what they used beyond their estimates), and a way to have it look at them again
+ * when the other processes' calls may have started or ended.
  */
 export interface SharedMeter {
   /** Per line with running calls: what they used beyond their estimates now (0 included). */
@@ -118,9 +118,10 @@ export interface BudgetLedger {
    */
   alongside?(write: () => void): void;
   /**
-   * A shared store: the meter (gate/budget_lines.ts) hands itself over, so its running calls'
-   * overruns count on every process's admission and it looks again when other processes' holds
-   * move. Absent (SQLite): one process holds everything, and its meter knows it all.
+   * A shared store: the meter (gate/budget_lines.ts) hands itself over, so it looks again at
+   * its lines when other processes' calls may have moved (their overruns are read from their
+   * holds, `BudgetHold.started`). Absent (SQLite): one process holds everything, and its meter
+   * knows it all.
    */
   shareMeter?(meter: SharedMeter): void;
   close(): void | Promise<void>;

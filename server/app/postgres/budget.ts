@@ -35,7 +35,7 @@ export interface PgBudgetOptions {
   windowS: number;
   /** This replica's name: its holds and overruns are its rows. */
   replica: string;
-  /** A hold or overrun its replica stopped renewing counts no longer than this (default 15 s). */
+  /** A hold its replica stopped renewing counts no longer than this (default 15 s). */
   leaseS?: number;
   /** How often this replica renews its holds and its meter looks again (default 1 s). */
   renewMs?: number;
