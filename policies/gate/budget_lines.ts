@@ -123,8 +123,8 @@ export class BudgetLines {
   ) {
     const money = limits.budget.money_per_window;
     this.moneyLimit = money !== undefined && pricing ? toMicros(money) : undefined;
-    // A shared ledger publishes this process's overruns to the other replicas and says when
-    // theirs moved (SQLite has no other process: it has no shareMeter).
+    // A shared ledger says when the other replicas' calls may have moved, on the lines this
+    // process's calls run on (SQLite has no other process: it has no shareMeter).
     ledger.shareMeter?.({
       excess: () => new Map([...this.running.keys()].map((k) => [k, this.excess(k)])),
       lookAgain: (keys) => void this.rearm(keys.map((key) => ({ key }))),
