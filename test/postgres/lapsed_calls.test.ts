@@ -2,7 +2,8 @@
 // real one, killed with SIGKILL mid-call) leaves its call's calls_in_flight row; it never starts
 // again under its id. Two live replicas (the gate and stores as a serving replica builds them)
 // leave the row alone while the dead replica's lease holds, and once it lapsed they settle it
-// at the same moment: one of them records it interrupted and charges it, once.
+// at the same moment: one of them records it interrupted and charges it, once. A serving
+// replica (`tpu-mcp stdio`) does the same on its own, looking twice per lease.
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
 import { pino } from "pino";
@@ -13,7 +14,7 @@ import { openSharedBackend, type SharedBackend } from "../../server/app/storage.
 import { parseConfig } from "../../server/config/config.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
-import { ROOT } from "../helpers/server.js";
+import { connectStdio, ROOT, writeConfig } from "../helpers/server.js";
 import { waitFor } from "../helpers/wait.js";
 
 const logger = pino({ level: "silent" });
@@ -45,6 +46,30 @@ afterAll(async () => {
   await db?.stop();
 });
 
+/** A replica process (replica_call.ts) whose one call of `principal` runs until it is killed. */
+async function startReplicaCall(replica: string, principal: string): Promise<ChildProcess> {
+  const proc = spawn(
+    process.execPath,
+    [
+      "--import",
+      "tsx",
+      "test/postgres/replica_call.ts",
+      db.url,
+      replica,
+      String(LEASE_S),
+      principal,
+    ],
+    { cwd: ROOT, stdio: ["ignore", "pipe", "inherit"] },
+  );
+  child = proc;
+  const first = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: proc.stdout! }).once("line", resolve);
+    proc.once("exit", (code) => reject(new Error(`replica ${replica} exited ${code}`)));
+  });
+  expect(first).toBe("running");
+  return proc;
+}
+
 /** Both survivors look at once: how many calls each settled. */
 const bothLook = () =>
   Promise.all(
@@ -56,24 +81,7 @@ const bothLook = () =>
 describe("row 6: a call left running by a replica that died", () => {
   it("is charged by a survivor once its lease lapsed, exactly once, and not while its replica lives", async () => {
     const pool = backends[0]!.pool;
-    child = spawn(
-      process.execPath,
-      [
-        "--import",
-        "tsx",
-        "test/postgres/replica_call.ts",
-        db.url,
-        "dead:8080",
-        String(LEASE_S),
-        "zed",
-      ],
-      { cwd: ROOT, stdio: ["ignore", "pipe", "inherit"] },
-    );
-    const first = await new Promise<string>((resolve, reject) => {
-      createInterface({ input: child!.stdout! }).once("line", resolve);
-      child!.once("exit", (code) => reject(new Error(`replica dead:8080 exited ${code}`)));
-    });
-    expect(first).toBe("running");
+    child = await startReplicaCall("dead:8080", "zed");
     // Alive past two leases: its heartbeats keep the call its own.
     await new Promise((r) => setTimeout(r, 2 * LEASE_S * 1000));
     expect(await bothLook()).toEqual([0, 0]);
@@ -115,5 +123,33 @@ describe("row 6: a call left running by a replica that died", () => {
       (await pool.query("SELECT count(*) AS n FROM budget_charges WHERE principal = 'zed'")).rows[0]
         .n,
     ).toBe("1");
+  });
+
+  it("a serving replica (`tpu-mcp stdio` on the shared store) settles it on its own, once its lease lapsed", async () => {
+    const pool = backends[0]!.pool;
+    const dead = await startReplicaCall("gone:8080", "yan");
+    dead.kill("SIGKILL");
+    await new Promise((r) => dead.once("exit", r));
+    const config = writeConfig({ storage: { postgres: { url: db.url, call_lease_s: LEASE_S } } });
+    const conn = await connectStdio(config);
+    try {
+      const charges = await waitFor(
+        "the serving replica to charge the dead replica's call",
+        async () => {
+          const rows = (
+            await pool.query("SELECT seconds FROM budget_charges WHERE principal = 'yan'")
+          ).rows;
+          return rows.length > 0 ? rows : undefined;
+        },
+        scaled(60_000),
+      );
+      expect(charges).toHaveLength(1);
+      expect(
+        (await pool.query("SELECT count(*) AS n FROM calls_in_flight WHERE principal = 'yan'"))
+          .rows[0].n,
+      ).toBe("0");
+    } finally {
+      await conn.close();
+    }
   });
 });
