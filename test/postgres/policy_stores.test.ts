@@ -120,9 +120,21 @@ describe("approvals across replicas", () => {
       ),
     );
     expect(used.filter((u) => u.ok)).toHaveLength(1);
+    // Given back only to the call that used it (issue 43 row 10): not for another principal or
+    // another digest, which leave it used.
+    expect(await c!.restoreUsed(rec.id, "bob", "run_benchmark", "d2")).toBeUndefined();
+    expect(await c!.restoreUsed(rec.id, "alice", "run_benchmark", "other")).toBeUndefined();
+    expect((await a!.get(rec.id))!.status).toBe("used");
     // Given back after an interrupted call (reconcile), then used again, once.
     expect((await c!.restoreUsed(rec.id, "alice", "run_benchmark", "d2"))!.status).toBe("approved");
     expect(await c!.restoreUsed(rec.id, "alice", "run_benchmark", "d2")).toBeUndefined();
+    // Still bound once given back: another principal or digest is refused, and uses nothing.
+    await expect(b!.consume(rec.id, "bob", "run_benchmark", "d2")).rejects.toMatchObject({
+      code: "approval_not_found",
+    });
+    await expect(b!.consume(rec.id, "alice", "run_benchmark", "other")).rejects.toMatchObject({
+      code: "approval_mismatch",
+    });
     expect((await b!.consume(rec.id, "alice", "run_benchmark", "d2")).status).toBe("used");
   });
 
