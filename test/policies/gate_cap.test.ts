@@ -264,7 +264,7 @@ describe("a budget is a cap", () => {
     await budget.charge("agent", 60, "run_benchmark");
     clock.advance(1000);
     let release!: (v: string) => void;
-    let first: Promise<string> | undefined;
+    let first: Promise<unknown> | undefined;
     let ran = false;
     const second = gate
       .run(

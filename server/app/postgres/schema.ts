@@ -189,6 +189,12 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
         name TEXT NOT NULL, replica TEXT NOT NULL, alive_ms BIGINT NOT NULL,
         PRIMARY KEY (name, replica));`,
   },
+  {
+    version: 9,
+    name: "approvals: the policy version and the rule each was requested under",
+    // Null on approvals from before: they count under any version (policies/policy_version.ts).
+    sql: `ALTER TABLE approvals ADD COLUMN policy_version TEXT, ADD COLUMN rule TEXT;`,
+  },
 ];
 
 /** The newest schema this code knows. */
