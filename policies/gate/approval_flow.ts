@@ -15,6 +15,7 @@ import { systemClock, type Clock } from "../clock.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
 import { decidedUnderOtherPolicy } from "../policy_version.js";
+import { shownApproval, shownSha256 } from "../approval_shown.js";
 import type { CostEstimate } from "../estimate.js";
 import type { DecisionEvidence } from "../passkeys/evidence.js";
 import { hasScope, type Principal } from "../scopes.js";
@@ -207,6 +208,8 @@ function approvalRequired(
       expires_at: rec.expires_at,
       estimate: estimate ?? null,
       assurance: rec.assurance,
+      // What the operator is shown of this request (the MCP App renders it too).
+      shown: shownApproval(rec),
       ...(rec.assurance === "passkey" ? {} : { approve_command: command }),
       ...(consoleUrl ? { console_url: consoleUrl } : {}),
       ...(link ? { approval_url: link } : {}),
@@ -403,6 +406,8 @@ export async function decideApproval(
     await deps.audit.append({
       ...base,
       estimate: rec.estimate,
+      // What the approver was shown: the request as it stood undecided (existing is that read).
+      ...(existing ? { shown_sha256: shownSha256(shownApproval(existing)) } : {}),
       outcome: decision === "approve" ? "approval_granted" : "approval_denied",
       assurance: evidence ? "passkey" : "token",
       ...(evidence ? { evidence } : {}),
