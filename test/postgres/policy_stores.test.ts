@@ -138,6 +138,23 @@ describe("approvals across replicas", () => {
     expect((await b!.consume(rec.id, "alice", "run_benchmark", "d2")).status).toBe("used");
   });
 
+  it("keeps the policy version and rule; an open request is found only under its version", async () => {
+    const [a, b] = stores.map((s) => s.approvals);
+    const rec = await a!.create(
+      req({ args_digest: "d5", policy_version: "pv_1", rule: "every run_benchmark call" }),
+    );
+    expect(await b!.get(rec.id)).toMatchObject({
+      policy_version: "pv_1",
+      rule: "every run_benchmark call",
+    });
+    expect((await b!.findOpen("alice", "run_benchmark", "d5", "pv_1"))!.id).toBe(rec.id);
+    expect(await b!.findOpen("alice", "run_benchmark", "d5", "pv_2")).toBeUndefined();
+    // One from before versions (null) counts under any.
+    const old = await a!.create(req({ args_digest: "d6" }));
+    expect(old.policy_version).toBeNull();
+    expect((await b!.findOpen("alice", "run_benchmark", "d6", "pv_2"))!.id).toBe(old.id);
+  });
+
   it("the requester cannot decide its own; an expired one is neither decided nor used", async () => {
     const [a, b] = stores.map((s) => s.approvals);
     const rec = await a!.create(req({ args_digest: "d3", ttl_s: 0.2 }));
