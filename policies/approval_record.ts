@@ -32,6 +32,13 @@ export interface ApprovalRecord {
   decided_at: string | null;
   reason: string | null;
   used_at: string | null;
+  /**
+   * The approval policy's version when it was requested (policy_version.ts); null for one
+   * recorded before versions were. Used under another version it does not count.
+   */
+  policy_version: string | null;
+  /** The rule that asked for it, in words (what the approver is shown); null before rules were kept. */
+  rule: string | null;
 }
 
 export interface CreateApprovalRequest {
@@ -42,6 +49,10 @@ export interface CreateApprovalRequest {
   estimate?: CostEstimate | null;
   /** From the rule that asked for the approval; default "token". */
   assurance?: ApprovalAssurance;
+  /** The approval policy's version now (policy_version.ts). */
+  policy_version?: string;
+  /** The rule that asked for it, in words. */
+  rule?: string;
   ttl_s: number;
   /**
    * The most pending approvals this principal may hold; a request over it is refused with
@@ -87,8 +98,16 @@ export interface ApprovalStore {
   get(id: string): Promise<ApprovalRecord | undefined>;
   /** Pending first (soonest to expire first), then the rest, newest first; one page of it. */
   list(filter?: ApprovalListFilter): Promise<ApprovalRecord[]>;
-  /** A pending or approved, unexpired approval for exactly this call, so retries do not pile up requests. */
-  findOpen(principal: string, tool: string, digest: string): Promise<ApprovalRecord | undefined>;
+  /**
+   * A pending or approved, unexpired approval for exactly this call, so retries do not pile up
+   * requests; with `policyVersion`, only one requested under that version (or before versions).
+   */
+  findOpen(
+    principal: string,
+    tool: string,
+    digest: string,
+    policyVersion?: string,
+  ): Promise<ApprovalRecord | undefined>;
   /** Decides a pending approval once (atomic); throws a PolicyError otherwise. */
   approve(id: string, approver: string): Promise<ApprovalRecord>;
   /** Decides a pending approval once (atomic); throws a PolicyError otherwise. */

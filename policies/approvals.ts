@@ -56,6 +56,8 @@ interface Row {
   decided_ms: number | null;
   reason: string | null;
   used_ms: number | null;
+  policy_version?: string | null;
+  rule?: string | null;
 }
 
 const iso = (ms: number | null): string | null => (ms === null ? null : new Date(ms).toISOString());
@@ -99,6 +101,10 @@ export class SqliteApprovalStore implements ApprovalQueue {
     const cols = this.db.prepare("PRAGMA table_info(approvals)").all() as { name: string }[];
     if (!cols.some((c) => c.name === "assurance") && !this.db.readonly)
       this.db.exec("ALTER TABLE approvals ADD COLUMN assurance TEXT");
+    // Stores from before policy versions and kept rules: their approvals have neither (null).
+    for (const col of ["policy_version", "rule"])
+      if (!cols.some((c) => c.name === col) && !this.db.readonly)
+        this.db.exec(`ALTER TABLE approvals ADD COLUMN ${col} TEXT`);
     try {
       // Lists read one page through these, never the whole table.
       this.db
@@ -134,6 +140,8 @@ export class SqliteApprovalStore implements ApprovalQueue {
       decided_at: iso(r.decided_ms),
       reason: r.reason,
       used_at: iso(r.used_ms),
+      policy_version: r.policy_version ?? null,
+      rule: r.rule ?? null,
     };
   }
 
@@ -197,8 +205,8 @@ export class SqliteApprovalStore implements ApprovalQueue {
       }
       this.db
         .prepare(
-          `INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, assurance, status, ttl_ms, created_ms, expires_ms)
-         VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)`,
+          `INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, assurance, status, ttl_ms, created_ms, expires_ms, policy_version, rule)
+         VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)`,
         )
         .run(
           id,
@@ -211,6 +219,8 @@ export class SqliteApprovalStore implements ApprovalQueue {
           ttl,
           now,
           now + ttl,
+          req.policy_version ?? null,
+          req.rule ?? null,
         );
     });
     const now = this.clock();
@@ -328,13 +338,21 @@ export class SqliteApprovalStore implements ApprovalQueue {
     principal: string,
     tool: string,
     digest: string,
+    policyVersion?: string,
   ): Promise<ApprovalRecord | undefined> {
-    const rows = this.db
-      .prepare(
-        `SELECT * FROM approvals WHERE principal = ? AND tool = ? AND args_digest = ?
+    const rows = (
+      this.db
+        .prepare(
+          `SELECT * FROM approvals WHERE principal = ? AND tool = ? AND args_digest = ?
          AND status IN ('pending','approved') AND expires_ms > ? ORDER BY created_ms DESC`,
-      )
-      .all(principal, tool, digest, this.clock()) as Row[];
+        )
+        .all(principal, tool, digest, this.clock()) as Row[]
+    ).filter(
+      (x) =>
+        policyVersion === undefined ||
+        x.policy_version == null ||
+        x.policy_version === policyVersion,
+    );
     // Prefer one that is already approved.
     const r = rows.find((x) => x.status === "approved") ?? rows[0];
     return r ? this.toRecord(r) : undefined;

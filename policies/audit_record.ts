@@ -48,6 +48,11 @@ export interface AuditRecord {
    */
   assurance?: "client_form" | "token" | "passkey";
   evidence?: DecisionEvidence;
+  /**
+   * On an operator's decision: the SHA-256 of what the approver was shown of the request (the
+   * canonical JSON of approval_shown.ts's payload, as the console, the CLI and the MCP App render it).
+   */
+  shown_sha256?: string;
   /** On chain_keyed records: the id of the key that chains the records from here on. */
   key_id?: string;
   /** The worker(s) of a pool the call ran on (comma-separated). */

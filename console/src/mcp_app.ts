@@ -104,12 +104,20 @@ function approveCommand(err: Json, d: Json): string {
 
 function renderApproval(err: Json) {
   const d = err.details ?? {};
+  // The request as the operator is shown it (the server's one payload), where the server sent it.
+  const shown = d.shown ?? {
+    tool: d.tool,
+    approval_id: d.approval_id,
+    estimate: d.estimate,
+    args: d.args,
+  };
   const box = root();
   const dl = el("dl");
   const row = (k: string, v: string) => dl.append(el("dt", k), el("dd", v));
-  row("Tool", String(d.tool ?? "?"));
-  row("Approval id", String(d.approval_id ?? "?"));
-  const e = d.estimate;
+  row("Tool", String(shown.tool ?? "?"));
+  row("Approval id", String(shown.approval_id ?? "?"));
+  if (shown.rule) row("Rule", String(shown.rule));
+  const e = shown.estimate;
   row(
     "Estimate",
     e
@@ -126,7 +134,7 @@ function renderApproval(err: Json) {
         ? "an operator token, or whoever answers the client's form"
         : "an operator token",
   );
-  const args = el("pre", compactJson(d.args ?? {}), "args");
+  const args = el("pre", compactJson(shown.args ?? {}), "args");
   box.replaceChildren(
     el("h1", "Waiting for an operator's approval"),
     dl,

@@ -14,6 +14,8 @@ import type { AuditLog } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
+import { decidedUnderOtherPolicy } from "../policy_version.js";
+import { shownApproval, shownSha256 } from "../approval_shown.js";
 import type { CostEstimate } from "../estimate.js";
 import type { DecisionEvidence } from "../passkeys/evidence.js";
 import { hasScope, type Principal } from "../scopes.js";
@@ -86,14 +88,19 @@ export async function checkApproval(
 
   // Only a consumable approval counts. `confirm: true` or any other argument never does.
   const presented = call.args.approval_id;
+  let stale = "";
   if (typeof presented === "string" && presented.length > 0) {
-    await ctx.deps.approvals.check(presented, principal.id, tool, digest);
-    return presented;
+    const used = await ctx.deps.approvals.check(presented, principal.id, tool, digest);
+    // Decided under another approval policy: it no longer counts, and this call asks again.
+    if (!decidedUnderOtherPolicy(used, ctx.policyVersion)) return presented;
+    stale = `Approval ${presented} was requested under approval policy ${used.policy_version}; the policy has changed since (now ${ctx.policyVersion}), so it no longer counts and this call needs a new approval. `;
   }
 
-  // Reuse an open request for this exact call rather than piling up new ones (or asking twice).
-  const open = await ctx.deps.approvals.findOpen(principal.id, tool, digest);
-  if (open?.status === "approved") throw approvalRequired(ctx, call, rule, open);
+  // Reuse an open request for this exact call rather than piling up new ones (or asking twice),
+  // never one requested under another policy version.
+  const open = await ctx.deps.approvals.findOpen(principal.id, tool, digest, ctx.policyVersion);
+  const extra = stale ? { stale_approval_id: presented, policy_version: ctx.policyVersion } : {};
+  if (open?.status === "approved") throw approvalRequired(ctx, call, rule, open, stale, extra);
   const rec =
     open ??
     (await ctx.deps.approvals.create({
@@ -105,6 +112,8 @@ export async function checkApproval(
       assurance: rule.assurance,
       ttl_s: cfg.ttl_s,
       max_pending: cfg.max_pending_per_principal,
+      policy_version: ctx.policyVersion,
+      rule: describeRule(rule),
     }));
   // In band only where both the rule and the record say an answer in the client decides
   // (`client_form`): whoever answers the form may be the agent itself, so a token or passkey
@@ -147,7 +156,14 @@ export async function checkApproval(
   }
   // A client that could have asked is told why it was not: the rule wants an operator.
   const couldAsk = call.elicit !== undefined || call.inBand?.canAsk === true;
-  throw approvalRequired(ctx, call, rule, rec, couldAsk && !inBand ? notInBand(rec) : "");
+  throw approvalRequired(
+    ctx,
+    call,
+    rule,
+    rec,
+    stale + (couldAsk && !inBand ? notInBand(rec) : ""),
+    extra,
+  );
 }
 
 /** Why a client that can show a form was not asked (the rule needs more than its answer). */
@@ -192,6 +208,8 @@ function approvalRequired(
       expires_at: rec.expires_at,
       estimate: estimate ?? null,
       assurance: rec.assurance,
+      // What the operator is shown of this request (the MCP App renders it too).
+      shown: shownApproval(rec),
       ...(rec.assurance === "passkey" ? {} : { approve_command: command }),
       ...(consoleUrl ? { console_url: consoleUrl } : {}),
       ...(link ? { approval_url: link } : {}),
@@ -388,6 +406,8 @@ export async function decideApproval(
     await deps.audit.append({
       ...base,
       estimate: rec.estimate,
+      // What the approver was shown: the request as it stood undecided (existing is that read).
+      ...(existing ? { shown_sha256: shownSha256(shownApproval(existing)) } : {}),
       outcome: decision === "approve" ? "approval_granted" : "approval_denied",
       assurance: evidence ? "passkey" : "token",
       ...(evidence ? { evidence } : {}),

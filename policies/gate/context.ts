@@ -4,6 +4,7 @@
 import type { Alongside, AuditRecord } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
 import type { PolicyConfig } from "../config.js";
+import { policyVersion } from "../policy_version.js";
 import type { PolicyError } from "../errors.js";
 import { toolPolicyMap, type ToolPolicy } from "../tool_policy.js";
 import { BudgetLines } from "./budget_lines.js";
@@ -11,7 +12,10 @@ import type { ElicitAnswer, GateDeps } from "./types.js";
 
 export interface GateContext {
   readonly deps: GateDeps;
-  readonly config: PolicyConfig;
+  /** As in effect: a reload may replace its approvals section (Gate.applyApprovals). */
+  config: PolicyConfig;
+  /** The approvals section's version (policy_version.ts), recorded on every approval requested. */
+  policyVersion: string;
   readonly clock: Clock;
   readonly lines: BudgetLines;
   /** Every tool's record by name (scope, run-while-recording, ...); a tool without one needs admin. */
@@ -43,6 +47,7 @@ export function gateContext(deps: GateDeps): GateContext {
   return {
     deps,
     config: deps.config,
+    policyVersion: policyVersion(deps.config.approvals),
     clock,
     tools,
     prompts: new Map(),

@@ -5,7 +5,9 @@
 
 import type { ApprovalRecord } from "../approvals.js";
 import { redactArgs } from "../audit_record.js";
+import type { PolicyConfig } from "../config.js";
 import { argsDigest } from "../digest.js";
+import { policyVersion } from "../policy_version.js";
 import { isPolicyError } from "../errors.js";
 import type { DecisionEvidence } from "../passkeys/evidence.js";
 import type { Principal } from "../scopes.js";
@@ -44,6 +46,20 @@ export class Gate {
 
   constructor(deps: GateDeps) {
     this.ctx = gateContext(deps);
+  }
+
+  /** The approval policy's version in effect (policy_version.ts). */
+  get policyVersion(): string {
+    return this.ctx.policyVersion;
+  }
+
+  /**
+   * A config reload's new approvals section, in effect from the next call on. An approval
+   * requested under the old one no longer counts if this changed its version: its call asks again.
+   */
+  applyApprovals(approvals: PolicyConfig["approvals"]): void {
+    this.ctx.config = { ...this.ctx.config, approvals };
+    this.ctx.policyVersion = policyVersion(approvals);
   }
 
   decideApproval(

@@ -9,6 +9,7 @@
 import type { ApprovalRecord } from "../approvals.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
+import { decidedUnderOtherPolicy } from "../policy_version.js";
 import { RequestStateError, type ApprovalState, type StateRefusal } from "../request_state.js";
 import { approvalPrompt, mayAnswerInBand, recordAnswer } from "./answers.js";
 import type { GateContext } from "./context.js";
@@ -87,6 +88,12 @@ export async function answerInBand(
     throw refuse(
       "assurance",
       `answers approval ${s.a}, which an operator decides out of band (${rec.assurance === "passkey" ? "with a passkey" : "its rule's assurance is not client_form"})`,
+    );
+  // Sealed under another approval policy (a reload changed it since): asked again, afresh.
+  if (rec && decidedUnderOtherPolicy(rec, ctx.policyVersion))
+    throw refuse(
+      "policy",
+      `answers approval ${s.a}, which was requested under approval policy ${rec.policy_version}; the policy has changed since (now ${ctx.policyVersion})`,
     );
   if (!rec || rec.status !== "pending")
     throw refuse(

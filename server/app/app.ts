@@ -356,6 +356,8 @@ export async function createApp(
         notices.emit("tools_changed");
       },
     },
+    // The gate's next calls decide under the new approval policy (its version changes with it).
+    { apply: (next) => gate.applyApprovals(next) },
   );
   const control = watchControl(
     channel,

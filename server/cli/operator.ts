@@ -6,6 +6,7 @@
 import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
 import type { Logger } from "pino";
 import type { ApprovalRecord, ApprovalStatus } from "../../policies/approvals.js";
+import { shownApproval, shownSha256 } from "../../policies/approval_shown.js";
 import type { AuditHead, AuditTrail } from "../../policies/audit.js";
 import { parseSince, type ExportFormat } from "../../policies/audit_export.js";
 import { readAuditKey, type AuditKey } from "../../policies/audit_key.js";
@@ -25,17 +26,27 @@ interface Io {
 }
 
 /** Three lines per approval; each line passes terminalField, so a caller's text stays inside it. */
+/** The record with what an approver is shown of it and that payload's hash (JSON output). */
+function withShown(a: ApprovalRecord) {
+  const shown = shownApproval(a);
+  return { ...a, shown, shown_sha256: shownSha256(shown) };
+}
+
 function describe(a: ApprovalRecord): string {
-  const est = a.estimate
-    ? ` estimate: ${a.estimate.device_seconds.toFixed(1)} device-s${costNote(a.estimate)}, ${(a.estimate.memory_bytes / 2 ** 20).toFixed(0)} MiB memory, ${(a.estimate.weight_bytes / 2 ** 20).toFixed(0)} MiB weights`
+  // The request as every approver sees it (approval_shown.ts); its decision's audit keeps the hash.
+  const shown = shownApproval(a);
+  const e = shown.estimate;
+  const est = e
+    ? ` estimate: ${e.device_seconds.toFixed(1)} device-s${costNote(e)}, ${(e.memory_bytes / 2 ** 20).toFixed(0)} MiB memory, ${(e.weight_bytes / 2 ** 20).toFixed(0)} MiB weights`
     : "";
   const decided = a.decided_by
     ? `  ${a.status === "denied" ? "denied" : "decided"} by ${a.decided_by}${a.reason ? `: ${a.reason}` : ""}`
     : "";
   return [
-    `${a.id}  ${a.status.padEnd(8)} ${a.principal} → ${a.tool}  expires ${a.expires_at}${decided}`,
-    `    args: ${JSON.stringify(a.args_preview)}`,
+    `${shown.approval_id}  ${a.status.padEnd(8)} ${shown.requested_by} → ${shown.tool}  expires ${a.expires_at}${decided}`,
+    `    args: ${JSON.stringify(shown.args)}`,
     `   ${est}`,
+    `    rule: ${shown.rule ?? "(not recorded)"}  shown sha256: ${shownSha256(shown)}`,
   ]
     .map(terminalField)
     .join("\n");
@@ -90,7 +101,7 @@ async function showApprovals(
       const page = await approvals.page({ ...paging, limit: paging.limit ?? 100 });
       // JSON is an array of this page's approvals (the page's cursor is not in it).
       if (io.json) {
-        io.out(JSON.stringify(page.items, null, 2));
+        io.out(JSON.stringify(page.items.map(withShown), null, 2));
         return 0;
       }
       const shown = page.items.length;
@@ -118,7 +129,7 @@ async function showApprovals(
       io.err(`no approval ${id}`);
       return 1;
     }
-    io.out(io.json ? JSON.stringify(a, null, 2) : describe(a));
+    io.out(io.json ? JSON.stringify(withShown(a), null, 2) : describe(a));
     return 0;
   } finally {
     await store.close();

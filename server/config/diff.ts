@@ -2,17 +2,21 @@
 // two validated configs (the one the server runs with, the file as it is now) setting by setting.
 //
 // Applied at run time: the Ray fleet's actor count (runtime.ray.placement.count), through the
-// same path as `tpu-mcp workers scale` (removals drain first). Everything else is reported as
-// "needs a restart" by its dotted path, and left as it is.
+// same path as `tpu-mcp workers scale` (removals drain first), and the approval policy
+// (policy.approvals: the gate's next calls decide under it, and approvals requested under the
+// old one ask again). Everything else is reported as "needs a restart" by its dotted path, and
+// left as it is.
 import type { ServerConfig } from "./config.js";
 
 /** Settings a reload applies without a restart (dotted paths). */
-export const RELOADABLE = ["runtime.ray.placement.count"] as const;
+export const RELOADABLE = ["runtime.ray.placement.count", "policy.approvals"] as const;
 
 export interface ConfigDiff {
   /** The fleet's new target when runtime.ray.placement.count changed: a number, or "capacity"
    *  when the count was removed (the driver's default: every slot the placement offers). */
   fleet_count?: number | "capacity";
+  /** The approval policy's changed settings (dotted paths under policy.approvals). */
+  approvals?: string[];
   /** Dotted paths of changed settings that take effect only after a restart. */
   restart: string[];
 }
@@ -51,6 +55,8 @@ export function diffConfig(running: ServerConfig, next: ServerConfig): ConfigDif
   for (const p of changed) {
     if (p === "runtime.ray.placement.count" && running.runtime.ray && next.runtime.ray)
       diff.fleet_count = next.runtime.ray.placement.count ?? "capacity";
+    else if (p.startsWith("policy.approvals.") || p === "policy.approvals")
+      (diff.approvals ??= []).push(p);
     else diff.restart.push(p);
   }
   diff.restart.sort();

@@ -24,6 +24,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { TLSSocket } from "node:tls";
 import { join } from "node:path";
 import type { ApprovalRecord } from "../../policies/approvals.js";
+import { shownApproval, shownSha256 } from "../../policies/approval_shown.js";
 import type { AuditOutcome } from "../../policies/audit.js";
 import { AuditVerifier } from "../../policies/audit_verify.js";
 import { httpStatusOf, isPolicyError } from "../../policies/errors.js";
@@ -336,8 +337,12 @@ export function createConsoleRoutes(app: App, opts: { authLimiter: AuthLimiter }
   }
 
   function approvalView(r: ApprovalRecord, me: Principal) {
+    // The page renders `shown`; a decision's audit record carries its hash.
+    const shown = shownApproval(r);
     return {
       ...r,
+      shown,
+      shown_sha256: shownSha256(shown),
       deciders: deciders(r.principal, me.id),
       can_decide: r.status === "pending" && r.principal !== me.id,
     };

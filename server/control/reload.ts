@@ -36,6 +36,11 @@ export interface CatalogReload {
   apply(next: Catalog): Promise<void>;
 }
 
+/** How a reload puts a changed approval policy in effect (the gate: Gate.applyApprovals). */
+export interface ApprovalsReload {
+  apply(next: ServerConfig["policy"]["approvals"]): void;
+}
+
 /** What the file adds to the served catalog, and what only a restart would change. */
 export function diffCatalog(
   served: Catalog,
@@ -78,6 +83,8 @@ export function createReloader(
   channel: ControlChannel,
   /** Absent: the catalog is not read again (a test's app without one). */
   catalog?: CatalogReload,
+  /** Absent: a changed approval policy needs a restart. */
+  approvals?: ApprovalsReload,
 ): Reloader {
   let current = running;
   let busy: Promise<ReloadResult> | null = null;
@@ -96,6 +103,7 @@ export function createReloader(
       return { ok: false, applied: [], restart: [], error };
     }
     const diff = diffConfig(current, next);
+    if (diff.approvals && !approvals) diff.restart.push(...diff.approvals);
     const result: ReloadResult = { ok: true, applied: [], restart: diff.restart };
     // Another catalog file needs a restart (diffConfig says so); the same one may have grown.
     let grown: ReturnType<typeof diffCatalog> | undefined;
@@ -133,6 +141,16 @@ export function createReloader(
           }),
         }),
       }) as ServerConfig;
+    }
+    if (diff.approvals && approvals) {
+      approvals.apply(next.policy.approvals);
+      current = Object.freeze({
+        ...current,
+        policy: Object.freeze({ ...current.policy, approvals: next.policy.approvals }),
+      }) as ServerConfig;
+      result.applied.push(
+        `${diff.approvals.join(", ")} (approvals requested under the old policy ask again)`,
+      );
     }
     if (catalog && grown?.added.length) {
       try {

@@ -4,6 +4,7 @@
 // the approval usable again for the same arguments until it expires; a second restart charges
 // nothing more. A real HTTP server and worker, the SDK's real client, the operator CLI.
 import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -25,6 +26,19 @@ import {
 import { call } from "./scenario.js";
 
 const { agent: AGENT, operator: OPERATOR } = DEMO_TOKENS;
+/** A second agent with the same scopes: the given-back approval is not theirs. */
+const OTHER = "restart-other-agent-token";
+const POLICY = {
+  ...DEMO_POLICY,
+  tokens: [
+    ...DEMO_POLICY.tokens,
+    {
+      id: "other-agent",
+      token_sha256: createHash("sha256").update(OTHER).digest("hex"),
+      scopes: DEMO_POLICY.tokens.find((t: { id: string }) => t.id === "agent").scopes,
+    },
+  ],
+};
 /** Long enough never to end by itself before the kill (the demo policy asks approval for it). */
 const LONG = { model: "tiny-gpt2", batch_sizes: [1], seq_lens: [8], duration_s: 300 };
 
@@ -77,7 +91,7 @@ async function auditTail(config: string): Promise<Rec[]> {
 describe("a server killed mid-job settles the job at its next start", () => {
   const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-restart-"));
   const dataDir = join(dir, "data");
-  const config = writeConfig({ policy: DEMO_POLICY }, dir);
+  const config = writeConfig({ policy: POLICY }, dir);
   let server: HttpServerProc | undefined;
   const leftovers: number[] = [];
   let approvalId = "";
@@ -187,14 +201,26 @@ describe("a server killed mid-job settles the job at its next start", () => {
   it("gives the approval back for the same arguments only", async () => {
     const agent = await connectHttp(server!.url, AGENT);
     try {
+      // Another principal with the same arguments: the given-back approval is not theirs.
+      const other = await connectHttp(server!.url, OTHER);
+      try {
+        const theirs = await call(other.client, "run_benchmark", {
+          ...LONG,
+          wait: false,
+          approval_id: approvalId,
+        });
+        expect(errorOf(theirs)?.code, JSON.stringify(theirs)).toBe("approval_not_found");
+      } finally {
+        await other.close();
+      }
       // Other arguments: that approval is not theirs, and without it they need their own.
-      const other = { ...LONG, duration_s: 200 };
+      const otherArgs = { ...LONG, duration_s: 200 };
       const mismatch = await call(agent.client, "run_benchmark", {
-        ...other,
+        ...otherArgs,
         approval_id: approvalId,
       });
       expect(errorOf(mismatch)?.code, JSON.stringify(mismatch)).toBe("approval_mismatch");
-      const asked = await call(agent.client, "run_benchmark", { ...other, wait: false });
+      const asked = await call(agent.client, "run_benchmark", { ...otherArgs, wait: false });
       expect(errorOf(asked)?.code).toBe("approval_required");
       expect(errorOf(asked)!.details.approval_id).not.toBe(approvalId);
 

@@ -133,6 +133,40 @@ describe("SqliteApprovalStore", () => {
     store.close();
   });
 
+  it("keeps the policy version and rule a request was made under; finds it open only under that version", async () => {
+    const { store, rec } = await setup();
+    const v1 = await store.create({
+      principal: "agent",
+      tool: "load_model",
+      args_digest: digest,
+      args_preview: args,
+      ttl_s: 900,
+      policy_version: "pv_1",
+      rule: "every load_model call",
+    });
+    expect(await store.get(v1.id)).toMatchObject({
+      policy_version: "pv_1",
+      rule: "every load_model call",
+    });
+    // `rec` has no version (made before versions were): it counts under any.
+    expect(rec.policy_version).toBeNull();
+    await store.approve(rec.id, "operator");
+    expect((await store.findOpen("agent", "load_model", digest, "pv_2"))!.id).toBe(rec.id);
+    store.close();
+    const { store: other } = await setup();
+    const only = await other.create({
+      principal: "agent",
+      tool: "load_model",
+      args_digest: "1".repeat(64),
+      args_preview: args,
+      ttl_s: 900,
+      policy_version: "pv_1",
+    });
+    expect((await other.findOpen("agent", "load_model", "1".repeat(64), "pv_1"))!.id).toBe(only.id);
+    expect(await other.findOpen("agent", "load_model", "1".repeat(64), "pv_2")).toBeUndefined();
+    other.close();
+  });
+
   it("survives reopening the file, and a second handle sees decisions at once", async () => {
     const { store, rec, file, clock } = await setup();
     const cli = new SqliteApprovalStore(file, { clock: clock.now }); // the CLI, concurrently

@@ -240,4 +240,65 @@ describe("a budget is a cap", () => {
     expect(e.details.stopped_after_s).toBe(0);
     expect(ran).toBe(false);
   });
+
+  it("refuses a call at admission, with retry_after_ms, while a call on this process runs past its estimate", async () => {
+    // Issue 43 row 9: what a call running on the SAME process used beyond its estimate counts
+    // when the next call is admitted (extraHeldS), so that call is refused with when to retry,
+    // not admitted and then stopped after 0 s. The next call passes the budget's first check,
+    // then waits on its approval prompt while the first call starts and overruns; the person's
+    // accept brings it to admission.
+    const { gate, clock, budget } = makeGate({
+      approvals: {
+        rules: [
+          { tool: "run_benchmark", when: { min_device_seconds: 10 }, assurance: "client_form" },
+        ],
+        elicitation: true,
+      },
+      // Both may run at once: an admitted second call is not held back behind the first.
+      limits: {
+        budget: { device_seconds_per_window: 100, window_s: 3600 },
+        per_tool_concurrency: { run_benchmark: 2 },
+        device_exclusive_tools: [],
+      },
+    });
+    await budget.charge("agent", 60, "run_benchmark");
+    clock.advance(1000);
+    let release!: (v: string) => void;
+    let first: Promise<unknown> | undefined;
+    let ran = false;
+    const second = gate
+      .run(
+        {
+          ...bench(25),
+          // While the prompt is up: the first call (1 s estimated, no approval) runs 20 s, 19 s
+          // beyond its estimate; its own stop is at 40 s of device time (1 + the 39 s left).
+          elicit: async () => {
+            await new Promise<void>((running) => {
+              first = gate.run(bench(1), () => {
+                clock.advance(20_000);
+                running();
+                return new Promise<string>((r) => (release = r));
+              });
+            });
+            return "accept";
+          },
+        },
+        async () => {
+          ran = true;
+          return "ran";
+        },
+      )
+      .catch((x: PolicyError) => x);
+    // 60 charged + 1 held + 19 overrun + 25 needed > 100: refused; the 60 s charge leaving the
+    // window frees enough, so the refusal says when.
+    const e = (await second) as PolicyError;
+    release("done");
+    expect(await first).toBe("done");
+    expect(ran).toBe(false);
+    expect(e.code).toBe("budget_exceeded");
+    expect(e.details.stopped_after_s).toBeUndefined();
+    expect(e.details).toMatchObject({ reserved_s: 20, used_s: 80, remaining_s: 20 });
+    // The charge was made at t0 and the clock stands 21 s later: it leaves the window then.
+    expect(e.details.retry_after_ms).toBe(3600_000 - 21_000 + 1);
+  });
 });

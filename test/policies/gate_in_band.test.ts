@@ -161,7 +161,9 @@ describe("a rule raised or lowered between the request and the answer", () => {
     const elicit = selfApprover();
     const again = await refusal(after.gate.run(bench({ elicit }), async () => "ran"));
     expect(again.code).toBe("approval_required");
-    expect(again.details.approval_id).toBe(ask.approvalId);
+    // Another approval policy: a new request under the raised rule, not the one asked before.
+    expect(again.details.approval_id).not.toBe(ask.approvalId);
+    expect(again.details.assurance).toBe("token");
     expect(elicit).not.toHaveBeenCalled();
     const retry = bench({
       inBand: { canAsk: true, state: ask.state, answer: "accept" },
@@ -172,18 +174,25 @@ describe("a rule raised or lowered between the request and the answer", () => {
     expect((await after.approvals.get(ask.approvalId))?.status).toBe("pending");
   });
 
-  it("a rule lowered to client_form: an approval made under token is still decided out of band", async () => {
+  it("a rule lowered to client_form: an approval made under token never becomes one the form decides", async () => {
     const before = makeGate(rules("token"));
     const first = await refusal(before.gate.run(bench(), async () => "ran"));
+    const id = first.details.approval_id as string;
     const after = makeGate(rules("client_form"), before.file);
+    // The old request is not asked in band: the call makes a new one under the lowered rule, and
+    // only that one is the form's to decide.
     const elicit = selfApprover();
-    const e = await refusal(after.gate.run(bench({ elicit }), async () => "ran"));
-    expect(e.code).toBe("approval_required");
-    expect(e.details.approval_id).toBe(first.details.approval_id);
-    expect(elicit).not.toHaveBeenCalled();
-    const modern = await refusal(
-      after.gate.run(bench({ inBand: { canAsk: true } }), async () => "ran"),
+    await expect(after.gate.run(bench({ elicit }), async () => "ran")).resolves.toBe("ran");
+    expect(elicit).toHaveBeenCalledTimes(1);
+    expect(JSON.stringify(elicit.mock.calls[0])).not.toContain(id);
+    const old = (await after.approvals.get(id))!;
+    expect(old).toMatchObject({ status: "pending", assurance: "token" });
+    // Approved out of band after all, it no longer counts under the new policy: asked again.
+    await after.approvals.approve(id, "operator");
+    const stale = await refusal(
+      after.gate.run(bench({ args: { ...bench().args, approval_id: id } }), async () => "ran"),
     );
-    expect(modern.code).toBe("approval_required");
+    expect(stale.code).toBe("approval_required");
+    expect(stale.details.stale_approval_id).toBe(id);
   });
 });

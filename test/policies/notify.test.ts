@@ -34,6 +34,8 @@ const record: ApprovalRecord = {
   decided_at: null,
   reason: null,
   used_at: null,
+  policy_version: null,
+  rule: null,
 };
 
 interface Hit {

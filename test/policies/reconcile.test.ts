@@ -179,4 +179,62 @@ describe("a call left running by a killed server", () => {
     expect((await second.approvals.get(id))!.status).toBe("used");
     expect(await second.used()).toBe(30);
   });
+  // Issue 43 row 10: the approval goes back only to the call that had used it. A left-behind row
+  // that names another principal or other arguments (a data dir written by hand, or a bug that
+  // mixes rows) leaves it used, and the approval itself stays bound to its principal and digest.
+  for (const [what, change] of [
+    ["another principal", "principal = 'mallory'"],
+    ["other arguments (another digest)", "args_digest = 'sha256:0000'"],
+  ] as const) {
+    it(`does not give the approval back to a left-behind row naming ${what}`, async () => {
+      const file = tmp.file(`tampered-${what.length}.db`);
+      const clock = new FakeClock();
+      const first = serverOn(file, clock);
+      const id = await approvalFor(first, bench({ iterations: 8 }));
+      void first.gate
+        .run(bench({ iterations: 8, approval_id: id }), () => new Promise<never>(() => {}))
+        .catch(() => {});
+      await flush();
+      expect((await first.approvals.get(id))!.status).toBe("used");
+      first.db.prepare(`UPDATE calls_in_flight SET ${change} WHERE approval_id = ?`).run(id);
+
+      const second = serverOn(file, clock);
+      const [rec] = await second.gate.reconcileInterrupted(second.calls);
+      expect(rec).toMatchObject({ outcome: "interrupted", approval_id: id });
+      expect(rec!.reason).toContain("not given back");
+      expect((await second.approvals.get(id))!.status).toBe("used");
+      // Still the agent's, for these arguments, and used: nobody runs on it.
+      const again = await second.gate
+        .run(bench({ iterations: 8, approval_id: id }), async () => "ran")
+        .catch((e: PolicyError) => e);
+      expect((again as PolicyError).code).toBe("approval_used");
+    });
+  }
+
+  it("a given-back approval still refuses another principal and other arguments", async () => {
+    const file = tmp.file("bound.db");
+    const clock = new FakeClock();
+    const first = serverOn(file, clock);
+    const id = await approvalFor(first, bench({ iterations: 9 }));
+    void first.gate
+      .run(bench({ iterations: 9, approval_id: id }), () => new Promise<never>(() => {}))
+      .catch(() => {});
+    await flush();
+    const second = serverOn(file, clock);
+    await second.gate.reconcileInterrupted(second.calls);
+    expect((await second.approvals.get(id))!.status).toBe("approved");
+    const mallory: Principal = { ...agent, id: "mallory" };
+    const theirs = await second.gate
+      .run({ ...bench({ iterations: 9, approval_id: id }), principal: mallory }, async () => "ran")
+      .catch((e: PolicyError) => e);
+    expect((theirs as PolicyError).code).toBe("approval_not_found");
+    const other = await second.gate
+      .run(bench({ iterations: 10, approval_id: id }), async () => "ran")
+      .catch((e: PolicyError) => e);
+    expect((other as PolicyError).code).toBe("approval_mismatch");
+    // Neither refusal used it: the agent's own call with its arguments runs on it.
+    await expect(
+      second.gate.run(bench({ iterations: 9, approval_id: id }), async () => "ran"),
+    ).resolves.toBe("ran");
+  });
 });

@@ -8,6 +8,7 @@ import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parsePolicyConfig } from "../../policies/config.js";
 import type { CostEstimate } from "../../policies/estimate.js";
+import { PolicyError } from "../../policies/errors.js";
 import { BudgetLines, type CapStop } from "../../policies/gate/budget_lines.js";
 import type { AdmitOutcome, BudgetLine } from "../../policies/limits/budget.js";
 import type { Principal } from "../../policies/scopes.js";
@@ -212,6 +213,37 @@ describe("the gate's budget lines on two replicas", () => {
     runB.end();
     await heldA.release();
     await heldB.release();
+  });
+  it("a call running past its estimate on this replica refuses the next admission here, with retry_after_ms", async () => {
+    // Issue 43 row 9: its own overrun counts from its meter (extraHeldS) before any renewal.
+    const config = parsePolicyConfig(
+      { approvals: { rules: [] }, limits: { budget: { device_seconds_per_window: 100 } } },
+      TOOL_POLICIES,
+    );
+    const [a] = await ledgers(100);
+    const clock = new FakeClock();
+    const lines = new BudgetLines(config.limits, a!, clock.now, toolPolicyMap(TOOL_POLICIES));
+    const ivy: Principal = { id: "ivy", scopes: ["benchmark:run"], via: "token" };
+    await a!.charge("ivy", 60, "run_benchmark");
+    clock.advance(1_000);
+    // Estimated 1 s, running 20 s: 19 s past its estimate (its stop is at 40 s, far from here).
+    const held = await lines.admit(ivy, "run_benchmark", est(1));
+    const stops: CapStop[] = [];
+    const run = lines.meter("ivy", "run_benchmark", est(1), (s) => stops.push(s))!;
+    await run.armed;
+    clock.advance(20_000);
+    // 60 charged + 1 held + 19 overrun + 25 needed > 100; the 60 s charge leaving frees enough.
+    const e = await lines.admit(ivy, "run_benchmark", est(25)).then(
+      (r) => r,
+      (x: unknown) => x as PolicyError,
+    );
+    expect(e).toBeInstanceOf(PolicyError);
+    expect((e as PolicyError).code).toBe("budget_exceeded");
+    expect((e as PolicyError).details).toMatchObject({ reserved_s: 20, used_s: 80 });
+    expect((e as PolicyError).details.retry_after_ms).toBeGreaterThan(0);
+    expect(stops).toEqual([]);
+    run.end();
+    await held.release();
   });
 });
 

@@ -120,10 +120,39 @@ describe("approvals across replicas", () => {
       ),
     );
     expect(used.filter((u) => u.ok)).toHaveLength(1);
+    // Given back only to the call that used it (issue 43 row 10): not for another principal or
+    // another digest, which leave it used.
+    expect(await c!.restoreUsed(rec.id, "bob", "run_benchmark", "d2")).toBeUndefined();
+    expect(await c!.restoreUsed(rec.id, "alice", "run_benchmark", "other")).toBeUndefined();
+    expect((await a!.get(rec.id))!.status).toBe("used");
     // Given back after an interrupted call (reconcile), then used again, once.
     expect((await c!.restoreUsed(rec.id, "alice", "run_benchmark", "d2"))!.status).toBe("approved");
     expect(await c!.restoreUsed(rec.id, "alice", "run_benchmark", "d2")).toBeUndefined();
+    // Still bound once given back: another principal or digest is refused, and uses nothing.
+    await expect(b!.consume(rec.id, "bob", "run_benchmark", "d2")).rejects.toMatchObject({
+      code: "approval_not_found",
+    });
+    await expect(b!.consume(rec.id, "alice", "run_benchmark", "other")).rejects.toMatchObject({
+      code: "approval_mismatch",
+    });
     expect((await b!.consume(rec.id, "alice", "run_benchmark", "d2")).status).toBe("used");
+  });
+
+  it("keeps the policy version and rule; an open request is found only under its version", async () => {
+    const [a, b] = stores.map((s) => s.approvals);
+    const rec = await a!.create(
+      req({ args_digest: "d5", policy_version: "pv_1", rule: "every run_benchmark call" }),
+    );
+    expect(await b!.get(rec.id)).toMatchObject({
+      policy_version: "pv_1",
+      rule: "every run_benchmark call",
+    });
+    expect((await b!.findOpen("alice", "run_benchmark", "d5", "pv_1"))!.id).toBe(rec.id);
+    expect(await b!.findOpen("alice", "run_benchmark", "d5", "pv_2")).toBeUndefined();
+    // One from before versions (null) counts under any.
+    const old = await a!.create(req({ args_digest: "d6" }));
+    expect(old.policy_version).toBeNull();
+    expect((await b!.findOpen("alice", "run_benchmark", "d6", "pv_2"))!.id).toBe(old.id);
   });
 
   it("the requester cannot decide its own; an expired one is neither decided nor used", async () => {

@@ -69,6 +69,22 @@ describe("diffConfig", () => {
     );
     expect(d).toEqual({ restart: ["policy.tokens"] });
   });
+
+  it("the approval policy is applied at run time; the rest of the policy still needs a restart", () => {
+    const d = diffConfig(
+      parse({ policy: { approvals: { rules: [{ tool: "load_model" }] } } }),
+      parse({
+        policy: {
+          approvals: { rules: [{ tool: "load_model", principals: ["agent"] }], ttl_s: 60 },
+          limits: { rate_limit: { per_principal_per_minute: 7 } },
+        },
+      }),
+    );
+    expect(d).toEqual({
+      approvals: ["policy.approvals.rules", "policy.approvals.ttl_s"],
+      restart: ["policy.limits.rate_limit.per_principal_per_minute"],
+    });
+  });
 });
 
 describe("reload (a real file, workers.db, the CLI's request in-process)", () => {

@@ -5,6 +5,8 @@ import { api, ApiError, currentSession } from "../session.js";
 import { h, when, countdown, estimateText, status, table, every, on, type Json } from "../ui.js";
 
 function approvalCard(a: Json, refresh: () => void): HTMLElement {
+  // What the operator decides on: the server's one payload for it, whose hash the audit keeps.
+  const shown = a.shown;
   const reason = h("input", {
     type: "text",
     id: `reason-${a.id}`,
@@ -43,33 +45,43 @@ function approvalCard(a: Json, refresh: () => void): HTMLElement {
     h(
       "header",
       {},
-      h("h3", {}, h("span", { class: "principal" }, a.principal), " → ", h("code", {}, a.tool)),
+      h(
+        "h3",
+        {},
+        h("span", { class: "principal" }, shown.requested_by),
+        " → ",
+        h("code", {}, shown.tool),
+      ),
       h("span", { class: "expiry" }, "expires in ", expires),
     ),
     h(
       "dl",
       {},
       h("dt", {}, "Estimate"),
-      h("dd", {}, estimateText(a.estimate)),
+      h("dd", {}, estimateText(shown.estimate)),
+      h("dt", {}, "Rule"),
+      h("dd", {}, shown.rule ?? "(not recorded)"),
       h("dt", {}, "Decision needs"),
       h(
         "dd",
-        { class: `assurance ${a.assurance}` },
-        a.assurance === "passkey"
+        { class: `assurance ${shown.assurance}` },
+        shown.assurance === "passkey"
           ? "a passkey (signed in this console; a token or the CLI is refused)"
-          : a.assurance === "client_form"
+          : shown.assurance === "client_form"
             ? "an operator token or a passkey, or whoever answers the client's form (the agent itself can)"
             : "an operator token or a passkey",
       ),
       h("dt", {}, "Requested"),
-      h("dd", {}, when(a.created_at)),
+      h("dd", {}, when(shown.requested_at)),
       h("dt", {}, "Who else can decide"),
       h("dd", {}, a.deciders.length ? a.deciders.join(", ") : "nobody else holds approvals:grant"),
       h("dt", {}, "Request id"),
-      h("dd", {}, h("code", {}, a.id)),
+      h("dd", {}, h("code", {}, shown.approval_id)),
+      h("dt", {}, "Shown (SHA-256)"),
+      h("dd", {}, h("code", { class: "shown-sha256" }, a.shown_sha256)),
     ),
     h("p", { class: "label" }, "Exact arguments (redacted fields are summaries, as in the audit):"),
-    h("pre", { class: "args", tabindex: "0" }, compactJson(a.args_preview)),
+    h("pre", { class: "args", tabindex: "0" }, compactJson(shown.args)),
     a.assurance === "passkey" && !signs && !self
       ? h(
           "p",

@@ -51,6 +51,8 @@ interface Row {
   decided_ms: string | null;
   reason: string | null;
   used_ms: string | null;
+  policy_version: string | null;
+  rule: string | null;
   /** The database's clock when the row was read. */
   now_ms: string;
 }
@@ -76,6 +78,8 @@ function toRecord(r: Row): ApprovalRecord {
     decided_at: iso(r.decided_ms),
     reason: r.reason,
     used_at: iso(r.used_ms),
+    policy_version: r.policy_version,
+    rule: r.rule,
   };
 }
 
@@ -225,8 +229,8 @@ export class PgApprovalQueue implements ApprovalQueue {
       }
       const r = await c.query(
         `INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, assurance,
-           status, ttl_ms, created_ms, expires_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, ${NOW_MS}, ${NOW_MS} + $8::bigint)
+           status, ttl_ms, created_ms, expires_ms, policy_version, rule)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, ${NOW_MS}, ${NOW_MS} + $8::bigint, $9, $10)
          RETURNING ${COLS}`,
         [
           id,
@@ -237,6 +241,8 @@ export class PgApprovalQueue implements ApprovalQueue {
           req.estimate ? JSON.stringify(req.estimate) : null,
           req.assurance ?? "token",
           ttl,
+          req.policy_version ?? null,
+          req.rule ?? null,
         ],
       );
       return r.rows[0] as Row;
@@ -310,17 +316,22 @@ export class PgApprovalQueue implements ApprovalQueue {
     return r.rowCount ?? 0;
   }
 
-  /** A pending or approved, unexpired approval for exactly this call (an approved one first). */
+  /**
+   * A pending or approved, unexpired approval for exactly this call (an approved one first);
+   * with `policyVersion`, one requested under it or before versions were recorded.
+   */
   async findOpen(
     principal: string,
     tool: string,
     digest: string,
+    policyVersion?: string,
   ): Promise<ApprovalRecord | undefined> {
     const r = await this.pool.query(
       `SELECT ${COLS} FROM approvals WHERE principal = $1 AND tool = $2 AND args_digest = $3
          AND status IN ('pending','approved') AND expires_ms > ${NOW_MS}
+         AND ($4::text IS NULL OR policy_version IS NULL OR policy_version = $4)
        ORDER BY (status = 'approved') DESC, created_ms DESC LIMIT 1`,
-      [principal, tool, digest],
+      [principal, tool, digest, policyVersion ?? null],
     );
     return r.rows[0] ? toRecord(r.rows[0] as Row) : undefined;
   }

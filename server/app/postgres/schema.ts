@@ -199,6 +199,12 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
         ADD COLUMN rate DOUBLE PRECISION NOT NULL DEFAULT 1;
       DROP TABLE budget_overruns;`,
   },
+  {
+    version: 10,
+    name: "approvals: the policy version and the rule each was requested under",
+    // Null on approvals from before: they count under any version (policies/policy_version.ts).
+    sql: `ALTER TABLE approvals ADD COLUMN policy_version TEXT, ADD COLUMN rule TEXT;`,
+  },
 ];
 
 /** The newest schema this code knows. */
