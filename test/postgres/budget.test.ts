@@ -21,6 +21,7 @@ import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 import { ROOT } from "../helpers/server.js";
 import { waitFor as waitUntil } from "../helpers/wait.js";
+import { FakeClock } from "../policies/helpers.js";
 
 /** Until `fn` answers a value, within this file's deadline. */
 const waitFor = <T>(what: string, fn: () => T | undefined | Promise<T | undefined>) =>
