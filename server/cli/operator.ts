@@ -154,7 +154,9 @@ async function decide(
     return 0;
   } catch (e) {
     const err = e as { code?: string; message?: string };
-    io.err(`${err.code ?? "error"}: ${err.message}${err.code === "approval_not_found" ? notHere(config) : ""}`);
+    io.err(
+      `${err.code ?? "error"}: ${err.message}${err.code === "approval_not_found" ? notHere(config) : ""}`,
+    );
     return 1;
   } finally {
     await policy.close();

@@ -21,7 +21,9 @@ export interface CliTarget {
  */
 export function cliProgram(layout: InstallLayout): string {
   const npx = layout.kind === "package" && layout.root.split(sep).includes("_npx");
-  const program = npx ? "npx -y tpu-mcp" : `node ${shellWord(join(layout.root, "bin", "tpu-mcp.js"))}`;
+  const program = npx
+    ? "npx -y tpu-mcp"
+    : `node ${shellWord(join(layout.root, "bin", "tpu-mcp.js"))}`;
   const forced = installKind(layout.root) !== layout.kind;
   return forced ? `TPU_MCP_LAYOUT=${layout.kind} ${program}` : program;
 }
