@@ -9,6 +9,7 @@ import type { ApprovalStatus } from "../../policies/approvals.js";
 import { hashToken } from "../../policies/config.js";
 import { ConfigError, loadConfig, withToken, type ServerConfig } from "../config/config.js";
 import { installLayout, type InstallLayout } from "../config/install_layout.js";
+import { inertSettings } from "../config/inert.js";
 import { SetupWatch } from "../setup/background.js";
 import { needsSetup, runSetup } from "../setup/run.js";
 import { writeUserCatalog } from "../setup/user_catalog.js";
@@ -389,6 +390,8 @@ async function main(argv: string[]): Promise<number> {
         return 2;
       }
       out(JSON.stringify(redactedConfig(config), null, 2));
+      // On stderr: stdout stays the config as JSON.
+      for (const note of inertSettings(config)) err(`note: ${note}`);
       return 0;
     case "audit":
       return runAuditCommand(config, positionals, {
