@@ -33,6 +33,11 @@ try {
   }
 } catch (e) {
   const missing = e?.code === "ERR_MODULE_NOT_FOUND";
+  // The native module's package is gone when its build failed at install (the bundle imports it).
+  if (missing && /better-sqlite3/.test(e.message))
+    fail(
+      'the native SQLite module better-sqlite3 is not installed (its build fails without a prebuilt binary for this Node and platform, or the build tools). npm\'s log of the install is in ~/.npm/_logs; use a Node LTS release or install Python 3, make and a C++ compiler, then reinstall tpu-mcp (docs/troubleshooting.md, "The native module (better-sqlite3)")',
+    );
   fail(
     missing
       ? `a Node package is missing (${e.message.split("\n")[0]}); in a checkout run \`npm run setup\`, else reinstall tpu-mcp`

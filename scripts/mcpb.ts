@@ -54,7 +54,8 @@ export function mcpbManifest(): Record<string, any> {
     version: pkg.version,
     description: pkg.description,
     long_description:
-      "Inspect the accelerator runtime, load a model from the built-in catalog (a real SmolLM2 chat model among them), run inference and benchmarks, behind one policy gate: scopes, limits, budgets and human approval for costly work. The first start makes its Python environment (torch, CPU build) in the data folder, a few minutes once; device tools answer runtime_setting_up meanwhile.",
+      "Inspect the accelerator runtime, load a model from the built-in catalog (a real SmolLM2 chat model among them), run inference and benchmarks, behind one policy gate: scopes, limits, budgets and human approval for costly work. The first start makes its Python environment (torch, CPU build) in the data folder, a few minutes once; device tools answer runtime_setting_up meanwhile. " +
+      platformNote(),
     author: { name: "tpu-mcp contributors" },
     license: pkg.license,
     keywords: pkg.keywords,
@@ -92,6 +93,15 @@ export function mcpbManifest(): Record<string, any> {
       runtimes: { node: ">=20.0.0", python: ">=3.11" },
     },
   };
+}
+
+/**
+ * What the bundle runs on, said plainly: the native module inside is the one built here, so the
+ * bundle is for this platform and CPU only; and nobody signed it.
+ */
+export function platformNote(): string {
+  const os = { linux: "Linux", darwin: "macOS", win32: "Windows" }[process.platform as string];
+  return `This bundle runs on ${os ?? process.platform} (${process.arch}) only: its native SQLite module (better-sqlite3) is the one built where the bundle was made, for this platform and CPU. Elsewhere, add tpu-mcp with npx instead (command npx, args -y tpu-mcp stdio), which builds or downloads the module for your machine. The bundle is not signed.`;
 }
 
 /** dist/mcpb/ with the manifest and the package; returns the folder. */

@@ -96,10 +96,18 @@ function renderReport(report: Report) {
   if (warnings.length) box.append(el("p", `vs ${cmp.baseline_id}: ${warnings.join("; ")}`, "warn"));
 }
 
-/** The operator's command as the server wrote it in the message (it knows the config path). */
-function approveCommand(err: Json, d: Json): string {
-  const m = /`([^`]*approvals approve [^`]*)`/.exec(String(err.message ?? ""));
-  return m?.[1] ?? `node bin/tpu-mcp.js approvals approve ${d.approval_id ?? "<id>"}`;
+/** The operator's command as the server built it for its install, --home and --config. */
+function approveCommand(d: Json): string {
+  return String(d.approve_command ?? `tpu-mcp approvals approve ${d.approval_id ?? "<id>"}`);
+}
+
+/** Where the console is: this approval's page, the console, or how to serve one (stdio). */
+function consoleWhere(d: Json): string {
+  const link = d.approval_url ?? d.console_url;
+  if (link) return `in the tpu-mcp console (${link})`;
+  if (d.console_command)
+    return `in a tpu-mcp console (start one on this server's data with \`${d.console_command}\`)`;
+  return "";
 }
 
 function renderApproval(err: Json) {
@@ -144,7 +152,7 @@ function renderApproval(err: Json) {
       "p",
       (passkey
         ? `An operator approves in the tpu-mcp console${d.approval_url ? ` (${d.approval_url})` : ""}, signing with a passkey; a token or the command line cannot. `
-        : `An operator approves in the tpu-mcp console (Approvals page) or with \`${approveCommand(err, d)}\` from the tpu-mcp folder. `) +
+        : `An operator approves ${consoleWhere(d) ? `${consoleWhere(d)} or ` : ""}with \`${approveCommand(d)}\`, run from any folder. `) +
         "This card is information only: it cannot approve anything. Then call the tool again with the same arguments and approval_id.",
       "note",
     ),

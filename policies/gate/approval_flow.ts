@@ -184,15 +184,19 @@ function approvalRequired(
   const consoleUrl = ctx.deps.consoleUrl?.();
   // The console's page for this request (where a passkey rule is decided).
   const link = approvalUrl(consoleUrl, rec.id);
+  // No console of its own (stdio): how to serve one on the same data, else none is named.
+  const start = consoleUrl ? undefined : ctx.deps.consoleStart;
   const where = link
     ? `in the console (${link})`
     : consoleUrl
       ? `in the console at ${consoleUrl}`
-      : "in the console";
+      : start
+        ? `in a console (start one on this server's data with \`${start.command}\`, then open ${start.url ?? "the console address it prints"})`
+        : undefined;
   const how =
     rec.assurance === "passkey"
-      ? `This rule requires a passkey: ask an operator to approve it ${where} with their passkey; a token or the CLI cannot.`
-      : `Ask an operator to approve it ${where}, or to run \`${command}\` from the tpu-mcp folder.`;
+      ? `This rule requires a passkey: ask an operator to approve it ${where ?? "in the console"} with their passkey; a token or the CLI cannot.`
+      : `Ask an operator to ${where ? `approve it ${where}, or to ` : ""}run \`${command}\` (from any folder).`;
   const message =
     rec.status === "approved"
       ? `This call was already approved (approval ${rec.id}). Call ${tool} again with the same arguments and approval_id "${rec.id}" before ${rec.expires_at}.`
@@ -213,10 +217,16 @@ function approvalRequired(
       ...(rec.assurance === "passkey" ? {} : { approve_command: command }),
       ...(consoleUrl ? { console_url: consoleUrl } : {}),
       ...(link ? { approval_url: link } : {}),
+      ...(start ? { console_command: start.command } : {}),
       ...extra,
       message,
     },
-    [command, ...(link ? [link] : []), ...(consoleUrl ? [consoleUrl] : [])],
+    [
+      command,
+      ...(link ? [link] : []),
+      ...(consoleUrl ? [consoleUrl] : []),
+      ...(start ? [start.command, ...(start.url ? [start.url] : [])] : []),
+    ],
   );
 }
 

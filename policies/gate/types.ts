@@ -155,4 +155,9 @@ export interface GateDeps {
   observer?: GateObserver;
   /** Where operators decide in a browser, once known (approval_required names it). */
   consoleUrl?: () => string | undefined;
+  /**
+   * While no console URL is known (over stdio): the command that serves a console on the same
+   * data, and its address when fixed. Absent: approval_required names no console.
+   */
+  consoleStart?: { command: string; url?: string };
 }

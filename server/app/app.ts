@@ -19,6 +19,7 @@ import { memoryFor } from "../../policies/estimate.js";
 import type { Runtime } from "../../runtime/types.js";
 import { buildTools } from "../../tools/registry.js";
 import { inBandOnly } from "../../tools/support/approvable.js";
+import { inertSettings } from "../config/inert.js";
 import { WorkerModelFacts } from "../../tools/stores/facts.js";
 import type { Jobs } from "../../tools/stores/jobs.js";
 import type { Outputs } from "../../tools/stores/outputs.js";
@@ -377,6 +378,8 @@ export async function createApp(
     logger.warn(
       `approval rules name ${inBand.join(", ")}, which take no approval_id: such a call can be approved only in band, by whoever answers the client's form under a rule of "assurance": "client_form", never from the console or the CLI (under any other rule it never runs). Gate a tool that takes approval_id (docs/policies-and-approvals.md).`,
     );
+
+  for (const note of inertSettings(config)) logger.warn(note);
 
   const approvalFeed = new ApprovalFeed(approvals, {
     onError: (e) => logger.warn({ err: String(e) }, "approval feed poll failed"),

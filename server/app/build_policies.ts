@@ -5,10 +5,9 @@ import type { Logger } from "pino";
 import type { ApproveCommand } from "../../policies/approvals.js";
 import { Gate, type GateObserver } from "../../policies/gate/gate.js";
 import { RequestStateSealer } from "../../policies/request_state.js";
-import { isAbsolute, relative } from "node:path";
-import { shellWord } from "../../lib/text.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
 import type { ServerConfig } from "../config/config.js";
+import { cliCommand, consoleStart, type CliTarget } from "../config/cli_command.js";
 import {
   databaseUrl,
   openCommandBackend,
@@ -18,16 +17,17 @@ import {
 } from "./storage.js";
 
 /**
- * The command an operator runs to approve, as it works pasted into a shell in the tpu-mcp folder:
- * `tpu-mcp` is not on a clone's PATH, and without the server's `--config` the operator's token is
- * unknown. The config's path is quoted for the shell where it needs it.
+ * The command an operator runs to approve, as it works pasted into a shell in any folder: the
+ * program this server was installed as, with its --home and --config (cli_command.ts).
  */
 export function approveCommand(config: ServerConfig): ApproveCommand {
-  const file = config.paths.config_file;
-  const rel = file && relative(config.paths.root, file);
-  const where = file ? (rel && !rel.startsWith("..") && !isAbsolute(rel) ? rel : file) : undefined;
-  return (id) =>
-    `node bin/tpu-mcp.js approvals approve ${id}${where ? ` --config ${shellWord(where)}` : ""}`;
+  const target = cliTarget(config);
+  return (id) => cliCommand(target, ["approvals", "approve", id]);
+}
+
+/** Where the server's code and data are, for the commands it prints. */
+export function cliTarget(config: ServerConfig): CliTarget {
+  return { layout: config.paths.install, configFile: config.paths.config_file };
 }
 
 /** The console's public address from http.resource_url (`…/mcp` → `…/console/`), if set. */
@@ -93,6 +93,8 @@ export async function createPolicyServices(
     approveCommand: approveCommand(config),
     // The CLI knows only the configured public address; the server adds the one it bound.
     consoleUrl: opts.consoleUrl ?? (() => publicConsoleUrl(config.http.resource_url)),
+    // Used only while no console URL is known: a stdio server's operator serves one over HTTP.
+    consoleStart: consoleStart(cliTarget(config), config.http.port),
   });
   return { ...stores, gate };
 }

@@ -9,6 +9,7 @@ import type { ApprovalStatus } from "../../policies/approvals.js";
 import { hashToken } from "../../policies/config.js";
 import { ConfigError, loadConfig, withToken, type ServerConfig } from "../config/config.js";
 import { installLayout, type InstallLayout } from "../config/install_layout.js";
+import { inertSettings } from "../config/inert.js";
 import { SetupWatch } from "../setup/background.js";
 import { needsSetup, runSetup } from "../setup/run.js";
 import { writeUserCatalog } from "../setup/user_catalog.js";
@@ -31,6 +32,8 @@ import { runStorageCommand } from "./storage.js";
 import { openSharedBackend, redactedConfig } from "../app/storage.js";
 import { replicaIdentity } from "../app/replica.js";
 import { checkDataDirAccess, isAccessDenied } from "./data_dir_access.js";
+import { isNativeLoadError, nativeModuleHelp, probeSqlite } from "../app/native_module.js";
+import { answerWithReason } from "../transports/failed_start.js";
 
 /** The repository root: the first folder above this module with a package.json (the source sits
  * in server/cli/, the bundle in dist/, so a fixed number of ".." would be wrong for one of them). */
@@ -42,6 +45,17 @@ function packageRoot(from: string): string {
 }
 
 const ROOT = packageRoot(fileURLToPath(import.meta.url));
+
+/** The commands that open a SQLite store (the policy stores, workers.db). */
+const SQLITE_COMMANDS = [
+  "stdio",
+  "http",
+  "approvals",
+  "audit",
+  "principals",
+  "operators",
+  "workers",
+];
 
 const USAGE = `usage: tpu-mcp <command> [options]
 
@@ -74,6 +88,7 @@ commands:
                                 operators' passkeys: a one-time code for NAME's first passkey
                                 (the console enrols it), the list, removal (lost passkey)
   token new | hash TOKEN        make a token and print its sha256 for the config
+  --version, -v                 print the version
   config show                   the effective config as JSON: the file over the defaults
                                 (e.g. the approval rules that apply when the file names none)
   storage migrate | check       the shared store (storage.postgres): apply its schema; check it is
@@ -138,6 +153,10 @@ async function main(argv: string[]): Promise<number> {
   if (!command || command === "--help" || command === "-h" || command === "help") {
     out(USAGE);
     return command ? 0 : 2;
+  }
+  if (command === "--version" || command === "-v" || command === "version") {
+    out(SERVER_VERSION);
+    return 0;
   }
   const { values, positionals } = parseArgs({
     args: rest,
@@ -230,6 +249,18 @@ async function main(argv: string[]): Promise<number> {
     const refusal = checkDataDirAccess(config.paths.data_dir, command);
     if (refusal) {
       err(refusal);
+      return 1;
+    }
+  }
+
+  // The commands that open a store need the native SQLite module: a failed build is told here,
+  // with what to do, not as a stack trace deep inside (or "Connection closed" in a host).
+  if (SQLITE_COMMANDS.includes(command)) {
+    const failed = probeSqlite();
+    if (failed) {
+      const help = nativeModuleHelp(failed, process.env);
+      err(help);
+      if (command === "stdio") await answerWithReason(help);
       return 1;
     }
   }
@@ -359,6 +390,8 @@ async function main(argv: string[]): Promise<number> {
         return 2;
       }
       out(JSON.stringify(redactedConfig(config), null, 2));
+      // On stderr: stdout stays the config as JSON.
+      for (const note of inertSettings(config)) err(`note: ${note}`);
       return 0;
     case "audit":
       return runAuditCommand(config, positionals, {
@@ -436,6 +469,10 @@ function exitWhenFlushed(code: number): void {
 }
 
 main(process.argv.slice(2)).then(exitWhenFlushed, (e) => {
+  if (isNativeLoadError(e)) {
+    err(nativeModuleHelp(e, process.env));
+    return exitWhenFlushed(1);
+  }
   const hint = isAccessDenied(e)
     ? " (a file of another user: run the command as the server's user, docs/security.md)"
     : "";

@@ -136,6 +136,11 @@ async function showApprovals(
   }
 }
 
+/** Where this command looked: a server with another --home or --config keeps its own approvals. */
+function notHere(config: ServerConfig): string {
+  return ` This command read the approvals in ${config.paths.data_dir}; a server started with another --home or --config keeps its own: run the command its approval message prints, which names both.`;
+}
+
 /** `approvals approve|deny ID`: a decision is written and audited, as the server would. */
 async function decide(
   config: ServerConfig,
@@ -160,7 +165,9 @@ async function decide(
     return 0;
   } catch (e) {
     const err = e as { code?: string; message?: string };
-    io.err(`${err.code ?? "error"}: ${err.message}`);
+    io.err(
+      `${err.code ?? "error"}: ${err.message}${err.code === "approval_not_found" ? notHere(config) : ""}`,
+    );
     return 1;
   } finally {
     await policy.close();

@@ -30,6 +30,11 @@ export interface InstallLayout {
   consoleAssets: string;
   /** The per-user folder of a package install; null for a clone. */
   home: string | null;
+  /**
+   * The per-user folder was given (--home, TPU_MCP_HOME, XDG_DATA_HOME) rather than being the
+   * default under HOME: a command run from another shell finds it only with --home.
+   */
+  homeGiven: boolean;
   /** The Python virtual environment the worker runs in. */
   venv: string;
   /** Its interpreter: the default of runtime.python. */
@@ -105,6 +110,7 @@ export function layoutOf(
       ...common,
       catalog: shippedCatalog,
       home: null,
+      homeGiven: false,
       venv: join(root, ".venv"),
       python: join(root, ".venv", "bin", "python"),
       vllmPython: join(root, ".venv-vllm", "bin", "python"),
@@ -123,6 +129,7 @@ export function layoutOf(
     ...common,
     catalog: join(home, "catalog.builtin.json"),
     home,
+    homeGiven: home !== join(env.HOME || homedir(), ".local", "share", "tpu-mcp"),
     venv,
     python: join(venv, "bin", "python"),
     vllmPython: join(home, "venv-vllm", "bin", "python"),

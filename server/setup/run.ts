@@ -19,6 +19,7 @@ import type { InstallLayout } from "../config/install_layout.js";
 import { alive, readSetupRecord, writeSetupRecord, type SetupRecord } from "./progress.js";
 import { writeUserCatalog } from "./user_catalog.js";
 import { openUserHome } from "./user_home.js";
+import { PipProgress, type PipState } from "./pip_progress.js";
 
 /** The inputs a finished set-up is valid for: the requirement files, the catalog, the version. */
 export function setupDigest(layout: InstallLayout, version: string): string {
@@ -107,8 +108,17 @@ export async function runSetup(layout: InstallLayout, io: SetupIo): Promise<bool
         "installing Python packages (torch CPU build, transformers; a few minutes the first time)",
         5,
       );
-      let seen = 0;
-      for (const { file, noDeps } of layout.requirements) {
+      const spans = [
+        [5, 55],
+        [55, 60],
+      ];
+      for (const [i, { file, noDeps }] of layout.requirements.entries()) {
+        const [from, to] = spans[i] ?? [60, 60];
+        const pip = new PipProgress(from!, to!);
+        const show = (st: PipState, text: string) => {
+          report({ step: `installing Python packages: ${st.step}` });
+          line(text, st.percent);
+        };
         await run(
           layout.python,
           [
@@ -123,8 +133,20 @@ export async function runSetup(layout: InstallLayout, io: SetupIo): Promise<bool
             file,
           ],
           io,
-          // pip prints a few lines per package (~40 packages): creep from 5% towards 60%.
-          (text) => line(text, 5 + 55 * (1 - Math.exp(-++seen / 80))),
+          (text) => show(pip.line(text), text),
+          {
+            // pip is silent while it installs: the step line and the percentage still move.
+            quiet: (silentS) => {
+              const st = pip.state();
+              report({
+                step: `installing Python packages: ${st.step}`,
+                message: st.step,
+                percent: st.percent,
+              });
+              if (silentS % 30 < QUIET_TICK_S)
+                io.say(`[setup] ${st.step}… (${Math.round(st.percent)}%)`);
+            },
+          },
         );
       }
       writeFileSync(marker, want + "\n");
@@ -143,6 +165,8 @@ export async function runSetup(layout: InstallLayout, io: SetupIo): Promise<bool
           PYTHONPATH: layout.workerDir,
           HF_HUB_OFFLINE: "1",
           TRANSFORMERS_OFFLINE: "1",
+          // The conversion's library warnings are not the user's business: errors only.
+          TRANSFORMERS_VERBOSITY: "error",
         },
       },
       (text) => {
@@ -154,6 +178,8 @@ export async function runSetup(layout: InstallLayout, io: SetupIo): Promise<bool
           });
         line(text, m ? 60 + (40 * (Number(m[1]) - 1)) / Number(m[2]) : undefined);
       },
+      // Its own lines on the terminal; anything else a library prints goes to the log only.
+      { show: (text) => text.startsWith("[builtin]") },
     );
     report({ state: "done", step: "ready", percent: 100, message: "set-up complete" });
     io.say(`[setup] ready: ${layout.home} (log: ${log})`);
@@ -169,33 +195,50 @@ export async function runSetup(layout: InstallLayout, io: SetupIo): Promise<bool
   }
 }
 
-/** Runs a command, each output line to `onLine` (and to `say` while it is the foreground). */
+/** How often a silent command's `quiet` is called. */
+const QUIET_TICK_S = 5;
+
+/**
+ * Runs a command, each output line to `onLine` and to `say` (those `show` accepts);
+ * `quiet(seconds)` is called every QUIET_TICK_S while it prints nothing.
+ */
 function run(
   cmd: string,
   args: string[],
   io: SetupIo,
   onLine: (text: string) => void,
+  opts: { show?: (text: string) => boolean; quiet?: (silentS: number) => void } = {},
 ): Promise<void> {
   return new Promise((resolve, reject) => {
     const child = spawn(cmd, args, { env: io.env, stdio: ["ignore", "pipe", "pipe"] });
     let last = "";
+    let lastAt = Date.now();
+    const ticker = opts.quiet
+      ? setInterval(() => {
+          const silent = Math.round((Date.now() - lastAt) / 1000);
+          if (silent >= QUIET_TICK_S) opts.quiet!(silent);
+        }, QUIET_TICK_S * 1000)
+      : undefined;
+    child.on("close", () => clearInterval(ticker));
     const split = (buf: { rest: string }) => (chunk: Buffer) => {
       const lines = (buf.rest + chunk.toString("utf8")).split(/\r?\n|\r/);
       buf.rest = lines.pop() ?? "";
       for (const l of lines)
         if (l.trim()) {
           last = l.trim();
+          lastAt = Date.now();
           onLine(last);
-          io.say(`  ${last}`);
+          if (opts.show?.(last) ?? true) io.say(`  ${last}`);
         }
     };
     child.stdout.on("data", split({ rest: "" }));
     child.stderr.on("data", split({ rest: "" }));
-    child.on("error", (e) =>
+    child.on("error", (e) => {
+      clearInterval(ticker);
       reject(
         new SetupFailed(`cannot run ${cmd}: ${(e as NodeJS.ErrnoException).code ?? e.message}`),
-      ),
-    );
+      );
+    });
     child.on("close", (code, signal) =>
       code === 0
         ? resolve()

@@ -583,6 +583,10 @@ describe("operator console in chromium", () => {
         await card.locator("h1", { hasText: "Waiting for an operator's approval" }).waitFor();
         expect(await card.locator("dl").innerText()).toContain("run_benchmark");
         expect(await card.locator("main").innerText()).toContain("cannot approve anything");
+        // The card names the console's page for this approval and the command for any folder.
+        expect(await card.locator("main").innerText()).toMatch(
+          /console \(http:\S+#\/approvals\/apr_\w+\) or with `node \/\S+\/bin\/tpu-mcp\.js approvals approve apr_\w+/,
+        );
         await expect.poll(() => p.getAttribute("#report", "data-size")).toBeTruthy();
         expect(violations).toEqual([]);
         await p.locator("#report").screenshot({ path: join(SHOTS, "mcp-app.png") });
@@ -605,6 +609,7 @@ describe("operator console in chromium", () => {
     });
     expect(errorOf(r)?.code).toBe("approval_required");
     expect((r._meta as any)?.ui).toBeUndefined();
-    expect((r.content as any)[0].text).toContain("node bin/tpu-mcp.js approvals approve");
+    expect((r.content as any)[0].text).toContain(errorOf(r)?.details?.approve_command as string);
+    expect(errorOf(r)?.details?.approve_command).toMatch(/^node \/\S+\/bin\/tpu-mcp\.js approvals/);
   });
 });

@@ -55,7 +55,15 @@ describe("MCP Apps", () => {
       tool: "run_benchmark",
       args: { model: "mnist-cnn" },
     });
-    expect((r.content as any)[0].text).toContain("node bin/tpu-mcp.js approvals approve");
+    // The command runs from any folder (absolute bin, the server's --config); over stdio the
+    // card and the text say how to serve a console on the same data.
+    const d = errorOf(r)?.details as any;
+    expect(d.approve_command).toMatch(
+      /^node \/\S+\/bin\/tpu-mcp\.js approvals approve apr_\w+ --config \/\S+$/,
+    );
+    expect(d.console_command).toMatch(/^node \/\S+\/bin\/tpu-mcp\.js http --config \/\S+$/);
+    expect((r.content as any)[0].text).toContain(d.approve_command);
+    expect((r.content as any)[0].text).toContain(d.console_command);
   });
 
   it("adds nothing for a client without the extension", async () => {

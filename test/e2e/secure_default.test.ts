@@ -86,17 +86,19 @@ describe("secure by default: no config, a benchmark waits for a human", () => {
       expect(shown).not.toContain("<path>");
       expect(shown).toContain(`(${console_url}#/approvals/${id})`);
       const command = /`([^`]+)`/.exec(shown)?.[1];
-      expect(command).toMatch(
-        new RegExp(`^node bin/tpu-mcp\\.js approvals approve ${id} --config `),
-      );
+      expect(command).toBe(`node ${CLI} approvals approve ${id} --config '${config}'`);
       // Retrying before a decision does not run it either.
       const early = await call(agent.client, "run_benchmark", { ...BENCH, approval_id: id });
       expect(errorOf(early)?.code).toBe("approval_pending");
       expect(await benchmarksRun()).toBe(0);
 
-      // The human pastes the command into a shell in the clone's root, exactly as shown (the
+      // The human pastes the command into a shell in a new empty folder, exactly as shown (the
       // embedded default's operator token; the config outside the clone, its path quoted).
-      const decided = await run("/bin/sh", ["-c", command!], { cwd: ROOT, env: shellEnv() });
+      const elsewhere = mkdtempSync(join(dir, "paste-"));
+      const decided = await run("/bin/sh", ["-c", command!], {
+        cwd: elsewhere,
+        env: shellEnv({ HOME: elsewhere }),
+      });
       expect(decided.stdout).toMatch(/^approved: /);
 
       const ok = await call(agent.client, "run_benchmark", { ...BENCH, approval_id: id });
@@ -241,7 +243,7 @@ function expectOutOfBand(r: any) {
   expect(e?.code, JSON.stringify(r).slice(0, 400)).toBe("approval_required");
   expect(e.details.assurance).toBe("token");
   expect(e.details.request_state).toBeUndefined();
-  expect(e.details.approve_command).toMatch(/^node bin\/tpu-mcp\.js approvals approve apr_/);
+  expect(e.details.approve_command).toMatch(/^node \/\S+\/bin\/tpu-mcp\.js approvals approve apr_/);
   expect(e.details.console_url).toMatch(/\/console\/$/);
   expect(e.message).toMatch(/An answer in the client cannot decide this approval/);
 }

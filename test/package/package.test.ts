@@ -6,15 +6,17 @@
 // What it checks: initialize and tools/list answer before any set-up; a device tool answers
 // runtime_setting_up (with its percentage) and get_runtime_status shows the background set-up;
 // `tpu-mcp setup` shows progress on stderr and finishes; then a real MCP client loads the built-in
-// smollm2-135m-instruct and gets "Paris" over stdio and over HTTP; never a stack trace.
+// smollm2-135m-instruct and gets "Paris" over stdio and over HTTP; the command an approval prints
+// decides it pasted in a new folder (with a data folder of its own: with --home, from an empty
+// HOME); never a stack trace.
 //
 // The one shortcut: TPU_MCP_VENV points the per-user data dir's venv at this checkout's .venv,
 // so the suite does not reinstall torch (pip still runs and checks every requirement; the model
 // files are made fresh in the per-user folder, the SmolLM2 conversion included).
 import { execFile, execFileSync, spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { promisify } from "node:util";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
@@ -29,11 +31,13 @@ const run = promisify(execFile);
 const VERSION = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")).version;
 const MODEL = "smollm2-135m-instruct";
 const QUESTION = [{ role: "user", content: "What is the capital of France?" }];
+const BENCH = { model: "mnist-cnn", batch_sizes: [1], iterations: 2, warmup: 1 };
 
 const work = mkdtempSync(join(tmpdir(), "tpu-mcp-package-"));
 const prefix = join(work, "prefix");
 const home = join(work, "home");
 const bin = join(prefix, "node_modules", ".bin", "tpu-mcp");
+const installed = join(prefix, "node_modules", "tpu-mcp");
 const dataHome = join(home, ".local", "share", "tpu-mcp");
 
 /** What a desktop host gives a server it launches: HOME, a bare PATH, nothing of this shell. */
@@ -202,6 +206,48 @@ describe("the npm package", () => {
         await s.client.close();
       }
       noStackTrace(s.stderr());
+    },
+  );
+
+  it(
+    "after set-up: the approval's printed command, pasted in a new folder, decides it (with and without --home)",
+    { timeout: scaled(300_000) },
+    async () => {
+      // A folder of its own, as the desktop bundle's "Data folder" gives (TPU_MCP_HOME): a link
+      // to the set-up folder, so no second set-up, but not the default path.
+      const ownHome = join(work, "desktop-data");
+      symlinkSync(dataHome, ownHome);
+      for (const [env, shellHome, flag] of [
+        [hostEnv, home, ""],
+        [
+          { ...hostEnv, TPU_MCP_HOME: ownHome },
+          mkdtempSync(join(work, "empty-home-")),
+          ` --home ${ownHome}`,
+        ],
+      ] as const) {
+        const s = await toolsListMs([bin, "stdio"], env, home);
+        try {
+          const first = await call(s.client as any, "run_benchmark", BENCH);
+          const e = errorOf(first)!;
+          expect(e?.code, JSON.stringify(first.content)).toBe("approval_required");
+          const id = e.details.approval_id as string;
+          const command = e.details.approve_command as string;
+          // The installed package's bin by absolute path, runnable from any folder.
+          expect(command).toBe(`node ${installed}/bin/tpu-mcp.js approvals approve ${id}${flag}`);
+          expect((first.content as any)[0].text).toContain(`\`${command}\``);
+          const elsewhere = mkdtempSync(join(work, "paste-"));
+          const decided = await run("/bin/sh", ["-c", command], {
+            cwd: elsewhere,
+            env: { HOME: shellHome, PATH: `${dirname(process.execPath)}:/usr/bin:/bin` },
+          });
+          expect(decided.stdout).toMatch(/^approved: /);
+          const ok = await call(s.client as any, "run_benchmark", { ...BENCH, approval_id: id });
+          expect(ok.isError, JSON.stringify(ok.content)).toBeFalsy();
+        } finally {
+          await s.client.close();
+        }
+        noStackTrace(s.stderr());
+      }
     },
   );
 

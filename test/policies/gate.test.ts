@@ -49,7 +49,10 @@ const demoPolicy = JSON.parse(
   readFileSync(new URL("../../examples/policy.demo.json", import.meta.url), "utf8"),
 ).policy as PolicyConfigInput;
 
-function makeGate(policy: PolicyConfigInput = demoPolicy) {
+function makeGate(
+  policy: PolicyConfigInput = demoPolicy,
+  deps: Partial<ConstructorParameters<typeof Gate>[0]> = {},
+) {
   const config = parsePolicyConfig(policy, TOOL_POLICIES);
   const clock = new FakeClock();
   const logger = captureLogger();
@@ -69,6 +72,7 @@ function makeGate(policy: PolicyConfigInput = demoPolicy) {
     budget,
     clock: clock.now,
     logger,
+    ...deps,
   });
   return { gate, clock, approvals, audit, budget, logger, config };
 }
@@ -193,6 +197,45 @@ describe("Gate", () => {
     expect(e.message).toContain("needs 18.0 GiB, device has 16.0 GiB free");
     expect(e.details.suggestion).toBe("use dtype bfloat16");
     expect(await approvals.list()).toHaveLength(0);
+  });
+
+  it("names a console to start on the same data only while it knows none (stdio), and no console without one", async () => {
+    const start = {
+      command: "npx -y tpu-mcp http --home /h",
+      url: "http://localhost:7801/console/",
+    };
+    const approveCommand = (id: string) => `npx -y tpu-mcp approvals approve ${id} --home /h`;
+    const stdio = await refusal(
+      makeGate(demoPolicy, { approveCommand, consoleStart: start }).gate.run(loadMinilm(), vi.fn()),
+    );
+    const id = stdio.details.approval_id as string;
+    expect(stdio.message).toContain(
+      `approve it in a console (start one on this server's data with \`${start.command}\`, then open ${start.url}), or to run \`${approveCommand(id)}\` (from any folder).`,
+    );
+    expect(stdio.details).toMatchObject({
+      console_command: start.command,
+      approve_command: approveCommand(id),
+    });
+
+    const served = await refusal(
+      makeGate(demoPolicy, {
+        approveCommand,
+        consoleStart: start,
+        consoleUrl: () => "http://localhost:9/console/",
+      }).gate.run(loadMinilm(), vi.fn()),
+    );
+    expect(served.message).toContain("in the console (http://localhost:9/console/#/approvals/");
+    expect(served.message).not.toContain(start.command);
+    expect(served.details.console_command).toBeUndefined();
+
+    // No console can be served (none built): only the command, and no console is promised.
+    const none = await refusal(
+      makeGate(demoPolicy, { approveCommand }).gate.run(loadMinilm(), vi.fn()),
+    );
+    expect(none.message).toContain(
+      `Ask an operator to run \`${approveCommand(none.details.approval_id as string)}\``,
+    );
+    expect(none.message).not.toMatch(/console/);
   });
 
   it("asks for approval out of band, then runs once with the approved id", async () => {
