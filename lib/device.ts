@@ -1,6 +1,21 @@
 // The one parser of device strings (`cpu`, `tpu`, `tpu:3`, `cuda:1`, `auto`, `default`): a kind and,
 // for a chip, its index. In lib/, the dependency-free leaf every room may import.
 
+/**
+ * The device kinds a worker reports and a device string may name: the one list that schemas,
+ * patterns and types derive from (test/unit/one_source.test.ts refuses a second).
+ */
+export const DEVICE_KINDS = ["cpu", "cuda", "tpu", "xla"] as const;
+export type DeviceKind = (typeof DEVICE_KINDS)[number];
+
+/** The kinds as a regular-expression alternation (`cpu|cuda|tpu|xla`), for patterns over device strings. */
+export const DEVICE_KIND_ALTERNATION = DEVICE_KINDS.join("|");
+
+/** Whether a string is one of DEVICE_KINDS. */
+export function isDeviceKind(s: unknown): s is DeviceKind {
+  return (DEVICE_KINDS as readonly unknown[]).includes(s);
+}
+
 export interface ParsedDevice {
   /** `tpu`, `cuda`, `cpu`, `xla`, `auto`, `default`, or whatever precedes the colon. */
   kind: string;

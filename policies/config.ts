@@ -5,21 +5,13 @@
 
 import { createHash } from "node:crypto";
 import { z } from "zod";
-import { SCOPES } from "./scopes.js";
+import { DEFAULT_STDIO_SCOPES, SCOPES } from "./scopes.js";
+import { DEVICE_KINDS } from "../lib/device.js";
 import type { ToolPolicy } from "./tool_policy.js";
 
 const ScopeSchema = z.enum(SCOPES);
 const PositiveInt = z.number().int().positive();
 const NonNegative = z.number().nonnegative();
-
-export const DEFAULT_STDIO_SCOPES = [
-  "models:read",
-  "models:load",
-  "models:unload",
-  "inference:run",
-  "benchmark:run",
-  "jobs:read",
-] as const;
 
 /** One per-tool fact as a record of the tools that set it (null: the section's default applies). */
 function perTool<K extends "concurrency" | "timeoutS">(
@@ -125,10 +117,8 @@ function limitsSchema(tools: readonly ToolPolicy[], ToolSchema: z.ZodType<string
   });
 }
 
-/** Device kinds a price can be given for, as the runtime names them (runtime/types.ts). */
-const PRICED_KINDS = ["cpu", "cuda", "tpu", "xla"] as const;
 const Price = z.number().positive().finite();
-const PricesByKind = z.partialRecord(z.enum(PRICED_KINDS), Price).default({});
+const PricesByKind = z.partialRecord(z.enum(DEVICE_KINDS), Price).default({});
 
 /**
  * Device time in money (policies/limits/pricing.ts): estimates, charges, budget lines, approval
@@ -155,7 +145,7 @@ const PricingSchema = z
       ctx.addIssue({
         code: "custom",
         path: ["per_chip_hour"],
-        message: `give a price for at least one device kind (${PRICED_KINDS.join(", ")})`,
+        message: `give a price for at least one device kind (${DEVICE_KINDS.join(", ")})`,
       });
   })
   .transform((p) => ({

@@ -2,13 +2,18 @@
 // record needs `admin`, so a new tool is closed by default until someone decides who may call it.
 import type { ToolPolicy } from "./tool_policy.js";
 
-export const SCOPES = [
+/** What the stdio principal holds unless the config names its scopes: all but the operator's. */
+export const DEFAULT_STDIO_SCOPES = [
   "models:read",
   "models:load",
   "models:unload",
   "inference:run",
   "benchmark:run",
   "jobs:read",
+] as const;
+
+export const SCOPES = [
+  ...DEFAULT_STDIO_SCOPES,
   "approvals:grant",
   "metrics:read",
   "admin",

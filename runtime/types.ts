@@ -5,6 +5,7 @@ import type { OpArgs, OpName, OpResult } from "./wire/ops.js";
 
 export { TENSOR_DTYPES, type TensorDtype } from "../lib/dtypes.js";
 import type { TensorDtype } from "../lib/dtypes.js";
+import type { DeviceKind } from "../lib/device.js";
 
 export const MODEL_DTYPES = ["float32", "bfloat16", "float16"] as const;
 export type ModelDtype = (typeof MODEL_DTYPES)[number];
@@ -19,7 +20,7 @@ export interface TensorData {
 }
 
 export interface DeviceInfo {
-  kind: "tpu" | "xla" | "cuda" | "cpu";
+  kind: DeviceKind;
   name: string;
   index: number;
   count: number;

@@ -2,6 +2,7 @@ import { z } from "zod";
 import { ToolError } from "./errors.js";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
+import { BENCHMARK_VIEW_URI } from "../lib/views.js";
 import type { JobRecord } from "./stores/jobs.js";
 
 export const jobIdArg = z
@@ -45,7 +46,7 @@ const build = (_env: ToolEnv) =>
       openWorldHint: false,
     },
     // A finished benchmark job is drawn like run_benchmark's result; other jobs show their state.
-    ui: { resourceUri: "ui://tpu-mcp/benchmark-view.html" },
+    ui: { resourceUri: BENCHMARK_VIEW_URI },
     async handler(args, ctx) {
       const job = await ctx.jobs.get(args.job_id, ctx.principal.id);
       if (!job) throw new ToolError("job_not_found", `no job ${args.job_id} of yours exists`);

@@ -28,6 +28,7 @@ import { JobRef } from "./stores/jobs.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
 import { reportCost, type ReportCost } from "../policies/limits/pricing.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
+import { BENCHMARK_VIEW_URI } from "../lib/views.js";
 
 /** `{cost}` for a report with `pricing` set and its device kind priced; `{}` otherwise. */
 function costOfReport(env: ToolEnv, kind: string, configs: unknown[]): { cost?: ReportCost } {
@@ -348,7 +349,7 @@ const build = (env: ToolEnv) => {
       idempotentHint: false,
       openWorldHint: false,
     },
-    ui: { resourceUri: "ui://tpu-mcp/benchmark-view.html" },
+    ui: { resourceUri: BENCHMARK_VIEW_URI },
     estimate: (a, ctx) => {
       const r = resolveBenchmark(env, a);
       return estimateFor(

@@ -1,6 +1,7 @@
 // Argument pieces shared by several tools, so that `model`, `device`, `dtype`, ... mean the same
 // thing everywhere: argument names are part of the public contract.
 import { z } from "zod";
+import { DEVICE_KIND_ALTERNATION } from "../lib/device.js";
 import { MODEL_DTYPES, TENSOR_DTYPES } from "../runtime/types.js";
 import type { CatalogEntry } from "../runtime/catalog.js";
 import type { ToolEnv } from "./types.js";
@@ -27,7 +28,9 @@ export function modelId(env: ToolEnv) {
   return z.enum(ids);
 }
 
-const DEVICE = /^((tpu|cuda|cpu|xla)(:\d{1,2})?|[A-Za-z][A-Za-z0-9_.-]{0,62})$/;
+const DEVICE = new RegExp(
+  `^((${DEVICE_KIND_ALTERNATION})(:\\d{1,2})?|[A-Za-z][A-Za-z0-9_.-]{0,62})$`,
+);
 
 /** Checked by a refinement, not a published pattern: the description says the forms in fewer bytes. */
 export const device = z

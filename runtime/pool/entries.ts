@@ -1,6 +1,7 @@
 // What a pool is made of: local workers (a subprocess on this host) and remote workers
 // (`tpu_worker serve` elsewhere, reached over mutual TLS).
 import type { RemoteEndpoint } from "./remote.js";
+import { DEVICE_KIND_ALTERNATION, isDeviceKind, type DeviceKind } from "../../lib/device.js";
 
 export interface LocalWorkerEntry {
   name: string;
@@ -24,10 +25,10 @@ export function isRemote(e: WorkerEntry): e is RemoteWorkerEntry {
 }
 
 /** Names a worker may not take: they would read as a device. */
-export const RESERVED_NAMES = /^(auto|cpu|cuda|tpu|xla)(:\d+)?$/;
+export const RESERVED_NAMES = new RegExp(`^(auto|${DEVICE_KIND_ALTERNATION})(:\\d+)?$`);
 export const WORKER_NAME = /^[A-Za-z][A-Za-z0-9_.-]{0,62}$/;
 
-const VISIBLE: Record<string, string> = {
+const VISIBLE: Partial<Record<DeviceKind, string>> = {
   tpu: "TPU_VISIBLE_DEVICES",
   cuda: "CUDA_VISIBLE_DEVICES",
 };
@@ -40,9 +41,9 @@ const VISIBLE: Record<string, string> = {
  * chose already is left alone (the worker maps N into it); other devices get `base` unchanged.
  */
 export function chipEnv(device: string, base: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
-  const m = /^(tpu|cuda):(\d+)$/.exec(device);
-  if (!m) return base;
-  const name = VISIBLE[m[1]!]!;
+  const m = /^([a-z]+):(\d+)$/.exec(device);
+  const name = m && isDeviceKind(m[1]) ? VISIBLE[m[1]] : undefined;
+  if (!m || !name) return base;
   if (base[name] !== undefined && base[name]!.trim() !== "") return base;
   return { ...base, [name]: m[2]! };
 }

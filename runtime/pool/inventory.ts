@@ -5,9 +5,10 @@ import { spawn } from "node:child_process";
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 import type { LocalWorkerEntry } from "./entries.js";
+import { isDeviceKind, type DeviceKind } from "../../lib/device.js";
 
 export interface Inventory {
-  kind: "tpu" | "cuda" | "xla" | "cpu";
+  kind: DeviceKind;
   count: number;
   name: string;
   devices_per_chip?: number;
@@ -71,12 +72,7 @@ export function parseInventory(line: string): Inventory {
   } catch {
     throw new Error(`inventory: expected one JSON line, got ${JSON.stringify(line.slice(0, 200))}`);
   }
-  if (
-    !v ||
-    !["tpu", "cuda", "xla", "cpu"].includes(v.kind) ||
-    !Number.isInteger(v.count) ||
-    v.count < 0
-  )
+  if (!v || !isDeviceKind(v.kind) || !Number.isInteger(v.count) || v.count < 0)
     throw new Error(`inventory: unexpected answer ${JSON.stringify(v).slice(0, 200)}`);
   return { kind: v.kind, count: v.count, name: String(v.name ?? v.kind), problems: v.problems };
 }

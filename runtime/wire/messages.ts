@@ -3,12 +3,13 @@
 // add fields without breaking an older client.
 
 import { z } from "zod";
+import { DEVICE_KINDS } from "../../lib/device.js";
 import type { StopReason, WorkerHello } from "../types.js";
 
 export const PROTOCOL_VERSION = 1;
 
 const deviceSchema = z.looseObject({
-  kind: z.enum(["tpu", "xla", "cuda", "cpu"]),
+  kind: z.enum(DEVICE_KINDS),
   name: z.string(),
   index: z.number().int(),
   count: z.number().int(),

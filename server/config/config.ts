@@ -8,11 +8,13 @@ import { TOOL_POLICIES } from "../../tools/registry.js";
 import { RaySchema, resolveRayPaths } from "./ray.js";
 import { EnginesSchema, resolveVllmPaths } from "./engines.js";
 import { layoutOf, type InstallLayout } from "./install_layout.js";
+import { DEVICE_KIND_ALTERNATION } from "../../lib/device.js";
+import { RESERVED_NAMES } from "../../runtime/pool/entries.js";
 
 const DeviceSchema = z
   .string()
   .regex(
-    /^(auto|cpu|cuda|tpu|xla)(:\d{1,2})?$/,
+    new RegExp(`^(auto|${DEVICE_KIND_ALTERNATION})(:\\d{1,2})?$`),
     "use auto, cpu, cuda, tpu or xla, optionally with :index",
   );
 
@@ -22,10 +24,7 @@ const WorkerName = z
     /^[A-Za-z][A-Za-z0-9_.-]{0,62}$/,
     "a letter, then letters, digits, _ . - (e.g. w0, vm2-tpu3)",
   )
-  .refine(
-    (n) => !/^(auto|cpu|cuda|tpu|xla)(:\d+)?$/.test(n),
-    "a worker name may not look like a device",
-  );
+  .refine((n) => !RESERVED_NAMES.test(n), "a worker name may not look like a device");
 
 const LocalWorkerSchema = z
   .object({

@@ -3,6 +3,7 @@
 // control host are resolved against the config file; `actor.catalog` names a file on the nodes.
 import { isAbsolute, resolve } from "node:path";
 import { z } from "zod";
+import { DEVICE_KINDS } from "../../lib/device.js";
 
 const Path = z.string().min(1);
 const TpuChips = z.union([z.literal(1), z.literal(2), z.literal(4), z.literal(8)]);
@@ -40,7 +41,8 @@ export const RaySchema = z
       .object({
         /** The catalog's path on the cluster's nodes. */
         catalog: Path,
-        device: z.enum(["auto", "cpu", "cuda", "tpu"]).default("auto"),
+        // Not xla: the fleet driver refuses it (tpu_worker/fleet/config.py).
+        device: z.enum(["auto", ...DEVICE_KINDS.filter((k) => k !== "xla")]).default("auto"),
         threads: z.number().int().min(0).max(1024).optional(),
         num_cpus: z.number().min(0).optional(),
         max_restarts: z.number().int().min(0).max(1000).default(3),

@@ -13,11 +13,11 @@ import {
   getUiCapability,
   RESOURCE_MIME_TYPE,
 } from "@modelcontextprotocol/ext-apps/server";
+import { APPROVAL_CARD_URI, BENCHMARK_VIEW_URI } from "../../lib/views.js";
 
 export const UI_EXTENSION = EXTENSION_ID;
 export const UI_MIME = RESOURCE_MIME_TYPE;
-export const BENCHMARK_VIEW_URI = "ui://tpu-mcp/benchmark-view.html";
-export const APPROVAL_CARD_URI = "ui://tpu-mcp/approval-card.html";
+export { APPROVAL_CARD_URI, BENCHMARK_VIEW_URI };
 const VIEWS = [
   {
     uri: BENCHMARK_VIEW_URI,
