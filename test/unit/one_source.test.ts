@@ -13,6 +13,7 @@ import { RESERVED_NAMES, chipEnv } from "../../runtime/pool/entries.js";
 import { parseInventory } from "../../runtime/pool/inventory.js";
 import { device } from "../../tools/schemas.js";
 import { ServerConfigSchema } from "../../server/config/config.js";
+import { RaySchema } from "../../server/config/ray.js";
 import { ROOT } from "../helpers/server.js";
 
 const ROOMS = ["server", "tools", "policies", "runtime", "lib"];
@@ -134,6 +135,17 @@ describe("one source for each fact", () => {
     expect(device.safeParse("npu:0").success).toBe(false);
     expect(local("npu:1")).toBe(false);
     expect(() => parseInventory(JSON.stringify({ kind: "npu", count: 1 }))).toThrow(/unexpected/);
+    // A Ray actor takes every kind but xla, as the fleet driver does (tpu_worker/fleet/config.py).
+    const actor = (d: string) =>
+      RaySchema.safeParse({
+        address: "10.0.0.2:6379",
+        token_file: "/t",
+        actor: { catalog: "/c.json", device: d },
+        channel: { client_ca: "/ca.crt", token_file: "/wt" },
+        client: { cert: "/c.crt", key: "/c.key" },
+      }).success;
+    expect(actor("auto")).toBe(true);
+    for (const k of DEVICE_KINDS) expect(actor(k), k).toBe(k !== "xla");
     // A chip of a kind without a visible-devices variable, or a key of Object's prototype, keeps the environment.
     const base = { PATH: "/bin" };
     expect(chipEnv("tpu:2", base).TPU_VISIBLE_DEVICES).toBe("2");
