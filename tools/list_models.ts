@@ -51,7 +51,7 @@ const build = (env: ToolEnv) =>
   defineTool(policy, {
     title: "List models",
     description:
-      "Use to choose a model: each catalog id with its task, size, dtypes, devices, limits, chat template, and whether it is loaded.",
+      "Use to choose a model: every catalog model, its limits, and whether it is loaded.",
     input: z.object({}).strict(),
     output: z.object({ models: z.array(ModelInfo) }),
     annotations: {

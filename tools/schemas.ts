@@ -66,10 +66,8 @@ export const approvalId = z
   .refine((s) => APPROVAL_ID.test(s), { message: "an approval id looks like apr_…" })
   .optional();
 
-export const wait = z
-  .boolean()
-  .default(true)
-  .describe("false: answer a job_id at once; follow it with get_job");
+/** false: a job_id at once (get_job's description says how to follow it). */
+export const wait = z.boolean().default(true);
 
 export function tensorInput(env: ToolEnv) {
   const max = env.limits.max_tensor_elements;
@@ -102,7 +100,7 @@ export function tensorInput(env: ToolEnv) {
 /** float32 matmul precision for the worker's process: on TPU 1, 3 or 6 bf16 passes. */
 export const matmulPrecision = z
   .enum(["medium", "high", "highest"])
-  .describe("float32 matmuls of the worker: TPU 1/3/6 bf16 passes");
+  .describe("TPU: 1/3/6 bf16 passes per float32 matmul");
 
 /** A loaded model's shape plan (runtime/worker/tpu_worker/shapes.py): the only shapes its forwards take. */
 export const ShapePlan = z

@@ -81,27 +81,23 @@ function objectOf(node: Node): Node | undefined {
   return undefined;
 }
 
-/** The field names of an object, as a model reads them in a description: `a, b, c`. */
-function fieldList(obj: Node): string {
-  return Object.keys(obj.properties as Record<string, Node>).join(", ");
-}
-
 /**
- * Replaces a nested object (or list of objects) by `{type: "object"}` (`{type: "array"}`) whose
- * description names its fields, or says what it holds when its zod schema is described: what a
- * client needs to validate, what a model needs to read the answer, at a fraction of the bytes.
- * The server still checks every answer against the full zod schema.
+ * Replaces a nested object (or list of objects) by `{type: "object"}` (`{type: "array"}`), with
+ * the note its zod schema gives, if any: what a client needs to validate. Its field names are
+ * left to the answers, which carry them (and to docs/tools.md): listed here they cost an agent
+ * about 700 bytes of every tools/list. The server still checks every answer against the full
+ * zod schema.
  */
 function documentedObject(node: Node): Node {
   const obj = node.type === "object" && node.properties ? node : undefined;
   const itemObj =
     node.type === "array" ? objectOf((node.items as Node | undefined) ?? {}) : undefined;
-  const inner = obj ?? itemObj;
-  if (!inner) return node;
-  const own = itemObj && typeof itemObj.description === "string" ? itemObj.description : undefined;
-  const said = typeof node.description === "string" ? `${node.description}; ` : "";
-  const description = own ? `${said}${own}` : `${said}fields: ${fieldList(inner)}`;
-  return { type: itemObj ? "array" : "object", description };
+  if (!obj && !itemObj) return node;
+  const notes = [node.description, itemObj?.description].filter((d) => typeof d === "string");
+  return {
+    type: itemObj ? "array" : "object",
+    ...(notes.length ? { description: notes.join("; ") } : {}),
+  };
 }
 
 /** What no client needs to validate an answer: enums (the values are the tool's to say) and notes on scalars. */
@@ -114,14 +110,27 @@ function dropOutputDetail(root: Node): void {
     }
 }
 
-/** Redundant spellings in an output schema: objects are open anyway, record keys are strings. */
-function dropOpenDefaults(node: unknown): void {
-  if (Array.isArray(node)) return node.forEach(dropOpenDefaults);
+/**
+ * Redundant spellings, in inputs and outputs: objects are open anyway (inputs too: see
+ * openObjects), record keys are strings, and a nested object with no named property is just
+ * `{type: "object"}` (a JSON schema argument, say). The root keeps its `properties` for clients
+ * that look for them.
+ */
+function dropOpenDefaults(node: unknown, root = true): void {
+  if (Array.isArray(node)) return node.forEach((n) => dropOpenDefaults(n, false));
   if (!node || typeof node !== "object") return;
   const o = node as Node;
   if (o.additionalProperties === true) delete o.additionalProperties;
   if (o.propertyNames && (o.propertyNames as Node).type === "string") delete o.propertyNames;
-  Object.values(o).forEach(dropOpenDefaults);
+  const props = o.properties;
+  if (!root && props && typeof props === "object" && Object.keys(props).length === 0)
+    delete o.properties;
+  for (const [k, v] of Object.entries(o)) {
+    // A property named "properties" is a schema, not the keyword.
+    if (k === "properties" && v && typeof v === "object")
+      Object.values(v).forEach((p) => dropOpenDefaults(p, false));
+    else dropOpenDefaults(v, false);
+  }
 }
 
 /** A nullable field's schema without its null branch; undefined when it is not nullable. */
@@ -133,7 +142,7 @@ function nonNull(node: Node): Node | undefined {
 
 /**
  * An output schema as tools/list publishes it: the top-level fields that are always there and
- * never null, typed (nested objects documented, see documentedObject); the others named in the
+ * never null, typed (nested objects bare, see documentedObject); the others named in the
  * description, as `nullable` (always there, maybe null) or `optional` (maybe absent). A typed
  * field is therefore always there: a `required` list would repeat every name (about 800 bytes of
  * the agent's tools/list). Objects are open, so every answer still validates; the server checks
@@ -163,9 +172,13 @@ function compactOutput(root: Node): Node {
     };
   };
   const out = top(root);
-  if (Array.isArray(out.anyOf)) out.anyOf = (out.anyOf as Node[]).map(top);
+  // The root is an object (jsonSchema says so): its branches need not repeat it.
+  if (Array.isArray(out.anyOf))
+    out.anyOf = (out.anyOf as Node[]).map((b) => {
+      const { type: _object, ...rest } = top(b);
+      return rest;
+    });
   dropOutputDetail(out);
-  dropOpenDefaults(out);
   return out;
 }
 
@@ -178,6 +191,7 @@ export function jsonSchema(schema: z.ZodType, io: "input" | "output"): Record<st
   openObjects(s);
   s = portableSchema(s) as Record<string, unknown>;
   if (io === "output") s = compactOutput(s);
+  dropOpenDefaults(s);
   // MCP wants an object schema at the top; a union of objects is still an object.
   if (s.type !== "object") return { type: "object", ...s };
   return s;
