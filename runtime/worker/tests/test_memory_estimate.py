@@ -134,3 +134,16 @@ def test_a_bad_free_memory_cap_stops_the_worker_with_a_clear_error(catalog_path)
     )
     assert r.returncode == 2
     assert b"whole number of bytes" in r.stderr
+
+
+def test_describe_gives_the_server_the_estimate_the_load_checks(catalog_path):
+    """One estimate: the server's gate and placement read describe's memory_bytes (server/app)."""
+    w = WorkerProcess(catalog_path, "--device", "cpu")
+    try:
+        head, _ = w.call("describe", {}, id="d")
+        described = {m["id"]: m for m in head["result"]["models"]}["tiny-gpt2"]["memory_bytes"]
+        assert set(described) == {"float32", "bfloat16", "float16"}
+        head, _ = w.call("load", {"model": "tiny-gpt2", "dtype": "bfloat16"}, id="l")
+        assert head["result"]["estimated_bytes"] == described["bfloat16"]
+    finally:
+        w.close()

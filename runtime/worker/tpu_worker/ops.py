@@ -168,22 +168,25 @@ class Worker:
                 return None
         return None
 
+    def estimate_load(self, entry: Entry, info: WeightsInfo, dtype: str) -> int:
+        """The memory a load of `entry` as `dtype` and its first request would add here (memory.py):
+        the weights' file size tells the dtype they are stored in; the modules not yet imported
+        here are what a first load adds beyond the model."""
+        params = info.parameters or info.weight_bytes // 4
+        config = self.config_for(entry, info)
+        return estimate_bytes(params, entry, config, dtype, weight_bytes=info.weight_bytes, first=first_use(entry))
+
     def check_memory(
         self, entry: Entry, info: WeightsInfo, dtype: str, device: torch.device, exclude: str | None = None
     ) -> int:
         """Raises insufficient_memory (with advice) when the estimate exceeds free memory."""
-        config = self.config_for(entry, info)
-        params = info.parameters or info.weight_bytes // 4
-        # The weights' file size tells the dtype they are stored in; the modules not yet imported
-        # here are what a first load adds beyond the model.
-        sizes = {"weight_bytes": info.weight_bytes, "first": first_use(entry)}
-        need = estimate_bytes(params, entry, config, dtype, **sizes)
+        need = self.estimate_load(entry, info, dtype)
         free = self.free_memory(device)
         if free is None:
             logs.warn("free memory unknown; skipping the pre-load check", model=entry.id, device=str(device))
             return need
         if need > free:
-            alternatives = {d: estimate_bytes(params, entry, config, d, **sizes) for d in entry.dtypes}
+            alternatives = {d: self.estimate_load(entry, info, d) for d in entry.dtypes}
             loaded = [
                 (m.entry.id, m.bytes_on(device))
                 for k, m in list(self.served.items())
