@@ -20,6 +20,11 @@ export interface ModelFacts {
   parameters: number;
   /** Bytes of the weight files (what a load reads from storage). */
   weight_bytes: number;
+  /**
+   * The worker's memory pre-flight for a load and a first request, bytes by dtype: where present,
+   * the memory of work that needs the weights in that dtype (the figure the worker's load checks).
+   */
+  load_memory_bytes?: Readonly<Record<string, number>>;
   /** Dtypes the catalog allows for this model; suggestions only name these. */
   dtypes: readonly string[];
   default_dtype?: string;
@@ -286,6 +291,16 @@ export function memoryFor(
     a.activation_base_bytes +
     Math.max(1, tokens) * a.activation_per_token_factor * Math.sqrt(parameters) * b;
   return Math.ceil(weights + activations);
+}
+
+/** The memory of work that needs the model's weights as `dtype`: the worker's figure, else ours. */
+function weightsMemory(
+  model: ModelFacts | undefined,
+  dtype: string,
+  tokens: number,
+  a: EstimateAssumptions,
+): number {
+  return model?.load_memory_bytes?.[dtype] ?? memoryFor(model?.parameters ?? 0, dtype, tokens, a);
 }
 
 /** What a pass in `dtype` costs on a device of this kind, relative to float32 (1 if unknown). */
@@ -816,7 +831,7 @@ export function estimateDetail(input: EstimateInput): EstimateDetail {
   const memoryBytes =
     m.extraBytes +
     (needsWeights
-      ? memoryFor(params, dtype, tokens, a)
+      ? weightsMemory(input.model, dtype, tokens, a)
       : memoryFor(0, dtype, 0, a) +
         Math.ceil(tokens * a.activation_per_token_factor * Math.sqrt(params) * dtypeBytes(dtype)));
   const est: CostEstimate = {
@@ -870,7 +885,7 @@ function withFit(
         )
       : [];
   for (const d of smaller) {
-    const m = memoryFor(model!.parameters, d, tokens, a);
+    const m = weightsMemory(model, d, tokens, a);
     if (m <= free) {
       options.push(`use dtype ${d} (needs ${formatBytes(m)})`);
       break;
@@ -893,7 +908,7 @@ function withFit(
     } else if (smaller.length > 0 && names.length > 0) {
       // Both together, if neither alone is enough.
       const d = smaller[0]!;
-      const m = memoryFor(model!.parameters, d, tokens, a);
+      const m = weightsMemory(model, d, tokens, a);
       if (m <= gained) options.push(`use dtype ${d} and unload ${names.join(", ")}`);
     }
   }

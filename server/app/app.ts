@@ -237,7 +237,9 @@ export async function createApp(
           const entry = catalog.models.find((m) => m.id === model);
           const fact = await factsRef?.get(model).catch(() => undefined);
           if (!entry || !fact?.parameters) return null;
-          return memoryFor(fact.parameters, dtype ?? entry.default_dtype, 1);
+          const d = dtype ?? entry.default_dtype;
+          // The worker's own pre-flight where it gave one: the figure its load checks.
+          return fact.memory_bytes?.[d] ?? memoryFor(fact.parameters, d, 1);
         },
         onRefused(r) {
           rtLog.warn(r, "remote worker refused or unreachable");

@@ -119,6 +119,39 @@ describe("estimateCost", () => {
     expect(e.suggestion).toMatch(/use dtype bfloat16/);
   });
 
+  it("prices a load's memory at the worker's own pre-flight where the worker gave one", () => {
+    // SmolLM2 as its worker measures it (docs/troubleshooting.md): 1.63 GiB in float32, 0.93 in
+    // bfloat16, where parameters × bytes + headroom alone would say 0.66 and 0.39.
+    const smol: ModelFacts = {
+      id: "smollm2-135m-instruct",
+      parameters: 134_515_008,
+      weight_bytes: 269_030_016,
+      dtypes: ["float32", "bfloat16"],
+      load_memory_bytes: { float32: 1_749_000_000, bfloat16: 1_002_000_000 },
+    };
+    const cpu = (free: number): DeviceFacts => ({
+      kind: "cpu",
+      memory_free_bytes: free,
+      memory_total_bytes: 8 * GiB,
+    });
+    const e = estimateCost({
+      kind: "load",
+      args: { model: smol.id },
+      model: smol,
+      device: cpu(2 * GiB),
+    });
+    expect(e.memory_bytes).toBe(1_749_000_000);
+    expect(e.fits).toBe(true);
+    const short = estimateCost({
+      kind: "load",
+      args: { model: smol.id },
+      model: smol,
+      device: cpu(1.5 * GiB),
+    });
+    expect(short.fits).toBe(false);
+    expect(short.suggestion).toBe(`use dtype bfloat16 (needs ${formatBytes(1_002_000_000)})`);
+  });
+
   it("suggests unloading named models when no smaller dtype fits", () => {
     const e = estimateCost({
       kind: "load",

@@ -240,4 +240,30 @@ describe("docs snippets run as written", () => {
       expect(r.out).toContain("Paris");
     },
   );
+
+  it(
+    "a first chat on a laptop: the same snippet, its worker seeing 2 GiB free",
+    { timeout: scaled(300_000) },
+    async () => {
+      // The server the snippet starts gets only the SDK's default environment, so the cap
+      // (TPU_WORKER_FREE_MEMORY_BYTES, docs/troubleshooting.md) goes in its transport's env.
+      const spawnLine = 'args: ["bin/tpu-mcp.js", "stdio"] }';
+      const source = snippet("run stdio");
+      expect(source).toContain(spawnLine);
+      const capped = (bytes: number) =>
+        source.replace(
+          spawnLine,
+          `args: ["bin/tpu-mcp.js", "stdio"], env: { TPU_WORKER_FREE_MEMORY_BYTES: "${bytes}" } }`,
+        );
+      const r = await runSnippet(capped(2 * 2 ** 30), {}, 240_000);
+      expect(r.timedOut, `still running after 240 s:\n${r.out}`).toBe(false);
+      expect(r.code, r.out).toBe(0);
+      expect(r.out).toContain("Paris");
+      // The cap reaches the worker: with 512 MiB free the load is refused up front.
+      const short = await runSnippet(capped(512 * 2 ** 20), {}, 240_000);
+      expect(short.timedOut, `still running after 240 s:\n${short.out}`).toBe(false);
+      expect(short.code, short.out).not.toBe(0);
+      expect(short.out).toContain("insufficient_memory");
+    },
+  );
 });

@@ -9,6 +9,11 @@ export interface ModelFact {
   weight_digest: string | null;
   available: boolean;
   problem: string | null;
+  /**
+   * The worker's memory pre-flight for a load and a first request, bytes by dtype (its memory.py;
+   * absent: the worker did not say, or another engine serves the model).
+   */
+  memory_bytes?: Record<string, number>;
   /** Text generation: whether the model has a chat template (absent: the worker did not say). */
   chat_template?: boolean;
 }

@@ -125,6 +125,7 @@ export async function estimateFor(
       id: entry.id,
       parameters: fact?.parameters ?? 0,
       weight_bytes: fact?.weight_bytes ?? 0,
+      ...(fact?.memory_bytes ? { load_memory_bytes: fact.memory_bytes } : {}),
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
       shape_plan: planShapes(entry),

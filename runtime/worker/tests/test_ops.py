@@ -127,25 +127,31 @@ def test_infer_validates_inputs_against_limits(shared_worker):
 
 
 def test_load_refuses_when_memory_is_short_and_names_a_dtype_that_fits(catalog, cpu_probe):
+    """SmolLM2 is stored in bfloat16: float32 needs its converted weights and a cache twice as
+    large. (MiniLM, stored in float32, peaks higher loading as bfloat16: the mapped file and the
+    converted copy at once.)"""
     from tpu_worker.loaders import inspect_weights
-    from tpu_worker.memory import estimate_bytes
+    from tpu_worker.memory import estimate_bytes, first_use
 
-    entry = catalog.entries["all-minilm-l6-v2"]
+    model = "smollm2-135m-instruct"
+    entry = catalog.entries[model]
     info = inspect_weights(entry, catalog)
     import json
     import os
 
     with open(os.path.join(info.model_dir, "config.json")) as fh:
         cfg = json.load(fh)
-    need32 = estimate_bytes(info.parameters, entry, cfg, "float32")
-    need16 = estimate_bytes(info.parameters, entry, cfg, "bfloat16")
+    sizes = {"weight_bytes": info.weight_bytes, "first": first_use(entry)}
+    need32 = estimate_bytes(info.parameters, entry, cfg, "float32", **sizes)
+    need16 = estimate_bytes(info.parameters, entry, cfg, "bfloat16", **sizes)
+    assert need16 < need32
     free = (need32 + need16) // 2
     w = Worker(catalog, cpu_probe, free_memory=lambda device: free)
-    err = error_of(w, "load", {"model": "all-minilm-l6-v2"})
+    err = error_of(w, "load", {"model": model})
     assert err.code == "insufficient_memory"
     assert "bfloat16" in err.message and "float32" in err.message
     assert w.served == {}
-    r = call(w, "load", {"model": "all-minilm-l6-v2", "dtype": "bfloat16"})
+    r = call(w, "load", {"model": model, "dtype": "bfloat16"})
     assert r["dtype"] == "bfloat16"
     w.close()
 

@@ -288,29 +288,30 @@ def test_the_catalog_bound_is_counted_in_the_memory_preflight(catalog):
     import dataclasses
 
     from tpu_worker.catalog import PrefixCacheSpec
-    from tpu_worker.memory import activation_bytes
+    from tpu_worker.memory import estimate_bytes
 
     entry = catalog.get("tiny-gpt2")
     off = dataclasses.replace(entry, prefix_cache=PrefixCacheSpec(max_bytes=0))
-    assert activation_bytes(entry, None, "float32") - activation_bytes(off, None, "float32") == (
+    assert estimate_bytes(10**6, entry, None, "float32") - estimate_bytes(10**6, off, None, "float32") == (
         entry.prefix_cache.max_bytes
     )
 
 
-def test_the_spare_cache_slots_are_counted_in_the_memory_preflight(catalog, shared_worker, monkeypatch):
+def test_the_spare_cache_slots_are_counted_in_the_memory_preflight(catalog, shared_worker, models_dir):
     """The static cache's spare slots (past the largest batch) are in the pre-flight's KV-cache
-    term: as many bytes as the slots the loaded model allocates beyond max_batch."""
+    term: it is the loaded model's SlotCache, spare slots included."""
+    import json
+    import os
+
     from tpu_worker import memory
 
     entry = catalog.get("tiny-gpt2")
     slots = shared_worker.served["tiny-gpt2"].batcher._batch.slots
     spare = slots.slots - entry.limits.max_batch
     assert spare == 3
-    with_spare = memory.activation_bytes(entry, None, "float32")
-    monkeypatch.setattr(memory, "_spare_slots", lambda entry: 0)
-    seq = entry.limits.max_seq_len + entry.limits.max_new_tokens
-    # The pre-flight's defaults without a config: 12 layers of 768, float32.
-    assert with_spare - memory.activation_bytes(entry, None, "float32") == 2 * 12 * spare * seq * 768 * 4
+    with open(os.path.join(models_dir, "tiny-gpt2", "config.json"), encoding="utf-8") as fh:
+        config = json.load(fh)
+    assert memory.kv_cache_bytes(entry, config, "float32") == slots.nbytes()
 
 
 def test_a_bad_prefix_key_is_refused(shared_worker):

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import WorkerError
     from .loaders import DEFAULT_MAX_WEIGHT_BYTES
     from .ops import Worker
+    from .platforms.cpu import free_memory_cap
     from .probe import probe
     from .protocol import encode_frame
     from .server import Server
@@ -124,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         catalog = load_catalog(args.catalog)
     except CatalogError as exc:
         logs.error("catalog rejected", error=str(exc))
+        return 2
+    try:
+        free_memory_cap()
+    except ValueError as exc:
+        logs.error("TPU_WORKER_FREE_MEMORY_BYTES rejected", error=str(exc))
         return 2
     try:
         result = probe(args.device, binding=binding)

@@ -6,22 +6,104 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 
 import torch
 
 from .catalog import Entry
+from .generation.slots import max_positions, slot_cache_bytes
 from .platforms import platform_for
+from .shapes import generation_plan
 
-HEADROOM = 1.2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GiB = 1024**3
+MiB = 1024**2
+
+# What a load adds to a worker beyond the model's tensors, measured 2026-12-07 on the CPU (torch
+# 2.13, transformers 5.25, the 2-core development VM) as a fresh worker's resident-set growth
+# (test_memory_estimate.py). The modules a first load imports, charged while not yet imported:
+# torch._dynamo (the compile machinery, with sympy) with the first load of any model, 68–77 MiB;
+# transformers' modelling modules with the first model it builds, 60–95 MiB more.
+FIRST_USE_BYTES = (("torch._dynamo", 72 * MiB), ("transformers.modeling_utils", 84 * MiB))
+# The model's objects beside its tensors (tokenizer, module objects) and a first request's working
+# set at batch 1: 6–54 MiB on the built-in models.
+REQUEST_BYTES = 24 * MiB
+
+
+def kv_cache_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
+    """The static KV cache a text-generation model allocates at its load: SlotCache's tensors at
+    the plan's slots and columns (generation/slots.py, rows.py), from the same config and plan."""
+    if entry.task != "text-generation" or not config:
+        return 0
+    plan = generation_plan(entry, min(entry.limits.max_seq_len, max_positions(config)))
+    return slot_cache_bytes(
+        config,
+        slots=plan.cache_slots,
+        length=plan.cache_columns(entry.limits.max_new_tokens),
+        itemsize=DTYPE_BYTES[dtype],
+    )
+
+
+def first_use(entry: Entry) -> list[str]:
+    """The modules a load of `entry` would import first in this process (FIRST_USE_BYTES)."""
+    needs = ["torch._dynamo"]
+    if entry.task in ("embedding", "text-generation"):
+        needs.append("transformers.modeling_utils")
+    return [m for m in needs if m not in sys.modules]
+
+
+def estimate_parts(
+    parameters: int,
+    entry: Entry,
+    config: dict | None,
+    dtype: str,
+    *,
+    weight_bytes: int | None = None,
+    first: list[str] | tuple[str, ...] = (),
+) -> dict[str, int]:
+    """The pre-flight's terms, bytes: what a load and a first request add to the worker."""
+    weights = parameters * DTYPE_BYTES[dtype]
+    # Weights stored in another dtype are converted at load: the mapped file and the converted
+    # copy are resident at once (the load's own peak, before the cache is allocated).
+    converting = bool(weight_bytes and parameters) and round(weight_bytes / parameters) != DTYPE_BYTES[dtype]
+    generation = entry.task == "text-generation" and entry.engine == "torch"
+    return {
+        "first_use": sum(n for m, n in FIRST_USE_BYTES if m in first),
+        "weights": weights,
+        "conversion": weight_bytes if converting else 0,
+        "kv_cache": kv_cache_bytes(entry, config, dtype),
+        # the prefix cache at its bound (generation/prefix.py): it fills with use
+        "prefix_cache": entry.prefix_cache.max_bytes if generation else 0,
+        "request": REQUEST_BYTES,
+    }
+
+
+def estimate_bytes(
+    parameters: int,
+    entry: Entry,
+    config: dict | None,
+    dtype: str,
+    *,
+    weight_bytes: int | None = None,
+    first: list[str] | tuple[str, ...] = (),
+) -> int:
+    """The memory a load of `entry` as `dtype` and its first request add at their peak: the
+    modules it imports first, the larger of the load's own peak (weights, and the file they are
+    converted from) and what stays resident (weights, KV cache, prefix cache at its bound), and
+    the model's objects with a first request. Larger batches' activations are not in it: they
+    are the benchmark's check (activation_bytes) and, on the CPU, the host's swap."""
+    p = estimate_parts(parameters, entry, config, dtype, weight_bytes=weight_bytes, first=first)
+    load = p["weights"] + p["conversion"]
+    serving = p["weights"] + p["kv_cache"] + p["prefix_cache"]
+    return p["first_use"] + max(load, serving) + p["request"]
 
 
 def activation_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
-    """A deliberately generous allowance for activations at the entry's largest batch.
+    """A deliberately generous allowance for activations at the entry's largest batch, which the
+    benchmark scales to the batch it tries (bench/engine.py).
 
     Text encoders: ~16 live hidden-sized tensors per token plus one attention score matrix per
-    head. Generation adds the KV cache for prompt + new tokens. Tensor models: the input and a
+    head. Generation adds the KV cache as the load allocates it. Tensor models: the input and a
     few feature maps per item.
     """
     lim = entry.limits
@@ -30,42 +112,16 @@ def activation_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
     if entry.task in ("embedding", "text-generation"):
         hidden = int(cfg.get("hidden_size") or cfg.get("n_embd") or 768)
         heads = int(cfg.get("num_attention_heads") or cfg.get("n_head") or 12)
-        layers = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 12)
         seq = lim.max_seq_len + lim.max_new_tokens
-        tokens = lim.max_batch * seq
-        act = tokens * hidden * b * 16 + lim.max_batch * heads * seq * seq * 4
+        act = lim.max_batch * seq * hidden * b * 16 + lim.max_batch * heads * seq * seq * 4
         if entry.task == "text-generation":
-            # The static KV cache: its slots are the largest batch and the spare ones for prefills
-            # behind cached prefixes (ShapePlan.spare_slots; counted whether or not the cache is on).
-            act += 2 * layers * (lim.max_batch + _spare_slots(entry)) * seq * hidden * b
+            act += kv_cache_bytes(entry, config, dtype)
             act += lim.max_batch * int(cfg.get("vocab_size", 32000)) * 4 * 2  # logits of the last step
-            if entry.engine == "torch":
-                act += entry.prefix_cache.max_bytes  # the prefix cache at its bound (generation/prefix.py)
         return int(act)
     items = 1
     for d in entry.input.shape if entry.input else (1,):
         items *= d
     return int(lim.max_batch * items * 4 * 64)
-
-
-def _spare_slots(entry: Entry) -> int:
-    from .shapes import ShapePlan
-
-    lim = entry.limits
-    shapes = entry.shapes
-    plan = ShapePlan.for_model(
-        shapes.batch_buckets,
-        shapes.length_buckets,
-        max_batch=lim.max_batch,
-        max_len=lim.max_seq_len,
-        generation=True,
-        prefix_cache=True,
-    )
-    return plan.spare_slots
-
-
-def estimate_bytes(parameters: int, entry: Entry, config: dict | None, dtype: str) -> int:
-    return int(parameters * DTYPE_BYTES[dtype] * HEADROOM) + activation_bytes(entry, config, dtype)
 
 
 def fmt_bytes(n: int | float | None) -> str:

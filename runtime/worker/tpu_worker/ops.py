@@ -32,7 +32,7 @@ from .compiles import CACHE_ENV, CompileCounter
 from .errors import WorkerError, invalid
 from .kinds import implementation_for
 from .loaders import DEFAULT_MAX_WEIGHT_BYTES, DigestCache, WeightsInfo, inspect_weights
-from .memory import estimate_bytes, refusal_message
+from .memory import estimate_bytes, first_use, refusal_message
 from .platforms import PRECISIONS, platform_for, set_matmul_precision
 from .probe import ProbeResult, device_label, parse_device, refresh_memory, torch_device_string
 from .reports import describe_models, worker_status
@@ -168,19 +168,25 @@ class Worker:
                 return None
         return None
 
+    def estimate_load(self, entry: Entry, info: WeightsInfo, dtype: str) -> int:
+        """The memory a load of `entry` as `dtype` and its first request would add here (memory.py):
+        the weights' file size tells the dtype they are stored in; the modules not yet imported
+        here are what a first load adds beyond the model."""
+        params = info.parameters or info.weight_bytes // 4
+        config = self.config_for(entry, info)
+        return estimate_bytes(params, entry, config, dtype, weight_bytes=info.weight_bytes, first=first_use(entry))
+
     def check_memory(
         self, entry: Entry, info: WeightsInfo, dtype: str, device: torch.device, exclude: str | None = None
     ) -> int:
         """Raises insufficient_memory (with advice) when the estimate exceeds free memory."""
-        config = self.config_for(entry, info)
-        params = info.parameters or info.weight_bytes // 4
-        need = estimate_bytes(params, entry, config, dtype)
+        need = self.estimate_load(entry, info, dtype)
         free = self.free_memory(device)
         if free is None:
             logs.warn("free memory unknown; skipping the pre-load check", model=entry.id, device=str(device))
             return need
         if need > free:
-            alternatives = {d: estimate_bytes(params, entry, config, d) for d in entry.dtypes}
+            alternatives = {d: self.estimate_load(entry, info, d) for d in entry.dtypes}
             loaded = [
                 (m.entry.id, m.bytes_on(device))
                 for k, m in list(self.served.items())

@@ -47,6 +47,10 @@ def describe_models(worker) -> dict:
             item["parameters"] = info.parameters or None
             item["weight_bytes"] = info.weight_bytes
             item["weight_digest"] = worker.digests.digest(info.files)
+            # The load's memory pre-flight per dtype, as this worker would compute it now (the
+            # server's gate and placement use it: one estimate, memory.py).
+            if entry.engine == "torch":
+                item["memory_bytes"] = {d: worker.estimate_load(entry, info, d) for d in entry.dtypes}
             if entry.task == "text-generation":
                 # Read from the files, loaded or not: the server refuses `messages` for a model
                 # without one before the call reaches this worker, and list_models shows it.

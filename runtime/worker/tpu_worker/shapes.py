@@ -109,6 +109,11 @@ class ShapePlan:
         batch, and with a prefix cache (`cached_lengths`) `spare_slots` more past them."""
         return (self.batches[-1] if self.batches else 0) + self.spare_slots
 
+    def cache_columns(self, max_new_tokens: int) -> int:
+        """The static KV cache's columns (generation/rows.py): the longest prompt bucket and the
+        new tokens after it."""
+        return (self.lengths[-1] if self.lengths else 0) + max_new_tokens
+
     @property
     def spare_slots(self) -> int:
         """Slots past the decode batch for the padding rows of a prefill behind cached prefixes
@@ -175,3 +180,17 @@ class ShapeCounter:
                     {"kind": k, "batch": b, "length": n, "forwards": c} for (k, b, n), c in sorted(self.seen.items())
                 ],
             }
+
+
+def generation_plan(entry, max_len: int) -> ShapePlan:
+    """A causal LM's plan (adapters/text.py) at `max_len`, the catalog's limit within the model's
+    positions; the memory pre-flight sizes the static KV cache from the same plan (memory.py)."""
+    shapes = entry.shapes
+    return ShapePlan.for_model(
+        shapes.batch_buckets,
+        shapes.length_buckets,
+        max_batch=entry.limits.max_batch,
+        max_len=max_len,
+        generation=True,
+        prefix_cache=entry.prefix_cache.max_bytes > 0,
+    )

@@ -13,11 +13,11 @@ from ..errors import WorkerError, invalid
 from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
 from ..generation.grammar import Grammars
 from ..generation.params import GenRequest, parse_generation, parse_prefix_key
-from ..generation.slots import static_cache_problem
+from ..generation.slots import max_positions, static_cache_problem
 from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
-from ..shapes import ShapePlan
+from ..shapes import ShapePlan, generation_plan
 from .base import Adapter, Output, Prepared, seq_bucket
 
 
@@ -160,17 +160,9 @@ class CausalLM(Adapter):
         self.tokenizer = tokenizer
         self.chat = chat  # generation.chat.ChatTemplate, or None: chat is refused
         self.vocab = int(cfg.vocab_size)
-        self.n_positions = int(getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", 1024))
+        self.n_positions = max_positions(cfg)
         self.max_len = min(max_len, self.n_positions)
-        shapes = entry.shapes
-        self.plan = ShapePlan.for_model(
-            shapes.batch_buckets,
-            shapes.length_buckets,
-            max_batch=entry.limits.max_batch,
-            max_len=self.max_len,
-            generation=True,
-            prefix_cache=entry.prefix_cache.max_bytes > 0,
-        )
+        self.plan = generation_plan(entry, self.max_len)
         self.pad_id = valid_id(cfg.pad_token_id, self.vocab, 0)
         self.eos_id = valid_id(cfg.eos_token_id, self.vocab, None)
         self.bos_id = valid_id(cfg.bos_token_id, self.vocab, self.eos_id if self.eos_id is not None else 0)

@@ -355,4 +355,4 @@ def rows_for(adapter, *, max_new_tokens: int) -> StaticRows | DynamicRows:
         return DynamicRows(adapter, adapter.shapes, problem)
     spec = adapter.entry.prefix_cache
     prefix = PrefixCache(spec.max_bytes, spec.block_tokens) if plan.cached_lengths else None
-    return StaticRows(adapter, plan, adapter.shapes, plan.lengths[-1] + max_new_tokens, prefix)
+    return StaticRows(adapter, plan, adapter.shapes, plan.cache_columns(max_new_tokens), prefix)

@@ -42,12 +42,38 @@ def static_cache_problem(model) -> str | None:
     return None
 
 
+def kv_layout(cfg) -> tuple[int, int, int]:
+    """(layers, key/value heads, head_dim) of a model's config: a transformers config or its
+    config.json as a dict (GPT-2's names too). Grouped-query attention keeps fewer key/value heads
+    than query heads, so the cache is not hidden_size wide (SmolLM2: 3 × 64, not 576)."""
+    if isinstance(cfg, dict):
+        cfg = cfg.get("text_config") or cfg
+        get = cfg.get
+    else:
+        get = lambda name: getattr(cfg, name, None)  # noqa: E731
+    heads = int(get("num_attention_heads") or get("n_head"))
+    kv_heads = int(get("num_key_value_heads") or heads)
+    head_dim = int(get("head_dim") or int(get("hidden_size") or get("n_embd")) // heads)
+    return int(get("num_hidden_layers") or get("n_layer")), kv_heads, head_dim
+
+
+def max_positions(cfg) -> int:
+    """The positions a model's config allows (GPT-2's n_positions, else max_position_embeddings)."""
+    get = cfg.get if isinstance(cfg, dict) else lambda name: getattr(cfg, name, None)
+    return int(get("n_positions") or get("max_position_embeddings") or 1024)
+
+
+def slot_cache_bytes(cfg, *, slots: int, length: int, itemsize: int) -> int:
+    """What SlotCache allocates: a key and a value tensor [slots, heads, length, head_dim] per
+    layer (the memory pre-flight counts this, memory.py)."""
+    layers, heads, head_dim = kv_layout(cfg)
+    return 2 * layers * slots * heads * length * head_dim * itemsize
+
+
 class SlotCache:
     def __init__(self, model, *, slots: int, length: int, buckets: tuple[int, ...], dtype, device) -> None:
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-        n_layers = int(cfg.num_hidden_layers)
+        n_layers, heads, head_dim = kv_layout(cfg)
         self.slots, self.length, self.device = slots, length, device
         shape = (slots, heads, length, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]

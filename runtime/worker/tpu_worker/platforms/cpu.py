@@ -15,6 +15,19 @@ from .base import Platform
 DEVICE_WAIT_S = float(os.environ.get("TPU_WORKER_CPU_DEVICE_WAIT_S") or 0)
 
 
+def free_memory_cap() -> int | None:
+    """TPU_WORKER_FREE_MEMORY_BYTES: the most free memory the worker reads on the CPU (a smaller
+    host, such as a 2 GiB laptop, or memory kept for other processes); unset: MemAvailable."""
+    raw = os.environ.get("TPU_WORKER_FREE_MEMORY_BYTES", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise ValueError(
+            f"TPU_WORKER_FREE_MEMORY_BYTES must be a whole number of bytes, such as 2147483648; got {raw!r}"
+        )
+    return int(raw)
+
+
 def read_meminfo(path: str = "/proc/meminfo") -> tuple[int | None, int | None]:
     """(MemTotal, MemAvailable) in bytes from /proc/meminfo; None when unreadable."""
     values: dict[str, int] = {}
@@ -35,7 +48,9 @@ class CpuPlatform(Platform):
     fallback_detection = "none needed: the target is the CPU"
 
     def memory_info(self, index: int | None) -> tuple[int | None, int | None]:
-        return read_meminfo()
+        total, free = read_meminfo()
+        cap = free_memory_cap()
+        return total, (min(free, cap) if free is not None and cap is not None else free)
 
     def synchronize(self, device: torch.device) -> None:
         if DEVICE_WAIT_S > 0:
