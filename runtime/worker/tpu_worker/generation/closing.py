@@ -12,7 +12,7 @@ ends a complete sentence of its grammar whenever `max_new_tokens` holds the shor
 The closing is found greedily: the tokens the grammar forces are taken as they are (llguidance's
 fast-forward tokens: the rest of a key, a `":"`), and elsewhere the first allowed token in a fixed
 order: a quote (it ends a string, or opens an empty one), `}`, `]`, then `,` and `:` (a required
-property or item still to come), the digits from 0, then every other token, longest first (an
+property or item still to come), the digits (1 and 0 first), then every other token, longest first (an
 enum value or a `minLength` in few tokens). Single-character structure tokens, never merged ones
 like `"}`: inside a string a merged token is text, not an end. The order is one per tokenizer.
 """
@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 # The structure characters first, in the order that ends a JSON value soonest.
-_FIRST = [b'"', b"}", b"]", b",", b":", *(bytes([c]) for c in b"0123456789")]
+# A 1 before a 0: after "-" or "0." a zero leads nowhere (a negative number is not -0.000…).
+_FIRST = [b'"', b"}", b"]", b",", b":", *(bytes([c]) for c in b"1023456789")]
 
 
 class Closer:

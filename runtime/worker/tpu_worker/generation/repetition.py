@@ -51,13 +51,12 @@ class ValueTokens:
             elif b in _STRUCTURE:
                 boundary = True
                 self._end()
-            else:
-                if b == _POINT:
-                    self._fraction = 0
-                elif b in b"eE":  # an exponent's digits are not the fraction's
-                    self._fraction = -1
-                elif self._fraction >= 0 and 0x30 <= b <= 0x39:
-                    self._fraction += 1
+            elif b == _POINT:
+                self._fraction = 0
+            elif b in b"eE":  # an exponent's digits are not the fraction's
+                self._fraction = -1
+            elif self._fraction >= 0 and 0x30 <= b <= 0x39:
+                self._fraction += 1
         # Only a token wholly inside the string counts: never the quote that opens or ends it.
         if not boundary and self._in_string:
             self.seen.add(token)
