@@ -6,6 +6,7 @@ as without a grammar; the bounds and the compile timeout refused with response_f
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,11 @@ PERSON = {
     "additionalProperties": False,
 }
 NAMES = ["Alice", "Bob", "Chen", "Dara", "Eve", "Femi", "Gus", "Hana"]
+# The bench's prompts and schemas (bench/structured_parse.ts); LOOPED are those whose answers ran
+# to max_new_tokens 160 as invalid JSON before issue 44 (a string of "john-john-…", one attendee
+# again and again, a 100-digit email, an unasked-for nested "description").
+PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "data", "structured_prompts.jsonl")
+LOOPED = ["event-0", "event-1", "event-2", "event-4", "event-6", "product-0"]
 
 
 def person_prompt(i: int) -> list[dict]:
@@ -92,6 +98,23 @@ def test_answers_validate_against_the_schema_and_unconstrained_ones_do_not(smol)
             invalid += 1
     print(f"unconstrained: {invalid}/{len(free)} answers do not validate")
     assert invalid > 0  # the constraint does the work
+
+
+def test_prompts_that_looped_until_cut_off_now_end_in_answers_that_parse_and_validate(smol):
+    with open(PROMPTS, encoding="utf-8") as fh:
+        rows = {r["id"]: r for r in map(json.loads, fh)}
+    calls = [
+        {
+            "messages": [{"role": "user", "content": rows[i]["prompt"]}],
+            "max_new_tokens": 160,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": rows[i]["schema"]}},
+        }
+        for i in LOOPED
+    ]
+    for i, r in zip(LOOPED, concurrently(smol, calls), strict=True):
+        g = r["generations"][0]
+        assert g["grammar_complete"] is True, (i, g)
+        jsonschema.validate(json.loads(g["text"]), rows[i]["schema"])
 
 
 def test_a_choice_and_a_regex_are_followed(smol):
