@@ -16,7 +16,7 @@ cannot hold the worker: its other calls go on meanwhile; llguidance's own limits
 Earley items per step) bound the compile and every later mask computation.
 
 So that an answer parses (issue 44): a schema's unbounded strings and numbers get default bounds
-before it compiles (bounds.py), JSON output is penalized for repeating itself inside a value
+before it compiles (bounds.py), JSON output is penalized for repeating itself inside a string
 (repetition.py), and each sequence keeps room for the shortest closing of its text and takes it
 when its tokens run out (closing.py, `Constraint.fit`).
 """
@@ -283,7 +283,7 @@ class Compiled:
 
 class Constraint:
     """One sequence's grammar while it decodes, with the closing of its text (closing.py) and,
-    for JSON, the tokens of the value it is writing (repetition.py)."""
+    for JSON, the tokens of the string it is writing (repetition.py)."""
 
     def __init__(self, kind: str, matcher, closer: Closer | None = None) -> None:
         self.kind = kind
