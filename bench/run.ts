@@ -3,7 +3,8 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,budget,store,replicas,generate,train,shapes,prefix,stability,structured runs a subset (BENCH_SHAPES_REQUESTS
+// tokens,estimates,budget,store,replicas,generate,train,shapes,prefix,stability,structured,
+// structured_parse runs a subset (BENCH_SHAPES_REQUESTS
 // scales the shapes trace, 300 requests by default, and BENCH_SHAPES_DUMP=file writes its calls
 // as JSON; BENCH_PREFIX_SMOLLM2=0 leaves the real SmolLM2 model out of the prefix section);
 // BENCH_THREADS sets the worker's torch threads;
@@ -41,6 +42,7 @@ import { runPrefix, writePrefixCatalog } from "./prefix.js";
 import { runSmall } from "./small.js";
 import { runStability } from "./stability.js";
 import { runStructured } from "./structured.js";
+import { runStructuredParse } from "./structured_parse.js";
 import { runStore } from "./store.js";
 import { runReplicas } from "./replicas.js";
 import { runTokens } from "./tokens.js";
@@ -70,6 +72,7 @@ const SECTIONS = [
   "train",
   "shapes",
   "structured",
+  "structured_parse",
   "prefix",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
@@ -114,6 +117,13 @@ function targets(f: Record<string, number>): Target[] {
     "structured.tokens_per_s_ratio",
     (v) => v >= 0.8,
     "≥ 0.8x",
+  );
+  add(
+    "structured output: answers that parse and validate (smollm2, 160 tokens)",
+    "structured_parse.valid_rate",
+    (v) => v >= 0.99,
+    "≥ 99 %",
+    (v) => `${(v * 100).toFixed(1)} %`,
   );
   add("mnist-cnn b1 stdio: added p50", "small.stdio.added_p50_ms", (v) => v <= 1.0, "≤ 1.0 ms", ms);
   add("mnist-cnn b1 stdio: added p99", "small.stdio.added_p99_ms", (v) => v <= 3.0, "≤ 3 ms", ms);
@@ -517,6 +527,22 @@ async function main() {
         mcp: server,
         callers: 8,
         rounds: q(4, 1),
+        say,
+      });
+    } finally {
+      await server.close();
+    }
+  }
+
+  // Structured answers that parse, over a set of prompts and schemas (issue 44).
+  if (want("structured_parse")) {
+    say("structured_parse (smollm2: JSON-schema answers at 160 tokens that parse and validate)…");
+    const server = await startStdio(writeBenchConfig().config);
+    try {
+      results.structured_parse = await runStructuredParse({
+        mcp: server,
+        callers: 8,
+        limit: quick ? 16 : undefined,
         say,
       });
     } finally {

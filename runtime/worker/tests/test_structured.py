@@ -6,6 +6,7 @@ as without a grammar; the bounds and the compile timeout refused with response_f
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,11 @@ PERSON = {
     "additionalProperties": False,
 }
 NAMES = ["Alice", "Bob", "Chen", "Dara", "Eve", "Femi", "Gus", "Hana"]
+# The bench's prompts and schemas (bench/structured_parse.ts); LOOPED are those whose answers ran
+# to max_new_tokens 160 as invalid JSON before issue 44 (a string of "john-john-…", one attendee
+# again and again, a 100-digit email, an unasked-for nested "description").
+PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "data", "structured_prompts.jsonl")
+LOOPED = ["event-0", "event-1", "event-2", "event-4", "event-6", "product-0"]
 
 
 def person_prompt(i: int) -> list[dict]:
@@ -94,6 +100,23 @@ def test_answers_validate_against_the_schema_and_unconstrained_ones_do_not(smol)
     assert invalid > 0  # the constraint does the work
 
 
+def test_prompts_that_looped_until_cut_off_now_end_in_answers_that_parse_and_validate(smol):
+    with open(PROMPTS, encoding="utf-8") as fh:
+        rows = {r["id"]: r for r in map(json.loads, fh)}
+    calls = [
+        {
+            "messages": [{"role": "user", "content": rows[i]["prompt"]}],
+            "max_new_tokens": 160,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": rows[i]["schema"]}},
+        }
+        for i in LOOPED
+    ]
+    for i, r in zip(LOOPED, concurrently(smol, calls), strict=True):
+        g = r["generations"][0]
+        assert g["grammar_complete"] is True, (i, g)
+        jsonschema.validate(json.loads(g["text"]), rows[i]["schema"])
+
+
 def test_a_choice_and_a_regex_are_followed(smol):
     choices = ["positive", "negative", "neutral"]
     pattern = r"[A-Z][a-z]{2,9}, [0-9]{4}"
@@ -111,11 +134,55 @@ def test_a_choice_and_a_regex_are_followed(smol):
 
 
 def test_an_answer_cut_by_max_new_tokens_is_reported_incomplete(smol):
-    r = infer(smol, {"messages": person_prompt(1), "max_new_tokens": 6, "response_format": {"type": "json_object"}})
+    # 6 tokens cannot hold the shortest PERSON (about 38): no closing fits, the text is cut.
+    fmt = {"type": "json_schema", "schema": PERSON}
+    r = infer(smol, {"messages": person_prompt(1), "max_new_tokens": 6, "response_format": fmt})
     g = r["generations"][0]
     assert g["finish_reason"] == "length" and g["grammar_complete"] is False, g
     with pytest.raises(ValueError):
         json.loads(g["text"])
+
+
+def test_a_budget_that_holds_the_shortest_answer_ends_in_one_that_validates(smol):
+    # Any JSON object closes in one token; PERSON's shortest answer takes about 38 of 40.
+    r = infer(smol, {"messages": person_prompt(1), "max_new_tokens": 6, "response_format": {"type": "json_object"}})
+    g = r["generations"][0]
+    assert g["finish_reason"] == "stop" and g["grammar_complete"] is True, g
+    assert isinstance(json.loads(g["text"]), dict)
+    fmt = {"type": "json_schema", "schema": PERSON}
+    r = infer(smol, {"messages": person_prompt(2), "max_new_tokens": 40, "response_format": fmt})
+    g = r["generations"][0]
+    assert g["finish_reason"] == "stop" and g["grammar_complete"] is True, g
+    jsonschema.validate(json.loads(g["text"]), PERSON)
+
+
+def test_43_11_a_stop_sequence_that_ends_a_structured_answer_early_reports_grammar_complete_false(smol):
+    # The stop sequence is the answer's last character: the grammar saw a complete sentence,
+    # but the text the caller gets lacks its closing brace.
+    label = {
+        "type": "object",
+        "properties": {"label": {"enum": ["positive", "negative", "neutral"]}},
+        "required": ["label"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "schema": label}
+    ask = [{"role": "user", "content": "Is 'I love it' positive or negative? Answer as JSON."}]
+    g = infer(smol, {"messages": ask, "max_new_tokens": 32, "stop": ["}"], "response_format": fmt})["generations"][0]
+    assert g["finish_reason"] == "stop" and g["text"].startswith('{"label":"') and "}" not in g["text"], g
+    assert g["grammar_complete"] is False, g
+    with pytest.raises(ValueError):
+        json.loads(g["text"])
+
+
+def test_43_11_a_batch_of_texts_under_one_response_format_gives_valid_json_for_each(smol):
+    # One request, several prompts, one compiled grammar: each row decodes with its own matcher.
+    fmt = {"type": "json_schema", "schema": PERSON}
+    texts = [f"A person named {name} as JSON: " for name in NAMES[:4]]
+    r = infer(smol, {"texts": texts, "max_new_tokens": 96, "response_format": fmt})
+    assert len(r["generations"]) == len(texts)
+    for g in r["generations"]:
+        assert g["finish_reason"] == "stop" and g["grammar_complete"] is True and "grammar_error" not in g, g
+        jsonschema.validate(json.loads(g["text"]), PERSON)
 
 
 def test_an_answer_cut_by_a_stop_sequence_is_reported_incomplete(smol):

@@ -14,6 +14,11 @@ length, the number and length of choices. The compile itself runs in a thread (l
 the GIL while it builds) and is waited for at most COMPILE_TIMEOUT_S, so a hostile grammar
 cannot hold the worker: its other calls go on meanwhile; llguidance's own limits (lexer fuel,
 Earley items per step) bound the compile and every later mask computation.
+
+So that an answer parses (issue 44): a schema's unbounded strings and numbers get default bounds
+before it compiles (bounds.py), JSON output is penalized for repeating itself inside a string
+(repetition.py), and each sequence keeps room for the shortest closing of its text and takes it
+when its tokens run out (closing.py, `Constraint.fit`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ import torch
 
 from .. import logs
 from ..errors import WorkerError
+from .bounds import bound_schema
+from .closing import Closer
+from .repetition import JSON_KINDS, ValueTokens, penalize
 
 MAX_SCHEMA_BYTES = 16 * 1024
 MAX_SCHEMA_DEPTH = 16
@@ -98,7 +106,7 @@ def _schema_grammar(schema: Any) -> str:
     if enum > MAX_ENUM:
         raise refused(f"response_format: an enum has {enum} values; at most {MAX_ENUM}: use fewer, or a pattern")
     try:
-        return LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(bound_schema(schema), defaults=_JSON_OPTIONS)
     except ValueError as exc:  # an unsupported keyword or a malformed schema
         raise refused(f"response_format: the schema is not supported ({_short(exc)}): remove or change it") from None
 
@@ -115,7 +123,9 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
     if kind == "json_schema":
         inner = value.get("json_schema")
         schema = inner.get("schema") if isinstance(inner, dict) else value.get("schema")
-        return ResponseFormat(kind, _schema_grammar(schema), {"json": schema})
+        # vLLM gets the bounded schema too, so both engines write the same values.
+        grammar = _schema_grammar(schema)
+        return ResponseFormat(kind, grammar, {"json": bound_schema(schema)})
     if kind == "json_object":
         grammar = LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
         return ResponseFormat(kind, grammar, {"json_object": True})
@@ -165,6 +175,7 @@ class Grammars:
         self._vocab = vocab
         self._eos = eos_id
         self._tokenizer = None
+        self._closer: Closer | None = None
         self._unsupported: str | None = None  # why this model's tokenizer cannot take a grammar
         self._lock = threading.Lock()
         self.compiles = 0
@@ -194,8 +205,15 @@ class Grammars:
                 # The first matcher of a tokenizer builds its token trie (seconds on a slow CPU):
                 # here, once, not inside a caller's timed compile.
                 LLMatcher(tok, LLMatcher.grammar_from_regex("a"), log_level=0).compute_bitmask()
+                self._closer = Closer(tok, self._vocab, self._eos)
                 self._tokenizer = tok
             return self._tokenizer
+
+    def closer(self) -> Closer:
+        """This tokenizer's closing order (built with the grammar tokenizer)."""
+        self.tokenizer()
+        assert self._closer is not None
+        return self._closer
 
     @property
     def vocab(self) -> int:
@@ -221,7 +239,7 @@ class Grammars:
             self.refusals += 1
             raise refused(f"response_format: {_message(error)}: change it")
         self.compiles += 1
-        return Compiled(fmt.kind, matcher, round(time.perf_counter() - t0, 6))
+        return Compiled(fmt.kind, matcher, round(time.perf_counter() - t0, 6), self.closer())
 
     @classmethod
     def _executor(cls) -> ThreadPoolExecutor:
@@ -256,6 +274,7 @@ class Compiled:
     kind: str
     matcher: Any  # llguidance.LLMatcher in its start state
     compile_s: float
+    closer: Closer | None = None
 
     def matchers(self, n: int) -> list:
         """One matcher per sequence (the first the compiled one, the others copies)."""
@@ -263,16 +282,49 @@ class Compiled:
 
 
 class Constraint:
-    """One sequence's grammar while it decodes."""
+    """One sequence's grammar while it decodes, with the closing of its text (closing.py) and,
+    for JSON, the tokens of the string it is writing (repetition.py)."""
 
-    def __init__(self, kind: str, matcher) -> None:
+    def __init__(self, kind: str, matcher, closer: Closer | None = None) -> None:
         self.kind = kind
         self.matcher = matcher
+        self.closer = closer
         self.error: str | None = None
+        self.values = ValueTokens() if kind in JSON_KINDS and closer is not None else None
+        self._closing: list[int] | None = None  # the closing of the text so far, when known
+        self._after: tuple[int, list[int]] | None = None  # (token, the closing after it) from `fit`
+
+    def fit(self, token: int, left: int) -> int:
+        """The token to write with `left` tokens to go (this one included): `token` when the
+        closing of the text it leads to fits in the rest, else the next token of the closing of
+        the text so far (which fits: this check ran at every token before)."""
+        if self.error is not None or self.closer is None:
+            return token
+        if self._closing and self._closing[0] == token:
+            self._after = (token, self._closing[1:])  # the greedy closing goes on as it was
+            return token
+        after = self.matcher.deep_copy()
+        if not after.consume_token(token):
+            return token
+        closing = self.closer.plan(after, left - 1)
+        if closing is not None:
+            self._after = (token, closing)
+            return token
+        now = self._closing if self._closing is not None else self.closer.plan(self.matcher, left)
+        if now == [] and self.closer.eos is not None:
+            return self.closer.eos  # the text is complete: it ends here
+        if not now:  # no closing fits even now: the text will be cut whatever comes
+            return token
+        self._after = (now[0], now[1:])
+        return now[0]
 
     def advance(self, token: int) -> None:
         if self.error is None and not self.matcher.consume_token(token):
             self.error = (self.matcher.get_error() or "the token was not allowed")[:240]
+        after, self._after = self._after, None
+        self._closing = after[1] if after is not None and after[0] == token else None
+        if self.values is not None and self.closer is not None:
+            self.values.push(token, self.closer.token_bytes[token])
 
     @property
     def done(self) -> bool:
@@ -304,6 +356,7 @@ class MaskBuilder:
         self.words = (vocab + 31) // 32
         self._executor = LLExecutor()
         self._shifts: dict[torch.device, torch.Tensor] = {}
+        self._digit_start: dict[torch.device, torch.Tensor] = {}
 
     def apply(self, logits: torch.Tensor, rows: list[tuple[int, Constraint]]) -> torch.Tensor:
         """`logits` [n, V] with every token the rows' grammars forbid at -inf (other rows as they were)."""
@@ -314,7 +367,20 @@ class MaskBuilder:
         live = [(c.matcher, i) for i, c in rows if c.error is None]
         if live:
             fill_next_token_bitmask_par(self._executor, live, bits)
-        return apply_masks(logits, bits.to(logits.device, non_blocking=True), self._shift(logits.device))
+        out = apply_masks(logits, bits.to(logits.device, non_blocking=True), self._shift(logits.device))
+        values = [(i, c.values) for i, c in rows if c.values is not None and c.error is None]
+        if values:
+            closer = next(c.closer for _, c in rows if c.closer is not None)
+            out = penalize(out, values, self._digits(closer, out.device))
+        return out
+
+    def _digits(self, closer: Closer, device: torch.device) -> torch.Tensor:
+        if device not in self._digit_start:
+            digits = torch.zeros(self.vocab, dtype=torch.bool)  # logits may be wider than the tokenizer
+            n = min(self.vocab, closer.digit_start.numel())
+            digits[:n] = closer.digit_start[:n]
+            self._digit_start[device] = digits.to(device)
+        return self._digit_start[device]
 
     def _shift(self, device: torch.device) -> torch.Tensor:
         if device not in self._shifts:

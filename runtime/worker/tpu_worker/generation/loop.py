@@ -159,7 +159,7 @@ class DecodeLoop(Inbox):
         g = req.gen.grammar
         matchers = g.matchers(n) if g is not None else [None] * n
         req.seqs = [
-            _Seq(req, i, self.adapter.decode, Constraint(g.kind, m) if m is not None else None)
+            _Seq(req, i, self.adapter.decode, Constraint(g.kind, m, g.closer) if m is not None else None)
             for i, m in enumerate(matchers)
         ]
         self._enqueue(req, trace)
@@ -335,7 +335,8 @@ class DecodeLoop(Inbox):
     def _choose(self, seqs: list[_Seq], logits: torch.Tensor) -> list[int]:
         """The next token of every row: argmax on the device; sampled rows (and rows that
         report logprobs) from their own float32 CPU copy of the logits. Rows with a grammar
-        first have every token it forbids masked, on the device."""
+        first have every token it forbids masked, on the device, and then keep room for their
+        text's closing (grammar.Constraint.fit)."""
         constrained = [(i, s.constraint) for i, s in enumerate(seqs) if s.finish is None and s.constraint is not None]
         if constrained:
             if self._masks is None:
@@ -343,13 +344,15 @@ class DecodeLoop(Inbox):
             logits = self._masks.apply(logits, constrained)
         ids = logits.argmax(-1).tolist()
         cpu_rows = [i for i, s in enumerate(seqs) if s.finish is None and (s.gen is not None or s.logprobs is not None)]
-        if not cpu_rows:
-            return ids
-        rows = logits[cpu_rows].float().cpu()
+        rows = logits[cpu_rows].float().cpu() if cpu_rows else None
         for j, i in enumerate(cpu_rows):
             s = seqs[i]
             if s.gen is not None:
                 ids[i] = sample(rows[j], s.params, s.gen)
+        for i, c in constrained:
+            ids[i] = c.fit(ids[i], seqs[i].params.max_new_tokens - len(seqs[i].tokens))
+        for j, i in enumerate(cpu_rows):
+            s = seqs[i]
             if s.logprobs is not None:
                 lp, top = top_logprobs(rows[j], ids[i], s.params.logprobs)
                 text = self.adapter.token_text
