@@ -4,10 +4,15 @@
 // NTP; one within the bound starts, and a request state it seals expires by the database's
 // clock, not its own, when another replica opens it. A replica's clock is faked as everywhere
 // else: the Clock it is given (policies/clock.ts).
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { pino } from "pino";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { Clock } from "../../policies/clock.js";
+import type { GateContext } from "../../policies/gate/context.js";
 import { RequestStateError, RequestStateSealer } from "../../policies/request_state.js";
+import { createPolicyServices } from "../../server/app/build_policies.js";
 import { ClockSkewError } from "../../server/app/postgres/db_clock.js";
 import { openPool } from "../../server/app/postgres/pool.js";
 import { openSharedBackend, type SharedBackend } from "../../server/app/storage.js";
@@ -98,5 +103,42 @@ describe("row 7: a replica's clock off the database's", () => {
     await new Promise((r) => setTimeout(r, ttlMs + scaled(500)));
     expect(() => openB.open(state)).toThrow(RequestStateError);
     expect(() => openB.open(state)).toThrow("expired");
+  });
+
+  it("the built policies (build_policies.ts) seal request states on the database's clock, not this machine's", async () => {
+    // This process's own clock (Date.now, what systemClock reads) 5 minutes ahead, within a
+    // 10-minute bound: the replica starts, and only the database clock it is handed is right.
+    const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-clock-policies-"));
+    const realNow = Date.now.bind(Date);
+    const ahead = vi.spyOn(Date, "now").mockImplementation(() => realNow() + 5 * 60_000);
+    try {
+      const config = parseConfig(
+        {
+          data_dir: join(dir, "data"),
+          storage: { postgres: { url: db.url, max_clock_skew_ms: 600_000 } },
+        },
+        { root: ROOT },
+      );
+      const shared = (await openSharedBackend(config, logger, {
+        id: "policies:8080",
+        storage: "postgres",
+      }))!;
+      opened.push(shared);
+      const services = await createPolicyServices(config, logger, { shared });
+      try {
+        // The gate's own sealer, as the in-band approval flow uses it (input_required.ts).
+        const sealer = (services.gate as unknown as { ctx: GateContext }).ctx.deps.requestStates!;
+        const ttlMs = 60_000;
+        const state = sealer.seal({ p: "alice", t: "run_inference", d: "d", a: "apr_1" }, ttlMs);
+        const e = JSON.parse(Buffer.from(state.split(".")[1]!, "base64url").toString("utf8")).e;
+        // The database's now + ttl; on this machine's clock it would be 5 minutes later.
+        expect(Math.abs(e - (realNow() + ttlMs))).toBeLessThan(scaled(2_000));
+      } finally {
+        await services.close();
+      }
+    } finally {
+      ahead.mockRestore();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
