@@ -101,7 +101,7 @@ export interface LoadResult {
   replica_errors?: Array<{ worker: string; error: string }>;
 }
 
-/** The generation arguments of `infer` (GENERATION_CONTRACT.md), all optional; the tools check
+/** The generation arguments of `infer` (runtime/PROTOCOL.md, `infer`; docs/tools.md, "Generation"), all optional; the tools check
  * and pass them under these names (tools/support/generation.ts). */
 export interface GenerationArgs {
   /** One conversation, rendered with the model's chat template (instead of texts). */
@@ -139,7 +139,7 @@ export interface InferResult {
   shape?: number[];
   texts?: string[];
   new_tokens?: number[];
-  /** Text generation: one per prompt (GENERATION_CONTRACT.md); see tools/support/generation.ts. */
+  /** Text generation: one per prompt (runtime/PROTOCOL.md, `infer`); see tools/support/generation.ts. */
   generations?: unknown[];
   seed?: number;
   ttft_ms?: number;

@@ -38,7 +38,7 @@ export function errorResult(e: ToolError): CallToolResultLike {
  * The answer as the tool declares it, or `internal`: a handler whose output drifted from its
  * output schema (a missing or mistyped field, a wrong shape) must never reach a client as a
  * silent wrong answer. Fields the schema does not name pass, as the published schema says
- * (server/mcp.ts opens output objects: the worker reports more than each tool declares). The
+ * (server/mcp/json_schema.ts opens output objects: the worker reports more than each tool declares). The
  * log names the tool and the fields; the client sees only the code.
  */
 export function checkOutput(

@@ -1,4 +1,4 @@
-// Generation for text-generation models, as LLM users know it (GENERATION_CONTRACT.md): chat
+// Generation for text-generation models, as LLM users know it (docs/tools.md, "Generation"): chat
 // messages, sampling with a seed, stop sequences, log-probabilities; the bounds, the checks
 // against a model's catalog entry and the answer's shape, shared by run_inference and
 // run_benchmark so that both spell and bound them the same way.

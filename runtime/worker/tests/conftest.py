@@ -15,7 +15,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 BUILTIN_CATALOG = os.path.join(REPO, "runtime", "catalog.builtin.json")
-# The server's benchmark bounds at their config defaults (server/config.ts `benchmark`) and its
+# The server's benchmark bounds at their config defaults (server/config/config.ts `benchmark`) and its
 # shortest benchmarked sequence (tools/run_benchmark.ts MIN_SEQ_LEN).
 BENCH_LIMITS = {"max_configs": 64, "max_iterations": 10_000, "max_duration_s": 600, "max_warmup": 100, "min_seq_len": 2}
 
