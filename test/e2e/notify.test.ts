@@ -140,7 +140,7 @@ describe("approval webhooks", () => {
       expect(retry.body.approval).toMatchObject({ id, principal: "agent", tool: "run_benchmark" });
       expect(retry.body.approval.args_preview).toMatchObject({ model: "mnist-cnn" });
       expect(retry.body.text).toMatch(
-        new RegExp(`node bin/tpu-mcp\\.js approvals approve ${id} --config \\S+\\.json`),
+        new RegExp(`node /\\S+/bin/tpu-mcp\\.js approvals approve ${id} --config /\\S+\\.json`),
       );
       expect(retry.body.console_url).toMatch(/^http:\/\/localhost:\d+\/console\/$/);
 
