@@ -12,6 +12,7 @@ import torch
 from . import __version__
 from .adapters.text import model_chat_template
 from .errors import WorkerError
+from .kinds import implementation_for
 from .memory import rss_bytes
 from .probe import refresh_memory
 
@@ -49,7 +50,7 @@ def describe_models(worker) -> dict:
             item["weight_digest"] = worker.digests.digest(info.files)
             # The load's memory pre-flight per dtype, as this worker would compute it now (the
             # server's gate and placement use it: one estimate, memory.py).
-            if entry.engine == "torch":
+            if implementation_for(entry).loads_in_worker:
                 item["memory_bytes"] = {d: worker.estimate_load(entry, info, d) for d in entry.dtypes}
             if entry.task == "text-generation":
                 # Read from the files, loaded or not: the server refuses `messages` for a model

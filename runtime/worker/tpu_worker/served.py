@@ -43,6 +43,9 @@ class Served(ABC):
     # True when a cancelled infer still answers with a result (a generation's partial text),
     # so a waiter must not give up on its own when the token is cancelled.
     answers_cancel: bool = False
+    # True when a load of this kind holds the model in this worker's memory, so that the worker's
+    # own pre-flight (memory.py) prices it; False for a model held in another process.
+    loads_in_worker: bool = True
 
     @abstractmethod
     def submit(

@@ -46,6 +46,7 @@ class EngineModel(Served):
     loaded_at: str
     report: dict
     answers_cancel = True  # a cancelled generation answers with its partial text
+    loads_in_worker = False  # the engine's process holds the model; it prices its own memory
     _pool: ThreadPoolExecutor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
