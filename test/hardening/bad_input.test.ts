@@ -252,9 +252,12 @@ function checkAnswer(tool: string, args: unknown, r: any) {
   tally(tool, r);
   if (r.protocolError) return;
   const what = `${tool} ${safeJson(args).slice(0, 200)}`;
-  // The one path an answer may carry: the operator's own approve command (its --config), which
-  // must stay runnable as shown (issue 34, trip 1). Everything else is scrubbed.
-  const text = JSON.stringify(r.content ?? []).replace(/`[^`]*approvals approve [^`]*`/g, "`cmd`");
+  // The paths an answer may carry: the operator's own commands, the approve command and (over
+  // stdio) the one that starts a console on the same data, which must stay runnable as shown from
+  // any folder (issue 34 trip 1, issue 44 item 1). Everything else is scrubbed.
+  const text = JSON.stringify(r.content ?? [])
+    .replace(/`[^`]*approvals approve [^`]*`/g, "`cmd`")
+    .replace(/`[^`]*tpu-mcp(\.js)? http\b[^`]*`/g, "`cmd`");
   expect(text, what).not.toMatch(LEAK_RE);
   if (!r.isError) return;
   const e = errorOf(r);
