@@ -171,6 +171,17 @@ export async function runGenerate(opts: GenerateBenchOptions): Promise<SectionRe
     sec.fig(`direct_b${n}_tokens_per_s`, directBn.rate);
     sec.fig("loop_1_tokens_per_s", loopOne.rate);
     sec.fig(`loop_${n}_tokens_per_s`, loopMany.rate);
+    // The census of the decode step's work around the forward (issue 42): op shapes first run
+    // after the load's warm-up, over every call above. Each is a compile on an eager TPU backend.
+    const opShapes = loaded?.batching?.op_shapes;
+    if (opShapes) {
+      sec.row(
+        "op shapes after warm-up (decode step census)",
+        String(opShapes.new_since_load),
+        `target 0; ${opShapes.signatures} (op, input shapes) signatures warmed at load`,
+      );
+      sec.fig("census_new_op_shapes", opShapes.new_since_load);
+    }
     sec.fig("concurrency_ratio", concurrency);
     sec.fig("vs_direct_batch_ratio", ceiling);
     sec.fig("sequential_ratio", sequential);

@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = DecodeLoop(
         entry.id, adapter, max_batch=max(args.batch, entry.batching.max_batch)
     )
+    loop.seal()  # as a load does: the step's work warmed, then new op shapes are counted
 
     def worker_one(text: str) -> int:
         prepared = adapter.prepare({"texts": [text], "max_new_tokens": n}, [])
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         "hf_generate_sequential": hf_seq,
         "worker_decode_sequential": w_seq,
         "worker_decode_concurrent": w_con,
+        # Op shapes first run after the warm-up around the step's forward (target 0, census.py).
+        "census": loop.census.report(),
         "ratios": {
             "worker_concurrent_vs_worker_sequential": round(
                 w_con["tokens_per_s"] / w_seq["tokens_per_s"], 3

@@ -27,6 +27,11 @@ export const ERROR_CATALOGUE = {
     http: 422,
     doc: "The response_format (structured output) was refused: the schema is too large or too deep, an enum or regex too long, a keyword unsupported, or its grammar did not compile in time; the message says what to change.",
   },
+  recompile_after_load: {
+    recoverable: false,
+    http: 500,
+    doc: "A generation ran an op at a shape the model's load did not warm (a compile after warm-up on an eager TPU backend, or a graph recompile), and its catalog entry sets `shapes.strict: true`, which refuses that; the message names the op and shapes. Set `shapes.strict: false` to serve it (counted in `recompiles_since_load`) and report the shape.",
+  },
   unknown_model: {
     recoverable: true,
     http: 404,

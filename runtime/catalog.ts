@@ -46,12 +46,14 @@ export const CatalogEntrySchema = z.object({
   /**
    * The shape plan's buckets (runtime/worker/tpu_worker/shapes.py): the batch sizes and sequence
    * lengths a forward is padded to. Absent: 1, 2, 4, ... up to limits.max_batch and powers of two
-   * from 8 up to limits.max_seq_len.
+   * from 8 up to limits.max_seq_len. strict: a compile or a new op shape after the load's warm-up
+   * fails the generation with recompile_after_load (tpu_worker/census.py) instead of being counted.
    */
   shapes: z
     .object({
       batch_buckets: z.array(z.number().int().positive()).min(1).max(16).optional(),
       length_buckets: z.array(z.number().int().positive()).min(1).max(16).optional(),
+      strict: z.boolean().optional(),
     })
     .strict()
     .optional(),

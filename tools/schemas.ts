@@ -138,9 +138,18 @@ export const ShapesSeen = z
   })
   .passthrough();
 
-/** Mode "compile": the graphs the load's warm-up compiled, and any compile after it. */
+/**
+ * Mode "compile": the graphs the load's warm-up compiled, and any compile after it: graphs, and the
+ * op shapes first run after the warm-up around a decode step's forward (each a compile on an eager
+ * TPU backend; runtime/worker/tpu_worker/census.py).
+ */
 export const Compiles = z.object({
   graphs_compiled: z.number().int().nullable(),
   recompiles_since_load: z.number().int(),
+  op_shapes_since_load: z
+    .number()
+    .int()
+    .optional()
+    .describe("of recompiles_since_load: new (op, input shapes) signatures around the decode step"),
   recompiled: z.boolean().describe("true: a call compiled after the warm-up (see the worker log)"),
 });

@@ -303,6 +303,7 @@ def test_a_join_when_the_shared_column_is_at_the_end_moves_left_then_right(share
     s = SlotCache(adapter.eager_model, slots=2, length=24, buckets=(1, 2), dtype=torch.float32, device="cpu")
     s.column = 24
     s.mask[0, 14:24] = 1  # a running slot using the last 10 columns
+    s.first[0] = 14  # and the host's record of its first column (make_room reads nothing from the device)
     s.keys[0][0, :, 14:24] = 7.0
     s.make_room(16, 1)
     assert s.column >= 16

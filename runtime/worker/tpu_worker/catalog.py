@@ -52,6 +52,8 @@ class Shapes:
 
     batch_buckets: tuple[int, ...] | None = None
     length_buckets: tuple[int, ...] | None = None
+    # A compile or a new op shape after the load's warm-up fails the call (census.py), not only counted.
+    strict: bool = False
 
 
 # A text-generation model's prefix cache (generation/prefix.py): the bytes of prompt-prefix keys
@@ -284,12 +286,15 @@ def _buckets(raw: Any, where: str, top: int) -> tuple[int, ...] | None:
 def _shapes(raw: Any, where: str, limits: Limits) -> Shapes:
     if raw is None:
         return Shapes()
-    _need(isinstance(raw, dict), where, "expected an object {batch_buckets?, length_buckets?}")
-    unknown = set(raw) - {"batch_buckets", "length_buckets"}
+    _need(isinstance(raw, dict), where, "expected an object {batch_buckets?, length_buckets?, strict?}")
+    unknown = set(raw) - {"batch_buckets", "length_buckets", "strict"}
     _need(not unknown, where, f"unknown key {sorted(unknown)[0] if unknown else ''!r}")
+    strict = raw.get("strict", False)
+    _need(isinstance(strict, bool), f"{where}.strict", "expected true or false")
     return Shapes(
         _buckets(raw.get("batch_buckets"), f"{where}.batch_buckets", limits.max_batch),
         _buckets(raw.get("length_buckets"), f"{where}.length_buckets", max(limits.max_seq_len, 1)),
+        strict,
     )
 
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import logs
+from .errors import WorkerError
 
 CACHE_ENV = "TPU_WORKER_COMPILE_CACHE"
 
@@ -29,8 +31,10 @@ CACHE_ENV = "TPU_WORKER_COMPILE_CACHE"
 @dataclass
 class CompileCounter:
     model: str
+    strict: bool = False  # shapes.strict: a compile after the warm-up fails its call
     graphs: int = 0  # graphs compiled since load began
     at_load: int | None = None  # graphs compiled by the end of the load's warm-up
+    census: Any = None  # the decode loop's ShapeCensus (census.py): new op shapes after warm-up
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self) -> None:
@@ -42,7 +46,15 @@ class CompileCounter:
                 "recompile after warm-up: a forward took a shape or path the load did not warm",
                 model=self.model,
                 recompiles_since_load=self.recompiles_since_load,
+                strict=self.strict,
             )
+            if self.strict:
+                raise WorkerError(
+                    "recompile_after_load",
+                    f"model {self.model!r} had to compile its forward again after its load (a shape or path "
+                    "the load did not warm), and its catalog entry sets shapes.strict: true; set "
+                    "shapes.strict: false to serve it (counted in recompiles_since_load) and report the call",
+                )
 
     def loaded(self) -> None:
         with self._lock:
@@ -50,11 +62,17 @@ class CompileCounter:
 
     @property
     def recompiles_since_load(self) -> int:
-        return self.graphs - (self.at_load or 0) if self.at_load is not None else 0
+        """Graphs compiled after the warm-up, and the op shapes first run after it around the
+        forward (each a compile on an eager TPU backend)."""
+        graphs = self.graphs - (self.at_load or 0) if self.at_load is not None else 0
+        return graphs + (self.census.new_since_load if self.census is not None else 0)
 
     def report(self) -> dict:
         n = self.recompiles_since_load
-        return {"graphs_compiled": self.at_load, "recompiles_since_load": n, "recompiled": n > 0}
+        out = {"graphs_compiled": self.at_load, "recompiles_since_load": n, "recompiled": n > 0}
+        if self.census is not None:
+            out["op_shapes_since_load"] = self.census.new_since_load
+        return out
 
 
 def counted_backend(name: str, counter: CompileCounter):

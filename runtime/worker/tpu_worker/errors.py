@@ -8,6 +8,7 @@ RECOVERABLE = {
     "protocol_error": True,
     "invalid_argument": True,
     "response_format_refused": True,
+    "recompile_after_load": False,  # the same shape again is refused again: shapes.strict is the fix
     "unknown_model": True,
     "model_not_loaded": True,
     "model_already_loaded": True,

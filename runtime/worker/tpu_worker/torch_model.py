@@ -105,7 +105,7 @@ class TorchModel(Served):
         w.matmul_precision_arg(precision_arg)
         ctx.progress(0, 3, f"loading {entry.id} ({lc.dtype}, {lc.mode}) on {device}")
         compiled = lc.mode == "compile"
-        counter = CompileCounter(entry.id) if compiled else None
+        counter = CompileCounter(entry.id, strict=entry.shapes.strict) if compiled else None
         cache_dir = use_cache_dir() if compiled else None
         hits = cache_hits()
         backend0 = platform_for(device).compile_cache_stats() if compiled else None
@@ -128,6 +128,13 @@ class TorchModel(Served):
                 raise
             timings["compile_s"] = round(timings["compile_s"] + time.perf_counter() - t0, 6)
             counter.loaded()
+        seal = getattr(batcher, "seal", None)
+        if seal is not None:
+            # The decode step's work around the forward, warmed at every bucket (eager mode too: an
+            # eager TPU backend compiles per op and shape); from now on a new op shape is counted.
+            seal()
+            if counter is not None:
+                counter.census = batcher.census
         report = {
             "parameters": adapter.parameters(),
             "bytes_on_device": adapter.bytes_on_device(),

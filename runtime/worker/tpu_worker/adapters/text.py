@@ -220,22 +220,25 @@ class CausalLM(Adapter):
     def padded_prompts(self, prompts: list[list[int]], batch: int, length: int):
         """`prompts` left padded to [batch, length] (rows past the prompts hold one pad token, so
         no row of the attention is empty): (ids, mask, positions) on the device."""
-        ids = torch.full((batch, length), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, length), dtype=torch.long)
-        mask[len(prompts) :, -1] = 1
-        for i, p in enumerate(prompts):
-            ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, length - len(p) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+        # Built as lists, then one tensor each: no op at a prompt's own length (census.py).
+        pad, n = self.pad_id, len(prompts)
+        ids = [[pad] * (length - len(p)) + list(p) for p in prompts] + [[pad] * length] * (batch - n)
+        mask = [[0] * (length - len(p)) + [1] * len(p) for p in prompts] + [[0] * (length - 1) + [1]] * (batch - n)
+        ids_t = torch.tensor(ids, dtype=torch.long).to(self.device)
+        mask_t = torch.tensor(mask, dtype=torch.long).to(self.device)
+        return ids_t, mask_t, (mask_t.cumsum(-1) - 1).clamp(min=0)
+
+    def prefill_padded(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor):
+        """The forward of `padded_prompts`' tensors: (last logits [batch, vocab], per-layer keys
+        and values [batch, heads, length, dim])."""
+        logits, cache = self._forward(ids, mask, pos)
+        return logits, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
 
     def prefill_static(self, prompts: list[list[int]], batch: int, length: int):
         """A prefill at one of the plan's shapes [batch, length]: (last logits [batch, vocab],
         per-layer keys and values [batch, heads, length, dim], mask, last positions [batch, 1])."""
         ids, mask, pos = self.padded_prompts(prompts, batch, length)
-        logits, cache = self._forward(ids, mask, pos)
-        keys = [layer.keys for layer in cache.layers]
-        values = [layer.values for layer in cache.layers]
+        logits, keys, values = self.prefill_padded(ids, mask, pos)
         return logits, keys, values, mask, pos[:, -1:]
 
     def step_static(self, tokens: torch.Tensor, cache, mask: torch.Tensor, pos: torch.Tensor, column: torch.Tensor):

@@ -31,6 +31,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import logs
@@ -376,10 +377,11 @@ class MaskBuilder:
 
     def _digits(self, closer: Closer, device: torch.device) -> torch.Tensor:
         if device not in self._digit_start:
-            digits = torch.zeros(self.vocab, dtype=torch.bool)  # logits may be wider than the tokenizer
-            n = min(self.vocab, closer.digit_start.numel())
-            digits[:n] = closer.digit_start[:n]
-            self._digit_start[device] = digits.to(device)
+            digits = np.zeros(self.vocab, dtype=np.bool_)  # logits may be wider than the tokenizer
+            n = min(self.vocab, len(closer.token_bytes))
+            # Built from the token texts without torch ops: only the copy to the device runs (census.py).
+            digits[:n] = [data[:1].isdigit() for data in closer.token_bytes[:n]]
+            self._digit_start[device] = torch.from_numpy(digits).to(device)
         return self._digit_start[device]
 
     def _shift(self, device: torch.device) -> torch.Tensor:

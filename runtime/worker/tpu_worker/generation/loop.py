@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import logs
@@ -40,9 +41,10 @@ from ..inbox import Inbox
 from ..protocol import now_us
 from ..spans import span_since
 from .grammar import Constraint, MaskBuilder
-from .params import GenRequest
+from .params import GenParams, GenRequest
+from .repetition import penalize
 from .rows import rows_for
-from .sampling import sample, sequence_generator, top_logprobs
+from .sampling import RowParams, SeedStream, choose, sequence_generator
 from .textstream import TextStream
 
 # Rounds of joiners prefilled at one token boundary: the joiners taken after the last decode step,
@@ -127,6 +129,8 @@ class DecodeLoop(Inbox):
         self._batch = rows_for(adapter, max_new_tokens=adapter.entry.limits.max_new_tokens)
         self._last: list[int] = []  # each row's newest token, not yet fed to the model
         self._masks: MaskBuilder | None = None  # structured output: built at the first grammar
+        # The top logprobs every step computes when a row asks for some: the model's most.
+        self._logprobs_k = max(0, min(adapter.entry.limits.max_logprobs, adapter.vocab))
         # reply_scope (Inbox): results are set inside it, after that iteration's progress, so a
         # request's deltas always precede its result on the wire.
         self._thread = threading.Thread(target=self._run, name=f"decode-{name}", daemon=True)
@@ -138,12 +142,23 @@ class DecodeLoop(Inbox):
         return self._batch.warm(progress, token)
 
     @property
+    def census(self):
+        """The shape census of the step's work around the forward (census.py)."""
+        return self._batch.census
+
+    @property
     def mergeable(self) -> bool | None:
         """Can requests join a running batch (None: not known before the first prefill)."""
         return self._batch.mergeable
 
     def describe(self) -> dict:
-        return {"kind": "continuous", "enabled": self.enabled, "max_batch": self.max_batch, **self._batch.describe()}
+        return {
+            "kind": "continuous",
+            "enabled": self.enabled,
+            "max_batch": self.max_batch,
+            **self._batch.describe(),
+            "op_shapes": self._batch.census.report(),
+        }
 
     def prefix_report(self) -> dict:
         """The prefix cache's size and hit rate (get_runtime_status)."""
@@ -209,7 +224,8 @@ class DecodeLoop(Inbox):
                 work()
                 self._compact()
                 return True
-            except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the loop
+            except Exception as raised:  # noqa: BLE001 - a failed step fails its requests, not the loop
+                exc = _worker_error(raised)
                 if prefill:
                     logs.warn("prefill failed", model=self.name, error=f"{type(exc).__name__}: {exc}")
                     self._fail(set(joining), exc)
@@ -333,33 +349,87 @@ class DecodeLoop(Inbox):
         self._accept(self._rows, self._last)
 
     def _choose(self, seqs: list[_Seq], logits: torch.Tensor) -> list[int]:
-        """The next token of every row: argmax on the device; sampled rows (and rows that
-        report logprobs) from their own float32 CPU copy of the logits. Rows with a grammar
+        """The next token of every row (generation/sampling.py `choose`): on the device, over
+        the whole bucket of `logits` [B, V] (rows past `seqs` and finished rows are padding),
+        with per-row parameters as tensors; the host reads one small tensor. Rows with a grammar
         first have every token it forbids masked, on the device, and then keep room for their
         text's closing (grammar.Constraint.fit)."""
-        constrained = [(i, s.constraint) for i, s in enumerate(seqs) if s.finish is None and s.constraint is not None]
+        with self._batch.census.watch():
+            return self._pick(seqs, logits)
+
+    def _pick(self, seqs: list[_Seq], logits: torch.Tensor) -> list[int]:
+        live = [(i, s) for i, s in enumerate(seqs) if s.finish is None]
+        constrained = [(i, s.constraint) for i, s in live if s.constraint is not None]
         if constrained:
             if self._masks is None:
                 self._masks = MaskBuilder(logits.shape[-1])
             logits = self._masks.apply(logits, constrained)
-        ids = logits.argmax(-1).tolist()
-        cpu_rows = [i for i, s in enumerate(seqs) if s.finish is None and (s.gen is not None or s.logprobs is not None)]
-        rows = logits[cpu_rows].float().cpu() if cpu_rows else None
-        for j, i in enumerate(cpu_rows):
-            s = seqs[i]
+        draws: list = [None] * logits.shape[0]
+        for i, s in live:
             if s.gen is not None:
-                ids[i] = sample(rows[j], s.params, s.gen)
+                draws[i] = (s.params, s.gen)
+        params = RowParams.build(draws, logits.device) if any(d is not None for d in draws) else None
+        k = self._logprobs_k if any(s.logprobs is not None for _, s in live) else None
+        out, lp = choose(logits, params, k)
+        read = out.tolist()  # the step's one device -> host read
+        ids = [int(r[0]) for r in read] if k is not None else read
+        for _, s in live:
+            if s.gen is not None:
+                s.gen.step += 1
         for i, c in constrained:
             ids[i] = c.fit(ids[i], seqs[i].params.max_new_tokens - len(seqs[i].tokens))
-        for j, i in enumerate(cpu_rows):
-            s = seqs[i]
-            if s.logprobs is not None:
-                lp, top = top_logprobs(rows[j], ids[i], s.params.logprobs)
-                text = self.adapter.token_text
-                s.logprobs.append(
-                    {"token": text(ids[i]), "logprob": lp, "top": [{"token": text(t), "logprob": v} for t, v in top]}
-                )
-        return ids
+        text = self.adapter.token_text
+        for i, s in live:
+            if s.logprobs is None:
+                continue
+            assert k is not None and lp is not None
+            row, n = read[i], s.params.logprobs
+            # A grammar's closing may replace the chosen token: its own logprob then.
+            chosen = row[1] if ids[i] == int(row[0]) else float(lp[i, ids[i]])
+            top = zip(row[2 + k : 2 + k + n], row[2 : 2 + n], strict=True)
+            s.logprobs.append(
+                {
+                    "token": text(ids[i]),
+                    "logprob": chosen,
+                    "top": [{"token": text(int(t)), "logprob": v} for t, v in top],
+                }
+            )
+        return ids[: len(seqs)]  # a host list: the padding rows' choices are dropped here
+
+    def seal(self) -> None:
+        """After the load: the step's work around the forward once at every batch bucket (every
+        kind of choice: greedy, sampled, with logprobs, structured), then the census counts any
+        op shape it sees as new (census.py)."""
+        rows = self._batch
+        if not hasattr(rows, "warm_steps"):
+            return  # a dynamic cache: a new shape every step, nothing to seal
+        with torch.no_grad():
+            rows.warm_steps()
+            for b in sorted(set(rows.plan.batches) | set(rows.plan.prefill_batches)):
+                self._warm_choice(b)
+        rows.census.seal()
+
+    def _warm_choice(self, batch: int) -> None:
+        a = self.adapter
+        logits = torch.zeros((batch, a.vocab), dtype=a.torch_dtype, device=a.device)
+        drawn = [(GenParams(1, 1.0, 0.9, 5, 0), SeedStream(0))] + [None] * (batch - 1)
+        with self._batch.census.watch():
+            variants = [logits]
+            try:
+                masks = self._masks if self._masks is not None else MaskBuilder(a.vocab)
+                self._masks = masks
+                torch.from_numpy(np.zeros(a.vocab, dtype=np.bool_)).to(a.device)  # as MaskBuilder._digits
+                masked = masks.apply(logits, [])
+                variants.append(penalize(masked, [], torch.zeros(a.vocab, dtype=torch.bool, device=a.device)))
+            except ImportError:  # no structured output in this environment
+                pass
+            for x in variants:
+                for params in (None, RowParams.build(drawn, a.device)):
+                    for k in (None, self._logprobs_k):
+                        out, lp = choose(x, params, k)
+                        out.tolist()
+                        if lp is not None:
+                            float(lp[0, 0])  # a grammar's closing token's logprob
 
     def _accept(self, seqs: list[_Seq], ids: list[int]) -> None:
         eos = self.adapter.eos_id
@@ -473,6 +543,17 @@ class DecodeLoop(Inbox):
                 s.finish = s.finish or "error"  # leaves the batch at the next compaction
             if not r.future.done():
                 r.future.set_exception(exc)
+
+
+def _worker_error(exc: BaseException) -> BaseException:
+    """The WorkerError a failure carries (a compile backend's refusal comes wrapped by dynamo),
+    else the failure itself."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, WorkerError):
+            return seen
+        seen = getattr(seen, "inner_exception", None) or seen.__cause__
+    return exc
 
 
 def _shape_text(shape: tuple[str, int, int] | None) -> str | None:

@@ -13,6 +13,7 @@ bounded by the schema, bounds.py). Regex and choice output have no values: nothi
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 PENALTY = 1.3
@@ -72,17 +73,19 @@ class ValueTokens:
 
 
 def penalize(logits: torch.Tensor, rows: list[tuple[int, ValueTokens]], digits: torch.Tensor | None) -> torch.Tensor:
-    """`logits` (already masked, written in place) with each row's value tokens penalized, and
-    digits forbidden in a row whose number has its fraction digits, unless nothing else is allowed."""
-    at = [(i, t) for i, v in rows for t in v.seen]
-    if at:
-        index = torch.tensor(at, dtype=torch.long, device=logits.device)
-        picked = logits[index[:, 0], index[:, 1]]
-        logits[index[:, 0], index[:, 1]] = torch.where(picked > 0, picked / PENALTY, picked * PENALTY)
+    """`logits` [B, V] (already masked) with each row's value tokens penalized, and digits
+    forbidden in a row whose number has its fraction digits, unless nothing else is allowed. The
+    rows' state goes to the device as [B, V] and [B, 1] flags, so the ops keep the batch's shape
+    whichever rows and tokens are concerned (no host read)."""
+    n, v = logits.shape
+    seen = np.zeros((n, v), dtype=np.bool_)
+    full = np.zeros((n, 1), dtype=np.bool_)
+    for i, values in rows:
+        seen[i, [t for t in values.seen if t < v]] = True
+        full[i, 0] = values.fraction_full
+    at = torch.from_numpy(seen).to(logits.device)
+    logits = torch.where(at, torch.where(logits > 0, logits / PENALTY, logits * PENALTY), logits)
     if digits is not None:
-        for i, v in rows:
-            if v.fraction_full:
-                blocked = logits[i].masked_fill(digits, float("-inf"))
-                if bool(torch.isfinite(blocked).any()):
-                    logits[i] = blocked
+        blocked = logits.masked_fill(digits[None, :] & torch.from_numpy(full).to(logits.device), float("-inf"))
+        logits = torch.where(torch.isfinite(blocked).any(-1, keepdim=True), blocked, logits)
     return logits

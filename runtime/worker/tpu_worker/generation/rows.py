@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..census import ShapeCensus
 from ..platforms import platform_for
 from ..shapes import ShapeCounter, ShapePlan
 from . import kv
@@ -62,6 +63,8 @@ class DynamicRows:
         self.mergeable: bool | None = None  # can rows join a running batch: known after a prefill
         self.rows = 0
         self.prefix = None  # no prefix reuse over a dynamic cache
+        # Never sealed: a dynamic cache has a new shape every step, nothing to count against.
+        self.census = ShapeCensus(adapter.entry.id)
         self._cache = self._mask = self._pos = None
 
     def describe(self) -> dict:
@@ -128,6 +131,7 @@ class StaticRows:
         self.prefix = prefix  # the model's prefix cache (generation/prefix.py), or None: no reuse
         self.mergeable = True
         self.rows = 0
+        self.census = ShapeCensus(adapter.entry.id, strict=adapter.entry.shapes.strict)
         # The padded tokens one prefill forward may take: the second prefill batch at the longest
         # length (tiny-gpt2: 4 × 128). A prefill's time grows with its padded tokens, and every
         # row of a forward waits for all of them: a burst of long prompts runs as several smaller
@@ -212,7 +216,8 @@ class StaticRows:
 
     def prefill(self, fwd: Forward, prompts: list[list[int]], room: int) -> torch.Tensor:
         """Runs one of `forwards`: its prompts into the next free slots, in its order. Returns
-        their last logits [len(fwd.indices), vocab] and sets `fwd.cached`."""
+        their last logits, row i the i-th prompt's, at the forward's batch bucket [batch, vocab]
+        (rows past the prompts are padding), and sets `fwd.cached`."""
         ps = [prompts[i] for i in fwd.indices]
         if fwd.behind:
             group = list(zip(ps, fwd.partitions, fwd.behind, strict=True))
@@ -243,14 +248,17 @@ class StaticRows:
         prompts = [p for p, _ in group]
         batch = self.plan.prefill_batch(len(prompts))
         length = self.plan.length(max(len(p) for p in prompts))
-        logits, keys, values, mask, pos = self.adapter.prefill_static(prompts, batch, length)
+        with self.census.watch():
+            ids, mask, pos = self.adapter.padded_prompts(prompts, batch, length)
+        logits, keys, values = self.adapter.prefill_padded(ids, mask, pos)
         self.shapes.record("prefill", batch, length, sum(len(p) for p in prompts))
-        self.slots.make_room(length, self.rows)
-        for i, (p, part) in enumerate(group):
-            self.slots.write(self.rows, keys, values, i, mask[i], pos[i])
-            self._keep_prefix(part, p)
-            self.rows += 1
-        return logits[: len(prompts)]
+        with self.census.watch():
+            self.slots.make_room(length, self.rows)
+            for i, (p, part) in enumerate(group):
+                self.slots.write(self.rows, keys, values, i, mask[i], pos[i, -1:], len(p))
+                self._keep_prefix(part, p)
+                self.rows += 1
+        return logits  # the whole batch bucket: rows past the prompts are padding
 
     def _prefill_behind(self, group: list[tuple[list[int], str, list]], window: int) -> tuple[torch.Tensor, int]:
         """Prompts whose first blocks are cached, with rests of one length bucket (`window`): the
@@ -262,29 +270,38 @@ class StaticRows:
         batch = self.plan.prefill_batch(len(group))
         if self.rows + batch > self.slots.slots:
             n = self._fitting(self.rows)
-            head, head_batch = self._prefill_behind(group[:n], window)
+            head, head_batch = self._prefill_behind(group[:n], window)  # n is a batch bucket: n rows
             rest, rest_batch = self._prefill_behind(group[n:], window)
             return torch.cat([head, rest]), max(head_batch, rest_batch)
         block = self.prefix.block
-        self.slots.make_room(max(window, *(len(p) for p, _, _ in group)), self.rows)
-        first = self.rows
-        cache, mask, columns = self.slots.write_prefixes(first, batch, [(b, len(p)) for p, _, b in group], window)
-        ids = torch.full((batch, window), self.adapter.pad_id, dtype=torch.long)
-        pos = torch.arange(window, dtype=torch.long).repeat(batch, 1)  # padding rows: their own window
-        for j, (p, _, _) in enumerate(group):
-            n = len(p)
-            fed = p[max(0, n - window) :]
-            pad = window - len(fed)
-            ids[j] = torch.tensor([self.adapter.pad_id] * pad + fed, dtype=torch.long)
-            pos[j] = torch.tensor([0] * pad + list(range(n - len(fed), n)), dtype=torch.long)
-        dev = self.slots.device
-        logits = self.adapter.extend_static(ids.to(dev), cache, mask, pos.to(dev), columns)
+        with self.census.watch():
+            self.slots.make_room(max(window, *(len(p) for p, _, _ in group)), self.rows)
+            first = self.rows
+            cache, mask, columns = self.slots.write_prefixes(first, batch, [(b, len(p)) for p, _, b in group], window)
+            ids, pos = self._behind_inputs([p for p, _, _ in group], batch, window)
+        logits = self.adapter.extend_static(ids, cache, mask, pos, columns)
         real = sum(len(p) - len(b) * block for p, _, b in group)
         self.shapes.record("prefill_cached", batch, window, real)
-        for p, part, _ in group:
-            self._keep_prefix(part, p)
-            self.rows += 1
-        return logits[: len(group)], batch
+        with self.census.watch():
+            for p, part, _ in group:
+                self._keep_prefix(part, p)
+                self.rows += 1
+        return logits, batch  # the whole batch bucket: rows past the prompts are padding
+
+    def _behind_inputs(self, prompts: list[list[int]], batch: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last `window` tokens of each prompt and their positions, left padded, [batch,
+        window] on the device (padding rows: their own window)."""
+        pad = self.adapter.pad_id
+        ids, pos = [], []
+        for p in prompts:
+            n = len(p)
+            fed = p[max(0, n - window) :]
+            ids.append([pad] * (window - len(fed)) + fed)
+            pos.append([0] * (window - len(fed)) + list(range(n - len(fed), n)))
+        ids += [[pad] * window] * (batch - len(prompts))
+        pos += [list(range(window))] * (batch - len(prompts))
+        dev = self.slots.device
+        return torch.tensor(ids, dtype=torch.long).to(dev), torch.tensor(pos, dtype=torch.long).to(dev)
 
     def _keep_prefix(self, partition: str | None, prompt: list[int]) -> None:
         """Offers the prompt's blocks, now in slot `self.rows`, to the prefix cache."""
@@ -294,14 +311,16 @@ class StaticRows:
         self.prefix.store(partition, prompt, lambda i: self.slots.read_block(slot, len(prompt), block, i))
 
     def step(self, tokens: list[int]) -> torch.Tensor:
+        """One decode step: logits of the whole batch bucket [bucket, V] (rows past `tokens` are
+        padding), never cut to the running rows, so every op after it keeps the bucket's shape."""
         n = len(tokens)
         bucket = self.plan.batch(n)
-        fed = torch.full((bucket,), self.adapter.pad_id, dtype=torch.long)
-        fed[:n] = torch.tensor(tokens, dtype=torch.long)
-        cache, mask, pos, column = self.slots.step(n, bucket)
-        logits = self.adapter.step_static(fed.to(self.slots.device), cache, mask, pos, column)
+        with self.census.watch():
+            fed = torch.tensor(tokens + [self.adapter.pad_id] * (bucket - n), dtype=torch.long).to(self.slots.device)
+            cache, mask, pos, column = self.slots.step(n, bucket)
+        logits = self.adapter.step_static(fed, cache, mask, pos, column)
         self.shapes.record("decode", bucket, 1, n)
-        return logits[:n]
+        return logits
 
     def warm(self, progress, token) -> int:
         """Runs every forward shape of the plan once, on an empty batch (a compiled model
@@ -334,12 +353,52 @@ class StaticRows:
         self.slots.reset()
         return len(shapes)
 
+    def warm_steps(self) -> None:
+        """The work around the forward at every shape of the plan, no forward run (the census's
+        warm-up, census.py): a prefill's inputs and its writes into a slot, a decode step's
+        inputs and bookkeeping, the moves of a leave and of a full cache."""
+        pad = self.adapter.pad_id
+        slots = self.slots
+        dtype, dev = slots.keys[0].dtype, slots.device
+        heads, dim = slots.keys[0].shape[1], slots.keys[0].shape[3]
+        for kind, b, n in self.plan.forward_shapes():
+            if kind == "prefill":
+                keys = [torch.zeros((b, heads, n, dim), dtype=dtype, device=dev) for _ in slots.keys]
+                with self.census.watch():
+                    _, mask, pos = self.adapter.padded_prompts([[pad]] * b, b, n)
+                    slots.make_room(n, 0)
+                    slots.write(0, keys, keys, 0, mask[0], pos[0, -1:], 1)
+            elif kind == "prefill_cached":
+                with self.census.watch():
+                    slots.make_room(n, 0)
+                    slots.write_prefixes(0, b, [], n)
+                    self._behind_inputs([], b, n)
+            elif kind == "decode":
+                with self.census.watch():
+                    torch.tensor([pad] * b, dtype=torch.long).to(dev)
+                    slots.step(min(b, 1), b)
+            slots.reset()
+        with self.census.watch():
+            if self.prefix is not None:  # a prompt's blocks copied into the prefix cache
+                slots.make_room(self.prefix.block, 0)
+                keys, values = slots.read_block(0, self.prefix.block, self.prefix.block, 0)
+                [t.clone() for t in [*keys, *values]]
+            if slots.slots > 1:
+                slots.move(1, 0)
+            slots._shift(1, 0)
+            slots._shift(-1, 0)
+        slots.reset()
+
     def keep(self, rows: list[int]) -> bool:
+        with self.census.watch():
+            self._keep(rows)
+        self.rows = len(rows)
+        return True
+
+    def _keep(self, rows: list[int]) -> None:
         for j, i in enumerate(rows):  # rows ascend, so a source is never overwritten before it moves
             if i != j:
                 self.slots.move(i, j)
-        self.rows = len(rows)
-        return True
 
     def reset(self) -> None:
         self.rows = 0

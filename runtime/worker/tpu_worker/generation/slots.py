@@ -81,6 +81,10 @@ class SlotCache:
         self.mask = torch.zeros((slots, length), dtype=torch.long, device=device)
         self.pos = torch.zeros((slots, 1), dtype=torch.long, device=device)  # each slot's newest position
         self.column = 0  # the next column every slot writes
+        # Each slot's first used column, kept on the host (make_room reads no device value).
+        self.first = [length] * slots
+        self._columns = torch.arange(length, dtype=torch.long, device=device)
+        self._slot_ids = torch.arange(slots, dtype=torch.long, device=device)[:, None]
         self.shifts = 0  # times every slot's columns moved (left at the end, right for a joiner)
         # Each layer's write position (StaticLayer.cumulative_length, which its update advances),
         # shared by that layer's view in every bucket.
@@ -113,13 +117,14 @@ class SlotCache:
         the attention is empty)."""
         self.make_room(0, running)
         c = self.column
-        self.mask[:bucket, c] = 1
-        self.pos[:running] += 1
-        self.pos[running:bucket] = 0
+        # Index tensors and whole-tensor ops: the same input shapes whatever `running` and `c`.
+        column = self._columns[c : c + 1]
+        self.mask.index_fill_(1, column, 1)
+        live = (self._slot_ids < running).long()
+        self.pos.add_(1).mul_(live)  # running slots advance; free ones sit at position 0
         for w in self._written:
-            w.fill_(c)
+            w.copy_(column[0])
         self.column += 1
-        column = torch.tensor([c], dtype=torch.long, device=self.device)
         return self.views[bucket], self.mask[:bucket], self.pos[:bucket], column
 
     # -- joins and leaves ---------------------------------------------------------------------
@@ -128,9 +133,8 @@ class SlotCache:
         column is left to write, moving the running slots' columns if they must."""
         # Left first (it may leave fewer columns before the shared one), then right.
         if self.column >= self.length:
-            used = self.mask[:running].any(dim=0) if running else torch.zeros(self.length, dtype=torch.bool)
-            first = int(used.int().argmax()) if bool(used.any()) else self.column
-            self._shift(first, running)
+            first = min(self.first[:running], default=self.column)
+            self._shift(min(first, self.column), running)
             if self.column >= self.length:  # pragma: no cover - a sequence longer than the cache
                 raise RuntimeError("the static KV cache is full")
         if self.column < need_before:
@@ -140,21 +144,21 @@ class SlotCache:
         """Moves every running slot's columns `by` to the left (negative: to the right)."""
         if by == 0:
             return
+        # Every slot moves (free ones hold nothing anyone reads): the shapes do not depend on `running`.
         for t in [*self.keys, *self.values]:
-            t[:running].copy_(torch.roll(t[:running], -by, dims=2))
-        m = torch.roll(self.mask[:running], -by, dims=1)
-        if by > 0:
-            m[:, self.length - by :] = 0
-        else:
-            m[:, :-by] = 0
-        self.mask[:running] = m
+            t.copy_(torch.roll(t, -by, dims=2))
+        wrapped = self._columns >= self.length - by if by > 0 else self._columns < -by
+        self.mask.copy_(torch.roll(self.mask, -by, dims=1).masked_fill_(wrapped, 0))
+        self.first = [f - by for f in self.first]
         self.column -= by
         self.shifts += 1
 
-    def write(self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor], row: int, mask_row, pos) -> None:
+    def write(
+        self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor], row: int, mask_row, pos, used: int = 0
+    ) -> None:
         """Copies row `row` of a prefill's cache (per-layer [n, heads, P, dim]) into `slot`, its
         P columns ending just before the shared column; `mask_row` [P] and `pos` its mask and
-        last position."""
+        last position; `used` its real tokens (the padding before them is free to move over)."""
         p = keys[0].shape[-2]
         c = self.column
         for i in range(len(self.keys)):
@@ -163,6 +167,7 @@ class SlotCache:
         self.mask[slot].zero_()
         self.mask[slot, c - p : c] = mask_row
         self.pos[slot] = pos
+        self.first[slot] = c - (used or p)
 
     def write_prefixes(self, first: int, batch: int, prompts: list[tuple[list, int]], window: int):
         """Places prompts behind their cached prefixes in slots `first`.. (one slot each, `batch`
@@ -184,9 +189,9 @@ class SlotCache:
                     self.keys[i][slot, :, col : col + w] = b.keys[i]
                     self.values[i][slot, :, col : col + w] = b.values[i]
                 col += w
-            self.mask[slot].zero_()
-            self.mask[slot, c - n : c] = 1
+            self.mask[slot].copy_((self._columns >= c - n) & (self._columns < c))  # no slice at the prompt's length
             self.pos[slot] = n - 1
+            self.first[slot] = c - n
         for w in self._written:
             w.fill_(c - window)
         view = self._slot_views.get((first, batch))
@@ -207,8 +212,10 @@ class SlotCache:
             t[dst] = t[src]
         self.mask[dst] = self.mask[src]
         self.pos[dst] = self.pos[src]
+        self.first[dst] = self.first[src]
 
     def reset(self) -> None:
         self.mask.zero_()
         self.pos.zero_()
         self.column = 0
+        self.first = [self.length] * self.slots
