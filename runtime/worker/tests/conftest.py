@@ -73,6 +73,8 @@ def catalog_path(models_dir, tmp_path_factory) -> str:
     with open(BUILTIN_CATALOG, encoding="utf-8") as fh:
         data = json.load(fh)
     data["model_roots"] = [models_dir] + ([SHARED_MODELS] if models_dir != SHARED_MODELS else [])
+    # The built-in datasets stay where the repo keeps them (the copy lives elsewhere).
+    data["dataset_roots"] = [os.path.join(os.path.dirname(BUILTIN_CATALOG), r) for r in data["dataset_roots"]]
     path = tmp_path_factory.mktemp("catalog") / "catalog.json"
     path.write_text(json.dumps(data))
     return str(path)

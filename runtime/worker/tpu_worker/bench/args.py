@@ -16,7 +16,9 @@ from ..generation.params import GenParams, parse_sampling
 from .train_step import OPTIMIZERS, TRAIN_PRECISIONS, WHOLE_STEP
 
 SCENARIOS = ("single-stream", "offline")
-WORKS = ("forward", "generate", "train_step")
+WORKS = ("forward", "generate", "train_step", "fine_tune")
+TRAINING = ("train_step", "fine_tune")  # works that train copies (float32 weights, autocast)
+MAX_LEARNING_RATE = 1.0
 MODES = ("eager", "compile")
 # work "train_step" also compiles the whole step (train_step.WHOLE_STEP), beside "compile"'s split.
 TRAIN_MODES = (*MODES, WHOLE_STEP)
@@ -76,6 +78,11 @@ class Plan:
     extend_factor: int
     max_iterations: int
     max_duration_s: float
+    # work "fine_tune" only: the catalog dataset, steps, held-out every eval_every steps, AdamW's rate.
+    dataset: str | None = None
+    steps: int | None = None
+    eval_every: int | None = None
+    learning_rate: float | None = None
 
     @property
     def sampling(self) -> GenParams | None:
@@ -110,16 +117,17 @@ def plan(entry, args: dict) -> Plan:
     else:
         seq_lens = [None]
     # Training keeps float32 weights; bfloat16 is autocast over them (float16 would need a scaler).
-    allowed = tuple(TRAIN_PRECISIONS) if work == "train_step" else entry.dtypes
+    allowed = tuple(TRAIN_PRECISIONS) if work in TRAINING else entry.dtypes
     dtypes = _str_list(args, "dtypes", allowed, "unsupported_dtype")
     dtypes.sort(key=lambda d: d != "float32")  # the float32 reference is built first
-    modes = _str_list(args, "modes", TRAIN_MODES if work == "train_step" else MODES)
+    modes = _str_list(args, "modes", TRAIN_MODES if work in TRAINING else MODES)
     warmup = _int(args, "warmup", 0, bounds.max_warmup)
     iterations = _int(args, "iterations", 1, bounds.max_iterations, optional=True)
     duration = args.get("duration_s")
     if duration is not None and (not _is_number(duration) or not 0 < duration <= bounds.max_duration_s):
         raise invalid(f"args.duration_s must be a number of seconds in (0, {bounds.max_duration_s}]")
-    if iterations is None and duration is None:
+    tune = _fine_tune(args, work, batch_sizes, seq_lens, iterations, duration, bounds)
+    if iterations is None and duration is None and work != "fine_tune":
         raise invalid("args.iterations or args.duration_s is required (how long to measure each configuration)")
     max_new = None
     temperature, seed = 0.0, None
@@ -131,7 +139,9 @@ def plan(entry, args: dict) -> Plan:
         if given:
             raise invalid(f"args.{given[0]}: only work 'generate' samples")
     optimizer = None
-    if work == "train_step":
+    if work == "fine_tune":
+        optimizer = "adamw"
+    elif work == "train_step":
         optimizer = _required(args, "optimizer")
         if optimizer not in OPTIMIZERS:
             raise invalid(f"args.optimizer must be one of {', '.join(OPTIMIZERS)}")
@@ -159,7 +169,33 @@ def plan(entry, args: dict) -> Plan:
         extend_factor=extend_factor,
         max_iterations=int(bounds.max_iterations),
         max_duration_s=float(bounds.max_duration_s),
+        **tune,
     )
+
+
+FINE_TUNE_KEYS = ("dataset", "steps", "eval_every", "learning_rate")
+
+
+def _fine_tune(args: dict, work: str, batch_sizes, seq_lens, iterations, duration, bounds: Bounds) -> dict:
+    """work "fine_tune"'s own fields (one shape; steps, not a timed window); none for other works."""
+    if work != "fine_tune":
+        given = [k for k in FINE_TUNE_KEYS if args.get(k) is not None]
+        if given:
+            raise invalid(f"args.{given[0]}: only work 'fine_tune' takes it")
+        return {}
+    if iterations is not None or duration is not None:
+        raise invalid("work 'fine_tune' runs args.steps steps; omit iterations and duration_s")
+    if len(batch_sizes) != 1 or len(seq_lens) != 1 or seq_lens[0] is None:
+        raise invalid("work 'fine_tune' trains one shape: give one batch size and one seq_len")
+    dataset = _required(args, "dataset")
+    if not isinstance(dataset, str) or not dataset:
+        raise invalid("args.dataset must be a catalog dataset id")
+    steps = _int(args, "steps", 1, bounds.max_iterations)
+    eval_every = _int(args, "eval_every", 1, steps)
+    lr = _required(args, "learning_rate")
+    if not _is_number(lr) or not 0 < lr <= MAX_LEARNING_RATE:
+        raise invalid(f"args.learning_rate must be a number in (0, {MAX_LEARNING_RATE}]")
+    return {"dataset": dataset, "steps": steps, "eval_every": eval_every, "learning_rate": float(lr)}
 
 
 def _is_number(v: Any) -> bool:
@@ -219,6 +255,8 @@ def _scenario_and_work(args: dict, entry) -> tuple[str, str]:
         raise invalid(f"args.work must be one of {', '.join(WORKS)}")
     if work == "generate" and entry.task != "text-generation":
         raise invalid("work 'generate' needs a text-generation model")
-    if work == "train_step" and scenario != "single-stream":
-        raise invalid("work 'train_step' runs in the single-stream scenario only (one step at a time)")
+    if work in TRAINING and scenario != "single-stream":
+        raise invalid(f"work {work!r} runs in the single-stream scenario only (one step at a time)")
+    if work == "fine_tune" and entry.task != "text-generation":
+        raise invalid("work 'fine_tune' trains text-generation models on text; pick a causal LM")
     return scenario, work

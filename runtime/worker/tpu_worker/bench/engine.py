@@ -22,6 +22,7 @@ from .host import HostSource, ProcHost
 from .measure import SEED, measure, recompile_room
 from .reference import Reference
 from .stability import Goal
+from .fine_tune import not_started, run_fine_tune
 from .train_bench import run_train
 
 
@@ -34,7 +35,7 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
     precision_requested = worker.matmul_precision_arg(p.matmul_precision)
     _, info = worker.entry_and_weights(entry.id)
     manifest = _manifest(worker, entry, info, device, p, precision_requested)
-    if p.work == "train_step":
+    if p.work in ("train_step", "fine_tune"):
         return _train_report(worker, entry, info, device, p, ctx, manifest)
     configs: list[dict] = []
     cancelled = False
@@ -102,14 +103,20 @@ def run_benchmark(worker, args: dict, ctx) -> dict:
 
 
 def _train_report(worker, entry, info, device, p, ctx, manifest) -> dict:
-    """Work "train_step" (train_bench.py): its grid trains copies; no float32 output reference."""
+    """Works "train_step" (train_bench.py) and "fine_tune" (fine_tune.py): their grids train
+    copies; no float32 output reference."""
     ctx.progress(0, p.configs, f"training {entry.id}: {p.configs} configuration(s), optimizer {p.optimizer}")
     try:
-        configs, cut = run_train(worker, entry, info, device, p, ctx, manifest, _failed)
+        if p.work == "fine_tune":
+            configs, cut = run_fine_tune(worker, entry, info, device, p, ctx, manifest)
+        else:
+            configs, cut = run_train(worker, entry, info, device, p, ctx, manifest, _failed)
     except WorkerError as exc:
         if exc.code != "cancelled":
             raise
         configs, cut = [], True
+    if p.work == "fine_tune" and not configs:  # stopped before training began: each one says so
+        configs = not_started(p, device, "stopped" if ctx.token.stopped else "cancelled")
     manifest["precision_reference"] = "loss_drift_vs_fp32: the float32 loss series of the same shape and mode"
     manifest["peak_memory_kind"] = next((c["peak_memory_kind"] for c in configs if c.get("peak_memory_kind")), None)
     manifest["finished_at"] = now_iso()

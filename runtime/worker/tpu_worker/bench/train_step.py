@@ -60,10 +60,12 @@ TARGET_SEED_OFFSET = 1  # targets and labels are drawn apart from the inputs' se
 IGNORE = -100  # cross-entropy's ignore index: the target of a padded token or row adds nothing
 
 
-def make_optimizer(name: str, params, *, capturable: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str, params, *, capturable: bool = False, lr: float | None = None
+) -> torch.optim.Optimizer:
     """The optimizer; `capturable` (AdamW: its step count a device tensor, for a compiled step).
-    SGD keeps no step count: nothing to capture."""
-    s = OPTIMIZER_SETTINGS[name]
+    SGD keeps no step count: nothing to capture. `lr` replaces the fixed rate (a fine-tune's)."""
+    s = {**OPTIMIZER_SETTINGS[name], **({"lr": lr} if lr is not None else {})}
     if name == "adamw":
         return torch.optim.AdamW(params, **s, capturable=capturable)
     return torch.optim.SGD(params, **s)
@@ -204,7 +206,7 @@ class Trainer:
     """A deep copy of `adapter`'s module with its loss head and optimizer, on the adapter's device;
     `step(batch)` runs one training step and returns the loss (a device tensor, detached)."""
 
-    def __init__(self, adapter: Adapter, precision: str, mode: str, optimizer: str) -> None:
+    def __init__(self, adapter: Adapter, precision: str, mode: str, optimizer: str, lr: float | None = None) -> None:
         self.device = adapter.device
         self.platform = platform_for(self.device)
         # The served module is never trained: a copy, float32, gradients on.
@@ -224,7 +226,7 @@ class Trainer:
             self.run = torch.compile(self.module, backend=self.compile_backend, dynamic=False)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.capturable = mode == WHOLE_STEP and optimizer == "adamw"
-        self.optimizer = make_optimizer(optimizer, self.params, capturable=self.capturable)
+        self.optimizer = make_optimizer(optimizer, self.params, capturable=self.capturable, lr=lr)
         self.whole = None
         if mode == WHOLE_STEP:
             self.whole = torch.compile(self._update, backend=self.compile_backend, dynamic=False)
