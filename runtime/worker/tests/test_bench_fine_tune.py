@@ -97,7 +97,7 @@ def test_a_dataset_whose_file_changed_is_refused(tmp_path, catalog_path, cpu_pro
     data["datasets"][0]["path"] = "t.txt"
     path = tmp_path / "catalog.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(WorkerError, match="sha256 is [0-9a-f]{64}, the catalog declares"):
+    with pytest.raises(WorkerError, match=r"sha256 is [0-9a-f]{64}, the catalog declares"):
         text_data.resolve(str(path), DATASET)
     w = Worker(load_catalog(str(path)), cpu_probe)
     try:

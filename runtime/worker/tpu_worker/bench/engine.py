@@ -18,11 +18,11 @@ from ..platforms import platform_for
 from ..protocol import now_iso
 from .args import Plan, plan
 from .decode import serving_loop
+from .fine_tune import not_started, run_fine_tune
 from .host import HostSource, ProcHost
 from .measure import SEED, measure, recompile_room
 from .reference import Reference
 from .stability import Goal
-from .fine_tune import not_started, run_fine_tune
 from .train_bench import run_train
 
 

@@ -268,7 +268,9 @@ def _report(c: _Config, p, b, s, tokens, step_flops, kind, name, matmul, device,
         "fraction_of_peak": round(mfu, 6) if mfu is not None else None,
         "fraction_of_peak_fault": fault,
         # On a CPU the peak is a matmul measured on this host (flops.peak_flops), not a table's.
-        "mfu_basis": "host figure: a matmul peak measured on this CPU" if kind == "cpu" else f"device table peak ({source})",
+        "mfu_basis": (
+            "host figure: a matmul peak measured on this CPU" if kind == "cpu" else f"device table peak ({source})"
+        ),
         "memory_split": (
             {
                 "weights_bytes": split.weights_bytes,

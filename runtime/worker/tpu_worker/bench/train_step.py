@@ -60,9 +60,7 @@ TARGET_SEED_OFFSET = 1  # targets and labels are drawn apart from the inputs' se
 IGNORE = -100  # cross-entropy's ignore index: the target of a padded token or row adds nothing
 
 
-def make_optimizer(
-    name: str, params, *, capturable: bool = False, lr: float | None = None
-) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params, *, capturable: bool = False, lr: float | None = None) -> torch.optim.Optimizer:
     """The optimizer; `capturable` (AdamW: its step count a device tensor, for a compiled step).
     SGD keeps no step count: nothing to capture. `lr` replaces the fixed rate (a fine-tune's)."""
     s = {**OPTIMIZER_SETTINGS[name], **({"lr": lr} if lr is not None else {})}
