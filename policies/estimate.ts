@@ -638,7 +638,8 @@ function modelled(input: EstimateInput, args: Work, a: EstimateAssumptions): Mod
       const step = a.decode_step_overhead_s;
       // A training step: forward, backward (about twice the forward) and the optimizer's update,
       // a few elementwise passes over the float32 weights (AdamW ~4, SGD with momentum ~2).
-      const training = args.work === "train_step";
+      // A fine-tune (work "fine_tune") is priced as its steps of training (iterations: steps).
+      const training = args.work === "train_step" || args.work === "fine_tune";
       const params = input.model?.parameters ?? 0;
       const rate = a.flops_per_s[kind] ?? a.flops_per_s.cpu ?? 100e9;
       const optimizerS = training ? ((args.optimizer === "sgd" ? 2 : 4) * 4 * params) / rate : 0;

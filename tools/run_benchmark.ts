@@ -22,6 +22,7 @@ import {
 } from "../lib/benchmark_defaults.js";
 import { compareReports, unstableNote } from "./render/compare.js";
 import { trainLine } from "./render/train_rows.js";
+import { fineTuneLine } from "./render/fine_tune_rows.js";
 import { estimateFor } from "./support/estimate.js";
 import { seed, temperature } from "./support/generation.js";
 import { JobRef } from "./stores/jobs.js";
@@ -58,6 +59,12 @@ export const OPTIMIZERS = ["adamw", "sgd"] as const;
 export const WHOLE_STEP = "compile_step";
 /** work "train_step": float32 weights, plain or under bfloat16 autocast (float16 would need a loss scaler). */
 export const TRAIN_DTYPES = ["float32", "bfloat16"] as const;
+/** Works that train copies of the model: "train_step" (one batch, timed) and "fine_tune" (a dataset). */
+const TRAINING_WORKS = ["train_step", "fine_tune"];
+/** work "fine_tune": its defaults (steps, held-out every tenth of them, AdamW's rate). */
+export const FINE_TUNE_DEFAULTS = { steps: 50, learning_rate: 5e-5 } as const;
+/** work "fine_tune"'s own arguments. */
+const FINE_TUNE_ARGS = ["dataset", "steps", "eval_every", "learning_rate"] as const;
 
 interface ResolvedBenchmark {
   dtypes: string[];
@@ -65,6 +72,8 @@ interface ResolvedBenchmark {
   iterations: number | undefined;
   maxNewTokens: number | undefined;
   optimizer: (typeof OPTIMIZERS)[number] | undefined;
+  /** work "fine_tune": steps and held-out interval, resolved. */
+  tune: { dataset: string; steps: number; eval_every: number; learning_rate: number } | undefined;
   grid: number;
   /**
    * How far the worker may extend an unstable series, × its window: a duration_s run stays
@@ -81,31 +90,41 @@ interface ResolvedBenchmark {
 function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenchmark {
   const b = env.limits.benchmark;
   const entry = entryOf(env, args.model);
-  const training = args.work === "train_step";
+  const training = TRAINING_WORKS.includes(args.work);
+  const tuning = args.work === "fine_tune";
   const allowed: readonly string[] = training ? TRAIN_DTYPES : entry.dtypes;
-  const dtypes: string[] = args.dtypes ?? [training ? "float32" : entry.default_dtype];
+  // A fine-tune compares the precisions side by side unless told otherwise.
+  const dtypes: string[] =
+    args.dtypes ?? (tuning ? [...TRAIN_DTYPES] : [training ? "float32" : entry.default_dtype]);
   const bad = dtypes.find((d) => !allowed.includes(d));
   if (bad)
     throw new ToolError(
       "unsupported_dtype",
       training
-        ? `work "train_step" trains float32 weights, plain or under bfloat16 autocast: dtypes ${TRAIN_DTYPES.join(", ")}, not ${bad}`
+        ? `work "${args.work}" trains float32 weights, plain or under bfloat16 autocast: dtypes ${TRAIN_DTYPES.join(", ")}, not ${bad}`
         : `${args.model} allows ${entry.dtypes.join(", ")}, not ${bad}`,
     );
   if (training && args.scenario === "offline")
     throw new ToolError(
       "invalid_argument",
-      `scenario: work "train_step" runs one step at a time; use scenario "single-stream"`,
+      `scenario: work "${args.work}" runs one step at a time; use scenario "single-stream"`,
+    );
+  const tune = tuning ? resolveFineTune(args, entry.task) : undefined;
+  const stray = FINE_TUNE_ARGS.find((k) => args[k] !== undefined);
+  if (stray && !tuning)
+    throw new ToolError(
+      "invalid_argument",
+      `${stray}: only work "fine_tune" takes it; add work: "fine_tune" or omit ${stray}`,
     );
   if ((args.modes as string[]).includes(WHOLE_STEP) && !training)
     throw new ToolError(
       "invalid_argument",
       `modes: "${WHOLE_STEP}" compiles a whole training step; add work: "train_step" or use "compile"`,
     );
-  if (args.optimizer !== undefined && !training)
+  if (args.optimizer !== undefined && args.work !== "train_step")
     throw new ToolError(
       "invalid_argument",
-      `optimizer: only work "train_step" trains; add work: "train_step" or omit optimizer`,
+      `optimizer: only work "train_step" takes an optimizer (fine_tune runs AdamW); add work: "train_step" or omit optimizer`,
     );
   const tooBig = (args.batch_sizes as number[]).find((x) => x > entry.limits.max_batch);
   if (tooBig)
@@ -163,16 +182,59 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
   return {
     dtypes,
     seqLens,
-    iterations: args.iterations ?? (args.duration_s ? undefined : DEFAULT_ITERATIONS),
+    iterations: tuning
+      ? undefined
+      : (args.iterations ?? (args.duration_s ? undefined : DEFAULT_ITERATIONS)),
     maxNewTokens:
       args.work === "generate"
         ? (args.max_new_tokens ??
           Math.min(DEFAULT_MAX_NEW_TOKENS, entry.limits.max_new_tokens ?? 1))
         : undefined,
     optimizer: training ? (args.optimizer ?? OPTIMIZERS[0]) : undefined,
+    tune,
     grid,
     extendFactor:
       args.duration_s !== undefined && args.extend_unstable !== true ? 1 : EXTEND_FACTOR,
+  };
+}
+
+/** work "fine_tune"'s own arguments checked, their defaults filled in. */
+function resolveFineTune(
+  args: Record<string, any>,
+  task: string,
+): NonNullable<ResolvedBenchmark["tune"]> {
+  if (task !== "text-generation")
+    throw new ToolError(
+      "invalid_argument",
+      `work: "fine_tune" trains text-generation models on text; ${args.model} is a ${task} model`,
+    );
+  if (!args.dataset)
+    throw new ToolError(
+      "invalid_argument",
+      `dataset: work "fine_tune" needs a catalog dataset id (the built-in one is "us-founding-texts")`,
+    );
+  if (args.iterations !== undefined || args.duration_s !== undefined)
+    throw new ToolError(
+      "invalid_argument",
+      `work "fine_tune" runs \`steps\` steps: give steps, not iterations or duration_s`,
+    );
+  if (args.batch_sizes.length !== 1 || (args.seq_lens && args.seq_lens.length !== 1))
+    throw new ToolError(
+      "invalid_argument",
+      `work "fine_tune" trains one shape: give one batch size and one seq_len`,
+    );
+  const steps = args.steps ?? FINE_TUNE_DEFAULTS.steps;
+  const evalEvery = args.eval_every ?? Math.max(1, Math.floor(steps / 10));
+  if (evalEvery > steps)
+    throw new ToolError(
+      "invalid_argument",
+      `eval_every: ${evalEvery} is more than the ${steps} steps; held-out loss is evaluated every eval_every steps`,
+    );
+  return {
+    dataset: args.dataset,
+    steps,
+    eval_every: evalEvery,
+    learning_rate: args.learning_rate ?? FINE_TUNE_DEFAULTS.learning_rate,
   };
 }
 
@@ -247,7 +309,7 @@ const Report = z.object({
   chart_uri: z.string(),
   model: z.string(),
   scenario: z.enum(["single-stream", "offline"]),
-  work: z.enum(["forward", "generate", "train_step"]),
+  work: z.enum(["forward", "generate", "train_step", "fine_tune"]),
   cancelled: z.boolean(),
   /** Present when the gate stopped the run: its budget or time limit ran out; configs are what it measured. */
   stopped: z.enum(["budget", "timeout", "approval"]).optional(),
@@ -316,10 +378,20 @@ const build = (env: ToolEnv) => {
           .default("single-stream")
           .describe("offline: the largest batch that fits"),
         work: z
-          .enum(["forward", "generate", "train_step"])
+          .enum(["forward", "generate", "train_step", "fine_tune"])
           .default("forward")
-          .describe("generate: text-generation models (temperature, seed)"),
+          .describe(
+            "generate: text-generation models (temperature, seed); fine_tune: train on a catalog dataset, held-out loss, fp32 vs bf16",
+          ),
         optimizer: z.enum(OPTIMIZERS).optional(),
+        dataset: z
+          .string()
+          .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
+          .optional()
+          .describe('fine_tune: a catalog dataset id (built-in: "us-founding-texts")'),
+        steps: z.number().int().min(1).max(b.max_iterations).optional(),
+        eval_every: z.number().int().min(1).max(b.max_iterations).optional(),
+        learning_rate: z.number().positive().max(1).optional(),
         max_new_tokens: z.number().int().min(1).max(maxNew).optional(),
         temperature: temperature.optional(),
         seed: seed.optional(),
@@ -362,6 +434,8 @@ const build = (env: ToolEnv) => {
           max_new_tokens: r.maxNewTokens,
           optimizer: r.optimizer,
           extend_factor: r.extendFactor,
+          // A fine-tune runs its steps, once each, no warmup and no extension.
+          ...(r.tune ? { iterations: r.tune.steps, warmup: 0, extend_factor: 1 } : {}),
         },
         ctx,
       );
@@ -391,7 +465,8 @@ const build = (env: ToolEnv) => {
           scenario: args.scenario,
           work: args.work,
           ...(r.maxNewTokens ? { max_new_tokens: r.maxNewTokens } : {}),
-          ...(r.optimizer ? { optimizer: r.optimizer } : {}),
+          ...(r.optimizer && !r.tune ? { optimizer: r.optimizer } : {}),
+          ...(r.tune ?? {}),
           // Sampling as in run_inference (greedy when absent); the seed makes runs repeatable.
           ...(args.temperature !== undefined ? { temperature: args.temperature } : {}),
           ...(args.seed !== undefined ? { seed: args.seed } : {}),
@@ -441,6 +516,7 @@ const build = (env: ToolEnv) => {
         typeof v === "number" && Number.isFinite(v) ? v.toFixed(d) : "–";
       const rows = o.configs.map((c: any) => {
         if (o.work === "train_step") return trainLine(c);
+        if (o.work === "fine_tune") return fineTuneLine(c);
         const head = `  b=${c.batch}${c.seq_len ? ` s=${c.seq_len}` : ""} ${c.dtype} ${c.mode}`;
         if (c.error) return `${head}: ${c.error.code}`;
         const l = c.latency_ms ?? {};

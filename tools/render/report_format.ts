@@ -1,6 +1,7 @@
 // Markdown rendering of a stored benchmark report, for tpu://benchmarks/{id}.md and the README.
 import { unstableNote } from "./compare.js";
 import { TRAIN_HEADERS, trainNotes, trainRow } from "./train_rows.js";
+import { fineTuneSection } from "./fine_tune_rows.js";
 
 type Any = Record<string, any>;
 
@@ -53,11 +54,16 @@ export function renderReportMarkdown(report: Any): string {
       `peak memory: ${m.peak_memory_kind ?? "–"}.`,
   );
   lines.push("");
-  const training = (report.work ?? m.work) === "train_step";
+  const tuned = (report.work ?? m.work) === "fine_tune";
+  const training = (report.work ?? m.work) === "train_step" || tuned;
   if (training) {
     const o = m.optimizer ?? {};
+    const t = tuned ? m.fine_tune : m.train;
     lines.push(
-      `Training: optimizer ${o.name ?? "?"} (lr ${o.lr ?? "?"}), loss ${m.train?.loss ?? "?"}; ${m.train?.weights ?? ""}; ${m.train?.precision ?? ""}.`,
+      `Training: optimizer ${o.name ?? "?"} (lr ${o.lr ?? "?"}), loss ${t?.loss ?? "?"}; ${t?.weights ?? ""}; ${t?.precision ?? ""}.` +
+        (tuned
+          ? ` Dataset ${m.dataset?.id ?? "?"} (sha256 ${m.dataset?.sha256 ?? "?"}), ${m.fine_tune?.steps ?? "?"} steps, held-out every ${m.fine_tune?.eval_every ?? "?"}.`
+          : ""),
       "",
       `| ${TRAIN_HEADERS.join(" | ")} |`,
       `|${TRAIN_HEADERS.map((h) => (["dtype", "mode", "stable", "loss first → final", "bf16 drift (max, final)"].includes(h) ? "---" : "---:")).join("|")}|`,
@@ -92,6 +98,7 @@ export function renderReportMarkdown(report: Any): string {
         `${c.fraction_of_peak_fault ? "fault" : pct(c.fraction_of_peak)} | ${c.matmul_precision ?? "–"} |`,
     );
   }
+  if (tuned) lines.push(...fineTuneSection((report.configs ?? []) as Any[]));
   // A fraction of peak above 1 is a measurement fault (the worker says which): never a figure.
   const fault = ((report.configs ?? []) as Any[]).find((c) => !c.error && c.fraction_of_peak_fault);
   if (fault) lines.push("", `% of peak not shown ("fault"): ${fault.fraction_of_peak_fault}.`);

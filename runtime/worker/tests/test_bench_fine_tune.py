@@ -50,6 +50,8 @@ def test_fine_tunes_on_the_datasets_text_in_both_precisions(shared_worker):
         # tiny-gpt2's weights are random: a few steps on English text lower its held-out loss.
         assert c["heldout_final"] < c["heldout_first"]
         assert c["tokens_per_s"] > 0 and c["memory_split"]["optimizer_state_bytes"] > 0
+        # Every parameter has a gradient after the last step; the weights add the buffers.
+        assert 0 < c["memory_split"]["gradients_bytes"] <= c["memory_split"]["weights_bytes"]
         assert c["mfu_basis"].startswith("host figure")
     assert bf16["loss_drift_vs_fp32"]["steps"] == 6
     assert bf16["heldout_drift_vs_fp32"]["steps"] == 4

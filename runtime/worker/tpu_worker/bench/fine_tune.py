@@ -2,9 +2,9 @@
 (text_data.py), every (dtype, mode) of the grid trained from the same weights on the same
 batches in the same order, held-out loss every `eval_every` steps.
 
-The configurations run in lockstep: step k of every configuration before step k + 1 of any. A
-run stopped at any point (budget, approval cap, timeout, the caller's cancel) therefore has
-every configuration at the same step, so float32 and bfloat16 compare over the steps taken and
+The configurations run in lockstep: step k of every configuration before step k + 1 of any, and
+a stop (budget, approval cap, timeout, the caller's cancel) is taken between rounds. A stopped
+run therefore has every configuration at the same step, so float32 and bfloat16 compare over the steps taken and
 no precision is lost to the order of the grid. Each configuration reports its status
 ("completed", "stopped", "cancelled", "failed", "not_started"), its steps, its losses so far.
 
@@ -33,7 +33,7 @@ from ..errors import WorkerError, invalid, is_oom
 from ..platforms import platform_for
 from .measure import SEED, latency_summary, recompile_room
 from .text_data import documents, pack_and_split, resolve, token_stream
-from .train_step import Trainer, loss_curve, loss_drift, optimizer_report
+from .train_step import MemorySplit, Trainer, loss_curve, loss_drift, optimizer_report
 
 OPTIMIZER = "adamw"
 STATUSES = ("completed", "stopped", "cancelled", "failed", "not_started")
@@ -49,6 +49,7 @@ class _Config:
     losses: list[float] = field(default_factory=list)
     heldout: list[dict] = field(default_factory=list)  # {step, loss}
     step_s: list[float] = field(default_factory=list)
+    split: MemorySplit | None = None  # after the last step, while its gradients are held
 
     @property
     def live(self) -> bool:
@@ -112,6 +113,9 @@ def run_fine_tune(worker, entry, info, device, p, ctx, manifest: dict) -> tuple[
         }
         with recompile_room(len(configs)):
             cut = _train(configs, source, split, rows, p, ctx, plat, device)
+        for c in configs:  # before the FLOP count, which clears the gradients
+            if c.trainer is not None and c.losses:
+                c.split = c.trainer.memory_split()
         step_flops = _count_flops(configs, split, rows, device)
         tokens = rows * length
         out = [_report(c, p, b, s, tokens, step_flops, kind, name, matmul, device, lease.load_s) for c in configs]
@@ -146,23 +150,31 @@ def _stop_status(ctx) -> str:
     return "stopped" if ctx.token.stopped else "cancelled"
 
 
+def trainer_for(source, dtype: str, mode: str, lr: float) -> Trainer:
+    """A configuration's trainer: a float32 copy of `source`, AdamW at `lr`; a compiled mode
+    compiles with the backend the device's platform object chooses (`tpu` on TorchTPU)."""
+    return Trainer(source, dtype, mode, OPTIMIZER, lr=lr)
+
+
 def _train(configs, source, split, rows, p, ctx, plat, device) -> bool:
     """Trains every configuration in lockstep; True when stopped or cancelled before the end."""
     for c in configs:
         if ctx.token.cancelled:
             break
         try:
-            c.trainer = Trainer(source, c.dtype, c.mode, OPTIMIZER, lr=p.learning_rate)
+            c.trainer = trainer_for(source, c.dtype, c.mode, p.learning_rate)
             c.heldout.append({"step": 0, "loss": _r(heldout_loss(c.trainer, split.heldout, rows))})
             c.status = "running"
         except Exception as exc:  # noqa: BLE001 - one bad configuration must not end the run
             _fail(c, exc, device)
     total = p.steps * len(configs)
     for step in range(p.steps):
+        # Checked once a round: a stop lets the round finish, so every configuration has the
+        # same steps (a round is one step of each: the stop waits for at most that).
+        if ctx.token.cancelled:
+            return _cut(configs, ctx)
         batch = batch_at(split.train, step, rows, device)
         for c in configs:
-            if ctx.token.cancelled:
-                return _cut(configs, ctx)
             if not c.live:
                 continue
             try:
@@ -177,8 +189,6 @@ def _train(configs, source, split, rows, p, ctx, plat, device) -> bool:
                 if done % p.eval_every == 0 or done == p.steps:
                     c.heldout.append({"step": done, "loss": _r(heldout_loss(c.trainer, split.heldout, rows))})
             except WorkerError as exc:
-                if exc.code == "cancelled":
-                    return _cut(configs, ctx)
                 c.error, c.status = exc.to_wire(), "failed"
             except Exception as exc:  # noqa: BLE001
                 _fail(c, exc, device)
@@ -236,7 +246,7 @@ def _report(c: _Config, p, b, s, tokens, step_flops, kind, name, matmul, device,
     if mfu is not None and mfu > 1:
         fault = f"measured {achieved:.3g} FLOP/s exceeds the peak of {peak:.3g} ({source}): a measurement fault"
         mfu = None
-    split = t.memory_split() if t is not None and c.losses else None
+    split = c.split
     first = c.step_s[0] if c.step_s else None
     h = c.heldout
     return {
