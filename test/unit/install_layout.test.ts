@@ -104,6 +104,8 @@ describe("install layout", () => {
     const cat = JSON.parse(readFileSync(l.catalog, "utf8"));
     const shipped = JSON.parse(readFileSync(l.shippedCatalog, "utf8"));
     expect(cat.model_roots).toEqual([join(home, "models")]);
+    // The shipped datasets are read where the package keeps them.
+    expect(cat.dataset_roots).toEqual([join(root, "runtime", "datasets")]);
     expect(cat.models).toEqual(shipped.models);
   });
 });
