@@ -3,7 +3,7 @@
 // judges is a ratio or a rate measured in this run; nothing is compared with stored numbers.
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
-// tokens,estimates,budget,store,replicas,generate,train,shapes,prefix,stability,structured,
+// tokens,estimates,budget,store,replicas,generate,train,fine_tune,shapes,prefix,stability,structured,
 // structured_parse runs a subset (BENCH_SHAPES_REQUESTS
 // scales the shapes trace, 300 requests by default, and BENCH_SHAPES_DUMP=file writes its calls
 // as JSON; BENCH_PREFIX_SMOLLM2=0 leaves the real SmolLM2 model out of the prefix section);
@@ -47,6 +47,7 @@ import { runStore } from "./store.js";
 import { runReplicas } from "./replicas.js";
 import { runTokens } from "./tokens.js";
 import { runTrain } from "./train.js";
+import { runFineTune } from "./fine_tune.js";
 
 // 32 concurrent callers each wait for 'drain' on the SDK client's pipe when it is full: a
 // listener each is expected here, not a leak (Node warns from 11).
@@ -70,6 +71,7 @@ const SECTIONS = [
   "stability",
   "generate",
   "train",
+  "fine_tune",
   "shapes",
   "structured",
   "structured_parse",
@@ -514,6 +516,22 @@ async function main() {
       batch: 4,
       iterations: q(30, 5),
       optimizer: "adamw",
+      say,
+    });
+  }
+
+  // A fine-tune on real text (issue 47): SmolLM2, float32 and bfloat16 side by side.
+  if (want("fine_tune")) {
+    say("fine_tune (run_benchmark work fine_tune: smollm2 on us-founding-texts, fp32 vs bf16)…");
+    results.fine_tune = await runFineTune({
+      config: writeBenchConfig().config,
+      model: "smollm2-135m-instruct",
+      dataset: "us-founding-texts",
+      seqLen: 64,
+      batch: 4,
+      steps: q(200, 20),
+      evalEvery: q(20, 5),
+      learningRate: 1e-5,
       say,
     });
   }

@@ -40,6 +40,7 @@ export function writeBenchCatalog(dir: string): string {
   const src = join(ROOT, "runtime", "catalog.builtin.json");
   const cat = JSON.parse(readFileSync(src, "utf8"));
   cat.model_roots = cat.model_roots.map((r: string) => resolve(dirname(src), r));
+  cat.dataset_roots = (cat.dataset_roots ?? []).map((r: string) => resolve(dirname(src), r));
   const base = cat.models.find((m: { id: string }) => m.id === MODEL);
   cat.models.push({
     ...base,
