@@ -9,8 +9,11 @@ collision cannot return someone else's block) and a copy of its per-layer keys a
 [heads, block, dim]. A lookup returns the longest run of cached blocks from the start, leaving at
 least one token of the prompt to prefill (its logits choose the first new token).
 
-Bounded in bytes (`max_bytes`, counted in the model's memory pre-flight: memory.py), evicted
-least recently used. A chain is touched from its last block to its first, so a prompt's first
+Bounded in bytes (`max_bytes`): the blocks live in one pool tensor of `max_bytes // block bytes`
+blocks, allocated with the static cache at load (`reserve`), so the memory the pre-flight counts
+(memory.py, `pool_bytes`) is held from the load on and a full cache costs no more than its bound
+(per-block tensors cost about three times their bytes in a serving worker). Evicted least
+recently used. A chain is touched from its last block to its first, so a prompt's first
 blocks are the most recent and a tail is evicted before the blocks it hangs from.
 
 Partitions: every lookup and store names one (the caller's principal key, or one shared key
@@ -35,9 +38,20 @@ ReadBlock = Callable[[int], tuple[list[torch.Tensor], list[torch.Tensor]]]
 @dataclass
 class _Block:
     tokens: tuple[int, ...]
-    keys: list[torch.Tensor]
+    keys: list[torch.Tensor]  # views of the pool at `index`
     values: list[torch.Tensor]
     nbytes: int
+    index: int
+
+
+def pool_blocks(max_bytes: int, block: int, layers: int, heads: int, dim: int, itemsize: int) -> int:
+    """How many blocks the pool of a `max_bytes` cache holds (keys and values of every layer)."""
+    return max_bytes // (2 * layers * heads * block * dim * itemsize)
+
+
+def pool_bytes(max_bytes: int, block: int, layers: int, heads: int, dim: int, itemsize: int) -> int:
+    """The bytes `reserve` allocates for this layout: whole blocks within `max_bytes`."""
+    return pool_blocks(max_bytes, block, layers, heads, dim, itemsize) * 2 * layers * heads * block * dim * itemsize
 
 
 @dataclass
@@ -58,6 +72,33 @@ class PrefixCache:
         self.stats = PrefixStats()
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
         self._lock = threading.Lock()  # the decode thread writes; status reads
+        self._pool: torch.Tensor | None = None  # [blocks, 2 (keys, values), layers, heads, block, dim]
+        self._free: list[int] = []  # pool indices no block holds
+        # Pool indices of blocks a lookup returned since the last `settle`: their callers copy
+        # them after later stores, so an evicted one is reused only after the next settle.
+        self._lent: set[int] = set()
+        self._held: list[int] = []  # evicted while lent
+
+    def reserve(self, layers: int, heads: int, dim: int, dtype: torch.dtype, device) -> None:
+        """Allocates the pool (zeroed, so its pages are resident from now on, as the pre-flight
+        counts them) for blocks of this layout."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        n = pool_blocks(self.max_bytes, self.block, layers, heads, dim, itemsize)
+        with self._lock:
+            self._pool = torch.zeros((n, 2, layers, heads, self.block, dim), dtype=dtype, device=device)
+            self._free = list(range(n - 1, -1, -1))
+            self._blocks.clear()
+            self._lent.clear()
+            self._held.clear()
+            self.bytes = 0
+
+    def settle(self) -> None:
+        """The blocks lookups returned are copied (a new admission starts): indices evicted while
+        lent become free."""
+        with self._lock:
+            self._free.extend(self._held)
+            self._held.clear()
+            self._lent.clear()
 
     def _chain(self, partition: str, tokens: list[int], blocks: int) -> list[bytes]:
         """The keys of the first `blocks` blocks of `tokens`."""
@@ -83,8 +124,9 @@ class PrefixCache:
                 if b is None or b.tokens != tuple(tokens[i * self.block : (i + 1) * self.block]):
                     break
                 found.append((key, b))
-            for key, _ in reversed(found):
+            for key, b in reversed(found):
                 self._blocks.move_to_end(key)
+                self._lent.add(b.index)
             return [b for _, b in found]
 
     def count(self, prompt_tokens: int, cached_tokens: int) -> None:
@@ -97,35 +139,53 @@ class PrefixCache:
             st.hits += cached_tokens > 0
 
     def store(self, partition: str, tokens: list[int], read: ReadBlock) -> None:
-        """Keeps every cacheable block of `tokens` not kept yet, read (and copied) with `read`."""
+        """Keeps every cacheable block of `tokens` not kept yet, read (and copied into the pool)
+        with `read`. A cache never reserved reserves its pool for the first block's layout."""
+        keys = self._chain(partition, tokens, self._cacheable(len(tokens)))
+        if keys and self._pool is None:
+            k, _ = read(0)
+            heads, _, dim = k[0].shape
+            self.reserve(len(k), heads, dim, k[0].dtype, k[0].device)
         with self._lock:
-            keys = self._chain(partition, tokens, self._cacheable(len(tokens)))
+            pool = self._pool
             for i, key in enumerate(keys):
                 if key in self._blocks:
                     continue
+                if not self._free:
+                    self._evict_one()
+                if not self._free:
+                    return  # an empty pool, or every block lent to this admission
                 k, v = read(i)
-                nbytes = sum(t.numel() * t.element_size() for t in [*k, *v])
-                if nbytes > self.max_bytes:
-                    return
-                self._evict(self.max_bytes - nbytes)
+                index = self._free.pop()
+                for layer, (kt, vt) in enumerate(zip(k, v, strict=True)):
+                    pool[index, 0, layer].copy_(kt)
+                    pool[index, 1, layer].copy_(vt)
+                nbytes = pool[index].numel() * pool.element_size()
                 chunk = tuple(tokens[i * self.block : (i + 1) * self.block])
-                self._blocks[key] = _Block(chunk, [t.clone() for t in k], [t.clone() for t in v], nbytes)
+                layers = range(pool.shape[2])
+                self._blocks[key] = _Block(
+                    chunk, [pool[index, 0, j] for j in layers], [pool[index, 1, j] for j in layers], nbytes, index
+                )
                 self.bytes += nbytes
                 self.stats.stored_blocks += 1
             for key in reversed(keys):
                 if key in self._blocks:
                     self._blocks.move_to_end(key)
 
-    def _evict(self, room: int) -> None:
-        while self._blocks and self.bytes > room:
-            _, b = self._blocks.popitem(last=False)
-            self.bytes -= b.nbytes
+    def _evict_one(self) -> None:
+        if self._blocks:
+            self._drop(self._blocks.popitem(last=False)[1])
             self.stats.evicted_blocks += 1
+
+    def _drop(self, b: _Block) -> None:
+        self.bytes -= b.nbytes
+        (self._held if b.index in self._lent else self._free).append(b.index)
 
     def clear(self) -> None:
         with self._lock:
+            for b in self._blocks.values():
+                self._drop(b)
             self._blocks.clear()
-            self.bytes = 0
 
     def report(self) -> dict:
         with self._lock:
