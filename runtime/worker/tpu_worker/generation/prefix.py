@@ -35,13 +35,22 @@ import torch
 ReadBlock = Callable[[int], tuple[list[torch.Tensor], list[torch.Tensor]]]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Block:
-    tokens: tuple[int, ...]
-    keys: list[torch.Tensor]  # views of the pool at `index`
-    values: list[torch.Tensor]
-    nbytes: int
+    tokens: bytes  # its tokens as _chain hashes them (a tuple of ints costs ~7x as much)
+    pool: torch.Tensor  # the cache's pool: this block is pool[index]
     index: int
+    nbytes: int
+
+    # Views made when read (a block is read once per prompt that finds it), not kept: a kept view
+    # is a tensor object per layer per block, more than a small model's block bytes.
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return list(self.pool[self.index, 0].unbind(0))
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return list(self.pool[self.index, 1].unbind(0))
 
 
 def pool_blocks(max_bytes: int, block: int, layers: int, heads: int, dim: int, itemsize: int) -> int:
@@ -105,11 +114,15 @@ class PrefixCache:
         h = hashlib.blake2b(partition.encode("utf-8"), digest_size=16, person=b"tpu-mcp-prefix").digest()
         out = []
         for i in range(blocks):
-            chunk = tokens[i * self.block : (i + 1) * self.block]
-            data = b"".join(t.to_bytes(4, "little", signed=True) for t in chunk)
+            data = self._tokens(tokens, i)
             h = hashlib.blake2b(h + data, digest_size=16).digest()
             out.append(h)
         return out
+
+    def _tokens(self, tokens: list[int], i: int) -> bytes:
+        """Block i's tokens, 4 bytes each."""
+        chunk = tokens[i * self.block : (i + 1) * self.block]
+        return b"".join(t.to_bytes(4, "little", signed=True) for t in chunk)
 
     def _cacheable(self, n: int) -> int:
         """Blocks of a prompt of n tokens that may be cached: all but its last token."""
@@ -121,7 +134,7 @@ class PrefixCache:
             found = []
             for i, key in enumerate(self._chain(partition, tokens, self._cacheable(len(tokens)))):
                 b = self._blocks.get(key)
-                if b is None or b.tokens != tuple(tokens[i * self.block : (i + 1) * self.block]):
+                if b is None or b.tokens != self._tokens(tokens, i):
                     break
                 found.append((key, b))
             for key, b in reversed(found):
@@ -161,11 +174,7 @@ class PrefixCache:
                     pool[index, 0, layer].copy_(kt)
                     pool[index, 1, layer].copy_(vt)
                 nbytes = pool[index].numel() * pool.element_size()
-                chunk = tuple(tokens[i * self.block : (i + 1) * self.block])
-                layers = range(pool.shape[2])
-                self._blocks[key] = _Block(
-                    chunk, [pool[index, 0, j] for j in layers], [pool[index, 1, j] for j in layers], nbytes, index
-                )
+                self._blocks[key] = _Block(self._tokens(tokens, i), pool, index, nbytes)
                 self.bytes += nbytes
                 self.stats.stored_blocks += 1
             for key in reversed(keys):
