@@ -29,7 +29,7 @@ export interface ModelFacts {
   dtypes: readonly string[];
   default_dtype?: string;
   /**
-   * The forward shapes of the model's shape plan (runtime/catalog.ts planShapes): a load in mode
+   * The forward shapes of the model's shape plan (the worker's describe: plan_shapes): a load in mode
    * "compile" compiles and runs each once, and no call compiles after it. Absent or null: no
    * plan (one graph per warm-up shape, and a call's first shape bucket compiles).
    */
