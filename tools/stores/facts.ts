@@ -1,5 +1,6 @@
 // Facts about models that only the worker can read (parameter counts and weight sizes from the
 // safetensors headers, digests), fetched once per worker life and cached.
+import type { PlanShapeFacts } from "../../policies/estimate.js";
 import type { Runtime } from "../../runtime/types.js";
 
 export interface ModelFact {
@@ -14,6 +15,12 @@ export interface ModelFact {
    * absent: the worker did not say, or another engine serves the model).
    */
   memory_bytes?: Record<string, number>;
+  /**
+   * Every forward shape of the shape plan a load holds (the worker's shapes.py), which a load in
+   * mode "compile" warms one graph each; absent: the worker keeps no plan for the model (another
+   * engine serves it) or did not say.
+   */
+  plan_shapes?: PlanShapeFacts[];
   /** Text generation: whether the model has a chat template (absent: the worker did not say). */
   chat_template?: boolean;
 }

@@ -8,7 +8,6 @@ import {
   type EstimateInput,
 } from "../../policies/estimate.js";
 import type { ToolPolicy } from "../../policies/tool_policy.js";
-import { planShapes } from "../../runtime/catalog.js";
 import type { ToolContext, ToolServices } from "../types.js";
 
 /**
@@ -72,7 +71,6 @@ function callFacts(
       weight_bytes: 0,
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
-      shape_plan: planShapes(entry),
       ...libraryOf(entry),
       ...engineOf(entry),
     },
@@ -128,7 +126,9 @@ export async function estimateFor(
       ...(fact?.memory_bytes ? { load_memory_bytes: fact.memory_bytes } : {}),
       dtypes: entry.dtypes,
       default_dtype: entry.default_dtype,
-      shape_plan: planShapes(entry),
+      // The plan as the worker reports it (describe), the one source: where no worker has
+      // answered describe, no plan, so a compiled load is priced at its warm-up shapes.
+      shape_plan: fact?.plan_shapes ?? null,
       ...libraryOf(entry),
       ...engineOf(entry),
     },

@@ -284,17 +284,41 @@ def test_a_prefill_behind_a_cached_prefix_runs_a_shape_of_the_plan(loops):
     assert seen <= set(adapter.plan.forward_shapes()), seen - set(adapter.plan.forward_shapes())
 
 
-def test_the_catalog_bound_is_counted_in_the_memory_preflight(catalog):
+def test_the_pool_the_load_allocates_is_what_the_memory_preflight_counts(catalog, shared_worker, models_dir):
+    """The prefix cache's pool is allocated with the static cache at load, whole blocks within
+    the catalog's bound, and the pre-flight's prefix term is those bytes (0 with the cache off)."""
     import dataclasses
+    import json
+    import os
 
     from tpu_worker.catalog import PrefixCacheSpec
-    from tpu_worker.memory import estimate_bytes
+    from tpu_worker.memory import estimate_parts, prefix_cache_bytes
 
     entry = catalog.get("tiny-gpt2")
+    with open(os.path.join(models_dir, "tiny-gpt2", "config.json"), encoding="utf-8") as fh:
+        config = json.load(fh)
+    pool = shared_worker.served["tiny-gpt2"].batcher._batch.prefix._pool
+    held = pool.numel() * pool.element_size()
+    assert held > 0 and 0 <= entry.prefix_cache.max_bytes - held < pool[0].numel() * pool.element_size()
+    assert prefix_cache_bytes(entry, config, "float32") == held
     off = dataclasses.replace(entry, prefix_cache=PrefixCacheSpec(max_bytes=0))
-    assert estimate_bytes(10**6, entry, None, "float32") - estimate_bytes(10**6, off, None, "float32") == (
-        entry.prefix_cache.max_bytes
-    )
+    assert estimate_parts(10**6, entry, config, "float32")["prefix_cache"] == held
+    assert estimate_parts(10**6, off, config, "float32")["prefix_cache"] == 0
+
+
+def test_a_block_evicted_while_its_lookup_is_being_copied_keeps_its_pool_place_until_settled():
+    """A lookup's blocks are copied after the same admission's earlier prefills store theirs:
+    a block evicted in between keeps its keys and values until the next admission (settle)."""
+    cache = PrefixCache(max_bytes=2 * BLOCK_BYTES, block=4)
+    a, b = list(range(0, 5)), list(range(100, 109))  # 1 block, 2 blocks
+    cache.store("p", a, block_reader(1.0))
+    got = cache.lookup("p", a)
+    cache.store("p", b, block_reader(5.0))  # evicts a's block: its place is not reused yet
+    assert cache.lookup("p", a) == [] and float(got[0].keys[0][0, 0, 0]) == 1.0
+    assert len(cache.lookup("p", b)) == 1  # b's second block found no free place
+    cache.settle()
+    cache.store("p", b, block_reader(5.0))
+    assert len(cache.lookup("p", b)) == 2 and float(got[0].keys[0][0, 0, 0]) == 6.0
 
 
 def test_the_spare_cache_slots_are_counted_in_the_memory_preflight(catalog, shared_worker, models_dir):

@@ -11,7 +11,8 @@ import sys
 import torch
 
 from .catalog import Entry
-from .generation.slots import max_positions, slot_cache_bytes
+from .generation.prefix import pool_bytes
+from .generation.slots import kv_layout, max_positions, slot_cache_bytes
 from .platforms import platform_for
 from .shapes import generation_plan
 
@@ -26,8 +27,13 @@ MiB = 1024**2
 # transformers' modelling modules with the first model it builds, 60–95 MiB more.
 FIRST_USE_BYTES = (("torch._dynamo", 72 * MiB), ("transformers.modeling_utils", 84 * MiB))
 # The model's objects beside its tensors (tokenizer, module objects) and a first request's working
-# set at batch 1: 6–54 MiB on the built-in models.
+# set at batch 1, measured as above: 11–24 MiB on mnist-cnn and all-MiniLM.
 REQUEST_BYTES = 24 * MiB
+# A text-generation model's first request adds per vocabulary entry: its prefill's logits rows and
+# the sampling's buffers (float32 whatever the dtype), and its tokenizer's tables; measured 7 MiB
+# over REQUEST_BYTES on tiny-gpt2 (30,522 entries) and 17 MiB on SmolLM2 (49,152) once the caches
+# were counted as allocated (2026-12-07), so ~700 B an entry, charged at 768.
+VOCAB_ENTRY_BYTES = 768
 
 
 def kv_cache_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
@@ -42,6 +48,26 @@ def kv_cache_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
         length=plan.cache_columns(entry.limits.max_new_tokens),
         itemsize=DTYPE_BYTES[dtype],
     )
+
+
+def prefix_cache_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
+    """The prefix cache's pool a text-generation model allocates at its load beside the KV cache
+    (generation/prefix.py `reserve`, rows.py), where its plan prefills behind cached prefixes."""
+    if entry.task != "text-generation" or entry.engine != "torch" or not config:
+        return 0
+    if not generation_plan(entry, min(entry.limits.max_seq_len, max_positions(config))).cached_lengths:
+        return 0
+    layers, heads, dim = kv_layout(config)
+    spec = entry.prefix_cache
+    return pool_bytes(spec.max_bytes, spec.block_tokens, layers, heads, dim, DTYPE_BYTES[dtype])
+
+
+def vocabulary_bytes(entry: Entry, config: dict | None) -> int:
+    """What a text-generation model's first request adds per vocabulary entry (VOCAB_ENTRY_BYTES)."""
+    if entry.task != "text-generation" or not config:
+        return 0
+    cfg = config.get("text_config") or config
+    return int(cfg.get("vocab_size") or 0) * VOCAB_ENTRY_BYTES
 
 
 def first_use(entry: Entry) -> list[str]:
@@ -66,15 +92,13 @@ def estimate_parts(
     # Weights stored in another dtype are converted at load: the mapped file and the converted
     # copy are resident at once (the load's own peak, before the cache is allocated).
     converting = bool(weight_bytes and parameters) and round(weight_bytes / parameters) != DTYPE_BYTES[dtype]
-    generation = entry.task == "text-generation" and entry.engine == "torch"
     return {
         "first_use": sum(n for m, n in FIRST_USE_BYTES if m in first),
         "weights": weights,
         "conversion": weight_bytes if converting else 0,
         "kv_cache": kv_cache_bytes(entry, config, dtype),
-        # the prefix cache at its bound (generation/prefix.py): it fills with use
-        "prefix_cache": entry.prefix_cache.max_bytes if generation else 0,
-        "request": REQUEST_BYTES,
+        "prefix_cache": prefix_cache_bytes(entry, config, dtype),
+        "request": REQUEST_BYTES + vocabulary_bytes(entry, config),
     }
 
 
@@ -89,7 +113,7 @@ def estimate_bytes(
 ) -> int:
     """The memory a load of `entry` as `dtype` and its first request add at their peak: the
     modules it imports first, the larger of the load's own peak (weights, and the file they are
-    converted from) and what stays resident (weights, KV cache, prefix cache at its bound), and
+    converted from) and what stays resident (weights, KV cache, the prefix cache's pool), and
     the model's objects with a first request. Larger batches' activations are not in it: they
     are the benchmark's check (activation_bytes) and, on the CPU, the host's swap."""
     p = estimate_parts(parameters, entry, config, dtype, weight_bytes=weight_bytes, first=first)

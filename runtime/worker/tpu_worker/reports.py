@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from . import __version__
+from .adapters.build import planned
 from .adapters.text import model_chat_template
 from .errors import WorkerError
 from .kinds import implementation_for
@@ -52,6 +53,10 @@ def describe_models(worker) -> dict:
             # server's gate and placement use it: one estimate, memory.py).
             if implementation_for(entry).loads_in_worker:
                 item["memory_bytes"] = {d: worker.estimate_load(entry, info, d) for d in entry.dtypes}
+                # What a load in mode "compile" warms, one graph each: the server's estimator
+                # prices that load by these (tools/support/estimate.ts), never by a copy of the plan.
+                plan = planned(entry, worker.catalog, info.model_dir, worker.config_for(entry, info))
+                item["plan_shapes"] = [{"kind": k, "batch": b, "length": n} for k, b, n in plan.forward_shapes()]
             if entry.task == "text-generation":
                 # Read from the files, loaded or not: the server refuses `messages` for a model
                 # without one before the call reaches this worker, and list_models shows it.

@@ -194,3 +194,15 @@ def generation_plan(entry, max_len: int) -> ShapePlan:
         generation=True,
         prefix_cache=entry.prefix_cache.max_bytes > 0,
     )
+
+
+def plan_for(entry, max_len: int) -> ShapePlan:
+    """The plan the adapter of `entry` holds when its model allows `max_len` tokens (0 for items
+    of a fixed shape): one source for the adapters and for `describe`'s plan_shapes, which the
+    server's estimator prices a compiled load by."""
+    shapes, top = entry.shapes, entry.limits.max_batch
+    if entry.architecture == "mnist-cnn":
+        return ShapePlan.for_model(shapes.batch_buckets, (), max_batch=top, max_len=0)
+    if entry.architecture == "sentence-transformer":
+        return ShapePlan.for_model(shapes.batch_buckets, shapes.length_buckets, max_batch=top, max_len=max_len)
+    return generation_plan(entry, max_len)

@@ -9,7 +9,9 @@ import torch
 
 from ..catalog import Catalog, Entry
 from ..errors import WorkerError
+from ..generation.slots import max_positions
 from ..loaders import WeightsInfo, load_state_dict
+from ..shapes import ShapePlan, plan_for
 from .base import TORCH_DTYPES, Adapter
 from .tensor import MnistCNN, TensorModel
 from .text import CausalLM, SentenceEmbedder, load_tokenizer, model_chat_template, safe_file, valid_id
@@ -28,6 +30,30 @@ def read_config(model_dir: str, catalog: Catalog, entry: Entry) -> dict:
         # Custom code would need trust_remote_code, which this worker never enables.
         raise WorkerError("unsafe_weights", f"model {entry.id!r} needs custom code (auto_map); that is refused")
     return cfg
+
+
+def encoder_max_len(entry: Entry, catalog: Catalog, model_dir: str, cfg: dict) -> int:
+    """A sentence-transformer's token limit: the catalog's, within its positions and its
+    sentence_bert_config.json max_seq_length."""
+    max_len = min(entry.limits.max_seq_len, int(cfg.get("max_position_embeddings", 512)))
+    if os.path.isfile(os.path.join(model_dir, "sentence_bert_config.json")):
+        try:
+            st_path = safe_file(model_dir, "sentence_bert_config.json", catalog, entry)
+            with open(st_path, encoding="utf-8") as fh:
+                max_len = min(max_len, int(json.load(fh).get("max_seq_length", max_len)))
+        except (OSError, ValueError, TypeError):
+            pass
+    return max_len
+
+
+def planned(entry: Entry, catalog: Catalog, model_dir: str, cfg: dict | None) -> ShapePlan:
+    """The shape plan a load of `entry` from these files would hold (its adapter's), read
+    without loading: the token limit as build_adapter gives it to the adapter."""
+    if entry.architecture == "mnist-cnn" or cfg is None:
+        return plan_for(entry, 0 if entry.architecture == "mnist-cnn" else entry.limits.max_seq_len)
+    if entry.architecture == "sentence-transformer":
+        return plan_for(entry, encoder_max_len(entry, catalog, model_dir, cfg))
+    return plan_for(entry, min(entry.limits.max_seq_len, max_positions(cfg)))
 
 
 def _hf_model(cls_name: str, model_dir: str, dtype: torch.dtype, entry: Entry):
@@ -75,15 +101,7 @@ def build_adapter(entry: Entry, catalog: Catalog, info: WeightsInfo, device: tor
     tokenizer = load_tokenizer(info.model_dir, catalog, entry)
     if entry.architecture == "sentence-transformer":
         model = _hf_model("AutoModel", info.model_dir, tdtype, entry)
-        max_len = min(entry.limits.max_seq_len, int(cfg.get("max_position_embeddings", 512)))
-        st_cfg = os.path.join(info.model_dir, "sentence_bert_config.json")
-        if os.path.isfile(st_cfg):
-            try:
-                st_path = safe_file(info.model_dir, "sentence_bert_config.json", catalog, entry)
-                with open(st_path, encoding="utf-8") as fh:
-                    max_len = min(max_len, int(json.load(fh).get("max_seq_length", max_len)))
-            except (OSError, ValueError, TypeError):
-                pass
+        max_len = encoder_max_len(entry, catalog, info.model_dir, cfg)
         model = model.to(device).eval()
         pad = valid_id(cfg.get("pad_token_id"), int(cfg.get("vocab_size", 1)), 0)
         return SentenceEmbedder(entry, model, device, dtype, tokenizer, max_len, pad)

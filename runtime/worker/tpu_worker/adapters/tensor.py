@@ -12,7 +12,7 @@ except ImportError:  # optional for torch; transformers brings it in practice
 
 from ..errors import invalid
 from ..protocol import DTYPE_NAMES
-from ..shapes import ShapePlan
+from ..shapes import plan_for
 from .base import Adapter, Output, Prepared
 
 
@@ -57,8 +57,7 @@ class TensorModel(Adapter):
 
     def __init__(self, entry, model, device, dtype) -> None:
         super().__init__(entry, model, device, dtype)
-        shapes = entry.shapes
-        self.plan = ShapePlan.for_model(shapes.batch_buckets, (), max_batch=entry.limits.max_batch, max_len=0)
+        self.plan = plan_for(entry, 0)
 
     def prepare(self, args, tensors) -> Prepared:
         spec = self.entry.input

@@ -17,7 +17,7 @@ from ..generation.slots import max_positions, static_cache_problem
 from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
-from ..shapes import ShapePlan, generation_plan
+from ..shapes import plan_for
 from .base import Adapter, Output, Prepared, seq_bucket
 
 
@@ -70,10 +70,7 @@ class SentenceEmbedder(Adapter):
         ids = tokenizer.encode("").ids  # special tokens the post-processor wraps around text
         self.cls_id = ids[0] if ids else None
         self.sep_id = ids[-1] if len(ids) > 1 else None
-        shapes = entry.shapes
-        self.plan = ShapePlan.for_model(
-            shapes.batch_buckets, shapes.length_buckets, max_batch=entry.limits.max_batch, max_len=max_len
-        )
+        self.plan = plan_for(entry, max_len)
 
     def _encode(self, texts: list[str], limit: int) -> list[list[int]]:
         out = []
@@ -162,7 +159,7 @@ class CausalLM(Adapter):
         self.vocab = int(cfg.vocab_size)
         self.n_positions = max_positions(cfg)
         self.max_len = min(max_len, self.n_positions)
-        self.plan = generation_plan(entry, self.max_len)
+        self.plan = plan_for(entry, self.max_len)
         self.pad_id = valid_id(cfg.pad_token_id, self.vocab, 0)
         self.eos_id = valid_id(cfg.eos_token_id, self.vocab, None)
         self.bos_id = valid_id(cfg.bos_token_id, self.vocab, self.eos_id if self.eos_id is not None else 0)

@@ -9,8 +9,11 @@ collision cannot return someone else's block) and a copy of its per-layer keys a
 [heads, block, dim]. A lookup returns the longest run of cached blocks from the start, leaving at
 least one token of the prompt to prefill (its logits choose the first new token).
 
-Bounded in bytes (`max_bytes`, counted in the model's memory pre-flight: memory.py), evicted
-least recently used. A chain is touched from its last block to its first, so a prompt's first
+Bounded in bytes (`max_bytes`): the blocks live in one pool tensor of `max_bytes // block bytes`
+blocks, allocated with the static cache at load (`reserve`), so the memory the pre-flight counts
+(memory.py, `pool_bytes`) is held from the load on and a full cache costs no more than its bound
+(per-block tensors cost about three times their bytes in a serving worker). Evicted least
+recently used. A chain is touched from its last block to its first, so a prompt's first
 blocks are the most recent and a tail is evicted before the blocks it hangs from.
 
 Partitions: every lookup and store names one (the caller's principal key, or one shared key
@@ -32,12 +35,32 @@ import torch
 ReadBlock = Callable[[int], tuple[list[torch.Tensor], list[torch.Tensor]]]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Block:
-    tokens: tuple[int, ...]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    tokens: bytes  # its tokens as _chain hashes them (a tuple of ints costs ~7x as much)
+    pool: torch.Tensor  # the cache's pool: this block is pool[index]
+    index: int
     nbytes: int
+
+    # Views made when read (a block is read once per prompt that finds it), not kept: a kept view
+    # is a tensor object per layer per block, more than a small model's block bytes.
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return list(self.pool[self.index, 0].unbind(0))
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return list(self.pool[self.index, 1].unbind(0))
+
+
+def pool_blocks(max_bytes: int, block: int, layers: int, heads: int, dim: int, itemsize: int) -> int:
+    """How many blocks the pool of a `max_bytes` cache holds (keys and values of every layer)."""
+    return max_bytes // (2 * layers * heads * block * dim * itemsize)
+
+
+def pool_bytes(max_bytes: int, block: int, layers: int, heads: int, dim: int, itemsize: int) -> int:
+    """The bytes `reserve` allocates for this layout: whole blocks within `max_bytes`."""
+    return pool_blocks(max_bytes, block, layers, heads, dim, itemsize) * 2 * layers * heads * block * dim * itemsize
 
 
 @dataclass
@@ -58,17 +81,48 @@ class PrefixCache:
         self.stats = PrefixStats()
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
         self._lock = threading.Lock()  # the decode thread writes; status reads
+        self._pool: torch.Tensor | None = None  # [blocks, 2 (keys, values), layers, heads, block, dim]
+        self._free: list[int] = []  # pool indices no block holds
+        # Pool indices of blocks a lookup returned since the last `settle`: their callers copy
+        # them after later stores, so an evicted one is reused only after the next settle.
+        self._lent: set[int] = set()
+        self._held: list[int] = []  # evicted while lent
+
+    def reserve(self, layers: int, heads: int, dim: int, dtype: torch.dtype, device) -> None:
+        """Allocates the pool (zeroed, so its pages are resident from now on, as the pre-flight
+        counts them) for blocks of this layout."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        n = pool_blocks(self.max_bytes, self.block, layers, heads, dim, itemsize)
+        with self._lock:
+            self._pool = torch.zeros((n, 2, layers, heads, self.block, dim), dtype=dtype, device=device)
+            self._free = list(range(n - 1, -1, -1))
+            self._blocks.clear()
+            self._lent.clear()
+            self._held.clear()
+            self.bytes = 0
+
+    def settle(self) -> None:
+        """The blocks lookups returned are copied (a new admission starts): indices evicted while
+        lent become free."""
+        with self._lock:
+            self._free.extend(self._held)
+            self._held.clear()
+            self._lent.clear()
 
     def _chain(self, partition: str, tokens: list[int], blocks: int) -> list[bytes]:
         """The keys of the first `blocks` blocks of `tokens`."""
         h = hashlib.blake2b(partition.encode("utf-8"), digest_size=16, person=b"tpu-mcp-prefix").digest()
         out = []
         for i in range(blocks):
-            chunk = tokens[i * self.block : (i + 1) * self.block]
-            data = b"".join(t.to_bytes(4, "little", signed=True) for t in chunk)
+            data = self._tokens(tokens, i)
             h = hashlib.blake2b(h + data, digest_size=16).digest()
             out.append(h)
         return out
+
+    def _tokens(self, tokens: list[int], i: int) -> bytes:
+        """Block i's tokens, 4 bytes each."""
+        chunk = tokens[i * self.block : (i + 1) * self.block]
+        return b"".join(t.to_bytes(4, "little", signed=True) for t in chunk)
 
     def _cacheable(self, n: int) -> int:
         """Blocks of a prompt of n tokens that may be cached: all but its last token."""
@@ -80,11 +134,12 @@ class PrefixCache:
             found = []
             for i, key in enumerate(self._chain(partition, tokens, self._cacheable(len(tokens)))):
                 b = self._blocks.get(key)
-                if b is None or b.tokens != tuple(tokens[i * self.block : (i + 1) * self.block]):
+                if b is None or b.tokens != self._tokens(tokens, i):
                     break
                 found.append((key, b))
-            for key, _ in reversed(found):
+            for key, b in reversed(found):
                 self._blocks.move_to_end(key)
+                self._lent.add(b.index)
             return [b for _, b in found]
 
     def count(self, prompt_tokens: int, cached_tokens: int) -> None:
@@ -97,35 +152,49 @@ class PrefixCache:
             st.hits += cached_tokens > 0
 
     def store(self, partition: str, tokens: list[int], read: ReadBlock) -> None:
-        """Keeps every cacheable block of `tokens` not kept yet, read (and copied) with `read`."""
+        """Keeps every cacheable block of `tokens` not kept yet, read (and copied into the pool)
+        with `read`. A cache never reserved reserves its pool for the first block's layout."""
+        keys = self._chain(partition, tokens, self._cacheable(len(tokens)))
+        if keys and self._pool is None:
+            k, _ = read(0)
+            heads, _, dim = k[0].shape
+            self.reserve(len(k), heads, dim, k[0].dtype, k[0].device)
         with self._lock:
-            keys = self._chain(partition, tokens, self._cacheable(len(tokens)))
+            pool = self._pool
             for i, key in enumerate(keys):
                 if key in self._blocks:
                     continue
+                if not self._free:
+                    self._evict_one()
+                if not self._free:
+                    return  # an empty pool, or every block lent to this admission
                 k, v = read(i)
-                nbytes = sum(t.numel() * t.element_size() for t in [*k, *v])
-                if nbytes > self.max_bytes:
-                    return
-                self._evict(self.max_bytes - nbytes)
-                chunk = tuple(tokens[i * self.block : (i + 1) * self.block])
-                self._blocks[key] = _Block(chunk, [t.clone() for t in k], [t.clone() for t in v], nbytes)
+                index = self._free.pop()
+                for layer, (kt, vt) in enumerate(zip(k, v, strict=True)):
+                    pool[index, 0, layer].copy_(kt)
+                    pool[index, 1, layer].copy_(vt)
+                nbytes = pool[index].numel() * pool.element_size()
+                self._blocks[key] = _Block(self._tokens(tokens, i), pool, index, nbytes)
                 self.bytes += nbytes
                 self.stats.stored_blocks += 1
             for key in reversed(keys):
                 if key in self._blocks:
                     self._blocks.move_to_end(key)
 
-    def _evict(self, room: int) -> None:
-        while self._blocks and self.bytes > room:
-            _, b = self._blocks.popitem(last=False)
-            self.bytes -= b.nbytes
+    def _evict_one(self) -> None:
+        if self._blocks:
+            self._drop(self._blocks.popitem(last=False)[1])
             self.stats.evicted_blocks += 1
+
+    def _drop(self, b: _Block) -> None:
+        self.bytes -= b.nbytes
+        (self._held if b.index in self._lent else self._free).append(b.index)
 
     def clear(self) -> None:
         with self._lock:
+            for b in self._blocks.values():
+                self._drop(b)
             self._blocks.clear()
-            self.bytes = 0
 
     def report(self) -> dict:
         with self._lock:

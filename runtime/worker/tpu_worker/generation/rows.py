@@ -147,6 +147,9 @@ class StaticRows:
             dtype=adapter.torch_dtype,
             device=adapter.device,
         )
+        if prefix is not None:  # its pool is held from the load on, as the pre-flight counts it
+            _, heads, _, dim = self.slots.keys[0].shape
+            prefix.reserve(len(self.slots.keys), heads, dim, adapter.torch_dtype, adapter.device)
 
     def describe(self) -> dict:
         return {
@@ -171,6 +174,8 @@ class StaticRows:
         # (behind a cached prefix, length bucket) -> its forward still taking prompts
         open_at: dict[tuple[bool, int], Forward] = {}
         use = partitions is not None and self.prefix is not None
+        if self.prefix is not None:
+            self.prefix.settle()  # the blocks the last admission looked up are copied
         for i, p in enumerate(prompts):
             part = partitions[i] if use else None
             blocks = self._cached_blocks(part, p) if part is not None else []

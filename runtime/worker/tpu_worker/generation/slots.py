@@ -184,10 +184,11 @@ class SlotCache:
             blocks, n = prompts[j] if j < len(prompts) else ([], window)
             col = c - n
             for b in blocks:
-                w = b.keys[0].shape[-2]
+                keys, values = b.keys, b.values
+                w = keys[0].shape[-2]
                 for i in range(len(self.keys)):
-                    self.keys[i][slot, :, col : col + w] = b.keys[i]
-                    self.values[i][slot, :, col : col + w] = b.values[i]
+                    self.keys[i][slot, :, col : col + w] = keys[i]
+                    self.values[i][slot, :, col : col + w] = values[i]
                 col += w
             self.mask[slot].copy_((self._columns >= c - n) & (self._columns < c))  # no slice at the prompt's length
             self.pos[slot] = n - 1
