@@ -92,7 +92,12 @@ export function detailedTaskV2(
       // Decided by an operator out of band (statusMessage says how): nothing for the client.
       return { ...task, status: "input_required", inputRequests: {} };
     case "completed":
-      return { ...task, status: "completed", result: taskResult(job, tool) as any };
+      // The inlined result is a 2026-07-28 tool result: it says its own resultType.
+      return {
+        ...task,
+        status: "completed",
+        result: { resultType: "complete", ...taskResult(job, tool) } as any,
+      };
     case "failed":
       return {
         ...task,
