@@ -112,7 +112,8 @@ export function stdioDispatch(configFile: string) {
     });
   function close() {
     return new Promise<void>((r) => {
-      if (proc.exitCode !== null) return r();
+      // Ended by a signal, a process has a signalCode and no exitCode.
+      if (proc.exitCode !== null || proc.signalCode !== null) return r();
       proc.once("exit", () => r());
       proc.stdin.end();
       proc.kill("SIGTERM");
