@@ -155,6 +155,7 @@ export function registerTasks(
       throw new ProtocolError(
         ProtocolErrorCode.MissingRequiredClientCapability,
         `declare the ${TASKS_EXTENSION} extension in the request's client capabilities to use tasks`,
+        { requiredCapabilities: { extensions: { [TASKS_EXTENSION]: {} } } },
       );
   };
   server.setRequestHandler("tasks/get", { params: TaskIdParams }, async (p, ctx) => {
@@ -170,10 +171,14 @@ export function registerTasks(
   });
   server.setRequestHandler(
     "tasks/update",
-    { params: TaskIdParams.extend({ inputResponses: z.record(z.string(), z.unknown()) }) },
+    // Loose: the extension is checked before anything of the request is.
+    { params: z.looseObject({ taskId: z.unknown() }) },
     async (p, ctx) => {
       gated(ctx);
-      await own(p.taskId);
+      const id = TaskIdParams.safeParse(p);
+      if (!id.success)
+        throw new ProtocolError(ProtocolErrorCode.InvalidParams, "taskId: a task id string");
+      await own(id.data.taskId);
       throw new ProtocolError(
         ProtocolErrorCode.InvalidParams,
         `task ${p.taskId} takes no input: an approval it waits for is decided by an operator (its statusMessage says how)`,
