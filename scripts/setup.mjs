@@ -27,6 +27,13 @@ function run(cmd, args, opts = {}) {
   }
 }
 
+// A step that runs beside the others ends with the set-up: a failed Python step must not leave
+// `npm ci` writing node_modules behind it (a rerun would start a second one over it).
+const background = new Set();
+process.on("exit", () => {
+  for (const child of background) child.kill();
+});
+
 /** As run(), without blocking: resolves when the command exits 0, else exits the set-up. */
 function runAsync(cmd, args) {
   return new Promise((resolve) => {
@@ -34,6 +41,8 @@ function runAsync(cmd, args) {
       cwd: root,
       stdio: ["ignore", process.stderr, process.stderr],
     });
+    background.add(child);
+    child.once("exit", () => background.delete(child));
     const failed = (why) => {
       say(`failed: ${cmd} ${args.join(" ")} (${why})`);
       process.exit(1);
