@@ -1,6 +1,13 @@
 import { defineConfig } from "vitest/config";
 import { scaled } from "./test/helpers/calibrate.js";
 
+const filesAtOnce = process.env.TPU_MCP_TEST_FILES ?? "1";
+if (!/^[1-9][0-9]*$/.test(filesAtOnce))
+  throw new Error(
+    `TPU_MCP_TEST_FILES is how many test files run at once: a whole number from 1 (the default), not "${filesAtOnce}"`,
+  );
+const FILES_AT_ONCE = Number(filesAtOnce);
+
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
@@ -26,8 +33,12 @@ export default defineConfig({
     // As a quiet machine needs them, times this machine's measured slowdown (test/helpers/calibrate.ts).
     testTimeout: scaled(60_000),
     hookTimeout: scaled(120_000),
-    // Tests spawn real Python workers with torch; two cores cannot run many at once.
-    fileParallelism: false,
+    // Tests spawn real Python workers with torch; two cores cannot run many at once. One file at
+    // a time unless TPU_MCP_TEST_FILES says more (2 lets a second file use the core the first
+    // leaves idle while it waits on its server and worker; not yet the default: a full run beside
+    // four CPU burners at 2 has not been measured, docs/development.md#where-the-time-goes).
+    fileParallelism: FILES_AT_ONCE > 1,
+    maxWorkers: FILES_AT_ONCE,
     pool: "forks",
     // In CI (CI=true) a failed test runs once more: real workers on a shared 2-core VM make a few
     // timing-bound steps flaky. A test that fails twice fails the run; a retried one shows in the

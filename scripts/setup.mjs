@@ -3,7 +3,7 @@
 // environment with torch (CPU build) and the worker's dependencies, and the built-in model files.
 // Each step is skipped when a marker says it is already done for the same inputs.
 // Progress goes to stderr: stdout may be an MCP stdio channel.
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
@@ -27,21 +27,51 @@ function run(cmd, args, opts = {}) {
   }
 }
 
+// A step that runs beside the others ends with the set-up: a failed Python step must not leave
+// `npm ci` writing node_modules behind it (a rerun would start a second one over it).
+const background = new Set();
+process.on("exit", () => {
+  for (const child of background) child.kill();
+});
+
+/** As run(), without blocking: resolves when the command exits 0, else exits the set-up. */
+function runAsync(cmd, args) {
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, {
+      cwd: root,
+      stdio: ["ignore", process.stderr, process.stderr],
+    });
+    background.add(child);
+    child.once("exit", () => background.delete(child));
+    const failed = (why) => {
+      say(`failed: ${cmd} ${args.join(" ")} (${why})`);
+      process.exit(1);
+    };
+    child.once("error", (e) => failed(e.message));
+    child.once("exit", (code, signal) =>
+      code === 0 ? resolve() : failed(`exit ${code ?? signal}`),
+    );
+  });
+}
+
 function digest(files) {
   const h = createHash("sha256");
   for (const f of files) h.update(existsSync(f) ? readFileSync(f) : `missing:${f}`);
   return h.digest("hex").slice(0, 16);
 }
 
-// 1. Node packages: `npm ci` when node_modules is missing or older than the lock file.
+// 1. Node packages: `npm ci` when node_modules is missing or older than the lock file. It runs
+// beside the Python steps (2-4 need none of it; a fresh clone waited for one, then the other)
+// and is awaited before the bundles (5-6), which need esbuild.
 const lock = join(root, "package-lock.json");
 const installed = join(root, "node_modules", ".package-lock.json");
+let nodePackages = Promise.resolve();
 if (
   !existsSync(installed) ||
   (existsSync(lock) && statSync(lock).mtimeMs > statSync(installed).mtimeMs)
 ) {
   say("installing Node packages (npm ci)…");
-  run("npm", ["ci", "--no-audit", "--no-fund"]);
+  nodePackages = runAsync("npm", ["ci", "--no-audit", "--no-fund"]);
 }
 
 // 2. Python environment. torch is pinned to 2.13.0, the CPU build this machine's pip takes;
@@ -99,6 +129,7 @@ run(py, ["-m", "tpu_worker.builtin", "--out", join(root, ".data", "models")], {
     TRANSFORMERS_OFFLINE: "1",
   },
 });
+await nodePackages;
 // 5. The CLI bundle (fast start); rebuilt only when a source is newer.
 const bundle = join(root, "dist", "cli.mjs");
 const { newestSource } = await import("./sources.mjs");
