@@ -39,6 +39,26 @@ export function clientSupportsUi(caps: Record<string, any> | undefined): boolean
   return !Array.isArray(types) || types.includes(UI_MIME);
 }
 
+/**
+ * App-rendered elicitation (SEP-3118, draft): the client renders an MCP App in place of a form
+ * elicitation's native form when it declares form elicitation, the extension's MIME type and
+ * `elicitation` inside the extension (the server declares the same `elicitation` beside it).
+ */
+export function clientRendersFormApps(caps: Record<string, any> | undefined): boolean {
+  const ext = getUiCapability(caps) as { elicitation?: unknown } | undefined;
+  const form = (caps?.elicitation as { form?: unknown } | undefined)?.form;
+  const declared = typeof ext?.elicitation === "object" && ext.elicitation !== null;
+  return clientSupportsUi(caps) && declared && form !== undefined;
+}
+
+/** The server's side of the extension: its views, and app-rendered approval forms. */
+export const UI_SERVER_CAPABILITY = { elicitation: {} };
+
+/** The `_meta` that routes an approval form to the approval card, for a client that renders it. */
+export function approvalFormMeta(caps: Record<string, any> | undefined) {
+  return clientRendersFormApps(caps) ? { _meta: { ui: { resourceUri: APPROVAL_CARD_URI } } } : {};
+}
+
 export function uiResources() {
   return VIEWS.map((v) => ({ ...v, mimeType: UI_MIME }));
 }

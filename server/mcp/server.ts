@@ -30,7 +30,13 @@ import {
 import type { ToolAnnotations, ToolDefinition } from "../../tools/types.js";
 import { toolServices, type App } from "../app/app.js";
 import { SERVER_NAME, SERVER_VERSION } from "../version.js";
-import { APPROVAL_CARD_URI, UI_EXTENSION, clientSupportsUi } from "./apps.js";
+import {
+  APPROVAL_CARD_URI,
+  UI_EXTENSION,
+  UI_SERVER_CAPABILITY,
+  approvalFormMeta,
+  clientSupportsUi,
+} from "./apps.js";
 import { jsonSchema } from "./json_schema.js";
 import { registerResources } from "./resources.js";
 import {
@@ -142,7 +148,10 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
         logging: {},
         // Tasks: 2025-11-25's own capability, the 2026-07-28 extension (server/mcp/tasks.ts).
         ...(era === "legacy" ? { tasks: LEGACY_TASKS_CAPABILITY } : {}),
-        extensions: { [UI_EXTENSION]: {}, ...(era === "modern" ? { [TASKS_EXTENSION]: {} } : {}) },
+        extensions: {
+          [UI_EXTENSION]: UI_SERVER_CAPABILITY,
+          ...(era === "modern" ? { [TASKS_EXTENSION]: {} } : {}),
+        },
       },
       instructions:
         "Tools to inspect the accelerator runtime, load catalog models, run inference and benchmarks. " +
@@ -256,6 +265,8 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
           [APPROVAL_INPUT]: inputRequired.elicit({
             message: outcome.prompt.message,
             requestedSchema: outcome.prompt.form,
+            // The form stays complete: a client that cannot run the card shows it natively.
+            ...approvalFormMeta(clientCaps(server, extra)),
           }),
         },
         requestState: outcome.state,
@@ -323,7 +334,12 @@ function elicitFor(server: Server, extra: Extra): Elicit | undefined {
     );
     try {
       const res = await server.elicitInput(
-        { mode: "form", message: prompt.message, requestedSchema: prompt.form },
+        {
+          mode: "form",
+          message: prompt.message,
+          requestedSchema: prompt.form,
+          ...approvalFormMeta(server.getClientCapabilities()),
+        },
         // The SDK's own request timeout (60 s by default) must never fire before the gate's.
         { relatedRequestId: extra.mcpReq.id, signal, timeout: MAX_TIMER_MS },
       );

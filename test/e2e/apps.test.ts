@@ -29,7 +29,9 @@ describe("MCP Apps", () => {
     expect(meta("run_benchmark")).toEqual({ resourceUri: "ui://tpu-mcp/benchmark-view.html" });
     expect(meta("get_job")).toEqual({ resourceUri: "ui://tpu-mcp/benchmark-view.html" });
     expect(meta("run_inference")).toBeUndefined();
-    expect((withUi.client.getServerCapabilities() as any)?.extensions?.[UI]).toEqual({});
+    expect((withUi.client.getServerCapabilities() as any)?.extensions?.[UI]).toEqual({
+      elicitation: {},
+    });
 
     const listed = (await withUi.client.listResources()).resources.filter((r) =>
       r.uri.startsWith("ui://"),
