@@ -105,7 +105,18 @@ export interface LoadResult {
  * and pass them under these names (tools/support/generation.ts). */
 export interface GenerationArgs {
   /** One conversation, rendered with the model's chat template (instead of texts). */
-  messages?: Array<{ role: string; content: string }>;
+  messages?: Array<{
+    role: string;
+    content: string;
+    tool_calls?: Array<{ id: string; name: string; arguments: Record<string, unknown> }>;
+    tool_call_id?: string;
+  }>;
+  /** Functions the model may call (tools/support/tool_calls.ts), and which. */
+  tools?: Array<{
+    type: "function";
+    function: { name: string; description?: string; parameters?: Record<string, unknown> };
+  }>;
+  tool_choice?: "auto" | "none" | "required" | { type: "function"; function: { name: string } };
   max_new_tokens?: number;
   temperature?: number;
   top_p?: number;

@@ -8,6 +8,7 @@ import type { CatalogEntry } from "../../runtime/catalog.js";
 import type { GenerationArgs } from "../../runtime/wire/ops.js";
 import { ToolError } from "../errors.js";
 import { wellFormedText } from "../schemas.js";
+import { ToolCall, checkTools } from "./tool_calls.js";
 import type { ToolEnv } from "../types.js";
 
 /** The contract's bounds; a catalog entry may lower logprobs (`limits.max_logprobs`). */
@@ -96,14 +97,19 @@ function checkResponseFormat(rf: ResponseFormat): void {
     );
 }
 
-/** One conversation for the model's chat template. */
+/**
+ * One conversation for the model's chat template; an assistant message may carry the
+ * tool_calls it made, and a tool message the result of one (tool_calls.ts).
+ */
 export function messagesInput(env: ToolEnv, maxChars: number) {
   return z
     .array(
       z
         .object({
-          role: z.enum(["system", "user", "assistant"]),
+          role: z.enum(["system", "user", "assistant", "tool"]),
           content: wellFormedText.max(maxChars),
+          tool_calls: z.array(ToolCall).min(1).max(16).optional(),
+          tool_call_id: z.string().min(1).max(64).optional(),
         })
         .strict(),
     )
@@ -122,6 +128,8 @@ const GENERATION_ONLY = [
   "logprobs",
   "max_new_tokens",
   "response_format",
+  "tools",
+  "tool_choice",
 ] as const satisfies readonly (keyof GenerationArgs)[];
 
 /**
@@ -154,6 +162,7 @@ export function checkGeneration(entry: CatalogEntry, args: GenerationArgs): void
     });
   }
   if (args.response_format) checkResponseFormat(args.response_format);
+  checkTools(args);
   if (args.messages) {
     // The rendered conversation is one prompt: it gets one text's budget of characters.
     const chars = args.messages.reduce((n, m) => n + m.content.length, 0);
@@ -192,7 +201,15 @@ const Logprob = z.object({ token: z.string(), logprob: z.number() });
 /** One generated sequence of the worker's answer (runtime/PROTOCOL.md, `infer`). */
 export const Generation = z.object({
   text: z.string(),
-  finish_reason: z.enum(["stop", "length", "cancelled", "budget", "timeout", "approval"]),
+  finish_reason: z.enum([
+    "stop",
+    "length",
+    "cancelled",
+    "budget",
+    "timeout",
+    "approval",
+    "tool_calls",
+  ]),
   usage: z.object({
     prompt_tokens: z.number().int(),
     completion_tokens: z.number().int(),
@@ -202,5 +219,7 @@ export const Generation = z.object({
   grammar_complete: z.boolean().optional(),
   grammar_error: z.string().optional(),
   prefix_cached_tokens: z.number().int().optional(),
+  /** With tools: the calls the model made (then finish_reason is tool_calls). */
+  tool_calls: z.array(ToolCall).optional(),
 });
 export type Generation = z.infer<typeof Generation>;

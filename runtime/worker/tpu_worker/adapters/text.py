@@ -14,6 +14,7 @@ from ..generation.chat import ChatTemplate, load_chat_template, no_chat_template
 from ..generation.grammar import Grammars
 from ..generation.params import GenRequest, parse_generation, parse_prefix_key
 from ..generation.slots import max_positions, static_cache_problem
+from ..generation.tools import render_chat
 from ..inputs import check_texts, seq_len_arg
 from ..loaders import inside
 from ..platforms import platform_for
@@ -184,19 +185,19 @@ class CausalLM(Adapter):
         n = call.params.max_new_tokens
         limit = min(call.seq_len, self.n_positions - n)
         if call.messages is not None:
-            prompts = [self._chat_prompt(call.messages, args, limit, n)]
+            prompts = [self._chat_prompt(call.messages, call.tools, args, limit, n)]
         else:
             prompts = prompt_ids(self.tokenizer, call.texts, limit, self.bos_id)
         grammar = self.grammars.compile(call.params.response_format) if call.params.response_format else None
         return Prepared(("generate",), len(prompts), GenRequest(prompts, call.params, parse_prefix_key(args), grammar))
 
-    def _chat_prompt(self, messages: list[dict], args: dict, limit: int, max_new: int) -> list[int]:
+    def _chat_prompt(self, messages: list[dict], tools, args: dict, limit: int, max_new: int) -> list[int]:
         if self.chat is None:
             raise no_chat_template(self.entry)
         add = args.get("add_generation_prompt", True)
         if not isinstance(add, bool):
             raise invalid("args.add_generation_prompt must be true or false")
-        ids = self.tokenizer.encode(self.chat.render(messages, add), add_special_tokens=False).ids
+        ids = self.tokenizer.encode(render_chat(self.chat, messages, tools, add), add_special_tokens=False).ids
         if len(ids) > limit:
             # Cutting a conversation would drop its system prompt or first turns silently: refuse.
             raise invalid(

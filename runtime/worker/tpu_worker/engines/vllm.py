@@ -325,6 +325,10 @@ class VllmEngine:
         p = g.params
         if g.messages is not None and not self.chat_template:
             raise no_chat_template(self.entry)
+        if g.tools is not None or any(m["role"] == "tool" or "tool_calls" in m for m in g.messages or []):
+            raise invalid(
+                f"args.tools: model {self.entry.id!r} runs on vLLM, which takes no tools here; use a torch model"
+            )
         prompts = self.encode(g.texts, p.max_new_tokens, g.seq_len) if g.texts is not None else None
         n = len(prompts) if prompts is not None else 1
         seqs = [_Seq(len(prompts[i]) if prompts else 0, TextStream(self.decode, p.stop)) for i in range(n)]

@@ -89,23 +89,27 @@ def _largest_enum(node: Any) -> int:
     return 0
 
 
+def check_schema(schema: dict, where: str) -> None:
+    """The bounds of a schema to compile (its size, nesting and enums), refused naming `where`."""
+    size = len(json.dumps(schema, separators=(",", ":")).encode())
+    if size > MAX_SCHEMA_BYTES:
+        raise refused(f"{where}: the schema is {size} bytes; at most {MAX_SCHEMA_BYTES}: make it smaller")
+    depth = _depth(schema)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise refused(
+            f"{where}: the schema nests deeper than {MAX_SCHEMA_DEPTH} levels: flatten it (fewer nested objects)"
+        )
+    enum = _largest_enum(schema)
+    if enum > MAX_ENUM:
+        raise refused(f"{where}: an enum has {enum} values; at most {MAX_ENUM}: use fewer, or a pattern")
+
+
 def _schema_grammar(schema: Any) -> str:
     from llguidance import LLMatcher
 
     if not isinstance(schema, dict):
         raise refused("response_format.json_schema.schema must be a JSON schema object")
-    size = len(json.dumps(schema, separators=(",", ":")).encode())
-    if size > MAX_SCHEMA_BYTES:
-        raise refused(f"response_format: the schema is {size} bytes; at most {MAX_SCHEMA_BYTES}: make it smaller")
-    depth = _depth(schema)
-    if depth > MAX_SCHEMA_DEPTH:
-        raise refused(
-            f"response_format: the schema nests deeper than {MAX_SCHEMA_DEPTH} levels: "
-            "flatten it (fewer nested objects)"
-        )
-    enum = _largest_enum(schema)
-    if enum > MAX_ENUM:
-        raise refused(f"response_format: an enum has {enum} values; at most {MAX_ENUM}: use fewer, or a pattern")
+    check_schema(schema, "response_format")
     try:
         return LLMatcher.grammar_from_json_schema(bound_schema(schema), defaults=_JSON_OPTIONS)
     except ValueError as exc:  # an unsupported keyword or a malformed schema
@@ -149,6 +153,11 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
     unique = list(dict.fromkeys(choices))
     alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in unique)
     return ResponseFormat(kind, LLMatcher.grammar_from_lark(f"start: {alternatives}"), {"choice": unique})
+
+
+def _where(fmt: ResponseFormat) -> str:
+    """The argument a grammar came from: the functions of `tools`, or response_format."""
+    return "tools" if fmt.kind == "tools" else "response_format"
 
 
 def _message(error: str) -> str:
@@ -232,13 +241,13 @@ class Grammars:
             self.refusals += 1
             self._abandon()
             raise refused(
-                f"response_format: the grammar did not compile within {timeout_s:g} s: simplify it "
+                f"{_where(fmt)}: the grammar did not compile within {timeout_s:g} s: simplify it "
                 "(fewer alternatives, shorter repetition bounds)"
             ) from None
         error = matcher.get_error()
         if error:
             self.refusals += 1
-            raise refused(f"response_format: {_message(error)}: change it")
+            raise refused(f"{_where(fmt)}: {_message(error)}: change it")
         self.compiles += 1
         return Compiled(fmt.kind, matcher, round(time.perf_counter() - t0, 6), self.closer())
 

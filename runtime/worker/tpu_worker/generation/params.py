@@ -8,6 +8,7 @@ every refusal is an `invalid_argument` that names the argument and its range.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from ..errors import invalid
 from ..inputs import check_texts, seq_len_arg
 from .chat import check_messages
 from .grammar import ResponseFormat, parse_response_format
+from .tools import Tools, parse_tools, tools_format
 
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 1000
@@ -64,6 +66,7 @@ class GenCall:
     messages: list[dict] | None
     seq_len: int
     params: GenParams
+    tools: Tools | None = None  # the functions the model may call (generation/tools.py)
 
 
 def _number(args: dict, key: str, default: float) -> float:
@@ -149,6 +152,15 @@ def parse_generation(entry: Entry, args: dict[str, Any], max_len: int) -> GenCal
         raise invalid(f"model {entry.id!r} needs exactly one of args.texts or args.messages")
     params = parse_params(entry, args)
     seq_len = seq_len_arg(args, max_len)
+    tools = parse_tools(args)
     if has_texts:
+        if tools is not None:
+            raise invalid("args.tools needs args.messages: the model calls functions in a chat")
         return GenCall(check_texts(entry, args), None, seq_len, params)
-    return GenCall(None, check_messages(args.get("messages"), entry.limits.max_text_chars), seq_len, params)
+    if tools is not None:
+        if params.response_format is not None:
+            raise invalid("args.tools and args.response_format both constrain the answer: give one of them")
+        # The calls' grammar is the answer's format: the decode loop follows it as it does any other.
+        params = dataclasses.replace(params, response_format=tools_format(tools))
+    messages = check_messages(args.get("messages"), entry.limits.max_text_chars)
+    return GenCall(None, messages, seq_len, params, tools)
