@@ -4,7 +4,7 @@
 //
 // Environment: BENCH_ONLY=coldstart,decompose,small,overhead,concurrency,payload,memory,pool,audit,
 // tokens,estimates,budget,store,replicas,generate,train,fine_tune,shapes,prefix,stability,structured,
-// structured_parse runs a subset (BENCH_SHAPES_REQUESTS
+// structured_parse,tool_calls runs a subset (BENCH_SHAPES_REQUESTS
 // scales the shapes trace, 300 requests by default, and BENCH_SHAPES_DUMP=file writes its calls
 // as JSON; BENCH_PREFIX_SMOLLM2=0 leaves the real SmolLM2 model out of the prefix section);
 // BENCH_THREADS sets the worker's torch threads;
@@ -42,6 +42,7 @@ import { runPrefix, writePrefixCatalog } from "./prefix.js";
 import { runSmall } from "./small.js";
 import { runStability } from "./stability.js";
 import { runStructured } from "./structured.js";
+import { runToolCalls } from "./tool_calls.js";
 import { runStructuredParse } from "./structured_parse.js";
 import { runStore } from "./store.js";
 import { runReplicas } from "./replicas.js";
@@ -75,6 +76,7 @@ const SECTIONS = [
   "shapes",
   "structured",
   "structured_parse",
+  "tool_calls",
   "prefix",
 ] as const;
 const only = process.env.BENCH_ONLY?.split(",").map((x) => x.trim());
@@ -125,6 +127,13 @@ function targets(f: Record<string, number>): Target[] {
     "structured_parse.valid_rate",
     (v) => v >= 0.99,
     "≥ 99 %",
+    (v) => `${(v * 100).toFixed(1)} %`,
+  );
+  add(
+    "tool calls with the grammar: calls that parse and validate (smollm2)",
+    "tool_calls.valid_rate",
+    (v) => v === 1,
+    "100 %",
     (v) => `${(v * 100).toFixed(1)} %`,
   );
   add("mnist-cnn b1 stdio: added p50", "small.stdio.added_p50_ms", (v) => v <= 1.0, "≤ 1.0 ms", ms);
@@ -561,6 +570,22 @@ async function main() {
         mcp: server,
         callers: 8,
         limit: quick ? 16 : undefined,
+        say,
+      });
+    } finally {
+      await server.close();
+    }
+  }
+
+  // Tool calls with and without the grammar, over a function-calling set (issue 46).
+  if (want("tool_calls")) {
+    say("tool_calls (smollm2: calls that validate, accuracy, with and without the grammar)…");
+    const server = await startStdio(writeBenchConfig().config);
+    try {
+      results.tool_calls = await runToolCalls({
+        mcp: server,
+        callers: 4,
+        limit: quick ? 8 : undefined,
         say,
       });
     } finally {

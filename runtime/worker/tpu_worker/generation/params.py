@@ -161,6 +161,10 @@ def parse_generation(entry: Entry, args: dict[str, Any], max_len: int) -> GenCal
         if params.response_format is not None:
             raise invalid("args.tools and args.response_format both constrain the answer: give one of them")
         # The calls' grammar is the answer's format: the decode loop follows it as it does any other.
-        params = dataclasses.replace(params, response_format=tools_format(tools))
+        # tool_grammar false (the bench's unconstrained side; the server never sends it) leaves it off.
+        grammar = args.get("tool_grammar", True)
+        if not isinstance(grammar, bool):
+            raise invalid("args.tool_grammar must be true or false")
+        params = dataclasses.replace(params, response_format=tools_format(tools) if grammar else None)
     messages = check_messages(args.get("messages"), entry.limits.max_text_chars)
     return GenCall(None, messages, seq_len, params, tools)
