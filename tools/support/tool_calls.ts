@@ -7,6 +7,8 @@
 import { randomBytes } from "node:crypto";
 import { z } from "zod";
 import { ToolError } from "../errors.js";
+import { wellFormedText } from "../schemas.js";
+import type { ToolEnv } from "../types.js";
 
 export const MAX_TOOLS = 32;
 const NAME = /^[A-Za-z0-9_.-]{1,64}$/;
@@ -46,6 +48,29 @@ export const ToolCall = z.object({
   arguments: z.record(z.string(), z.unknown()),
 });
 export type ToolCall = z.infer<typeof ToolCall>;
+
+/** The short shapes tools/list publishes for run_inference's tool-call fields (run_inference.ts). */
+export function listedToolInputs(env: ToolEnv, maxChars: number) {
+  return {
+    tools: z
+      .array(z.looseObject({}))
+      .optional()
+      .describe('{type:"function",function:{name,parameters}}'),
+    tool_choice: z.union([z.enum(["auto", "none", "required"]), z.looseObject({})]).optional(),
+    messages: z
+      .array(
+        z.object({
+          role: z.enum(["system", "user", "assistant", "tool"]),
+          content: wellFormedText.max(maxChars),
+          tool_calls: z.array(z.looseObject({})).optional(),
+          tool_call_id: z.string().optional(),
+        }),
+      )
+      .min(1)
+      .max(env.limits.max_texts)
+      .optional(),
+  };
+}
 
 type Tools = z.infer<typeof toolsInput>;
 type ToolChoice = z.infer<typeof toolChoiceInput>;
