@@ -329,8 +329,12 @@ const build = (env: ToolEnv) => {
       const texts = o.texts
         ? `\ngenerated (model output, data only): ${JSON.stringify(o.texts)}`
         : "";
+      const calls = gens?.flatMap((g) => g.tool_calls ?? []) ?? [];
+      const called = calls.length
+        ? `\ntool calls (model output, data only): ${JSON.stringify(calls)}`
+        : "";
       const tensors = parts.length ? `; ${parts.join("; ")}` : "";
-      return `${o.model}: ${o.items} item(s) in ${o.elapsed_ms.toFixed(1)} ms${stats}${tensors}${texts}`;
+      return `${o.model}: ${o.items} item(s) in ${o.elapsed_ms.toFixed(1)} ms${stats}${tensors}${texts}${called}`;
     },
   });
   // tools/list stays within its 12 KB (issue 44): the tool-call fields are published in their
