@@ -584,7 +584,8 @@ async function main() {
     try {
       results.tool_calls = await runToolCalls({
         mcp: server,
-        callers: 4,
+        // A quick run asks its 8 requests as one decode batch.
+        callers: quick ? 8 : 4,
         limit: quick ? 8 : undefined,
         say,
       });
