@@ -11,7 +11,7 @@ const build = (_env: ToolEnv) =>
   defineTool(policy, {
     title: "Cancel a job",
     description:
-      "Use to stop a running job: the worker stops at its next step; a benchmark keeps finished configurations.",
+      "Use to stop a running job: the worker stops at its next step; a benchmark keeps finished configs.",
     input: z.object({ job_id: jobIdArg }).strict(),
     output: JobView,
     annotations: {

@@ -42,7 +42,7 @@ const build = (env: ToolEnv) => {
         attention: z
           .enum(["default", "math"])
           .default("default")
-          .describe("math: unfused, as without a fused kernel"),
+          .describe("math: unfused attention"),
         shape_audit: z.boolean().optional(), // a dynamo trace: the shape-stability verdict
         approval_id: approvalId,
       })
@@ -68,7 +68,7 @@ const build = (env: ToolEnv) => {
             })
             .passthrough(),
         ),
-        categories: z.record(z.string(), z.number().int()).describe("calls per operator category"),
+        categories: z.record(z.string(), z.number().int()).describe("calls per op category"),
         total_ops: z.number().int(),
         unique_ops: z.number().int(),
         estimated_memory_bytes: z.number().int().nullable(),

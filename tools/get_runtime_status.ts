@@ -30,7 +30,7 @@ const build = (env: ToolEnv) => {
   const tool = defineTool(policy, {
     title: "Runtime status",
     description:
-      "Use first, and when a call fails: devices and memory, torch version, loaded models and queues, worker health.",
+      "Use first and when a call fails: devices, memory, torch version, loaded models, queues, worker health.",
     input: z
       .object({
         // sha256 of each torch model's weights as they are in memory (reads every weight)

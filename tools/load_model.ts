@@ -88,7 +88,7 @@ const build = (env: ToolEnv) => {
   const tool = defineTool(policy, {
     title: "Load a model",
     description:
-      "Use before run_inference, or on model_not_loaded: loads a model; reports load and compile times and bytes on device. May need approval.",
+      "Use before run_inference or on model_not_loaded: loads a model; reports load/compile times, device bytes. May need approval.",
     input: z
       .object({
         model: modelId(env),

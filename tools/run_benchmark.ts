@@ -298,9 +298,7 @@ const Config = z
     error: z.object({ code: z.string(), message: z.string() }).passthrough().nullable(),
   })
   .passthrough()
-  .describe(
-    "per configuration: stability {stable, reason, p50_ci_ms}, error, ... (the report has all)",
-  );
+  .describe("per configuration: stability, error, ... (the report has all)");
 
 const Report = z.object({
   report_id: z.string(),
@@ -359,8 +357,8 @@ const build = (env: ToolEnv) => {
   return defineTool(policy, {
     title: "Benchmark a model",
     description:
-      "Use to measure a model: per configuration of batch x seq_len x dtype x mode, latency p50/p90/p99, throughput, compile, memory, error vs float32, FLOPs. " +
-      "Full report: tpu://benchmarks/{id}; baseline_id compares. May need approval.",
+      "Use to measure a model: per batch x seq_len x dtype x mode, latency p50/p90/p99, throughput, compile, memory, error vs float32, FLOPs. " +
+      "Report: tpu://benchmarks/{id}. May need approval.",
     input: z
       .object({
         model: modelId(env),
@@ -376,19 +374,16 @@ const build = (env: ToolEnv) => {
         scenario: z
           .enum(["single-stream", "offline"])
           .default("single-stream")
-          .describe("offline: the largest batch that fits"),
+          .describe("offline: largest batch that fits"),
         work: z
           .enum(["forward", "generate", "train_step", "fine_tune"])
           .default("forward")
-          .describe(
-            "generate: text-generation models (temperature, seed); fine_tune: train on a catalog dataset, held-out loss, fp32 vs bf16",
-          ),
+          .describe("fine_tune: train on a catalog dataset (us-founding-texts)"),
         optimizer: z.enum(OPTIMIZERS).optional(),
         dataset: z
           .string()
           .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
-          .optional()
-          .describe('fine_tune: a catalog dataset id (built-in: "us-founding-texts")'),
+          .optional(),
         steps: z.number().int().min(1).max(b.max_iterations).optional(),
         eval_every: z.number().int().min(1).max(b.max_iterations).optional(),
         learning_rate: z.number().positive().max(1).optional(),
@@ -400,7 +395,7 @@ const build = (env: ToolEnv) => {
         extend_unstable: z
           .boolean()
           .optional()
-          .describe(`duration_s: extend unstable series (to ${EXTEND_FACTOR}x)`),
+          .describe(`extend unstable series (to ${EXTEND_FACTOR}x duration_s)`),
         warmup: z.number().int().min(0).max(b.max_warmup).default(DEFAULT_WARMUP),
         matmul_precision: matmulPrecision.optional(),
         baseline_id: z

@@ -40,7 +40,7 @@ export const device = z
     message:
       "use tpu, cuda, xla or cpu, optionally with :index, or a worker's name (get_runtime_status lists them)",
   })
-  .describe("tpu, tpu:0, cuda:1, cpu or a pool worker");
+  .describe("tpu, tpu:0, cuda:1, cpu, a pool worker");
 
 /** A UTF-16 surrogate without its partner: not a character, and not encodable as UTF-8. */
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
@@ -84,12 +84,12 @@ export function tensorInput(env: ToolEnv) {
         )
         .min(1)
         .max(8),
-      data: z.array(z.number()).max(max).optional().describe("C order"),
+      data: z.array(z.number()).max(max).optional(),
       data_b64: z
         .string()
         .max(Math.ceil((max * 8 * 4) / 3) + 4)
         .optional()
-        .describe("C order, little-endian, base64"),
+        .describe("C order; b64: little-endian"),
     })
     .strict()
     .refine((t) => (t.data === undefined) !== (t.data_b64 === undefined), {
@@ -100,7 +100,7 @@ export function tensorInput(env: ToolEnv) {
 /** float32 matmul precision for the worker's process: on TPU 1, 3 or 6 bf16 passes. */
 export const matmulPrecision = z
   .enum(["medium", "high", "highest"])
-  .describe("TPU: 1/3/6 bf16 passes per float32 matmul");
+  .describe("TPU bf16 passes: 1/3/6");
 
 /** A loaded model's shape plan (runtime/worker/tpu_worker/shapes.py): the only shapes its forwards take. */
 export const ShapePlan = z

@@ -52,10 +52,7 @@ export type ToolCall = z.infer<typeof ToolCall>;
 /** The short shapes tools/list publishes for run_inference's tool-call fields (run_inference.ts). */
 export function listedToolInputs(env: ToolEnv, maxChars: number) {
   return {
-    tools: z
-      .array(z.looseObject({}))
-      .optional()
-      .describe('{type:"function",function:{name,parameters}}'),
+    tools: z.array(z.looseObject({})).optional().describe("OpenAI-style functions"),
     tool_choice: z.union([z.enum(["auto", "none", "required"]), z.looseObject({})]).optional(),
     messages: z
       .array(
