@@ -16,6 +16,7 @@ shape there. Both record each forward's shape on the adapter's ShapeCounter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -374,9 +375,13 @@ class StaticRows:
                     slots.make_room(n, 0)
                     slots.write(0, keys, keys, 0, mask[0], pos[0, -1:], 1)
             elif kind == "prefill_cached":
+                block = self.prefix.block
+                slots.make_room(max(n, block), 0)
+                k, v = slots.read_block(0, block, block, 0)
+                cached = SimpleNamespace(keys=[t.clone() for t in k], values=[t.clone() for t in v])
                 with self.census.watch():
-                    slots.make_room(n, 0)
-                    slots.write_prefixes(0, b, [], n)
+                    slots._view(slice(0, b), b)  # a view of other slots, made at its first use
+                    slots.write_prefixes(0, b, [([cached], block)], n)  # one cached block copied in
                     self._behind_inputs([], b, n)
             elif kind == "decode":
                 with self.census.watch():
