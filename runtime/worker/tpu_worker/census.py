@@ -15,25 +15,31 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from . import logs
 from .errors import WorkerError
 
-Signature = tuple[str, tuple]
+Signature = tuple[Any, tuple]  # (the op, ((shape, dtype), ...))
 
 
 def signature(func, args, kwargs) -> Signature:
-    """(op, the (shape, dtype) of each tensor input, in order)."""
-    flat, _ = tree_flatten((args, kwargs or {}))
-    return str(func), tuple((tuple(t.shape), str(t.dtype)) for t in flat if isinstance(t, torch.Tensor))
+    """(op, the (shape, dtype) of each tensor input, in order). Runs for every op of every step:
+    a plain walk of the arguments and of the lists among them (what ATen ops take)."""
+    out = []
+    for a in (*args, *(kwargs.values() if kwargs else ())):
+        if isinstance(a, torch.Tensor):
+            out.append((tuple(a.shape), a.dtype))
+        elif isinstance(a, (list, tuple)):
+            out.extend((tuple(t.shape), t.dtype) for t in a if isinstance(t, torch.Tensor))
+    return func, tuple(out)
 
 
 def refusal(model: str, sig: Signature) -> WorkerError:
-    op, shapes = sig
+    op, shapes = str(sig[0]), sig[1]
     return WorkerError(
         "recompile_after_load",
         f"model {model!r} ran {op} at input shapes {[list(s) for s, _ in shapes]}, a shape its load did not "
@@ -85,7 +91,7 @@ class ShapeCensus:
             logs.warn(
                 "new op shape after warm-up: a compile per op and shape on an eager TPU backend",
                 model=self.model,
-                op=sig[0],
+                op=str(sig[0]),
                 shapes=[list(s) for s, _ in sig[1]],
                 new_since_load=len(self.new),
                 strict=self.strict,

@@ -16,6 +16,7 @@ shape there. Both record each forward's shape on the adapter's ShapeCounter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -374,9 +375,17 @@ class StaticRows:
                     slots.make_room(n, 0)
                     slots.write(0, keys, keys, 0, mask[0], pos[0, -1:], 1)
             elif kind == "prefill_cached":
+                block = self.prefix.block
+                slots.make_room(max(n, block), 0)
+                k, v = slots.read_block(0, block, block, 0)
+                cached = SimpleNamespace(keys=[t.clone() for t in k], values=[t.clone() for t in v])
                 with self.census.watch():
-                    slots.make_room(n, 0)
-                    slots.write_prefixes(0, b, [], n)
+                    if self.prefix._pool is not None:  # a cached block as the pool lends it
+                        cached = SimpleNamespace(
+                            keys=list(self.prefix._pool[0, 0].unbind(0)), values=list(self.prefix._pool[0, 1].unbind(0))
+                        )
+                    slots._view(slice(0, b), b)  # a view of other slots, made at its first use
+                    slots.write_prefixes(0, b, [([cached], block)], n)  # one cached block copied in
                     self._behind_inputs([], b, n)
             elif kind == "decode":
                 with self.census.watch():
@@ -387,7 +396,12 @@ class StaticRows:
             if self.prefix is not None:  # a prompt's blocks copied into the prefix cache
                 slots.make_room(self.prefix.block, 0)
                 keys, values = slots.read_block(0, self.prefix.block, self.prefix.block, 0)
-                [t.clone() for t in [*keys, *values]]
+                if self.prefix._pool is None:
+                    self.prefix.reserve(len(keys), keys[0].shape[0], keys[0].shape[2], keys[0].dtype, keys[0].device)
+                pool = self.prefix._pool  # a block's copy into the pool (a free entry: overwritten at its use)
+                for layer, (kt, vt) in enumerate(zip(keys, values, strict=True)):
+                    pool[0, 0, layer].copy_(kt)
+                    pool[0, 1, layer].copy_(vt)
             if slots.slots > 1:
                 slots.move(1, 0)
             slots._shift(1, 0)

@@ -100,7 +100,9 @@ def sampled_ids(x: torch.Tensor, p: RowParams) -> torch.Tensor:
     probs = torch.softmax(vals, dim=-1)
     # Keep the smallest prefix whose mass reaches top_p; never empty (the first has none before it).
     before = torch.cumsum(probs, dim=-1) - probs
-    probs = torch.where(before < p.top_p[:, None], probs, torch.zeros_like(probs))
+    # top_p 1 keeps every token (a float32 cumsum may pass 1 before the tail).
+    keep = (before < p.top_p[:, None]) | (p.top_p[:, None] >= 1)
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
     cum = torch.cumsum(probs, dim=-1)
     u = uniform(p.keys, p.steps) * cum[:, -1]
     j = (cum <= u[:, None]).sum(-1).clamp(max=v - 1)
