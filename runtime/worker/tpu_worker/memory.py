@@ -25,7 +25,13 @@ MiB = 1024**2
 # (test_memory_estimate.py). The modules a first load imports, charged while not yet imported:
 # torch._dynamo (the compile machinery, with sympy) with the first load of any model, 68–77 MiB;
 # transformers' modelling modules with the first model it builds, 60–95 MiB more.
-FIRST_USE_BYTES = (("torch._dynamo", 72 * MiB), ("transformers.modeling_utils", 84 * MiB))
+# llguidance (structured output), which a generation model's warm-up imports with its first
+# MaskBuilder (generation/loop.py `seal`): 45–50 MiB measured in the worker, charged at 56.
+FIRST_USE_BYTES = (
+    ("torch._dynamo", 72 * MiB),
+    ("transformers.modeling_utils", 84 * MiB),
+    ("llguidance", 56 * MiB),
+)
 # The model's objects beside its tensors (tokenizer, module objects) and a first request's working
 # set at batch 1, measured as above: 11–24 MiB on mnist-cnn and all-MiniLM.
 REQUEST_BYTES = 24 * MiB
@@ -34,6 +40,12 @@ REQUEST_BYTES = 24 * MiB
 # over REQUEST_BYTES on tiny-gpt2 (30,522 entries) and 17 MiB on SmolLM2 (49,152) once the caches
 # were counted as allocated (2026-12-07), so ~700 B an entry, charged at 768.
 VOCAB_ENTRY_BYTES = 768
+# The load's warm-up of the token choice at every batch bucket (generation/loop.py `seal`,
+# sampling.py `choose`): float32 and int64 temporaries [B, V] (the sort's values and indices,
+# softmax, cumulative sums, log-probabilities, the grammar mask's copy). Its growth at the largest
+# bucket, measured as above (2026-12-07): 66 B a row entry on SmolLM2 (8 x 49,152), 84 on
+# tiny-gpt2 (16 x 30,522), the allocator keeping freed buffers; charged at 128.
+CHOICE_ENTRY_BYTES = 128
 
 
 def kv_cache_bytes(entry: Entry, config: dict | None, dtype: str) -> int:
@@ -70,11 +82,22 @@ def vocabulary_bytes(entry: Entry, config: dict | None) -> int:
     return int(cfg.get("vocab_size") or 0) * VOCAB_ENTRY_BYTES
 
 
+def choice_bytes(entry: Entry, config: dict | None) -> int:
+    """The load's warm-up of the token choice at the plan's largest batch (CHOICE_ENTRY_BYTES)."""
+    if entry.task != "text-generation" or entry.engine != "torch" or not config:
+        return 0
+    cfg = config.get("text_config") or config
+    plan = generation_plan(entry, min(entry.limits.max_seq_len, max_positions(config)))
+    return max(plan.batches) * int(cfg.get("vocab_size") or 0) * CHOICE_ENTRY_BYTES
+
+
 def first_use(entry: Entry) -> list[str]:
     """The modules a load of `entry` would import first in this process (FIRST_USE_BYTES)."""
     needs = ["torch._dynamo"]
     if entry.task in ("embedding", "text-generation"):
         needs.append("transformers.modeling_utils")
+    if entry.task == "text-generation" and entry.engine == "torch":
+        needs.append("llguidance")
     return [m for m in needs if m not in sys.modules]
 
 
@@ -98,6 +121,7 @@ def estimate_parts(
         "conversion": weight_bytes if converting else 0,
         "kv_cache": kv_cache_bytes(entry, config, dtype),
         "prefix_cache": prefix_cache_bytes(entry, config, dtype),
+        "choice": choice_bytes(entry, config),
         "request": REQUEST_BYTES + vocabulary_bytes(entry, config),
     }
 
@@ -113,12 +137,13 @@ def estimate_bytes(
 ) -> int:
     """The memory a load of `entry` as `dtype` and its first request add at their peak: the
     modules it imports first, the larger of the load's own peak (weights, and the file they are
-    converted from) and what stays resident (weights, KV cache, the prefix cache's pool), and
+    converted from) and what stays resident (weights, KV cache, the prefix cache's pool) with the warm-up's token
+    choice at the largest batch, and
     the model's objects with a first request. Larger batches' activations are not in it: they
     are the benchmark's check (activation_bytes) and, on the CPU, the host's swap."""
     p = estimate_parts(parameters, entry, config, dtype, weight_bytes=weight_bytes, first=first)
     load = p["weights"] + p["conversion"]
-    serving = p["weights"] + p["kv_cache"] + p["prefix_cache"]
+    serving = p["weights"] + p["kv_cache"] + p["prefix_cache"] + p["choice"]
     return p["first_use"] + max(load, serving) + p["request"]
 
 

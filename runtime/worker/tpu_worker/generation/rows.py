@@ -369,7 +369,9 @@ class StaticRows:
         heads, dim = slots.keys[0].shape[1], slots.keys[0].shape[3]
         for kind, b, n in self.plan.forward_shapes():
             if kind == "prefill":
-                keys = [torch.zeros((b, heads, n, dim), dtype=dtype, device=dev) for _ in slots.keys]
+                # One zero tensor stands for every layer's keys and values: a copy per layer would
+                # hold a whole prefill's cache at the largest bucket for inputs the writes only read.
+                keys = [torch.zeros((b, heads, n, dim), dtype=dtype, device=dev)] * len(slots.keys)
                 with self.census.watch():
                     _, mask, pos = self.adapter.padded_prompts([[pad]] * b, b, n)
                     slots.make_room(n, 0)
