@@ -88,7 +88,9 @@ def test_generation_arguments_are_refused_with_a_clear_message(shared_worker, ar
     [
         ([], "args.messages must be a list of 1..256"),
         ("hi", "args.messages must be a list of 1..256"),
-        ([{"role": "tool", "content": "x"}], "args.messages[0] must be {role:"),
+        ([{"role": "robot", "content": "x"}], "args.messages[0] must be {role:"),
+        # A tool result answers a call an earlier assistant message made.
+        ([{"role": "tool", "content": "x"}], "tool_call_id must name a call of an earlier"),
         ([{"role": "user", "content": 3}], "args.messages[0] must be {role:"),
         ([{"role": "user", "content": "x", "name": "bob"}], "unknown field(s) name"),
         ([{"role": "user", "content": "x" * 3000}], "total 3000 characters; the limit is 2048"),
