@@ -404,9 +404,14 @@ from tpu_worker.probe import probe
 
 TPU = torch.device("tpu:0")
 seen = []
-L._torch_compile = lambda *a, **k: seen.append(
-    {"backend": getattr(k.get("backend"), "platform_backend", None), "dynamic": k.get("dynamic")}
-) or a[0]
+def fake_compile(*a, **k):
+    # The decorator form (llguidance's bitmask helper, imported by the load's token-choice
+    # warm-up) compiles nothing here and is not the model's compile.
+    if not a:
+        return lambda f: f
+    seen.append({"backend": getattr(k.get("backend"), "platform_backend", None), "dynamic": k.get("dynamic")})
+    return a[0]
+L._torch_compile = fake_compile
 
 def on_tpu(d):
     return isinstance(d, (str, torch.device)) and torch.device(d).type == "tpu"
