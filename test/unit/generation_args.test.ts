@@ -106,8 +106,14 @@ describe("run_inference generation arguments: refused before the gate", () => {
       /^seed: only text-generation models/,
     );
     expect(
-      await check(infer, { model: "tiny-gpt2", messages: [{ role: "tool", content: "x" }] }),
+      await check(infer, { model: "tiny-gpt2", messages: [{ role: "robot", content: "x" }] }),
     ).toBe("messages.0.role");
+    // A tool result must name the call it answers (tool calls, issue 46).
+    expect(
+      await check(infer, { model: "tiny-gpt2", messages: [{ role: "tool", content: "x" }] }),
+    ).toMatch(
+      /^messages\.0: a tool message, and only one, names the call it answers by tool_call_id/,
+    );
     const long = [
       { role: "user", content: "x".repeat(1500) },
       { role: "assistant", content: "y".repeat(1500) },
