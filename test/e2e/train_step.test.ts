@@ -124,7 +124,7 @@ describe("run_benchmark work train_step over MCP", () => {
     const bad = [
       [{ work: "train_step", dtypes: ["float16"] }, /bfloat16 autocast: dtypes float32, bfloat16/],
       [{ work: "train_step", scenario: "offline" }, /one step at a time/],
-      [{ optimizer: "sgd" }, /only work "train_step" trains/],
+      [{ optimizer: "sgd" }, /only work "train_step" takes an optimizer/],
       [{ modes: ["compile_step"] }, /"compile_step" compiles a whole training step/],
     ] as const;
     for (const [args, words] of bad) {
