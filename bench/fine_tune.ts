@@ -2,11 +2,9 @@
 // "fine_tune" of one catalog model on the built-in dataset, float32 and bfloat16 autocast
 // trained in lockstep from the same weights on the same batches, with both held-out curves,
 // tokens/s and the drift side by side. The detailed result goes to bench/results/fine_tune.json.
-import { mkdirSync, writeFileSync } from "node:fs";
-import { cpus, loadavg } from "node:os";
-import { join } from "node:path";
-import { ROOT, startStdio } from "./lib/procs.js";
-import { section, type SectionResult } from "./lib/report.js";
+import { loadavg } from "node:os";
+import { startStdio } from "./lib/procs.js";
+import { section, writeRunDetail, type SectionResult } from "./lib/report.js";
 
 export interface FineTuneBenchOptions {
   config: string;
@@ -92,15 +90,6 @@ export async function runFineTune(o: FineTuneBenchOptions): Promise<SectionResul
   sec.note(
     `fine_tune: ${o.model} on ${o.dataset} (${JSON.stringify(r.manifest.fine_tune?.data ?? {})}), lr ${o.learningRate}`,
   );
-  const detail = {
-    command: "BENCH_ONLY=fine_tune npm run bench",
-    date: new Date().toISOString(),
-    machine: { cpus: cpus().length, cpu_model: cpus()[0]?.model, loadavg_before: before },
-    request: args,
-    report: r,
-  };
-  const dir = join(ROOT, "bench", "results");
-  mkdirSync(dir, { recursive: true });
-  writeFileSync(join(dir, "fine_tune.json"), JSON.stringify(detail, null, 2) + "\n");
+  writeRunDetail("fine_tune", args, r, before);
   return sec.result();
 }

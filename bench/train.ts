@@ -2,11 +2,9 @@
 // built-in model in eager and compile mode, float32 and bfloat16 autocast, in one run, with step
 // time, compile time apart and bfloat16's loss drift from float32 side by side. The detailed
 // result goes to bench/results/train.json.
-import { mkdirSync, writeFileSync } from "node:fs";
-import { cpus, loadavg } from "node:os";
-import { join } from "node:path";
-import { ROOT, startStdio } from "./lib/procs.js";
-import { section, type SectionResult } from "./lib/report.js";
+import { loadavg } from "node:os";
+import { startStdio } from "./lib/procs.js";
+import { section, writeRunDetail, type SectionResult } from "./lib/report.js";
 
 export interface TrainBenchOptions {
   config: string;
@@ -94,15 +92,6 @@ export async function runTrain(o: TrainBenchOptions): Promise<SectionResult> {
   sec.note(
     `train: ${o.model} batch ${o.batch} seq ${o.seqLen}, ${o.optimizer}, ${o.iterations} iterations asked, compile backend ${r.manifest.compile_backend}`,
   );
-  const detail = {
-    command: "BENCH_ONLY=train npm run bench",
-    date: new Date().toISOString(),
-    machine: { cpus: cpus().length, cpu_model: cpus()[0]?.model, loadavg_before: before },
-    request: args,
-    report: r,
-  };
-  const dir = join(ROOT, "bench", "results");
-  mkdirSync(dir, { recursive: true });
-  writeFileSync(join(dir, "train.json"), JSON.stringify(detail, null, 2) + "\n");
+  writeRunDetail("train", args, r, before);
   return sec.result();
 }

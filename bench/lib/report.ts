@@ -1,3 +1,7 @@
+import { mkdirSync, writeFileSync } from "node:fs";
+import { cpus } from "node:os";
+import { join } from "node:path";
+import { ROOT } from "./procs.js";
 // What each bench module returns: table rows for people, figures for latest.json and targets.
 
 export interface Row {
@@ -52,4 +56,23 @@ export function renderTable(rows: Row[]): string {
     prev = r.section;
   }
   return out.join("\n");
+}
+
+/** A run's request and full report, beside the machine it ran on: bench/results/<name>.json. */
+export function writeRunDetail(
+  name: string,
+  request: unknown,
+  report: unknown,
+  loadavgBefore: number,
+): void {
+  const detail = {
+    command: `BENCH_ONLY=${name} npm run bench`,
+    date: new Date().toISOString(),
+    machine: { cpus: cpus().length, cpu_model: cpus()[0]?.model, loadavg_before: loadavgBefore },
+    request,
+    report,
+  };
+  const dir = join(ROOT, "bench", "results");
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, `${name}.json`), JSON.stringify(detail, null, 2) + "\n");
 }
