@@ -1,8 +1,7 @@
-// Worker-level A/B of the infer path, without MCP: WorkerRuntime straight to three workers —
-// this checkout, this checkout with the fast path off (TPU_WORKER_FAST_INFER=0), and another
-// checkout (e.g. the previous commit) — on mnist-cnn batch 1. Each round runs 32 concurrent
-// callers (calls/s and requests per forward) then 100 lone calls (p50), the three workers in
-// rotating order so a noisy machine's drift hits them alike.
+// Worker-level A/B of the infer path, without MCP: WorkerRuntime straight to two workers — this
+// checkout and another checkout (e.g. the previous commit) — on mnist-cnn batch 1. Each round
+// runs 32 concurrent callers (calls/s and requests per forward) then 100 lone calls (p50), the
+// two workers in rotating order so a noisy machine's drift hits them alike.
 //
 //   npx tsx bench/ab_worker.ts <other checkout> [rounds]
 // The other checkout needs its own `node scripts/setup.mjs --dev` (it uses this catalog).
@@ -16,7 +15,7 @@ const other = process.argv[2];
 const rounds = Number(process.argv[3] ?? 4);
 if (!other) throw new Error("usage: npx tsx bench/ab_worker.ts <other checkout> [rounds]");
 const catalogPath = join(ROOT, "runtime", "catalog.builtin.json");
-const mk = (repoRoot: string, env: Record<string, string> = {}) =>
+const mk = (repoRoot: string) =>
   new WorkerRuntime({
     repoRoot,
     pythonPath: PYTHON,
@@ -25,11 +24,10 @@ const mk = (repoRoot: string, env: Record<string, string> = {}) =>
     // The thread count the server gives its worker (server/app/build_runtime.ts), as on the MCP sides.
     extraArgs: ["--threads", String(workerThreads(0))],
     logger: quietLogger,
-    env: { ...process.env, ...env },
+    env: process.env,
   });
 const sides = {
   this: mk(ROOT),
-  "this-nofast": mk(ROOT, { TPU_WORKER_FAST_INFER: "0" }),
   other: mk(other),
 };
 type Side = keyof typeof sides;

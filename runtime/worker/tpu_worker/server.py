@@ -35,13 +35,11 @@ from .spans import span_since
 
 EXIT_OK = 0
 EXIT_DESYNC = 3
-# Measurement knobs, read once at start (runtime/PROTOCOL.md, "Environment"):
-# TPU_WORKER_FAST_INFER=0 sends every infer through the op pool (the path before the fast path,
-# for side-by-side comparisons); TPU_WORKER_SWITCH_INTERVAL_S sets sys.setswitchinterval. It is
+# A measurement knob, read once at start (runtime/PROTOCOL.md, "Environment"):
+# TPU_WORKER_SWITCH_INTERVAL_S sets sys.setswitchinterval. It is
 # left at CPython's 5 ms: with the fast path a lone call has no GIL hand-off left to wait at, and
 # a 0.5 ms interval measured no better for lone calls and no better (in noisy runs, worse) for 32
 # concurrent callers on the shared 2-core development VM.
-FAST_INFER = os.environ.get("TPU_WORKER_FAST_INFER", "1") != "0"
 SWITCH_INTERVAL_S = float(os.environ.get("TPU_WORKER_SWITCH_INTERVAL_S") or 0)
 _JOIN_MAX = 256 * 1024
 
@@ -208,7 +206,7 @@ class Server:
             if dup:
                 self.send_error(msg.id, WorkerError("protocol_error", f"request id {msg.id!r} is already in flight"))
                 return
-            if msg.op == "infer" and FAST_INFER:
+            if msg.op == "infer":
                 self._fast_infer(msg, token)
                 return
             try:
