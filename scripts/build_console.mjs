@@ -4,9 +4,10 @@
 //                                         uPlot included, for ui://tpu-mcp/benchmark-view.html)
 // Rebuilt only when a file under console/ (or the uPlot package) is newer than the last build.
 import { build } from "esbuild";
-import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync, existsSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, statSync, existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { writeWhole } from "./lib/write_whole.mjs";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const src = join(root, "console");
@@ -54,15 +55,15 @@ function pick(result, ext) {
 export async function buildConsole() {
   mkdirSync(join(out, "assets"), { recursive: true });
   const app = await build({ ...common, entryPoints: { app: join(src, "src", "app.ts") } });
-  writeFileSync(join(out, "assets", "app.js"), pick(app, ".js"));
-  writeFileSync(join(out, "assets", "app.css"), pick(app, ".css"));
-  writeFileSync(join(out, "index.html"), readFileSync(join(src, "index.html")));
+  writeWhole(join(out, "assets", "app.js"), pick(app, ".js"));
+  writeWhole(join(out, "assets", "app.css"), pick(app, ".css"));
+  writeWhole(join(out, "index.html"), readFileSync(join(src, "index.html")));
 
   const view = await build({ ...common, entryPoints: { view: join(src, "src", "mcp_app.ts") } });
   // Inline text must not close its own element early.
   const js = pick(view, ".js").replace(/<\/(script)/gi, "<\\/$1");
   const css = pick(view, ".css").replace(/<\/(style)/gi, "<\\/$1");
-  writeFileSync(
+  writeWhole(
     join(out, "mcp-app.html"),
     `<!doctype html>
 <html lang="en">
@@ -79,7 +80,7 @@ export async function buildConsole() {
 </html>
 `,
   );
-  writeFileSync(stamp, new Date().toISOString() + "\n");
+  writeWhole(stamp, new Date().toISOString() + "\n");
   return out;
 }
 
