@@ -5,7 +5,16 @@
 // Progress goes to stderr: stdout may be an MCP stdio channel.
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync, statSync } from "node:fs";
+import {
+  chmodSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  readFileSync,
+  realpathSync,
+  writeFileSync,
+  statSync,
+} from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -66,10 +75,19 @@ function digest(files) {
 const lock = join(root, "package-lock.json");
 const installed = join(root, "node_modules", ".package-lock.json");
 let nodePackages = Promise.resolve();
-if (
+const nodeModules = join(root, "node_modules");
+// A node_modules that is a link (a worktree sharing another checkout's packages) is not this
+// checkout's to replace: npm ci empties the folder it points to, under every checkout using it
+// (a fresh worktree's lock file is always newer than the shared install).
+const shared = existsSync(nodeModules) && lstatSync(nodeModules).isSymbolicLink();
+const stale =
   !existsSync(installed) ||
-  (existsSync(lock) && statSync(lock).mtimeMs > statSync(installed).mtimeMs)
-) {
+  (existsSync(lock) && statSync(lock).mtimeMs > statSync(installed).mtimeMs);
+if (stale && shared) {
+  say(
+    `node_modules links to ${realpathSync(nodeModules)}, shared: left as it is (run npm ci there if the lock file changed)`,
+  );
+} else if (stale) {
   say("installing Node packages (npm ci)…");
   nodePackages = runAsync("npm", ["ci", "--no-audit", "--no-fund"]);
 }

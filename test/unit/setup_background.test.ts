@@ -7,10 +7,13 @@ import {
   chmodSync,
   copyFileSync,
   existsSync,
+  lstatSync,
   mkdirSync,
   mkdtempSync,
   readFileSync,
   rmSync,
+  symlinkSync,
+  utimesSync,
   writeFileSync,
 } from "node:fs";
 import { tmpdir } from "node:os";
@@ -72,6 +75,46 @@ describe.skipIf(process.platform === "win32")("set-up, npm ci beside the Python 
       expect(existsSync(npmPid)).toBe(true);
       const pid = Number(readFileSync(npmPid, "utf8"));
       await waitFor("npm ci to end", () => (alive(pid) ? undefined : true), scaled(10_000));
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("leaves a linked node_modules (a worktree sharing another checkout's packages) as it is", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-setup-"));
+    try {
+      const root = join(dir, "worktree");
+      mkdirSync(join(root, "scripts"), { recursive: true });
+      copyFileSync(join(ROOT, "scripts/setup.mjs"), join(root, "scripts/setup.mjs"));
+      // The shared install, older than this worktree's lock file (as a fresh worktree's is).
+      const shared = join(dir, "main-node_modules");
+      mkdirSync(shared);
+      writeFileSync(join(shared, ".package-lock.json"), "{}");
+      const old = new Date(Date.now() - 3_600_000);
+      utimesSync(join(shared, ".package-lock.json"), old, old);
+      writeFileSync(join(root, "package-lock.json"), "{}");
+      symlinkSync(shared, join(root, "node_modules"));
+      const bin = join(dir, "bin");
+      mkdirSync(bin);
+      const npmRan = join(dir, "npm.ran");
+      script(join(bin, "npm"), `echo "$@" > "${npmRan}"`);
+      // The Python steps end the set-up (exit 3) once an npm ci would have started.
+      const python = join(dir, "python");
+      script(python, `sleep ${Math.ceil(scaled(2_000) / 1000)}\nexit 3`);
+      const r = await run(process.execPath, [join(root, "scripts/setup.mjs")], {
+        cwd: root,
+        env: { ...process.env, PATH: `${bin}:${process.env.PATH}`, PYTHON: python },
+        timeout: scaled(60_000),
+      }).then(
+        () => ({ code: 0, stderr: "" }),
+        (e: { code: number; stderr: string }) => ({ code: e.code, stderr: String(e.stderr) }),
+      );
+      expect(r.code).toBe(1);
+      expect(r.stderr).toMatch(/node_modules links to .*main-node_modules, shared: left as it is/);
+      expect(r.stderr).not.toContain("installing Node packages");
+      expect(existsSync(npmRan)).toBe(false);
+      expect(lstatSync(join(root, "node_modules")).isSymbolicLink()).toBe(true);
+      expect(existsSync(join(shared, ".package-lock.json"))).toBe(true);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
