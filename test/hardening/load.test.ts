@@ -182,10 +182,11 @@ describe("bounded load over HTTP", () => {
         expect(answered).toBe(stats.sent);
         expect(stats.ok).toBeGreaterThan(0);
         expect(stats.busy).toBeGreaterThan(0); // 2 × capacity must overflow the bounds
-        // Generous bounds: a busy answer never waits for a slot; /healthz never waits on the worker.
-        expect(stats.busyMaxMs).toBeLessThan(2_000);
+        // Generous bounds, scaled to this machine's load: a busy answer never waits for a slot;
+        // /healthz never waits on the worker.
+        expect(stats.busyMaxMs).toBeLessThan(scaled(2_000));
         expect(healthBad).toBe(0);
-        expect(healthMax).toBeLessThan(2_000);
+        expect(healthMax).toBeLessThan(scaled(2_000));
         expect(rssEnd).toBeLessThan(rssStart * 1.5 + 64 * 2 ** 20);
         // Still serving normally afterwards.
         const after: any = await setup.client.callTool({

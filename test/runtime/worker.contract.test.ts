@@ -8,6 +8,7 @@ import { RuntimeCallError, type TensorData } from "../../runtime/types.js";
 import { parseConfig } from "../../server/config/config.js";
 import { MIN_SEQ_LEN } from "../../tools/run_benchmark.js";
 import { alive, cpuRuntime, recordingSpawn, repoRoot, waitFor } from "./helpers.js";
+import { scaled } from "../helpers/calibrate.js";
 
 async function rejection(p: Promise<unknown>): Promise<RuntimeCallError> {
   try {
@@ -336,7 +337,7 @@ describe("worker death and restart (real worker, CPU)", () => {
       expect(err.code).toBe("worker_died");
       expect(err.recoverable).toBe(true);
       expect(err.message).toMatch(/retry/i);
-      expect(elapsed).toBeLessThan(2000);
+      expect(elapsed).toBeLessThan(scaled(2000));
       expect(pool.lostModels()).toEqual(["mnist-cnn"]);
       expect(restarts[0]?.lostModels).toEqual(["mnist-cnn"]);
 

@@ -13,6 +13,7 @@ import { parseConfig } from "../../server/config/config.js";
 import { createDataDir } from "../../server/config/data_dir.js";
 import { SqliteControlChannel, type PublishedFleet } from "../../server/control/channel.js";
 import { ROOT } from "../helpers/server.js";
+import { scaled } from "../helpers/calibrate.js";
 
 const TOKEN = "scale-test-admin-token-0123456789";
 const dir = mkdtempSync(join(tmpdir(), "tpu-mcp-workers-scale-"));
@@ -154,7 +155,7 @@ describe("tpu-mcp workers scale", () => {
     );
     const started = Date.now();
     expect(await runWorkersCommand(t.config, ["scale", "2"], { ...t.io, waitMs: 30_000 })).toBe(1);
-    expect(Date.now() - started).toBeLessThan(10_000);
+    expect(Date.now() - started).toBeLessThan(scaled(10_000));
     expect(t.err.join("\n")).toMatch(
       /scale 2 refused: ray_actor_device_unavailable: set runtime\.ray\.actor\.device: "cpu"/,
     );
