@@ -15,7 +15,7 @@
 import { connectModernHttp } from "../test/helpers/modern.js";
 import { startDeployment, startHaproxy } from "../test/helpers/replicas.js";
 import { DEMO_POLICY, DEMO_TOKENS, startHttpServer, writeConfig } from "../test/helpers/server.js";
-import { openPool } from "../server/app/postgres/pool.js";
+import { openPool } from "../server/stores/pg/pool.js";
 import { section, type SectionResult } from "./lib/report.js";
 import { fmt, summarize } from "./lib/stats.js";
 import { admissionCost } from "./store.js";

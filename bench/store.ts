@@ -13,7 +13,7 @@ import { join } from "node:path";
 import { SqliteAuditLog } from "../policies/audit.js";
 import { SqliteBudgetLedger } from "../policies/limits/budget.js";
 import { openStoreDb } from "../policies/sqlite.js";
-import { openPool, type PgPool } from "../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../server/stores/pg/pool.js";
 import { migrate } from "../server/app/postgres/schema.js";
 import { PgAuditTrail } from "../server/app/postgres/audit.js";
 import { PgBudget } from "../server/app/postgres/budget.js";

@@ -118,7 +118,7 @@ export interface ApprovalStore {
   consume(id: string, principal: string, tool: string, digest: string): Promise<ApprovalRecord>;
   /** Calls `fn` after every change this store makes; returns the unsubscribe function (in memory). */
   subscribe?(fn: ApprovalListener): () => void;
-  /** Makes a used approval usable again after its call was interrupted (SqliteApprovalStore). */
+  /** Makes a used approval usable again after its call was interrupted (SqliteApprovalQueue). */
   restoreUsed?(
     id: string,
     principal: string,

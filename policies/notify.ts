@@ -15,7 +15,7 @@ import {
   defaultApproveCommand,
   type ApprovalRecord,
   type ApproveCommand,
-} from "./approvals.js";
+} from "./approval_record.js";
 import type { PolicyLogger } from "./audit.js";
 import { formatBytes } from "../lib/units.js";
 import { extensionNote } from "./estimate.js";

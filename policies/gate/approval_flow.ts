@@ -9,7 +9,7 @@ import {
   defaultApproveCommand,
   type ApprovalRecord,
   type ApprovalStore,
-} from "../approvals.js";
+} from "../approval_record.js";
 import type { AuditLog } from "../audit.js";
 import { systemClock, type Clock } from "../clock.js";
 import type { ApprovalRule } from "../config.js";

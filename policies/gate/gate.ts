@@ -3,7 +3,7 @@
 // refusal is audited with its code (repeats counted, see audit_refusals.ts); every executed call
 // is audited with its duration.
 
-import type { ApprovalRecord } from "../approvals.js";
+import type { ApprovalRecord } from "../approval_record.js";
 import { redactArgs } from "../audit_record.js";
 import type { PolicyConfig } from "../config.js";
 import { argsDigest } from "../digest.js";

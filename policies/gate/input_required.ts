@@ -6,7 +6,7 @@
 // outcome of the call (InputRequired), which the gate audits as approval_requested. The 2025 era's
 // pushed prompt is in approval_flow.ts; both record the answer the same way (recordAnswer).
 
-import type { ApprovalRecord } from "../approvals.js";
+import type { ApprovalRecord } from "../approval_record.js";
 import type { ApprovalRule } from "../config.js";
 import { PolicyError, isPolicyError } from "../errors.js";
 import { decidedUnderOtherPolicy } from "../policy_version.js";

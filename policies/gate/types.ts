@@ -1,6 +1,6 @@
 // What the gate is handed (a call, its dependencies) and what it hands down (the call's deadline).
 
-import type { ApprovalStore, ApproveCommand } from "../approvals.js";
+import type { ApprovalStore, ApproveCommand } from "../approval_record.js";
 import type { AuditLog, PolicyLogger } from "../audit.js";
 import type { Clock } from "../clock.js";
 import type { PolicyConfig } from "../config.js";

@@ -4,7 +4,7 @@ import { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
 import { basename, resolve } from "node:path";
 import type { Logger } from "pino";
-import type { ApprovalQueue } from "../../policies/approvals.js";
+import type { ApprovalQueue } from "../../policies/approval_record.js";
 import type { AuditTrail } from "../../policies/audit.js";
 import type { LeftBehind } from "../../policies/gate/reconcile.js";
 import { Authenticator } from "../../policies/auth.js";

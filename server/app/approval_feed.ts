@@ -2,7 +2,11 @@
 // process arrive at once through the store's hook; changes made beside it (the `tpu-mcp
 // approvals` CLI on the same SQLite file) and expiries are found by a cheap poll. Each
 // (approval, status) pair is announced once, whichever path sees it first.
-import type { ApprovalQueue, ApprovalRecord, ApprovalStatus } from "../../policies/approvals.js";
+import type {
+  ApprovalQueue,
+  ApprovalRecord,
+  ApprovalStatus,
+} from "../../policies/approval_record.js";
 
 export type FeedEventType = "created" | "decided" | "used" | "expired";
 export interface FeedEvent {

@@ -2,7 +2,7 @@
 // commands that write (approve, deny, workers drain/scale/reload). They make the data dir and
 // the audit key when missing; read-only commands never come here (cli/operator.ts).
 import type { Logger } from "pino";
-import type { ApproveCommand } from "../../policies/approvals.js";
+import type { ApproveCommand } from "../../policies/approval_record.js";
 import { Gate, type GateObserver } from "../../policies/gate/gate.js";
 import { RequestStateSealer } from "../../policies/request_state.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";

@@ -9,7 +9,8 @@
 // beside it) every store is the data directory's file it always was, opened through
 // policies/sqlite.ts with the same pragmas; the counters are this process's memory.
 import type { Logger } from "pino";
-import { SqliteApprovalStore, type ApprovalQueue } from "../../policies/approvals.js";
+import type { ApprovalQueue } from "../../policies/approval_record.js";
+import { SqliteApprovalQueue } from "../stores/approvals/sqlite.js";
 import { SqliteAuditLog, type AuditTrail } from "../../policies/audit.js";
 import { loadOrCreateAuditKey, type AuditKey } from "../../policies/audit_key.js";
 import {
@@ -46,12 +47,12 @@ import { PgAuditTrail } from "./postgres/audit.js";
 import { PgBudget } from "./postgres/budget.js";
 import { PgCallsInFlight } from "./postgres/calls.js";
 import { openPgPolicyStores } from "./postgres/policy.js";
-import { PgApprovalQueue } from "./postgres/approvals.js";
+import { PgApprovalQueue } from "../stores/approvals/postgres.js";
 import { PgPasskeys } from "./postgres/passkeys.js";
 import { PgRateLimit } from "./postgres/rate.js";
 import { PgSuspensions } from "./postgres/suspensions.js";
 import type { CredentialLookup } from "../../policies/passkeys/verify_trail.js";
-import { openPool, redactError, redactUrl, type PgPool } from "./postgres/pool.js";
+import { openPool, redactError, redactUrl, type PgPool } from "../stores/pg/pool.js";
 import { checkSchema, migrate } from "./postgres/schema.js";
 import { openPgServerStores } from "./postgres/limits.js";
 import { PgControlChannel } from "./postgres/control.js";
@@ -282,7 +283,7 @@ export async function openPolicyStores(
   const policy = config.policy;
   // One handle for the stores of policy.db (they share the file, and close with it).
   const db = openStoreDb(layout.policyDb);
-  const approvals = new SqliteApprovalStore(db, { keepDecidedS: policy.approvals.keep_decided_s });
+  const approvals = new SqliteApprovalQueue(db, { keepDecidedS: policy.approvals.keep_decided_s });
   const auditKey = loadOrCreateAuditKey(layout.auditKey);
   const audit = new SqliteAuditLog(db, {
     logger: logger.child({ component: "audit" }),
@@ -512,14 +513,14 @@ export async function readApprovals(
     };
   }
   const db = readPolicyDb(config, note);
-  let approvals: SqliteApprovalStore;
+  let approvals: SqliteApprovalQueue;
   try {
-    approvals = new SqliteApprovalStore(db);
+    approvals = new SqliteApprovalQueue(db);
   } catch (e) {
     db.close();
     if (!isReadOnlyRefusal(e)) throw e;
     // A policy.db without the approvals table yet: there is nothing to show.
-    approvals = new SqliteApprovalStore(emptyStoreDb());
+    approvals = new SqliteApprovalQueue(emptyStoreDb());
   }
   return {
     approvals,

@@ -5,7 +5,7 @@ import { existsSync, readFileSync, writeFileSync, chmodSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import type { ApprovalStatus } from "../../policies/approvals.js";
+import type { ApprovalStatus } from "../../policies/approval_record.js";
 import { hashToken } from "../../policies/config.js";
 import { ConfigError, loadConfig, withToken, type ServerConfig } from "../config/config.js";
 import { installLayout, type InstallLayout } from "../config/install_layout.js";

@@ -5,7 +5,7 @@
 // key: on a fresh data directory they answer as an empty store would, and say so on stderr.
 import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
 import type { Logger } from "pino";
-import type { ApprovalRecord, ApprovalStatus } from "../../policies/approvals.js";
+import type { ApprovalRecord, ApprovalStatus } from "../../policies/approval_record.js";
 import { shownApproval, shownSha256 } from "../../policies/approval_shown.js";
 import type { AuditHead, AuditTrail } from "../../policies/audit.js";
 import { parseSince, type ExportFormat } from "../../policies/audit_export.js";

@@ -4,7 +4,7 @@
 // Nothing here prints the database's password: every URL and error passes redactUrl/redactError.
 import type { Logger } from "pino";
 import { checkStorage } from "../app/postgres/check.js";
-import { openPool, redactError, redactUrl, type PgPool } from "../app/postgres/pool.js";
+import { openPool, redactError, redactUrl, type PgPool } from "../stores/pg/pool.js";
 import { migrate, SCHEMA_VERSION } from "../app/postgres/schema.js";
 import { databaseUrl } from "../app/storage.js";
 import type { ServerConfig } from "../config/config.js";

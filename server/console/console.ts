@@ -23,7 +23,7 @@ import { existsSync, readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { TLSSocket } from "node:tls";
 import { join } from "node:path";
-import type { ApprovalRecord } from "../../policies/approvals.js";
+import type { ApprovalRecord } from "../../policies/approval_record.js";
 import { shownApproval, shownSha256 } from "../../policies/approval_shown.js";
 import type { AuditOutcome } from "../../policies/audit.js";
 import { AuditVerifier } from "../../policies/audit_verify.js";

@@ -73,7 +73,7 @@ export interface FleetStore {
   actors(): Promise<FleetActorRow[]>;
 }
 
-/** What the coordinator needs of the store's notifications (postgres/notify.ts PgListener). */
+/** What the coordinator needs of the store's notifications (server/stores/pg/notify.ts PgListener). */
 export interface FleetListener {
   on(fn: (n: { origin: string; type: string; id: string }) => void): () => void;
   close(): Promise<void>;

@@ -6,7 +6,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { Alerts } from "../../policies/alerts/alerts.js";
 import { EventWindows, FiringLatch } from "../../policies/alerts/rules.js";
 import { SqliteAlertStore } from "../../policies/alerts/store.js";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { parsePolicyConfig, type AlertRule } from "../../policies/config.js";
 import { isPolicyError, type PolicyError } from "../../policies/errors.js";
@@ -74,7 +74,7 @@ function makeGate(rules: AlertRule[], file = tmp.file(`alerts-${Math.random()}.d
   const gate = new Gate({
     tools: TOOL_POLICIES,
     config,
-    approvals: new SqliteApprovalStore(file, { clock: clock.now }),
+    approvals: new SqliteApprovalQueue(file, { clock: clock.now }),
     audit,
     limiter: new ConcurrencyLimiter(config.limits, clock.now),
     rateLimiter: new RateLimiter(1_000_000, clock.now),

@@ -5,8 +5,8 @@
 import { createHash } from "node:crypto";
 import { afterAll, describe, expect, it } from "vitest";
 import { shownApproval, shownSha256 } from "../../policies/approval_shown.js";
-import type { ApprovalRecord } from "../../policies/approvals.js";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import type { ApprovalRecord } from "../../policies/approval_record.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { canonicalJson } from "../../policies/digest.js";
 import { decideApproval } from "../../policies/gate/approval_flow.js";
@@ -89,7 +89,7 @@ describe("what an approver is shown", () => {
   it("is what a decision's audit record hashes: the request as it stood undecided", async () => {
     const file = tmp.file("shown.db");
     const clock = new FakeClock();
-    const approvals = new SqliteApprovalStore(file, { clock: clock.now });
+    const approvals = new SqliteApprovalQueue(file, { clock: clock.now });
     const audit = new SqliteAuditLog(file, { logger: captureLogger() });
     const operator: Principal = { id: "operator", scopes: ["approvals:grant"], via: "token" };
     for (const decision of ["approve", "deny"] as const) {

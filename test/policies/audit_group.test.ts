@@ -6,7 +6,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
 import { parsePolicyConfig } from "../../policies/config.js";
 import { Gate } from "../../policies/gate/gate.js";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter } from "../../policies/limits/rate.js";
@@ -84,7 +84,7 @@ describe("the gate with group commit", () => {
     const gate = new Gate({
       tools: TOOL_POLICIES,
       config,
-      approvals: new SqliteApprovalStore(file),
+      approvals: new SqliteApprovalQueue(file),
       audit,
       limiter: new ConcurrencyLimiter(config.limits),
       rateLimiter: new RateLimiter(100_000),

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { afterAll, describe, expect, it, vi } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import {
   parsePolicyConfig,
@@ -57,7 +57,7 @@ function makeGate(
   const clock = new FakeClock();
   const logger = captureLogger();
   const file = tmp.file(`gate-${Math.random().toString(36).slice(2)}.db`);
-  const approvals = new SqliteApprovalStore(file, { clock: clock.now });
+  const approvals = new SqliteApprovalQueue(file, { clock: clock.now });
   const audit = new SqliteAuditLog(file, { logger });
   const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
   const limiter = new ConcurrencyLimiter(config.limits, clock.now);

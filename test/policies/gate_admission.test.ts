@@ -1,7 +1,7 @@
 // Issue 11: the promises the gate makes under concurrency and for refused calls. Each test here
 // fails on the gate that checked the budget before waiting for a slot and charged afterwards.
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
@@ -40,7 +40,7 @@ function makeGate(policy: PolicyConfigInput) {
   const clock = new FakeClock();
   const logger = captureLogger();
   const file = tmp.file(`adm-${Math.random().toString(36).slice(2)}.db`);
-  const approvals = new SqliteApprovalStore(file, { clock: clock.now });
+  const approvals = new SqliteApprovalQueue(file, { clock: clock.now });
   const audit = new SqliteAuditLog(file, { logger });
   const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
   const gate = new Gate({

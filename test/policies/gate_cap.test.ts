@@ -4,7 +4,7 @@
 // partial result when it gives one; otherwise with budget_exceeded or timeout. A fake clock for
 // the ledger; the meter's timers are real and short.
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
@@ -48,7 +48,7 @@ function makeGate(policy: PolicyConfigInput) {
   const gate = new Gate({
     tools: TOOL_POLICIES,
     config,
-    approvals: new SqliteApprovalStore(file, { clock: clock.now }),
+    approvals: new SqliteApprovalQueue(file, { clock: clock.now }),
     audit,
     limiter: new ConcurrencyLimiter(config.limits, clock.now),
     rateLimiter: new RateLimiter(config.limits.rate_limit.per_principal_per_minute, clock.now),

@@ -5,7 +5,7 @@
 // to a client_form rule is recorded under the name of what it is worth, `client-form:<principal>`.
 import { randomBytes } from "node:crypto";
 import { afterAll, describe, expect, it, vi } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
@@ -41,7 +41,7 @@ function makeGate(policy: PolicyConfigInput, file = tmp.file(`g-${Math.random()}
   const config = parsePolicyConfig(policy, TOOL_POLICIES);
   const clock = new FakeClock();
   const logger = captureLogger();
-  const approvals = new SqliteApprovalStore(file, { clock: clock.now });
+  const approvals = new SqliteApprovalQueue(file, { clock: clock.now });
   const audit = new SqliteAuditLog(file, { logger });
   const gate = new Gate({
     tools: TOOL_POLICIES,

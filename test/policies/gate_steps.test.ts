@@ -1,7 +1,7 @@
 // The gate's admission steps one at a time, the single audited scope check, and the one timeout
 // of an elicitation prompt.
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
@@ -37,7 +37,7 @@ function makeGate(policy: PolicyConfigInput = {}) {
   const config = parsePolicyConfig({ approvals: { rules: [] }, ...policy }, TOOL_POLICIES);
   const file = tmp.file(`steps-${Math.random().toString(36).slice(2)}.db`);
   const logger = captureLogger();
-  const approvals = new SqliteApprovalStore(file);
+  const approvals = new SqliteApprovalQueue(file);
   const audit = new SqliteAuditLog(file, { logger });
   const gate = new Gate({
     config,

@@ -3,7 +3,7 @@ import { createHmac } from "node:crypto";
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
-import type { ApprovalRecord } from "../../policies/approvals.js";
+import type { ApprovalRecord } from "../../policies/approval_record.js";
 import {
   ApprovalNotifier,
   signWebhook,

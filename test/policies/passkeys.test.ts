@@ -3,7 +3,7 @@
 // token decision on a passkey rule. The WebAuthn ceremonies themselves run in chromium
 // (test/browser/passkeys.test.ts).
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import type { PolicyError } from "../../policies/errors.js";
 import { decideApproval } from "../../policies/gate/approval_flow.js";
@@ -193,7 +193,7 @@ describe("decisions on a passkey rule", () => {
 
   function setup() {
     const file = tmp.file(`d-${Math.random()}.db`);
-    const approvals = new SqliteApprovalStore(file);
+    const approvals = new SqliteApprovalQueue(file);
     const audit = new SqliteAuditLog(file);
     const make = async (assurance: "token" | "passkey") =>
       approvals.create({

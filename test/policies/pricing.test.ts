@@ -2,7 +2,7 @@
 // `pricing` and `money_per_window` config, the meter on a line whose unit is money (its rate is
 // the price per second of the call's device kind), and the gate's cap in money on a fake clock.
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
@@ -206,7 +206,7 @@ function makeGate(policy: PolicyConfigInput) {
   const gate = new Gate({
     tools: TOOL_POLICIES,
     config,
-    approvals: new SqliteApprovalStore(file, { clock: clock.now }),
+    approvals: new SqliteApprovalQueue(file, { clock: clock.now }),
     audit,
     limiter: new ConcurrencyLimiter(config.limits, clock.now),
     rateLimiter: new RateLimiter(config.limits.rate_limit.per_principal_per_minute, clock.now),

@@ -4,7 +4,7 @@
 // work never ends and whose stores are never closed, the restart a new gate on the same file.
 import { readFileSync } from "node:fs";
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { SqliteAuditLog } from "../../policies/audit.js";
 import { SqliteCallsInFlight, type CallInFlight } from "../../policies/calls_in_flight.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
@@ -46,7 +46,7 @@ const bench = (args: Record<string, unknown>): GateCall => ({
 function serverOn(file: string, clock: FakeClock) {
   const config = parsePolicyConfig(policy, TOOL_POLICIES);
   const db = openStoreDb(file);
-  const approvals = new SqliteApprovalStore(db, { clock: clock.now });
+  const approvals = new SqliteApprovalQueue(db, { clock: clock.now });
   const audit = new SqliteAuditLog(db, { logger: captureLogger() });
   const budget = new SqliteBudgetLedger(db, { ...config.limits.budget, clock: clock.now });
   const calls = new SqliteCallsInFlight(db, {

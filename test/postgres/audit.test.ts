@@ -7,9 +7,9 @@ import { SqliteAuditLog, type AuditRecord, type StoredAuditRecord } from "../../
 import { verifyExport } from "../../policies/audit_export_proof.js";
 import { ephemeralAuditKey } from "../../policies/audit_key.js";
 import { emptyStoreDb } from "../../policies/sqlite.js";
-import { queryable } from "../../server/app/postgres/ambient.js";
+import { queryable } from "../../server/stores/pg/ambient.js";
 import { PgAuditTrail, type PgAuditOptions } from "../../server/app/postgres/audit.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
 import { PgAuditTrail } from "../../server/app/postgres/audit.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
 import { cli, writeConfig } from "../helpers/server.js";

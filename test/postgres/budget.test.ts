@@ -15,7 +15,7 @@ import type { Principal } from "../../policies/scopes.js";
 import { toolPolicyMap } from "../../policies/tool_policy.js";
 import { PgBudget, storedKey } from "../../server/app/postgres/budget.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";

@@ -11,7 +11,7 @@ import { BudgetLines, type CapStop } from "../../policies/gate/budget_lines.js";
 import type { Principal } from "../../policies/scopes.js";
 import { toolPolicyMap } from "../../policies/tool_policy.js";
 import { PgBudget } from "../../server/app/postgres/budget.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { TOOL_POLICIES } from "../../tools/registry.js";
 import { scaled } from "../helpers/calibrate.js";

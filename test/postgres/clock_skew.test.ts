@@ -14,7 +14,7 @@ import type { GateContext } from "../../policies/gate/context.js";
 import { RequestStateError, RequestStateSealer } from "../../policies/request_state.js";
 import { createPolicyServices } from "../../server/app/build_policies.js";
 import { ClockSkewError } from "../../server/app/postgres/db_clock.js";
-import { openPool } from "../../server/app/postgres/pool.js";
+import { openPool } from "../../server/stores/pg/pool.js";
 import { openSharedBackend, type SharedBackend } from "../../server/app/storage.js";
 import { parseConfig, type ServerConfig } from "../../server/config/config.js";
 import { scaled } from "../helpers/calibrate.js";

@@ -12,7 +12,7 @@ import type { WorkerEntry } from "../../runtime/pool/entries.js";
 import type { FleetPool } from "../../runtime/fleet/members.js";
 import type { Fleet } from "../../runtime/fleet/ray.js";
 import type { WorkerStatus } from "../../runtime/types.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import type { ServerConfig } from "../../server/config/config.js";
 import { PgControlChannel } from "../../server/app/postgres/control.js";
 import { sharedFleetStore } from "../../server/app/postgres/fleet.js";

@@ -5,7 +5,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PgJobs } from "../../server/app/postgres/jobs.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";

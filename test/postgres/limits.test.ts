@@ -3,7 +3,7 @@
 // it, and the calls a replica left behind settled by that replica alone.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PgCallsInFlight } from "../../server/app/postgres/calls.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { PgRateLimit } from "../../server/app/postgres/rate.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";

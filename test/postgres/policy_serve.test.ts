@@ -23,7 +23,7 @@ import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import type { Principal } from "../../policies/scopes.js";
 import { createPolicyServices, type PolicyServices } from "../../server/app/build_policies.js";
 import { PgAlerts } from "../../server/app/postgres/alerts.js";
-import { PgApprovalQueue } from "../../server/app/postgres/approvals.js";
+import { PgApprovalQueue } from "../../server/stores/approvals/postgres.js";
 import { PgAuditTrail } from "../../server/app/postgres/audit.js";
 import { PgBudget } from "../../server/app/postgres/budget.js";
 import { PgCallsInFlight } from "../../server/app/postgres/calls.js";

@@ -19,7 +19,7 @@ import type { Principal } from "../../policies/scopes.js";
 import { ApprovalFeed, type FeedEvent } from "../../server/app/approval_feed.js";
 import { csrfOf, sessionKey } from "../../server/app/console_sessions.js";
 import { openPgPolicyStores, type PgPolicyStores } from "../../server/app/postgres/policy.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { scaled } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";

@@ -1,7 +1,7 @@
 // A replica process for the budget test: holds `need` s of `key`'s budget on the shared store,
 // prints whether it did, and keeps renewing its lease until it is killed.
 import { PgBudget } from "../../server/app/postgres/budget.js";
-import { openPool } from "../../server/app/postgres/pool.js";
+import { openPool } from "../../server/stores/pg/pool.js";
 
 const [url, replica, leaseS, key, need] = process.argv.slice(2);
 const pool = openPool(url!, { max: 2, application: `tpu-mcp-${replica}` });

@@ -2,7 +2,7 @@
 // gate writes it), prints "running", and stamps it alive until it is killed.
 import { HEARTBEAT_MS } from "../../policies/calls_in_flight.js";
 import { PgCallsInFlight } from "../../server/app/postgres/calls.js";
-import { openPool } from "../../server/app/postgres/pool.js";
+import { openPool } from "../../server/stores/pg/pool.js";
 
 const [url, replica, leaseS, principal] = process.argv.slice(2);
 const pool = openPool(url!, { max: 2, application: `tpu-mcp-${replica}` });

@@ -1,6 +1,6 @@
 // A replica process for the jobs test: opens its jobs on the shared store, starts one job that
 // runs until cancelled, prints its id, and keeps renewing its lease until it is killed.
-import { openPool } from "../../server/app/postgres/pool.js";
+import { openPool } from "../../server/stores/pg/pool.js";
 import { PgJobs } from "../../server/app/postgres/jobs.js";
 
 const [url, replica, leaseS] = process.argv.slice(2);

@@ -10,7 +10,7 @@
 // mnist-cnn, the cheapest model, is the only one loaded.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashToken } from "../../policies/config.js";
-import { NOW_MS, openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { NOW_MS, openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { callModern, connectModernHttp, type SentRequest } from "../helpers/modern.js";
 import { startDeployment, type Deployment, type Replica } from "../helpers/replicas.js";

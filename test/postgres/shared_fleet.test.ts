@@ -13,7 +13,7 @@ import { createInterface } from "node:readline";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PgFleetStore } from "../../server/app/postgres/fleet.js";
 import { PgControlChannel } from "../../server/app/postgres/control.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";

@@ -3,7 +3,7 @@
 // budget: budget.test.ts. Approvals, passkeys, suspensions, alerts and console sessions:
 // policy_stores.test.ts. The audit trail: audit.test.ts.)
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { openPool, redactError, redactUrl, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, redactError, redactUrl, type PgPool } from "../../server/stores/pg/pool.js";
 import {
   checkSchema,
   migrate,

@@ -5,7 +5,7 @@ import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PgJobs } from "../../server/app/postgres/jobs.js";
-import { openPool } from "../../server/app/postgres/pool.js";
+import { openPool } from "../../server/stores/pg/pool.js";
 import { migrate, MIGRATIONS, SCHEMA_VERSION } from "../../server/app/postgres/schema.js";
 import { scaled, slowdown } from "../helpers/calibrate.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";

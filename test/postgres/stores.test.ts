@@ -5,7 +5,7 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import type { CallRecord } from "../../policies/estimate.js";
 import { PgControlChannel } from "../../server/app/postgres/control.js";
-import { openPool, type PgPool } from "../../server/app/postgres/pool.js";
+import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { PgReports } from "../../server/app/postgres/reports.js";
 import { openPgLimits, openPgServerStores } from "../../server/app/postgres/limits.js";
 import { PgOutputs } from "../../server/app/postgres/outputs.js";

@@ -4,10 +4,10 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { ApprovalFeed, type FeedEvent } from "../../server/app/approval_feed.js";
 
-const stores: SqliteApprovalStore[] = [];
+const stores: SqliteApprovalQueue[] = [];
 const feeds: ApprovalFeed[] = [];
 afterEach(() => {
   feeds.splice(0).forEach((f) => f.close());
@@ -16,8 +16,8 @@ afterEach(() => {
 
 function setup() {
   const file = join(mkdtempSync(join(tmpdir(), "tpu-mcp-feed-")), "policy.db");
-  const server = new SqliteApprovalStore(file);
-  const cli = new SqliteApprovalStore(file); // another process, as far as the feed can tell
+  const server = new SqliteApprovalQueue(file);
+  const cli = new SqliteApprovalQueue(file); // another process, as far as the feed can tell
   stores.push(server, cli);
   const feed = new ApprovalFeed(server, { pollMs: 60_000 });
   feeds.push(feed);

@@ -1,7 +1,9 @@
 // Dependencies run one way, between the top-level rooms (server → tools → {policies, runtime} →
 // lib, the dependency-free leaf)
 // and between the rooms inside server/ (cli → doctor → transports → {console, mcp} → app →
-// control → config → the leaf files at server/'s root). Every product file is walked
+// setup → stores → control → config → the leaf files at server/'s root). stores/ holds each store
+// port's backends side by side: they implement the interfaces of policies/ and tools/, which never
+// import them back. Every product file is walked
 // (recursively); an import that runs back up, or across two sibling rooms, fails with its file
 // and line. (console/src, bench/, scripts/ and test/ are aside: they may import any room, and no
 // product file may import them.)
@@ -32,6 +34,9 @@ const SERVER_LEVELS: string[][] = [
   ["console", "mcp"],
   ["app"],
   ["setup"],
+  // Each store port's backends (SQLite, Postgres, memory) and its contract suite; the composition
+  // root (app/storage.ts) opens them, and they know nothing of the app.
+  ["stores"],
   ["control"],
   ["config"],
   ["(root)"],
@@ -126,6 +131,15 @@ describe("dependency direction", () => {
     expect(at("server/control/reload.ts", "server/cli/workers.ts")).toMatch(/above it/);
     expect(at("server/mcp/server.ts", "server/console/console.ts")).toMatch(/sibling/);
     expect(at("server/newroom/x.ts", "server/config/config.ts")).toMatch(/not in SERVER_LEVELS/);
+    expect(at("server/stores/approvals/postgres.ts", "server/app/storage.ts")).toMatch(/above it/);
+    expect(at("policies/gate/gate.ts", "server/stores/approvals/sqlite.ts")).toMatch(
+      /policies\/ may import only lib/,
+    );
+    expect(at("tools/stores/jobs.ts", "server/stores/pg/pool.ts")).toMatch(
+      /tools\/ may import only/,
+    );
+    expect(at("server/app/storage.ts", "server/stores/approvals/sqlite.ts")).toBeNull();
+    expect(at("server/stores/approvals/sqlite.ts", "policies/approval_record.ts")).toBeNull();
     expect(at("tools/dispatch.ts", "server/app/app.ts")).toMatch(/tools\/ may import only/);
     expect(at("policies/gate.ts", "runtime/types.ts")).toMatch(/policies\/ may import only lib/);
     expect(at("lib/units.ts", "policies/estimate.ts")).toMatch(/nothing outside itself/);

@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pino } from "pino";
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteApprovalStore } from "../../policies/approvals.js";
+import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
 import { runApprovalsCommand, runAuditCommand } from "../../server/cli/operator.js";
 import { runWorkersCommand } from "../../server/cli/workers.js";
 import { loadConfig } from "../../server/config/config.js";
@@ -100,7 +100,7 @@ describe("read-only commands on a store without an audit key", () => {
   it("never mint the key or new stores", async () => {
     // A policy store with an approvals table and no key, as an older server left it.
     mkdirSync(data);
-    new SqliteApprovalStore(join(data, "policy.db")).close();
+    new SqliteApprovalQueue(join(data, "policy.db")).close();
     const stores = () => tree(data).filter((f) => !/-(wal|shm)$/.test(f));
     const before = stores();
     for (const command of READ_ONLY.filter((c) => c !== "doctor")) {

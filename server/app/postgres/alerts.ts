@@ -10,7 +10,7 @@ import {
   type AlertRecord,
   type AlertStore,
 } from "../../../policies/alerts/store.js";
-import { inTransaction, type PgPool } from "./pool.js";
+import { inTransaction, type PgPool } from "../../stores/pg/pool.js";
 
 /** Alerts kept; older ones are deleted as new ones come. */
 const KEEP = 10_000;

@@ -59,8 +59,8 @@ import {
   type WindowCounts,
 } from "../../../policies/audit_refusals.js";
 import type { Alongside, AuditTrail, PolicyLogger, VerifyStep } from "../../../policies/audit.js";
-import { currentClient, queryable, withClient } from "./ambient.js";
-import { inTransaction, type PgClient, type PgPool } from "./pool.js";
+import { currentClient, queryable, withClient } from "../../stores/pg/ambient.js";
+import { inTransaction, type PgClient, type PgPool } from "../../stores/pg/pool.js";
 
 export interface PgAuditOptions {
   /** This replica's id, stored beside each record it appends (not part of the record or hash). */

@@ -9,7 +9,7 @@ import type { CredentialLookup } from "../../../policies/passkeys/verify_trail.j
 import { PgAuditTrail } from "./audit.js";
 import { readSharedAuditKey } from "./keys.js";
 import { PgPasskeys } from "./passkeys.js";
-import { openPool, redactError } from "./pool.js";
+import { openPool, redactError } from "../../stores/pg/pool.js";
 import { checkSchema } from "./schema.js";
 
 export async function openPgAuditReader(

@@ -26,8 +26,8 @@ import type {
   LineStanding,
   SharedMeter,
 } from "../../../policies/limits/budget.js";
-import { queryable } from "./ambient.js";
-import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
+import { queryable } from "../../stores/pg/ambient.js";
+import { inTransaction, NOW_MS, type PgClient, type PgPool } from "../../stores/pg/pool.js";
 
 export interface PgBudgetOptions {
   /** The principal's limit per window (a line's own limit overrides it). */

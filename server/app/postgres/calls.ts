@@ -18,8 +18,8 @@ import {
   type CallsInFlight,
 } from "../../../policies/calls_in_flight.js";
 import type { LeftBehind } from "../../../policies/gate/reconcile.js";
-import { queryable, withClient } from "./ambient.js";
-import { inTransaction, NOW_MS, type PgPool } from "./pool.js";
+import { queryable, withClient } from "../../stores/pg/ambient.js";
+import { inTransaction, NOW_MS, type PgPool } from "../../stores/pg/pool.js";
 
 /** A call lease's default (storage.postgres.call_lease_s): its rows are stamped every third. */
 export const CALL_LEASE_MS = 15_000;

@@ -4,7 +4,7 @@
 // Never throws, never names the password.
 import type { ServerConfig } from "../../config/config.js";
 import { databaseUrl } from "../storage.js";
-import { openPool, redactError, redactUrl } from "./pool.js";
+import { openPool, redactError, redactUrl } from "../../stores/pg/pool.js";
 import { checkSchema, SCHEMA_VERSION } from "./schema.js";
 
 /** Clock skew above this is reported as a problem (the budget window is per second). */

@@ -11,7 +11,7 @@ import {
   type OpenedSession,
 } from "../console_sessions.js";
 import type { Principal } from "../../../policies/scopes.js";
-import { inTransaction, type PgPool } from "./pool.js";
+import { inTransaction, type PgPool } from "../../stores/pg/pool.js";
 
 /** Advisory lock namespace of a principal's console sessions. */
 const OPEN_LOCK = 7805;

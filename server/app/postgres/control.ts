@@ -10,7 +10,7 @@ import type {
   PublishedFleet,
 } from "../../control/channel.js";
 import type { WorkerStatus } from "../../../runtime/types.js";
-import { inTransaction, type PgPool } from "./pool.js";
+import { inTransaction, type PgPool } from "../../stores/pg/pool.js";
 
 export class PgControlChannel implements ControlChannel {
   constructor(private readonly pool: PgPool) {}

@@ -5,7 +5,7 @@
 // (`storage.postgres.max_clock_skew_ms`) it refuses to start, and within it its database clock
 // is its own clock corrected by the offset, measured again every REMEASURE_MS.
 import { systemClock, type Clock } from "../../../policies/clock.js";
-import type { PgPool } from "./pool.js";
+import type { PgPool } from "../../stores/pg/pool.js";
 
 /** The bound a replica's clock may be off the database's (storage.postgres.max_clock_skew_ms). */
 export const DEFAULT_MAX_CLOCK_SKEW_MS = 5_000;

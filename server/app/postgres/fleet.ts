@@ -8,8 +8,8 @@
 // term holds the lease, in the same statement: a replica that lost the lease (stalled, partitioned)
 // cannot overwrite what the new holder's driver reports. Each write notifies the other replicas
 // (LISTEN/NOTIFY on `tpu_mcp_fleet`), which also poll.
-import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
-import { newOrigin, notifySql, PgListener } from "./notify.js";
+import { inTransaction, NOW_MS, type PgClient, type PgPool } from "../../stores/pg/pool.js";
+import { newOrigin, notifySql, PgListener } from "../../stores/pg/notify.js";
 import type {
   FleetActorRow,
   FleetLeaseView,

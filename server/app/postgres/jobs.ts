@@ -8,7 +8,7 @@ import { randomBytes } from "node:crypto";
 import { keepPartialCancel } from "../../../runtime/types.js";
 import { toToolError } from "../../../tools/errors.js";
 import type { JobRecord, Jobs, JobStatus, Runner } from "../../../tools/stores/jobs.js";
-import { NOW_MS, type PgPool } from "./pool.js";
+import { NOW_MS, type PgPool } from "../../stores/pg/pool.js";
 
 /** A job as the tools see it, with the replica that runs it. */
 export type PgJobRecord = JobRecord & { owner: string };

@@ -16,7 +16,7 @@ import {
   AuditKeyError,
   type AuditKey,
 } from "../../../policies/audit_key.js";
-import type { PgPool } from "./pool.js";
+import type { PgPool } from "../../stores/pg/pool.js";
 
 export interface SharedKey {
   key: AuditKey;

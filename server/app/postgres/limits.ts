@@ -11,7 +11,7 @@ import { PgConsoleSessions } from "./console_sessions.js";
 import { PgControlChannel } from "./control.js";
 import { PgJobs } from "./jobs.js";
 import { PgOutputs } from "./outputs.js";
-import type { PgPool } from "./pool.js";
+import type { PgPool } from "../../stores/pg/pool.js";
 import { PgRateLimit } from "./rate.js";
 import { PgReports } from "./reports.js";
 

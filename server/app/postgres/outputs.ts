@@ -25,7 +25,7 @@ import {
   type StoredOutput,
   type StoredOutputInfo,
 } from "../../../tools/stores/outputs.js";
-import { inTransaction, NOW_MS, type PgPool } from "./pool.js";
+import { inTransaction, NOW_MS, type PgPool } from "../../stores/pg/pool.js";
 
 /** Advisory lock of the outputs' eviction (one for the deployment: the bound is one). */
 const EVICT_LOCK = 7_806_000_001;

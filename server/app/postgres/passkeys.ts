@@ -11,7 +11,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { refused } from "../../../policies/passkeys/binding.js";
 import type { Passkeys, StoredCredential } from "../../../policies/passkeys/store.js";
-import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
+import { inTransaction, NOW_MS, type PgClient, type PgPool } from "../../stores/pg/pool.js";
 
 /** Advisory lock of enrolments (one at a time, across replicas). */
 const ENROL_LOCK = 7_803_000_001;

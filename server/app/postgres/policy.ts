@@ -3,10 +3,10 @@
 // states, console sessions). Each is one file here; this builder only names them together and
 // closes what holds a connection of its own (the approvals' LISTEN).
 import { PgAlerts } from "./alerts.js";
-import { PgApprovalQueue } from "./approvals.js";
+import { PgApprovalQueue } from "../../stores/approvals/postgres.js";
 import { PgConsoleSessions } from "./console_sessions.js";
 import { PgPasskeys } from "./passkeys.js";
-import type { PgPool } from "./pool.js";
+import type { PgPool } from "../../stores/pg/pool.js";
 import { PgRequestStates } from "./shared.js";
 import { PgSuspensions } from "./suspensions.js";
 

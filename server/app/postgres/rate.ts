@@ -4,7 +4,7 @@
 // policies/limits/rate.ts (bursts up to the per-minute allowance, refilled continuously), on the
 // database's clock.
 import type { RateDecision, RateLimit } from "../../../policies/limits/rate.js";
-import type { PgPool } from "./pool.js";
+import type { PgPool } from "../../stores/pg/pool.js";
 
 // One instant per statement: the refill and the stamp read the same time.
 const NOW_MS = "(extract(epoch from statement_timestamp()) * 1000)::bigint";

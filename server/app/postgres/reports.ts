@@ -13,7 +13,7 @@ import {
   type Reports,
   type StoredReport,
 } from "../../../tools/stores/reports.js";
-import type { PgPool } from "./pool.js";
+import type { PgPool } from "../../stores/pg/pool.js";
 
 /** How long a replica answers history from what it read (ms). */
 const FRESH_MS = 5_000;

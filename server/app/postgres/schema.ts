@@ -4,7 +4,7 @@
 // newer than this code knows is refused: an older replica must not write rows a newer one reads
 // differently.
 import { KEYS_SQL } from "./keys.js";
-import type { PgClient, PgPool } from "./pool.js";
+import type { PgClient, PgPool } from "../../stores/pg/pool.js";
 
 /** Session-level advisory lock key of the migration (any constant, distinct from the per-principal ones). */
 const MIGRATION_LOCK = 7_801_000_001;

@@ -6,7 +6,7 @@
 // - A request state's nonce is consumed once: its INSERT conflicts on every replay.
 // - (The audit trail, one chain with one head row, is audit.ts's PgAuditTrail.)
 import type { ConsumedStates } from "../../../policies/gate/types.js";
-import { NOW_MS, type PgPool } from "./pool.js";
+import { NOW_MS, type PgPool } from "../../stores/pg/pool.js";
 
 export { PgBudget } from "./budget.js";
 

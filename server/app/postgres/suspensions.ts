@@ -3,7 +3,7 @@
 // Mirrors SqliteSuspensionStore (policies/suspensions.ts): one row per principal, replaced by a
 // newer suspension; the times are the caller's (`nowMs`), as there.
 import type { Suspension, SuspensionStore } from "../../../policies/suspensions.js";
-import type { PgPool } from "./pool.js";
+import type { PgPool } from "../../stores/pg/pool.js";
 
 interface Row {
   principal: string;

@@ -9,8 +9,8 @@
 //   no sweeper, and every replica sees the same truth.
 // Every change sends a notification in its own transaction (notify.ts), so subscribers on every
 // replica hear it: the console's live list and the 2025-era approval wait notice a decision made
-// elsewhere. The record, the contract and the usability rule are policies/approval_record.ts's,
-// as for SqliteApprovalStore (policies/approvals.ts), which this mirrors.
+// elsewhere. The record, the port and the usability rule are policies/approval_record.ts's, as
+// for SqliteApprovalQueue (sqlite.ts beside it); contract.ts holds the cases both must pass.
 import {
   approvalUsableError,
   newApprovalId,
@@ -26,8 +26,8 @@ import {
 } from "../../../policies/approval_record.js";
 import type { CostEstimate } from "../../../policies/estimate.js";
 import { PolicyError } from "../../../policies/errors.js";
-import { newOrigin, notifySql, PgListener } from "./notify.js";
-import { inTransaction, NOW_MS, type PgClient, type PgPool } from "./pool.js";
+import { newOrigin, notifySql, PgListener } from "../pg/notify.js";
+import { inTransaction, NOW_MS, type PgClient, type PgPool } from "../pg/pool.js";
 
 /** The notification channel of approval changes. */
 export const APPROVALS_CHANNEL = "tpu_mcp_approvals";
@@ -227,10 +227,13 @@ export class PgApprovalQueue implements ApprovalQueue {
             { pending: n, limit: req.max_pending, retry_after_ms: Math.max(0, first - now) },
           );
       }
+      // One reading of the clock: the expiry is exactly one TTL after the creation.
       const r = await c.query(
-        `INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, assurance,
+        `WITH t AS (SELECT ${NOW_MS} AS now)
+         INSERT INTO approvals (id, principal, tool, args_digest, args_preview, estimate, assurance,
            status, ttl_ms, created_ms, expires_ms, policy_version, rule)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, ${NOW_MS}, ${NOW_MS} + $8::bigint, $9, $10)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, (SELECT now FROM t),
+           (SELECT now FROM t) + $8::bigint, $9, $10)
          RETURNING ${COLS}`,
         [
           id,
@@ -447,7 +450,7 @@ export class PgApprovalQueue implements ApprovalQueue {
 
 const NOT_RESTORED = new Error("not restored");
 
-/** Why a decision's UPDATE found nothing to decide, in SqliteApprovalStore's words. */
+/** Why a decision's UPDATE found nothing to decide, in SqliteApprovalQueue's words. */
 function whyNotDecided(rec: ApprovalRecord | undefined, id: string, approver: string): PolicyError {
   if (!rec)
     return new PolicyError(

@@ -1,7 +1,8 @@
-// Human approvals, bound to principal + tool + argument digest, single-use and expiring.
-// Persisted in SQLite (WAL) because the server and the `tpu-mcp approvals` CLI open the same
-// file at once, and a restart must not lose a pending or granted approval. The record, the
-// store's contract and the usability rule are approval_record.ts's; this file is the store.
+// The approval queue in SQLite: human approvals, bound to principal + tool + argument digest,
+// single-use and expiring. Persisted in SQLite (WAL) because the server and the `tpu-mcp
+// approvals` CLI open the same file at once, and a restart must not lose a pending or granted
+// approval. The record, the port (ApprovalQueue) and the usability rule are
+// policies/approval_record.ts's; the behaviour both backends share is contract.ts's.
 
 import {
   approvalUsableError,
@@ -15,30 +16,11 @@ import {
   type ApprovalRecord,
   type ApprovalStatus,
   type CreateApprovalRequest,
-} from "./approval_record.js";
-import { PolicyError } from "./errors.js";
-import type { CostEstimate } from "./estimate.js";
-import { systemClock, type Clock } from "./clock.js";
-import { resolveDb, type SqliteDb } from "./sqlite.js";
-
-// What importers of the store read, wherever it is defined.
-export {
-  approvalUrl,
-  approvalUsableError,
-  defaultApproveCommand,
-  newApprovalId,
-  type ApprovalAssurance,
-  type ApprovalEvent,
-  type ApprovalListener,
-  type ApprovalListFilter,
-  type ApprovalPage,
-  type ApprovalQueue,
-  type ApprovalRecord,
-  type ApprovalStatus,
-  type ApprovalStore,
-  type ApproveCommand,
-  type CreateApprovalRequest,
-} from "./approval_record.js";
+} from "../../../policies/approval_record.js";
+import { PolicyError } from "../../../policies/errors.js";
+import type { CostEstimate } from "../../../policies/estimate.js";
+import { systemClock, type Clock } from "../../../policies/clock.js";
+import { resolveDb, type SqliteDb } from "../../../policies/sqlite.js";
 
 interface Row {
   id: string;
@@ -62,7 +44,7 @@ interface Row {
 
 const iso = (ms: number | null): string | null => (ms === null ? null : new Date(ms).toISOString());
 
-export class SqliteApprovalStore implements ApprovalQueue {
+export class SqliteApprovalQueue implements ApprovalQueue {
   private readonly db: SqliteDb;
   private readonly owned: boolean;
   private readonly clock: Clock;
@@ -285,7 +267,7 @@ export class SqliteApprovalStore implements ApprovalQueue {
     const limit = Math.max(0, Math.floor(filter.limit ?? 100));
     const offset = Math.max(0, Math.floor(filter.offset ?? 0));
     const now = this.clock();
-    const PENDING = SqliteApprovalStore.statusWhere("pending");
+    const PENDING = SqliteApprovalQueue.statusWhere("pending");
     const HISTORY = `NOT (${PENDING})`;
     const pendingOrder = "expires_ms ASC, rowid ASC";
     const historyOrder = "created_ms DESC, rowid DESC";
@@ -295,7 +277,7 @@ export class SqliteApprovalStore implements ApprovalQueue {
       const history_total = this.count(HISTORY, now);
       let rows: Row[];
       if (filter.status) {
-        const where = SqliteApprovalStore.statusWhere(filter.status);
+        const where = SqliteApprovalQueue.statusWhere(filter.status);
         const order = filter.status === "pending" ? pendingOrder : historyOrder;
         rows = this.rows(where, order, now, limit, offset);
       } else {
