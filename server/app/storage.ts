@@ -23,7 +23,8 @@ import type { ConsumedStates } from "../../policies/gate/types.js";
 import { SqliteBudgetLedger, type BudgetLedger } from "../../policies/limits/budget.js";
 import { ConcurrencyLimiter } from "../../policies/limits/concurrency.js";
 import { RateLimiter, type RateLimit } from "../../policies/limits/rate.js";
-import { PasskeyStore, type Passkeys } from "../../policies/passkeys/store.js";
+import type { Passkeys } from "../../policies/passkeys/store.js";
+import { SqlitePasskeys } from "../stores/passkeys/sqlite.js";
 import { SqliteAlertStore, type AlertStore } from "../../policies/alerts/store.js";
 import {
   SqliteSuspensionStore,
@@ -48,7 +49,7 @@ import { PgBudget } from "./postgres/budget.js";
 import { PgCallsInFlight } from "./postgres/calls.js";
 import { openPgPolicyStores } from "./postgres/policy.js";
 import { PgApprovalQueue } from "../stores/approvals/postgres.js";
-import { PgPasskeys } from "./postgres/passkeys.js";
+import { PgPasskeys } from "../stores/passkeys/postgres.js";
 import { PgRateLimit } from "./postgres/rate.js";
 import { PgSuspensions } from "./postgres/suspensions.js";
 import type { CredentialLookup } from "../../policies/passkeys/verify_trail.js";
@@ -292,7 +293,7 @@ export async function openPolicyStores(
     refusalWindowMs: policy.audit.refusal_window_s * 1000,
   });
   const budget = new SqliteBudgetLedger(db, policy.limits.budget);
-  const passkeys = new PasskeyStore(db);
+  const passkeys = new SqlitePasskeys(db);
   const calls = new SqliteCallsInFlight(db, { withCharges: (write) => budget.alongside(write) });
   const suspensions = new SqliteSuspensionStore(db);
   const alertStore = new SqliteAlertStore(db);
@@ -554,7 +555,7 @@ export async function readAuditTrail(
     const audit = new SqliteAuditLog(db, opts);
     return {
       audit,
-      passkeys: new PasskeyStore(db),
+      passkeys: new SqlitePasskeys(db),
       close() {
         audit.close();
         if (db.open) db.close();
@@ -564,7 +565,7 @@ export async function readAuditTrail(
     if (db.open) db.close();
     if (!isReadOnlyRefusal(e)) throw e;
     const audit = new SqliteAuditLog(dataDir(config).policyDb, opts);
-    const passkeys = new PasskeyStore(dataDir(config).policyDb);
+    const passkeys = new SqlitePasskeys(dataDir(config).policyDb);
     return {
       audit,
       passkeys,
@@ -612,7 +613,7 @@ export async function readPasskeys(
   }
   const db = openStoreDbReadOnly(dataDir(config).policyDb);
   if (!db) return null;
-  const store = new PasskeyStore(db);
+  const store = new SqlitePasskeys(db);
   return {
     passkeys: store,
     close() {

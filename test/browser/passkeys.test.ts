@@ -12,7 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { chromium, type Browser, type CDPSession, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { PasskeyStore } from "../../policies/passkeys/store.js";
+import { SqlitePasskeys } from "../../server/stores/passkeys/sqlite.js";
 import {
   cli,
   connectHttp,
@@ -220,7 +220,7 @@ describe("passkey approvals in chromium", () => {
     expect(again.body.error.message).toMatch(/already used/);
 
     // A code made an hour ago by a store whose clock is injected: long expired for the server.
-    const store = new PasskeyStore(join(dataDir, "policy.db"), {
+    const store = new SqlitePasskeys(join(dataDir, "policy.db"), {
       clock: () => Date.now() - 3600_000,
     });
     const late = (await store.createEnrolmentCode("late", 600)).code;

@@ -1,6 +1,6 @@
 // The pure parts of passkey decisions: what a challenge commits to, the single-use expiring
-// nonces, the credential store's counter and enrolment-code rules, and the gate's refusal of a
-// token decision on a passkey rule. The WebAuthn ceremonies themselves run in chromium
+// nonces, and the gate's refusal of a token decision on a passkey rule (the credential store's
+// counter and enrolment-code rules are its contract: server/stores/passkeys/contract.ts). The WebAuthn ceremonies themselves run in chromium
 // (test/browser/passkeys.test.ts).
 import { afterAll, describe, expect, it } from "vitest";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
@@ -16,7 +16,6 @@ import {
   estimateDigest,
 } from "../../policies/passkeys/binding.js";
 import type { DecisionEvidence } from "../../policies/passkeys/evidence.js";
-import { PasskeyStore } from "../../policies/passkeys/store.js";
 import type { Principal } from "../../policies/scopes.js";
 import { FakeClock, tempDir } from "./helpers.js";
 
@@ -113,78 +112,6 @@ describe("ChallengeBook", () => {
     for (let i = 0; i < 16; i++) book.issue("sign_in", "flooder", (n) => ({ nonce: n }));
     expect(thrown(() => book.take(first.nonce, "sign_in", "flooder")).code).toBe("passkey_refused");
     expect((await book.take(other.nonce, "sign_in", "someone")).owner).toBe("someone");
-  });
-});
-
-describe("PasskeyStore", () => {
-  const cred = (id: string, operator = "alice") => ({
-    id,
-    operator,
-    public_key: new Uint8Array([1, 2, 3]),
-    counter: 0,
-    transports: [],
-    aaguid: "00000000-0000-0000-0000-000000000000",
-    rp_id: "localhost",
-  });
-
-  it("bootstraps the first passkey by code; later ones wait for an approval", async () => {
-    const clock = new FakeClock();
-    const store = new PasskeyStore(tmp.file("pk1.db"), { clock: clock.now });
-    const { code } = await store.createEnrolmentCode("alice", 600);
-    expect((await store.addCredential(cred("cred-alice-1"), { code })).status).toBe("active");
-    // Used twice: refused.
-    expect((await rejected(store.addCredential(cred("cred-alice-2"), { code }))).message).toMatch(
-      /already used/,
-    );
-    // A code for alice is refused now that she has a passkey.
-    expect((await rejected(store.createEnrolmentCode("alice", 600))).code).toBe("passkey_refused");
-    // Bob's code works, but his passkey waits: a passkey exists on this server.
-    const bob = await store.createEnrolmentCode("bob", 600);
-    const pending = await store.addCredential(cred("cred-bob-1", "bob"), { code: bob.code });
-    expect(pending.status).toBe("pending");
-    expect((await store.activate(pending.id, "cred-alice-1")).status).toBe("active");
-    store.close();
-  });
-
-  it("refuses an expired code (the clock is injected, nothing sleeps)", async () => {
-    const clock = new FakeClock();
-    const store = new PasskeyStore(tmp.file("pk2.db"), { clock: clock.now });
-    const { code } = await store.createEnrolmentCode("carol", 600);
-    clock.advance(600_000);
-    expect(
-      (await rejected(store.addCredential(cred("cred-carol", "carol"), { code }))).message,
-    ).toMatch(/expired/);
-    store.close();
-  });
-
-  it("moves a counter forward only, and keeps it across a reopen", async () => {
-    const file = tmp.file("pk3.db");
-    const store = new PasskeyStore(file);
-    const { code } = await store.createEnrolmentCode("dave", 600);
-    await store.addCredential(cred("cred-dave", "dave"), { code });
-    await store.advanceCounter("cred-dave", 5);
-    expect((await rejected(store.advanceCounter("cred-dave", 5))).message).toMatch(/went back/);
-    expect((await rejected(store.advanceCounter("cred-dave", 3))).code).toBe("passkey_refused");
-    store.close();
-    const again = new PasskeyStore(file);
-    expect((await again.get("cred-dave"))!.counter).toBe(5);
-    again.close();
-  });
-
-  it("keeps a removed passkey's public key, and lets its operator enrol again by code", async () => {
-    const store = new PasskeyStore(tmp.file("pk4.db"));
-    await store.addCredential(cred("cred-erin", "erin"), {
-      code: (await store.createEnrolmentCode("erin", 600)).code,
-    });
-    expect(await store.removeOperator("erin")).toBe(1);
-    expect(await store.get("cred-erin")).toMatchObject({ status: "removed" });
-    expect(await store.activeCount()).toBe(0);
-    // The recovery: a new code, and (no passkey left anywhere) the new passkey is the first.
-    const { code } = await store.createEnrolmentCode("erin", 600);
-    expect((await store.addCredential(cred("cred-erin-2", "erin"), { code })).status).toBe(
-      "active",
-    );
-    store.close();
   });
 });
 

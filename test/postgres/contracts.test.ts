@@ -6,6 +6,8 @@
 import { afterAll, beforeAll } from "vitest";
 import { approvalsContract } from "../../server/stores/approvals/contract.js";
 import { PgApprovalQueue } from "../../server/stores/approvals/postgres.js";
+import { passkeysContract } from "../../server/stores/passkeys/contract.js";
+import { PgPasskeys } from "../../server/stores/passkeys/postgres.js";
 import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
@@ -45,5 +47,27 @@ approvalsContract("postgres", async ({ keepDecidedS }) => {
     close: async () => {
       for (const s of opened) await s.close();
     },
+  };
+});
+
+passkeysContract("postgres", async () => {
+  await pool.query("TRUNCATE passkey_credentials, passkey_enrolment_codes");
+  return {
+    store: new PgPasskeys(pool),
+    advance: async (ms) => {
+      await pool.query(
+        `UPDATE passkey_credentials SET created_ms = created_ms - $1,
+           last_used_ms = last_used_ms - $1`,
+        [ms],
+      );
+      await pool.query(
+        `UPDATE passkey_enrolment_codes SET created_ms = created_ms - $1,
+           expires_ms = expires_ms - $1, used_ms = used_ms - $1`,
+        [ms],
+      );
+    },
+    another: async () => new PgPasskeys(pool),
+    // The stores hold nothing of their own: the pool is this file's.
+    close: async () => {},
   };
 });

@@ -27,7 +27,7 @@ import { PgApprovalQueue } from "../../server/stores/approvals/postgres.js";
 import { PgAuditTrail } from "../../server/app/postgres/audit.js";
 import { PgBudget } from "../../server/app/postgres/budget.js";
 import { PgCallsInFlight } from "../../server/app/postgres/calls.js";
-import { PgPasskeys } from "../../server/app/postgres/passkeys.js";
+import { PgPasskeys } from "../../server/stores/passkeys/postgres.js";
 import { PgRateLimit } from "../../server/app/postgres/rate.js";
 import { PgRequestStates } from "../../server/app/postgres/shared.js";
 import { PgSuspensions } from "../../server/app/postgres/suspensions.js";

@@ -8,7 +8,7 @@ import type { AuditTrail } from "../../../policies/audit.js";
 import type { CredentialLookup } from "../../../policies/passkeys/verify_trail.js";
 import { PgAuditTrail } from "./audit.js";
 import { readSharedAuditKey } from "./keys.js";
-import { PgPasskeys } from "./passkeys.js";
+import { PgPasskeys } from "../../stores/passkeys/postgres.js";
 import { openPool, redactError } from "../../stores/pg/pool.js";
 import { checkSchema } from "./schema.js";
 

@@ -5,7 +5,7 @@
 import { PgAlerts } from "./alerts.js";
 import { PgApprovalQueue } from "../../stores/approvals/postgres.js";
 import { PgConsoleSessions } from "./console_sessions.js";
-import { PgPasskeys } from "./passkeys.js";
+import { PgPasskeys } from "../../stores/passkeys/postgres.js";
 import type { PgPool } from "../../stores/pg/pool.js";
 import { PgRequestStates } from "./shared.js";
 import { PgSuspensions } from "./suspensions.js";

@@ -1,6 +1,7 @@
 // Operators' passkeys in Postgres, shared by every replica: a counter advanced through one refuses
 // the replayed assertion on every other, and an enrolment code is used once wherever it is
-// presented. Mirrors PasskeyStore (policies/passkeys/store.ts), with each promise in one
+// presented. The port is policies/passkeys/store.ts's; SqlitePasskeys (sqlite.ts beside it)
+// keeps the same promises, and contract.ts holds the cases both pass. Each promise is one
 // statement or one transaction:
 // - the signature counter only moves forward: one conditional UPDATE (`WHERE counter < new`);
 // - an enrolment code is used once: its UPDATE finds it unused and unexpired, in the
@@ -11,7 +12,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { refused } from "../../../policies/passkeys/binding.js";
 import type { Passkeys, StoredCredential } from "../../../policies/passkeys/store.js";
-import { inTransaction, NOW_MS, type PgClient, type PgPool } from "../../stores/pg/pool.js";
+import { inTransaction, NOW_MS, type PgClient, type PgPool } from "../pg/pool.js";
 
 /** Advisory lock of enrolments (one at a time, across replicas). */
 const ENROL_LOCK = 7_803_000_001;
