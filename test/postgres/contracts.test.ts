@@ -4,7 +4,9 @@
 // case's `advance(ms)` moves every stored time of the port's tables back by ms instead: every
 // rule compares a stored time with the database's now, so that is the same as now moving on.
 import { afterAll, beforeAll } from "vitest";
+import { PgAuditTrail } from "../../server/app/postgres/audit.js";
 import { approvalsContract } from "../../server/stores/approvals/contract.js";
+import { auditContract, type RawAuditRow } from "../../server/stores/audit/contract.js";
 import { PgApprovalQueue } from "../../server/stores/approvals/postgres.js";
 import { passkeysContract } from "../../server/stores/passkeys/contract.js";
 import { PgPasskeys } from "../../server/stores/passkeys/postgres.js";
@@ -69,5 +71,55 @@ passkeysContract("postgres", async () => {
     another: async () => new PgPasskeys(pool),
     // The stores hold nothing of their own: the pool is this file's.
     close: async () => {},
+  };
+});
+
+auditContract("postgres", async () => {
+  await pool.query(
+    "TRUNCATE audit_records, audit_checkpoint, audit_refusal_windows; DELETE FROM audit_head",
+  );
+  await pool.query(`INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '${"0".repeat(64)}')`);
+  const opened: PgAuditTrail[] = [];
+  let n = 0;
+  return {
+    trail: async (opts = {}) => {
+      // Each handle a replica of its own, as another process would be.
+      const t = await PgAuditTrail.open(pool, { replica: `r${n++}`, ...opts });
+      opened.push(t);
+      return t;
+    },
+    raw: {
+      rows: async () =>
+        (
+          await pool.query("SELECT seq, record, prev_hash, hash FROM audit_records ORDER BY seq")
+        ).rows.map((r) => ({ ...r, seq: Number(r.seq) })) as RawAuditRow[],
+      update: async (r) => {
+        await pool.query(
+          "UPDATE audit_records SET record = $1, prev_hash = $2, hash = $3 WHERE seq = $4",
+          [r.record, r.prev_hash, r.hash, r.seq],
+        );
+      },
+      remove: async (from, to = Number.MAX_SAFE_INTEGER) => {
+        await pool.query("DELETE FROM audit_records WHERE seq BETWEEN $1 AND $2", [from, to]);
+      },
+      replace: async (rows) => {
+        await pool.query("DELETE FROM audit_records");
+        for (const r of rows)
+          await pool.query(
+            "INSERT INTO audit_records (seq, record, prev_hash, hash, replica) VALUES ($1, $2, $3, $4, 'tamperer')",
+            [r.seq, r.record, r.prev_hash, r.hash],
+          );
+      },
+      setHead: async (h) => {
+        await pool.query("UPDATE audit_head SET seq = $1, hash = $2", [h.seq, h.hash]);
+        if (h.mac !== undefined) await pool.query("UPDATE audit_head SET mac = $1", [h.mac]);
+      },
+      wipe: async () => {
+        await pool.query("DELETE FROM audit_records; DELETE FROM audit_head");
+      },
+    },
+    close: async () => {
+      for (const t of opened) await t.close();
+    },
   };
 });
