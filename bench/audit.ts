@@ -8,7 +8,7 @@
 // each view parsed and HMAC'd the whole trail on the event loop.
 import Database from "better-sqlite3";
 import { readFileSync, writeFileSync } from "node:fs";
-import { SqliteAuditLog } from "../policies/audit.js";
+import { SqliteAuditTrail } from "../server/stores/audit/sqlite.js";
 import { loadOrCreateAuditKey } from "../policies/audit_key.js";
 import { hashToken } from "../policies/config.js";
 import { parseConfig } from "../server/config/config.js";
@@ -56,7 +56,7 @@ function fillTrail(configFile: string, n: number): void {
   const { key, created } = loadOrCreateAuditKey(config.paths.audit_key);
   const db = new Database(dataDir(config).policyDb);
   db.pragma("journal_mode = WAL");
-  const log = new SqliteAuditLog(db, { key, keyCreated: created });
+  const log = new SqliteAuditTrail(db, { key, keyCreated: created });
   const t = Date.parse("2026-11-01T00:00:00Z");
   db.transaction(() => {
     for (let i = 0; i < n; i++) {

@@ -10,12 +10,12 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { SqliteAuditLog } from "../policies/audit.js";
+import { SqliteAuditTrail } from "../server/stores/audit/sqlite.js";
 import { SqliteBudgetLedger } from "../policies/limits/budget.js";
 import { openStoreDb } from "../policies/sqlite.js";
 import { openPool, type PgPool } from "../server/stores/pg/pool.js";
 import { migrate } from "../server/app/postgres/schema.js";
-import { PgAuditTrail } from "../server/app/postgres/audit.js";
+import { PgAuditTrail } from "../server/stores/audit/postgres.js";
 import { PgBudget } from "../server/app/postgres/budget.js";
 import { PgOutputs } from "../server/app/postgres/outputs.js";
 import { MemoryOutputs, type Outputs } from "../tools/stores/outputs.js";
@@ -123,7 +123,7 @@ export async function runStore(opts: { calls: number }): Promise<SectionResult> 
   const db = openStoreDb(join(dir, "policy.db"));
   try {
     await migrate(pools[0]!);
-    const audit = new SqliteAuditLog(db, {});
+    const audit = new SqliteAuditTrail(db, {});
     const chain = await PgAuditTrail.open(pools[0]!, { replica: "a", refusalWindowMs: 0 });
     const n = opts.calls;
     const { sqlite: sqliteAdmit, pg: pgAdmit } = await admissionCost(pools[0]!, n, "a");

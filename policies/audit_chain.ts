@@ -3,7 +3,7 @@
 // checks it — record by record, then the head row's MAC, the key's anchor (chain_keyed) and an
 // exported head — plus the MAC'd verification checkpoint a server resumes from. The checks
 // (ChainRules) do no I/O, so every backend walks its rows through the same ones: AuditChain here
-// reads SQLite, server/app/postgres/audit.ts Postgres. Reads only: the appends are the stores'.
+// reads SQLite, server/stores/audit/postgres.ts Postgres. Reads only: the appends are the stores'.
 
 import { createHmac } from "node:crypto";
 import type { AuditKey } from "./audit_key.js";
@@ -31,7 +31,7 @@ export interface AuditCheckpoint {
   verified_at: string;
 }
 
-/** A verification in progress (see SqliteAuditLog.walk). */
+/** A verification in progress (see SqliteAuditTrail.walk). */
 export interface VerifyCursor {
   expectedSeq: number;
   prev: string;
@@ -108,7 +108,7 @@ export interface CheckpointRow extends AuditCheckpoint {
 
 /**
  * The verification's rules, over rows any backend reads: SQLite (AuditChain below) and Postgres
- * (server/app/postgres/audit.ts) walk their rows through these same checks, so a trail verifies
+ * (server/stores/audit/postgres.ts) walk their rows through these same checks, so a trail verifies
  * the same, with the same reasons, wherever it is stored. `anchored`: the trail must hold a
  * chain_keyed record for the key (false for a process's throwaway key, whose whole trail is
  * keyed from record 1). No I/O here.

@@ -81,7 +81,7 @@ export function parseSince(text: string): number | string {
 /**
  * The lines of one export, in order: each stored row given to `add` becomes its line, `finish`
  * writes the head line. Backend-neutral (SQLite's exportTrail below, Postgres's
- * server/app/postgres/audit.ts), so every store exports the same bytes.
+ * server/stores/audit/postgres.ts), so every store exports the same bytes.
  */
 export class ExportWriter {
   private records = 0;

@@ -83,7 +83,7 @@ export interface WindowCounts {
 
 /**
  * The aggregate record of a window that counted repeats, written when it ends at `now` (every
- * backend writes this same record: SQLite below, Postgres server/app/postgres/audit.ts).
+ * backend writes this same record: SQLite below, Postgres server/stores/audit/postgres.ts).
  */
 export function aggregateRecord(w: WindowCounts, windowMs: number, now: number): AuditRecord {
   const f = w.first;

@@ -11,7 +11,8 @@
 import type { Logger } from "pino";
 import type { ApprovalQueue } from "../../policies/approval_record.js";
 import { SqliteApprovalQueue } from "../stores/approvals/sqlite.js";
-import { SqliteAuditLog, type AuditTrail } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../stores/audit/sqlite.js";
+import { type AuditTrail } from "../../policies/audit.js";
 import { loadOrCreateAuditKey, type AuditKey } from "../../policies/audit_key.js";
 import {
   HEARTBEAT_MS,
@@ -44,7 +45,7 @@ import { ConfigError, type ServerConfig } from "../config/config.js";
 import { MemoryConsoleSessions, type ConsoleSessions } from "./console_sessions.js";
 import { readSharedAuditKey, sharedAuditKey, type SharedKey } from "./postgres/keys.js";
 import { openPgAuditReader } from "./postgres/audit_read.js";
-import { PgAuditTrail } from "./postgres/audit.js";
+import { PgAuditTrail } from "../stores/audit/postgres.js";
 import { PgBudget } from "./postgres/budget.js";
 import { PgCallsInFlight } from "./postgres/calls.js";
 import { openPgPolicyStores } from "./postgres/policy.js";
@@ -286,7 +287,7 @@ export async function openPolicyStores(
   const db = openStoreDb(layout.policyDb);
   const approvals = new SqliteApprovalQueue(db, { keepDecidedS: policy.approvals.keep_decided_s });
   const auditKey = loadOrCreateAuditKey(layout.auditKey);
-  const audit = new SqliteAuditLog(db, {
+  const audit = new SqliteAuditTrail(db, {
     logger: logger.child({ component: "audit" }),
     key: auditKey.key,
     keyCreated: auditKey.created,
@@ -552,7 +553,7 @@ export async function readAuditTrail(
     });
   const db = readPolicyDb(config, note);
   try {
-    const audit = new SqliteAuditLog(db, opts);
+    const audit = new SqliteAuditTrail(db, opts);
     return {
       audit,
       passkeys: new SqlitePasskeys(db),
@@ -564,7 +565,7 @@ export async function readAuditTrail(
   } catch (e) {
     if (db.open) db.close();
     if (!isReadOnlyRefusal(e)) throw e;
-    const audit = new SqliteAuditLog(dataDir(config).policyDb, opts);
+    const audit = new SqliteAuditTrail(dataDir(config).policyDb, opts);
     const passkeys = new SqlitePasskeys(dataDir(config).policyDb);
     return {
       audit,

@@ -10,7 +10,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { SqliteAuditLog, type VerifyCursor } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
+import { type VerifyCursor } from "../../policies/audit.js";
 import { readAuditKey } from "../../policies/audit_key.js";
 import { createApp, type App } from "../../server/app/app.js";
 import { parseConfig } from "../../server/config/config.js";
@@ -97,7 +98,7 @@ describe("console audit page over a large trail", () => {
     }
     // Straight into the store, chained under the server's key: one transaction, no tool calls.
     const db = new Database(dataDir(config).policyDb);
-    const writer = new SqliteAuditLog(db, { key: readAuditKey(config.paths.audit_key) });
+    const writer = new SqliteAuditTrail(db, { key: readAuditKey(config.paths.audit_key) });
     db.transaction(() => {
       for (let i = 0; i < ROWS; i++)
         writer.append({
@@ -113,7 +114,7 @@ describe("console audit page over a large trail", () => {
     // Counted from now, in the same turn as the rows were written: no verifier walk of them
     // (whoever started its pass) is missed.
     // The SQLite trail's walk, which its verification step runs.
-    const trail = app.audit as SqliteAuditLog;
+    const trail = app.audit as SqliteAuditTrail;
     const walk = trail.walk.bind(trail);
     vi.spyOn(trail, "walk").mockImplementation((cur: VerifyCursor, max: number) => {
       const before = cur.checked;

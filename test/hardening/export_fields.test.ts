@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { beforeAll, afterAll, describe, expect, it } from "vitest";
 import { asciiJson } from "../../policies/audit_export_line.js";
 import { verifyExport } from "../../policies/audit_export_proof.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
 import { writeConfig } from "../helpers/server.js";
 import { cleanupTemp, cli, tempDir } from "./helpers.js";
@@ -32,7 +32,7 @@ const EXECUTED = 2; // the line of record 3
 
 beforeAll(async () => {
   const { key, created } = loadOrCreateAuditKey(join(dir, "data", "audit.key"));
-  const log = new SqliteAuditLog(join(dir, "data", "policy.db"), { key, keyCreated: created });
+  const log = new SqliteAuditTrail(join(dir, "data", "policy.db"), { key, keyCreated: created });
   const base = { tool: "run_inference", args_digest: "ab".repeat(32) };
   await log.appendDurable({
     ...base,

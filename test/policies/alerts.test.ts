@@ -7,7 +7,7 @@ import { Alerts } from "../../policies/alerts/alerts.js";
 import { EventWindows, FiringLatch } from "../../policies/alerts/rules.js";
 import { SqliteAlertStore } from "../../policies/alerts/store.js";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { parsePolicyConfig, type AlertRule } from "../../policies/config.js";
 import { isPolicyError, type PolicyError } from "../../policies/errors.js";
 import { Gate, type GateCall } from "../../policies/gate/gate.js";
@@ -67,7 +67,7 @@ function makeGate(rules: AlertRule[], file = tmp.file(`alerts-${Math.random()}.d
   const clock = new FakeClock();
   const logger = captureLogger();
   const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
-  const audit = new SqliteAuditLog(file, { logger, now: clock.now });
+  const audit = new SqliteAuditTrail(file, { logger, now: clock.now });
   const suspensions = new SqliteSuspensionStore(file);
   const store = new SqliteAlertStore(file);
   const ref: { alerts?: Alerts } = {};

@@ -7,7 +7,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { shownApproval, shownSha256 } from "../../policies/approval_shown.js";
 import type { ApprovalRecord } from "../../policies/approval_record.js";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { canonicalJson } from "../../policies/digest.js";
 import { decideApproval } from "../../policies/gate/approval_flow.js";
 import type { Principal } from "../../policies/scopes.js";
@@ -90,7 +90,7 @@ describe("what an approver is shown", () => {
     const file = tmp.file("shown.db");
     const clock = new FakeClock();
     const approvals = new SqliteApprovalQueue(file, { clock: clock.now });
-    const audit = new SqliteAuditLog(file, { logger: captureLogger() });
+    const audit = new SqliteAuditTrail(file, { logger: captureLogger() });
     const operator: Principal = { id: "operator", scopes: ["approvals:grant"], via: "token" };
     for (const decision of ["approve", "deny"] as const) {
       const req = await approvals.create({

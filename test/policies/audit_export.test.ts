@@ -3,7 +3,8 @@
 // editing, reordering or cutting lines fails it at the seq that broke, also when the tamperer
 // recomputes the keyless chain after the edit (then only the head given out of band catches it).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
+import { type AuditRecord } from "../../policies/audit.js";
 import {
   canonicalBody,
   exportLink,
@@ -55,14 +56,14 @@ function rechain(objs: Line[], from: number): Line[] {
 }
 
 describe("audit export of 100,000 records", () => {
-  let log: SqliteAuditLog;
+  let log: SqliteAuditTrail;
   let lines: string[];
   let head: { seq: number; hash: string; export_hash: string };
   const timings: Record<string, number> = {};
 
   beforeAll(async () => {
     const { key, created } = loadOrCreateAuditKey(tmp.file("audit.key"));
-    log = new SqliteAuditLog(tmp.file("policy.db"), { key, keyCreated: created });
+    log = new SqliteAuditTrail(tmp.file("policy.db"), { key, keyCreated: created });
     let t = performance.now();
     // Appended in one event-loop turn: the store's group commit chains them in one transaction.
     await Promise.all(Array.from({ length: N }, (_, i) => log.appendDurable(rec(i + 1))));

@@ -1,9 +1,10 @@
-// Group commit of the audit trail (SqliteAuditLog.appendDurable) and the gate's use of it: the
+// Group commit of the audit trail (SqliteAuditTrail.appendDurable) and the gate's use of it: the
 // records of concurrent calls share commits, yet every answered call's records are committed
 // (visible to another connection, as after a crash) before the gate hands back its answer.
 import Database from "better-sqlite3";
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
+import { type AuditRecord } from "../../policies/audit.js";
 import { parsePolicyConfig } from "../../policies/config.js";
 import { Gate } from "../../policies/gate/gate.js";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
@@ -41,7 +42,7 @@ function readBack(file: string): { seq: number; record: string }[] {
 describe("audit group commit", () => {
   it("commits records appended in one turn together, chained in order, each resolved after its commit", async () => {
     const file = tmp.file("group.db");
-    const audit = new SqliteAuditLog(file);
+    const audit = new SqliteAuditTrail(file);
     let commits = 0;
     const probe = new Database(file, { readonly: true });
     const version = () => probe.pragma("data_version", { simple: true }) as number;
@@ -66,7 +67,7 @@ describe("audit group commit", () => {
   });
 
   it("rejects every queued record when the commit fails", async () => {
-    const audit = new SqliteAuditLog(tmp.file("fail.db"));
+    const audit = new SqliteAuditTrail(tmp.file("fail.db"));
     audit.close();
     await expect(audit.appendDurable(rec(1))).rejects.toThrow();
   });
@@ -80,7 +81,7 @@ describe("the gate with group commit", () => {
       { limits: { concurrency: { run_inference: 64 } } } as any,
       TOOL_POLICIES,
     );
-    const audit = new SqliteAuditLog(file);
+    const audit = new SqliteAuditTrail(file);
     const gate = new Gate({
       tools: TOOL_POLICIES,
       config,
@@ -181,7 +182,7 @@ describe("the record text written once per record", () => {
   });
 
   it("refuses a record with no JSON form alone, not the records committed with it", async () => {
-    const audit = new SqliteAuditLog(tmp.file("bad.db"));
+    const audit = new SqliteAuditTrail(tmp.file("bad.db"));
     const good = audit.appendDurable(rec(1));
     const bad = audit.appendDurable({ ...rec(2), duration_ms: Number.NaN });
     await expect(bad).rejects.toThrow(/finite/);

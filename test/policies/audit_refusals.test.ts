@@ -2,7 +2,8 @@
 // first refusal is written at once and its repeats as one chained aggregate when it ends (by
 // time, by its timer, or at close), and the bound on what a flood adds to the trail.
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
+import { type AuditRecord } from "../../policies/audit.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
 import { RefusalWindows, repeatKey } from "../../policies/audit_refusals.js";
 import { captureLogger, FakeClock, tempDir } from "./helpers.js";
@@ -29,7 +30,7 @@ function refusal(code: string, extra: Partial<AuditRecord> = {}): AuditRecord {
 function store(opts: { windowMs?: number; clock?: FakeClock } = {}) {
   const file = tmp.file(`ref-${Math.random().toString(36).slice(2)}.db`);
   const { key } = loadOrCreateAuditKey(tmp.file(`${Math.random().toString(36).slice(2)}.key`));
-  const log = new SqliteAuditLog(file, {
+  const log = new SqliteAuditTrail(file, {
     key,
     keyCreated: true,
     logger: captureLogger(),
@@ -154,14 +155,14 @@ describe("refusal windows", () => {
 
   it("writes every open window's count at close, chained like every record", async () => {
     const { file, key } = store();
-    const log = new SqliteAuditLog(file, { key, refusalWindowMs: 60_000 });
+    const log = new SqliteAuditTrail(file, { key, refusalWindowMs: 60_000 });
     log.appendRefusal(refusal("rate_limited"));
     log.appendRefusal(refusal("rate_limited"));
     log.appendRefusal(refusal("unknown_model"));
     log.appendRefusal(refusal("unknown_model"));
     log.appendRefusal(refusal("unknown_model"));
     log.close();
-    const reopened = new SqliteAuditLog(file, { key });
+    const reopened = new SqliteAuditTrail(file, { key });
     const rows = await reopened.tail(20);
     expect(accounted(rows, "rate_limited")).toBe(2);
     expect(accounted(rows, "unknown_model")).toBe(3);

@@ -4,7 +4,8 @@
 // to catch.
 import Database from "better-sqlite3";
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
+import { type AuditRecord } from "../../policies/audit.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
 import { AuditVerifier } from "../../policies/audit_verify.js";
 import { tempDir } from "./helpers.js";
@@ -26,8 +27,8 @@ function trail(n: number) {
   const file = tmp.file(`verify-${Math.random().toString(36).slice(2)}.db`);
   const { key } = loadOrCreateAuditKey(tmp.file(`key-${Math.random().toString(36).slice(2)}`));
   const steps: number[] = [];
-  const open = () => new SqliteAuditLog(file, { key, onRowsHashed: (rows) => steps.push(rows) });
-  const log = new SqliteAuditLog(file, { key, keyCreated: true });
+  const open = () => new SqliteAuditTrail(file, { key, onRowsHashed: (rows) => steps.push(rows) });
+  const log = new SqliteAuditTrail(file, { key, keyCreated: true });
   for (let i = 1; i <= n; i++) log.append(rec(i));
   log.close();
   return { file, open, steps };
@@ -179,7 +180,7 @@ describe("the checkpoint and the full verify (issue 33)", () => {
   });
 });
 
-describe("SqliteAuditLog.search (the console's audit page)", () => {
+describe("SqliteAuditTrail.search (the console's audit page)", () => {
   it("returns the first matches, oldest first, among the last `window` records", async () => {
     const t = trail(0);
     const log = t.open();

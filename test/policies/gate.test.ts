@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs";
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import {
   parsePolicyConfig,
   type ApprovalRule,
@@ -58,7 +58,7 @@ function makeGate(
   const logger = captureLogger();
   const file = tmp.file(`gate-${Math.random().toString(36).slice(2)}.db`);
   const approvals = new SqliteApprovalQueue(file, { clock: clock.now });
-  const audit = new SqliteAuditLog(file, { logger });
+  const audit = new SqliteAuditTrail(file, { logger });
   const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
   const limiter = new ConcurrencyLimiter(config.limits, clock.now);
   const rateLimiter = new RateLimiter(config.limits.rate_limit.per_principal_per_minute, clock.now);

@@ -2,7 +2,7 @@
 // fails on the gate that checked the budget before waiting for a slot and charged afterwards.
 import { afterAll, describe, expect, it } from "vitest";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
 import type { CostEstimate } from "../../policies/estimate.js";
@@ -41,7 +41,7 @@ function makeGate(policy: PolicyConfigInput) {
   const logger = captureLogger();
   const file = tmp.file(`adm-${Math.random().toString(36).slice(2)}.db`);
   const approvals = new SqliteApprovalQueue(file, { clock: clock.now });
-  const audit = new SqliteAuditLog(file, { logger });
+  const audit = new SqliteAuditTrail(file, { logger });
   const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
   const gate = new Gate({
     tools: TOOL_POLICIES,

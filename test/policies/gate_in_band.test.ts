@@ -6,7 +6,7 @@
 import { randomBytes } from "node:crypto";
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
 import type { CostEstimate } from "../../policies/estimate.js";
@@ -42,7 +42,7 @@ function makeGate(policy: PolicyConfigInput, file = tmp.file(`g-${Math.random()}
   const clock = new FakeClock();
   const logger = captureLogger();
   const approvals = new SqliteApprovalQueue(file, { clock: clock.now });
-  const audit = new SqliteAuditLog(file, { logger });
+  const audit = new SqliteAuditTrail(file, { logger });
   const gate = new Gate({
     tools: TOOL_POLICIES,
     config,

@@ -2,7 +2,7 @@
 // of an elicitation prompt.
 import { afterAll, describe, expect, it } from "vitest";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
 import type { CostEstimate } from "../../policies/estimate.js";
@@ -38,7 +38,7 @@ function makeGate(policy: PolicyConfigInput = {}) {
   const file = tmp.file(`steps-${Math.random().toString(36).slice(2)}.db`);
   const logger = captureLogger();
   const approvals = new SqliteApprovalQueue(file);
-  const audit = new SqliteAuditLog(file, { logger });
+  const audit = new SqliteAuditTrail(file, { logger });
   const gate = new Gate({
     config,
     tools: TOOL_POLICIES,

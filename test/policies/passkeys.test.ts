@@ -4,7 +4,7 @@
 // (test/browser/passkeys.test.ts).
 import { afterAll, describe, expect, it } from "vitest";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import type { PolicyError } from "../../policies/errors.js";
 import { decideApproval } from "../../policies/gate/approval_flow.js";
 import {
@@ -121,7 +121,7 @@ describe("decisions on a passkey rule", () => {
   function setup() {
     const file = tmp.file(`d-${Math.random()}.db`);
     const approvals = new SqliteApprovalQueue(file);
-    const audit = new SqliteAuditLog(file);
+    const audit = new SqliteAuditTrail(file);
     const make = async (assurance: "token" | "passkey") =>
       approvals.create({
         principal: "agent",

@@ -3,7 +3,7 @@
 // the price per second of the call's device kind), and the gate's cap in money on a fake clock.
 import { afterAll, describe, expect, it } from "vitest";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
 import type { CostEstimate } from "../../policies/estimate.js";
@@ -202,7 +202,7 @@ function makeGate(policy: PolicyConfigInput) {
   const logger = captureLogger();
   const file = tmp.file(`money-${Math.random().toString(36).slice(2)}.db`);
   const budget = new SqliteBudgetLedger(file, { ...config.limits.budget, clock: clock.now });
-  const audit = new SqliteAuditLog(file, { logger });
+  const audit = new SqliteAuditTrail(file, { logger });
   const gate = new Gate({
     tools: TOOL_POLICIES,
     config,

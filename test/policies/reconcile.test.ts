@@ -5,7 +5,7 @@
 import { readFileSync } from "node:fs";
 import { afterAll, describe, expect, it } from "vitest";
 import { SqliteApprovalQueue } from "../../server/stores/approvals/sqlite.js";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { SqliteCallsInFlight, type CallInFlight } from "../../policies/calls_in_flight.js";
 import { parsePolicyConfig, type PolicyConfigInput } from "../../policies/config.js";
 import { PolicyError } from "../../policies/errors.js";
@@ -47,7 +47,7 @@ function serverOn(file: string, clock: FakeClock) {
   const config = parsePolicyConfig(policy, TOOL_POLICIES);
   const db = openStoreDb(file);
   const approvals = new SqliteApprovalQueue(db, { clock: clock.now });
-  const audit = new SqliteAuditLog(db, { logger: captureLogger() });
+  const audit = new SqliteAuditTrail(db, { logger: captureLogger() });
   const budget = new SqliteBudgetLedger(db, { ...config.limits.budget, clock: clock.now });
   const calls = new SqliteCallsInFlight(db, {
     clock: clock.now,

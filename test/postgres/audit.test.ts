@@ -3,12 +3,13 @@
 // own, exports a receiver checks without the key, refusals counted across replicas, and a
 // verification that resumes from the shared checkpoint.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SqliteAuditLog, type AuditRecord, type StoredAuditRecord } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
+import { type AuditRecord, type StoredAuditRecord } from "../../policies/audit.js";
 import { verifyExport } from "../../policies/audit_export_proof.js";
 import { ephemeralAuditKey } from "../../policies/audit_key.js";
 import { emptyStoreDb } from "../../policies/sqlite.js";
 import { queryable } from "../../server/stores/pg/ambient.js";
-import { PgAuditTrail, type PgAuditOptions } from "../../server/app/postgres/audit.js";
+import { PgAuditTrail, type PgAuditOptions } from "../../server/stores/audit/postgres.js";
 import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";
@@ -62,10 +63,10 @@ async function rows() {
   ) as { seq: number; record: string; prev_hash: string; hash: string }[];
 }
 
-/** The trail copied into a SQLite store: what SqliteAuditLog's own code says of the same rows. */
-async function asSqlite(): Promise<SqliteAuditLog> {
+/** The trail copied into a SQLite store: what SqliteAuditTrail's own code says of the same rows. */
+async function asSqlite(): Promise<SqliteAuditTrail> {
   const sdb = emptyStoreDb();
-  new SqliteAuditLog(sdb, { key: null }); // its tables
+  new SqliteAuditTrail(sdb, { key: null }); // its tables
   const insert = sdb.prepare(
     "INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)",
   );
@@ -74,7 +75,7 @@ async function asSqlite(): Promise<SqliteAuditLog> {
   sdb
     .prepare("INSERT INTO audit_head (id, seq, hash, mac) VALUES (1, ?, ?, ?)")
     .run(Number(h.seq), h.hash, h.mac);
-  return new SqliteAuditLog(sdb, { key });
+  return new SqliteAuditTrail(sdb, { key });
 }
 
 describe("one chain across replicas", () => {

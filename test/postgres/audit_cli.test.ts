@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
-import { PgAuditTrail } from "../../server/app/postgres/audit.js";
+import { PgAuditTrail } from "../../server/stores/audit/postgres.js";
 import { openPool, type PgPool } from "../../server/stores/pg/pool.js";
 import { migrate } from "../../server/app/postgres/schema.js";
 import { startPostgres, type TestPostgres } from "../helpers/postgres.js";

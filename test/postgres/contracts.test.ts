@@ -4,7 +4,7 @@
 // case's `advance(ms)` moves every stored time of the port's tables back by ms instead: every
 // rule compares a stored time with the database's now, so that is the same as now moving on.
 import { afterAll, beforeAll } from "vitest";
-import { PgAuditTrail } from "../../server/app/postgres/audit.js";
+import { PgAuditTrail } from "../../server/stores/audit/postgres.js";
 import { approvalsContract } from "../../server/stores/approvals/contract.js";
 import { auditContract, type RawAuditRow } from "../../server/stores/audit/contract.js";
 import { PgApprovalQueue } from "../../server/stores/approvals/postgres.js";

@@ -24,7 +24,7 @@ import type { Principal } from "../../policies/scopes.js";
 import { createPolicyServices, type PolicyServices } from "../../server/app/build_policies.js";
 import { PgAlerts } from "../../server/app/postgres/alerts.js";
 import { PgApprovalQueue } from "../../server/stores/approvals/postgres.js";
-import { PgAuditTrail } from "../../server/app/postgres/audit.js";
+import { PgAuditTrail } from "../../server/stores/audit/postgres.js";
 import { PgBudget } from "../../server/app/postgres/budget.js";
 import { PgCallsInFlight } from "../../server/app/postgres/calls.js";
 import { PgPasskeys } from "../../server/stores/passkeys/postgres.js";

@@ -4,7 +4,7 @@
 // console's sessions are shared (and their cap holds), and a change made through one replica is
 // heard by the others' subscribers (LISTEN/NOTIFY), the console's live list among them.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { parsePolicyConfig } from "../../policies/config.js";
 import { Gate, type ElicitPrompt } from "../../policies/gate/gate.js";
 import { SqliteBudgetLedger } from "../../policies/limits/budget.js";
@@ -308,7 +308,7 @@ describe("the gate on a replica", () => {
       config,
       tools: TOOL_POLICIES,
       approvals: stores[1]!.approvals,
-      audit: new SqliteAuditLog(file, { logger }),
+      audit: new SqliteAuditTrail(file, { logger }),
       limiter: new ConcurrencyLimiter(config.limits),
       rateLimiter: new RateLimiter(config.limits.rate_limit.per_principal_per_minute),
       budget: new SqliteBudgetLedger(file, config.limits.budget),

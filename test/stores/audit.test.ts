@@ -4,7 +4,8 @@
 import { chmodSync, copyFileSync, readFileSync, rmSync, statSync } from "node:fs";
 import Database from "better-sqlite3";
 import { afterAll, describe, expect, it } from "vitest";
-import { SqliteAuditLog, type AuditRecord } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
+import { type AuditRecord } from "../../policies/audit.js";
 import { chainHash, GENESIS_HASH } from "../../policies/audit_chain.js";
 import { loadOrCreateAuditKey, readAuditKey } from "../../policies/audit_key.js";
 import { canonicalJson } from "../../policies/digest.js";
@@ -37,10 +38,10 @@ function raw(file: string, fn: (db: Database.Database) => void) {
 
 auditContract("sqlite", async () => {
   const file = tmp.file(`audit-${Math.random().toString(36).slice(2)}.db`);
-  const opened: SqliteAuditLog[] = [];
+  const opened: SqliteAuditTrail[] = [];
   return {
     trail: async (opts = {}) => {
-      const log = new SqliteAuditLog(file, opts);
+      const log = new SqliteAuditTrail(file, opts);
       opened.push(log);
       return log;
     },
@@ -90,12 +91,12 @@ function keyedLog(n: number) {
   const keyFile = tmp.file(`keyed-${Math.random().toString(36).slice(2)}.key`);
   const { key, created } = loadOrCreateAuditKey(keyFile);
   const logger = captureLogger();
-  const log = new SqliteAuditLog(file, { key, keyCreated: created, logger });
+  const log = new SqliteAuditTrail(file, { key, keyCreated: created, logger });
   for (let i = 1; i <= n; i++) log.append(rec(i));
   return { file, keyFile, key, log, logger };
 }
 
-describe("SqliteAuditLog: the file and the key file", () => {
+describe("SqliteAuditTrail: the file and the key file", () => {
   it("makes a 0600 key file and starts the trail with a chain_keyed record", async () => {
     const { keyFile, key, log } = keyedLog(3);
     expect(statSync(keyFile).mode & 0o777).toBe(0o600);
@@ -117,7 +118,7 @@ describe("SqliteAuditLog: the file and the key file", () => {
     log.close();
     const old = `${file}.old`;
     copyFileSync(file, old); // a consistent copy (what a backup or an attacker keeps)
-    const live = new SqliteAuditLog(file, { key, keyCreated: false, logger: captureLogger() });
+    const live = new SqliteAuditTrail(file, { key, keyCreated: false, logger: captureLogger() });
     live.append(rec(4));
     live.append(rec(5));
     const exported = await live.head();
@@ -126,7 +127,7 @@ describe("SqliteAuditLog: the file and the key file", () => {
     // Rolled back, then written on: the trail reaches the exported seq again, with other records.
     for (const f of [`${file}-wal`, `${file}-shm`]) rmSync(f, { force: true });
     copyFileSync(old, file);
-    const again = new SqliteAuditLog(file, { key, keyCreated: false, logger: captureLogger() });
+    const again = new SqliteAuditTrail(file, { key, keyCreated: false, logger: captureLogger() });
     for (let i = 0; i < 3; i++) await again.append(rec(20 + i, { principal: "after-rollback" }));
     expect((await again.head()).seq).toBeGreaterThan(exported.seq);
     expect((await again.verify()).ok).toBe(true); // consistent on its own...
@@ -158,13 +159,13 @@ describe("SqliteAuditLog: the file and the key file", () => {
       db.prepare("INSERT INTO audit_head VALUES (1, 3, ?)").run(prev);
     });
     // Before the first start with a key, verify works without one (and says it is not keyed).
-    const before = new SqliteAuditLog(file, { key: null });
+    const before = new SqliteAuditTrail(file, { key: null });
     expect(await before.verify()).toMatchObject({ ok: true, checked: 3 });
     expect((await before.verify()).reason).toMatch(/not keyed/);
     before.close();
     const keyFile = tmp.file(`legacy-${Math.random().toString(36).slice(2)}.key`);
     const { key, created } = loadOrCreateAuditKey(keyFile);
-    const log = new SqliteAuditLog(file, { key, keyCreated: created });
+    const log = new SqliteAuditTrail(file, { key, keyCreated: created });
     log.append(rec(4));
     expect((await log.tail(2))[0]).toMatchObject({ seq: 4, outcome: "chain_keyed" });
     const v = await log.verify();

@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { build } from "esbuild";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SqliteAuditLog } from "../../policies/audit.js";
+import { SqliteAuditTrail } from "../../server/stores/audit/sqlite.js";
 import { loadOrCreateAuditKey } from "../../policies/audit_key.js";
 import { CLI, cli, ROOT, writeConfig } from "../helpers/server.js";
 
@@ -32,7 +32,7 @@ async function standalone(bundle: string, ...args: string[]) {
 describe("audit export through the CLI", () => {
   beforeAll(async () => {
     const { key, created } = loadOrCreateAuditKey(join(data, "audit.key"));
-    const log = new SqliteAuditLog(join(data, "policy.db"), { key, keyCreated: created });
+    const log = new SqliteAuditTrail(join(data, "policy.db"), { key, keyCreated: created });
     await Promise.all(
       Array.from({ length: 500 }, (_, i) =>
         log.appendDurable({

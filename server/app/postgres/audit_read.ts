@@ -6,7 +6,7 @@
 import type { Logger } from "pino";
 import type { AuditTrail } from "../../../policies/audit.js";
 import type { CredentialLookup } from "../../../policies/passkeys/verify_trail.js";
-import { PgAuditTrail } from "./audit.js";
+import { PgAuditTrail } from "../../stores/audit/postgres.js";
 import { readSharedAuditKey } from "./keys.js";
 import { PgPasskeys } from "../../stores/passkeys/postgres.js";
 import { openPool, redactError } from "../../stores/pg/pool.js";

@@ -125,7 +125,7 @@ export const MIGRATIONS: readonly { version: number; name: string; sql: string }
   {
     version: 5,
     name: "the full audit trail: keyed head, verification checkpoint, refusal windows",
-    // The head row gains its MAC and starts at the genesis hash (SqliteAuditLog's empty head).
+    // The head row gains its MAC and starts at the genesis hash (SqliteAuditTrail's empty head).
     // Version 1's records were written by a test-only chain of another format (no server served
     // on Postgres before this); a trail holding them fails \`tpu-mcp audit verify\` and says where.
     sql: `

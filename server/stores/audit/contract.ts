@@ -1,5 +1,5 @@
-// The audit trail's contract: one list of cases every backend of AuditTrail must pass (SQLite:
-// policies/audit.ts's SqliteAuditLog; Postgres: server/app/postgres/audit.ts's PgAuditTrail).
+// The audit trail's contract: one list of cases every backend of AuditTrail (policies/audit.ts)
+// must pass: SqliteAuditTrail (sqlite.ts) and PgAuditTrail (postgres.ts).
 // A test file calls auditContract with a factory that opens an empty trail's storage;
 // test/stores/audit.test.ts runs it on SQLite, test/postgres/contracts.test.ts on a real
 // PostgreSQL. A tamperer is played through `raw`, the backend's rows as stored, so each case

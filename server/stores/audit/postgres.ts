@@ -1,6 +1,6 @@
 // The audit trail on Postgres (`AuditTrail`, policies/audit.ts), shared by every replica: ONE
 // chain with one head row (docs/storage.md says why), its records byte for byte what
-// SqliteAuditLog writes. A record's canonical text and its HMAC link (audit_record.ts,
+// SqliteAuditTrail writes. A record's canonical text and its HMAC link (audit_record.ts,
 // audit_chain.ts), the verification's checks (ChainRules), the export's lines (ExportWriter) and
 // the refusal aggregates (audit_refusals.ts) are the same code as SQLite's, so `tpu-mcp audit
 // verify`, `audit verify-export` and a sink's receiver check either backend the same way.
@@ -59,15 +59,15 @@ import {
   type WindowCounts,
 } from "../../../policies/audit_refusals.js";
 import type { Alongside, AuditTrail, PolicyLogger, VerifyStep } from "../../../policies/audit.js";
-import { currentClient, queryable, withClient } from "../../stores/pg/ambient.js";
-import { inTransaction, type PgClient, type PgPool } from "../../stores/pg/pool.js";
+import { currentClient, queryable, withClient } from "../pg/ambient.js";
+import { inTransaction, type PgClient, type PgPool } from "../pg/pool.js";
 
 export interface PgAuditOptions {
   /** This replica's id, stored beside each record it appends (not part of the record or hash). */
   replica: string;
   logger?: PolicyLogger;
   /**
-   * The chain key, as SqliteAuditLog's: absent, a random key of this process and no anchor
+   * The chain key, as SqliteAuditTrail's: absent, a random key of this process and no anchor
    * (tests); null, read-only (an unkeyed trail can be verified, nothing appended).
    */
   key?: AuditKey | null;
@@ -844,7 +844,7 @@ interface Chainer {
 }
 
 /**
- * Chains prepared records after `head`, as SqliteAuditLog does (canonical text with seq, HMAC'd
+ * Chains prepared records after `head`, as SqliteAuditTrail does (canonical text with seq, HMAC'd
  * after the previous hash), then writes them in one INSERT and moves the head once, MAC'd.
  */
 function chainer(key: AuditKey, head: { seq: number; hash: string }): Chainer {
