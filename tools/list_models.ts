@@ -76,12 +76,9 @@ const build = (env: ToolEnv) =>
       ]);
       const loadedRows = new Map<string, any>((status.loaded ?? []).map((m: any) => [m.model, m]));
       const devices = [...new Set<string>((status.devices ?? []).map((d: any) => d.kind))];
-      // The caller's own kept fine-tunes after the catalog (nobody else's: tools/stores/kept.ts).
+      // The caller's own kept fine-tunes after the catalog (nobody else's: tools/stores/kept.ts);
+      // the worker's describe lists them with the catalog's models.
       const kept = env.kept?.listFor(ctx.principal.id) ?? [];
-      for (const r of kept) {
-        const f = await ctx.facts.get(r.id).catch(() => undefined);
-        if (f) facts.set(r.id, f);
-      }
       const entries = [
         ...env.catalog.models,
         ...kept.map((r) => ({
