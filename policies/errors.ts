@@ -190,6 +190,11 @@ export const ERROR_CATALOGUE = {
     http: 429,
     doc: "The device-seconds budget (or read allowance) is spent: refused before the call, or stopped while it ran (details.stopped_after_s); wait for the window or make the call smaller.",
   },
+  storage_exceeded: {
+    recoverable: true,
+    http: 429,
+    doc: "A fine-tune's keep would take the principal's kept results over kept.max_bytes_per_principal; run without keep, wait for a kept result to expire (kept.ttl_s), or ask the operator to raise the bound.",
+  },
   approval_overrun: {
     recoverable: true,
     http: 429,

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { KEPT_ID } from "./stores/kept.js";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { RuntimeCallError } from "../runtime/types.js";
 import type { StatusResult } from "../runtime/wire/ops.js";
@@ -228,7 +229,11 @@ const build = (env: ToolEnv) => {
         backend_version: result.backend_version ?? null,
         execution_mode: result.execution_mode ?? null,
         matmul_precision: result.matmul_precision ?? null,
-        loaded: result.loaded ?? [],
+        // Another principal's kept fine-tune is not shown: its existence is its owner's to know.
+        loaded: (result.loaded ?? []).filter(
+          (m: { model: string }) =>
+            !KEPT_ID.test(m.model) || ctx.env.kept?.owned(m.model, ctx.principal.id),
+        ),
         jobs_running: ctx.jobs.running(),
         ...(ctx.replica ? { replica: ctx.replica() } : {}),
         // The default pool of one worker shows no `workers` (its one worker is the status itself).

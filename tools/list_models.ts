@@ -3,7 +3,7 @@ import { toToolError } from "./errors.js";
 import type { ModelFact } from "./stores/facts.js";
 import { hostOnlyPolicy } from "../policies/tool_policy.js";
 import { maxLogprobsOf } from "./support/generation.js";
-import { ShapePlan } from "./schemas.js";
+import { ShapePlan, entryOf } from "./schemas.js";
 import { defineTool, type ToolEnv, type ToolFile } from "./types.js";
 
 export const ModelInfo = z.object({
@@ -76,8 +76,18 @@ const build = (env: ToolEnv) =>
       ]);
       const loadedRows = new Map<string, any>((status.loaded ?? []).map((m: any) => [m.model, m]));
       const devices = [...new Set<string>((status.devices ?? []).map((d: any) => d.kind))];
+      // The caller's own kept fine-tunes after the catalog (nobody else's: tools/stores/kept.ts);
+      // the worker's describe lists them with the catalog's models.
+      const kept = env.kept?.listFor(ctx.principal.id) ?? [];
+      const entries = [
+        ...env.catalog.models,
+        ...kept.map((r) => ({
+          ...entryOf(env, r.id),
+          description: `${r.entry.description as string}; yours, kept until ${r.expires_at} (report ${r.report_id})`,
+        })),
+      ];
       return {
-        models: env.catalog.models.map((m) => {
+        models: entries.map((m) => {
           const f = facts.get(m.id);
           return {
             id: m.id,

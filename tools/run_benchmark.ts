@@ -24,6 +24,7 @@ import { compareReports, unstableNote } from "./render/compare.js";
 import { trainLine } from "./render/train_rows.js";
 import { fineTuneLine } from "./render/fine_tune_rows.js";
 import { estimateFor } from "./support/estimate.js";
+import { keepPlan, recordKept } from "./support/keep.js";
 import { seed, temperature } from "./support/generation.js";
 import { JobRef } from "./stores/jobs.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
@@ -64,7 +65,7 @@ const TRAINING_WORKS = ["train_step", "fine_tune"];
 /** work "fine_tune": its defaults (steps, held-out every tenth of them, AdamW's rate). */
 export const FINE_TUNE_DEFAULTS = { steps: 50, learning_rate: 5e-5 } as const;
 /** work "fine_tune"'s own arguments. */
-const FINE_TUNE_ARGS = ["dataset", "steps", "eval_every", "learning_rate"] as const;
+const FINE_TUNE_ARGS = ["dataset", "steps", "eval_every", "learning_rate", "keep"] as const;
 
 interface ResolvedBenchmark {
   dtypes: string[];
@@ -73,7 +74,16 @@ interface ResolvedBenchmark {
   maxNewTokens: number | undefined;
   optimizer: (typeof OPTIMIZERS)[number] | undefined;
   /** work "fine_tune": steps and held-out interval, resolved. */
-  tune: { dataset: string; steps: number; eval_every: number; learning_rate: number } | undefined;
+  tune:
+    | {
+        dataset: string;
+        steps: number;
+        eval_every: number;
+        learning_rate: number;
+        /** keep: the configuration whose weights are kept (its id is given by the handler). */
+        keep?: { dtype: string; mode: string };
+      }
+    | undefined;
   grid: number;
   /**
    * How far the worker may extend an unstable series, × its window: a duration_s run stays
@@ -109,7 +119,7 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
       "invalid_argument",
       `scenario: work "${args.work}" runs one step at a time; use scenario "single-stream"`,
     );
-  const tune = tuning ? resolveFineTune(args, entry.task) : undefined;
+  const tune = tuning ? resolveFineTune(env, args, entry.task, dtypes) : undefined;
   const stray = FINE_TUNE_ARGS.find((k) => args[k] !== undefined);
   if (stray && !tuning)
     throw new ToolError(
@@ -200,8 +210,10 @@ function resolveBenchmark(env: ToolEnv, args: Record<string, any>): ResolvedBenc
 
 /** work "fine_tune"'s own arguments checked, their defaults filled in. */
 function resolveFineTune(
+  env: ToolEnv,
   args: Record<string, any>,
   task: string,
+  dtypes: string[],
 ): NonNullable<ResolvedBenchmark["tune"]> {
   if (task !== "text-generation")
     throw new ToolError(
@@ -230,11 +242,19 @@ function resolveFineTune(
       "invalid_argument",
       `eval_every: ${evalEvery} is more than the ${steps} steps; held-out loss is evaluated every eval_every steps`,
     );
+  if (args.keep && !env.kept)
+    throw new ToolError("invalid_argument", "keep: this server keeps no fine-tunes; omit keep");
   return {
     dataset: args.dataset,
     steps,
     eval_every: evalEvery,
     learning_rate: args.learning_rate ?? FINE_TUNE_DEFAULTS.learning_rate,
+    // float32's weights (the reference), or the one dtype asked for; in the first mode.
+    ...(args.keep
+      ? {
+          keep: { dtype: dtypes.includes("float32") ? "float32" : dtypes[0]!, mode: args.modes[0] },
+        }
+      : {}),
   };
 }
 
@@ -378,7 +398,7 @@ const build = (env: ToolEnv) => {
         work: z
           .enum(["forward", "generate", "train_step", "fine_tune"])
           .default("forward")
-          .describe("fine_tune: train on a catalog dataset (us-founding-texts)"),
+          .describe("fine_tune: train on a dataset (us-founding-texts)"),
         optimizer: z.enum(OPTIMIZERS).optional(),
         dataset: z
           .string()
@@ -387,6 +407,7 @@ const build = (env: ToolEnv) => {
         steps: z.number().int().min(1).max(b.max_iterations).optional(),
         eval_every: z.number().int().min(1).max(b.max_iterations).optional(),
         learning_rate: z.number().positive().max(1).optional(),
+        keep: z.boolean().optional(),
         max_new_tokens: z.number().int().min(1).max(maxNew).optional(),
         temperature: temperature.optional(),
         seed: seed.optional(),
@@ -447,6 +468,8 @@ const build = (env: ToolEnv) => {
     async handler(args, ctx) {
       const r = resolveBenchmark(env, args);
       const baseline = args.baseline_id ? await ctx.reports.get(args.baseline_id) : undefined;
+      // A keep over the principal's storage bound is refused before the run spends anything.
+      const keep = r.tune?.keep ? await keepPlan(env, ctx, args.model, r.tune.keep) : undefined;
       const { result } = await ctx.runtime.call(
         "benchmark",
         {
@@ -461,7 +484,7 @@ const build = (env: ToolEnv) => {
           work: args.work,
           ...(r.maxNewTokens ? { max_new_tokens: r.maxNewTokens } : {}),
           ...(r.optimizer && !r.tune ? { optimizer: r.optimizer } : {}),
-          ...(r.tune ?? {}),
+          ...(r.tune ? { ...r.tune, keep } : {}),
           // Sampling as in run_inference (greedy when absent); the seed makes runs repeatable.
           ...(args.temperature !== undefined ? { temperature: args.temperature } : {}),
           ...(args.seed !== undefined ? { seed: args.seed } : {}),
@@ -483,6 +506,7 @@ const build = (env: ToolEnv) => {
       );
       // Stored under the device kind, which is what cost estimates look history up by.
       const deviceKind = String(result.manifest?.device_kind ?? kindOf(args.device ?? "default"));
+      const kept = keep ? recordKept(env, ctx, args, result, keep) : undefined;
       const body = {
         model: args.model,
         scenario: args.scenario,
@@ -490,12 +514,16 @@ const build = (env: ToolEnv) => {
         cancelled: Boolean(result.cancelled),
         ...(result.stopped ? { stopped: result.stopped } : {}),
         configs: result.configs ?? [],
-        manifest: result.manifest ?? {},
+        manifest: { ...result.manifest, ...(kept ? { kept: kept.summary } : {}) },
         // The measured device time in money, with `pricing` set and the kind priced.
         ...costOfReport(env, deviceKind, result.configs ?? []),
         ...(baseline ? { comparison: compareReports(result, baseline.report, baseline.id) } : {}),
       };
       const stored = await ctx.reports.put(ctx.principal.id, args.model, deviceKind, body);
+      if (kept?.record) {
+        env.kept!.add({ ...kept.record, report_id: stored.id });
+        ctx.facts.invalidate();
+      }
       const uri = `tpu://benchmarks/${stored.id}`;
       return {
         report_id: stored.id,
@@ -552,7 +580,12 @@ const build = (env: ToolEnv) => {
         o.manifest.extend_factor === 1 && left.length > 0
           ? `\n${left.length} unstable configuration(s) left as measured (duration_s bounds each; extend_unstable: true runs them up to ${EXTEND_FACTOR}x longer): ${left.map((c: any) => `b=${c.batch}${c.seq_len ? ` s=${c.seq_len}` : ""} ${c.dtype} ${c.mode}`).join(", ")}`
           : "";
-      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}${o.stopped ? `, stopped (${o.stopped}): partial` : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${bounded}${cmp}`;
+      const k = o.manifest.kept as
+        { model: string | null; reason?: string; expires_at?: string } | undefined;
+      const keptLine = k
+        ? `\n${k.model ? `kept as model ${k.model} (load_model serves it to you until ${k.expires_at})` : k.reason}`
+        : "";
+      return `benchmark ${o.report_id} of ${o.model} (${o.scenario}, ${o.work}${o.cancelled ? ", cancelled: partial" : ""}${o.stopped ? `, stopped (${o.stopped}): partial` : ""}) → ${o.resource_uri} (.md, .svg)\n${rows.join("\n")}${bounded}${cmp}${keptLine}`;
     },
   });
 };

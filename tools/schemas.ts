@@ -16,11 +16,22 @@ export function catalogMax(env: ToolEnv, key: LimitKey): number {
   return Math.max(1, ...env.catalog.models.map((m) => m.limits[key]));
 }
 
-/** The catalog entry of a model id the input schema already accepted. */
+/**
+ * The catalog entry of a model id the input schema already accepted. A kept fine-tune (its owner
+ * checked by the dispatcher) answers with its base model's entry under its own id.
+ */
 export function entryOf(env: ToolEnv, id: string): CatalogEntry {
-  const entry = env.catalog.models.find((m) => m.id === id);
+  const entry = findEntry(env, id);
   if (!entry) throw new Error(`model ${id} passed validation but is not in the catalog`);
   return entry;
+}
+
+/** A catalog model's entry, or a live kept fine-tune's (its base's under its own id); else none. */
+export function findEntry(env: ToolEnv, id: unknown): CatalogEntry | undefined {
+  const kept = typeof id === "string" ? env.kept?.record(id) : undefined;
+  const base = kept ? env.catalog.models.find((m) => m.id === kept.base) : undefined;
+  if (base && kept) return env.kept?.entry(kept.id, base);
+  return env.catalog.models.find((m) => m.id === id);
 }
 
 export function modelId(env: ToolEnv) {

@@ -7,6 +7,7 @@ import type { CallDeadline } from "../policies/gate/gate.js";
 import type { Principal } from "../policies/scopes.js";
 import type { ToolPolicy } from "../policies/tool_policy.js";
 import type { Catalog } from "../runtime/catalog.js";
+import type { KeptModels } from "./stores/kept.js";
 import type { CallTrace, FleetState, Placement, Runtime } from "../runtime/types.js";
 import type { Jobs } from "./stores/jobs.js";
 import type { Outputs } from "./stores/outputs.js";
@@ -88,6 +89,8 @@ export interface ToolEnv {
   pricing?: PricingConfig;
   /** Absent (a tool built without a server): every optional part is published. */
   deployment?: Deployment;
+  /** Kept fine-tune results (tools/stores/kept.ts); absent: nothing can be kept. */
+  kept?: KeptModels;
 }
 
 /** Per-call context: who calls, what they may reach, and the services behind them. */

@@ -2,7 +2,7 @@
 // validated config. Transports (stdio, HTTP) ask it for one MCP server per session.
 import { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
-import { basename, resolve } from "node:path";
+import { basename, join, resolve } from "node:path";
 import type { Logger } from "pino";
 import type { ApprovalQueue } from "../../policies/approval_record.js";
 import type { AuditTrail } from "../../policies/audit.js";
@@ -36,6 +36,8 @@ import { approveCommand, createPolicyServices, publicConsoleUrl } from "./build_
 import type { Passkeys } from "../../policies/passkeys/store.js";
 import { openServerStores, type SharedBackend, type Storage } from "./storage.js";
 import { sharedFleetStore } from "./postgres/fleet.js";
+import { KeptModels } from "../../tools/stores/kept.js";
+import { toToolError } from "../../tools/errors.js";
 import { buildRuntime, type BuiltRuntime, type RuntimeHooks } from "./build_runtime.js";
 import { replicaIdentity, replicaStatus, type ReplicaIdentity } from "./replica.js";
 import { watchControl, type ControlHandler } from "../control/channel.js";
@@ -335,6 +337,27 @@ export async function createApp(
   const auth = new Authenticator(config.policy);
   hooks.add("jobs", () => jobs.close());
   const facts = new WorkerModelFacts(runtime);
+  // Kept fine-tunes: expired ones are removed with their files and unloaded where loaded.
+  env.kept = new KeptModels(join(config.paths.data_dir, "kept"), config.kept);
+  const kept = env.kept;
+  const sweep = setInterval(
+    () => {
+      for (const r of kept.sweep()) {
+        facts.invalidate();
+        void runtime
+          .call("unload", { model: r.id })
+          .catch((e) => (toToolError(e).code === "model_not_loaded" ? undefined : e))
+          .then(
+            (e) =>
+              e &&
+              logger.warn({ err: String(e), model: r.id }, "expired kept model: unload failed"),
+          );
+      }
+    },
+    Math.min(60, config.kept.ttl_s) * 1000,
+  );
+  sweep.unref();
+  hooks.add("kept sweep", () => clearInterval(sweep));
   factsRef = facts;
   metrics.observeWorkers(runtime, fleet?.state);
 

@@ -52,6 +52,9 @@ export function baseRuntimeOptions(config: ServerConfig, logger: Logger): Worker
       // Compiled graphs (mode "compile") kept across worker restarts: a restart loads warm.
       "--compile-cache",
       join(config.paths.data_dir, "compile-cache"),
+      // Kept fine-tunes (tools/stores/kept.ts): written and served from this node's data_dir.
+      "--kept-dir",
+      join(config.paths.data_dir, "kept"),
       ...engineArgs(rt.engines),
     ],
     startMode: rt.start,

@@ -251,6 +251,24 @@ export const ServerConfigSchema = z
       })
       .strict()
       .prefault({}),
+    /**
+     * Kept fine-tune results (run_benchmark work fine_tune, keep): the bytes of kept weights one
+     * principal may hold, and how long each lives (docs/benchmarks.md).
+     */
+    kept: z
+      .object({
+        max_bytes_per_principal: z
+          .number()
+          .int()
+          .min(0)
+          .default(2 * 1024 ** 3),
+        ttl_s: z
+          .number()
+          .positive()
+          .default(7 * 86_400),
+      })
+      .strict()
+      .prefault({}),
     policy: policyConfigSchema(TOOL_POLICIES).prefault({}),
   })
   .strict();

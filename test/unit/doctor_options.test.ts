@@ -57,6 +57,8 @@ describe("the doctors' worker options", () => {
       "3",
       "--compile-cache",
       `${config.paths.data_dir}/compile-cache`,
+      "--kept-dir",
+      `${config.paths.data_dir}/kept`,
     ]);
     expect(doctor.heartbeatTimeoutMs).toBe(33_000);
     expect(doctor.stopGraceMs).toBe(44_000);
@@ -81,6 +83,8 @@ describe("the doctors' worker options", () => {
         "3",
         "--compile-cache",
         `${config.paths.data_dir}/compile-cache`,
+        "--kept-dir",
+        `${config.paths.data_dir}/kept`,
         "--tpu-eager",
         "fused",
       ],

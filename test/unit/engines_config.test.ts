@@ -20,6 +20,8 @@ describe("runtime.engines.vllm", () => {
       expect.any(String),
       "--compile-cache",
       `${c.paths.data_dir}/compile-cache`,
+      "--kept-dir",
+      `${c.paths.data_dir}/kept`,
     ]);
   });
 

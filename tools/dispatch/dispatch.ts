@@ -18,6 +18,7 @@ import { ToolError, toToolError, type ErrorCode } from "../errors.js";
 import { measured, type EstimatedWork } from "../support/estimate.js";
 import type { ToolContext, ToolDefinition, ToolServices } from "../types.js";
 import { runAsJob } from "./jobs.js";
+import { KEPT_ID } from "../stores/kept.js";
 import { checkOutput, errorResult, successResult, type CallToolResultLike } from "./result.js";
 
 export { ERROR_META_KEY, type CallToolResultLike } from "./result.js";
@@ -62,10 +63,21 @@ function zodMessage(err: z.ZodError): string {
     .join("; ");
 }
 
-/** Parses the raw arguments; an unknown model gets its own code naming the catalog ids. */
+/**
+ * Parses the raw arguments; an unknown model gets its own code naming the catalog ids. A kept
+ * fine-tune's id is accepted for its owner only (checked as its base model's arguments); for
+ * anyone else it is an unknown model, so its existence does not leak.
+ */
 function parseArgs(input: DispatchInput): Record<string, any> {
-  const parsed = input.tool.input.safeParse(input.rawArgs ?? {});
-  if (parsed.success) return parsed.data as Record<string, any>;
+  const raw = (input.rawArgs ?? {}) as Record<string, unknown>;
+  const model = typeof raw.model === "string" ? raw.model : undefined;
+  const kept =
+    model && KEPT_ID.test(model)
+      ? input.base.env.kept?.owned(model, input.principal.id)
+      : undefined;
+  const parsed = input.tool.input.safeParse(kept ? { ...raw, model: kept.base } : raw);
+  if (parsed.success)
+    return kept ? { ...(parsed.data as object), model } : (parsed.data as Record<string, any>);
   const unknownModel = parsed.error.issues.find(
     (i: z.core.$ZodIssue) =>
       i.path.length === 1 &&

@@ -9,6 +9,7 @@ import {
 } from "../../policies/estimate.js";
 import type { ToolPolicy } from "../../policies/tool_policy.js";
 import type { ToolContext, ToolServices } from "../types.js";
+import { findEntry } from "../schemas.js";
 
 /**
  * The library the worker builds a model with: transformers for every architecture but the one it
@@ -37,7 +38,7 @@ function callFacts(
   calls: CallRecord[],
 ): Omit<EstimateInput, "device" | "loaded" | "history"> | undefined {
   const kind = tool.estimate;
-  const entry = ctx.env.catalog.models.find((m) => m.id === args.model);
+  const entry = findEntry(ctx.env, args.model);
   if (!entry || kind === null) return undefined;
   // Tensor models have no sequence: one "token" per item on both sides of the comparison.
   if (entry.task === "tensor" && kind === "benchmark") args = { ...args, seq_lens: [1] };
@@ -87,7 +88,7 @@ export async function estimateFor(
   ctx: ToolContext,
 ): Promise<CostEstimate | undefined> {
   const kind = tool.estimate;
-  const entry = ctx.env.catalog.models.find((m) => m.id === args.model);
+  const entry = findEntry(ctx.env, args.model);
   if (!entry || kind === null) return undefined;
   // Loads and benchmarks ask the worker for fresh free memory; inference, the hot path, uses
   // what the handshake reported (its memory was accounted for when the model was loaded).

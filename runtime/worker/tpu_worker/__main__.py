@@ -73,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="folder for compiled graphs kept across restarts (mode compile; the server's data_dir/compile-cache)",
     )
     p.add_argument(
+        "--kept-dir",
+        default=None,
+        help="folder of kept fine-tunes (the server's data_dir/kept): served by id, their digest checked",
+    )
+    p.add_argument(
         "--tpu-eager", choices=("strict", "fused", "blocking"), default="strict", help="TorchTPU eager execution mode"
     )
     p.add_argument(
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ[CACHE_ENV] = args.compile_cache
     try:
-        catalog = load_catalog(args.catalog)
+        catalog = load_catalog(args.catalog, args.kept_dir)
     except CatalogError as exc:
         logs.error("catalog rejected", error=str(exc))
         return 2

@@ -21,6 +21,8 @@ ENGINES = ("torch", "vllm")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 INPUT_DTYPES = ("float32", "float16", "bfloat16")
 MAX_LOGPROBS = 5  # the generation contract's bound on args.logprobs
+_KEPT_RE = re.compile(r"^kept-[0-9a-f]{12}$")
+_SHA_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
 _HUB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -99,6 +101,8 @@ class Entry:
     engine: str = "torch"
     shapes: Shapes = Shapes()
     prefix_cache: PrefixCacheSpec = PrefixCacheSpec()
+    # "sha256:<hex>" of the weight files (loaders.DigestCache.digest): a load checks it first.
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,14 +110,42 @@ class Catalog:
     path: str
     roots: tuple[str, ...]  # realpaths
     entries: dict[str, Entry]
+    # The server's folder of kept fine-tunes (data_dir/kept, keep.py): its index.json names them.
+    kept_dir: str | None = None
 
     def get(self, model_id: Any) -> Entry:
         from .errors import WorkerError
 
-        if not isinstance(model_id, str) or model_id not in self.entries:
-            known = ", ".join(sorted(self.entries)) or "none"
-            raise WorkerError("unknown_model", f"model {model_id!r} is not in the catalog (known: {known})")
-        return self.entries[model_id]
+        if isinstance(model_id, str) and model_id in self.entries:
+            return self.entries[model_id]
+        kept = self.kept(model_id)
+        if kept is not None:
+            return kept
+        known = ", ".join(sorted(self.entries)) or "none"
+        raise WorkerError("unknown_model", f"model {model_id!r} is not in the catalog (known: {known})")
+
+    def kept(self, model_id: Any) -> Entry | None:
+        """A kept fine-tune's entry, read from the index at each use: the server adds and sweeps
+        them while this worker runs (whose principal may use one is the server's check)."""
+        if not isinstance(model_id, str) or not _KEPT_RE.match(model_id):
+            return None
+        return self.kept_entries().get(model_id)
+
+    def kept_entries(self) -> dict[str, Entry]:
+        """Every kept fine-tune the server's index names now (none without a kept folder)."""
+        if self.kept_dir is None:
+            return {}
+        try:
+            with open(os.path.join(self.kept_dir, "index.json"), encoding="utf-8") as fh:
+                records = json.load(fh).get("models") or []
+        except (OSError, ValueError, AttributeError):
+            return {}
+        out: dict[str, Entry] = {}
+        for r in records:
+            raw = r.get("entry") if isinstance(r, dict) else None
+            if isinstance(raw, dict) and isinstance(raw.get("id"), str) and _KEPT_RE.match(raw["id"]):
+                out[raw["id"]] = parse_entry(raw, f"kept[{raw['id']}]")
+        return out
 
 
 def _need(cond: bool, where: str, what: str) -> None:
@@ -249,6 +281,12 @@ def parse_entry(raw: Any, where: str) -> Entry:
 
     description = raw.get("description", "")
     _need(isinstance(description, str), f"{where}.description", "expected a string")
+    sha256 = raw.get("sha256")
+    _need(
+        sha256 is None or (isinstance(sha256, str) and bool(_SHA_RE.match(sha256))),
+        f"{where}.sha256",
+        'expected "sha256:" and 64 hex digits (the digest of the weight files)',
+    )
     return Entry(
         model_id,
         task,
@@ -266,6 +304,7 @@ def parse_entry(raw: Any, where: str) -> Entry:
         engine,
         shapes,
         prefix_cache,
+        sha256,
     )
 
 
@@ -309,7 +348,7 @@ def _prefix_cache(raw: Any, where: str) -> PrefixCacheSpec:
     return PrefixCacheSpec(_int(raw, "max_bytes", where, default=DEFAULT_PREFIX_CACHE_BYTES), block)
 
 
-def parse_catalog(data: Any, path: str) -> Catalog:
+def parse_catalog(data: Any, path: str, kept_dir: str | None = None) -> Catalog:
     _need(isinstance(data, dict), "top level", "expected an object with model_roots and models")
     base = os.path.dirname(os.path.abspath(path))
     roots_raw = data.get("model_roots")
@@ -327,10 +366,14 @@ def parse_catalog(data: Any, path: str) -> Catalog:
         entry = parse_entry(raw, f"models[{i}]")
         _need(entry.id not in entries, f"models[{i}].id", f"duplicate id {entry.id!r}")
         entries[entry.id] = entry
-    return Catalog(os.path.abspath(path), roots, entries)
+    if kept_dir is not None:
+        # The kept fine-tunes' folder is a model root: their files are checked like any model's.
+        kept_dir = os.path.realpath(kept_dir)
+        roots = (*roots, kept_dir)
+    return Catalog(os.path.abspath(path), roots, entries, kept_dir)
 
 
-def load_catalog(path: str) -> Catalog:
+def load_catalog(path: str, kept_dir: str | None = None) -> Catalog:
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -338,4 +381,4 @@ def load_catalog(path: str) -> Catalog:
         raise CatalogError(f"catalog file cannot be read ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
         raise CatalogError(f"catalog is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    return parse_catalog(data, path)
+    return parse_catalog(data, path, kept_dir)

@@ -158,7 +158,14 @@ class Worker:
 
     def entry_and_weights(self, model: Any) -> tuple[Entry, WeightsInfo]:
         entry = self.catalog.get(model)
-        return entry, inspect_weights(entry, self.catalog, max_total_bytes=self.max_weight_bytes)
+        info = inspect_weights(entry, self.catalog, max_total_bytes=self.max_weight_bytes)
+        if entry.sha256 is not None and self.digests.digest(info.files) != entry.sha256:
+            raise WorkerError(
+                "unsafe_weights",
+                f"model {entry.id!r}: its weight files' sha256 differs from the digest recorded when they were "
+                "written; they changed on disk and are refused (run the fine-tune again to keep a fresh copy)",
+            )
+        return entry, info
 
     def config_for(self, entry: Entry, info: WeightsInfo) -> dict | None:
         if entry.task in ("embedding", "text-generation"):
@@ -383,7 +390,7 @@ class Worker:
         server). An entry already here keeps its definition, even where the file now differs (a
         loaded model must not change under its callers): that, and a removal, needs a restart."""
         try:
-            fresh = load_catalog(self.catalog.path)
+            fresh = load_catalog(self.catalog.path, self.catalog.kept_dir)
         except CatalogError as exc:
             raise invalid(f"the catalog file is refused, nothing changed: {exc}") from None
         old = self.catalog
@@ -391,7 +398,9 @@ class Worker:
         if added:
             # New roots are added (a new entry may live there); none is taken away before a restart.
             roots = old.roots + tuple(r for r in fresh.roots if r not in old.roots)
-            self.catalog = Catalog(old.path, roots, {**old.entries, **{i: fresh.entries[i] for i in added}})
+            self.catalog = Catalog(
+                old.path, roots, {**old.entries, **{i: fresh.entries[i] for i in added}}, old.kept_dir
+            )
         kept = [i for i in old.entries if i in fresh.entries and fresh.entries[i] != old.entries[i]]
         removed = [i for i in old.entries if i not in fresh.entries]
         return {"added": added, "changed": kept, "removed": removed}, []

@@ -24,7 +24,7 @@ MODEL_LIBRARIES = ("transformers",)
 def describe_models(worker) -> dict:
     """The `describe` op: every catalog entry, its weights checked and digested."""
     models = []
-    for entry in worker.catalog.entries.values():
+    for entry in [*worker.catalog.entries.values(), *worker.catalog.kept_entries().values()]:
         item: dict[str, Any] = {
             "id": entry.id,
             "task": entry.task,

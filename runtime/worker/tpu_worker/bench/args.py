@@ -8,6 +8,7 @@ never disagree on one (runtime/PROTOCOL.md, `benchmark`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -83,6 +84,8 @@ class Plan:
     steps: int | None = None
     eval_every: int | None = None
     learning_rate: float | None = None
+    # work "fine_tune" only: {id, dtype, mode} of the configuration whose weights are kept (keep.py).
+    keep: dict | None = None
 
     @property
     def sampling(self) -> GenParams | None:
@@ -173,7 +176,10 @@ def plan(entry, args: dict) -> Plan:
     )
 
 
-FINE_TUNE_KEYS = ("dataset", "steps", "eval_every", "learning_rate")
+KEPT_ID = re.compile(r"^kept-[0-9a-f]{12}$")
+DTYPES_OF_KEEP = ("float32", "bfloat16")
+MODES_OF_KEEP = ("eager", "compile", "compile_step")
+FINE_TUNE_KEYS = ("dataset", "steps", "eval_every", "learning_rate", "keep")
 
 
 def _fine_tune(args: dict, work: str, batch_sizes, seq_lens, iterations, duration, bounds: Bounds) -> dict:
@@ -195,7 +201,18 @@ def _fine_tune(args: dict, work: str, batch_sizes, seq_lens, iterations, duratio
     lr = _required(args, "learning_rate")
     if not _is_number(lr) or not 0 < lr <= MAX_LEARNING_RATE:
         raise invalid(f"args.learning_rate must be a number in (0, {MAX_LEARNING_RATE}]")
-    return {"dataset": dataset, "steps": steps, "eval_every": eval_every, "learning_rate": float(lr)}
+    keep = args.get("keep")
+    if keep is not None:
+        if not (
+            isinstance(keep, dict)
+            and isinstance(keep.get("id"), str)
+            and KEPT_ID.match(keep["id"])
+            and keep.get("dtype") in DTYPES_OF_KEEP
+            and keep.get("mode") in MODES_OF_KEEP
+        ):
+            raise invalid("args.keep must be {id: 'kept-<12 hex>', dtype, mode} of a configuration of the grid")
+        keep = {"id": keep["id"], "dtype": keep["dtype"], "mode": keep["mode"]}
+    return {"dataset": dataset, "steps": steps, "eval_every": eval_every, "learning_rate": float(lr), "keep": keep}
 
 
 def _is_number(v: Any) -> bool:

@@ -31,6 +31,7 @@ from .. import flops, logs
 from ..adapters import CausalLM
 from ..errors import WorkerError, invalid, is_oom
 from ..platforms import platform_for
+from .keep import keep_weights
 from .measure import SEED, latency_summary, recompile_room
 from .text_data import documents, pack_and_split, resolve, token_stream
 from .train_step import MemorySplit, Trainer, loss_curve, loss_drift, optimizer_report
@@ -89,6 +90,8 @@ def run_fine_tune(worker, entry, info, device, p, ctx, manifest: dict) -> tuple[
     plat = platform_for(device)
     matmul = plat.matmul_precision(device)
     configs = [_Config(d, m) for d in p.dtypes for m in p.modes]
+    if p.keep and not any(c.dtype == p.keep["dtype"] and c.mode == p.keep["mode"] for c in configs):
+        raise invalid(f"args.keep: {p.keep['dtype']} {p.keep['mode']} is not a configuration of this run's grid")
     manifest["optimizer"] = {**optimizer_report(OPTIMIZER), "lr": p.learning_rate}
     manifest["dataset"] = ds.report()
     cut = False
@@ -117,6 +120,8 @@ def run_fine_tune(worker, entry, info, device, p, ctx, manifest: dict) -> tuple[
             if c.trainer is not None and c.losses:
                 c.split = c.trainer.memory_split()
         step_flops = _count_flops(configs, split, rows, device)
+        if p.keep:
+            manifest["kept"] = _keep(worker, configs, p.keep, info.model_dir)
         tokens = rows * length
         out = [_report(c, p, b, s, tokens, step_flops, kind, name, matmul, device, lease.load_s) for c in configs]
     _drifts(out, configs)
@@ -144,6 +149,16 @@ def not_started(p, device, why: str) -> list[dict]:
         for d in p.dtypes
         for m in p.modes
     ]
+
+
+def _keep(worker, configs, keep: dict, source_dir: str) -> dict:
+    """The kept configuration's weights written (keep.py), or why not: only a completed run's are
+    kept, since a stopped one's are the model part-way."""
+    c = next(c for c in configs if c.dtype == keep["dtype"] and c.mode == keep["mode"])
+    if c.status != "completed" or c.trainer is None:
+        return {"id": keep["id"], "written": False, "reason": f"the {c.dtype} {c.mode} configuration {c.status}"}
+    out = keep_weights(worker, c.trainer.model, source_dir, keep["id"])
+    return {**out, "written": True, "dtype": c.dtype, "mode": c.mode, "steps": len(c.losses)}
 
 
 def _stop_status(ctx) -> str:

@@ -211,6 +211,7 @@ class Trainer:
         model = copy.deepcopy(adapter.eager_model).to(torch.float32).eval()
         for p in model.parameters():
             p.requires_grad_(True)
+        self.model = model  # the trained module itself (keep.py writes its weights)
         self.module = loss_head(adapter, model)
         self.autocast_dtype = TRAIN_PRECISIONS[precision]
         self.mode = mode
