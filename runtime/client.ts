@@ -52,6 +52,7 @@ import {
 } from "./types.js";
 import {
   CallTable,
+  abortable,
   cancelledError,
   clearTimers,
   closedError,
@@ -125,6 +126,8 @@ export class WorkerRuntime {
   private generation = 0;
   private seq = 0;
   private readonly calls = new CallTable();
+  // Loads in flight by model name: an infer that meets `model_not_loaded` waits for its load.
+  private readonly loading = new Map<string, Promise<void>>();
   private crashTimes: number[] = [];
   private restartCount = 0;
   private restartTimer: NodeJS.Timeout | undefined;
@@ -245,12 +248,48 @@ export class WorkerRuntime {
     const span = callTrace?.child(`worker ${op}`, { "tpu_mcp.worker.op": op });
     const trace = callTrace && span ? { call: callTrace, span } : undefined;
     try {
-      const r = await this.send<T>(op, args, opts, trace);
+      const r = await this.sendAfterLoad<T>(op, args, opts, trace);
       span?.end();
       return r;
     } catch (e) {
       span?.end(e instanceof RuntimeCallError ? e.code : "internal");
       throw e;
+    }
+  }
+
+  /**
+   * Sends the call; an infer that finds its model not loaded while a load of that model is in
+   * flight on this worker waits for the load and is sent once more. A load handed off as a job
+   * (a slow first load) answers its caller before the model is there, and the caller's next
+   * call is the infer: it should meet the model, not `model_not_loaded`.
+   */
+  private async sendAfterLoad<T>(
+    op: string,
+    args: Record<string, unknown>,
+    opts: CallOptions,
+    trace: PendingTrace | undefined,
+  ): Promise<CallResult<T>> {
+    const model = typeof args.model === "string" ? args.model : undefined;
+    if (op === "load" && model) {
+      const load = this.send<T>(op, args, opts, trace);
+      const settled = load.then(
+        () => undefined,
+        () => undefined,
+      );
+      this.loading.set(model, settled);
+      void settled.then(() => {
+        if (this.loading.get(model) === settled) this.loading.delete(model);
+      });
+      return load;
+    }
+    try {
+      return await this.send<T>(op, args, opts, trace);
+    } catch (e) {
+      const load = model !== undefined ? this.loading.get(model) : undefined;
+      if (op !== "infer" || !load || !(e instanceof RuntimeCallError)) throw e;
+      if (e.code !== "model_not_loaded") throw e;
+      await abortable(load, opts.signal, () => cancelledError(op, "while its model loaded"));
+      return this.send<T>(op, args, opts, trace);
     }
   }
 

@@ -91,3 +91,18 @@ export function closedError(): RuntimeCallError {
 export function cancelledError(op: string, how: string): RuntimeCallError {
   return new RuntimeCallError("cancelled", `${op} was cancelled ${how}.`, true, { op });
 }
+
+/** Waits for `p`, or rejects with `onAbort()` as soon as `signal` aborts. */
+export function abortable<T>(
+  p: Promise<T>,
+  signal: AbortSignal | undefined,
+  onAbort: () => Error,
+): Promise<T> {
+  if (!signal) return p;
+  if (signal.aborted) return Promise.reject(onAbort());
+  return new Promise<T>((resolve, reject) => {
+    const stop = () => reject(onAbort());
+    signal.addEventListener("abort", stop, { once: true });
+    p.then(resolve, reject).finally(() => signal.removeEventListener("abort", stop));
+  });
+}

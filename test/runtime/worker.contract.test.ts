@@ -129,6 +129,18 @@ describe("worker contract (real worker, CPU)", () => {
     await rt.call("unload", { model: "tiny-gpt2" });
   });
 
+  it("an infer sent while its model loads waits for the load (a slow load handed off as a job)", async () => {
+    const args = { model: "tiny-gpt2", texts: ["Hello there"], max_new_tokens: 4 };
+    // Without a load in flight the worker answers model_not_loaded at once.
+    const missing = await rt.call("infer", args).catch((e: unknown) => e);
+    expect((missing as RuntimeCallError).code).toBe("model_not_loaded");
+    const load = rt.call("load", { model: "tiny-gpt2" });
+    const r = await rt.call<{ texts: string[] }>("infer", args);
+    expect(r.result.texts).toHaveLength(1);
+    await load;
+    await rt.call("unload", { model: "tiny-gpt2" });
+  });
+
   it("runs mnist-cnn on raw tensors: [N,1,28,28] in, [N,10] float32 out", async () => {
     await rt.call("load", { model: "mnist-cnn" });
     const { result, tensors } = await rt.call(
