@@ -80,4 +80,8 @@ def test_a_shape_plan_comes_from_the_entry_or_the_defaults():
     assert default.batches == (1, 2, 4, 8, 16) and default.lengths == (8, 16, 32, 64, 128)
     assert default.prefill_batches == (1, 4, 16)  # the largest is the slots: one forward per length
     assert ShapePlan.for_model(None, None, max_batch=8, max_len=8, generation=True).prefill_batches == (1, 2, 8)
-    assert default.size == 3 * 5 + 5 and default.batch(3) == 4 and default.length(100) == 128
+    # A decode step per batch bucket and window (the lengths; with max_new_tokens, the whole cache too).
+    assert default.decode_lengths == default.lengths and default.decode_length(9) == 16
+    assert default.size == 3 * 5 + 5 * 5 and default.batch(3) == 4 and default.length(100) == 128
+    longer = ShapePlan.for_model(None, None, max_batch=16, max_len=128, generation=True, max_new_tokens=64)
+    assert longer.decode_lengths == (8, 16, 32, 64, 128, 192) and longer.decode_length(150) == 192

@@ -2,9 +2,10 @@
 plan, after which no request compiles (the counts are the CPU's proxy for TPU compiles), and a
 second worker on the same compile cache loads warm.
 
-The plan is kept small (a catalog entry with max_batch 2 and max_seq_len 16: 8 graphs, two of
-them prefills behind cached prefixes, with prefix blocks of 4 tokens so that such prompts fit),
-since each inductor compile costs seconds on the CPU."""
+The plan is kept small (a catalog entry with max_batch 2 and max_seq_len 16: 12 graphs, two of
+them prefills behind cached prefixes, six decode steps over windows of 8, 16 and 24 columns,
+with prefix blocks of 4 tokens so that such prompts fit), since each inductor compile costs
+seconds on the CPU."""
 
 from __future__ import annotations
 
@@ -59,14 +60,15 @@ def test_a_compiled_load_warms_every_shape_of_the_plan(compiled):
         "length_buckets": [8, 16],
         "prefill_batch_buckets": [1, 2],
         "prefill_cached_length_buckets": [8],
-        "size": 8,
+        "decode_length_buckets": [8, 16, 24],
+        "size": 12,
     }
-    assert report["shapes_warmed"] == 8
+    assert report["shapes_warmed"] == 12
     # One graph per shape at least (a graph break would add more; none in tiny-gpt2's forward).
-    assert report["graphs_compiled"] >= 8
+    assert report["graphs_compiled"] >= 12
     assert report["compile_cache"]["dir"] == cache
     assert report["compile_cache"]["state"] == ("warm" if report["compile_cache"]["warm"] else "cold")
-    assert sum(1 for a in seen if len(a) > 2 and str(a[2]).startswith("compiling")) == 8
+    assert sum(1 for a in seen if len(a) > 2 and str(a[2]).startswith("compiling")) == 12
 
 
 def test_after_the_warm_up_no_request_compiles(compiled):

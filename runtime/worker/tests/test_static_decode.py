@@ -360,5 +360,7 @@ def test_the_loaded_model_reports_its_plan_and_cache(shared_worker):
     assert "distinct_shapes" in m["shapes"]
     described, _ = shared_worker.handle("describe", {}, [], OpContext("d"))
     (d,) = [m for m in described["models"] if m["id"] == "tiny-gpt2"]
-    # 3 prefill batches × 5 lengths, 3 × 4 behind a cached prefix, 5 decode batches.
-    assert d["serving"]["cache"] == "static" and d["shape_plan"]["size"] == 32
+    # 3 prefill batches × 5 lengths, 3 × 4 behind a cached prefix, 5 decode batches × 6 windows
+    # (the 5 lengths and the whole cache, 128 + 64 columns).
+    assert d["serving"]["cache"] == "static" and d["shape_plan"]["size"] == 57
+    assert d["shape_plan"]["decode_length_buckets"] == [8, 16, 32, 64, 128, 192]

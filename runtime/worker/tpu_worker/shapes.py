@@ -70,6 +70,10 @@ class ShapePlan:
     # (generation/prefix.py), every length bucket but the largest (that one saves nothing), at
     # every prefill batch
     cached_lengths: tuple[int, ...] = ()
+    # generation only: the columns a decode step attends over (generation/slots.py), the length
+    # buckets and then the whole static cache: a step runs at the smallest one that holds its
+    # longest row, so attention grows with the context, not with the slot
+    decode_lengths: tuple[int, ...] = ()
 
     @classmethod
     def for_model(
@@ -81,6 +85,7 @@ class ShapePlan:
         max_len: int,
         generation: bool = False,
         prefix_cache: bool = False,
+        max_new_tokens: int = 0,
     ) -> ShapePlan:
         batches = tuple(b for b in (batch_buckets or default_batches(max_batch)) if b <= max_batch)
         if not batches or batches[-1] < max_batch:
@@ -90,7 +95,10 @@ class ShapePlan:
             lengths = (*lengths, max_len)
         prefill = prefill_buckets(batches) if generation else ()
         cached = lengths[:-1] if generation and prefix_cache else ()
-        return cls(batches, lengths, prefill, cached)
+        decode = ()
+        if generation and lengths:
+            decode = lengths if max_new_tokens <= 0 else (*lengths, lengths[-1] + max_new_tokens)
+        return cls(batches, lengths, prefill, cached, decode)
 
     def batch(self, n: int) -> int:
         """The batch bucket a forward of `n` items runs at."""
@@ -102,6 +110,10 @@ class ShapePlan:
 
     def prefill_batch(self, n: int) -> int:
         return _bucket(self.prefill_batches, n, "a prefill of")
+
+    def decode_length(self, n: int) -> int:
+        """The columns a decode step attends over when its rows use `n` of them."""
+        return _bucket(self.decode_lengths, n, "a decode over columns")
 
     @property
     def cache_slots(self) -> int:
@@ -131,7 +143,7 @@ class ShapePlan:
             return (
                 [("prefill", b, n) for b in self.prefill_batches for n in self.lengths]
                 + [("prefill_cached", b, n) for b in self.prefill_batches for n in self.cached_lengths]
-                + [("decode", b, 1) for b in self.batches]
+                + [("decode", b, n) for b in self.batches for n in (self.decode_lengths or (1,))]
             )
         return [("forward", b, n) for b in self.batches for n in (self.lengths or (0,))]
 
@@ -145,6 +157,8 @@ class ShapePlan:
             out["prefill_batch_buckets"] = list(self.prefill_batches)
         if self.cached_lengths:
             out["prefill_cached_length_buckets"] = list(self.cached_lengths)
+        if self.decode_lengths:
+            out["decode_length_buckets"] = list(self.decode_lengths)
         return out
 
 
@@ -193,6 +207,7 @@ def generation_plan(entry, max_len: int) -> ShapePlan:
         max_len=max_len,
         generation=True,
         prefix_cache=entry.prefix_cache.max_bytes > 0,
+        max_new_tokens=entry.limits.max_new_tokens,
     )
 
 

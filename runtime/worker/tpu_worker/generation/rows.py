@@ -147,6 +147,7 @@ class StaticRows:
             buckets=plan.batches,
             dtype=adapter.torch_dtype,
             device=adapter.device,
+            windows=plan.decode_lengths,
         )
         if prefix is not None:  # its pool is held from the load on, as the pre-flight counts it
             _, heads, _, dim = self.slots.keys[0].shape
@@ -325,7 +326,7 @@ class StaticRows:
             fed = torch.tensor(tokens + [self.adapter.pad_id] * (bucket - n), dtype=torch.long).to(self.slots.device)
             cache, mask, pos, column = self.slots.step(n, bucket)
         logits = self.adapter.step_static(fed, cache, mask, pos, column)
-        self.shapes.record("decode", bucket, 1, n)
+        self.shapes.record("decode", bucket, mask.shape[-1], n)  # the step's window (slots.py)
         return logits
 
     def warm(self, progress, token) -> int:
@@ -336,9 +337,8 @@ class StaticRows:
         platform = platform_for(self.adapter.device)
         for i, (kind, b, n) in enumerate(shapes):
             token.check()
-            progress(
-                i, len(shapes), f"compiling the {kind} of batch {b}" + (f", length {n}" if kind == "prefill" else "")
-            )
+            what = {"prefill": f", length {n}", "decode": f", over {n} columns"}.get(kind, "")
+            progress(i, len(shapes), f"compiling the {kind} of batch {b}{what}")
             with torch.no_grad():
                 if kind == "prefill":
                     # Left padded, as nearly every real prompt is (a prompt filling its bucket exactly
@@ -351,7 +351,7 @@ class StaticRows:
                     pos = torch.arange(n, device=self.slots.device).repeat(b, 1)
                     self.adapter.extend_static(ids, cache, mask, pos, columns)
                 else:
-                    cache, mask, pos, column = self.slots.step(0, b)
+                    cache, mask, pos, column = self.slots.step(0, b, least=n)
                     fed = torch.full((b,), pad, dtype=torch.long, device=self.slots.device)
                     self.adapter.step_static(fed, cache, mask, pos, column)
             # The warm-up's time is the compiles' and their first runs' (the device's queue included).
@@ -392,7 +392,7 @@ class StaticRows:
             elif kind == "decode":
                 with self.census.watch():
                     torch.tensor([pad] * b, dtype=torch.long).to(dev)
-                    slots.step(min(b, 1), b)
+                    slots.step(min(b, 1), b, least=n)
             slots.reset()
         with self.census.watch():
             if self.prefix is not None:  # a prompt's blocks copied into the prefix cache

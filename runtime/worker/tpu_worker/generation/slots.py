@@ -6,7 +6,11 @@ model's load. Every running sequence owns one slot; the running ones are kept in
 plan's batch buckets whatever joins or leaves). All slots write the same column at a step
 (transformers' StaticLayer keeps one write position): a sequence's tokens are a contiguous run
 of columns ending at that column, left padded and masked by `mask`, its positions its own
-(`pos`). A joining sequence is prefilled on its own at its length bucket and its keys and values
+(`pos`). A step attends over the first `window` columns only, the smallest of the plan's decode
+lengths that holds the shared column, so its cost follows the longest running row, not the slot
+(a view of the same tensors: one fixed shape per (batch bucket, window)); when the row that
+reached furthest left leaves and a smaller window would hold the rest, every slot moves left to
+column 0 (`_pack`). A joining sequence is prefilled on its own at its length bucket and its keys and values
 copied into a free slot so that they end at the shared column; a finished one frees its slot
 (the last running slot moves into it). When the shared column reaches the end, every slot
 moves left by the columns no running sequence uses; a joiner longer than the columns before
@@ -71,10 +75,22 @@ def slot_cache_bytes(cfg, *, slots: int, length: int, itemsize: int) -> int:
 
 
 class SlotCache:
-    def __init__(self, model, *, slots: int, length: int, buckets: tuple[int, ...], dtype, device) -> None:
+    def __init__(
+        self,
+        model,
+        *,
+        slots: int,
+        length: int,
+        buckets: tuple[int, ...],
+        dtype,
+        device,
+        windows: tuple[int, ...] = (),
+    ) -> None:
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         n_layers, heads, head_dim = kv_layout(cfg)
-        self.slots, self.length, self.device = slots, length, device
+        self.slots, self.length, self.device, self.dtype = slots, length, device, dtype
+        # The columns a decode step may attend over (ShapePlan.decode_lengths), the whole cache last.
+        self.windows = (*sorted({w for w in windows if 0 < w < length}), length)
         shape = (slots, heads, length, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -90,16 +106,19 @@ class SlotCache:
         # shared by that layer's view in every bucket.
         self._written = [torch.zeros((), dtype=torch.long, device=device) for _ in range(n_layers)]
         self._config, self._heads, self._head_dim = model.config, heads, head_dim
-        self.views: dict[int, Any] = {b: self._view(slice(0, b), b) for b in buckets}
+        # (batch bucket, window) -> the view of the first `batch` slots' first `window` columns
+        self.views: dict[tuple[int, int], Any] = {(b, length): self._view(slice(0, b), b) for b in buckets}
         # (first slot, batch) -> the view of those slots: a prefill behind cached prefixes
         self._slot_views: dict[tuple[int, int], Any] = {}
 
-    def _view(self, rows: slice, batch: int):
+    def _view(self, rows: slice, batch: int, window: int | None = None):
         from transformers.cache_utils import StaticCache
 
-        cache = StaticCache(config=self._config, max_cache_len=self.length)
+        window = window or self.length
+        cache = StaticCache(config=self._config, max_cache_len=window)
         for i, layer in enumerate(cache.layers):
-            layer.keys, layer.values = self.keys[i][rows], self.values[i][rows]
+            layer.keys, layer.values = self.keys[i][rows, :, :window], self.values[i][rows, :, :window]
+            layer.max_cache_len = window
             layer.device, layer.batch_size, layer.num_heads = self.device, batch, self._heads
             layer.k_head_dim = layer.v_head_dim = self._head_dim
             layer.cumulative_length = self._written[i]
@@ -110,13 +129,16 @@ class SlotCache:
         return sum(t.numel() * t.element_size() for t in [*self.keys, *self.values])
 
     # -- a step -------------------------------------------------------------------------------
-    def step(self, running: int, bucket: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def step(self, running: int, bucket: int, least: int = 0) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Advances the first `bucket` slots by one column for a decode step: (their cache
-        view, mask, positions, the column written as cache_position). Every slot of the bucket
-        attends to the column it writes (a free slot to that alone, at position 0, so no row of
-        the attention is empty)."""
+        view over the step's window, its 4D additive mask, positions, the column written as
+        cache_position). The window is the smallest that holds the shared column (at least
+        `least`: the warm-up's shapes). Every slot of the bucket attends to the column it writes
+        (a free slot to that alone, at position 0, so no row of the attention is empty)."""
         self.make_room(0, running)
+        self._pack(running)
         c = self.column
+        window = self.window(max(c + 1, least))
         # Index tensors and whole-tensor ops: the same input shapes whatever `running` and `c`.
         column = self._columns[c : c + 1]
         self.mask.index_fill_(1, column, 1)
@@ -125,12 +147,41 @@ class SlotCache:
         for w in self._written:
             w.copy_(column[0])
         self.column += 1
-        return self.views[bucket], self.mask[:bucket], self.pos[:bucket], column
+        view = self.views.get((bucket, window))
+        if view is None:
+            view = self.views[(bucket, window)] = self._view(slice(0, bucket), bucket, window)
+        return view, self._additive(self.mask[:bucket, :window]), self.pos[:bucket], column
+
+    def _additive(self, mask: torch.Tensor) -> torch.Tensor:
+        """The step's mask as the model's 4D additive one ([rows, 1, 1, window]: 0 where a row
+        attends, the dtype's minimum elsewhere), which transformers passes to attention as it
+        is rather than building one from a 2D mask every step; the one query needs no causal
+        part (no row has a column past the one it writes)."""
+        return ((1 - mask[:, None, None, :].to(self.dtype)) * torch.finfo(self.dtype).min).contiguous()
+
+    def window(self, columns: int) -> int:
+        """The smallest decode window that holds `columns` columns."""
+        for w in self.windows:
+            if w >= columns:
+                return w
+        return self.windows[-1]
+
+    def _pack(self, running: int) -> None:
+        """Moves the slots left to column 0 when that lets a smaller window hold the running
+        rows (the row that reached furthest left has gone)."""
+        if not running:
+            return
+        first = min(self.first[:running])
+        if 0 < first < self.column and self.window(self.column + 1 - first) < self.window(self.column + 1):
+            self._shift(first, running)
 
     # -- joins and leaves ---------------------------------------------------------------------
     def make_room(self, need_before: int, running: int) -> None:
         """Makes sure `need_before` columns precede the shared column (a joiner's prompt) and one
         column is left to write, moving the running slots' columns if they must."""
+        if not running:  # nothing to keep: the joiner starts at column 0 (the smallest window)
+            self.column = need_before
+            return
         # Left first (it may leave fewer columns before the shared one), then right.
         if self.column >= self.length:
             first = min(self.first[:running], default=self.column)
