@@ -71,10 +71,10 @@ def test_a_step_views_the_cache_at_the_smallest_window_holding_the_longest_row(s
     k, v, m, p = prompt(3, 2.0)
     s.write(1, k, v, 0, m, p, 3)
     cache, mask, _, column = s.step(2, 2)
-    assert mask.shape == (2, 16) and int(column) == 10  # the 10-token row and its new column: 11 > 8
+    assert mask.shape == (2, 1, 1, 16) and int(column) == 10  # the 10-token row and its new column: 11 > 8
     assert cache.layers[0].keys.shape[2] == 16 and cache.layers[0].max_cache_len == 16
     s.move(1, 0)  # the long row leaves: the short one takes slot 0
     cache, mask, _, column = s.step(1, 1)
     # The short row (3 prompt columns and 1 written) moved to column 0: 5 columns, window 8.
-    assert mask.shape == (1, 8) and int(column) == 4
-    assert int(mask[0].sum()) == 5 and bool((s.keys[0][0, :, :3] == 2.0).all())
+    assert mask.shape == (1, 1, 1, 8) and int(column) == 4
+    assert int(s.mask[0].sum()) == 5 and int((mask[0, 0, 0] == 0).sum()) == 5 and bool((s.keys[0][0, :, :3] == 2.0).all())
