@@ -12,7 +12,9 @@ Prints one JSON object (stdout) with, for the same model files, dtype, prompts a
   worker_decode_concurrent the worker's decode loop in process, every prompt from its own thread
                            at once (continuous batching, no transport)
   ratios                   concurrent/sequential and batch-ceiling figures, side by side
-Each section reports tokens generated, wall seconds (median of the repeats) and tokens/s.
+Each section reports tokens generated, wall seconds (median of the repeats) and tokens/s. The
+sections run interleaved: a warm-up call each, then every repeat runs all four, the order
+rotating, so a shared host's load falls on all of them alike.
 Timing is never asserted anywhere: these are figures to print side by side in one run.
 """
 
@@ -39,15 +41,19 @@ DEFAULT_PROMPTS = [
 ]
 
 
-def _timed(fn, repeats: int) -> tuple[float, int]:
-    """Median wall seconds over `repeats` calls (after one warmup), and the tokens of one call."""
-    tokens = fn()  # warmup (first-call allocations, lazy inits)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        tokens = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), tokens
+def _interleaved(sections: dict, repeats: int) -> dict[str, tuple[float, int]]:
+    """Every section once (warm-up), then `repeats` rounds of every section, the order rotating
+    each round, so a shared host's load changes fall on every section alike: per section the
+    median wall seconds of its rounds and the tokens of one call."""
+    names = list(sections)
+    tokens = {k: sections[k]() for k in names}
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(repeats):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            tokens[k] = sections[k]()
+            times[k].append(time.perf_counter() - t0)
+    return {k: (statistics.median(times[k]), tokens[k]) for k in names}
 
 
 def _section(seconds: float, tokens: int, **extra) -> dict:
@@ -160,18 +166,28 @@ def main(argv: list[str] | None = None) -> int:
             t.join()
         return sum(counts)
 
+    sections = {
+        "hf_batch": lambda: hf_generate(ids),
+        "hf_seq": lambda: sum(hf_generate([r]) for r in ids),
+        "worker_seq": lambda: sum(worker_one(p) for p in prompts),
+        "worker_con": worker_concurrent,
+    }
     try:
-        s_batch, t_batch = _timed(lambda: hf_generate(ids), args.repeats)
-        s_seq, t_seq = _timed(lambda: sum(hf_generate([r]) for r in ids), args.repeats)
-        s_wseq, t_wseq = _timed(
-            lambda: sum(worker_one(p) for p in prompts), args.repeats
-        )
         steps0, joins0 = loop.stats.steps, loop.stats.joins
-        s_wcon, t_wcon = _timed(worker_concurrent, args.repeats)
-        steps = (loop.stats.steps - steps0) // (args.repeats + 1)
-        joins = (loop.stats.joins - joins0) / (args.repeats + 1)
+        timed = _interleaved(sections, args.repeats)
+        steps = loop.stats.steps - steps0
+        joins = loop.stats.joins - joins0
     finally:
         loop.close("bench over")
+    s_batch, t_batch = timed["hf_batch"]
+    s_seq, t_seq = timed["hf_seq"]
+    s_wseq, t_wseq = timed["worker_seq"]
+    s_wcon, t_wcon = timed["worker_con"]
+    # The concurrent section's steps and joins per call: the sequential one's steps are its
+    # prompts' own (max_new_tokens - 1 each, at most), the rest are the concurrent calls'.
+    calls = args.repeats + 1
+    steps = max(0, steps - calls * len(prompts) * (n - 1)) // calls
+    joins = joins / calls
     hf_batch = _section(s_batch, t_batch, batch=len(ids))
     hf_seq = _section(s_seq, t_seq, calls=len(ids))
     w_seq = _section(s_wseq, t_wseq, calls=len(ids))
