@@ -29,13 +29,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--catalog", default=os.path.join(ROOT, "runtime", "catalog.builtin.json"))
+    ap.add_argument(
+        "--catalog", default=os.path.join(ROOT, "runtime", "catalog.builtin.json")
+    )
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--contexts", default="64,512,2048")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (0: torch's default)"
+    )
     args = ap.parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -54,7 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     catalog = load_catalog(args.catalog)
     entry = catalog.get(args.model)
-    adapter = build_adapter(entry, catalog, inspect_weights(entry, catalog), torch.device("cpu"), entry.default_dtype)
+    adapter = build_adapter(
+        entry,
+        catalog,
+        inspect_weights(entry, catalog),
+        torch.device("cpu"),
+        entry.default_dtype,
+    )
     rows = rows_for(adapter, max_new_tokens=entry.limits.max_new_tokens)
     if not isinstance(rows, StaticRows):
         print(json.dumps({"error": f"{entry.id} has no static cache: {rows.reason}"}))
@@ -65,12 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     for b in [int(x) for x in args.batches.split(",")]:
         for ctx in [int(x) for x in args.contexts.split(",")]:
             if ctx + args.steps > slots.length or b > slots.slots:
-                points.append({"batch": b, "context": ctx, "skipped": "beyond the static cache"})
+                points.append(
+                    {"batch": b, "context": ctx, "skipped": "beyond the static cache"}
+                )
                 continue
-            token = [int(t) for t in torch.randint(100, adapter.vocab, (b,), generator=gen)]
-            prompts = torch.randint(100, adapter.vocab, (b, ctx), generator=gen).tolist()
+            token = [
+                int(t) for t in torch.randint(100, adapter.vocab, (b,), generator=gen)
+            ]
+            prompts = torch.randint(
+                100, adapter.vocab, (b, ctx), generator=gen
+            ).tolist()
 
-            def static_steps() -> list[float]:
+            def static_steps(b=b, ctx=ctx, token=token) -> list[float]:
                 # `b` rows of `ctx` columns each, packed from column 0 (what a join leaves).
                 slots.reset()
                 slots.column = ctx
@@ -87,10 +103,14 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 _, cache0, mask0, pos0 = adapter.prefill(prompts, args.steps)
 
-            def dynamic_steps() -> list[float]:
+            def dynamic_steps(
+                token=token, cache0=cache0, mask0=mask0, pos0=pos0
+            ) -> list[float]:
                 cache, mask, pos = cache0, mask0, pos0
                 extra = int(cache.get_seq_length()) - mask0.shape[1]
-                if extra > 0:  # back to the prefill's columns: the previous repeat's steps go
+                if (
+                    extra > 0
+                ):  # back to the prefill's columns: the previous repeat's steps go
                     cache.crop(-extra)
                 fed = torch.tensor(token, dtype=torch.long)
                 out = []
@@ -104,10 +124,17 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 static_steps(), dynamic_steps()  # warm-up: first-call allocations
                 for r in range(args.repeats):
-                    order = ["static", "dynamic"] if r % 2 == 0 else ["dynamic", "static"]
+                    order = (
+                        ["static", "dynamic"] if r % 2 == 0 else ["dynamic", "static"]
+                    )
                     for kind in order:
-                        times[kind] += static_steps() if kind == "static" else dynamic_steps()
-            st, dy = statistics.median(times["static"]), statistics.median(times["dynamic"])
+                        times[kind] += (
+                            static_steps() if kind == "static" else dynamic_steps()
+                        )
+            st, dy = (
+                statistics.median(times["static"]),
+                statistics.median(times["dynamic"]),
+            )
             window = slots.window(ctx + args.steps)
             points.append(
                 {
@@ -132,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         "cache_columns": slots.length,
         "decode_windows": list(slots.windows),
         "points": points,
-        "worst_ratio": max((p["static_vs_dynamic"] for p in points if "static_vs_dynamic" in p), default=None),
+        "worst_ratio": max(
+            (p["static_vs_dynamic"] for p in points if "static_vs_dynamic" in p),
+            default=None,
+        ),
     }
     print(json.dumps(report, indent=1))
     return 0
