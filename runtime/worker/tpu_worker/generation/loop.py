@@ -11,6 +11,10 @@ keeps its own sampling state (parameters, generator, text stream), so its tokens
 on its company. A boundary's joiners are prefilled shortest length bucket first, and the
 requests that arrive while they are prefilled join before the next decode step (up to
 `ADMIT_ROUNDS` rounds at one boundary), so a new request waits for at most one decode step.
+While rows are decoding, the forwards between two decode steps run at most one longest-bucket
+prompt's padded tokens (rows.py `stall_tokens`), or one forward where that alone is more: the
+forwards past it wait for the next boundaries (`_pending`, one boundary at a time, in order, no
+new joiner taken before them), so a burst of long prompts does not stall the running rows.
 Requests wait in FIFO order for room (at most `max_batch` sequences decode
 together); a request larger than that runs when the batch is empty. With batching off, or for a
 model whose cache cannot be reshaped, a request joins only an empty batch. This thread is the
@@ -128,6 +132,10 @@ class DecodeLoop(Inbox):
         self._rows: list[_Seq] = []
         self._batch = rows_for(adapter, max_new_tokens=adapter.entry.limits.max_new_tokens)
         self._last: list[int] = []  # each row's newest token, not yet fed to the model
+        # Planned prefill forwards that wait for a later boundary (the stall bound above), in order,
+        # with the requests they fail with; and the padded tokens prefilled since the last step.
+        self._pending: list[tuple[Callable[[], bool], list[_Request]]] = []
+        self._spent = 0
         self._masks: MaskBuilder | None = None  # structured output: built at the first grammar
         # The top logprobs every step computes when a row asks for some: the model's most.
         self._logprobs_k = max(0, min(adapter.entry.limits.max_logprobs, adapter.vocab))
@@ -191,6 +199,7 @@ class DecodeLoop(Inbox):
     def _run(self) -> None:
         joining = self._take()
         while joining is not None:
+            self._prefill_pending()  # forwards a budget deferred, before any new joiner
             # One write per prefill forward: each forward's first tokens leave before the next
             # forward or step runs (time to first token), then that step's tokens and answers.
             for round_ in range(1, ADMIT_ROUNDS + 1):
@@ -199,7 +208,7 @@ class DecodeLoop(Inbox):
                 if not live:
                     break
                 self._join(live)
-                if round_ == ADMIT_ROUNDS:
+                if round_ == ADMIT_ROUNDS or self._pending:
                     break
                 # Those that arrived during these forwards join now, not after a decode step.
                 joining = self._take()
@@ -209,11 +218,16 @@ class DecodeLoop(Inbox):
                 break
             if self._rows:
                 self._guarded(self._step, [])
+                self._spent = 0
             joining = self._take()
         with self._cond:
             pending = list(self._queue)
             self._queue.clear()
-        self._fail({s.req for s in self._rows} | set(pending), WorkerError("model_not_loaded", self._closed or ""))
+        planned = {r for _, live in self._pending for r in live}
+        self._pending.clear()
+        self._fail(
+            {s.req for s in self._rows} | set(pending) | planned, WorkerError("model_not_loaded", self._closed or "")
+        )
         self._reset()
 
     def _guarded(self, work: Callable[[], None], joining: list[_Request], prefill: bool = False) -> bool:
@@ -241,7 +255,7 @@ class DecodeLoop(Inbox):
     def _take(self) -> list[_Request] | None:
         """Blocks while idle; returns the requests that join now (possibly none)."""
         with self._cond:
-            while not self._closed and not self._queue and not self._rows:
+            while not self._closed and not self._queue and not self._rows and not self._pending:
                 self._cond.wait()
             if self._closed:
                 return None
@@ -250,7 +264,7 @@ class DecodeLoop(Inbox):
             for r in taken:
                 self._queue.remove(r)
             rows = len(self._rows)
-            if rows and not (self.enabled and self._batch.can_join()):
+            if self._pending or (rows and not (self.enabled and self._batch.can_join())):
                 return taken
             while self._queue:
                 n = len(self._queue[0].gen.prompts)
@@ -298,18 +312,40 @@ class DecodeLoop(Inbox):
         waiting = {id(r): len(r.seqs) for r in live}  # sequences not yet prefilled, per request
         for ahead, fwd in enumerate(plan):
             part = [seqs[i] for i in fwd.indices]
-            now = time.perf_counter()
-            for s in part:
-                if s.req.t_prefill is None:  # its first forward: the others' forwards ran before it
-                    s.req.t_prefill, s.req.forwards_ahead = now, ahead
-                    span_since(s.req.trace, "prefill.wait", "w.taken", forwards_ahead=ahead)
-                    _stamp(s.req, "w.prefill")
-            if not self._guarded(functools.partial(self._prefill, fwd, prompts, room, part, waiting), live, True):
-                return
+            run = functools.partial(self._forward, ahead, fwd, part, prompts, room, waiting, live)
+            self._pending.append((run, live))
+        self._prefill_pending()
         if joining:
             self.stats.joins += len(live)
         elif not self._batch.can_join():
             logs.info("this model's KV cache cannot be reshaped: requests join an empty batch only", model=self.name)
+
+    def _prefill_pending(self) -> None:
+        """Runs the planned forwards in order while the boundary's budget allows: any number
+        while no row is decoding, else up to `stall_tokens` padded tokens since the last decode
+        step (the first forward of a boundary always runs); the rest wait for the next boundary."""
+        while self._pending:
+            run, live = self._pending[0]
+            cost = self._batch.padded_tokens(run.args[1])
+            if self._rows and self._spent and self._spent + cost > self._batch.stall_tokens:
+                return
+            self._pending.pop(0)
+            self._spent += cost
+            if not run():
+                # A failed forward failed its requests: the rest of their join's forwards go too.
+                self._pending = [(r, lv) for r, lv in self._pending if lv is not live]
+                return
+
+    def _forward(self, ahead: int, fwd, part: list[_Seq], prompts, room: int, waiting: dict, live) -> bool:
+        """One planned forward of a join (`ahead`: the forwards planned before it), in a reply
+        pass of its own; False when it failed (its join's requests failed with it)."""
+        now = time.perf_counter()
+        for s in part:
+            if s.req.t_prefill is None:  # its first forward: the others' forwards ran before it
+                s.req.t_prefill, s.req.forwards_ahead = now, ahead
+                span_since(s.req.trace, "prefill.wait", "w.taken", forwards_ahead=ahead)
+                _stamp(s.req, "w.prefill")
+        return self._guarded(functools.partial(self._prefill, fwd, prompts, room, part, waiting), live, True)
 
     def _prefill(self, fwd, prompts: list[list[int]], room: int, part: list[_Seq], waiting: dict) -> None:
         """One prefill forward: its sequences join the batch with their first tokens chosen."""

@@ -68,6 +68,12 @@ class DynamicRows:
         self.census = ShapeCensus(adapter.entry.id)
         self._cache = self._mask = self._pos = None
 
+    # One forward per join (`forwards`): no budget between decode steps (loop.py).
+    stall_tokens = 0
+
+    def padded_tokens(self, fwd: Forward) -> int:
+        return 0
+
     def describe(self) -> dict:
         return {"cache": self.kind, "cache_reason": self.reason}
 
@@ -140,6 +146,9 @@ class StaticRows:
         # costs little more than its launch, a forward still takes up to the largest batch.
         pb = plan.prefill_batches
         self.prefill_tokens = plan.lengths[-1] * pb[min(1, len(pb) - 1)]
+        # The padded prefill tokens the loop runs between two decode steps while rows decode
+        # (loop.py): one prompt at the longest bucket, or one forward where that alone is more.
+        self.stall_tokens = plan.lengths[-1]
         self.slots = SlotCache(
             adapter.eager_model,
             slots=plan.cache_slots,
@@ -193,6 +202,10 @@ class StaticRows:
             if blocks:
                 fwd.behind.append(blocks)
         return self._fit(sorted(out, key=lambda f: f.length))  # stable: arrival order within a bucket
+
+    def padded_tokens(self, fwd: Forward) -> int:
+        """The padded tokens a forward of `forwards` runs (its batch bucket × length bucket)."""
+        return self.plan.prefill_batch(len(fwd.indices)) * fwd.length
 
     def _fit(self, forwards: list[Forward]) -> list[Forward]:
         """Splits a forward behind cached prefixes whose batch bucket's rows would not fit in the
