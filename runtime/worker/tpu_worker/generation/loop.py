@@ -11,10 +11,10 @@ keeps its own sampling state (parameters, generator, text stream), so its tokens
 on its company. A boundary's joiners are prefilled shortest length bucket first, and the
 requests that arrive while they are prefilled join before the next decode step (up to
 `ADMIT_ROUNDS` rounds at one boundary), so a new request waits for at most one decode step.
-While rows are decoding, the forwards between two decode steps run at most one longest-bucket
-prompt's padded tokens (rows.py `stall_tokens`), or one forward where that alone is more: the
-forwards past it wait for the next boundaries (`_pending`, one boundary at a time, in order, no
-new joiner taken before them), so a burst of long prompts does not stall the running rows.
+While rows are decoding, the forwards between two decode steps run at most the padded tokens of
+one prefill forward at its largest (rows.py `stall_tokens`): the forwards past it wait for the
+next boundaries (`_pending`, in order, no new joiner taken before them), so a burst of long
+prompts does not stall the running rows for longer than one forward.
 Requests wait in FIFO order for room (at most `max_batch` sequences decode
 together); a request larger than that runs when the batch is empty. With batching off, or for a
 model whose cache cannot be reshaped, a request joins only an empty batch. This thread is the
@@ -322,7 +322,7 @@ class DecodeLoop(Inbox):
 
     def _prefill_pending(self) -> None:
         """Runs the planned forwards in order while the boundary's budget allows: any number
-        while no row is decoding, else up to `stall_tokens` padded tokens since the last decode
+        while the batch is empty, else up to `stall_tokens` padded tokens since the last decode
         step (the first forward of a boundary always runs); the rest wait for the next boundary."""
         while self._pending:
             run, live = self._pending[0]

@@ -147,8 +147,9 @@ class StaticRows:
         pb = plan.prefill_batches
         self.prefill_tokens = plan.lengths[-1] * pb[min(1, len(pb) - 1)]
         # The padded prefill tokens the loop runs between two decode steps while rows decode
-        # (loop.py): one prompt at the longest bucket, or one forward where that alone is more.
-        self.stall_tokens = plan.lengths[-1]
+        # (loop.py): one forward's most, so a running row waits for one such forward at most and
+        # a burst of short prompts still joins at one boundary.
+        self.stall_tokens = self.prefill_tokens
         self.slots = SlotCache(
             adapter.eager_model,
             slots=plan.cache_slots,
