@@ -39,6 +39,14 @@ import {
 } from "./apps.js";
 import { jsonSchema } from "./json_schema.js";
 import { registerResources } from "./resources.js";
+import {
+  LEGACY_TASKS_CAPABILITY,
+  TASKS_EXTENSION,
+  createTask,
+  registerTasks,
+  taskEligible,
+  wantsTask,
+} from "./tasks.js";
 
 type Extra = ServerContext;
 export type Era = "legacy" | "modern";
@@ -138,7 +146,12 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
         tools: { listChanged: era === "legacy" },
         resources: {},
         logging: {},
-        extensions: { [UI_EXTENSION]: UI_SERVER_CAPABILITY },
+        // Tasks: 2025-11-25's own capability, the 2026-07-28 extension (server/mcp/tasks.ts).
+        ...(era === "legacy" ? { tasks: LEGACY_TASKS_CAPABILITY } : {}),
+        extensions: {
+          [UI_EXTENSION]: UI_SERVER_CAPABILITY,
+          ...(era === "modern" ? { [TASKS_EXTENSION]: {} } : {}),
+        },
       },
       instructions:
         "Tools to inspect the accelerator runtime, load catalog models, run inference and benchmarks. " +
@@ -164,9 +177,14 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
         // Per principal (the token decides what is listed), in the registry's fixed order.
         ...(era === "modern" ? { cacheScope: "private" as const } : {}),
         // The same predicate as calls (scopes.canCall): a tool the principal may not call is not listed.
-        tools: visibleTools(principal, app.tools).map((t) =>
-          withUi && t.ui ? { ...toolListing(t), _meta: { ui: { ...t.ui } } } : toolListing(t),
-        ) as any,
+        tools: visibleTools(principal, app.tools).map((t) => {
+          const entry =
+            withUi && t.ui ? { ...toolListing(t), _meta: { ui: { ...t.ui } } } : toolListing(t);
+          // 2025-11-25 says per tool whether a task may be asked for (2026-07-28: the server decides).
+          return era === "legacy" && taskEligible(t)
+            ? { ...entry, execution: { taskSupport: "optional" } }
+            : entry;
+        }) as any,
       };
     }),
   );
@@ -192,6 +210,13 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
         ProtocolErrorCode.InvalidParams,
         `Unknown tool: ${String(req.params.name).slice(0, 100)}`,
       );
+    }
+    // A job tool's call that asks for a task (or, 2026-07-28, whose client takes tasks) is one:
+    // the job runs on, and the answer is its task (server/mcp/tasks.ts).
+    if (taskEligible(tool) && wantsTask(era, req.params, clientCaps(server, extra))) {
+      const created = await createTask(app, principal, tool, req.params.arguments, era);
+      trace?.end("task");
+      return created as any;
     }
     const outcome = await dispatchTool({
       tool,
@@ -260,6 +285,7 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
   });
 
   registerResources(server, app, principal, ui, era);
+  registerTasks(server, app, principal, era, (ctx) => clientCaps(server, ctx));
 
   // Worker restarts and failures reach every 2025 session as MCP log messages, and a rebuilt tool
   // list as tools/list_changed (the 2026-07-28 era has no session to send them on: its clients
