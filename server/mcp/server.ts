@@ -29,7 +29,7 @@ import {
 } from "./request_span.js";
 import type { ToolAnnotations, ToolDefinition } from "../../tools/types.js";
 import { toolServices, type App } from "../app/app.js";
-import { SERVER_NAME, SERVER_VERSION } from "../version.js";
+import { SERVER_INFO } from "../version.js";
 import {
   APPROVAL_CARD_URI,
   UI_EXTENSION,
@@ -39,13 +39,16 @@ import {
 } from "./apps.js";
 import { jsonSchema } from "./json_schema.js";
 import { registerResources } from "./resources.js";
+import { pendingApproval } from "./task_runner.js";
 import {
   LEGACY_TASKS_CAPABILITY,
   TASKS_EXTENSION,
+  askedForTask,
   createTask,
+  declaresTasks,
+  handedOffTask,
   registerTasks,
   taskEligible,
-  wantsTask,
 } from "./tasks.js";
 
 type Extra = ServerContext;
@@ -135,11 +138,7 @@ function inBandAnswer(responses: Record<string, unknown> | undefined): ElicitAns
 
 export function createMcpServer(app: App, principal: Principal, era: Era = "legacy"): Server {
   const server = new Server(
-    {
-      name: SERVER_NAME,
-      version: SERVER_VERSION,
-      title: "tpu-mcp: PyTorch on TPU, CUDA or CPU for agents",
-    },
+    { ...SERVER_INFO },
     {
       capabilities: {
         // A reload that grows the catalog changes the tools' schemas: said to 2025 sessions.
@@ -211,9 +210,9 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
         `Unknown tool: ${String(req.params.name).slice(0, 100)}`,
       );
     }
-    // A job tool's call that asks for a task (or, 2026-07-28, whose client takes tasks) is one:
-    // the job runs on, and the answer is its task (server/mcp/tasks.ts).
-    if (taskEligible(tool) && wantsTask(era, req.params, clientCaps(server, extra))) {
+    // 2025-11-25: a job tool's call that asks for a task is one at once: the job runs on, and
+    // the answer is its task (server/mcp/tasks.ts).
+    if (taskEligible(tool) && askedForTask(era, req.params)) {
       const created = await createTask(app, principal, tool, req.params.arguments, era);
       trace?.end("task");
       return created as any;
@@ -271,6 +270,20 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
         },
         requestState: outcome.state,
       }) as any;
+    }
+    // 2026-07-28, a client that takes tasks: a call its job took over at the hand-off bound, or
+    // one waiting for an operator's approval while a person is at the client (it shows forms), is
+    // answered as its task. A wait: false call keeps its job_id; a client that shows no form
+    // keeps approval_required (it has no way to show the wait: the MCP Inspector's CLI).
+    const caps = era === "modern" ? clientCaps(server, extra) : undefined;
+    if (taskEligible(tool) && declaresTasks(caps)) {
+      if (outcome.kind === "result" && outcome.handedOff && !outcome.handedOff.asked) {
+        const task = await handedOffTask(app, principal, outcome.handedOff.jobId);
+        if (task) return task as any;
+      }
+      const pending = outcome.kind === "error" && canAnswerForm(caps) && pendingApproval(tool, outcome.result);
+      if (pending)
+        return (await createTask(app, principal, tool, req.params.arguments, era, pending)) as any;
     }
     const result = outcome.result;
     // A host with MCP Apps may show the pending approval as a card; approving stays out of band.

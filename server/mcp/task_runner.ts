@@ -26,22 +26,72 @@ export function awaitingApproval(job: Pick<JobRecord, "status" | "message">): st
   return job.status === "running" ? AWAITING.exec(job.message ?? "")?.[1] : undefined;
 }
 
+/** An approval an operator decides out of band, which a task may wait for. */
+export interface PendingApproval {
+  approvalId: string;
+  /** Who decides it and how (the task's statusMessage while it waits). */
+  how: string;
+}
+
+/**
+ * The pending approval an approval_required answer names, when a task can wait for it: the tool
+ * consumes an approval by id, and the approval is still pending (undefined otherwise).
+ */
+export function pendingApproval(
+  tool: ToolDefinition<any, any>,
+  result: { _meta?: Record<string, unknown> },
+): PendingApproval | undefined {
+  const err = result._meta?.[ERROR_META_KEY] as
+    | { code?: string; details?: Record<string, unknown> }
+    | undefined;
+  const d = err?.details;
+  if (err?.code !== "approval_required" || !d || !takesApprovalId(tool)) return undefined;
+  if (typeof d.approval_id !== "string" || d.status !== "pending") return undefined;
+  const where = typeof d.approval_url === "string" ? ` (${d.approval_url})` : "";
+  const how =
+    d.assurance === "passkey"
+      ? `an operator approves it with their passkey in the console${where}`
+      : typeof d.approve_command === "string"
+        ? `an operator approves it with \`${d.approve_command}\`${where ? ` or in the console${where}` : ""}`
+        : `an operator approves it in the console${where}`;
+  return { approvalId: d.approval_id, how: `${how}; this task then runs the call` };
+}
+
 /**
  * Starts `tool` as a job and returns its record at once. The job's result is the tool's
  * structured output, or it fails with the tool's error code, exactly as a job handed off by
- * dispatch would: get_job and the task methods read the same row.
+ * dispatch would: get_job and the task methods read the same row. `awaiting`: the call already
+ * answered approval_required for this approval, so the job starts by waiting for its decision.
  */
 export function startTask(
   app: App,
   principal: Principal,
   tool: ToolDefinition<any, any>,
   rawArgs: Record<string, unknown> | undefined,
+  awaiting?: PendingApproval,
 ): Promise<JobRecord> {
   // The task is the job: a nested hand-off (wait: false) would make a second one.
   const args: Record<string, unknown> = { ...rawArgs };
   if (args.wait === false) delete args.wait;
   return app.jobs.start(tool.name, principal.id, async (signal, progress) => {
+    let pending = awaiting;
     for (;;) {
+      // A pending approval an operator decides out of band (console, CLI, any replica): the
+      // task waits for it, then runs the call again with its id (how a tool consumes one).
+      if (pending) {
+        const { approvalId } = pending;
+        progress(0, undefined, awaitingMessage(approvalId, pending.how));
+        const decided = await decision(app, approvalId, signal);
+        if (decided.status !== "approved")
+          throw new ToolError(
+            decided.status === "denied" ? "approval_declined" : "approval_required",
+            `approval ${approvalId} was ${decided.status}; the call was not run`,
+            { approval_id: approvalId },
+          );
+        progress(0, undefined, `approval ${approvalId} granted; starting`);
+        args.approval_id = approvalId;
+        pending = undefined;
+      }
       const outcome = await dispatchTool({
         tool,
         rawArgs: args,
@@ -56,33 +106,14 @@ export function startTask(
       if (outcome.kind === "result") return outcome.result.structuredContent ?? {};
       if (outcome.kind === "input_required")
         throw new ToolError("internal", "an in-band question reached a task");
+      pending = pendingApproval(tool, outcome.result);
+      if (pending) continue;
       const err = outcome.result._meta?.[ERROR_META_KEY] as {
         code: ErrorCode;
         message: string;
-        details?: { approval_id?: unknown; status?: unknown };
+        details?: Record<string, unknown>;
       };
-      const approvalId = err.details?.approval_id;
-      // A pending approval an operator can decide out of band: the task waits for it, then
-      // runs the call again with its id (the tool's own way to consume an approval).
-      if (
-        err.code === "approval_required" &&
-        typeof approvalId === "string" &&
-        err.details?.status === "pending" &&
-        takesApprovalId(tool)
-      ) {
-        progress(0, undefined, awaitingMessage(approvalId, err.message));
-        const decided = await decision(app, approvalId, signal);
-        if (decided.status !== "approved")
-          throw new ToolError(
-            decided.status === "denied" ? "approval_declined" : "approval_required",
-            `approval ${approvalId} was ${decided.status}; the call was not run`,
-            { approval_id: approvalId },
-          );
-        progress(0, undefined, `approval ${approvalId} granted; starting`);
-        args.approval_id = approvalId;
-        continue;
-      }
-      throw new ToolError(err.code, err.message, err.details as Record<string, unknown>);
+      throw new ToolError(err.code, err.message, err.details);
     }
   });
 }

@@ -27,7 +27,8 @@ export type Elicit = NonNullable<GateCall["elicit"]>;
 
 /** How a call ended, for the surface that answers it. */
 export type DispatchOutcome =
-  | { kind: "result"; result: CallToolResultLike }
+  /** handedOff: a job tool's call answered by its job (`asked`: the caller said wait: false). */
+  | { kind: "result"; result: CallToolResultLike; handedOff?: { jobId: string; asked: boolean } }
   | { kind: "error"; code: ErrorCode; result: CallToolResultLike }
   /** Not run: the user must answer `prompt` in the client, whose retry echoes `state`. */
   | { kind: "input_required"; approvalId: string; prompt: ElicitPrompt; state: string };
@@ -171,11 +172,13 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
     };
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
     let out: Record<string, unknown> | InputRequired;
+    let handedOff: { jobId: string; asked: boolean } | undefined;
     if (tool.policy.job && (args.wait === false || softMs > 0)) {
       out = await runAsJob({ ...input, tool: metered }, call, args, ctxFor, {
         atStart: args.wait === false,
         softMs,
         arrivedAt: t0,
+        onHandOut: (jobId) => (handedOff = { jobId, asked: args.wait === false }),
       });
     } else {
       out = await gate.run(call, (signal, deadline) =>
@@ -189,7 +192,7 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
     }
     const res = successResult(tool, checkOutput(tool, out, logger));
     trace?.mark("d.result");
-    return { kind: "result", result: res };
+    return { kind: "result", result: res, ...(handedOff ? { handedOff } : {}) };
   } catch (e) {
     const err = toToolError(e);
     outcome = err.code;

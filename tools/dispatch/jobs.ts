@@ -15,6 +15,8 @@ export interface JobHandOff {
   softMs: number;
   /** When the request arrived (performance.now()). */
   arrivedAt: number;
+  /** Told the job id when the call is answered by its job (the surface may show it as a task). */
+  onHandOut?: (jobId: string) => void;
 }
 
 /**
@@ -102,6 +104,7 @@ export function runAsJob(
           void adopt().then(
             ({ job_id }) => {
               handedOut = true;
+              handOff.onHandOut?.(job_id);
               input.signal.removeEventListener("abort", onCallerAbort);
               resolve({ job_id, status: "running", message: message(job_id) });
             },
