@@ -129,27 +129,36 @@ export function legacyTasks(client: Client) {
 
 /**
  * The Tasks client in the 2026-07-28 era over `dispatch`; `client` (connected, pinned to
- * 2026-07-28) tells it the era and the server's capabilities.
+ * 2026-07-28) tells it the era and the server's capabilities. `capabilities`: what each request
+ * declares besides the extension (a client with a person at it declares form elicitation).
  */
-export function modernTasks(client: Client, dispatch: RawDispatch) {
+export function modernTasks(
+  client: Client,
+  dispatch: RawDispatch,
+  capabilities: Record<string, any> = {},
+) {
   return createTaskSessionFromClient(client, {
     endpointId: "tpu-mcp-modern",
     rawDispatch: dispatch as any,
     v2RequestFraming: {
       protocolVersion: MODERN,
       clientInfo: CLIENT_INFO,
-      clientCapabilities: {},
+      clientCapabilities: capabilities,
     },
   });
 }
 
-/** A raw 2026-07-28 request's envelope (_meta), with or without the Tasks extension. */
-export function modernMeta(tasks: boolean): Record<string, unknown> {
+/**
+ * A raw 2026-07-28 request's envelope (_meta), with or without the Tasks extension; `forms`: the
+ * client also declares form elicitation.
+ */
+export function modernMeta(tasks: boolean, forms = false): Record<string, unknown> {
   return {
     "io.modelcontextprotocol/protocolVersion": MODERN,
     "io.modelcontextprotocol/clientInfo": CLIENT_INFO,
-    "io.modelcontextprotocol/clientCapabilities": tasks
-      ? { extensions: { "io.modelcontextprotocol/tasks": {} } }
-      : {},
+    "io.modelcontextprotocol/clientCapabilities": {
+      ...(tasks ? { extensions: { "io.modelcontextprotocol/tasks": {} } } : {}),
+      ...(forms ? { elicitation: { form: {} } } : {}),
+    },
   };
 }
