@@ -39,7 +39,7 @@ import {
 } from "./apps.js";
 import { jsonSchema } from "./json_schema.js";
 import { registerResources } from "./resources.js";
-import { pendingApproval } from "./task_runner.js";
+import { pendingApproval, waitOutApproval } from "./task_runner.js";
 import {
   LEGACY_TASKS_CAPABILITY,
   TASKS_EXTENSION,
@@ -217,6 +217,9 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
       trace?.end("task");
       return created as any;
     }
+    // 2026-07-28, a client that takes tasks and shows forms: it may be shown an approval's wait.
+    const caps = era === "modern" ? clientCaps(server, extra) : undefined;
+    const showsWait = taskEligible(tool) && declaresTasks(caps) && canAnswerForm(caps);
     const outcome = await dispatchTool({
       tool,
       rawArgs: req.params.arguments,
@@ -232,6 +235,9 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
       logger: app.logger,
       softDeadlineS: app.config.policy.limits.soft_deadline_s,
       trace,
+      ...(showsWait
+        ? { afterRefusal: waitOutApproval(app, principal, tool, req.params.arguments) }
+        : {}),
     });
     app.metrics.calls.inc({
       tool: tool.name,
@@ -275,13 +281,13 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
     // one waiting for an operator's approval while a person is at the client (it shows forms), is
     // answered as its task. A wait: false call keeps its job_id; a client that shows no form
     // keeps approval_required (it has no way to show the wait: the MCP Inspector's CLI).
-    const caps = era === "modern" ? clientCaps(server, extra) : undefined;
     if (taskEligible(tool) && declaresTasks(caps)) {
       if (outcome.kind === "result" && outcome.handedOff && !outcome.handedOff.asked) {
         const task = await handedOffTask(app, principal, outcome.handedOff.jobId);
         if (task) return task as any;
       }
-      const pending = outcome.kind === "error" && canAnswerForm(caps) && pendingApproval(tool, outcome.result);
+      const pending =
+        showsWait && outcome.kind === "error" && pendingApproval(tool, outcome.result);
       if (pending)
         return (await createTask(app, principal, tool, req.params.arguments, era, pending)) as any;
     }

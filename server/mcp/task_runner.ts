@@ -5,7 +5,9 @@
 import type { Principal } from "../../policies/scopes.js";
 import type { ApprovalRecord } from "../../policies/approval_record.js";
 import { dispatchTool, ERROR_META_KEY } from "../../tools/dispatch/dispatch.js";
-import { ToolError, type ErrorCode } from "../../tools/errors.js";
+import type { JobHandOff } from "../../tools/dispatch/jobs.js";
+import { errorResult } from "../../tools/dispatch/result.js";
+import { ToolError, toToolError, type ErrorCode } from "../../tools/errors.js";
 import type { JobRecord } from "../../tools/stores/jobs.js";
 import type { ToolDefinition } from "../../tools/types.js";
 import { takesApprovalId } from "../../tools/support/approvable.js";
@@ -42,8 +44,7 @@ export function pendingApproval(
   result: { _meta?: Record<string, unknown> },
 ): PendingApproval | undefined {
   const err = result._meta?.[ERROR_META_KEY] as
-    | { code?: string; details?: Record<string, unknown> }
-    | undefined;
+    { code?: string; details?: Record<string, unknown> } | undefined;
   const d = err?.details;
   if (err?.code !== "approval_required" || !d || !takesApprovalId(tool)) return undefined;
   if (typeof d.approval_id !== "string" || d.status !== "pending") return undefined;
@@ -70,52 +71,85 @@ export function startTask(
   rawArgs: Record<string, unknown> | undefined,
   awaiting?: PendingApproval,
 ): Promise<JobRecord> {
+  return app.jobs.start(tool.name, principal.id, (signal, progress) =>
+    runTask(app, principal, tool, rawArgs, signal, progress, awaiting),
+  );
+}
+
+/**
+ * A task's work inside its job: the call through dispatch and the gate; a pending approval an
+ * operator decides out of band (console, CLI, any replica) is waited for, then the call runs
+ * again with its id (how a tool consumes one). Also what a job handed off at the bound does when
+ * the gate then answers approval_required (tools/dispatch/jobs.ts afterRefusal).
+ */
+export async function runTask(
+  app: App,
+  principal: Principal,
+  tool: ToolDefinition<any, any>,
+  rawArgs: Record<string, unknown> | undefined,
+  signal: AbortSignal,
+  progress: (p: number, total?: number, message?: string) => void,
+  awaiting?: PendingApproval,
+): Promise<Record<string, unknown>> {
   // The task is the job: a nested hand-off (wait: false) would make a second one.
   const args: Record<string, unknown> = { ...rawArgs };
   if (args.wait === false) delete args.wait;
-  return app.jobs.start(tool.name, principal.id, async (signal, progress) => {
-    let pending = awaiting;
-    for (;;) {
-      // A pending approval an operator decides out of band (console, CLI, any replica): the
-      // task waits for it, then runs the call again with its id (how a tool consumes one).
-      if (pending) {
-        const { approvalId } = pending;
-        progress(0, undefined, awaitingMessage(approvalId, pending.how));
-        const decided = await decision(app, approvalId, signal);
-        if (decided.status !== "approved")
-          throw new ToolError(
-            decided.status === "denied" ? "approval_declined" : "approval_required",
-            `approval ${approvalId} was ${decided.status}; the call was not run`,
-            { approval_id: approvalId },
-          );
-        progress(0, undefined, `approval ${approvalId} granted; starting`);
-        args.approval_id = approvalId;
-        pending = undefined;
-      }
-      const outcome = await dispatchTool({
-        tool,
-        rawArgs: args,
-        principal,
-        gate: app.gate,
-        base: toolServices(app),
-        signal,
-        progress,
-        logger: app.logger,
-        softDeadlineS: 0,
-      });
-      if (outcome.kind === "result") return outcome.result.structuredContent ?? {};
-      if (outcome.kind === "input_required")
-        throw new ToolError("internal", "an in-band question reached a task");
-      pending = pendingApproval(tool, outcome.result);
-      if (pending) continue;
-      const err = outcome.result._meta?.[ERROR_META_KEY] as {
-        code: ErrorCode;
-        message: string;
-        details?: Record<string, unknown>;
-      };
-      throw new ToolError(err.code, err.message, err.details);
+  let pending = awaiting;
+  for (;;) {
+    if (pending) {
+      const { approvalId } = pending;
+      progress(0, undefined, awaitingMessage(approvalId, pending.how));
+      const decided = await decision(app, approvalId, signal);
+      if (decided.status !== "approved")
+        throw new ToolError(
+          decided.status === "denied" ? "approval_declined" : "approval_required",
+          `approval ${approvalId} was ${decided.status}; the call was not run`,
+          { approval_id: approvalId },
+        );
+      progress(0, undefined, `approval ${approvalId} granted; starting`);
+      args.approval_id = approvalId;
+      pending = undefined;
     }
-  });
+    const outcome = await dispatchTool({
+      tool,
+      rawArgs: args,
+      principal,
+      gate: app.gate,
+      base: toolServices(app),
+      signal,
+      progress,
+      logger: app.logger,
+      softDeadlineS: 0,
+    });
+    if (outcome.kind === "result") return outcome.result.structuredContent ?? {};
+    if (outcome.kind === "input_required")
+      throw new ToolError("internal", "an in-band question reached a task");
+    pending = pendingApproval(tool, outcome.result);
+    if (pending) continue;
+    const err = outcome.result._meta?.[ERROR_META_KEY] as {
+      code: ErrorCode;
+      message: string;
+      details?: Record<string, unknown>;
+    };
+    throw new ToolError(err.code, err.message, err.details);
+  }
+}
+
+/**
+ * For a call that may become a task: when the gate answers approval_required after the call was
+ * handed to its job (the bound passed while it was queued or estimated), the job waits for the
+ * operator's decision, as a task started at once would, instead of failing.
+ */
+export function waitOutApproval(
+  app: App,
+  principal: Principal,
+  tool: ToolDefinition<any, any>,
+  rawArgs: Record<string, unknown> | undefined,
+): NonNullable<JobHandOff["afterRefusal"]> {
+  return (e, signal, progress) => {
+    const pending = pendingApproval(tool, errorResult(toToolError(e)));
+    return pending ? runTask(app, principal, tool, rawArgs, signal, progress, pending) : undefined;
+  };
 }
 
 /** Resolves with the approval once it is no longer pending; rejects when `signal` aborts. */

@@ -129,7 +129,7 @@ function journeys(
       (t) => t.status !== "working",
       "never input_required",
     );
-    expect(waiting.status).toBe("input_required");
+    expect(waiting.status, JSON.stringify(waiting)).toBe("input_required");
     const approvalId = /waiting for approval (apr_\S+?):/.exec(waiting.statusMessage ?? "")?.[1];
     expect(approvalId, waiting.statusMessage).toBeDefined();
     // get_job shows the same wait: running, with the same message.
@@ -227,7 +227,10 @@ describe.each(["legacy", "modern"] as const)("MCP Tasks over HTTP, %s era", (era
         { context: { headers: { "mcp-name": "job_000000000000000000000000" } } },
       );
       expect(misrouted.kind).toBe("error");
-      const ack = await raw({ method: "tasks/cancel", params: { taskId, _meta: modernMeta(true) } });
+      const ack = await raw({
+        method: "tasks/cancel",
+        params: { taskId, _meta: modernMeta(true) },
+      });
       expect((ack as any).result).toEqual({ resultType: "complete", _meta: expect.any(Object) });
       // A tool that is no job never becomes a task, whatever the client declares.
       const listed = await raw({

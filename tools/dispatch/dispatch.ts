@@ -17,7 +17,7 @@ import type { Principal } from "../../policies/scopes.js";
 import { ToolError, toToolError, type ErrorCode } from "../errors.js";
 import { measured, type EstimatedWork } from "../support/estimate.js";
 import type { ToolContext, ToolDefinition, ToolServices } from "../types.js";
-import { runAsJob } from "./jobs.js";
+import { runAsJob, type JobHandOff } from "./jobs.js";
 import { KEPT_ID } from "../stores/kept.js";
 import { checkOutput, errorResult, successResult, type CallToolResultLike } from "./result.js";
 
@@ -55,6 +55,8 @@ export interface DispatchInput {
   softDeadlineS?: number;
   /** Stamps for the bench's decomposition; absent unless tracing (tools/support/trace.ts). */
   trace?: ToolContext["trace"];
+  /** A job's way past a gate refusal that came after the hand-off (jobs.ts JobHandOff). */
+  afterRefusal?: JobHandOff["afterRefusal"];
 }
 
 function zodMessage(err: z.ZodError): string {
@@ -179,6 +181,7 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
         softMs,
         arrivedAt: t0,
         onHandOut: (jobId) => (handedOff = { jobId, asked: args.wait === false }),
+        afterRefusal: input.afterRefusal,
       });
     } else {
       out = await gate.run(call, (signal, deadline) =>
