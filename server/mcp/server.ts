@@ -29,7 +29,7 @@ import {
 } from "./request_span.js";
 import type { ToolAnnotations, ToolDefinition } from "../../tools/types.js";
 import { toolServices, type App } from "../app/app.js";
-import { SERVER_NAME, SERVER_VERSION } from "../version.js";
+import { SERVER_INFO } from "../version.js";
 import {
   APPROVAL_CARD_URI,
   UI_EXTENSION,
@@ -39,6 +39,17 @@ import {
 } from "./apps.js";
 import { jsonSchema } from "./json_schema.js";
 import { registerResources } from "./resources.js";
+import { pendingApproval, waitOutApproval } from "./task_runner.js";
+import {
+  LEGACY_TASKS_CAPABILITY,
+  TASKS_EXTENSION,
+  askedForTask,
+  createTask,
+  declaresTasks,
+  handedOffTask,
+  registerTasks,
+  taskEligible,
+} from "./tasks.js";
 
 type Extra = ServerContext;
 export type Era = "legacy" | "modern";
@@ -127,18 +138,19 @@ function inBandAnswer(responses: Record<string, unknown> | undefined): ElicitAns
 
 export function createMcpServer(app: App, principal: Principal, era: Era = "legacy"): Server {
   const server = new Server(
-    {
-      name: SERVER_NAME,
-      version: SERVER_VERSION,
-      title: "tpu-mcp: PyTorch on TPU, CUDA or CPU for agents",
-    },
+    { ...SERVER_INFO },
     {
       capabilities: {
         // A reload that grows the catalog changes the tools' schemas: said to 2025 sessions.
         tools: { listChanged: era === "legacy" },
         resources: {},
         logging: {},
-        extensions: { [UI_EXTENSION]: UI_SERVER_CAPABILITY },
+        // Tasks: 2025-11-25's own capability, the 2026-07-28 extension (server/mcp/tasks.ts).
+        ...(era === "legacy" ? { tasks: LEGACY_TASKS_CAPABILITY } : {}),
+        extensions: {
+          [UI_EXTENSION]: UI_SERVER_CAPABILITY,
+          ...(era === "modern" ? { [TASKS_EXTENSION]: {} } : {}),
+        },
       },
       instructions:
         "Tools to inspect the accelerator runtime, load catalog models, run inference and benchmarks. " +
@@ -164,9 +176,14 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
         // Per principal (the token decides what is listed), in the registry's fixed order.
         ...(era === "modern" ? { cacheScope: "private" as const } : {}),
         // The same predicate as calls (scopes.canCall): a tool the principal may not call is not listed.
-        tools: visibleTools(principal, app.tools).map((t) =>
-          withUi && t.ui ? { ...toolListing(t), _meta: { ui: { ...t.ui } } } : toolListing(t),
-        ) as any,
+        tools: visibleTools(principal, app.tools).map((t) => {
+          const entry =
+            withUi && t.ui ? { ...toolListing(t), _meta: { ui: { ...t.ui } } } : toolListing(t);
+          // 2025-11-25 says per tool whether a task may be asked for (2026-07-28: the server decides).
+          return era === "legacy" && taskEligible(t)
+            ? { ...entry, execution: { taskSupport: "optional" } }
+            : entry;
+        }) as any,
       };
     }),
   );
@@ -193,6 +210,16 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
         `Unknown tool: ${String(req.params.name).slice(0, 100)}`,
       );
     }
+    // 2025-11-25: a job tool's call that asks for a task is one at once: the job runs on, and
+    // the answer is its task (server/mcp/tasks.ts).
+    if (taskEligible(tool) && askedForTask(era, req.params)) {
+      const created = await createTask(app, principal, tool, req.params.arguments, era);
+      trace?.end("task");
+      return created as any;
+    }
+    // 2026-07-28, a client that takes tasks and shows forms: it may be shown an approval's wait.
+    const caps = era === "modern" ? clientCaps(server, extra) : undefined;
+    const showsWait = taskEligible(tool) && declaresTasks(caps) && canAnswerForm(caps);
     const outcome = await dispatchTool({
       tool,
       rawArgs: req.params.arguments,
@@ -208,6 +235,9 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
       logger: app.logger,
       softDeadlineS: app.config.policy.limits.soft_deadline_s,
       trace,
+      ...(showsWait
+        ? { afterRefusal: waitOutApproval(app, principal, tool, req.params.arguments) }
+        : {}),
     });
     app.metrics.calls.inc({
       tool: tool.name,
@@ -247,6 +277,20 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
         requestState: outcome.state,
       }) as any;
     }
+    // 2026-07-28, a client that takes tasks: a call its job took over at the hand-off bound, or
+    // one waiting for an operator's approval while a person is at the client (it shows forms), is
+    // answered as its task. A wait: false call keeps its job_id; a client that shows no form
+    // keeps approval_required (it has no way to show the wait: the MCP Inspector's CLI).
+    if (taskEligible(tool) && declaresTasks(caps)) {
+      if (outcome.kind === "result" && outcome.handedOff && !outcome.handedOff.asked) {
+        const task = await handedOffTask(app, principal, outcome.handedOff.jobId);
+        if (task) return task as any;
+      }
+      const pending =
+        showsWait && outcome.kind === "error" && pendingApproval(tool, outcome.result);
+      if (pending)
+        return (await createTask(app, principal, tool, req.params.arguments, era, pending)) as any;
+    }
     const result = outcome.result;
     // A host with MCP Apps may show the pending approval as a card; approving stays out of band.
     if (outcome.kind === "error" && outcome.code === "approval_required" && ui(extra))
@@ -260,6 +304,7 @@ export function createMcpServer(app: App, principal: Principal, era: Era = "lega
   });
 
   registerResources(server, app, principal, ui, era);
+  registerTasks(server, app, principal, era, (ctx) => clientCaps(server, ctx));
 
   // Worker restarts and failures reach every 2025 session as MCP log messages, and a rebuilt tool
   // list as tools/list_changed (the 2026-07-28 era has no session to send them on: its clients

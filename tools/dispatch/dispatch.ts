@@ -17,7 +17,7 @@ import type { Principal } from "../../policies/scopes.js";
 import { ToolError, toToolError, type ErrorCode } from "../errors.js";
 import { measured, type EstimatedWork } from "../support/estimate.js";
 import type { ToolContext, ToolDefinition, ToolServices } from "../types.js";
-import { runAsJob } from "./jobs.js";
+import { runAsJob, type JobHandOff } from "./jobs.js";
 import { KEPT_ID } from "../stores/kept.js";
 import { checkOutput, errorResult, successResult, type CallToolResultLike } from "./result.js";
 
@@ -27,7 +27,8 @@ export type Elicit = NonNullable<GateCall["elicit"]>;
 
 /** How a call ended, for the surface that answers it. */
 export type DispatchOutcome =
-  | { kind: "result"; result: CallToolResultLike }
+  /** handedOff: a job tool's call answered by its job (`asked`: the caller said wait: false). */
+  | { kind: "result"; result: CallToolResultLike; handedOff?: { jobId: string; asked: boolean } }
   | { kind: "error"; code: ErrorCode; result: CallToolResultLike }
   /** Not run: the user must answer `prompt` in the client, whose retry echoes `state`. */
   | { kind: "input_required"; approvalId: string; prompt: ElicitPrompt; state: string };
@@ -54,6 +55,8 @@ export interface DispatchInput {
   softDeadlineS?: number;
   /** Stamps for the bench's decomposition; absent unless tracing (tools/support/trace.ts). */
   trace?: ToolContext["trace"];
+  /** A job's way past a gate refusal that came after the hand-off (jobs.ts JobHandOff). */
+  afterRefusal?: JobHandOff["afterRefusal"];
 }
 
 function zodMessage(err: z.ZodError): string {
@@ -171,11 +174,14 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
     };
     const softMs = Math.round((input.softDeadlineS ?? 0) * 1000);
     let out: Record<string, unknown> | InputRequired;
+    let handedOff: { jobId: string; asked: boolean } | undefined;
     if (tool.policy.job && (args.wait === false || softMs > 0)) {
       out = await runAsJob({ ...input, tool: metered }, call, args, ctxFor, {
         atStart: args.wait === false,
         softMs,
         arrivedAt: t0,
+        onHandOut: (jobId) => (handedOff = { jobId, asked: args.wait === false }),
+        afterRefusal: input.afterRefusal,
       });
     } else {
       out = await gate.run(call, (signal, deadline) =>
@@ -189,7 +195,7 @@ export async function dispatchTool(input: DispatchInput): Promise<DispatchOutcom
     }
     const res = successResult(tool, checkOutput(tool, out, logger));
     trace?.mark("d.result");
-    return { kind: "result", result: res };
+    return { kind: "result", result: res, ...(handedOff ? { handedOff } : {}) };
   } catch (e) {
     const err = toToolError(e);
     outcome = err.code;

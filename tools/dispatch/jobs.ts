@@ -15,6 +15,17 @@ export interface JobHandOff {
   softMs: number;
   /** When the request arrived (performance.now()). */
   arrivedAt: number;
+  /** Told the job id when the call is answered by its job (the surface may show it as a task). */
+  onHandOut?: (jobId: string) => void;
+  /**
+   * A gate refusal after the hand-off (the call was not run) may be waited out by the job: the
+   * work this returns (given the job's signal and progress) is the job's instead of the refusal.
+   */
+  afterRefusal?: (
+    e: unknown,
+    signal: AbortSignal,
+    progress: ToolContext["progress"],
+  ) => Promise<Record<string, unknown>> | undefined;
 }
 
 /**
@@ -69,18 +80,20 @@ export function runAsJob(
     if (!handedOut) input.progress(p, total, message);
   };
   let job: Promise<JobRecord> | undefined;
+  let jobSignal: AbortSignal | undefined;
   const adopt = (): Promise<JobRecord> =>
-    (job ??= jobs.start(tool.name, principal.id, (jobSignal, progress) => {
+    (job ??= jobs.start(tool.name, principal.id, (signal, progress) => {
+      jobSignal = signal;
       jobProgress = progress;
       if (last) progress(...last);
       else if (!started)
         progress(0, undefined, "waiting to start (for the device, the worker or an approval)");
       const stop = () => {
-        jobCtl.abort(jobSignal.reason);
-        if (!started) ctl.abort(jobSignal.reason);
+        jobCtl.abort(signal.reason);
+        if (!started) ctl.abort(signal.reason);
       };
-      if (jobSignal.aborted) stop();
-      else jobSignal.addEventListener("abort", stop, { once: true });
+      if (signal.aborted) stop();
+      else signal.addEventListener("abort", stop, { once: true });
       // What get_job serves is checked as a direct answer is: a result that drifted from the
       // tool's output schema ends the job `internal` (logged with its fields).
       return outcome.then((r) => checkOutput(tool, r, input.logger));
@@ -102,6 +115,7 @@ export function runAsJob(
           void adopt().then(
             ({ job_id }) => {
               handedOut = true;
+              handOff.onHandOut?.(job_id);
               input.signal.removeEventListener("abort", onCallerAbort);
               resolve({ job_id, status: "running", message: message(job_id) });
             },
@@ -174,7 +188,14 @@ export function runAsJob(
           answer(() => resolve(value));
         },
         (e) => {
-          if (!started) settle.reject(e);
+          if (!started) {
+            const next =
+              handedOut && jobSignal && jobProgress
+                ? handOff.afterRefusal?.(e, jobSignal, jobProgress)
+                : undefined;
+            if (next) next.then(settle.resolve, settle.reject);
+            else settle.reject(e);
+          }
           answer(() => reject(e));
         },
       )

@@ -41,6 +41,8 @@ export interface Jobs {
   cancel(jobId: string, principal: string): Promise<JobRecord | undefined>;
   /** Every principal's jobs, newest first: for the operator console, never for a tool. */
   listAll(limit?: number): Promise<JobRecord[]>;
+  /** One principal's jobs, newest first (tasks/list): never another's. */
+  listOf(principal: string, limit?: number): Promise<JobRecord[]>;
   /** An operator's cancel (console, admin scope): any principal's running job. */
   cancelAny(jobId: string): Promise<JobRecord | undefined>;
   /** Resolves when this process's job leaves `running` (or at once). */
@@ -176,6 +178,13 @@ export class SqliteJobs implements Jobs {
     const rows = this.db
       .prepare(`SELECT * FROM jobs ORDER BY created_at DESC, job_id LIMIT ?`)
       .all(limit) as Row[];
+    return rows.map((r) => this.toRecord(r));
+  }
+
+  async listOf(principal: string, limit = 100): Promise<JobRecord[]> {
+    const rows = this.db
+      .prepare(`SELECT * FROM jobs WHERE principal = ? ORDER BY created_at DESC, job_id LIMIT ?`)
+      .all(principal, limit) as Row[];
     return rows.map((r) => this.toRecord(r));
   }
 

@@ -191,6 +191,15 @@ export class PgJobs implements Jobs {
     return r.rows.map(toRecord);
   }
 
+  /** One principal's jobs, newest first (tasks/list), from any replica. */
+  async listOf(principal: string, limit = 100): Promise<PgJobRecord[]> {
+    const r = await this.pool.query(
+      `SELECT ${COLUMNS} FROM jobs WHERE principal = $1 ORDER BY created_ms DESC, job_id LIMIT $2`,
+      [principal, limit],
+    );
+    return r.rows.map(toRecord);
+  }
+
   /** An operator's cancel (console, admin scope): any principal's running job, from any replica. */
   async cancelAny(jobId: string): Promise<PgJobRecord | undefined> {
     const r = await this.pool.query(
