@@ -14,11 +14,16 @@ import { scaled } from "../helpers/calibrate.js";
 const run = promisify(execFile);
 const SCRIPT = join(ROOT, "scripts", "side_by_side.mjs");
 
-/** Runs the script to its end: exit code and output, never a throw. */
+/**
+ * Runs the script to its end: exit code and output, never a throw. Its environment is this
+ * process's without TPU_MCP_SIDE_BY_SIDE, which .ci/run sets to 0 around `npm test` (lane A): a
+ * case sets it itself.
+ */
 async function sideBySide(args: string[], env: Record<string, string> = {}) {
+  const { TPU_MCP_SIDE_BY_SIDE: _inherited, ...base } = process.env;
   try {
     const r = await run(process.execPath, [SCRIPT, ...args], {
-      env: { ...process.env, ...env },
+      env: { ...base, ...env },
       timeout: scaled(60_000),
     });
     return { code: 0, stdout: r.stdout, stderr: r.stderr };
